@@ -1,0 +1,35 @@
+"""Errors a user can act on. The CLI prints these as one line, never a traceback."""
+
+from __future__ import annotations
+
+
+class KernelHubError(Exception):
+    """Base for every error that names what the user should fix."""
+
+
+class KernelNotFoundError(KernelHubError):
+    """The repo id is not in the registry, the store or the Hub."""
+
+
+class VersionSpecError(KernelHubError):
+    """A version spec does not parse, or no ref satisfies it."""
+
+
+class MetadataError(KernelHubError):
+    """kernel.yaml, registry.yaml or a build's metadata.json is missing or malformed."""
+
+
+class NoVariantError(KernelHubError):
+    """No build variant fits this system; the message carries the trace."""
+
+
+class KernelImportError(KernelHubError):
+    """The kernel package failed to import."""
+
+
+class IntegrityError(KernelHubError):
+    """A file's digest does not match its metadata or lock entry."""
+
+
+class ValidationFailedError(KernelHubError):
+    """The kernel's numbers did not match its reference on this device."""

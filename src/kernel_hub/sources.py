@@ -1,0 +1,82 @@
+"""Where kernels come from. A source lists a repo's refs, the variants at a commit, and fetches one
+variant's files to local disk. The embedded registry and get_local_kernel use `LocalSource`; the Hub
+source lives in hub.py and follows the same protocol."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from .errors import KernelNotFoundError
+from .integrity import combined_digest, tree_digests
+from .metadata import KernelMetadata, load_metadata
+from .variants import Variant
+from .versions import Ref
+
+
+@dataclass(frozen=True)
+class Build:
+    """One variant of one commit on local disk, verified and ready to import."""
+
+    repo_id: str
+    version: str | None
+    commit: str
+    variant: Variant
+    package_dir: Path                 # the python package folder
+    source: str                       # where it came from, for reports: a path or an endpoint
+    digests: dict[str, str] = field(default_factory=dict)  # relative path -> sha256, checked
+    metadata: KernelMetadata | None = None
+
+
+class Source(Protocol):
+    """What get_kernel needs of any place kernels live."""
+
+    def refs(self, repo_id: str) -> list[Ref]: ...
+
+    def variants(self, repo_id: str, commit: str) -> list[Variant]: ...
+
+    def fetch(self, repo_id: str, commit: str, variant: Variant) -> Build: ...
+
+
+class LocalSource:
+    """A kernel folder (kernel.yaml + package) as a one-release repo.
+
+    Its refs are the release tag `v<version>` and the major branch `v<major>`, both at a commit id
+    that is the digest of the shipped files, so a changed file is a different commit.
+    """
+
+    def __init__(self, kernel_dir: Path):
+        self.kernel_dir = Path(kernel_dir).resolve()
+        self.metadata = load_metadata(self.kernel_dir)
+        self.package_dir = self.kernel_dir / self.metadata.python_name
+        self.digests = tree_digests(self.package_dir)
+        self.commit = combined_digest(self.digests)[:40]
+
+    def _check(self, repo_id: str) -> None:
+        if repo_id != self.metadata.repo_id:
+            raise KernelNotFoundError(f"{self.kernel_dir} holds {self.metadata.repo_id}, not {repo_id}")
+
+    def refs(self, repo_id: str) -> list[Ref]:
+        self._check(repo_id)
+        major = self.metadata.version.split(".")[0]
+        return [Ref(f"v{self.metadata.version}", "tag", self.commit), Ref(f"v{major}", "branch", self.commit)]
+
+    def variants(self, repo_id: str, commit: str) -> list[Variant]:
+        self._check(repo_id)
+        if commit != self.commit:
+            raise KernelNotFoundError(f"{repo_id}: commit {commit[:12]} is not in {self.kernel_dir}")
+        return list(self.metadata.variants)
+
+    def fetch(self, repo_id: str, commit: str, variant: Variant) -> Build:
+        self.variants(repo_id, commit)
+        return Build(
+            repo_id=repo_id,
+            version=self.metadata.version,
+            commit=commit,
+            variant=variant,
+            package_dir=self.package_dir,
+            source=str(self.kernel_dir),
+            digests=self.digests,
+            metadata=self.metadata,
+        )

@@ -1,0 +1,63 @@
+"""Shared fixtures: a toy kernel copied to a temp folder (so tests can edit it) and a registry for it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _has_tpu() -> bool:
+    import glob
+
+    return bool(glob.glob("/dev/accel*"))
+
+
+def _has_gpu() -> bool:
+    return shutil.which("nvidia-smi") is not None
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_tpu = pytest.mark.skip(reason="needs a TPU")
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    tpu, gpu = _has_tpu(), _has_gpu()
+    for item in items:
+        if "tpu" in item.keywords and not tpu:
+            item.add_marker(skip_tpu)
+        if "gpu" in item.keywords and not gpu:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def toy_kernel(tmp_path: Path) -> Path:
+    """A fresh, writable copy of the toy kernel folder."""
+    dest = tmp_path / "toy_kernel"
+    shutil.copytree(FIXTURES / "toy_kernel", dest, ignore=shutil.ignore_patterns("__pycache__"))
+    return dest
+
+
+def set_version(kernel_dir: Path, version: str) -> None:
+    meta = kernel_dir / "kernel.yaml"
+    text = meta.read_text()
+    old = next(line for line in text.splitlines() if line.startswith("version:"))
+    meta.write_text(text.replace(old, f"version: {version}"))
+
+
+@pytest.fixture
+def toy_registry(tmp_path: Path, toy_kernel: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A registry.yaml listing the toy kernel, made the default through KERNEL_HUB_REGISTRY."""
+    path = tmp_path / "registry.yaml"
+    path.write_text(
+        "kernels:\n"
+        "  - repo_id: test-org/toy-scale\n"
+        f"    source: {toy_kernel}\n"
+        '    version: ">=1.0,<2"\n'
+        "    backends: [cpu]\n"
+    )
+    monkeypatch.setenv("KERNEL_HUB_REGISTRY", str(path))
+    monkeypatch.setenv("KERNEL_HUB_CACHE", str(tmp_path / "cache"))
+    return path

@@ -1,0 +1,86 @@
+"""The CLI: --help everywhere, non-zero exits, one line (no traceback) for user errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+COMMANDS = ["list", "info", "resolve", "validate", "demo"]
+
+
+def run(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "kernel_hub.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+def test_top_level_help_lists_commands():
+    out = run("--help")
+    assert out.returncode == 0
+    for command in COMMANDS:
+        assert command in out.stdout
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_each_command_has_help(command):
+    out = run(command, "--help")
+    assert out.returncode == 0 and "usage: kernel-hub " + command in out.stdout
+
+
+def _one_line_error(out):
+    assert out.returncode != 0
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, out.stderr
+    assert "Traceback" not in out.stderr
+    return lines[0]
+
+
+def test_list_shows_the_registry(toy_registry):
+    out = run("--registry", str(toy_registry), "list", "--json")
+    assert out.returncode == 0
+    rows = json.loads(out.stdout)
+    assert rows == [{"repo": "test-org/toy-scale", "default spec": ">=1.0,<2", "source version": "1.2.0",
+                     "backends": "cpu", "layers": "-"}]
+
+
+def test_resolve_prints_trace_for_simulated_tpu(toy_registry):
+    out = run("--registry", str(toy_registry), "resolve", "test-org/toy-scale", "--backend", "tpu",
+              "--tpu-generation", "v6e")
+    assert out.returncode == 0, out.stderr
+    assert "chosen    jax-tpu" in out.stdout and "reject torch-cpu" in out.stdout.replace("  ", " ")
+
+
+def test_resolve_no_fit_exits_nonzero(toy_registry):
+    out = run("--registry", str(toy_registry), "resolve", "test-org/toy-scale", "--backend", "tpu",
+              "--tpu-generation", "v4")
+    assert out.returncode == 1 and "TPU v4 not among v5e, v6e" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("resolve", "test-org/unknown"), "pass version= or revision="),
+        (("resolve", "test-org/unknown", "--version", "1"), "unknown kernel repo 'test-org/unknown'"),
+        (("resolve", "test-org/toy-scale", "--version", ">=1,,"), "not a PEP 440 specifier"),
+        (("resolve", "test-org/toy-scale", "--version", ">=9"), "no release matches"),
+        (("info", "bad"), "ORG/NAME"),
+    ],
+)
+def test_user_errors_are_one_line(toy_registry, args, needle):
+    line = _one_line_error(run("--registry", str(toy_registry), *args))
+    assert needle in line
+
+
+def test_malformed_registry_is_one_line(tmp_path):
+    bad = tmp_path / "registry.yaml"
+    bad.write_text("kernels: [\n")
+    line = _one_line_error(run("--registry", str(bad), "list"))
+    assert "malformed YAML" in line
+
+
+def test_validate_local_kernel_path(toy_kernel):
+    out = run("validate", "--path", str(toy_kernel), "--backend", "cpu", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["passed"] is True

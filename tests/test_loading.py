@@ -1,0 +1,138 @@
+"""Loading from the embedded registry and local folders: versions, unique modules, bad inputs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kernel_hub as kh
+from kernel_hub.errors import (
+    IntegrityError,
+    KernelImportError,
+    KernelNotFoundError,
+    MetadataError,
+    VersionSpecError,
+)
+from kernel_hub.loader import import_build
+from kernel_hub.sources import LocalSource
+from tests.conftest import set_version
+
+
+def test_get_kernel_default_spec_major_and_range(toy_registry):
+    by_default = kh.get_kernel("test-org/toy-scale", backend="cpu")
+    by_major = kh.get_kernel("test-org/toy-scale", version=1, backend="cpu")
+    by_range = kh.get_kernel("test-org/toy-scale", version=">=1.0,<2", backend="cpu")
+    assert by_default is by_major is by_range  # one commit, one variant: one module
+    info = by_default.__kernel_hub__
+    assert (info.repo_id, info.version, info.variant) == ("test-org/toy-scale", "1.2.0", "jax-cpu")
+    np.testing.assert_allclose(by_default.scale(np.ones(3), 4.0), 4.0)
+    assert by_default.__all__ == ["FLAVOUR", "scale"]
+
+
+def test_torch_framework_gets_the_torch_entry(toy_registry):
+    torch = pytest.importorskip("torch")
+    mod = kh.get_kernel("test-org/toy-scale", version=1, framework="torch", backend="cpu")
+    assert mod.__kernel_hub__.variant == "torch-cpu" and mod.FLAVOUR == "torch"
+    out = mod.scale(torch.ones(2), 5.0)
+    assert isinstance(out, torch.Tensor) and out.tolist() == [5.0, 5.0]
+
+
+def test_two_versions_live_in_one_process(toy_kernel, tmp_path):
+    import shutil
+
+    v2 = tmp_path / "toy_v2"
+    shutil.copytree(toy_kernel, v2)
+    set_version(v2, "2.0.0")
+    (v2 / "toy_scale/ops.py").write_text(
+        (v2 / "toy_scale/ops.py").read_text().replace("* np.float32(factor)", "* np.float32(factor) + 1")
+    )
+    one = kh.get_local_kernel(toy_kernel, backend="cpu")
+    two = kh.get_local_kernel(v2, backend="cpu")
+    assert one.__name__ != two.__name__ and one.__name__ in sys.modules and two.__name__ in sys.modules
+    assert (one.__kernel_hub__.version, two.__kernel_hub__.version) == ("1.2.0", "2.0.0")
+    assert float(one.scale(np.ones(1), 2.0)[0]) == 2.0
+    assert float(two.scale(np.ones(1), 2.0)[0]) == 3.0  # its own ops module, not v1's
+
+
+def test_has_kernel(toy_registry):
+    assert kh.has_kernel("test-org/toy-scale", backend="cpu")
+    assert not kh.has_kernel("test-org/toy-scale", version=">=5")
+    assert not kh.has_kernel("test-org/no-such-kernel", version=1)
+    assert not kh.has_kernel("test-org/toy-scale", backend="cuda")
+
+
+def test_unknown_repo_is_one_clear_error(toy_registry):
+    with pytest.raises(KernelNotFoundError, match="test-org/nope"):
+        kh.get_kernel("test-org/nope", version=1)
+    with pytest.raises(VersionSpecError, match="pass version= or revision="):
+        kh.get_kernel("test-org/nope")
+    with pytest.raises(KernelNotFoundError, match="ORG/NAME"):
+        kh.get_kernel("no-slash", version=1)
+
+
+def test_bad_spec(toy_registry):
+    with pytest.raises(VersionSpecError, match="PEP 440"):
+        kh.get_kernel("test-org/toy-scale", version=">=1,,2")
+
+
+def test_no_variant_error_carries_trace(toy_registry):
+    from kernel_hub.errors import NoVariantError
+
+    with pytest.raises(NoVariantError) as err:
+        kh.get_kernel("test-org/toy-scale", version=1, backend="cuda")
+    assert "jax-tpu" in str(err.value) and "backend tpu, this system is cuda" in str(err.value)
+
+
+def test_missing_and_malformed_metadata(toy_kernel):
+    (toy_kernel / "kernel.yaml").write_text("name: [unclosed\n")
+    with pytest.raises(MetadataError, match="malformed YAML"):
+        kh.get_local_kernel(toy_kernel)
+    (toy_kernel / "kernel.yaml").unlink()
+    with pytest.raises(MetadataError, match="no kernel.yaml"):
+        kh.get_local_kernel(toy_kernel)
+
+
+def test_missing_field_is_named(toy_kernel):
+    meta = toy_kernel / "kernel.yaml"
+    meta.write_text(meta.read_text().replace("repo_id: test-org/toy-scale\n", ""))
+    with pytest.raises(MetadataError, match="missing required field 'repo_id'"):
+        kh.get_local_kernel(toy_kernel)
+
+
+def test_kernel_raising_on_import_leaves_nothing_behind(toy_kernel):
+    (toy_kernel / "toy_scale/ops.py").write_text("raise RuntimeError('boom at import')\n")
+    before = set(sys.modules)
+    with pytest.raises(KernelImportError, match="import failed: RuntimeError: boom at import"):
+        kh.get_local_kernel(toy_kernel, backend="cpu")
+    assert {m for m in set(sys.modules) - before if m.startswith("_kernel_hub_")} == set()
+
+
+def test_file_changed_after_digest_is_refused(toy_kernel):
+    source = LocalSource(toy_kernel)
+    variant = source.metadata.variant("jax-cpu")
+    build = source.fetch(source.metadata.repo_id, source.commit, variant)
+    (toy_kernel / "toy_scale/ops.py").write_text("import os\nos.system('echo pwned')\n")
+    with pytest.raises(IntegrityError, match=r"ops.py has sha256"):
+        import_build(build)
+
+
+def test_file_added_after_digest_is_refused(toy_kernel):
+    source = LocalSource(toy_kernel)
+    build = source.fetch(source.metadata.repo_id, source.commit, source.metadata.variant("jax-cpu"))
+    Path(toy_kernel / "toy_scale/extra.py").write_text("x = 1\n")
+    with pytest.raises(IntegrityError, match="unexpected file extra.py"):
+        import_build(build)
+
+
+def test_lazy_import_keeps_frameworks_out():
+    import subprocess
+
+    code = (
+        "import kernel_hub, sys; kernel_hub.plan_load; kernel_hub.load_registry()\n"
+        "print(sorted(m for m in ('jax', 'torch', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
