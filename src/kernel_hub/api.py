@@ -11,7 +11,7 @@ from .loader import import_build
 from .registry import Registry, load_registry
 from .sources import LocalSource, Source
 from .system import SystemFacts, detect
-from .variants import Choice, choose_variant
+from .variants import Choice, choose_variant, preferred_names
 from .versions import Resolution, resolve
 
 
@@ -95,7 +95,10 @@ def plan_load(
     source = source or source_for(repo_id, registry)
     resolution = resolve(source.refs(repo_id), version=version, revision=revision)
     facts = _system(system, framework, backend)
-    choice = choose_variant(source.variants(repo_id, resolution.commit), facts, framework)
+    probe = getattr(source, "candidate_variants", None)
+    variants = (probe(repo_id, resolution.commit, preferred_names(facts, framework)) if probe
+                else source.variants(repo_id, resolution.commit))
+    choice = choose_variant(variants, facts, framework)
     return Plan(repo_id, source, resolution, choice, facts, framework)
 
 

@@ -89,3 +89,8 @@ def choose_variant(variants: list[Variant], system: SystemFacts, framework: str 
     accepted = [v for v, d in zip(variants, decisions, strict=True) if d.accepted]
     accepted.sort(key=lambda v: v.backend == UNIVERSAL)
     return Choice(accepted[0] if accepted else None, tuple(decisions))
+
+
+def preferred_names(system: SystemFacts, framework: str) -> list[str]:
+    """Conventional variant names for this system, best first: a source can fetch these without a listing."""
+    return [f"{framework}-{system.backend}", f"{framework}-{UNIVERSAL}"]

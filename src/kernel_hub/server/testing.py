@@ -1,0 +1,144 @@
+"""Run `kernel-hub serve` as a real process on a free loopback port, for tests and demos.
+
+The server is the real CLI in a subprocess (uvicorn, git CLI), so what a test sees is what a user
+gets; the control routes (/_kernel_hub/stats, /faults) let a test count requests at the server and
+inject failures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cli_command() -> list[str]:
+    """The installed `kernel-hub` script next to this interpreter, or the module as a fallback."""
+    script = Path(sys.executable).with_name("kernel-hub")
+    if script.is_file():
+        return [str(script)]
+    found = shutil.which("kernel-hub")
+    return [found] if found else [sys.executable, "-m", "kernel_hub.cli"]
+
+
+@dataclass
+class RunningServer:
+    url: str
+    store: Path
+    token: str | None
+    process: subprocess.Popen
+    log: Any = None
+
+    def log_text(self) -> str:
+        if self.log is None:
+            return ""
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
+
+    def _call(self, method: str, route: str, body: dict[str, Any] | None = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        req = urllib.request.Request(f"{self.url}/_kernel_hub/{route}", data=data, method=method, headers=headers)
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.load(resp)
+
+    def requests(self) -> list[tuple[str, str, int]]:
+        """Every Hub request the server answered since the last reset: (method, path, status)."""
+        return [tuple(r) for r in self._call("GET", "stats")["requests"]]
+
+    def reset(self) -> None:
+        self._call("POST", "stats/reset", {})
+
+    def fault(self, match: str, *, method: str | None = None, status: int | None = None,
+              delay: float = 0.0, truncate: bool = False, times: int = 1) -> None:
+        spec = {"match": match, "method": method, "status": status, "delay": delay, "truncate": truncate,
+                "times": times}
+        self._call("POST", "faults", {"add": [spec]})
+
+    def clear_faults(self) -> None:
+        self._call("POST", "faults", {"clear": True})
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.log is not None:
+            self.log.close()
+            self.log = None
+
+
+def start_server(store: Path, *, token: str | None = "test-token", read_token_required: bool = False,
+                 extra_args: tuple[str, ...] = (), test_hooks: bool = True, timeout: float = 30.0) -> RunningServer:
+    """Start `kernel-hub serve` on a free loopback port and wait until it answers."""
+    port = free_port()
+    cmd = [*cli_command(), "serve", "--store", str(store), "--host", "127.0.0.1", "--port", str(port)]
+    if token:
+        cmd += ["--token", token]
+    if read_token_required:
+        cmd.append("--read-token-required")
+    if test_hooks:
+        cmd.append("--test-hooks")
+    cmd += list(extra_args)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    # A file, not a pipe: a chatty server must never block on its output. Closed by stop().
+    log = tempfile.TemporaryFile()  # noqa: SIM115
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    server = RunningServer(f"http://127.0.0.1:{port}", Path(store), token, proc, log)
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            out = server.log_text()
+            raise RuntimeError(f"kernel-hub serve exited with {proc.returncode}: {out.strip()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"{server.url}/_kernel_hub/stats", timeout=2):
+                return server
+        except (urllib.error.URLError, ConnectionError, OSError):
+            if time.monotonic() > deadline:
+                server.stop()
+                raise RuntimeError(f"kernel-hub serve did not answer on {server.url} within {timeout}s") from None
+            time.sleep(0.1)
+
+
+@contextmanager
+def running_server(store: Path, **kwargs: Any) -> Iterator[RunningServer]:
+    server = start_server(store, **kwargs)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def hub_env(server: RunningServer, cache: Path, **extra: str) -> dict[str, str]:
+    """The environment a user sets to point huggingface_hub (and HF `kernels`) at the store."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "KERNELS_", "KERNEL_HUB_"))}
+    env.update(HF_ENDPOINT=server.url, HF_HUB_CACHE=str(cache), HF_HUB_DISABLE_PROGRESS_BARS="1", **extra)
+    return env
+
+
+def hub_requests(server: RunningServer) -> list[tuple[str, str, int]]:
+    """The server's requests less huggingface_hub's once-a-day telemetry fetch."""
+    return [r for r in server.requests() if not r[1].startswith("/api/agent-harnesses")]

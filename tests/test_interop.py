@@ -1,0 +1,103 @@
+"""The test that matters most: PyPI's `kernels` 0.17.2 loads the ragged dot we published to `kernel-hub serve`
+and computes the same numbers as our own loader (by major version and by range) and a plain reference."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("huggingface_hub")
+pytest.importorskip("starlette")
+pytest.importorskip("torch")
+pytest.importorskip("kernels")
+
+from kernel_hub.publish import publish
+from kernel_hub.server.testing import hub_env, hub_requests, running_server
+
+TOKEN = "test-token"
+REPO = "acme/ragged-dot-tpu"
+KERNEL = Path(__file__).resolve().parents[1] / "kernels" / "pallas" / "ragged_dot"
+
+INPUTS = """
+import torch
+g = torch.Generator().manual_seed(0)
+lhs = torch.randn(40, 32, generator=g)
+rhs = torch.randn(4, 32, 16, generator=g)
+group_sizes = torch.tensor([10, 0, 17, 9], dtype=torch.int32)  # an empty group; 4 rows past the end
+ref = torch.zeros(40, 16)
+start = 0
+for i, size in enumerate(group_sizes.tolist()):
+    ref[start:start + size] = lhs[start:start + size] @ rhs[i]
+    start += size
+"""
+
+HF_KERNELS = INPUTS + """
+import json, kernels
+m = kernels.get_kernel(REPO, version=1)
+out = m.ragged_dot(lhs, rhs, group_sizes)
+print(json.dumps({"file": m.__file__, "err": (out - ref).abs().max().item(), "out": out.flatten().tolist()}))
+"""
+
+OURS = INPUTS + """
+import json
+import kernel_hub as kh
+res = {}
+for spec in (1, ">=1.0,<2"):
+    m = kh.get_kernel(REPO, version=spec, framework="torch", backend="cpu", trust_remote_code=True)
+    out = m.ragged_dot(lhs, rhs, group_sizes)
+    info = m.__kernel_hub__
+    res[str(spec)] = {"variant": info.variant, "commit": info.commit, "version": info.version,
+                      "err": (out - ref).abs().max().item(), "out": out.flatten().tolist()}
+print(json.dumps(res))
+"""
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("interop")
+    with running_server(root / "store", token=TOKEN) as srv:
+        # The kernel's own validation runs in its tests; this test checks the numbers itself below.
+        result = publish(KERNEL, repo_id=REPO, endpoint=srv.url, token=TOKEN, skip_validation=True,
+                         log=lambda _: None)
+        yield srv, result, root
+
+
+def _run(server, cache: Path, script: str) -> dict:
+    proc = subprocess.run([sys.executable, "-c", f"REPO = {REPO!r}\n{script}"], env=hub_env(server, cache),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_hf_kernels_and_kernel_hub_compute_the_same_numbers(published) -> None:
+    server, result, root = published
+    assert "torch-cpu" in result.variants and result.branch == "v1"
+
+    server.reset()
+    theirs = _run(server, root / "hf-cache", HF_KERNELS)
+    hf_requests = hub_requests(server)
+    assert "/build/torch-cpu/" in Path(theirs["file"]).as_posix()  # HF kernels picked our torch-cpu build
+    assert theirs["err"] <= 1e-4
+    assert any(p == f"/api/organizations/{REPO.split('/')[0]}/overview" for _, p, _ in hf_requests)
+    # HF kernels never touches the JAX builds or our bundles.
+    assert not [p for _, p, _ in hf_requests if p.endswith(".tar") or "/build/jax-" in p]
+
+    server.reset()
+    ours = _run(server, root / "our-cache", OURS)
+    our_requests = hub_requests(server)
+    by_major, by_range = ours["1"], ours[">=1.0,<2"]
+    assert by_major["variant"] == by_range["variant"] == "torch-cpu"
+    assert by_major["commit"] == by_range["commit"] == result.commit
+    assert by_major["version"] == "1.0.0"
+    assert by_major["err"] <= 1e-4
+    assert by_major["out"] == by_range["out"]
+    diff = max(abs(a - b) for a, b in zip(theirs["out"], by_major["out"], strict=True))
+    assert diff <= 1e-6
+    # Fresh load: refs, one bundle (HEAD + GET) = 3; the range load reuses all but the refs.
+    assert [m for m, _, _ in our_requests] == ["GET", "HEAD", "GET", "GET"], our_requests
+    assert our_requests[0][1] == our_requests[3][1] == f"/api/kernels/{REPO}/refs"
+    assert len(our_requests) < len(hf_requests)
