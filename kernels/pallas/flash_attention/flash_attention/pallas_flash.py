@@ -1,0 +1,372 @@
+"""Pallas TPU flash attention for prefill: forward, and backward as two kernels under one custom_vjp.
+
+Forward, grid (B, Hq, q blocks, kv blocks): an online softmax over key blocks with running max m and
+sum l in VMEM scratch; grouped-query heads read their kv head through the index map, so K/V are never
+repeated. Per-sequence lengths, the causal band and the sliding window give each query block a range
+of key blocks [first, last]; the index map clamps the key block into that range, so steps outside it
+re-address the block already resident and Pallas issues no DMA for them, and the body is skipped.
+
+Backward works in the transposed layout (keys on sublanes, queries on lanes) so the per-row
+logsumexp and delta arrive as lane-dense [1, block_q] rows rather than columns:
+  * dk/dv kernel, grid (B, Hkv, kv blocks, G * q blocks): the reduction axis walks every query block
+    of every query head in the group, so dk and dv come out per kv head with no extra reduction;
+  * dq kernel, grid (B, Hq, q blocks, kv blocks).
+The sink gradient is a small XLA reduction. All dots accumulate in f32; f32 operands use HIGHEST.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from .config import LANES
+
+MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite "minus infinity": exp(MASKED - m) is 0, never NaN
+EMPTY_LSE = 0.7 * float(jnp.finfo(jnp.float32).max)  # logsumexp of a row with no keys: exp(s - it) is 0
+
+
+@dataclasses.dataclass(frozen=True)
+class FlashStatic:
+    """Everything static about one call (hashable: a nondiff argument of the custom_vjp)."""
+
+    causal: bool
+    sm_scale: float
+    window: int | None
+    soft_cap: float | None
+    has_sinks: bool
+    block_q: int
+    block_kv: int
+    group: int
+    interpret: Any = False
+    vmem_limit_bytes: int | None = None
+
+
+def _dot(a: jax.Array, b: jax.Array, contract: tuple[int, int]) -> jax.Array:
+    """2-D dot contracting a's axis contract[0] with b's axis contract[1]; f32 result."""
+    precision = jax.lax.Precision.HIGHEST if jnp.float32 in (a.dtype, b.dtype) else None
+    dims = (((contract[0],), (contract[1],)), ((), ()))
+    return jax.lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
+
+
+def _mxu(x: jax.Array, like: jax.Array) -> jax.Array:
+    """f32 probabilities/gradients go to the MXU in the operand dtype (bf16 stays bf16)."""
+    return x.astype(like.dtype)
+
+
+def kv_block_range(q_len: jax.Array, kv_len: jax.Array, qi: jax.Array, st: FlashStatic):
+    """(first, last, empty): the key blocks query block qi attends. Scalar math: runs in index maps."""
+    r0 = qi * st.block_q
+    r1 = jnp.minimum(r0 + st.block_q, q_len) - 1
+    off = kv_len - q_len
+    lo = jnp.int32(0)
+    hi = kv_len - 1
+    if st.causal:
+        hi = jnp.minimum(hi, r1 + off)
+    if st.window is not None:
+        lo = jnp.maximum(lo, r0 + off - st.window + 1)
+    empty = (r1 < r0) | (hi < lo)
+    return lo // st.block_kv, jnp.maximum(hi, 0) // st.block_kv, empty
+
+
+def q_block_range(q_len: jax.Array, kv_len: jax.Array, kj: jax.Array, st: FlashStatic):
+    """(first, last, empty): the query blocks that attend key block kj."""
+    c0 = kj * st.block_kv
+    c1 = jnp.minimum(c0 + st.block_kv, kv_len) - 1
+    off = kv_len - q_len
+    lo = jnp.int32(0)
+    hi = q_len - 1
+    if st.causal:
+        lo = jnp.maximum(lo, c0 - off)
+    if st.window is not None:
+        hi = jnp.minimum(hi, c1 + st.window - 1 - off)
+    empty = (c1 < c0) | (hi < lo)
+    return jnp.maximum(lo, 0) // st.block_q, jnp.maximum(hi, 0) // st.block_q, empty
+
+
+def _clamp(idx: jax.Array, first: jax.Array, last: jax.Array, empty: jax.Array) -> jax.Array:
+    return jnp.where(empty, 0, jnp.clip(idx, first, jnp.maximum(first, last)))
+
+
+def _mask(rows: jax.Array, cols: jax.Array, q_len: jax.Array, kv_len: jax.Array, st: FlashStatic) -> jax.Array:
+    mask = (rows < q_len) & (cols < kv_len)
+    pos = rows + (kv_len - q_len)
+    if st.causal:
+        mask &= cols <= pos
+    if st.window is not None:
+        mask &= cols > pos - st.window
+    return mask
+
+
+def _logits(a: jax.Array, b: jax.Array, st: FlashStatic) -> tuple[jax.Array, jax.Array | None]:
+    """Scaled (and soft-capped) a @ b.T in f32, plus tanh for the soft-cap derivative."""
+    s = _dot(a, b, (1, 1)) * st.sm_scale
+    if st.soft_cap is None:
+        return s, None
+    t = jnp.tanh(s / st.soft_cap)
+    return st.soft_cap * t, t
+
+
+# ----------------------------------------------------------------------------------------------- forward
+
+
+def _fwd_kernel(qlen_ref, kvlen_ref, sinks_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, m_scr, l_scr, acc_scr,
+                *, st: FlashStatic):
+    b, h, qi, kj = pl.program_id(0), pl.program_id(1), pl.program_id(2), pl.program_id(3)
+    q_len, kv_len = qlen_ref[b], kvlen_ref[b]
+    first, last, empty = kv_block_range(q_len, kv_len, qi, st)
+
+    @pl.when(kj == 0)
+    def _init():
+        m_scr[...] = jnp.full(m_scr.shape, MASKED, jnp.float32)
+        l_scr[...] = jnp.zeros(l_scr.shape, jnp.float32)
+        acc_scr[...] = jnp.zeros(acc_scr.shape, jnp.float32)
+
+    @pl.when(jnp.logical_not(empty) & (kj >= first) & (kj <= last))
+    def _step():
+        v = v_ref[...]
+        s, _ = _logits(q_ref[...], k_ref[...], st)
+        shape = (st.block_q, st.block_kv)
+        rows = qi * st.block_q + jax.lax.broadcasted_iota(jnp.int32, shape, 0)
+        cols = kj * st.block_kv + jax.lax.broadcasted_iota(jnp.int32, shape, 1)
+        mask = _mask(rows, cols, q_len, kv_len, st)
+        s = jnp.where(mask, s, MASKED)
+        m_prev = m_scr[...]  # [bq, LANES], every lane holds the row's value
+        m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
+        alpha = jnp.exp(m_prev - m_next)
+        p = jnp.where(mask, jnp.exp(s - m_next[:, :1]), 0.0)
+        l_scr[...] = alpha * l_scr[...] + jnp.sum(p, axis=1, keepdims=True)
+        m_scr[...] = m_next
+        acc_scr[...] = acc_scr[...] * alpha[:, :1] + _dot(_mxu(p, v), v, (1, 0))
+
+    @pl.when(kj == pl.num_programs(3) - 1)
+    def _finish():
+        m, denom, acc = m_scr[...], l_scr[...], acc_scr[...]
+        if st.has_sinks:  # the sink joins the denominator only: rescale to max(m, sink) and add its term
+            sink = sinks_ref[h]
+            m_fin = jnp.maximum(m, sink)
+            rescale = jnp.exp(m - m_fin)
+            denom = denom * rescale + jnp.exp(sink - m_fin)
+            acc = acc * rescale[:, :1]
+            m = m_fin
+        has_keys = denom > 0
+        safe_l = jnp.where(has_keys, denom, 1.0)
+        o_ref[...] = (acc / safe_l[:, :1]).astype(o_ref.dtype)
+        lse = jnp.where(has_keys, m + jnp.log(safe_l), EMPTY_LSE)  # [bq, LANES]
+        lse_ref[...] = lse.T[:1, :]  # lane-dense row for the backward kernels
+
+
+def flash_forward(q, k, v, sinks, q_len, kv_len, st: FlashStatic):
+    """q [B,Hq,Sq,D], k/v [B,Hkv,Skv,D] with Sq, Skv multiples of the blocks -> (o, lse[B,Hq,1,Sq])."""
+    b, hq, sq, d = q.shape
+    skv = k.shape[2]
+    nq, nk = sq // st.block_q, skv // st.block_kv
+    bq, bk, g = st.block_q, st.block_kv, st.group
+
+    def kv_map(bi, h, qi, kj, qlen_ref, kvlen_ref, sinks_ref):
+        first, last, empty = kv_block_range(qlen_ref[bi], kvlen_ref[bi], qi, st)
+        return bi, h // g, _clamp(kj, first, last, empty), 0
+
+    q_map = lambda bi, h, qi, kj, *_: (bi, h, qi, 0)
+    lse_map = lambda bi, h, qi, kj, *_: (bi, h, 0, qi)
+    return pl.pallas_call(
+        functools.partial(_fwd_kernel, st=st),
+        out_shape=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, hq, 1, sq), jnp.float32)),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=3,
+            grid=(b, hq, nq, nk),
+            in_specs=[
+                pl.BlockSpec((None, None, bq, d), q_map),
+                pl.BlockSpec((None, None, bk, d), kv_map),
+                pl.BlockSpec((None, None, bk, d), kv_map),
+            ],
+            out_specs=[pl.BlockSpec((None, None, bq, d), q_map), pl.BlockSpec((None, None, 1, bq), lse_map)],
+            scratch_shapes=[
+                pltpu.VMEM((bq, LANES), jnp.float32),
+                pltpu.VMEM((bq, LANES), jnp.float32),
+                pltpu.VMEM((bq, d), jnp.float32),
+            ],
+        ),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
+            vmem_limit_bytes=st.vmem_limit_bytes,
+        ),
+        interpret=st.interpret,
+        name="flash_attention_fwd",
+    )(q_len, kv_len, sinks, q, k, v)
+
+
+# ---------------------------------------------------------------------------------------------- backward
+
+
+def _probs_t(q, k, lse, qi, kj, q_len, kv_len, st: FlashStatic):
+    """Transposed probabilities p.T [bk, bq] (and tanh for the soft cap) of one block pair."""
+    s_t, t = _logits(k, q, st)
+    shape = (st.block_kv, st.block_q)
+    cols = kj * st.block_kv + jax.lax.broadcasted_iota(jnp.int32, shape, 0)
+    rows = qi * st.block_q + jax.lax.broadcasted_iota(jnp.int32, shape, 1)
+    mask = _mask(rows, cols, q_len, kv_len, st)
+    return jnp.where(mask, jnp.exp(s_t - lse), 0.0), t
+
+
+def _dlogits_t(p_t, t, v, do, delta, st: FlashStatic):
+    """d(logits before the cap).T: p * (dO.v - delta), times the soft cap's 1 - tanh^2."""
+    ds_t = p_t * (_dot(v, do, (1, 1)) - delta)
+    if t is not None:
+        ds_t = ds_t * (1.0 - t * t)
+    return ds_t
+
+
+def _dkv_kernel(qlen_ref, kvlen_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref,
+                dk_scr, dv_scr, *, st: FlashStatic, nq: int):
+    b, kj, r = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+    qi = r % nq
+    q_len, kv_len = qlen_ref[b], kvlen_ref[b]
+    first, last, empty = q_block_range(q_len, kv_len, kj, st)
+
+    @pl.when(r == 0)
+    def _init():
+        dk_scr[...] = jnp.zeros(dk_scr.shape, jnp.float32)
+        dv_scr[...] = jnp.zeros(dv_scr.shape, jnp.float32)
+
+    @pl.when(jnp.logical_not(empty) & (qi >= first) & (qi <= last))
+    def _step():
+        q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
+        p_t, t = _probs_t(q, k, lse_ref[...], qi, kj, q_len, kv_len, st)
+        dv_scr[...] += _dot(_mxu(p_t, do), do, (1, 0))
+        ds_t = _dlogits_t(p_t, t, v, do, delta_ref[...], st)
+        dk_scr[...] += _dot(_mxu(ds_t, q), q, (1, 0)) * st.sm_scale
+
+    @pl.when(r == pl.num_programs(3) - 1)
+    def _finish():
+        dk_ref[...] = dk_scr[...].astype(dk_ref.dtype)
+        dv_ref[...] = dv_scr[...].astype(dv_ref.dtype)
+
+
+def _dq_kernel(qlen_ref, kvlen_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, dq_scr,
+               *, st: FlashStatic):
+    b, qi, kj = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+    q_len, kv_len = qlen_ref[b], kvlen_ref[b]
+    first, last, empty = kv_block_range(q_len, kv_len, qi, st)
+
+    @pl.when(kj == 0)
+    def _init():
+        dq_scr[...] = jnp.zeros(dq_scr.shape, jnp.float32)
+
+    @pl.when(jnp.logical_not(empty) & (kj >= first) & (kj <= last))
+    def _step():
+        q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
+        p_t, t = _probs_t(q, k, lse_ref[...], qi, kj, q_len, kv_len, st)
+        ds_t = _dlogits_t(p_t, t, v, do, delta_ref[...], st)
+        dq_scr[...] += _dot(_mxu(ds_t, k), k, (0, 0)) * st.sm_scale
+
+    @pl.when(kj == pl.num_programs(3) - 1)
+    def _finish():
+        dq_ref[...] = dq_scr[...].astype(dq_ref.dtype)
+
+
+def flash_backward(q, k, v, o, lse, do, q_len, kv_len, st: FlashStatic):
+    """(dq, dk, dv, delta) for padded operands; delta = rowsum(dO * O) [B,Hq,1,Sq] f32."""
+    b, hq, sq, d = q.shape
+    hkv, skv = k.shape[1], k.shape[2]
+    nq, nk = sq // st.block_q, skv // st.block_kv
+    bq, bk, g = st.block_q, st.block_kv, st.group
+    delta = jnp.sum(o.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)[:, :, None, :]
+    params = lambda: pltpu.CompilerParams(
+        dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
+        vmem_limit_bytes=st.vmem_limit_bytes,
+    )
+
+    # dk, dv: reduction index r walks (query head in group, query block).
+    def qrow_map(bi, hk, kj, r, qlen_ref, kvlen_ref):
+        first, last, empty = q_block_range(qlen_ref[bi], kvlen_ref[bi], kj, st)
+        return bi, hk * g + r // nq, _clamp(r % nq, first, last, empty), 0
+
+    def lrow_map(bi, hk, kj, r, qlen_ref, kvlen_ref):
+        first, last, empty = q_block_range(qlen_ref[bi], kvlen_ref[bi], kj, st)
+        return bi, hk * g + r // nq, 0, _clamp(r % nq, first, last, empty)
+
+    kv_own = lambda bi, hk, kj, r, *_: (bi, hk, kj, 0)
+    dk, dv = pl.pallas_call(
+        functools.partial(_dkv_kernel, st=st, nq=nq),
+        out_shape=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=2,
+            grid=(b, hkv, nk, g * nq),
+            in_specs=[
+                pl.BlockSpec((None, None, bq, d), qrow_map),
+                pl.BlockSpec((None, None, bk, d), kv_own),
+                pl.BlockSpec((None, None, bk, d), kv_own),
+                pl.BlockSpec((None, None, bq, d), qrow_map),
+                pl.BlockSpec((None, None, 1, bq), lrow_map),
+                pl.BlockSpec((None, None, 1, bq), lrow_map),
+            ],
+            out_specs=[pl.BlockSpec((None, None, bk, d), kv_own), pl.BlockSpec((None, None, bk, d), kv_own)],
+            scratch_shapes=[pltpu.VMEM((bk, d), jnp.float32), pltpu.VMEM((bk, d), jnp.float32)],
+        ),
+        compiler_params=params(),
+        interpret=st.interpret,
+        name="flash_attention_dkv",
+    )(q_len, kv_len, q, k, v, do, lse, delta)
+
+    def kv_map(bi, h, qi, kj, qlen_ref, kvlen_ref):
+        first, last, empty = kv_block_range(qlen_ref[bi], kvlen_ref[bi], qi, st)
+        return bi, h // g, _clamp(kj, first, last, empty), 0
+
+    q_own = lambda bi, h, qi, kj, *_: (bi, h, qi, 0)
+    l_own = lambda bi, h, qi, kj, *_: (bi, h, 0, qi)
+    dq = pl.pallas_call(
+        functools.partial(_dq_kernel, st=st),
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=2,
+            grid=(b, hq, nq, nk),
+            in_specs=[
+                pl.BlockSpec((None, None, bq, d), q_own),
+                pl.BlockSpec((None, None, bk, d), kv_map),
+                pl.BlockSpec((None, None, bk, d), kv_map),
+                pl.BlockSpec((None, None, bq, d), q_own),
+                pl.BlockSpec((None, None, 1, bq), l_own),
+                pl.BlockSpec((None, None, 1, bq), l_own),
+            ],
+            out_specs=pl.BlockSpec((None, None, bq, d), q_own),
+            scratch_shapes=[pltpu.VMEM((bq, d), jnp.float32)],
+        ),
+        compiler_params=params(),
+        interpret=st.interpret,
+        name="flash_attention_dq",
+    )(q_len, kv_len, q, k, v, do, lse, delta)
+    return dq, dk, dv, delta
+
+
+# ------------------------------------------------------------------------------------------- custom_vjp
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def flash_attention_padded(st: FlashStatic, q, k, v, sinks, q_len, kv_len):
+    """Differentiable flash attention over block-padded operands (sinks: [Hq] f32, zeros if unused)."""
+    return flash_forward(q, k, v, sinks, q_len, kv_len, st)[0]
+
+
+def _vjp_fwd(st, q, k, v, sinks, q_len, kv_len):
+    o, lse = flash_forward(q, k, v, sinks, q_len, kv_len, st)
+    return o, (q, k, v, sinks, q_len, kv_len, o, lse)
+
+
+def _vjp_bwd(st, res, do):
+    q, k, v, sinks, q_len, kv_len, o, lse = res
+    dq, dk, dv, delta = flash_backward(q, k, v, o, lse, do, q_len, kv_len, st)
+    if st.has_sinks:  # d sink = -sum over rows of P(sink) * rowsum(dO * O)
+        p_sink = jnp.exp(sinks[None, :, None, None] - lse)
+        dsinks = -jnp.sum(p_sink * delta, axis=(0, 2, 3))
+    else:
+        dsinks = jnp.zeros_like(sinks)
+    return dq, dk, dv, dsinks, None, None
+
+
+flash_attention_padded.defvjp(_vjp_fwd, _vjp_bwd)

@@ -1,0 +1,114 @@
+"""Prefill forward: every implementation and feature against the NumPy float64 reference."""
+
+from __future__ import annotations
+
+import flash_attention as fa
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from fa_helpers import TOL, make_inputs, rel_error
+
+BLOCKS = fa.AttentionConfig(block_q=128, block_kv=128, cpu_block_q=64)
+
+# (name, b, hq, hkv, sq, skv, d, features): small, but >128 so the kernels walk several blocks
+SCENARIOS = [
+    ("causal_gqa_d128", 2, 4, 2, 256, 256, 128, dict(causal=True)),
+    ("noncausal_mha_d64", 1, 2, 2, 136, 200, 64, {}),
+    ("mqa_window_d64", 1, 4, 1, 256, 256, 64, dict(causal=True, sliding_window=70)),
+    ("softcap_sinks_d256", 1, 2, 1, 160, 160, 256, dict(causal=True, logits_soft_cap=10.0, sinks=True)),
+    ("ragged_bottom_right_d64", 3, 2, 1, 130, 260, 64, dict(causal=True, ragged=True)),
+    ("everything_d128", 2, 4, 2, 140, 270, 128,
+     dict(causal=True, sliding_window=90, logits_soft_cap=15.0, sinks=True, ragged=True, sm_scale=0.2)),
+]
+
+
+def _features(rng: np.random.Generator, b: int, hq: int, sq: int, skv: int, feats: dict) -> dict:
+    kw = {k: v for k, v in feats.items() if k not in ("sinks", "ragged")}
+    if feats.get("sinks"):
+        kw["sinks"] = jnp.asarray(rng.standard_normal(hq) * 2, jnp.float32)
+    if feats.get("ragged"):
+        ql = rng.integers(1, sq + 1, size=b)
+        ql[0] = 0  # an empty sequence: every row is 0
+        kw["q_lengths"] = jnp.asarray(ql, jnp.int32)
+        kw["kv_lengths"] = jnp.asarray(rng.integers(1, skv + 1, size=b), jnp.int32)
+    return kw
+
+
+def _kw_np(kw: dict) -> dict:
+    return {k: (np.asarray(v) if isinstance(v, jax.Array) else v) for k, v in kw.items()}
+
+
+# the dense "xla" path shares the cpu path's math: two scenarios cover it
+PAIRS = [(s, impl) for s in SCENARIOS for impl in ("cpu", "pallas")]
+PAIRS += [(s, "xla") for s in SCENARIOS if s[0] in ("causal_gqa_d128", "everything_d128")]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("scenario, impl", PAIRS, ids=[f"{s[0]}-{impl}" for s, impl in PAIRS])
+def test_prefill_matches_reference(scenario, impl, dtype):
+    name, b, hq, hkv, sq, skv, d, feats = scenario
+    rng = np.random.default_rng(abs(hash((name, dtype, impl))) % 2**32)
+    q, k, v = make_inputs(rng, b, hq, hkv, sq, skv, d, dtype)
+    kw = _features(rng, b, hq, sq, skv, feats)
+    out = fa.flash_attention(q, k, v, implementation=impl, config=BLOCKS, **kw)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    expected = fa.reference_attention(q, k, v, **_kw_np(kw))
+    assert rel_error(out, expected) <= TOL[dtype]
+
+
+def test_nan_never_passes():
+    expected = np.ones((2, 3))
+    assert rel_error(np.array([[1.0, np.nan, 1.0], [1.0, 1.0, 1.0]]), expected) == float("inf")
+    q, k, v = make_inputs(np.random.default_rng(0), 1, 2, 2, 16, 16, 64, "float32")
+    out = fa.flash_attention(q.at[0, 0, 3, 0].set(jnp.nan), k, v, implementation="pallas", config=BLOCKS)
+    assert not rel_error(out, fa.reference_attention(q, k, v)) <= 1.0
+
+
+def test_causal_is_bottom_right_aligned():
+    """Sq < Skv: the last query sees every key, the first sees Skv - Sq + 1 of them."""
+    q, k, v = make_inputs(np.random.default_rng(1), 1, 1, 1, 4, 10, 64, "float32")
+    out = fa.flash_attention(q, k, v, causal=True, implementation="cpu")
+    last = fa.flash_attention(q[:, :, -1:], k, v, implementation="cpu")
+    first = fa.flash_attention(q[:, :, :1], k[:, :, :7], v[:, :, :7], implementation="cpu")
+    np.testing.assert_allclose(out[:, :, -1:], last, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out[:, :, :1], first, rtol=1e-5, atol=1e-6)
+
+
+def test_padding_rows_and_empty_windows_are_zero():
+    q, k, v = make_inputs(np.random.default_rng(2), 2, 2, 1, 24, 24, 64, "float32")
+    ql, kl = jnp.array([10, 24], jnp.int32), jnp.array([5, 0], jnp.int32)
+    for impl in ("cpu", "xla", "pallas"):
+        out = np.asarray(fa.flash_attention(q, k, v, causal=True, q_lengths=ql, kv_lengths=kl, implementation=impl))
+        assert np.all(out[0, :, 10:] == 0) and np.all(out[1] == 0)
+        assert np.all(out[0, :, :5] == 0)  # q_len > kv_len: bottom-right causal leaves the first rows keyless
+        assert np.all(np.abs(out[0, :, 5:10]).sum(-1) > 0)
+
+
+def test_jit_and_default_implementation():
+    q, k, v = make_inputs(np.random.default_rng(3), 1, 2, 1, 32, 32, 64, "float32")
+    f = jax.jit(lambda q, k, v: fa.flash_attention(q, k, v, causal=True, implementation="pallas"))
+    expected = fa.reference_attention(q, k, v, causal=True)
+    assert rel_error(f(q, k, v), expected) <= 1e-4
+    assert rel_error(fa.flash_attention(q, k, v, causal=True), expected) <= 1e-4  # cpu on this machine
+
+
+def test_implementations_for():
+    assert fa.implementations_for("tpu") == ("pallas", "xla")
+    assert fa.implementations_for("cpu") == ("cpu", "xla")
+    assert fa.implementations_for("cuda") == ("xla",)
+
+
+@pytest.mark.parametrize(
+    "shapes, kw",
+    [
+        (((1, 3, 8, 64), (1, 2, 8, 64), (1, 2, 8, 64)), {}),  # heads not a multiple
+        (((1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 9, 64)), {}),  # k/v mismatch
+        (((1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 8, 64)), dict(sliding_window=0)),
+        (((1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 8, 64)), dict(implementation="cuda")),
+    ],
+)
+def test_bad_arguments_raise(shapes, kw):
+    q, k, v = (jnp.zeros(s, jnp.float32) for s in shapes)
+    with pytest.raises(ValueError):
+        fa.flash_attention(q, k, v, **kw)
