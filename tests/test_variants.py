@@ -73,3 +73,14 @@ def test_unknown_tpu_generation_is_accepted():
 )
 def test_tpu_generation_from_device_kind(kind, gen):
     assert tpu_generation_from_kind(kind) == gen
+
+
+def test_requirement_on_another_package_is_checked():
+    v = [Variant("jax-cpu", "jax", "cpu", requires=(("jax", "==0.10.2"), ("tokamax", "==0.0.12")))]
+    ok = SystemFacts(backend="cpu", jax_version="0.10.2", packages=(("tokamax", "0.0.12"),))
+    assert choose_variant(v, ok, "jax").variant is not None
+    untested = SystemFacts(backend="cpu", jax_version="0.10.2", packages=(("tokamax", "0.0.13"),))
+    choice = choose_variant(v, untested, "jax")
+    assert choice.variant is None and "needs tokamax==0.0.12, have 0.0.13" in choice.trace[0].reason
+    missing = SystemFacts(backend="cpu", jax_version="0.10.2")
+    assert "tokamax" in choose_variant(v, missing, "jax").trace[0].reason

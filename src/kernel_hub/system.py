@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 
 BACKENDS = ("tpu", "cuda", "rocm", "cpu")
+EXTRA_PACKAGES = ("tokamax", "triton", "transformers")  # versions a variant's `requires` may name
 
 
 @dataclass(frozen=True)
@@ -26,9 +27,12 @@ class SystemFacts:
     torch_version: str | None = None
     python_version: str = platform.python_version()
     machine: str = platform.machine()
+    packages: tuple[tuple[str, str], ...] = ()  # other distributions a build may require, e.g. tokamax
 
-    def framework_version(self, framework: str) -> str | None:
-        return {"jax": self.jax_version, "torch": self.torch_version}.get(framework)
+    def framework_version(self, dist: str) -> str | None:
+        """The installed version of `dist` as this system reports it (None: not installed)."""
+        known = {"jax": self.jax_version, "torch": self.torch_version}
+        return known[dist] if dist in known else dict(self.packages).get(dist)
 
     def to_dict(self) -> dict[str, str | None]:
         return asdict(self)
@@ -109,4 +113,5 @@ def detect(framework: str = "jax") -> SystemFacts:
         device_kind=kind,
         jax_version=installed_version("jax"),
         torch_version=installed_version("torch"),
+        packages=tuple((d, v) for d in EXTRA_PACKAGES if (v := installed_version(d)) is not None),
     )
