@@ -1,0 +1,162 @@
+"""Benchmark the ragged_dot kernel's paths on this machine: ours ("cpu", "pallas" interpreted) against
+jax.lax.ragged_dot, tokamax.ragged_dot(implementation="xla") and a per-expert loop.
+
+Everything JAX is jitted and warmed up; runs are interleaved across methods (so drift from other load
+hits all alike) and the median is reported, with speedups relative to jax.lax.ragged_dot.
+
+  python bench/ragged_dot.py [--quick] [--out bench/out/ragged_dot.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "kernels" / "pallas" / "ragged_dot"))
+
+import ragged_dot as rd  # noqa: E402  (the kernel package, loaded from its source folder)
+
+# name, M, K, N, G, dtypes, methods skipped (too slow on 2 cores: they do G x the work)
+SHAPES = [
+    ("decode_e128", 512, 256, 512, 128, ("float32", "bfloat16"), ()),
+    ("qwen3_30b_a3b_decode", 512, 2048, 768, 128, ("bfloat16",), ("jax.lax.ragged_dot", "tokamax_xla")),
+    ("prefill_e8", 2048, 256, 512, 8, ("float32", "bfloat16"), ()),
+    ("pallas_small_e8", 128, 256, 256, 8, ("float32",), ()),
+]
+QUICK_SKIP = {"qwen3_30b_a3b_decode"}
+BASELINE = "jax.lax.ragged_dot"
+
+
+def _inputs(m: int, k: int, n: int, g: int, dtype: str, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    dt = jnp.bfloat16 if dtype == "bfloat16" else jnp.float32
+    lhs = jnp.asarray(rng.standard_normal((m, k), dtype=np.float32), dt)
+    rhs = jnp.asarray(rng.standard_normal((g, k, n), dtype=np.float32) / np.sqrt(k), dt)
+    sizes = jnp.asarray(np.bincount(rng.integers(0, g, m), minlength=g), jnp.int32)  # uniform top-k routing
+    return lhs, rhs, sizes
+
+
+def _methods(shape: str, lhs, rhs, sizes) -> dict[str, Callable[[], object]]:
+    """name -> zero-argument call returning something to block on."""
+    hi = jax.lax.Precision.HIGHEST if lhs.dtype == jnp.float32 else None
+    out: dict[str, Callable[[], object]] = {}
+    if shape == "pallas_small_e8":
+        pallas = jax.jit(lambda a, b, s: rd.ragged_dot(a, b, s, implementation="pallas", interpret=True,
+                                                       config=rd.RaggedDotConfig(tm=64, tk=256, tn=256)))
+        out["ours_pallas_interpret"] = lambda: pallas(lhs, rhs, sizes)
+    ours = jax.jit(lambda a, b, s: rd.ragged_dot(a, b, s, implementation="cpu"))
+    out["ours_cpu"] = lambda: ours(lhs, rhs, sizes)
+    lax_rd = jax.jit(lambda a, b, s: jax.lax.ragged_dot(a, b, s, precision=hi))
+    out[BASELINE] = lambda: lax_rd(lhs, rhs, sizes)
+    try:
+        import tokamax
+        from absl import flags
+
+        if not flags.FLAGS.is_parsed():  # tokamax reads absl flags from sys.argv, which holds ours
+            flags.FLAGS([sys.argv[0]])
+        tk_rd = jax.jit(lambda a, b, s: tokamax.ragged_dot(a, b, s, precision=hi, implementation="xla"))
+        out["tokamax_xla"] = lambda: tk_rd(lhs, rhs, sizes)
+    except ImportError:
+        pass
+    # Per-expert loop in NumPy f32 over the actual group slices (what an eager framework loop does).
+    a32, b32 = np.asarray(lhs, np.float32), np.asarray(rhs, np.float32)
+    ends = np.cumsum(np.asarray(sizes))
+
+    def per_expert() -> np.ndarray:
+        res = np.zeros((a32.shape[0], b32.shape[2]), np.float32)
+        start = 0
+        for g, end in enumerate(ends):
+            if end > start:
+                np.matmul(a32[start:end], b32[g], out=res[start:end])
+            start = end
+        return res
+
+    out["per_expert_loop_numpy"] = per_expert
+    return out
+
+
+def _time(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    return time.perf_counter() - start
+
+
+def run(quick: bool) -> dict:
+    reps = 3 if quick else 7
+    results = []
+    for name, m, k, n, g, dtypes, skip in SHAPES:
+        if quick and name in QUICK_SKIP:
+            continue
+        for dtype in dtypes[:1] if quick else dtypes:
+            lhs, rhs, sizes = _inputs(m, k, n, g, dtype)
+            methods = {key: fn for key, fn in _methods(name, lhs, rhs, sizes).items() if key not in skip}
+            expected = rd.reference_ragged_dot(lhs, rhs, sizes)
+            errors = {}
+            for key, fn in methods.items():  # warm up (compile) and check each answer once
+                got = np.asarray(jax.block_until_ready(fn()), np.float64)
+                errors[key] = float(np.abs(got - expected).max() / max(1e-6, np.abs(expected).max()))
+            times: dict[str, list[float]] = {key: [] for key in methods}
+            for _ in range(reps):
+                for key, fn in methods.items():
+                    times[key].append(_time(fn))
+            medians = {key: statistics.median(ts) for key, ts in times.items()}
+            base = medians.get(BASELINE)
+            for key in methods:
+                results.append({
+                    "shape": name, "m": m, "k": k, "n": n, "g": g, "dtype": dtype, "method": key,
+                    "median_ms": 1e3 * medians[key], "runs_ms": [1e3 * t for t in times[key]],
+                    "speedup_vs_lax": (base / medians[key]) if base else None, "max_rel_error": errors[key],
+                })
+            for key in skip:
+                results.append({"shape": name, "m": m, "k": k, "n": n, "g": g, "dtype": dtype, "method": key,
+                                "median_ms": None, "skipped": f"densifies to G={g} x the work on CPU"})
+    return {
+        "benchmark": "ragged_dot",
+        "jax": jax.__version__,
+        "backend": jax.default_backend(),
+        "machine": platform.machine(),
+        "reps": reps,
+        "quick": quick,
+        "results": results,
+    }
+
+
+def table(report: dict) -> str:
+    lines = [f"{'shape':22} {'dtype':9} {'method':24} {'median ms':>10} {'x vs lax':>9} {'rel err':>9}"]
+    for r in report["results"]:
+        if r.get("median_ms") is None:
+            lines.append(f"{r['shape']:22} {r['dtype']:9} {r['method']:24} {'skipped':>10}   ({r['skipped']})")
+            continue
+        speed = f"{r['speedup_vs_lax']:.1f}x" if r["speedup_vs_lax"] else "-"
+        lines.append(f"{r['shape']:22} {r['dtype']:9} {r['method']:24} {r['median_ms']:10.2f} {speed:>9} "
+                     f"{r['max_rel_error']:9.1e}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions, one dtype, skip the big shape")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "ragged_dot.json",
+                        help="where to write the JSON results (default: %(default)s)")
+    args = parser.parse_args(argv)
+    report = run(args.quick)
+    print(table(report))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,96 @@
+"""Group metadata for the Pallas kernels, computed in JAX and handed to the kernel by scalar prefetch.
+
+The grid walks a static list of W = tiles_m + G work items. An item is (m-tile, group):
+  * one per (tile, group) pair whose rows intersect,
+  * one per empty group (so the transposed kernel zeroes that group's gradient),
+  * one per m-tile past sum(group_sizes) (so the forward kernel writes its zeros),
+  * then padding items, repeats of the last real one, that do nothing.
+Counting: nonempty pairs <= covered tiles + nonempty groups - 1, so the real items never exceed W.
+
+Items are ordered so that both the tile and the group are non-decreasing: the forward kernel revisits
+an output tile only on consecutive steps, the transposed kernel an output group only on consecutive
+steps, which is what lets Pallas keep that block resident and write it back once.
+
+Items without rows fetch the operands of the last item that had rows, so they cost no DMA: an empty
+expert's weights are never read.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+class GroupMetadata(NamedTuple):
+    """Per-item int32 arrays of length W, all scalar-prefetched into SMEM."""
+
+    tile: jax.Array  # m-tile the item covers (forward: output block row)
+    group: jax.Array  # group the item belongs to (transposed: output block)
+    fetch_tile: jax.Array  # m-tile whose lhs/dout block to load
+    fetch_group: jax.Array  # group whose rhs block to load
+    row_lo: jax.Array  # first row of the item (absolute row index)
+    row_hi: jax.Array  # one past its last row; row_lo == row_hi: no work
+
+    @property
+    def num_items(self) -> int:
+        return self.tile.shape[0]
+
+
+def num_work_items(m_padded: int, tm: int, num_groups: int) -> int:
+    """Static length of the item list (the grid size along items)."""
+    return m_padded // tm + num_groups
+
+
+def group_bounds(group_sizes: jax.Array, m: int) -> tuple[jax.Array, jax.Array]:
+    """(starts, ends) of each group's rows, clamped to [0, m]: rows are grouped contiguously in order."""
+    sizes = jnp.maximum(group_sizes.astype(jnp.int32), 0)
+    ends = jnp.minimum(jnp.cumsum(sizes), m).astype(jnp.int32)
+    starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
+    return starts, ends
+
+
+def make_group_metadata(group_sizes: jax.Array, *, m_padded: int, tm: int, m: int | None = None) -> GroupMetadata:
+    """Work items for an lhs of `m_padded` rows (a multiple of tm) whose first `m` rows are real."""
+    if m_padded % tm:
+        raise ValueError(f"m_padded={m_padded} must be a multiple of tm={tm}")
+    m = m_padded if m is None else m
+    g = group_sizes.shape[0]
+    tiles_m = m_padded // tm
+    w = num_work_items(m_padded, tm, g)
+
+    starts, ends = group_bounds(group_sizes, m)
+    nonempty = ends > starts
+    first_tile = jnp.minimum(starts // tm, tiles_m - 1)
+    last_tile = jnp.where(nonempty, (ends - 1) // tm, first_tile)
+    per_group = last_tile - first_tile + 1  # empty groups get one (row-less) visit
+
+    total = ends[-1]
+    covered = (total + tm - 1) // tm
+    # Segment g < G: the tiles of group g. Segment G: the tiles past the last row (owned by group G-1).
+    counts = jnp.concatenate([per_group, (tiles_m - covered)[None]]).astype(jnp.int32)
+    seg_first_tile = jnp.concatenate([first_tile, covered[None]])
+    seg_begin = jnp.cumsum(counts) - counts
+    n_real = jnp.sum(counts)
+
+    i = jnp.arange(w, dtype=jnp.int32)
+    seg = jnp.repeat(jnp.arange(g + 1, dtype=jnp.int32), counts, total_repeat_length=w)
+    real = i < n_real
+    tile = jnp.where(real, seg_first_tile[seg] + (i - seg_begin[seg]), tiles_m - 1)
+    group = jnp.where(real, jnp.minimum(seg, g - 1), g - 1)
+
+    row_lo = jnp.maximum(starts[group], tile * tm)
+    row_hi = jnp.minimum(ends[group], tile * tm + tm)
+    has_rows = real & (row_lo < row_hi)
+    row_hi = jnp.where(has_rows, row_hi, row_lo)
+
+    source = jax.lax.cummax(jnp.where(has_rows, i, 0))
+    return GroupMetadata(
+        tile=tile.astype(jnp.int32),
+        group=group.astype(jnp.int32),
+        fetch_tile=tile[source].astype(jnp.int32),
+        fetch_group=group[source].astype(jnp.int32),
+        row_lo=row_lo.astype(jnp.int32),
+        row_hi=row_hi.astype(jnp.int32),
+    )

@@ -1,0 +1,38 @@
+"""Shared test helpers: inputs, the error metric the harness uses, and a dense differentiable reference."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+TOL = {"float32": 1e-4, "bfloat16": 1e-2}
+
+
+def rel_error(actual: object, expected: np.ndarray) -> float:
+    """max|a-e| / max(1e-6, max|e|); NaN or Inf anywhere in `actual` is an infinite error."""
+    a = np.asarray(actual, dtype=np.float64)
+    if not np.isfinite(a).all():
+        return float("inf")
+    return float(np.abs(a - expected).max(initial=0.0) / max(1e-6, np.abs(expected).max(initial=0.0)))
+
+
+def make_inputs(m: int, k: int, n: int, sizes: list[int], dtype: str, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    dt = jnp.bfloat16 if dtype == "bfloat16" else jnp.float32
+    lhs = jnp.asarray(rng.standard_normal((m, k), dtype=np.float32), dt)
+    rhs = jnp.asarray(rng.standard_normal((len(sizes), k, n), dtype=np.float32) / np.sqrt(k), dt)
+    return lhs, rhs, jnp.asarray(sizes, jnp.int32)
+
+
+def dense_reference(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array:
+    """Per-group masked einsum in f32 HIGHEST: differentiable, independent of the kernels."""
+    m = lhs.shape[0]
+    ends = jnp.cumsum(group_sizes)
+    starts = ends - group_sizes
+    row = jnp.arange(m)[:, None]
+    mask = ((row >= starts[None, :]) & (row < ends[None, :])).astype(jnp.float32)  # [M, G]
+    per_group = jnp.einsum(
+        "mk,gkn->gmn", lhs.astype(jnp.float32), rhs.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST
+    )
+    return jnp.einsum("mg,gmn->mn", mask, per_group, precision=jax.lax.Precision.HIGHEST)

@@ -1,0 +1,117 @@
+"""Group metadata invariants, tiling heuristics and implementation dispatch (pure functions, fast)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import ragged_dot as rd
+from ragged_dot.config import default_config, vmem_bytes
+from ragged_dot.cpu import default_capacity
+from ragged_dot.metadata import make_group_metadata, num_work_items
+
+
+def _random_sizes(rng, g, m):
+    kind = rng.integers(0, 4)
+    if kind == 0:
+        return np.bincount(rng.integers(0, g, m), minlength=g)
+    if kind == 1:
+        s = np.zeros(g, int)
+        s[rng.integers(0, g)] = m
+        return s
+    if kind == 2:
+        return np.bincount(rng.integers(0, g, rng.integers(0, m + 1)), minlength=g)
+    return np.zeros(g, int)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_metadata_invariants(seed):
+    rng = np.random.default_rng(seed)
+    g, tm = int(rng.integers(1, 9)), int(rng.choice([4, 8, 16]))
+    m = int(rng.integers(1, 70))
+    mp = -(-m // tm) * tm
+    sizes = _random_sizes(rng, g, m)
+    md = {k: np.asarray(v) for k, v in make_group_metadata(jnp.asarray(sizes, jnp.int32), m_padded=mp, tm=tm, m=m)
+          ._asdict().items()}
+    w = num_work_items(mp, tm, g)
+    assert all(v.shape == (w,) for v in md.values())
+    # output blocks are revisited only on consecutive steps
+    assert (np.diff(md["tile"]) >= 0).all() and (np.diff(md["group"]) >= 0).all()
+    # every m-tile and every group is visited (zeros for untouched rows, zeros for empty groups' grads)
+    assert set(md["tile"]) == set(range(mp // tm)) and set(md["group"]) == set(range(g))
+    # the row ranges partition [0, sum(sizes)) exactly, each inside its tile and its group
+    ends = np.minimum(np.cumsum(sizes), m)
+    starts = ends - np.minimum(sizes, ends)
+    covered = np.zeros(mp, int)
+    for t, grp, lo, hi in zip(md["tile"], md["group"], md["row_lo"], md["row_hi"], strict=True):
+        if hi > lo:
+            assert t * tm <= lo and hi <= (t + 1) * tm and starts[grp] <= lo and hi <= ends[grp]
+            covered[lo:hi] += 1
+    assert (covered[: ends[-1]] == 1).all() and not covered[ends[-1]:].any()
+    # items without rows fetch what the previous item fetched (no extra DMA)
+    for i in range(1, w):
+        if md["row_hi"][i] == md["row_lo"][i]:
+            assert (md["fetch_tile"][i], md["fetch_group"][i]) == (md["fetch_tile"][i - 1], md["fetch_group"][i - 1])
+
+
+def test_default_config_fits_vmem_and_tiles():
+    for m, k, n, dt in [(512, 2048, 768, "bfloat16"), (8, 64, 96, "float32"), (4096, 7168, 2048, "float32")]:
+        cfg = default_config(m, k, n, 128, dt)
+        assert cfg.tk % 128 == 0 or cfg.tk == k
+        assert cfg.tn % 128 == 0 or cfg.tn == n
+        assert cfg.tm % 8 == 0
+        assert vmem_bytes(cfg, 2 if dt == "bfloat16" else 4, 4) <= 16 * 2**20
+    assert default_config(512, 2048, 768, 128).tn == 384  # divides 768: weights need no padding
+    with pytest.raises(ValueError):
+        rd.RaggedDotConfig(tm=0)
+    assert rd.RaggedDotConfig(tk=256, tn=128).swapped_kn() == rd.RaggedDotConfig(tk=128, tn=256)
+
+
+def test_default_capacity_is_bounded():
+    assert default_capacity(512, 128) == 16
+    assert default_capacity(8, 128) == 8
+    assert 512 < default_capacity(4096, 8) < 640
+
+
+def test_implementations_for():
+    assert rd.implementations_for("tpu") == ("pallas", "xla")
+    assert rd.implementations_for("cpu") == ("cpu", "xla")
+    assert rd.implementations_for("cuda")[0] == "xla"
+    assert rd.implementations_for("something-new")[0] == "xla"
+
+
+def test_resolve_implementation():
+    assert rd.resolve_implementation("cpu")[0] == "cpu"
+    assert rd.resolve_implementation("tpu")[0] == "pallas"
+    name, why = rd.resolve_implementation("cpu", ("pallas", "cpu"))
+    assert name == "cpu" and "pallas: skipped" in why
+    assert rd.resolve_implementation("cpu", "pallas", interpret=True)[0] == "pallas"
+    with pytest.raises(NotImplementedError, match="interpret"):
+        rd.resolve_implementation("cpu", "pallas")
+    with pytest.raises(ValueError, match="unknown"):
+        rd.resolve_implementation("cpu", "triton")
+
+
+def test_last_implementation_and_argument_checks():
+    lhs, rhs = jnp.ones((8, 16)), jnp.ones((2, 16, 4))
+    rd.ragged_dot(lhs, rhs, jnp.array([4, 4], jnp.int32))
+    assert rd.last_implementation()[0] == rd.implementations_for(__import__("jax").default_backend())[0]
+    with pytest.raises(ValueError):
+        rd.ragged_dot(lhs, rhs, jnp.array([8], jnp.int32))
+    with pytest.raises(ValueError):
+        rd.ragged_dot(lhs, jnp.ones((2, 8, 4)), jnp.array([4, 4], jnp.int32))
+    with pytest.raises(TypeError):
+        rd.ragged_dot(lhs, rhs, jnp.array([4.0, 4.0]))
+
+
+def test_public_surface():
+    for name in ("ragged_dot", "RaggedDotConfig", "default_config", "reference_ragged_dot", "implementations_for",
+                 "resolve_implementation", "last_implementation"):
+        assert name in rd.__all__ and hasattr(rd, name)
+
+
+def test_reference_is_a_plain_loop():
+    a = np.arange(6.0).reshape(3, 2)
+    b = np.stack([np.eye(2), 2 * np.eye(2)])
+    out = rd.reference_ragged_dot(a, b, np.array([1, 1]))
+    np.testing.assert_array_equal(out, [[0, 1], [4, 6], [0, 0]])
