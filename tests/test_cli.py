@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-COMMANDS = ["list", "info", "resolve", "validate", "demo"]
+COMMANDS = ["list", "info", "resolve", "download", "validate", "bench", "demo", "serve", "publish", "lock"]
 
 
 def run(*args, env=None):
@@ -62,14 +63,16 @@ def test_resolve_no_fit_exits_nonzero(toy_registry):
     ("args", "needle"),
     [
         (("resolve", "test-org/unknown"), "pass version= or revision="),
-        (("resolve", "test-org/unknown", "--version", "1"), "unknown kernel repo 'test-org/unknown'"),
+        (("resolve", "test-org/unknown", "--version", "1"), "Hub at http://127.0.0.1:9: listing refs"),
         (("resolve", "test-org/toy-scale", "--version", ">=1,,"), "not a PEP 440 specifier"),
         (("resolve", "test-org/toy-scale", "--version", ">=9"), "no release matches"),
         (("info", "bad"), "ORG/NAME"),
     ],
 )
 def test_user_errors_are_one_line(toy_registry, args, needle):
-    line = _one_line_error(run("--registry", str(toy_registry), *args))
+    # A repo outside the registry goes to the Hub: point it at a closed loopback port.
+    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9"}
+    line = _one_line_error(run("--registry", str(toy_registry), *args, env=env))
     assert needle in line
 
 
@@ -84,3 +87,14 @@ def test_validate_local_kernel_path(toy_kernel):
     out = run("validate", "--path", str(toy_kernel), "--backend", "cpu", "--json")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["passed"] is True
+
+
+def test_download_fetches_and_checks(toy_registry):
+    out = run("--registry", str(toy_registry), "download", "test-org/toy-scale", "--backend", "cpu")
+    assert out.returncode == 0, out.stderr
+    assert "[jax-cpu]" in out.stdout and "files     4 (sha256 checked)" in out.stdout
+
+
+def test_bench_without_script_is_one_line(toy_registry):
+    line = _one_line_error(run("--registry", str(toy_registry), "bench", "test-org/toy-scale"))
+    assert "no benchmark script" in line

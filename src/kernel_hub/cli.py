@@ -111,6 +111,32 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0 if report.passed else 1
 
 
+def cmd_download(args: argparse.Namespace) -> int:
+    from .api import plan_load
+    from .errors import NoVariantError
+
+    plan = plan_load(args.repo, version=_spec(args.spec), revision=args.revision, backend=args.backend,
+                     framework=args.framework)
+    if plan.choice.variant is None:
+        raise NoVariantError(f"no build of {args.repo} fits this system (see: kernel-hub resolve {args.repo})")
+    build = plan.source.fetch(args.repo, plan.resolution.commit, plan.choice.variant)
+    print(f"{args.repo} {plan.resolution.version or plan.resolution.commit[:12]} [{build.variant.name}]")
+    print(f"package   {build.package_dir}")
+    print(f"files     {len(build.digests)} (sha256 checked)")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import subprocess
+
+    from .registry import load_registry
+
+    entry = load_registry().require(args.repo)
+    if entry.bench is None or not entry.bench.is_file():
+        raise KernelHubError(f"{args.repo} has no benchmark script in the registry ('bench:' key)")
+    return subprocess.call([sys.executable, str(entry.bench), *args.bench_args])
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -162,6 +188,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="random seed for the inputs (default: fresh)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("download", help="fetch and verify the build that fits, without importing it",
+                       description="Resolve, choose the variant and fetch only its files into the cache, "
+                       "checking every sha256. Prints where the package is.")
+    p.add_argument("repo", help="repo id")
+    _add_version_args(p)
+    p.set_defaults(func=cmd_download)
+
+    p = sub.add_parser("bench", help="run a kernel's benchmark against its alternatives",
+                       description="Run the benchmark script the registry names for a kernel (medians of "
+                       "interleaved runs, ratio table, JSON out). Arguments after the repo go to the script, "
+                       "e.g. kernel-hub bench kernel-hub/ragged-dot-tpu --quick.")
+    p.add_argument("repo", help="repo id")
+    p.add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments for the script (try --help)")
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("demo", help="load, validate and race the ragged dot (offline)",
                        description="Load the ragged-dot kernel from the embedded registry, validate it here, run "

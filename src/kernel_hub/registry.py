@@ -22,6 +22,7 @@ class RegistryEntry:
     backends: tuple[str, ...] = ()
     layers: tuple[str, ...] = ()
     hub_repo: str | None = None  # where the same kernel lives on the Hub, if elsewhere than repo_id
+    bench: Path | None = None    # its benchmark script
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ def parse_registry(data: Any, path: Path) -> Registry:
                 backends=tuple(raw.get("backends") or ()),
                 layers=tuple(raw.get("layers") or ()),
                 hub_repo=raw.get("hub"),
+                bench=(path.parent / raw["bench"]).resolve() if raw.get("bench") else None,
             )
         )
     layers = data.get("layers") or {}
