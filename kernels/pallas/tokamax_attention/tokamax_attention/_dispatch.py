@@ -1,0 +1,1 @@
+../../tokamax_ragged_dot/tokamax_ragged_dot/_dispatch.py
