@@ -71,7 +71,7 @@ def test_resolve_no_fit_exits_nonzero(toy_registry):
 )
 def test_user_errors_are_one_line(toy_registry, args, needle):
     # A repo outside the registry goes to the Hub: point it at a closed loopback port.
-    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9"}
+    env = dict(os.environ)  # HF_ENDPOINT is a closed loopback port (conftest)
     line = _one_line_error(run("--registry", str(toy_registry), *args, env=env))
     assert needle in line
 

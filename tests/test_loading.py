@@ -11,6 +11,7 @@ import pytest
 import kernel_hub as kh
 from kernel_hub.errors import (
     IntegrityError,
+    KernelHubError,
     KernelImportError,
     KernelNotFoundError,
     MetadataError,
@@ -65,8 +66,8 @@ def test_has_kernel(toy_registry):
 
 
 def test_unknown_repo_is_one_clear_error(toy_registry):
-    with pytest.raises(KernelNotFoundError, match="test-org/nope"):
-        kh.get_kernel("test-org/nope", version=1)
+    with pytest.raises(KernelHubError, match=r"Hub at http://127.0.0.1:9: listing refs for test-org/nope"):
+        kh.get_kernel("test-org/nope", version=1)  # not in the registry: the Hub is asked, one line
     with pytest.raises(VersionSpecError, match="pass version= or revision="):
         kh.get_kernel("test-org/nope")
     with pytest.raises(KernelNotFoundError, match="ORG/NAME"):

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from .interpret import race_checking_params, run_race_checked
 from .reference import reference_ragged_dot
 
 #: How group sizes are drawn. All are deterministic in the seed.
@@ -80,12 +79,59 @@ class Case:
         if self.interpret == "fast":
             kwargs["interpret"] = True
         elif self.interpret == "tpu":
+            from .interpret import race_checking_params, run_race_checked  # jax-only: not in torch builds
+
             kwargs["interpret"] = race_checking_params()
             return run_race_checked(module.ragged_dot, **inputs, **kwargs)
         return module.ragged_dot(**inputs, **kwargs)
 
     def reference(self, inputs: dict[str, Any]) -> np.ndarray:
         return reference_ragged_dot(inputs["lhs"], inputs["rhs"], inputs["group_sizes"])
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchCase(Case):
+    """The same shapes for the torch-facing entry: torch tensors in, `module.ragged_dot(lhs, rhs, sizes)`.
+
+    Inputs are torch tensors (jax is never imported, as in a torch-cpu build); the reference reads them
+    through float32 NumPy, so bf16 inputs are compared at the values the kernel saw.
+    """
+
+    def inputs(self, seed: int) -> dict[str, Any]:
+        import torch
+
+        rng = np.random.default_rng(seed)
+        dt = torch.bfloat16 if self.dtype == "bfloat16" else torch.float32
+        lhs = rng.standard_normal((self.m, self.k), dtype=np.float32)
+        rhs = rng.standard_normal((self.g, self.k, self.n), dtype=np.float32) / np.sqrt(self.k)
+        sizes = make_group_sizes(self.routing, self.m, self.g, rng)
+        return {
+            "lhs": torch.from_numpy(lhs).to(dt),
+            "rhs": torch.from_numpy(rhs).to(dt),
+            "group_sizes": torch.from_numpy(sizes.astype(np.int32)),
+        }
+
+    def call(self, module: Any, inputs: dict[str, Any]) -> Any:
+        return module.ragged_dot(inputs["lhs"], inputs["rhs"], inputs["group_sizes"])
+
+    def reference(self, inputs: dict[str, Any]) -> np.ndarray:
+        lhs, rhs = (inputs[k].float().numpy() for k in ("lhs", "rhs"))
+        return reference_ragged_dot(lhs, rhs, inputs["group_sizes"].numpy())
+
+
+def _torch_cases() -> list[TorchCase]:
+    """Decode, prefill and edge shapes through the torch entry, both dtypes."""
+    out = []
+    for dt in ("float32", "bfloat16"):
+        s = _SHORT[dt]
+        out += [
+            TorchCase(f"torch_decode_e128_{s}", dt, "torch", ("decode",), m=512, k=256, n=256, g=128),
+            TorchCase(f"torch_prefill_e8_{s}", dt, "torch", ("prefill",), m=1024, k=256, n=256, g=8),
+        ]
+        for routing in ("empty_groups", "one_group", "partial", "all_empty"):
+            out.append(TorchCase(f"torch_{routing}_{s}", dt, "torch", ("edge",), m=200, k=136, n=72, g=16,
+                                 routing=routing))
+    return out
 
 
 _DTYPES = ("float32", "bfloat16")
@@ -142,9 +188,14 @@ def _tpu_interpret_cases() -> list[Case]:
     ]
 
 
-def cases(backend: str) -> list[Case]:
-    """Cases for a backend ("cpu", "tpu", "cuda"/"gpu"; others get the portable XLA cases)."""
+def cases(backend: str, framework: str = "jax") -> list[Case]:
+    """Cases for a backend ("cpu", "tpu", "cuda"/"gpu"; others get the portable XLA cases).
+
+    framework="torch" gives the cases for the torch-facing entry (torch_api.py), whatever the backend.
+    """
     backend = backend.lower()
+    if framework == "torch":
+        return list(_torch_cases())
     if backend == "tpu":
         return _workload_cases("pallas", None, "") + [
             Case("xla_oracle_e8_f32", "float32", "xla", ("oracle",), m=256, k=256, n=256, g=8)
