@@ -61,7 +61,7 @@ def run_demo(quick: bool = False, print_fn=print) -> int:
         {"kernel": lambda: ours(lhs, rhs, group_sizes), "lax": lambda: lax(lhs, rhs, group_sizes)},
         repeats=3 if quick else 7,
     )
-    impl = getattr(kernel, "implementations_for", lambda b: ("?",))(jax.default_backend())[0]
+    impl = kernel.last_implementation()[0] if hasattr(kernel, "last_implementation") else "auto"
     print_fn(f"{'path':<34}{'median ms':>10}")
     print_fn(f"{'kernel-hub ragged_dot (' + impl + ')':<34}{times['kernel'] * 1e3:>10.2f}")
     print_fn(f"{'jax.lax.ragged_dot':<34}{times['lax'] * 1e3:>10.2f}")

@@ -1,0 +1,167 @@
+"""Torch-facing entry of the ragged-dot kernel (the package __init__ of the torch-* builds).
+
+`ragged_dot(lhs, rhs, group_sizes)` has jax.lax.ragged_dot's contract on torch tensors: lhs[M,K]
+rows grouped contiguously by group, rhs[G,K,N], group_sizes[G] integer; out[M,N], rows past
+sum(group_sizes) zero. `moe_experts(...)` is a whole Mixture-of-Experts expert block (route, two
+grouped matmuls, gate, combine) with the weight layouts transformers uses.
+
+Where it runs: tensors on CPU take the torch-native path (torch_cpu.py; jax is never imported, so
+the torch-cpu build runs where only torch is installed); on CUDA or TPU it bridges to the JAX
+package's ragged_dot (torch_bridge.py). Both are differentiable through torch autograd.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .torch_cpu import ragged_dot_torch
+
+__all__ = ["implementation_for", "moe_experts", "ragged_dot"]
+
+IMPLEMENTATIONS = ("torch", "jax")
+
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "swish": F.silu,
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
+
+
+def implementation_for(device: torch.device | str) -> str:
+    """The implementation ragged_dot picks for tensors on `device`, as the report names it."""
+    kind = torch.device(device).type
+    return "torch" if kind == "cpu" else "jax"
+
+
+def describe(device: torch.device | str) -> str:
+    """Human-readable name of what runs on `device` (for reports)."""
+    impl = implementation_for(device)
+    if impl == "torch":
+        from .torch_cpu import num_workers
+
+        return f"torch-native grouped loop ({num_workers()} workers)"
+    return "jax ragged_dot via " + ("DLPack" if torch.device(device).type == "cuda" else "torch_tpu jax_op")
+
+
+def _check(lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor) -> None:
+    if lhs.dim() != 2 or rhs.dim() != 3 or group_sizes.dim() != 1:
+        raise ValueError(
+            f"ragged_dot wants lhs[M,K], rhs[G,K,N], group_sizes[G]; got {tuple(lhs.shape)}, "
+            f"{tuple(rhs.shape)}, {tuple(group_sizes.shape)}"
+        )
+    if lhs.shape[1] != rhs.shape[1] or rhs.shape[0] != group_sizes.shape[0]:
+        raise ValueError(
+            f"ragged_dot shapes disagree: lhs {tuple(lhs.shape)}, rhs {tuple(rhs.shape)}, "
+            f"group_sizes {tuple(group_sizes.shape)}"
+        )
+    if group_sizes.dtype.is_floating_point or group_sizes.dtype == torch.bool:
+        raise TypeError(f"group_sizes must be an integer tensor, got {group_sizes.dtype}")
+
+
+def ragged_dot(
+    lhs: torch.Tensor,
+    rhs: torch.Tensor,
+    group_sizes: torch.Tensor,
+    *,
+    implementation: str | None = None,
+) -> torch.Tensor:
+    """Grouped matmul: out[r] = lhs[r] @ rhs[g(r)] with rows grouped contiguously by group_sizes.
+
+    implementation: "torch" (native, any device torch runs on) or "jax" (the Pallas/XLA kernel
+    through the bridge); None picks by device (see implementation_for).
+    """
+    _check(lhs, rhs, group_sizes)
+    if lhs.dtype != rhs.dtype:
+        raise TypeError(f"lhs and rhs dtypes differ: {lhs.dtype} vs {rhs.dtype}")
+    impl = implementation or implementation_for(lhs.device)
+    if impl == "torch":
+        return ragged_dot_torch(lhs, rhs, group_sizes)
+    if impl == "jax":
+        from .torch_bridge import ragged_dot_jax
+
+        return ragged_dot_jax(lhs, rhs, group_sizes)
+    raise ValueError(f"unknown implementation {impl!r}; choose from {IMPLEMENTATIONS}")
+
+
+def _default_gate(act: Callable[[torch.Tensor], torch.Tensor], concatenated: bool):
+    def gate(h: torch.Tensor) -> torch.Tensor:
+        if concatenated:
+            g, u = h.chunk(2, dim=-1)
+        else:
+            g, u = h[..., ::2], h[..., 1::2]
+        return act(g) * u
+
+    return gate
+
+
+def moe_experts(
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    *,
+    gate_up_proj_bias: torch.Tensor | None = None,
+    down_proj_bias: torch.Tensor | None = None,
+    is_transposed: bool = False,
+    is_concatenated: bool = True,
+    has_gate: bool = True,
+    act: str | Callable[[torch.Tensor], torch.Tensor] = "silu",
+    gate_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    post_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    implementation: str | None = None,
+) -> torch.Tensor:
+    """A Mixture-of-Experts expert block on two ragged dots.
+
+    hidden_states[T,H]; top_k_index[T,K] expert ids (ids >= E are dropped: expert-parallel
+    sentinels); top_k_weights[T,K]. Weights as transformers stores them: is_transposed=False means
+    gate_up_proj[E, 2I, H] and down_proj[E, H, I] (nn.Linear style), True means [E, H, 2I] and
+    [E, I, H]. is_concatenated: gate and up halves stacked [gate; up]; False: interleaved
+    (g0, u0, g1, u1, ...). has_gate=False: gate_up_proj is a plain up projection and `act` is
+    applied to it. gate_fn replaces the default act(gate) * up (e.g. a clamped SwiGLU); post_fn runs
+    on each expert output before the routing weight (a post-expert norm). Returns [T,H] in the
+    hidden_states dtype.
+    """
+    num_experts = gate_up_proj.shape[0]
+    num_tokens, top_k = top_k_index.shape
+    dtype = gate_up_proj.dtype
+    act_fn = _ACTIVATIONS[act] if isinstance(act, str) else act
+
+    expert_ids = top_k_index.reshape(-1)
+    sorted_ids, perm = torch.sort(expert_ids, stable=True)
+    x = hidden_states[perm // top_k].to(dtype)
+    # Sentinel ids (>= E) sort to the tail; bincount's [:E] leaves them out, so their rows are zero.
+    sizes = torch.bincount(sorted_ids.clamp(min=0), minlength=num_experts + 1)[:num_experts]
+    in_range = sorted_ids < num_experts
+    safe_ids = sorted_ids.clamp(max=num_experts - 1)
+
+    w_up = gate_up_proj if is_transposed else gate_up_proj.transpose(1, 2)  # [E, H, 2I]
+    w_down = down_proj if is_transposed else down_proj.transpose(1, 2)  # [E, I, H]
+
+    h = ragged_dot(x, w_up, sizes, implementation=implementation)
+    if gate_up_proj_bias is not None:
+        h = h + gate_up_proj_bias[safe_ids]
+    if gate_fn is not None:
+        h = gate_fn(h)
+    elif has_gate:
+        h = _default_gate(act_fn, is_concatenated)(h)
+    else:
+        h = act_fn(h)
+    out = ragged_dot(h.to(dtype), w_down, sizes, implementation=implementation)
+    if down_proj_bias is not None:
+        out = out + down_proj_bias[safe_ids]
+    if post_fn is not None:
+        out = post_fn(out)
+    weights = top_k_weights.reshape(-1)[perm]
+    if not bool(in_range.all()):
+        weights = weights.masked_fill(~in_range, 0.0)
+        out = out.masked_fill(~in_range[:, None], 0.0)
+    weighted = out * weights.unsqueeze(-1)
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(perm.numel(), device=perm.device)
+    return weighted[inverse].view(num_tokens, top_k, -1).sum(dim=1).to(hidden_states.dtype)

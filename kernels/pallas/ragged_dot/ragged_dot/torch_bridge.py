@@ -1,0 +1,118 @@
+"""torch <-> JAX for the ragged dot: hand torch tensors to the JAX kernel without copying them.
+
+CPU and CUDA: DLPack, zero-copy for contiguous f32/bf16 (non-contiguous inputs are made contiguous
+first, the only copy). TPU: torch_tpu's `jax_op`, imported only when the tensors live on a TPU,
+because importing torch_tpu on a machine without one aborts the process. jax is imported lazily so
+this file can ship in the torch-cpu build, where jax may be absent.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def jax_available() -> bool:
+    return importlib.util.find_spec("jax") is not None
+
+
+def _jax_ragged_dot() -> Callable[..., Any]:
+    """The package's JAX entry, imported relatively so it resolves inside whichever build we are in."""
+    package = __package__ or __name__.rpartition(".")[0]
+    for name in (".api", ".jax_api"):
+        try:
+            module = importlib.import_module(name, package)
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.endswith(name[1:]):
+                continue
+            raise
+        fn = getattr(module, "ragged_dot", None)
+        if fn is not None:
+            return fn
+    raise ImportError(f"{package}: no JAX ragged_dot entry (.api) in this build")
+
+
+def to_jax(t: torch.Tensor) -> Any:
+    """Zero-copy view of a torch tensor as a jax.Array (copies only to make it contiguous)."""
+    import jax
+
+    t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return jax.dlpack.from_dlpack(t)
+
+
+def to_torch(a: Any) -> torch.Tensor:
+    """Zero-copy view of a jax.Array as a torch tensor."""
+    return torch.from_dlpack(a)
+
+
+def _on_tpu(*tensors: torch.Tensor) -> bool:
+    return any(t.device.type not in ("cpu", "cuda", "meta") for t in tensors)
+
+
+def _call_tpu(fn: Callable[..., Any], *tensors: torch.Tensor) -> Any:
+    """Run a JAX function on TPU-resident torch tensors through torch_tpu's jax_op (TPU hosts only)."""
+    import torch_tpu
+
+    jax_op = getattr(torch_tpu, "jax_op", None)
+    if jax_op is None:
+        jax_op = importlib.import_module("torch_tpu.jax").jax_op  # type: ignore[attr-defined]
+    return jax_op(fn, *tensors)
+
+
+def _forward(lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor, **kw: Any) -> torch.Tensor:
+    fn = _jax_ragged_dot()
+    sizes = group_sizes.to(torch.int32)
+    if _on_tpu(lhs, rhs):
+        return _call_tpu(lambda a, b, g: fn(a, b, g, **kw), lhs, rhs, sizes)
+    out = fn(to_jax(lhs), to_jax(rhs), to_jax(sizes), **kw)
+    return to_torch(out)
+
+
+def _grads(lhs, rhs, group_sizes, dout, **kw):
+    """(d_lhs, d_rhs) through jax.vjp of the JAX entry (its custom_vjp supplies the kernels)."""
+    import jax
+
+    fn = _jax_ragged_dot()
+    sizes = group_sizes.to(torch.int32)
+
+    def both(a, b, g, d):
+        _, vjp = jax.vjp(lambda x, y: fn(x, y, g, **kw), a, b)
+        return vjp(d)
+
+    if _on_tpu(lhs, rhs):
+        return _call_tpu(both, lhs, rhs, sizes, dout)
+    da, db = both(to_jax(lhs), to_jax(rhs), to_jax(sizes), to_jax(dout))
+    return to_torch(da), to_torch(db)
+
+
+class _JaxRaggedDot(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, lhs, rhs, group_sizes, kw):  # type: ignore[override]
+        ctx.save_for_backward(lhs, rhs, group_sizes)
+        ctx.kw = kw
+        return _forward(lhs, rhs, group_sizes, **kw)
+
+    @staticmethod
+    def backward(ctx, dout):  # type: ignore[override]
+        lhs, rhs, sizes = ctx.saved_tensors
+        d_lhs, d_rhs = _grads(lhs, rhs, sizes, dout.contiguous(), **ctx.kw)
+        return (
+            d_lhs.to(lhs.dtype) if ctx.needs_input_grad[0] else None,
+            d_rhs.to(rhs.dtype) if ctx.needs_input_grad[1] else None,
+            None,
+            None,
+        )
+
+
+def ragged_dot_jax(
+    lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor, **kw: Any
+) -> torch.Tensor:
+    """The JAX kernel on torch tensors, differentiable through torch autograd."""
+    if torch.is_grad_enabled() and (lhs.requires_grad or rhs.requires_grad):
+        return _JaxRaggedDot.apply(lhs, rhs, group_sizes, kw)
+    return _forward(lhs.detach(), rhs.detach(), group_sizes, **kw)

@@ -1,0 +1,309 @@
+"""kernelize(model) / restore(model): swap a transformers model's expert layers onto a hub kernel.
+
+Flow: find expert blocks (families.py) -> which kernel serves them on this backend (registry.yaml
+`layers`, or `mapping=`) -> load its torch-facing build -> per block: run the previous implementation
+and the kernel on a random batch of the block's own shapes, keep the previous one if they disagree ->
+hook the block (experts.py) -> one `model.set_experts_implementation("kernel_hub")`. Any exception on
+the way restores the model before it propagates, so a model is never left half patched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..errors import KernelHubError
+from . import experts as ex
+from .families import LAYER_KIND, ExpertsLayout, ExpertsSite, find_experts, routes_through_interface, top_k_of
+from .report import Kept, KernelizeReport, Replaced
+
+SUPPORTED_KINDS = (LAYER_KIND,)
+MODES = ("inference", "training")
+STATE_ATTR = "_kernel_hub_state"
+#: Relative error (max |kernel - default| / max |default|) allowed per dtype.
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 1e-2}
+VALIDATION_TOKENS = 16
+
+
+@dataclass
+class _State:
+    """What restore needs: hooked module paths and every config's implementation before the switch."""
+
+    paths: list[str] = field(default_factory=list)
+    previous: dict[str, str | None] | None = None
+    configs: list[tuple[Any, str | None]] = field(default_factory=list)
+    switched: bool = False
+
+
+def _backend_of(model: Any, device: Any) -> tuple[str, torch.device]:
+    if device is None:
+        param = next(iter(model.parameters()), None)
+        dev = param.device if param is not None else torch.device("cpu")
+    else:
+        dev = torch.device(device)
+    kind = dev.type
+    if kind == "cuda":
+        return ("rocm" if getattr(torch.version, "hip", None) else "cuda"), dev
+    if kind in ("cpu", "meta"):
+        return "cpu", dev
+    return "tpu", dev
+
+
+def _kernel_spec(mapping: dict[str, Any] | None, backend: str) -> dict[str, Any]:
+    """kind -> repo id / loaded kernel module / None, from the registry overridden by `mapping`."""
+    from ..registry import load_registry
+
+    registry = load_registry()
+    specs: dict[str, Any] = {k: registry.repo_for_layer(k, backend) for k in SUPPORTED_KINDS}
+    for kind, value in (mapping or {}).items():
+        if kind not in SUPPORTED_KINDS:
+            raise KernelHubError(
+                f"unknown layer kind {kind!r} in mapping; kernelize knows: {', '.join(SUPPORTED_KINDS)}"
+            )
+        if isinstance(value, dict):
+            value = value.get(backend)
+        if value is not None and not isinstance(value, str) and not hasattr(value, "ragged_dot"):
+            raise KernelHubError(
+                f"mapping[{kind!r}] must be a repo id, a {{backend: repo id}} dict, a loaded kernel or None; "
+                f"got {type(value).__name__}"
+            )
+        specs[kind] = value
+    return specs
+
+
+def _load(spec: Any, backend: str) -> tuple[Any, str]:
+    """(kernel module, repo id) for a mapping value."""
+    if not isinstance(spec, str):
+        info = getattr(spec, "__kernel_hub__", None)
+        return spec, getattr(info, "repo_id", None) or getattr(spec, "__name__", type(spec).__name__)
+    from ..api import get_kernel
+
+    return get_kernel(spec, framework="torch", backend=backend), spec
+
+
+def _rel_error(out: torch.Tensor | None, ref: torch.Tensor | None) -> float:
+    if out is None and ref is None:
+        return 0.0
+    if out is None or ref is None or out.shape != ref.shape:
+        return math.inf
+    a, b = out.detach().double(), ref.detach().double()
+    if not torch.isfinite(a).all():
+        return math.inf
+    scale = b.abs().max().item()
+    return (a - b).abs().max().item() / max(scale, 1e-30)
+
+
+def _validation_batch(layout: ExpertsLayout, top_k: int, dtype: torch.dtype, device: torch.device, seed: int):
+    g = torch.Generator().manual_seed(seed)  # private generator: the user's RNG stream is untouched
+    t, e = VALIDATION_TOKENS, layout.num_experts
+    hidden = torch.randn(t, layout.hidden_size, generator=g).to(device, dtype)
+    index = torch.argsort(torch.rand(t, e, generator=g), dim=1)[:, :top_k].to(device)
+    weights = torch.softmax(torch.randn(t, top_k, generator=g), dim=-1).to(device, dtype)
+    return hidden, index, weights
+
+
+def validate_layer(
+    module: Any, layout: ExpertsLayout, call: ex.ExpertsCall, reference: Any, *, mode: str, top_k: int,
+    seed: int = 0,
+) -> float:
+    """Largest relative error of the kernel against `reference` on a random batch of this block's shapes
+    (training: the output and the gradients of hidden states, routing weights and expert weights)."""
+    weight = module.gate_up_proj if layout.has_gate else module.up_proj
+    hidden, index, weights = _validation_batch(layout, top_k, weight.dtype, weight.device, seed)
+    if mode == "inference":
+        with torch.no_grad():
+            ref = reference(module, hidden, index, weights)
+            out = call(module, hidden, index, weights)
+        return _rel_error(out, ref)
+    params = [p for p in module.parameters(recurse=False) if p.requires_grad]
+    errors = []
+    g = torch.Generator().manual_seed(seed + 1)
+    cotangent = None
+    grads = []
+    for fn in (reference, call):
+        h = hidden.clone().requires_grad_(True)
+        w = weights.clone().requires_grad_(True)
+        with torch.enable_grad():
+            y = fn(module, h, index, w)
+            if cotangent is None:
+                cotangent = torch.randn(y.shape, generator=g).to(y.device, y.dtype)
+            inputs = [h, w, *params]
+            grads.append((y, torch.autograd.grad((y * cotangent).sum(), inputs, allow_unused=True)))
+    (ref, ref_grads), (out, out_grads) = grads
+    errors.append(_rel_error(out, ref))
+    errors += [_rel_error(a, b) for a, b in zip(out_grads, ref_grads, strict=True)]
+    return max(errors)
+
+
+def _describe_impl(kernel: Any, device: torch.device) -> str:
+    for name in ("describe", "implementation_for"):
+        fn = getattr(kernel, name, None)
+        if callable(fn):
+            try:
+                return str(fn(device))
+            except Exception:  # a kernel's self-description must never break kernelize
+                continue
+    return "ragged_dot"
+
+
+def _reference_for(module: Any, site: ExpertsSite) -> Any:
+    """What the block runs now, as fn(module, hidden, index, weights)."""
+    if site.route == "interface":
+        return ex.previous_forward(module, module.config._experts_implementation)
+    instance = module.__dict__.get("forward")
+    if instance is not None:
+        return lambda _m, h, i, w: instance(h, i, w)
+    return ex.previous_forward(module, None)
+
+
+def is_kernelized(model: Any) -> bool:
+    return STATE_ATTR in getattr(model, "__dict__", {})
+
+
+def kernelize(
+    model: Any,
+    *,
+    mode: str = "inference",
+    device: Any = None,
+    mapping: dict[str, Any] | None = None,
+    validate: bool = True,
+) -> KernelizeReport:
+    """Run `model`'s expert layers on the hub kernel the registry (or `mapping`) names for this backend.
+
+    mode: "inference", or "training" (validation also compares gradients). device: the device the
+    model runs on (default: where its parameters are) picks the backend. mapping: {layer kind: repo
+    id | {backend: repo id} | loaded kernel | None} overrides registry.yaml's `layers`. validate: check
+    each layer against its current implementation first and keep that one where they disagree.
+    `restore(model)` undoes everything.
+    """
+    if mode not in MODES:
+        raise KernelHubError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if not hasattr(model, "named_modules"):
+        raise KernelHubError(f"kernelize wants a torch.nn.Module, got {type(model).__name__}")
+    backend, dev = _backend_of(model, device)
+    specs = _kernel_spec(mapping, backend)  # raises on bad mapping before anything changes
+    if is_kernelized(model):
+        restore(model)
+    report = KernelizeReport(model=type(model).__name__, mode=mode, backend=backend)
+    sites = find_experts(model)
+    if not sites:
+        report.notes.append("no Mixture-of-Experts expert layers found: the model is unchanged")
+        return report
+    spec = specs[LAYER_KIND]
+    kernel = None
+    if spec is None:
+        reason = f"no kernel mapped to {LAYER_KIND} on {backend} (registry.yaml layers / mapping=)"
+    else:
+        try:
+            kernel, repo_id = _load(spec, backend)
+            reason = ""
+        except Exception as exc:  # a kernel that fails to load leaves the model as it is
+            reason = f"{spec} did not load: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    if kernel is None:
+        report.kept += [Kept(s.path, LAYER_KIND, s.reason if not s.supported else reason) for s in sites]
+        return report
+
+    state = _State()
+    model.__dict__[STATE_ATTR] = state
+    try:
+        _apply(model, sites, kernel, repo_id, dev, mode, validate, state, report)
+    except BaseException:
+        restore(model)
+        raise
+    if not state.paths:
+        model.__dict__.pop(STATE_ATTR, None)
+    return report
+
+
+def _apply(model, sites, kernel, repo_id, dev, mode, validate, state: _State, report: KernelizeReport) -> None:
+    info = getattr(kernel, "__kernel_hub__", None)
+    version = getattr(info, "version", None) or getattr(kernel, "__version__", None)
+    commit = getattr(info, "commit", None) or str(getattr(info, "path", "") or "") or None
+    variant = getattr(info, "variant", None)
+    implementation = _describe_impl(kernel, dev)
+    config = getattr(model, "config", None)
+    hooks: list[tuple[Any, ExpertsSite, ex.ExpertsHook]] = []
+    for i, site in enumerate(sites):
+        module = model.get_submodule(site.path)
+        interface = site.route == "interface" or routes_through_interface(module)
+        previous = module.config._experts_implementation if interface else None
+        call = None
+        if not site.supported:
+            report.kept.append(Kept(site.path, LAYER_KIND, site.reason))
+        else:
+            call = ex.make_call(kernel, site.layout)
+            err, tol = None, TOLERANCE.get(getattr(torch, site.layout.dtype), 1e-4)
+            if validate:
+                try:
+                    err = validate_layer(module, site.layout, call, _reference_for(module, site), mode=mode,
+                                         top_k=top_k_of(getattr(module, "config", config), site.layout.num_experts),
+                                         seed=i)
+                except Exception as exc:
+                    call = None
+                    report.kept.append(Kept(site.path, LAYER_KIND,
+                                            f"kernel raised in validation: {type(exc).__name__}: {exc}"))
+                else:
+                    if not err <= tol:
+                        call = None
+                        report.kept.append(Kept(site.path, LAYER_KIND,
+                                                f"validation failed: max error {err:.2e} > tolerance {tol:.0e}"))
+            if call is not None:
+                report.replaced.append(Replaced(
+                    layer=site.path, kind=LAYER_KIND, repo_id=repo_id, version=version, commit=commit,
+                    variant=variant, implementation=implementation, route=site.route, layout=site.layout.describe(),
+                    max_error=err, tolerance=tol if validate else None))
+        if interface or call is not None:
+            hooks.append((module, site, ex.ExpertsHook(call=call, previous=previous,
+                                                        route="interface" if interface else "forward")))
+    if not any(h.call is not None for _, _, h in hooks):
+        return  # nothing to swap: leave the model exactly as it was
+
+    ex.register_implementation()
+    seen: set[int] = set()
+    for module, _, hook in hooks:
+        if hook.route == "interface" and id(module.config) not in seen:
+            seen.add(id(module.config))
+            state.configs.append((module.config, module.config._experts_implementation))
+    for module, site, hook in hooks:
+        state.paths.append(site.path)
+        if hook.route == "interface":
+            module.__dict__[ex.HOOK_ATTR] = hook
+        else:
+            ex.install_forward(module, hook)
+    if state.configs:
+        if hasattr(model, "set_experts_implementation"):
+            state.previous = model.get_experts_implementation()
+            state.switched = True
+            model.set_experts_implementation(ex.IMPLEMENTATION_NAME)
+        # Blocks the model-level switch did not reach get an instance forward instead.
+        for module, _, hook in hooks:
+            if hook.route == "interface" and module.config._experts_implementation != ex.IMPLEMENTATION_NAME:
+                hook.route = "forward"
+                module.__dict__.pop(ex.HOOK_ATTR, None)
+                ex.install_forward(module, hook)
+        report.notes.append(f"experts implementation switched to {ex.IMPLEMENTATION_NAME!r} "
+                            f"(was {state.previous}); kept layers run their previous implementation")
+
+
+def restore(model: Any) -> bool:
+    """Put back exactly what `model` ran before kernelize; False if it was not kernelized."""
+    state: _State | None = model.__dict__.pop(STATE_ATTR, None)
+    if state is None:
+        return False
+    for path in state.paths:
+        try:
+            module = model.get_submodule(path)
+        except AttributeError:
+            continue
+        ex.remove_hook(module)
+    if state.switched and state.previous is not None and hasattr(model, "set_experts_implementation"):
+        with contextlib.suppress(Exception):  # the exact per-config restore below still runs
+            model.set_experts_implementation(state.previous)
+    for cfg, value in state.configs:
+        if cfg._experts_implementation != value:
+            cfg._experts_implementation_internal = value
+    return True

@@ -1,0 +1,76 @@
+"""What kernelize did, layer by layer: printable as a table, serialisable as JSON."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Replaced:
+    layer: str  # module path in the model
+    kind: str  # layer kind, e.g. "moe_experts"
+    repo_id: str
+    version: str | None
+    commit: str | None  # commit of the build, or its source path for local builds
+    variant: str | None  # build variant, e.g. "torch-cpu"
+    implementation: str  # what runs, e.g. "torch-native grouped loop (2 workers)"
+    route: str  # "interface" (ExpertsInterface) or "forward" (instance forward)
+    layout: str
+    max_error: float | None  # validation error vs the previous implementation (None: not validated)
+    tolerance: float | None = None
+
+
+@dataclass(frozen=True)
+class Kept:
+    layer: str
+    kind: str
+    reason: str
+
+
+@dataclass
+class KernelizeReport:
+    model: str
+    mode: str
+    backend: str
+    replaced: list[Replaced] = field(default_factory=list)
+    kept: list[Kept] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.replaced)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["summary"] = self.summary()
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def summary(self) -> str:
+        return f"{len(self.replaced)} layer(s) kernelized, {len(self.kept)} kept"
+
+    def __str__(self) -> str:
+        lines = [f"kernelize {self.model} (mode={self.mode}, backend={self.backend}): {self.summary()}"]
+        if self.replaced:
+            rows = [("layer", "kernel", "variant", "implementation", "route", "max error")]
+            for r in self.replaced:
+                err = "not validated" if r.max_error is None else f"{r.max_error:.2e}"
+                if r.max_error is not None and r.tolerance is not None:
+                    err += f" (tol {r.tolerance:.0e})"
+                rows.append((r.layer, f"{r.repo_id}@{r.version or (r.commit or '?')[:12]}",
+                             r.variant or "-", r.implementation, r.route, err))
+            lines += _table(rows)
+        if self.kept:
+            lines.append("kept (default implementation):")
+            lines += _table([("layer", "reason")] + [(k.layer, k.reason) for k in self.kept])
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  " + "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]

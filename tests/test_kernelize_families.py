@@ -1,0 +1,74 @@
+"""kernelize across the transformers 5.24 MoE families that route experts through ExpertsInterface.
+
+Each family is its own config class shrunk to tiny sizes (kernel_hub.layers.tiny.GENERIC_SHRINK) with
+random expert weights. Families left out here either need a non-text input (vision/omni models), do not
+build from a generic tiny config, or route so that the experts contribute nothing at tiny sizes; the
+seven main families have hand-written configs in test_kernelize.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import kernel_hub as kh  # noqa: E402
+from kernel_hub.layers import tiny  # noqa: E402
+from kernel_hub.layers.families import routes_through_interface  # noqa: E402
+
+GENERIC_FAMILIES = [
+    "aria", "bailing_hybrid", "cohere2_moe", "dots1", "ernie4_5_moe", "exaone_moe", "flex_olmo", "flint",
+    "glm4_moe", "granitemoe", "granitemoe_swa", "granitemoehybrid", "granitemoeshared", "hunyuan_v1_moe",
+    "hy_v3", "hy_v4", "inkling", "inkling2", "inkling2_loop", "jamba", "kimi_linear", "kolibri1", "laguna",
+    "lara_mini", "mellum", "mimo_v2_flash", "minimax", "minimax_m2", "minimax_m3_vl", "nemotron_h", "phimoe",
+    "qwen3_5_moe", "qwen3_next", "qwen4_exp", "solar_open",
+]
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    return kh.get_kernel("kernel-hub/ragged-dot-tpu", framework="torch", backend="cpu")
+
+
+@pytest.mark.parametrize("family", GENERIC_FAMILIES)
+def test_generic_family(family, kernel):
+    import importlib
+
+    if importlib.util.find_spec(f"transformers.models.{family}") is None:
+        pytest.skip(f"{family} is not in this transformers")
+    model = tiny.generic_tiny_model(family)
+    x = torch.randint(3, 100, (2, 6), generator=torch.Generator().manual_seed(0))
+
+    def logits():
+        with torch.no_grad():
+            return model(input_ids=x, use_cache=False).logits
+
+    before = logits()
+    calls = []
+    spy = type("Spy", (), {
+        "__kernel_hub__": kernel.__kernel_hub__,
+        "ragged_dot": staticmethod(kernel.ragged_dot),
+        "moe_experts": staticmethod(lambda *a, **k: calls.append(1) or kernel.moe_experts(*a, **k)),
+    })()
+    report = kh.kernelize(model, mapping={"moe_experts": spy})
+    interface_blocks = [n for n, m in model.named_modules() if routes_through_interface(m)]
+    assert sorted(r.layer for r in report.replaced) == sorted(interface_blocks) and interface_blocks
+    # Anything kept is a block with another call contract (e.g. shared experts taking extra inputs).
+    assert all("does not take (hidden_states, top_k_index, top_k_weights)" in k.reason for k in report.kept)
+    n = len(calls)
+    after = logits()
+    assert len(calls) - n == len(interface_blocks)
+    assert ((after - before).abs().max() / before.abs().max()).item() <= 1e-4
+    kh.restore(model)
+    assert torch.equal(logits(), before)
+
+
+def test_ungated_family_layout_is_read():
+    report = kh.kernelize(tiny.generic_tiny_model("nemotron_h"))
+    assert {r.layout for r in report.replaced} == {"[E,2I,H], ungated"}
+
+
+def test_transposed_family_layout_is_read():
+    report = kh.kernelize(tiny.generic_tiny_model("aria"))
+    assert {r.layout for r in report.replaced} == {"[E,H,2I], gate/up concatenated"}
