@@ -137,3 +137,18 @@ def test_lazy_import_keeps_frameworks_out():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_get_kernel_through_a_lock_file(toy_registry, toy_kernel, tmp_path):
+    from kernel_hub.lock import lock
+
+    lockfile = tmp_path / "kernel-hub.lock"
+    lock(["test-org/toy-scale"], backend="cpu", path=lockfile)
+    mod = kh.get_kernel("test-org/toy-scale", lockfile=lockfile)
+    assert mod.__kernel_hub__.variant == "jax-cpu" and float(mod.scale(np.ones(1), 2.0)[0]) == 2.0
+    with pytest.raises(VersionSpecError, match="lock file fixes the version"):
+        kh.get_kernel("test-org/toy-scale", version=1, lockfile=lockfile)
+    ops = toy_kernel / "toy_scale/ops.py"
+    ops.write_text(ops.read_text() + "\n# edited after locking\n")
+    with pytest.raises(IntegrityError, match="changed since it was locked"):
+        kh.get_kernel("test-org/toy-scale", lockfile=lockfile)

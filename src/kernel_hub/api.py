@@ -127,14 +127,28 @@ def get_kernel(
     framework: str = "jax",
     trust_remote_code: bool = False,
     validate: bool = False,
+    lockfile: str | Path | None = None,
 ) -> ModuleType:
     """Load the build of `repo_id` that fits this machine.
 
     version: an int asks for the major branch `v<N>`; a string is a PEP 440 spec over release tags.
     revision: any branch, tag or commit. Neither: the registry's default spec for the repo.
     framework: "jax" for JAX-facing builds, "torch" for the torch-facing ones.
+    lockfile: load exactly the commit and variant a `kernel-hub lock` file records, every digest checked.
     """
     from .trust import check_trust
+
+    if lockfile is not None:
+        if version is not None or revision is not None:
+            raise VersionSpecError("a lock file fixes the version: drop version=/revision= or lockfile=")
+        from .lock import get_locked_kernel
+
+        module = get_locked_kernel(repo_id, lockfile=lockfile, framework=framework)
+        if validate:
+            from .validation import require_valid
+
+            require_valid(module, backend=backend or detect(framework).backend)
+        return module
 
     plan = plan_load(repo_id, version=version, revision=revision, backend=backend, framework=framework)
     check_trust(plan.source, repo_id, trust_remote_code)
