@@ -9,10 +9,10 @@ from types import ModuleType
 from .errors import KernelHubError, KernelNotFoundError, NoVariantError, VersionSpecError
 from .loader import import_build
 from .registry import Registry, load_registry
-from .sources import LocalSource, Source
+from .sources import Build, LocalSource, Source
 from .system import SystemFacts, detect
-from .variants import Choice, choose_variant, preferred_names
-from .versions import Resolution, resolve
+from .variants import Choice, Variant, choose_variant, preferred_names
+from .versions import Ref, Resolution, resolve
 
 
 @dataclass(frozen=True)
@@ -49,12 +49,61 @@ def check_repo_id(repo_id: object) -> str:
     return repo_id
 
 
+class HubOrLocal:
+    """A registry kernel with both a Hub repo and a source path: the Hub when it answers, else the source.
+
+    The choice is made once, at the first refs() call, and describe() says which and why.
+    """
+
+    def __init__(self, hub: Source, local: LocalSource):
+        self.hub, self.local = hub, local
+        self.active: Source | None = None
+        self.reason = ""
+
+    def refs(self, repo_id: str) -> list[Ref]:
+        if self.active is None:
+            try:
+                refs = self.hub.refs(repo_id)
+                self.active, self.reason = self.hub, "the Hub answered"
+                return refs
+            except KernelHubError as exc:
+                self.active, self.reason = self.local, f"Hub unavailable ({exc}); source path serves"
+        return self.active.refs(repo_id)
+
+    def _source(self, repo_id: str) -> Source:
+        if self.active is None:
+            self.refs(repo_id)
+        assert self.active is not None
+        return self.active
+
+    def variants(self, repo_id: str, commit: str) -> list[Variant]:
+        return self._source(repo_id).variants(repo_id, commit)
+
+    def candidate_variants(self, repo_id: str, commit: str, names: list[str]) -> list[Variant]:
+        source = self._source(repo_id)
+        probe = getattr(source, "candidate_variants", None)
+        return probe(repo_id, commit, names) if probe else source.variants(repo_id, commit)
+
+    def fetch(self, repo_id: str, commit: str, variant: Variant) -> Build:
+        return self._source(repo_id).fetch(repo_id, commit, variant)
+
+    def describe(self) -> str:
+        active = self.active or self.hub
+        return f"{getattr(active, 'describe', lambda: type(active).__name__)()} ({self.reason or 'not asked yet'})"
+
+
 def source_for(repo_id: str, registry: Registry) -> Source:
-    """The embedded source for a registry kernel; otherwise the Hub (through huggingface_hub)."""
+    """Where a kernel comes from: the registry's source path, or the Hub (through huggingface_hub);
+    an entry naming both uses the Hub when it answers and the source path when it does not."""
     check_repo_id(repo_id)
     entry = registry.get(repo_id)
-    if entry is not None and entry.source is not None and entry.source.is_dir():
+    local = entry is not None and entry.source is not None and entry.source.is_dir()
+    if local and entry.hub_repo is None:
         return LocalSource(entry.source)
+    if local:
+        from .hub import HubSource
+
+        return HubOrLocal(HubSource.for_repo(repo_id, registry_entry=entry), LocalSource(entry.source))
     try:
         from .hub import HubSource
     except ImportError:

@@ -53,6 +53,9 @@ class LocalSource:
         self.digests = tree_digests(self.package_dir)
         self.commit = combined_digest(self.digests)[:40]
 
+    def describe(self) -> str:
+        return f"source path {self.kernel_dir}"
+
     def _check(self, repo_id: str) -> None:
         if repo_id != self.metadata.repo_id:
             raise KernelNotFoundError(f"{self.kernel_dir} holds {self.metadata.repo_id}, not {repo_id}")

@@ -22,7 +22,7 @@ def trusted_orgs() -> tuple[str, ...]:
 
 def trust_decision(source: Source, repo_id: str, trust_remote_code: bool) -> tuple[bool, str]:
     """(allowed, reason): pure given the source kind and the trusted organisations."""
-    if isinstance(source, LocalSource):
+    if isinstance(getattr(source, "active", None) or source, LocalSource):
         return True, "local source"
     org = repo_id.split("/")[0]
     if org in trusted_orgs():

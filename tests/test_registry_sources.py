@@ -1,0 +1,69 @@
+"""A registry entry naming both a Hub repo and a source path: the Hub when it answers, else the source."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kernel_hub as kh
+from kernel_hub.api import plan_load
+from kernel_hub.server.testing import running_server
+from tests.conftest import set_version
+
+TOKEN = "test-token"
+
+
+def _registry(tmp_path: Path, source: Path, hub: str) -> Path:
+    path = tmp_path / "registry.yaml"
+    path.write_text(
+        "kernels:\n"
+        "  - repo_id: test-org/toy-scale\n"
+        f"    source: {source}\n"
+        f"    hub: {hub}\n"
+        '    version: ">=1.0,<3"\n'
+    )
+    return path
+
+
+def test_unreachable_hub_falls_back_to_the_source_path(tmp_path, toy_kernel, monkeypatch):
+    monkeypatch.setenv("KERNEL_HUB_REGISTRY", str(_registry(tmp_path, toy_kernel, "test-org/toy-scale")))
+    plan = plan_load("test-org/toy-scale", backend="cpu")  # HF_ENDPOINT is a closed port (conftest)
+    described = plan.source.describe()
+    assert "source path" in described and "Hub unavailable" in described and "127.0.0.1:9" in described
+    mod = kh.get_kernel("test-org/toy-scale", backend="cpu")
+    assert mod.__kernel_hub__.source == str(toy_kernel) and float(mod.scale(np.ones(1), 2.0)[0]) == 2.0
+
+
+def test_reachable_hub_serves_before_the_source_path(tmp_path, toy_kernel):
+    from kernel_hub.publish import publish
+    from kernel_hub.server.testing import hub_env
+
+    published = tmp_path / "published"
+    shutil.copytree(toy_kernel, published)
+    set_version(published, "2.0.0")  # the Hub holds a newer release than the source path
+    registry = _registry(tmp_path, toy_kernel, "test-org/toy-scale")
+    script = (
+        "import kernel_hub as kh\n"
+        "m = kh.get_kernel('test-org/toy-scale', backend='cpu', trust_remote_code=True)\n"
+        "print(m.__kernel_hub__.version, m.__kernel_hub__.source)\n"
+    )
+    with running_server(tmp_path / "store", token=TOKEN) as srv:
+        publish(published, repo_id="test-org/toy-scale", endpoint=srv.url, token=TOKEN, skip_validation=True,
+                log=lambda _: None)
+        env = hub_env(srv, tmp_path / "hf-cache", KERNEL_HUB_REGISTRY=str(registry))
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["2.0.0", srv.url]
+
+
+@pytest.mark.parametrize("hub", ["test-org/toy-scale"])
+def test_entry_without_hub_never_asks_the_hub(tmp_path, toy_kernel, monkeypatch, hub):
+    path = tmp_path / "registry.yaml"
+    path.write_text(f"kernels:\n  - repo_id: {hub}\n    source: {toy_kernel}\n    version: '>=1'\n")
+    monkeypatch.setenv("KERNEL_HUB_REGISTRY", str(path))
+    assert plan_load(hub, backend="cpu").source.describe() == f"source path {toy_kernel}"
