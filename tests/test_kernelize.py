@@ -22,6 +22,17 @@ from kernel_hub.layers import tiny  # noqa: E402
 FAMILIES = tiny.family_names()
 
 
+@pytest.fixture(autouse=True)
+def _experts_only(monkeypatch):
+    """These tests pin the MoE path: attention stays on its default (test_kernelize_attention.py covers it)."""
+    real = kh.kernelize
+
+    def kernelize(model, **kw):
+        return real(model, **{**kw, "mapping": {"attention": None, **(kw.get("mapping") or {})}})
+
+    monkeypatch.setattr(kh, "kernelize", kernelize)
+
+
 @pytest.fixture(scope="module")
 def kernel():
     return kh.get_kernel("kernel-hub/ragged-dot-tpu", framework="torch", backend="cpu")

@@ -17,6 +17,18 @@ import kernel_hub as kh  # noqa: E402
 from kernel_hub.layers import tiny  # noqa: E402
 from kernel_hub.layers.families import routes_through_interface  # noqa: E402
 
+
+@pytest.fixture(autouse=True)
+def _experts_only(monkeypatch):
+    """These tests pin the MoE path: attention stays on its default (test_kernelize_attention.py covers it)."""
+    real = kh.kernelize
+
+    def kernelize(model, **kw):
+        return real(model, **{**kw, "mapping": {"attention": None, **(kw.get("mapping") or {})}})
+
+    monkeypatch.setattr(kh, "kernelize", kernelize)
+
+
 GENERIC_FAMILIES = [
     "aria", "bailing_hybrid", "cohere2_moe", "dots1", "ernie4_5_moe", "exaone_moe", "flex_olmo", "flint",
     "glm4_moe", "granitemoe", "granitemoe_swa", "granitemoehybrid", "granitemoeshared", "hunyuan_v1_moe",

@@ -17,11 +17,15 @@ from typing import Any
 import torch
 
 from ..errors import KernelHubError
+from . import attention as at
 from . import experts as ex
+from .attention_api import AttentionState, can_switch, kernelize_attention, restore_attention
 from .families import LAYER_KIND, ExpertsLayout, ExpertsSite, find_experts, routes_through_interface, top_k_of
 from .report import Kept, KernelizeReport, Replaced
 
-SUPPORTED_KINDS = (LAYER_KIND,)
+SUPPORTED_KINDS = (LAYER_KIND, at.LAYER_KIND)
+#: The function a loaded kernel must export to serve each layer kind.
+KIND_EXPORTS = {LAYER_KIND: "ragged_dot", at.LAYER_KIND: "flash_attention"}
 MODES = ("inference", "training")
 STATE_ATTR = "_kernel_hub_state"
 #: Relative error (max |kernel - default| / max |default|) allowed per dtype.
@@ -37,6 +41,7 @@ class _State:
     previous: dict[str, str | None] | None = None
     configs: list[tuple[Any, str | None]] = field(default_factory=list)
     switched: bool = False
+    attention: AttentionState = field(default_factory=AttentionState)
 
 
 def _backend_of(model: Any, device: Any) -> tuple[str, torch.device]:
@@ -66,7 +71,7 @@ def _kernel_spec(mapping: dict[str, Any] | None, backend: str) -> dict[str, Any]
             )
         if isinstance(value, dict):
             value = value.get(backend)
-        if value is not None and not isinstance(value, str) and not hasattr(value, "ragged_dot"):
+        if value is not None and not isinstance(value, str) and not hasattr(value, KIND_EXPORTS[kind]):
             raise KernelHubError(
                 f"mapping[{kind!r}] must be a repo id, a {{backend: repo id}} dict, a loaded kernel or None; "
                 f"got {type(value).__name__}"
@@ -139,7 +144,7 @@ def validate_layer(
     return max(errors)
 
 
-def _describe_impl(kernel: Any, device: torch.device) -> str:
+def _describe_impl(kernel: Any, device: torch.device, default: str = "ragged_dot") -> str:
     for name in ("describe", "implementation_for"):
         fn = getattr(kernel, name, None)
         if callable(fn):
@@ -147,7 +152,7 @@ def _describe_impl(kernel: Any, device: torch.device) -> str:
                 return str(fn(device))
             except Exception:  # a kernel's self-description must never break kernelize
                 continue
-    return "ragged_dot"
+    return default
 
 
 def _reference_for(module: Any, site: ExpertsSite) -> Any:
@@ -172,7 +177,8 @@ def kernelize(
     mapping: dict[str, Any] | None = None,
     validate: bool = True,
 ) -> KernelizeReport:
-    """Run `model`'s expert layers on the hub kernel the registry (or `mapping`) names for this backend.
+    """Run `model`'s expert and attention layers on the hub kernels the registry (or `mapping`) names for
+    this backend (attention: through transformers' AttentionInterface; `mapping={"attention": None}` skips it).
 
     mode: "inference", or "training" (validation also compares gradients). device: the device the
     model runs on (default: where its parameters are) picks the backend. mapping: {layer kind: repo
@@ -189,34 +195,61 @@ def kernelize(
     if is_kernelized(model):
         restore(model)
     report = KernelizeReport(model=type(model).__name__, mode=mode, backend=backend)
-    sites = find_experts(model)
-    if not sites:
-        report.notes.append("no Mixture-of-Experts expert layers found: the model is unchanged")
-        return report
-    spec = specs[LAYER_KIND]
-    kernel = None
-    if spec is None:
-        reason = f"no kernel mapped to {LAYER_KIND} on {backend} (registry.yaml layers / mapping=)"
-    else:
-        try:
-            kernel, repo_id = _load(spec, backend)
-            reason = ""
-        except Exception as exc:  # a kernel that fails to load leaves the model as it is
-            reason = f"{spec} did not load: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    if kernel is None:
-        report.kept += [Kept(s.path, LAYER_KIND, s.reason if not s.supported else reason) for s in sites]
-        return report
-
     state = _State()
     model.__dict__[STATE_ATTR] = state
     try:
-        _apply(model, sites, kernel, repo_id, dev, mode, validate, state, report)
+        _kernelize_experts(model, specs[LAYER_KIND], backend, dev, mode, validate, state, report)
+        _kernelize_attention(model, specs[at.LAYER_KIND], backend, dev, mode, validate, state, report)
     except BaseException:
         restore(model)
         raise
-    if not state.paths:
+    if not state.paths and not state.attention.paths:
         model.__dict__.pop(STATE_ATTR, None)
     return report
+
+
+def _load_or_reason(spec: Any, kind: str, backend: str) -> tuple[Any, str, str]:
+    """(kernel, repo id, "") or (None, "", why not) for a mapping value."""
+    if spec is None:
+        return None, "", f"no kernel mapped to {kind} on {backend} (registry.yaml layers / mapping=)"
+    try:
+        kernel, repo_id = _load(spec, backend)
+    except Exception as exc:  # a kernel that fails to load leaves the model as it is
+        return None, "", f"{spec} did not load: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    if not hasattr(kernel, KIND_EXPORTS[kind]):
+        return None, "", f"{repo_id} does not export {KIND_EXPORTS[kind]} for {kind}"
+    return kernel, repo_id, ""
+
+
+def _kernelize_experts(model, spec, backend, dev, mode, validate, state: _State, report: KernelizeReport) -> None:
+    sites = find_experts(model)
+    if not sites:
+        report.notes.append("no Mixture-of-Experts expert layers found")
+        return
+    kernel, repo_id, reason = _load_or_reason(spec, LAYER_KIND, backend)
+    if kernel is None:
+        report.kept += [Kept(s.path, LAYER_KIND, s.reason if not s.supported else reason) for s in sites]
+        return
+    _apply(model, sites, kernel, repo_id, dev, mode, validate, state, report)
+
+
+def _kernelize_attention(model, spec, backend, dev, mode, validate, state: _State, report: KernelizeReport) -> None:
+    ok, _ = can_switch(model)
+    if not ok:
+        return  # not a transformers attention model (e.g. a bare expert block): nothing to say
+    kernel, repo_id, reason = _load_or_reason(spec, at.LAYER_KIND, backend)
+    if kernel is None:
+        report.notes.append(f"attention unchanged: {reason}")
+        return
+    hub = getattr(kernel, "__kernel_hub__", None)
+    info = {"version": getattr(hub, "version", None) or getattr(kernel, "__version__", None),
+            "commit": getattr(hub, "commit", None) or str(getattr(hub, "path", "") or "") or None,
+            "variant": getattr(hub, "variant", None),
+            "implementation": _describe_impl(kernel, dev, "flash_attention")}
+    kernelize_attention(model, kernel, repo_id, device=dev, validate=validate, tolerance=TOLERANCE, info=info,
+                        state=state.attention, report=report)
+    if mode == "training" and state.attention.paths:
+        report.notes.append("attention validated on the forward pass (its backward is the kernel's autograd)")
 
 
 def _apply(model, sites, kernel, repo_id, dev, mode, validate, state: _State, report: KernelizeReport) -> None:
@@ -294,6 +327,7 @@ def restore(model: Any) -> bool:
     state: _State | None = model.__dict__.pop(STATE_ATTR, None)
     if state is None:
         return False
+    restore_attention(model, state.attention)
     for path in state.paths:
         try:
             module = model.get_submodule(path)

@@ -134,8 +134,59 @@ def _case(sc: Scenario, dtype: str, impl: str, *tags: str, **kw: Any) -> Case:
     return Case(name=name, dtype=dtype, implementation=impl, tags=(kind, impl, *tags), scenario=sc, **kw)
 
 
-def cases(backend: str) -> list[Case]:
-    """Every scenario x implementation for this backend, in f32 and bf16."""
+@dataclass(frozen=True)
+class TorchCase(Case):
+    """A prefill scenario through the torch-facing entry: torch tensors in (jax is never imported, as in
+    a torch-cpu build); the reference reads them through float32 NumPy, at the values the kernel saw."""
+
+    def inputs(self, seed: int) -> dict[str, Any]:
+        import torch
+
+        sc = self.scenario
+        rng = np.random.default_rng(seed)
+        dt = torch.bfloat16 if self.dtype == "bfloat16" else torch.float32
+        mk = lambda *shape: torch.from_numpy(rng.standard_normal(shape).astype(np.float32)).to(dt)
+        kv_shape = (sc.b, sc.hkv, sc.skv, sc.d)
+        out: dict[str, Any] = {"q": mk(sc.b, sc.hq, sc.sq, sc.d), "k": mk(*kv_shape), "v": mk(*kv_shape),
+                               "sinks": mk(sc.hq).float() if sc.sinks else None, "q_lengths": None,
+                               "kv_lengths": None}
+        if sc.ragged:
+            ql = rng.integers(1, sc.sq + 1, size=sc.b)
+            out["q_lengths"] = torch.from_numpy(ql.astype(np.int32))
+            kl = np.maximum(ql, rng.integers(1, sc.skv + 1, size=sc.b))
+            out["kv_lengths"] = torch.from_numpy(kl.astype(np.int32))
+        return out
+
+    def call(self, module: Any, inputs: dict[str, Any]) -> Any:
+        kw = {n: inputs[n] for n in ("sinks", "q_lengths", "kv_lengths") if inputs[n] is not None}
+        out = module.flash_attention(inputs["q"], inputs["k"], inputs["v"], causal=self.scenario.causal,
+                                     implementation=self.implementation, **self._features(), **kw)
+        return out.float().numpy()
+
+    def reference(self, inputs: dict[str, Any]) -> np.ndarray:
+        f = lambda name: None if inputs[name] is None else inputs[name].float().numpy()
+        lengths = {n: None if inputs[n] is None else inputs[n].numpy() for n in ("q_lengths", "kv_lengths")}
+        return reference_attention(f("q"), f("k"), f("v"), causal=self.scenario.causal, sinks=f("sinks"),
+                                   **self._features(), **lengths)
+
+
+def _torch_cases() -> list[Case]:
+    """The prefill scenarios (GQA, MQA + window, softcap + sinks, ragged lengths) through the torch entry."""
+    out: list[Case] = []
+    for sc in _SMALL:
+        if sc.decode:
+            continue
+        for dtype in ("float32", "bfloat16"):
+            out.append(TorchCase(name=f"torch:{sc.name}:{dtype}", dtype=dtype, implementation=None,
+                                 tags=("prefill", "torch", dtype), scenario=sc))
+    return out
+
+
+def cases(backend: str, framework: str = "jax") -> list[Case]:
+    """Every scenario x implementation for this backend, in f32 and bf16; framework="torch": the cases
+    for the torch-facing entry (torch_api.py), whatever the backend."""
+    if framework == "torch":
+        return _torch_cases()
     out: list[Case] = []
     if backend == "cpu":
         for i, sc in enumerate(_SMALL):

@@ -1,0 +1,102 @@
+"""torch <-> JAX for flash attention: the package's JAX flash_attention on torch tensors.
+
+CPU and CUDA: DLPack (zero-copy for contiguous tensors). TPU: torch_tpu's `jax_op`, imported only when
+the tensors live on a TPU. jax is imported lazily so this file can ship in the torch-cpu build.
+Gradients (q, k, v, sinks) come from jax.vjp of the JAX entry, whose custom VJP supplies the kernels.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def _jax_flash_attention() -> Callable[..., Any]:
+    package = __package__ or __name__.rpartition(".")[0]
+    module = importlib.import_module(".api", package)
+    return module.flash_attention
+
+
+def to_jax(t: torch.Tensor) -> Any:
+    import jax
+
+    t = t.detach()
+    return jax.dlpack.from_dlpack(t if t.is_contiguous() else t.contiguous())
+
+
+def to_torch(a: Any) -> torch.Tensor:
+    return torch.from_dlpack(a)
+
+
+def _on_tpu(*tensors: torch.Tensor) -> bool:
+    return any(t.device.type not in ("cpu", "cuda", "meta") for t in tensors)
+
+
+def _call_tpu(fn: Callable[..., Any], *tensors: torch.Tensor) -> Any:
+    import torch_tpu
+
+    jax_op = getattr(torch_tpu, "jax_op", None)
+    if jax_op is None:
+        jax_op = importlib.import_module("torch_tpu.jax").jax_op  # type: ignore[attr-defined]
+    return jax_op(fn, *tensors)
+
+
+def _operands(q, k, v, sinks, q_lengths, kv_lengths) -> list[torch.Tensor]:
+    b = q.shape[0]
+    snk = torch.zeros(q.shape[1], dtype=torch.float32, device=q.device) if sinks is None else sinks.float()
+    ql = torch.full((b,), q.shape[2], dtype=torch.int32, device=q.device) if q_lengths is None else q_lengths
+    kl = torch.full((b,), k.shape[2], dtype=torch.int32, device=q.device) if kv_lengths is None else kv_lengths
+    return [q, k, v, snk, ql.to(torch.int32), kl.to(torch.int32)]
+
+
+def _bind(has_sinks: bool, kw: dict[str, Any]) -> Callable[..., Any]:
+    fn = _jax_flash_attention()
+
+    def call(q, k, v, sinks, ql, kl):
+        return fn(q, k, v, sinks=sinks if has_sinks else None, q_lengths=ql, kv_lengths=kl, **kw)
+
+    return call
+
+
+def _run(fn: Callable[..., Any], tensors: list[torch.Tensor]) -> Any:
+    if _on_tpu(*tensors):
+        return _call_tpu(fn, *tensors)
+    out = fn(*(to_jax(t) for t in tensors))
+    return tuple(to_torch(o) for o in out) if isinstance(out, tuple) else to_torch(out)
+
+
+class _JaxFlash(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, sinks, q_lengths, kv_lengths, has_sinks, kw):  # type: ignore[override]
+        ctx.save_for_backward(q, k, v, sinks, q_lengths, kv_lengths)
+        ctx.has_sinks, ctx.kw = has_sinks, kw
+        return _run(_bind(has_sinks, kw), [q, k, v, sinks, q_lengths, kv_lengths])
+
+    @staticmethod
+    def backward(ctx, dout):  # type: ignore[override]
+        import jax
+
+        q, k, v, sinks, ql, kl = ctx.saved_tensors
+        fn = _bind(ctx.has_sinks, ctx.kw)
+
+        def grads(q, k, v, s, ql, kl, d):
+            _, vjp = jax.vjp(lambda a, b, c, e: fn(a, b, c, e, ql, kl), q, k, v, s)
+            return vjp(d)
+
+        dq, dk, dv, ds = _run(grads, [q, k, v, sinks, ql, kl, dout.contiguous()])
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), ds if ctx.has_sinks else None,
+                None, None, None, None)
+
+
+def attention_jax(q, k, v, *, sinks=None, q_lengths=None, kv_lengths=None, **kw: Any) -> torch.Tensor:
+    """The JAX flash_attention on torch tensors (kw: causal, sm_scale, sliding_window, logits_soft_cap)."""
+    ops = _operands(q, k, v, sinks, q_lengths, kv_lengths)
+    has_sinks = sinks is not None
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v) + ((sinks,) if has_sinks else ())):
+        out = _JaxFlash.apply(*ops, has_sinks, kw)
+    else:
+        out = _run(_bind(has_sinks, kw), [t.detach() for t in ops])
+    return out

@@ -1,0 +1,271 @@
+"""The attention implementation kernelize registers with transformers, its mask function, and the
+pure decision that turns the mask a layer receives into kernel arguments.
+
+"kernel_hub" is registered in transformers' AttentionInterface, and in AttentionMaskInterface with a
+mask function that delegates to the model's previous implementation's mask function: every layer
+gets exactly the mask its previous implementation would get, so a kept layer (or a call whose mask
+the kernel cannot express) runs the previous implementation unchanged. For a hooked layer the mask is
+read as: keys in one contiguous run per sequence, queries whose own token is a real key in one
+contiguous run, causal (bottom-right) and sliding window relative to those runs; the runs become a
+per-sequence shift plus q/kv lengths. The candidate mask is checked against the received one on every
+real query row, so the kernel only runs where it computes exactly what the mask says. Padding query
+rows (whose own token is padding) come out 0.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+IMPLEMENTATION_NAME = "kernel_hub"
+HOOK_ATTR = "_kernel_hub_attention"
+LAYER_KIND = "attention"
+#: kwargs the kernel cannot honour: a call carrying any of them (not None) runs the previous implementation.
+UNSUPPORTED_KWARGS = ("position_bias", "cu_seq_lens_q", "cu_seq_lens_k", "head_mask")
+
+#: id(config) -> attention implementation before kernelize (what the mask function delegates to).
+_PREVIOUS: dict[int, str | None] = {}
+
+
+@dataclass
+class AttentionHook:
+    """What a kernelized attention module does; lives on the instance under HOOK_ATTR."""
+
+    flash: Callable[..., torch.Tensor] | None  # the kernel's torch flash_attention; None: layer kept
+    previous: str | None
+    calls: int = 0  # calls the kernel served
+    fallbacks: int = 0  # calls handed to the previous implementation (mask / kwargs the kernel cannot express)
+    last_fallback: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Kernel arguments for one call: shifts move each sequence's real tokens to the front."""
+
+    causal: bool
+    window: int | None
+    q_shift: torch.Tensor | None = None  # [B] first real query row
+    kv_shift: torch.Tensor | None = None  # [B] first attended key
+    q_lengths: torch.Tensor | None = None
+    kv_lengths: torch.Tensor | None = None
+    rows: torch.Tensor | None = None  # [B, Sq] real query rows (None: all)
+
+
+@dataclass
+class Probe:
+    """Validation mode: each call runs the previous implementation and the kernel, records the error."""
+
+    flash: Callable[..., torch.Tensor]
+    errors: dict[int, list[float]] = field(default_factory=dict)
+    modules: dict[int, Any] = field(default_factory=dict)
+    failures: dict[int, str] = field(default_factory=dict)
+
+
+_probe: Probe | None = None
+
+
+def previous_function(module: Any, previous: str | None) -> Callable[..., Any]:
+    """The attention function `module` called before kernelize (its modeling file's eager as default)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    if eager is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward as eager
+    if previous in (None, "eager", IMPLEMENTATION_NAME):
+        return eager
+    return ALL_ATTENTION_FUNCTIONS.get_interface(previous, eager)
+
+
+def kernel_hub_mask(*args: Any, config: Any = None, **kwargs: Any) -> Any:
+    """Registered mask function: the previous implementation's own mask function (sdpa's if unknown)."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    previous = _PREVIOUS.get(id(config), "sdpa")
+    fn = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(previous or "sdpa", sdpa_mask)
+    if fn is kernel_hub_mask:
+        fn = sdpa_mask
+    return fn(*args, config=config, **kwargs)
+
+
+def register() -> None:
+    """Register "kernel_hub" in AttentionInterface and AttentionMaskInterface (idempotent, edits no class)."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+
+    if ALL_ATTENTION_FUNCTIONS._global_mapping.get(IMPLEMENTATION_NAME) is not kernel_hub_attention:
+        AttentionInterface.register(IMPLEMENTATION_NAME, kernel_hub_attention)
+    if ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(IMPLEMENTATION_NAME) is not kernel_hub_mask:
+        AttentionMaskInterface.register(IMPLEMENTATION_NAME, kernel_hub_mask)
+
+
+def _as_bool_mask(mask: torch.Tensor) -> tuple[torch.Tensor | None, str]:
+    """A 4-D bool or additive (0 / very negative) mask as bool [B, Sq, Skv]; else why not."""
+    if mask.dim() != 4:
+        return None, f"{mask.dim()}-D attention mask"
+    if mask.shape[1] != 1:
+        return None, "per-head attention mask"
+    m = mask[:, 0]
+    if m.dtype == torch.bool:
+        return m, ""
+    if not m.dtype.is_floating_point:
+        return None, f"{m.dtype} attention mask"
+    keep = m == 0
+    if not bool((keep | (m <= torch.finfo(m.dtype).min / 2)).all()):
+        return None, "additive mask with bias values"
+    return keep, ""
+
+
+def _contiguous_run(flags: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """Per row of flags [B, N]: (start, length) of its True run, and whether every row has one run."""
+    n = flags.shape[1]
+    idx = torch.arange(n, device=flags.device)
+    count = flags.sum(1)
+    start = torch.where(flags, idx, n).amin(1).clamp(max=n)
+    end = torch.where(flags, idx + 1, 0).amax(1)
+    ok = bool(((end - start).clamp(min=0) == count).all())
+    start = torch.where(count > 0, start, torch.zeros_like(start))
+    return start, count, ok
+
+
+def plan_call(
+    mask: torch.Tensor | None, sq: int, skv: int, *, causal: bool, window: int | None
+) -> tuple[Plan | None, str]:
+    """Pure decision for one call: (kernel arguments, "") or (None, why the previous implementation runs)."""
+    if mask is None:
+        if causal and 1 < sq < skv:
+            return None, "no mask with fewer queries than keys (sdpa would slice the keys)"
+        return Plan(causal=causal, window=window), ""
+    if not isinstance(mask, torch.Tensor):
+        return None, f"{type(mask).__name__} attention mask"
+    m, why = _as_bool_mask(mask)
+    if m is None:
+        return None, why
+    if m.shape[-2:] != (sq, skv):
+        return None, f"mask {tuple(m.shape[-2:])} does not match attention ({sq}, {skv})"
+    b = m.shape[0]
+    keys = m.any(1)  # [B, Skv] keys anyone attends
+    ks, kl, ok_k = _contiguous_run(keys)
+    own = torch.arange(sq, device=m.device) + (skv - sq)  # each query's own key (new tokens come last)
+    rows = keys[:, own] if skv >= sq else torch.zeros(b, sq, dtype=torch.bool, device=m.device)
+    qs, ql, ok_q = _contiguous_run(rows)
+    if not (ok_k and ok_q):
+        return None, "padding is not one contiguous run per sequence"
+    i = torch.arange(sq, device=m.device)[None, :, None] - qs[:, None, None]
+    j = torch.arange(skv, device=m.device)[None, None, :] - ks[:, None, None]
+    qlen, klen = ql[:, None, None], kl[:, None, None]
+    cand = (i >= 0) & (i < qlen) & (j >= 0) & (j < klen)
+    pos = i + (klen - qlen)
+    if causal:
+        cand &= j <= pos
+    if window is not None:
+        cand &= j > pos - window
+    if not bool(((cand == m) | ~rows[:, :, None]).all()):
+        return None, "mask is not causal/sliding-window over padded sequences"
+    full = bool((qs == 0).all() and (ks == 0).all() and (ql == sq).all() and (kl == skv).all())
+    if full:
+        return Plan(causal=causal, window=window), ""
+    shifted = bool((qs != 0).any() or (ks != 0).any())
+    return Plan(causal=causal, window=window, q_shift=qs if shifted else None, kv_shift=ks if shifted else None,
+                q_lengths=ql.to(torch.int32), kv_lengths=kl.to(torch.int32), rows=rows), ""
+
+
+def _roll(x: torch.Tensor, shift: torch.Tensor, sign: int) -> torch.Tensor:
+    """x[b, :, i] <- x[b, :, (i + sign*shift[b]) % S] along the sequence axis (dim 2)."""
+    s = x.shape[2]
+    idx = (torch.arange(s, device=x.device)[None, :] + sign * shift[:, None]) % s
+    return x.gather(2, idx[:, None, :, None].expand(-1, x.shape[1], -1, x.shape[3]))
+
+
+def run_plan(
+    flash: Callable[..., torch.Tensor], plan: Plan, query, key, value, *, scaling, softcap, sinks
+) -> torch.Tensor:
+    """The kernel on one call's q/k/v [B,H,S,D] under `plan` -> [B,Hq,Sq,D]."""
+    q, k, v = query, key, value
+    if plan.q_shift is not None:
+        q = _roll(q, plan.q_shift, 1)
+        k, v = _roll(k, plan.kv_shift, 1), _roll(v, plan.kv_shift, 1)
+    out = flash(q, k, v, causal=plan.causal, sm_scale=scaling, sliding_window=plan.window,
+                                 logits_soft_cap=softcap, sinks=None if sinks is None else sinks.float(),
+                                 q_lengths=plan.q_lengths, kv_lengths=plan.kv_lengths)
+    if plan.q_shift is not None:
+        out = _roll(out, plan.q_shift, -1)  # rows past each q length were 0 and stay 0 (padding rows)
+    return out
+
+
+def _kernel_call(
+    module: Any, flash: Callable[..., torch.Tensor], query, key, value, attention_mask, kwargs
+) -> tuple[Any, Plan | None, str]:
+    """(output [B,Sq,H,D] or None, plan, reason) for one call of the kernel path."""
+    if kwargs.get("dropout", 0.0) and module.training:
+        return None, None, "attention dropout"
+    if kwargs.get("output_attentions"):
+        return None, None, "output_attentions"
+    for name in UNSUPPORTED_KWARGS:
+        if kwargs.get(name) is not None:
+            return None, None, name
+    if key.shape != value.shape or query.shape[-1] != key.shape[-1]:
+        return None, None, "value head size differs from the query/key head size"
+    causal = kwargs.get("is_causal")
+    causal = getattr(module, "is_causal", True) if causal is None else bool(causal)
+    window = kwargs.get("sliding_window")
+    plan, why = plan_call(attention_mask, query.shape[2], key.shape[2], causal=causal,
+                          window=None if window is None else int(window))
+    if plan is None:
+        return None, None, why
+    out = run_plan(flash, plan, query, key, value, scaling=kwargs.get("scaling"), softcap=kwargs.get("softcap"),
+                   sinks=kwargs.get("s_aux"))
+    return out.transpose(1, 2).contiguous(), plan, ""
+
+
+def _rel_rows(out: torch.Tensor, ref: torch.Tensor, rows: torch.Tensor | None) -> float:
+    """max |out - ref| / max |ref| over real query rows (out/ref [B,Sq,H,D])."""
+    a, b = out.detach().double(), ref.detach().double()
+    if rows is not None:
+        a, b = a[rows], b[rows]
+    if a.numel() == 0:
+        return 0.0
+    if not torch.isfinite(a).all():
+        return float("inf")
+    return (a - b).abs().max().item() / max(b.abs().max().item(), 1e-30)
+
+
+def kernel_hub_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                         attention_mask: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+    """Registered as attention implementation "kernel_hub": the kernel for hooked layers where the call
+    is expressible, else the layer's previous implementation with the same arguments."""
+    hook: AttentionHook | None = module.__dict__.get(HOOK_ATTR)
+    previous = hook.previous if hook is not None else _PREVIOUS.get(id(getattr(module, "config", None)))
+    prev_fn = previous_function(module, previous)
+    probe = _probe
+    if probe is not None:
+        ref = prev_fn(module, query, key, value, attention_mask, **kwargs)
+        key_id = id(module)
+        probe.modules[key_id] = module
+        try:
+            out, plan, why = _kernel_call(module, probe.flash, query, key, value, attention_mask, kwargs)
+        except Exception as exc:  # recorded; kernelize keeps the layer with this reason
+            probe.failures[key_id] = f"kernel raised in validation: {type(exc).__name__}: {exc}"
+            return ref
+        if out is None:
+            probe.failures.setdefault(key_id, f"validation call fell back: {why}")
+        else:
+            probe.errors.setdefault(key_id, []).append(_rel_rows(out, ref[0], plan.rows))
+        return ref
+    if hook is None or hook.flash is None:
+        return prev_fn(module, query, key, value, attention_mask, **kwargs)
+    out, _, why = _kernel_call(module, hook.flash, query, key, value, attention_mask, kwargs)
+    if out is None:
+        hook.fallbacks += 1
+        hook.last_fallback = why
+        return prev_fn(module, query, key, value, attention_mask, **kwargs)
+    hook.calls += 1
+    return out, None
+
+
+def set_probe(probe: Probe | None) -> None:
+    global _probe
+    _probe = probe
