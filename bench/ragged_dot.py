@@ -14,7 +14,6 @@ import json
 import platform
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "kernels" / "pallas" / "ragged_dot"))
 
 import ragged_dot as rd  # noqa: E402  (the kernel package, loaded from its source folder)
+
+from kernel_hub.timing import interleaved_samples  # noqa: E402
 
 # name, M, K, N, G, dtypes, methods skipped (too slow on 2 cores: they do G x the work)
 SHAPES = [
@@ -86,12 +87,6 @@ def _methods(shape: str, lhs, rhs, sizes) -> dict[str, Callable[[], object]]:
     return out
 
 
-def _time(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    return time.perf_counter() - start
-
-
 def run(quick: bool) -> dict:
     reps = 3 if quick else 7
     results = []
@@ -106,10 +101,7 @@ def run(quick: bool) -> dict:
             for key, fn in methods.items():  # warm up (compile) and check each answer once
                 got = np.asarray(jax.block_until_ready(fn()), np.float64)
                 errors[key] = float(np.abs(got - expected).max() / max(1e-6, np.abs(expected).max()))
-            times: dict[str, list[float]] = {key: [] for key in methods}
-            for _ in range(reps):
-                for key, fn in methods.items():
-                    times[key].append(_time(fn))
+            times = interleaved_samples(methods, repeats=reps, warmup=0)
             medians = {key: statistics.median(ts) for key, ts in times.items()}
             base = medians.get(BASELINE)
             for key in methods:

@@ -6,7 +6,6 @@ eager and grouped_mm experts. Sized for ~20-40 s on 2 CPU cores; no downloads.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +27,7 @@ def run(
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     import kernel_hub as kh
+    from kernel_hub.timing import interleaved_medians
 
     t0 = time.perf_counter()
     config = Qwen3MoeConfig(**DEMO_CONFIG)
@@ -65,16 +65,8 @@ def run(
         return fn
 
     runners = {"eager": timed("eager"), "grouped_mm": timed("grouped_mm"), "kernelized": timed("kernel_hub")}
-    times: dict[str, list[float]] = {k: [] for k in runners}
-    for fn in runners.values():
-        fn()  # warm-up
-    for _ in range(reps):  # interleaved, so background load hits all alike
-        for name, fn in runners.items():
-            t = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t)
+    med = {k: v * 1e3 for k, v in interleaved_medians(runners, repeats=reps).items()}
     model.set_experts_implementation("kernel_hub")
-    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     print_fn(f"decode step, batch {batch} (median of {reps}, interleaved):")
     for name in runners:
         ratio = med[name] / med["kernelized"]

@@ -17,15 +17,24 @@ def block(x: Any) -> Any:
     return x
 
 
-def interleaved_medians(fns: dict[str, Callable[[], Any]], *, repeats: int = 7, warmup: int = 1) -> dict[str, float]:
-    """Median seconds per callable, running them round-robin so machine noise hits all alike."""
+def interleaved_samples(
+    fns: dict[str, Callable[[], Any]], *, repeats: int = 7, warmup: int = 1
+) -> dict[str, list[float]]:
+    """Seconds of every run per callable, run round-robin with the order rotated each round, so machine
+    noise and the cost of following another call (cold caches after a heavy one) hit all alike."""
     for fn in fns.values():
         for _ in range(warmup):
             block(fn())
     samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
+    names = list(fns)
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[: r % len(names)]:
             start = time.perf_counter()
-            block(fn())
+            block(fns[name]())
             samples[name].append(time.perf_counter() - start)
-    return {name: statistics.median(s) for name, s in samples.items()}
+    return samples
+
+
+def interleaved_medians(fns: dict[str, Callable[[], Any]], *, repeats: int = 7, warmup: int = 1) -> dict[str, float]:
+    """Median seconds per callable over interleaved, rotated runs (see interleaved_samples)."""
+    return {name: statistics.median(s) for name, s in interleaved_samples(fns, repeats=repeats, warmup=warmup).items()}
