@@ -73,6 +73,7 @@ def active_bytes(index: torch.Tensor, dtype: torch.dtype) -> int:
 def bench_dtype(name: str, dtype: torch.dtype, *, batch: int, reps: int, batched_reps: int,
                 bandwidth: float, log) -> dict[str, Any]:
     import kernel_hub as kh
+    from kernel_hub.timing import interleaved_samples
 
     container, config = build_layer(dtype)
     experts = container.experts
@@ -101,18 +102,9 @@ def bench_dtype(name: str, dtype: torch.dtype, *, batch: int, reps: int, batched
     out = kernelized()
     max_rel = ((out.float() - reference.float()).abs().max() / reference.float().abs().max()).item()
     variants = {"eager": eager, "grouped_mm": grouped, "kernelized": kernelized}
-    if batched_reps:
-        variants["batched_mm"] = batched
-    times: dict[str, list[float]] = {k: [] for k in variants}
-    for fn in variants.values():  # warm-up
-        fn()
-    for rep in range(reps):
-        for key, fn in variants.items():
-            if key == "batched_mm" and rep >= batched_reps:
-                continue
-            t = time.perf_counter()
-            fn()
-            times[key].append(time.perf_counter() - t)
+    times = interleaved_samples(variants, repeats=reps, warmup=1)
+    if batched_reps:  # seconds per call: timed apart, after the others, so it never precedes them
+        times.update(interleaved_samples({"batched_mm": batched}, repeats=batched_reps, warmup=0))
     kh.restore(container)
     floor_s = active_bytes(index, dtype) / bandwidth  # each byte read once, at the copy traffic rate
     med = {k: statistics.median(v) for k, v in times.items() if v}
