@@ -18,12 +18,12 @@ import os
 import shutil
 import tarfile
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from .errors import IntegrityError, KernelHubError, KernelNotFoundError, MetadataError, VersionSpecError
-from .integrity import sha256_file
+from .integrity import verify_tree
 from .sources import Build
 from .variants import Variant
 from .versions import Ref
@@ -359,26 +359,12 @@ class HubSource:
                      package_dir=folder / python_name, source=self.endpoint, digests=digests, metadata=None)
 
 
-def _iter_files(root: Path) -> Iterator[Path]:
-    for path in sorted(root.rglob("*")):
-        if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".pyo"):
-            yield path
-
-
 def _check_unpacked(folder: Path, label: str) -> dict[str, Any]:
     """Every file of an unpacked variant against the sha256 its metadata.json records; nothing extra."""
     meta = read_json(folder / VARIANT_METADATA)
     if not isinstance(meta, dict) or not isinstance(meta.get(KH_KEY), dict) or "sha256" not in meta[KH_KEY]:
         raise IntegrityError(f"{label}: {VARIANT_METADATA} is missing or not a kernel-hub build")
-    recorded: dict[str, str] = meta[KH_KEY]["sha256"]
-    present = {p.relative_to(folder).as_posix() for p in _iter_files(folder)} - {VARIANT_METADATA}
-    for name in sorted(set(recorded) | present):
-        if name not in present:
-            raise IntegrityError(f"{label}: file {name} is missing")
-        if name not in recorded:
-            raise IntegrityError(f"{label}: unexpected file {name} not in the recorded digests")
-        if sha256_file(folder / name) != recorded[name]:
-            raise IntegrityError(f"{label}: file {name} does not match its sha256 (tampered or corrupt)")
+    verify_tree(folder, meta[KH_KEY]["sha256"], label, ignore=frozenset({VARIANT_METADATA}))
     for key in ("variant", "python_name"):
         if key not in meta[KH_KEY]:
             raise MetadataError(f"{label}: {VARIANT_METADATA} has no {KH_KEY}.{key}")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .errors import IntegrityError
 
-_SKIP_DIRS = {"__pycache__", ".pytest_cache", "tests"}
+_SKIP_DIRS = {"__pycache__", ".pytest_cache"}
 _SKIP_SUFFIXES = {".pyc", ".pyo"}
 
 
@@ -20,7 +20,7 @@ def sha256_file(path: Path) -> str:
 
 
 def package_files(root: Path) -> list[Path]:
-    """The files of a package tree that ship, in a stable order (no caches, no tests)."""
+    """The files of a package tree that ship, in a stable order (every file but Python's caches)."""
     out = []
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root)
@@ -44,8 +44,11 @@ def combined_digest(digests: dict[str, str]) -> str:
     return h.hexdigest()
 
 
-def verify_tree(root: Path, expected: dict[str, str], what: str) -> None:
-    """Raise IntegrityError naming the first file whose digest differs, is missing or is unexpected."""
+def verify_tree(root: Path, expected: dict[str, str], what: str, *, ignore: frozenset[str] = frozenset()) -> None:
+    """Raise IntegrityError naming the first file whose digest differs, is missing or is unexpected.
+
+    `ignore`: relative paths that may be present without a recorded digest (a build's own metadata file).
+    """
     for name, digest in sorted(expected.items()):
         path = root / name
         if not path.is_file():
@@ -56,6 +59,6 @@ def verify_tree(root: Path, expected: dict[str, str], what: str) -> None:
                 f"{what}: file {name} has sha256 {actual[:12]}..., expected {digest[:12]}... (tampered or corrupt)"
             )
     extra = sorted(p.relative_to(root).as_posix() for p in package_files(root)) if root.is_dir() else []
-    unexpected = [n for n in extra if n not in expected]
+    unexpected = [n for n in extra if n not in expected and n not in ignore]
     if unexpected:
         raise IntegrityError(f"{what}: unexpected file {unexpected[0]} not in the recorded digests")

@@ -108,3 +108,57 @@ def generic_tiny_model(family: str, *, dtype: torch.dtype = torch.float32, seed:
         model = cls(config)
         _randomize_experts(model, seed)
     return model.to(dtype).eval()
+
+
+_MLA: dict[str, Any] = dict(  # multi-head latent attention: one KV head per query head, split q/k dims
+    num_key_value_heads=4, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, head_dim=8,
+)
+
+#: Families the generic shrink cannot build or run: family -> (modeling module, model class, config
+#: class, overrides on top of GENERIC_SHRINK). Vision/omni models use their text model (and text config).
+HAND_FAMILIES: dict[str, tuple[str, str, str, dict[str, Any]]] = {
+    "deepseek_v2": ("deepseek_v2", "DeepseekV2ForCausalLM", "DeepseekV2Config", dict(_MLA)),
+    "deepseek_v32": ("deepseek_v32", "DeepseekV32ForCausalLM", "DeepseekV32Config", dict(_MLA)),
+    "glm4_moe_lite": ("glm4_moe_lite", "Glm4MoeLiteForCausalLM", "Glm4MoeLiteConfig", dict(_MLA)),
+    "mistral4": ("mistral4", "Mistral4ForCausalLM", "Mistral4Config",
+                 {**_MLA, "head_dim": 16}),  # head_dim = nope + rope (the config derives the rotary part)
+    "mistral_large4": ("mistral_large4", "MistralLarge4TextModel", "MistralLarge4TextConfig",
+                       dict(_MLA, index_topk=4, index_head_dim=16, index_n_heads=2)),
+    "lfm2_moe": ("lfm2_moe", "Lfm2MoeForCausalLM", "Lfm2MoeConfig",
+                 dict(num_hidden_layers=3, num_dense_layers=1, layer_types=["conv", "full_attention", "conv"])),
+    "afmoe": ("afmoe", "AfmoeForCausalLM", "AfmoeConfig", {}),
+    "deepseek_v4": ("deepseek_v4", "DeepseekV4ForCausalLM", "DeepseekV4Config", {}),
+    "qwen3_vl_moe": ("qwen3_vl_moe", "Qwen3VLMoeTextModel", "Qwen3VLMoeTextConfig", {}),
+    "qwen3_omni_moe": ("qwen3_omni_moe", "Qwen3OmniMoeThinkerTextModel", "Qwen3OmniMoeTextConfig", {}),
+    "glm4v_moe": ("glm4v_moe", "Glm4vMoeTextModel", "Glm4vMoeTextConfig",
+                  dict(rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[1, 1, 2],
+                                            partial_rotary_factor=0.5))),
+    "glm5_next": ("glm5_next", "Glm5NextTextModel", "Glm5NextTextConfig",
+                  dict(num_key_value_heads=4, qk_rope_head_dim=0, qk_nope_head_dim=16, v_head_dim=16,
+                       index_topk=16, index_kpool=4, index_head_dim=16, index_n_heads=2, linear_head_dim=16,
+                       linear_num_heads=4, hc_mult=2, hc_sinkhorn_iters=3, mlp_layer_types=["sparse", "sparse"])),
+    # text and vision expert blocks per layer; a text-only input runs the text ones
+    "ernie4_5_vl_moe": ("ernie4_5_vl_moe", "Ernie4_5_VLMoeTextModel", "Ernie4_5_VLMoeTextConfig",
+                        dict(moe_intermediate_size=[32, 32], moe_num_experts=4, moe_k=2,
+                             mlp_layer_types=["sparse", "sparse"],
+                             rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[3, 3, 2]))),
+}
+
+
+def hand_family_names() -> list[str]:
+    return list(HAND_FAMILIES)
+
+
+def hand_tiny_model(family: str, *, dtype: torch.dtype = torch.float32, seed: int = 0) -> Any:
+    """A family from HAND_FAMILIES: GENERIC_SHRINK (names its config has) plus the family's overrides.
+    Text models (no LM head) return last_hidden_state instead of logits."""
+    module, cls_name, config_name, extra = HAND_FAMILIES[family]
+    cfg_cls = getattr(importlib.import_module(f"transformers.models.{module}.configuration_{module}"), config_name)
+    cls = getattr(importlib.import_module(f"transformers.models.{module}.modeling_{module}"), cls_name)
+    base = cfg_cls()
+    config = cfg_cls(**{**{k: v for k, v in GENERIC_SHRINK.items() if hasattr(base, k)}, **extra})
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = cls(config)
+        _randomize_experts(model, seed)
+    return model.to(dtype).eval()
