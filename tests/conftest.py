@@ -69,3 +69,16 @@ def toy_registry(tmp_path: Path, toy_kernel: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("KERNEL_HUB_REGISTRY", str(path))
     monkeypatch.setenv("KERNEL_HUB_CACHE", str(tmp_path / "cache"))
     return path
+
+
+@pytest.fixture
+def experts_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kh.kernelize with attention left on its default, for tests that pin the MoE path."""
+    import kernel_hub as kh
+
+    real = kh.kernelize
+
+    def kernelize(model, **kw):
+        return real(model, **{**kw, "mapping": {"attention": None, **(kw.get("mapping") or {})}})
+
+    monkeypatch.setattr(kh, "kernelize", kernelize)

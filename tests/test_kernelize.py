@@ -22,15 +22,8 @@ from kernel_hub.layers import tiny  # noqa: E402
 FAMILIES = tiny.family_names()
 
 
-@pytest.fixture(autouse=True)
-def _experts_only(monkeypatch):
-    """These tests pin the MoE path: attention stays on its default (test_kernelize_attention.py covers it)."""
-    real = kh.kernelize
-
-    def kernelize(model, **kw):
-        return real(model, **{**kw, "mapping": {"attention": None, **(kw.get("mapping") or {})}})
-
-    monkeypatch.setattr(kh, "kernelize", kernelize)
+# These tests pin the MoE path: attention stays on its default (test_kernelize_attention.py covers it).
+pytestmark = pytest.mark.usefixtures("experts_only")
 
 
 @pytest.fixture(scope="module")

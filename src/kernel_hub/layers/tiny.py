@@ -142,7 +142,31 @@ HAND_FAMILIES: dict[str, tuple[str, str, str, dict[str, Any]]] = {
                         dict(moe_intermediate_size=[32, 32], moe_num_experts=4, moe_k=2,
                              mlp_layer_types=["sparse", "sparse"],
                              rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[3, 3, 2]))),
+    "hy_v4_vl": ("hy_v4_vl", "HYV4VLTextModel", "HYV4VLTextConfig",
+                 dict(rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[4, 2, 2]))),
+    "muse_spark": ("muse_spark", "MuseSparkTextModel", "MuseSparkTextConfig", {}),
+    "deepseek_ocr2": ("deepseek_ocr2", "DeepseekOcr2TextModel", "DeepseekOcr2TextConfig",
+                      dict(mlp_layer_types=["sparse", "sparse"])),
+    "unlimited_ocr": ("unlimited_ocr", "UnlimitedOcrTextModel", "UnlimitedOcrTextConfig", {}),
+    "dots3_note": ("dots3_note", "Dots3NoteTextModel", "Dots3NoteTextConfig", dict(num_key_value_heads=4)),
+    "diffusion_gemma": ("diffusion_gemma", "DiffusionGemmaEncoderTextModel", "DiffusionGemmaTextConfig", {}),
+    "openai_privacy_filter": ("openai_privacy_filter", "OpenAIPrivacyFilterForTokenClassification",
+                              "OpenAIPrivacyFilterConfig", {}),
+    "axk1": ("axk1", "AXK1ForCausalLM", "AXK1Config", dict(_MLA)),
+    "axk2": ("axk2", "AXK2ForCausalLM", "AXK2Config", dict(_MLA)),
+    "glm_moe_dsa": ("glm_moe_dsa", "GlmMoeDsaForCausalLM", "GlmMoeDsaConfig",
+                    dict(_MLA, index_topk=4, index_head_dim=16, index_n_heads=2)),
+    "zaya": ("zaya", "ZayaForCausalLM", "ZayaConfig", dict(num_experts_per_tok=1)),  # the config allows top-1 only
+    "beam": ("beam", "BeamForCausalLM", "BeamConfig", dict(mlp_layer_types=["sparse", "sparse"])),
 }
+
+
+def _config_has(config: Any, name: str) -> bool:
+    """hasattr, except that heterogeneous (per-layer) configs raise on a per-layer name: it exists."""
+    try:
+        return hasattr(config, name)
+    except Exception:  # AmbiguousGlobalPerLayerAttributeError
+        return True
 
 
 def hand_family_names() -> list[str]:
@@ -156,7 +180,7 @@ def hand_tiny_model(family: str, *, dtype: torch.dtype = torch.float32, seed: in
     cfg_cls = getattr(importlib.import_module(f"transformers.models.{module}.configuration_{module}"), config_name)
     cls = getattr(importlib.import_module(f"transformers.models.{module}.modeling_{module}"), cls_name)
     base = cfg_cls()
-    config = cfg_cls(**{**{k: v for k, v in GENERIC_SHRINK.items() if hasattr(base, k)}, **extra})
+    config = cfg_cls(**{**{k: v for k, v in GENERIC_SHRINK.items() if _config_has(base, k)}, **extra})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = cls(config)
