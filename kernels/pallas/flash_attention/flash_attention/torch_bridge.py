@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from .torch_jax import call_tpu, on_tpu, to_jax, to_torch
+
 
 def _jax_flash_attention() -> Callable[..., Any]:
     package = __package__ or __name__.rpartition(".")[0]
@@ -20,28 +22,12 @@ def _jax_flash_attention() -> Callable[..., Any]:
     return module.flash_attention
 
 
-def to_jax(t: torch.Tensor) -> Any:
-    import jax
-
-    t = t.detach()
-    return jax.dlpack.from_dlpack(t if t.is_contiguous() else t.contiguous())
 
 
-def to_torch(a: Any) -> torch.Tensor:
-    return torch.from_dlpack(a)
 
 
-def _on_tpu(*tensors: torch.Tensor) -> bool:
-    return any(t.device.type not in ("cpu", "cuda", "meta") for t in tensors)
 
 
-def _call_tpu(fn: Callable[..., Any], *tensors: torch.Tensor) -> Any:
-    import torch_tpu
-
-    jax_op = getattr(torch_tpu, "jax_op", None)
-    if jax_op is None:
-        jax_op = importlib.import_module("torch_tpu.jax").jax_op  # type: ignore[attr-defined]
-    return jax_op(fn, *tensors)
 
 
 def _operands(q, k, v, sinks, q_lengths, kv_lengths) -> list[torch.Tensor]:
@@ -62,8 +48,8 @@ def _bind(has_sinks: bool, kw: dict[str, Any]) -> Callable[..., Any]:
 
 
 def _run(fn: Callable[..., Any], tensors: list[torch.Tensor]) -> Any:
-    if _on_tpu(*tensors):
-        return _call_tpu(fn, *tensors)
+    if on_tpu(*tensors):
+        return call_tpu(fn, *tensors)
     out = fn(*(to_jax(t) for t in tensors))
     return tuple(to_torch(o) for o in out) if isinstance(out, tuple) else to_torch(out)
 

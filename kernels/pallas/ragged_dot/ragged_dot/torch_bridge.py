@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from .torch_jax import call_tpu, on_tpu, to_jax, to_torch
+
 
 def jax_available() -> bool:
     return importlib.util.find_spec("jax") is not None
@@ -35,40 +37,19 @@ def _jax_ragged_dot() -> Callable[..., Any]:
     raise ImportError(f"{package}: no JAX ragged_dot entry (.api) in this build")
 
 
-def to_jax(t: torch.Tensor) -> Any:
-    """Zero-copy view of a torch tensor as a jax.Array (copies only to make it contiguous)."""
-    import jax
-
-    t = t.detach()
-    if not t.is_contiguous():
-        t = t.contiguous()
-    return jax.dlpack.from_dlpack(t)
 
 
-def to_torch(a: Any) -> torch.Tensor:
-    """Zero-copy view of a jax.Array as a torch tensor."""
-    return torch.from_dlpack(a)
 
 
-def _on_tpu(*tensors: torch.Tensor) -> bool:
-    return any(t.device.type not in ("cpu", "cuda", "meta") for t in tensors)
 
 
-def _call_tpu(fn: Callable[..., Any], *tensors: torch.Tensor) -> Any:
-    """Run a JAX function on TPU-resident torch tensors through torch_tpu's jax_op (TPU hosts only)."""
-    import torch_tpu
-
-    jax_op = getattr(torch_tpu, "jax_op", None)
-    if jax_op is None:
-        jax_op = importlib.import_module("torch_tpu.jax").jax_op  # type: ignore[attr-defined]
-    return jax_op(fn, *tensors)
 
 
 def _forward(lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor, **kw: Any) -> torch.Tensor:
     fn = _jax_ragged_dot()
     sizes = group_sizes.to(torch.int32)
-    if _on_tpu(lhs, rhs):
-        return _call_tpu(lambda a, b, g: fn(a, b, g, **kw), lhs, rhs, sizes)
+    if on_tpu(lhs, rhs):
+        return call_tpu(lambda a, b, g: fn(a, b, g, **kw), lhs, rhs, sizes)
     out = fn(to_jax(lhs), to_jax(rhs), to_jax(sizes), **kw)
     return to_torch(out)
 
@@ -84,8 +65,8 @@ def _grads(lhs, rhs, group_sizes, dout, **kw):
         _, vjp = jax.vjp(lambda x, y: fn(x, y, g, **kw), a, b)
         return vjp(d)
 
-    if _on_tpu(lhs, rhs):
-        return _call_tpu(both, lhs, rhs, sizes, dout)
+    if on_tpu(lhs, rhs):
+        return call_tpu(both, lhs, rhs, sizes, dout)
     da, db = both(to_jax(lhs), to_jax(rhs), to_jax(sizes), to_jax(dout))
     return to_torch(da), to_torch(db)
 

@@ -1,0 +1,1 @@
+../../ragged_dot/ragged_dot/torch_jax.py
