@@ -14,26 +14,7 @@ from typing import Any
 import numpy as np
 
 from .reference import reference_ragged_dot
-
-ROUTINGS = ("random", "empty_groups", "one_group", "partial", "all_empty")
-
-
-def make_group_sizes(routing: str, m: int, g: int, rng: np.random.Generator) -> np.ndarray:
-    """Group sizes summing to m ("partial" leaves trailing rows, which must come out zero)."""
-    if routing == "random":
-        return np.bincount(rng.integers(0, g, m), minlength=g)
-    if routing == "empty_groups":  # about half the groups empty
-        live = rng.permutation(g)[: max(1, g // 2)]
-        return np.bincount(live[rng.integers(0, live.size, m)], minlength=g)
-    if routing == "one_group":  # one group takes every row
-        sizes = np.zeros(g, np.int64)
-        sizes[rng.integers(0, g)] = m
-        return sizes
-    if routing == "partial":
-        return np.bincount(rng.integers(0, g, max(1, (2 * m) // 3)), minlength=g)
-    if routing == "all_empty":
-        return np.zeros(g, np.int64)
-    raise ValueError(f"unknown routing {routing!r}")
+from .routing import make_group_sizes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +59,7 @@ def _workload_cases(impl: str | None, edge_impl: str | None, prefix: str) -> lis
             Case(f"{prefix}decode_e128_{s}", dt, impl, ("decode",), m=512, k=256, n=256, g=128),
             Case(f"{prefix}prefill_e8_{s}", dt, impl, ("prefill",), m=1024, k=256, n=256, g=8),
         ]
-        for routing in ROUTINGS[1:]:
+        for routing in ("empty_groups", "one_group", "partial", "all_empty"):
             out.append(Case(f"{prefix}{routing}_{s}", dt, edge_impl, ("edge",), m=200, k=136, n=72, g=16,
                             routing=routing))
     out.append(Case(f"{prefix}ragged_m_f32", "float32", edge_impl, ("edge",), m=77, k=96, n=160, g=6))
