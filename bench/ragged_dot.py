@@ -1,8 +1,10 @@
 """Benchmark the ragged_dot kernel's paths on this machine: ours ("cpu", "pallas" interpreted) against
 jax.lax.ragged_dot, tokamax.ragged_dot(implementation="xla") and a per-expert loop.
 
-Everything JAX is jitted and warmed up; runs are interleaved across methods (so drift from other load
-hits all alike) and the median is reported, with speedups relative to jax.lax.ragged_dot.
+Everything JAX is jitted and warmed up; runs are interleaved across methods in a rotating order (so drift
+from other load hits all alike), each timed call is preceded by an untimed call of the same method (so no
+method pays for the previous one's memory traffic: jax.lax.ragged_dot's dense intermediate otherwise costs
+the next call ~1.5x), and the median is reported, with speedups relative to jax.lax.ragged_dot.
 
   python bench/ragged_dot.py [--quick] [--out bench/out/ragged_dot.json]
 """
@@ -101,7 +103,7 @@ def run(quick: bool) -> dict:
             for key, fn in methods.items():  # warm up (compile) and check each answer once
                 got = np.asarray(jax.block_until_ready(fn()), np.float64)
                 errors[key] = float(np.abs(got - expected).max() / max(1e-6, np.abs(expected).max()))
-            times = interleaved_samples(methods, repeats=reps, warmup=0)
+            times = interleaved_samples(methods, repeats=reps, warmup=0, settle=True)
             medians = {key: statistics.median(ts) for key, ts in times.items()}
             base = medians.get(BASELINE)
             for key in methods:
@@ -119,6 +121,7 @@ def run(quick: bool) -> dict:
         "backend": jax.default_backend(),
         "machine": platform.machine(),
         "reps": reps,
+        "timing": "interleaved, rotated; each timed call preceded by an untimed call of the same method",
         "quick": quick,
         "results": results,
     }
