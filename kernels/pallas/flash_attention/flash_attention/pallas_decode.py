@@ -20,7 +20,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from .config import LANES
-from .pallas_flash import MASKED, _dot, _mxu
+from .pallas_flash import MASKED, _dot, online_softmax_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,14 +60,7 @@ def _decode_kernel(kvlen_ref, q_ref, k_ref, v_ref, sinks_ref, o_ref, m_scr, l_sc
             s = st.soft_cap * jnp.tanh(s / st.soft_cap)
         cols = kj * st.block_kv + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
         mask = (cols < kv_len) & (cols >= lo)
-        s = jnp.where(mask, s, MASKED)
-        m_prev = m_scr[...]
-        m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
-        alpha = jnp.exp(m_prev - m_next)
-        p = jnp.where(mask, jnp.exp(s - m_next[:, :1]), 0.0)
-        l_scr[...] = alpha * l_scr[...] + jnp.sum(p, axis=1, keepdims=True)
-        m_scr[...] = m_next
-        acc_scr[...] = acc_scr[...] * alpha[:, :1] + _dot(_mxu(p, v), v, (1, 0))
+        online_softmax_step(s, mask, v, m_scr, l_scr, acc_scr)
 
     @pl.when(kj == pl.num_programs(2) - 1)
     def _finish():

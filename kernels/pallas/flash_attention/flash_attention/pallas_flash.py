@@ -59,6 +59,20 @@ def _mxu(x: jax.Array, like: jax.Array) -> jax.Array:
     return x.astype(like.dtype)
 
 
+def online_softmax_step(s: jax.Array, mask: jax.Array, v: jax.Array, m_scr: Any, l_scr: Any, acc_scr: Any) -> None:
+    """One key block of the online softmax: fold masked logits `s` and values `v` into the running max
+    (m_scr), denominator (l_scr) and output accumulator (acc_scr). Scratch rows hold the row's value in
+    every lane. Shared by the prefill and decode kernels."""
+    s = jnp.where(mask, s, MASKED)
+    m_prev = m_scr[...]
+    m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
+    alpha = jnp.exp(m_prev - m_next)
+    p = jnp.where(mask, jnp.exp(s - m_next[:, :1]), 0.0)
+    l_scr[...] = alpha * l_scr[...] + jnp.sum(p, axis=1, keepdims=True)
+    m_scr[...] = m_next
+    acc_scr[...] = acc_scr[...] * alpha[:, :1] + _dot(_mxu(p, v), v, (1, 0))
+
+
 def kv_block_range(q_len: jax.Array, kv_len: jax.Array, qi: jax.Array, st: FlashStatic):
     """(first, last, empty): the key blocks query block qi attends. Scalar math: runs in index maps."""
     r0 = qi * st.block_q
@@ -135,14 +149,7 @@ def _fwd_kernel(qlen_ref, kvlen_ref, sinks_ref, q_ref, k_ref, v_ref, o_ref, lse_
         rows = qi * st.block_q + jax.lax.broadcasted_iota(jnp.int32, shape, 0)
         cols = kj * st.block_kv + jax.lax.broadcasted_iota(jnp.int32, shape, 1)
         mask = _mask(rows, cols, q_len, kv_len, st)
-        s = jnp.where(mask, s, MASKED)
-        m_prev = m_scr[...]  # [bq, LANES], every lane holds the row's value
-        m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
-        alpha = jnp.exp(m_prev - m_next)
-        p = jnp.where(mask, jnp.exp(s - m_next[:, :1]), 0.0)
-        l_scr[...] = alpha * l_scr[...] + jnp.sum(p, axis=1, keepdims=True)
-        m_scr[...] = m_next
-        acc_scr[...] = acc_scr[...] * alpha[:, :1] + _dot(_mxu(p, v), v, (1, 0))
+        online_softmax_step(s, mask, v, m_scr, l_scr, acc_scr)
 
     @pl.when(kj == pl.num_programs(3) - 1)
     def _finish():
