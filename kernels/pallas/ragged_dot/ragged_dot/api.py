@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from . import cpu, pallas_gmm
 from .config import RaggedDotConfig, default_config, round_up
 from .metadata import make_group_metadata
+from .operands import check_operands
 
 IMPLEMENTATIONS: tuple[str, ...] = ("pallas", "cpu", "xla")
 
@@ -193,16 +194,7 @@ def ragged_dot(
     interpret: for "pallas" off TPU: True, or a pltpu.InterpretParams (TPU simulation, race detection).
     config: RaggedDotConfig tiles (pallas) / capacity (cpu); None uses default_config.
     """
-    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
-    group_sizes = jnp.asarray(group_sizes)
-    if lhs.ndim != 2 or rhs.ndim != 3 or lhs.shape[1] != rhs.shape[1]:
-        raise ValueError(f"ragged_dot wants lhs [M,K] and rhs [G,K,N]; got {lhs.shape} and {rhs.shape}")
-    if group_sizes.shape != (rhs.shape[0],):
-        raise ValueError(f"group_sizes must have shape ({rhs.shape[0]},), got {group_sizes.shape}")
-    if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
-        raise TypeError(f"group_sizes must be integers, got {group_sizes.dtype}")
-    group_sizes = group_sizes.astype(jnp.int32)
-    out_dtype = jnp.dtype(preferred_element_type if preferred_element_type is not None else lhs.dtype)
+    lhs, rhs, group_sizes, out_dtype = check_operands(lhs, rhs, group_sizes, preferred_element_type)
 
     name, reason = resolve_implementation(jax.default_backend(), implementation, interpret=interpret)
     _last["name"], _last["reason"] = name, reason

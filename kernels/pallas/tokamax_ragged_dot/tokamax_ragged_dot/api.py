@@ -23,6 +23,7 @@ import tokamax
 
 from . import _dispatch
 from ._hub_cpu import cpu
+from .operands import check_operands
 
 IMPLEMENTATIONS: tuple[str, ...] = ("mosaic", "triton", "xla", "hub_cpu")
 
@@ -122,16 +123,7 @@ def ragged_dot(
     implementation: None tries implementations_for(jax.default_backend()) in order; a name or a sequence
       is tried in the given order. `last_implementation()` says which one ran and why.
     """
-    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
-    group_sizes = jnp.asarray(group_sizes)
-    if lhs.ndim != 2 or rhs.ndim != 3 or lhs.shape[1] != rhs.shape[1]:
-        raise ValueError(f"ragged_dot wants lhs [M,K] and rhs [G,K,N]; got {lhs.shape} and {rhs.shape}")
-    if group_sizes.shape != (rhs.shape[0],):
-        raise ValueError(f"group_sizes must have shape ({rhs.shape[0]},), got {group_sizes.shape}")
-    if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
-        raise TypeError(f"group_sizes must be integers, got {group_sizes.dtype}")
-    group_sizes = group_sizes.astype(jnp.int32)
-    out_dtype = jnp.dtype(preferred_element_type if preferred_element_type is not None else lhs.dtype)
+    lhs, rhs, group_sizes, out_dtype = check_operands(lhs, rhs, group_sizes, preferred_element_type)
 
     backend = jax.default_backend()
     runnable, trace, source = _dispatch.resolve(ORDER, IMPLEMENTATIONS, backend, implementation, _FALLBACK,
