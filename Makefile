@@ -21,11 +21,11 @@ demo: $(STAMP)
 	$(BIN)/kernel-hub demo
 
 test: $(STAMP)
-	$(BIN)/ruff check src kernels bench tests
+	$(BIN)/ruff check src kernels bench tests conftest.py
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check src kernels bench tests
+	$(BIN)/ruff check src kernels bench tests conftest.py
 
 bench: $(STAMP)
 	$(BIN)/python bench/ragged_dot.py
