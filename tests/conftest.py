@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
-# Tests never reach the real Hub: anything not pointed at a test server goes to a closed loopback port.
-# Set before huggingface_hub is imported (it reads these once); caches go to a throwaway folder.
-os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
-os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="kh-tests-hf-")
-os.environ["KERNEL_HUB_CACHE"] = tempfile.mkdtemp(prefix="kh-tests-cache-")
-
+# The Hub endpoint and caches for tests are set in the root conftest.py (before huggingface_hub loads).
 import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures"
