@@ -33,3 +33,7 @@ class IntegrityError(KernelHubError):
 
 class ValidationFailedError(KernelHubError):
     """The kernel's numbers did not match its reference on this device."""
+
+
+class UnsafeNameError(KernelHubError):
+    """A name from a user, a server, a bundle, a lock or a kernel.yaml that is not allowed where it is used."""
