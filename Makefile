@@ -7,9 +7,14 @@ STAMP := $(VENV)/.installed
 PKGS := -c constraints.txt torch==2.13.0 jax==0.10.2 jaxlib==0.10.2 tokamax==0.0.12 \
         transformers==5.24.0 huggingface_hub==2.4.0 kernels==0.17.2 starlette uvicorn pytest ruff
 
+# Local wheels of what kernel-hub[demo] needs (its dependencies, jax, torch, transformers; pinned by
+# constraints.txt): tests/test_wheel.py installs the built kernel-hub wheel from here into a fresh venv, offline.
+WHEELHOUSE := .wheelhouse
+WHEELS := $(WHEELHOUSE)/.complete
+
 .PHONY: setup demo test lint bench clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(WHEELS)
 
 $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -17,18 +22,23 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
+# pip download skips wheels already in the folder, so a re-run after a change fetches only what is new.
+$(WHEELS): $(STAMP)
+	$(BIN)/pip download -q --disable-pip-version-check --no-build-isolation -d $(WHEELHOUSE) -c constraints.txt ".[demo]"
+	touch $(WHEELS)
+
 demo: $(STAMP)
 	$(BIN)/kernel-hub demo
 
-test: $(STAMP)
-	$(BIN)/ruff check src kernels bench tests conftest.py
+test: setup
+	$(BIN)/ruff check src kernels bench tests conftest.py setup.py
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check src kernels bench tests conftest.py
+	$(BIN)/ruff check src kernels bench tests conftest.py setup.py
 
 bench: $(STAMP)
 	$(BIN)/python bench/ragged_dot.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache src/*.egg-info
+	rm -rf $(VENV) $(WHEELHOUSE) .pytest_cache .ruff_cache src/*.egg-info

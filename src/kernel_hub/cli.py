@@ -42,6 +42,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([dict(zip(rows[0], r, strict=True)) for r in rows[1:]], indent=2))
         return 0
+    from .registry import registry_location
+
+    print(registry_location().describe())
     print(_table(rows))
     return 0
 
@@ -132,8 +135,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .registry import load_registry
 
     entry = load_registry().require(args.repo)
-    if entry.bench is None or not entry.bench.is_file():
+    if entry.bench is None:
         raise KernelHubError(f"{args.repo} has no benchmark script in the registry ('bench:' key)")
+    if not entry.bench.is_file():  # the wheel embeds kernels, not bench/
+        raise KernelHubError(f"{args.repo}: benchmark {entry.bench} not found; benchmarks ship with a checkout of "
+                             "kernel-hub, not with the wheel: run kernel-hub bench from a clone")
     return subprocess.call([sys.executable, str(entry.bench), *args.bench_args])
 
 

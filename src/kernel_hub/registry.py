@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import KernelNotFoundError, MetadataError
 from .metadata import read_yaml
@@ -45,12 +46,31 @@ class Registry:
         return self.layers.get(layer_kind, {}).get(backend)
 
 
-def default_registry_path() -> Path:
-    """KERNEL_HUB_REGISTRY, else the registry.yaml at the root of this checkout."""
-    env = os.environ.get(REGISTRY_ENV)
+class RegistryLocation(NamedTuple):
+    path: Path
+    origin: str  # "$KERNEL_HUB_REGISTRY", "checkout" or "embedded"
+
+    def describe(self) -> str:
+        return f"registry: {self.path} ({self.origin}{'' if self.path.is_file() else ', missing'})"
+
+
+def registry_location(environ: Mapping[str, str] | None = None, package_dir: Path | None = None) -> RegistryLocation:
+    """Which registry.yaml a default load reads, and why: $KERNEL_HUB_REGISTRY; else, running from a checkout
+    (src/kernel_hub beside registry.yaml and pyproject.toml, as in an editable install), the checkout's own,
+    so an edited kernel is used at once; else the copy embedded in the installed wheel."""
+    env = (os.environ if environ is None else environ).get(REGISTRY_ENV)
     if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2] / "registry.yaml"
+        return RegistryLocation(Path(env), f"${REGISTRY_ENV}")
+    package = (package_dir or Path(__file__).resolve().parent).resolve()
+    root = package.parent.parent
+    if package.parent.name == "src" and (root / "registry.yaml").is_file() and (root / "pyproject.toml").is_file():
+        return RegistryLocation(root / "registry.yaml", "checkout")
+    return RegistryLocation(package / "_embedded" / "registry.yaml", "embedded")  # setup.py puts it there
+
+
+def default_registry_path() -> Path:
+    """See registry_location."""
+    return registry_location().path
 
 
 def parse_registry(data: Any, path: Path) -> Registry:

@@ -1,0 +1,200 @@
+"""The wheel works outside the checkout.
+
+Built the way `python -m build` does (sdist, then a wheel from the sdist), installed offline from the local
+wheelhouse (`make setup` fills .wheelhouse/) into a fresh venv, `kernel-hub list`, `validate` and `demo` run
+from a folder that is not the checkout, with no registry override and a closed Hub endpoint, and load the
+kernels embedded in the installed package. Also: which registry.yaml a default load reads (registry_location).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kernel_hub.registry import REGISTRY_ENV, registry_location
+
+ROOT = Path(__file__).resolve().parents[1]
+WHEELHOUSE = ROOT / ".wheelhouse"
+KERNELS = ROOT / "kernels" / "pallas"
+EMBEDDED = "kernel_hub/_embedded/"
+CLOSED_ENDPOINT = "http://127.0.0.1:9"  # nothing listens: a Hub call fails at once instead of leaving the machine
+TOP_LEVEL_SKIP = {".venv", ".wheelhouse", ".git", "build", "dist", ".pytest_cache", ".ruff_cache", ".kernel_hub_cache"}
+
+pytestmark = pytest.mark.slow
+
+
+def _copy_ignore(folder: str, names: list[str]) -> set[str]:
+    top = Path(folder) == ROOT
+    return {n for n in names if n == "__pycache__" or n.endswith(".egg-info") or (top and n in TOP_LEVEL_SKIP)}
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    """This environment without anything that would point pip or kernel-hub back at the checkout."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PIP_", "KERNEL_HUB_")) and k not in {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"}}
+    env.update(extra)
+    return env
+
+
+def _check(proc: subprocess.CompletedProcess[str], what: str) -> str:
+    assert proc.returncode == 0, f"{what} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """sdist from a copy of the checkout (the checkout itself stays untouched), then the wheel from that sdist."""
+    tmp = tmp_path_factory.mktemp("wheel-build")
+    src, dist = tmp / "src", tmp / "dist"
+    shutil.copytree(ROOT, src, ignore=_copy_ignore)
+    sdist = _check(subprocess.run(
+        [sys.executable, "-c", f"from setuptools import build_meta; print(build_meta.build_sdist({str(dist)!r}))"],
+        cwd=src, capture_output=True, text=True, timeout=300), "build_sdist").strip().splitlines()[-1]
+    _check(subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
+         "-w", str(dist), str(dist / sdist)],
+        cwd=tmp, capture_output=True, text=True, timeout=300, env=_clean_env(PIP_CONFIG_FILE=os.devnull)),
+        "pip wheel")
+    (built,) = dist.glob("kernel_hub-*.whl")
+    return built
+
+
+@dataclass(frozen=True)
+class Installed:
+    bin: Path
+    site: Path
+    workdir: Path
+    env: dict[str, str]
+
+    def run(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(self.bin / "kernel-hub"), *args], cwd=self.workdir, env=self.env,
+                              capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    """A fresh venv with the wheel and kernel-hub[demo], from the wheelhouse only (no index, no pip config)."""
+    if not any(WHEELHOUSE.glob("*.whl")):
+        pytest.fail(f"{WHEELHOUSE} has no wheels: run `make setup` (it downloads the offline install set once)")
+    tmp = tmp_path_factory.mktemp("wheel-venv")
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    _check(subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q", "--no-compile",
+         "--no-index", "--find-links", str(WHEELHOUSE), "-c", str(ROOT / "constraints.txt"), f"{wheel}[demo]"],
+        capture_output=True, text=True, timeout=600, env=_clean_env(PIP_CONFIG_FILE=os.devnull)),
+        "offline pip install")
+    (site,) = (venv / "lib").glob("python3*/site-packages")
+    workdir = tmp / "elsewhere"
+    workdir.mkdir()
+    env = _clean_env(HF_ENDPOINT=CLOSED_ENDPOINT, HF_HOME=str(tmp / "hf"), KERNEL_HUB_CACHE=str(tmp / "cache"),
+                     PATH=f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}")
+    return Installed(bin=venv / "bin", site=site, workdir=workdir, env=env)
+
+
+def _expected_embedded() -> dict[str, Path]:
+    """Wheel name -> checkout file: every file under kernels/pallas/ except a kernel's tests/, caches, dotfiles."""
+    out = {}
+    for path in KERNELS.rglob("*"):
+        rel = path.relative_to(KERNELS)
+        if (path.is_dir() or "__pycache__" in rel.parts or any(p.startswith(".") for p in rel.parts)
+                or path.suffix in {".pyc", ".pyo"} or (len(rel.parts) > 1 and rel.parts[1] == "tests")):
+            continue
+        out[f"{EMBEDDED}kernels/pallas/{rel.as_posix()}"] = path
+    return out
+
+
+def test_wheel_embeds_the_registry_and_every_kernel_folder(wheel: Path) -> None:
+    expected = _expected_embedded()
+    with zipfile.ZipFile(wheel) as zf:
+        infos = {i.filename: i for i in zf.infolist()}
+        embedded = {n for n in infos if n.startswith(EMBEDDED + "kernels/")}
+        for entry in yaml.safe_load((ROOT / "registry.yaml").read_text())["kernels"]:
+            assert f"{EMBEDDED}{entry['source']}/kernel.yaml" in embedded, entry["repo_id"]
+        assert embedded == set(expected), (sorted(embedded - set(expected)), sorted(set(expected) - embedded))
+        for name, source in expected.items():  # symlinks in the checkout arrive as the files they point at
+            assert zf.read(name) == source.read_bytes(), name
+            assert not stat.S_ISLNK(infos[name].external_attr >> 16), f"{name} is a symlink in the wheel"
+        assert zf.read(EMBEDDED + "registry.yaml") == (ROOT / "registry.yaml").read_bytes()
+        assert not any("/bench/" in n or n.endswith((".pyc", ".pyo")) for n in infos)
+
+
+def test_list_from_the_wheel_reads_the_embedded_registry(installed: Installed) -> None:
+    out = _check(installed.run("list", timeout=120), "kernel-hub list")
+    embedded = installed.site / "kernel_hub" / "_embedded" / "registry.yaml"
+    assert f"registry: {embedded} (embedded)" in out.splitlines()
+    rows = {line.split()[0]: line for line in out.splitlines() if line.strip()}
+    for entry in yaml.safe_load((ROOT / "registry.yaml").read_text())["kernels"]:
+        kernel_yaml = yaml.safe_load((ROOT / entry["source"] / "kernel.yaml").read_text())
+        assert entry["repo_id"] in rows, out
+        assert f" {kernel_yaml['version']} " in rows[entry["repo_id"]], out  # its source folder was found
+
+
+def test_validate_from_the_wheel_passes(installed: Installed) -> None:
+    out = _check(installed.run("validate", "kernel-hub/ragged-dot-tpu", timeout=300), "kernel-hub validate")
+    assert "PASSED" in out and "FAIL" not in out, out
+
+
+def test_demo_from_the_wheel_runs_on_the_embedded_kernels(installed: Installed) -> None:
+    proc = installed.run("demo", "--quick")
+    out = _check(proc, "kernel-hub demo --quick")
+    assert "Traceback" not in proc.stderr
+    assert str(installed.site / "kernel_hub" / "_embedded" / "kernels" / "pallas" / "ragged_dot") in out
+    assert "PASSED" in out and "AGREE" in out, out
+    assert "bit-identical to before kernelize: True" in out, out  # the kernelize section ran (torch, transformers)
+    assert not list(installed.workdir.iterdir()), "the demo wrote into the working directory"
+
+
+def test_bench_from_the_wheel_says_in_one_line_that_benchmarks_ship_with_a_checkout(installed: Installed) -> None:
+    proc = installed.run("bench", "kernel-hub/ragged-dot-tpu", timeout=120)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode != 0 and len(lines) == 1 and "checkout" in lines[0], proc.stderr
+
+
+# registry_location: which registry.yaml a default load reads, and why.
+
+def _layout(root: Path, package: str, *files: str) -> Path:
+    """A package folder, with `files` two levels up (where a checkout keeps registry.yaml and pyproject.toml)."""
+    pkg = root / package
+    pkg.mkdir(parents=True)
+    for name in files:
+        (pkg.parents[1] / name).write_text("kernels: []\n")
+    return pkg
+
+
+def test_registry_env_wins_over_everything(tmp_path: Path) -> None:
+    pkg = _layout(tmp_path, "src/kernel_hub", "registry.yaml", "pyproject.toml")
+    loc = registry_location({REGISTRY_ENV: "/x/registry.yaml"}, pkg)
+    assert loc == (Path("/x/registry.yaml"), "$KERNEL_HUB_REGISTRY")
+    assert loc.describe() == "registry: /x/registry.yaml ($KERNEL_HUB_REGISTRY, missing)"
+
+
+def test_a_checkout_reads_its_own_registry(tmp_path: Path) -> None:
+    pkg = _layout(tmp_path, "src/kernel_hub", "registry.yaml", "pyproject.toml")
+    loc = registry_location({}, pkg)
+    assert loc == (tmp_path.resolve() / "registry.yaml", "checkout")
+    assert loc.describe() == f"registry: {tmp_path.resolve() / 'registry.yaml'} (checkout)"
+
+
+@pytest.mark.parametrize("files", [(), ("registry.yaml",), ("pyproject.toml",)])
+def test_an_installed_package_reads_its_embedded_registry(tmp_path: Path, files: tuple[str, ...]) -> None:
+    pkg = _layout(tmp_path, "lib/python3.11/site-packages/kernel_hub", *files)
+    assert registry_location({}, pkg) == (pkg.resolve() / "_embedded" / "registry.yaml", "embedded")
+
+
+def test_a_src_layout_without_registry_or_pyproject_is_not_a_checkout(tmp_path: Path) -> None:
+    pkg = _layout(tmp_path, "src/kernel_hub", "registry.yaml")
+    assert registry_location({}, pkg).origin == "embedded"
+
+
+def test_this_editable_install_reads_the_checkout() -> None:
+    assert registry_location({}) == (ROOT / "registry.yaml", "checkout")
