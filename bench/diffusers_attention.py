@@ -69,15 +69,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--tokens", type=int, default=1024, help="image tokens (default 1024 = 32x32 latents)")
     parser.add_argument("--text-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=None, help="timed runs per method (default 9, quick 3)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed runs per method (default 7, quick 3)")
     parser.add_argument("--quick", action="store_true", help="256 image tokens, 3 repeats")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "diffusers_attention.json")
     args = parser.parse_args(argv)
     tokens = 256 if args.quick else args.tokens
-    repeats = args.repeats or (3 if args.quick else 9)
+    repeats = args.repeats or (3 if args.quick else 7)
     dtype = getattr(torch, args.dtype)
 
-    base, inputs, config = build(tokens, args.text_tokens, dtype, layers=(2, 4))
+    base, inputs, config = build(tokens, args.text_tokens, dtype, layers=(1, 2))
     fa = kh.get_kernel(REPO, framework="torch", backend="cpu")
     models = {BASELINE: base, "kernelized (hub flash attention)": copy.deepcopy(base),
               "routed, torch sdpa as kernel": copy.deepcopy(base)}

@@ -89,35 +89,60 @@ def _dtype_device(module: Any) -> tuple[torch.dtype, torch.device]:
     return (p.dtype, p.device) if p is not None else (torch.float32, torch.device("cpu"))
 
 
-def _validation_call(module: Any, seed: int) -> None:
-    """Run the module on random hidden states of its own widths (no mask: the kernel's main path)."""
+def _validation_call(module: Any, encoder: int | None, seed: int) -> None:
+    """Run the module on random hidden states of its own widths (no mask: the kernel's main path), with
+    encoder states of width `encoder` when given."""
     to_q = getattr(module, "to_q", None)
     if not isinstance(to_q, torch.nn.Linear):
         raise ValueError("no to_q projection to size a validation batch")
     dtype, device = _dtype_device(module)
     g = torch.Generator().manual_seed(seed)  # private generator: the user's RNG stream is untouched
     kwargs = {}
-    enc = encoder_width(module)
-    if enc is not None:
-        kwargs["encoder_hidden_states"] = torch.randn(VALIDATION_BATCH, VALIDATION_ENCODER_TOKENS, enc,
+    if encoder is not None:
+        kwargs["encoder_hidden_states"] = torch.randn(VALIDATION_BATCH, VALIDATION_ENCODER_TOKENS, encoder,
                                                       generator=g).to(device, dtype)
     hidden = torch.randn(VALIDATION_BATCH, VALIDATION_TOKENS, to_q.in_features, generator=g).to(device, dtype)
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         module(hidden, **kwargs)
 
 
-def _backend_name(processor: Any) -> str:
-    backend = getattr(processor, "_attention_backend", None)
-    return str(getattr(backend, "value", backend)) if backend is not None else "the active backend"
+def _validate(module: Any, route: AttentionRoute, seed: int) -> Probe:
+    """Probe the module's calls: first as its projections suggest (encoder_width), then, for processors
+    that always concatenate encoder states (CogVideoX, CogView4, Lumina2 style), with encoder states of
+    the query's width."""
+    first = encoder_width(module)
+    to_q = getattr(module, "to_q", None)
+    tries = [first] + ([to_q.in_features] if first is None and isinstance(to_q, torch.nn.Linear) else [])
+    error = ""
+    for encoder in tries:
+        route.probe = probe = Probe()
+        try:
+            _validation_call(module, encoder, seed)
+        except Exception as exc:  # the module could not run this call: the next try, or kept with the reason
+            error = error or f"validation call failed: {type(exc).__name__}: {exc}"
+            continue
+        finally:
+            route.probe = None
+        return probe
+    return Probe(failure=error)
 
 
-def _keep_reason(module: Any, route: AttentionRoute, probe: Probe, validate: bool, tol: float) -> str:
+def _where_attention_ran(processor: Any) -> str:
+    if not hasattr(processor, "_attention_backend"):
+        return "it computes attention itself, not through Diffusers' dispatcher"
+    backend = processor._attention_backend
+    if backend is None:
+        return "attention backend: the dispatcher's active one"
+    return f"attention backend: {getattr(backend, 'value', backend)}"
+
+
+def _keep_reason(route: AttentionRoute, probe: Probe, validate: bool, tol: float) -> str:
     """Why this module keeps its processor after its validation call ("" if the route stays)."""
     if probe.failure:
         return probe.failure
     if not probe.shapes:
         return (f"{type(route.original).__name__} did not call torch scaled_dot_product_attention "
-                f"(attention backend: {_backend_name(route.original)})")
+                f"({_where_attention_ran(route.original)})")
     err = max(probe.errors)
     if validate and not err <= tol:
         return f"validation failed: max error {err:.2e} > tolerance {tol:.0e}"
@@ -150,17 +175,11 @@ def _kernelize_model(model: Any, prefix: str, kernel: Any, repo_id: str, info: d
             continue
         original = module.processor
         route = AttentionRoute(original, kernel.flash_attention)
-        route.probe = probe = Probe()
         state.routes[path] = route
         module.set_processor(route)
-        try:
-            _validation_call(module, seed=i)
-        except Exception as exc:  # the module could not run a plain call: it keeps its processor
-            probe.failure = probe.failure or f"validation call failed: {type(exc).__name__}: {exc}"
-        finally:
-            route.probe = None
+        probe = _validate(module, route, seed=i)
         tol = tolerance.get(_dtype_device(module)[0], 1e-4)
-        reason = _keep_reason(module, route, probe, validate, tol)
+        reason = _keep_reason(route, probe, validate, tol)
         if reason:
             module.set_processor(original)
             del state.routes[path]

@@ -145,6 +145,20 @@ class _SdpaMode(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+class _SignedCall:
+    """`route.__call__` as Diffusers' signature check sees it: the original processor's parameters."""
+
+    def __init__(self, route: AttentionRoute):
+        self.route = route
+
+    def __call__(self, attn: Any, *args: Any, **kwargs: Any) -> Any:
+        return self.route._run(attn, args, kwargs)
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        return inspect.signature(self.route.original.__call__)
+
+
 class AttentionRoute:
     """Processor installed by kernelize: the module's own processor, its sdpa calls on `flash`.
 
@@ -160,13 +174,9 @@ class AttentionRoute:
         self.calls = 0
         self.fallbacks = 0
         self.last_fallback = ""
-
-        def call(attn: Any, *args: Any, **kwargs: Any) -> Any:
-            return self._run(attn, args, kwargs)
-
-        # Attention modules filter the kwargs they pass by the processor's __call__ signature: keep the original's.
-        call.__signature__ = inspect.signature(original.__call__)  # type: ignore[attr-defined]
-        self.__dict__["__call__"] = call
+        # Attention modules filter the kwargs they pass by `inspect.signature(processor.__call__)`: an instance
+        # attribute wins that lookup (the call itself goes through the class's __call__).
+        self.__dict__["__call__"] = _SignedCall(self)
 
     def __call__(self, attn: Any, *args: Any, **kwargs: Any) -> Any:
         return self._run(attn, args, kwargs)
