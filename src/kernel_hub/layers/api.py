@@ -144,6 +144,15 @@ def validate_layer(
     return max(errors)
 
 
+def kernel_info(kernel: Any, device: torch.device, default: str) -> dict[str, Any]:
+    """version / commit / variant / implementation of a loaded kernel, for its report rows."""
+    hub = getattr(kernel, "__kernel_hub__", None)
+    return {"version": getattr(hub, "version", None) or getattr(kernel, "__version__", None),
+            "commit": getattr(hub, "commit", None) or str(getattr(hub, "path", "") or "") or None,
+            "variant": getattr(hub, "variant", None),
+            "implementation": _describe_impl(kernel, device, default)}
+
+
 def _describe_impl(kernel: Any, device: torch.device, default: str = "ragged_dot") -> str:
     for name in ("describe", "implementation_for"):
         fn = getattr(kernel, name, None)
@@ -188,6 +197,10 @@ def kernelize(
     """
     if mode not in MODES:
         raise KernelHubError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    from .diffusers import is_diffusers_object, kernelize_diffusers
+
+    if is_diffusers_object(model):  # Diffusers models and pipelines: attention through the processor API
+        return kernelize_diffusers(model, mode=mode, device=device, mapping=mapping, validate=validate)
     if not hasattr(model, "named_modules"):
         raise KernelHubError(f"kernelize wants a torch.nn.Module, got {type(model).__name__}")
     backend, dev = _backend_of(model, device)
@@ -241,11 +254,7 @@ def _kernelize_attention(model, spec, backend, dev, mode, validate, state: _Stat
     if kernel is None:
         report.notes.append(f"attention unchanged: {reason}")
         return
-    hub = getattr(kernel, "__kernel_hub__", None)
-    info = {"version": getattr(hub, "version", None) or getattr(kernel, "__version__", None),
-            "commit": getattr(hub, "commit", None) or str(getattr(hub, "path", "") or "") or None,
-            "variant": getattr(hub, "variant", None),
-            "implementation": _describe_impl(kernel, dev, "flash_attention")}
+    info = kernel_info(kernel, dev, "flash_attention")
     kernelize_attention(model, kernel, repo_id, device=dev, validate=validate, tolerance=TOLERANCE, info=info,
                         state=state.attention, report=report)
     if mode == "training" and state.attention.paths:
@@ -324,6 +333,10 @@ def _apply(model, sites, kernel, repo_id, dev, mode, validate, state: _State, re
 
 def restore(model: Any) -> bool:
     """Put back exactly what `model` ran before kernelize; False if it was not kernelized."""
+    from .diffusers import is_diffusers_object, restore_diffusers
+
+    if is_diffusers_object(model):
+        return restore_diffusers(model)
     state: _State | None = model.__dict__.pop(STATE_ATTR, None)
     if state is None:
         return False

@@ -1,0 +1,137 @@
+"""One forward of a small Flux transformer (random weights, built from a config): Diffusers' default attention
+(torch sdpa through the "native" backend) against the same model after kh.kernelize (the hub's flash
+attention, torch-facing build), and against a model routed through kernelize's processor with torch's own
+sdpa as the "kernel" (what the routing alone costs).
+
+Three copies of one model; each is checked against the default before timing. Runs are interleaved with the
+order rotated each round (kernel_hub.timing.interleaved_samples); the table gives medians with the spread
+(min / max) and the ratio to the default (>1: faster than it); the JSON has every sample and the environment.
+
+  python bench/diffusers_attention.py [--dtype float32|bfloat16] [--repeats N] [--tokens N] [--quick]
+                                      [--out bench/out/diffusers_attention.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import statistics
+import sys
+import types
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+import kernel_hub as kh  # noqa: E402
+from kernel_hub.timing import interleaved_samples  # noqa: E402
+
+BASELINE = "diffusers default (sdpa)"
+REPO = "kernel-hub/flash-attention-tpu"
+
+
+def build(tokens: int, text_tokens: int, dtype: torch.dtype, layers: tuple[int, int]):
+    """A Flux transformer a few blocks deep at a small width (8 heads x 64), and one batch for it."""
+    from diffusers import FluxTransformer2DModel
+
+    torch.manual_seed(0)
+    config = dict(patch_size=1, in_channels=16, num_layers=layers[0], num_single_layers=layers[1],
+                  attention_head_dim=64, num_attention_heads=8, joint_attention_dim=256, pooled_projection_dim=128,
+                  axes_dims_rope=[16, 24, 24])
+    model = FluxTransformer2DModel(**config).to(dtype).eval()
+    g = torch.Generator().manual_seed(1)
+    inputs = dict(hidden_states=torch.randn(1, tokens, 16, generator=g).to(dtype),
+                  encoder_hidden_states=torch.randn(1, text_tokens, 256, generator=g).to(dtype),
+                  pooled_projections=torch.randn(1, 128, generator=g).to(dtype),
+                  timestep=torch.tensor([0.5]).to(dtype), guidance=None,
+                  img_ids=torch.randn(tokens, 3, generator=g), txt_ids=torch.zeros(text_tokens, 3))
+    return model, inputs, config
+
+
+def sdpa_as_kernel(kernel):
+    """A stand-in kernel module whose flash_attention is torch sdpa: times the processor route alone."""
+    def flash_attention(q, k, v, *, causal=False, sm_scale=None, kv_lengths=None, **_):
+        mask = None if kv_lengths is None else (torch.arange(k.shape[2]) < kv_lengths[:, None])[:, None, None]
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                                                scale=sm_scale, enable_gqa=q.shape[1] != k.shape[1])
+
+    return types.SimpleNamespace(flash_attention=flash_attention, __kernel_hub__=kernel.__kernel_hub__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--tokens", type=int, default=1024, help="image tokens (default 1024 = 32x32 latents)")
+    parser.add_argument("--text-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=None, help="timed runs per method (default 7, quick 3)")
+    parser.add_argument("--quick", action="store_true", help="256 image tokens, 3 repeats")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "diffusers_attention.json")
+    args = parser.parse_args(argv)
+    tokens = 256 if args.quick else args.tokens
+    repeats = args.repeats or (3 if args.quick else 7)
+    dtype = getattr(torch, args.dtype)
+
+    base, inputs, config = build(tokens, args.text_tokens, dtype, layers=(1, 2))
+    fa = kh.get_kernel(REPO, framework="torch", backend="cpu")
+    models = {BASELINE: base, "kernelized (hub flash attention)": copy.deepcopy(base),
+              "routed, torch sdpa as kernel": copy.deepcopy(base)}
+    reports = {"kernelized (hub flash attention)": kh.kernelize(models["kernelized (hub flash attention)"]),
+               "routed, torch sdpa as kernel": kh.kernelize(models["routed, torch sdpa as kernel"],
+                                                            mapping={"attention": sdpa_as_kernel(fa)})}
+    print(reports["kernelized (hub flash attention)"])
+
+    def forward(model):
+        def call():
+            with torch.no_grad():
+                return model(**inputs, return_dict=False)[0]
+        return call
+
+    fns = {name: forward(m) for name, m in models.items()}
+    ref = fns[BASELINE]().double()
+    errors = {name: ((fn().double() - ref).abs().max() / ref.abs().max()).item() for name, fn in fns.items()}
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    if any(not e <= tol for e in errors.values()):
+        raise SystemExit(f"a method disagrees with the default beyond {tol:.0e}: {errors}")
+    samples = interleaved_samples(fns, repeats=repeats, warmup=1)
+
+    med = {name: statistics.median(s) for name, s in samples.items()}
+    rows = [("method", "median ms", "min ms", "max ms", "x vs default", "rel. error")]
+    results = []
+    for name, s in samples.items():
+        speed = med[BASELINE] / med[name]
+        rows.append((name, f"{med[name] * 1e3:.1f}", f"{min(s) * 1e3:.1f}", f"{max(s) * 1e3:.1f}", f"{speed:.2f}",
+                     f"{errors[name]:.1e}"))
+        results.append(dict(method=name, median_ms=med[name] * 1e3, samples_ms=[t * 1e3 for t in s],
+                            speedup_vs_default=speed, rel_error_vs_default=errors[name]))
+    seq = tokens + args.text_tokens
+    print(f"\nFlux transformer ({config['num_layers']}+{config['num_single_layers']} blocks, 8 heads x 64), "
+          f"{args.dtype}, batch 1, {tokens} image + {args.text_tokens} text tokens (attention over {seq}); "
+          f"{repeats} interleaved runs")
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+
+    import diffusers
+
+    env = dict(machine=platform.machine(), processor=platform.processor(), cpus=os.cpu_count(),
+               torch_threads=torch.get_num_threads(), python=platform.python_version(), torch=torch.__version__,
+               diffusers=diffusers.__version__, kernel=REPO, kernel_variant=fa.__kernel_hub__.variant,
+               kernel_implementation=fa.describe("cpu"))
+    shape = dict(config=config, dtype=args.dtype, batch=1, image_tokens=tokens, text_tokens=args.text_tokens,
+                 repeats=repeats)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(dict(environment=env, shape=shape, results=results,
+                                        report=json.loads(reports["kernelized (hub flash attention)"].to_json())),
+                                   indent=2))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

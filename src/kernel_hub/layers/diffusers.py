@@ -1,0 +1,295 @@
+"""kernelize / restore for Diffusers: a diffusion transformer's attention on the hub's flash attention.
+
+Flow: a model, or a pipeline's denoiser components (its transformer(s) / UNet) -> every attention module
+(anything with `processor` and `set_processor`) -> install `AttentionRoute` (diffusers_route.py) in probe
+mode -> one validation call of the module on random hidden states of its own widths (plus encoder states
+for joint / cross attention): each sdpa call runs torch's and the kernel on the same q/k/v, keeping
+torch's -> keep the route where the kernel matched within the dtype tolerance, put the original
+processor back (with the reason) where it did not, or where the processor never called sdpa. Any
+exception restores every module before it propagates. `restore` puts each original processor object back.
+
+Nothing here imports diffusers: a Diffusers object is recognised by the modules its classes come from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..errors import KernelHubError
+from .attention import LAYER_KIND
+from .diffusers_route import AttentionRoute, Probe
+from .report import Kept, KernelizeReport, Replaced
+
+#: Where Diffusers keeps denoisers; a pipeline component from one of these gets its attention kernelized.
+DENOISER_MODULES = ("diffusers.models.transformers.", "diffusers.models.unets.")
+VALIDATION_BATCH, VALIDATION_TOKENS, VALIDATION_ENCODER_TOKENS = 2, 24, 7
+
+
+@dataclass
+class DiffusersState:
+    """What restore needs: module path -> installed route (holding the original), kernelized components."""
+
+    routes: dict[str, AttentionRoute] = field(default_factory=dict)
+    components: list[str] = field(default_factory=list)
+
+
+def _class_modules(obj: Any) -> list[str]:
+    return [getattr(c, "__module__", "") or "" for c in type(obj).__mro__]
+
+
+def is_diffusers_object(obj: Any) -> bool:
+    """Is `obj` a Diffusers model or pipeline (or a subclass of one)? Imports nothing."""
+    return any(m == "diffusers" or m.startswith("diffusers.") for m in _class_modules(obj))
+
+
+def is_pipeline(obj: Any) -> bool:
+    return isinstance(getattr(obj, "components", None), dict) and not hasattr(obj, "named_modules")
+
+
+def is_denoiser(obj: Any) -> bool:
+    """A Diffusers transformer / UNet (what a pipeline's attention kernelize touches)."""
+    return hasattr(obj, "named_modules") and any(m.startswith(DENOISER_MODULES) for m in _class_modules(obj))
+
+
+def attention_modules(model: Any) -> list[tuple[str, Any]]:
+    """(path, module) of every Diffusers attention module: those with a processor and set_processor."""
+    return [(p, m) for p, m in model.named_modules()
+            if hasattr(m, "set_processor") and hasattr(m, "processor") and m.processor is not None]
+
+
+def encoder_width(module: Any) -> int | None:
+    """Width of the encoder states the module attends to (joint or cross attention); None: self-attention."""
+    add_k = getattr(module, "add_k_proj", None)
+    if isinstance(add_k, torch.nn.Linear):
+        return add_k.in_features  # joint attention (Flux / SD3 dual-stream): text states of their own width
+    to_q, to_k = getattr(module, "to_q", None), getattr(module, "to_k", None)
+    if isinstance(to_k, torch.nn.Linear) and (
+            getattr(module, "is_cross_attention", False)
+            or (isinstance(to_q, torch.nn.Linear) and to_k.in_features != to_q.in_features)):
+        return to_k.in_features
+    return None
+
+
+def _layout(module: Any, route: AttentionRoute, probe: Probe) -> str:
+    (q, k), kind = probe.shapes[0], "self"
+    if isinstance(getattr(module, "add_k_proj", None), torch.nn.Linear):
+        kind = "joint"
+    elif encoder_width(module) is not None:
+        kind = "cross"
+    heads = f"heads {q[-3]}/{k[-3]}" if len(q) == 4 else f"{q[0]} heads x batch"
+    return f"{type(route.original).__name__}: {kind}, {heads}, d{q[-1]}"
+
+
+def _dtype_device(module: Any) -> tuple[torch.dtype, torch.device]:
+    p = next(module.parameters(), None)
+    return (p.dtype, p.device) if p is not None else (torch.float32, torch.device("cpu"))
+
+
+def _validation_call(module: Any, encoder: int | None, seed: int) -> None:
+    """Run the module on random hidden states of its own widths (no mask: the kernel's main path), with
+    encoder states of width `encoder` when given."""
+    to_q = getattr(module, "to_q", None)
+    if not isinstance(to_q, torch.nn.Linear):
+        raise ValueError("no to_q projection to size a validation batch")
+    dtype, device = _dtype_device(module)
+    g = torch.Generator().manual_seed(seed)  # private generator: the user's RNG stream is untouched
+    kwargs = {}
+    if encoder is not None:
+        kwargs["encoder_hidden_states"] = torch.randn(VALIDATION_BATCH, VALIDATION_ENCODER_TOKENS, encoder,
+                                                      generator=g).to(device, dtype)
+    hidden = torch.randn(VALIDATION_BATCH, VALIDATION_TOKENS, to_q.in_features, generator=g).to(device, dtype)
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        module(hidden, **kwargs)
+
+
+def _validate(module: Any, route: AttentionRoute, seed: int) -> Probe:
+    """Probe the module's calls: first as its projections suggest (encoder_width), then, for processors
+    that always concatenate encoder states (CogVideoX, CogView4, Lumina2 style), with encoder states of
+    the query's width."""
+    first = encoder_width(module)
+    to_q = getattr(module, "to_q", None)
+    tries = [first] + ([to_q.in_features] if first is None and isinstance(to_q, torch.nn.Linear) else [])
+    error = ""
+    for encoder in tries:
+        route.probe = probe = Probe()
+        try:
+            _validation_call(module, encoder, seed)
+        except Exception as exc:  # the module could not run this call: the next try, or kept with the reason
+            error = error or f"validation call failed: {type(exc).__name__}: {exc}"
+            continue
+        finally:
+            route.probe = None
+        return probe
+    return Probe(failure=error)
+
+
+def _where_attention_ran(processor: Any) -> str:
+    if not hasattr(processor, "_attention_backend"):
+        return "it computes attention itself, not through Diffusers' dispatcher"
+    backend = processor._attention_backend
+    if backend is None:
+        return "attention backend: the dispatcher's active one"
+    return f"attention backend: {getattr(backend, 'value', backend)}"
+
+
+def _keep_reason(route: AttentionRoute, probe: Probe, validate: bool, tol: float) -> str:
+    """Why this module keeps its processor after its validation call ("" if the route stays)."""
+    if probe.failure:
+        return probe.failure
+    if not probe.shapes:
+        return (f"{type(route.original).__name__} did not call torch scaled_dot_product_attention "
+                f"({_where_attention_ran(route.original)})")
+    err = max(probe.errors)
+    if validate and not err <= tol:
+        return f"validation failed: max error {err:.2e} > tolerance {tol:.0e}"
+    return ""
+
+
+def _static_reason(module: Any) -> str:
+    """Modules kernelize leaves alone before trying them."""
+    processor = module.processor
+    if isinstance(processor, AttentionRoute):
+        return "already routed by another kernelize"
+    if isinstance(processor, torch.nn.Module):
+        return f"{type(processor).__name__} holds weights (a torch module): left in place"
+    if getattr(processor, "_parallel_config", None) is not None:
+        return "context parallelism is enabled on this processor"
+    return ""
+
+
+def _kernelize_model(model: Any, prefix: str, kernel: Any, repo_id: str, info: dict[str, Any], *,
+                     validate: bool, tolerance: dict, state: DiffusersState, report: KernelizeReport) -> None:
+    found = attention_modules(model)
+    if not found:
+        report.notes.append(f"{prefix or type(model).__name__}: no Diffusers attention module found")
+        return
+    for i, (path, module) in enumerate(found):
+        name = f"{prefix}.{path}" if prefix else path
+        reason = _static_reason(module)
+        if reason:
+            report.kept.append(Kept(name, LAYER_KIND, reason))
+            continue
+        original = module.processor
+        route = AttentionRoute(original, kernel.flash_attention)
+        state.routes[path] = route
+        module.set_processor(route)
+        probe = _validate(module, route, seed=i)
+        tol = tolerance.get(_dtype_device(module)[0], 1e-4)
+        reason = _keep_reason(route, probe, validate, tol)
+        if reason:
+            module.set_processor(original)
+            del state.routes[path]
+            report.kept.append(Kept(name, LAYER_KIND, reason))
+            continue
+        report.replaced.append(Replaced(
+            layer=name, kind=LAYER_KIND, repo_id=repo_id, version=info["version"], commit=info["commit"],
+            variant=info["variant"], implementation=info["implementation"], route="processor",
+            layout=_layout(module, route, probe), max_error=max(probe.errors) if validate else None,
+            tolerance=tol if validate else None))
+
+
+def _components(pipeline: Any, report: KernelizeReport) -> list[tuple[str, Any]]:
+    """The pipeline's denoisers; the other components are named in a note."""
+    picked, others = [], []
+    for name, comp in pipeline.components.items():
+        if comp is None:
+            continue
+        (picked if is_denoiser(comp) else others).append((name, comp))
+    if others:
+        report.notes.append("untouched components (kernelize swaps the denoiser's attention): "
+                            + ", ".join(f"{n} ({type(c).__name__})" for n, c in others))
+    return picked
+
+
+def kernelize_diffusers(obj: Any, *, mode: str, device: Any, mapping: dict[str, Any] | None,
+                        validate: bool) -> KernelizeReport:
+    """kernelize for a Diffusers model or pipeline (layers.api.kernelize hands these over after its mode check)."""
+    from . import api
+
+    pipeline = is_pipeline(obj)
+    if not pipeline and not hasattr(obj, "named_modules"):
+        raise KernelHubError(f"kernelize wants a Diffusers model or pipeline, got {type(obj).__name__}")
+    report = KernelizeReport(model=type(obj).__name__, mode=mode, backend="cpu")
+    models = _components(obj, report) if pipeline else [("", obj)]
+    if models:
+        report.backend, dev = api._backend_of(models[0][1], device)
+    spec = api._kernel_spec(mapping, report.backend)[LAYER_KIND]  # raises on a bad mapping before any change
+    if not models:
+        report.notes.append(f"{type(obj).__name__} has no Diffusers transformer or UNet component")
+        return report
+    restore_diffusers(obj)
+    kernel, repo_id, reason = api._load_or_reason(spec, LAYER_KIND, report.backend)
+    if kernel is None:
+        report.notes.append(f"attention unchanged: {reason}")
+        return report
+    info = api.kernel_info(kernel, dev, "flash_attention")
+    state = obj.__dict__[api.STATE_ATTR] = DiffusersState()
+    try:
+        for name, model in models:
+            target = state
+            if pipeline:  # each component carries its own state, so restore(component) works too
+                restore_diffusers(model)
+                target = model.__dict__[api.STATE_ATTR] = DiffusersState()
+                state.components.append(name)
+            _kernelize_model(model, name, kernel, repo_id, info, validate=validate, tolerance=api.TOLERANCE,
+                             state=target, report=report)
+            if pipeline and not target.routes:
+                model.__dict__.pop(api.STATE_ATTR, None)
+                state.components.remove(name)
+    except BaseException:
+        restore_diffusers(obj)
+        raise
+    if not state.routes and not state.components:
+        obj.__dict__.pop(api.STATE_ATTR, None)
+    if report.replaced:
+        report.notes.append("attention processors wrapped (Diffusers processor API): each runs its own processor "
+                            "with its scaled_dot_product_attention calls on the kernel; calls it cannot express "
+                            "(masks other than key padding, dropout, ...) run torch's")
+    if mode == "training" and report.replaced:
+        report.notes.append("attention validated on the forward pass (its backward is the kernel's autograd)")
+    return report
+
+
+def is_kernelized(obj: Any) -> bool:
+    from .api import STATE_ATTR
+
+    return STATE_ATTR in getattr(obj, "__dict__", {})
+
+
+def restore_diffusers(obj: Any) -> bool:
+    """Put every original processor object back (and a pipeline's components); False if not kernelized."""
+    from .api import STATE_ATTR
+
+    state: DiffusersState | None = obj.__dict__.pop(STATE_ATTR, None)
+    if state is None:
+        return False
+    for name in state.components:
+        with contextlib.suppress(KeyError, AttributeError):
+            restore_diffusers(obj.components[name])
+    for path, route in state.routes.items():
+        try:
+            module = obj.get_submodule(path)
+        except AttributeError:
+            continue
+        if module.processor is route:  # a processor the user set since is left alone
+            module.set_processor(route.original)
+    return True
+
+
+def fallbacks(obj: Any) -> dict[str, tuple[int, int, str]]:
+    """layer -> (calls the kernel served, calls that ran torch's sdpa, why the last one did), for every
+    routed layer of a kernelized model or pipeline."""
+    from .api import STATE_ATTR
+
+    state: DiffusersState | None = getattr(obj, "__dict__", {}).get(STATE_ATTR)
+    if state is None:
+        return {}
+    out: dict[str, tuple[int, int, str]] = {}
+    for name in state.components:
+        out.update({f"{name}.{k}": v for k, v in fallbacks(obj.components[name]).items()})
+    out.update({p: (r.calls, r.fallbacks, r.last_fallback) for p, r in state.routes.items()})
+    return out

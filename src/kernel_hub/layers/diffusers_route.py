@@ -1,0 +1,242 @@
+"""The attention processor kernelize installs on a Diffusers attention module, and the pure decision that
+turns one `scaled_dot_product_attention` call into kernel arguments.
+
+Why a wrapping processor: Diffusers' dispatcher registry is keyed by the closed enum `AttentionBackendName`
+and `set_attention_backend` refuses any other name, so a new backend cannot be registered without patching
+Diffusers; and SD3-style processors call `F.scaled_dot_product_attention` directly, past the dispatcher.
+So kernelize uses the processor API (`module.set_processor`): `AttentionRoute` runs the module's own
+processor unchanged (projections, norms, rotary, joint concatenation, output split) inside a torch function
+mode that hands its `scaled_dot_product_attention` calls (what Diffusers' default "native" backend and the
+SD3-style processors call, q/k/v [B, H, S, D]) to the kernel. A call the kernel cannot express runs torch's
+own with the same arguments. No Diffusers class is edited; restore puts the original processor object back.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from .api import _rel_error
+
+SDPA = torch.nn.functional.scaled_dot_product_attention
+_SDPA_SIGNATURE = inspect.Signature([
+    inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default)
+    for name, default in (("query", inspect.Parameter.empty), ("key", inspect.Parameter.empty),
+                          ("value", inspect.Parameter.empty), ("attn_mask", None), ("dropout_p", 0.0),
+                          ("is_causal", False), ("scale", None), ("enable_gqa", False))
+])
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Kernel arguments for one call; `batched=False` means 3-D q/k/v ([N, S, D], run as [1, N, S, D])."""
+
+    causal: bool
+    scale: float | None
+    kv_lengths: torch.Tensor | None = None  # [B] keys each sequence attends (a prefix); None: all
+    batched: bool = True
+
+
+def _key_lengths(mask: torch.Tensor, b: int, h: int, sq: int, skv: int) -> tuple[torch.Tensor | None, str]:
+    """Per-sequence key count for a mask that only drops a tail of keys (same for every head and query
+    row), or None and why the kernel cannot express it."""
+    if mask.dtype == torch.bool:
+        keep = mask
+    elif mask.dtype.is_floating_point:
+        keep = mask == 0
+        dropped = mask <= torch.finfo(mask.dtype).min / 2  # includes -inf
+        if not bool((keep | dropped).all()):
+            return None, "additive mask with bias values"
+    else:
+        return None, f"{mask.dtype} attention mask"
+    if keep.dim() > 4:
+        return None, f"{keep.dim()}-D attention mask"
+    keep = keep.reshape((1,) * (4 - keep.dim()) + tuple(keep.shape))
+    try:
+        keep = keep.expand(b, h, sq, skv)
+    except RuntimeError:
+        return None, f"mask {tuple(mask.shape)} does not broadcast to attention ({b}, {h}, {sq}, {skv})"
+    keys = keep[:, 0, 0, :]
+    if not bool((keep == keys[:, None, None, :]).all()):
+        return None, "mask differs across heads or query rows (not a key-padding mask)"
+    lengths = keys.sum(-1)
+    prefix = torch.arange(skv, device=keys.device)[None, :] < lengths[:, None]
+    if not bool((keys == prefix).all()):
+        return None, "mask keeps keys that are not a prefix of the sequence"
+    if not bool((lengths > 0).all()):
+        return None, "a sequence with no key to attend (sdpa gives NaN there)"
+    if bool((lengths == skv).all()):
+        return None, ""
+    return lengths.to(torch.int32), ""
+
+
+def plan_sdpa(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any = None, dropout_p: float = 0.0,
+    is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
+) -> tuple[Plan | None, str]:
+    """Pure decision for one `scaled_dot_product_attention` call: (kernel plan, "") or (None, why torch's
+    own runs). The kernel computes exactly what sdpa would on every row where it runs."""
+    if dropout_p:
+        return None, "attention dropout"
+    if not all(isinstance(t, torch.Tensor) for t in (query, key, value)):
+        return None, "q/k/v are not tensors"
+    if query.dim() not in (3, 4) or key.dim() != query.dim() or value.dim() != query.dim():
+        return None, f"{query.dim()}-D query with {key.dim()}-D key"
+    if not query.dtype.is_floating_point or not (query.dtype == key.dtype == value.dtype):
+        return None, f"q/k/v dtypes {query.dtype}/{key.dtype}/{value.dtype}"
+    if value.shape[-1] != query.shape[-1] or key.shape[-1] != query.shape[-1]:
+        return None, "value head size differs from the query/key head size"
+    if key.shape[:-1] != value.shape[:-1]:
+        return None, "key and value shapes differ"
+    batched = query.dim() == 4
+    q_shape = tuple(query.shape) if batched else (1, *query.shape)
+    k_shape = tuple(key.shape) if batched else (1, *key.shape)
+    (b, hq, sq, _), (bk, hkv, skv, _) = q_shape, k_shape
+    if b != bk:
+        return None, f"query batch {b} and key batch {bk} differ"
+    if hq != hkv and not (enable_gqa and hkv and hq % hkv == 0):
+        return None, f"{hq} query heads over {hkv} key heads without enable_gqa"
+    if is_causal and (attn_mask is not None or sq != skv):
+        return None, "causal with a mask or fewer queries than keys (sdpa aligns top-left, the kernel bottom-right)"
+    lengths = None
+    if attn_mask is not None:
+        if not isinstance(attn_mask, torch.Tensor):
+            return None, f"{type(attn_mask).__name__} attention mask"
+        lengths, why = _key_lengths(attn_mask, b, hq, sq, skv)
+        if why:
+            return None, why
+    return Plan(causal=bool(is_causal), scale=None if scale is None else float(scale), kv_lengths=lengths,
+                batched=batched), ""
+
+
+def run_plan(flash: Callable[..., torch.Tensor], plan: Plan, query, key, value) -> torch.Tensor:
+    """The kernel on one call under `plan`, in sdpa's output layout."""
+    if not plan.batched:
+        query, key, value = query[None], key[None], value[None]
+    out = flash(query, key, value, causal=plan.causal, sm_scale=plan.scale, kv_lengths=plan.kv_lengths)
+    return out if plan.batched else out[0]
+
+
+@dataclass
+class Probe:
+    """Validation: each call runs torch's sdpa and the kernel on the same arguments, records the error and
+    returns torch's result (so validation never changes what the module computes)."""
+
+    errors: list[float] = field(default_factory=list)
+    failure: str = ""
+    shapes: list[tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)  # (q, k) per call
+
+
+class _SdpaMode(TorchFunctionMode):
+    """Routes `scaled_dot_product_attention` to `handler(args, kwargs)`; every other torch call runs as is."""
+
+    def __init__(self, handler: Callable[[tuple, dict], torch.Tensor]):
+        super().__init__()
+        self._handler = handler
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is SDPA:
+            return self._handler(args, kwargs or {})
+        return func(*args, **(kwargs or {}))
+
+
+class _SignedCall:
+    """`route.__call__` as Diffusers' signature check sees it: the original processor's parameters."""
+
+    def __init__(self, route: AttentionRoute):
+        self.route = route
+
+    def __call__(self, attn: Any, *args: Any, **kwargs: Any) -> Any:
+        return self.route._run(attn, args, kwargs)
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        return inspect.signature(self.route.original.__call__)
+
+
+class AttentionRoute:
+    """Processor installed by kernelize: the module's own processor, its sdpa calls on `flash`.
+
+    `calls` counts calls the kernel served, `fallbacks` those that ran torch's sdpa (`last_fallback` says
+    why). Attribute reads it does not own, and Diffusers' `_attention_backend` / `_parallel_config`
+    writes, go to the original processor, so `set_attention_backend` and context-parallel set-up still
+    reach it."""
+
+    def __init__(self, original: Any, flash: Callable[..., torch.Tensor]):
+        self.original = original
+        self.flash = flash
+        self.probe: Probe | None = None
+        self.calls = 0
+        self.fallbacks = 0
+        self.last_fallback = ""
+        # Attention modules filter the kwargs they pass by `inspect.signature(processor.__call__)`: an instance
+        # attribute wins that lookup (the call itself goes through the class's __call__).
+        self.__dict__["__call__"] = _SignedCall(self)
+
+    def __call__(self, attn: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._run(attn, args, kwargs)
+
+    def _run(self, attn: Any, args: tuple, kwargs: dict) -> Any:
+        with _SdpaMode(self._sdpa):
+            return self.original(attn, *args, **kwargs)
+
+    def _sdpa(self, args: tuple, kwargs: dict) -> torch.Tensor:
+        try:
+            bound = _SDPA_SIGNATURE.bind(*args, **kwargs)
+        except TypeError as exc:  # an sdpa argument this decision does not know
+            plan, why = None, f"sdpa arguments: {exc}"
+        else:
+            bound.apply_defaults()
+            plan, why = plan_sdpa(**bound.arguments)
+        probe = self.probe
+        if probe is not None:
+            ref = SDPA(*args, **kwargs)
+            if plan is None:
+                probe.failure = probe.failure or f"validation call fell back: {why}"
+                return ref
+            q, k = bound.arguments["query"], bound.arguments["key"]
+            probe.shapes.append((tuple(q.shape), tuple(k.shape)))
+            try:
+                out = run_plan(self.flash, plan, q, k, bound.arguments["value"])
+            except Exception as exc:  # kernelize keeps the layer with this reason
+                probe.failure = probe.failure or f"kernel raised in validation: {type(exc).__name__}: {exc}"
+                return ref
+            probe.errors.append(_rel_error(out, ref))
+            return ref
+        if plan is None:
+            self.fallbacks += 1
+            self.last_fallback = why
+            return SDPA(*args, **kwargs)
+        self.calls += 1
+        return run_plan(self.flash, plan, bound.arguments["query"], bound.arguments["key"], bound.arguments["value"])
+
+    # Diffusers sets these on every attention processor (set_attention_backend, enable_parallelism).
+    @property
+    def _attention_backend(self) -> Any:
+        return getattr(self.original, "_attention_backend", None)
+
+    @_attention_backend.setter
+    def _attention_backend(self, value: Any) -> None:
+        self.original._attention_backend = value
+
+    @property
+    def _parallel_config(self) -> Any:
+        return getattr(self.original, "_parallel_config", None)
+
+    @_parallel_config.setter
+    def _parallel_config(self, value: Any) -> None:
+        self.original._parallel_config = value
+
+    def __getattr__(self, name: str) -> Any:
+        original = self.__dict__.get("original")
+        if original is None or name.startswith("__"):  # unpickling / copying: no original yet
+            raise AttributeError(name)
+        return getattr(original, name)
+
+    def __repr__(self) -> str:
+        return f"AttentionRoute({self.original!r})"
