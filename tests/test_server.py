@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import urllib.error
@@ -233,7 +234,8 @@ def test_server_without_token_is_read_only(tmp_path: Path) -> None:
     ("args", "message"),
     [
         (["--host", "0.0.0.0"], "refusing to serve on non-loopback host"),
-        (["--port", "0"], "--port must be in 1..65535"),
+        (["--port", "70000"], "--port must be in 0..65535"),
+        (["--read-token-required"], "--read-token-required needs --token"),
     ],
 )
 def test_serve_cli_refuses_bad_input_in_one_line(tmp_path: Path, args: list[str], message: str) -> None:
@@ -242,6 +244,14 @@ def test_serve_cli_refuses_bad_input_in_one_line(tmp_path: Path, args: list[str]
     assert proc.returncode == 1
     assert message in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("args", "message"), [(["--max-commit-size", "lots"], "not a size"),
+                                               (["--header-timeout", "0"], "not a number of seconds")])
+def test_serve_cli_refuses_bad_limits(tmp_path: Path, args: list[str], message: str) -> None:
+    proc = subprocess.run([*cli_command(), "serve", "--store", str(tmp_path / "s"), *args],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and message in proc.stderr
 
 
 def test_serve_cli_port_in_use_is_one_line(tmp_path: Path) -> None:
@@ -253,5 +263,20 @@ def test_serve_cli_port_in_use_is_one_line(tmp_path: Path) -> None:
         busy.listen()
         proc = subprocess.run([*cli_command(), "serve", "--store", str(tmp_path / "s"), "--port", str(port)],
                               capture_output=True, text=True, timeout=60)
-    assert proc.returncode != 0
-    assert f"127.0.0.1:{port}" in proc.stderr + proc.stdout
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"127.0.0.1:{port}" in lines[0] and "in use" in lines[0], proc.stderr
+
+
+def test_serve_cli_port_zero_picks_a_free_port_and_prints_its_url(tmp_path: Path) -> None:
+    proc = subprocess.Popen([*cli_command(), "serve", "--store", str(tmp_path / "s"), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = proc.stdout.readline()
+        url = re.search(r" at (http://127\.0\.0\.1:(\d+)) ", line)
+        assert url and int(url.group(2)) > 0, line
+        with urllib.request.urlopen(f"{url.group(1)}/api/agent-harnesses", timeout=20) as resp:
+            assert json.load(resp) == {"standardEnvVars": [], "harnesses": {}}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
