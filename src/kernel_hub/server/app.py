@@ -23,15 +23,15 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 from typing import IO, Any
 from urllib.parse import unquote, urlencode
 
 from pydantic import Field
-from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route as StarletteRoute
+from starlette.types import Receive, Scope, Send
 
 from . import checks, payloads
 from .errors import HubError, error_response, from_error
@@ -475,10 +475,33 @@ def _segments(request: Request) -> tuple[list[str], str]:
     return [unquote(s) for s in raw_path.split("/") if s], raw_path
 
 
+class HubASGI:
+    """The ASGI app: every HTTP request goes to one dispatcher. No path pattern routes it first: a
+    pattern's `.*` stops at a newline, and a path holding one would get a bare 404 instead of the Hub's."""
+
+    def __init__(self, state: ServerState, dispatch: Callable[[Request], Any]):
+        self.state = SimpleNamespace(hub=state)
+        self._dispatch = dispatch
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        response = await self._dispatch(Request(scope, receive))
+        await response(scope, receive, send)
+
+
 def build_app(store: Path | GitStore, token: str | None = None, read_token_required: bool = False,
               trusted_orgs: Sequence[str] | None = None, test_hooks: bool = False,
-              limits: Limits | None = None, request_log_size: int = 10_000) -> Starlette:
-    """The Starlette app over `store`.
+              limits: Limits | None = None, request_log_size: int = 10_000) -> HubASGI:
+    """The ASGI app over `store`.
 
     trusted_orgs: organisations reported as trusted kernel publishers (what HF `kernels` asks before
     loading). None trusts every namespace in the store: only the token holder can publish there.
@@ -518,16 +541,16 @@ def build_app(store: Path | GitStore, token: str | None = None, read_token_requi
                     call.body.close()
         except HubError as exc:
             response = from_error(exc)
+        except Exception as exc:  # a bug: one line to the client, the trace to the log
+            log.exception("unhandled error for %s %s", method, raw_path)
+            response = error_response(500, f"internal error: {type(exc).__name__}: {exc}")
         if unread:  # answered without reading the body: close rather than read or keep it
             response.headers["Connection"] = "close"
         if counted:
             state.record(method, path, response.status_code)
         return response
 
-    methods = ["GET", "HEAD", "POST", "DELETE", "PUT", "PATCH", "OPTIONS"]
-    app = Starlette(routes=[StarletteRoute("/{rest:path}", dispatch, methods=methods)])
-    app.state.hub = state
-    return app
+    return HubASGI(state, dispatch)
 
 
 def _guarded(handler: Callable[[Call], Response], call: Call) -> Response:

@@ -130,11 +130,15 @@ def load_form(raw: bytes) -> dict[str, Any]:
 
 
 def decode_base64(content: str, path: str) -> bytes:
-    """Strict base64 (alphabet and padding); anything else is a 400, never an empty file."""
+    """Canonical base64, as every client encodes it (alphabet, padding, no trailing bits or junk); anything
+    else is a 400, never a file silently shorter than what was sent (or empty)."""
     try:
-        return binascii.a2b_base64(content.encode("ascii"), strict_mode=True)
+        data = binascii.a2b_base64(content.encode("ascii"), strict_mode=True)
     except (ValueError, binascii.Error):
-        raise HubError(400, f"content of {path} is not valid base64") from None
+        data = None
+    if data is None or binascii.b2a_base64(data, newline=False) != content.encode("ascii"):
+        raise HubError(400, f"content of {path} is not valid base64")
+    return data
 
 
 @dataclass

@@ -165,32 +165,41 @@ def reset_peak_memory(pid: int) -> None:
 
 
 def post_unread_body(url: str, path: str, size: int, headers: dict[str, str] | None = None,
-                     timeout: float = 20.0) -> tuple[int | None, int]:
+                     chunked: bool = False, timeout: float = 20.0) -> tuple[int | None, int]:
     """POST a `size`-byte body to `path` as fast as the server takes it, stopping once it answers.
 
     -> (the status the server answered, or None; how many body bytes it took before that). A server that
     refuses from the headers answers after a few buffers; one that reads the body first takes it all.
+    chunked: send it with Transfer-Encoding: chunked (1 MiB chunks) instead of a Content-Length.
     """
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    length = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {size}"
     head = [f"POST {path} HTTP/1.1", f"Host: {host}:{port}", "Content-Type: application/octet-stream",
-            f"Content-Length: {size}", *(f"{k}: {v}" for k, v in (headers or {}).items())]
+            length, *(f"{k}: {v}" for k, v in (headers or {}).items())]
     block = b"0" * (1 << 20)
     sent, answer = 0, b""
     with socket.create_connection((host, port), timeout=timeout) as sock:
         try:
             sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode())
-            while sent < size and not answer:
-                if select.select([sock], [], [], 0)[0]:
-                    answer = sock.recv(65536) or b"closed"
-                    break
-                sent += sock.send(block[: min(len(block), size - sent)])
-            while not answer.startswith(b"closed") and b"\r\n" not in answer:
+            while sent < size and not select.select([sock], [], [], 0)[0]:
+                piece = block[: min(len(block), size - sent)]
+                if chunked:
+                    sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+                    sent += len(piece)
+                else:
+                    sent += sock.send(piece)
+            if chunked and sent >= size:
+                sock.sendall(b"0\r\n\r\n")
+        except OSError:  # reset or broken pipe: the server closed without taking the body; its answer waits
+            pass
+        try:
+            while b"\r\n" not in answer:
                 more = sock.recv(65536)
                 if not more:
                     break
                 answer += more
-        except OSError:  # reset or broken pipe: the server closed without taking the body
+        except OSError:
             pass
     found = re.match(rb"HTTP/1\.[01] (\d{3}) ", answer)
     return (int(found.group(1)) if found else None), sent
