@@ -24,7 +24,13 @@ from huggingface_hub.errors import (  # noqa: E402
     RevisionNotFoundError,
 )
 
-from kernel_hub.server.testing import cli_command, free_port, hub_env, running_server  # noqa: E402
+from kernel_hub.server.testing import (  # noqa: E402
+    cli_command,
+    free_port,
+    hf_kernels_toy,
+    hub_env,
+    running_server,
+)
 
 TOKEN = "test-token"
 
@@ -40,22 +46,6 @@ def api(server) -> HfApi:
     return HfApi(endpoint=server.url, token=TOKEN)
 
 
-def _toy_variant(root: Path, body: str = "return torch.clamp(x, min=0)") -> Path:
-    """A tiny HF-kernels build: build/torch-cpu/{metadata.json, relu/...} with a real digest."""
-    from kernels._rust import Digest, DigestAlgorithm
-
-    variant = root / "build" / "torch-cpu"
-    (variant / "relu").mkdir(parents=True)
-    (variant / "relu" / "__init__.py").write_text("from ._ops import relu\n__all__ = ['relu']\n")
-    (variant / "relu" / "_ops.py").write_text(f"import torch\n\n\ndef relu(x):\n    {body}\n")
-    digest = Digest.hash_variant(DigestAlgorithm.SHA256, variant)
-    meta = {"name": "relu", "id": "relu_torch_cpu_test", "version": 1, "backend": {"type": "cpu"},
-            "python-depends": [], "license": "Apache-2.0",
-            "digest": {"algorithm": "sha256", "files": digest.files}}
-    (variant / "metadata.json").write_text(json.dumps(meta))
-    return root
-
-
 def _git(store: Path, repo: str, *args: str) -> str:
     git_dir = store / "kernels" / f"{repo}.git"
     return subprocess.run(["git", "--git-dir", str(git_dir), *args], capture_output=True, text=True,
@@ -66,7 +56,7 @@ def test_upload_refs_tree_and_download_roundtrip(server, api: HfApi, tmp_path: P
     repo = "acme/relu"
     url = api.create_repo(repo, repo_type="kernel")
     assert url.endswith("/kernels/acme/relu")
-    folder = _toy_variant(tmp_path / "src")
+    folder = hf_kernels_toy(tmp_path / "src")
     commit = api.upload_folder(repo_id=repo, repo_type="kernel", folder_path=folder, commit_message="v1").oid
     api.create_tag(repo, tag="v1.0.0", repo_type="kernel", revision=commit)
     api.create_branch(repo, branch="v1", repo_type="kernel", revision=commit)
@@ -175,7 +165,7 @@ def test_branches_move_tags_do_not(server, api: HfApi) -> None:
 def test_same_content_makes_no_new_commit(server, api: HfApi, tmp_path: Path) -> None:
     repo = "acme/noop"
     api.create_repo(repo, repo_type="kernel")
-    folder = _toy_variant(tmp_path / "src")
+    folder = hf_kernels_toy(tmp_path / "src")
     one = api.upload_folder(repo_id=repo, repo_type="kernel", folder_path=folder).oid
     two = api.upload_folder(repo_id=repo, repo_type="kernel", folder_path=folder).oid
     assert one == two
@@ -195,7 +185,7 @@ def test_hf_kernels_get_kernel_loads_from_the_store(server, api: HfApi, tmp_path
     pytest.importorskip("kernels")
     repo = "acme/relu-hf"
     api.create_repo(repo, repo_type="kernel")
-    commit = api.upload_folder(repo_id=repo, repo_type="kernel", folder_path=_toy_variant(tmp_path / "s")).oid
+    commit = api.upload_folder(repo_id=repo, repo_type="kernel", folder_path=hf_kernels_toy(tmp_path / "s")).oid
     api.create_branch(repo, branch="v1", revision=commit, repo_type="kernel")
     server.reset()
     script = (

@@ -363,7 +363,7 @@ def test_list_repo_commits_pages_through_a_long_history(server, api: HfApi) -> N
     repo = "acme/history"
     api.create_repo(repo, repo_type="kernel")
     git = GitStore(server.store).get("kernel", repo)  # 55 commits straight into the store: fast
-    oids = [git.commit_changes("main", f"c{i}", "", [("n.txt", str(i).encode())], [], [], None)[0]
+    oids = [git.commit_changes("main", f"c{i}", "", [("n.txt", git.add_blob(str(i).encode()))], [], [], None)[0]
             for i in range(55)]
     commits = api.list_repo_commits(repo, repo_type="kernel")  # 56 > one page of 50: follows the Link header
     assert [c.commit_id for c in commits[:55]] == oids[::-1]

@@ -417,7 +417,7 @@ class HubApp:
         if _flag(call.query.get("create_pr")):
             raise HubError(400, "pull requests are not supported by this store")
         branch = checks.ref_name(revision, "branch")
-        request = payloads.parse_commit(call.lines())
+        request = payloads.parse_commit(call.lines(), repo.add_blob)
         header = request.header
         with repo.write_lock:
             oid, _ = repo.commit_changes(branch, header.summary, header.description, request.files,

@@ -225,11 +225,20 @@ class GitRepo:
         """A seekable plain file with the blob's content."""
         return self.blobs.path(oid)
 
-    # -- writes (callers hold write_lock) -------------------------------------------------------
+    # -- writes (callers hold write_lock, except for add_blob) ----------------------------------
+    def add_blob(self, data: bytes) -> str:
+        """Store one file's content (a loose object) -> its git id. A commit that then fails leaves an
+        unreferenced object, which `git gc` prunes."""
+        blob = Blob.from_string(data)
+        with self._open() as repo:
+            repo.object_store.add_object(blob)
+        return blob.id.decode()
+
     def commit_changes(self, branch: str, message: str, description: str,
-                       files: Iterable[tuple[str, bytes]], deleted_files: Iterable[str],
+                       files: Iterable[tuple[str, str]], deleted_files: Iterable[str],
                        deleted_folders: Iterable[str], parent: str | None) -> tuple[str, bool]:
-        """Apply deletions, then additions, on top of `branch` as one commit -> (commit id, changed).
+        """Apply deletions, then additions (path, blob id from add_blob), on top of `branch` as one
+        commit -> (commit id, changed).
 
         The new tree is built from the head's file list (no index, no work tree); the branch then moves
         by compare-and-swap, so a concurrent writer gets a 409 instead of losing a commit.
@@ -258,12 +267,12 @@ class GitRepo:
                 if name not in flat:
                     raise not_found("EntryNotFound", f"A file with this name doesn't exist: {name}")
                 del flat[name]
-            for name, content in files:
+            for name, oid in files:
                 name = checks.repo_path(name, "file path")
                 _check_no_clash(flat, name)
-                blob = Blob.from_string(content)
-                store.add_object(blob)
-                flat[name] = (_FILE_MODE, blob.id)
+                if oid.encode() not in store:
+                    raise HubError(500, f"blob {oid} for {name} is not in the store")
+                flat[name] = (_FILE_MODE, oid.encode())
             tree = commit_tree(store, [(p.encode(), sha, mode) for p, (mode, sha) in flat.items()])
             if tree == head_commit.tree:
                 return head.decode(), False

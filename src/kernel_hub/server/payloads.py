@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import binascii
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import parse_qs
@@ -146,15 +146,19 @@ class CommitRequest:
     """What one commit asks for, every path checked and every file decoded."""
 
     header: CommitHeader
-    files: list[tuple[str, bytes]] = field(default_factory=list)
+    files: list[tuple[str, str]] = field(default_factory=list)  # (path, id of the stored blob)
     deleted_files: list[str] = field(default_factory=list)
     deleted_folders: list[str] = field(default_factory=list)
 
 
-def parse_commit(lines: Iterable[bytes]) -> CommitRequest:
-    """The commit API's NDJSON: one {"key": "header"} line, then file / deletedFile / deletedFolder lines."""
+def parse_commit(lines: Iterable[bytes], store_blob: Callable[[bytes], str]) -> CommitRequest:
+    """The commit API's NDJSON: one {"key": "header"} line, then file / deletedFile / deletedFolder lines.
+
+    Each file is decoded and handed to `store_blob` as its line is read, so a large commit holds one
+    file in memory at a time, not all of them.
+    """
     header: CommitHeader | None = None
-    files: list[tuple[str, bytes]] = []
+    files: list[tuple[str, str]] = []
     deleted_files: list[str] = []
     deleted_folders: list[str] = []
     for number, raw in enumerate(lines, 1):
@@ -171,7 +175,7 @@ def parse_commit(lines: Iterable[bytes]) -> CommitRequest:
             path = checks.repo_path(op.path, "file path")
             if op.encoding != "base64":
                 raise HubError(400, f"{what}: unsupported encoding {op.encoding[:40]!r} (only base64)")
-            files.append((path, decode_base64(op.content, path)))
+            files.append((path, store_blob(decode_base64(op.content, path))))
         elif line.key in ("deletedFile", "deletedFolder"):
             op2 = parse(PathOperation, line.value, f"{what} ({line.key})")
             if line.key == "deletedFile":

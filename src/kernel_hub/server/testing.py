@@ -147,6 +147,23 @@ def hub_requests(server: RunningServer) -> list[tuple[str, str, int]]:
     return [r for r in server.requests() if not r[1].startswith("/api/agent-harnesses")]
 
 
+def hf_kernels_toy(root: Path, body: str = "return torch.clamp(x, min=0)") -> Path:
+    """A tiny HF-kernels build under `root`: build/torch-cpu/{metadata.json, relu/...} with a real digest
+    (made with PyPI kernels' own hasher, so HF `kernels` accepts it)."""
+    from kernels._rust import Digest, DigestAlgorithm
+
+    variant = root / "build" / "torch-cpu"
+    (variant / "relu").mkdir(parents=True)
+    (variant / "relu" / "__init__.py").write_text("from ._ops import relu\n__all__ = ['relu']\n")
+    (variant / "relu" / "_ops.py").write_text(f"import torch\n\n\ndef relu(x):\n    {body}\n")
+    digest = Digest.hash_variant(DigestAlgorithm.SHA256, variant)
+    meta = {"name": "relu", "id": "relu_torch_cpu_test", "version": 1, "backend": {"type": "cpu"},
+            "python-depends": [], "license": "Apache-2.0",
+            "digest": {"algorithm": "sha256", "files": digest.files}}
+    (variant / "metadata.json").write_text(json.dumps(meta))
+    return root
+
+
 def memory_kib(pid: int) -> dict[str, int]:
     """A process's resident memory from /proc (Linux): VmRSS (now) and VmHWM (peak), in KiB."""
     fields = {}
