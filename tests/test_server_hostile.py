@@ -118,9 +118,12 @@ def test_full_ref_names_are_read_and_written_as_the_hub_does(server, api: HfApi)
     commit = api.upload_file(path_or_fileobj=b"x", path_in_repo="build/torch-cpu/x.py", repo_id=repo,
                              repo_type="kernel").oid
     api.create_branch(repo, branch="refs/heads/v1", revision=commit, repo_type="kernel")
-    api.create_tag(repo, tag="v1.0.0", revision="refs/heads/v1", repo_type="kernel")
+    api.create_tag(repo, tag="refs/tags/v1.0.0", revision="refs/heads/v1", tag_message="release", repo_type="kernel")
     refs = _refs(server, repo)
     assert refs[b"refs/heads/v1"] == commit.encode() and b"refs/heads/refs/heads/v1" not in refs
+    assert refs[b"refs/tags/v1.0.0"] != commit.encode()  # an annotated tag object, peeled below
+    listed = api.list_repo_refs(repo, repo_type="kernel")
+    assert [(t.name, t.ref, t.target_commit) for t in listed.tags] == [("v1.0.0", "refs/tags/v1.0.0", commit)]
     assert api.repo_info(repo, repo_type="kernel", revision="refs/tags/v1.0.0").sha == commit
     tree = api.list_repo_tree(repo, path_in_repo="build", repo_type="kernel", revision="refs/heads/v1")
     assert [e.path for e in tree] == ["build/torch-cpu"]

@@ -27,7 +27,6 @@ from types import SimpleNamespace
 from typing import IO, Any
 from urllib.parse import unquote, urlencode
 
-from pydantic import Field
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -36,6 +35,7 @@ from starlette.types import Receive, Scope, Send
 from . import checks, payloads
 from .errors import HubError, error_response, from_error
 from .gitstore import Entry, GitRepo, GitStore
+from .hooks import Fault, FaultsBody
 from .transport import FileResponse, Limits, body_pending, guarded_h11, parse_range, read_body
 
 _TYPE_PLURALS = {f"{t}s": t for t in checks.REPO_TYPES}
@@ -44,37 +44,6 @@ _AUTH_MESSAGE = "Invalid credentials in Authorization header"
 _CONTROL = "_kernel_hub"
 _COMMITS_PAGE = 50
 log = logging.getLogger("kernel_hub.server")
-
-
-# -- test hooks ---------------------------------------------------------------------------------
-@dataclass
-class Fault:
-    """A test hook: make matching requests fail, stall or get cut off half-way."""
-
-    match: str
-    method: str | None = None
-    status: int | None = None
-    delay: float = 0.0
-    truncate: bool = False
-    times: int = 1
-
-    def applies(self, method: str, path: str, body_stage: bool) -> bool:
-        return (self.times > 0 and self.match in path and self.truncate == body_stage
-                and (self.method is None or self.method == method))
-
-
-class FaultSpec(payloads.Body):
-    match: str
-    method: str | None = None
-    status: int | None = Field(default=None, ge=400, le=599)
-    delay: float = Field(default=0.0, ge=0, le=60)
-    truncate: bool = False
-    times: int = Field(default=1, ge=1, le=10_000)
-
-
-class FaultsBody(payloads.Body):
-    add: list[FaultSpec] = Field(default_factory=list, max_length=100)
-    clear: bool = False
 
 
 @dataclass
