@@ -430,3 +430,26 @@ def test_binary_files_round_trip(server, api: HfApi) -> None:
     oid = api.upload_file(path_or_fileobj=data, path_in_repo="bin/all.bin", repo_id=REPO, repo_type="kernel").oid
     status, _, body = _request(server, "GET", f"/kernels/{REPO}/resolve/{oid}/bin/all.bin", token=None)
     assert status == 200 and body == data
+
+
+def test_concurrent_writers_lose_no_commit(server, api: HfApi) -> None:
+    """Eight uploads at once, half of them the same content: every file lands, each in its own commit."""
+    repo = "acme/concurrent"
+    api.create_repo(repo, repo_type="kernel")
+    errors: list[BaseException] = []
+
+    def upload(i: int) -> None:
+        try:
+            api.upload_file(path_or_fileobj=f"same {i % 2}".encode(), path_in_repo=f"f{i}.txt", repo_id=repo,
+                            repo_type="kernel", commit_message=f"f{i}")
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=upload, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert errors == []
+    assert sorted(api.list_repo_files(repo, repo_type="kernel")) == [".gitattributes", *(f"f{i}.txt" for i in range(8))]
+    assert len(api.list_repo_commits(repo, repo_type="kernel")) == 9

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from dulwich.errors import NotTreeError
+from dulwich.file import FileLocked
 from dulwich.index import commit_tree
 from dulwich.objects import Blob, Commit, Tag, Tree
 from dulwich.repo import Repo
@@ -231,7 +232,16 @@ class GitRepo:
         unreferenced object, which `git gc` prunes."""
         blob = Blob.from_string(data)
         with self._open() as repo:
-            repo.object_store.add_object(blob)
+            for _ in range(100):  # another upload writing the same content holds its lock file briefly
+                try:
+                    repo.object_store.add_object(blob)
+                    break
+                except FileLocked:
+                    time.sleep(0.05)
+                    if blob.id in repo.object_store:
+                        break
+            else:
+                raise HubError(503, "the store is busy writing this file; retry")
         return blob.id.decode()
 
     def commit_changes(self, branch: str, message: str, description: str,
