@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import urllib.error
@@ -23,7 +24,13 @@ from huggingface_hub.errors import (  # noqa: E402
     RevisionNotFoundError,
 )
 
-from kernel_hub.server.testing import cli_command, free_port, hub_env, running_server  # noqa: E402
+from kernel_hub.server.testing import (  # noqa: E402
+    cli_command,
+    free_port,
+    hf_kernels_toy,
+    hub_env,
+    running_server,
+)
 
 TOKEN = "test-token"
 
@@ -39,22 +46,6 @@ def api(server) -> HfApi:
     return HfApi(endpoint=server.url, token=TOKEN)
 
 
-def _toy_variant(root: Path, body: str = "return torch.clamp(x, min=0)") -> Path:
-    """A tiny HF-kernels build: build/torch-cpu/{metadata.json, relu/...} with a real digest."""
-    from kernels._rust import Digest, DigestAlgorithm
-
-    variant = root / "build" / "torch-cpu"
-    (variant / "relu").mkdir(parents=True)
-    (variant / "relu" / "__init__.py").write_text("from ._ops import relu\n__all__ = ['relu']\n")
-    (variant / "relu" / "_ops.py").write_text(f"import torch\n\n\ndef relu(x):\n    {body}\n")
-    digest = Digest.hash_variant(DigestAlgorithm.SHA256, variant)
-    meta = {"name": "relu", "id": "relu_torch_cpu_test", "version": 1, "backend": {"type": "cpu"},
-            "python-depends": [], "license": "Apache-2.0",
-            "digest": {"algorithm": "sha256", "files": digest.files}}
-    (variant / "metadata.json").write_text(json.dumps(meta))
-    return root
-
-
 def _git(store: Path, repo: str, *args: str) -> str:
     git_dir = store / "kernels" / f"{repo}.git"
     return subprocess.run(["git", "--git-dir", str(git_dir), *args], capture_output=True, text=True,
@@ -65,7 +56,7 @@ def test_upload_refs_tree_and_download_roundtrip(server, api: HfApi, tmp_path: P
     repo = "acme/relu"
     url = api.create_repo(repo, repo_type="kernel")
     assert url.endswith("/kernels/acme/relu")
-    folder = _toy_variant(tmp_path / "src")
+    folder = hf_kernels_toy(tmp_path / "src")
     commit = api.upload_folder(repo_id=repo, repo_type="kernel", folder_path=folder, commit_message="v1").oid
     api.create_tag(repo, tag="v1.0.0", repo_type="kernel", revision=commit)
     api.create_branch(repo, branch="v1", repo_type="kernel", revision=commit)
@@ -174,7 +165,7 @@ def test_branches_move_tags_do_not(server, api: HfApi) -> None:
 def test_same_content_makes_no_new_commit(server, api: HfApi, tmp_path: Path) -> None:
     repo = "acme/noop"
     api.create_repo(repo, repo_type="kernel")
-    folder = _toy_variant(tmp_path / "src")
+    folder = hf_kernels_toy(tmp_path / "src")
     one = api.upload_folder(repo_id=repo, repo_type="kernel", folder_path=folder).oid
     two = api.upload_folder(repo_id=repo, repo_type="kernel", folder_path=folder).oid
     assert one == two
@@ -194,7 +185,7 @@ def test_hf_kernels_get_kernel_loads_from_the_store(server, api: HfApi, tmp_path
     pytest.importorskip("kernels")
     repo = "acme/relu-hf"
     api.create_repo(repo, repo_type="kernel")
-    commit = api.upload_folder(repo_id=repo, repo_type="kernel", folder_path=_toy_variant(tmp_path / "s")).oid
+    commit = api.upload_folder(repo_id=repo, repo_type="kernel", folder_path=hf_kernels_toy(tmp_path / "s")).oid
     api.create_branch(repo, branch="v1", revision=commit, repo_type="kernel")
     server.reset()
     script = (
@@ -233,7 +224,8 @@ def test_server_without_token_is_read_only(tmp_path: Path) -> None:
     ("args", "message"),
     [
         (["--host", "0.0.0.0"], "refusing to serve on non-loopback host"),
-        (["--port", "0"], "--port must be in 1..65535"),
+        (["--port", "70000"], "--port must be in 0..65535"),
+        (["--read-token-required"], "--read-token-required needs --token"),
     ],
 )
 def test_serve_cli_refuses_bad_input_in_one_line(tmp_path: Path, args: list[str], message: str) -> None:
@@ -242,6 +234,14 @@ def test_serve_cli_refuses_bad_input_in_one_line(tmp_path: Path, args: list[str]
     assert proc.returncode == 1
     assert message in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("args", "message"), [(["--max-commit-size", "lots"], "not a size"),
+                                               (["--header-timeout", "0"], "not a number of seconds")])
+def test_serve_cli_refuses_bad_limits(tmp_path: Path, args: list[str], message: str) -> None:
+    proc = subprocess.run([*cli_command(), "serve", "--store", str(tmp_path / "s"), *args],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and message in proc.stderr
 
 
 def test_serve_cli_port_in_use_is_one_line(tmp_path: Path) -> None:
@@ -253,5 +253,20 @@ def test_serve_cli_port_in_use_is_one_line(tmp_path: Path) -> None:
         busy.listen()
         proc = subprocess.run([*cli_command(), "serve", "--store", str(tmp_path / "s"), "--port", str(port)],
                               capture_output=True, text=True, timeout=60)
-    assert proc.returncode != 0
-    assert f"127.0.0.1:{port}" in proc.stderr + proc.stdout
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"127.0.0.1:{port}" in lines[0] and "in use" in lines[0], proc.stderr
+
+
+def test_serve_cli_port_zero_picks_a_free_port_and_prints_its_url(tmp_path: Path) -> None:
+    proc = subprocess.Popen([*cli_command(), "serve", "--store", str(tmp_path / "s"), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = proc.stdout.readline()
+        url = re.search(r" at (http://127\.0\.0\.1:(\d+)) ", line)
+        assert url and int(url.group(2)) > 0, line
+        with urllib.request.urlopen(f"{url.group(1)}/api/agent-harnesses", timeout=20) as resp:
+            assert json.load(resp) == {"standardEnvVars": [], "harnesses": {}}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)

@@ -1,38 +1,41 @@
-"""Repositories of the local Hub store: bare git repositories driven through the git CLI.
+"""Repositories of the local Hub store: bare git repositories read and written with dulwich.
 
-Tags, branches and commits are git's own, so a store can be inspected, backed up or pushed with
-plain git. Layout: STORE/<type>s/<namespace>/<name>.git (type: model, kernel, dataset).
+Tags, branches and commits are git's own, so a store can be inspected, backed up or pushed with plain
+git. Layout: STORE/<type>s/<namespace>/<name>.git (type: model, kernel, dataset). No git process is ever
+started: no command line to inject options into, commits are built from trees without a work tree,
+and every ref update is a compare-and-swap, so a concurrent writer is refused, never overwritten.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
+import stat
 import threading
-from collections.abc import Iterable, Sequence
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
-REPO_TYPES = ("model", "kernel", "dataset")
-_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?$")
-_REF_NAME = re.compile(r"^[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)*$")
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+from dulwich.errors import NotTreeError
+from dulwich.file import FileLocked
+from dulwich.index import commit_tree
+from dulwich.objects import Blob, Commit, Tag, Tree
+from dulwich.repo import Repo
+from dulwich.walk import Walker
+
+from ..names import safe_rmtree
+from . import checks
+from .blobfiles import BlobFiles
+from .errors import HubError, StoreError, not_found
+
+REPO_TYPES = checks.REPO_TYPES
+IDENTITY = b"kernel-hub <kernel-hub@localhost>"
 _GITATTRIBUTES = b"# kernel-hub store: regular git blobs, no LFS\n"
+_FILE_MODE = 0o100644
 
-
-class StoreError(Exception):
-    """A request the store cannot satisfy; `code` maps to the Hub's X-Error-Code header."""
-
-    def __init__(self, status: int, code: str | None, message: str):
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-
-
-def not_found(code: str, message: str) -> StoreError:
-    return StoreError(404, code, message)
+__all__ = ["REPO_TYPES", "CommitMeta", "Entry", "GitRepo", "GitStore", "StoreError"]
 
 
 @dataclass(frozen=True)
@@ -49,133 +52,169 @@ class Entry:
 class CommitMeta:
     oid: str
     title: str
-    date: str        # ISO 8601
+    message: str     # the description: the commit message after its first line
+    date: str        # ISO 8601 in UTC with milliseconds, as the Hub writes it (huggingface_hub parses it strictly)
+    author: str
 
 
-def check_name(part: str, what: str) -> str:
-    """Refuse names that could escape the store or confuse git (.., leading dots, slashes)."""
-    if not _NAME.match(part) or ".." in part or part.endswith(".git"):
-        raise StoreError(400, None, f"invalid {what} {part!r}")
-    return part
+def _meta(commit: Commit) -> CommitMeta:
+    text = commit.message.decode("utf-8", "replace")
+    title, _, rest = text.partition("\n")
+    date = datetime.fromtimestamp(commit.commit_time, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+    author = commit.author.decode("utf-8", "replace").split(" <")[0]
+    return CommitMeta(commit.id.decode(), title, rest.strip("\n"), date, author)
 
 
-def check_ref_name(name: str) -> str:
-    """Branch and tag names git and the Hub both accept; never an option or a path escape."""
-    if not _REF_NAME.match(name) or ".." in name or name.endswith(".lock") or name.startswith("refs/"):
-        raise StoreError(400, None, f"invalid ref name {name!r}")
-    return name
+def _entry(path: str, mode: int, sha: bytes, size_of) -> Entry | None:
+    if stat.S_ISDIR(mode):
+        return Entry(path, "directory", sha.decode(), 0)
+    if stat.S_ISREG(mode) or stat.S_ISLNK(mode):
+        return Entry(path, "file", sha.decode(), size_of(sha.decode()))
+    return None  # a submodule: never part of a Hub repo
 
 
-def check_path(path: str) -> str:
-    """A path inside a repo: relative, POSIX, no empty, '.' or '..' parts, no .git."""
-    parts = path.split("/")
-    if not path or any(p in ("", ".", "..") for p in parts) or parts[0] == ".git" or "\0" in path:
-        raise StoreError(400, None, f"invalid path in repo {path!r}")
-    return path
+def _no_size(_oid: str) -> int:
+    return 0
 
 
 class GitRepo:
-    """One bare repository. Writes are serialised per repo; reads run concurrently."""
+    """One bare repository. Writes are serialised per repo (and compare-and-swap on refs); reads run
+    concurrently, each on its own dulwich handle."""
 
     def __init__(self, path: Path, repo_type: str, repo_id: str):
         self.path = path
         self.repo_type = repo_type
         self.repo_id = repo_id
         self.write_lock = threading.Lock()
+        self.blobs = BlobFiles(path, self._load_packed)
 
-    # -- plumbing -------------------------------------------------------------------------------
-    def git(self, *args: str, input: bytes | None = None, env: dict[str, str] | None = None,
-            check: bool = True) -> bytes:
-        full_env = dict(_GIT_ENV)
-        if env:
-            full_env.update(env)
-        proc = subprocess.run(
-            ["git", "--git-dir", str(self.path), *args],
-            input=input, capture_output=True, env=full_env, check=False,
-        )
-        if check and proc.returncode != 0:
-            raise StoreError(500, None, f"git {args[0]} failed: {proc.stderr.decode(errors='replace').strip()}")
-        return proc.stdout
+    @contextmanager
+    def _open(self) -> Iterator[Repo]:
+        repo = Repo(str(self.path), bare=True)
+        try:
+            yield repo
+        finally:
+            repo.close()
 
-    def _rev_parse(self, ref: str) -> str | None:
-        proc = subprocess.run(
-            ["git", "--git-dir", str(self.path), "rev-parse", "--verify", "-q", "--end-of-options",
-             f"{ref}^{{commit}}"],
-            capture_output=True, env=_GIT_ENV, check=False,
-        )
-        return proc.stdout.decode().strip() if proc.returncode == 0 else None
+    def _load_packed(self, oid: str) -> bytes:
+        with self._open() as repo:
+            obj = repo.object_store[oid.encode()]
+            if not isinstance(obj, Blob):
+                raise HubError(500, f"object {oid} is not a blob")
+            return obj.as_raw_string()
 
     # -- reads ----------------------------------------------------------------------------------
     def resolve(self, revision: str) -> str:
-        """A branch, a tag or a full commit id -> the commit id (RevisionNotFound otherwise)."""
-        if _COMMIT.match(revision):
-            commit = self._rev_parse(revision)
-            if commit == revision:
-                return commit
-        elif _REF_NAME.match(revision) and ".." not in revision:
-            for prefix in ("refs/heads/", "refs/tags/"):
-                commit = self._rev_parse(prefix + revision)
-                if commit:
-                    return commit
+        """A branch, a tag (short or full name) or a full commit id -> the commit id (404 otherwise)."""
+        rev = checks.revision(revision)
+        with self._open() as repo:
+            if rev.kind == "commit":
+                target: bytes | None = rev.name.encode() if rev.name.encode() in repo.object_store else None
+            else:
+                kinds = [rev.kind] if rev.kind else ["branch", "tag"]
+                refs = [f"{checks.REF_PREFIXES[k]}{rev.name}".encode() for k in kinds]
+                target = next((repo.refs[r] for r in refs if r in repo.refs), None)
+            if target is not None:
+                obj = repo.object_store[target]
+                while isinstance(obj, Tag):
+                    obj = repo.object_store[obj.object[1]]
+                if isinstance(obj, Commit):
+                    return obj.id.decode()
         raise not_found("RevisionNotFound", f"Invalid rev id: {revision}")
 
     def refs(self) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
         """(branches, tags) as (name, commit); annotated tags are peeled to their commit."""
-        out = self.git("for-each-ref", "--format=%(refname)%00%(objectname)%00%(*objectname)",
-                       "refs/heads", "refs/tags").decode()
-        branches, tags = [], []
-        for line in out.splitlines():
-            ref, obj, peeled = line.split("\0")
-            if ref.startswith("refs/heads/"):
-                branches.append((ref[len("refs/heads/"):], obj))
-            else:
-                tags.append((ref[len("refs/tags/"):], peeled or obj))
-        return sorted(branches), sorted(tags)
+        with self._open() as repo:
+            out = []
+            for prefix in (b"refs/heads/", b"refs/tags/"):
+                names = repo.refs.keys(prefix)
+                out.append(sorted((n.decode(), repo.get_peeled(prefix + n).decode()) for n in names))
+        return out[0], out[1]
 
-    def commit_meta(self, rev: str, path: str | None = None) -> CommitMeta | None:
-        # The Hub's date format, which huggingface_hub parses strictly: UTC with milliseconds and "Z".
-        args = ["log", "-1", "--date=format-local:%Y-%m-%dT%H:%M:%S.000Z", "--format=%H%x00%s%x00%cd", rev]
-        if path:
-            args += ["--", path]
-        out = self.git(*args).decode().strip()
-        if not out:
+    def commit_meta(self, commit: str) -> CommitMeta:
+        with self._open() as repo:
+            return _meta(repo[commit.encode()])
+
+    def commits(self, commit: str, skip: int, limit: int) -> tuple[list[CommitMeta], bool]:
+        """Commits reachable from `commit`, newest first: one page, and whether more follow."""
+        with self._open() as repo:
+            walker = Walker(repo.object_store, [commit.encode()], max_entries=skip + limit + 1)
+            found = [_meta(entry.commit) for entry in walker]
+        return found[skip:skip + limit], len(found) > skip + limit
+
+    def last_commits(self, commit: str, paths: Sequence[str]) -> dict[str, CommitMeta]:
+        """For each path, the newest commit (first-parent history) that changed it: one walk for all."""
+        wanted = set(paths)
+        found: dict[str, CommitMeta] = {}
+        with self._open() as repo:
+            store = repo.object_store
+            current = repo[commit.encode()]
+            while wanted:
+                parent = repo[current.parents[0]] if current.parents else None
+                for path in list(wanted):
+                    if parent is None or self._lookup(store, current.tree, path) != self._lookup(
+                            store, parent.tree, path):
+                        found[path] = _meta(current)
+                        wanted.discard(path)
+                if parent is None:
+                    break
+                current = parent
+        return found
+
+    @staticmethod
+    def _lookup(store, tree: bytes, path: str) -> tuple[int, bytes] | None:
+        try:
+            return store[tree].lookup_path(store.__getitem__, path.encode())
+        except (KeyError, NotTreeError):
             return None
-        oid, title, date = out.split("\0")
-        return CommitMeta(oid, title, date)
-
-    def _ls_tree(self, *args: str) -> list[Entry]:
-        out = self.git("ls-tree", "-l", "-z", *args)
-        entries = []
-        for record in out.split(b"\0"):
-            if not record:
-                continue
-            meta, path = record.split(b"\t", 1)
-            _mode, kind, oid, size = meta.decode().split()
-            if kind == "commit":  # submodules never appear in a Hub repo
-                continue
-            entries.append(Entry(path.decode(), "file" if kind == "blob" else "directory", oid,
-                                 int(size) if kind == "blob" else 0))
-        return entries
 
     def list_tree(self, commit: str, path: str = "", recursive: bool = False) -> list[Entry]:
-        """Entries under `path` (the root when empty); EntryNotFound when it is not a folder."""
+        """Entries under `path` (the root when empty), trees before their contents as `git ls-tree -r -t`
+        lists them; EntryNotFound when `path` is not a folder."""
         if path:
-            check_path(path)
-            found = self.paths_info(commit, [path])
-            if not found or found[0].kind != "directory":
+            checks.repo_path(path)
+        with self._open() as repo:
+            store = repo.object_store
+            root = repo[commit.encode()].tree
+            found = self._lookup(store, root, path) if path else (stat.S_IFDIR, root)
+            if found is None or not stat.S_ISDIR(found[0]):
                 raise not_found("EntryNotFound", f"{path} is not a folder at {commit}")
-        args = ["-r", "-t"] if recursive else []
-        return self._ls_tree(*args, commit, *(["--", f"{path}/"] if path else []))
+            entries: list[Entry] = []
+
+            def walk(tree_id: bytes, prefix: str) -> None:
+                tree = store[tree_id]
+                assert isinstance(tree, Tree)
+                for item in tree.iteritems():
+                    name = f"{prefix}{item.path.decode('utf-8', 'replace')}"
+                    entry = _entry(name, item.mode, item.sha, self.blobs.size)
+                    if entry is None:
+                        continue
+                    entries.append(entry)
+                    if recursive and entry.kind == "directory":
+                        walk(item.sha, f"{name}/")
+
+            walk(found[1], f"{path}/" if path else "")
+        return entries
 
     def paths_info(self, commit: str, paths: Sequence[str]) -> list[Entry]:
         """The entries for exactly these paths; paths that do not exist are left out."""
-        wanted = [check_path(p.strip("/")) for p in paths if p.strip("/")]
-        if not wanted:
-            return []
-        return [e for e in self._ls_tree(commit, "--", *wanted) if e.path in wanted]
+        wanted = list(dict.fromkeys(checks.repo_path(p.strip("/")) for p in paths if p.strip("/")))
+        out = []
+        with self._open() as repo:
+            root = repo[commit.encode()].tree
+            for path in wanted:
+                found = self._lookup(repo.object_store, root, path)
+                entry = _entry(path, *found, self.blobs.size) if found else None
+                if entry is not None:
+                    out.append(entry)
+        return out
 
-    def all_files(self, commit: str) -> list[Entry]:
-        return [e for e in self._ls_tree("-r", commit) if e.kind == "file"]
+    def all_files(self, commit: str, sizes: bool = True) -> list[Entry]:
+        with self._open() as repo:
+            items = list(repo.object_store.iter_tree_contents(repo[commit.encode()].tree))
+        size_of = self.blobs.size if sizes else _no_size
+        entries = (_entry(i.path.decode("utf-8", "replace"), i.mode, i.sha, size_of) for i in items)
+        return [e for e in entries if e is not None]
 
     def file_entry(self, commit: str, path: str) -> Entry:
         found = self.paths_info(commit, [path])
@@ -183,87 +222,138 @@ class GitRepo:
             raise not_found("EntryNotFound", f"{path} does not exist at {commit}")
         return found[0]
 
-    def read_blob(self, oid: str) -> bytes:
-        return self.git("cat-file", "blob", oid)
+    def blob_file(self, oid: str) -> Path:
+        """A seekable plain file with the blob's content."""
+        return self.blobs.path(oid)
 
-    # -- writes (callers hold write_lock) -------------------------------------------------------
+    # -- writes (callers hold write_lock, except for add_blob) ----------------------------------
+    def add_blob(self, data: bytes) -> str:
+        """Store one file's content (a loose object) -> its git id. A commit that then fails leaves an
+        unreferenced object, which `git gc` prunes."""
+        blob = Blob.from_string(data)
+        with self._open() as repo:
+            for _ in range(100):  # another upload writing the same content holds its lock file briefly
+                try:
+                    repo.object_store.add_object(blob)
+                    break
+                except FileLocked:
+                    time.sleep(0.05)
+                    if blob.id in repo.object_store:
+                        break
+            else:
+                raise HubError(503, "the store is busy writing this file; retry")
+        return blob.id.decode()
+
     def commit_changes(self, branch: str, message: str, description: str,
-                       files: Iterable[tuple[str, bytes]], deleted_files: Iterable[str],
+                       files: Iterable[tuple[str, str]], deleted_files: Iterable[str],
                        deleted_folders: Iterable[str], parent: str | None) -> tuple[str, bool]:
-        """Apply additions and deletions on top of `branch` as one commit -> (commit id, changed).
+        """Apply deletions, then additions (path, blob id from add_blob), on top of `branch` as one
+        commit -> (commit id, changed).
 
-        Builds the tree in a private index (never a work tree), then moves the branch with a
-        compare-and-swap update-ref, so a concurrent writer can never be silently overwritten.
+        The new tree is built from the head's file list (no index, no work tree); the branch then moves
+        by compare-and-swap, so a concurrent writer gets a 409 instead of losing a commit.
         """
-        head = self._rev_parse(f"refs/heads/{branch}")
-        if head is None:
-            raise not_found("RevisionNotFound", f"branch {branch} does not exist")
-        if parent is not None and parent != head:
-            raise StoreError(412, None, f"parent commit {parent} is not the head of {branch} ({head})")
-        index = self.path / f"kh-index-{threading.get_ident()}"
-        env = {"GIT_INDEX_FILE": str(index)}
-        try:
-            self.git("read-tree", head, env=env)
+        branch = checks.ref_name(branch, "branch")
+        ref = f"refs/heads/{branch}".encode()
+        with self._open() as repo:
+            store = repo.object_store
+            if ref not in repo.refs:
+                raise not_found("RevisionNotFound", f"branch {branch} does not exist")
+            head = repo.refs[ref]
+            if parent is not None and parent.encode() != head:
+                raise HubError(412, f"parent commit {parent} is not the head of {branch} ({head.decode()})")
+            head_commit = repo[head]
+            flat = {i.path.decode("utf-8", "replace"): (i.mode, i.sha)
+                    for i in store.iter_tree_contents(head_commit.tree)}
             for folder in deleted_folders:
-                folder = check_path(folder.strip("/"))
-                listed = self.git("ls-files", "-z", "--", f"{folder}/", env=env).split(b"\0")
-                for name in filter(None, listed):
-                    self.git("update-index", "--force-remove", "--", name.decode(), env=env)
+                folder = checks.repo_path(folder.strip("/"), "deleted folder")
+                inside = [p for p in flat if p.startswith(f"{folder}/")]
+                if not inside:
+                    raise not_found("EntryNotFound", f"A folder with this name doesn't exist: {folder}")
+                for p in inside:
+                    del flat[p]
             for name in deleted_files:
-                name = check_path(name)
-                if not self.git("ls-files", "--", name, env=env).strip():
+                name = checks.repo_path(name, "deleted file")
+                if name not in flat:
                     raise not_found("EntryNotFound", f"A file with this name doesn't exist: {name}")
-                self.git("update-index", "--force-remove", "--", name, env=env)
-            for name, content in files:
-                name = check_path(name)
-                oid = self.git("hash-object", "-w", "--stdin", input=content).decode().strip()
-                self.git("update-index", "--add", "--cacheinfo", f"100644,{oid},{name}", env=env)
-            tree = self.git("write-tree", env=env).decode().strip()
-        finally:
-            index.unlink(missing_ok=True)
-        if tree == self.git("rev-parse", f"{head}^{{tree}}").decode().strip():
-            return head, False
-        text = message if not description else f"{message}\n\n{description}"
-        commit = self.git("commit-tree", tree, "-p", head, "-F", "-", input=text.encode()).decode().strip()
-        self.git("update-ref", f"refs/heads/{branch}", commit, head)
-        return commit, True
+                del flat[name]
+            for name, oid in files:
+                name = checks.repo_path(name, "file path")
+                _check_no_clash(flat, name)
+                if oid.encode() not in store:
+                    raise HubError(500, f"blob {oid} for {name} is not in the store")
+                flat[name] = (_FILE_MODE, oid.encode())
+            tree = commit_tree(store, [(p.encode(), sha, mode) for p, (mode, sha) in flat.items()])
+            if tree == head_commit.tree:
+                return head.decode(), False
+            text = message if not description else f"{message}\n\n{description}"
+            commit = _new_commit(tree, [head], text)
+            store.add_object(commit)
+            if not repo.refs.set_if_equals(ref, head, commit.id):
+                raise HubError(409, f"branch {branch} moved while this commit was written; retry")
+            return commit.id.decode(), True
 
     def create_ref(self, kind: str, name: str, commit: str, message: str | None = None) -> None:
-        check_ref_name(name)
-        ref = f"refs/{'heads' if kind == 'branch' else 'tags'}/{name}"
-        if self._rev_parse(ref) is not None:
-            raise StoreError(409, None, f"{kind} {name} already exists")
-        other = f"refs/{'tags' if kind == 'branch' else 'heads'}/{name}"
-        if self._rev_parse(other) is not None:
-            raise StoreError(409, None, f"a {'tag' if kind == 'branch' else 'branch'} named {name} exists")
-        if kind == "tag" and message:
-            self.git("tag", "-a", name, commit, "-m", message)
-        else:
-            # The all-zero old value makes update-ref fail if the ref appeared meanwhile.
-            self.git("update-ref", ref, commit, "0" * 40)
+        short = checks.ref_name(name, kind)
+        ref = f"{checks.REF_PREFIXES[kind]}{short}".encode()
+        with self._open() as repo:
+            existing = {k: {n.decode() for n in repo.refs.keys(p.encode())} for k, p in checks.REF_PREFIXES.items()}
+            if short in existing[kind]:
+                raise HubError(409, f"{kind} {short} already exists")
+            other = "tag" if kind == "branch" else "branch"
+            if short in existing[other]:
+                raise HubError(409, f"a {other} named {short} exists")
+            clash = next((n for n in existing[kind] if n.startswith(f"{short}/") or short.startswith(f"{n}/")), None)
+            if clash is not None:
+                raise HubError(409, f"{kind} {short} clashes with the {kind} {clash} (one would hold the other)")
+            target = commit.encode()
+            if kind == "tag" and message:
+                tag = Tag()
+                tag.object = (Commit, target)
+                tag.name = short.encode()
+                tag.tagger = IDENTITY
+                tag.tag_time, tag.tag_timezone = int(time.time()), 0
+                tag.message = message.encode()
+                repo.object_store.add_object(tag)
+                target = tag.id
+            try:
+                created = repo.refs.add_if_new(ref, target)
+            except OSError:  # a file/folder clash with a ref written meanwhile
+                created = False
+            if not created:
+                raise HubError(409, f"{kind} {short} already exists")
 
     def delete_ref(self, kind: str, name: str) -> None:
-        check_ref_name(name)
-        ref = f"refs/{'heads' if kind == 'branch' else 'tags'}/{name}"
-        if self._rev_parse(ref) is None:
-            raise not_found("RevisionNotFound", f"{kind} {name} does not exist")
-        if kind == "branch" and name == "main":
-            raise StoreError(403, None, "the main branch cannot be deleted")
-        self.git("update-ref", "-d", ref)
+        short = checks.ref_name(name, kind)
+        ref = f"{checks.REF_PREFIXES[kind]}{short}".encode()
+        with self._open() as repo:
+            if ref not in repo.refs:
+                raise not_found("RevisionNotFound", f"{kind} {short} does not exist")
+            if kind == "branch" and short == "main":
+                raise HubError(403, "the main branch cannot be deleted")
+            if not repo.refs.remove_if_equals(ref, repo.refs[ref]):
+                raise HubError(409, f"{kind} {short} changed while being deleted; retry")
 
 
-_GIT_ENV = {
-    **{k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TMPDIR", "SYSTEMROOT")},
-    "GIT_CONFIG_NOSYSTEM": "1",
-    "GIT_CONFIG_GLOBAL": os.devnull,
-    "GIT_TERMINAL_PROMPT": "0",
-    "GIT_AUTHOR_NAME": "kernel-hub",
-    "GIT_AUTHOR_EMAIL": "kernel-hub@localhost",
-    "GIT_COMMITTER_NAME": "kernel-hub",
-    "GIT_COMMITTER_EMAIL": "kernel-hub@localhost",
-    "HOME": os.devnull,
-    "TZ": "UTC",
-}
+def _check_no_clash(flat: dict[str, tuple[int, bytes]], name: str) -> None:
+    """A file may not sit where a folder is, nor inside a path that is a file."""
+    parts = name.split("/")
+    for i in range(1, len(parts)):
+        if "/".join(parts[:i]) in flat:
+            raise HubError(409, f"cannot add {name}: {'/'.join(parts[:i])} is a file")
+    if any(p.startswith(f"{name}/") for p in flat):
+        raise HubError(409, f"cannot add {name}: it is a folder")
+
+
+def _new_commit(tree: bytes, parents: list[bytes], message: str) -> Commit:
+    commit = Commit()
+    commit.tree, commit.parents = tree, parents
+    commit.author = commit.committer = IDENTITY
+    commit.author_time = commit.commit_time = int(time.time())
+    commit.author_timezone = commit.commit_timezone = 0
+    commit.encoding = b"UTF-8"
+    commit.message = message.encode()
+    return commit
 
 
 class GitStore:
@@ -276,11 +366,9 @@ class GitStore:
         self._lock = threading.Lock()
 
     def _path(self, repo_type: str, repo_id: str) -> Path:
-        if repo_type not in REPO_TYPES:
-            raise StoreError(400, None, f"unknown repo type {repo_type!r}")
+        checks.repo_type(repo_type)
         namespace, _, name = repo_id.partition("/")
-        check_name(namespace, "namespace")
-        check_name(name, "repo name")
+        checks.repo_id(namespace, name)
         return self.root / f"{repo_type}s" / namespace / f"{name}.git"
 
     def get(self, repo_type: str, repo_id: str) -> GitRepo:
@@ -298,29 +386,35 @@ class GitStore:
         path = self._path(repo_type, repo_id)
         with self._lock:
             if (path / "HEAD").is_file():
-                raise StoreError(409, None, f"You already created this {repo_type} repo: {repo_id}")
-            tmp = path.with_name(f".{path.name}.creating-{os.getpid()}-{threading.get_ident()}")
+                raise HubError(409, f"You already created this {repo_type} repo: {repo_id}")
+            tmp = path.with_name(f".{path.name}.creating-{uuid.uuid4().hex}")
             tmp.parent.mkdir(parents=True, exist_ok=True)
-            subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(tmp)], env=_GIT_ENV,
-                           check=True, capture_output=True)
-            repo = GitRepo(tmp, repo_type, repo_id)
-            blob = repo.git("hash-object", "-w", "--stdin", input=_GITATTRIBUTES).decode().strip()
-            tree = repo.git("mktree", input=f"100644 blob {blob}\t.gitattributes\n".encode()).decode().strip()
-            commit = repo.git("commit-tree", tree, "-m", "initial commit").decode().strip()
-            repo.git("update-ref", "refs/heads/main", commit)
-            tmp.rename(path)  # appears complete or not at all
-            repo = self._repos[(repo_type, repo_id)] = GitRepo(path, repo_type, repo_id)
-            return repo
+            try:
+                repo = Repo.init_bare(str(tmp), mkdir=True, default_branch=b"main")
+                try:
+                    blob = Blob.from_string(_GITATTRIBUTES)
+                    tree = Tree()
+                    tree.add(b".gitattributes", _FILE_MODE, blob.id)
+                    commit = _new_commit(tree.id, [], "initial commit")
+                    for obj in (blob, tree, commit):
+                        repo.object_store.add_object(obj)
+                    repo.refs[b"refs/heads/main"] = commit.id
+                finally:
+                    repo.close()
+                tmp.rename(path)  # appears complete or not at all
+            finally:
+                if tmp.exists():
+                    safe_rmtree(self.root, tmp)
+            repo_obj = self._repos[(repo_type, repo_id)] = GitRepo(path, repo_type, repo_id)
+            return repo_obj
 
     def delete(self, repo_type: str, repo_id: str) -> None:
-        import shutil
-
         repo = self.get(repo_type, repo_id)
         with self._lock:
             self._repos.pop((repo_type, repo_id), None)
-            trash = repo.path.with_name(f".{repo.path.name}.deleting")
+            trash = repo.path.with_name(f".{repo.path.name}.deleting-{uuid.uuid4().hex}")
             repo.path.rename(trash)
-            shutil.rmtree(trash, ignore_errors=True)
+            safe_rmtree(self.root, trash)
 
     def namespaces(self) -> set[str]:
         found = set()
@@ -329,3 +423,4 @@ class GitStore:
             if base.is_dir():
                 found.update(p.name for p in base.iterdir() if p.is_dir() and any(p.glob("*.git")))
         return found
+

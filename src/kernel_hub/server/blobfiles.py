@@ -1,0 +1,106 @@
+"""Blobs as plain files, so that downloads and Range requests seek instead of reading a whole file.
+
+Git keeps a blob zlib-compressed (a loose object) or delta-compressed in a pack: neither can be seeked.
+The first read of a blob decompresses it, streaming and checking its git id on the way, into
+`<repo>.git/kernel-hub/blobs/<oid>` (content-addressed, written once, renamed into place); every later
+read seeks in that file. Sizes come from the loose object's header (a few bytes), never from the content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+from ..names import check_commit
+from .errors import HubError
+
+_CHUNK = 1 << 18
+
+
+def loose_object(git_dir: Path, oid: str) -> Path:
+    """Where git keeps object `oid` loose (it may be in a pack instead)."""
+    check_commit(oid, "object id")  # 40 lowercase hex digits, like a commit id
+    return git_dir / "objects" / oid[:2] / oid[2:]
+
+
+def _read_header(stream, inflate) -> tuple[bytes, int, bytes]:
+    """Inflate until the '<type> <size>\\0' header is complete -> (type, size, content bytes already out)."""
+    out = b""
+    while b"\0" not in out:
+        chunk = inflate.unconsumed_tail or stream.read(64)
+        if not chunk or len(out) > 64:
+            raise HubError(500, "corrupt loose object header")
+        out += inflate.decompress(chunk, 64)
+    header, _, rest = out.partition(b"\0")
+    kind, _, size = header.partition(b" ")
+    return kind, int(size), rest
+
+
+def loose_size(path: Path) -> int | None:
+    """The size of a loose blob from its header, or None when it is not loose (or not a blob)."""
+    try:
+        with open(path, "rb") as stream:
+            kind, size, _ = _read_header(stream, zlib.decompressobj())
+    except FileNotFoundError:
+        return None
+    return size if kind == b"blob" else None
+
+
+def _copy_loose(path: Path, oid: str, out) -> None:
+    """Inflate a loose blob into `out` in bounded chunks, checking its git id on the way."""
+    inflate = zlib.decompressobj()
+    with open(path, "rb") as stream:
+        kind, size, data = _read_header(stream, inflate)
+        if kind != b"blob":
+            raise HubError(500, f"object {oid} is a {kind.decode(errors='replace')}, not a blob")
+        digest = hashlib.sha1(b"blob %d\0" % size)  # git's object id (integrity of the copy, not security)
+        written = 0
+        while data or not inflate.eof:
+            digest.update(data)
+            out.write(data)
+            written += len(data)
+            chunk = inflate.unconsumed_tail or stream.read(_CHUNK)
+            if not chunk:
+                break
+            data = inflate.decompress(chunk, _CHUNK)
+    if written != size or digest.hexdigest() != oid:
+        raise HubError(500, f"object {oid} is corrupt in the store")
+
+
+class BlobFiles:
+    """The seekable copies of one repository's blobs."""
+
+    def __init__(self, git_dir: Path, load_packed: Callable[[str], bytes]):
+        self.git_dir = git_dir
+        self.dir = git_dir / "kernel-hub" / "blobs"
+        self._load_packed = load_packed  # for blobs in a pack: whole in memory (only after `git gc`)
+
+    def size(self, oid: str) -> int:
+        cached = self.dir / oid
+        if cached.is_file():
+            return cached.stat().st_size
+        size = loose_size(loose_object(self.git_dir, oid))
+        return size if size is not None else len(self._load_packed(oid))
+
+    def path(self, oid: str) -> Path:
+        """A plain file holding blob `oid`, made on first use."""
+        target = self.dir / oid
+        if target.is_file():
+            return target
+        self.dir.mkdir(parents=True, exist_ok=True)
+        loose = loose_object(self.git_dir, oid)
+        tmp = self.dir / f".{oid}.{uuid.uuid4().hex}.tmp"
+        try:
+            with open(tmp, "wb") as out:
+                if loose.is_file():
+                    _copy_loose(loose, oid, out)
+                else:
+                    out.write(self._load_packed(oid))
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return target
