@@ -15,8 +15,9 @@ pytest.importorskip("huggingface_hub")
 pytest.importorskip("starlette")
 
 from kernel_hub.api import load_plan, plan_load
+from kernel_hub.buildfmt import bundle_path
 from kernel_hub.errors import KernelHubError, KernelNotFoundError
-from kernel_hub.hub import HubSource, bundle_path
+from kernel_hub.hub import HubSource
 from kernel_hub.publish import publish
 from kernel_hub.server.testing import cli_command, hub_env, hub_requests, running_server
 
@@ -53,7 +54,7 @@ def source(server, cache: Path, offline: bool = False) -> HubSource:
 
 def load(src: HubSource, **kw):
     plan = plan_load(REPO, source=src, framework="jax", backend="cpu", **kw)
-    return plan, load_plan(plan)
+    return plan, load_plan(plan, trust_remote_code=True)
 
 
 def test_fresh_load_by_major_makes_three_requests_then_one(server, tmp_path: Path) -> None:
@@ -141,7 +142,8 @@ def test_cut_off_download_leaves_nothing_that_loads(server, tmp_path: Path) -> N
     server.fault(bundle_path("jax-cpu"), truncate=True, times=20)  # every retry is cut off too
     try:
         with pytest.raises(KernelHubError) as exc:  # the plan fetches the preferred build to choose it
-            load_plan(plan_load(REPO, version="==1.2.0", source=src, framework="jax", backend="cpu"))
+            load_plan(plan_load(REPO, version="==1.2.0", source=src, framework="jax", backend="cpu"),
+                      trust_remote_code=True)
     finally:
         server.clear_faults()
     assert server.url in str(exc.value) and "\n" not in str(exc.value)
@@ -151,7 +153,8 @@ def test_cut_off_download_leaves_nothing_that_loads(server, tmp_path: Path) -> N
     assert not src.build_dir(REPO, plan.resolution.commit, "jax-cpu").exists()
     assert not [p for p in (repo_dir / "blobs").glob("*") if not p.name.endswith(".incomplete")]
     assert not list((repo_dir / "snapshots").rglob("*.tar"))
-    module = load_plan(plan_load(REPO, version="==1.2.0", source=src, framework="jax", backend="cpu"))
+    module = load_plan(plan_load(REPO, version="==1.2.0", source=src, framework="jax", backend="cpu"),
+                       trust_remote_code=True)
     # the server recovers: the next load completes and loads
     assert module.scale(np.ones(1)).tolist() == [2.0]
 
@@ -175,7 +178,8 @@ from kernel_hub.hub import HubSource
 from kernel_hub.system import SystemFacts
 src = HubSource(endpoint=sys.argv[1], cache_dir=sys.argv[2])
 facts = SystemFacts(backend="cpu", jax_version="0.10.2")  # decided without importing jax: the toy is NumPy
-module = load_plan(plan_load(sys.argv[3], version=1, source=src, framework="jax", system=facts))
+module = load_plan(plan_load(sys.argv[3], version=1, source=src, framework="jax", system=facts),
+                   trust_remote_code=["acme"])
 print(module.scale(__import__("numpy").ones(1)).tolist())
 """
 

@@ -13,8 +13,8 @@ from kernel_hub.errors import (
     IntegrityError,
     KernelHubError,
     KernelImportError,
-    KernelNotFoundError,
     MetadataError,
+    UnsafeNameError,
     VersionSpecError,
 )
 from kernel_hub.loader import import_build
@@ -70,7 +70,7 @@ def test_unknown_repo_is_one_clear_error(toy_registry):
         kh.get_kernel("test-org/nope", version=1)  # not in the registry: the Hub is asked, one line
     with pytest.raises(VersionSpecError, match="pass version= or revision="):
         kh.get_kernel("test-org/nope")
-    with pytest.raises(KernelNotFoundError, match="ORG/NAME"):
+    with pytest.raises(UnsafeNameError, match="ORG/NAME"):
         kh.get_kernel("no-slash", version=1)
 
 
