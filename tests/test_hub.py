@@ -135,6 +135,7 @@ def test_server_error_is_one_line_naming_the_endpoint(server, tmp_path: Path) ->
     finally:
         server.clear_faults()
     assert server.url in str(exc.value) and "500" in str(exc.value) and "\n" not in str(exc.value)
+    assert "test hook: injected 500" in str(exc.value)  # what the server said (X-Error-Message), on the line
 
 
 def test_cut_off_download_leaves_nothing_that_loads(server, tmp_path: Path) -> None:
@@ -201,3 +202,54 @@ def test_eight_processes_share_one_download(server, tmp_path: Path) -> None:
     assert len(builds) == 1
     leftovers = [p for p in repo_dir.rglob("*") if p.name.endswith((".partial", ".trash", ".incomplete", ".tmp"))]
     assert leftovers == []
+
+
+HOLD_LOCK = """
+import sys, time
+from filelock import FileLock
+with FileLock(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_leftovers_of_killed_processes_are_cleaned_on_the_next_fetch(server, tmp_path: Path) -> None:
+    import os
+    import time
+
+    from kernel_hub.hub import STALE_SECONDS
+
+    cache = tmp_path / "cache"
+    plan, _ = load(source(server, cache), version="==1.2.0")
+    commit = plan.resolution.commit
+    src = source(server, cache)
+    commit_dir = src.build_dir(REPO, commit, "jax-cpu").parent
+    old = time.time() - STALE_SECONDS - 60
+    stale = [commit_dir / "jax-cpu.0123abcd.partial", commit_dir / "jax-cpu.4567ef01.trash"]
+    fresh = commit_dir / "jax-cpu.89abcdef.partial"   # an unpack in progress right now
+    for folder in [*stale, fresh]:
+        (folder / "toy_scale").mkdir(parents=True)
+        (folder / "toy_scale" / "ops.py").write_text("x = 1\n")
+    for folder in stale:
+        os.utime(folder, (old, old))
+    blobs = cache / "kernels--acme--toy-scale" / "blobs"
+    dead = blobs / f"{'a' * 40}.1234abcd.incomplete"        # its download was killed: nobody holds its lock
+    alive = blobs / f"{'b' * 40}.5678abcd.incomplete"       # a download in progress holds its lock
+    dead.write_bytes(b"partial")
+    alive.write_bytes(b"partial")
+    other_repo = cache / "kernels--acme--other" / "blobs" / f"{'c' * 40}.incomplete"   # not this repo's
+    other_repo.parent.mkdir(parents=True)
+    other_repo.write_bytes(b"partial")
+    lock = cache / ".locks" / "kernels--acme--toy-scale" / f"{'b' * 40}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(lock)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        load_plan(plan_load(REPO, version="==1.2.0", source=src, framework="jax", backend="cpu"),
+                  trust_remote_code=True)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert [p.exists() for p in stale] == [False, False]
+    assert fresh.exists() and alive.exists() and other_repo.exists()
+    assert not dead.exists()

@@ -11,12 +11,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .errors import KernelHubError, NoVariantError, VersionSpecError
+from .errors import KernelHubError, VersionSpecError
 from .loader import import_build
 from .lock import get_locked_kernel
 from .planning import Plan, plan_load, source_for, system_for
 from .sources import LocalSource
-from .trust import TrustSetting, check_trust
+from .trust import TrustSetting, check_trust, normalize_trust
 from .variants import choose_variant
 from .versions import Resolution
 
@@ -27,8 +27,7 @@ __all__ = ["Plan", "get_kernel", "get_local_kernel", "has_kernel", "load_plan", 
 def load_plan(plan: Plan, *, validate: bool = False, trust_remote_code: TrustSetting = False) -> ModuleType:
     """Check trust, fetch, verify and import the planned build; optionally validate it on this device."""
     if plan.choice.variant is None:
-        trace = "\n".join(plan.choice.trace_lines())
-        raise NoVariantError(f"no build of {plan.repo_id} fits this system:\n{trace}")
+        raise plan.no_fit()
     check_trust(plan.origin, trust_remote_code, asked_for=plan.repo_id)
     build = plan.source.fetch(plan.repo_id, plan.resolution.commit, plan.choice.variant)
     if build.version is None and plan.resolution.version is not None:
@@ -61,6 +60,7 @@ def get_kernel(
         trusted organisations (see kernel_hub.trust).
     lockfile: load exactly the commit and variant a `kernel-hub lock` file records, every digest checked.
     """
+    normalize_trust(trust_remote_code)  # a malformed setting is refused before any work
     if lockfile is not None:
         if version is not None or revision is not None:
             raise VersionSpecError("a lock file fixes the version: drop version=/revision= or lockfile=")
@@ -72,7 +72,8 @@ def get_kernel(
             require_valid(module, backend=system_for(None, framework, backend).backend)
         return module
 
-    plan = plan_load(repo_id, version=version, revision=revision, backend=backend, framework=framework)
+    plan = plan_load(repo_id, version=version, revision=revision, backend=backend, framework=framework,
+                     trust_remote_code=trust_remote_code)
     return load_plan(plan, validate=validate, trust_remote_code=trust_remote_code)
 
 

@@ -167,7 +167,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_download(args: argparse.Namespace) -> int:
     """Fetch and verify, import nothing: no trust needed, every name and digest still checked."""
-    from .errors import NoVariantError, VersionSpecError
+    from .errors import VersionSpecError
 
     if args.lockfile:
         from .lock import fetch_locked
@@ -182,7 +182,7 @@ def cmd_download(args: argparse.Namespace) -> int:
         plan = plan_load(args.repo, version=_spec(args.spec), revision=args.revision, backend=args.backend,
                          framework=args.framework)
         if plan.choice.variant is None:
-            raise NoVariantError(f"no build of {args.repo} fits this system (see: kernel-hub resolve {args.repo})")
+            raise plan.no_fit()
         build = plan.source.fetch(args.repo, plan.resolution.commit, plan.choice.variant)
         label = plan.resolution.version or plan.resolution.commit[:12]
     print(f"{args.repo} {label} [{build.variant.name}]")

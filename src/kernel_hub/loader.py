@@ -21,7 +21,7 @@ from types import ModuleType
 
 from .errors import IntegrityError, KernelImportError
 from .integrity import check_digests, sha256_bytes, verify_tree
-from .names import check_entry_file
+from .names import check_entry_file, check_variant_name
 from .sources import Build
 
 _lock = threading.RLock()
@@ -69,6 +69,7 @@ class _VerifiedLoader(importlib.abc.Loader):
         return None  # the default module object
 
     def exec_module(self, module: ModuleType) -> None:
+        module.__file__ = str(self.path)  # kernels may find their own data files; there is no __cached__
         code = compile(self._source_bytes(), str(self.path), "exec", dont_inherit=True)
         exec(code, module.__dict__)
 
@@ -103,8 +104,7 @@ class _VerifiedFinder(importlib.abc.MetaPathFinder):
         loader = _VerifiedLoader(tree, rel)
         spec = importlib.util.spec_from_loader(fullname, loader, origin=str(loader.path), is_package=package)
         assert spec is not None
-        spec.has_location = True  # sets __file__ from origin, so kernels can find their own data files
-        spec.cached = None        # and no __cached__: there is no bytecode
+        # has_location stays False: Python would derive a __pycache__ path (__cached__) from a located spec.
         if package:
             spec.submodule_search_locations = [str(loader.path.parent)]
         return spec
@@ -144,6 +144,7 @@ def import_build(build: Build) -> ModuleType:
     Whatever the import raises (SystemExit included; KeyboardInterrupt excepted) becomes one
     KernelImportError, with nothing of the kernel left in sys.modules.
     """
+    check_variant_name(build.variant.name)
     key = (str(build.package_dir), build.commit, build.variant.name)
     label = f"{build.repo_id}@{(build.version or build.commit[:12])} [{build.variant.name}]"
     with _lock:

@@ -22,14 +22,14 @@ from types import ModuleType
 from typing import Any
 
 from .buildfmt import variant_from_json, variant_to_json
-from .errors import IntegrityError, KernelHubError, KernelNotFoundError, MetadataError, NoVariantError
+from .errors import IntegrityError, KernelHubError, KernelNotFoundError, MetadataError
 from .integrity import check_digests
 from .loader import import_build
 from .names import check_commit, check_repo_id
 from .planning import plan_load
 from .registry import load_registry
 from .sources import Build, LocalSource, Origin, Source
-from .trust import TrustSetting, check_trust
+from .trust import TrustSetting, check_trust, normalize_trust
 
 LOCK_FILE = "kernel-hub.lock"
 LOCK_ENV = "KERNEL_HUB_LOCK"
@@ -148,11 +148,10 @@ def lock_one(repo_id: str, *, version: int | str | None = None, revision: str | 
     """Resolve and fetch one kernel as get_kernel would (trust check included), and record exactly what was
     fetched and where it came from."""
     plan = plan_load(repo_id, version=version, revision=revision, backend=backend, framework=framework,
-                     source=source)
+                     source=source, trust_remote_code=trust_remote_code)
     if plan.choice.variant is None:
-        raise NoVariantError(f"no build of {repo_id} fits this system:\n" + "\n".join(plan.choice.trace_lines()))
+        raise plan.no_fit()
     origin = plan.origin
-    check_trust(origin, trust_remote_code, asked_for=repo_id)
     build = plan.source.fetch(repo_id, plan.resolution.commit, plan.choice.variant)
     if revision is not None:
         spec: dict[str, Any] = {"revision": revision}
@@ -168,6 +167,7 @@ def lock(repo_ids: list[str] | None = None, *, version: int | str | None = None,
          framework: str = "jax", backend: str | None = None, path: str | Path | None = None,
          source: Source | None = None, trust_remote_code: TrustSetting = False) -> LockFile:
     """Lock `repo_ids` (default: every kernel in the registry) and write the lock file."""
+    normalize_trust(trust_remote_code)
     if not repo_ids:
         repo_ids = [e.repo_id for e in load_registry().entries]
     if not repo_ids:

@@ -1,15 +1,17 @@
 """The decisions before anything is fetched: which source serves a repo, which commit the asked version names,
-which build variant fits this system. get_kernel, lock, download and `kernel-hub resolve` all start here."""
+which build variant fits this system. get_kernel, lock, download and `kernel-hub resolve` all start here.
+Callers that import or lock pass their trust setting, so an untrusted repo is refused before any download."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .errors import KernelHubError, KernelNotFoundError, VersionSpecError
+from .errors import KernelHubError, KernelNotFoundError, NoVariantError, VersionSpecError
 from .names import check_repo_id
 from .registry import Registry, load_registry
 from .sources import HubOrLocal, LocalSource, Origin, Source
 from .system import BACKENDS, SystemFacts, detect
+from .trust import TrustSetting, check_trust
 from .variants import Choice, choose_variant, preferred_names
 from .versions import Resolution, resolve
 
@@ -31,6 +33,14 @@ class Plan:
     def origin(self) -> Origin:
         """Where the code comes from (the repo actually fetched): what the trust check judges."""
         return self.source.origin(self.repo_id)
+
+    def no_fit(self) -> NoVariantError:
+        """The error for a plan that chose nothing: the trace of every variant's rejection, or one line when the
+        commit publishes none."""
+        where = f"{self.repo_id}@{self.resolution.version or self.resolution.commit[:12]}"
+        if not self.choice.trace:
+            return NoVariantError(f"no build of {where} fits this system: it publishes no usable build variant")
+        return NoVariantError(f"no build of {where} fits this system:\n" + "\n".join(self.choice.trace_lines()))
 
     def describe(self) -> str:
         r = self.resolution
@@ -96,8 +106,13 @@ def plan_load(
     system: SystemFacts | None = None,
     registry: Registry | None = None,
     source: Source | None = None,
+    trust_remote_code: TrustSetting | None = None,
 ) -> Plan:
-    """Resolve the version and choose the variant; the plan says which and why (nothing is imported)."""
+    """Resolve the version and choose the variant; the plan says which and why (nothing is imported).
+
+    trust_remote_code: given (by callers that will import or lock), the trust check runs as soon as the source
+    is known, before anything is downloaded; None (resolve, download) skips it.
+    """
     check_repo_id(repo_id)
     check_target(framework, backend)
     registry = registry if registry is not None else load_registry()
@@ -110,6 +125,8 @@ def plan_load(
         version = entry.version
     source = source or source_for(repo_id, registry)
     resolution = resolve(source.refs(repo_id), version=version, revision=revision)
+    if trust_remote_code is not None:
+        check_trust(source.origin(repo_id), trust_remote_code, asked_for=repo_id)
     facts = system_for(system, framework, backend)
     variants = source.candidate_variants(repo_id, resolution.commit, preferred_names(facts, framework))
     choice = choose_variant(variants, facts, framework)

@@ -92,6 +92,7 @@ def build_layout(kernel_dir: Path, out: Path) -> Layout:
     under `out`, every delete is safe_rmtree inside `out`, and links out of the kernel folder are refused."""
     kernel_dir = Path(kernel_dir).resolve()
     meta = checked_metadata(kernel_dir)
+    card = kernel_file(kernel_dir, CARD)
     package = safe_join(kernel_dir, meta.python_name)
     sources = package_files(package, within=kernel_dir)
     for src in sources:
@@ -122,7 +123,6 @@ def build_layout(kernel_dir: Path, out: Path) -> Layout:
             safe_rmtree(out, vdir)
     shutil.copyfile(kernel_dir / METADATA_FILE, safe_join(out, METADATA_FILE))
     layout.files.append(METADATA_FILE)
-    card = kernel_file(kernel_dir, CARD)
     safe_join(out, CARD).write_text(card.read_text() if card is not None else _card(meta))
     layout.files.append(CARD)
     return layout

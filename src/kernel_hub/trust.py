@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from .errors import TrustError
+from .errors import TrustError, UnsafeNameError
 from .names import check_repo_id
 from .sources import Origin
 
@@ -41,9 +41,13 @@ def normalize_trust(value: TrustSetting) -> bool | tuple[str, ...]:
         raise TrustError(f"trust_remote_code must be True/False or a list of repos/orgs, not {type(value).__name__}"
                          ) from None
     for entry in entries:
+        try:
+            check_repo_id(entry if isinstance(entry, str) and "/" in entry else f"{entry}/x")
+        except UnsafeNameError:
+            raise TrustError(f"trust_remote_code entry {entry!r} is not a repo (ORG/NAME) or an organisation (ORG)"
+                             ) from None
         if not isinstance(entry, str):
             raise TrustError(f"trust_remote_code entries must be 'org' or 'org/name' strings, got {entry!r}")
-        check_repo_id(entry if "/" in entry else f"{entry}/x", "trust_remote_code entry")
     return entries
 
 
