@@ -131,27 +131,13 @@ def bundle(files: dict[str, bytes], *extra: tarfile.TarInfo) -> dict[str, bytes]
     return {"build/jax-cpu.tar": tar_bytes(files, extra)}
 
 
-def _variant_named(files: dict[str, bytes], name: str) -> dict[str, bytes]:
+def _edited(files: dict[str, bytes], *keys: str, value: object) -> dict[str, bytes]:
+    """The bundle with one field of metadata.json's kernel-hub section set to `value` (digests left as they are)."""
     meta = meta_of(files)
-    meta["kernel-hub"]["variant"]["name"] = name
-    return bundle(with_meta(files, meta))
-
-
-def _python_name(files: dict[str, bytes], name: str) -> dict[str, bytes]:
-    meta = meta_of(files)
-    meta["kernel-hub"]["python_name"] = name
-    return bundle(with_meta(files, meta))
-
-
-def _entry(files: dict[str, bytes], entry: str) -> dict[str, bytes]:
-    meta = meta_of(files)
-    meta["kernel-hub"]["variant"]["entry"] = entry
-    return bundle(with_meta(files, meta))
-
-
-def _digest_key(files: dict[str, bytes], key: str) -> dict[str, bytes]:
-    meta = meta_of(files)
-    meta["kernel-hub"]["sha256"][key] = "0" * 64
+    section = meta["kernel-hub"]
+    for key in keys[:-1]:
+        section = section[key]
+    section[keys[-1]] = value
     return bundle(with_meta(files, meta))
 
 
@@ -170,10 +156,12 @@ def _bad_bundle_name(files: dict[str, bytes]) -> dict[str, bytes]:
 
 
 CASES = [
-    Case("metadata variant name absolute", lambda f, v: _variant_named(f, str(v)), "is not a variant name"),
-    Case("metadata variant name climbing", lambda f, v: _variant_named(f, "../../../../../victim"),
+    Case("metadata variant name absolute", lambda f, v: _edited(f, "variant", "name", value=str(v)),
          "is not a variant name"),
-    Case("metadata names another variant", lambda f, v: _variant_named(f, "jax-tpu"), "not the 'jax-cpu'"),
+    Case("metadata variant name climbing", lambda f, v: _edited(f, "variant", "name", value="../../../../../victim"),
+         "is not a variant name"),
+    Case("metadata names another variant", lambda f, v: _edited(f, "variant", "name", value="jax-tpu"),
+         "not the 'jax-cpu'"),
     Case("bundle names not variant names", lambda f, v: _bad_bundle_name(f), "fits this system"),
     Case("tar member climbing", lambda f, v: bundle(f, file_member("../../../../../victim/planted.py")),
          "bundle entry"),
@@ -190,9 +178,10 @@ CASES = [
     Case("pth file in bundle", lambda f, v: _added(f, "toy_scale/evil.pth", b"import os\n"), "path hook"),
     Case("file outside the package", lambda f, v: _added(f, "evil.py"), "outside the package"),
     Case("tampered file", lambda f, v: _tampered(f), "tampered or corrupt"),
-    Case("python_name climbing", lambda f, v: _python_name(f, "../x"), "is not a Python identifier"),
-    Case("entry climbing", lambda f, v: _entry(f, "../evil.py"), "must be a .py file"),
-    Case("digest key climbing", lambda f, v: _digest_key(f, "../../victim/keep.txt"), "relative path"),
+    Case("python_name climbing", lambda f, v: _edited(f, "python_name", value="../x"), "is not a Python identifier"),
+    Case("entry climbing", lambda f, v: _edited(f, "variant", "entry", value="../evil.py"), "must be a .py file"),
+    Case("digest key climbing", lambda f, v: _edited(f, "sha256", "../../victim/keep.txt", value="0" * 64),
+         "relative path"),
     Case("metadata not JSON", lambda f, v: bundle({**f, "metadata.json": b"{not json"}), "not a kernel-hub build"),
 ]
 

@@ -232,6 +232,9 @@ def test_leftovers_of_killed_processes_are_cleaned_on_the_next_fetch(server, tmp
         (folder / "toy_scale" / "ops.py").write_text("x = 1\n")
     for folder in stale:
         os.utime(folder, (old, old))
+    torn = cache / "kernels--acme--toy-scale" / "kernel-hub" / ".refs.json.0123.tmp"   # a write cut short
+    torn.write_text("{")
+    os.utime(torn, (old, old))
     blobs = cache / "kernels--acme--toy-scale" / "blobs"
     dead = blobs / f"{'a' * 40}.1234abcd.incomplete"        # its download was killed: nobody holds its lock
     alive = blobs / f"{'b' * 40}.5678abcd.incomplete"       # a download in progress holds its lock
@@ -250,6 +253,6 @@ def test_leftovers_of_killed_processes_are_cleaned_on_the_next_fetch(server, tmp
     finally:
         holder.kill()
         holder.wait()
-    assert [p.exists() for p in stale] == [False, False]
+    assert [p.exists() for p in [*stale, torn]] == [False, False, False]
     assert fresh.exists() and alive.exists() and other_repo.exists()
     assert not dead.exists()

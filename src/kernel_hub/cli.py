@@ -16,12 +16,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from .buildfmt import FRAMEWORKS
 from .errors import KernelHubError
 from .hub_cli import add_parsers as add_serve_parser
 from .registry import REGISTRY_ENV
+from .system import BACKENDS
 
-BACKENDS = ("tpu", "cuda", "rocm", "cpu")
-FRAMEWORKS = ("jax", "torch")
 DEBUG_ENV = "KERNEL_HUB_DEBUG"
 _TPU_GENERATION = re.compile(r"^v\d+[a-z]?$")
 

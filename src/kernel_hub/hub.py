@@ -397,19 +397,21 @@ class HubSource:
 
     def clean_stale(self, repo_id: str) -> list[Path]:
         """Remove what killed processes left in this repo's cache folder, once per source: our .partial/.trash
-        folders older than STALE_SECONDS, and huggingface_hub's `*.incomplete` blobs that no download holds the
-        lock of. Returns what was removed."""
+        folders and .tmp files older than STALE_SECONDS, and huggingface_hub's `*.incomplete` blobs that no
+        download holds the lock of. Returns what was removed."""
         if repo_id in self._cleaned:
             return []
         self._cleaned.add(repo_id)
         removed = []
         builds = self.builds_root(repo_id)
         now = time.time()
-        for path in builds.glob("*/*") if builds.is_dir() else []:
-            if path.name.endswith((".partial", ".trash")):
+        root = self.root(repo_id)
+        ours = [*builds.glob("*/*"), *root.glob(".*.tmp"), *root.glob("listings/.*.tmp")] if root.is_dir() else []
+        for path in ours:
+            if path.name.endswith((".partial", ".trash", ".tmp")):
                 with contextlib.suppress(OSError):
                     if now - path.lstat().st_mtime > STALE_SECONDS:
-                        safe_rmtree(builds, path)
+                        safe_rmtree(root, path)
                         removed.append(path)
         blobs = self.repo_dir(repo_id) / "blobs"
         for path in blobs.glob("*.incomplete") if blobs.is_dir() else []:

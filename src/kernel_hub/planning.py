@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from .buildfmt import FRAMEWORKS
 from .errors import KernelHubError, KernelNotFoundError, NoVariantError, VersionSpecError
 from .names import check_repo_id
 from .registry import Registry, load_registry
@@ -14,8 +15,6 @@ from .system import BACKENDS, SystemFacts, detect
 from .trust import TrustSetting, check_trust
 from .variants import Choice, choose_variant, preferred_names
 from .versions import Resolution, resolve
-
-FRAMEWORKS = ("jax", "torch")
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from .errors import IntegrityError, KernelHubError, MetadataError, ValidationFai
 from .integrity import not_source_reason, package_files
 from .metadata import METADATA_FILE, KernelMetadata, load_metadata
 from .names import check_entry_file, check_python_name, check_repo_id, check_variant_name, safe_join, safe_rmtree
+from .sources import LocalSource
 
 CARD = "README.md"
 
@@ -93,8 +94,9 @@ def build_layout(kernel_dir: Path, out: Path) -> Layout:
     kernel_dir = Path(kernel_dir).resolve()
     meta = checked_metadata(kernel_dir)
     card = kernel_file(kernel_dir, CARD)
-    package = safe_join(kernel_dir, meta.python_name)
-    sources = package_files(package, within=kernel_dir)
+    safe_join(kernel_dir, meta.python_name)  # the package folder itself may not lead out of the kernel folder
+    package = LocalSource(kernel_dir).package_dir   # the package as a local load sees it (with what it assembles)
+    sources = package_files(package, within=kernel_dir if kernel_dir in package.parents else package)
     for src in sources:
         reason = not_source_reason(src.relative_to(package).as_posix())
         if reason is not None:
