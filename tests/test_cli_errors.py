@@ -195,8 +195,8 @@ BAD = [
     # serve
     (["serve"], "required"),
     (["serve", "--store", "{tmp}/s", "--port", "notanint"], "invalid int value"),
-    (["serve", "--store", "{tmp}/s", "--port", "0"], "--port"),
-    (["serve", "--store", "{a_file}"], "not a folder"),
+    (["serve", "--store", "{tmp}/s", "--port", "70000"], "--port"),
+    (["serve", "--store", "{a_file}"], "--store"),
     (["serve", "--store", "{tmp}/s", "--host", "0.0.0.0"], "token"),
     (["serve", "--store", "{tmp}/s", "--read-token-required"], "token"),
     # bench / demo
