@@ -152,7 +152,7 @@ def _tampered(files: dict[str, bytes]) -> dict[str, bytes]:
 
 def _bad_bundle_name(files: dict[str, bytes]) -> dict[str, bytes]:
     data = tar_bytes(files)
-    return {"build/-rf.tar": data, "build/JAX-CPU.tar": data, "build/jax-cpu.x.tar": data}
+    return {"build/JAX-CPU.tar": data, "build/jax-cpu.x.tar": data, "build/9jax.tar": data, "build/x--y.tar": data}
 
 
 CASES = [
