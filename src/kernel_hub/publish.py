@@ -88,29 +88,36 @@ def checked_metadata(kernel_dir: Path) -> KernelMetadata:
     return meta
 
 
+def package_sources(kernel_dir: Path, meta: KernelMetadata) -> dict[str, Path]:
+    """What the package ships: relative path -> the file to copy. The package as a local load sees it, links
+    out of the kernel folder refused, nothing that runs without its source (bytecode, native code, .pth)."""
+    safe_join(kernel_dir, meta.python_name)  # the package folder itself may not lead out of the kernel folder
+    package = LocalSource(kernel_dir).package_dir
+    files = package_files(package, within=kernel_dir if kernel_dir in package.parents else package)
+    out = {p.relative_to(package).as_posix(): p for p in files}
+    for rel in out:
+        reason = not_source_reason(rel)
+        if reason is not None:
+            raise IntegrityError(f"{package}: {rel} is {reason}; a build ships Python source only")
+    return out
+
+
 def build_layout(kernel_dir: Path, out: Path) -> Layout:
     """Write the repo layout of `kernel_dir` under `out` (see buildfmt). Every path is built with safe_join
     under `out`, every delete is safe_rmtree inside `out`, and links out of the kernel folder are refused."""
     kernel_dir = Path(kernel_dir).resolve()
     meta = checked_metadata(kernel_dir)
     card = kernel_file(kernel_dir, CARD)
-    safe_join(kernel_dir, meta.python_name)  # the package folder itself may not lead out of the kernel folder
-    package = LocalSource(kernel_dir).package_dir   # the package as a local load sees it (with what it assembles)
-    sources = package_files(package, within=kernel_dir if kernel_dir in package.parents else package)
-    for src in sources:
-        reason = not_source_reason(src.relative_to(package).as_posix())
-        if reason is not None:
-            raise IntegrityError(f"{package}: {src.relative_to(package).as_posix()} is {reason}; a build ships "
-                                 "Python source only")
+    sources = package_sources(kernel_dir, meta)
     layout = Layout(out, meta)
     for variant in meta.variants:
-        entry = safe_join(package, variant.entry)
-        if not entry.is_file():
-            raise MetadataError(f"variant {variant.name}: entry {variant.entry} not found in {package}")
+        entry = sources.get(variant.entry)
+        if entry is None:
+            raise MetadataError(f"variant {variant.name}: entry {variant.entry} not found in {meta.python_name}/")
         vdir = safe_join(out, fmt.BUILD_DIR, variant.name)
         pdir = safe_join(vdir, meta.python_name)
-        for src in sources:
-            dest = safe_join(pdir, src.relative_to(package).as_posix())
+        for rel, src in sources.items():
+            dest = safe_join(pdir, rel)
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, dest)
         shutil.copyfile(entry, safe_join(pdir, "__init__.py"))  # the entry is the package root
