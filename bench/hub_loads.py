@@ -31,7 +31,7 @@ OURS = PRELUDE + (
 )
 LOCKED = PRELUDE + (
     "import kernel_hub as kh\n"
-    "m = kh.get_kernel({repo!r}, lockfile={lock!r}, framework='torch')\n"
+    "m = kh.get_kernel({repo!r}, lockfile={lock!r}, framework='torch', trust_remote_code=True)\n"
     "print(time.perf_counter() - t)\n"
 )
 THEIRS = PRELUDE + (

@@ -98,3 +98,26 @@ def test_download_fetches_and_checks(toy_registry):
 def test_bench_without_script_is_one_line(toy_registry):
     line = _one_line_error(run("--registry", str(toy_registry), "bench", "test-org/toy-scale"))
     assert "no benchmark script" in line
+
+
+def test_help_stays_light():
+    code = ("import sys\nfrom kernel_hub import cli\nassert cli.main(['--help']) == 0\n"
+            "print(sorted(m for m in ('jax', 'torch', 'transformers', 'huggingface_hub', 'numpy', 'starlette') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_cli_code_lives_in_cli_and_hub_cli_only():
+    import ast
+    from pathlib import Path
+
+    import kernel_hub
+
+    root = Path(kernel_hub.__file__).parent
+    for path in root.rglob("*.py"):
+        if path.name in ("cli.py", "hub_cli.py"):
+            continue
+        names = {n.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef)}
+        assert not {n for n in names if n.startswith("cmd_") or n in ("add_parser", "add_parsers")}, path

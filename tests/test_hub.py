@@ -15,8 +15,9 @@ pytest.importorskip("huggingface_hub")
 pytest.importorskip("starlette")
 
 from kernel_hub.api import load_plan, plan_load
+from kernel_hub.buildfmt import bundle_path
 from kernel_hub.errors import KernelHubError, KernelNotFoundError
-from kernel_hub.hub import HubSource, bundle_path
+from kernel_hub.hub import HubSource
 from kernel_hub.publish import publish
 from kernel_hub.server.testing import cli_command, hub_env, hub_requests, running_server
 
@@ -53,7 +54,7 @@ def source(server, cache: Path, offline: bool = False) -> HubSource:
 
 def load(src: HubSource, **kw):
     plan = plan_load(REPO, source=src, framework="jax", backend="cpu", **kw)
-    return plan, load_plan(plan)
+    return plan, load_plan(plan, trust_remote_code=True)
 
 
 def test_fresh_load_by_major_makes_three_requests_then_one(server, tmp_path: Path) -> None:
@@ -134,6 +135,7 @@ def test_server_error_is_one_line_naming_the_endpoint(server, tmp_path: Path) ->
     finally:
         server.clear_faults()
     assert server.url in str(exc.value) and "500" in str(exc.value) and "\n" not in str(exc.value)
+    assert "test hook: injected 500" in str(exc.value)  # what the server said (X-Error-Message), on the line
 
 
 def test_cut_off_download_leaves_nothing_that_loads(server, tmp_path: Path) -> None:
@@ -141,7 +143,8 @@ def test_cut_off_download_leaves_nothing_that_loads(server, tmp_path: Path) -> N
     server.fault(bundle_path("jax-cpu"), truncate=True, times=20)  # every retry is cut off too
     try:
         with pytest.raises(KernelHubError) as exc:  # the plan fetches the preferred build to choose it
-            load_plan(plan_load(REPO, version="==1.2.0", source=src, framework="jax", backend="cpu"))
+            load_plan(plan_load(REPO, version="==1.2.0", source=src, framework="jax", backend="cpu"),
+                      trust_remote_code=True)
     finally:
         server.clear_faults()
     assert server.url in str(exc.value) and "\n" not in str(exc.value)
@@ -151,7 +154,8 @@ def test_cut_off_download_leaves_nothing_that_loads(server, tmp_path: Path) -> N
     assert not src.build_dir(REPO, plan.resolution.commit, "jax-cpu").exists()
     assert not [p for p in (repo_dir / "blobs").glob("*") if not p.name.endswith(".incomplete")]
     assert not list((repo_dir / "snapshots").rglob("*.tar"))
-    module = load_plan(plan_load(REPO, version="==1.2.0", source=src, framework="jax", backend="cpu"))
+    module = load_plan(plan_load(REPO, version="==1.2.0", source=src, framework="jax", backend="cpu"),
+                       trust_remote_code=True)
     # the server recovers: the next load completes and loads
     assert module.scale(np.ones(1)).tolist() == [2.0]
 
@@ -175,7 +179,8 @@ from kernel_hub.hub import HubSource
 from kernel_hub.system import SystemFacts
 src = HubSource(endpoint=sys.argv[1], cache_dir=sys.argv[2])
 facts = SystemFacts(backend="cpu", jax_version="0.10.2")  # decided without importing jax: the toy is NumPy
-module = load_plan(plan_load(sys.argv[3], version=1, source=src, framework="jax", system=facts))
+module = load_plan(plan_load(sys.argv[3], version=1, source=src, framework="jax", system=facts),
+                   trust_remote_code=["acme"])
 print(module.scale(__import__("numpy").ones(1)).tolist())
 """
 
@@ -197,3 +202,57 @@ def test_eight_processes_share_one_download(server, tmp_path: Path) -> None:
     assert len(builds) == 1
     leftovers = [p for p in repo_dir.rglob("*") if p.name.endswith((".partial", ".trash", ".incomplete", ".tmp"))]
     assert leftovers == []
+
+
+HOLD_LOCK = """
+import sys, time
+from filelock import FileLock
+with FileLock(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_leftovers_of_killed_processes_are_cleaned_on_the_next_fetch(server, tmp_path: Path) -> None:
+    import os
+    import time
+
+    from kernel_hub.hub import STALE_SECONDS
+
+    cache = tmp_path / "cache"
+    plan, _ = load(source(server, cache), version="==1.2.0")
+    commit = plan.resolution.commit
+    src = source(server, cache)
+    commit_dir = src.build_dir(REPO, commit, "jax-cpu").parent
+    old = time.time() - STALE_SECONDS - 60
+    stale = [commit_dir / "jax-cpu.0123abcd.partial", commit_dir / "jax-cpu.4567ef01.trash"]
+    fresh = commit_dir / "jax-cpu.89abcdef.partial"   # an unpack in progress right now
+    for folder in [*stale, fresh]:
+        (folder / "toy_scale").mkdir(parents=True)
+        (folder / "toy_scale" / "ops.py").write_text("x = 1\n")
+    for folder in stale:
+        os.utime(folder, (old, old))
+    torn = cache / "kernels--acme--toy-scale" / "kernel-hub" / ".refs.json.0123.tmp"   # a write cut short
+    torn.write_text("{")
+    os.utime(torn, (old, old))
+    blobs = cache / "kernels--acme--toy-scale" / "blobs"
+    dead = blobs / f"{'a' * 40}.1234abcd.incomplete"        # its download was killed: nobody holds its lock
+    alive = blobs / f"{'b' * 40}.5678abcd.incomplete"       # a download in progress holds its lock
+    dead.write_bytes(b"partial")
+    alive.write_bytes(b"partial")
+    other_repo = cache / "kernels--acme--other" / "blobs" / f"{'c' * 40}.incomplete"   # not this repo's
+    other_repo.parent.mkdir(parents=True)
+    other_repo.write_bytes(b"partial")
+    lock = cache / ".locks" / "kernels--acme--toy-scale" / f"{'b' * 40}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(lock)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        load_plan(plan_load(REPO, version="==1.2.0", source=src, framework="jax", backend="cpu"),
+                  trust_remote_code=True)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert [p.exists() for p in [*stale, torn]] == [False, False, False]
+    assert fresh.exists() and alive.exists() and other_repo.exists()
+    assert not dead.exists()

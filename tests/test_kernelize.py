@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 
 import kernel_hub as kh  # noqa: E402
 from kernel_hub.errors import KernelHubError  # noqa: E402
-from kernel_hub.layers import tiny  # noqa: E402
+from tests import tiny_models as tiny  # noqa: E402
 
 FAMILIES = tiny.family_names()
 

@@ -20,7 +20,8 @@ pytest.importorskip("transformers")
 import kernel_hub as kh  # noqa: E402
 from kernel_hub.errors import KernelHubError  # noqa: E402
 from kernel_hub.layers import attention as at  # noqa: E402
-from kernel_hub.layers import is_kernelized, tiny  # noqa: E402
+from kernel_hub.layers import is_kernelized  # noqa: E402
+from tests import tiny_models as tiny  # noqa: E402
 
 REPO = "kernel-hub/flash-attention-tpu"
 

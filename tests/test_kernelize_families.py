@@ -16,8 +16,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import kernel_hub as kh  # noqa: E402
-from kernel_hub.layers import tiny  # noqa: E402
 from kernel_hub.layers.families import routes_through_interface  # noqa: E402
+from tests import tiny_models as tiny  # noqa: E402
 
 # These tests pin the MoE path: attention stays on its default (test_kernelize_attention.py covers it).
 pytestmark = pytest.mark.usefixtures("experts_only")

@@ -13,8 +13,8 @@ from kernel_hub.errors import (
     IntegrityError,
     KernelHubError,
     KernelImportError,
-    KernelNotFoundError,
     MetadataError,
+    UnsafeNameError,
     VersionSpecError,
 )
 from kernel_hub.loader import import_build
@@ -70,7 +70,7 @@ def test_unknown_repo_is_one_clear_error(toy_registry):
         kh.get_kernel("test-org/nope", version=1)  # not in the registry: the Hub is asked, one line
     with pytest.raises(VersionSpecError, match="pass version= or revision="):
         kh.get_kernel("test-org/nope")
-    with pytest.raises(KernelNotFoundError, match="ORG/NAME"):
+    with pytest.raises(UnsafeNameError, match="ORG/NAME"):
         kh.get_kernel("no-slash", version=1)
 
 
@@ -152,3 +152,132 @@ def test_get_kernel_through_a_lock_file(toy_registry, toy_kernel, tmp_path):
     ops.write_text(ops.read_text() + "\n# edited after locking\n")
     with pytest.raises(IntegrityError, match="changed since it was locked"):
         kh.get_kernel("test-org/toy-scale", lockfile=lockfile)
+
+
+# -- only verified source runs ------------------------------------------------------------------------------
+
+
+def _evil_pyc(ops: Path, sentinel: Path) -> Path:
+    """A __pycache__ entry for ops.py stamped with its mtime and size: Python's own import would run it."""
+    import importlib.util
+    from importlib._bootstrap_external import _code_to_timestamp_pyc
+
+    st = ops.stat()
+    source = f"from pathlib import Path\nPath({str(sentinel)!r}).write_text('ran')\nFLAVOUR = 'evil'\n" \
+             "def scale(x, factor=2.0):\n    return x * 42\n"
+    pyc = Path(importlib.util.cache_from_source(str(ops)))
+    pyc.parent.mkdir(exist_ok=True)
+    pyc.write_bytes(bytes(_code_to_timestamp_pyc(compile(source, str(ops), "exec"), st.st_mtime, st.st_size)))
+    return pyc
+
+
+def test_planted_bytecode_never_runs(toy_kernel, tmp_path):
+    import subprocess
+
+    sentinel = tmp_path / "PWNED"
+    package = toy_kernel / "toy_scale"
+    _evil_pyc(package / "ops.py", sentinel)
+    (package / "__init__.pyc").write_bytes(b"\0" * 16)  # sourceless bytecode beside the package's source
+    control = subprocess.run([sys.executable, "-B", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+                              "import toy_scale; print(toy_scale.scale(1))", str(toy_kernel)],
+                             capture_output=True, text=True, timeout=60)
+    assert control.stdout.strip() == "42" and sentinel.exists(), control.stderr  # the plant is live for Python
+    sentinel.unlink()
+    mod = kh.get_local_kernel(toy_kernel, backend="cpu")
+    assert float(mod.scale(np.ones(1), 2.0)[0]) == 2.0 and mod.FLAVOUR == "numpy"
+    assert not sentinel.exists()
+    ops = sys.modules[f"{mod.__name__}.ops"]
+    assert ops.__spec__.cached is None and not hasattr(ops, "__cached__") and ops.__file__.endswith("ops.py")
+    import inspect
+
+    assert "np.float32(factor)" in inspect.getsource(ops.scale)  # tracebacks and inspect see the verified text
+
+
+def test_files_outside_the_digests_never_import(toy_kernel):
+    import importlib
+
+    mod = kh.get_local_kernel(toy_kernel, backend="cpu")
+    (toy_kernel / "toy_scale" / "late.py").write_text("raise SystemExit('must not run')\n")
+    with pytest.raises(ModuleNotFoundError, match="among the verified files"):
+        importlib.import_module(f"{mod.__name__}.late")
+    validation = toy_kernel / "toy_scale" / "validation.py"
+    validation.write_text(validation.read_text() + "\nimport os  # changed after loading\n")
+    with pytest.raises(IntegrityError, match="changed after it was verified"):
+        importlib.import_module(f"{mod.__name__}.validation")   # a lazy import reads and checks its bytes too
+
+
+@pytest.mark.parametrize("raiser", ["raise SystemExit(3)", "import sys; sys.exit('bye')",
+                                    "class Boom(BaseException): pass\nraise Boom('base')", "raise GeneratorExit"])
+def test_any_base_exception_at_import_is_a_kernel_import_error(toy_kernel, raiser):
+    (toy_kernel / "toy_scale/ops.py").write_text(raiser + "\n")
+    before = set(sys.modules)
+    with pytest.raises(KernelImportError, match="import failed") as exc:
+        kh.get_local_kernel(toy_kernel, backend="cpu")
+    assert "\n" not in str(exc.value)
+    assert {m for m in set(sys.modules) - before if m.startswith("_kernel_hub_")} == set()
+
+
+def test_keyboard_interrupt_at_import_still_interrupts(toy_kernel):
+    (toy_kernel / "toy_scale/ops.py").write_text("raise KeyboardInterrupt\n")
+    before = set(sys.modules)
+    with pytest.raises(KeyboardInterrupt):
+        kh.get_local_kernel(toy_kernel, backend="cpu")
+    assert {m for m in set(sys.modules) - before if m.startswith("_kernel_hub_")} == set()
+
+
+# -- structure ----------------------------------------------------------------------------------------------
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """kernel_hub module -> the kernel_hub modules it imports anywhere (function-level imports included)."""
+    import ast
+
+    root = Path(kh.__file__).parent
+    files = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {m: set() for m in files}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+                target = ".".join([*base, node.module] if node.module else base)
+                for alias in node.names:
+                    full = f"{target}.{alias.name}"
+                    graph[name].add(full if full in files else target)
+            elif isinstance(node, ast.Import):
+                graph[name].update(a.name for a in node.names)
+        graph[name] = {m for m in graph[name] if m in files and m != name}
+    return graph
+
+
+def test_no_import_cycle_among_the_client_modules():
+    """The top-level modules (api, planning, lock, validation, hub, sources, loader, cli, ...) import each other
+    without a cycle, function-level imports included. (Subpackages keep their own structure.)"""
+    top = {m: {d for d in deps if d.count(".") == 1} for m, deps in _import_graph().items() if m.count(".") <= 1}
+    graph = top
+    assert {"kernel_hub.lock", "kernel_hub.planning"} <= graph["kernel_hub.api"]  # the graph sees real edges
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            assert state.get(nxt) != 1, "import cycle: " + " -> ".join([*path, node, nxt])
+            if nxt not in state:
+                visit(nxt, [*path, node])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [])
+
+
+@pytest.mark.parametrize("module", ["api", "lock", "validation", "planning", "hub", "cli"])
+def test_each_module_imports_alone_in_a_fresh_interpreter(module):
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", f"import kernel_hub.{module}"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]

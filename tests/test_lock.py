@@ -23,6 +23,7 @@ from kernel_hub.server.testing import cli_command, hub_env, hub_requests, runnin
 
 TOKEN = "test-token"
 REPO = "acme/locked"
+TRUST = ["acme"]  # the test org: trusted by name, as a user would
 TOY = Path(__file__).parent / "fixtures" / "toy_kernel"
 
 
@@ -39,7 +40,7 @@ def server(tmp_path: Path):
 def test_lock_records_and_loads_exactly_that_with_no_requests(server, tmp_path: Path) -> None:
     cache, lockfile = tmp_path / "cache", tmp_path / "kernel-hub.lock"
     src = HubSource(endpoint=server.url, cache_dir=cache)
-    locked = lock([REPO], version=1, framework="jax", backend="cpu", path=lockfile, source=src)
+    locked = lock([REPO], version=1, framework="jax", backend="cpu", path=lockfile, source=src, trust_remote_code=TRUST)
     entry = read_lock(lockfile).find(REPO)
     assert entry == locked.kernels[0]
     assert entry.version == "1.2.0" and entry.spec == {"version": 1} and entry.variant["name"] == "jax-cpu"
@@ -47,22 +48,24 @@ def test_lock_records_and_loads_exactly_that_with_no_requests(server, tmp_path: 
     assert all(len(h) == 64 for h in entry.files.values())
 
     server.reset()
-    module = get_locked_kernel(REPO, lockfile=lockfile, source=HubSource(endpoint=server.url, cache_dir=cache))
+    module = get_locked_kernel(REPO, lockfile=lockfile, source=HubSource(endpoint=server.url, cache_dir=cache),
+                               trust_remote_code=TRUST)
     assert module.scale(np.ones(2)).tolist() == [2.0, 2.0]
     assert module.__kernel_hub__.commit == entry.commit
     assert hub_requests(server) == []
 
     server.stop()  # a locked, cached load needs no server at all
     offline = HubSource(endpoint=server.url, cache_dir=cache)
-    assert get_locked_kernel(REPO, lockfile=lockfile, source=offline).scale(np.ones(1)).tolist() == [2.0]
+    module = get_locked_kernel(REPO, lockfile=lockfile, source=offline, trust_remote_code=TRUST)
+    assert module.scale(np.ones(1)).tolist() == [2.0]
 
 
 def test_fresh_locked_load_is_one_download(server, tmp_path: Path) -> None:
     lockfile = tmp_path / "k.lock"
     lock([REPO], version=">=1.0,<2", backend="cpu", path=lockfile,
-         source=HubSource(endpoint=server.url, cache_dir=tmp_path / "one"))
+         source=HubSource(endpoint=server.url, cache_dir=tmp_path / "one"), trust_remote_code=TRUST)
     server.reset()
-    module = get_locked_kernel(REPO, lockfile=lockfile,
+    module = get_locked_kernel(REPO, lockfile=lockfile, trust_remote_code=TRUST,
                                source=HubSource(endpoint=server.url, cache_dir=tmp_path / "two"))
     assert module.scale(np.ones(1)).tolist() == [2.0]
     assert [m for m, _, _ in hub_requests(server)] == ["HEAD", "GET"]  # no refs, no listing
@@ -74,7 +77,8 @@ def _cached_file(cache: Path, name: str) -> Path:
 
 def test_tampered_file_is_refetched_online(server, tmp_path: Path) -> None:
     cache, lockfile = tmp_path / "cache", tmp_path / "k.lock"
-    lock([REPO], version=1, backend="cpu", path=lockfile, source=HubSource(endpoint=server.url, cache_dir=cache))
+    lock([REPO], version=1, backend="cpu", path=lockfile, source=HubSource(endpoint=server.url, cache_dir=cache),
+         trust_remote_code=TRUST)
     ops = _cached_file(cache, "ops.py")
     good = ops.read_text()
     ops.write_text(good + "\nimport os  # injected\n")
@@ -82,7 +86,8 @@ def test_tampered_file_is_refetched_online(server, tmp_path: Path) -> None:
     blob = next((cache / "kernels--acme--locked" / "blobs").iterdir())
     blob.write_bytes(blob.read_bytes()[:-10] + b"x" * 10)
     server.reset()
-    module = get_locked_kernel(REPO, lockfile=lockfile, source=HubSource(endpoint=server.url, cache_dir=cache))
+    module = get_locked_kernel(REPO, lockfile=lockfile, source=HubSource(endpoint=server.url, cache_dir=cache),
+                               trust_remote_code=TRUST)
     assert module.scale(np.ones(1)).tolist() == [2.0]
     assert _cached_file(cache, "ops.py").read_text() == good
     assert [m for m, _, _ in hub_requests(server)] == ["HEAD", "GET"]
@@ -90,24 +95,27 @@ def test_tampered_file_is_refetched_online(server, tmp_path: Path) -> None:
 
 def test_tampered_file_offline_is_one_line_and_nothing_imports(server, tmp_path: Path) -> None:
     cache, lockfile = tmp_path / "cache", tmp_path / "k.lock"
-    lock([REPO], version=1, backend="cpu", path=lockfile, source=HubSource(endpoint=server.url, cache_dir=cache))
+    lock([REPO], version=1, backend="cpu", path=lockfile, source=HubSource(endpoint=server.url, cache_dir=cache),
+         trust_remote_code=TRUST)
     ops = _cached_file(cache, "ops.py")
     ops.write_text(ops.read_text() + "\nraise SystemExit('tampered code ran')\n")
     shutil.rmtree(cache / "kernels--acme--locked" / "blobs")  # no clean copy left in the cache
     with pytest.raises(IntegrityError) as exc:
-        get_locked_kernel(REPO, lockfile=lockfile,
+        get_locked_kernel(REPO, lockfile=lockfile, trust_remote_code=TRUST,
                           source=HubSource(endpoint=server.url, cache_dir=cache, offline=True))
     assert "\n" not in str(exc.value) and "ops.py" in str(exc.value)
 
 
 def test_edited_lock_file_is_refused(server, tmp_path: Path) -> None:
     cache, lockfile = tmp_path / "cache", tmp_path / "k.lock"
-    lock([REPO], version=1, backend="cpu", path=lockfile, source=HubSource(endpoint=server.url, cache_dir=cache))
+    lock([REPO], version=1, backend="cpu", path=lockfile, source=HubSource(endpoint=server.url, cache_dir=cache),
+         trust_remote_code=TRUST)
     data = json.loads(lockfile.read_text())
     data["kernels"][0]["files"]["ops.py"] = "0" * 64
     lockfile.write_text(json.dumps(data))
     with pytest.raises(IntegrityError, match="ops.py"):
-        get_locked_kernel(REPO, lockfile=lockfile, source=HubSource(endpoint=server.url, cache_dir=cache))
+        get_locked_kernel(REPO, lockfile=lockfile, source=HubSource(endpoint=server.url, cache_dir=cache),
+                               trust_remote_code=TRUST)
     with pytest.raises(KernelNotFoundError, match="not in the lock file"):
         get_locked_kernel("acme/other", lockfile=lockfile)
 

@@ -67,3 +67,62 @@ def test_entry_without_hub_never_asks_the_hub(tmp_path, toy_kernel, monkeypatch,
     path.write_text(f"kernels:\n  - repo_id: {hub}\n    source: {toy_kernel}\n    version: '>=1'\n")
     monkeypatch.setenv("KERNEL_HUB_REGISTRY", str(path))
     assert plan_load(hub, backend="cpu").source.describe() == f"source path {toy_kernel}"
+
+
+def test_lock_while_the_hub_is_down_records_the_source_path_it_used(tmp_path, toy_kernel, monkeypatch):
+    from kernel_hub.lock import get_locked_kernel, lock, read_lock
+
+    monkeypatch.setenv("KERNEL_HUB_REGISTRY", str(_registry(tmp_path, toy_kernel, "test-org/toy-scale")))
+    lockfile = tmp_path / "kernel-hub.lock"
+    lock(["test-org/toy-scale"], backend="cpu", path=lockfile)   # HF_ENDPOINT is a closed port (conftest)
+    entry = read_lock(lockfile).find("test-org/toy-scale")
+    assert (entry.source, entry.location) == ("local", str(toy_kernel))
+    module = get_locked_kernel("test-org/toy-scale", lockfile=lockfile)
+    assert module.__kernel_hub__.source == str(toy_kernel) and float(module.scale(np.ones(1), 2.0)[0]) == 2.0
+
+
+def test_a_lock_cannot_point_the_loader_at_another_folder(tmp_path, toy_kernel, toy_registry):
+    import json
+
+    from kernel_hub.errors import KernelHubError
+    from kernel_hub.lock import get_locked_kernel, lock
+
+    lockfile = tmp_path / "kernel-hub.lock"
+    lock(["test-org/toy-scale"], backend="cpu", path=lockfile)
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(toy_kernel, elsewhere)   # same content, same commit: only the registry decides the folder
+    data = json.loads(lockfile.read_text())
+    data["kernels"][0]["location"] = str(elsewhere)
+    lockfile.write_text(json.dumps(data))
+    with pytest.raises(KernelHubError, match="the registry serves it from"):
+        get_locked_kernel("test-org/toy-scale", lockfile=lockfile)
+
+
+def test_an_alias_is_trusted_by_the_repo_it_fetches(tmp_path, toy_kernel, monkeypatch):
+    from kernel_hub.errors import TrustError
+    from kernel_hub.lock import get_locked_kernel, lock, read_lock
+    from kernel_hub.publish import publish
+    from tests.client_env import point_at
+
+    registry = tmp_path / "registry.yaml"
+    registry.write_text("kernels:\n  - repo_id: kernel-hub/aliased\n    hub: evil/aliased\n    version: '>=1'\n")
+    monkeypatch.setenv("KERNEL_HUB_REGISTRY", str(registry))
+    monkeypatch.setenv("KERNEL_HUB_BACKEND", "cpu")
+    lockfile = tmp_path / "k.lock"
+    with running_server(tmp_path / "store", token=TOKEN) as srv:
+        publish(toy_kernel, repo_id="evil/aliased", endpoint=srv.url, token=TOKEN, skip_validation=True,
+                log=lambda _: None)
+        point_at(monkeypatch, srv.url, tmp_path / "cache")
+        with pytest.raises(TrustError, match="evil/aliased"):   # kernel-hub is trusted; evil, the fetched repo, not
+            kh.get_kernel("kernel-hub/aliased")
+        with pytest.raises(TrustError, match="evil/aliased"):
+            lock(["kernel-hub/aliased"], path=lockfile)
+        assert not lockfile.exists()
+        mod = kh.get_kernel("kernel-hub/aliased", trust_remote_code=["evil/aliased"])
+        assert float(mod.scale(np.ones(1), 2.0)[0]) == 2.0
+        lock(["kernel-hub/aliased"], path=lockfile, trust_remote_code=["evil"])
+        assert read_lock(lockfile).find("kernel-hub/aliased").hub_repo == "evil/aliased"
+        with pytest.raises(TrustError, match="evil/aliased"):   # a locked load checks the fetched repo too
+            get_locked_kernel("kernel-hub/aliased", lockfile=lockfile)
+        locked = get_locked_kernel("kernel-hub/aliased", lockfile=lockfile, trust_remote_code=True)
+        assert locked.__kernel_hub__.source == srv.url

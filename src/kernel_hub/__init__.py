@@ -15,7 +15,7 @@ _LAZY = {
     "get_local_kernel": "api",
     "has_kernel": "api",
     "plan_load": "api",
-    "validate": "validation",
+    "validate": "api",
     "ValidationReport": "validation",
     "kernelize": "layers",
     "restore": "layers",

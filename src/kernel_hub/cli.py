@@ -1,33 +1,85 @@
-"""The `kernel-hub` command. Every subcommand has --help, exits non-zero on failure, and prints one
-clear line for a user error (no traceback)."""
+"""The `kernel-hub` command: every subcommand's parser and its cmd_ function (serve's live in hub_cli.py).
+
+Every subcommand has --help, exits non-zero on failure, and prints exactly one line for a user error (a bad
+argument, file, spec or repo), never a traceback. Heavy imports (jax, torch, huggingface_hub, the server)
+happen inside the commands, so `kernel-hub --help` stays fast.
+"""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, NoReturn
 
+from .buildfmt import FRAMEWORKS
 from .errors import KernelHubError
+from .hub_cli import add_parsers as add_serve_parser
 from .registry import REGISTRY_ENV
+from .system import BACKENDS
 
-# Subcommands that live in their own modules: (module, name). Each module has add_parser(sub) -> parser
-# with set_defaults(func=...). Missing optional modules are skipped.
-_PLUGINS = ("kernel_hub.hub_cli",)
+DEBUG_ENV = "KERNEL_HUB_DEBUG"
+_TPU_GENERATION = re.compile(r"^v\d+[a-z]?$")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (exit 2)."""
+
+    commands: tuple[str, ...] = ()
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _spec(value: str | None) -> int | str | None:
+    return int(value) if value is not None and value.isdigit() else value
+
+
+def _trust(value: list[str] | None) -> bool | list[str]:
+    """--trust-remote-code: absent -> False, bare -> True, with values -> those repos/orgs."""
+    if value is None:
+        return False
+    return list(value) or True
+
+
+def _version_of(what: str, value: str | None) -> str | None:
+    if value is None:
+        return None
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return str(Version(value))
+    except InvalidVersion:
+        raise KernelHubError(f"{what} {value!r} is not a version like 0.10.2") from None
 
 
 def _add_version_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--version", dest="spec", help="int major (1) or PEP 440 spec ('>=1.0,<2'); default: registry")
     p.add_argument("--revision", help="any branch, tag or commit (instead of --version)")
-    p.add_argument("--backend", choices=["tpu", "cuda", "rocm", "cpu"], help="override the detected backend")
-    p.add_argument("--framework", choices=["jax", "torch"], default="jax", help="tensors the build takes")
+    _add_target_args(p)
 
 
-def _spec(value: str | None) -> int | str | None:
-    return int(value) if value is not None and value.isdigit() else value
+def _add_target_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=BACKENDS, help="override the detected backend")
+    p.add_argument("--framework", choices=FRAMEWORKS, default="jax", help="tensors the build takes")
+
+
+def _add_trust_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trust-remote-code", nargs="*", metavar="REPO_OR_ORG", default=None,
+                   help="run code from repos outside the trusted organisations: bare, any repo; with values, "
+                        "those repos (ORG/NAME) and organisations (ORG). Put it after the repo ids")
+
+
+# -- commands -------------------------------------------------------------------------------------------------
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -50,27 +102,26 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from .api import source_for
+    from .planning import source_for
     from .registry import load_registry
     from .sources import LocalSource
+    from .versions import resolve
 
     registry = load_registry()
     source = source_for(args.repo, registry)
     refs = source.refs(args.repo)
     print(f"repo      {args.repo}")
+    print(f"source    {source.describe()}")
     if isinstance(source, LocalSource):
         m = source.metadata
-        print(f"source    {source.kernel_dir}")
         print(f"name      {m.name}  version {m.version}  license {m.license or '-'}")
         print(f"about     {m.description}")
         print(f"package   {m.python_name} ({len(source.digests)} files, commit {source.commit[:12]})")
         print(f"replaces  {', '.join(m.replaces) or '-'}")
-    print("refs      " + ", ".join(f"{r.name} ({r.kind}) {r.commit[:12]}" for r in refs))
+    print("refs      " + (", ".join(f"{r.name} ({r.kind}) {r.commit[:12]}" for r in refs) or "none"))
     entry = registry.get(args.repo)
     spec = entry.version if entry else None
     if spec or refs:
-        from .versions import resolve
-
         res = resolve(refs, version=_spec(spec) if spec else None, revision=None if spec else refs[0].name)
         print("variants  at " + res.commit[:12] + ":")
         for v in source.variants(args.repo, res.commit):
@@ -83,17 +134,19 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_resolve(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from .api import plan_load
-    from .system import SystemFacts, detect
+    from .planning import plan_load
+    from .system import SystemFacts, detect, installed_version
 
+    if args.tpu_generation is not None and not _TPU_GENERATION.match(args.tpu_generation):
+        raise KernelHubError(f"--tpu-generation {args.tpu_generation!r} is not a TPU generation like v5e or v6e")
+    jax_version = _version_of("--jax-version", args.jax_version)
+    torch_version = _version_of("--torch-version", args.torch_version)
     system: SystemFacts | None = None
-    if args.backend or args.tpu_generation:
+    if args.backend or args.tpu_generation or jax_version or torch_version:
         base = detect(args.framework) if not args.backend else SystemFacts(backend=args.backend)
-        from .system import installed_version
-
         system = replace(base, backend=args.backend or base.backend, tpu_generation=args.tpu_generation,
-                         jax_version=args.jax_version or installed_version("jax"),
-                         torch_version=args.torch_version or installed_version("torch"))
+                         jax_version=jax_version or installed_version("jax"),
+                         torch_version=torch_version or installed_version("torch"))
     plan = plan_load(args.repo, version=_spec(args.spec), revision=args.revision, framework=args.framework,
                      system=system)
     print(plan.describe())
@@ -108,24 +161,58 @@ def cmd_validate(args: argparse.Namespace) -> int:
         module = get_local_kernel(args.path, backend=args.backend, framework=args.framework)
     else:
         module = get_kernel(args.repo, version=_spec(args.spec), revision=args.revision, backend=args.backend,
-                            framework=args.framework)
+                            framework=args.framework, trust_remote_code=_trust(args.trust_remote_code),
+                            lockfile=args.lockfile)
     report = validate(module, backend=args.backend, tags=tuple(args.tag) or None, seed=args.seed)
     print(report.to_json() if args.json else report)
     return 0 if report.passed else 1
 
 
 def cmd_download(args: argparse.Namespace) -> int:
-    from .api import plan_load
-    from .errors import NoVariantError
+    """Fetch and verify, import nothing: no trust needed, every name and digest still checked."""
+    from .errors import VersionSpecError
 
-    plan = plan_load(args.repo, version=_spec(args.spec), revision=args.revision, backend=args.backend,
-                     framework=args.framework)
-    if plan.choice.variant is None:
-        raise NoVariantError(f"no build of {args.repo} fits this system (see: kernel-hub resolve {args.repo})")
-    build = plan.source.fetch(args.repo, plan.resolution.commit, plan.choice.variant)
-    print(f"{args.repo} {plan.resolution.version or plan.resolution.commit[:12]} [{build.variant.name}]")
+    if args.lockfile:
+        from .lock import fetch_locked
+
+        if args.spec is not None or args.revision is not None:
+            raise VersionSpecError("a lock file fixes the version: drop --version/--revision or --lockfile")
+        entry, build = fetch_locked(args.repo, lockfile=args.lockfile, framework=args.framework)
+        label = entry.version or entry.commit[:12]
+    else:
+        from .planning import plan_load
+
+        plan = plan_load(args.repo, version=_spec(args.spec), revision=args.revision, backend=args.backend,
+                         framework=args.framework)
+        if plan.choice.variant is None:
+            raise plan.no_fit()
+        build = plan.source.fetch(args.repo, plan.resolution.commit, plan.choice.variant)
+        label = plan.resolution.version or plan.resolution.commit[:12]
+    print(f"{args.repo} {label} [{build.variant.name}]")
     print(f"package   {build.package_dir}")
     print(f"files     {len(build.digests)} (sha256 checked)")
+    return 0
+
+
+def cmd_lock(args: argparse.Namespace) -> int:
+    from .lock import lock
+
+    out = Path(args.output)
+    locked = lock(args.repos or None, version=_spec(args.spec), revision=args.revision, framework=args.framework,
+                  backend=args.backend, path=out, trust_remote_code=_trust(args.trust_remote_code))
+    for k in locked.kernels:
+        print(f"locked {k.repo_id} {k.version or '-'} at {k.commit[:12]} [{k.variant['name']}] "
+              f"({len(k.files)} files, {k.source})")
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from .publish import publish
+
+    result = publish(args.path, repo_id=args.repo, endpoint=args.endpoint, token=args.token,
+                     skip_validation=args.skip_validation)
+    print(result.summary())
     return 0
 
 
@@ -154,8 +241,11 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
     return "\n".join("  ".join(str(v).ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 
+# -- parsers --------------------------------------------------------------------------------------------------
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="kernel-hub",
         description="Load, verify, validate and publish accelerator kernels (Pallas first) on the Hugging Face Hub.",
         epilog="Examples:\n  kernel-hub list\n  kernel-hub resolve kernel-hub/ragged-dot-tpu --backend tpu "
@@ -163,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--registry", help="registry.yaml to use (default: the embedded one, or $KERNEL_HUB_REGISTRY)")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser("list", help="kernels in the registry", description="List the kernels the registry knows.")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -190,6 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("repo", nargs="?", default="kernel-hub/ragged-dot-tpu", help="repo id (default: the ragged dot)")
     p.add_argument("--path", help="validate a local kernel folder instead of a repo")
     _add_version_args(p)
+    p.add_argument("--lockfile", help="load exactly what this lock file records (see kernel-hub lock)")
+    _add_trust_arg(p)
     p.add_argument("--tag", action="append", default=[], help="only cases with this tag (decode, prefill, edge, ...)")
     p.add_argument("--seed", type=int, help="random seed for the inputs (default: fresh)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -197,10 +289,34 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("download", help="fetch and verify the build that fits, without importing it",
                        description="Resolve, choose the variant and fetch only its files into the cache, "
-                       "checking every sha256. Prints where the package is.")
+                       "checking every sha256. Prints where the package is. Imports nothing.")
     p.add_argument("repo", help="repo id")
     _add_version_args(p)
+    p.add_argument("--lockfile", help="fetch exactly what this lock file records")
     p.set_defaults(func=cmd_download)
+
+    p = sub.add_parser("lock", help="pin kernels to a commit and variant with every file's sha256",
+                       description="Resolve each kernel as get_kernel would (trust check included) and write a "
+                       "lock file (repo, spec, version, commit, variant, where it came from, sha256 of every file). "
+                       "kernel_hub.get_locked_kernel loads exactly that.")
+    p.add_argument("repos", nargs="*", help="ORG/NAME repo ids (default: every kernel in the registry)")
+    _add_version_args(p)
+    p.add_argument("--output", "-o", default=os.environ.get("KERNEL_HUB_LOCK") or "kernel-hub.lock",
+                   help="lock file (default kernel-hub.lock, or $KERNEL_HUB_LOCK)")
+    _add_trust_arg(p)
+    p.set_defaults(func=cmd_lock)
+
+    p = sub.add_parser("publish", help="build, validate and upload a kernel folder to the Hub",
+                       description="Build the HF kernels-compatible layout of a kernel folder (build/<variant>/ ...), "
+                       "validate it on this machine, upload it through huggingface_hub, tag v<version> and move "
+                       "branch v<major>. An existing version with different content is refused; the same content "
+                       "is a no-op.")
+    p.add_argument("path", help="kernel folder holding kernel.yaml (e.g. kernels/pallas/ragged_dot)")
+    p.add_argument("--repo", help="ORG/NAME on the Hub (default: repo_id in kernel.yaml)")
+    p.add_argument("--endpoint", help="Hub endpoint (default: $HF_ENDPOINT or huggingface.co)")
+    p.add_argument("--token", help="write token (default: $HF_TOKEN or the saved login)")
+    p.add_argument("--skip-validation", action="store_true", help="publish without validating (says so)")
+    p.set_defaults(func=cmd_publish)
 
     p = sub.add_parser("bench", help="run a kernel's benchmark against its alternatives",
                        description="Run the benchmark script the registry names for a kernel (medians of "
@@ -217,31 +333,45 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
     p.set_defaults(func=cmd_demo)
 
-    for plugin in _PLUGINS:
-        try:
-            module = importlib.import_module(plugin)
-        except ImportError:
-            continue
-        module.add_parsers(sub)
+    add_serve_parser(sub)
+    parser.commands = tuple(sub.choices)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns the exit status (0 ok, 1 failed, 2 bad usage, 130 interrupted)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error, already printed as one line (2)
+        return exc.code if isinstance(exc.code, int) else 2
     func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
     if func is None:
-        parser.print_help()
+        commands = ", ".join(parser.commands)
+        print(f"kernel-hub: error: name a command ({commands}); see kernel-hub --help", file=sys.stderr)
         return 2
     if args.registry:
         os.environ[REGISTRY_ENV] = str(Path(args.registry).resolve())
+    where = f"kernel-hub {args.command}"
     try:
         return int(func(args) or 0)
     except KernelHubError as exc:
-        print(f"kernel-hub {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{where}: error: {_one_line(str(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        print(f"{where}: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:  # a file or folder the user named that cannot be read or written
+        name = f" {exc.filename}" if getattr(exc, "filename", None) else ""
+        print(f"{where}: error: {exc.strerror or type(exc).__name__}:{name}", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        if os.environ.get(DEBUG_ENV):
+            raise
+        detail: Any = _one_line(str(exc))[:300]
+        print(f"{where}: internal error: {type(exc).__name__}: {detail} (set {DEBUG_ENV}=1 for the traceback)",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ def run_demo(quick: bool = False, print_fn=print) -> int:
     import jax.numpy as jnp
 
     import kernel_hub as kh
-    from kernel_hub.api import plan_load
+    from kernel_hub.planning import plan_load
     from kernel_hub.timing import interleaved_medians
     from kernel_hub.validation import relative_error
 

@@ -37,3 +37,7 @@ class ValidationFailedError(KernelHubError):
 
 class UnsafeNameError(KernelHubError):
     """A name from a user, a server, a bundle, a lock or a kernel.yaml that is not allowed where it is used."""
+
+
+class TrustError(KernelHubError):
+    """The repo a kernel would come from is not trusted (see trust.py): nothing of it was imported."""

@@ -1,65 +1,51 @@
 """The Hub source: kernel repos on the Hugging Face Hub (or `kernel-hub serve`), through huggingface_hub only.
 
-A published commit holds one bundle per variant, `build/<variant>.tar` (the variant folder: metadata.json
-and the package), beside the exploded `build/<torch-variant>/` folders that HF `kernels` loads. Loading
-a version costs: the refs (1 request), the listing of `build/` at the resolved commit (1), and the one
-bundle through hf_hub_download (HEAD + GET), into the Hub cache. The bundle is unpacked beside the
-cache's repo folder (`kernels--ORG--NAME/kernel-hub/builds/<commit>/<variant>`), digests checked, and
-renamed into place in one step, so a cut-off or concurrent download never leaves a half entry. The refs
-and listings are kept there too, so with HF_HUB_OFFLINE=1 a warm cache resolves and loads with no network.
+A published commit holds one bundle per variant (the layout is buildfmt.py's). Loading a version costs: the
+refs (1 request), the listing of `build/` at the resolved commit (1), and the one bundle through
+hf_hub_download (HEAD + GET), into the Hub cache. The bundle is unpacked beside the cache's repo folder
+(`kernels--ORG--NAME/kernel-hub/builds/<commit>/<variant>`), digests checked, and renamed into place in one
+step, so a cut-off or concurrent download never leaves a half entry. The refs and listings are kept there too,
+so with HF_HUB_OFFLINE=1 a warm cache resolves and loads with no network.
+
+The server, the bundles and the cache are all untrusted: every ref, commit, variant and file name is checked
+with kernel_hub.names before it names a path, and every write and delete stays inside the repo's own folder
+of the cache (names.safe_join / names.safe_rmtree).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
-import shutil
-import tarfile
+import re
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .errors import IntegrityError, KernelHubError, KernelNotFoundError, MetadataError, VersionSpecError
+from . import buildfmt as fmt
+from .errors import (
+    IntegrityError,
+    KernelHubError,
+    KernelNotFoundError,
+    MetadataError,
+    UnsafeNameError,
+    VersionSpecError,
+)
 from .integrity import verify_tree
-from .sources import Build
+from .names import check_commit, check_ref_name, check_repo_id, check_variant_name, safe_join, safe_rmtree
+from .sources import Build, Origin
 from .variants import Variant
 from .versions import Ref
 
-REPO_TYPE = "kernel"
-BUILD_DIR = "build"
-BUNDLE_SUFFIX = ".tar"
-VARIANT_METADATA = "metadata.json"
-KH_KEY = "kernel-hub"          # our section inside the HF-format metadata.json
-FRAMEWORKS = ("jax", "torch")
+REPO_TYPE = fmt.REPO_TYPE
 TIMEOUT_ENV = "KERNEL_HUB_HTTP_TIMEOUT"
+#: A leftover .partial/.trash folder older than this is no unpack in progress (an unpack takes seconds).
+STALE_SECONDS = 3600.0
+_DAMAGED = (IntegrityError, MetadataError, UnsafeNameError)  # a cached copy that is not a clean build
 
 T = TypeVar("T")
-
-
-def bundle_path(variant_name: str) -> str:
-    return f"{BUILD_DIR}/{variant_name}{BUNDLE_SUFFIX}"
-
-
-def variant_from_name(name: str) -> Variant | None:
-    """`jax-tpu` -> Variant(framework jax, backend tpu); names outside the convention -> None."""
-    framework, _, backend = name.partition("-")
-    if framework not in FRAMEWORKS or not backend or "-" in backend:
-        return None
-    return Variant(name=name, framework=framework, backend=backend)
-
-
-def variant_to_json(v: Variant) -> dict[str, Any]:
-    return {"name": v.name, "framework": v.framework, "backend": v.backend, "entry": v.entry,
-            "tpu_generations": list(v.tpu_generations), "requires": dict(v.requires)}
-
-
-def variant_from_json(d: dict[str, Any]) -> Variant:
-    return Variant(name=d["name"], framework=d["framework"], backend=d["backend"],
-                   entry=d.get("entry", "__init__.py"), tpu_generations=tuple(d.get("tpu_generations") or ()),
-                   requires=tuple((str(k), str(v)) for k, v in (d.get("requires") or {}).items()))
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -77,16 +63,6 @@ def read_json(path: Path) -> Any | None:
         return None
 
 
-def git_blob_id(path: Path) -> str:
-    """The id git (and so the Hub listing) gives a file's content."""
-    h = hashlib.sha1(usedforsecurity=False)
-    h.update(f"blob {path.stat().st_size}\0".encode())
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _install_client_timeout() -> None:
     """Give huggingface_hub's shared HTTP client a timeout, unless the user configured their own.
 
@@ -100,7 +76,10 @@ def _install_client_timeout() -> None:
         return
     if getattr(_http, "_GLOBAL_CLIENT_FACTORY", None) is not _http.default_client_factory:
         return
-    seconds = float(os.environ.get(TIMEOUT_ENV) or 30)
+    try:
+        seconds = float(os.environ.get(TIMEOUT_ENV) or 30)
+    except ValueError:
+        raise KernelHubError(f"{TIMEOUT_ENV} must be a number of seconds") from None
 
     def factory() -> Any:
         return httpx2.Client(event_hooks={"request": [_http.hf_request_event_hook]}, follow_redirects=True,
@@ -109,10 +88,47 @@ def _install_client_timeout() -> None:
     _http.set_client_factory(factory)
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    first = next((line.strip() for line in text if line.strip()), type(exc).__name__)
-    return first[:300]
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+
+
+def one_line(text: object, limit: int = 300) -> str:
+    """Text from anywhere (a server included) as one printable line."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    flat = " ".join(lines) if lines else ""
+    flat = _CONTROL.sub(" ", flat)
+    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return one_line(lines[0]) if lines else type(exc).__name__
+
+
+def server_message(exc: Any) -> str | None:
+    """The error text the server sent with a failed response (X-Error-Message, or the JSON "error")."""
+    message = getattr(exc, "server_message", None)
+    response = getattr(exc, "response", None)
+    if not message and response is not None:
+        message = response.headers.get("X-Error-Message")
+        if not message:
+            with contextlib.suppress(Exception):
+                body = response.json()
+                message = body.get("error") if isinstance(body, dict) else None
+    if isinstance(message, list):
+        message = "; ".join(str(m) for m in message)
+    return one_line(message, 200) if message else None
+
+
+def checked_refs(raw: list[tuple[str, str, str]]) -> list[Ref]:
+    """Refs from a server or a cache, keeping only names no tool reads as an option or a commit id and
+    targets that are real commit ids: nothing else can steer resolution."""
+    out = []
+    for name, kind, commit in raw:
+        try:
+            out.append(Ref(check_ref_name(name), kind, check_commit(commit)))
+        except UnsafeNameError:
+            continue
+    return out
 
 
 class HubSource:
@@ -130,29 +146,44 @@ class HubSource:
         self.endpoint = self.api.endpoint.rstrip("/")
         self.cache_dir = Path(cache_dir or constants.HF_HUB_CACHE)
         self.offline = constants.HF_HUB_OFFLINE if offline is None else offline
-        self.aliases = dict(aliases or {})
+        self.aliases = {check_repo_id(k): check_repo_id(v, "registry 'hub' repo") for k, v in (aliases or {}).items()}
         self._listings: dict[tuple[str, str], dict[str, str]] = {}
+        self._cleaned: set[str] = set()
 
     @classmethod
     def for_repo(cls, repo_id: str, registry_entry: Any = None) -> HubSource:
-        hub_repo = getattr(registry_entry, "hub_repo", None)
+        hub_repo = registry_entry.hub_repo if registry_entry is not None else None
         return cls(aliases={repo_id: hub_repo} if hub_repo else None)
 
     def describe(self) -> str:
         return f"Hub {self.endpoint}" + (" (offline: cache only)" if self.offline else "")
 
+    def origin(self, repo_id: str) -> Origin:
+        return Origin("hub", self.hub_repo(repo_id), self.endpoint)
+
     # -- local state ------------------------------------------------------------------------------
     def hub_repo(self, repo_id: str) -> str:
-        return self.aliases.get(repo_id, repo_id)
+        """The repo actually fetched for `repo_id` (a registry entry's `hub:` alias, else itself)."""
+        return check_repo_id(self.aliases.get(repo_id, repo_id))
+
+    def repo_dir(self, repo_id: str) -> Path:
+        """The Hub cache's folder for this repo: every write and delete of ours stays inside it."""
+        from huggingface_hub.file_download import repo_folder_name
+
+        return self.cache_dir / repo_folder_name(repo_id=self.hub_repo(repo_id), repo_type=REPO_TYPE)
 
     def root(self, repo_id: str) -> Path:
         """Our state for one repo, inside the Hub cache's folder for it (deleted along with it)."""
-        from huggingface_hub.file_download import repo_folder_name
+        return self.repo_dir(repo_id) / fmt.KH_KEY
 
-        return self.cache_dir / repo_folder_name(repo_id=self.hub_repo(repo_id), repo_type=REPO_TYPE) / KH_KEY
+    def builds_root(self, repo_id: str) -> Path:
+        return self.root(repo_id) / "builds"
 
     def build_dir(self, repo_id: str, commit: str, variant: str) -> Path:
-        return self.root(repo_id) / "builds" / commit / variant
+        return safe_join(self.builds_root(repo_id), check_commit(commit), check_variant_name(variant))
+
+    def _listing_file(self, repo_id: str, commit: str) -> Path:
+        return safe_join(self.root(repo_id), "listings", f"{check_commit(commit)}.json")
 
     def _offline_error(self, repo_id: str, what: str) -> KernelHubError:
         return KernelHubError(
@@ -168,7 +199,8 @@ class HubSource:
 
     # -- Hub calls --------------------------------------------------------------------------------
     def _call(self, repo_id: str, what: str, fn: Callable[[], T]) -> T:
-        """Run one huggingface_hub call; every failure becomes one line naming the endpoint."""
+        """Run one huggingface_hub call; every failure becomes one line naming the endpoint (and what the
+        server said)."""
         from huggingface_hub import errors as hf_errors
 
         try:
@@ -185,69 +217,81 @@ class HubSource:
             if self.offline:
                 raise self._offline_call_error(repo_id, what) from None
             cause = exc.__cause__ or exc.__context__
-            detail = f"{type(cause).__name__}: {_one_line(cause)}" if cause else "not reachable"
+            detail = f"{type(cause).__name__}: {_first_line(cause)}" if cause else "not reachable"
             raise KernelHubError(f"Hub at {self.endpoint}: {what} for {repo_id} failed ({detail})") from None
         except hf_errors.HfHubHTTPError as exc:
             status = exc.response.status_code if exc.response is not None else "?"
-            raise KernelHubError(f"Hub at {self.endpoint}: {what} for {repo_id} failed with HTTP {status}") from None
+            said = server_message(exc)
+            raise KernelHubError(f"Hub at {self.endpoint}: {what} for {repo_id} failed with HTTP {status}"
+                                 + (f": {said}" if said else "")) from None
         except KernelHubError:
             raise
         except Exception as exc:  # connection refused, timeouts, cut-off downloads: all one line
             name = type(exc).__name__
             kind = "timed out" if "timeout" in name.lower() or "timed out" in str(exc).lower() else "failed"
             raise KernelHubError(
-                f"Hub at {self.endpoint}: {what} for {repo_id} {kind} ({name}: {_one_line(exc)})"
+                f"Hub at {self.endpoint}: {what} for {repo_id} {kind} ({name}: {_first_line(exc)})"
             ) from None
 
     # -- Source protocol --------------------------------------------------------------------------
     def refs(self, repo_id: str) -> list[Ref]:
-        """Tags and branches (1 request); kept in the cache so offline resolution works."""
+        """Tags and branches (1 request); kept in the cache so offline resolution works. Refs whose name or
+        target is not safe are dropped (see checked_refs)."""
         saved = self.root(repo_id) / "refs.json"
         if self.offline:
             data = read_json(saved)
-            if data is None:
+            if not isinstance(data, dict) or not isinstance(data.get("refs"), list):
                 raise self._offline_error(repo_id, "its list of versions")
-            return [Ref(r["name"], r["kind"], r["commit"]) for r in data["refs"]]
+            return checked_refs([(r.get("name"), r.get("kind"), r.get("commit")) for r in data["refs"]
+                                 if isinstance(r, dict) and r.get("kind") in ("tag", "branch")])
         got = self._call(repo_id, "listing refs",
                          lambda: self.api.list_repo_refs(self.hub_repo(repo_id), repo_type=REPO_TYPE))
-        refs = [Ref(b.name, "branch", b.target_commit) for b in got.branches]
-        refs += [Ref(t.name, "tag", t.target_commit) for t in got.tags]
+        refs = checked_refs([(b.name, "branch", b.target_commit) for b in got.branches]
+                            + [(t.name, "tag", t.target_commit) for t in got.tags])
         write_json_atomic(saved, {"endpoint": self.endpoint,
                                   "refs": [{"name": r.name, "kind": r.kind, "commit": r.commit} for r in refs]})
         return refs
 
     def listing(self, repo_id: str, commit: str) -> dict[str, str]:
-        """variant name -> git blob id of its bundle, at `commit` (1 request, then cached: commits are immutable)."""
-        key = (repo_id, commit)
+        """variant name -> git blob id of its bundle, at `commit` (1 request, then cached: commits are immutable).
+        Paths that are not `build/<safe variant name>.tar` are left out."""
+        key = (repo_id, check_commit(commit))
         if key in self._listings:
             return self._listings[key]
-        saved = self.root(repo_id) / "listings" / f"{commit}.json"
+        saved = self._listing_file(repo_id, commit)
         data = read_json(saved)
-        if data is None:
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items() if fmt.bundle_variant(f"{fmt.BUILD_DIR}/{k}{fmt.BUNDLE_SUFFIX}")
+                    == k and fmt.is_blob_id(v)}
+        else:
             if self.offline:
                 raise self._offline_error(repo_id, f"the build listing of commit {commit[:12]}")
             from huggingface_hub.hf_api import RepoFile
 
             entries = self._call(repo_id, f"listing builds at {commit[:12]}", lambda: list(
-                self.api.list_repo_tree(self.hub_repo(repo_id), path_in_repo=BUILD_DIR, repo_type=REPO_TYPE,
+                self.api.list_repo_tree(self.hub_repo(repo_id), path_in_repo=fmt.BUILD_DIR, repo_type=REPO_TYPE,
                                         revision=commit)))
-            data = {
-                e.path[len(BUILD_DIR) + 1:-len(BUNDLE_SUFFIX)]: e.blob_id
-                for e in entries
-                if isinstance(e, RepoFile) and e.path.endswith(BUNDLE_SUFFIX) and e.path.count("/") == 1
-            }
+            data = {name: e.blob_id for e in entries
+                    if isinstance(e, RepoFile) and (name := fmt.bundle_variant(e.path)) and fmt.is_blob_id(e.blob_id)}
             write_json_atomic(saved, data)
         self._listings[key] = data
         return data
+
+    def _cached_variant(self, repo_id: str, commit: str, name: str) -> Variant | None:
+        folder = self.build_dir(repo_id, commit, name)
+        if not folder.is_dir():
+            return None
+        try:
+            return fmt.read_build_info(folder, f"{repo_id}@{commit[:12]} [{name}]", name).variant
+        except KernelHubError:
+            return None
 
     def variants(self, repo_id: str, commit: str) -> list[Variant]:
         """The variants at `commit`, with their full metadata where a build of that commit is cached."""
         out = []
         for name in sorted(self.listing(repo_id, commit)):
-            meta = read_json(self.build_dir(repo_id, commit, name) / VARIANT_METADATA)
-            if meta and KH_KEY in meta:
-                out.append(variant_from_json(meta[KH_KEY]["variant"]))
-            elif (v := variant_from_name(name)) is not None:
+            v = self._cached_variant(repo_id, commit, name) or fmt.variant_from_name(name)
+            if v is not None:
                 out.append(v)
         return out
 
@@ -257,17 +301,19 @@ class HubSource:
         Fetching the first preferred name that exists (HEAD + GET) stands in for the listing, so a fresh
         load costs refs + HEAD + GET = 3 requests; a name not published at `commit` costs one HEAD.
         """
-        listed = (repo_id, commit) in self._listings or (self.root(repo_id) / "listings" / f"{commit}.json").is_file()
+        listed = (repo_id, commit) in self._listings or self._listing_file(repo_id, commit).is_file()
         if listed:
             return self.variants(repo_id, commit)
         if self.offline:
-            unpacked = sorted((self.root(repo_id) / "builds" / commit).glob(f"*/{VARIANT_METADATA}"))
-            found = [m[KH_KEY]["variant"] for p in unpacked if KH_KEY in (m := read_json(p) or {})]
+            commit_dir = safe_join(self.builds_root(repo_id), check_commit(commit))
+            names_here = sorted(p.name for p in commit_dir.iterdir()) if commit_dir.is_dir() else []
+            found = [v for n in names_here if _is_variant_name(n)
+                     and (v := self._cached_variant(repo_id, commit, n)) is not None]
             if not found:
                 raise self._offline_error(repo_id, f"a build of commit {commit[:12]}")
-            return [variant_from_json(v) for v in found]
+            return found
         for name in names:
-            guess = variant_from_name(name)
+            guess = fmt.variant_from_name(name)
             if guess is None:
                 continue
             try:
@@ -284,21 +330,22 @@ class HubSource:
         download; a damaged step is removed before the next, so a tampered file is refetched.
         """
         final = self.build_dir(repo_id, commit, variant.name)
+        self.clean_stale(repo_id)
         label = f"{repo_id}@{commit[:12]} [{variant.name}]"
-        problem: IntegrityError | None = None
+        problem: KernelHubError | None = None
         for attempt in ("unpacked", "cached bundle", "download"):
-            if attempt == "unpacked" and not final.is_dir():
+            if attempt == "unpacked" and not (final.exists() or final.is_symlink()):
                 continue
             if attempt == "download" and self.offline:
                 break
             try:
                 if attempt != "unpacked":
                     bundle = self._download_bundle(repo_id, commit, variant.name, force=attempt == "download")
-                    self._unpack(bundle, final, label)
-                return self._checked_build(repo_id, commit, final, expected, label)
-            except IntegrityError as exc:
+                    self._unpack(repo_id, bundle, final, label)
+                return self._checked_build(repo_id, commit, final, variant.name, expected, label)
+            except _DAMAGED as exc:
                 problem = exc
-                _remove_tree(final)
+                self._discard(repo_id, final)
             except KernelHubError:
                 if problem is None or not self.offline:
                     raise
@@ -308,72 +355,121 @@ class HubSource:
 
     # -- internals --------------------------------------------------------------------------------
     def _download_bundle(self, repo_id: str, commit: str, name: str, force: bool) -> Path:
-        path = Path(self._call(repo_id, f"downloading {bundle_path(name)} at {commit[:12]}", lambda: (
-            self.api.hf_hub_download(self.hub_repo(repo_id), bundle_path(name), repo_type=REPO_TYPE,
+        path_in_repo = fmt.bundle_path(name)
+        path = Path(self._call(repo_id, f"downloading {path_in_repo} at {commit[:12]}", lambda: (
+            self.api.hf_hub_download(self.hub_repo(repo_id), path_in_repo, repo_type=REPO_TYPE,
                                      revision=commit, cache_dir=self.cache_dir, local_files_only=self.offline,
                                      force_download=force))))
         listed = self._listings.get((repo_id, commit), {}).get(name) or (
-            read_json(self.root(repo_id) / "listings" / f"{commit}.json") or {}).get(name)
-        if listed and git_blob_id(path) != listed:
-            raise IntegrityError(f"{repo_id}@{commit[:12]}: {bundle_path(name)} does not match the Hub listing")
+            read_json(self._listing_file(repo_id, commit)) or {}).get(name)
+        if listed and fmt.git_blob_id(path) != listed:
+            raise IntegrityError(f"{repo_id}@{commit[:12]}: {path_in_repo} does not match the Hub listing")
         blob = path.resolve().name  # the Hub cache stores a file under its ETag: the git blob id here
-        if not listed and len(blob) == 40 and git_blob_id(path) != blob:
-            raise IntegrityError(f"{repo_id}@{commit[:12]}: {bundle_path(name)} does not match its ETag")
+        if not listed and len(blob) == 40 and fmt.git_blob_id(path) != blob:
+            raise IntegrityError(f"{repo_id}@{commit[:12]}: {path_in_repo} does not match its ETag")
         return path
 
-    def _unpack(self, bundle: Path, final: Path, label: str) -> None:
-        """Unpack into a private folder, check it, then rename it into place in one step."""
-        tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex}.partial")
+    def _unpack(self, repo_id: str, bundle: Path, final: Path, label: str) -> None:
+        """Unpack into a private folder beside `final`, check it, then rename it into place in one step."""
+        tmp = safe_join(final.parent, f"{final.name}.{uuid.uuid4().hex}.partial")
         try:
-            with tarfile.open(bundle) as tar:
-                for member in tar.getmembers():
-                    if not (member.isfile() or member.isdir()) or member.name.startswith(("/", "..")):
-                        raise IntegrityError(f"{label}: bundle entry {member.name!r} is not a plain file")
-                tar.extractall(tmp, filter="data")
-            _check_unpacked(tmp, label)
-            final.parent.mkdir(parents=True, exist_ok=True)
+            fmt.unpack_bundle(bundle, tmp, label)
+            _check_unpacked(tmp, label, final.name)
             try:
                 os.rename(tmp, final)
             except OSError:
                 if not final.is_dir():  # not a lost race with another process: a real failure
                     raise
-        except (tarfile.TarError, EOFError) as exc:
-            raise IntegrityError(f"{label}: bundle is damaged ({_one_line(exc)})") from None
         finally:
             if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+                safe_rmtree(final.parent, tmp)
 
-    def _checked_build(self, repo_id: str, commit: str, folder: Path, expected: dict[str, str] | None,
+    def _discard(self, repo_id: str, final: Path) -> None:
+        """Move a damaged build aside, then delete it: readers never see a half-deleted build. Only ever inside
+        this repo's builds folder."""
+        builds = self.builds_root(repo_id)
+        if not (final.exists() or final.is_symlink()):
+            return
+        trash = safe_join(final.parent, f"{final.name}.{uuid.uuid4().hex}.trash")
+        with contextlib.suppress(OSError):
+            os.rename(final, trash)
+            safe_rmtree(builds, trash)
+
+    def clean_stale(self, repo_id: str) -> list[Path]:
+        """Remove what killed processes left in this repo's cache folder, once per source: our .partial/.trash
+        folders and .tmp files older than STALE_SECONDS, and huggingface_hub's `*.incomplete` blobs that no
+        download holds the lock of. Returns what was removed."""
+        if repo_id in self._cleaned:
+            return []
+        self._cleaned.add(repo_id)
+        removed = []
+        builds = self.builds_root(repo_id)
+        now = time.time()
+        root = self.root(repo_id)
+        ours = [*builds.glob("*/*"), *root.glob(".*.tmp"), *root.glob("listings/.*.tmp")] if root.is_dir() else []
+        for path in ours:
+            if path.name.endswith((".partial", ".trash", ".tmp")):
+                with contextlib.suppress(OSError):
+                    if now - path.lstat().st_mtime > STALE_SECONDS:
+                        safe_rmtree(root, path)
+                        removed.append(path)
+        blobs = self.repo_dir(repo_id) / "blobs"
+        for path in blobs.glob("*.incomplete") if blobs.is_dir() else []:
+            if self._download_dead(repo_id, path, now):
+                with contextlib.suppress(OSError, KernelHubError):
+                    safe_rmtree(blobs, path)
+                    removed.append(path)
+        return removed
+
+    def _download_dead(self, repo_id: str, incomplete: Path, now: float) -> bool:
+        """True when no process is downloading into `incomplete`: huggingface_hub holds the blob's lock
+        (`.locks/<repo folder>/<etag>.lock`) for the whole download, so a lock we can take proves it dead."""
+        etag = incomplete.name.split(".", 1)[0]
+        if not fmt.is_blob_id(etag) and not re.fullmatch(r"[0-9a-f]{64}", etag):
+            return False
+        lock_path = self.cache_dir / ".locks" / self.repo_dir(repo_id).name / f"{etag}.lock"
+        try:
+            from filelock import FileLock, Timeout
+
+            lock = FileLock(str(lock_path), timeout=0)
+            try:
+                lock.acquire(timeout=0)
+            except Timeout:
+                return False
+            lock.release()
+            return True
+        except Exception:  # no usable lock here: fall back to age
+            try:
+                return now - incomplete.lstat().st_mtime > STALE_SECONDS
+            except OSError:
+                return False
+
+    def _checked_build(self, repo_id: str, commit: str, folder: Path, name: str, expected: dict[str, str] | None,
                        label: str) -> Build:
-        meta = _check_unpacked(folder, label)
-        kh = meta[KH_KEY]
-        variant = variant_from_json(kh["variant"])
-        python_name = kh["python_name"]
-        prefix = f"{python_name}/"
-        digests = {k[len(prefix):]: v for k, v in kh["sha256"].items() if k.startswith(prefix)}
+        info = _check_unpacked(folder, label, name)
+        digests = info.package_digests()
         if expected is not None and expected != digests:
             changed = sorted(set(expected) ^ set(digests)) or sorted(
                 k for k in expected if expected[k] != digests.get(k))
             raise IntegrityError(f"{label}: file {changed[0]} differs from the lock")
-        return Build(repo_id=repo_id, version=kh.get("version"), commit=commit, variant=variant,
-                     package_dir=folder / python_name, source=self.endpoint, digests=digests, metadata=None)
+        return Build(repo_id=repo_id, version=info.version, commit=commit, variant=info.variant,
+                     package_dir=safe_join(folder, info.python_name), source=self.endpoint, digests=digests,
+                     metadata=None)
 
 
-def _check_unpacked(folder: Path, label: str) -> dict[str, Any]:
-    """Every file of an unpacked variant against the sha256 its metadata.json records; nothing extra."""
-    meta = read_json(folder / VARIANT_METADATA)
-    if not isinstance(meta, dict) or not isinstance(meta.get(KH_KEY), dict) or "sha256" not in meta[KH_KEY]:
-        raise IntegrityError(f"{label}: {VARIANT_METADATA} is missing or not a kernel-hub build")
-    verify_tree(folder, meta[KH_KEY]["sha256"], label, ignore=frozenset({VARIANT_METADATA}))
-    for key in ("variant", "python_name"):
-        if key not in meta[KH_KEY]:
-            raise MetadataError(f"{label}: {VARIANT_METADATA} has no {KH_KEY}.{key}")
-    return meta
+def _is_variant_name(name: str) -> bool:
+    try:
+        check_variant_name(name)
+    except UnsafeNameError:
+        return False
+    return True
 
 
-def _remove_tree(path: Path) -> None:
-    """Move aside, then delete: readers never see a half-deleted build."""
-    trash = path.with_name(f".{path.name}.{uuid.uuid4().hex}.trash")
-    with contextlib.suppress(OSError):
-        os.rename(path, trash)
-        shutil.rmtree(trash, ignore_errors=True)
+def _check_unpacked(folder: Path, label: str, name: str) -> fmt.BuildInfo:
+    """An unpacked variant: a plain folder whose metadata.json describes `name`, every file against the sha256
+    it records, nothing extra (no bytecode, no links, nothing outside the package)."""
+    if folder.is_symlink() or not folder.is_dir():
+        raise IntegrityError(f"{label}: the cached build is not a plain folder")
+    info = fmt.read_build_info(folder, label, name)
+    verify_tree(folder, info.sha256, label, ignore=frozenset({fmt.VARIANT_METADATA}), strict=True)
+    return info

@@ -1,12 +1,11 @@
-"""The Hub subcommands of `kernel-hub`: serve, publish, lock. cli.py registers them through
-`add_parsers`; every import of the heavy parts happens inside the command, so `--help` stays fast."""
+"""`kernel-hub serve`: its parser and command. cli.py registers it through `add_parsers`; the server's heavy
+imports happen inside the command, so `--help` stays fast."""
 
 from __future__ import annotations
 
 import argparse
 import ipaddress
 import os
-import sys
 from pathlib import Path
 
 from .errors import KernelHubError
@@ -74,7 +73,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    """Register serve (and publish/lock where their modules exist) on the main parser."""
+    """Register serve on the main parser."""
     p = sub.add_parser(
         "serve", help="serve a local store of kernel repos over the Hub HTTP API",
         description="Serve bare git repositories under --store over the subset of the Hugging Face Hub HTTP "
@@ -100,23 +99,3 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--test-hooks", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=cmd_serve)
-
-    for module in ("publish", "lock"):
-        try:
-            mod = __import__(f"kernel_hub.{module}", fromlist=["add_parser"])
-        except ImportError:
-            continue
-        adder = getattr(mod, "add_parser", None)
-        if adder is not None:
-            adder(sub)
-
-
-def main() -> None:  # pragma: no cover - convenience for `python -m kernel_hub.hub_cli`
-    parser = argparse.ArgumentParser(prog="kernel-hub")
-    add_parsers(parser.add_subparsers(dest="command"))
-    args = parser.parse_args()
-    try:
-        sys.exit(args.func(args))
-    except KernelHubError as exc:
-        print(f"kernel-hub {args.command}: error: {exc}", file=sys.stderr)
-        sys.exit(1)

@@ -1,7 +1,16 @@
-"""Import a verified build under a unique module name, so two versions can live in one process."""
+"""Import a verified build under a unique module name, so two versions can live in one process.
+
+Only verified source runs. Every module of a kernel (the entry, and each submodule it imports, relatively or
+later through importlib) is found by a finder that knows only the build's digest-checked files, read once,
+checked against its sha256 and compiled from those very bytes. No .pyc is read or written for them, a file
+outside the digests is not importable, and Python's own path finders never see the kernel's names.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import re
 import sys
@@ -10,11 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from .errors import KernelImportError
-from .integrity import verify_tree
+from .errors import IntegrityError, KernelImportError
+from .integrity import check_digests, sha256_bytes, verify_tree
+from .names import check_entry_file, check_variant_name
 from .sources import Build
 
-_lock = threading.Lock()
+_lock = threading.RLock()
 _loaded: dict[tuple[str, str, str], ModuleType] = {}
 
 
@@ -32,16 +42,98 @@ class KernelInfo:
     path: Path
 
 
+@dataclass(frozen=True)
+class _Tree:
+    """One imported build: its package folder, the digests its files must match, and its entry file."""
+
+    package_dir: Path
+    digests: dict[str, str]
+    entry: str
+    label: str
+
+
+class _VerifiedLoader(importlib.abc.Loader):
+    """Runs one module from its checked source bytes; never touches bytecode."""
+
+    def __init__(self, tree: _Tree, rel: str):
+        self.tree, self.rel = tree, rel
+        self.path = tree.package_dir.joinpath(*rel.split("/"))
+
+    def _source_bytes(self) -> bytes:
+        data = self.path.read_bytes()
+        if sha256_bytes(data) != self.tree.digests[self.rel]:
+            raise IntegrityError(f"{self.tree.label}: file {self.rel} changed after it was verified")
+        return data
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return None  # the default module object
+
+    def exec_module(self, module: ModuleType) -> None:
+        module.__file__ = str(self.path)  # kernels may find their own data files; there is no __cached__
+        code = compile(self._source_bytes(), str(self.path), "exec", dont_inherit=True)
+        exec(code, module.__dict__)
+
+    def get_source(self, fullname: str) -> str:
+        """For tracebacks and inspect: the same verified text that ran."""
+        return importlib.util.decode_source(self._source_bytes())
+
+
+class _VerifiedFinder(importlib.abc.MetaPathFinder):
+    """Finds every module under a registered kernel root name among that build's verified .py files only."""
+
+    def __init__(self) -> None:
+        self.trees: dict[str, _Tree] = {}
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None
+                  ) -> importlib.machinery.ModuleSpec | None:
+        root, _, rest = fullname.partition(".")
+        tree = self.trees.get(root)
+        if tree is None:
+            return None
+        if not rest:
+            rel, package = tree.entry, True
+        else:
+            stem = rest.replace(".", "/")
+            if f"{stem}/__init__.py" in tree.digests:
+                rel, package = f"{stem}/__init__.py", True
+            elif f"{stem}.py" in tree.digests:
+                rel, package = f"{stem}.py", False
+            else:  # nothing else may run: not a .pyc, not a native module, not a file added later
+                raise ModuleNotFoundError(f"No module named {fullname!r} among the verified files of {tree.label}",
+                                          name=fullname)
+        loader = _VerifiedLoader(tree, rel)
+        spec = importlib.util.spec_from_loader(fullname, loader, origin=str(loader.path), is_package=package)
+        assert spec is not None
+        # has_location stays False: Python would derive a __pycache__ path (__cached__) from a located spec.
+        if package:
+            spec.submodule_search_locations = [str(loader.path.parent)]
+        return spec
+
+
+_finder = _VerifiedFinder()
+
+
+def _install_finder() -> None:
+    """Keep our finder first, so no other finder answers for a kernel's names."""
+    if sys.meta_path and sys.meta_path[0] is _finder:
+        return
+    if _finder in sys.meta_path:
+        sys.meta_path.remove(_finder)
+    sys.meta_path.insert(0, _finder)
+
+
 def module_name(build: Build) -> str:
-    """A name no other (repo, commit, variant) shares and no real package uses."""
+    """A name no other (folder, commit, variant) shares and no real package uses."""
     package = re.sub(r"\W", "_", build.package_dir.name)
     variant = re.sub(r"\W", "_", build.variant.name)
-    return f"_kernel_hub_{package}_{build.commit[:16]}_{variant}"
+    where = hashlib.sha256(str(build.package_dir).encode()).hexdigest()[:8]
+    return f"_kernel_hub_{package}_{build.commit[:16]}_{variant}_{where}"
 
 
 def _forget(name: str) -> None:
     for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
         del sys.modules[key]
+    _finder.trees.pop(name, None)
 
 
 def import_build(build: Build) -> ModuleType:
@@ -49,30 +141,37 @@ def import_build(build: Build) -> ModuleType:
 
     The entry file (e.g. torch_api.py for torch builds) is executed as the package's __init__ with the
     package folder as its search path, so its relative imports resolve exactly as in a published build.
+    Whatever the import raises (SystemExit included; KeyboardInterrupt excepted) becomes one
+    KernelImportError, with nothing of the kernel left in sys.modules.
     """
+    check_variant_name(build.variant.name)
     key = (str(build.package_dir), build.commit, build.variant.name)
+    label = f"{build.repo_id}@{(build.version or build.commit[:12])} [{build.variant.name}]"
     with _lock:
         if key in _loaded:
             return _loaded[key]
-        label = f"{build.repo_id}@{(build.version or build.commit[:12])} [{build.variant.name}]"
-        if build.digests:
-            verify_tree(build.package_dir, build.digests, label)
-        entry = build.package_dir / build.variant.entry
-        if not entry.is_file():
-            raise KernelImportError(f"{label}: entry file {build.variant.entry} is missing")
+        digests = check_digests(build.digests, label)
+        verify_tree(build.package_dir, digests, label)
+        entry = check_entry_file(build.variant.entry, f"{label}: entry")
+        if entry not in digests:
+            raise KernelImportError(f"{label}: entry file {entry} is missing")
         name = module_name(build)
-        spec = importlib.util.spec_from_file_location(
-            name, entry, submodule_search_locations=[str(build.package_dir)]
-        )
-        if spec is None or spec.loader is None:
-            raise KernelImportError(f"{label}: cannot import {entry}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
+        _forget(name)
+        _finder.trees[name] = _Tree(Path(build.package_dir), digests, entry, label)
+        _install_finder()
         try:
-            spec.loader.exec_module(module)
-        except Exception as exc:
+            module = importlib.import_module(name)
+        except KeyboardInterrupt:
             _forget(name)
-            raise KernelImportError(f"{label}: import failed: {type(exc).__name__}: {exc}") from exc
+            raise
+        except IntegrityError:
+            _forget(name)
+            raise
+        except BaseException as exc:  # a kernel's SystemExit must not end the caller's process
+            _forget(name)
+            detail = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+            raise KernelImportError(f"{label}: import failed: {type(exc).__name__}: {detail}".rstrip(": ")
+                                    ) from (exc if isinstance(exc, Exception) else None)
         module.__kernel_hub__ = KernelInfo(  # type: ignore[attr-defined]
             repo_id=build.repo_id,
             version=build.version,

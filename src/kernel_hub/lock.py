@@ -4,23 +4,37 @@
 needs neither refs nor a listing: with the build cached it makes no request at all (the server may be
 down), otherwise one bundle download; every file is checked against the lock before anything is
 imported, and a tampered file is refetched where online, refused in one line otherwise.
+
+A lock file is untrusted input like any other: every name, commit and digest in it is checked before it
+names a path, and locking and loading both pass the trust check (trust.py) on the repo actually fetched.
+Each entry records where its code came from (`source`: "hub" or "local", `location`, `hub_repo`: the repo
+fetched), so an entry locked while the Hub was down loads from the source path it was locked from.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from .buildfmt import variant_from_json, variant_to_json
 from .errors import IntegrityError, KernelHubError, KernelNotFoundError, MetadataError
+from .integrity import check_digests
+from .loader import import_build
+from .names import check_commit, check_repo_id
+from .planning import plan_load
+from .registry import load_registry
+from .sources import Build, LocalSource, Origin, Source
+from .trust import TrustSetting, check_trust, normalize_trust
 
 LOCK_FILE = "kernel-hub.lock"
 LOCK_ENV = "KERNEL_HUB_LOCK"
 LOCK_FORMAT = 1
+MAX_LOCK_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -29,10 +43,15 @@ class LockedKernel:
     spec: dict[str, Any]        # what was asked: {"version": 1} / {"version": ">=1.2,<2"} / {"revision": ...}
     version: str | None         # the release the commit carries
     commit: str
-    variant: dict[str, Any]     # hub.variant_to_json
+    variant: dict[str, Any]     # buildfmt.variant_to_json
     files: dict[str, str]       # package-relative path -> sha256
-    source: str                 # "hub" (an endpoint) or "local" (an embedded kernel folder)
+    source: str                 # "hub" (an endpoint) or "local" (a kernel folder)
     location: str               # the endpoint, or the kernel folder
+    hub_repo: str | None = None  # the repo fetched where it is not repo_id (a registry entry's `hub:`)
+
+    @property
+    def origin(self) -> Origin:
+        return Origin(self.source, self.hub_repo or self.repo_id, self.location)
 
 
 @dataclass
@@ -52,118 +71,165 @@ class LockFile:
                           indent=2, sort_keys=True) + "\n"
 
     def write(self, path: Path) -> None:
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        tmp.write_text(self.to_json())
-        os.replace(tmp, path)
+        """Write beside `path` and rename into place: a reader sees the old lock or the new one."""
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        try:
+            tmp.write_text(self.to_json())
+            os.replace(tmp, path)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise KernelHubError(f"cannot write the lock file {path}: {exc.strerror or exc}") from None
 
 
 def default_lock_path() -> Path:
     return Path(os.environ.get(LOCK_ENV) or LOCK_FILE)
 
 
+def parse_entry(raw: object, where: str) -> LockedKernel:
+    """One lock entry, every field checked: names, commit, variant, digests."""
+    if not isinstance(raw, dict):
+        raise MetadataError(f"{where}: expected a mapping, got {type(raw).__name__}")
+    known = set(LockedKernel.__dataclass_fields__)
+    missing = sorted(k for k in known - {"hub_repo"} if k not in raw)
+    extra = sorted(str(k) for k in raw if k not in known)
+    if missing or extra:
+        problem = f"missing field {missing[0]!r}" if missing else f"unknown field {extra[0]!r}"
+        raise MetadataError(f"{where}: {problem}")
+    repo_id = check_repo_id(raw["repo_id"], f"{where} repo_id")
+    where = f"{where} ({repo_id})"
+    source, location, version = raw["source"], raw["location"], raw["version"]
+    if source not in ("hub", "local"):
+        raise MetadataError(f"{where}: source must be 'hub' or 'local', got {str(source)[:40]!r}")
+    if not isinstance(location, str) or not location or "\n" in location:
+        raise MetadataError(f"{where}: location must be an endpoint or a folder")
+    if version is not None and not isinstance(version, str):
+        raise MetadataError(f"{where}: version must be a string")
+    if not isinstance(raw["spec"], dict):
+        raise MetadataError(f"{where}: spec must be a mapping")
+    hub_repo = raw.get("hub_repo")
+    if hub_repo is not None:
+        check_repo_id(hub_repo, f"{where} hub_repo")
+    variant = variant_from_json(raw["variant"], f"{where} variant")
+    return LockedKernel(repo_id=repo_id, spec=dict(raw["spec"]), version=version,
+                        commit=check_commit(raw["commit"], f"{where} commit"), variant=variant_to_json(variant),
+                        files=check_digests(raw["files"], where), source=source, location=location,
+                        hub_repo=hub_repo)
+
+
 def read_lock(path: str | Path | None = None) -> LockFile:
     path = Path(path) if path is not None else default_lock_path()
     try:
+        if path.stat().st_size > MAX_LOCK_BYTES:
+            raise MetadataError(f"{path}: larger than {MAX_LOCK_BYTES >> 20} MiB; not a lock file")
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise KernelNotFoundError(f"no lock file at {path}; run `kernel-hub lock` first") from None
+    except IsADirectoryError:
+        raise MetadataError(f"{path} is a folder, not a lock file") from None
+    except OSError as exc:
+        raise MetadataError(f"cannot read the lock file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise MetadataError(f"{path}: not a text file") from None
     except ValueError as exc:
-        raise MetadataError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        line = getattr(exc, "lineno", "?")
+        raise MetadataError(f"{path}: not valid JSON ({getattr(exc, 'msg', exc)} at line {line})") from None
     if not isinstance(data, dict) or data.get("kernel-hub-lock") != LOCK_FORMAT:
         raise MetadataError(f"{path}: not a kernel-hub lock file (format {LOCK_FORMAT})")
-    try:
-        return LockFile([LockedKernel(**k) for k in data.get("kernels", [])])
-    except TypeError as exc:
-        raise MetadataError(f"{path}: malformed kernel entry ({exc})") from None
+    kernels = data.get("kernels", [])
+    if not isinstance(kernels, list):
+        raise MetadataError(f"{path}: 'kernels' must be a list")
+    return LockFile([parse_entry(k, f"{path}: kernels[{i}]") for i, k in enumerate(kernels)])
 
 
 def lock_one(repo_id: str, *, version: int | str | None = None, revision: str | None = None,
-             framework: str = "jax", backend: str | None = None, source: Any = None) -> LockedKernel:
-    """Resolve and fetch one kernel as get_kernel would, and record exactly what was loaded."""
-    from .api import plan_load
-    from .errors import NoVariantError
-    from .hub import variant_to_json
-    from .sources import LocalSource
-
+             framework: str = "jax", backend: str | None = None, source: Source | None = None,
+             trust_remote_code: TrustSetting = False) -> LockedKernel:
+    """Resolve and fetch one kernel as get_kernel would (trust check included), and record exactly what was
+    fetched and where it came from."""
     plan = plan_load(repo_id, version=version, revision=revision, backend=backend, framework=framework,
-                     source=source)
+                     source=source, trust_remote_code=trust_remote_code)
     if plan.choice.variant is None:
-        raise NoVariantError(f"no build of {repo_id} fits this system:\n" + "\n".join(plan.choice.trace_lines()))
+        raise plan.no_fit()
+    origin = plan.origin
     build = plan.source.fetch(repo_id, plan.resolution.commit, plan.choice.variant)
-    if isinstance(plan.source, LocalSource):
-        kind, location = "local", str(plan.source.kernel_dir)
-    else:
-        kind, location = "hub", getattr(plan.source, "endpoint", "")
     if revision is not None:
         spec: dict[str, Any] = {"revision": revision}
     else:
         spec = {"version": version if version is not None else plan.resolution.reason}
     return LockedKernel(repo_id=repo_id, spec=spec, version=build.version or plan.resolution.version,
                         commit=plan.resolution.commit, variant=variant_to_json(build.variant),
-                        files=dict(build.digests), source=kind, location=location)
+                        files=dict(build.digests), source=origin.kind, location=origin.location,
+                        hub_repo=origin.repo_id if origin.repo_id != repo_id else None)
 
 
 def lock(repo_ids: list[str] | None = None, *, version: int | str | None = None, revision: str | None = None,
          framework: str = "jax", backend: str | None = None, path: str | Path | None = None,
-         source: Any = None) -> LockFile:
+         source: Source | None = None, trust_remote_code: TrustSetting = False) -> LockFile:
     """Lock `repo_ids` (default: every kernel in the registry) and write the lock file."""
-    from .registry import load_registry
-
+    normalize_trust(trust_remote_code)
     if not repo_ids:
         repo_ids = [e.repo_id for e in load_registry().entries]
     if not repo_ids:
         raise KernelHubError("nothing to lock: name a repo or add kernels to registry.yaml")
+    target = Path(path) if path is not None else default_lock_path()
+    if target.is_dir():
+        raise KernelHubError(f"lock file {target} is a folder; name a file (-o FILE)")
+    if not target.parent.is_dir():
+        raise KernelHubError(f"cannot write the lock file {target}: folder {target.parent} does not exist")
     locked = LockFile([lock_one(r, version=version, revision=revision, framework=framework, backend=backend,
-                                source=source) for r in repo_ids])
-    locked.write(Path(path) if path is not None else default_lock_path())
+                                source=source, trust_remote_code=trust_remote_code) for r in repo_ids])
+    locked.write(target)
     return locked
 
 
-def get_locked_kernel(repo_id: str, *, lockfile: str | Path | None = None, framework: str | None = None,
-                      source: Any = None) -> ModuleType:
-    """Load exactly the locked commit and variant, every file checked against the lock before import."""
-    from .hub import HubSource, variant_from_json
-    from .loader import import_build
-    from .sources import LocalSource
+def _local_source(entry: LockedKernel, source: Source | None) -> LocalSource:
+    """The kernel folder a local entry names, only where the registry serves that repo from that very folder:
+    a lock file cannot point the loader at any other folder on this machine."""
+    registry_entry = load_registry().get(entry.repo_id)
+    folder = Path(entry.location)
+    if registry_entry is None or registry_entry.source is None or registry_entry.source.resolve() != folder.resolve():
+        served = registry_entry.source if registry_entry is not None and registry_entry.source else "no source path"
+        raise KernelHubError(f"{entry.repo_id}: the lock file names local folder {folder}, but the registry serves "
+                             f"it from {served}; re-run kernel-hub lock")
+    if isinstance(source, LocalSource) and source.kernel_dir == folder.resolve():
+        return source
+    return LocalSource(folder)
 
+
+def fetch_locked(repo_id: str, *, lockfile: str | Path | None = None, framework: str | None = None,
+                 source: Any = None) -> tuple[LockedKernel, Build]:
+    """The locked commit and variant on local disk, every file checked against the lock (nothing imported)."""
     entry = read_lock(lockfile).find(repo_id, framework)
+    return entry, fetch_entry(entry, source)
+
+
+def fetch_entry(entry: LockedKernel, source: Any = None) -> Build:
+    """One lock entry's build on local disk, every file checked against the entry."""
+    repo_id = entry.repo_id
     variant = variant_from_json(entry.variant)
     if entry.source == "local":
-        local = source if isinstance(source, LocalSource) else LocalSource(Path(entry.location))
+        local = _local_source(entry, source)
         if local.commit != entry.commit:
             raise IntegrityError(f"{repo_id}: {entry.location} changed since it was locked "
                                  f"(commit {local.commit[:12]}, lock has {entry.commit[:12]}); re-run kernel-hub lock")
         build = local.fetch(repo_id, entry.commit, variant)
     else:
+        from .hub import HubSource
+
         hub = source if source is not None else HubSource()
+        if entry.hub_repo is not None and hub.hub_repo(repo_id) != entry.hub_repo:
+            hub.aliases[repo_id] = entry.hub_repo  # fetch the repo that was locked (and trusted), not the alias
         build = hub.fetch(repo_id, entry.commit, variant, expected=entry.files)
     if dict(build.digests) != entry.files:
         raise IntegrityError(f"{repo_id}@{entry.commit[:12]}: files differ from the lock")
-    return import_build(build)
+    return build
 
 
-def cmd_lock(args: argparse.Namespace) -> int:
-    spec: int | str | None = int(args.spec) if args.spec and args.spec.isdigit() else args.spec
-    out = Path(args.output)
-    locked = lock(args.repos or None, version=spec, revision=args.revision, framework=args.framework,
-                  backend=args.backend, path=out)
-    for k in locked.kernels:
-        print(f"locked {k.repo_id} {k.version or '-'} at {k.commit[:12]} [{k.variant['name']}] "
-              f"({len(k.files)} files, {k.source})")
-    print(f"wrote {out}")
-    return 0
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "lock", help="pin kernels to a commit and variant with every file's sha256",
-        description="Resolve each kernel as get_kernel would and write a lock file (repo, spec, version, commit, "
-                    "variant, sha256 of every file). kernel_hub.get_locked_kernel loads exactly that.",
-    )
-    p.add_argument("repos", nargs="*", help="ORG/NAME repo ids (default: every kernel in the registry)")
-    p.add_argument("--version", dest="spec", help="int major (1) or PEP 440 spec; default: the registry's")
-    p.add_argument("--revision", help="any branch, tag or commit (instead of --version)")
-    p.add_argument("--framework", choices=["jax", "torch"], default="jax", help="tensors the build takes")
-    p.add_argument("--backend", choices=["tpu", "cuda", "rocm", "cpu"], help="override the detected backend")
-    p.add_argument("--output", "-o", default=str(default_lock_path()), help=f"lock file (default {LOCK_FILE})")
-    p.set_defaults(func=cmd_lock)
+def get_locked_kernel(repo_id: str, *, lockfile: str | Path | None = None, framework: str | None = None,
+                      source: Any = None, trust_remote_code: TrustSetting = False) -> ModuleType:
+    """Load exactly the locked commit and variant, trust checked first, every file checked against the lock
+    before import."""
+    entry = read_lock(lockfile).find(repo_id, framework)
+    check_trust(entry.origin, trust_remote_code, asked_for=repo_id)
+    return import_build(fetch_entry(entry, source))

@@ -1,37 +1,29 @@
 """`kernel-hub publish`: kernel folder -> HF kernels-compatible repo layout -> validate -> upload -> tag.
 
-Layout of one published commit:
-  kernel.yaml, README.md                      the source metadata and card
-  build/<variant>.tar                         every variant, one file: what kernel-hub downloads
-  build/<torch-variant>/metadata.json         torch-facing variants exploded, for HF `kernels`
-  build/<torch-variant>/<python_name>/...     (entry file as the package __init__)
-JAX-facing variants exist only as bundles, where HF `kernels` does not look (it parses folders only).
-metadata.json is HF's format (name, id, version, backend, python-depends, digest) plus a `kernel-hub`
-section: release version, the variant's full description and the sha256 of every file.
+The layout (bundles, metadata.json) is buildfmt.py's. A kernel folder is untrusted input too: every name
+kernel.yaml gives is checked before it is joined into a path, everything is written under the build's own
+temporary folder, and a link leading out of the kernel folder is refused, all before any network call.
 """
 
 from __future__ import annotations
 
-import argparse
-import base64
-import io
 import json
 import shutil
-import tarfile
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlparse
 
 from packaging.version import Version
 
-from .errors import KernelHubError, MetadataError, ValidationFailedError
-from .hub import BUILD_DIR, KH_KEY, REPO_TYPE, VARIANT_METADATA, bundle_path, git_blob_id, variant_to_json
-from .integrity import combined_digest, package_files, sha256_file
+from . import buildfmt as fmt
+from .errors import IntegrityError, KernelHubError, MetadataError, ValidationFailedError
+from .integrity import not_source_reason, package_files
 from .metadata import METADATA_FILE, KernelMetadata, load_metadata
-from .variants import Variant
+from .names import check_entry_file, check_python_name, check_repo_id, check_variant_name, safe_join, safe_rmtree
+from .sources import LocalSource
 
-HF_BACKENDS = {"cpu": "cpu", "cuda": "cuda", "rocm": "rocm", "tpu": "tpu", "xpu": "xpu"}
 CARD = "README.md"
 
 
@@ -42,7 +34,7 @@ class Layout:
     files: list[str] = field(default_factory=list)   # repo paths, POSIX
 
     def blob_ids(self, prefix: str = "") -> dict[str, str]:
-        return {p: git_blob_id(self.root / p) for p in self.files if p.startswith(prefix)}
+        return {p: fmt.git_blob_id(self.root / p) for p in self.files if p.startswith(prefix)}
 
 
 @dataclass
@@ -67,83 +59,80 @@ class PublishResult:
                 f"(variants: {', '.join(self.variants)}); tag {self.tag}; {branch}")
 
 
-def hf_name(python_name: str) -> str:
-    """HF `kernels` names kernels in kebab case and imports `name.replace('-', '_')`."""
-    name = python_name.replace("_", "-")
-    if not name[:1].isalpha() or not name.replace("-", "").isalnum() or name != name.lower():
-        raise MetadataError(f"python_name {python_name!r} cannot be an HF kernel name (lowercase, digits, _)")
-    return name
+def kernel_file(kernel_dir: Path, name: str) -> Path | None:
+    """A file of the kernel folder publish reads (kernel.yaml, the card), refused where it is a link that leads
+    out of the folder: nothing outside it may be uploaded."""
+    path = kernel_dir / name
+    if not path.is_file():
+        return None
+    target = path.resolve()
+    if kernel_dir not in target.parents:
+        raise IntegrityError(f"{kernel_dir}: {name} is a link to {target}, outside the kernel folder")
+    return path
 
 
-def _tar_bundle(variant_dir: Path, dest: Path) -> None:
-    """A byte-for-byte reproducible tar of the variant folder (same files -> same bundle -> no-op upload)."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for path in sorted(p for p in variant_dir.rglob("*") if p.is_file()):
-            data = path.read_bytes()
-            info = tarfile.TarInfo(path.relative_to(variant_dir).as_posix())
-            info.size, info.mtime, info.mode = len(data), 0, 0o644
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            tar.addfile(info, io.BytesIO(data))
-    dest.write_bytes(buf.getvalue())
+def checked_metadata(kernel_dir: Path) -> KernelMetadata:
+    """kernel.yaml, with every name publish joins into a path checked here, whatever metadata.py allows."""
+    kernel_file(kernel_dir, METADATA_FILE)
+    meta = load_metadata(kernel_dir)
+    where = kernel_dir / METADATA_FILE
+    check_repo_id(meta.repo_id, f"{where}: repo_id")
+    check_python_name(meta.python_name, f"{where}: python_name")
+    seen = set()
+    for variant in meta.variants:
+        check_variant_name(variant.name, f"{where}: variant name")
+        check_entry_file(variant.entry, f"{where}: variant {variant.name} entry")
+        if variant.name in seen:
+            raise MetadataError(f"{where}: variant {variant.name} is listed twice")
+        seen.add(variant.name)
+    return meta
 
 
-def _variant_metadata(meta: KernelMetadata, variant: Variant, variant_dir: Path) -> dict:
-    files = {p.relative_to(variant_dir).as_posix(): p for p in sorted(variant_dir.rglob("*")) if p.is_file()}
-    sha = {rel: sha256_file(p) for rel, p in files.items()}
-    hf_digest = {rel: base64.b64encode(bytes.fromhex(h)).decode() for rel, h in sha.items()}
-    backend = HF_BACKENDS.get(variant.backend)
-    if backend is None:
-        raise MetadataError(f"variant {variant.name}: backend {variant.backend!r} has no HF kernels equivalent")
-    built = Variant(name=variant.name, framework=variant.framework, backend=variant.backend, entry="__init__.py",
-                    tpu_generations=variant.tpu_generations, requires=variant.requires)
-    return {
-        "name": hf_name(meta.python_name),
-        "id": f"_{meta.python_name}_{variant.name.replace('-', '_')}_{combined_digest(sha)[:10]}",
-        "version": Version(meta.version).major,
-        "license": meta.license or "unknown",
-        "backend": {"type": backend},
-        "python-depends": [],
-        "digest": {"algorithm": "sha256", "files": hf_digest},
-        KH_KEY: {
-            "repo_id": meta.repo_id,
-            "version": meta.version,
-            "python_name": meta.python_name,
-            "variant": variant_to_json(built),
-            "sha256": sha,
-        },
-    }
+def package_sources(kernel_dir: Path, meta: KernelMetadata) -> dict[str, Path]:
+    """What the package ships: relative path -> the file to copy. The package as a local load sees it, links
+    out of the kernel folder refused, nothing that runs without its source (bytecode, native code, .pth)."""
+    safe_join(kernel_dir, meta.python_name)  # the package folder itself may not lead out of the kernel folder
+    package = LocalSource(kernel_dir).package_dir
+    files = package_files(package, within=kernel_dir if kernel_dir in package.parents else package)
+    out = {p.relative_to(package).as_posix(): p for p in files}
+    for rel in out:
+        reason = not_source_reason(rel)
+        if reason is not None:
+            raise IntegrityError(f"{package}: {rel} is {reason}; a build ships Python source only")
+    return out
 
 
 def build_layout(kernel_dir: Path, out: Path) -> Layout:
-    """Write the repo layout of `kernel_dir` under `out` (see the module docstring)."""
-    meta = load_metadata(kernel_dir)
-    package = Path(kernel_dir) / meta.python_name
-    sources = package_files(package)
+    """Write the repo layout of `kernel_dir` under `out` (see buildfmt). Every path is built with safe_join
+    under `out`, every delete is safe_rmtree inside `out`, and links out of the kernel folder are refused."""
+    kernel_dir = Path(kernel_dir).resolve()
+    meta = checked_metadata(kernel_dir)
+    card = kernel_file(kernel_dir, CARD)
+    sources = package_sources(kernel_dir, meta)
     layout = Layout(out, meta)
     for variant in meta.variants:
-        if not (package / variant.entry).is_file():
-            raise MetadataError(f"variant {variant.name}: entry {variant.entry} not found in {package}")
-        vdir = out / BUILD_DIR / variant.name
-        pdir = vdir / meta.python_name
-        for src in sources:
-            dest = pdir / src.relative_to(package)
+        entry = sources.get(variant.entry)
+        if entry is None:
+            raise MetadataError(f"variant {variant.name}: entry {variant.entry} not found in {meta.python_name}/")
+        vdir = safe_join(out, fmt.BUILD_DIR, variant.name)
+        pdir = safe_join(vdir, meta.python_name)
+        for rel, src in sources.items():
+            dest = safe_join(pdir, rel)
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, dest)
-        shutil.copyfile(package / variant.entry, pdir / "__init__.py")  # the entry is the package root
-        (vdir / VARIANT_METADATA).write_text(json.dumps(_variant_metadata(meta, variant, vdir), indent=1,
-                                                        sort_keys=True) + "\n")
-        _tar_bundle(vdir, out / bundle_path(variant.name))
-        layout.files.append(bundle_path(variant.name))
+        shutil.copyfile(entry, safe_join(pdir, "__init__.py"))  # the entry is the package root
+        data = fmt.build_metadata(repo_id=meta.repo_id, version=meta.version, python_name=meta.python_name,
+                                  license=meta.license, variant=variant, variant_dir=vdir)
+        safe_join(vdir, fmt.VARIANT_METADATA).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        fmt.write_bundle(vdir, safe_join(out, fmt.bundle_path(variant.name)))
+        layout.files.append(fmt.bundle_path(variant.name))
         if variant.framework == "torch":
             layout.files += sorted(p.relative_to(out).as_posix() for p in vdir.rglob("*") if p.is_file())
         else:
-            shutil.rmtree(vdir)
-    shutil.copyfile(Path(kernel_dir) / METADATA_FILE, out / METADATA_FILE)
+            safe_rmtree(out, vdir)
+    shutil.copyfile(kernel_dir / METADATA_FILE, safe_join(out, METADATA_FILE))
     layout.files.append(METADATA_FILE)
-    card = Path(kernel_dir) / CARD
-    (out / CARD).write_text(card.read_text() if card.is_file() else _card(meta))
+    safe_join(out, CARD).write_text(card.read_text() if card is not None else _card(meta))
     layout.files.append(CARD)
     return layout
 
@@ -154,6 +143,15 @@ def _card(meta: KernelMetadata) -> str:
             f"{meta.description}\n\nVersion {meta.version}. Variants:\n\n{variants}\n\n"
             f"```python\nimport kernel_hub as kh\nk = kh.get_kernel({meta.repo_id!r}, "
             f"version={Version(meta.version).major})\n```\n")
+
+
+def check_endpoint(endpoint: str | None) -> None:
+    """An endpoint is an http(s) URL with a host."""
+    if endpoint is None:
+        return
+    url = urlparse(endpoint)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise KernelHubError(f"--endpoint must be an http(s) URL like http://127.0.0.1:8080, got {endpoint!r}")
 
 
 def validate_local(kernel_dir: Path, log: Callable[[str], None]) -> list[str]:
@@ -196,26 +194,29 @@ def publish(kernel_dir: str | Path, *, repo_id: str | None = None, endpoint: str
     from .hub import HubSource
 
     kernel_dir = Path(kernel_dir)
-    meta = load_metadata(kernel_dir)
-    repo_id = repo_id or meta.repo_id
-    if repo_id.count("/") != 1:
-        raise KernelHubError(f"--repo must look like ORG/NAME, got {repo_id!r}")
+    if not kernel_dir.is_dir():
+        raise KernelHubError(f"{kernel_dir} is not a kernel folder (a folder holding {METADATA_FILE})")
+    kernel_dir = kernel_dir.resolve()
+    meta = checked_metadata(kernel_dir)
+    repo_id = check_repo_id(repo_id or meta.repo_id, "--repo")
+    check_endpoint(endpoint)
     version, tag = Version(meta.version), f"v{meta.version}"
     branch = f"v{version.major}"
     if skip_validation:
         log("skipping validation (--skip-validation): publishing without checking the numbers")
     else:
         validate_local(kernel_dir, log)
-    hub = HubSource(endpoint=endpoint, token=token)
-    api = hub.api
     with tempfile.TemporaryDirectory(prefix="kernel-hub-publish-") as tmp:
-        layout = build_layout(kernel_dir, Path(tmp))
+        layout = build_layout(kernel_dir, Path(tmp))  # every name and file checked before any network call
         variants = [v.name for v in meta.variants]
-        hub._call(repo_id, "creating the repo", lambda: api.create_repo(repo_id, repo_type=REPO_TYPE, exist_ok=True))
-        refs = hub._call(repo_id, "listing refs", lambda: api.list_repo_refs(repo_id, repo_type=REPO_TYPE))
+        hub = HubSource(endpoint=endpoint, token=token)
+        api = hub.api
+        hub._call(repo_id, "creating the repo",
+                  lambda: api.create_repo(repo_id, repo_type=fmt.REPO_TYPE, exist_ok=True))
+        refs = hub._call(repo_id, "listing refs", lambda: api.list_repo_refs(repo_id, repo_type=fmt.REPO_TYPE))
         tags = {t.name: t.target_commit for t in refs.tags}
         branches = {b.name: b.target_commit for b in refs.branches}
-        local = layout.blob_ids(f"{BUILD_DIR}/")
+        local = layout.blob_ids(f"{fmt.BUILD_DIR}/")
         if tag in tags:
             remote = _remote_blob_ids(hub, repo_id, tags[tag])
             if remote != local:
@@ -230,11 +231,11 @@ def publish(kernel_dir: str | Path, *, repo_id: str | None = None, endpoint: str
         ops: list = [CommitOperationAdd(path_in_repo=p, path_or_fileobj=str(layout.root / p)) for p in layout.files]
         ops += [CommitOperationDelete(path_in_repo=p) for p in stale]
         info = hub._call(repo_id, "uploading", lambda: api.create_commit(
-            repo_id, ops, commit_message=f"Publish {meta.name} {meta.version}", repo_type=REPO_TYPE,
+            repo_id, ops, commit_message=f"Publish {meta.name} {meta.version}", repo_type=fmt.REPO_TYPE,
             revision="main"))
         commit = info.oid
     hub._call(repo_id, f"tagging {tag}", lambda: api.create_tag(
-        repo_id, tag=tag, revision=commit, repo_type=REPO_TYPE, tag_message=f"{meta.name} {meta.version}"))
+        repo_id, tag=tag, revision=commit, repo_type=fmt.REPO_TYPE, tag_message=f"{meta.name} {meta.version}"))
     moved = _move_branch(hub, repo_id, branch, commit, version, branches.get(branch), tags)
     return PublishResult(repo_id, meta.version, commit, tag, branch, moved, variants, False, not skip_validation)
 
@@ -244,8 +245,8 @@ def _remote_blob_ids(hub, repo_id: str, revision: str) -> dict[str, str]:
 
     def listing() -> list:
         try:
-            return list(hub.api.list_repo_tree(repo_id, path_in_repo=BUILD_DIR, recursive=True,
-                                               repo_type=REPO_TYPE, revision=revision))
+            return list(hub.api.list_repo_tree(repo_id, path_in_repo=fmt.BUILD_DIR, recursive=True,
+                                               repo_type=fmt.REPO_TYPE, revision=revision))
         except Exception as exc:  # no build/ folder yet on a fresh repo
             from huggingface_hub.errors import RemoteEntryNotFoundError
 
@@ -253,7 +254,7 @@ def _remote_blob_ids(hub, repo_id: str, revision: str) -> dict[str, str]:
                 return []
             raise
 
-    entries = hub._call(repo_id, f"listing {BUILD_DIR}/ at {revision[:12]}", listing)
+    entries = hub._call(repo_id, f"listing {fmt.BUILD_DIR}/ at {revision[:12]}", listing)
     return {e.path: e.blob_id for e in entries if isinstance(e, RepoFile)}
 
 
@@ -269,30 +270,7 @@ def _move_branch(hub, repo_id: str, branch: str, commit: str, version: Version, 
         if current == commit:
             return True
         hub._call(repo_id, f"moving branch {branch}",
-                  lambda: hub.api.delete_branch(repo_id, branch=branch, repo_type=REPO_TYPE))
+                  lambda: hub.api.delete_branch(repo_id, branch=branch, repo_type=fmt.REPO_TYPE))
     hub._call(repo_id, f"creating branch {branch}",
-              lambda: hub.api.create_branch(repo_id, branch=branch, revision=commit, repo_type=REPO_TYPE))
+              lambda: hub.api.create_branch(repo_id, branch=branch, revision=commit, repo_type=fmt.REPO_TYPE))
     return True
-
-
-def cmd_publish(args: argparse.Namespace) -> int:
-    result = publish(args.path, repo_id=args.repo, endpoint=args.endpoint, token=args.token,
-                     skip_validation=args.skip_validation)
-    print(result.summary())
-    return 0
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "publish", help="build, validate and upload a kernel folder to the Hub",
-        description="Build the HF kernels-compatible layout of a kernel folder (build/<variant>/ ...), validate "
-                    "it on this machine, upload it through huggingface_hub, tag v<version> and move branch "
-                    "v<major>. An existing version with different content is refused; the same content is a "
-                    "no-op.",
-    )
-    p.add_argument("path", help="kernel folder holding kernel.yaml (e.g. kernels/pallas/ragged_dot)")
-    p.add_argument("--repo", help="ORG/NAME on the Hub (default: repo_id in kernel.yaml)")
-    p.add_argument("--endpoint", help="Hub endpoint (default: $HF_ENDPOINT or huggingface.co)")
-    p.add_argument("--token", help="write token (default: $HF_TOKEN or the saved login)")
-    p.add_argument("--skip-validation", action="store_true", help="publish without validating (says so)")
-    p.set_defaults(func=cmd_publish)

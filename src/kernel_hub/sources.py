@@ -1,6 +1,6 @@
 """Where kernels come from. A source lists a repo's refs, the variants at a commit, and fetches one
 variant's files to local disk. The embedded registry and get_local_kernel use `LocalSource`; the Hub
-source lives in hub.py and follows the same protocol."""
+source lives in hub.py and follows the same protocol; `HubOrLocal` serves a registry entry that names both."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from .errors import KernelNotFoundError
+from .errors import KernelHubError, KernelNotFoundError
 from .integrity import combined_digest, tree_digests
 from .metadata import KernelMetadata, load_metadata
 from .variants import Variant
@@ -29,14 +29,42 @@ class Build:
     metadata: KernelMetadata | None = None
 
 
+@dataclass(frozen=True)
+class Origin:
+    """Where a repo's code actually comes from: what the trust check judges and a lock file records."""
+
+    kind: str        # "local" (a kernel folder on this machine) | "hub" (an endpoint)
+    repo_id: str     # the repo fetched: a registry entry's `hub:` repo where it names one
+    location: str    # the kernel folder, or the endpoint
+
+
 class Source(Protocol):
-    """What get_kernel needs of any place kernels live."""
+    """What get_kernel, lock and the CLI need of any place kernels live."""
 
-    def refs(self, repo_id: str) -> list[Ref]: ...
+    def describe(self) -> str:
+        """One line for reports: where kernels come from (and, for a fallback, why)."""
+        ...
 
-    def variants(self, repo_id: str, commit: str) -> list[Variant]: ...
+    def origin(self, repo_id: str) -> Origin:
+        """Where `repo_id`'s code comes from (after refs() for a source that decides on first use)."""
+        ...
 
-    def fetch(self, repo_id: str, commit: str, variant: Variant) -> Build: ...
+    def refs(self, repo_id: str) -> list[Ref]:
+        """The repo's tags and branches."""
+        ...
+
+    def variants(self, repo_id: str, commit: str) -> list[Variant]:
+        """Every build variant at `commit`."""
+        ...
+
+    def candidate_variants(self, repo_id: str, commit: str, names: list[str]) -> list[Variant]:
+        """The variants to choose among, as cheaply as the source can: `names` are the preferred ones, best
+        first; a source may return only the first of them that exists, or all variants."""
+        ...
+
+    def fetch(self, repo_id: str, commit: str, variant: Variant) -> Build:
+        """The variant's files on local disk, every digest checked."""
+        ...
 
 
 class LocalSource:
@@ -56,6 +84,9 @@ class LocalSource:
     def describe(self) -> str:
         return f"source path {self.kernel_dir}"
 
+    def origin(self, repo_id: str) -> Origin:
+        return Origin("local", repo_id, str(self.kernel_dir))
+
     def _check(self, repo_id: str) -> None:
         if repo_id != self.metadata.repo_id:
             raise KernelNotFoundError(f"{self.kernel_dir} holds {self.metadata.repo_id}, not {repo_id}")
@@ -71,6 +102,9 @@ class LocalSource:
             raise KernelNotFoundError(f"{repo_id}: commit {commit[:12]} is not in {self.kernel_dir}")
         return list(self.metadata.variants)
 
+    def candidate_variants(self, repo_id: str, commit: str, names: list[str]) -> list[Variant]:
+        return self.variants(repo_id, commit)  # all on disk already: nothing to save
+
     def fetch(self, repo_id: str, commit: str, variant: Variant) -> Build:
         self.variants(repo_id, commit)
         return Build(
@@ -83,3 +117,48 @@ class LocalSource:
             digests=self.digests,
             metadata=self.metadata,
         )
+
+
+class HubOrLocal:
+    """A registry kernel with both a Hub repo and a source path: the Hub when it answers, else the source.
+
+    The choice is made once, at the first refs() call (any other call asks refs first), and describe()
+    and origin() say which was used.
+    """
+
+    def __init__(self, hub: Source, local: LocalSource):
+        self.hub, self.local = hub, local
+        self.active: Source | None = None
+        self.reason = ""
+
+    def _source(self, repo_id: str) -> Source:
+        if self.active is None:
+            self.refs(repo_id)
+        assert self.active is not None
+        return self.active
+
+    def refs(self, repo_id: str) -> list[Ref]:
+        if self.active is None:
+            try:
+                refs = self.hub.refs(repo_id)
+                self.active, self.reason = self.hub, "the Hub answered"
+                return refs
+            except KernelHubError as exc:
+                self.active, self.reason = self.local, f"Hub unavailable ({exc}); source path serves"
+        return self.active.refs(repo_id)
+
+    def origin(self, repo_id: str) -> Origin:
+        return self._source(repo_id).origin(repo_id)
+
+    def variants(self, repo_id: str, commit: str) -> list[Variant]:
+        return self._source(repo_id).variants(repo_id, commit)
+
+    def candidate_variants(self, repo_id: str, commit: str, names: list[str]) -> list[Variant]:
+        return self._source(repo_id).candidate_variants(repo_id, commit, names)
+
+    def fetch(self, repo_id: str, commit: str, variant: Variant) -> Build:
+        return self._source(repo_id).fetch(repo_id, commit, variant)
+
+    def describe(self) -> str:
+        active = self.active or self.hub
+        return f"{active.describe()} ({self.reason or 'not asked yet'})"

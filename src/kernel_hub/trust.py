@@ -1,41 +1,82 @@
-"""Trust policy: which kernels may run without the user saying trust_remote_code=True.
+"""Trust policy: which kernels may run. One check, on every path that imports or locks a kernel.
 
-Kernels from the embedded registry or a local folder are code the user already has. From the Hub,
-only organisations on the trusted list load without the flag; digests are checked either way.
+Kernels from a folder on this machine (the registry's source paths, get_local_kernel) are code the user already
+has. From a Hub, the repo actually fetched (a registry entry's `hub:` repo, not the alias) must be trusted: its
+organisation is on the trusted list (KERNEL_HUB_TRUSTED_ORGS adds to it), or the caller said so with
+`trust_remote_code`: True trusts every repo; a list trusts what it names, as in HF `kernels`, an entry "org"
+every repo of that organisation and "org/name" that one repo. Digests are checked either way. The server's own
+claims about trusted publishers are never asked: a hostile server would say yes.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
-from .errors import KernelHubError
-from .sources import LocalSource, Source
+from .errors import TrustError, UnsafeNameError
+from .names import check_repo_id
+from .sources import Origin
 
 TRUSTED_ORGS = ("kernel-hub", "kernels-community")
 TRUST_ENV = "KERNEL_HUB_TRUSTED_ORGS"
+CLI_FLAG = "--trust-remote-code [REPO_OR_ORG ...]"
+
+#: What `trust_remote_code` accepts: a bool, or repos ("org/name") and organisations ("org") to trust.
+TrustSetting = bool | str | Iterable[str] | None
 
 
 def trusted_orgs() -> tuple[str, ...]:
-    extra = tuple(o for o in os.environ.get(TRUST_ENV, "").split(",") if o)
+    extra = tuple(o.strip() for o in os.environ.get(TRUST_ENV, "").split(",") if o.strip())
     return TRUSTED_ORGS + extra
 
 
-def trust_decision(source: Source, repo_id: str, trust_remote_code: bool) -> tuple[bool, str]:
-    """(allowed, reason): pure given the source kind and the trusted organisations."""
-    if isinstance(getattr(source, "active", None) or source, LocalSource):
-        return True, "local source"
-    org = repo_id.split("/")[0]
-    if org in trusted_orgs():
+def normalize_trust(value: TrustSetting) -> bool | tuple[str, ...]:
+    """True/False, or the tuple of repos and organisations a list names (each checked)."""
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    items = (value,) if isinstance(value, str) else value
+    try:
+        entries = tuple(items)
+    except TypeError:
+        raise TrustError(f"trust_remote_code must be True/False or a list of repos/orgs, not {type(value).__name__}"
+                         ) from None
+    for entry in entries:
+        try:
+            check_repo_id(entry if isinstance(entry, str) and "/" in entry else f"{entry}/x")
+        except UnsafeNameError:
+            raise TrustError(f"trust_remote_code entry {entry!r} is not a repo (ORG/NAME) or an organisation (ORG)"
+                             ) from None
+        if not isinstance(entry, str):
+            raise TrustError(f"trust_remote_code entries must be 'org' or 'org/name' strings, got {entry!r}")
+    return entries
+
+
+def trust_decision(origin: Origin, trust_remote_code: TrustSetting, orgs: tuple[str, ...]) -> tuple[bool, str]:
+    """(allowed, reason) for loading code from `origin`. Pure: the trusted organisations are an argument."""
+    if origin.kind == "local":
+        return True, f"local folder {origin.location}"
+    repo = origin.repo_id
+    org = repo.split("/")[0]
+    if org in orgs:
         return True, f"organisation {org} is trusted"
-    if trust_remote_code:
+    setting = normalize_trust(trust_remote_code)
+    if setting is True:
         return True, "trust_remote_code=True"
+    if setting is not False:
+        if repo in setting:
+            return True, f"trust_remote_code names {repo}"
+        if org in setting:
+            return True, f"trust_remote_code names organisation {org}"
+        return False, f"{repo} is not among trust_remote_code {list(setting)} and organisation {org} is not trusted"
     return False, f"organisation {org} is not trusted"
 
 
-def check_trust(source: Source, repo_id: str, trust_remote_code: bool) -> None:
-    allowed, reason = trust_decision(source, repo_id, trust_remote_code)
+def check_trust(origin: Origin, trust_remote_code: TrustSetting, asked_for: str | None = None) -> None:
+    """Raise TrustError (one line, naming the ways to trust it) unless `origin` may run."""
+    allowed, reason = trust_decision(origin, trust_remote_code, trusted_orgs())
     if not allowed:
-        raise KernelHubError(
-            f"{repo_id}: {reason}; pass trust_remote_code=True (or --trust-remote-code), "
-            f"or add the org to {TRUST_ENV}"
+        alias = f" (registry alias {asked_for})" if asked_for and asked_for != origin.repo_id else ""
+        raise TrustError(
+            f"{origin.repo_id}{alias} from {origin.location}: {reason}; pass trust_remote_code=True or a list naming "
+            f"the repo or its organisation (CLI: {CLI_FLAG}), or add the organisation to {TRUST_ENV}"
         )

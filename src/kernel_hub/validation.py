@@ -141,10 +141,9 @@ def _cases_for(module: ModuleType, backend: str) -> list[Any]:
 
 
 def _resolve_module(kernel: ModuleType | str, backend: str | None) -> ModuleType:
-    if isinstance(kernel, str):
-        from .api import get_kernel
-
-        return get_kernel(kernel, backend=backend)
+    if isinstance(kernel, str):  # loading (and its trust check) is api.py's: kernel_hub.validate(repo_id)
+        raise KernelHubError(f"validation.validate takes a loaded kernel; kernel_hub.validate({kernel!r}) loads "
+                             "one by repo id")
     if not hasattr(kernel, "__kernel_hub__"):
         raise KernelHubError("validate() takes a module from get_kernel/get_local_kernel or a repo id")
     return kernel

@@ -2,6 +2,8 @@
 
 Pure: no I/O. The Hub convention is release tags `vX.Y.Z` and major branches `vN`; an int asks for the
 branch `v<N>`, a string is a PEP 440 specifier over the release tags, a revision is any ref or commit.
+Refs come from a server: one whose name is not a safe ref name (an option, a 40-hex "commit") or whose target
+is not a commit id is ignored, and a full commit id is always that commit, never a ref of that name.
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ from dataclasses import dataclass
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from .errors import VersionSpecError
+from .errors import UnsafeNameError, VersionSpecError
+from .names import check_commit, check_ref_name
 
 _TAG = re.compile(r"^v(\d+\.\d+\.\d+(?:[.+-]?\w+)*)$")
 _BRANCH = re.compile(r"^v(\d+)$")
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_HEX40 = re.compile(r"^[0-9a-fA-F]{40}$")
+_HEX = re.compile(r"^[0-9a-fA-F]{7,40}$")
 
 
 @dataclass(frozen=True)
@@ -75,8 +79,23 @@ def _available(refs: list[Ref]) -> str:
     return ", ".join(names) if names else "none"
 
 
+def safe_refs(refs: list[Ref]) -> list[Ref]:
+    """The refs that may steer resolution: safe names, tag or branch, pointing at a full commit id."""
+    out = []
+    for r in refs:
+        try:
+            check_ref_name(r.name)
+            check_commit(r.commit)
+        except UnsafeNameError:
+            continue
+        if r.kind in ("tag", "branch"):
+            out.append(r)
+    return out
+
+
 def resolve(refs: list[Ref], *, version: int | str | None = None, revision: str | None = None) -> Resolution:
-    """Pick the commit that `version` or `revision` names among `refs`."""
+    """Pick the commit that `version` or `revision` names among `refs` (unsafe refs ignored)."""
+    refs = safe_refs(refs)
     if version is not None and revision is not None:
         raise VersionSpecError("give either version= or revision=, not both")
     if revision is not None:
@@ -115,16 +134,25 @@ def _resolve_spec(refs: list[Ref], spec: str) -> Resolution:
 
 
 def _resolve_revision(refs: list[Ref], revision: str) -> Resolution:
+    if not isinstance(revision, str) or not revision.strip():
+        raise VersionSpecError(f"revision must be a branch, tag or commit id, got {revision!r}")
+    if _HEX40.match(revision):  # a full commit id is that commit: no ref can shadow it
+        commit = revision.lower()
+        at = "commit" if any(r.commit == commit for r in refs) else "commit (at no ref)"
+        return Resolution(commit, None, _version_at(refs, commit), f"revision={revision} -> {at}")
+    try:
+        check_ref_name(revision, "revision")
+    except UnsafeNameError as exc:
+        raise VersionSpecError(str(exc)) from None
     for kind in ("tag", "branch"):
         ref = next((r for r in refs if r.kind == kind and r.name == revision), None)
         if ref is not None:
             return Resolution(ref.commit, ref.name, _version_at(refs, ref.commit), f"revision={revision} -> {kind}")
-    commits = {r.commit for r in refs if r.commit.startswith(revision)} if len(revision) >= 7 else set()
+    prefix = revision.lower()
+    commits = {r.commit for r in refs if r.commit.startswith(prefix)} if _HEX.match(revision) else set()
     if len(commits) == 1:
         commit = commits.pop()
         return Resolution(commit, None, _version_at(refs, commit), f"revision={revision} -> commit")
     if len(commits) > 1:
         raise VersionSpecError(f"revision {revision!r} is an ambiguous commit prefix")
-    if _COMMIT.match(revision):
-        return Resolution(revision, None, None, f"revision={revision} -> commit (at no ref)")
     raise VersionSpecError(f"no ref or commit {revision!r} (refs: {_available(refs)})")

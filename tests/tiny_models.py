@@ -1,4 +1,4 @@
-"""Tiny transformers MoE models built from configs with random weights (tests, demo, bench).
+"""Tiny transformers MoE models built from configs with random weights, for the kernelize tests.
 
 No downloads: each family is its config class with small sizes. Shapes stay distinct (hidden 64,
 expert width 32, 8 experts) so a transposed or interleaved layout cannot pass by accident.

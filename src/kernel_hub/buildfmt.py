@@ -1,0 +1,264 @@
+"""The build layout, in one place: what a published commit holds, what one build (variant) bundle holds, and
+how metadata.json describes it. publish.py writes it, hub.py reads it back.
+
+A published commit:
+  kernel.yaml, README.md                      the source metadata and card
+  build/<variant>.tar                         every variant, one file: what kernel-hub downloads
+  build/<torch-variant>/metadata.json         torch-facing variants exploded, for HF `kernels`
+  build/<torch-variant>/<python_name>/...     (entry file as the package __init__)
+A bundle (`build/<variant>.tar`, reproducible: same files, same bytes) holds `metadata.json` and
+`<python_name>/...`. metadata.json is HF kernels' format (name, id, version, backend, python-depends, digest)
+plus a `kernel-hub` section: release version, python_name, the variant's full description and the sha256 of
+every file. Everything read back from a bundle or its metadata is hostile: names are checked with
+kernel_hub.names before they touch a path, and a bundle is unpacked member by member, plain files only.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import re
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+from .errors import IntegrityError, KernelHubError, MetadataError
+from .integrity import check_digests, combined_digest, not_source_reason, sha256_file
+from .names import check_entry_file, check_python_name, check_relative_path, check_variant_name, safe_join
+from .variants import Variant
+
+REPO_TYPE = "kernel"
+BUILD_DIR = "build"
+BUNDLE_SUFFIX = ".tar"
+VARIANT_METADATA = "metadata.json"
+KH_KEY = "kernel-hub"          # our section inside the HF-format metadata.json
+FRAMEWORKS = ("jax", "torch")
+HF_BACKENDS = {"cpu": "cpu", "cuda": "cuda", "rocm": "rocm", "tpu": "tpu", "xpu": "xpu"}
+MAX_BUNDLE_FILES = 4096
+MAX_BUNDLE_BYTES = 512 << 20
+_WORD = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+_BLOB_ID = re.compile(r"^[0-9a-f]{40}$")
+
+
+def bundle_path(variant_name: str) -> str:
+    """The repo path of a variant's bundle; the name is checked first."""
+    return f"{BUILD_DIR}/{check_variant_name(variant_name)}{BUNDLE_SUFFIX}"
+
+
+def bundle_variant(repo_path: str) -> str | None:
+    """The variant a repo path `build/<variant>.tar` names, or None for any other path or an unsafe name."""
+    if not repo_path.startswith(f"{BUILD_DIR}/") or not repo_path.endswith(BUNDLE_SUFFIX):
+        return None
+    name = repo_path[len(BUILD_DIR) + 1:-len(BUNDLE_SUFFIX)]
+    try:
+        return check_variant_name(name)
+    except KernelHubError:
+        return None
+
+
+def is_blob_id(value: object) -> bool:
+    return isinstance(value, str) and _BLOB_ID.fullmatch(value) is not None
+
+
+def variant_from_name(name: str) -> Variant | None:
+    """`jax-tpu` -> Variant(framework jax, backend tpu); names outside the convention -> None."""
+    framework, _, backend = name.partition("-")
+    if framework not in FRAMEWORKS or not _WORD.fullmatch(backend):
+        return None
+    return Variant(name=check_variant_name(name), framework=framework, backend=backend)
+
+
+def variant_to_json(v: Variant) -> dict[str, Any]:
+    return {"name": v.name, "framework": v.framework, "backend": v.backend, "entry": v.entry,
+            "tpu_generations": list(v.tpu_generations), "requires": dict(v.requires)}
+
+
+def variant_from_json(d: object, what: str = "variant") -> Variant:
+    """A variant description from a bundle, a cache or a lock file, every field checked."""
+    if not isinstance(d, dict):
+        raise MetadataError(f"{what}: expected a mapping, got {type(d).__name__}")
+    name = check_variant_name(d.get("name"), f"{what} name")
+    framework, backend = d.get("framework"), d.get("backend")
+    if framework not in FRAMEWORKS:
+        raise MetadataError(f"{what} {name}: framework must be one of {', '.join(FRAMEWORKS)}, got {framework!r}")
+    if not isinstance(backend, str) or not _WORD.fullmatch(backend):
+        raise MetadataError(f"{what} {name}: backend must be a lowercase word, got {backend!r}")
+    entry = check_entry_file(d.get("entry", "__init__.py"), f"{what} {name} entry")
+    gens = d.get("tpu_generations") or []
+    requires = d.get("requires") or {}
+    if not isinstance(gens, list) or not all(isinstance(g, str) and _WORD.fullmatch(g) for g in gens):
+        raise MetadataError(f"{what} {name}: tpu_generations must be a list of names like 'v5e'")
+    if not isinstance(requires, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in
+                                                 requires.items()):
+        raise MetadataError(f"{what} {name}: requires must map a distribution to a version spec")
+    return Variant(name=name, framework=framework, backend=backend, entry=entry, tpu_generations=tuple(gens),
+                   requires=tuple(requires.items()))
+
+
+def hf_name(python_name: str) -> str:
+    """HF `kernels` names kernels in kebab case and imports `name.replace('-', '_')`."""
+    name = python_name.replace("_", "-")
+    if not name[:1].isalpha() or not name.replace("-", "").isalnum() or name != name.lower():
+        raise MetadataError(f"python_name {python_name!r} cannot be an HF kernel name (lowercase, digits, _)")
+    return name
+
+
+def git_blob_id(path: Path) -> str:
+    """The id git (and so the Hub listing) gives a file's content."""
+    h = hashlib.sha1(usedforsecurity=False)
+    h.update(f"blob {path.stat().st_size}\0".encode())
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# -- metadata.json ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BuildInfo:
+    """The kernel-hub section of a build's metadata.json, checked."""
+
+    python_name: str
+    version: str | None
+    variant: Variant
+    sha256: dict[str, str]   # variant-relative path ("<python_name>/ops.py") -> sha256
+
+    def package_digests(self) -> dict[str, str]:
+        """Digests relative to the package folder, as the loader and lock files use them."""
+        prefix = f"{self.python_name}/"
+        return {k[len(prefix):]: v for k, v in self.sha256.items()}
+
+
+def build_metadata(*, repo_id: str, version: str, python_name: str, license: str, variant: Variant,
+                   variant_dir: Path) -> dict[str, Any]:
+    """metadata.json for the variant folder `variant_dir` (its package already in place)."""
+    files = {p.relative_to(variant_dir).as_posix(): p for p in sorted(variant_dir.rglob("*")) if p.is_file()}
+    sha = {rel: sha256_file(p) for rel, p in files.items()}
+    hf_digest = {rel: base64.b64encode(bytes.fromhex(h)).decode() for rel, h in sha.items()}
+    backend = HF_BACKENDS.get(variant.backend)
+    if backend is None:
+        raise MetadataError(f"variant {variant.name}: backend {variant.backend!r} has no HF kernels equivalent")
+    built = Variant(name=variant.name, framework=variant.framework, backend=variant.backend, entry="__init__.py",
+                    tpu_generations=variant.tpu_generations, requires=variant.requires)
+    return {
+        "name": hf_name(python_name),
+        "id": f"_{python_name}_{variant.name.replace('-', '_')}_{combined_digest(sha)[:10]}",
+        "version": Version(version).major,
+        "license": license or "unknown",
+        "backend": {"type": backend},
+        "python-depends": [],
+        "digest": {"algorithm": "sha256", "files": hf_digest},
+        KH_KEY: {
+            "repo_id": repo_id,
+            "version": version,
+            "python_name": python_name,
+            "variant": variant_to_json(built),
+            "sha256": sha,
+        },
+    }
+
+
+def parse_build_info(data: object, label: str, expected_variant: str) -> BuildInfo:
+    """Check the kernel-hub section of a build's metadata.json: it must describe the variant it was fetched as,
+    name a Python package, and record a sha256 for every file, all inside that package."""
+    if not isinstance(data, dict) or not isinstance(data.get(KH_KEY), dict):
+        raise IntegrityError(f"{label}: {VARIANT_METADATA} is missing or not a kernel-hub build")
+    kh = data[KH_KEY]
+    for key in ("variant", "python_name", "sha256"):
+        if key not in kh:
+            raise IntegrityError(f"{label}: {VARIANT_METADATA} has no {KH_KEY}.{key}")
+    variant = variant_from_json(kh["variant"], f"{label}: {VARIANT_METADATA} variant")
+    if variant.name != expected_variant:
+        raise IntegrityError(
+            f"{label}: {VARIANT_METADATA} describes variant {variant.name!r}, not the {expected_variant!r} it was "
+            "fetched as")
+    python_name = check_python_name(kh["python_name"], f"{label}: {VARIANT_METADATA} python_name")
+    sha = check_digests(kh["sha256"], f"{label}: {VARIANT_METADATA}")
+    outside = [k for k in sha if not k.startswith(f"{python_name}/")]
+    if outside:
+        raise IntegrityError(f"{label}: file {outside[0]} lies outside the package {python_name}/")
+    if f"{python_name}/{variant.entry}" not in sha:
+        raise IntegrityError(f"{label}: entry {variant.entry} is not among the build's files")
+    version = kh.get("version")
+    if version is not None:
+        try:
+            version = str(Version(str(version)))
+        except InvalidVersion:
+            shown = str(version)[:40]
+            raise IntegrityError(f"{label}: {VARIANT_METADATA} version {shown!r} is not a release") from None
+    return BuildInfo(python_name=python_name, version=version, variant=variant, sha256=sha)
+
+
+def read_build_info(folder: Path, label: str, expected_variant: str) -> BuildInfo:
+    try:
+        data = json.loads((folder / VARIANT_METADATA).read_text())
+    except (OSError, ValueError):
+        data = None
+    return parse_build_info(data, label, expected_variant)
+
+
+# -- bundles ------------------------------------------------------------------------------------------------
+
+
+def write_bundle(variant_dir: Path, dest: Path) -> None:
+    """A byte-for-byte reproducible tar of the variant folder (same files -> same bundle -> no-op upload)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(p for p in variant_dir.rglob("*") if p.is_file()):
+            data = path.read_bytes()
+            info = tarfile.TarInfo(path.relative_to(variant_dir).as_posix())
+            info.size, info.mtime, info.mode = len(data), 0, 0o644
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            tar.addfile(info, io.BytesIO(data))
+    dest.write_bytes(buf.getvalue())
+
+
+def check_member_name(name: str, label: str) -> str:
+    """A bundle member: metadata.json or a relative path of plain names that cannot run without its source."""
+    rel = check_relative_path(name.rstrip("/") if name.endswith("/") else name, f"{label}: bundle entry")
+    reason = not_source_reason(rel)
+    if reason is not None:
+        raise IntegrityError(f"{label}: bundle entry {rel} is {reason}; builds hold Python source only")
+    return rel
+
+
+def unpack_bundle(bundle: Path, dest: Path, label: str) -> None:
+    """Unpack into `dest` (a new folder) member by member: plain files and folders only, every name checked,
+    nothing written outside `dest`, size and count bounded."""
+    dest.mkdir(parents=True)
+    total = 0
+    try:
+        with tarfile.open(bundle) as tar:
+            for count, member in enumerate(tar, start=1):
+                if count > MAX_BUNDLE_FILES:
+                    raise IntegrityError(f"{label}: bundle holds more than {MAX_BUNDLE_FILES} entries")
+                if not (member.isfile() or member.isdir()):
+                    raise IntegrityError(f"{label}: bundle entry {member.name[:80]!r} is a link or special file")
+                rel = check_member_name(member.name, label)
+                target = safe_join(dest, rel)
+                if member.isdir():
+                    target.mkdir(parents=True, exist_ok=True)
+                    continue
+                total += member.size
+                if total > MAX_BUNDLE_BYTES:
+                    raise IntegrityError(f"{label}: bundle unpacks to more than {MAX_BUNDLE_BYTES >> 20} MiB")
+                source = tar.extractfile(member)
+                if source is None:
+                    raise IntegrityError(f"{label}: bundle entry {rel} cannot be read")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    with open(target, "xb") as out:  # a second member of the same name is refused
+                        out.write(source.read())
+                except FileExistsError:
+                    raise IntegrityError(f"{label}: bundle holds {rel} twice") from None
+    except (tarfile.TarError, EOFError) as exc:
+        raise IntegrityError(f"{label}: bundle is damaged ({str(exc).splitlines()[0][:200] if str(exc) else exc!r})"
+                             ) from None

@@ -1,0 +1,132 @@
+"""The decisions before anything is fetched: which source serves a repo, which commit the asked version names,
+which build variant fits this system. get_kernel, lock, download and `kernel-hub resolve` all start here.
+Callers that import or lock pass their trust setting, so an untrusted repo is refused before any download."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .buildfmt import FRAMEWORKS
+from .errors import KernelHubError, KernelNotFoundError, NoVariantError, VersionSpecError
+from .names import check_repo_id
+from .registry import Registry, load_registry
+from .sources import HubOrLocal, LocalSource, Origin, Source
+from .system import BACKENDS, SystemFacts, detect
+from .trust import TrustSetting, check_trust
+from .variants import Choice, choose_variant, preferred_names
+from .versions import Resolution, resolve
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every decision get_kernel makes, before it fetches or imports anything."""
+
+    repo_id: str
+    source: Source
+    resolution: Resolution
+    choice: Choice
+    system: SystemFacts
+    framework: str
+
+    @property
+    def origin(self) -> Origin:
+        """Where the code comes from (the repo actually fetched): what the trust check judges."""
+        return self.source.origin(self.repo_id)
+
+    def no_fit(self) -> NoVariantError:
+        """The error for a plan that chose nothing: the trace of every variant's rejection, or one line when the
+        commit publishes none."""
+        where = f"{self.repo_id}@{self.resolution.version or self.resolution.commit[:12]}"
+        if not self.choice.trace:
+            return NoVariantError(f"no build of {where} fits this system: it publishes no usable build variant")
+        return NoVariantError(f"no build of {where} fits this system:\n" + "\n".join(self.choice.trace_lines()))
+
+    def describe(self) -> str:
+        r = self.resolution
+        lines = [
+            f"repo      {self.repo_id}",
+            f"source    {self.source.describe()}",
+            f"resolve   {r.reason}",
+            f"commit    {r.commit}" + (f"  (version {r.version})" if r.version else ""),
+            f"system    backend={self.system.backend} tpu={self.system.tpu_generation or '-'} "
+            f"jax={self.system.jax_version or '-'} torch={self.system.torch_version or '-'}",
+            f"variants  for framework {self.framework}:",
+            *self.choice.trace_lines(),
+        ]
+        chosen = self.choice.variant.name if self.choice.variant else "none fits"
+        lines.append(f"chosen    {chosen}")
+        return "\n".join(lines)
+
+
+def source_for(repo_id: str, registry: Registry) -> Source:
+    """Where a kernel comes from: the registry's source path, or the Hub (through huggingface_hub);
+    an entry naming both uses the Hub when it answers and the source path when it does not."""
+    check_repo_id(repo_id)
+    entry = registry.get(repo_id)
+    local = entry is not None and entry.source is not None and entry.source.is_dir()
+    if local and entry.hub_repo is None:
+        return LocalSource(entry.source)
+    try:
+        from .hub import HubSource
+    except ImportError:
+        if local:
+            return LocalSource(entry.source)
+        raise KernelNotFoundError(
+            f"unknown kernel repo {repo_id!r}: not in the registry and the Hub client is unavailable"
+        ) from None
+    hub = HubSource.for_repo(repo_id, registry_entry=entry)
+    return HubOrLocal(hub, LocalSource(entry.source)) if local else hub
+
+
+def check_target(framework: str, backend: str | None) -> None:
+    """The framework and backend a caller asked for are ones variants can name."""
+    if framework not in FRAMEWORKS:
+        raise KernelHubError(f"framework must be one of {', '.join(FRAMEWORKS)}, got {framework!r}")
+    if backend is not None and backend not in BACKENDS:
+        raise KernelHubError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+
+
+def system_for(system: SystemFacts | None, framework: str, backend: str | None) -> SystemFacts:
+    """This machine's facts (or the given ones), with `backend` forced where asked."""
+    check_target(framework, backend)
+    facts = system or detect(framework)
+    if backend is not None and backend != facts.backend:
+        facts = replace(facts, backend=backend, tpu_generation=facts.tpu_generation if backend == "tpu" else None)
+    return facts
+
+
+def plan_load(
+    repo_id: str,
+    *,
+    version: int | str | None = None,
+    revision: str | None = None,
+    backend: str | None = None,
+    framework: str = "jax",
+    system: SystemFacts | None = None,
+    registry: Registry | None = None,
+    source: Source | None = None,
+    trust_remote_code: TrustSetting | None = None,
+) -> Plan:
+    """Resolve the version and choose the variant; the plan says which and why (nothing is imported).
+
+    trust_remote_code: given (by callers that will import or lock), the trust check runs as soon as the source
+    is known, before anything is downloaded; None (resolve, download) skips it.
+    """
+    check_repo_id(repo_id)
+    check_target(framework, backend)
+    registry = registry if registry is not None else load_registry()
+    if version is None and revision is None:
+        entry = registry.get(repo_id)
+        if entry is None or entry.version is None:
+            raise VersionSpecError(
+                f"{repo_id} is not in the registry with a default version: pass version= or revision="
+            )
+        version = entry.version
+    source = source or source_for(repo_id, registry)
+    resolution = resolve(source.refs(repo_id), version=version, revision=revision)
+    if trust_remote_code is not None:
+        check_trust(source.origin(repo_id), trust_remote_code, asked_for=repo_id)
+    facts = system_for(system, framework, backend)
+    variants = source.candidate_variants(repo_id, resolution.commit, preferred_names(facts, framework))
+    choice = choose_variant(variants, facts, framework)
+    return Plan(repo_id, source, resolution, choice, facts, framework)

@@ -1,0 +1,66 @@
+"""The one trust check: a pure decision on the repo actually fetched, HF kernels' meaning for lists, and an error
+that names the flag the CLI really has."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernel_hub import cli
+from kernel_hub.errors import TrustError
+from kernel_hub.sources import Origin
+from kernel_hub.trust import check_trust, trust_decision
+
+ORGS = ("kernel-hub", "kernels-community")
+HUB = Origin("hub", "acme/ragged", "http://127.0.0.1:8080")
+
+
+@pytest.mark.parametrize(
+    ("origin", "setting", "allowed"),
+    [
+        (Origin("local", "acme/ragged", "/src/ragged"), False, True),   # a folder the user has
+        (Origin("hub", "kernel-hub/x", "http://h"), False, True),       # a trusted organisation
+        (HUB, False, False),
+        (HUB, None, False),
+        (HUB, True, True),
+        (HUB, ["acme/ragged"], True),                                   # the repo itself
+        (HUB, ["acme"], True),                                          # its organisation
+        (HUB, "acme", True),                                            # one entry as a plain string
+        (HUB, ("other/repo", "acme"), True),
+        (HUB, ["other/repo"], False),                                   # a list trusts what it names, nothing else
+        (HUB, ["acme/other", "acme-corp", "acme/ragged-2"], False),
+        (HUB, [], False),
+        (Origin("hub", "evil/y", "http://h"), ["kernel-hub/x"], False),  # an alias's own name does not count
+    ],
+)
+def test_trust_decision(origin: Origin, setting, allowed: bool) -> None:
+    ok, reason = trust_decision(origin, setting, ORGS)
+    assert ok is allowed and reason
+
+
+@pytest.mark.parametrize("setting", [["../x"], ["a/b/c"], [5], 3.5, ["-rf"]])
+def test_bad_trust_settings_are_refused(setting) -> None:
+    with pytest.raises(TrustError):
+        trust_decision(HUB, setting, ORGS)
+
+
+def test_env_adds_trusted_orgs(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(TrustError):
+        check_trust(HUB, False)
+    monkeypatch.setenv("KERNEL_HUB_TRUSTED_ORGS", "other, acme")
+    check_trust(HUB, False)
+
+
+def test_the_error_names_a_flag_every_loading_command_has(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(TrustError) as exc:
+        check_trust(HUB, False, asked_for="kernel-hub/alias")
+    message = str(exc.value)
+    assert "acme/ragged" in message and "registry alias kernel-hub/alias" in message and "\n" not in message
+    flag = "--trust-remote-code"
+    assert flag in message
+    parser = cli.build_parser()
+    for command in ("validate", "lock"):
+        bare = parser.parse_args([command, "acme/ragged", flag])
+        assert cli._trust(bare.trust_remote_code) is True
+        listed = parser.parse_args([command, "acme/ragged", flag, "acme", "kernel-hub/x"])
+        assert cli._trust(listed.trust_remote_code) == ["acme", "kernel-hub/x"]
+        assert cli._trust(parser.parse_args([command, "acme/ragged"]).trust_remote_code) is False
