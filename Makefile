@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The tested set, pinned. torch==2.13.0 is the CPU wheel: never leave torch unpinned.
 PKGS := -c constraints.txt torch==2.13.0 jax==0.10.2 jaxlib==0.10.2 tokamax==0.0.12 \
-        transformers==5.24.0 huggingface_hub==2.4.0 kernels==0.17.2 starlette uvicorn pytest ruff
+        transformers==5.24.0 huggingface_hub==2.4.0 kernels==0.17.2 pydantic==2.14.4 starlette uvicorn pytest ruff
 
 .PHONY: setup demo test lint bench clean
 

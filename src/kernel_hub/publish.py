@@ -27,9 +27,10 @@ from packaging.version import Version
 
 from .errors import KernelHubError, MetadataError, ValidationFailedError
 from .hub import BUILD_DIR, KH_KEY, REPO_TYPE, VARIANT_METADATA, bundle_path, git_blob_id, variant_to_json
-from .integrity import combined_digest, package_files, sha256_file
+from .integrity import combined_digest, sha256_file
 from .metadata import METADATA_FILE, KernelMetadata, load_metadata
 from .variants import Variant
+from .vendoring import assembled_files
 
 HF_BACKENDS = {"cpu": "cpu", "cuda": "cuda", "rocm": "rocm", "tpu": "tpu", "xpu": "xpu"}
 CARD = "README.md"
@@ -120,15 +121,15 @@ def build_layout(kernel_dir: Path, out: Path) -> Layout:
     """Write the repo layout of `kernel_dir` under `out` (see the module docstring)."""
     meta = load_metadata(kernel_dir)
     package = Path(kernel_dir) / meta.python_name
-    sources = package_files(package)
+    sources = assembled_files(kernel_dir, meta)  # the package's files and the shared ones it vendors
     layout = Layout(out, meta)
     for variant in meta.variants:
         if not (package / variant.entry).is_file():
             raise MetadataError(f"variant {variant.name}: entry {variant.entry} not found in {package}")
         vdir = out / BUILD_DIR / variant.name
         pdir = vdir / meta.python_name
-        for src in sources:
-            dest = pdir / src.relative_to(package)
+        for rel, src in sources.items():
+            dest = pdir / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, dest)
         shutil.copyfile(package / variant.entry, pdir / "__init__.py")  # the entry is the package root
