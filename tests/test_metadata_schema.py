@@ -66,8 +66,8 @@ BAD = [
     ("specifier", _set("variants.0.requires", {"jax": ">=>0.10"}), "not a PEP 440 version specifier"),
     ("dist-name", _set("variants.0.requires", {"ja x": ">=0.10"}), "not a distribution name"),
     ("vendor-path", _set("vendor", ["../../src/kernel_hub/api.py"]), "field 'vendor'"),
-    ("vendor-twice", _set("vendor", ["dispatch.py", "dispatch.py"]), "vendored file 'dispatch.py' appears twice"),
-    ("duplicate-variant", _set("variants.1.name", "jax-tpu"), "variant name 'jax-tpu' appears twice"),
+    ("vendor-twice", _set("vendor", ["dispatch.py", "dispatch.py"]), "vendored file 'dispatch.py' is listed twice"),
+    ("duplicate-variant", _set("variants.1.name", "jax-tpu"), "variant name 'jax-tpu' is listed twice"),
     ("no-variants", _set("variants", []), "field 'variants'"),
     ("layer-kind", _set("replaces", ["moe experts"]), "field 'replaces'"),
 ]
@@ -125,7 +125,7 @@ REGISTRY_BAD = [
     ({"kernels": [{"repo_id": "a/b", "hub": "/etc"}]}, "field 'kernels[0].hub'"),
     ({"kernels": [{"repo_id": "a/b", "version": ">=>1"}]}, "field 'kernels[0].version'"),
     ({"kernels": [{"repo_id": "a/b", "backends": ["metal"]}]}, "field 'kernels[0].backends[0]'"),
-    ({"kernels": [{"repo_id": "a/b"}, {"repo_id": "a/b"}]}, "repo_id 'a/b' appears twice"),
+    ({"kernels": [{"repo_id": "a/b"}, {"repo_id": "a/b"}]}, "repo_id 'a/b' is listed twice"),
     ({"layers": {"moe_experts": {"cpu": "not a repo"}}}, "field 'layers'"),
     ({"layers": {"moe_experts": {"metal": "a/b"}}}, "field 'layers.moe_experts.metal (a key)'"),
 ]

@@ -117,13 +117,15 @@ def test_a_vendored_file_needs_its_sibling_imports_vendored_too(pallas_copy):
     [
         (lambda k: (k / "tokamax_attention" / "_vendor").mkdir(), "_vendor is checked in"),
         (lambda k: (k / "tokamax_attention" / "shared.py").symlink_to(k.parent / "_common" / "dispatch.py"),
-         "shared.py is a symbolic link"),
+         "shared.py is a link to"),
+        (lambda k: (k / "tokamax_attention" / "etc").symlink_to("/etc"), "etc is a link to /etc, outside"),
         (lambda k: (k.parent / "_common" / "shapes.py").unlink(), "field 'vendor': shapes.py is not a file"),
         (lambda k: _set_vendor(k, ["../registry.py"]), "field 'vendor'"),
         (lambda k: (k.parent / "_common" / "shapes.py").write_text("import kernel_hub\n"), "never imports kernel_hub"),
         (lambda k: (k.parent / "_common" / "shapes.py").write_text("from ..x import y\n"), "only import its siblings"),
     ],
-    ids=["checked-in-vendor", "symlink", "missing-shared-file", "path-escape", "imports-kernel-hub", "dotdot-import"],
+    ids=["checked-in-vendor", "link-to-common", "link-out", "missing-shared-file", "path-escape", "imports-kernel-hub",
+         "dotdot-import"],
 )
 def test_bad_vendoring_is_refused_with_one_line(pallas_copy, damage, message):
     kernel = pallas_copy / "tokamax_attention"
@@ -131,3 +133,12 @@ def test_bad_vendoring_is_refused_with_one_line(pallas_copy, damage, message):
     with pytest.raises(MetadataError, match=message) as err:
         assembled_files(kernel)
     assert "\n" not in str(err.value)
+
+
+def test_a_link_inside_the_kernel_folder_ships_its_content(pallas_copy, tmp_path):
+    """A user's kernel folder may link within itself (our tree holds no links at all): the content ships."""
+    package = pallas_copy / "tokamax_attention" / "tokamax_attention"
+    (package / "alias.py").symlink_to(package / "masks.py")
+    assert assembled_files(pallas_copy / "tokamax_attention")["alias.py"].resolve() == (package / "masks.py")
+    shipped = assemble(pallas_copy / "tokamax_attention", tmp_path / "out") / "alias.py"
+    assert not shipped.is_symlink() and shipped.read_bytes() == (package / "masks.py").read_bytes()

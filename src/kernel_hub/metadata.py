@@ -18,7 +18,14 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
 
 from .errors import KernelHubError, MetadataError
-from .names import check_entry_file, check_python_name, check_relative_path, check_repo_id, check_variant_name
+from .names import (
+    check_entry_file,
+    check_python_name,
+    check_relative_path,
+    check_repo_id,
+    check_variant_name,
+    safe_join,
+)
 from .variants import Variant
 
 T = TypeVar("T")
@@ -46,7 +53,7 @@ def unique(items: list[T], key: Callable[[T], str], what: str) -> list[T]:
     seen: set[str] = set()
     for item in items:
         if key(item) in seen:
-            raise ValueError(f"{what} {key(item)!r} appears twice")
+            raise ValueError(f"{what} {key(item)!r} is listed twice")
         seen.add(key(item))
     return items
 
@@ -221,7 +228,7 @@ def load_metadata(kernel_dir: Path) -> KernelMetadata:
     if not path.is_file():
         raise MetadataError(f"{kernel_dir}: no {METADATA_FILE} (every kernel folder needs one)")
     meta = parse_metadata(read_yaml(path), str(path))
-    package = Path(kernel_dir) / meta.python_name
+    package = safe_join(Path(kernel_dir), meta.python_name)  # refuses a package folder that leads out of the kernel's
     if not (package / "__init__.py").is_file():
         raise MetadataError(f"{path}: python_name {meta.python_name!r} but {package}/__init__.py is missing")
     for v in meta.variants:

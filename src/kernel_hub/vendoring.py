@@ -6,7 +6,7 @@ kernel.yaml lists what it uses (`vendor: [dispatch.py, interpret.py]`); every as
 (`from ._vendor.dispatch import Dispatch`). One function, `assembled_files`, says which files make the package; the
 local source (LocalSource), `kernel-hub publish` and the kernel tests all assemble from it, so digests and commit
 ids cover vendored files exactly like the package's own. Source trees hold no links and no `_vendor/` folder: a
-checked-in copy would drift from `_common/`.
+checked-in copy would drift from `_common/` (a user's kernel folder may link inside itself; never out of it).
 """
 
 from __future__ import annotations
@@ -33,19 +33,22 @@ def common_dir(kernel_dir: Path) -> Path:
     return Path(kernel_dir).resolve().parent / COMMON_DIR
 
 
-def _own_files(package: Path) -> dict[str, Path]:
-    """The package's own files (no caches), refusing links and a checked-in `_vendor/`."""
+def _own_files(kernel_dir: Path, package: Path) -> dict[str, Path]:
+    """The package's own files (no caches, no dot files): a link is followed only when its target lies inside the
+    kernel folder, a link out of it is refused, and so is a checked-in `_vendor/`."""
+    limit = Path(kernel_dir).resolve()
     out: dict[str, Path] = {}
-    for root, dirs, files in os.walk(package):
-        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS)
+    for root, dirs, files in os.walk(package, followlinks=False):
+        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
         for name in [*dirs, *sorted(files)]:
             path = Path(root) / name
             rel = path.relative_to(package).as_posix()
-            if path.is_symlink():
-                raise MetadataError(f"{path} is a symbolic link: share code through kernel.yaml `vendor` instead")
+            target = path.resolve()
+            if path.is_symlink() and target != limit and limit not in target.parents:
+                raise MetadataError(f"{package}: {rel} is a link to {target}, outside {limit}; copy the file in")
             if rel == VENDOR_DIR:
                 raise MetadataError(f"{path} is checked in: {VENDOR_DIR}/ is assembled from kernel.yaml `vendor`")
-            if path.is_file() and path.suffix not in _SKIP_SUFFIXES:
+            if path.is_file() and not name.startswith(".") and path.suffix not in _SKIP_SUFFIXES:
                 out[rel] = path
     return out
 
@@ -89,7 +92,8 @@ def vendored_files(kernel_dir: Path, meta: KernelMetadata) -> dict[str, Path]:
 def assembled_files(kernel_dir: Path, meta: KernelMetadata | None = None) -> dict[str, Path]:
     """Every file of the assembled package: path inside the package (POSIX) -> the file it is copied from."""
     meta = meta or load_metadata(kernel_dir)
-    return {**_own_files(Path(kernel_dir) / meta.python_name), **vendored_files(kernel_dir, meta)}
+    package = safe_join(Path(kernel_dir), meta.python_name)  # the package folder may not lead out of the kernel's
+    return {**_own_files(kernel_dir, package), **vendored_files(kernel_dir, meta)}
 
 
 def file_digests(files: dict[str, Path]) -> dict[str, str]:
