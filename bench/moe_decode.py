@@ -73,6 +73,7 @@ def active_bytes(index: torch.Tensor, dtype: torch.dtype) -> int:
 def bench_dtype(name: str, dtype: torch.dtype, *, batch: int, reps: int, batched_reps: int,
                 bandwidth: float, log) -> dict[str, Any]:
     import kernel_hub as kh
+    from kernel_hub.numerics import relative_error
     from kernel_hub.timing import interleaved_samples
 
     container, config = build_layer(dtype)
@@ -100,7 +101,7 @@ def bench_dtype(name: str, dtype: torch.dtype, *, batch: int, reps: int, batched
             return container.experts(hidden, index, weights)
 
     out = kernelized()
-    max_rel = ((out.float() - reference.float()).abs().max() / reference.float().abs().max()).item()
+    max_rel = relative_error(out, reference)
     variants = {"eager": eager, "grouped_mm": grouped, "kernelized": kernelized}
     times = interleaved_samples(variants, repeats=reps, warmup=1)
     if batched_reps:  # seconds per call: timed apart, after the others, so it never precedes them

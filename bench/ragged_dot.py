@@ -23,12 +23,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import kernel_hub as kh
+from kernel_hub.numerics import relative_error
+from kernel_hub.timing import interleaved_samples
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "kernels" / "pallas" / "ragged_dot"))
-
-import ragged_dot as rd  # noqa: E402  (the kernel package, loaded from its source folder)
-
-from kernel_hub.timing import interleaved_samples  # noqa: E402
+#: The kernel package as it is in this checkout (its source plus the shared code it vendors, assembled).
+rd = kh.get_local_kernel(ROOT / "kernels" / "pallas" / "ragged_dot")
 
 # name, M, K, N, G, dtypes, methods skipped (too slow on 2 cores: they do G x the work)
 SHAPES = [
@@ -101,8 +102,7 @@ def run(quick: bool) -> dict:
             expected = rd.reference_ragged_dot(lhs, rhs, sizes)
             errors = {}
             for key, fn in methods.items():  # warm up (compile) and check each answer once
-                got = np.asarray(jax.block_until_ready(fn()), np.float64)
-                errors[key] = float(np.abs(got - expected).max() / max(1e-6, np.abs(expected).max()))
+                errors[key] = relative_error(jax.block_until_ready(fn()), expected)
             times = interleaved_samples(methods, repeats=reps, warmup=0, settle=True)
             medians = {key: statistics.median(ts) for key, ts in times.items()}
             base = medians.get(BASELINE)

@@ -36,7 +36,7 @@ class Spy(types.SimpleNamespace):
 
     def __init__(self, kernel, moe=None):
         super().__init__(calls=0, __kernel_hub__=kernel.__kernel_hub__, ragged_dot=kernel.ragged_dot,
-                         implementation_for=kernel.implementation_for)
+                         describe=kernel.describe)
         self._moe = moe or kernel.moe_experts
 
     def moe_experts(self, *args, **kwargs):
@@ -105,12 +105,12 @@ def test_layouts_are_read_not_assumed():
     assert {r.layout for r in report.replaced} == {"[E,2I,H], gate/up concatenated"}
 
 
-def test_report_fields_json_and_table():
+def test_report_fields_json_and_table(kernel):
     model = tiny.tiny_model("qwen3_moe")
     report = kh.kernelize(model)
     r = report.replaced[0]
     assert r.layer == "model.layers.0.mlp.experts"
-    assert r.repo_id == "kernel-hub/ragged-dot-tpu" and r.version == "1.0.0"
+    assert r.repo_id == "kernel-hub/ragged-dot-tpu" and r.version == kernel.__kernel_hub__.version
     assert r.variant == "torch-cpu" and r.commit and "torch-native" in r.implementation
     assert r.route == "interface"
     data = json.loads(report.to_json())

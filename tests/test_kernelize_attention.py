@@ -271,14 +271,9 @@ def test_torch_entry_jax_bridge_matches_native(fa):
 
 @pytest.fixture(scope="module", autouse=True)
 def _reference_module(fa):
-    """The package's NumPy reference, importable without jax (it is plain NumPy)."""
-    import importlib.util
-    from pathlib import Path
+    """The package's NumPy reference (vendored shared code, plain NumPy), as the loaded torch build ships it."""
+    import importlib
 
-    path = Path(__file__).parents[1] / "kernels/pallas/flash_attention/flash_attention/reference.py"
-    spec = importlib.util.spec_from_file_location("flash_attention_ref", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    sys.modules["flash_attention_ref"] = module
+    sys.modules["flash_attention_ref"] = importlib.import_module(f"{fa.__name__}._vendor.attention_reference")
     yield
     sys.modules.pop("flash_attention_ref", None)

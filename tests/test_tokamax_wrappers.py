@@ -1,5 +1,5 @@
 """The Tokamax wrappers through kernel-hub: load + validate on this CPU, variant choice over the validated
-tokamax/jax pair, and a published layout that carries the symlinked shared code as real files."""
+tokamax/jax pair, and a published layout that carries the vendored shared code as real files."""
 
 from __future__ import annotations
 
@@ -87,16 +87,16 @@ def test_variant_choice_rejects_an_untested_pair_with_a_reason(kernel_dir, syste
 
 
 def test_published_build_holds_the_shared_code_as_files(tmp_path):
-    """Symlinked modules (the hub CPU path, the shared dispatch, the references) ship as their content."""
+    """Vendored shared modules (the hub CPU path, the dispatch, the references) ship as their content."""
     build_layout(RAGGED, tmp_path / "rd")
     build_layout(ATTENTION, tmp_path / "at")
-    pallas = ROOT / "kernels/pallas"
+    common = ROOT / "kernels/pallas/_common"
     shared = {
-        (tmp_path / "rd", "tokamax_ragged_dot/_hub_cpu/cpu.py"): pallas / "ragged_dot/ragged_dot/cpu.py",
-        (tmp_path / "rd", "tokamax_ragged_dot/_hub_cpu/metadata.py"): pallas / "ragged_dot/ragged_dot/metadata.py",
-        (tmp_path / "rd", "tokamax_ragged_dot/reference.py"): pallas / "ragged_dot/ragged_dot/reference.py",
-        (tmp_path / "at", "tokamax_attention/_dispatch.py"): RAGGED / "tokamax_ragged_dot/_dispatch.py",
-        (tmp_path / "at", "tokamax_attention/reference.py"): pallas / "flash_attention/flash_attention/reference.py",
+        (tmp_path / "rd", "tokamax_ragged_dot/_vendor/cpu_gmm.py"): common / "cpu_gmm.py",
+        (tmp_path / "rd", "tokamax_ragged_dot/_vendor/groups.py"): common / "groups.py",
+        (tmp_path / "rd", "tokamax_ragged_dot/_vendor/ragged_reference.py"): common / "ragged_reference.py",
+        (tmp_path / "at", "tokamax_attention/_vendor/dispatch.py"): common / "dispatch.py",
+        (tmp_path / "at", "tokamax_attention/_vendor/attention_reference.py"): common / "attention_reference.py",
     }
     for (out, name), source in shared.items():
         with tarfile.open(out / "build" / "jax-cpu.tar") as tar:

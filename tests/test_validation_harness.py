@@ -60,5 +60,6 @@ def test_relative_error_metric():
     e = np.array([1.0, -2.0, 4.0])
     assert relative_error(e, e) == 0.0
     assert relative_error(e + [0, 0, 0.04], e) == pytest.approx(0.01)
-    assert np.isnan(relative_error(np.array([np.inf, 0, 0]), e))
+    assert relative_error(np.array([np.inf, 0, 0]), e) == float("inf")  # NaN/Inf never pass, on either side
+    assert relative_error(e, np.array([np.nan, 0, 0])) == float("inf")
     assert relative_error(np.zeros(2), e) == float("inf")

@@ -1,4 +1,8 @@
-"""registry.yaml: the embedded catalogue of kernels and which kernel serves which layer kind."""
+"""registry.yaml: the embedded catalogue of kernels and which kernel serves which layer kind.
+
+Read through a strict schema like kernel.yaml: unknown keys are refused, repo ids and layer kinds are checked with
+names.py, version specs must parse, backends come from a fixed set; every error is one line naming the file and field.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +11,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
-from .errors import KernelNotFoundError, MetadataError
-from .metadata import read_yaml
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
+
+from .errors import KernelHubError, KernelNotFoundError, MetadataError
+from .metadata import checked_name, read_yaml, schema_error, unique
+from .names import check_python_name, check_repo_id
+from .versions import parse_spec
 
 REGISTRY_ENV = "KERNEL_HUB_REGISTRY"
+#: Backends a registry entry and its layer mapping may name.
+REGISTRY_BACKENDS = ("tpu", "cuda", "rocm", "cpu")
 
 
 @dataclass(frozen=True)
@@ -73,36 +83,79 @@ def default_registry_path() -> Path:
     return registry_location().path
 
 
+class _EntrySchema(BaseModel):
+    """One kernel of registry.yaml."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    repo_id: StrictStr
+    source: StrictStr | None = None
+    hub: StrictStr | None = None
+    version: StrictStr | None = None
+    backends: list[Literal[REGISTRY_BACKENDS]] = Field(default_factory=list)  # type: ignore[valid-type]
+    layers: list[StrictStr] = Field(default_factory=list)
+    bench: StrictStr | None = None
+
+    _repo_id = field_validator("repo_id")(lambda v: checked_name(check_repo_id, v, "repo_id"))
+    _hub = field_validator("hub")(lambda v: v if v is None else checked_name(check_repo_id, v, "hub"))
+    _layers = field_validator("layers")(lambda kinds: [checked_name(check_python_name, k, "layer kind") for k in kinds])
+
+    @field_validator("version")
+    @classmethod
+    def _spec(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                parse_spec(v)
+            except KernelHubError as exc:
+                raise ValueError(str(exc)) from None
+        return v
+
+
+class _RegistrySchema(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kernels: list[_EntrySchema] = Field(default_factory=list)
+    layers: dict[StrictStr, dict[Literal[REGISTRY_BACKENDS], StrictStr | None]] = Field(  # type: ignore[valid-type]
+        default_factory=dict)
+
+    _unique = field_validator("kernels")(lambda entries: unique(entries, lambda e: e.repo_id, "repo_id"))
+
+    @field_validator("layers")
+    @classmethod
+    def _layer_repos(cls, layers: dict[str, dict[str, str | None]]) -> dict[str, dict[str, str | None]]:
+        for kind, per_backend in layers.items():
+            checked_name(check_python_name, kind, "layer kind")
+            for repo in per_backend.values():
+                if repo is not None:
+                    checked_name(check_repo_id, repo, f"layers.{kind}")
+        return layers
+
+
 def parse_registry(data: Any, path: Path) -> Registry:
-    """Check the mapping read from registry.yaml; source paths are relative to the file."""
+    """Check the mapping read from registry.yaml (strict: unknown keys are refused); source and bench paths are
+    relative to the file."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise MetadataError(f"{path}: expected a mapping with 'kernels' and 'layers'")
-    raw_entries = data.get("kernels") or []
-    if not isinstance(raw_entries, list):
-        raise MetadataError(f"{path}: 'kernels' must be a list")
-    entries = []
-    for i, raw in enumerate(raw_entries):
-        if not isinstance(raw, dict) or not isinstance(raw.get("repo_id"), str):
-            raise MetadataError(f"{path}: kernels[{i}] needs a 'repo_id' string")
-        source = raw.get("source")
-        version = raw.get("version")
-        entries.append(
-            RegistryEntry(
-                repo_id=raw["repo_id"],
-                source=(path.parent / source).resolve() if source else None,
-                version=str(version) if version is not None else None,
-                backends=tuple(raw.get("backends") or ()),
-                layers=tuple(raw.get("layers") or ()),
-                hub_repo=raw.get("hub"),
-                bench=(path.parent / raw["bench"]).resolve() if raw.get("bench") else None,
-            )
+    try:
+        raw = _RegistrySchema.model_validate(data)
+    except ValidationError as exc:
+        raise schema_error(str(path), exc) from None
+    entries = tuple(
+        RegistryEntry(
+            repo_id=e.repo_id,
+            source=(path.parent / e.source).resolve() if e.source else None,
+            version=e.version,
+            backends=tuple(e.backends),
+            layers=tuple(e.layers),
+            hub_repo=e.hub,
+            bench=(path.parent / e.bench).resolve() if e.bench else None,
         )
-    layers = data.get("layers") or {}
-    if not isinstance(layers, dict) or not all(isinstance(v, dict) for v in layers.values()):
-        raise MetadataError(f"{path}: 'layers' must map a layer kind to {{backend: repo_id}}")
-    return Registry(path=path, entries=tuple(entries), layers={k: dict(v) for k, v in layers.items()})
+        for e in raw.kernels
+    )
+    layers = {kind: {b: r for b, r in per.items() if r is not None} for kind, per in raw.layers.items()}
+    return Registry(path=path, entries=entries, layers=layers)
 
 
 @lru_cache(maxsize=8)

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Protocol
 
 from .errors import KernelHubError, KernelNotFoundError
-from .integrity import combined_digest, tree_digests
 from .metadata import KernelMetadata, load_metadata
 from .variants import Variant
+from .vendoring import assembled_files, assembled_in_cache, content_commit, file_digests
 from .versions import Ref
 
 
@@ -68,18 +68,29 @@ class Source(Protocol):
 
 
 class LocalSource:
-    """A kernel folder (kernel.yaml + package) as a one-release repo.
+    """A kernel folder (kernel.yaml + package + the shared files it vendors) as a one-release repo.
 
-    Its refs are the release tag `v<version>` and the major branch `v<major>`, both at a commit id
-    that is the digest of the shipped files, so a changed file is a different commit.
+    Its refs are the release tag `v<version>` and the major branch `v<major>`, both at a commit id that is the
+    digest of kernel.yaml and every shipped file, vendored ones included (vendoring.py), so a changed file, in
+    the package or in the shared code it vendors, is a different commit. A package that vendors nothing is
+    imported in place; one that does is assembled once per commit into the cache and imported from there.
     """
 
     def __init__(self, kernel_dir: Path):
         self.kernel_dir = Path(kernel_dir).resolve()
         self.metadata = load_metadata(self.kernel_dir)
-        self.package_dir = self.kernel_dir / self.metadata.python_name
-        self.digests = tree_digests(self.package_dir)
-        self.commit = combined_digest(self.digests)[:40]
+        files = assembled_files(self.kernel_dir, self.metadata)
+        self.digests = file_digests(files)
+        self.commit = content_commit(self.kernel_dir, self.metadata, self.digests)
+        self._source_package = self.kernel_dir / self.metadata.python_name
+        self._package_dir: Path | None = None if self.metadata.vendor else self._source_package
+
+    @property
+    def package_dir(self) -> Path:
+        """The importable package: the source folder itself, or its assembly in the cache."""
+        if self._package_dir is None:
+            self._package_dir = assembled_in_cache(self.kernel_dir, self.metadata, self.digests, self.commit)
+        return self._package_dir
 
     def describe(self) -> str:
         return f"source path {self.kernel_dir}"

@@ -1,14 +1,14 @@
 """Numbers checked on this device: run a kernel's own cases against its reference, report per case.
 
-A kernel package ships `validation.py` with `cases(backend) -> list[Case]`; each case makes fresh
-random inputs, calls the loaded module and computes an independent reference. This harness owns the
-verdict: error metric, tolerance by dtype, NaN/Inf never passing, timing of the kernel call only.
+A kernel package ships `validation.py` with `cases(backend, framework="jax") -> list[Case]` (the kernel
+contract, contract.py); each case makes fresh random inputs, calls the loaded module and computes an
+independent reference. This harness owns the verdict: the metric and tolerance table of numerics.py (NaN/Inf
+never passing), timing of the kernel call only.
 """
 
 from __future__ import annotations
 
 import importlib
-import inspect
 import json
 import os
 import time
@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 
 from .errors import KernelHubError, ValidationFailedError
+from .numerics import relative_error, to_float64, tolerance
 
-DEFAULT_TOLERANCE = {"float32": 1e-4, "bfloat16": 1e-2, "float16": 5e-3}
+__all__ = ["CaseResult", "ValidationReport", "relative_error", "require_valid", "run_case", "validate"]
 
 
 @dataclass(frozen=True)
@@ -77,41 +78,24 @@ class ValidationReport:
         return "\n".join(lines)
 
 
-def to_numpy(x: Any) -> np.ndarray:
-    """Any array (NumPy, JAX, torch) as float64 NumPy, for comparison."""
-    if hasattr(x, "detach"):  # torch
-        return x.detach().float().cpu().numpy().astype(np.float64)
-    return np.asarray(x).astype(np.float64)
-
-
 def _block(x: Any) -> Any:
     if hasattr(x, "block_until_ready"):
         x.block_until_ready()
     return x
 
 
-def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
-    """max|a - e| / max|e|: one number per case that is scale-free and fails any NaN or Inf."""
-    if actual.shape != expected.shape:
-        return float("inf")
-    if not np.all(np.isfinite(actual)):
-        return float("nan")
-    scale = max(float(np.max(np.abs(expected))) if expected.size else 0.0, 1e-6)
-    return float(np.max(np.abs(actual - expected)) / scale) if actual.size else 0.0
-
-
 def run_case(case: Any, module: ModuleType, seed: int) -> CaseResult:
     """One case: fresh inputs, timed kernel call, reference, verdict. Exceptions fail the case."""
-    tolerance = case.tolerance if getattr(case, "tolerance", None) is not None else DEFAULT_TOLERANCE[case.dtype]
+    tol = case.tolerance if getattr(case, "tolerance", None) is not None else tolerance(case.dtype)
     common = dict(name=case.name, dtype=case.dtype, implementation=case.implementation,
-                  tolerance=tolerance, tags=tuple(getattr(case, "tags", ())))
+                  tolerance=tol, tags=tuple(getattr(case, "tags", ())))
     start = time.perf_counter()
     try:
         inputs = case.inputs(seed)
         start = time.perf_counter()
-        actual = to_numpy(_block(case.call(module, inputs)))
+        actual = to_float64(_block(case.call(module, inputs)))
         seconds = time.perf_counter() - start
-        expected = np.asarray(case.reference(inputs), dtype=np.float64)
+        expected = to_float64(case.reference(inputs))
     except Exception as exc:  # a kernel that raises fails its case, with the reason
         message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         return CaseResult(passed=False, max_error=float("nan"), seconds=time.perf_counter() - start,
@@ -120,9 +104,11 @@ def run_case(case: Any, module: ModuleType, seed: int) -> CaseResult:
     problem = None
     if actual.shape != expected.shape:
         problem = f"shape {actual.shape} != reference {expected.shape}"
-    elif np.isnan(err):
+    elif not np.isfinite(actual).all():
         problem = "NaN or Inf in output"
-    passed = problem is None and err <= tolerance
+    elif not np.isfinite(expected).all():
+        problem = "NaN or Inf in the reference"
+    passed = problem is None and err <= tol
     return CaseResult(passed=passed, max_error=err, seconds=seconds, error=problem, **common)
 
 
@@ -132,9 +118,7 @@ def _cases_for(module: ModuleType, backend: str) -> list[Any]:
         cases_module = importlib.import_module(f"{module.__name__}.validation")
     except ImportError as exc:
         raise KernelHubError(f"{info.repo_id}: the package has no validation module ({exc})") from None
-    factory = cases_module.cases
-    kwargs = {"framework": info.framework} if "framework" in inspect.signature(factory).parameters else {}
-    cases = list(factory(backend, **kwargs))
+    cases = list(cases_module.cases(backend, framework=info.framework))
     if not cases:
         raise KernelHubError(f"{info.repo_id}: no validation cases for backend {backend}")
     return cases

@@ -2,22 +2,37 @@
 
 Prefill: `flash_attention(q[B,Hq,Sq,D], k[B,Hkv,Skv,D], v, ...)`, differentiable. Decode:
 `decode_attention(q[B,Hq,D], k_cache[B,Hkv,S,D], v_cache, kv_lengths[B], ...)`. Reference:
-`reference_attention(...)` in NumPy float64.
+`reference_attention(...)` in NumPy float64. Both entries keep kernel-hub's kernel contract
+(docs/kernel-contract.md); `_vendor/` holds the shared code kernel-hub vendors in (kernel.yaml `vendor`).
 """
 
-from .api import decode_attention, flash_attention, implementations_for
+from ._vendor.attention_reference import reference_attention, reference_decode_attention
+from ._vendor.interpret import RaceDetectedError, race_checking_params, races_found, run_race_checked
+from .api import (
+    IMPLEMENTATIONS,
+    ORDER,
+    decode_attention,
+    flash_attention,
+    implementations_for,
+    last_implementation,
+    resolve_implementation,
+)
 from .config import AttentionConfig, default_config
-from .interpret import races_found, tpu_interpret_params
-from .reference import reference_attention, reference_decode_attention
 
 __all__ = [
+    "IMPLEMENTATIONS",
+    "ORDER",
     "AttentionConfig",
+    "RaceDetectedError",
     "decode_attention",
     "default_config",
     "flash_attention",
     "implementations_for",
+    "last_implementation",
+    "race_checking_params",
     "races_found",
     "reference_attention",
     "reference_decode_attention",
-    "tpu_interpret_params",
+    "resolve_implementation",
+    "run_race_checked",
 ]

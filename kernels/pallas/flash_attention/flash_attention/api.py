@@ -1,50 +1,42 @@
-"""Public entry points: one function per op, several implementations behind it, chosen by backend.
+"""Public entry points: one function per op, several implementations behind it (the kernel contract,
+docs/kernel-contract.md), chosen by the platform the operands live on.
 
-Implementations: "pallas" (the TPU kernels; interpreted off-TPU), "cpu" (query-chunked XLA with static
-band skipping, the fast path on CPU) and "xla" (dense masked XLA, runs anywhere and is differentiable).
+Implementations: "pallas" (the TPU kernels; compiled on a TPU, interpreted elsewhere unless interpret=False), "cpu"
+(query-chunked XLA with static band skipping, the fast path on CPU) and "xla" (dense masked XLA, runs anywhere and
+is differentiable). flash_attention and decode_attention share one dispatch, so `last_implementation()` reports
+whichever ran last.
 """
 
 from __future__ import annotations
 
 import functools
-import math
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from ._vendor.dispatch import Dispatch
+from ._vendor.interpret import describe_interpret, run_dispatch
+from ._vendor.shapes import check_attention
 from .config import AttentionConfig, block_for, default_config, round_up
 from .cpu import cpu_attention, xla_attention, xla_decode_attention
-from .interpret import raise_if_races, resolve_interpret
 from .pallas_decode import DecodeStatic, decode_forward
 from .pallas_flash import FlashStatic, flash_attention_padded
 
-_IMPLEMENTATIONS = {"tpu": ("pallas", "xla"), "cpu": ("cpu", "xla"), "cuda": ("xla",), "gpu": ("xla",)}
+IMPLEMENTATIONS: tuple[str, ...] = ("pallas", "cpu", "xla")
+
+#: Implementations tried, in order, per platform when none is named.
+ORDER: dict[str, tuple[str, ...]] = {"tpu": ("pallas", "xla"), "cpu": ("cpu", "xla"), "cuda": ("xla",),
+                                     "gpu": ("xla",)}
 
 
-def implementations_for(backend: str) -> tuple[str, ...]:
-    """Implementations that run on a backend, best first."""
-    return _IMPLEMENTATIONS.get(backend, ("xla",))
+def _remark(name: str, platform: str, interpret: Any) -> str | None:
+    return describe_interpret(interpret, platform) if name == "pallas" else None
 
 
-def _pick(implementation: str | None) -> str:
-    if implementation is None:
-        return implementations_for(jax.default_backend())[0]
-    if implementation not in ("pallas", "cpu", "xla"):
-        raise ValueError(f"unknown implementation {implementation!r}; expected pallas, cpu or xla")
-    return implementation
-
-
-def _check(q: jax.Array, k: jax.Array, v: jax.Array, seq_axis: bool) -> None:
-    nd = 4 if seq_axis else 3
-    if q.ndim != nd or k.ndim != 4 or v.ndim != 4:
-        raise ValueError(f"expected q with {nd} dims and 4-dim k/v, got {q.shape}, {k.shape}, {v.shape}")
-    if k.shape != v.shape:
-        raise ValueError(f"k {k.shape} and v {v.shape} must match")
-    if q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"batch/head_dim of q {q.shape} and k {k.shape} differ")
-    if q.shape[1] % k.shape[1]:
-        raise ValueError(f"query heads {q.shape[1]} must be a multiple of kv heads {k.shape[1]}")
+_DISPATCH = Dispatch("attention", IMPLEMENTATIONS, ORDER, ("xla",), remark=_remark)
+implementations_for, resolve_implementation, last_implementation = _DISPATCH.exports()
 
 
 def _lengths(x: Any, batch: int, full: int) -> jax.Array:
@@ -97,7 +89,7 @@ def flash_attention(
     sinks: jax.Array | None = None,
     q_lengths: jax.Array | None = None,
     kv_lengths: jax.Array | None = None,
-    implementation: str | None = None,
+    implementation: str | Sequence[str] | None = None,
     interpret: Any = None,
     config: AttentionConfig | None = None,
 ) -> jax.Array:
@@ -107,20 +99,18 @@ def flash_attention(
     keeps the W most recent of those keys; sinks [Hq] are per-head logits that join the softmax
     denominator; q_lengths/kv_lengths [B] mark valid prefixes, rows with nothing to attend are 0.
     Differentiable in q, k, v and sinks on every implementation.
+
+    implementation / interpret: the kernel contract (see ragged_dot and docs/kernel-contract.md): a name or a
+    sequence tried in order; interpret None compiles on a TPU and interprets elsewhere, False always lowers to
+    Mosaic, a pltpu.InterpretParams with detect_races raises RaceDetectedError on a race.
     """
-    _check(q, k, v, seq_axis=True)
-    if sliding_window is not None and sliding_window < 1:
-        raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
-    impl = _pick(implementation)
-    interp = resolve_interpret(interpret) if impl == "pallas" else False
+    q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
+    window, scale, cap = check_attention(q.shape, k.shape, v.shape, sliding_window=sliding_window, sm_scale=sm_scale,
+                                         logits_soft_cap=logits_soft_cap)
     cfg = config or default_config(q.shape[2], k.shape[2], q.shape[3], q.dtype)
-    scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    out = _prefill(
-        q, k, v, sinks, q_lengths, kv_lengths, impl=impl, causal=bool(causal), sm_scale=scale,
-        window=None if sliding_window is None else int(sliding_window),
-        soft_cap=None if logits_soft_cap is None else float(logits_soft_cap), config=cfg, interpret=interp,
-    )
-    return raise_if_races(interp, out)
+    run = lambda impl, mode: _prefill(q, k, v, sinks, q_lengths, kv_lengths, impl=impl, causal=bool(causal),
+                                      sm_scale=scale, window=window, soft_cap=cap, config=cfg, interpret=mode)
+    return run_dispatch(_DISPATCH, implementation, interpret, (q, k, v), run, "the attention kernel")
 
 
 def _decode_block(s: int, block: int) -> tuple[int, int]:
@@ -162,22 +152,16 @@ def decode_attention(
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
     sinks: jax.Array | None = None,
-    implementation: str | None = None,
+    implementation: str | Sequence[str] | None = None,
     interpret: Any = None,
     config: AttentionConfig | None = None,
 ) -> jax.Array:
     """One new query per sequence, q[B,Hq,D], against caches [B,Hkv,S,D] holding kv_lengths[B] valid
     positions (the query's own key included, last) -> [B,Hq,D]. Forward only."""
-    _check(q, k_cache, v_cache, seq_axis=False)
-    if sliding_window is not None and sliding_window < 1:
-        raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
-    impl = _pick(implementation)
-    interp = resolve_interpret(interpret) if impl == "pallas" else False
+    q, k_cache, v_cache = jnp.asarray(q), jnp.asarray(k_cache), jnp.asarray(v_cache)
+    window, scale, cap = check_attention(q.shape, k_cache.shape, v_cache.shape, sliding_window=sliding_window,
+                                         sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, decode=True)
     cfg = config or default_config(1, k_cache.shape[2], q.shape[-1], q.dtype)
-    scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    out = _decode(
-        q, k_cache, v_cache, kv_lengths, sinks, impl=impl, sm_scale=scale,
-        window=None if sliding_window is None else int(sliding_window),
-        soft_cap=None if logits_soft_cap is None else float(logits_soft_cap), config=cfg, interpret=interp,
-    )
-    return raise_if_races(interp, out)
+    run = lambda impl, mode: _decode(q, k_cache, v_cache, kv_lengths, sinks, impl=impl, sm_scale=scale,
+                                     window=window, soft_cap=cap, config=cfg, interpret=mode)
+    return run_dispatch(_DISPATCH, implementation, interpret, (q, k_cache, v_cache), run, "the attention kernel")

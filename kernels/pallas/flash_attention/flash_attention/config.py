@@ -10,19 +10,13 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from ._vendor.tiling import cdiv, round_up
+
 #: Scoped-VMEM budget the default tiles must fit: 16 MiB is the smallest default among v4..v7x (v5e).
 DEFAULT_VMEM_BUDGET_BYTES = 16 * 1024 * 1024
 
 #: Lane width of a TPU vreg: the last dim of a block must be a multiple of it or the whole array dim.
 LANES = 128
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def round_up(a: int, b: int) -> int:
-    return cdiv(a, b) * b
 
 
 @dataclasses.dataclass(frozen=True)

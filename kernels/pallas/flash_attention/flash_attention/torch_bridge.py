@@ -7,27 +7,12 @@ Gradients (q, k, v, sinks) come from jax.vjp of the JAX entry, whose custom VJP 
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from .torch_jax import call_tpu, on_tpu, to_jax, to_torch
-
-
-def _jax_flash_attention() -> Callable[..., Any]:
-    package = __package__ or __name__.rpartition(".")[0]
-    module = importlib.import_module(".api", package)
-    return module.flash_attention
-
-
-
-
-
-
-
-
+from ._vendor.torch_jax import jax_entry, run_jax
 
 
 def _operands(q, k, v, sinks, q_lengths, kv_lengths) -> list[torch.Tensor]:
@@ -39,7 +24,7 @@ def _operands(q, k, v, sinks, q_lengths, kv_lengths) -> list[torch.Tensor]:
 
 
 def _bind(has_sinks: bool, kw: dict[str, Any]) -> Callable[..., Any]:
-    fn = _jax_flash_attention()
+    fn = jax_entry(__package__, "flash_attention")
 
     def call(q, k, v, sinks, ql, kl):
         return fn(q, k, v, sinks=sinks if has_sinks else None, q_lengths=ql, kv_lengths=kl, **kw)
@@ -47,19 +32,12 @@ def _bind(has_sinks: bool, kw: dict[str, Any]) -> Callable[..., Any]:
     return call
 
 
-def _run(fn: Callable[..., Any], tensors: list[torch.Tensor]) -> Any:
-    if on_tpu(*tensors):
-        return call_tpu(fn, *tensors)
-    out = fn(*(to_jax(t) for t in tensors))
-    return tuple(to_torch(o) for o in out) if isinstance(out, tuple) else to_torch(out)
-
-
 class _JaxFlash(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, sinks, q_lengths, kv_lengths, has_sinks, kw):  # type: ignore[override]
         ctx.save_for_backward(q, k, v, sinks, q_lengths, kv_lengths)
         ctx.has_sinks, ctx.kw = has_sinks, kw
-        return _run(_bind(has_sinks, kw), [q, k, v, sinks, q_lengths, kv_lengths])
+        return run_jax(_bind(has_sinks, kw), q, k, v, sinks, q_lengths, kv_lengths)
 
     @staticmethod
     def backward(ctx, dout):  # type: ignore[override]
@@ -72,7 +50,7 @@ class _JaxFlash(torch.autograd.Function):
             _, vjp = jax.vjp(lambda a, b, c, e: fn(a, b, c, e, ql, kl), q, k, v, s)
             return vjp(d)
 
-        dq, dk, dv, ds = _run(grads, [q, k, v, sinks, ql, kl, dout.contiguous()])
+        dq, dk, dv, ds = run_jax(grads, q, k, v, sinks, ql, kl, dout.contiguous())
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), ds if ctx.has_sinks else None,
                 None, None, None, None)
 
@@ -84,5 +62,5 @@ def attention_jax(q, k, v, *, sinks=None, q_lengths=None, kv_lengths=None, **kw:
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v) + ((sinks,) if has_sinks else ())):
         out = _JaxFlash.apply(*ops, has_sinks, kw)
     else:
-        out = _run(_bind(has_sinks, kw), [t.detach() for t in ops])
+        out = run_jax(_bind(has_sinks, kw), *(t.detach() for t in ops))
     return out

@@ -8,9 +8,11 @@ import flash_attention as fa
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from fa_helpers import make_inputs, rel_error
+from fa_helpers import make_inputs
 from flash_attention.config import block_for, vmem_bytes
 from jax.experimental.pallas import tpu as pltpu
+
+from kernel_hub.numerics import relative_error as rel_error
 
 
 def test_config_is_frozen_and_checked():

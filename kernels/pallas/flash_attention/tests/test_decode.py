@@ -6,7 +6,9 @@ import flash_attention as fa
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from fa_helpers import TOL, rel_error
+
+from kernel_hub.numerics import TOLERANCE as TOL
+from kernel_hub.numerics import relative_error as rel_error
 
 SMALL_BLOCKS = fa.AttentionConfig(decode_block_kv=128)
 

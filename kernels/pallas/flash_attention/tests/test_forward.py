@@ -7,7 +7,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from fa_helpers import TOL, make_inputs, rel_error
+from fa_helpers import make_inputs
+
+from kernel_hub.numerics import TOLERANCE as TOL
+from kernel_hub.numerics import relative_error as rel_error
 
 BLOCKS = fa.AttentionConfig(block_q=128, block_kv=128, cpu_block_q=64)
 

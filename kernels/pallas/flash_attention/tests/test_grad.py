@@ -8,7 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from fa_helpers import dense_oracle, make_inputs, rel_error
+from fa_helpers import dense_oracle, make_inputs
+
+from kernel_hub.numerics import relative_error as rel_error
 
 BLOCKS = fa.AttentionConfig(block_q=128, block_kv=128, cpu_block_q=64)
 

@@ -10,10 +10,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from fa_helpers import dense_oracle, make_inputs, rel_error
-from flash_attention.interpret import raise_if_races
+from fa_helpers import dense_oracle, make_inputs
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
+
+from kernel_hub.numerics import relative_error as rel_error
 
 BLOCKS = fa.AttentionConfig(block_q=128, block_kv=128, decode_block_kv=128)
 
@@ -30,7 +31,7 @@ def test_prefill_forward_and_backward_race_free():
     sinks = jnp.asarray(rng.standard_normal(2), jnp.float32)
     kw = dict(causal=True, sliding_window=90, logits_soft_cap=10.0,
               q_lengths=jnp.asarray([130, 50], jnp.int32), kv_lengths=jnp.asarray([200, 70], jnp.int32))
-    params = fa.tpu_interpret_params(seed=3)
+    params = fa.race_checking_params(seed=3)
     out = fa.flash_attention(q, k, v, sinks=sinks, implementation="pallas", interpret=params, config=BLOCKS, **kw)
     np_kw = {key: (np.asarray(val) if isinstance(val, jax.Array) else val) for key, val in kw.items()}
     assert rel_error(out, fa.reference_attention(q, k, v, sinks=np.asarray(sinks), **np_kw)) <= 1e-4
@@ -51,13 +52,13 @@ def test_decode_race_free():
     kc, vc = (jnp.asarray(rng.standard_normal((4, 2, 384, 64)), jnp.float32) for _ in range(2))
     lens = jnp.asarray([384, 129, 1, 0], jnp.int32)
     out = fa.decode_attention(q, kc, vc, lens, sliding_window=200, implementation="pallas",
-                              interpret=fa.tpu_interpret_params(seed=4), config=BLOCKS)
+                              interpret=fa.race_checking_params(seed=4), config=BLOCKS)
     assert rel_error(out, fa.reference_decode_attention(q, kc, vc, lens, sliding_window=200)) <= 1e-4
 
 
 def test_a_detected_race_raises():
     """Two simulated cores write one output block: the detector sees it and raise_if_races raises."""
-    params = dataclasses.replace(fa.tpu_interpret_params(), num_cores_or_threads=2)
+    params = dataclasses.replace(fa.race_checking_params(), num_cores_or_threads=2)
 
     def kernel(x_ref, o_ref):
         o_ref[...] = x_ref[...] * 2
@@ -67,5 +68,5 @@ def test_a_detected_race_raises():
         in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))], out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)),
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)), interpret=params,
     )
-    with pytest.raises(RuntimeError, match="race"):
-        raise_if_races(params, racy(jnp.ones((16, 128), jnp.float32)))
+    with pytest.raises(fa.RaceDetectedError, match="race"):
+        fa.run_race_checked(racy, jnp.ones((16, 128), jnp.float32))

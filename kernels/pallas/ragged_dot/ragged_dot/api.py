@@ -1,10 +1,11 @@
-"""Dispatch: one ragged_dot, several implementations tried in order, each differentiable.
+"""Dispatch: one ragged_dot, several implementations tried in order (the kernel contract, docs/kernel-contract.md).
 
-  "pallas"  Mosaic TPU kernels (pallas_gmm.py); off TPU only with `interpret` set.
-  "cpu"     capacity + overflow grouped matmul in plain XLA (cpu.py); O(M*K*N) work.
+  "pallas"  Mosaic TPU kernels (pallas_gmm.py); compiled on a TPU, interpreted elsewhere unless interpret=False.
+  "cpu"     capacity + overflow grouped matmul in plain XLA (_vendor/cpu_gmm.py); O(M*K*N) work.
   "xla"     jax.lax.ragged_dot: the oracle and the GPU path. On CPU it densifies to G x the work.
 
-The choice is a pure function of (backend, requested names, interpret), so reports can print it.
+The choice is a pure function of (platform, requested names, interpret), so reports can print it; the platform is
+where the operands live (platform.py), not only jax.default_backend().
 """
 
 from __future__ import annotations
@@ -17,14 +18,19 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from . import cpu, pallas_gmm
-from .config import RaggedDotConfig, default_config, round_up
+from . import pallas_gmm
+from ._vendor import cpu_gmm
+from ._vendor.dispatch import Dispatch
+from ._vendor.interpret import describe_interpret, run_dispatch
+from ._vendor.ragged_operands import check_operands
+from ._vendor.tiling import round_up
+from .config import RaggedDotConfig, default_config
 from .metadata import make_group_metadata
-from .operands import check_operands
 
 IMPLEMENTATIONS: tuple[str, ...] = ("pallas", "cpu", "xla")
 
-_ORDER: dict[str, tuple[str, ...]] = {
+#: Implementations tried, in order, per platform when none is named.
+ORDER: dict[str, tuple[str, ...]] = {
     "tpu": ("pallas", "xla"),
     "cuda": ("xla", "cpu"),
     "gpu": ("xla", "cpu"),
@@ -32,48 +38,13 @@ _ORDER: dict[str, tuple[str, ...]] = {
     "cpu": ("cpu", "xla"),
 }
 
-_last: dict[str, str | None] = {"name": None, "reason": None}
+
+def _remark(name: str, platform: str, interpret: Any) -> str | None:
+    return describe_interpret(interpret, platform) if name == "pallas" else None
 
 
-def implementations_for(backend: str) -> tuple[str, ...]:
-    """Implementations tried, in order, when none is named. Unknown backends get the portable ones."""
-    return _ORDER.get(backend.lower(), ("xla", "cpu"))
-
-
-def _unsupported(name: str, backend: str, interpret: Any) -> str | None:
-    """Why `name` cannot run here, or None when it can."""
-    if name not in IMPLEMENTATIONS:
-        raise ValueError(f"unknown ragged_dot implementation {name!r}; known: {', '.join(IMPLEMENTATIONS)}")
-    if name == "pallas" and backend != "tpu" and not interpret:
-        return f"pallas needs a TPU or interpret=True/InterpretParams (backend is {backend})"
-    return None
-
-
-def resolve_implementation(
-    backend: str, implementation: str | Sequence[str] | None = None, *, interpret: Any = None
-) -> tuple[str, str]:
-    """(chosen name, trace of why) for this backend; raises NotImplementedError with the trace if none fits."""
-    if implementation is None:
-        candidates, source = implementations_for(backend), f"default order for {backend}"
-    elif isinstance(implementation, str):
-        candidates, source = (implementation,), "requested"
-    else:
-        candidates, source = tuple(implementation), "requested order"
-    if not candidates:
-        raise ValueError("implementation sequence is empty")
-    trace = []
-    for name in candidates:
-        why = _unsupported(name, backend, interpret)
-        if why is None:
-            trace.append(f"{name}: chosen ({source})")
-            return name, "; ".join(trace)
-        trace.append(f"{name}: skipped, {why}")
-    raise NotImplementedError("no ragged_dot implementation fits: " + "; ".join(trace))
-
-
-def last_implementation() -> tuple[str | None, str | None]:
-    """(name, reason) of the most recent dispatch in this process (at trace time under jit)."""
-    return _last["name"], _last["reason"]
+_DISPATCH = Dispatch("ragged_dot", IMPLEMENTATIONS, ORDER, ("xla", "cpu"), remark=_remark)
+implementations_for, resolve_implementation, last_implementation = _DISPATCH.exports()
 
 
 # ---- differentiable wrappers -------------------------------------------------------------------------
@@ -103,9 +74,6 @@ def _forward(path: _Path, lhs: jax.Array, rhs: jax.Array, gs: jax.Array) -> jax.
     if path.name == "xla":
         hi = jax.lax.Precision.HIGHEST if jnp.float32 in (lhs.dtype, rhs.dtype) else None
         return jax.lax.ragged_dot(lhs, rhs, gs, precision=hi, preferred_element_type=path.out_dtype)
-    if path.name == "cpu":
-        cap = path.config.cpu_capacity if path.config is not None else None
-        return cpu.gmm(lhs, rhs, gs, out_dtype=path.out_dtype, capacity=cap)
     m, k = lhs.shape
     g, _, n = rhs.shape
     ct = jnp.result_type(lhs.dtype, rhs.dtype)
@@ -126,11 +94,6 @@ def _forward(path: _Path, lhs: jax.Array, rhs: jax.Array, gs: jax.Array) -> jax.
 def _backward(path: _Path, lhs: jax.Array, rhs: jax.Array, gs: jax.Array, dout: jax.Array):
     m, k = lhs.shape
     g, _, n = rhs.shape
-    if path.name == "cpu":
-        cap = path.config.cpu_capacity if path.config is not None else None
-        d_lhs = cpu.gmm(dout, rhs, gs, out_dtype=lhs.dtype, transpose_rhs=True, capacity=cap)
-        d_rhs = cpu.tgmm(lhs, dout, gs, out_dtype=rhs.dtype, capacity=cap)
-        return d_lhs, d_rhs
     ct = jnp.result_type(lhs.dtype, rhs.dtype, dout.dtype)
     cfg = _pallas_cfg(path, m, k, n, g, jnp.result_type(lhs.dtype, rhs.dtype))
     mp, kp, np_ = round_up(m, cfg.tm), round_up(k, cfg.tk), round_up(n, cfg.tn)
@@ -149,28 +112,31 @@ def _backward(path: _Path, lhs: jax.Array, rhs: jax.Array, gs: jax.Array, dout: 
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _grouped(path: _Path, lhs: jax.Array, rhs: jax.Array, gs: jax.Array) -> jax.Array:
+def _pallas(path: _Path, lhs: jax.Array, rhs: jax.Array, gs: jax.Array) -> jax.Array:
     return _forward(path, lhs, rhs, gs)
 
 
-def _grouped_fwd(path: _Path, lhs: jax.Array, rhs: jax.Array, gs: jax.Array):
+def _pallas_fwd(path: _Path, lhs: jax.Array, rhs: jax.Array, gs: jax.Array):
     return _forward(path, lhs, rhs, gs), (lhs, rhs, gs)
 
 
-def _grouped_bwd(path: _Path, res, dout: jax.Array):
+def _pallas_bwd(path: _Path, res, dout: jax.Array):
     lhs, rhs, gs = res
     d_lhs, d_rhs = _backward(path, lhs, rhs, gs, dout)
     return d_lhs, d_rhs, None
 
 
-_grouped.defvjp(_grouped_fwd, _grouped_bwd)
+_pallas.defvjp(_pallas_fwd, _pallas_bwd)
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
 def _run(path: _Path, lhs: jax.Array, rhs: jax.Array, gs: jax.Array) -> jax.Array:
     if path.name == "xla":  # jax.lax.ragged_dot has its own differentiation rules
         return _forward(path, lhs, rhs, gs)
-    return _grouped(path, lhs, rhs, gs)
+    if path.name == "cpu":
+        cap = path.config.cpu_capacity if path.config is not None else None
+        return cpu_gmm.grouped_matmul(lhs, rhs, gs, path.out_dtype, cap)
+    return _pallas(path, lhs, rhs, gs)
 
 
 def ragged_dot(
@@ -189,13 +155,14 @@ def ragged_dot(
     row r of group g gets lhs[r] @ rhs[g]; rows past sum(group_sizes) are zero. The result has
     `preferred_element_type` (default lhs.dtype); accumulation is f32 (HIGHEST precision for f32).
 
-    implementation: None picks by jax.default_backend() (see implementations_for); a name or a sequence
-      of names is tried in order (the first that can run here is used).
-    interpret: for "pallas" off TPU: True, or a pltpu.InterpretParams (TPU simulation, race detection).
+    implementation: None takes implementations_for(platform) in order, the platform being where the operands
+      live; a name or a sequence of names is tried in order, the first that can run wins; unknown names raise
+      ValueError. `last_implementation()` says which ran and why.
+    interpret: for "pallas": None compiles with Mosaic on a TPU and interprets elsewhere; True the fast
+      interpreter; a pltpu.InterpretParams the TPU simulator (with detect_races, a race raises
+      RaceDetectedError); False always lowers to Mosaic (ahead-of-time TPU compiles on any host).
     config: RaggedDotConfig tiles (pallas) / capacity (cpu); None uses default_config.
     """
     lhs, rhs, group_sizes, out_dtype = check_operands(lhs, rhs, group_sizes, preferred_element_type)
-
-    name, reason = resolve_implementation(jax.default_backend(), implementation, interpret=interpret)
-    _last["name"], _last["reason"] = name, reason
-    return _run(_Path(name, out_dtype, config, interpret), lhs, rhs, group_sizes)
+    run = lambda name, mode: _run(_Path(name, out_dtype, config, mode), lhs, rhs, group_sizes)
+    return run_dispatch(_DISPATCH, implementation, interpret, (lhs, rhs, group_sizes), run, "the ragged_dot kernel")

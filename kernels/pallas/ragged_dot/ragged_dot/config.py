@@ -10,17 +10,11 @@ import dataclasses
 
 import numpy as np
 
+from ._vendor.tiling import round_up
+
 #: Scoped-VMEM budget the default tiles must fit in. 16 MiB is the smallest default among
 #: v4/v5e/v5p/v6e/v7x (v5e); pass a larger one for chips that have it.
 DEFAULT_VMEM_BUDGET_BYTES = 16 * 1024 * 1024
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def round_up(a: int, b: int) -> int:
-    return cdiv(a, b) * b
 
 
 @dataclasses.dataclass(frozen=True)

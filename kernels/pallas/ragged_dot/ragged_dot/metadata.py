@@ -22,6 +22,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ._vendor.groups import group_bounds
+
 
 class GroupMetadata(NamedTuple):
     """Per-item int32 arrays of length W, all scalar-prefetched into SMEM."""
@@ -41,14 +43,6 @@ class GroupMetadata(NamedTuple):
 def num_work_items(m_padded: int, tm: int, num_groups: int) -> int:
     """Static length of the item list (the grid size along items)."""
     return m_padded // tm + num_groups
-
-
-def group_bounds(group_sizes: jax.Array, m: int) -> tuple[jax.Array, jax.Array]:
-    """(starts, ends) of each group's rows, clamped to [0, m]: rows are grouped contiguously in order."""
-    sizes = jnp.maximum(group_sizes.astype(jnp.int32), 0)
-    ends = jnp.minimum(jnp.cumsum(sizes), m).astype(jnp.int32)
-    starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
-    return starts, ends
 
 
 def make_group_metadata(group_sizes: jax.Array, *, m_padded: int, tm: int, m: int | None = None) -> GroupMetadata:

@@ -5,23 +5,33 @@ rows grouped contiguously by group, rhs[G,K,N], group_sizes[G] integer; out[M,N]
 sum(group_sizes) zero. `moe_experts(...)` is a whole Mixture-of-Experts expert block (route, two
 grouped matmuls, gate, combine) with the weight layouts transformers uses.
 
-Where it runs: tensors on CPU take the torch-native path (torch_cpu.py; jax is never imported, so
-the torch-cpu build runs where only torch is installed); on CUDA or TPU it bridges to the JAX
-package's ragged_dot (torch_bridge.py). Both are differentiable through torch autograd.
+Where it runs (the kernel contract's `implementation=`, docs/kernel-contract.md): tensors on CPU take
+the torch-native path first (torch_cpu.py; jax is never imported, so the torch-cpu build runs where
+only torch is installed); on CUDA or TPU the JAX package's ragged_dot first (torch_bridge.py). Both are
+differentiable through torch autograd.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from .torch_cpu import ragged_dot_torch
+from ._vendor.shapes import check_ragged_dot_shapes
+from ._vendor.torch_dispatch import IMPLEMENTATIONS, ORDER, TorchDispatch
+from .torch_cpu import num_workers, ragged_dot_torch
 
-__all__ = ["implementation_for", "moe_experts", "ragged_dot"]
-
-IMPLEMENTATIONS = ("torch", "jax")
+__all__ = [
+    "IMPLEMENTATIONS",
+    "ORDER",
+    "describe",
+    "implementations_for",
+    "last_implementation",
+    "moe_experts",
+    "ragged_dot",
+    "resolve_implementation",
+]
 
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
@@ -31,36 +41,8 @@ _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": F.relu,
 }
 
-
-def implementation_for(device: torch.device | str) -> str:
-    """The implementation ragged_dot picks for tensors on `device`, as the report names it."""
-    kind = torch.device(device).type
-    return "torch" if kind == "cpu" else "jax"
-
-
-def describe(device: torch.device | str) -> str:
-    """Human-readable name of what runs on `device` (for reports)."""
-    impl = implementation_for(device)
-    if impl == "torch":
-        from .torch_cpu import num_workers
-
-        return f"torch-native grouped loop ({num_workers()} workers)"
-    return "jax ragged_dot via " + ("DLPack" if torch.device(device).type == "cuda" else "torch_tpu jax_op")
-
-
-def _check(lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor) -> None:
-    if lhs.dim() != 2 or rhs.dim() != 3 or group_sizes.dim() != 1:
-        raise ValueError(
-            f"ragged_dot wants lhs[M,K], rhs[G,K,N], group_sizes[G]; got {tuple(lhs.shape)}, "
-            f"{tuple(rhs.shape)}, {tuple(group_sizes.shape)}"
-        )
-    if lhs.shape[1] != rhs.shape[1] or rhs.shape[0] != group_sizes.shape[0]:
-        raise ValueError(
-            f"ragged_dot shapes disagree: lhs {tuple(lhs.shape)}, rhs {tuple(rhs.shape)}, "
-            f"group_sizes {tuple(group_sizes.shape)}"
-        )
-    if group_sizes.dtype.is_floating_point or group_sizes.dtype == torch.bool:
-        raise TypeError(f"group_sizes must be an integer tensor, got {group_sizes.dtype}")
+_DISPATCH = TorchDispatch("ragged_dot", native=lambda: f"torch-native grouped loop ({num_workers()} workers)")
+implementations_for, resolve_implementation, last_implementation, describe = _DISPATCH.exports()
 
 
 def ragged_dot(
@@ -68,24 +50,30 @@ def ragged_dot(
     rhs: torch.Tensor,
     group_sizes: torch.Tensor,
     *,
-    implementation: str | None = None,
+    preferred_element_type: torch.dtype | None = None,
+    implementation: str | Sequence[str] | None = None,
 ) -> torch.Tensor:
     """Grouped matmul: out[r] = lhs[r] @ rhs[g(r)] with rows grouped contiguously by group_sizes.
 
-    implementation: "torch" (native, any device torch runs on) or "jax" (the Pallas/XLA kernel
-    through the bridge); None picks by device (see implementation_for).
+    The JAX entry's dtype policy: the result has `preferred_element_type`, else lhs's dtype; lhs and rhs of
+    different dtypes are computed in their promoted dtype. implementation: "torch" (native) or "jax" (the
+    Pallas/XLA kernel through the bridge), a name or a sequence tried in order; None: implementations_for(device).
     """
-    _check(lhs, rhs, group_sizes)
-    if lhs.dtype != rhs.dtype:
-        raise TypeError(f"lhs and rhs dtypes differ: {lhs.dtype} vs {rhs.dtype}")
-    impl = implementation or implementation_for(lhs.device)
-    if impl == "torch":
-        return ragged_dot_torch(lhs, rhs, group_sizes)
-    if impl == "jax":
+    check_ragged_dot_shapes(lhs.shape, rhs.shape, group_sizes.shape)
+    if group_sizes.dtype.is_floating_point or group_sizes.dtype.is_complex or group_sizes.dtype == torch.bool:
+        raise TypeError(f"group_sizes must be integers, got {group_sizes.dtype}")
+    out_dtype = preferred_element_type or lhs.dtype
+    compute = torch.promote_types(lhs.dtype, rhs.dtype)
+    lhs, rhs = lhs.to(compute), rhs.to(compute)
+
+    def call(name: str) -> torch.Tensor:
+        if name == "torch":
+            return ragged_dot_torch(lhs, rhs, group_sizes)
         from .torch_bridge import ragged_dot_jax
 
         return ragged_dot_jax(lhs, rhs, group_sizes)
-    raise ValueError(f"unknown implementation {impl!r}; choose from {IMPLEMENTATIONS}")
+
+    return _DISPATCH.run(lhs.device, implementation, call).to(out_dtype)
 
 
 def _default_gate(act: Callable[[torch.Tensor], torch.Tensor], concatenated: bool):
@@ -114,7 +102,7 @@ def moe_experts(
     act: str | Callable[[torch.Tensor], torch.Tensor] = "silu",
     gate_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
     post_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    implementation: str | None = None,
+    implementation: str | Sequence[str] | None = None,
 ) -> torch.Tensor:
     """A Mixture-of-Experts expert block on two ragged dots.
 

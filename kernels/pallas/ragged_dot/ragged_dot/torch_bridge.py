@@ -8,67 +8,29 @@ this file can ship in the torch-cpu build, where jax may be absent.
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from .torch_jax import call_tpu, on_tpu, to_jax, to_torch
-
-
-def jax_available() -> bool:
-    return importlib.util.find_spec("jax") is not None
-
-
-def _jax_ragged_dot() -> Callable[..., Any]:
-    """The package's JAX entry, imported relatively so it resolves inside whichever build we are in."""
-    package = __package__ or __name__.rpartition(".")[0]
-    for name in (".api", ".jax_api"):
-        try:
-            module = importlib.import_module(name, package)
-        except ModuleNotFoundError as exc:
-            if exc.name and exc.name.endswith(name[1:]):
-                continue
-            raise
-        fn = getattr(module, "ragged_dot", None)
-        if fn is not None:
-            return fn
-    raise ImportError(f"{package}: no JAX ragged_dot entry (.api) in this build")
-
-
-
-
-
-
-
-
+from ._vendor.torch_jax import jax_entry, run_jax
 
 
 def _forward(lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor, **kw: Any) -> torch.Tensor:
-    fn = _jax_ragged_dot()
-    sizes = group_sizes.to(torch.int32)
-    if on_tpu(lhs, rhs):
-        return call_tpu(lambda a, b, g: fn(a, b, g, **kw), lhs, rhs, sizes)
-    out = fn(to_jax(lhs), to_jax(rhs), to_jax(sizes), **kw)
-    return to_torch(out)
+    fn = jax_entry(__package__, "ragged_dot")
+    return run_jax(lambda a, b, g: fn(a, b, g, **kw), lhs, rhs, group_sizes.to(torch.int32))
 
 
 def _grads(lhs, rhs, group_sizes, dout, **kw):
     """(d_lhs, d_rhs) through jax.vjp of the JAX entry (its custom_vjp supplies the kernels)."""
     import jax
 
-    fn = _jax_ragged_dot()
-    sizes = group_sizes.to(torch.int32)
+    fn = jax_entry(__package__, "ragged_dot")
 
     def both(a, b, g, d):
         _, vjp = jax.vjp(lambda x, y: fn(x, y, g, **kw), a, b)
         return vjp(d)
 
-    if on_tpu(lhs, rhs):
-        return call_tpu(both, lhs, rhs, sizes, dout)
-    da, db = both(to_jax(lhs), to_jax(rhs), to_jax(sizes), to_jax(dout))
-    return to_torch(da), to_torch(db)
+    return run_jax(both, lhs, rhs, group_sizes.to(torch.int32), dout)
 
 
 class _JaxRaggedDot(torch.autograd.Function):

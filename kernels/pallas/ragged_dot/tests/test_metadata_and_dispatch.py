@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import ragged_dot as rd
+from ragged_dot._vendor.cpu_gmm import default_capacity
 from ragged_dot.config import default_config, vmem_bytes
-from ragged_dot.cpu import default_capacity
 from ragged_dot.metadata import make_group_metadata, num_work_items
 
 
@@ -83,12 +83,14 @@ def test_implementations_for():
 def test_resolve_implementation():
     assert rd.resolve_implementation("cpu")[0] == "cpu"
     assert rd.resolve_implementation("tpu")[0] == "pallas"
-    name, why = rd.resolve_implementation("cpu", ("pallas", "cpu"))
-    assert name == "cpu" and "pallas: skipped" in why
-    assert rd.resolve_implementation("cpu", "pallas", interpret=True)[0] == "pallas"
-    with pytest.raises(NotImplementedError, match="interpret"):
-        rd.resolve_implementation("cpu", "pallas")
-    with pytest.raises(ValueError, match="unknown"):
+    assert rd.resolve_implementation("cpu", ("xla", "cpu"))[0] == "xla"  # a sequence: the first that runs
+    name, why = rd.resolve_implementation("cpu", "pallas")  # Pallas off a TPU interprets by itself
+    assert name == "pallas" and "interpreted (fast interpreter" in why
+    assert "TPU simulator" in rd.resolve_implementation("cpu", "pallas", interpret=rd.race_checking_params())[1]
+    # interpret=False lowers to Mosaic even here: what an ahead-of-time TPU compile on a CPU host needs
+    assert "compiled by Mosaic" in rd.resolve_implementation("cpu", "pallas", interpret=False)[1]
+    assert "compiled by Mosaic" in rd.resolve_implementation("tpu", "pallas")[1]
+    with pytest.raises(ValueError, match="unknown ragged_dot implementation 'triton'; known: pallas, cpu, xla"):
         rd.resolve_implementation("cpu", "triton")
 
 
@@ -106,7 +108,8 @@ def test_last_implementation_and_argument_checks():
 
 def test_public_surface():
     for name in ("ragged_dot", "RaggedDotConfig", "default_config", "reference_ragged_dot", "implementations_for",
-                 "resolve_implementation", "last_implementation"):
+                 "resolve_implementation", "last_implementation", "IMPLEMENTATIONS", "ORDER", "races_found",
+                 "race_checking_params"):
         assert name in rd.__all__ and hasattr(rd, name)
 
 

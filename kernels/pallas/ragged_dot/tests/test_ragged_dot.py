@@ -9,7 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import ragged_dot as rd
-from ragged_dot_testutil import TOL, dense_reference, make_inputs, rel_error
+from ragged_dot_testutil import dense_reference, make_inputs
+
+from kernel_hub.numerics import TOLERANCE as TOL
+from kernel_hub.numerics import relative_error as rel_error
 
 # (name, M, K, N, group sizes): the edge cases every path must handle.
 SHAPES = [

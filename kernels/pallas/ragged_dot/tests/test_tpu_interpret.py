@@ -9,8 +9,13 @@ import numpy as np
 import pytest
 import ragged_dot as rd
 from ragged_dot import validation
-from ragged_dot.interpret import RaceDetectedError, race_checking_params, races_found, run_race_checked
-from ragged_dot_testutil import TOL, make_inputs, rel_error
+from ragged_dot._vendor import interpret as interpret_mod
+from ragged_dot._vendor.interpret import RaceDetectedError, race_checking_params, races_found, run_race_checked
+from ragged_dot_testutil import make_inputs
+
+from kernel_hub.numerics import TOLERANCE as TOL
+from kernel_hub.numerics import relative_error as rel_error
+from kernel_hub.validation import run_case
 
 CFG = rd.RaggedDotConfig(tm=16, tk=128, tn=128)
 
@@ -33,24 +38,28 @@ def test_forward_and_grads_under_tpu_simulation(sizes):
 
 
 def test_race_check_raises_and_resets(monkeypatch):
-    from ragged_dot import interpret as mod
-
-    monkeypatch.setattr(mod, "races_found", lambda: True)
+    monkeypatch.setattr(interpret_mod, "races_found", lambda: True)
     with pytest.raises(RaceDetectedError):
-        mod.run_race_checked(lambda: jnp.zeros(2))
+        interpret_mod.run_race_checked(lambda: jnp.zeros(2))
     with pytest.raises(ZeroDivisionError):
-        mod.run_race_checked(lambda: 1 / 0)
+        interpret_mod.run_race_checked(lambda: 1 / 0)
+
+
+def test_an_entry_with_race_detection_raises_on_a_race(monkeypatch):
+    """The entry checks eager simulated runs itself: a reported race is an error, not a printed line."""
+    lhs, rhs, gs = make_inputs(32, 128, 128, [16, 16], "float32", seed=4)
+    monkeypatch.setattr(interpret_mod, "races_found", lambda: True)
+    with pytest.raises(RaceDetectedError, match="ragged_dot"):
+        rd.ragged_dot(lhs, rhs, gs, implementation="pallas", interpret=race_checking_params(), config=CFG)
 
 
 def test_cpu_validation_cases_pass():
-    seen = set()
-    for case in validation.cases("cpu"):
-        assert case.name not in seen
-        seen.add(case.name)
-        inputs = case.inputs(seed=11)
-        err = rel_error(case.call(rd, inputs), case.reference(inputs))
-        assert err <= (case.tolerance or TOL[case.dtype]), (case.name, err)
-    tags = {t for c in validation.cases("cpu") for t in c.tags}
+    cases = validation.cases("cpu")
+    assert len({c.name for c in cases}) == len(cases) == 28
+    for case in cases:
+        result = run_case(case, rd, seed=11)
+        assert result.passed, (case.name, result.max_error, result.error)
+    tags = {t for c in cases for t in c.tags}
     assert {"decode", "prefill", "edge", "tpu_interpret"} <= tags
 
 
@@ -64,6 +73,5 @@ def test_tpu_cases_use_compiled_pallas():
 @pytest.mark.skipif(jax.default_backend() != "tpu", reason="needs a TPU")
 def test_tpu_validation_cases_pass():
     for case in validation.cases("tpu"):
-        inputs = case.inputs(seed=5)
-        err = rel_error(case.call(rd, inputs), case.reference(inputs))
-        assert err <= (case.tolerance or TOL[case.dtype]), (case.name, err)
+        result = run_case(case, rd, seed=5)
+        assert result.passed, (case.name, result.max_error, result.error)

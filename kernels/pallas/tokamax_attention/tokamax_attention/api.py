@@ -6,14 +6,14 @@
   "xla"          Tokamax's dense XLA attention: runs anywhere, memory quadratic in S.
   "xla_chunked"  Tokamax's query/key-chunked XLA attention: linear memory, usually slower.
 
-Names are tried in the declared order; Tokamax's NotImplementedError moves to the next one and is kept in
-the reason `last_implementation()` returns, together with how the mask was passed (masks.py).
+Names are tried in the declared order (the kernel contract, docs/kernel-contract.md); Tokamax's NotImplementedError
+moves to the next one and is kept in the reason `last_implementation()` returns, together with how the mask was
+passed (masks.py).
 """
 
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,12 +21,15 @@ import jax
 import jax.numpy as jnp
 import tokamax
 
-from . import _dispatch
+from ._vendor.dispatch import Dispatch
+from ._vendor.platform import platform_of
+from ._vendor.shapes import check_attention
+from ._vendor.tokamax_support import ensure_flags_parsed, tokamax_why_not
 from .masks import explicit_mask, lengths, native_kwargs, plan_mask, rows_with_keys
 
 IMPLEMENTATIONS: tuple[str, ...] = ("mosaic", "triton", "cudnn", "xla", "xla_chunked")
 
-#: Declared order per backend (kernel.yaml `implementations` says the same; a test keeps them equal).
+#: Implementations tried, in order, per platform when none is named.
 ORDER: dict[str, tuple[str, ...]] = {
     "tpu": ("mosaic", "xla"),
     "cuda": ("triton", "mosaic", "xla"),
@@ -34,27 +37,9 @@ ORDER: dict[str, tuple[str, ...]] = {
     "rocm": ("triton", "xla"),
     "cpu": ("xla", "xla_chunked"),
 }
-_FALLBACK = ("xla", "xla_chunked")
 
-_last: dict[str, str | None] = {"name": None, "reason": None}
-
-
-def implementations_for(backend: str) -> tuple[str, ...]:
-    """Implementations tried, in order, when none is named. Unknown backends get the portable ones."""
-    return ORDER.get(backend.lower(), _FALLBACK)
-
-
-def resolve_implementation(backend: str, implementation: str | Sequence[str] | None = None) -> tuple[str, str]:
-    """(first name that can run on `backend`, trace of why), without calling Tokamax."""
-    runnable, trace, source = _dispatch.resolve(ORDER, IMPLEMENTATIONS, backend, implementation, _FALLBACK,
-                                                "attention")
-    trace.append(f"{runnable[0]}: chosen ({source})")
-    return runnable[0], "; ".join(trace)
-
-
-def last_implementation() -> tuple[str | None, str | None]:
-    """(name, reason) of the most recent call in this process (at trace time under jit)."""
-    return _last["name"], _last["reason"]
+_DISPATCH = Dispatch("attention", IMPLEMENTATIONS, ORDER, ("xla", "xla_chunked"), why_not=tokamax_why_not)
+implementations_for, resolve_implementation, last_implementation = _DISPATCH.exports()
 
 
 @functools.partial(jax.jit, static_argnames=("name", "causal", "sm_scale", "window", "soft_cap", "explicit"))
@@ -76,17 +61,6 @@ def _run(q, k, v, q_lengths, kv_lengths, *, name, causal, sm_scale, window, soft
     return jnp.where(keep[:, None, :, None], jnp.swapaxes(out, 1, 2), 0).astype(q.dtype)
 
 
-def _check(q: jax.Array, k: jax.Array, v: jax.Array) -> None:
-    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-        raise ValueError(f"expected 4-dim q, k, v [B,H,S,D], got {q.shape}, {k.shape}, {v.shape}")
-    if k.shape != v.shape:
-        raise ValueError(f"k {k.shape} and v {v.shape} must match")
-    if q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"batch/head_dim of q {q.shape} and k {k.shape} differ")
-    if q.shape[1] % k.shape[1]:
-        raise ValueError(f"query heads {q.shape[1]} must be a multiple of kv heads {k.shape[1]}")
-
-
 def flash_attention(
     q: jax.Array,
     k: jax.Array,
@@ -100,38 +74,28 @@ def flash_attention(
     q_lengths: jax.Array | None = None,
     kv_lengths: jax.Array | None = None,
     implementation: str | Sequence[str] | None = None,
+    interpret: Any = None,
 ) -> jax.Array:
     """Attention of q[B,Hq,Sq,D] over k, v [B,Hkv,Skv,D] -> [B,Hq,Sq,D]; Hq a multiple of Hkv.
 
     Same meaning as kernel-hub/flash-attention-tpu: causal aligns bottom-right (query i sees keys
     <= i + kv_len - q_len, per sequence); sliding_window=W keeps the W most recent of those keys;
     q_lengths/kv_lengths [B] mark valid prefixes; rows with nothing to attend are 0. `sinks` raises
-    NotImplementedError: Tokamax 0.0.12 has no attention sinks.
+    NotImplementedError: Tokamax 0.0.12 has no attention sinks. interpret: None or False (Tokamax's Pallas ops
+    choose their own mode; any other value skips them).
     """
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
-    _check(q, k, v)
+    window, scale, cap = check_attention(q.shape, k.shape, v.shape, sliding_window=sliding_window, sm_scale=sm_scale,
+                                         logits_soft_cap=logits_soft_cap)
     if sinks is not None:
         raise NotImplementedError("attention sinks: tokamax.dot_product_attention has no sinks argument; "
                                   "use kernel-hub/flash-attention-tpu for sinks")
-    if sliding_window is not None and sliding_window < 1:
-        raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
-    sq, skv = q.shape[2], k.shape[2]
-    window = None if sliding_window is None else int(sliding_window)
-    plan = plan_mask(sq, skv, causal=bool(causal), window=window,
+    plan = plan_mask(q.shape[2], k.shape[2], causal=bool(causal), window=window,
                      has_lengths=q_lengths is not None or kv_lengths is not None)
-    backend = jax.default_backend()
-    runnable, trace, source = _dispatch.resolve(ORDER, IMPLEMENTATIONS, backend, implementation, _FALLBACK,
-                                                "attention")
-    _dispatch.ensure_flags_parsed()
-    scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    call = lambda name: _run(
-        q, k, v, q_lengths, kv_lengths, name=name, causal=bool(causal), sm_scale=scale, window=window,
-        soft_cap=None if logits_soft_cap is None else float(logits_soft_cap), explicit=plan.mode == "explicit",
-    )
-    out, name, reason = _dispatch.run_in_order(runnable, trace, source, call, "attention",
-                                               lambda _: f"mask {plan.mode}: {plan.why}")
-    _last["name"], _last["reason"] = name, reason
-    return out
+    ensure_flags_parsed()
+    call = lambda name: _run(q, k, v, q_lengths, kv_lengths, name=name, causal=bool(causal), sm_scale=scale,
+                             window=window, soft_cap=cap, explicit=plan.mode == "explicit")
+    return _DISPATCH.run(platform_of(q, k, v), implementation, interpret, call, note=f"mask {plan.mode}: {plan.why}")
 
 
 def decode_attention(
@@ -145,6 +109,7 @@ def decode_attention(
     logits_soft_cap: float | None = None,
     sinks: jax.Array | None = None,
     implementation: str | Sequence[str] | None = None,
+    interpret: Any = None,
 ) -> jax.Array:
     """One new query per sequence, q[B,Hq,D], against caches [B,Hkv,S,D] holding kv_lengths[B] valid
     positions (the query's own key included, last) -> [B,Hq,D].
@@ -157,6 +122,6 @@ def decode_attention(
     out = flash_attention(
         q[:, :, None, :], k_cache, v_cache, causal=False, sm_scale=sm_scale, sliding_window=sliding_window,
         logits_soft_cap=logits_soft_cap, sinks=sinks, q_lengths=jnp.ones((q.shape[0],), jnp.int32),
-        kv_lengths=kv_lengths, implementation=implementation,
+        kv_lengths=kv_lengths, implementation=implementation, interpret=interpret,
     )
     return out[:, :, 0, :]

@@ -10,12 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import tokamax_ragged_dot as trd
-import yaml
-from tokamax_ragged_dot import _dispatch
-from tokamax_ragged_dot.reference import reference_ragged_dot_grads
+from tokamax_ragged_dot._vendor.ragged_reference import reference_ragged_dot_grads
+
+from kernel_hub.metadata import load_metadata
+from kernel_hub.numerics import TOLERANCE as TOL
+from kernel_hub.numerics import relative_error as rel_error
 
 KERNEL_DIR = Path(__file__).resolve().parents[1]
-TOL = {"float32": 1e-4, "bfloat16": 1e-2}
 
 # (name, M, K, N, group sizes): the edge cases of ragged-dot-tpu's tests.
 SHAPES = [
@@ -26,14 +27,6 @@ SHAPES = [
     ("all_empty", 48, 128, 128, [0, 0, 0]),
     ("m_not_tile_multiple", 77, 200, 136, [30, 40, 7]),
 ]
-
-
-def rel_error(actual: object, expected: np.ndarray) -> float:
-    """The harness metric: max|a-e| / max(1e-6, max|e|); NaN or Inf anywhere is an infinite error."""
-    a = np.asarray(actual, dtype=np.float64)
-    if not np.isfinite(a).all():
-        return float("inf")
-    return float(np.abs(a - expected).max(initial=0.0) / max(1e-6, np.abs(expected).max(initial=0.0)))
 
 
 def make_inputs(m: int, k: int, n: int, sizes: list[int], dtype: str, seed: int):
@@ -107,38 +100,47 @@ def test_resolve_follows_the_declared_order(backend, expected):
 
 
 def test_resolve_rejects_with_a_reason():
-    with pytest.raises(NotImplementedError, match=r"mosaic: skipped, needs tpu/cuda/gpu \(backend is cpu\)"):
+    with pytest.raises(NotImplementedError, match=r"mosaic: skipped, needs tpu/cuda/gpu \(platform is cpu\)"):
         trd.resolve_implementation("cpu", "mosaic")
+    with pytest.raises(NotImplementedError, match="interpret= must be None or False"):
+        trd.resolve_implementation("tpu", "mosaic", interpret=True)
+    assert trd.resolve_implementation("tpu", "mosaic", interpret=False)[0] == "mosaic"
     name, reason = trd.resolve_implementation("cpu", ["triton", "xla"])
     assert name == "xla" and "triton: skipped" in reason and "densifies" in reason
-    with pytest.raises(ValueError, match="unknown implementation"):
+    known = "mosaic, triton, xla, hub_cpu"
+    with pytest.raises(ValueError, match=f"unknown ragged_dot implementation .pallas.; known: {known}"):
         trd.resolve_implementation("cpu", "pallas")
 
 
-def test_tokamax_refusal_moves_to_the_next_and_is_reported():
-    def call(name: str) -> str:
-        if name == "mosaic":
+def test_tokamax_refusal_moves_to_the_next_and_is_reported(monkeypatch):
+    """Tokamax's NotImplementedError for a shape hands over to the next name, and the reason keeps its words."""
+    from tokamax_ragged_dot import api
+
+    real = api._run
+
+    def refusing(lhs, rhs, gs, *, name, out_dtype):
+        if name == "hub_cpu":
             raise NotImplementedError("RaggedDot inputs must be >= 128")
-        return name
+        return real(lhs, rhs, gs, name=name, out_dtype=out_dtype)
 
-    out, name, reason = _dispatch.run_in_order(["mosaic", "xla"], [], "default order for tpu", call, "ragged_dot")
-    assert (out, name) == ("xla", "xla")
-    assert reason == "mosaic: skipped, tokamax: RaggedDot inputs must be >= 128; xla: chosen (default order for tpu)"
-
-
-def test_metadata_declares_the_order_and_the_validated_pair():
-    meta = yaml.safe_load((KERNEL_DIR / "kernel.yaml").read_text())
-    assert {b: tuple(v) for b, v in meta["implementations"].items()} == {
-        b: trd.ORDER[b] for b in meta["implementations"]
-    }
-    for variant in meta["variants"]:
-        assert variant["requires"] == {"jax": "==0.10.2", "tokamax": "==0.0.12"}
+    monkeypatch.setattr(api, "_run", refusing)
+    lhs, rhs, gs = make_inputs(16, 128, 128, [8, 8], "float32", seed=6)
+    out = trd.ragged_dot(lhs, rhs, gs, implementation=("hub_cpu", "xla"))
+    assert rel_error(out, trd.reference_ragged_dot(lhs, rhs, gs)) <= TOL["float32"]
+    name, reason = trd.last_implementation()
+    assert name == "xla"
+    assert reason.startswith("hub_cpu: skipped, refused at call: RaggedDot inputs must be >= 128; xla: chosen")
 
 
-def test_hub_cpu_is_shared_not_copied():
-    """The CPU path is ragged-dot-tpu's code through symlinks: one copy to maintain."""
-    shared = KERNEL_DIR / "tokamax_ragged_dot" / "_hub_cpu"
-    for name in ("cpu.py", "config.py", "metadata.py"):
-        link = shared / name
-        assert link.is_symlink()
-        assert link.resolve() == (KERNEL_DIR.parent / "ragged_dot" / "ragged_dot" / name).resolve()
+def test_metadata_pins_the_validated_pair():
+    for variant in load_metadata(KERNEL_DIR).variants:
+        assert dict(variant.requires) == {"jax": "==0.10.2", "tokamax": "==0.0.12"}
+
+
+def test_hub_cpu_is_the_vendored_shared_path():
+    """The CPU path is the shared grouped matmul ragged-dot-tpu runs too, vendored (one copy to maintain)."""
+    from tokamax_ragged_dot._vendor import cpu_gmm
+
+    assert "cpu_gmm.py" in load_metadata(KERNEL_DIR).vendor
+    assert not (KERNEL_DIR / "tokamax_ragged_dot" / "_vendor").exists()  # assembled, never checked in
+    assert trd.api.cpu_gmm is cpu_gmm

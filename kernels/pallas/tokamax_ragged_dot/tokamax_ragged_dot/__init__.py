@@ -1,11 +1,12 @@
 """tokamax_ragged_dot: Tokamax's ragged dot (grouped matmul) published through kernel-hub, JAX entry.
 
-Same contract as kernel-hub/ragged-dot-tpu. On TPU and GPU it runs tokamax.ragged_dot (Mosaic, Triton,
-XLA, in a declared order); on CPU Tokamax only has "xla", which densifies to G x the work, so the CPU
-default is kernel-hub's own grouped matmul (_hub_cpu, shared with ragged-dot-tpu), reported as such.
-This package never imports kernel_hub.
+Same contract as kernel-hub/ragged-dot-tpu (docs/kernel-contract.md). On TPU and GPU it runs tokamax.ragged_dot
+(Mosaic, Triton, XLA, in a declared order); on CPU Tokamax only has "xla", which densifies to G x the work, so the
+CPU default is kernel-hub's own grouped matmul ("hub_cpu", vendored shared code), reported as such. This package
+never imports kernel_hub.
 """
 
+from ._vendor.ragged_reference import reference_ragged_dot
 from .api import (
     IMPLEMENTATIONS,
     ORDER,
@@ -14,7 +15,6 @@ from .api import (
     ragged_dot,
     resolve_implementation,
 )
-from .reference import reference_ragged_dot
 
 __all__ = [
     "IMPLEMENTATIONS",

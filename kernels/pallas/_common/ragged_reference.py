@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def _to_f64(x: object) -> np.ndarray:
-    arr = np.asarray(x)
-    if arr.dtype.name == "bfloat16" or arr.dtype.kind not in "fiu":
-        arr = np.asarray(x, dtype=np.float32)
-    return arr.astype(np.float64)
+from .arrays import to_f64
 
 
 def reference_ragged_dot(lhs: object, rhs: object, group_sizes: object) -> np.ndarray:
     """out[r] = lhs[r] @ rhs[g] for the group g holding row r; rows past sum(group_sizes) are zero."""
-    a, b = _to_f64(lhs), _to_f64(rhs)
-    sizes = np.asarray(group_sizes).astype(np.int64)
+    a, b = to_f64(lhs), to_f64(rhs)
+    sizes = to_f64(group_sizes).astype(np.int64)
     m, n = a.shape[0], b.shape[2]
     out = np.zeros((m, n), dtype=np.float64)
     start = 0
@@ -31,8 +26,8 @@ def reference_ragged_dot_grads(
     lhs: object, rhs: object, group_sizes: object, dout: object
 ) -> tuple[np.ndarray, np.ndarray]:
     """(d_lhs, d_rhs) of sum(out * dout), by the same loop."""
-    a, b, d = _to_f64(lhs), _to_f64(rhs), _to_f64(dout)
-    sizes = np.asarray(group_sizes).astype(np.int64)
+    a, b, d = to_f64(lhs), to_f64(rhs), to_f64(dout)
+    sizes = to_f64(group_sizes).astype(np.int64)
     m = a.shape[0]
     d_lhs, d_rhs = np.zeros_like(a), np.zeros_like(b)
     start = 0

@@ -1,7 +1,7 @@
 """torch <-> JAX hand-over for the torch-facing builds: DLPack on CPU/CUDA, torch_tpu's jax_op on TPU.
 
-Shared by the torch bridges of several kernels (other kernel packages link this file; publishing ships
-it as a plain file). torch_tpu is imported only when a tensor is on a TPU: importing it elsewhere aborts.
+Used by the torch bridges of the kernels that vendor it. jax is imported only when a tensor crosses over, so the
+torch-cpu builds load where jax is absent; torch_tpu only when a tensor is on a TPU (importing it elsewhere aborts).
 """
 
 from __future__ import annotations
@@ -40,3 +40,17 @@ def call_tpu(fn: Callable[..., Any], *tensors: torch.Tensor) -> Any:
     if jax_op is None:
         jax_op = importlib.import_module("torch_tpu.jax").jax_op  # type: ignore[attr-defined]
     return jax_op(fn, *tensors)
+
+
+def run_jax(fn: Callable[..., Any], *tensors: torch.Tensor) -> Any:
+    """fn (a JAX function) on torch tensors: through torch_tpu on a TPU, through DLPack elsewhere; torch out."""
+    if on_tpu(*tensors):
+        return call_tpu(fn, *tensors)
+    out = fn(*(to_jax(t) for t in tensors))
+    return tuple(to_torch(o) for o in out) if isinstance(out, tuple | list) else to_torch(out)
+
+
+def jax_entry(package: str, name: str) -> Callable[..., Any]:
+    """The JAX entry function `name` of the kernel package this bridge ships in (its api module), imported
+    relatively so it resolves inside whichever build the bridge was loaded from."""
+    return getattr(importlib.import_module(".api", package), name)

@@ -1,4 +1,8 @@
-"""Operand checks for a ragged dot, shared by the ragged-dot kernels' entries (other packages link this file)."""
+"""Operands of a ragged dot for the JAX entries (ragged-dot-tpu, the Tokamax wrapper): one check, one dtype policy.
+
+Dtype policy (the torch entries follow it too): the result has `preferred_element_type`, else lhs's dtype; lhs and
+rhs of different dtypes are computed in their promoted dtype (bf16 x f32 -> f32); group sizes become int32.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +11,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from .shapes import check_ragged_dot_shapes
+
 
 def check_operands(lhs: Any, rhs: Any, group_sizes: Any, preferred_element_type: Any
                    ) -> tuple[jax.Array, jax.Array, jax.Array, jnp.dtype]:
     """(lhs, rhs, int32 group_sizes, output dtype), or a ValueError/TypeError naming the bad operand."""
-    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
-    group_sizes = jnp.asarray(group_sizes)
-    if lhs.ndim != 2 or rhs.ndim != 3 or lhs.shape[1] != rhs.shape[1]:
-        raise ValueError(f"ragged_dot wants lhs [M,K] and rhs [G,K,N]; got {lhs.shape} and {rhs.shape}")
-    if group_sizes.shape != (rhs.shape[0],):
-        raise ValueError(f"group_sizes must have shape ({rhs.shape[0]},), got {group_sizes.shape}")
+    lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
+    check_ragged_dot_shapes(lhs.shape, rhs.shape, group_sizes.shape)
     if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
         raise TypeError(f"group_sizes must be integers, got {group_sizes.dtype}")
     out_dtype = jnp.dtype(preferred_element_type if preferred_element_type is not None else lhs.dtype)

@@ -7,20 +7,22 @@ Design (capacity + overflow):
   2. Rows beyond C in a group are cut into C-row chunks; a while_loop with a traced trip count multiplies
      each chunk by its group's weights. There are at most floor(M / C) such chunks.
 Work is bounded by (G*C + M)*K*N whatever the routing; with C ~ M/G that is about 2x the useful work.
-Static shapes throughout, so it jits with traced group sizes. The loop is not reverse-differentiable,
-so gradients come from the custom_vjp in api.py, which calls `tgmm` below for d_rhs.
+Static shapes throughout, so it jits with traced group sizes. The loop is not reverse-differentiable, so
+`grouped_matmul` carries a custom_vjp: d_lhs is a grouped matmul against rhs^T, d_rhs a per-group `tgmm`.
+Used by ragged-dot-tpu's "cpu" path and Tokamax ragged dot's "hub_cpu" path.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from .config import round_up
-from .metadata import group_bounds
+from .groups import group_bounds
+from .tiling import round_up
 
 
 def default_capacity(m: int, g: int) -> int:
@@ -173,3 +175,25 @@ def tgmm(
 
     acc = jax.lax.cond(p.num_chunks > 0, lambda a: jax.lax.fori_loop(0, p.num_chunks, body, a), lambda a: a, acc)
     return acc.astype(out_dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def grouped_matmul(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, out_dtype: Any,
+                   capacity: int | None = None) -> jax.Array:
+    """Differentiable `gmm`: out[r] = lhs[r] @ rhs[g(r)], rows past the groups zero, in `out_dtype`."""
+    return gmm(lhs, rhs, group_sizes, out_dtype=out_dtype, capacity=capacity)
+
+
+def _grouped_matmul_fwd(lhs, rhs, group_sizes, out_dtype, capacity):
+    return gmm(lhs, rhs, group_sizes, out_dtype=out_dtype, capacity=capacity), (lhs, rhs, group_sizes)
+
+
+def _grouped_matmul_bwd(out_dtype, capacity, res, dout):
+    del out_dtype
+    lhs, rhs, group_sizes = res
+    d_lhs = gmm(dout, rhs, group_sizes, out_dtype=lhs.dtype, transpose_rhs=True, capacity=capacity)
+    d_rhs = tgmm(lhs, dout, group_sizes, out_dtype=rhs.dtype, capacity=capacity)
+    return d_lhs, d_rhs, None
+
+
+grouped_matmul.defvjp(_grouped_matmul_fwd, _grouped_matmul_bwd)

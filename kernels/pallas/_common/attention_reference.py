@@ -13,12 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def _to_f64(x: object) -> np.ndarray:
-    arr = np.asarray(x)
-    if arr.dtype.name == "bfloat16" or arr.dtype.kind not in "fiu":
-        arr = np.asarray(x, dtype=np.float32)
-    return arr.astype(np.float64)
+from .arrays import to_f64
 
 
 def reference_mask(
@@ -50,16 +45,16 @@ def reference_attention(
     kv_lengths: object | None = None,
 ) -> np.ndarray:
     """Attention of q[B,Hq,Sq,D] over k, v [B,Hkv,Skv,D] in float64; see the module docstring."""
-    q64, k64, v64 = _to_f64(q), _to_f64(k), _to_f64(v)
+    q64, k64, v64 = to_f64(q), to_f64(k), to_f64(v)
     b, hq, sq, d = q64.shape
     hkv, skv = k64.shape[1], k64.shape[2]
     if hq % hkv:
         raise ValueError(f"query heads {hq} must be a multiple of kv heads {hkv}")
     group = hq // hkv
     scale = 1.0 / np.sqrt(d) if sm_scale is None else float(sm_scale)
-    qls = np.full(b, sq) if q_lengths is None else np.minimum(np.asarray(q_lengths).astype(np.int64), sq)
-    kls = np.full(b, skv) if kv_lengths is None else np.minimum(np.asarray(kv_lengths).astype(np.int64), skv)
-    sink64 = None if sinks is None else _to_f64(sinks)
+    qls = np.full(b, sq) if q_lengths is None else np.minimum(to_f64(q_lengths).astype(np.int64), sq)
+    kls = np.full(b, skv) if kv_lengths is None else np.minimum(to_f64(kv_lengths).astype(np.int64), skv)
+    sink64 = None if sinks is None else to_f64(sinks)
     out = np.zeros((b, hq, sq, v64.shape[-1]), dtype=np.float64)
     for bi in range(b):
         mask = reference_mask(int(qls[bi]), int(kls[bi]), sq, skv, causal=causal, sliding_window=sliding_window)
@@ -93,7 +88,7 @@ def reference_decode_attention(
     sinks: object | None = None,
 ) -> np.ndarray:
     """One query per sequence, q[B,Hq,D], at position kv_len-1 of its cache: [B,Hq,D] in float64."""
-    q64 = _to_f64(q)[:, :, None, :]
+    q64 = to_f64(q)[:, :, None, :]
     out = reference_attention(
         q64, k_cache, v_cache, causal=True, sm_scale=sm_scale, sliding_window=sliding_window,
         logits_soft_cap=logits_soft_cap, sinks=sinks, q_lengths=np.ones(q64.shape[0], np.int64),

@@ -1,1 +1,0 @@
-../../tokamax_ragged_dot/tokamax_ragged_dot/_dispatch.py

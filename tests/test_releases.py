@@ -1,0 +1,65 @@
+"""A kernel's content changes only with its version: kernels/pallas/releases.yaml records each version's content
+digest (vendored shared code included), and a change without a bump fails here, naming the kernel and the fix."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kernel_hub.errors import KernelHubError
+from kernel_hub.releases import RECORD_COMMAND, check, current, record
+from tests.conftest import set_version
+
+PALLAS = Path(__file__).resolve().parents[1] / "kernels" / "pallas"
+
+
+def test_every_kernel_version_is_recorded_with_its_content():
+    problems = check(PALLAS)
+    assert problems == [], "\n".join(problems)
+
+
+@pytest.fixture
+def pallas_copy(tmp_path: Path) -> Path:
+    dest = tmp_path / "pallas"
+    shutil.copytree(PALLAS, dest, ignore=shutil.ignore_patterns("__pycache__", "tests", "*.md"))
+    assert check(dest) == []
+    return dest
+
+
+def _touch(path: Path) -> None:
+    path.write_text(path.read_text() + "\n# an edit\n")
+
+
+def test_an_edit_to_a_shared_file_flags_every_kernel_that_vendors_it(pallas_copy):
+    _touch(pallas_copy / "_common" / "torch_jax.py")  # vendored by the two kernels with torch entries
+    problems = check(pallas_copy)
+    assert [p.split()[1] for p in problems] == ["flash_attention", "ragged_dot"]
+    for line in problems:
+        assert "changed since version 1.1.0 was recorded" in line
+        assert f"bump its version in {pallas_copy}" in line and f"re-record with `{RECORD_COMMAND}`" in line
+
+    _touch(pallas_copy / "_common" / "dispatch.py")  # vendored by all four
+    assert len(check(pallas_copy)) == 4
+
+
+def test_an_edit_to_a_kernel_flags_only_that_kernel(pallas_copy):
+    _touch(pallas_copy / "tokamax_attention" / "tokamax_attention" / "masks.py")
+    assert [p.split()[1] for p in check(pallas_copy)] == ["tokamax_attention"]
+    (pallas_copy / "ragged_dot" / "ragged_dot" / "new_module.py").write_text("x = 1\n")  # an added file counts too
+    assert [p.split()[1] for p in check(pallas_copy)] == ["ragged_dot", "tokamax_attention"]
+
+
+def test_recording_refuses_a_changed_version_and_accepts_a_bump(pallas_copy):
+    _touch(pallas_copy / "_common" / "torch_jax.py")
+    with pytest.raises(KernelHubError, match="version 1.1.0 is recorded with other content: bump its version"):
+        record(pallas_copy)
+    for kernel in ("flash_attention", "ragged_dot"):
+        set_version(pallas_copy / kernel, "1.1.1")
+    assert sorted(line.rsplit(" ", 1)[0] for line in record(pallas_copy)) == [
+        "flash_attention 1.1.1", "ragged_dot 1.1.1"]
+    assert check(pallas_copy) == []
+    text = (pallas_copy / "releases.yaml").read_text()
+    assert "1.1.0:" in text and "1.1.1:" in text  # the old version's digest stays on record
+    assert current(pallas_copy / "ragged_dot")[0] == "1.1.1"
