@@ -191,8 +191,9 @@ def validate(
 ) -> ValidationReport:
     """Run the kernel's cases for this backend; `tags`/`names` select a subset.
 
-    tpu=["v5e", "v6e"] (or "v5e,v6e") adds every TPU compile case of the kernel, compiled by the real TPU
-    compiler for each generation (kernel_hub.tpu.gate; needs the TPU environment, `make setup-tpu`)."""
+    tpu=["v5e", "v6e"] (or "v5e,v6e") adds every TPU compile case of the kernel (those `tags`/`names` select),
+    compiled by the real TPU compiler for each generation (kernel_hub.tpu.gate; needs the TPU environment,
+    `make setup-tpu`)."""
     module = _resolve_module(kernel, backend)
     info = module.__kernel_hub__
     from .system import installed_version
@@ -211,7 +212,7 @@ def validate(
     if tpu:
         from .tpu.gate import compile_matrix
 
-        compiled = compile_matrix(module, tpu)
+        compiled = compile_matrix(module, tpu, tags=tags, names=names)
         report.cases.extend(compiled.cases)
         report.libtpu_version, report.generations = compiled.libtpu_version, compiled.generations
     return report

@@ -141,8 +141,8 @@ def _eval_outer(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], acc: Sch
         elif (sub := _sub_jaxpr(eqn)) is not None:
             outs = _eval_outer(sub[0], sub[1], invals, acc)
         else:
-            if prim.name not in _FREE:
-                moved = sum(_nbytes(v.aval) for v in eqn.invars) + sum(_nbytes(v.aval) for v in eqn.outvars)
+            if prim.name not in _FREE:  # arrays only: scalar operands (a pad value) live in registers
+                moved = sum(_nbytes(v.aval) for v in [*eqn.invars, *eqn.outvars] if getattr(v.aval, "shape", ()))
                 acc.outside_bytes += moved
                 acc.outside_ops.append(f"{prim.name} {moved / 2**20:.1f} MiB")
             outs = [Unknown(v.aval) for v in eqn.outvars]
