@@ -9,25 +9,12 @@ causal) and decode (batch 64 over a long cache). Never imports kernel_hub.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 from .attention_shapes import ATTENTION_MODELS, DECODE_BATCH, DECODE_CACHE, PREFILL_TOKENS, HeadGeometry
+from .compile_case import SHORT, Built, CompileCase, forward_or_grad, fwd_bwd, with_smoke
 from .validation import _LARGE, Scenario
-
-Built = tuple[Callable[..., Any], tuple[Any, ...]]
-
-
-@dataclasses.dataclass(frozen=True)
-class CompileCase:
-    name: str
-    dtype: str
-    tags: tuple[str, ...]
-    build: Callable[[], Built]
-
-
-_SHORT = {"bfloat16": "bf16", "float32": "f32"}
 
 
 def model_scenario(geo: HeadGeometry, phase: str) -> Scenario:
@@ -67,44 +54,36 @@ def mosaic_call(sc: Scenario, **kw: Any) -> Any:
     return flash_attention(kw.pop("q"), kw.pop("k"), kw.pop("v"), causal=sc.causal, **features, **kw)
 
 
-def _builder(sc: Scenario, dtype: str, grad: bool) -> Callable[[], Built]:
-    def build() -> Built:
-        import jax
-        import jax.numpy as jnp
+def builder(sc: Scenario, dtype: str) -> Callable[[bool], Callable[[], Built]]:
+    """make(grad): the forward, or d/dq, dk, dv (the dk/dv and dq kernels after the forward)."""
 
-        inputs = abstract_inputs(sc, dtype)
-        keys = tuple(inputs)
+    def make(grad: bool) -> Callable[[], Built]:
+        def build() -> Built:
+            inputs = abstract_inputs(sc, dtype)
+            keys = tuple(inputs)
+            fn = lambda *args: mosaic_call(sc, **dict(zip(keys, args, strict=True)))
+            return forward_or_grad(fn, tuple(inputs.values()), grad, (0, 1, 2))
 
-        def fn(*args: Any) -> Any:
-            return mosaic_call(sc, **dict(zip(keys, args, strict=True)))
+        return build
 
-        if grad:  # d/dq, dk, dv: the dk/dv and dq kernels after the forward
-            loss = lambda *args: jnp.sum(fn(*args).astype(jnp.float32))
-            return jax.grad(loss, argnums=(0, 1, 2)), tuple(inputs.values())
-        return fn, tuple(inputs.values())
-
-    return build
+    return make
 
 
 def _cases_for(sc: Scenario, dtype: str, tags: tuple[str, ...], backward: bool) -> list[CompileCase]:
     kind = "decode" if sc.decode else "prefill"
-    name = f"{kind}:{sc.name}:{_SHORT[dtype]}"
-    out = [CompileCase(f"fwd:{name}", dtype, (*tags, kind, dtype, "fwd"), _builder(sc, dtype, False))]
-    if backward and not sc.decode:
-        out.append(CompileCase(f"bwd:{name}", dtype, (*tags, kind, dtype, "bwd"), _builder(sc, dtype, True)))
-    return out
+    return fwd_bwd(f"{kind}:{sc.name}:{SHORT[dtype]}", dtype, (*tags, kind, dtype), builder(sc, dtype),
+                   backward and not sc.decode)
 
 
 def compile_cases() -> list[CompileCase]:
     """Every TPU compile case; a small prefill (forward + backward) and decode are also tagged "smoke"."""
     out: list[CompileCase] = []
     for sc in _LARGE:
-        for dtype in _SHORT:
+        for dtype in SHORT:
             out += _cases_for(sc, dtype, ("validation",), backward=True)
     for geo in ATTENTION_MODELS:
         for phase in ("prefill", "decode"):
-            for dtype in _SHORT:  # f32 for the forward; the training-sized backward in bf16
+            for dtype in SHORT:  # f32 for the forward; the training-sized backward in bf16
                 out += _cases_for(model_scenario(geo, phase), dtype, ("model", geo.model), dtype == "bfloat16")
-    smoke = {"fwd:prefill:causal_gqa_d128:bf16", "bwd:prefill:causal_gqa_d128:bf16",
-             "fwd:decode:decode_gqa_ragged_d64:bf16"}
-    return [dataclasses.replace(c, tags=(*c.tags, "smoke")) if c.name in smoke else c for c in out]
+    return with_smoke(out, {"fwd:prefill:causal_gqa_d128:bf16", "bwd:prefill:causal_gqa_d128:bf16",
+                            "fwd:decode:decode_gqa_ragged_d64:bf16"})

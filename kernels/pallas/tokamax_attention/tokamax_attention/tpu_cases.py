@@ -9,60 +9,48 @@ has no attention sinks, so GPT-OSS runs without them. Never imports kernel_hub.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
-from typing import Any
 
 from .attention_shapes import ATTENTION_MODELS, DECODE_BATCH, DECODE_CACHE, PREFILL_TOKENS
+from .compile_case import SHORT, Built, CompileCase, forward_or_grad, fwd_bwd, with_smoke
 from .validation import _LARGE, Scenario
 
-Built = tuple[Callable[..., Any], tuple[Any, ...]]
-_SHORT = {"bfloat16": "bf16", "float32": "f32"}
 
+def builder(sc: Scenario, dtype: str) -> Callable[[bool], Callable[[], Built]]:
+    """make(grad): the forward, or d/dq, dk, dv through Tokamax's Mosaic backward."""
 
-@dataclasses.dataclass(frozen=True)
-class CompileCase:
-    name: str
-    dtype: str
-    tags: tuple[str, ...]
-    build: Callable[[], Built]
+    def make(grad: bool) -> Callable[[], Built]:
+        def build() -> Built:
+            import jax
+            import jax.numpy as jnp
 
+            from .api import decode_attention, flash_attention
 
-def _builder(sc: Scenario, dtype: str, grad: bool) -> Callable[[], Built]:
-    def build() -> Built:
-        import jax
-        import jax.numpy as jnp
+            sds = jax.ShapeDtypeStruct
+            kv = sds((sc.b, sc.hkv, sc.skv, sc.d), dtype)
+            kw = dict(sliding_window=sc.window, logits_soft_cap=sc.soft_cap, implementation="mosaic")
+            if sc.decode:
+                args = (sds((sc.b, sc.hq, sc.d), dtype), kv, kv, sds((sc.b,), jnp.int32))
+                return (lambda q, k, v, lens: decode_attention(q, k, v, lens, **kw)), args
+            args = (sds((sc.b, sc.hq, sc.sq, sc.d), dtype), kv, kv)
+            if sc.ragged:
+                lens = sds((sc.b,), jnp.int32)
+                fn = lambda q, k, v, ql, kl: flash_attention(q, k, v, causal=sc.causal, q_lengths=ql,
+                                                             kv_lengths=kl, **kw)
+                args = (*args, lens, lens)
+            else:
+                fn = lambda q, k, v: flash_attention(q, k, v, causal=sc.causal, **kw)
+            return forward_or_grad(fn, args, grad, (0, 1, 2))
 
-        from .api import decode_attention, flash_attention
+        return build
 
-        sds = jax.ShapeDtypeStruct
-        kv = sds((sc.b, sc.hkv, sc.skv, sc.d), dtype)
-        kw = dict(sliding_window=sc.window, logits_soft_cap=sc.soft_cap, implementation="mosaic")
-        if sc.decode:
-            args = (sds((sc.b, sc.hq, sc.d), dtype), kv, kv, sds((sc.b,), jnp.int32))
-            return (lambda q, k, v, lens: decode_attention(q, k, v, lens, **kw)), args
-        args = (sds((sc.b, sc.hq, sc.sq, sc.d), dtype), kv, kv)
-        if sc.ragged:
-            lens = sds((sc.b,), jnp.int32)
-            fn = lambda q, k, v, ql, kl: flash_attention(q, k, v, causal=sc.causal, q_lengths=ql, kv_lengths=kl,
-                                                         **kw)
-            args = (*args, lens, lens)
-        else:
-            fn = lambda q, k, v: flash_attention(q, k, v, causal=sc.causal, **kw)
-        if grad:
-            return jax.grad(lambda *a: jnp.sum(fn(*a).astype(jnp.float32)), argnums=(0, 1, 2)), args
-        return fn, args
-
-    return build
+    return make
 
 
 def _cases_for(sc: Scenario, dtype: str, tags: tuple[str, ...], backward: bool) -> list[CompileCase]:
     kind = "decode" if sc.decode else "prefill"
-    name = f"{kind}:{sc.name}:{_SHORT[dtype]}"
-    out = [CompileCase(f"fwd:{name}", dtype, (*tags, kind, dtype, "fwd"), _builder(sc, dtype, False))]
-    if backward and not sc.decode:
-        out.append(CompileCase(f"bwd:{name}", dtype, (*tags, kind, dtype, "bwd"), _builder(sc, dtype, True)))
-    return out
+    return fwd_bwd(f"{kind}:{sc.name}:{SHORT[dtype]}", dtype, (*tags, kind, dtype), builder(sc, dtype),
+                   backward and not sc.decode)
 
 
 def compile_cases() -> list[CompileCase]:
@@ -70,7 +58,7 @@ def compile_cases() -> list[CompileCase]:
     the decode scenarios' masks on TPU: they stay in the full matrix as failed cases)."""
     out: list[CompileCase] = []
     for sc in _LARGE:
-        for dtype in _SHORT:
+        for dtype in SHORT:
             out += _cases_for(sc, dtype, ("validation",), backward=True)
     for geo in ATTENTION_MODELS:
         prefill = Scenario(f"{geo.model}_prefill", b=1, hq=geo.hq, hkv=geo.hkv, sq=PREFILL_TOKENS,
@@ -78,7 +66,6 @@ def compile_cases() -> list[CompileCase]:
         decode = Scenario(f"{geo.model}_decode", b=DECODE_BATCH, hq=geo.hq, hkv=geo.hkv, sq=1, skv=DECODE_CACHE,
                           d=geo.d, window=geo.window, decode=True)
         for sc in (prefill, decode):
-            for dtype in _SHORT:
+            for dtype in SHORT:
                 out += _cases_for(sc, dtype, ("model", geo.model), dtype == "bfloat16")
-    smoke = {"fwd:prefill:causal_gqa_d128:bf16", "bwd:prefill:causal_gqa_d128:bf16"}
-    return [dataclasses.replace(c, tags=(*c.tags, "smoke")) if c.name in smoke else c for c in out]
+    return with_smoke(out, {"fwd:prefill:causal_gqa_d128:bf16", "bwd:prefill:causal_gqa_d128:bf16"})
