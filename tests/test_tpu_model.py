@@ -105,7 +105,7 @@ def test_decode_attention_skips_blocks_past_each_sequence(fa):
 
 def test_generations_parse_and_refuse():
     assert parse_generations("v6e, v5e,v6e") == ("v6e", "v5e")
-    with pytest.raises(ValueError, match="known: v4, v5e, v5p, v6e"):
+    with pytest.raises(ValueError, match="known: v4, v5e, v5p, v6e, v7x"):
         parse_generations("v5x")
 
 

@@ -197,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="random seed for the inputs (default: fresh)")
     p.add_argument("--tpu", metavar="GENS", type=_tpu_generations,
                    help="also compile every TPU case with the real TPU compiler for these generations, e.g. "
-                   "v5e,v6e (also v4, v5p); needs the TPU environment (make setup-tpu)")
+                   "v5e,v6e (also v4, v5p, v7x); needs the TPU environment (make setup-tpu)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_validate)
 

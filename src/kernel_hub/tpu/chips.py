@@ -1,9 +1,10 @@
 """TPU generations: the mock topology libtpu compiles for, and the public per-chip figures the cost model uses.
 
 Figures are Google Cloud's published per-chip specs (https://cloud.google.com/tpu/docs/v4, .../v5e, .../v5p,
-.../v6e): HBM bandwidth and peak bf16 dense FLOP/s. jax's own table (jax._src.pallas.mosaic.tpu_info) agrees
-for v5e and v6e to within 0.3%; tests/test_tpu_model.py checks that in the TPU environment.
-v4 and v5p are megacore chips (two TensorCores as one device); the cost model runs one grid on one chip.
+.../v6e, .../tpu7x): HBM bandwidth and peak bf16 dense FLOP/s (v7x: half its 4.6 PFLOP/s FP8). jax's own table
+(jax._src.pallas.mosaic.tpu_info) agrees for v5e and v6e to within 0.3%; tests/test_tpu_model.py checks it.
+v4 and v5p are megacore chips (two TensorCores as one device), v7x has two TensorCores; the cost model runs
+one grid on one core at the chip's figures (optimistic for v7x, whose figures are per chip).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ CHIPS: dict[str, Chip] = {
         Chip("v5e", "v5e:2x2", "TPU v5 lite", 819e9, 197e12, False, "https://cloud.google.com/tpu/docs/v5e"),
         Chip("v5p", "v5p:2x2x1", "TPU v5", 2765e9, 459e12, True, "https://cloud.google.com/tpu/docs/v5p"),
         Chip("v6e", "v6e:2x2", "TPU v6 lite", 1640e9, 918e12, False, "https://cloud.google.com/tpu/docs/v6e"),
+        Chip("v7x", "tpu7x:2x2x1", "TPU7x", 7370e9, 2307e12, False, "https://cloud.google.com/tpu/docs/tpu7x"),
     )
 }
 

@@ -46,6 +46,9 @@ def run_worker(env: TpuEnv, request: dict[str, Any], *, timeout: float = 1800) -
         src = str(CHECKOUT / "src")  # kernel_hub importable even where the TPU Python has not installed it
         child_env["PYTHONPATH"] = src + (os.pathsep + child_env["PYTHONPATH"] if child_env.get("PYTHONPATH") else "")
         child_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        # libtpu takes a machine-wide lock (/tmp/libtpu_lockfile) meant for real chips; compiling for mock
+        # ones needs no exclusivity, so two validations (or a test and a bench) may run at once
+        child_env.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
         try:
             done = subprocess.run(
                 [str(env.python), "-m", "kernel_hub.tpu.worker", str(req_path), str(events_path)],
