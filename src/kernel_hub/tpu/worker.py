@@ -30,12 +30,13 @@ _NOISE = ("Traceback", "The above exception", "---", "For simplicity", "jax._src
 
 def first_meaningful_line(text: str) -> str:
     """The compiler's message without the wrapping: first line that says something, common prefixes off."""
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith(_NOISE):
-            continue
+    lines = [raw.strip() for raw in text.splitlines()]
+    lines = [ln for ln in lines if ln and not ln.startswith(_NOISE)]
+    for i, line in enumerate(lines):
         line = re.sub(r"^(jaxlib\.\S+|jax\.errors\.\S+|XlaRuntimeError|JaxRuntimeError)[:]\s*", "", line)
         line = re.sub(r"^(INTERNAL|INVALID_ARGUMENT|UNIMPLEMENTED|RESOURCE_EXHAUSTED|UNKNOWN):\s*", "", line)
+        if line.endswith(":") and i + 1 < len(lines):  # "E1001: CompileTimeScopedVmemOom:" + the detail line
+            line = f"{line} {lines[i + 1]}"
         return line[:300]
     return text.strip()[:300]
 

@@ -69,9 +69,15 @@ def vmem_bytes(cfg: RaggedDotConfig, in_itemsize: int, out_itemsize: int) -> int
     return ins + outs + cfg.tm * cfg.tn * 4
 
 
-#: Share of the VMEM budget the estimate may fill: Mosaic keeps temporaries of its own (dot results, masks).
-#: The TPU compile gate (kernel-hub validate --tpu) checks the resulting tiles compile on every generation.
-VMEM_HEADROOM = 0.95
+#: Share of the VMEM budget the estimate may fill: Mosaic keeps temporaries of its own (dot results, masks),
+#: and splits f32 operands of a HIGHEST-precision dot into bf16 parts it also holds in VMEM. The TPU compile
+#: gate (kernel-hub validate --tpu) checks that the resulting tiles compile on every generation.
+VMEM_HEADROOM = {2: 0.95, 4: 0.5}
+
+
+def usable_vmem(itemsize: int, vmem_budget_bytes: int = DEFAULT_VMEM_BUDGET_BYTES) -> int:
+    """Bytes of VMEM the blocks of a kernel on `itemsize`-byte operands may take."""
+    return int(vmem_budget_bytes * VMEM_HEADROOM.get(itemsize, 0.5))
 
 
 def grid_steps(cfg: RaggedDotConfig, m: int, k: int, n: int, g: int) -> int:
@@ -99,7 +105,7 @@ def default_config(
     itemsize = np.dtype(dtype).itemsize if str(dtype) != "bfloat16" else 2
     sublanes = 16 if itemsize == 2 else 8
     row_tiles = [128 if m > 128 else max(sublanes, round_up(m, sublanes))]
-    budget = int(vmem_budget_bytes * VMEM_HEADROOM)
+    budget = usable_vmem(itemsize, vmem_budget_bytes)
     for padded in (False, True):  # padded weights (a copy per call) only when nothing unpadded fits
         best, best_key = None, None
         for tm in row_tiles:

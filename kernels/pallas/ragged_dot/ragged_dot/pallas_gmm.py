@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from .config import DEFAULT_VMEM_BUDGET_BYTES, VMEM_HEADROOM, RaggedDotConfig, lane_tiles
+from .config import RaggedDotConfig, lane_tiles, usable_vmem
 from .metadata import GroupMetadata
 
 _NUM_PREFETCH = len(GroupMetadata._fields)
@@ -133,7 +133,7 @@ def tgmm_tiles(cfg: RaggedDotConfig, kp: int, np_: int, in_itemsize: int, out_it
     """(tk, tn) for tgmm: its output block [tk, tn] plus an f32 accumulator of that size must fit VMEM too,
     which the forward's (possibly whole-matrix) tiles may not: the largest tiles dividing the forward's
     that do, larger tk first."""
-    budget = int(DEFAULT_VMEM_BUDGET_BYTES * VMEM_HEADROOM)
+    budget = usable_vmem(max(in_itemsize, out_itemsize))
 
     def vmem(tk: int, tn: int) -> int:
         return 2 * (tk * cfg.tm + cfg.tm * tn) * in_itemsize + 2 * tk * tn * out_itemsize + 4 * tk * tn
