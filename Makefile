@@ -13,9 +13,26 @@ PKGS := -c constraints.txt torch==2.13.0 jax==0.10.2 jaxlib==0.10.2 tokamax==0.0
 WHEELHOUSE := .wheelhouse
 WHEELS := $(WHEELHOUSE)/.complete
 
-.PHONY: setup demo test lint bench clean
+# The TPU environment: libtpu (the real TPU compiler, ahead of time on any machine) and TorchTPU, apart from
+# .venv because a process with libtpu prints TPU-init errors even for CPU work. jax without its [tpu] extra
+# (that pins libtpu 0.0.42.*); torch-tpu 0.2.0 brings libtpu 0.0.52. Everything pinned in constraints-tpu.txt.
+TPU_VENV := .venv-tpu
+TPU_STAMP := $(TPU_VENV)/.installed
+TPU_PKGS := -c constraints-tpu.txt torch==2.13.0 jax==0.10.2 jaxlib==0.10.2 torch-tpu==0.2.0 libtpu==0.0.52 \
+        tokamax==0.0.12 transformers==5.24.0 huggingface_hub==2.4.0 kernels==0.17.2 starlette uvicorn \
+        pyyaml packaging numpy pydantic pytest
+
+.PHONY: setup setup-tpu demo test lint bench bench-tpu clean
 
 setup: $(STAMP) $(WHEELS)
+
+setup-tpu: $(TPU_STAMP)
+
+$(TPU_STAMP): pyproject.toml constraints-tpu.txt Makefile
+	test -x $(TPU_VENV)/bin/python || $(PY) -m venv $(TPU_VENV)
+	$(TPU_VENV)/bin/pip install -q --disable-pip-version-check $(TPU_PKGS)
+	$(TPU_VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $(TPU_STAMP)
 
 $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -31,7 +48,7 @@ $(WHEELS): $(STAMP)
 demo: $(STAMP)
 	$(BIN)/kernel-hub demo
 
-test: setup
+test: setup $(TPU_STAMP)
 	$(BIN)/ruff check src kernels bench tests conftest.py setup.py
 	$(BIN)/python -m pytest -q
 
@@ -41,5 +58,8 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/ragged_dot.py
 
+bench-tpu: $(STAMP) $(TPU_STAMP)
+	$(BIN)/python bench/tpu_model.py
+
 clean:
-	rm -rf $(VENV) $(WHEELHOUSE) .pytest_cache .ruff_cache src/*.egg-info
+	rm -rf $(VENV) $(TPU_VENV) $(WHEELHOUSE) .pytest_cache .ruff_cache src/*.egg-info

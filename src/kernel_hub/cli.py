@@ -163,7 +163,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         module = get_kernel(args.repo, version=_spec(args.spec), revision=args.revision, backend=args.backend,
                             framework=args.framework, trust_remote_code=_trust(args.trust_remote_code),
                             lockfile=args.lockfile)
-    report = validate(module, backend=args.backend, tags=tuple(args.tag) or None, seed=args.seed)
+    report = validate(module, backend=args.backend, tags=tuple(args.tag) or None, seed=args.seed, tpu=args.tpu)
     print(report.to_json() if args.json else report)
     return 0 if report.passed else 1
 
@@ -236,6 +236,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(quick=args.quick)
 
 
+def _tpu_generations(text: str) -> tuple[str, ...]:
+    from .tpu.chips import parse_generations
+
+    try:
+        return parse_generations(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _table(rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(str(v).ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows)
@@ -284,6 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_trust_arg(p)
     p.add_argument("--tag", action="append", default=[], help="only cases with this tag (decode, prefill, edge, ...)")
     p.add_argument("--seed", type=int, help="random seed for the inputs (default: fresh)")
+    p.add_argument("--tpu", metavar="GENS", type=_tpu_generations,
+                   help="also compile every TPU case with the real TPU compiler for these generations, e.g. "
+                   "v5e,v6e (also v4, v5p, v7x); needs the TPU environment (make setup-tpu)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_validate)
 

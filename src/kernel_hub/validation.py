@@ -36,6 +36,14 @@ class CaseResult:
     seconds: float
     tags: tuple[str, ...] = ()
     error: str | None = None
+    # kind="compile": a case compiled by the real TPU compiler for `generation` (kernel_hub.tpu.gate)
+    kind: str = "numeric"
+    generation: str | None = None
+    compile_seconds: float | None = None
+    argument_bytes: int | None = None
+    output_bytes: int | None = None
+    temp_bytes: int | None = None
+    cached: bool = False
 
 
 @dataclass
@@ -47,6 +55,8 @@ class ValidationReport:
     backend: str
     jax_version: str | None
     cases: list[CaseResult] = field(default_factory=list)
+    libtpu_version: str | None = None  # set when TPU compile cases are in the report
+    generations: tuple[str, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -62,20 +72,40 @@ class ValidationReport:
 
     def __str__(self) -> str:
         head = f"{self.repo_id} {self.version or self.commit[:12]} [{self.variant}] on {self.backend}"
-        rows = [("case", "dtype", "impl", "max error", "tol", "seconds", "result")]
-        for c in self.cases:
-            verdict = "pass" if c.passed else f"FAIL{': ' + c.error if c.error else ''}"
-            rows.append(
-                (c.name, c.dtype, c.implementation or "auto", f"{c.max_error:.2e}", f"{c.tolerance:.0e}",
-                 f"{c.seconds:.3f}", verdict)
-            )
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+        numeric = [c for c in self.cases if c.kind != "compile"]
+        compiled = [c for c in self.cases if c.kind == "compile"]
         lines = [head]
-        for r in rows:
-            lines.append("  ".join(v.ljust(w) for v, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1])
+        if numeric:
+            rows = [("case", "dtype", "impl", "max error", "tol", "seconds", "result")]
+            for c in numeric:
+                rows.append((c.name, c.dtype, c.implementation or "auto", f"{c.max_error:.2e}", f"{c.tolerance:.0e}",
+                             f"{c.seconds:.3f}", _verdict(c)))
+            lines += _aligned(rows)
+        if compiled:
+            lines.append(f"TPU compile (jax {self.jax_version}, libtpu {self.libtpu_version}):")
+            rows = [("generation", "case", "compile s", "args MiB", "out MiB", "temp MiB", "result")]
+            for c in compiled:
+                sec = "cached" if c.cached else (f"{c.compile_seconds:.2f}" if c.compile_seconds is not None else "-")
+                rows.append((c.generation or "", c.name, sec, _mib(c.argument_bytes), _mib(c.output_bytes),
+                             _mib(c.temp_bytes), _verdict(c)))
+            lines += _aligned(rows)
         n_pass = sum(c.passed for c in self.cases)
         lines.append(f"{n_pass}/{len(self.cases)} cases passed: {'PASSED' if self.passed else 'FAILED'}")
         return "\n".join(lines)
+
+
+def _verdict(c: CaseResult) -> str:
+    return "pass" if c.passed else f"FAIL{': ' + c.error if c.error else ''}"
+
+
+def _mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.1f}"
+
+
+def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
+    """Rows as columns padded to width; the last column (the verdict) is left ragged."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return ["  ".join(v.ljust(w) for v, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows]
 
 
 def _block(x: Any) -> Any:
@@ -140,8 +170,13 @@ def validate(
     tags: tuple[str, ...] | None = None,
     names: tuple[str, ...] | None = None,
     seed: int | None = None,
+    tpu: str | list[str] | tuple[str, ...] | None = None,
 ) -> ValidationReport:
-    """Run the kernel's cases for this backend; `tags`/`names` select a subset."""
+    """Run the kernel's cases for this backend; `tags`/`names` select a subset.
+
+    tpu=["v5e", "v6e"] (or "v5e,v6e") adds every TPU compile case of the kernel (those `tags`/`names` select),
+    compiled by the real TPU compiler for each generation (kernel_hub.tpu.gate; needs the TPU environment,
+    `make setup-tpu`)."""
     module = _resolve_module(kernel, backend)
     info = module.__kernel_hub__
     from .system import installed_version
@@ -157,6 +192,12 @@ def validate(
                               installed_version("jax"))
     for i, case in enumerate(cases):
         report.cases.append(run_case(case, module, rng_seed + i))
+    if tpu:
+        from .tpu.gate import compile_matrix
+
+        compiled = compile_matrix(module, tpu, tags=tags, names=names)
+        report.cases.extend(compiled.cases)
+        report.libtpu_version, report.generations = compiled.libtpu_version, compiled.generations
     return report
 
 

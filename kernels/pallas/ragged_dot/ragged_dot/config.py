@@ -46,15 +46,14 @@ class RaggedDotConfig:
         return dataclasses.replace(self, tk=self.tn, tn=self.tk)
 
 
-def _pick_lane_tile(dim: int, cap: int) -> int:
-    """Largest multiple of 128 <= cap dividing round_up(dim, 128); the full dim when it is small."""
-    if dim <= cap:
-        return dim if dim % 128 == 0 or dim < 128 else round_up(dim, 128)
-    padded = round_up(dim, 128)
-    for t in range(cap - cap % 128, 127, -128):
-        if padded % t == 0:
-            return t
-    return 128
+def lane_tiles(dim: int, padded: bool = False) -> list[int]:
+    """Tiles for a lane (K or N) dim, largest first. Unpadded: the whole dim (a block may span a full array
+    dim of any size), then the multiples of 128 dividing it. padded=True: the multiples of 128 dividing
+    the dim rounded up to 128 (the weights then get padded on every call)."""
+    if padded:
+        full = round_up(dim, 128)
+        return [t for t in range(full, 127, -128) if full % t == 0]
+    return [dim] + [t for t in range(dim - dim % 128, 127, -128) if t < dim and dim % t == 0]
 
 
 def vmem_bytes(cfg: RaggedDotConfig, in_itemsize: int, out_itemsize: int) -> int:
@@ -62,6 +61,22 @@ def vmem_bytes(cfg: RaggedDotConfig, in_itemsize: int, out_itemsize: int) -> int
     ins = 2 * (cfg.tm * cfg.tk + cfg.tk * cfg.tn) * in_itemsize
     outs = 2 * cfg.tm * cfg.tn * out_itemsize
     return ins + outs + cfg.tm * cfg.tn * 4
+
+
+#: Share of the VMEM budget the estimate may fill: Mosaic keeps temporaries of its own (dot results, masks),
+#: and splits f32 operands of a HIGHEST-precision dot into bf16 parts it also holds in VMEM. The TPU compile
+#: gate (kernel-hub validate --tpu) checks that the resulting tiles compile on every generation.
+VMEM_HEADROOM = {2: 0.95, 4: 0.5}
+
+
+def usable_vmem(itemsize: int, vmem_budget_bytes: int = DEFAULT_VMEM_BUDGET_BYTES) -> int:
+    """Bytes of VMEM the blocks of a kernel on `itemsize`-byte operands may take."""
+    return int(vmem_budget_bytes * VMEM_HEADROOM.get(itemsize, 0.5))
+
+
+def grid_steps(cfg: RaggedDotConfig, m: int, k: int, n: int, g: int) -> int:
+    """Grid steps of the forward kernel: (m tiles + groups) work items x k tiles x n tiles."""
+    return (cdiv(m, cfg.tm) + g) * cdiv(k, cfg.tk) * cdiv(n, cfg.tn)
 
 
 def default_config(
@@ -73,19 +88,29 @@ def default_config(
     *,
     vmem_budget_bytes: int = DEFAULT_VMEM_BUDGET_BYTES,
 ) -> RaggedDotConfig:
-    """Heuristic tiles: tm 128 (or all rows when fewer, rounded to the sublane packing), tk/tn up to 512
-    (multiples of 128 dividing the padded dim so weights need no per-call padding), shrunk until the
-    step fits `vmem_budget_bytes`."""
-    del g  # the grid already adapts to the number of groups; kept for a future tuned table
+    """Heuristic tiles: the fewest grid steps whose blocks fit the VMEM budget, with K and N tiles that
+    need no padded weights (whole dims, or multiples of 128 dividing them).
+
+    Why: a grid step costs ~0.35 us however little it moves, and a decode step moves one rhs block (a
+    512x512 bf16 block is 0.5 MiB: ~0.3 us at v6e's 1.6 TB/s), so small tiles double the time of a
+    bandwidth-bound MoE layer. With tk = K the rhs block index stays put across an expert's m-tiles, so
+    each active expert's weights are read once. tm stays 128 (or all rows): the backward's tgmm puts it on
+    the lanes of a block, where it must be a multiple of 128 or the whole padded M. Ties go to larger tk."""
     itemsize = np.dtype(dtype).itemsize if str(dtype) != "bfloat16" else 2
     sublanes = 16 if itemsize == 2 else 8
-    tm = 128 if m > 128 else max(sublanes, round_up(m, sublanes))
-    tk = _pick_lane_tile(k, 512)
-    tn = _pick_lane_tile(n, 512)
-    cfg = RaggedDotConfig(tm=tm, tk=tk, tn=tn)
-    while vmem_bytes(cfg, itemsize, 4) > vmem_budget_bytes and max(cfg.tk, cfg.tn) > 128:
-        if cfg.tk >= cfg.tn:
-            cfg = dataclasses.replace(cfg, tk=max(128, cfg.tk // 2))
-        else:
-            cfg = dataclasses.replace(cfg, tn=max(128, cfg.tn // 2))
-    return cfg
+    row_tiles = [128 if m > 128 else max(sublanes, round_up(m, sublanes))]
+    budget = usable_vmem(itemsize, vmem_budget_bytes)
+    for padded in (False, True):  # padded weights (a copy per call) only when nothing unpadded fits
+        best, best_key = None, None
+        for tm in row_tiles:
+            for tk in lane_tiles(k, padded):
+                for tn in lane_tiles(n, padded):
+                    cfg = RaggedDotConfig(tm=tm, tk=tk, tn=tn)
+                    if vmem_bytes(cfg, itemsize, itemsize) > budget:
+                        continue
+                    key = (grid_steps(cfg, m, k, n, g), -tk)
+                    if best_key is None or key < best_key:
+                        best, best_key = cfg, key
+        if best is not None:
+            return best
+    return RaggedDotConfig(tm=row_tiles[-1], tk=128, tn=128)

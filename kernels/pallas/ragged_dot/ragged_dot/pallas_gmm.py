@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from .config import RaggedDotConfig
+from .config import RaggedDotConfig, lane_tiles, usable_vmem
 from .metadata import GroupMetadata
 
 _NUM_PREFETCH = len(GroupMetadata._fields)
@@ -129,6 +129,19 @@ def gmm(
     )(*meta, lhs, rhs)
 
 
+def tgmm_tiles(cfg: RaggedDotConfig, kp: int, np_: int, in_itemsize: int, out_itemsize: int) -> tuple[int, int]:
+    """(tk, tn) for tgmm: its output block [tk, tn] plus an f32 accumulator of that size must fit VMEM too,
+    which the forward's (possibly whole-matrix) tiles may not: the largest tiles dividing the forward's
+    that do, larger tk first."""
+    budget = usable_vmem(max(in_itemsize, out_itemsize))
+
+    def vmem(tk: int, tn: int) -> int:
+        return 2 * (tk * cfg.tm + cfg.tm * tn) * in_itemsize + 2 * tk * tn * out_itemsize + 4 * tk * tn
+
+    fits = [(tk * tn, tk, tn) for tk in lane_tiles(cfg.tk) for tn in lane_tiles(cfg.tn) if vmem(tk, tn) <= budget]
+    return (max(fits)[1], max(fits)[2]) if fits else (min(lane_tiles(cfg.tk)), min(lane_tiles(cfg.tn)))
+
+
 def _tgmm_kernel(
     tile_ref, group_ref, fetch_tile_ref, fetch_group_ref, lo_ref, hi_ref,
     lhs_t_ref, dout_ref,
@@ -180,11 +193,12 @@ def tgmm(
     interpret: object = False,
 ) -> jax.Array:
     """lhs_t [Kp, Mp], dout [Mp, Np] -> [G, Kp, Np]: per group, lhs_g.T @ dout_g."""
-    tm, tk, tn = cfg.tm, cfg.tk, cfg.tn
+    tm = cfg.tm
     kp, mp = lhs_t.shape
     np_ = dout.shape[1]
-    if mp % tm or kp % tk or np_ % tn:
-        raise ValueError(f"tgmm operands must be whole tiles: (M,K,N)=({mp},{kp},{np_}) tiles {tm, tk, tn}")
+    if mp % tm or kp % cfg.tk or np_ % cfg.tn:
+        raise ValueError(f"tgmm operands must be whole tiles: (M,K,N)=({mp},{kp},{np_}) tiles {cfg.tm, cfg.tk, cfg.tn}")
+    tk, tn = tgmm_tiles(cfg, kp, np_, lhs_t.dtype.itemsize, jnp.dtype(out_dtype).itemsize)
     grid = (kp // tk, np_ // tn, meta.num_items)
 
     def lhs_map(k, n, i, tile, group, fetch_tile, fetch_group, lo, hi):

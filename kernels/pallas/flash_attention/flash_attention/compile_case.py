@@ -1,0 +1,1 @@
+../../ragged_dot/ragged_dot/compile_case.py

@@ -1,0 +1,1 @@
+../../flash_attention/flash_attention/attention_shapes.py

@@ -1,0 +1,71 @@
+"""TPU compile cases: Tokamax's Mosaic attention as kernel-hub's compile gate lowers and compiles it with the
+real TPU compiler (libtpu, ahead of time, one mock TPU per generation).
+
+`compile_cases()` lists cases; each `build()` returns (function, abstract arguments as ShapeDtypeStructs):
+the Mosaic validation scenarios (prefill forward and backward, decode) in bf16 and f32, and four models' head
+geometries (attention_shapes.py, linked from kernel-hub/flash-attention-tpu) at prefill and decode. Tokamax
+has no attention sinks, so GPT-OSS runs without them. Never imports kernel_hub.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .attention_shapes import ATTENTION_MODELS, DECODE_BATCH, DECODE_CACHE, PREFILL_TOKENS
+from .compile_case import SHORT, Built, CompileCase, forward_or_grad, fwd_bwd, with_smoke
+from .validation import _LARGE, Scenario
+
+
+def builder(sc: Scenario, dtype: str) -> Callable[[bool], Callable[[], Built]]:
+    """make(grad): the forward, or d/dq, dk, dv through Tokamax's Mosaic backward."""
+
+    def make(grad: bool) -> Callable[[], Built]:
+        def build() -> Built:
+            import jax
+            import jax.numpy as jnp
+
+            from .api import decode_attention, flash_attention
+
+            sds = jax.ShapeDtypeStruct
+            kv = sds((sc.b, sc.hkv, sc.skv, sc.d), dtype)
+            kw = dict(sliding_window=sc.window, logits_soft_cap=sc.soft_cap, implementation="mosaic")
+            if sc.decode:
+                args = (sds((sc.b, sc.hq, sc.d), dtype), kv, kv, sds((sc.b,), jnp.int32))
+                return (lambda q, k, v, lens: decode_attention(q, k, v, lens, **kw)), args
+            args = (sds((sc.b, sc.hq, sc.sq, sc.d), dtype), kv, kv)
+            if sc.ragged:
+                lens = sds((sc.b,), jnp.int32)
+                fn = lambda q, k, v, ql, kl: flash_attention(q, k, v, causal=sc.causal, q_lengths=ql,
+                                                             kv_lengths=kl, **kw)
+                args = (*args, lens, lens)
+            else:
+                fn = lambda q, k, v: flash_attention(q, k, v, causal=sc.causal, **kw)
+            return forward_or_grad(fn, args, grad, (0, 1, 2))
+
+        return build
+
+    return make
+
+
+def _cases_for(sc: Scenario, dtype: str, tags: tuple[str, ...], backward: bool) -> list[CompileCase]:
+    kind = "decode" if sc.decode else "prefill"
+    return fwd_bwd(f"{kind}:{sc.name}:{SHORT[dtype]}", dtype, (*tags, kind, dtype), builder(sc, dtype),
+                   backward and not sc.decode)
+
+
+def compile_cases() -> list[CompileCase]:
+    """Every TPU compile case; a small prefill (forward + backward) is also tagged "smoke" (Tokamax refuses
+    the decode scenarios' masks on TPU: they stay in the full matrix as failed cases)."""
+    out: list[CompileCase] = []
+    for sc in _LARGE:
+        for dtype in SHORT:
+            out += _cases_for(sc, dtype, ("validation",), backward=True)
+    for geo in ATTENTION_MODELS:
+        prefill = Scenario(f"{geo.model}_prefill", b=1, hq=geo.hq, hkv=geo.hkv, sq=PREFILL_TOKENS,
+                           skv=PREFILL_TOKENS, d=geo.d, causal=True, window=geo.window)
+        decode = Scenario(f"{geo.model}_decode", b=DECODE_BATCH, hq=geo.hq, hkv=geo.hkv, sq=1, skv=DECODE_CACHE,
+                          d=geo.d, window=geo.window, decode=True)
+        for sc in (prefill, decode):
+            for dtype in SHORT:
+                out += _cases_for(sc, dtype, ("model", geo.model), dtype == "bfloat16")
+    return with_smoke(out, {"fwd:prefill:causal_gqa_d128:bf16", "bwd:prefill:causal_gqa_d128:bf16"})

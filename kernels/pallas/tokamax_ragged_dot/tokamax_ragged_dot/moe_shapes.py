@@ -1,0 +1,1 @@
+../../ragged_dot/ragged_dot/moe_shapes.py

@@ -1,0 +1,46 @@
+"""TPU compile cases: Tokamax's Mosaic ragged dot as kernel-hub's compile gate lowers and compiles it with the
+real TPU compiler (libtpu, ahead of time, one mock TPU per generation).
+
+`compile_cases()` lists CompileCases (compile_case.py, linked from kernel-hub/ragged-dot-tpu): the Mosaic
+validation cases (forward and backward) in bf16 and f32, and the MoE expert projections of four models
+(moe_shapes.py, linked likewise) at decode and prefill. Never imports kernel_hub.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .compile_case import SHORT, Built, CompileCase, abstract_ragged_dot, forward_or_grad, fwd_bwd, with_smoke
+from .moe_shapes import MOE_MODELS, PHASES
+
+
+def builder(m: int, k: int, n: int, g: int, dtype: str) -> Callable[[bool], Callable[[], Built]]:
+    def make(grad: bool) -> Callable[[], Built]:
+        def build() -> Built:
+            from .api import ragged_dot
+
+            fn = lambda lhs, rhs, gs: ragged_dot(lhs, rhs, gs, implementation="mosaic")
+            return forward_or_grad(fn, abstract_ragged_dot(m, k, n, g, dtype), grad, (0, 1))
+
+        return build
+
+    return make
+
+
+def compile_cases() -> list[CompileCase]:
+    """Every TPU compile case; the first forward and backward are also tagged "smoke"."""
+    from .validation import cases
+
+    out: list[CompileCase] = []
+    for c in cases("tpu"):
+        if c.implementation == "mosaic":
+            out += fwd_bwd(c.name, c.dtype, ("validation", c.dtype, *c.tags), builder(c.m, c.k, c.n, c.g, c.dtype),
+                           backward=True)
+    for geo in MOE_MODELS:
+        for phase, tokens in PHASES.items():
+            for proj, m, k, n, g in geo.projections(tokens):
+                for dtype, short in SHORT.items():
+                    tags = ("model", geo.model, phase, proj, dtype)
+                    out += fwd_bwd(f"{geo.model}:{phase}:{proj}:{short}", dtype, tags, builder(m, k, n, g, dtype),
+                                   phase == "prefill" and short == "bf16")
+    return with_smoke(out, {out[0].name, out[1].name})

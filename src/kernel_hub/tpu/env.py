@@ -1,0 +1,78 @@
+"""Where the TPU environment is: the Python that has libtpu, and the jax/libtpu versions it holds.
+
+libtpu stays out of the main environment (it prints TPU-init errors in any process that loads it), so the
+compile gate and the cost model run in a subprocess of that Python. Found, in order: $KERNEL_HUB_TPU_PYTHON,
+then the checkout's .venv-tpu (what `make setup-tpu` creates).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import KernelHubError
+
+ENV_VAR = "KERNEL_HUB_TPU_PYTHON"
+#: The checkout root when kernel_hub is installed editable from it (src/kernel_hub/tpu/env.py).
+CHECKOUT = Path(__file__).resolve().parents[3]
+SETUP_HINT = "run `make setup-tpu` in the kernel-hub checkout (creates .venv-tpu), or set KERNEL_HUB_TPU_PYTHON"
+
+
+class TpuEnvironmentError(KernelHubError):
+    """No usable TPU environment (a Python with jax and libtpu)."""
+
+
+@dataclass(frozen=True)
+class TpuEnv:
+    python: Path
+    jax_version: str
+    libtpu_version: str
+
+
+def find_tpu_python(environ: Mapping[str, str] | None = None, checkout: Path = CHECKOUT) -> Path:
+    """The TPU environment's Python, or TpuEnvironmentError saying how to create one."""
+    environ = os.environ if environ is None else environ
+    given = environ.get(ENV_VAR)
+    if given:
+        path = Path(given)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise TpuEnvironmentError(f"{ENV_VAR}={given} is not an executable Python; {SETUP_HINT}")
+        return path
+    local = checkout / ".venv-tpu" / "bin" / "python"
+    if local.is_file() and os.access(local, os.X_OK):
+        return local
+    raise TpuEnvironmentError(f"no TPU environment (a Python with jax and libtpu): {SETUP_HINT}")
+
+
+_PROBE = (
+    "import importlib.metadata as m, json\n"
+    "def v(n):\n"
+    "    try: return m.version(n)\n"
+    "    except m.PackageNotFoundError: return None\n"
+    "print(json.dumps({'jax': v('jax'), 'libtpu': v('libtpu') or v('libtpu-nightly')}))\n"
+)
+
+
+@functools.lru_cache(maxsize=8)
+def _probe(python: str) -> tuple[str | None, str | None]:
+    try:
+        done = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=60)
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as exc:
+        raise TpuEnvironmentError(f"{python} did not answer the version probe ({exc}); {SETUP_HINT}") from None
+    return found.get("jax"), found.get("libtpu")
+
+
+def tpu_env(environ: Mapping[str, str] | None = None, checkout: Path = CHECKOUT) -> TpuEnv:
+    """The TPU environment and its versions (read from package metadata: no jax import, ~50 ms)."""
+    python = find_tpu_python(environ, checkout)
+    jax_version, libtpu_version = _probe(str(python))
+    if not jax_version or not libtpu_version:
+        missing = " and ".join(n for n, v in (("jax", jax_version), ("libtpu", libtpu_version)) if not v)
+        raise TpuEnvironmentError(f"{python} has no {missing}; {SETUP_HINT}")
+    return TpuEnv(python, jax_version, libtpu_version)

@@ -1,0 +1,167 @@
+"""The compile worker: runs inside the TPU environment (jax + libtpu), never in the main process.
+
+    python -m kernel_hub.tpu.worker REQUEST.json EVENTS.jsonl
+
+Generic over kernels: it loads the kernel package from its folder, takes `<pkg>.tpu_cases.compile_cases()`,
+and for each generation and case builds (function, abstract args), lowers for a mock TPU device of that
+generation and compiles with libtpu (Mosaic compiles every Pallas kernel inside). Each finished case is one
+JSON line appended to EVENTS (a "start" line first), so a compiler crash costs only the case it hit: the
+runner sees which case started and did not finish.
+
+Request: {"mode": "compile", "package_dir": str, "entry": "__init__.py", "generations": [...],
+          "cases": [names] | null, "tags": [tags] | null}  or  {"mode": "model", ...} (see model_worker.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import json
+import re
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+_NOISE = ("Traceback", "The above exception", "---", "For simplicity", "jax._src", "File ", "During handling")
+
+
+def first_meaningful_line(text: str) -> str:
+    """The compiler's message without the wrapping: first line that says something, common prefixes off."""
+    lines = [raw.strip() for raw in text.splitlines()]
+    lines = [ln for ln in lines if ln and not ln.startswith(_NOISE)]
+    for i, line in enumerate(lines):
+        line = re.sub(r"^(jaxlib\.\S+|jax\.errors\.\S+|XlaRuntimeError|JaxRuntimeError)[:]\s*", "", line)
+        line = re.sub(r"^(INTERNAL|INVALID_ARGUMENT|UNIMPLEMENTED|RESOURCE_EXHAUSTED|UNKNOWN):\s*", "", line)
+        if line.endswith(":") and i + 1 < len(lines):  # "E1001: CompileTimeScopedVmemOom:" + the detail line
+            line = f"{line} {lines[i + 1]}"
+        return line[:300]
+    return text.strip()[:300]
+
+
+def load_package(package_dir: str, entry: str = "__init__.py") -> Any:
+    """Import a kernel package from its folder under a private name (relative imports resolve inside it)."""
+    folder = Path(package_dir)
+    name = "_kernel_hub_tpu_" + re.sub(r"\W", "_", folder.name)
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, folder / entry, submodule_search_locations=[str(folder)])
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {folder / entry}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def compile_cases_of(package: Any) -> list[Any]:
+    return list(importlib.import_module(f"{package.__name__}.tpu_cases").compile_cases())
+
+
+@contextlib.contextmanager
+def tpu_target(generation: str) -> Iterator[Any]:
+    """Make the mock TPU device of `generation` the place everything lowers for; yields the device.
+
+    Pallas' TPU lowering reads the default device's kind, and the kernels' dispatch asks
+    jax.default_backend(), which stays "cpu" when compiling for a mock TPU: both are pointed at the TPU
+    here. (Once every kernel lowers to Mosaic for interpret=False on any backend, the second is moot.)
+    """
+    import jax
+    from jax.experimental import topologies
+
+    from .chips import chip
+
+    device = topologies.get_topology_desc(platform="tpu", topology_name=chip(generation).topology).devices[0]
+    saved = jax.default_backend
+    jax.default_backend = lambda: "tpu"
+    try:
+        with jax.default_device(device):
+            yield device
+    finally:
+        jax.default_backend = saved
+
+
+def on_device(args: Any, device: Any) -> Any:
+    """Abstract arguments placed on `device` (ShapeDtypeStructs keep shape and dtype)."""
+    import jax
+    from jax.sharding import SingleDeviceSharding
+
+    sharding = SingleDeviceSharding(device)
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), args)
+
+
+def compile_one(case: Any, device: Any) -> dict[str, Any]:
+    """Lower and compile one case; the compiler's refusal is a failed result, never an exception."""
+    import jax
+
+    start = time.perf_counter()
+    try:
+        fn, args = case.build()
+        compiled = jax.jit(fn).lower(*on_device(args, device)).compile()
+    except Exception as exc:  # the compiler's message is the result
+        text = f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc)
+        return {"passed": False, "error": first_meaningful_line(text), "compile_seconds": time.perf_counter() - start}
+    seconds = time.perf_counter() - start
+    out: dict[str, Any] = {"passed": True, "error": None, "compile_seconds": seconds}
+    mem = compiled.memory_analysis()
+    if mem is not None:
+        out.update(argument_bytes=int(mem.argument_size_in_bytes), output_bytes=int(mem.output_size_in_bytes),
+                   temp_bytes=int(mem.temp_size_in_bytes))
+    return out
+
+
+def run_compile(request: dict[str, Any], emit: Any) -> None:
+    package = load_package(request["package_dir"], request.get("entry", "__init__.py"))
+    cases = compile_cases_of(package)
+    wanted, tags = request.get("cases"), request.get("tags")
+    if wanted is not None:
+        cases = [c for c in cases if c.name in set(wanted)]
+    if tags:
+        cases = [c for c in cases if set(tags) & set(c.tags)]
+    emit({"event": "cases", "names": [c.name for c in cases]})
+    for generation in request["generations"]:
+        with tpu_target(generation) as device:
+            for case in cases:
+                emit({"event": "start", "generation": generation, "name": case.name})
+                result = compile_one(case, device)
+                emit({"event": "result", "generation": generation, "name": case.name, "dtype": case.dtype,
+                      "tags": list(case.tags), **result})
+
+
+def versions() -> dict[str, str | None]:
+    import importlib.metadata as md
+
+    def version(name: str) -> str | None:
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            return None
+
+    return {"jax": version("jax"), "libtpu": version("libtpu")}
+
+
+def main(argv: list[str]) -> int:
+    request = json.loads(Path(argv[1]).read_text())
+    events_path = Path(argv[2])
+
+    def emit(record: dict[str, Any]) -> None:  # one line per event, flushed: a crash loses nothing written
+        with events_path.open("a") as events:
+            events.write(json.dumps(record) + "\n")
+
+    emit({"event": "hello", **versions()})
+    if request["mode"] == "compile":
+        run_compile(request, emit)
+    elif request["mode"] == "model":
+        from .model_worker import run_model
+
+        run_model(request, emit)
+    else:
+        raise SystemExit(f"unknown mode {request['mode']!r}")
+    emit({"event": "done"})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

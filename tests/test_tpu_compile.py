@@ -1,0 +1,139 @@
+"""The TPU compile gate: the real TPU compiler (libtpu in .venv-tpu, driven in a subprocess) on every kernel.
+
+Skips, with the reason, only where the TPU environment is missing (`make test` creates it).
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kernel_hub.tpu import gate
+from kernel_hub.tpu.env import TpuEnvironmentError, find_tpu_python, tpu_env
+from kernel_hub.tpu.runner import compile_in_worker
+
+ROOT = Path(__file__).resolve().parents[1]
+KERNELS = ("ragged_dot", "flash_attention", "tokamax_ragged_dot", "tokamax_attention")
+
+
+def _env_or_skip():
+    try:
+        return tpu_env()
+    except TpuEnvironmentError as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="module")
+def env():
+    return _env_or_skip()
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_smoke_cases_compile_for_v5e_and_v6e(env, kernel, tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNEL_HUB_CACHE", str(tmp_path))
+    report = gate.compile_matrix(ROOT / "kernels/pallas" / kernel, ["v5e", "v6e"], tags=["smoke"], env=env)
+    assert report.passed, str(report)
+    assert report.backend == "tpu" and report.libtpu_version == env.libtpu_version
+    assert {c.generation for c in report.cases} == {"v5e", "v6e"}
+    assert any("fwd" in c.tags for c in report.cases) and any("bwd" in c.tags for c in report.cases)
+    for case in report.cases:
+        assert case.kind == "compile" and not case.cached
+        assert case.compile_seconds > 0 and case.argument_bytes > 0 and case.output_bytes > 0
+    record = gate.compile_record(report)
+    assert record["passed"] and record["generations"] == ["v5e", "v6e"] and record["failed"] == []
+    assert json.loads(report.to_json())["cases"][0]["kind"] == "compile"
+
+
+def test_second_run_is_served_from_the_cache(env, tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNEL_HUB_CACHE", str(tmp_path))
+    first = gate.compile_matrix(ROOT / "kernels/pallas/ragged_dot", ["v5e"], tags=["smoke"], env=env)
+    assert first.passed and not any(c.cached for c in first.cases)
+
+    def no_compiler(*args, **kwargs):
+        raise AssertionError("compiled again although every case was cached")
+
+    monkeypatch.setattr(gate, "compile_in_worker", no_compiler)
+    second = gate.compile_matrix(ROOT / "kernels/pallas/ragged_dot", ["v5e"], tags=["smoke"], env=env)
+    assert [c.name for c in second.cases] == [c.name for c in first.cases]
+    assert all(c.cached and c.passed for c in second.cases)
+    assert "cached" in str(second)
+    # another libtpu is another key: that one is not served from this cache
+    other = type(env)(env.python, env.jax_version, env.libtpu_version + ".post1")
+    with pytest.raises(AssertionError, match="compiled again"):
+        gate.compile_matrix(ROOT / "kernels/pallas/ragged_dot", ["v5e"], tags=["smoke"], env=other)
+
+
+_BAD_PACKAGE = '''
+import dataclasses, os
+from typing import Any, Callable
+
+@dataclasses.dataclass(frozen=True)
+class CompileCase:
+    name: str
+    dtype: str
+    tags: tuple
+    build: Callable[[], Any]
+
+def _copy_kernel(shape, reshaped):
+    import jax
+    from jax.experimental import pallas as pl
+
+    def kernel(x_ref, o_ref):  # the work happens in the reshaped form, so the reshapes cannot fold away
+        o_ref[...] = x_ref[...] * 2 if reshaped is None else (x_ref[...].reshape(reshaped) * 2).reshape(shape)
+
+    def build():
+        fn = lambda x: pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(shape, x.dtype))(x)
+        return fn, (jax.ShapeDtypeStruct(shape, "float32"),)
+    return build
+
+def _crash():
+    os._exit(7)  # a compiler that takes the process down
+
+def compile_cases():
+    return [
+        CompileCase("good", "float32", ("t",), _copy_kernel((8, 128), None)),
+        CompileCase("crash", "float32", ("t",), _crash),
+        CompileCase("bad_reshape", "float32", ("t",), _copy_kernel((8, 100), (800,))),
+        CompileCase("good_after", "float32", ("t",), _copy_kernel((16, 128), None)),
+    ]
+'''
+
+
+def test_compiler_refusal_and_crash_are_failed_cases_not_errors(env, tmp_path):
+    pkg = tmp_path / "badkernel"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text('"""A kernel package with a case Mosaic rejects."""\n')
+    (pkg / "tpu_cases.py").write_text(textwrap.dedent(_BAD_PACKAGE))
+    records = {r["name"]: r for r in compile_in_worker(env, pkg, "__init__.py", ("v5e",))}
+    assert list(records) == ["good", "crash", "bad_reshape", "good_after"]
+    assert records["good"]["passed"] and records["good"]["argument_bytes"] == 8 * 128 * 4
+    assert records["good_after"]["passed"]
+    bad = records["bad_reshape"]
+    assert not bad["passed"]
+    assert bad["error"].startswith("Mosaic failed to compile TPU kernel")
+    assert "unsupported shape cast" in bad["error"] and "\n" not in bad["error"]
+    assert not records["crash"]["passed"] and "compiler process died (exit 7)" in records["crash"]["error"]
+
+
+def test_missing_environment_is_one_clear_error(tmp_path):
+    with pytest.raises(TpuEnvironmentError, match="make setup-tpu"):
+        find_tpu_python({}, checkout=tmp_path)
+    with pytest.raises(TpuEnvironmentError, match="KERNEL_HUB_TPU_PYTHON"):
+        find_tpu_python({"KERNEL_HUB_TPU_PYTHON": str(tmp_path / "nope")}, checkout=tmp_path)
+
+
+def test_cli_validate_tpu_flag(env, tmp_path, monkeypatch, capsys):
+    from kernel_hub.cli import main
+
+    monkeypatch.setenv("KERNEL_HUB_CACHE", str(tmp_path))
+    assert main(["validate", "--path", str(ROOT / "kernels/pallas/ragged_dot"), "--tag", "smoke",
+                 "--tpu", "v6e"]) == 0
+    out = capsys.readouterr().out
+    assert "TPU compile (jax" in out and "v6e" in out and "fwd:decode_e128_f32" in out and "PASSED" in out
+    with pytest.raises(SystemExit) as exit_info:
+        main(["validate", "--tpu", "v9x"])
+    assert exit_info.value.code == 2
+    assert "unknown TPU generation 'v9x'" in capsys.readouterr().err

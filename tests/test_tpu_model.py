@@ -1,0 +1,136 @@
+"""The TPU cost model (kernel_hub.tpu.schedule) against hand counts of small grids.
+
+The walker reads the kernels' own grids, index maps and bodies; the numbers below were counted by hand from
+the kernels' documented schedules (metadata.py's work items, pallas_decode.py's clamped cache blocks), not
+produced by the walker. These run in the main environment (jax only); the chip-table check needs .venv-tpu.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import kernel_hub as kh
+from kernel_hub.tpu.chips import CHIPS, STEP_OVERHEAD_S, chip, parse_generations
+from kernel_hub.tpu.env import TpuEnvironmentError, tpu_env
+from kernel_hub.tpu.schedule import kernel_cost
+
+ROOT = Path(__file__).resolve().parents[1]
+SDS = jax.ShapeDtypeStruct
+
+
+@pytest.fixture(scope="module")
+def rd():
+    return kh.get_local_kernel(ROOT / "kernels/pallas/ragged_dot")
+
+
+@pytest.fixture(scope="module")
+def fa():
+    return kh.get_local_kernel(ROOT / "kernels/pallas/flash_attention")
+
+
+# M=512 rows in 4 m-tiles of 128; groups 0..7 hold rows [0,100) [] [100,300) [300,312) [] [312,462) [462,512) [].
+# Work items (tile, group), by hand: (0,0) (0,1:empty) (0,2) (1,2) (2,2) (2,3) (2,4:empty) (2,5) (3,5) (3,6)
+# (3,7:empty) + 1 padding item = 12 = 4 tiles + 8 groups. Items without rows re-address the last block used.
+SIZES = np.array([100, 0, 200, 12, 0, 150, 50, 0], np.int32)
+ITEMS, ITEMS_WITH_ROWS = 12, 8
+LHS_TILES_VISITED = 4  # fetch_tile runs: 0 0 0 1 2 2 2 2 3 3 3 3
+GROUPS_VISITED = 5  # fetch_group runs: 0 0 2 2 2 3 3 5 5 6 6 6 (the empty groups' items keep the last one)
+PREFETCH_BYTES = 6 * ITEMS * 4  # six int32 metadata arrays of W items, once into SMEM
+
+
+def _rd_cost(rd, k, tiles):
+    call = lambda a, b, s: rd.ragged_dot(a, b, s, implementation="pallas", interpret=False,
+                                         config=rd.RaggedDotConfig(*tiles))
+    return kernel_cost(call, SDS((512, k), jnp.bfloat16), SDS((8, k, 384), jnp.bfloat16), SIZES)
+
+
+def test_ragged_dot_whole_k_reads_each_visited_block_once(rd):
+    cost = _rd_cost(rd, 256, (128, 256, 384))
+    (call,) = cost.calls
+    assert call.grid == (1, ITEMS, 1) and call.steps == ITEMS
+    assert call.fetches == {"args[6]": LHS_TILES_VISITED, "args[7]": GROUPS_VISITED, "outputs": 4}
+    assert call.read_bytes == LHS_TILES_VISITED * 128 * 256 * 2 + GROUPS_VISITED * 256 * 384 * 2 + PREFETCH_BYTES
+    assert call.write_bytes == 4 * 128 * 384 * 2  # each output tile written back once
+    assert call.flops == ITEMS_WITH_ROWS * 2 * 128 * 256 * 384  # the dot runs only where lo < hi
+    assert cost.outside_bytes == 0  # tiles divide the operands: no padding copies
+    v5e = chip("v5e")
+    expected = max(call.hbm_bytes / v5e.hbm_bytes_per_s, call.flops / v5e.bf16_flops_per_s) + 12 * STEP_OVERHEAD_S
+    assert cost.seconds(v5e) == pytest.approx(expected)
+
+
+def test_ragged_dot_split_k_refetches_every_step(rd):
+    cost = _rd_cost(rd, 256, (128, 128, 384))
+    (call,) = cost.calls
+    steps = ITEMS * 2  # k is the innermost grid axis: both blocks' indices change on every step
+    assert call.grid == (1, ITEMS, 2) and call.steps == steps
+    assert call.read_bytes == steps * 128 * 128 * 2 + steps * 128 * 384 * 2 + PREFETCH_BYTES
+    assert call.write_bytes == 4 * 128 * 384 * 2
+    assert call.flops == ITEMS_WITH_ROWS * 2 * (2 * 128 * 128 * 384)
+
+
+def test_padding_outside_the_kernel_is_counted(rd):
+    call = lambda a, b, s: rd.ragged_dot(a, b, s, implementation="pallas", interpret=False,
+                                         config=rd.RaggedDotConfig(128, 128, 128))
+    cost = kernel_cost(call, SDS((128, 200), jnp.bfloat16), SDS((2, 200, 128), jnp.bfloat16),
+                       np.array([60, 68], np.int32))
+    lhs_pad = 128 * 200 * 2 + 128 * 256 * 2  # read [128, 200], write [128, 256]
+    rhs_pad = 2 * 200 * 128 * 2 + 2 * 256 * 128 * 2
+    assert cost.outside_bytes == lhs_pad + rhs_pad
+    assert len(cost.outside_ops) == 2 and all(op.startswith("pad") for op in cost.outside_ops)
+
+
+def test_decode_attention_skips_blocks_past_each_sequence(fa):
+    # B=2 sequences of 300 and 0 keys in a 512-long cache, 128-key blocks: grid (2, 1, 4) = 8 steps.
+    # Sequence 0 visits blocks 0, 1, 2 (then block 2 stays resident); sequence 1 is empty: block 0 once.
+    call = lambda q, k, v, lens: fa.decode_attention(q, k, v, lens, implementation="pallas", interpret=False,
+                                                     config=fa.AttentionConfig(decode_block_kv=128))
+    kv = SDS((2, 1, 512, 128), jnp.float32)
+    cost = kernel_cost(call, SDS((2, 4, 128), jnp.float32), kv, kv, np.array([300, 0], np.int32))
+    (c,) = cost.calls
+    assert c.grid == (2, 1, 4) and c.steps == 8
+    block = 128 * 128 * 4
+    q_block = 4 * 128 * 4
+    assert c.read_bytes == 2 * 4 * block + 2 * q_block + q_block + 2 * 4  # k, v; q per sequence; sinks; lengths
+    assert c.write_bytes == 2 * q_block
+    assert c.flops == 3 * 2 * (2 * 4 * 128 * 128)  # 3 working steps, q.k and p.v each
+    assert c.mxu_flops == 6 * c.flops  # f32 on the MXU: 6 bf16 passes
+
+
+def test_generations_parse_and_refuse():
+    assert parse_generations("v6e, v5e,v6e") == ("v6e", "v5e")
+    with pytest.raises(ValueError, match="known: v4, v5e, v5p, v6e, v7x"):
+        parse_generations("v5x")
+
+
+_TPU_INFO = """
+import json
+from jax.experimental import topologies
+from jax._src.pallas.mosaic import tpu_info as t
+out = {}
+for gen, topo in %s:
+    dev = topologies.get_topology_desc(platform="tpu", topology_name=topo).devices[0]
+    info = t.get_tpu_info_for_chip(t.chip_version_from_device_kind(dev.device_kind), 1)
+    out[gen] = [dev.device_kind, info.mem_bw_bytes_per_second, info.bf16_ops_per_second]
+print(json.dumps(out))
+"""
+
+
+def test_chip_table_matches_jax_and_the_mock_devices():
+    try:
+        env = tpu_env()
+    except TpuEnvironmentError as exc:
+        pytest.skip(str(exc))
+    pairs = [(c.generation, c.topology) for c in CHIPS.values() if c.generation in ("v5e", "v6e")]
+    done = subprocess.run([str(env.python), "-c", _TPU_INFO % pairs], capture_output=True, text=True, timeout=120)
+    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    for gen, (kind, bandwidth, flops) in facts.items():
+        assert kind == chip(gen).device_kind
+        assert bandwidth == pytest.approx(chip(gen).hbm_bytes_per_s, rel=0.01)
+        assert flops == pytest.approx(chip(gen).bf16_flops_per_s, rel=0.01)
