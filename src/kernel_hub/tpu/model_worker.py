@@ -134,14 +134,14 @@ def run_model(request: dict[str, Any], emit: Any) -> None:
     gens = list(request["generations"])
     dtype = request.get("dtype", "bfloat16")
     rd = load_package(request["ragged_dot_dir"])
-    moe_shapes = importlib.import_module(f"{rd.__name__}.moe_shapes")
+    moe_shapes = importlib.import_module(f"{rd.__name__}._vendor.moe_shapes")
     moe = {g.model: g for g in moe_shapes.MOE_MODELS}
     for name in request["moe_models"]:
         for phase, tokens in moe_shapes.PHASES.items():
             for row in moe_rows(rd, moe[name], phase, tokens, gens, dtype):
                 emit({"event": "row", **row})
     fa = load_package(request["flash_attention_dir"])
-    shapes = importlib.import_module(f"{fa.__name__}.attention_shapes")
+    shapes = importlib.import_module(f"{fa.__name__}._vendor.attention_shapes")
     geo = {g.model: g for g in shapes.ATTENTION_MODELS}[request["attention_model"]]
     for phase in ("prefill", "decode"):
         for row in attention_rows(fa, geo, phase, gens, dtype, tokens=shapes.PREFILL_TOKENS,

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .compile_case import SHORT, Built, CompileCase, abstract_ragged_dot, forward_or_grad, fwd_bwd, with_smoke
-from .moe_shapes import MOE_MODELS, PHASES
+from ._vendor.compile_case import SHORT, Built, CompileCase, abstract_ragged_dot, forward_or_grad, fwd_bwd, with_smoke
+from ._vendor.moe_shapes import MOE_MODELS, PHASES
 
-Tiles = tuple[int, int, int] | None
+Tiles = dict[str, int] | None
 
 
 def mosaic_ragged_dot(lhs: Any, rhs: Any, group_sizes: Any, config: Any = None) -> Any:
@@ -32,7 +32,7 @@ def builder(m: int, k: int, n: int, g: int, dtype: str, tiles: Tiles = None) -> 
         def build() -> Built:
             from .config import RaggedDotConfig
 
-            cfg = None if tiles is None else RaggedDotConfig(*tiles)
+            cfg = None if not tiles else RaggedDotConfig(**tiles)
             fn = lambda lhs, rhs, gs: mosaic_ragged_dot(lhs, rhs, gs, cfg)
             return forward_or_grad(fn, abstract_ragged_dot(m, k, n, g, dtype), grad, (0, 1))
 
@@ -50,7 +50,7 @@ def compile_cases() -> list[CompileCase]:
         if c.implementation == "pallas":
             backward = c.tags[0] in ("decode", "prefill") or c.name.startswith("ragged_m")
             out += fwd_bwd(c.name, c.dtype, ("validation", c.dtype, *c.tags),
-                           builder(c.m, c.k, c.n, c.g, c.dtype, c.tiles), backward)
+                           builder(c.m, c.k, c.n, c.g, c.dtype, dict(c.config) if c.config else None), backward)
     for geo in MOE_MODELS:
         for phase, tokens in PHASES.items():
             for proj, m, k, n, g in geo.projections(tokens):

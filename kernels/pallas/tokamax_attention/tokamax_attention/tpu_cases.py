@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .attention_shapes import ATTENTION_MODELS, DECODE_BATCH, DECODE_CACHE, PREFILL_TOKENS
-from .compile_case import SHORT, Built, CompileCase, forward_or_grad, fwd_bwd, with_smoke
+from ._vendor.attention_shapes import ATTENTION_MODELS, DECODE_BATCH, DECODE_CACHE, PREFILL_TOKENS
+from ._vendor.compile_case import SHORT, Built, CompileCase, forward_or_grad, fwd_bwd, with_smoke
 from .validation import _LARGE, Scenario
 
 

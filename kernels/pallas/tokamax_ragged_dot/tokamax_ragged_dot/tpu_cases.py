@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .compile_case import SHORT, Built, CompileCase, abstract_ragged_dot, forward_or_grad, fwd_bwd, with_smoke
-from .moe_shapes import MOE_MODELS, PHASES
+from ._vendor.compile_case import SHORT, Built, CompileCase, abstract_ragged_dot, forward_or_grad, fwd_bwd, with_smoke
+from ._vendor.moe_shapes import MOE_MODELS, PHASES
 
 
 def builder(m: int, k: int, n: int, g: int, dtype: str) -> Callable[[bool], Callable[[], Built]]:

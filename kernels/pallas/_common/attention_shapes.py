@@ -1,5 +1,5 @@
 """Attention head geometries of real models: the shapes the TPU compile cases and kernel-hub's TPU cost model
-use. Shared by the attention kernels (other kernel packages link this file). Never imports kernel_hub.
+use. Vendored into the attention kernels (kernel.yaml `vendor:`). Never imports kernel_hub.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The TPU compile case type every kernel's tpu_cases.py lists (kernel-hub's compile gate reads name, dtype,
-tags and calls build()). Shared by the kernel packages (the others link this file). Never imports kernel_hub.
+tags and calls build()). Vendored into each kernel package (kernel.yaml `vendor:`). Never imports kernel_hub.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """MoE expert geometries of real models: the shapes the TPU compile cases and kernel-hub's TPU cost model use.
 
-Shared by the ragged-dot kernels (other kernel packages link this file). Never imports kernel_hub.
+Vendored into the ragged-dot kernels (kernel.yaml `vendor:`). Never imports kernel_hub.
 """
 
 from __future__ import annotations

@@ -1,1 +1,0 @@
-../../flash_attention/flash_attention/attention_shapes.py

@@ -1,1 +1,0 @@
-../../ragged_dot/ragged_dot/moe_shapes.py
