@@ -40,6 +40,7 @@ TPU_ENV_CHECKS = (
     "test_registered_functions_compile_for_v5e_and_v6e",
     "test_ragged_dot_runs_through_the_registered_op_and_its_autograd",
     "test_moe_experts_composes_two_ragged_dots_through_the_registered_op",
+    "test_an_expert_parallel_op_registers_with_its_mesh_and_partition_specs",
     "test_cpu_tensors_run_the_cpu_path_and_say_so",
     "test_torch_cpu_build_never_imports_torch_tpu_although_it_is_installed",
     "test_kernelize_for_tpu_picks_the_torch_tpu_build_and_says_it_is_not_validated",

@@ -412,6 +412,48 @@ def test_moe_experts_composes_two_ragged_dots_through_the_registered_op(rd, ops_
                     "last_implementation": name}
 
 
+# ---- an expert-parallel op: a mesh and partition specs ------------------------------------------------------------
+
+def test_an_expert_parallel_op_registers_with_its_mesh_and_partition_specs(rd):
+    """The shape moe_experts(..., mesh, expert_axis) will take on TPU: one more OpSpec, with a mesh over which the
+    expert weights are split. A stand-in JAX function (each device's experts, summed over the axis), not MoE math."""
+    from jax.experimental import topologies
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    ops = importlib.import_module(f"{rd.__name__}._vendor.torch_tpu_ops")
+    bridge = importlib.import_module(f"{rd.__name__}.torch_bridge")
+    mesh = Mesh(topologies.get_topology_desc(platform="tpu", topology_name="v6e:2x2").devices, ("ep",))
+
+    def experts_sum(x: jax.Array, w: jax.Array, *, scale: float) -> jax.Array:
+        local = lambda x, w: jax.lax.psum(jax.numpy.einsum("tk,ekn->tn", x, w), "ep") * scale
+        return jax.shard_map(local, mesh=mesh, in_specs=(P(), P("ep")), out_specs=P(), check_vma=False)(x, w)
+
+    spec = ops.OpSpec("experts_sum_ep4", experts_sum, differentiable=(0, 1), mesh=mesh,
+                      input_partition_specs=(P(), P("ep")), output_partition_specs=P())
+    op = bridge.TPU_OPS.add(spec)
+    assert bridge.TPU_OPS.add(spec) is op  # the same description again: the same op
+    with pytest.raises(ValueError, match="described differently"):
+        bridge.TPU_OPS.add(ops.OpSpec("experts_sum_ep4", experts_sum, differentiable=(0,), mesh=mesh))
+    assert str(op._opoverload._schema).endswith("experts_sum_ep4(Tensor x, Tensor w, *, float scale) -> Tensor")
+    # torch tensors are per-device shards: w holds 2 of the 8 experts on each of the 4 devices
+    x, w = meta(16, 32, grad=True), meta(2, 32, 8, grad=True)
+    out = op(x, w, scale=0.5)
+    assert tuple(out.shape) == (16, 8)
+    d_x, d_w = torch.autograd.grad(out.sum(), (x, w))
+    assert d_x.shape == x.shape and d_w.shape == w.shape  # the backward op's specs: the inputs' own
+    jc = _callable(op)
+    args, kwargs = jc._normalize_invocation_args((x.detach(), w.detach()), dict(scale=0.5))
+    placeholders, statics = jc._get_jax_placeholders(args, kwargs)
+    assert [p.shape for p in placeholders] == [(16, 32), (8, 32, 8)]  # global: the experts of all 4 devices
+    exported = jc.exported(*placeholders, **statics)
+    sharded = [jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=NamedSharding(mesh, s))
+               for p, s in zip(placeholders, spec.input_partition_specs, strict=True)]
+    with tpu_target("v6e"):
+        jax.jit(exported.call).lower(*sharded).compile()
+    FACTS["ops"]["expert_parallel"] = str(op._opoverload._schema)
+
+
 # ---- tensors that are not on a TPU -----------------------------------------------------------------------------------
 
 def test_cpu_tensors_run_the_cpu_path_and_say_so(rd, fa):

@@ -112,10 +112,11 @@ def _jax_targets_tpu() -> bool:
     return getattr(default, "platform", None) == "tpu" or (isinstance(default, str) and default.startswith("tpu"))
 
 
-def traced_for_tpu(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """fn traced for the TPU torch_tpu drives: under an abstract one-device TPU mesh of that chip when jax itself
-    targets no TPU (Mosaic's lowering reads the chip generation from the abstract mesh or the default device, and
-    in a torch_tpu process jax's own devices are not the TPU). Signature kept (jax_op reads the schema off it)."""
+def traced_for_tpu(fn: Callable[..., Any], mesh: Any = None) -> Callable[..., Any]:
+    """fn traced for the TPU torch_tpu drives: where jax itself targets no TPU (in a torch_tpu process jax's own
+    devices are not the TPU), under the abstract mesh of `mesh` (an expert-parallel op's), else of one device of
+    the chip torch_tpu names: Mosaic's lowering reads the chip generation from the abstract mesh or the default
+    device. Signature kept (jax_op reads the schema off it)."""
 
     @functools.wraps(fn)
     def on_tpu_target(*args: Any, **kwargs: Any) -> Any:
@@ -124,9 +125,10 @@ def traced_for_tpu(fn: Callable[..., Any]) -> Callable[..., Any]:
         import jax
         from jax.sharding import AbstractDevice, AbstractMesh, AxisType
 
-        mesh = AbstractMesh((1,), ("kernel_hub_tpu",), axis_types=(AxisType.Auto,),
-                            abstract_device=AbstractDevice(device_kind(), 1, "tpu"))
-        with jax.sharding.use_abstract_mesh(mesh):
+        target = mesh.abstract_mesh if mesh is not None else AbstractMesh(
+            (1,), ("kernel_hub_tpu",), axis_types=(AxisType.Auto,),
+            abstract_device=AbstractDevice(device_kind(), 1, "tpu"))
+        with jax.sharding.use_abstract_mesh(target):
             return fn(*args, **kwargs)
 
     return on_tpu_target
@@ -253,11 +255,11 @@ class TpuOps:
         if found is not None:
             return found
         register = jax_op()
-        op = register(name, traced_for_tpu(spec.forward), mesh=spec.mesh,
+        op = register(name, traced_for_tpu(spec.forward, spec.mesh), mesh=spec.mesh,
                       input_partition_specs=spec.input_partition_specs,
                       output_partition_specs=spec.output_partition_specs)
         if spec.differentiable:
-            backward = traced_for_tpu(vjp_function(spec.forward, spec.differentiable))
+            backward = traced_for_tpu(vjp_function(spec.forward, spec.differentiable), spec.mesh)
             ins, outs = spec.backward_specs(outputs=len(op._opoverload._schema.returns))
             backward_op = register(f"{name}_backward", backward, mesh=spec.mesh, input_partition_specs=ins,
                                    output_partition_specs=outs)
