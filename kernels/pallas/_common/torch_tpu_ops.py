@@ -7,6 +7,10 @@ kernel is the function exported for TPU. Each op gets its gradient from a second
 torch_jax.vjp_function (jax.vjp of the forward: the kernel's custom_vjp supplies the Pallas backward kernels),
 wired in with `register_autograd`.
 
+The functions are traced for the chip torch_tpu drives (`traced_for_tpu`): in a torch_tpu process jax's own devices
+are not the TPU, and Mosaic's lowering reads the chip generation from the abstract mesh. An expert-parallel entry is
+one more `OpSpec` with jax_op's mesh and partition specs (`TpuOps.add`): its backward op gets the matching specs.
+
 Names are version-qualified, `kernel_hub_<kernel>_v<X>_<Y>_<Z>::<entry>`, so two versions loaded in one process get
 two ops, and a second import of the same version (another module copy of the same build) finds the op already
 registered and reuses it: the first import's JAX function serves both, which is the same code.
@@ -33,7 +37,7 @@ from .torch_jax import vjp_function
 
 #: torch's device type for TorchTPU tensors.
 TPU = "tpu"
-#: Where to get the op registry: `torch.tpu.pallas.jax_op` once torch_tpu is imported (torch-tpu >= 0.2).
+#: What to do where torch_tpu (or its `torch.tpu.pallas.jax_op`) is missing.
 INSTALL_HINT = "install torch-tpu (pip install 'torch-tpu>=0.2,<0.3') on the TPU host"
 
 
@@ -244,10 +248,6 @@ class TpuOps:
     def register(self) -> dict[str, Any]:
         """Every entry's op ({entry: CustomOpDef}), registering those this process has not seen."""
         return {entry: self.get(entry) for entry in self.specs()}
-
-    def registered(self) -> dict[str, str]:
-        """{entry: op name} of the ops this object holds (for reports)."""
-        return {entry: self.name(entry) for entry in self._ops}
 
     def _register(self, spec: OpSpec) -> Any:
         name = self.name(spec.entry)
