@@ -13,8 +13,8 @@ _META = ROOT / "kernels/pallas/ragged_dot/kernel.yaml"
 RAGGED = parse_metadata(read_yaml(_META), str(_META)).variants
 
 
-def facts(backend, gen=None, jax="0.10.2", torch="2.13.0"):
-    return SystemFacts(backend=backend, tpu_generation=gen, jax_version=jax, torch_version=torch)
+def facts(backend, gen=None, jax="0.10.2", torch="2.13.0", packages=()):
+    return SystemFacts(backend=backend, tpu_generation=gen, jax_version=jax, torch_version=torch, packages=packages)
 
 
 @pytest.mark.parametrize(
@@ -22,7 +22,7 @@ def facts(backend, gen=None, jax="0.10.2", torch="2.13.0"):
     [
         (facts("tpu", "v5e"), "jax", "jax-tpu"),
         (facts("tpu", "v6e"), "jax", "jax-tpu"),
-        (facts("tpu", "v5p"), "torch", "torch-tpu"),
+        (facts("tpu", "v5p", packages=(("torch-tpu", "0.2.0"),)), "torch", "torch-tpu"),  # TorchTPU installed
         (facts("cuda"), "jax", "jax-cuda"),
         (facts("cuda"), "torch", "torch-cuda"),
         (facts("cpu"), "jax", "jax-cpu"),

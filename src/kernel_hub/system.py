@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 
 BACKENDS = ("tpu", "cuda", "rocm", "cpu")
-EXTRA_PACKAGES = ("tokamax", "triton", "transformers")  # versions a variant's `requires` may name
+EXTRA_PACKAGES = ("tokamax", "triton", "transformers", "torch-tpu")  # versions a variant's `requires` may name
 
 
 @dataclass(frozen=True)

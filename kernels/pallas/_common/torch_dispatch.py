@@ -1,5 +1,6 @@
-"""The `implementation=` contract for torch-facing entries: "torch" (native) or "jax" (the package's JAX entry
-through torch_jax), tried in order per device type; "jax" cannot run where jax is not installed."""
+"""The `implementation=` contract for torch-facing entries: "torch" (native) or "jax" (the package's JAX entry:
+through torch_jax's DLPack hand-over on CPU/CUDA, as a TorchTPU op on TPU tensors), tried in order per device type;
+"jax" cannot run where jax is not installed."""
 
 from __future__ import annotations
 
@@ -43,10 +44,15 @@ def _jax_installed() -> bool:
 class TorchDispatch:
     """Dispatch keyed by device instead of platform name; the functions a torch entry exports."""
 
-    def __init__(self, op: str, native: Callable[[], str]) -> None:
-        """`native()` describes the torch-native implementation for reports."""
+    def __init__(self, op: str, native: Callable[[], str], tpu_op: str | None = None) -> None:
+        """`native()` describes the torch-native implementation for reports; `tpu_op` names the torch op the "jax"
+        implementation calls on TPU tensors (torch_tpu_ops.py)."""
         self.op = op
         self._native = native
+        self.tpu_op = tpu_op
+        #: Set by a build that wants to say something about the device it was called on (the torch-tpu build on
+        #: tensors that are not on a TPU): (entry, device type) -> a note for the trace (and a warning), or None.
+        self.on_device: Callable[[str, str], str | None] | None = None
         self._dispatch = Dispatch(op, IMPLEMENTATIONS, ORDER, FALLBACK, why_not=_why_not)
 
     def exports(self) -> tuple[Callable[..., Any], ...]:
@@ -57,7 +63,9 @@ class TorchDispatch:
         """Human-readable name of what runs on `device` by default (for reports)."""
         if self.resolve_implementation(device)[0] == "torch":
             return self._native()
-        return f"jax {self.op} via " + ("torch_tpu jax_op" if device_type(device) == "tpu" else "DLPack")
+        if device_type(device) == "tpu":
+            return f"jax {self.op} (Pallas) as torch op {self.tpu_op or '?'} via torch_tpu jax_op"
+        return f"jax {self.op} via DLPack"
 
     def implementations_for(self, device: torch.device | str) -> tuple[str, ...]:
         """Implementations tried, in order, for tensors on `device` when none is named."""
@@ -73,5 +81,10 @@ class TorchDispatch:
         """(name, reason) of the most recent call in this process."""
         return self._dispatch.last_implementation()
 
-    def run(self, device: torch.device, implementation: str | Sequence[str] | None, call: Callable[[str], T]) -> T:
-        return self._dispatch.run(device_type(device), implementation, None, call)
+    def run(self, device: torch.device, implementation: str | Sequence[str] | None, call: Callable[[str], T], *,
+            entry: str | None = None) -> T:
+        """call(name) for the first implementation that runs on `device`; `entry` names the function for notes
+        when one dispatch serves several (default: the op)."""
+        kind = device_type(device)
+        note = self.on_device(entry or self.op, kind) if self.on_device is not None else None
+        return self._dispatch.run(kind, implementation, None, call, note=note)

@@ -46,18 +46,32 @@ class _State:
     attention: AttentionState = field(default_factory=AttentionState)
 
 
-def _backend_of(model: Any, device: Any) -> tuple[str, torch.device]:
+def _backend_of(model: Any, device: Any) -> tuple[str, torch.device | str]:
     if device is None:
         param = next(iter(model.parameters()), None)
         dev = param.device if param is not None else torch.device("cpu")
     else:
-        dev = torch.device(device)
+        try:
+            dev = torch.device(device)
+        except RuntimeError:  # "tpu" where torch_tpu has no TPU to register the device type for
+            if str(device).split(":")[0].lower() != "tpu":
+                raise KernelHubError(f"device {device!r} is not a device torch knows here") from None
+            return "tpu", "tpu"
     kind = dev.type
     if kind == "cuda":
         return ("rocm" if getattr(torch.version, "hip", None) else "cuda"), dev
     if kind in ("cpu", "meta"):
         return "cpu", dev
     return "tpu", dev
+
+
+def not_validated_reason(backend: str, tensors_on: str) -> str | None:
+    """Why a layer's numbers cannot be checked here (None: they can): kernelizing for a TPU validates the kernel's
+    TPU path, and that runs only on tensors already on a TPU (elsewhere the build runs its path for their device)."""
+    if backend == "tpu" and tensors_on != "tpu":
+        return (f"not validated: needs a TPU (the layers' weights are on {tensors_on}, and the torch-tpu build runs "
+                "its Pallas kernels only on TPU tensors; move the model to the TPU and kernelize there to check them)")
+    return None
 
 
 def _kernel_spec(mapping: dict[str, Any] | None, backend: str) -> dict[str, Any]:
@@ -227,7 +241,10 @@ def _load_or_reason(spec: Any, kind: str, backend: str) -> tuple[Any, str, str]:
     try:
         kernel, repo_id = _load(spec, backend)
     except Exception as exc:  # a kernel that fails to load leaves the model as it is
-        return None, "", f"{spec} did not load: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        lines = str(exc).splitlines() or [""]
+        # a variant trace: its first line, and the line of the build kernelize wanted (torch-<backend>)
+        wanted = [ln.strip() for ln in lines[1:] if ln.split()[1:2] == [f"torch-{backend}"]]
+        return None, "", f"{spec} did not load: {type(exc).__name__}: {' '.join(lines[:1] + wanted[:1])}"
     if not hasattr(kernel, KIND_EXPORTS[kind]):
         return None, "", f"{repo_id} does not export {KIND_EXPORTS[kind]} for {kind}"
     return kernel, repo_id, ""
@@ -242,13 +259,18 @@ def _kernelize_experts(model, spec, backend, dev, mode, validate, state: _State,
     if kernel is None:
         report.kept += [Kept(s.path, LAYER_KIND, s.reason if not s.supported else reason) for s in sites]
         return
-    _apply(model, sites, kernel, repo_id, dev, mode, validate, state, report)
+    _apply(model, sites, kernel, repo_id, backend, dev, mode, validate, state, report)
 
 
 def _kernelize_attention(model, spec, backend, dev, mode, validate, state: _State, report: KernelizeReport) -> None:
     ok, _ = can_switch(model)
     if not ok:
         return  # not a transformers attention model (e.g. a bare expert block): nothing to say
+    unchecked = not_validated_reason(backend, _device_of(model))
+    if unchecked is not None and spec is not None:
+        # attention layers are found (and checked) by running the model, which needs it on the TPU
+        report.notes.append(f"attention unchanged: {unchecked.removeprefix('not validated: ')}")
+        return
     kernel, repo_id, reason = _load_or_reason(spec, at.LAYER_KIND, backend)
     if kernel is None:
         report.notes.append(f"attention unchanged: {reason}")
@@ -260,7 +282,13 @@ def _kernelize_attention(model, spec, backend, dev, mode, validate, state: _Stat
         report.notes.append("attention validated on the forward pass (its backward is the kernel's autograd)")
 
 
-def _apply(model, sites, kernel, repo_id, dev, mode, validate, state: _State, report: KernelizeReport) -> None:
+def _device_of(module: Any) -> str:
+    param = next(iter(module.parameters()), None)
+    return param.device.type if param is not None else "cpu"
+
+
+def _apply(model, sites, kernel, repo_id, backend, dev, mode, validate, state: _State,
+           report: KernelizeReport) -> None:
     info = getattr(kernel, "__kernel_hub__", None)
     version = getattr(info, "version", None) or getattr(kernel, "__version__", None)
     commit = getattr(info, "commit", None) or str(getattr(info, "path", "") or "") or None
@@ -278,7 +306,8 @@ def _apply(model, sites, kernel, repo_id, dev, mode, validate, state: _State, re
         else:
             call = ex.make_call(kernel, site.layout)
             err, tol = None, TOLERANCE.get(getattr(torch, site.layout.dtype), 1e-4)
-            if validate:
+            unchecked = not_validated_reason(backend, _device_of(module)) if validate else None
+            if validate and unchecked is None:
                 try:
                     err = validate_layer(module, site.layout, call, _reference_for(module, site), mode=mode,
                                          top_k=top_k_of(getattr(module, "config", config), site.layout.num_experts),
@@ -296,12 +325,15 @@ def _apply(model, sites, kernel, repo_id, dev, mode, validate, state: _State, re
                 report.replaced.append(Replaced(
                     layer=site.path, kind=LAYER_KIND, repo_id=repo_id, version=version, commit=commit,
                     variant=variant, implementation=implementation, route=site.route, layout=site.layout.describe(),
-                    max_error=err, tolerance=tol if validate else None))
+                    max_error=err, tolerance=tol if validate and unchecked is None else None,
+                    not_validated=unchecked))
         if interface or call is not None:
             hooks.append((module, site, ex.ExpertsHook(call=call, previous=previous,
                                                         route="interface" if interface else "forward")))
     if not any(h.call is not None for _, _, h in hooks):
         return  # nothing to swap: leave the model exactly as it was
+    for reason in dict.fromkeys(r.not_validated for r in report.replaced if r.not_validated):
+        report.notes.append(f"{LAYER_KIND} {reason}")
 
     ex.register_implementation()
     seen: set[int] = set()

@@ -20,6 +20,9 @@ class Replaced:
     layout: str
     max_error: float | None  # validation error vs the previous implementation (None: not validated)
     tolerance: float | None = None
+    # Why the numbers were not checked although validation was asked for, e.g. "not validated: needs a TPU (...)";
+    # None when they were checked (max_error) or validate=False.
+    not_validated: str | None = None
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,9 @@ class KernelizeReport:
         return json.dumps(self.to_dict(), indent=2)
 
     def summary(self) -> str:
-        return f"{len(self.replaced)} layer(s) kernelized, {len(self.kept)} kept"
+        unchecked = sum(r.not_validated is not None for r in self.replaced)
+        note = f" ({unchecked} not validated: {_short(self.replaced)})" if unchecked else ""
+        return f"{len(self.replaced)} layer(s) kernelized{note}, {len(self.kept)} kept"
 
     def __str__(self) -> str:
         lines = [f"kernelize {self.model} (mode={self.mode}, backend={self.backend}): {self.summary()}"]
@@ -59,6 +64,8 @@ class KernelizeReport:
             rows = [("layer", "kernel", "variant", "implementation", "route", "max error")]
             for r in self.replaced:
                 err = "not validated" if r.max_error is None else f"{r.max_error:.2e}"
+                if r.not_validated is not None:
+                    err = f"not validated: {_short([r])}"
                 if r.max_error is not None and r.tolerance is not None:
                     err += f" (tol {r.tolerance:.0e})"
                 rows.append((r.layer, f"{r.repo_id}@{r.version or (r.commit or '?')[:12]}",
@@ -69,6 +76,12 @@ class KernelizeReport:
             lines += _table([("layer", "reason")] + [(k.layer, k.reason) for k in self.kept])
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+def _short(rows: list[Replaced]) -> str:
+    """The common head of the rows' not-validated reasons ("needs a TPU"), for the summary and the table."""
+    reasons = {r.not_validated.removeprefix("not validated: ").split(" (")[0] for r in rows if r.not_validated}
+    return "; ".join(sorted(reasons))
 
 
 def _table(rows: list[tuple[str, ...]]) -> list[str]:

@@ -2,10 +2,14 @@
 
 `flash_attention(q[B,Hq,Sq,D], k[B,Hkv,Skv,D], v, ...)` has the JAX entry's contract on torch tensors:
 bottom-right causal alignment, sliding window, logits soft-cap, sinks in the softmax denominator,
-per-sequence q/kv lengths, rows with nothing to attend = 0. The kernel contract's `implementation=`
-(docs/kernel-contract.md): on CPU torch-native first (torch_cpu.py; jax is never imported, so the torch-cpu
-build runs where only torch is installed); elsewhere the JAX package function first (torch_bridge.py).
-Both differentiable.
+per-sequence q/kv lengths, rows with nothing to attend = 0. `decode_attention(q[B,Hq,D], k_cache, v_cache,
+kv_lengths, ...)` is the JAX decode entry: one new query per sequence, its own key last in the cache.
+The kernel contract's `implementation=` (docs/kernel-contract.md): on CPU torch-native first (torch_cpu.py;
+jax is never imported, so the torch-cpu build runs where only torch is installed); elsewhere the JAX package
+function first (torch_bridge.py): through DLPack on CUDA, as the TorchTPU ops
+`kernel_hub_flash_attention_v<version>::flash_attention` / `::decode_attention` on TPU tensors (the torch-tpu
+build's entry, torch_tpu_api.py, registers them). Prefill is differentiable on both; the JAX decode is forward
+only, so a decode call that needs gradients runs torch-native.
 """
 
 from __future__ import annotations
@@ -16,11 +20,14 @@ import torch
 
 from ._vendor.shapes import check_attention
 from ._vendor.torch_dispatch import IMPLEMENTATIONS, ORDER, TorchDispatch
+from ._vendor.torch_tpu_ops import op_namespace
+from .release import VERSION
 from .torch_cpu import attention_torch
 
 __all__ = [
     "IMPLEMENTATIONS",
     "ORDER",
+    "decode_attention",
     "describe",
     "flash_attention",
     "implementations_for",
@@ -28,7 +35,12 @@ __all__ = [
     "resolve_implementation",
 ]
 
-_DISPATCH = TorchDispatch("flash_attention", native=lambda: "torch-native masked attention (f32 softmax)")
+_NAMESPACE = op_namespace("flash_attention", VERSION)
+#: One dispatch for both entries, as on the JAX side: last_implementation() reports whichever ran last.
+_DISPATCH = TorchDispatch("flash_attention", native=lambda: "torch-native masked attention (f32 softmax)",
+                          tpu_op=f"{_NAMESPACE}::flash_attention")
+#: Every dispatch of this entry (the torch-tpu build's entry hooks its device notice into each).
+DISPATCHES = (_DISPATCH,)
 implementations_for, resolve_implementation, last_implementation, describe = _DISPATCH.exports()
 
 
@@ -63,4 +75,35 @@ def flash_attention(
         return attention_jax(q, k, v, sinks=sinks, q_lengths=q_lengths, kv_lengths=kv_lengths, causal=bool(causal),
                              sm_scale=scale, sliding_window=window, logits_soft_cap=cap)
 
-    return _DISPATCH.run(q.device, implementation, call)
+    return _DISPATCH.run(q.device, implementation, call, entry="flash_attention")
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    kv_lengths: torch.Tensor,
+    *,
+    sm_scale: float | None = None,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    implementation: str | Sequence[str] | None = None,
+) -> torch.Tensor:
+    """One new query per sequence, q[B,Hq,D], against caches [B,Hkv,S,D] holding kv_lengths[B] valid positions
+    (the query's own key included, last) -> [B,Hq,D] in q's dtype (see the JAX decode_attention)."""
+    window, scale, cap = check_attention(q.shape, k_cache.shape, v_cache.shape, sliding_window=sliding_window,
+                                         sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, decode=True)
+
+    def call(name: str) -> torch.Tensor:
+        if name == "torch":  # the one query sits at its sequence's last valid position: causal, bottom-right
+            ones = torch.ones(q.shape[0], dtype=torch.int32, device=q.device)
+            return attention_torch(q[:, :, None], k_cache, v_cache, causal=True, sm_scale=scale,
+                                   sliding_window=window, logits_soft_cap=cap, sinks=sinks, q_lengths=ones,
+                                   kv_lengths=kv_lengths)[:, :, 0]
+        from .torch_bridge import decode_jax
+
+        return decode_jax(q, k_cache, v_cache, kv_lengths, sinks=sinks, sm_scale=scale, sliding_window=window,
+                          logits_soft_cap=cap)
+
+    return _DISPATCH.run(q.device, implementation, call, entry="decode_attention")

@@ -7,8 +7,9 @@ grouped matmuls, gate, combine) with the weight layouts transformers uses.
 
 Where it runs (the kernel contract's `implementation=`, docs/kernel-contract.md): tensors on CPU take
 the torch-native path first (torch_cpu.py; jax is never imported, so the torch-cpu build runs where
-only torch is installed); on CUDA or TPU the JAX package's ragged_dot first (torch_bridge.py). Both are
-differentiable through torch autograd.
+only torch is installed); on CUDA or TPU the JAX package's ragged_dot first (torch_bridge.py): through
+DLPack on CUDA, as the TorchTPU op `kernel_hub_ragged_dot_v<version>::ragged_dot` on TPU tensors (the
+torch-tpu build's entry, torch_tpu_api.py, registers it). Both are differentiable through torch autograd.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import torch.nn.functional as F
 
 from ._vendor.shapes import check_ragged_dot_shapes
 from ._vendor.torch_dispatch import IMPLEMENTATIONS, ORDER, TorchDispatch
+from ._vendor.torch_tpu_ops import op_namespace
+from .release import VERSION
 from .torch_cpu import num_workers, ragged_dot_torch
 
 __all__ = [
@@ -41,7 +44,10 @@ _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": F.relu,
 }
 
-_DISPATCH = TorchDispatch("ragged_dot", native=lambda: f"torch-native grouped loop ({num_workers()} workers)")
+_DISPATCH = TorchDispatch("ragged_dot", native=lambda: f"torch-native grouped loop ({num_workers()} workers)",
+                          tpu_op=f"{op_namespace('ragged_dot', VERSION)}::ragged_dot")
+#: Every dispatch of this entry (the torch-tpu build's entry hooks its device notice into each).
+DISPATCHES = (_DISPATCH,)
 implementations_for, resolve_implementation, last_implementation, describe = _DISPATCH.exports()
 
 
@@ -71,7 +77,7 @@ def ragged_dot(
             return ragged_dot_torch(lhs, rhs, group_sizes)
         from .torch_bridge import ragged_dot_jax
 
-        return ragged_dot_jax(lhs, rhs, group_sizes)
+        return ragged_dot_jax(lhs, rhs, group_sizes, preferred_element_type=out_dtype)
 
     return _DISPATCH.run(lhs.device, implementation, call).to(out_dtype)
 

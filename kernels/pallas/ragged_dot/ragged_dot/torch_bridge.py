@@ -1,61 +1,55 @@
-"""torch <-> JAX for the ragged dot: hand torch tensors to the JAX kernel without copying them.
+"""torch <-> JAX for the ragged dot: the package's JAX ragged_dot on torch tensors, one annotated function for both.
 
-CPU and CUDA: DLPack, zero-copy for contiguous f32/bf16 (non-contiguous inputs are made contiguous
-first, the only copy). TPU: torch_tpu's `jax_op`, imported only when the tensors live on a TPU,
-because importing torch_tpu on a machine without one aborts the process. jax is imported lazily so
-this file can ship in the torch-cpu build, where jax may be absent.
+CPU and CUDA: DLPack (torch_jax.call_jax), zero-copy for contiguous f32/bf16. TPU tensors: the torch op
+`kernel_hub_ragged_dot_v<version>::ragged_dot` that torch_tpu's jax_op registers from the same function with the
+TPU order ("pallas", then "xla") and interpret=False (Mosaic), once per process (torch_tpu_ops.TpuOps). Gradients
+in lhs and rhs come from jax.vjp of it on both paths: the kernel's custom_vjp supplies the Pallas backward kernels.
+Imported only when the "jax" implementation runs (it imports jax): the torch-cpu build never imports it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import jax
+import numpy as np
 import torch
 
-from ._vendor.torch_jax import jax_entry, run_jax
+from ._vendor.torch_jax import call_jax, jax_dtype, jax_entry
+from ._vendor.torch_tpu_ops import OpSpec, TpuOps, on_tpu
+from .release import VERSION
+
+#: lhs and rhs get gradients; group_sizes (integers) does not.
+DIFFERENTIABLE = (0, 1)
 
 
-def _forward(lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor, **kw: Any) -> torch.Tensor:
-    fn = jax_entry(__package__, "ragged_dot")
-    return run_jax(lambda a, b, g: fn(a, b, g, **kw), lhs, rhs, group_sizes.to(torch.int32))
+def ragged_dot_function(implementation: Any, interpret: Any) -> Any:
+    """The JAX ragged_dot with the contract's options fixed, annotated the way torch_tpu's jax_op reads a schema
+    off: `(Tensor lhs, Tensor rhs, Tensor group_sizes, *, ScalarType preferred_element_type) -> Tensor`."""
+    entry = jax_entry(__package__, "ragged_dot")
+
+    def ragged_dot(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *,
+                   preferred_element_type: np.dtype) -> jax.Array:
+        return entry(lhs, rhs, group_sizes, preferred_element_type=preferred_element_type,
+                     implementation=implementation, interpret=interpret)
+
+    return ragged_dot
 
 
-def _grads(lhs, rhs, group_sizes, dout, **kw):
-    """(d_lhs, d_rhs) through jax.vjp of the JAX entry (its custom_vjp supplies the kernels)."""
-    import jax
-
-    fn = jax_entry(__package__, "ragged_dot")
-
-    def both(a, b, g, d):
-        _, vjp = jax.vjp(lambda x, y: fn(x, y, g, **kw), a, b)
-        return vjp(d)
-
-    return run_jax(both, lhs, rhs, group_sizes.to(torch.int32), dout)
+def tpu_specs() -> list[OpSpec]:
+    """What the torch-tpu build registers: each entry with the JAX package's TPU order, compiled by Mosaic."""
+    order = jax_entry(__package__, "implementations_for")("tpu")
+    return [OpSpec("ragged_dot", ragged_dot_function(order, False), DIFFERENTIABLE)]
 
 
-class _JaxRaggedDot(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, lhs, rhs, group_sizes, kw):  # type: ignore[override]
-        ctx.save_for_backward(lhs, rhs, group_sizes)
-        ctx.kw = kw
-        return _forward(lhs, rhs, group_sizes, **kw)
-
-    @staticmethod
-    def backward(ctx, dout):  # type: ignore[override]
-        lhs, rhs, sizes = ctx.saved_tensors
-        d_lhs, d_rhs = _grads(lhs, rhs, sizes, dout.contiguous(), **ctx.kw)
-        return (
-            d_lhs.to(lhs.dtype) if ctx.needs_input_grad[0] else None,
-            d_rhs.to(rhs.dtype) if ctx.needs_input_grad[1] else None,
-            None,
-            None,
-        )
+TPU_OPS = TpuOps("ragged_dot", VERSION, tpu_specs)
 
 
-def ragged_dot_jax(
-    lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor, **kw: Any
-) -> torch.Tensor:
-    """The JAX kernel on torch tensors, differentiable through torch autograd."""
-    if torch.is_grad_enabled() and (lhs.requires_grad or rhs.requires_grad):
-        return _JaxRaggedDot.apply(lhs, rhs, group_sizes, kw)
-    return _forward(lhs.detach(), rhs.detach(), group_sizes, **kw)
+def ragged_dot_jax(lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor, *,
+                   preferred_element_type: torch.dtype) -> torch.Tensor:
+    """The JAX kernel on torch tensors (lhs and rhs in one dtype), differentiable through torch autograd."""
+    sizes = group_sizes.to(torch.int32)
+    if on_tpu(lhs, rhs, group_sizes):
+        return TPU_OPS.get("ragged_dot")(lhs, rhs, sizes, preferred_element_type=preferred_element_type)
+    return call_jax(ragged_dot_function(None, None), (lhs, rhs, sizes),
+                    {"preferred_element_type": jax_dtype(preferred_element_type)}, differentiable=DIFFERENTIABLE)
