@@ -18,8 +18,9 @@ class Progress:
     """Where a command reports progress: `phase` starts a counted (or open-ended) piece of work, `row` prints
     a finished item, `advance` moves the bar. The base class prints nothing (--json without a terminal)."""
 
-    def phase(self, description: str, total: int | None = None) -> None:
-        """Start a piece of work of `total` steps (None: unknown)."""
+    def phase(self, description: str, total: int | None = None, *, announce: bool = True) -> None:
+        """Start a piece of work of `total` steps (None: unknown); announce=False: only the live bar names it
+        (the rows already say what runs)."""
 
     def advance(self, steps: int = 1) -> None:
         """`steps` more done in the current phase."""
@@ -40,8 +41,9 @@ class PlainProgress(Progress):
     def _print(self, text: str) -> None:
         print(text, file=self.stream, flush=True)
 
-    def phase(self, description: str, total: int | None = None) -> None:
-        self._print(f"{description} ({total})" if total is not None else description)
+    def phase(self, description: str, total: int | None = None, *, announce: bool = True) -> None:
+        if announce:
+            self._print(f"{description} ({total})" if total is not None else description)
 
     def row(self, text: str, *, ok: bool | None = None) -> None:
         self._print(text)
@@ -61,7 +63,7 @@ class RichProgress(Progress):
         self.task: Any = None
         self.bar.start()
 
-    def phase(self, description: str, total: int | None = None) -> None:
+    def phase(self, description: str, total: int | None = None, *, announce: bool = True) -> None:
         if self.task is not None:
             self.bar.remove_task(self.task)
         self.task = self.bar.add_task(description, total=total)

@@ -75,30 +75,38 @@ class ValidationReport:
         return bool(self.cases) and all(c.passed for c in self.cases)
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: a case that raised has max_error NaN, which JSON cannot carry; it becomes null."""
         data = asdict(self)
         data["passed"] = self.passed
+        for case in data["cases"]:
+            if isinstance(case["max_error"], float) and not np.isfinite(case["max_error"]):
+                case["max_error"] = None
         return data
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False)
 
     def __str__(self) -> str:
         numeric = [c for c in self.cases if c.kind != "compile"]
-        compiled = [c for c in self.cases if c.kind == "compile"]
         lines = [self.header()]
         if numeric:
             rows = [CASE_COLUMNS] + [case_cells(c) for c in numeric]
             lines += _aligned(rows)
-        if compiled:
-            lines.append(f"TPU compile (jax {self.jax_version}, libtpu {self.libtpu_version}):")
-            rows = [("generation", "case", "compile s", "args MiB", "out MiB", "temp MiB", "result")]
-            for c in compiled:
-                sec = "cached" if c.cached else (f"{c.compile_seconds:.2f}" if c.compile_seconds is not None else "-")
-                rows.append((c.generation or "", c.name, sec, _mib(c.argument_bytes), _mib(c.output_bytes),
-                             _mib(c.temp_bytes), _verdict(c)))
-            lines += _aligned(rows)
+        lines += self.compile_lines()
         lines.append(self.summary())
         return "\n".join(lines)
+
+    def compile_lines(self) -> list[str]:
+        """The TPU compile cases as a table (none: no lines)."""
+        compiled = [c for c in self.cases if c.kind == "compile"]
+        if not compiled:
+            return []
+        rows = [("generation", "case", "compile s", "args MiB", "out MiB", "temp MiB", "result")]
+        for c in compiled:
+            sec = "cached" if c.cached else (f"{c.compile_seconds:.2f}" if c.compile_seconds is not None else "-")
+            rows.append((c.generation or "", c.name, sec, _mib(c.argument_bytes), _mib(c.output_bytes),
+                         _mib(c.temp_bytes), _verdict(c)))
+        return [f"TPU compile (jax {self.jax_version}, libtpu {self.libtpu_version}):", *_aligned(rows)]
 
     def header(self) -> str:
         seed = f", seed {self.seed}" if self.seed is not None else ""
