@@ -214,8 +214,8 @@ def test_page_escapes_what_it_shows():
     from kernel_hub.report.validation import matrix
 
     validation = schema.Validation(seed=1, runs=[], cases=[case], matrix=matrix([case], "mode", by_dtype=True))
-    compile_ = schema.Compile(available=False, reason=evil, generations=[], jax=None, libtpu=None, cases=[],
-                              matrix=[])
+    compile_ = schema.Compile(available=False, reason=evil, generations=[], selection="smoke", jax=None, libtpu=None,
+                              cases=[], matrix=[])
     report = Report(quick=True, seconds=1.0, environment=env, headline=headline(validation, compile_, [fam]),
                     validation=validation, compile=compile_, families=[fam], benches=[])
     page = render(report)

@@ -344,7 +344,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     skip = set(names(args.skip) or ())
     if skip - set(sections):
         raise KernelHubError(f"--skip takes {', '.join(sections)}; got {', '.join(sorted(skip - set(sections)))}")
-    options = Options(quick=args.quick, seed=args.seed, generations=args.tpu, families=names(args.families),
+    options = Options(quick=args.quick, seed=args.seed, generations=args.tpu, tpu_cases=args.tpu_cases,
+                      families=names(args.families),
                       benches=names(args.benches), sections=tuple(s for s in sections if s not in skip))
     with progress(json_output=args.json) as live:
         report = build_report(options, live)
@@ -486,6 +487,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="random seed for the validation inputs (default: fresh; recorded)")
     p.add_argument("--tpu", metavar="GENS", type=_tpu_generations,
                    help="TPU generations to compile for (default: all known; --quick: v5e)")
+    p.add_argument("--tpu-cases", choices=("smoke", "all"), default="smoke",
+                   help="which TPU cases to compile: smoke (each kernel's first forward and backward case; default) "
+                   "or all (~60 a kernel: ~10 min a kernel for five generations on 2 cores, then cached)")
     p.add_argument("--families", metavar="NAMES", help="only these families (comma list, e.g. qwen3_moe,llama,flux)")
     p.add_argument("--benches", metavar="NAMES", help="only these benches (comma list, e.g. ragged_dot,attention)")
     p.add_argument("--skip", metavar="SECTIONS", help="leave out sections: validation, compile, families, benches")

@@ -30,7 +30,7 @@ __all__ = ["CaseResult", "ValidationReport", "case_mode", "relative_error", "req
 
 #: Warm calls per case after the first (fewer when they pass WARM_BUDGET_S together).
 WARM_RUNS = 3
-WARM_BUDGET_S = 1.0
+WARM_BUDGET_S = 0.5
 
 
 @dataclass(frozen=True)

@@ -140,10 +140,11 @@ def compile_section(c: Compile) -> str:
     fails = (_table(("kernel", "generation", "case", "compiler said"), (
         (x.kernel, x.generation or "", x.name, x.error or "") for x in failed), id_="compile-failures")
         if failed else "")
-    return (f"{title}<p class=sub>Every TPU case of each kernel lowered for a mock TPU of that generation and "
-            f"compiled by the real TPU compiler (jax {_e(c.jax)}, libtpu {_e(c.libtpu)}), Mosaic included; a "
-            f'cell is cases compiled / cases.</p><table id="compile-matrix"><thead>{head}</thead><tbody>{body}'
-            f"</tbody></table>{fails}")
+    which = ("each kernel's smoke cases (its first forward and backward validation case; kernel-hub report "
+             "--tpu-cases all compiles every one)" if c.selection == "smoke" else "every TPU case of each kernel")
+    return (f"{title}<p class=sub>{which}, lowered for a mock TPU of that generation and compiled by the real TPU "
+            f"compiler (jax {_e(c.jax)}, libtpu {_e(c.libtpu)}), Mosaic included; a cell is cases compiled / "
+            f'cases.</p><table id="compile-matrix"><thead>{head}</thead><tbody>{body}</tbody></table>{fails}')
 
 
 def _family_row(r: FamilyRow) -> str:

@@ -25,6 +25,7 @@ class Options:
     quick: bool = False
     seed: int | None = None
     generations: tuple[str, ...] | None = None  # TPU compile (None: all known; quick: v5e)
+    tpu_cases: str = "smoke"  # "smoke" or "all" (every TPU case: ~10 min a kernel for 5 generations, cached)
     families: tuple[str, ...] | None = None  # None: all (quick: a few)
     benches: tuple[str, ...] | None = None  # None: all (quick: one)
     sections: tuple[str, ...] = ("validation", "compile", "families", "benches")
@@ -43,8 +44,8 @@ def headline(validation: Validation, compile_: Compile, families: list) -> Headl
     fam_part = sum(f.status == "partial" for f in families)
     fam_bad = sum(f.status in ("error", "kept") for f in families)
     gens = ", ".join(compile_.generations)
-    compile_text = (f"TPU compile: {comp_pass} of {comp_total} cases compile for {gens} (libtpu {compile_.libtpu})"
-                    if compile_.available else f"TPU compile: not run ({compile_.reason})")
+    compile_text = (f"TPU compile: {comp_pass} of {comp_total} {compile_.selection} cases compile for {gens} "
+                    f"(libtpu {compile_.libtpu})" if compile_.available else f"TPU compile: not run ({compile_.reason})")
     return Headline(
         passed=passed, total=total, rate=rate,
         validation=f"validation: {num_pass} of {num_total} cases pass across {kernels} kernels and {modes} modes",
@@ -99,10 +100,11 @@ def build_report(options: Options, progress: Progress) -> Report:
                       if "validation" in options.sections else Validation(seed=seed, runs=[], cases=[], matrix=[]))
         if "compile" in options.sections:
             dirs = {e.repo_id: e.source for e in registry.entries if e.source is not None and e.source.is_dir()}
-            compile_ = run_compile(dirs, options.generations, quick=options.quick, progress=progress)
+            compile_ = run_compile(dirs, options.generations, quick=options.quick, cases=options.tpu_cases,
+                                   progress=progress)
         else:
-            compile_ = Compile(available=False, reason="not asked for", generations=[], jax=None, libtpu=None,
-                               cases=[], matrix=[])
+            compile_ = Compile(available=False, reason="not asked for", generations=[], selection=options.tpu_cases,
+                               jax=None, libtpu=None, cases=[], matrix=[])
         families = (run_families(quick=options.quick, progress=progress, only=options.families)
                     if "families" in options.sections else [])
     benches = (run_benches(quick=options.quick, progress=progress, only=options.benches)

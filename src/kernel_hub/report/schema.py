@@ -110,6 +110,8 @@ class Compile(_Model):
     available: bool
     reason: str | None = Field(description="why it did not run (no TPU environment, ...)")
     generations: list[str]
+    selection: Literal["smoke", "all"] = Field(
+        description="smoke: each kernel's cases tagged smoke (first forward and backward validation case); all")
     jax: str | None
     libtpu: str | None
     cases: list[CaseRow]

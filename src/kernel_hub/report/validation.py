@@ -113,10 +113,12 @@ def run_validation(repo_ids: Sequence[str], *, seed: int, quick: bool, progress:
     return Validation(seed=seed, runs=runs, cases=rows, matrix=matrix(rows, "mode", by_dtype=True))
 
 
-def run_compile(kernel_dirs: dict[str, Any], generations: Sequence[str] | None, *, quick: bool,
+def run_compile(kernel_dirs: dict[str, Any], generations: Sequence[str] | None, *, quick: bool, cases: str,
                 progress: Progress) -> Compile:
-    """compile_matrix for each kernel folder over `generations` (None: every known one; quick: v5e, smoke
-    cases only). Without the TPU environment, a section that says why."""
+    """compile_matrix for each kernel folder over `generations` (None: every known one; quick: v5e) and `cases`
+    ("smoke": the cases tagged smoke, the first forward and backward validation case of each kernel; "all": every
+    one, ~60 a kernel, ~2 s each on 2 busy cores, cached per commit). Without the TPU environment, a section that
+    says why."""
     from ..tpu.chips import CHIPS
     from ..tpu.env import TpuEnvironmentError, tpu_env
     from ..tpu.gate import compile_matrix
@@ -125,12 +127,12 @@ def run_compile(kernel_dirs: dict[str, Any], generations: Sequence[str] | None, 
     try:
         env = tpu_env()
     except TpuEnvironmentError as exc:
-        return Compile(available=False, reason=str(exc), generations=list(gens), jax=None, libtpu=None, cases=[],
-                       matrix=[])
+        return Compile(available=False, reason=str(exc), generations=list(gens), selection=cases, jax=None,
+                       libtpu=None, cases=[], matrix=[])
     rows: list[CaseRow] = []
     progress.phase(f"TPU compile for {', '.join(gens)}", len(kernel_dirs))
     for repo_id, folder in kernel_dirs.items():
-        report = compile_matrix(folder, gens, tags=["smoke"] if quick else None, env=env)
+        report = compile_matrix(folder, gens, tags=["smoke"] if cases == "smoke" else None, env=env)
         mine = [case_row(repo_id, "jax", c) for c in report.cases]
         rows += mine
         ok = sum(r.passed for r in mine)
@@ -138,5 +140,5 @@ def run_compile(kernel_dirs: dict[str, Any], generations: Sequence[str] | None, 
         progress.row(f"  {'pass' if ok == len(mine) else 'FAIL'}  {repo_id:<30} tpu-compile      {ok}/{len(mine)} "
                      f"compiled ({cached} from the cache)", ok=ok == len(mine))
         progress.advance()
-    return Compile(available=True, reason=None, generations=list(gens), jax=env.jax_version,
+    return Compile(available=True, reason=None, generations=list(gens), selection=cases, jax=env.jax_version,
                    libtpu=env.libtpu_version, cases=rows, matrix=matrix(rows, "generation", by_dtype=False))
