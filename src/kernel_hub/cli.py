@@ -476,8 +476,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="validation dashboard: report.json and a static index.html",
                        description="Validate every registry kernel on every mode this machine offers (CPU paths, "
-                       "Pallas interpreted, the TPU simulator with race detection, torch entries), compile every TPU "
-                       "case per generation when the TPU environment is there (make setup-tpu), kernelize a tiny "
+                       "Pallas interpreted, the TPU simulator with race detection, torch entries), compile TPU cases "
+                       "per generation when the TPU environment is there (make setup-tpu), kernelize a tiny "
                        "model of every covered family (transformers MoE and attention, Diffusers), run the benches, "
                        "and write OUT/report.json (schema: docs/report-schema.json) and OUT/index.html (open it in "
                        "a browser; no server). A full report takes several minutes, --quick about one.")

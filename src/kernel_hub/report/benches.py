@@ -37,7 +37,7 @@ class BenchSpec:
 BENCHES = (
     BenchSpec("ragged_dot", "ragged_dot.py", ("--quick",), ("--quick", "--shapes", "pallas_small_e8")),
     BenchSpec("attention", "attention.py", ("--quick",), ("--quick", "--repeats", "3")),
-    BenchSpec("moe_decode", "moe_decode.py", ("--quick",), ("--quick", "--dtypes", "bf16")),
+    BenchSpec("moe_decode", "moe_decode.py", ("--quick", "--dtypes", "bf16"), ("--quick", "--dtypes", "bf16")),
     BenchSpec("diffusers_attention", "diffusers_attention.py", ("--quick",), ("--quick", "--tokens", "64")),
     BenchSpec("hub_loads", "hub_loads.py", (), ()),
     BenchSpec("tpu_model", "tpu_model.py", (), (), needs_tpu_env=True),

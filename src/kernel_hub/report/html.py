@@ -49,10 +49,12 @@ def _num(value: float | None, fmt: str = ".2e") -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def _table(head: Sequence[str], rows: Iterable[Sequence[str]], *, raw: bool = False, id_: str | None = None) -> str:
-    """A table; cells are escaped unless raw (then they are already HTML)."""
+def _table(head: Sequence[str] | None, rows: Iterable[Sequence[str]], *, raw: bool = False,
+           id_: str | None = None) -> str:
+    """A table (head None: none); cells are escaped unless raw (then they are already HTML)."""
     ident = f' id="{_e(id_)}"' if id_ else ""
-    out = [f"<table{ident}><thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr></thead><tbody>"]
+    thead = "<thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr></thead>" if head else ""
+    out = [f"<table{ident}>{thead}<tbody>"]
     for row in rows:
         out.append("<tr>" + "".join(c if raw else f"<td>{_e(c)}</td>" for c in row) + "</tr>")
     out.append("</tbody></table>")
@@ -91,7 +93,8 @@ def environment_table(report: Report) -> str:
             ("versions", versions), ("seed", f"{env.seed} (case i of a kernel uses seed + i; kernel-hub report "
             f"--seed {env.seed} repeats it)"),
             ("run", f"{'quick' if report.quick else 'full'} report in {report.seconds:.0f} s")]
-    return _table(("", ""), rows, id_="environment")
+    return _table(None, ((f"<th>{_e(k)}</th>", f"<td>{_e(v)}</td>") for k, v in rows), raw=True,
+                  id_="environment")
 
 
 def validation_section(report: Report) -> str:

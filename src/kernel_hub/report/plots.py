@@ -19,6 +19,11 @@ BASELINE_COLOUR = "#1c7ed6"
 OTHER_COLOUR = "#868e96"
 
 
+def fmt_ms(v: float) -> str:
+    """Milliseconds with three or so significant digits, never in exponent form."""
+    return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}" if v >= 1 else f"{v:.3f}"
+
+
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
@@ -71,7 +76,7 @@ def _group_axes(ax, bench: Bench, group: str, rows: list[BenchRecord]) -> None:
         dot = ax.plot([r.median_ms], [y], "o", color=colour, markersize=6)[0]
         dot.set_gid(f"{prefix}-median-{slug(r.method)}")
         ax.plot([r.min_ms, r.max_ms], [y, y], color=colour, linewidth=0.8, alpha=0.6)
-        note = f"{r.median_ms:.3g} ms"
+        note = f"{fmt_ms(r.median_ms)} ms"
         if r.ours and r.vs_baseline:
             note += f";  {format_ratio(r.vs_baseline)} vs {bench.baseline}"
         elif best is not None and not r.ours:  # each baseline against our best method in this group
@@ -81,7 +86,12 @@ def _group_axes(ax, bench: Bench, group: str, rows: list[BenchRecord]) -> None:
         labels.append(r.method + ("  (baseline)" if r.method == bench.baseline else ""))
     ax.set_yticks(range(len(rows)), labels)
     ax.set_ylim(len(rows) - 0.5, -0.5)
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
     ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
     lo = min(r.min_ms for r in rows)
     hi = max(r.max_ms for r in rows)
     ax.set_xlim(lo / 1.3, hi * 1.3)
