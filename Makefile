@@ -61,9 +61,9 @@ chromium:
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	    chromium >/dev/null; } || { echo "could not install chromium: the browser test will skip"; test -z "$$CI"; }; }
 
-# The validation dashboard: report/report.json and report/index.html (open it in a browser). Uses the TPU
-# environment for the compile matrix when it is there (make setup-tpu). `make report ARGS=--quick` for a short one.
-report: $(STAMP)
+# The validation dashboard: report/report.json and report/index.html (open it in a browser), with the TPU
+# compile matrix from the TPU environment. `make report ARGS=--quick` for a short one.
+report: $(STAMP) $(TPU_STAMP)
 	$(BIN)/kernel-hub report --out report $(ARGS)
 
 lint: $(STAMP)

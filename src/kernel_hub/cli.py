@@ -204,20 +204,22 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from .progress import progress
     from .validation import CASE_COLUMNS, case_cells, new_seed, validate
 
-    if args.path:
-        module = get_local_kernel(args.path, backend=args.backend, framework=args.framework)
-    else:
-        module = get_kernel(args.repo, version=_spec(args.spec), revision=args.revision, backend=args.backend,
-                            framework=args.framework, trust_remote_code=_trust(args.trust_remote_code),
-                            lockfile=args.lockfile)
     seed = args.seed if args.seed is not None else new_seed()
-    info = module.__kernel_hub__
     widths = [44, 8, 16, 10, 9, 5, 8, 8]
 
     def row(cells: tuple[str, ...]) -> str:
         return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=False)) + "  " + cells[-1]
 
     with progress(json_output=args.json) as live:
+        live.phase(f"loading {args.path or args.repo}", announce=False)  # jax and the kernel: seconds
+        if args.path:
+            module = get_local_kernel(args.path, backend=args.backend, framework=args.framework)
+        else:
+            module = get_kernel(args.repo, version=_spec(args.spec), revision=args.revision, backend=args.backend,
+                                framework=args.framework, trust_remote_code=_trust(args.trust_remote_code),
+                                lockfile=args.lockfile)
+        info = module.__kernel_hub__
+
         def started(total: int) -> None:
             live.phase(f"validating {info.repo_id}", total, announce=False)
             live.row(f"{info.repo_id} {info.version or info.commit[:12]} [{info.variant}], seed {seed}: {total} cases")
@@ -340,10 +342,20 @@ def cmd_report(args: argparse.Namespace) -> int:
     def names(text: str | None) -> tuple[str, ...] | None:
         return tuple(x.strip() for x in text.split(",") if x.strip()) if text else None
 
+    from .report.benches import BENCHES
+    from .report.families import family_specs
+
     sections = ("validation", "compile", "families", "benches")
     skip = set(names(args.skip) or ())
     if skip - set(sections):
         raise KernelHubError(f"--skip takes {', '.join(sections)}; got {', '.join(sorted(skip - set(sections)))}")
+    for flag, given, known in (("--families", names(args.families), [f.family for f in family_specs()]),
+                               ("--benches", names(args.benches), [b.name for b in BENCHES])):
+        unknown = sorted(set(given or ()) - set(known))
+        if unknown:
+            raise KernelHubError(f"{flag}: unknown {', '.join(unknown)} (known: {', '.join(known)})")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise KernelHubError(f"--out {args.out} is a file; name a folder (it is created if missing)")
     options = Options(quick=args.quick, seed=args.seed, generations=args.tpu, tpu_cases=args.tpu_cases,
                       families=names(args.families),
                       benches=names(args.benches), sections=tuple(s for s in sections if s not in skip))
