@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # The tested set, pinned. torch==2.13.0 is the CPU wheel: never leave torch unpinned.
 PKGS := -c constraints.txt torch==2.13.0 jax==0.10.2 jaxlib==0.10.2 tokamax==0.0.12 \
         transformers==5.24.0 huggingface_hub==2.4.0 kernels==0.17.2 diffusers==0.42.1 starlette uvicorn dulwich \
-        pydantic pytest hypothesis ruff
+        pydantic pytest hypothesis ruff rich matplotlib
 
 # Local wheels of what kernel-hub[demo] needs (its dependencies, jax, torch, transformers; pinned by
 # constraints.txt): tests/test_wheel.py installs the built kernel-hub wheel from here into a fresh venv, offline.
@@ -22,7 +22,7 @@ TPU_PKGS := -c constraints-tpu.txt torch==2.13.0 jax==0.10.2 jaxlib==0.10.2 torc
         tokamax==0.0.12 transformers==5.24.0 huggingface_hub==2.4.0 kernels==0.17.2 starlette uvicorn \
         pyyaml packaging numpy pydantic pytest
 
-.PHONY: setup setup-tpu demo test lint bench bench-tpu clean
+.PHONY: setup setup-tpu demo test lint bench bench-tpu report chromium clean
 
 setup: $(STAMP) $(WHEELS)
 
@@ -48,9 +48,23 @@ $(WHEELS): $(STAMP)
 demo: $(STAMP)
 	$(BIN)/kernel-hub demo
 
-test: setup $(TPU_STAMP)
+test: setup $(TPU_STAMP) chromium
 	$(BIN)/ruff check src kernels bench tests conftest.py setup.py
 	$(BIN)/python -m pytest -q
+
+# Headless Chromium for the report's browser test (tests/test_report.py), from Debian's `chromium` package:
+# ~45 s on a fresh machine (apt-get update ~3 s, install ~42 s). Without root the test skips, saying why;
+# in CI ($CI set) a failed install fails the run, so the browser test never skips there.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	  echo "installing chromium (Debian package) for the report's browser test"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    chromium >/dev/null; } || { echo "could not install chromium: the browser test will skip"; test -z "$$CI"; }; }
+
+# The validation dashboard: report/report.json and report/index.html (open it in a browser), with the TPU
+# compile matrix from the TPU environment. `make report ARGS=--quick` for a short one.
+report: $(STAMP) $(TPU_STAMP)
+	$(BIN)/kernel-hub report --out report $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src kernels bench tests conftest.py setup.py

@@ -4,7 +4,8 @@ interpreted on a small shape) against jax.nn.dot_product_attention, tokamax.dot_
 
 Every JAX callable is jitted and warmed up; layouts are converted before timing (BTNH for jax.nn/tokamax,
 BHSD for ours and torch); runs are interleaved across methods so drift from other load hits all alike,
-and medians are reported with the ratio to jax.nn.dot_product_attention (>1: faster than it).
+and medians are reported with their interquartile range and the ratio to jax.nn.dot_product_attention (>1:
+faster than it) with the quartiles of the per-round ratios. The JSON carries every sample and the environment.
 Note: torch and XLA share the cores; a torch call right after a JAX call can run slower.
 
   python bench/attention.py [--quick] [--repeats N] [--out bench/out/attention.json]
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -25,13 +25,15 @@ import numpy as np
 
 import kernel_hub as kh
 from kernel_hub.numerics import relative_error, tolerance
-from kernel_hub.timing import interleaved_medians
+from kernel_hub.report.environment import environment
+from kernel_hub.timing import bench_records, format_ratio, interleaved_samples
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The kernel package as it is in this checkout (its source plus the shared code it vendors, assembled).
 fa = kh.get_local_kernel(ROOT / "kernels" / "pallas" / "flash_attention")
 
 BASELINE = "jax.nn"
+OURS = ("ours_cpu", "ours_xla", "ours_pallas_interpret")
 
 
 # name, kind, B, Hq, Hkv, Sq (1 for decode), S, D, dtypes, quick?
@@ -128,6 +130,39 @@ def _check(name: str, kind: str, dtype: str, methods: dict[str, Callable[[], obj
             raise SystemExit(f"{name}: {method} disagrees with ours_cpu (relative error {err:.2e})")
 
 
+def run(quick: bool, repeats: int | None = None) -> dict:
+    """Check and time every method on every shape; the JSON the bench writes."""
+    repeats = repeats or (3 if quick else 7)
+    try:  # tokamax reads absl flags from sys.argv on first use and rejects ours: parse an empty command line
+        from absl import flags
+
+        flags.FLAGS(sys.argv[:1], known_only=True)
+    except ImportError:
+        pass
+    records = []
+    for name, kind, b, hq, hkv, sq, s, d, dtypes, quick_shape in SHAPES:
+        if quick and not quick_shape:
+            continue
+        for dtype in dtypes:
+            q, k, v, lens = _inputs(kind, b, hq, hkv, sq, s, d, dtype)
+            methods = _methods(name, kind, q, k, v, lens)
+            _check(name, kind, dtype, methods)
+            samples = interleaved_samples(methods, repeats=repeats, warmup=1)
+            records += bench_records(samples, group=f"{name} {dtype}", baseline=BASELINE, shape=name, kind=kind,
+                                     dtype=dtype, dims=dict(B=b, Hq=hq, Hkv=hkv, Sq=sq, S=s, D=d))
+    return dict(benchmark="attention", environment=environment(with_libtpu=False).model_dump(),
+                backend=jax.default_backend(), baseline=BASELINE, ours=list(OURS),
+                settings=dict(repeats=repeats, quick=quick), records=records)
+
+
+def table(report: dict) -> str:
+    rows = [("group", "method", "median ms", "IQR ms", f"x vs {BASELINE} (IQR)")]
+    rows += [(r["group"], r["method"], f"{r['median_ms']:.2f}", f"{r['q1_ms']:.2f}-{r['q3_ms']:.2f}",
+              format_ratio(r["vs_baseline"])) for r in report["records"]]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawTextHelpFormatter)
@@ -135,37 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per method (default 7, quick 3)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "attention.json", help="JSON output")
     args = parser.parse_args(argv)
-    repeats = args.repeats or (3 if args.quick else 7)
-    try:  # tokamax reads absl flags from sys.argv on first use and rejects ours: parse an empty command line
-        from absl import flags
-
-        flags.FLAGS(sys.argv[:1], known_only=True)
-    except ImportError:
-        pass
-
-    results = []
-    for name, kind, b, hq, hkv, sq, s, d, dtypes, quick in SHAPES:
-        if args.quick and not quick:
-            continue
-        for dtype in dtypes:
-            q, k, v, lens = _inputs(kind, b, hq, hkv, sq, s, d, dtype)
-            methods = _methods(name, kind, q, k, v, lens)
-            _check(name, kind, dtype, methods)
-            med = interleaved_medians(methods, repeats=repeats, warmup=1)
-            base = med.get(BASELINE)
-            for method, sec in med.items():
-                results.append(dict(shape=name, kind=kind, dtype=dtype, method=method, ms=sec * 1e3,
-                                    speedup_vs_jax_nn=(base / sec) if base else None,
-                                    dims=dict(B=b, Hq=hq, Hkv=hkv, Sq=sq, S=s, D=d)))
-    rows = [("shape", "dtype", "method", "median ms", f"x vs {BASELINE}")]
-    rows += [(r["shape"], r["dtype"], r["method"], f"{r['ms']:.2f}", f"{r['speedup_vs_jax_nn']:.2f}") for r in results]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+    report = run(args.quick, args.repeats)
+    print(table(report))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    meta = dict(machine=platform.machine(), python=platform.python_version(), jax=jax.__version__,
-                backend=jax.default_backend(), repeats=repeats, quick=args.quick)
-    args.out.write_text(json.dumps(dict(meta=meta, results=results), indent=2))
+    args.out.write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out}")
     return 0
 

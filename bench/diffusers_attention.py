@@ -4,8 +4,9 @@ attention, torch-facing build), and against a model routed through kernelize's p
 sdpa as the "kernel" (what the routing alone costs).
 
 Three copies of one model; each is checked against the default before timing. Runs are interleaved with the
-order rotated each round (kernel_hub.timing.interleaved_samples); the table gives medians with the spread
-(min / max) and the ratio to the default (>1: faster than it); the JSON has every sample and the environment.
+order rotated each round (kernel_hub.timing.interleaved_samples); the table gives medians with their
+interquartile range and the ratio to the default (>1: faster than it) with the quartiles of the per-round ratios;
+the JSON has every sample and the environment.
 
   python bench/diffusers_attention.py [--dtype float32|bfloat16] [--repeats N] [--tokens N] [--quick]
                                       [--out bench/out/diffusers_attention.json]
@@ -16,9 +17,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
-import platform
-import statistics
 import sys
 import types
 from pathlib import Path
@@ -29,9 +27,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 import kernel_hub as kh  # noqa: E402
-from kernel_hub.timing import interleaved_samples  # noqa: E402
+from kernel_hub.report.environment import environment  # noqa: E402
+from kernel_hub.timing import bench_records, format_ratio, interleaved_samples  # noqa: E402
 
 BASELINE = "diffusers default (sdpa)"
+OURS = ("kernelized (hub flash attention)",)
 REPO = "kernel-hub/flash-attention-tpu"
 
 
@@ -63,28 +63,17 @@ def sdpa_as_kernel(kernel):
     return types.SimpleNamespace(flash_attention=flash_attention, __kernel_hub__=kernel.__kernel_hub__)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    parser.add_argument("--tokens", type=int, default=1024, help="image tokens (default 1024 = 32x32 latents)")
-    parser.add_argument("--text-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=None, help="timed runs per method (default 7, quick 3)")
-    parser.add_argument("--quick", action="store_true", help="256 image tokens, 3 repeats")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "diffusers_attention.json")
-    args = parser.parse_args(argv)
-    tokens = 256 if args.quick else args.tokens
-    repeats = args.repeats or (3 if args.quick else 7)
-    dtype = getattr(torch, args.dtype)
-
-    base, inputs, config = build(tokens, args.text_tokens, dtype, layers=(1, 2))
+def run(*, dtype_name: str = "float32", tokens: int = 1024, text_tokens: int = 128, repeats: int = 7,
+        log=print) -> dict:
+    """Check and time the three models; the JSON the bench writes."""
+    dtype = getattr(torch, dtype_name)
+    base, inputs, config = build(tokens, text_tokens, dtype, layers=(1, 2))
     fa = kh.get_kernel(REPO, framework="torch", backend="cpu")
-    models = {BASELINE: base, "kernelized (hub flash attention)": copy.deepcopy(base),
-              "routed, torch sdpa as kernel": copy.deepcopy(base)}
-    reports = {"kernelized (hub flash attention)": kh.kernelize(models["kernelized (hub flash attention)"]),
+    models = {BASELINE: base, OURS[0]: copy.deepcopy(base), "routed, torch sdpa as kernel": copy.deepcopy(base)}
+    reports = {OURS[0]: kh.kernelize(models[OURS[0]]),
                "routed, torch sdpa as kernel": kh.kernelize(models["routed, torch sdpa as kernel"],
                                                             mapping={"attention": sdpa_as_kernel(fa)})}
-    print(reports["kernelized (hub flash attention)"])
+    log(str(reports[OURS[0]]))
 
     def forward(model):
         def call():
@@ -99,36 +88,48 @@ def main(argv: list[str] | None = None) -> int:
     if any(not e <= tol for e in errors.values()):
         raise SystemExit(f"a method disagrees with the default beyond {tol:.0e}: {errors}")
     samples = interleaved_samples(fns, repeats=repeats, warmup=1)
-
-    med = {name: statistics.median(s) for name, s in samples.items()}
-    rows = [("method", "median ms", "min ms", "max ms", "x vs default", "rel. error")]
-    results = []
-    for name, s in samples.items():
-        speed = med[BASELINE] / med[name]
-        rows.append((name, f"{med[name] * 1e3:.1f}", f"{min(s) * 1e3:.1f}", f"{max(s) * 1e3:.1f}", f"{speed:.2f}",
-                     f"{errors[name]:.1e}"))
-        results.append(dict(method=name, median_ms=med[name] * 1e3, samples_ms=[t * 1e3 for t in s],
-                            speedup_vs_default=speed, rel_error_vs_default=errors[name]))
-    seq = tokens + args.text_tokens
-    print(f"\nFlux transformer ({config['num_layers']}+{config['num_single_layers']} blocks, 8 heads x 64), "
-          f"{args.dtype}, batch 1, {tokens} image + {args.text_tokens} text tokens (attention over {seq}); "
-          f"{repeats} interleaved runs")
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
-
-    import diffusers
-
-    env = dict(machine=platform.machine(), processor=platform.processor(), cpus=os.cpu_count(),
-               torch_threads=torch.get_num_threads(), python=platform.python_version(), torch=torch.__version__,
-               diffusers=diffusers.__version__, kernel=REPO, kernel_variant=fa.__kernel_hub__.variant,
+    seq = tokens + text_tokens
+    group = f"flux {config['num_layers']}+{config['num_single_layers']} blocks, {seq} tokens, {dtype_name}"
+    records = [{**r, "rel_error_vs_default": errors[r["method"]]}
+               for r in bench_records(samples, group=group, baseline=BASELINE)]
+    env = environment(with_libtpu=False).model_dump()
+    env.update(torch_threads=torch.get_num_threads(), kernel=REPO, kernel_variant=fa.__kernel_hub__.variant,
                kernel_implementation=fa.describe("cpu"))
-    shape = dict(config=config, dtype=args.dtype, batch=1, image_tokens=tokens, text_tokens=args.text_tokens,
+    shape = dict(config=config, dtype=dtype_name, batch=1, image_tokens=tokens, text_tokens=text_tokens,
                  repeats=repeats)
+    return dict(benchmark="diffusers_attention", environment=env, baseline=BASELINE, ours=list(OURS), shape=shape,
+                records=records, report=json.loads(reports[OURS[0]].to_json()))
+
+
+def table(result: dict) -> str:
+    rows = [("method", "median ms", "IQR ms", "min ms", "max ms", "x vs default (IQR)", "rel. error")]
+    for r in result["records"]:
+        rows.append((r["method"], f"{r['median_ms']:.1f}", f"{r['q1_ms']:.1f}-{r['q3_ms']:.1f}", f"{r['min_ms']:.1f}",
+                     f"{r['max_ms']:.1f}", format_ratio(r["vs_baseline"]), f"{r['rel_error_vs_default']:.1e}"))
+    shape = result["shape"]
+    head = (f"\nFlux transformer ({shape['config']['num_layers']}+{shape['config']['num_single_layers']} blocks, "
+            f"8 heads x 64), {shape['dtype']}, batch 1, {shape['image_tokens']} image + {shape['text_tokens']} text "
+            f"tokens (attention over {shape['image_tokens'] + shape['text_tokens']}); {shape['repeats']} interleaved "
+            "runs")
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join([head] + ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--tokens", type=int, default=1024, help="image tokens (default 1024 = 32x32 latents)")
+    parser.add_argument("--text-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=None, help="timed runs per method (default 7, quick 3)")
+    parser.add_argument("--quick", action="store_true", help="256 image tokens, 3 repeats")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "diffusers_attention.json")
+    args = parser.parse_args(argv)
+    result = run(dtype_name=args.dtype, tokens=256 if args.quick else args.tokens, text_tokens=args.text_tokens,
+                 repeats=args.repeats or (3 if args.quick else 7))
+    print(table(result))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(dict(environment=env, shape=shape, results=results,
-                                        report=json.loads(reports["kernelized (hub flash attention)"].to_json())),
-                                   indent=2))
+    args.out.write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")
     return 0
 

@@ -4,7 +4,7 @@ Starts `kernel-hub serve` on a free loopback port, publishes the ragged dot (its
 `kernels` loads), then runs each load in a fresh process and counts the requests the server saw. Loads:
 fresh cache by major version, by range, cached, offline (HF_HUB_OFFLINE=1), locked into a fresh cache, and
 locked + cached with the server stopped. Times include the process's imports (torch is imported first,
-outside the timed part). Writes bench/out/hub_loads.json.
+outside the timed part). Writes bench/out/hub_loads.json (the rows and the environment).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from kernel_hub.publish import publish
+from kernel_hub.report.environment import environment
 from kernel_hub.server.testing import hub_env, hub_requests, running_server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,10 +49,8 @@ def _run(code: str, env: dict[str, str]) -> tuple[bool, float | str]:
     return True, float(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=str(ROOT / "bench/out/hub_loads.json"))
-    args = parser.parse_args()
+def run() -> dict:
+    """Every load, each in a fresh process; the JSON the bench writes."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
@@ -80,19 +79,29 @@ def main() -> int:
                     HF_HUB_OFFLINE="1")
             env = hub_env(srv, tmp / "kh-cache-lock")
             subprocess.run([sys.executable, "-m", "kernel_hub.cli", "lock", REPO, "--version", "1", "--framework",
-                            "torch", "--backend", "cpu", "-o", str(lock)], env=env, check=True,
-                           capture_output=True)
+                            "torch", "--backend", "cpu", "-o", str(lock), "--trust-remote-code", REPO], env=env,
+                           check=True, capture_output=True)
             measure("kernel-hub", "locked, fresh cache", LOCKED.format(repo=REPO, lock=str(lock)), tmp / "kh-3")
             srv.stop()
             ok, value = _run(LOCKED.format(repo=REPO, lock=str(lock)), env)
             rows.append({"client": "kernel-hub", "load": "locked, cached, server stopped", "ok": ok,
                          "requests": 0, "seconds": value if ok else None, "error": None if ok else value})
+    return {"benchmark": "hub_loads", "environment": environment(with_libtpu=False).model_dump(), "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=str(ROOT / "bench/out/hub_loads.json"))
+    parser.add_argument("--quick", action="store_true", help="accepted for the report; every load runs once anyway")
+    args = parser.parse_args(argv)
+    result = run()
+    rows = result["rows"]
     print(f"{'client':<20}{'load':<34}{'requests':>9}{'seconds':>9}")
     for r in rows:
         secs = f"{r['seconds']:.2f}" if r["ok"] else f"  fails: {r['error'][:70]}"
         print(f"{r['client']:<20}{r['load']:<34}{r['requests']:>9}{secs:>9}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(rows, indent=2))
+    Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")
     return 0
 

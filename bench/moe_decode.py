@@ -2,8 +2,9 @@
 
 Runs transformers' eager, grouped_mm and batched_mm experts implementations and the kernelized layer
 (kernel-hub/ragged-dot-tpu through kh.kernelize) on the same weights and routing, interleaved, and
-reports medians, ratios to grouped_mm and to the memory floor: every active expert's weights read
-once at this machine's measured copy bandwidth. Writes bench/out/moe_decode.json.
+reports medians, ratios to grouped_mm and to the memory floor (each with its interquartile range): every active
+expert's weights read once at this machine's measured copy bandwidth. Writes bench/out/moe_decode.json (every
+sample, the environment).
 
     python bench/moe_decode.py [--quick] [--dtypes bf16,f32] [--reps N] [--out PATH]
 """
@@ -74,7 +75,7 @@ def bench_dtype(name: str, dtype: torch.dtype, *, batch: int, reps: int, batched
                 bandwidth: float, log) -> dict[str, Any]:
     import kernel_hub as kh
     from kernel_hub.numerics import relative_error
-    from kernel_hub.timing import interleaved_samples
+    from kernel_hub.timing import Spread, bench_records, interleaved_samples
 
     container, config = build_layer(dtype)
     experts = container.experts
@@ -109,6 +110,7 @@ def bench_dtype(name: str, dtype: torch.dtype, *, batch: int, reps: int, batched
     kh.restore(container)
     floor_s = active_bytes(index, dtype) / bandwidth  # each byte read once, at the copy traffic rate
     med = {k: statistics.median(v) for k, v in times.items() if v}
+    kern = Spread.of(times["kernelized"])
     result = {
         "dtype": name,
         "median_ms": {k: v * 1e3 for k, v in med.items()},
@@ -116,6 +118,8 @@ def bench_dtype(name: str, dtype: torch.dtype, *, batch: int, reps: int, batched
         "floor_ms": floor_s * 1e3,
         "kernelized_vs_grouped_mm": med["kernelized"] / med["grouped_mm"],
         "kernelized_vs_floor": med["kernelized"] / floor_s,
+        "kernelized_vs_floor_iqr": [kern.q1 / floor_s, kern.q3 / floor_s],
+        "records": bench_records(times, group=f"{name}, decode batch {batch}", baseline="grouped_mm"),
         "max_rel_error_vs_grouped_mm": max_rel,
         "active_experts": int(torch.unique(index).numel()),
         "implementation": report.replaced[0].implementation if report.replaced else None,
@@ -125,13 +129,19 @@ def bench_dtype(name: str, dtype: torch.dtype, *, batch: int, reps: int, batched
 
 
 def table(results: list[dict[str, Any]]) -> str:
+    from kernel_hub.timing import format_ratio
+
     cols = ["eager", "grouped_mm", "batched_mm", "kernelized"]
-    lines = ["dtype  " + "  ".join(f"{c:>11s}" for c in cols) + "      floor  kern/grouped  kern/floor  max rel err"]
+    lines = ["dtype  " + "  ".join(f"{c:>11s}" for c in cols) +
+             "      floor  kern x vs grouped (IQR)  kern/floor (IQR)  max rel err"]
     for r in results:
         ms = r["median_ms"]
         cells = "  ".join(f"{ms[c]:9.1f}ms" if c in ms else f"{'-':>11s}" for c in cols)
-        lines.append(f"{r['dtype']:5s}  {cells}  {r['floor_ms']:7.1f}ms  {r['kernelized_vs_grouped_mm']:11.2f}x"
-                     f"  {r['kernelized_vs_floor']:9.2f}x  {r['max_rel_error_vs_grouped_mm']:.1e}")
+        speed = next(format_ratio(x["vs_baseline"]) for x in r["records"] if x["method"] == "kernelized")
+        lo, hi = r["kernelized_vs_floor_iqr"]
+        floor = f"{r['kernelized_vs_floor']:.2f}x ({lo:.2f}-{hi:.2f})"
+        lines.append(f"{r['dtype']:5s}  {cells}  {r['floor_ms']:7.1f}ms  {speed:>22s}  {floor:>16s}  "
+                     f"{r['max_rel_error_vs_grouped_mm']:.1e}")
     return "\n".join(lines)
 
 
@@ -161,7 +171,12 @@ def main(argv: list[str] | None = None) -> int:
     if results and results[0]["implementation"]:
         print(f"kernelized: {results[0]['variant']} / {results[0]['implementation']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    from kernel_hub.report.environment import environment
+
     args.out.write_text(json.dumps({
+        "benchmark": "moe_decode", "environment": environment(with_libtpu=False).model_dump(),
+        "baseline": "grouped_mm", "ours": ["kernelized"],
+        "records": [rec for r in results for rec in r["records"]],
         "geometry": GEOMETRY, "batch": args.batch, "threads": torch.get_num_threads(),
         "copy_bandwidth_gbs": bandwidth / 1e9, "machine": platform.machine(), "torch": torch.__version__,
         "results": results,

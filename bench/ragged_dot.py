@@ -4,17 +4,17 @@ jax.lax.ragged_dot, tokamax.ragged_dot(implementation="xla") and a per-expert lo
 Everything JAX is jitted and warmed up; runs are interleaved across methods in a rotating order (so drift
 from other load hits all alike), each timed call is preceded by an untimed call of the same method (so no
 method pays for the previous one's memory traffic: jax.lax.ragged_dot's dense intermediate otherwise costs
-the next call ~1.5x), and the median is reported, with speedups relative to jax.lax.ragged_dot.
+the next call ~1.5x), and the median is reported with its interquartile range, and speedups relative to
+jax.lax.ragged_dot with theirs ("10.5x (9.8-11.2)": median and quartiles of the per-round ratios). The JSON
+carries every sample and the environment (commit, versions, CPU).
 
-  python bench/ragged_dot.py [--quick] [--out bench/out/ragged_dot.json]
+  python bench/ragged_dot.py [--quick] [--shapes NAME,...] [--out bench/out/ragged_dot.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
-import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +25,8 @@ import numpy as np
 
 import kernel_hub as kh
 from kernel_hub.numerics import relative_error
-from kernel_hub.timing import interleaved_samples
+from kernel_hub.report.environment import environment
+from kernel_hub.timing import bench_records, format_ratio, interleaved_samples
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The kernel package as it is in this checkout (its source plus the shared code it vendors, assembled).
@@ -40,6 +41,7 @@ SHAPES = [
 ]
 QUICK_SKIP = {"qwen3_30b_a3b_decode"}
 BASELINE = "jax.lax.ragged_dot"
+OURS = ("ours_cpu", "ours_pallas_interpret")
 
 
 def _inputs(m: int, k: int, n: int, g: int, dtype: str, seed: int = 0):
@@ -90,11 +92,12 @@ def _methods(shape: str, lhs, rhs, sizes) -> dict[str, Callable[[], object]]:
     return out
 
 
-def run(quick: bool) -> dict:
+def run(quick: bool, shapes: tuple[str, ...] | None = None) -> dict:
+    """Time every method on every shape (`shapes`: only those); the JSON the bench writes."""
     reps = 3 if quick else 7
-    results = []
+    records, skipped = [], []
     for name, m, k, n, g, dtypes, skip in SHAPES:
-        if quick and name in QUICK_SKIP:
+        if (quick and name in QUICK_SKIP and not shapes) or (shapes and name not in shapes):
             continue
         for dtype in dtypes[:1] if quick else dtypes:
             lhs, rhs, sizes = _inputs(m, k, n, g, dtype)
@@ -104,48 +107,48 @@ def run(quick: bool) -> dict:
             for key, fn in methods.items():  # warm up (compile) and check each answer once
                 errors[key] = relative_error(jax.block_until_ready(fn()), expected)
             times = interleaved_samples(methods, repeats=reps, warmup=0, settle=True)
-            medians = {key: statistics.median(ts) for key, ts in times.items()}
-            base = medians.get(BASELINE)
-            for key in methods:
-                results.append({
-                    "shape": name, "m": m, "k": k, "n": n, "g": g, "dtype": dtype, "method": key,
-                    "median_ms": 1e3 * medians[key], "runs_ms": [1e3 * t for t in times[key]],
-                    "speedup_vs_lax": (base / medians[key]) if base else None, "max_rel_error": errors[key],
-                })
-            for key in skip:
-                results.append({"shape": name, "m": m, "k": k, "n": n, "g": g, "dtype": dtype, "method": key,
-                                "median_ms": None, "skipped": f"densifies to G={g} x the work on CPU"})
+            for r in bench_records(times, group=f"{name} {dtype}", baseline=BASELINE, shape=name, m=m, k=k, n=n,
+                                   g=g, dtype=dtype):
+                records.append({**r, "max_rel_error": errors[r["method"]]})
+            skipped += [{"group": f"{name} {dtype}", "method": key, "reason": f"densifies to G={g} x the work on CPU"}
+                        for key in skip]
     return {
         "benchmark": "ragged_dot",
-        "jax": jax.__version__,
+        "environment": environment(with_libtpu=False).model_dump(),
         "backend": jax.default_backend(),
-        "machine": platform.machine(),
-        "reps": reps,
-        "timing": "interleaved, rotated; each timed call preceded by an untimed call of the same method",
-        "quick": quick,
-        "results": results,
+        "baseline": BASELINE,
+        "ours": list(OURS),
+        "settings": {"reps": reps, "quick": quick, "shapes": list(shapes) if shapes else None,
+                     "timing": "interleaved, rotated; each timed call preceded by an untimed call of the same method"},
+        "records": records,
+        "skipped": skipped,
     }
 
 
 def table(report: dict) -> str:
-    lines = [f"{'shape':22} {'dtype':9} {'method':24} {'median ms':>10} {'x vs lax':>9} {'rel err':>9}"]
-    for r in report["results"]:
-        if r.get("median_ms") is None:
-            lines.append(f"{r['shape']:22} {r['dtype']:9} {r['method']:24} {'skipped':>10}   ({r['skipped']})")
-            continue
-        speed = f"{r['speedup_vs_lax']:.1f}x" if r["speedup_vs_lax"] else "-"
-        lines.append(f"{r['shape']:22} {r['dtype']:9} {r['method']:24} {r['median_ms']:10.2f} {speed:>9} "
-                     f"{r['max_rel_error']:9.1e}")
+    lines = [f"{'group':26} {'method':24} {'median ms':>10} {'IQR ms':>17} {'x vs lax (IQR)':>20} {'rel err':>9}"]
+    for r in report["records"]:
+        iqr = f"{r['q1_ms']:.2f}-{r['q3_ms']:.2f}"
+        lines.append(f"{r['group']:26} {r['method']:24} {r['median_ms']:10.2f} {iqr:>17} "
+                     f"{format_ratio(r['vs_baseline']):>20} {r['max_rel_error']:9.1e}")
+    for r in report["skipped"]:
+        lines.append(f"{r['group']:26} {r['method']:24} {'skipped':>10}   ({r['reason']})")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, one dtype, skip the big shape")
+    parser.add_argument("--shapes", help="comma list of shapes to run (default: all); " +
+                        ", ".join(s[0] for s in SHAPES))
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "ragged_dot.json",
                         help="where to write the JSON results (default: %(default)s)")
     args = parser.parse_args(argv)
-    report = run(args.quick)
+    shapes = tuple(x.strip() for x in args.shapes.split(",") if x.strip()) if args.shapes else None
+    unknown = set(shapes or ()) - {s[0] for s in SHAPES}
+    if unknown:
+        parser.error(f"unknown shape(s): {', '.join(sorted(unknown))}")
+    report = run(args.quick, shapes)
     print(table(report))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))

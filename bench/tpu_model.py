@@ -1,6 +1,6 @@
 """Modeled TPU time of our kernels, from their own schedules, beside the ideal and XLA's own estimate.
 
-    python bench/tpu_model.py [--json] [--generations v5e,v6e]
+    python bench/tpu_model.py [--json] [--generations v5e,v6e] [--out PATH]
 
 Rows: one MoE layer (gate_up + down ragged dots) of Qwen3-30B-A3B and Gemma 4 26B-A4B at decode (64 tokens)
 and prefill (4096 tokens), a uniform top-k routing; attention prefill (4096, causal) and decode (batch 64,
@@ -24,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from kernel_hub.report.environment import environment  # noqa: E402
 from kernel_hub.tpu.chips import STEP_OVERHEAD_S, parse_generations  # noqa: E402
 from kernel_hub.tpu.env import tpu_env  # noqa: E402
 from kernel_hub.tpu.runner import run_worker  # noqa: E402
@@ -33,10 +34,13 @@ DECODE_TARGET = 1.15
 
 
 def model_rows(generations: tuple[str, ...]) -> list[dict]:
+    from kernel_hub.tpu.gate import target_for
+
+    # the assembled jax-tpu packages (source plus the shared files they vendor), as the compile gate loads them
     request = {
         "mode": "model",
-        "ragged_dot_dir": str(ROOT / "kernels/pallas/ragged_dot/ragged_dot"),
-        "flash_attention_dir": str(ROOT / "kernels/pallas/flash_attention/flash_attention"),
+        "ragged_dot_dir": str(target_for(ROOT / "kernels/pallas/ragged_dot").package_dir),
+        "flash_attention_dir": str(target_for(ROOT / "kernels/pallas/flash_attention").package_dir),
         "generations": list(generations),
         "moe_models": ["qwen3_30b_a3b", "gemma4_26b_a4b"],
         "attention_model": "gpt_oss_20b",
@@ -69,9 +73,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.add_argument("--generations", default="v5e,v6e", help="TPU generations (default v5e,v6e)")
+    parser.add_argument("--out", type=Path, help="also write the rows and the environment as JSON here")
+    parser.add_argument("--quick", action="store_true", help="accepted for the report; the model is quick anyway")
     args = parser.parse_args(argv)
     rows = model_rows(parse_generations(args.generations))
     print(json.dumps(rows, indent=1) if args.json else table(rows))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"benchmark": "tpu_model", "environment": environment().model_dump(),
+                                        "rows": rows}, indent=2))
     return 0
 
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-COMMANDS = ["list", "info", "resolve", "download", "validate", "bench", "demo", "serve", "publish", "lock"]
+COMMANDS = ["list", "info", "resolve", "download", "validate", "bench", "demo", "serve", "publish", "lock", "report"]
 
 
 def run(*args, env=None):
@@ -41,9 +41,10 @@ def _one_line_error(out):
 def test_list_shows_the_registry(toy_registry):
     out = run("--registry", str(toy_registry), "list", "--json")
     assert out.returncode == 0
-    rows = json.loads(out.stdout)
-    assert rows == [{"repo": "test-org/toy-scale", "default spec": ">=1.0,<2", "source version": "1.2.0",
-                     "backends": "cpu", "layers": "-"}]
+    data = json.loads(out.stdout)
+    assert data["registry"] == str(toy_registry) and data["registry_origin"] == "$KERNEL_HUB_REGISTRY"
+    assert data["kernels"] == [{"repo_id": "test-org/toy-scale", "default_spec": ">=1.0,<2", "source_version": "1.2.0",
+                                "backends": ["cpu"], "layers": [], "bench": None}]
 
 
 def test_resolve_prints_trace_for_simulated_tpu(toy_registry):

@@ -199,6 +199,13 @@ BAD = [
     (["serve", "--store", "{a_file}"], "--store"),
     (["serve", "--store", "{tmp}/s", "--host", "0.0.0.0"], "token"),
     (["serve", "--store", "{tmp}/s", "--read-token-required"], "token"),
+    # report (refused before anything runs)
+    (["report", "--skip", "benchmarks"], "--skip takes validation, compile, families, benches"),
+    (["report", "--families", "qwen3_moe,nosuch"], "--families: unknown nosuch"),
+    (["report", "--benches", "ragged"], "--benches: unknown ragged"),
+    (["report", "--out", "{a_file}"], "is a file"),
+    (["report", "--tpu", "v99x"], "--tpu"),
+    (["report", "--seed", "x"], "invalid int value"),
     # bench / demo
     (["bench", R], "no benchmark script"),
     (["bench", "test-org/unknown"], "unknown kernel repo"),

@@ -43,15 +43,7 @@ class Spy(types.SimpleNamespace):
         return self._fn(*args, **kwargs)
 
 
-def llama(dtype=torch.float32):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, pad_token_id=0)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        return LlamaForCausalLM(cfg).to(dtype).eval()
-
+llama = tiny.llama
 
 # bf16 MoE models route every token to all experts: with top-2, a bf16 tie in the router flips an expert
 # choice on a last-bit difference and moves logits by O(1) for either implementation.

@@ -23,6 +23,7 @@ from kernel_hub.errors import KernelHubError  # noqa: E402
 from kernel_hub.layers import diffusers as dl  # noqa: E402
 from kernel_hub.layers import is_kernelized  # noqa: E402
 from kernel_hub.layers.diffusers_route import AttentionRoute, plan_sdpa, run_plan  # noqa: E402
+from kernel_hub.report import models  # noqa: E402
 
 REPO = "kernel-hub/flash-attention-tpu"
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
@@ -46,52 +47,8 @@ def spy(kernel, fn=None):
     return ns
 
 
-def _seeded(build):
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        return build()
-
-
-def flux(dtype, in_channels=4):
-    from diffusers import FluxTransformer2DModel
-
-    model = _seeded(lambda: FluxTransformer2DModel(
-        patch_size=1, in_channels=in_channels, num_layers=1, num_single_layers=1, attention_head_dim=16,
-        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, axes_dims_rope=[4, 4, 8]))
-    g = torch.Generator().manual_seed(1)
-    inputs = dict(hidden_states=torch.randn(2, 16, in_channels, generator=g), encoder_hidden_states=torch.randn(
-        2, 8, 32, generator=g), pooled_projections=torch.randn(2, 32, generator=g), timestep=torch.tensor([1.0, 0.5]),
-        img_ids=torch.randn(16, 3, generator=g), txt_ids=torch.randn(8, 3, generator=g))
-    return model, inputs
-
-
-def sd3(dtype):
-    from diffusers import SD3Transformer2DModel
-
-    model = _seeded(lambda: SD3Transformer2DModel(
-        sample_size=8, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=4,
-        caption_projection_dim=32, joint_attention_dim=32, pooled_projection_dim=64, out_channels=4,
-        dual_attention_layers=(0,)))  # SD3.5: block 0 also has a plain self-attention (attn2)
-    g = torch.Generator().manual_seed(1)
-    inputs = dict(hidden_states=torch.randn(2, 4, 10, 10, generator=g), encoder_hidden_states=torch.randn(
-        2, 7, 32, generator=g), pooled_projections=torch.randn(2, 64, generator=g), timestep=torch.tensor([1.0, 2.0]))
-    return model, inputs
-
-
-def wan(dtype):
-    from diffusers import WanTransformer3DModel
-
-    model = _seeded(lambda: WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4,
-        text_dim=16, freq_dim=32, ffn_dim=32, num_layers=2, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
-        rope_max_seq_len=32))
-    g = torch.Generator().manual_seed(1)
-    inputs = dict(hidden_states=torch.randn(1, 4, 3, 6, 6, generator=g),  # video: 3 frames of 6x6 latents
-                  encoder_hidden_states=torch.randn(1, 9, 16, generator=g), timestep=torch.tensor([3]))
-    return model, inputs
-
-
-FAMILIES = {"flux": flux, "sd3": sd3, "wan": wan}
+FAMILIES = list(models.DIFFUSERS_FAMILIES)
+flux, _seeded = models.flux, models._seeded
 #: attention modules per family (a self/joint/cross mix), the paths kernelize must report.
 LAYERS = {
     "flux": ["transformer_blocks.0.attn", "single_transformer_blocks.0.attn"],
@@ -101,9 +58,7 @@ LAYERS = {
 
 
 def build(family, dtype=torch.float32):
-    model, inputs = FAMILIES[family](dtype)
-    model = model.to(dtype).eval()
-    return model, {k: v.to(dtype) if v.is_floating_point() and k != "timestep" else v for k, v in inputs.items()}
+    return models.diffusers_model(family, dtype)
 
 
 def run(model, inputs, **extra):

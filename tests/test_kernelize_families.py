@@ -1,10 +1,10 @@
 """kernelize across the transformers 5.24 MoE families that route experts through ExpertsInterface.
 
-Each family is its own config class shrunk to tiny sizes (kernel_hub.layers.tiny.GENERIC_SHRINK) with
+Each family is its own config class shrunk to tiny sizes (kernel_hub.report.models.GENERIC_SHRINK) with
 random expert weights. Families left out here either need a non-text input (vision/omni models), do not
 build from a generic tiny config, or route so that the experts contribute nothing at tiny sizes; the
 seven main families have hand-written configs in test_kernelize.py. Families the generic shrink cannot
-build or run have their own overrides in kernel_hub.layers.tiny.HAND_FAMILIES (test_hand_family); vision
+build or run have their own overrides in kernel_hub.report.models.HAND_FAMILIES (test_hand_family); vision
 and omni models are tested through their text model.
 """
 
@@ -23,13 +23,7 @@ from tests import tiny_models as tiny  # noqa: E402
 pytestmark = pytest.mark.usefixtures("experts_only")
 
 
-GENERIC_FAMILIES = [
-    "aria", "bailing_hybrid", "cohere2_moe", "dots1", "ernie4_5_moe", "exaone_moe", "flex_olmo", "flint",
-    "glm4_moe", "granitemoe", "granitemoe_swa", "granitemoehybrid", "granitemoeshared", "hunyuan_v1_moe",
-    "hy_v3", "hy_v4", "inkling", "inkling2", "inkling2_loop", "jamba", "kimi_linear", "kolibri1", "laguna",
-    "lara_mini", "mellum", "mimo_v2_flash", "minimax", "minimax_m2", "minimax_m3_vl", "nemotron_h", "phimoe",
-    "qwen3_5_moe", "qwen3_next", "qwen4_exp", "solar_open",
-]
+GENERIC_FAMILIES = tiny.GENERIC_FAMILIES
 
 
 @pytest.fixture(scope="module")

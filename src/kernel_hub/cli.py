@@ -2,7 +2,10 @@
 
 Every subcommand has --help, exits non-zero on failure, and prints exactly one line for a user error (a bad
 argument, file, spec or repo), never a traceback. Heavy imports (jax, torch, huggingface_hub, the server)
-happen inside the commands, so `kernel-hub --help` stays fast.
+happen inside the commands, so `kernel-hub --help` stays fast. `--json` (list, info, resolve, download, validate,
+lock, publish, report) prints one JSON document with snake_case keys (docs/cli-json.md) and nothing else on
+stdout; long commands show live progress (progress.py). A reader that closes the pipe early (`| head`) ends
+the command quietly (exit 141, no traceback).
 """
 
 from __future__ import annotations
@@ -51,6 +54,14 @@ def _trust(value: list[str] | None) -> bool | list[str]:
     return list(value) or True
 
 
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2))
+
+
+def _add_json_arg(p: argparse.ArgumentParser, what: str = "the result") -> None:
+    p.add_argument("--json", action="store_true", help=f"print {what} as JSON (keys: docs/cli-json.md)")
+
+
 def _version_of(what: str, value: str | None) -> str | None:
     if value is None:
         return None
@@ -84,51 +95,77 @@ def _add_trust_arg(p: argparse.ArgumentParser) -> None:
 
 def cmd_list(args: argparse.Namespace) -> int:
     from .metadata import load_metadata
-    from .registry import load_registry
+    from .registry import load_registry, registry_location
 
     registry = load_registry()
-    rows = [("repo", "default spec", "source version", "backends", "layers")]
-    for e in registry.entries:
-        version = load_metadata(e.source).version if e.source and e.source.is_dir() else "-"
-        rows.append((e.repo_id, e.version or "-", version, ",".join(e.backends) or "-", ",".join(e.layers) or "-"))
+    kernels = [{"repo_id": e.repo_id, "default_spec": e.version,
+                "source_version": load_metadata(e.source).version if e.source and e.source.is_dir() else None,
+                "backends": list(e.backends), "layers": list(e.layers), "bench": str(e.bench) if e.bench else None}
+               for e in registry.entries]
+    location = registry_location()
     if args.json:
-        print(json.dumps([dict(zip(rows[0], r, strict=True)) for r in rows[1:]], indent=2))
+        _print_json({"registry": str(location.path), "registry_origin": location.origin, "kernels": kernels})
         return 0
-    from .registry import registry_location
-
-    print(registry_location().describe())
+    rows = [("repo", "default spec", "source version", "backends", "layers")]
+    rows += [(k["repo_id"], k["default_spec"] or "-", k["source_version"] or "-", ",".join(k["backends"]) or "-",
+              ",".join(k["layers"]) or "-") for k in kernels]
+    print(location.describe())
     print(_table(rows))
     return 0
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    data = _info_data(args.repo)
+    if args.json:
+        _print_json(data)
+        return 0
+    print(f"repo      {data['repo_id']}")
+    print(f"source    {data['source']}")
+    m = data["metadata"]
+    if m is not None:
+        print(f"name      {m['name']}  version {m['version']}  license {m['license'] or '-'}")
+        print(f"about     {m['description']}")
+        print(f"package   {m['python_name']} ({m['files']} files, commit {m['commit'][:12]})")
+        print(f"replaces  {', '.join(m['replaces']) or '-'}")
+    print("refs      " + (", ".join(f"{r['name']} ({r['kind']}) {r['commit'][:12]}" for r in data["refs"]) or "none"))
+    if data["variants_commit"] is not None:
+        print("variants  at " + data["variants_commit"][:12] + ":")
+        for v in data["variants"]:
+            gens = f" tpu {','.join(v['tpu_generations'])}" if v["tpu_generations"] else ""
+            reqs = " ".join(f"{d}{s}" for d, s in v["requires"])
+            print(f"  {v['name']:<12} {v['framework']:<6} {v['backend']:<5} entry {v['entry']}{gens}  {reqs}")
+    return 0
+
+
+def _info_data(repo_id: str) -> dict[str, Any]:
+    """What `kernel-hub info` shows, as data: the --json document and the text's one source."""
     from .planning import source_for
     from .registry import load_registry
     from .sources import LocalSource
     from .versions import resolve
 
     registry = load_registry()
-    source = source_for(args.repo, registry)
-    refs = source.refs(args.repo)
-    print(f"repo      {args.repo}")
-    print(f"source    {source.describe()}")
+    source = source_for(repo_id, registry)
+    refs = source.refs(repo_id)
+    metadata = None
     if isinstance(source, LocalSource):
         m = source.metadata
-        print(f"name      {m.name}  version {m.version}  license {m.license or '-'}")
-        print(f"about     {m.description}")
-        print(f"package   {m.python_name} ({len(source.digests)} files, commit {source.commit[:12]})")
-        print(f"replaces  {', '.join(m.replaces) or '-'}")
-    print("refs      " + (", ".join(f"{r.name} ({r.kind}) {r.commit[:12]}" for r in refs) or "none"))
-    entry = registry.get(args.repo)
+        metadata = {"name": m.name, "version": m.version, "license": m.license, "description": m.description,
+                    "python_name": m.python_name, "files": len(source.digests), "commit": source.commit,
+                    "replaces": list(m.replaces)}
+    entry = registry.get(repo_id)
     spec = entry.version if entry else None
+    variants: list[dict[str, Any]] = []
+    commit = None
     if spec or refs:
         res = resolve(refs, version=_spec(spec) if spec else None, revision=None if spec else refs[0].name)
-        print("variants  at " + res.commit[:12] + ":")
-        for v in source.variants(args.repo, res.commit):
-            gens = f" tpu {','.join(v.tpu_generations)}" if v.tpu_generations else ""
-            reqs = " ".join(f"{d}{s}" for d, s in v.requires)
-            print(f"  {v.name:<12} {v.framework:<6} {v.backend:<5} entry {v.entry}{gens}  {reqs}")
-    return 0
+        commit = res.commit
+        variants = [{"name": v.name, "framework": v.framework, "backend": v.backend, "entry": v.entry,
+                     "tpu_generations": list(v.tpu_generations), "requires": [list(r) for r in v.requires]}
+                    for v in source.variants(repo_id, res.commit)]
+    return {"repo_id": repo_id, "source": source.describe(), "metadata": metadata,
+            "refs": [{"name": r.name, "kind": r.kind, "commit": r.commit} for r in refs],
+            "variants_commit": commit, "variants": variants}
 
 
 def cmd_resolve(args: argparse.Namespace) -> int:
@@ -149,46 +186,95 @@ def cmd_resolve(args: argparse.Namespace) -> int:
                          torch_version=torch_version or installed_version("torch"))
     plan = plan_load(args.repo, version=_spec(args.spec), revision=args.revision, framework=args.framework,
                      system=system)
-    print(plan.describe())
+    if args.json:
+        r = plan.resolution
+        _print_json({"repo_id": plan.repo_id, "source": plan.source.describe(), "version": r.version,
+                     "commit": r.commit, "ref": r.ref, "reason": r.reason, "framework": plan.framework,
+                     "system": plan.system.to_dict(),
+                     "variants": [{"variant": d.variant, "accepted": d.accepted, "reason": d.reason}
+                                  for d in plan.choice.trace],
+                     "chosen": plan.choice.variant.name if plan.choice.variant else None})
+    else:
+        print(plan.describe())
     return 0 if plan.choice.variant is not None else 1
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from .api import get_kernel, get_local_kernel
-    from .validation import validate
+    from .progress import progress
+    from .validation import CASE_COLUMNS, case_cells, new_seed, validate
 
-    if args.path:
-        module = get_local_kernel(args.path, backend=args.backend, framework=args.framework)
+    seed = args.seed if args.seed is not None else new_seed()
+    widths = [44, 8, 16, 10, 9, 5, 8, 8]
+
+    def row(cells: tuple[str, ...]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=False)) + "  " + cells[-1]
+
+    with progress(json_output=args.json) as live:
+        live.phase(f"loading {args.path or args.repo}", announce=False)  # jax and the kernel: seconds
+        if args.path:
+            module = get_local_kernel(args.path, backend=args.backend, framework=args.framework)
+        else:
+            module = get_kernel(args.repo, version=_spec(args.spec), revision=args.revision, backend=args.backend,
+                                framework=args.framework, trust_remote_code=_trust(args.trust_remote_code),
+                                lockfile=args.lockfile)
+        info = module.__kernel_hub__
+
+        def started(total: int) -> None:
+            live.phase(f"validating {info.repo_id}", total, announce=False)
+            live.row(f"{info.repo_id} {info.version or info.commit[:12]} [{info.variant}], seed {seed}: {total} cases")
+            live.row(row(CASE_COLUMNS))
+
+        def finished(_i: int, _total: int, case: Any) -> None:
+            live.row(row(case_cells(case)), ok=case.passed)
+            live.advance()
+
+        if args.tpu:
+            live.row(f"then compiling the TPU cases for {', '.join(args.tpu)} (libtpu, in .venv-tpu)")
+        report = validate(module, backend=args.backend, tags=tuple(args.tag) or None, seed=seed, tpu=args.tpu,
+                          on_start=started, on_case=finished)
+    if args.json:
+        print(report.to_json())
     else:
-        module = get_kernel(args.repo, version=_spec(args.spec), revision=args.revision, backend=args.backend,
-                            framework=args.framework, trust_remote_code=_trust(args.trust_remote_code),
-                            lockfile=args.lockfile)
-    report = validate(module, backend=args.backend, tags=tuple(args.tag) or None, seed=args.seed, tpu=args.tpu)
-    print(report.to_json() if args.json else report)
+        compiled = report.compile_lines()
+        if compiled:
+            print("\n".join(compiled))
+        print(report.summary())
     return 0 if report.passed else 1
 
 
 def cmd_download(args: argparse.Namespace) -> int:
     """Fetch and verify, import nothing: no trust needed, every name and digest still checked."""
     from .errors import VersionSpecError
+    from .progress import progress
 
-    if args.lockfile:
-        from .lock import fetch_locked
+    with progress(json_output=args.json) as live:
+        if args.lockfile:
+            from .lock import fetch_locked
 
-        if args.spec is not None or args.revision is not None:
-            raise VersionSpecError("a lock file fixes the version: drop --version/--revision or --lockfile")
-        entry, build = fetch_locked(args.repo, lockfile=args.lockfile, framework=args.framework)
-        label = entry.version or entry.commit[:12]
-    else:
-        from .planning import plan_load
+            if args.spec is not None or args.revision is not None:
+                raise VersionSpecError("a lock file fixes the version: drop --version/--revision or --lockfile")
+            live.phase(f"fetching {args.repo} as {args.lockfile} locks it")
+            entry, build = fetch_locked(args.repo, lockfile=args.lockfile, framework=args.framework)
+            version, commit = entry.version, entry.commit
+        else:
+            from .planning import plan_load
 
-        plan = plan_load(args.repo, version=_spec(args.spec), revision=args.revision, backend=args.backend,
-                         framework=args.framework)
-        if plan.choice.variant is None:
-            raise plan.no_fit()
-        build = plan.source.fetch(args.repo, plan.resolution.commit, plan.choice.variant)
-        label = plan.resolution.version or plan.resolution.commit[:12]
-    print(f"{args.repo} {label} [{build.variant.name}]")
+            live.phase(f"resolving {args.repo}")
+            plan = plan_load(args.repo, version=_spec(args.spec), revision=args.revision, backend=args.backend,
+                             framework=args.framework)
+            if plan.choice.variant is None:
+                raise plan.no_fit()
+            version, commit = plan.resolution.version, plan.resolution.commit
+            live.row(f"resolved  {plan.resolution.reason}")
+            live.phase(f"fetching [{plan.choice.variant.name}] and checking every sha256")
+            build = plan.source.fetch(args.repo, commit, plan.choice.variant)
+    data = {"repo_id": args.repo, "version": version, "commit": commit, "variant": build.variant.name,
+            "package_dir": str(build.package_dir), "files": len(build.digests), "verified": True}
+    if args.json:
+        _print_json(data)
+        return 0
+    print(f"{args.repo} {version or commit[:12]} [{build.variant.name}]")
     print(f"package   {build.package_dir}")
     print(f"files     {len(build.digests)} (sha256 checked)")
     return 0
@@ -200,6 +286,11 @@ def cmd_lock(args: argparse.Namespace) -> int:
     out = Path(args.output)
     locked = lock(args.repos or None, version=_spec(args.spec), revision=args.revision, framework=args.framework,
                   backend=args.backend, path=out, trust_remote_code=_trust(args.trust_remote_code))
+    if args.json:
+        _print_json({"path": str(out), "kernels": [
+            {"repo_id": k.repo_id, "version": k.version, "commit": k.commit, "variant": k.variant["name"],
+             "files": len(k.files), "source": k.source, "location": k.location} for k in locked.kernels]})
+        return 0
     for k in locked.kernels:
         print(f"locked {k.repo_id} {k.version or '-'} at {k.commit[:12]} [{k.variant['name']}] "
               f"({len(k.files)} files, {k.source})")
@@ -208,11 +299,19 @@ def cmd_lock(args: argparse.Namespace) -> int:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from .progress import progress
     from .publish import publish
 
-    result = publish(args.path, repo_id=args.repo, endpoint=args.endpoint, token=args.token,
-                     skip_validation=args.skip_validation)
-    print(result.summary())
+    with progress(json_output=args.json) as live:
+        live.phase(f"publishing {args.path}")
+        result = publish(args.path, repo_id=args.repo, endpoint=args.endpoint, token=args.token,
+                         skip_validation=args.skip_validation, log=live.row)
+    if args.json:
+        _print_json({**asdict(result), "summary": result.summary()})
+    else:
+        print(result.summary())
     return 0
 
 
@@ -234,6 +333,42 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
     return run_demo(quick=args.quick)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .progress import progress
+    from .report.runner import Options, build_report, summary_lines, write_report
+
+    def names(text: str | None) -> tuple[str, ...] | None:
+        return tuple(x.strip() for x in text.split(",") if x.strip()) if text else None
+
+    from .report.benches import BENCHES
+    from .report.families import family_specs
+
+    sections = ("validation", "compile", "families", "benches")
+    skip = set(names(args.skip) or ())
+    if skip - set(sections):
+        raise KernelHubError(f"--skip takes {', '.join(sections)}; got {', '.join(sorted(skip - set(sections)))}")
+    for flag, given, known in (("--families", names(args.families), [f.family for f in family_specs()]),
+                               ("--benches", names(args.benches), [b.name for b in BENCHES])):
+        unknown = sorted(set(given or ()) - set(known))
+        if unknown:
+            raise KernelHubError(f"{flag}: unknown {', '.join(unknown)} (known: {', '.join(known)})")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise KernelHubError(f"--out {args.out} is a file; name a folder (it is created if missing)")
+    options = Options(quick=args.quick, seed=args.seed, generations=args.tpu, tpu_cases=args.tpu_cases,
+                      families=names(args.families),
+                      benches=names(args.benches), sections=tuple(s for s in sections if s not in skip))
+    with progress(json_output=args.json) as live:
+        report = build_report(options, live)
+    paths = write_report(report, args.out)
+    if args.json:
+        _print_json({"out_dir": str(Path(args.out)), "report_json": str(paths[0]), "index_html": str(paths[1]),
+                     "seconds": report.seconds, "seed": report.environment.seed,
+                     "headline": report.headline.model_dump()})
+    else:
+        print("\n".join(summary_lines(report, paths)))
+    return 0
 
 
 def _tpu_generations(text: str) -> tuple[str, ...]:
@@ -265,12 +400,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser("list", help="kernels in the registry", description="List the kernels the registry knows.")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_json_arg(p, "the registry")
     p.set_defaults(func=cmd_list)
 
     p = sub.add_parser("info", help="one kernel: metadata, refs, variants",
                        description="Show a kernel's metadata, its refs (tags, branches) and build variants.")
     p.add_argument("repo", help="repo id, e.g. kernel-hub/ragged-dot-tpu")
+    _add_json_arg(p)
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("resolve", help="print the version and variant decisions (the trace)",
@@ -281,6 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tpu-generation", help="simulate a TPU generation (v4, v5e, v5p, v6e, v7x)")
     p.add_argument("--jax-version", help="simulate an installed jax version")
     p.add_argument("--torch-version", help="simulate an installed torch version")
+    _add_json_arg(p, "the decisions")
     p.set_defaults(func=cmd_resolve)
 
     p = sub.add_parser("validate", help="check a kernel's numbers against its reference here",
@@ -292,11 +429,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lockfile", help="load exactly what this lock file records (see kernel-hub lock)")
     _add_trust_arg(p)
     p.add_argument("--tag", action="append", default=[], help="only cases with this tag (decode, prefill, edge, ...)")
-    p.add_argument("--seed", type=int, help="random seed for the inputs (default: fresh)")
+    p.add_argument("--seed", type=int, help="random seed for the inputs (default: fresh; printed, and recorded in "
+                   "the JSON, so a run can be repeated)")
     p.add_argument("--tpu", metavar="GENS", type=_tpu_generations,
                    help="also compile every TPU case with the real TPU compiler for these generations, e.g. "
                    "v5e,v6e (also v4, v5p, v7x); needs the TPU environment (make setup-tpu)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    _add_json_arg(p, "the report")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("download", help="fetch and verify the build that fits, without importing it",
@@ -305,6 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("repo", help="repo id")
     _add_version_args(p)
     p.add_argument("--lockfile", help="fetch exactly what this lock file records")
+    _add_json_arg(p)
     p.set_defaults(func=cmd_download)
 
     p = sub.add_parser("lock", help="pin kernels to a commit and variant with every file's sha256",
@@ -316,6 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", "-o", default=os.environ.get("KERNEL_HUB_LOCK") or "kernel-hub.lock",
                    help="lock file (default kernel-hub.lock, or $KERNEL_HUB_LOCK)")
     _add_trust_arg(p)
+    _add_json_arg(p, "what was locked")
     p.set_defaults(func=cmd_lock)
 
     p = sub.add_parser("publish", help="build, validate and upload a kernel folder to the Hub",
@@ -328,6 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--endpoint", help="Hub endpoint (default: $HF_ENDPOINT or huggingface.co)")
     p.add_argument("--token", help="write token (default: $HF_TOKEN or the saved login)")
     p.add_argument("--skip-validation", action="store_true", help="publish without validating (says so)")
+    _add_json_arg(p)
     p.set_defaults(func=cmd_publish)
 
     p = sub.add_parser("bench", help="run a kernel's benchmark against its alternatives",
@@ -344,6 +485,28 @@ def build_parser() -> argparse.ArgumentParser:
                        "and print timings and the ratio. Needs no network and no token.")
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("report", help="validation dashboard: report.json and a static index.html",
+                       description="Validate every registry kernel on every mode this machine offers (CPU paths, "
+                       "Pallas interpreted, the TPU simulator with race detection, torch entries), compile TPU cases "
+                       "per generation when the TPU environment is there (make setup-tpu), kernelize a tiny "
+                       "model of every covered family (transformers MoE and attention, Diffusers), run the benches, "
+                       "and write OUT/report.json (schema: docs/report-schema.json) and OUT/index.html (open it in "
+                       "a browser; no server). A full report takes several minutes, --quick about one.")
+    p.add_argument("--out", default="report", help="output folder (default: ./report)")
+    p.add_argument("--quick", action="store_true",
+                   help="one case per mode and dtype, TPU smoke cases for v5e, three families, one bench")
+    p.add_argument("--seed", type=int, help="random seed for the validation inputs (default: fresh; recorded)")
+    p.add_argument("--tpu", metavar="GENS", type=_tpu_generations,
+                   help="TPU generations to compile for (default: all known; --quick: v5e)")
+    p.add_argument("--tpu-cases", choices=("smoke", "all"), default="smoke",
+                   help="which TPU cases to compile: smoke (each kernel's first forward and backward case; default) "
+                   "or all (~60 a kernel: ~10 min a kernel for five generations on 2 cores, then cached)")
+    p.add_argument("--families", metavar="NAMES", help="only these families (comma list, e.g. qwen3_moe,llama,flux)")
+    p.add_argument("--benches", metavar="NAMES", help="only these benches (comma list, e.g. ragged_dot,attention)")
+    p.add_argument("--skip", metavar="SECTIONS", help="leave out sections: validation, compile, families, benches")
+    _add_json_arg(p, "where the files went and the headline")
+    p.set_defaults(func=cmd_report)
 
     add_serve_parser(sub)
     parser.commands = tuple(sub.choices)
@@ -366,7 +529,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ[REGISTRY_ENV] = str(Path(args.registry).resolve())
     where = f"kernel-hub {args.command}"
     try:
-        return int(func(args) or 0)
+        status = int(func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here rather than at exit, where it would print a warning
+        return status
+    except BrokenPipeError:
+        return _pipe_closed()
     except KernelHubError as exc:
         print(f"{where}: error: {_one_line(str(exc))}", file=sys.stderr)
         return 1
@@ -384,6 +551,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{where}: internal error: {type(exc).__name__}: {detail} (set {DEBUG_ENV}=1 for the traceback)",
               file=sys.stderr)
         return 1
+
+
+def _pipe_closed() -> int:
+    """The reader went away (`kernel-hub validate --json | head -1`): say nothing more. Output still buffered for
+    stdout goes to /dev/null, so the interpreter's flush at exit does not print a second BrokenPipeError."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+    return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by a closed pipe
 
 
 if __name__ == "__main__":

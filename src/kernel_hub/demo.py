@@ -27,7 +27,7 @@ def run_demo(quick: bool = False, print_fn=print) -> int:
 
     import kernel_hub as kh
     from kernel_hub.planning import plan_load
-    from kernel_hub.timing import interleaved_medians
+    from kernel_hub.timing import Ratio, Spread, interleaved_samples
     from kernel_hub.validation import relative_error
 
     t0 = time.perf_counter()
@@ -57,16 +57,18 @@ def run_demo(quick: bool = False, print_fn=print) -> int:
     err = relative_error(np.asarray(out_ours, np.float64), np.asarray(out_lax, np.float64))
     agree = err <= 1e-4
     print_fn(f"agreement max relative error {err:.2e} (tolerance 1e-4): {'AGREE' if agree else 'DISAGREE'}")
-    times = interleaved_medians(
+    samples = interleaved_samples(
         {"kernel": lambda: ours(lhs, rhs, group_sizes), "lax": lambda: lax(lhs, rhs, group_sizes)},
         repeats=3 if quick else 7,
         settle=True,  # each timed warm: neither pays for the other's memory traffic
     )
+    times = {k: Spread.of(v) for k, v in samples.items()}
     impl = kernel.last_implementation()[0] if hasattr(kernel, "last_implementation") else "auto"
-    print_fn(f"{'path':<34}{'median ms':>10}   (interleaved, each call timed warm)")
-    print_fn(f"{'kernel-hub ragged_dot (' + impl + ')':<34}{times['kernel'] * 1e3:>10.2f}")
-    print_fn(f"{'jax.lax.ragged_dot':<34}{times['lax'] * 1e3:>10.2f}")
-    print_fn(f"speed-up over jax.lax.ragged_dot: {times['lax'] / times['kernel']:.1f}x")
+    print_fn(f"{'path':<34}{'median ms':>10}  {'IQR ms':>15}   (interleaved, each call timed warm)")
+    for label, key in ((f"kernel-hub ragged_dot ({impl})", "kernel"), ("jax.lax.ragged_dot", "lax")):
+        t = times[key]
+        print_fn(f"{label:<34}{t.median * 1e3:>10.2f}  {f'{t.q1 * 1e3:.2f}-{t.q3 * 1e3:.2f}':>15}")
+    print_fn(f"speed-up over jax.lax.ragged_dot: {Ratio.of(samples['lax'], samples['kernel'])} (IQR of the rounds)")
     status = 0 if agree else 1
 
     try:

@@ -6,6 +6,7 @@ eager and grouped_mm experts. Sized for ~20-40 s on 2 CPU cores; no downloads.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -27,7 +28,7 @@ def run(
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     import kernel_hub as kh
-    from kernel_hub.timing import interleaved_medians
+    from kernel_hub.timing import Ratio, interleaved_samples
 
     t0 = time.perf_counter()
     config = Qwen3MoeConfig(**DEMO_CONFIG)
@@ -65,12 +66,14 @@ def run(
         return fn
 
     runners = {"eager": timed("eager"), "grouped_mm": timed("grouped_mm"), "kernelized": timed("kernel_hub")}
-    med = {k: v * 1e3 for k, v in interleaved_medians(runners, repeats=reps).items()}
+    samples = interleaved_samples(runners, repeats=reps)
+    med = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
     model.set_experts_implementation("kernel_hub")
-    print_fn(f"decode step, batch {batch} (median of {reps}, interleaved):")
+    print_fn(f"decode step, batch {batch} (median of {reps}, interleaved; ratio: kernelized x faster, with the "
+             "IQR of the rounds):")
     for name in runners:
-        ratio = med[name] / med["kernelized"]
-        versus = "" if name == "kernelized" else f"   ({ratio:.2f}x kernelized)"
+        ratio = Ratio.of(samples[name], samples["kernelized"])
+        versus = "" if name == "kernelized" else f"   (kernelized {ratio})"
         print_fn(f"  {name:11s} {med[name]:8.1f} ms{versus}")
     kh.restore(model)
     with torch.no_grad():

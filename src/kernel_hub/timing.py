@@ -1,10 +1,17 @@
-"""Side-by-side timing: interleaved runs, medians. Shared by the demo and the benches."""
+"""Side-by-side timing: interleaved runs, their spread, and ratios with their spread. Shared by the demo, the
+validation harness, the benches and the report.
+
+A single median hides how noisy a shared 2-core machine is (one quick run saw 593, 59 and 33 ms for one
+method), so every time is kept as a `Spread` (median, quartiles, min, max of the samples) and every
+comparison as a `Ratio` with the interquartile range of the per-round ratios: "10.5x (9.8-11.2)".
+"""
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 
@@ -15,6 +22,72 @@ def block(x: Any) -> Any:
         if hasattr(leaf, "block_until_ready"):
             leaf.block_until_ready()
     return x
+
+
+def _quartiles(values: Sequence[float]) -> tuple[float, float, float]:
+    """(q1, median, q3) with the inclusive method, so a quartile never leaves the samples' range."""
+    data = sorted(values)
+    if len(data) == 1:
+        return data[0], data[0], data[0]
+    q1, med, q3 = statistics.quantiles(data, n=4, method="inclusive")
+    return q1, med, q3
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Summary of one method's samples (seconds): the median and how far the runs strayed from it."""
+
+    median: float
+    q1: float
+    q3: float
+    min: float
+    max: float
+    n: int
+
+    @classmethod
+    def of(cls, samples: Sequence[float]) -> Spread:
+        if not samples:
+            raise ValueError("no samples to summarise")
+        q1, med, q3 = _quartiles(samples)
+        return cls(median=med, q1=q1, q3=q3, min=min(samples), max=max(samples), n=len(samples))
+
+    def ms(self) -> dict[str, float | int]:
+        """The JSON form used by every bench: milliseconds, keys median_ms, q1_ms, q3_ms, min_ms, max_ms, n."""
+        return {f"{k}_ms": v * 1e3 for k, v in asdict(self).items() if k != "n"} | {"n": self.n}
+
+    def __str__(self) -> str:
+        return f"{self.median * 1e3:.2f} ms (IQR {self.q1 * 1e3:.2f}-{self.q3 * 1e3:.2f})"
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """How many times faster `ours` is than a baseline (>1: faster), with the interquartile range.
+
+    paired: both were timed round-robin the same number of times (interleaved_samples), so each round gives one
+    ratio baseline_i / ours_i and the value is their median, the range their quartiles. Otherwise the value is
+    the ratio of medians and the range the widest one the quartiles allow (baseline q1/ours q3 .. q3/q1)."""
+
+    value: float
+    low: float
+    high: float
+    paired: bool
+
+    @classmethod
+    def of(cls, baseline: Sequence[float], ours: Sequence[float]) -> Ratio:
+        if not baseline or not ours:
+            raise ValueError("a ratio needs samples on both sides")
+        if len(baseline) == len(ours) and all(t > 0 for t in ours):
+            low, value, high = _quartiles([b / o for b, o in zip(baseline, ours, strict=True)])
+            return cls(value=value, low=low, high=high, paired=True)
+        b, o = Spread.of(baseline), Spread.of(ours)
+        return cls(value=b.median / o.median, low=b.q1 / o.q3, high=b.q3 / o.q1, paired=False)
+
+    def to_dict(self) -> dict[str, float | bool]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        digits = 2 if self.value < 10 else 1
+        return f"{self.value:.{digits}f}x ({self.low:.{digits}f}-{self.high:.{digits}f})"
 
 
 def interleaved_samples(
@@ -41,9 +114,59 @@ def interleaved_samples(
     return samples
 
 
+def interleaved_stats(
+    fns: dict[str, Callable[[], Any]], *, repeats: int = 7, warmup: int = 1, settle: bool = False
+) -> dict[str, Spread]:
+    """Median, quartiles, min and max seconds per callable over interleaved, rotated runs."""
+    samples = interleaved_samples(fns, repeats=repeats, warmup=warmup, settle=settle)
+    return {name: Spread.of(s) for name, s in samples.items()}
+
+
 def interleaved_medians(
     fns: dict[str, Callable[[], Any]], *, repeats: int = 7, warmup: int = 1, settle: bool = False
 ) -> dict[str, float]:
-    """Median seconds per callable over interleaved, rotated runs (see interleaved_samples)."""
-    samples = interleaved_samples(fns, repeats=repeats, warmup=warmup, settle=settle)
-    return {name: statistics.median(s) for name, s in samples.items()}
+    """Median seconds per callable over interleaved, rotated runs (see interleaved_stats for the spread)."""
+    return {name: s.median for name, s in interleaved_stats(fns, repeats=repeats, warmup=warmup,
+                                                            settle=settle).items()}
+
+
+def first_and_warm(fn: Callable[[], Any], *, runs: int = 3, budget_s: float = 1.0) -> tuple[Any, float, list[float]]:
+    """(first result, seconds of the first call, seconds of each warm call after it).
+
+    The first call pays for tracing and compiling (JIT) as well as running; the warm calls pay for running
+    only. Warm calls stop after `runs`, or once they have taken `budget_s` together (at least one is made),
+    so a slow case (the TPU simulator) costs one extra run, a fast one a few."""
+    start = time.perf_counter()
+    result = block(fn())
+    first = time.perf_counter() - start
+    warm: list[float] = []
+    while len(warm) < max(runs, 1) and (not warm or sum(warm) < budget_s):
+        start = time.perf_counter()
+        block(fn())
+        warm.append(time.perf_counter() - start)
+    return result, first, warm
+
+
+def bench_records(
+    samples: dict[str, list[float]], *, group: str, baseline: str | None, **fields: Any
+) -> list[dict[str, Any]]:
+    """One JSON record per method in the benches' shared form: `group` (what was measured), `method`, the
+    samples and their spread in ms (Spread.ms), and `vs_baseline` (Ratio.to_dict against `baseline`, None for
+    the baseline itself or when it was not timed), plus `fields`."""
+    base = samples.get(baseline) if baseline else None
+    out = []
+    for method, runs in samples.items():
+        if not runs:
+            continue
+        ratio = Ratio.of(base, runs).to_dict() if base and method != baseline else None
+        out.append({"group": group, "method": method, **fields, "samples_ms": [t * 1e3 for t in runs],
+                    **Spread.of(runs).ms(), "vs_baseline": ratio})
+    return out
+
+
+def format_ratio(ratio: dict[str, Any] | Ratio | None) -> str:
+    """A record's vs_baseline (or a Ratio) as "10.5x (9.8-11.2)"; "-" when there is none."""
+    if ratio is None:
+        return "-"
+    r = ratio if isinstance(ratio, Ratio) else Ratio(**ratio)
+    return str(r)

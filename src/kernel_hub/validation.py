@@ -3,7 +3,9 @@
 A kernel package ships `validation.py` with `cases(backend, framework="jax") -> list[Case]` (the kernel
 contract, contract.py); each case makes fresh random inputs, calls the loaded module and computes an
 independent reference. This harness owns the verdict: the metric and tolerance table of numerics.py (NaN/Inf
-never passing), timing of the kernel call only.
+never passing), and the timing of the kernel call only: the first call (trace + compile + run) apart from the
+warm median of a few more (timing.first_and_warm). The seed is recorded: case i of a report uses seed + i, so
+`--seed` reproduces a run.
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -22,7 +26,11 @@ import numpy as np
 from .errors import KernelHubError, ValidationFailedError
 from .numerics import relative_error, to_float64, tolerance
 
-__all__ = ["CaseResult", "ValidationReport", "relative_error", "require_valid", "run_case", "validate"]
+__all__ = ["CaseResult", "ValidationReport", "case_mode", "relative_error", "require_valid", "run_case", "validate"]
+
+#: Warm calls per case after the first (fewer when they pass WARM_BUDGET_S together).
+WARM_RUNS = 3
+WARM_BUDGET_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -33,17 +41,20 @@ class CaseResult:
     passed: bool
     max_error: float
     tolerance: float
-    seconds: float
+    seconds: float  # numeric: warm median of the kernel call; compile: libtpu's compile time
     tags: tuple[str, ...] = ()
     error: str | None = None
     # kind="compile": a case compiled by the real TPU compiler for `generation` (kernel_hub.tpu.gate)
     kind: str = "numeric"
     generation: str | None = None
-    compile_seconds: float | None = None
+    compile_seconds: float | None = None  # compile: libtpu's; numeric: first call minus the warm median
     argument_bytes: int | None = None
     output_bytes: int | None = None
     temp_bytes: int | None = None
     cached: bool = False
+    mode: str = ""  # how the case ran: case_mode() (numeric), "tpu-compile" (compile)
+    first_call_seconds: float | None = None  # numeric: the first call, trace + compile + run
+    warm_runs: int = 0  # numeric: warm calls behind `seconds`
 
 
 @dataclass
@@ -57,41 +68,64 @@ class ValidationReport:
     cases: list[CaseResult] = field(default_factory=list)
     libtpu_version: str | None = None  # set when TPU compile cases are in the report
     generations: tuple[str, ...] = ()
+    seed: int | None = None  # case i's inputs came from seed + i
 
     @property
     def passed(self) -> bool:
         return bool(self.cases) and all(c.passed for c in self.cases)
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: a case that raised has max_error NaN, which JSON cannot carry; it becomes null."""
         data = asdict(self)
         data["passed"] = self.passed
+        for case in data["cases"]:
+            if isinstance(case["max_error"], float) and not np.isfinite(case["max_error"]):
+                case["max_error"] = None
         return data
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False)
 
     def __str__(self) -> str:
-        head = f"{self.repo_id} {self.version or self.commit[:12]} [{self.variant}] on {self.backend}"
         numeric = [c for c in self.cases if c.kind != "compile"]
-        compiled = [c for c in self.cases if c.kind == "compile"]
-        lines = [head]
+        lines = [self.header()]
         if numeric:
-            rows = [("case", "dtype", "impl", "max error", "tol", "seconds", "result")]
-            for c in numeric:
-                rows.append((c.name, c.dtype, c.implementation or "auto", f"{c.max_error:.2e}", f"{c.tolerance:.0e}",
-                             f"{c.seconds:.3f}", _verdict(c)))
+            rows = [CASE_COLUMNS] + [case_cells(c) for c in numeric]
             lines += _aligned(rows)
-        if compiled:
-            lines.append(f"TPU compile (jax {self.jax_version}, libtpu {self.libtpu_version}):")
-            rows = [("generation", "case", "compile s", "args MiB", "out MiB", "temp MiB", "result")]
-            for c in compiled:
-                sec = "cached" if c.cached else (f"{c.compile_seconds:.2f}" if c.compile_seconds is not None else "-")
-                rows.append((c.generation or "", c.name, sec, _mib(c.argument_bytes), _mib(c.output_bytes),
-                             _mib(c.temp_bytes), _verdict(c)))
-            lines += _aligned(rows)
-        n_pass = sum(c.passed for c in self.cases)
-        lines.append(f"{n_pass}/{len(self.cases)} cases passed: {'PASSED' if self.passed else 'FAILED'}")
+        lines += self.compile_lines()
+        lines.append(self.summary())
         return "\n".join(lines)
+
+    def compile_lines(self) -> list[str]:
+        """The TPU compile cases as a table (none: no lines)."""
+        compiled = [c for c in self.cases if c.kind == "compile"]
+        if not compiled:
+            return []
+        rows = [("generation", "case", "compile s", "args MiB", "out MiB", "temp MiB", "result")]
+        for c in compiled:
+            sec = "cached" if c.cached else (f"{c.compile_seconds:.2f}" if c.compile_seconds is not None else "-")
+            rows.append((c.generation or "", c.name, sec, _mib(c.argument_bytes), _mib(c.output_bytes),
+                         _mib(c.temp_bytes), _verdict(c)))
+        return [f"TPU compile (jax {self.jax_version}, libtpu {self.libtpu_version}):", *_aligned(rows)]
+
+    def header(self) -> str:
+        seed = f", seed {self.seed}" if self.seed is not None else ""
+        return f"{self.repo_id} {self.version or self.commit[:12]} [{self.variant}] on {self.backend}{seed}"
+
+    def summary(self) -> str:
+        n_pass = sum(c.passed for c in self.cases)
+        return f"{n_pass}/{len(self.cases)} cases passed: {'PASSED' if self.passed else 'FAILED'}"
+
+
+#: The columns of a numeric case, in the table and in live rows (case_cells).
+CASE_COLUMNS = ("case", "dtype", "mode", "impl", "max error", "tol", "first s", "warm s", "result")
+
+
+def case_cells(c: CaseResult) -> tuple[str, ...]:
+    """A numeric case's row: first call (trace + compile + run) and the warm median apart."""
+    first = "-" if c.first_call_seconds is None else f"{c.first_call_seconds:.3f}"
+    return (c.name, c.dtype, c.mode or "-", c.implementation or "auto", f"{c.max_error:.2e}", f"{c.tolerance:.0e}",
+            first, f"{c.seconds:.4f}", _verdict(c))
 
 
 def _verdict(c: CaseResult) -> str:
@@ -114,22 +148,46 @@ def _block(x: Any) -> Any:
     return x
 
 
-def run_case(case: Any, module: ModuleType, seed: int) -> CaseResult:
-    """One case: fresh inputs, timed kernel call, reference, verdict. Exceptions fail the case."""
+def case_mode(case: Any) -> str:
+    """How a case runs, for the report's matrix: tpu-interpret (the TPU simulator with race detection),
+    pallas-interpret, torch (the torch-facing entry), else its implementation (cpu, xla, ...; "auto": the
+    entry's own order)."""
+    tags = set(getattr(case, "tags", ()))
+    interpret = getattr(case, "interpret", None)
+    if interpret == "tpu" or "tpu_interpret" in tags:
+        return "tpu-interpret"
+    if interpret == "fast" or "interpret" in tags:
+        return "pallas-interpret"
+    if getattr(case, "framework", "jax") == "torch":
+        return "torch"
+    impl = case.implementation
+    return "/".join(impl) if isinstance(impl, tuple) else (impl or "auto")
+
+
+def run_case(case: Any, module: ModuleType, seed: int, *, warm_runs: int = WARM_RUNS,
+             warm_budget_s: float = WARM_BUDGET_S) -> CaseResult:
+    """One case: fresh inputs, the kernel call timed cold (first call) and warm (median of up to `warm_runs`
+    more), reference, verdict. Exceptions fail the case."""
+    from .timing import first_and_warm
+
     tol = case.tolerance if getattr(case, "tolerance", None) is not None else tolerance(case.dtype)
     common = dict(name=case.name, dtype=case.dtype, implementation=case.implementation,
-                  tolerance=tol, tags=tuple(getattr(case, "tags", ())))
+                  tolerance=tol, tags=tuple(getattr(case, "tags", ())), mode=case_mode(case))
     start = time.perf_counter()
     try:
         inputs = case.inputs(seed)
         start = time.perf_counter()
-        actual = to_float64(_block(case.call(module, inputs)))
-        seconds = time.perf_counter() - start
+        result, first, warm = first_and_warm(lambda: case.call(module, inputs), runs=warm_runs,
+                                             budget_s=warm_budget_s)
+        actual = to_float64(result)
         expected = to_float64(case.reference(inputs))
     except Exception as exc:  # a kernel that raises fails its case, with the reason
         message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         return CaseResult(passed=False, max_error=float("nan"), seconds=time.perf_counter() - start,
                           error=message[:200], **common)
+    seconds = statistics.median(warm)
+    timing = dict(seconds=seconds, first_call_seconds=first, compile_seconds=max(first - seconds, 0.0),
+                  warm_runs=len(warm))
     err = relative_error(actual, expected)
     problem = None
     if actual.shape != expected.shape:
@@ -139,7 +197,7 @@ def run_case(case: Any, module: ModuleType, seed: int) -> CaseResult:
     elif not np.isfinite(expected).all():
         problem = "NaN or Inf in the reference"
     passed = problem is None and err <= tol
-    return CaseResult(passed=passed, max_error=err, seconds=seconds, error=problem, **common)
+    return CaseResult(passed=passed, max_error=err, error=problem, **timing, **common)
 
 
 def _cases_for(module: ModuleType, backend: str) -> list[Any]:
@@ -171,9 +229,16 @@ def validate(
     names: tuple[str, ...] | None = None,
     seed: int | None = None,
     tpu: str | list[str] | tuple[str, ...] | None = None,
+    on_start: Callable[[int], None] | None = None,
+    on_case: Callable[[int, int, CaseResult], None] | None = None,
+    select: Callable[[list[Any]], list[Any]] | None = None,
 ) -> ValidationReport:
-    """Run the kernel's cases for this backend; `tags`/`names` select a subset.
+    """Run the kernel's cases for this backend; `tags`/`names` (or `select`, a function of the case list)
+    select a subset.
 
+    seed: case i's inputs come from seed + i; None draws one, recorded in report.seed either way.
+    on_start(total) is called once the cases are chosen, on_case(i, total, result) as each numeric case finishes
+    (live progress).
     tpu=["v5e", "v6e"] (or "v5e,v6e") adds every TPU compile case of the kernel (those `tags`/`names` select),
     compiled by the real TPU compiler for each generation (kernel_hub.tpu.gate; needs the TPU environment,
     `make setup-tpu`)."""
@@ -187,11 +252,18 @@ def validate(
         cases = [c for c in cases if set(tags) & set(getattr(c, "tags", ()))]
     if names:
         cases = [c for c in cases if c.name in names]
-    rng_seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
+    if select is not None:
+        cases = select(cases)
+    rng_seed = seed if seed is not None else new_seed()
     report = ValidationReport(info.repo_id, info.version, info.commit, info.variant, run_backend,
-                              installed_version("jax"))
+                              installed_version("jax"), seed=rng_seed)
+    if on_start is not None:
+        on_start(len(cases))
     for i, case in enumerate(cases):
-        report.cases.append(run_case(case, module, rng_seed + i))
+        result = run_case(case, module, rng_seed + i)
+        report.cases.append(result)
+        if on_case is not None:
+            on_case(i, len(cases), result)
     if tpu:
         from .tpu.gate import compile_matrix
 
@@ -199,6 +271,11 @@ def validate(
         report.cases.extend(compiled.cases)
         report.libtpu_version, report.generations = compiled.libtpu_version, compiled.generations
     return report
+
+
+def new_seed() -> int:
+    """A fresh seed that fits every RNG the cases use (31 bits, so seed + i stays a valid int32 seed too)."""
+    return int.from_bytes(os.urandom(4), "little") >> 1
 
 
 def _current_backend(framework: str) -> str:

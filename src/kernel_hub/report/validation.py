@@ -1,0 +1,144 @@
+"""The report's validation and TPU compile sections: every registry kernel on every mode this machine offers.
+
+Modes come from the kernels' own cases (validation.case_mode): on a CPU host the CPU paths, the Pallas kernels
+interpreted, the TPU simulator with race detection, and the torch-facing entries; with the TPU environment
+(.venv-tpu), every TPU case compiled by libtpu per generation (tpu.gate.compile_matrix).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ..buildfmt import FRAMEWORKS
+from ..progress import Progress
+from ..validation import CaseResult, case_cells
+from .schema import CaseRow, Cell, Compile, KernelRun, Validation, finite
+
+#: TPU generations compiled for in a full report (all that tpu.chips knows) and in a quick one.
+QUICK_GENERATIONS = ("v5e",)
+
+
+def quick_selection(cases: list[Any]) -> list[Any]:
+    """One case per (mode, dtype): every matrix cell of the full run, a fraction of its time."""
+    from ..validation import case_mode
+
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for case in cases:
+        key = (case_mode(case), case.dtype)
+        if key not in seen:
+            seen.add(key)
+            out.append(case)
+    return out
+
+
+def case_row(kernel: str, framework: str, c: CaseResult) -> CaseRow:
+    compiled = c.kind == "compile"
+    return CaseRow(
+        kernel=kernel, framework=framework, mode="tpu-compile" if compiled else (c.mode or "auto"),
+        generation=c.generation, name=c.name, dtype=c.dtype, implementation=c.implementation, passed=c.passed,
+        max_error=finite(c.max_error), tolerance=c.tolerance, run_seconds=None if compiled else c.seconds,
+        first_call_seconds=c.first_call_seconds, compile_seconds=c.compile_seconds, warm_runs=c.warm_runs,
+        cached=c.cached, error=c.error)
+
+
+def matrix(rows: Sequence[CaseRow], column: str, *, by_dtype: bool) -> list[Cell]:
+    """Cells of (kernel, column value[, dtype]) in first-seen order; column is a CaseRow field name."""
+    cells: dict[tuple[str, str, str | None], Cell] = {}
+    for r in rows:
+        key = (r.kernel, str(getattr(r, column)), r.dtype if by_dtype else None)
+        cell = cells.setdefault(key, Cell(kernel=key[0], column=key[1], dtype=key[2], passed=0, total=0, failed=[]))
+        cell.total += 1
+        if r.passed:
+            cell.passed += 1
+        else:
+            cell.failed.append(r.name)
+    return list(cells.values())
+
+
+def live_row(kernel: str, c: CaseResult) -> str:
+    cells = case_cells(c)
+    verdict = "pass" if c.passed else "FAIL"
+    name, dtype, mode, _impl, err, _tol, first, warm = cells[:8]
+    reason = f"  {c.error}" if c.error and not c.passed else ""
+    return f"  {verdict}  {kernel:<30} {mode:<16} {dtype:<8} {name:<46} err {err}  first {first}s  warm {warm}s{reason}"
+
+
+def run_validation(repo_ids: Sequence[str], *, seed: int, quick: bool, progress: Progress) -> Validation:
+    """Load each kernel for each framework (jax, torch) on this backend and run its cases."""
+    import kernel_hub as kh
+
+    from ..errors import KernelHubError, NoVariantError
+
+    runs: list[KernelRun] = []
+    rows: list[CaseRow] = []
+    for repo_id in repo_ids:
+        for framework in FRAMEWORKS:
+            start = time.perf_counter()
+            try:
+                module = kh.get_kernel(repo_id, framework=framework)
+            except NoVariantError:
+                runs.append(KernelRun(kernel=repo_id, framework=framework, version=None, variant=None, backend=None,
+                                      passed=0, total=0, seconds=0.0, skipped=f"no {framework} build fits here"))
+                continue
+            except KernelHubError as exc:
+                runs.append(KernelRun(kernel=repo_id, framework=framework, version=None, variant=None, backend=None,
+                                      passed=0, total=0, seconds=time.perf_counter() - start,
+                                      skipped=f"does not load: {exc}"))
+                progress.row(f"  FAIL  {repo_id} [{framework}] does not load: {exc}", ok=False)
+                continue
+            info = module.__kernel_hub__
+
+            def started(total: int, repo_id: str = repo_id, variant: str = info.variant) -> None:
+                progress.phase(f"validate {repo_id} [{variant}]", total)
+
+            def finished(i: int, total: int, c: CaseResult, repo_id: str = repo_id) -> None:
+                progress.row(live_row(repo_id, c), ok=c.passed)
+                progress.advance()
+
+            try:
+                report = kh.validate(module, seed=seed, select=quick_selection if quick else None,
+                                     on_start=started, on_case=finished)
+            except KernelHubError as exc:  # no cases for this backend/framework
+                runs.append(KernelRun(kernel=repo_id, framework=framework, version=info.version, variant=info.variant,
+                                      backend=None, passed=0, total=0, seconds=time.perf_counter() - start,
+                                      skipped=str(exc)))
+                continue
+            rows += [case_row(repo_id, framework, c) for c in report.cases]
+            runs.append(KernelRun(kernel=repo_id, framework=framework, version=info.version, variant=info.variant,
+                                  backend=report.backend, passed=sum(c.passed for c in report.cases),
+                                  total=len(report.cases), seconds=time.perf_counter() - start, skipped=None))
+    return Validation(seed=seed, runs=runs, cases=rows, matrix=matrix(rows, "mode", by_dtype=True))
+
+
+def run_compile(kernel_dirs: dict[str, Any], generations: Sequence[str] | None, *, quick: bool, cases: str,
+                progress: Progress) -> Compile:
+    """compile_matrix for each kernel folder over `generations` (None: every known one; quick: v5e) and `cases`
+    ("smoke": the cases tagged smoke, the first forward and backward validation case of each kernel; "all": every
+    one, ~60 a kernel, ~2 s each on 2 busy cores, cached per commit). Without the TPU environment, a section that
+    says why."""
+    from ..tpu.chips import CHIPS
+    from ..tpu.env import TpuEnvironmentError, tpu_env
+    from ..tpu.gate import compile_matrix
+
+    gens = tuple(generations or (QUICK_GENERATIONS if quick else tuple(CHIPS)))
+    try:
+        env = tpu_env()
+    except TpuEnvironmentError as exc:
+        return Compile(available=False, reason=str(exc), generations=list(gens), selection=cases, jax=None,
+                       libtpu=None, cases=[], matrix=[])
+    rows: list[CaseRow] = []
+    progress.phase(f"TPU compile for {', '.join(gens)}", len(kernel_dirs))
+    for repo_id, folder in kernel_dirs.items():
+        report = compile_matrix(folder, gens, tags=["smoke"] if cases == "smoke" else None, env=env)
+        mine = [case_row(repo_id, "jax", c) for c in report.cases]
+        rows += mine
+        ok = sum(r.passed for r in mine)
+        cached = sum(r.cached for r in mine)
+        progress.row(f"  {'pass' if ok == len(mine) else 'FAIL'}  {repo_id:<30} tpu-compile      {ok}/{len(mine)} "
+                     f"compiled ({cached} from the cache)", ok=ok == len(mine))
+        progress.advance()
+    return Compile(available=True, reason=None, generations=list(gens), selection=cases, jax=env.jax_version,
+                   libtpu=env.libtpu_version, cases=rows, matrix=matrix(rows, "generation", by_dtype=False))
