@@ -124,11 +124,37 @@ def cmd_info(args: argparse.Namespace) -> int:
     if spec or refs:
         res = resolve(refs, version=_spec(spec) if spec else None, revision=None if spec else refs[0].name)
         print("variants  at " + res.commit[:12] + ":")
-        for v in source.variants(args.repo, res.commit):
+        variants = source.variants(args.repo, res.commit)
+        for v in variants:
             gens = f" tpu {','.join(v.tpu_generations)}" if v.tpu_generations else ""
             reqs = " ".join(f"{d}{s}" for d, s in v.requires)
             print(f"  {v.name:<12} {v.framework:<6} {v.backend:<5} entry {v.entry}{gens}  {reqs}")
+        tpu = [v for v in variants if v.backend == "tpu"]
+        if tpu:
+            print("tpu compile (recorded in the release):")
+            for v in tpu:
+                lines = _tpu_compile_lines(source, args.repo, res.commit, v)
+                print(f"  {v.name:<12} {lines[0]}")
+                for line in lines[1:]:
+                    print(f"  {'':<12} {line}")
     return 0
+
+
+def _tpu_compile_lines(source: Any, repo_id: str, commit: str, variant: Any) -> list[str]:
+    """What a published TPU variant's metadata.json records about the compile gate (its bundle is fetched and
+    verified; nothing is imported). A source folder is not a release: it records nothing."""
+    from . import buildfmt as fmt
+    from .sources import LocalSource
+
+    if isinstance(getattr(source, "active", None) or source, LocalSource):
+        return ["not compiled for TPU (a source folder, not a release: `kernel-hub validate --path DIR --tpu "
+                "v5e,v6e` compiles it)"]
+    build = source.fetch(repo_id, commit, variant)
+    folder = Path(build.package_dir).parent
+    info = fmt.read_build_info(folder, f"{repo_id}@{commit[:12]} [{variant.name}]", variant.name)
+    if info.tpu_compile is None:
+        return ["not compiled for TPU (the release records no compile matrix)"]
+    return info.tpu_compile.lines()
 
 
 def cmd_resolve(args: argparse.Namespace) -> int:
@@ -211,7 +237,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     from .publish import publish
 
     result = publish(args.path, repo_id=args.repo, endpoint=args.endpoint, token=args.token,
-                     skip_validation=args.skip_validation)
+                     skip_validation=args.skip_validation, skip_tpu_compile=args.skip_tpu_compile)
     print(result.summary())
     return 0
 
@@ -268,8 +294,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("info", help="one kernel: metadata, refs, variants",
-                       description="Show a kernel's metadata, its refs (tags, branches) and build variants.")
+    p = sub.add_parser("info", help="one kernel: metadata, refs, variants, TPU compile record",
+                       description="Show a kernel's metadata, its refs (tags, branches) and build variants, and for "
+                       "each TPU variant of a release the compile matrix publish recorded (generations, jax and "
+                       "libtpu versions, cases compiled per generation), or 'not compiled for TPU'.")
     p.add_argument("repo", help="repo id, e.g. kernel-hub/ragged-dot-tpu")
     p.set_defaults(func=cmd_info)
 
@@ -320,7 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("publish", help="build, validate and upload a kernel folder to the Hub",
                        description="Build the HF kernels-compatible layout of a kernel folder (build/<variant>/ ...), "
-                       "validate it on this machine, upload it through huggingface_hub, tag v<version> and move "
+                       "validate it on this machine, compile every TPU case for each generation its TPU variants "
+                       "declare (the real TPU compiler in the TPU environment, make setup-tpu; the matrix is "
+                       "recorded in the release), upload it through huggingface_hub, tag v<version> and move "
                        "branch v<major>. An existing version with different content is refused; the same content "
                        "is a no-op.")
     p.add_argument("path", help="kernel folder holding kernel.yaml (e.g. kernels/pallas/ragged_dot)")
@@ -328,6 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--endpoint", help="Hub endpoint (default: $HF_ENDPOINT or huggingface.co)")
     p.add_argument("--token", help="write token (default: $HF_TOKEN or the saved login)")
     p.add_argument("--skip-validation", action="store_true", help="publish without validating (says so)")
+    p.add_argument("--skip-tpu-compile", action="store_true",
+                   help="publish TPU variants without the TPU compile gate (says so; recorded as 'not compiled')")
     p.set_defaults(func=cmd_publish)
 
     p = sub.add_parser("bench", help="run a kernel's benchmark against its alternatives",

@@ -83,11 +83,11 @@ class ValidationReport:
             lines += _aligned(rows)
         if compiled:
             lines.append(f"TPU compile (jax {self.jax_version}, libtpu {self.libtpu_version}):")
-            rows = [("generation", "case", "compile s", "args MiB", "out MiB", "temp MiB", "result")]
+            rows = [("generation", "case", "impl", "compile s", "args MiB", "out MiB", "temp MiB", "result")]
             for c in compiled:
                 sec = "cached" if c.cached else (f"{c.compile_seconds:.2f}" if c.compile_seconds is not None else "-")
-                rows.append((c.generation or "", c.name, sec, _mib(c.argument_bytes), _mib(c.output_bytes),
-                             _mib(c.temp_bytes), _verdict(c)))
+                rows.append((c.generation or "", c.name, c.implementation or "-", sec, _mib(c.argument_bytes),
+                             _mib(c.output_bytes), _mib(c.temp_bytes), _verdict(c)))
             lines += _aligned(rows)
         n_pass = sum(c.passed for c in self.cases)
         lines.append(f"{n_pass}/{len(self.cases)} cases passed: {'PASSED' if self.passed else 'FAILED'}")
