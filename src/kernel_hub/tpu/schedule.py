@@ -208,6 +208,7 @@ class _Steps:
         self.ids, self.grid, self.notes = ids, grid, note
         self.flops = np.zeros(ids.shape[1], np.float64)
         self.mxu = np.zeros(ids.shape[1], np.float64)
+        self.scale = 1.0  # trip count of the scans around the equations being run
 
     def run(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], mask: np.ndarray | None) -> list[Any]:
         env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts, strict=True))
@@ -232,8 +233,15 @@ class _Steps:
             return unknown
         if name == "cond":
             return self._cond(eqn, invals, mask)
-        if name in ("scan", "while"):
-            self.notes.append(f"{name} in the kernel body: its body counted once per step")
+        if name == "scan":  # a fori_loop with static bounds (e.g. over a block's heads): its body `length` times
+            self.scale *= params["length"]
+            try:
+                self.run(params["jaxpr"].jaxpr, params["jaxpr"].consts, invals, mask)
+            finally:
+                self.scale /= params["length"]
+            return unknown
+        if name == "while":
+            self.notes.append("while in the kernel body: its body counted once per step")
         if (sub := _sub_jaxpr(eqn)) is not None:
             return self.run(sub[0], sub[1], invals, mask)
         if any(isinstance(x, Unknown) for x in invals) or any(v.aval.shape for v in eqn.outvars):
@@ -279,7 +287,7 @@ class _Steps:
         n = math.prod(rhs.shape) // max(k * b, 1)
         flops = 2.0 * b * m * n * k
         f32 = any(np.dtype(a.dtype) == np.float32 for a in (lhs, rhs))
-        where = np.ones_like(self.flops) if mask is None else mask.astype(np.float64)
+        where = (np.ones_like(self.flops) if mask is None else mask.astype(np.float64)) * self.scale
         self.flops += flops * where
         self.mxu += flops * (F32_HIGHEST_PASSES if f32 else 1) * where
 
