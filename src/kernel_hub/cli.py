@@ -149,9 +149,11 @@ def _tpu_compile_lines(source: Any, repo_id: str, commit: str, variant: Any) -> 
     if isinstance(getattr(source, "active", None) or source, LocalSource):
         return ["not compiled for TPU (a source folder, not a release: `kernel-hub validate --path DIR --tpu "
                 "v5e,v6e` compiles it)"]
-    build = source.fetch(repo_id, commit, variant)
-    folder = Path(build.package_dir).parent
-    info = fmt.read_build_info(folder, f"{repo_id}@{commit[:12]} [{variant.name}]", variant.name)
+    try:
+        build = source.fetch(repo_id, commit, variant)
+        info = fmt.read_build_info(Path(build.package_dir).parent, f"{repo_id}@{commit[:12]}", variant.name)
+    except KernelHubError as exc:  # a build that cannot be fetched or verified: say so, show the rest
+        return [f"compile record unreadable: {_one_line(str(exc))[:200]}"]
     if info.tpu_compile is None:
         return ["not compiled for TPU (the release records no compile matrix)"]
     return info.tpu_compile.lines()

@@ -21,14 +21,13 @@ _VERSION = re.compile(r"^[0-9A-Za-z.+_-]{1,64}$")
 
 
 class GenerationSummary(BaseModel):
-    """One generation's row: cases tried, how many compiled, compile seconds (total and slowest case), and which
-    implementation compiled how many cases (a wrapper may fall through from Mosaic to XLA)."""
+    """One generation's row: cases tried, how many compiled, and which implementation compiled how many (a wrapper
+    may fall through from Mosaic to XLA). No timings: the record must come out byte-identical whenever the same
+    code is compiled by the same jax/libtpu, so a re-publish of unchanged content stays a no-op."""
 
     model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
     cases: int = Field(ge=0)
     compiled: int = Field(ge=0)
-    compile_seconds: float = Field(ge=0)
-    max_compile_seconds: float = Field(ge=0)
     implementations: dict[StrictStr, int] = Field(default_factory=dict)
 
     @field_validator("implementations")
@@ -81,8 +80,7 @@ class TpuCompileRecord(BaseModel):
         out = [head]
         for gen, row in self.per_generation.items():
             impls = ", ".join(f"{n} {name}" for name, n in sorted(row.implementations.items()))
-            out.append(f"  {gen:<4} {row.compiled}/{row.cases} compiled, {row.compile_seconds:.1f} s "
-                       f"(slowest case {row.max_compile_seconds:.1f} s){f'; {impls}' if impls else ''}")
+            out.append(f"  {gen:<4} {row.compiled}/{row.cases} compiled{f' ({impls})' if impls else ''}")
         out += [f"  failed: {name}" for name in self.failed[:5]]
         return out
 
@@ -111,14 +109,12 @@ def record_from_cases(cases: Sequence[Any], generations: Sequence[str], jax_vers
     per: dict[str, GenerationSummary] = {}
     for gen in generations:
         rows = [c for c in mine if c.generation == gen]
-        seconds = [float(c.compile_seconds or 0.0) for c in rows]
         impls: dict[str, int] = {}
         for c in rows:
             if c.passed and c.implementation:
                 impls[c.implementation] = impls.get(c.implementation, 0) + 1
         per[gen] = GenerationSummary(cases=len(rows), compiled=sum(c.passed for c in rows),
-                                     compile_seconds=round(sum(seconds), 3),
-                                     max_compile_seconds=round(max(seconds, default=0.0), 3), implementations=impls)
+                                     implementations=dict(sorted(impls.items())))
     record = TpuCompileRecord(
         status=COMPILED, generations=list(generations), jax=jax_version, libtpu=libtpu_version,
         cases=len({c.name for c in mine}), compiled=sum(c.passed for c in mine),

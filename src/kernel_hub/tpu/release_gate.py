@@ -69,9 +69,8 @@ def run_gate(kernel_dir: Path, meta: Any, *, skip: bool, log: Callable[[str], No
     try:
         env = env or tpu_env()
     except TpuEnvironmentError as exc:
-        raise TpuEnvironmentError(f"{meta.repo_id}: {names} must compile for TPU before they are published, but "
-                                  f"{str(exc)[0].lower()}{str(exc)[1:]}; or pass {SKIP_FLAG} to publish them marked "
-                                  "'not compiled'") from None
+        raise TpuEnvironmentError(f"{meta.repo_id}: {names} must compile for TPU before they are published: {exc}; "
+                                  f"or pass {SKIP_FLAG} to publish them marked 'not compiled'") from None
     report = compile_matrix(kernel_dir, generations, env=env, jobs=jobs)
     records: dict[str, dict[str, Any]] = {}
     for name, gens in per_variant.items():
