@@ -9,7 +9,6 @@ import io
 import json
 import subprocess
 import tarfile
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -24,9 +23,10 @@ from kernel_hub.errors import IntegrityError
 from kernel_hub.publish import build_layout, publish
 from kernel_hub.server.testing import cli_command, hub_env, running_server
 from kernel_hub.tpu import gate
-from kernel_hub.tpu.env import TpuEnvironmentError, tpu_env
+from kernel_hub.tpu.env import TpuEnvironmentError
 from kernel_hub.tpu.release_gate import CompileGateError, gate_plan
 from kernel_hub.variants import Variant
+from tests.tpu_toys import env_or_skip, write_package
 
 TOKEN = "gate-token"
 
@@ -68,18 +68,6 @@ GOOD = "x_ref[...] * 2"
 BAD = "(x_ref[...].reshape(x_ref.shape[0] * x_ref.shape[1]) * 2).reshape(x_ref.shape)"
 
 CASES = '''
-import dataclasses
-from typing import Any, Callable
-
-
-@dataclasses.dataclass(frozen=True)
-class CompileCase:
-    name: str
-    dtype: str
-    tags: tuple
-    build: Callable[[], Any]
-
-
 def _build(shape, dtype):
     def build():
         import jax
@@ -98,21 +86,15 @@ def compile_cases():
 
 
 def toy_pallas(dest: Path, body: str = GOOD, version: str = "1.0.0") -> Path:
-    package = dest / "toy_pallas"
-    package.mkdir(parents=True)
+    write_package(dest / "toy_pallas", {"__init__.py": 'from .ops import double\n\n__all__ = ["double"]\n',
+                                        "ops.py": OPS.format(body=body), "tpu_cases.py": CASES})
     (dest / "kernel.yaml").write_text(KERNEL_YAML.format(version=version))
-    (package / "__init__.py").write_text('from .ops import double\n\n__all__ = ["double"]\n')
-    (package / "ops.py").write_text(textwrap.dedent(OPS.format(body=body)))
-    (package / "tpu_cases.py").write_text(textwrap.dedent(CASES))
     return dest
 
 
 @pytest.fixture(scope="module")
 def env():
-    try:
-        return tpu_env()
-    except TpuEnvironmentError as exc:
-        pytest.skip(str(exc))
+    return env_or_skip()
 
 
 @pytest.fixture(scope="module")

@@ -6,16 +6,16 @@ Skips, with the reason, only where the TPU environment is missing (`make test` c
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from kernel_hub.integrity import tree_digests
 from kernel_hub.tpu import gate
-from kernel_hub.tpu.env import TpuEnvironmentError, find_tpu_python, tpu_env
+from kernel_hub.tpu.env import TpuEnvironmentError, find_tpu_python
 from kernel_hub.tpu.package import VerifiedPackage
 from kernel_hub.tpu.runner import compile_in_worker
+from tests.tpu_toys import env_or_skip, write_package
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = ("ragged_dot", "flash_attention", "tokamax_ragged_dot", "tokamax_attention")
@@ -25,16 +25,9 @@ SMOKE_IMPLEMENTATIONS = {"ragged_dot": {"pallas"}, "flash_attention": {"pallas"}
                          "tokamax_attention": {"mosaic", "xla"}}
 
 
-def _env_or_skip():
-    try:
-        return tpu_env()
-    except TpuEnvironmentError as exc:
-        pytest.skip(str(exc))
-
-
 @pytest.fixture(scope="module")
 def env():
-    return _env_or_skip()
+    return env_or_skip()
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -81,15 +74,7 @@ def test_second_run_is_served_from_the_cache(env, tmp_path, monkeypatch):
 
 
 _BAD_PACKAGE = '''
-import dataclasses, os
-from typing import Any, Callable
-
-@dataclasses.dataclass(frozen=True)
-class CompileCase:
-    name: str
-    dtype: str
-    tags: tuple
-    build: Callable[[], Any]
+import os
 
 def _copy_kernel(shape, reshaped):
     import jax
@@ -117,10 +102,8 @@ def compile_cases():
 
 
 def test_compiler_refusal_and_crash_are_failed_cases_not_errors(env, tmp_path):
-    pkg = tmp_path / "badkernel"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text('"""A kernel package with a case Mosaic rejects."""\n')
-    (pkg / "tpu_cases.py").write_text(textwrap.dedent(_BAD_PACKAGE))
+    pkg = write_package(tmp_path / "badkernel", {"__init__.py": '"""A kernel package with a case Mosaic rejects."""\n',
+                                                "tpu_cases.py": _BAD_PACKAGE})
     digests = tree_digests(pkg)  # the parent's verification: the worker imports only these files
     package = VerifiedPackage("acme/bad", None, "0" * 40, "jax-tpu", pkg, "__init__.py", digests)
     records = {r["name"]: r for r in compile_in_worker(env, package, ("v5e",))}

@@ -5,15 +5,14 @@ digests do not list, is refused with one line before anything of the package run
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from kernel_hub.errors import IntegrityError
 from kernel_hub.tpu import gate, runner
-from kernel_hub.tpu.env import TpuEnvironmentError, tpu_env
 from kernel_hub.tpu.runner import compile_in_worker, refusal, run_worker
+from tests.tpu_toys import env_or_skip, write_package
 
 KERNEL_YAML = """\
 name: trusty
@@ -43,18 +42,6 @@ def add_one(x):
 '''
 
 CASES = '''
-import dataclasses
-from typing import Any, Callable
-
-
-@dataclasses.dataclass(frozen=True)
-class CompileCase:
-    name: str
-    dtype: str
-    tags: tuple
-    build: Callable[[], Any]
-
-
 def _build():
     import jax
 
@@ -70,22 +57,16 @@ def compile_cases():
 
 @pytest.fixture(scope="module")
 def env():
-    try:
-        return tpu_env()
-    except TpuEnvironmentError as exc:
-        pytest.skip(str(exc))
+    return env_or_skip()
 
 
 @pytest.fixture
 def kernel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("KERNEL_HUB_CACHE", str(tmp_path / "kh-cache"))
     folder = tmp_path / "trusty_kernel"
-    package = folder / "trusty"
-    package.mkdir(parents=True)
+    write_package(folder / "trusty", {"__init__.py": "from .ops import add_one\n\n__all__ = ['add_one']\n",
+                                      "ops.py": OPS, "tpu_cases.py": CASES})
     (folder / "kernel.yaml").write_text(KERNEL_YAML)
-    (package / "__init__.py").write_text("from .ops import add_one\n\n__all__ = ['add_one']\n")
-    (package / "ops.py").write_text(textwrap.dedent(OPS))
-    (package / "tpu_cases.py").write_text(textwrap.dedent(CASES))
     return folder
 
 
