@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from kernel_hub.integrity import tree_digests
 from kernel_hub.tpu import gate
 from kernel_hub.tpu.env import TpuEnvironmentError, find_tpu_python
-from kernel_hub.tpu.package import VerifiedPackage
+from kernel_hub.tpu.package import local_package
 from kernel_hub.tpu.runner import compile_in_worker
 from tests.tpu_toys import env_or_skip, write_package
 
@@ -104,8 +103,7 @@ def compile_cases():
 def test_compiler_refusal_and_crash_are_failed_cases_not_errors(env, tmp_path):
     pkg = write_package(tmp_path / "badkernel", {"__init__.py": '"""A kernel package with a case Mosaic rejects."""\n',
                                                 "tpu_cases.py": _BAD_PACKAGE})
-    digests = tree_digests(pkg)  # the parent's verification: the worker imports only these files
-    package = VerifiedPackage("acme/bad", None, "0" * 40, "jax-tpu", pkg, "__init__.py", digests)
+    package = local_package(pkg)  # hashed here: the worker imports only these files
     records = {r["name"]: r for r in compile_in_worker(env, package, ("v5e",))}
     assert list(records) == ["good", "crash", "bad_reshape", "good_after"]
     assert records["good"]["passed"] and records["good"]["argument_bytes"] == 8 * 128 * 4

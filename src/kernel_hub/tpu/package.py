@@ -10,13 +10,14 @@ the digests do not list, is refused before anything of the package runs.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import IntegrityError
-from ..integrity import check_digests
+from ..integrity import check_digests, combined_digest, tree_digests
 from ..names import check_commit, check_entry_file, check_repo_id, check_variant_name
 
 
@@ -98,3 +99,14 @@ def folder_package(kernel_dir: Path) -> VerifiedPackage:
     meta = source.metadata
     variant = tpu_variant(meta.variants, meta.repo_id)
     return from_build(source.fetch(meta.repo_id, source.commit, variant))
+
+
+def local_package(package_dir: Path, entry: str = "__init__.py") -> VerifiedPackage:
+    """A package folder on this machine, hashed now (the user's own files, as get_local_kernel treats a kernel
+    folder); the entry picks the framework (a torch_*.py entry is a torch build)."""
+    package_dir = Path(package_dir)
+    digests = tree_digests(package_dir)
+    torch = entry.startswith("torch")
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", package_dir.name) or "package"
+    return VerifiedPackage(f"local/{name}", None, combined_digest(digests)[:40], "torch-tpu" if torch else "jax-tpu",
+                           package_dir, entry, digests, "torch" if torch else "jax")

@@ -43,12 +43,13 @@ def first_meaningful_line(text: str) -> str:
     return text.strip()[:300]
 
 
-def load_package(spec: dict[str, Any]) -> Any:
-    """Import the request's kernel package through kernel_hub's verified loader, against the digests the parent
-    verified: a file changed since (or not among them) is refused before any of the package runs."""
-    from .package import from_request, import_verified
+def load_package(package: dict[str, Any] | str | Path, entry: str = "__init__.py") -> Any:
+    """Import a kernel package through kernel_hub's verified loader: a request's package (a dict: checked against
+    the digests the parent verified, so a file changed since, or not among them, is refused before any of the
+    package runs), or a package folder on this machine (hashed now, `entry` as its __init__)."""
+    from .package import from_request, import_verified, local_package
 
-    return import_verified(from_request(spec))
+    return import_verified(from_request(package) if isinstance(package, dict) else local_package(Path(package), entry))
 
 
 def compile_cases_of(package: Any) -> list[Any]:
