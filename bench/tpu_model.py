@@ -27,26 +27,28 @@ sys.path.insert(0, str(ROOT / "src"))
 from kernel_hub.report.environment import environment  # noqa: E402
 from kernel_hub.tpu.chips import STEP_OVERHEAD_S, parse_generations  # noqa: E402
 from kernel_hub.tpu.env import tpu_env  # noqa: E402
-from kernel_hub.tpu.runner import run_worker  # noqa: E402
+from kernel_hub.tpu.package import folder_package  # noqa: E402
+from kernel_hub.tpu.runner import refusal, run_worker  # noqa: E402
 
 #: Decode rows must stay within this of the ideal (the issue's target).
 DECODE_TARGET = 1.15
 
 
 def model_rows(generations: tuple[str, ...]) -> list[dict]:
-    from kernel_hub.tpu.gate import target_for
-
-    # the assembled jax-tpu packages (source plus the shared files they vendor), as the compile gate loads them
     request = {
         "mode": "model",
-        "ragged_dot_dir": str(target_for(ROOT / "kernels/pallas/ragged_dot").package_dir),
-        "flash_attention_dir": str(target_for(ROOT / "kernels/pallas/flash_attention").package_dir),
+        # each kernel folder's TPU build, hashed here and imported by the worker only against these digests
+        "ragged_dot": folder_package(ROOT / "kernels/pallas/ragged_dot").request(),
+        "flash_attention": folder_package(ROOT / "kernels/pallas/flash_attention").request(),
         "generations": list(generations),
         "moe_models": ["qwen3_30b_a3b", "gemma4_26b_a4b"],
         "attention_model": "gpt_oss_20b",
         "dtype": "bfloat16",
     }
     events, status, stderr = run_worker(tpu_env(), request)
+    refused = refusal(events)
+    if refused is not None:
+        raise SystemExit(f"the TPU model worker refused a kernel: {refused}")
     rows = [{k: v for k, v in e.items() if k != "event"} for e in events if e.get("event") == "row"]
     if status != 0 or not any(e.get("event") == "done" for e in events):
         tail = [ln for ln in stderr.splitlines() if ln.strip()][-3:]

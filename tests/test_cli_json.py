@@ -158,8 +158,9 @@ def test_validate_on_a_terminal_shows_rich_progress():
 def test_publish_json(tmp_path):
     with running_server(tmp_path / "store", token="tok") as srv:
         env = hub_env(srv, tmp_path / "cache", HF_TOKEN="tok")
-        data = json_of(run("publish", str(TOY), "--repo", "acme/json-toy", "--skip-validation", "--json", env=env),
-                       "publish")
+        out = run("publish", str(TOY), "--repo", "acme/json-toy", "--skip-validation", "--skip-tpu-compile", "--json",
+                  env=env)
+        data = json_of(out, "publish")
     assert data["repo_id"] == "acme/json-toy" and data["tag"] == "v1.2.0" and data["unchanged"] is False
     assert "torch-cpu" in data["variants"] and data["summary"].startswith("published acme/json-toy v1.2.0")
 

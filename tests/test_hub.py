@@ -44,7 +44,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     with running_server(root / "store", token=TOKEN) as srv:
         for version, extra in (("1.2.0", None), ("1.3.0", THREE)):
             publish(copy_toy(root / version, version, extra), repo_id=REPO, endpoint=srv.url, token=TOKEN,
-                    skip_validation=True, log=lambda _: None)
+                    skip_validation=True, skip_tpu_compile=True, log=lambda _: None)
         yield srv
 
 

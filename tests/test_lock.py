@@ -33,7 +33,8 @@ def server(tmp_path: Path):
     kernel = tmp_path / "toy"
     shutil.copytree(TOY, kernel, ignore=shutil.ignore_patterns("__pycache__"))
     with running_server(tmp_path / "store", token=TOKEN) as srv:
-        publish(kernel, repo_id=REPO, endpoint=srv.url, token=TOKEN, skip_validation=True, log=lambda _: None)
+        publish(kernel, repo_id=REPO, endpoint=srv.url, token=TOKEN, skip_validation=True,
+                skip_tpu_compile=True, log=lambda _: None)
         yield srv
 
 

@@ -70,12 +70,13 @@ def test_layout_is_hf_kernels_compatible(tmp_path: Path) -> None:
 def test_publish_tags_and_moves_the_major_branch(server, tmp_path: Path) -> None:
     repo = "acme/pub"
     api = HfApi(endpoint=server.url, token=TOKEN)
-    first = publish(toy(tmp_path / "a", "1.2.0"), repo_id=repo, endpoint=server.url, token=TOKEN, log=quiet)
+    first = publish(toy(tmp_path / "a", "1.2.0"), repo_id=repo, endpoint=server.url, token=TOKEN,
+                    skip_tpu_compile=True, log=quiet)
     assert first.validated and first.branch_moved and first.tag == "v1.2.0"
     second = publish(toy(tmp_path / "b", "1.3.0", "\n# 1.3.0\n"), repo_id=repo, endpoint=server.url,
-                     token=TOKEN, skip_validation=True, log=quiet)
+                     token=TOKEN, skip_validation=True, skip_tpu_compile=True, log=quiet)
     older = publish(toy(tmp_path / "c", "1.2.1", "\n# 1.2.1\n"), repo_id=repo, endpoint=server.url,
-                    token=TOKEN, skip_validation=True, log=quiet)
+                    token=TOKEN, skip_validation=True, skip_tpu_compile=True, log=quiet)
     assert not older.branch_moved  # v1 keeps the newest 1.x
     refs = api.list_repo_refs(repo, repo_type="kernel")
     tags = {t.name: t.target_commit for t in refs.tags}
@@ -91,24 +92,25 @@ def test_publish_tags_and_moves_the_major_branch(server, tmp_path: Path) -> None
 def test_republish_same_content_is_a_noop_and_different_content_refused(server, tmp_path: Path) -> None:
     repo = "acme/republish"
     one = publish(toy(tmp_path / "a"), repo_id=repo, endpoint=server.url, token=TOKEN, skip_validation=True,
-                  log=quiet)
+                  skip_tpu_compile=True, log=quiet)
     server.reset()
     same = publish(toy(tmp_path / "b"), repo_id=repo, endpoint=server.url, token=TOKEN, skip_validation=True,
-                   log=quiet)
+                   skip_tpu_compile=True, log=quiet)
     assert same.unchanged and same.commit == one.commit
     assert not [r for r in server.requests() if r[0] == "POST" and "/commit/" in r[1]]
     with pytest.raises(KernelHubError, match="already published with different content"):
         publish(toy(tmp_path / "c", ops_extra="\n# changed\n"), repo_id=repo, endpoint=server.url, token=TOKEN,
-                skip_validation=True, log=quiet)
+                skip_validation=True, skip_tpu_compile=True, log=quiet)
 
 
 def test_failing_kernel_is_refused_unless_skip_validation_says_so(server, tmp_path: Path) -> None:
     broken = toy(tmp_path / "broken", "2.0.0", "\n_good = scale\n\n\ndef scale(x, factor=2.0):\n"
                  "    return _good(x, factor) + 1\n")
     with pytest.raises(ValidationFailedError, match="fails validation"):
-        publish(broken, repo_id="acme/broken", endpoint=server.url, token=TOKEN, log=quiet)
+        publish(broken, repo_id="acme/broken", endpoint=server.url, token=TOKEN, skip_tpu_compile=True, log=quiet)
     assert not (server.store / "kernels" / "acme" / "broken.git").exists()  # refused before any upload
-    proc = subprocess.run([*cli_command(), "publish", str(broken), "--repo", "acme/broken", "--skip-validation"],
+    proc = subprocess.run([*cli_command(), "publish", str(broken), "--repo", "acme/broken", "--skip-validation",
+                           "--skip-tpu-compile"],
                           env=hub_env(server, tmp_path / "cache", HF_TOKEN=TOKEN), capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -118,12 +120,14 @@ def test_failing_kernel_is_refused_unless_skip_validation_says_so(server, tmp_pa
 
 def test_publish_cli_errors_are_one_line(server, tmp_path: Path) -> None:
     env = hub_env(server, tmp_path / "cache", HF_TOKEN="wrong")
-    proc = subprocess.run([*cli_command(), "publish", str(TOY), "--repo", "acme/x", "--skip-validation"],
+    proc = subprocess.run([*cli_command(), "publish", str(TOY), "--repo", "acme/x", "--skip-validation",
+                           "--skip-tpu-compile"],
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and server.url in lines[0] and "401" in lines[0], proc.stderr
-    proc = subprocess.run([*cli_command(), "publish", str(tmp_path / "nowhere"), "--skip-validation"],
+    proc = subprocess.run([*cli_command(), "publish", str(tmp_path / "nowhere"), "--skip-validation",
+                           "--skip-tpu-compile"],
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1
 

@@ -54,7 +54,7 @@ def test_reachable_hub_serves_before_the_source_path(tmp_path, toy_kernel):
     )
     with running_server(tmp_path / "store", token=TOKEN) as srv:
         publish(published, repo_id="test-org/toy-scale", endpoint=srv.url, token=TOKEN, skip_validation=True,
-                log=lambda _: None)
+                skip_tpu_compile=True, log=lambda _: None)
         env = hub_env(srv, tmp_path / "hf-cache", KERNEL_HUB_REGISTRY=str(registry))
         out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -111,7 +111,7 @@ def test_an_alias_is_trusted_by_the_repo_it_fetches(tmp_path, toy_kernel, monkey
     lockfile = tmp_path / "k.lock"
     with running_server(tmp_path / "store", token=TOKEN) as srv:
         publish(toy_kernel, repo_id="evil/aliased", endpoint=srv.url, token=TOKEN, skip_validation=True,
-                log=lambda _: None)
+                skip_tpu_compile=True, log=lambda _: None)
         point_at(monkeypatch, srv.url, tmp_path / "cache")
         with pytest.raises(TrustError, match="evil/aliased"):   # kernel-hub is trusted; evil, the fetched repo, not
             kh.get_kernel("kernel-hub/aliased")

@@ -6,29 +6,27 @@ Skips, with the reason, only where the TPU environment is missing (`make test` c
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from kernel_hub.tpu import gate
-from kernel_hub.tpu.env import TpuEnvironmentError, find_tpu_python, tpu_env
+from kernel_hub.tpu.env import TpuEnvironmentError, find_tpu_python
+from kernel_hub.tpu.package import local_package
 from kernel_hub.tpu.runner import compile_in_worker
+from tests.tpu_toys import env_or_skip, write_package
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = ("ragged_dot", "flash_attention", "tokamax_ragged_dot", "tokamax_attention")
-
-
-def _env_or_skip():
-    try:
-        return tpu_env()
-    except TpuEnvironmentError as exc:
-        pytest.skip(str(exc))
+#: What each smoke case compiles (the kernel contract's last_implementation()): the Tokamax attention wrapper is
+#: called as a user calls it, and its decode mask is one Tokamax's Mosaic refuses, so XLA compiles there.
+SMOKE_IMPLEMENTATIONS = {"ragged_dot": {"pallas"}, "flash_attention": {"pallas"}, "tokamax_ragged_dot": {"mosaic"},
+                         "tokamax_attention": {"mosaic", "xla"}}
 
 
 @pytest.fixture(scope="module")
 def env():
-    return _env_or_skip()
+    return env_or_skip()
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -39,11 +37,19 @@ def test_smoke_cases_compile_for_v5e_and_v6e(env, kernel, tmp_path, monkeypatch)
     assert report.backend == "tpu" and report.libtpu_version == env.libtpu_version
     assert {c.generation for c in report.cases} == {"v5e", "v6e"}
     assert any("fwd" in c.tags for c in report.cases) and any("bwd" in c.tags for c in report.cases)
+    assert {c.implementation for c in report.cases} == SMOKE_IMPLEMENTATIONS[kernel]
+    if kernel == "tokamax_attention":
+        assert {c.name: c.implementation for c in report.cases if c.generation == "v5e"} == {
+            "fwd:prefill:causal_gqa_d128:bf16": "mosaic", "bwd:prefill:causal_gqa_d128:bf16": "mosaic",
+            "fwd:decode:decode_gqa_ragged_d64:bf16": "xla"}
     for case in report.cases:
         assert case.kind == "compile" and not case.cached
         assert case.compile_seconds > 0 and case.argument_bytes > 0 and case.output_bytes > 0
     record = gate.compile_record(report)
     assert record["passed"] and record["generations"] == ["v5e", "v6e"] and record["failed"] == []
+    smoke = len({c.name for c in report.cases})
+    assert record["cases"] == smoke and record["compiled"] == 2 * smoke
+    assert sum(record["per_generation"]["v6e"]["implementations"].values()) == smoke
     assert json.loads(report.to_json())["cases"][0]["kind"] == "compile"
 
 
@@ -67,15 +73,7 @@ def test_second_run_is_served_from_the_cache(env, tmp_path, monkeypatch):
 
 
 _BAD_PACKAGE = '''
-import dataclasses, os
-from typing import Any, Callable
-
-@dataclasses.dataclass(frozen=True)
-class CompileCase:
-    name: str
-    dtype: str
-    tags: tuple
-    build: Callable[[], Any]
+import os
 
 def _copy_kernel(shape, reshaped):
     import jax
@@ -103,11 +101,10 @@ def compile_cases():
 
 
 def test_compiler_refusal_and_crash_are_failed_cases_not_errors(env, tmp_path):
-    pkg = tmp_path / "badkernel"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text('"""A kernel package with a case Mosaic rejects."""\n')
-    (pkg / "tpu_cases.py").write_text(textwrap.dedent(_BAD_PACKAGE))
-    records = {r["name"]: r for r in compile_in_worker(env, pkg, "__init__.py", ("v5e",))}
+    pkg = write_package(tmp_path / "badkernel", {"__init__.py": '"""A kernel package with a case Mosaic rejects."""\n',
+                                                "tpu_cases.py": _BAD_PACKAGE})
+    package = local_package(pkg)  # hashed here: the worker imports only these files
+    records = {r["name"]: r for r in compile_in_worker(env, package, ("v5e",))}
     assert list(records) == ["good", "crash", "bad_reshape", "good_after"]
     assert records["good"]["passed"] and records["good"]["argument_bytes"] == 8 * 128 * 4
     assert records["good_after"]["passed"]

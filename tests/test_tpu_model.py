@@ -87,20 +87,65 @@ def test_padding_outside_the_kernel_is_counted(rd):
 
 
 def test_decode_attention_skips_blocks_past_each_sequence(fa):
-    # B=2 sequences of 300 and 0 keys in a 512-long cache, 128-key blocks: grid (2, 1, 4) = 8 steps.
-    # Sequence 0 visits blocks 0, 1, 2 (then block 2 stays resident); sequence 1 is empty: block 0 once.
+    # B=2 sequences of 300 and 0 keys in a 512-long cache, 128-key blocks: grid (2, 4) = 8 steps (one step covers
+    # every kv head). Sequence 0 visits blocks 0, 1, 2 (then block 2 stays resident); sequence 1 is empty: block 0.
     call = lambda q, k, v, lens: fa.decode_attention(q, k, v, lens, implementation="pallas", interpret=False,
                                                      config=fa.AttentionConfig(decode_block_kv=128))
     kv = SDS((2, 1, 512, 128), jnp.float32)
     cost = kernel_cost(call, SDS((2, 4, 128), jnp.float32), kv, kv, np.array([300, 0], np.int32))
     (c,) = cost.calls
-    assert c.grid == (2, 1, 4) and c.steps == 8
+    assert c.grid == (2, 4) and c.steps == 8
     block = 128 * 128 * 4
     q_block = 4 * 128 * 4
     assert c.read_bytes == 2 * 4 * block + 2 * q_block + q_block + 2 * 4  # k, v; q per sequence; sinks; lengths
     assert c.write_bytes == 2 * q_block
     assert c.flops == 3 * 2 * (2 * 4 * 128 * 128)  # 3 working steps, q.k and p.v each
     assert c.mxu_flops == 6 * c.flops  # f32 on the MXU: 6 bf16 passes
+
+
+def test_decode_with_a_window_walks_only_the_blocks_a_window_touches(fa):
+    # 2 kv heads of 2 query heads each, cache 512, blocks of 128, window 130: a window touches at most
+    # (130 - 1) // 128 + 2 = 3 blocks, so the grid is (2, 3). Sequence 0 (300 keys) needs keys 170..299: blocks
+    # 1 and 2 (its third step re-addresses block 2); sequence 1 is empty: block 0 once, no work.
+    call = lambda q, k, v, lens: fa.decode_attention(q, k, v, lens, sliding_window=130, implementation="pallas",
+                                                     interpret=False, config=fa.AttentionConfig(decode_block_kv=128))
+    kv = SDS((2, 2, 512, 128), jnp.float32)
+    cost = kernel_cost(call, SDS((2, 4, 128), jnp.float32), kv, kv, np.array([300, 0], np.int32))
+    (c,) = cost.calls
+    assert c.grid == (2, 3) and c.steps == 6
+    block = 2 * 128 * 128 * 4  # both kv heads
+    q_block = 2 * 2 * 128 * 4
+    assert c.read_bytes == 2 * 3 * block + 2 * q_block + 2 * 2 * 128 * 4 + 2 * 4  # k, v; q; sinks; lengths
+    assert c.flops == 2 * 2 * 2 * (2 * 2 * 128 * 128)  # 2 working steps x 2 heads x (q.k + p.v)
+
+
+def test_cache_read_in_its_tpu_layout_costs_no_copy(fa):
+    # head dim 64 over 512 positions: XLA keeps the positions in the lanes, so the kernel's [D, S] view is free;
+    # forcing that view on head dim 128 (kept row-major) is a real transpose of K and V, counted outside.
+    call = lambda cfg: lambda q, k, v, lens: fa.decode_attention(q, k, v, lens, implementation="pallas",
+                                                                 interpret=False, config=cfg)
+    lens = np.array([512, 100], np.int32)
+    kv64 = SDS((2, 1, 512, 64), jnp.float32)
+    free = kernel_cost(call(fa.AttentionConfig(decode_block_kv=128)), SDS((2, 2, 64), jnp.float32), kv64, kv64, lens)
+    assert free.outside_bytes == 0
+    kv128 = SDS((2, 1, 512, 128), jnp.float32)
+    forced = fa.AttentionConfig(decode_block_kv=128, decode_kv_transposed=True)
+    copied = kernel_cost(call(forced), SDS((2, 2, 128), jnp.float32), kv128, kv128, lens)
+    assert copied.outside_bytes == 2 * 2 * (2 * 512 * 128 * 4)  # K and V, each read and written once
+
+
+def test_prefill_heads_per_step_loop_counts_every_head(fa):
+    # 4 query heads over 1 kv head, 256 x 256, blocks of 128, not causal: 4 * Hq * Sq * Skv * D FLOPs in all,
+    # whether one head per step (grid 1 x 4 x 2 x 2 = 16 steps) or all four in a loop inside one (4 steps).
+    costs = {}
+    for heads in (1, 4):
+        cfg = fa.AttentionConfig(block_q=128, block_kv=128, heads_per_block=heads)
+        call = lambda q, k, v, cfg=cfg: fa.flash_attention(q, k, v, implementation="pallas", interpret=False,
+                                                           config=cfg)
+        kv = SDS((1, 1, 256, 128), jnp.bfloat16)
+        (costs[heads],) = kernel_cost(call, SDS((1, 4, 256, 128), jnp.bfloat16), kv, kv).calls
+    assert costs[1].steps == 16 and costs[4].steps == 4
+    assert costs[1].flops == costs[4].flops == 4 * 4 * 256 * 256 * 128
 
 
 def test_generations_parse_and_refuse():

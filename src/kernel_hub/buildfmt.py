@@ -8,9 +8,10 @@ A published commit:
   build/<torch-variant>/<python_name>/...     (entry file as the package __init__)
 A bundle (`build/<variant>.tar`, reproducible: same files, same bytes) holds `metadata.json` and
 `<python_name>/...`. metadata.json is HF kernels' format (name, id, version, backend, python-depends, digest)
-plus a `kernel-hub` section: release version, python_name, the variant's full description and the sha256 of
-every file. Everything read back from a bundle or its metadata is hostile: names are checked with
-kernel_hub.names before they touch a path, and a bundle is unpacked member by member, plain files only.
+plus a `kernel-hub` section: release version, python_name, the variant's full description, the sha256 of
+every file and, for a TPU variant, `tpu_compile`: the compile matrix publish's gate ran (tpu/record.py).
+Everything read back from a bundle or its metadata is hostile: names are checked with kernel_hub.names before
+they touch a path, and a bundle is unpacked member by member, plain files only.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from packaging.version import InvalidVersion, Version
 from .errors import IntegrityError, KernelHubError, MetadataError
 from .integrity import check_digests, combined_digest, not_source_reason, sha256_file
 from .names import check_entry_file, check_python_name, check_relative_path, check_variant_name, safe_join
+from .tpu.record import TpuCompileRecord, parse_record
 from .variants import Variant
 
 REPO_TYPE = "kernel"
@@ -129,6 +131,7 @@ class BuildInfo:
     version: str | None
     variant: Variant
     sha256: dict[str, str]   # variant-relative path ("<python_name>/ops.py") -> sha256
+    tpu_compile: TpuCompileRecord | None = None  # TPU variants: the compile matrix the release recorded
 
     def package_digests(self) -> dict[str, str]:
         """Digests relative to the package folder, as the loader and lock files use them."""
@@ -137,8 +140,9 @@ class BuildInfo:
 
 
 def build_metadata(*, repo_id: str, version: str, python_name: str, license: str, variant: Variant,
-                   variant_dir: Path) -> dict[str, Any]:
-    """metadata.json for the variant folder `variant_dir` (its package already in place)."""
+                   variant_dir: Path, tpu_compile: dict[str, Any] | None = None) -> dict[str, Any]:
+    """metadata.json for the variant folder `variant_dir` (its package already in place); `tpu_compile`: a TPU
+    variant's compile record (tpu/record.py), checked against its schema before it is written."""
     files = {p.relative_to(variant_dir).as_posix(): p for p in sorted(variant_dir.rglob("*")) if p.is_file()}
     sha = {rel: sha256_file(p) for rel, p in files.items()}
     hf_digest = {rel: base64.b64encode(bytes.fromhex(h)).decode() for rel, h in sha.items()}
@@ -147,6 +151,15 @@ def build_metadata(*, repo_id: str, version: str, python_name: str, license: str
         raise MetadataError(f"variant {variant.name}: backend {variant.backend!r} has no HF kernels equivalent")
     built = Variant(name=variant.name, framework=variant.framework, backend=variant.backend, entry="__init__.py",
                     tpu_generations=variant.tpu_generations, requires=variant.requires)
+    section: dict[str, Any] = {
+        "repo_id": repo_id,
+        "version": version,
+        "python_name": python_name,
+        "variant": variant_to_json(built),
+        "sha256": sha,
+    }
+    if tpu_compile is not None:
+        section["tpu_compile"] = parse_record(tpu_compile, f"{repo_id} [{variant.name}]").model_dump()
     return {
         "name": hf_name(python_name),
         "id": f"_{python_name}_{variant.name.replace('-', '_')}_{combined_digest(sha)[:10]}",
@@ -155,13 +168,7 @@ def build_metadata(*, repo_id: str, version: str, python_name: str, license: str
         "backend": {"type": backend},
         "python-depends": [],
         "digest": {"algorithm": "sha256", "files": hf_digest},
-        KH_KEY: {
-            "repo_id": repo_id,
-            "version": version,
-            "python_name": python_name,
-            "variant": variant_to_json(built),
-            "sha256": sha,
-        },
+        KH_KEY: section,
     }
 
 
@@ -193,7 +200,8 @@ def parse_build_info(data: object, label: str, expected_variant: str) -> BuildIn
         except InvalidVersion:
             shown = str(version)[:40]
             raise IntegrityError(f"{label}: {VARIANT_METADATA} version {shown!r} is not a release") from None
-    return BuildInfo(python_name=python_name, version=version, variant=variant, sha256=sha)
+    record = parse_record(kh.get("tpu_compile"), label)
+    return BuildInfo(python_name=python_name, version=version, variant=variant, sha256=sha, tpu_compile=record)
 
 
 def read_build_info(folder: Path, label: str, expected_variant: str) -> BuildInfo:

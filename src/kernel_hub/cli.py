@@ -134,6 +134,14 @@ def cmd_info(args: argparse.Namespace) -> int:
             gens = f" tpu {','.join(v['tpu_generations'])}" if v["tpu_generations"] else ""
             reqs = " ".join(f"{d}{s}" for d, s in v["requires"])
             print(f"  {v['name']:<12} {v['framework']:<6} {v['backend']:<5} entry {v['entry']}{gens}  {reqs}")
+        tpu = [v for v in data["variants"] if "tpu_compile" in v]
+        if tpu:
+            print("tpu compile (recorded in the release):")
+            for v in tpu:
+                first, *rest = v["tpu_compile"]
+                print(f"  {v['name']:<12} {first}")
+                for line in rest:
+                    print(f"  {'':<12} {line}")
     return 0
 
 
@@ -160,12 +168,35 @@ def _info_data(repo_id: str) -> dict[str, Any]:
     if spec or refs:
         res = resolve(refs, version=_spec(spec) if spec else None, revision=None if spec else refs[0].name)
         commit = res.commit
+        found = source.variants(repo_id, res.commit)
         variants = [{"name": v.name, "framework": v.framework, "backend": v.backend, "entry": v.entry,
                      "tpu_generations": list(v.tpu_generations), "requires": [list(r) for r in v.requires]}
-                    for v in source.variants(repo_id, res.commit)]
+                    for v in found]
+        for d, v in zip(variants, found, strict=True):
+            if v.backend == "tpu":
+                d["tpu_compile"] = _tpu_compile_lines(source, repo_id, res.commit, v)
     return {"repo_id": repo_id, "source": source.describe(), "metadata": metadata,
             "refs": [{"name": r.name, "kind": r.kind, "commit": r.commit} for r in refs],
             "variants_commit": commit, "variants": variants}
+
+
+def _tpu_compile_lines(source: Any, repo_id: str, commit: str, variant: Any) -> list[str]:
+    """What a published TPU variant's metadata.json records about the compile gate (its bundle is fetched and
+    verified; nothing is imported). A source folder is not a release: it records nothing."""
+    from . import buildfmt as fmt
+    from .sources import LocalSource
+
+    if isinstance(getattr(source, "active", None) or source, LocalSource):
+        return ["not compiled for TPU (a source folder, not a release: `kernel-hub validate --path DIR --tpu "
+                "v5e,v6e` compiles it)"]
+    try:
+        build = source.fetch(repo_id, commit, variant)
+        info = fmt.read_build_info(Path(build.package_dir).parent, f"{repo_id}@{commit[:12]}", variant.name)
+    except KernelHubError as exc:  # a build that cannot be fetched or verified: say so, show the rest
+        return [f"compile record unreadable: {_one_line(str(exc))[:200]}"]
+    if info.tpu_compile is None:
+        return ["not compiled for TPU (the release records no compile matrix)"]
+    return info.tpu_compile.lines()
 
 
 def cmd_resolve(args: argparse.Namespace) -> int:
@@ -307,7 +338,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
     with progress(json_output=args.json) as live:
         live.phase(f"publishing {args.path}")
         result = publish(args.path, repo_id=args.repo, endpoint=args.endpoint, token=args.token,
-                         skip_validation=args.skip_validation, log=live.row)
+                         skip_validation=args.skip_validation, skip_tpu_compile=args.skip_tpu_compile,
+                         log=live.row)
     if args.json:
         _print_json({**asdict(result), "summary": result.summary()})
     else:
@@ -403,8 +435,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_json_arg(p, "the registry")
     p.set_defaults(func=cmd_list)
 
-    p = sub.add_parser("info", help="one kernel: metadata, refs, variants",
-                       description="Show a kernel's metadata, its refs (tags, branches) and build variants.")
+    p = sub.add_parser("info", help="one kernel: metadata, refs, variants, TPU compile record",
+                       description="Show a kernel's metadata, its refs (tags, branches) and build variants, and for "
+                       "each TPU variant of a release the compile matrix publish recorded (generations, jax and "
+                       "libtpu versions, cases compiled per generation), or 'not compiled for TPU'.")
     p.add_argument("repo", help="repo id, e.g. kernel-hub/ragged-dot-tpu")
     _add_json_arg(p)
     p.set_defaults(func=cmd_info)
@@ -460,7 +494,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("publish", help="build, validate and upload a kernel folder to the Hub",
                        description="Build the HF kernels-compatible layout of a kernel folder (build/<variant>/ ...), "
-                       "validate it on this machine, upload it through huggingface_hub, tag v<version> and move "
+                       "validate it on this machine, compile every TPU case for each generation its TPU variants "
+                       "declare (the real TPU compiler in the TPU environment, make setup-tpu; the matrix is "
+                       "recorded in the release), upload it through huggingface_hub, tag v<version> and move "
                        "branch v<major>. An existing version with different content is refused; the same content "
                        "is a no-op.")
     p.add_argument("path", help="kernel folder holding kernel.yaml (e.g. kernels/pallas/ragged_dot)")
@@ -468,6 +504,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--endpoint", help="Hub endpoint (default: $HF_ENDPOINT or huggingface.co)")
     p.add_argument("--token", help="write token (default: $HF_TOKEN or the saved login)")
     p.add_argument("--skip-validation", action="store_true", help="publish without validating (says so)")
+    p.add_argument("--skip-tpu-compile", action="store_true",
+                   help="publish TPU variants without the TPU compile gate (says so; recorded as 'not compiled')")
     _add_json_arg(p)
     p.set_defaults(func=cmd_publish)
 

@@ -1,4 +1,5 @@
-"""`kernel-hub publish`: kernel folder -> HF kernels-compatible repo layout -> validate -> upload -> tag.
+"""`kernel-hub publish`: kernel folder -> checks -> validate -> TPU compile gate -> HF kernels-compatible repo
+layout (with the compile matrix in each TPU variant's metadata.json) -> upload -> tag.
 
 The layout (bundles, metadata.json) is buildfmt.py's. A kernel folder is untrusted input too: every name
 kernel.yaml gives is checked before it is joined into a path, everything is written under the build's own
@@ -10,9 +11,10 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from packaging.version import Version
@@ -102,18 +104,28 @@ def package_sources(kernel_dir: Path, meta: KernelMetadata) -> dict[str, Path]:
     return out
 
 
-def build_layout(kernel_dir: Path, out: Path) -> Layout:
+def checked_sources(kernel_dir: Path, meta: KernelMetadata) -> dict[str, Path]:
+    """package_sources, with every variant's entry among them: all a build needs, checked before any of the
+    kernel's code runs (validation, the TPU compile gate) and before any network call."""
+    kernel_file(kernel_dir, CARD)
+    sources = package_sources(kernel_dir, meta)
+    for variant in meta.variants:
+        if variant.entry not in sources:
+            raise MetadataError(f"variant {variant.name}: entry {variant.entry} not found in {meta.python_name}/")
+    return sources
+
+
+def build_layout(kernel_dir: Path, out: Path, tpu_compile: Mapping[str, dict[str, Any]] | None = None) -> Layout:
     """Write the repo layout of `kernel_dir` under `out` (see buildfmt). Every path is built with safe_join
-    under `out`, every delete is safe_rmtree inside `out`, and links out of the kernel folder are refused."""
+    under `out`, every delete is safe_rmtree inside `out`, and links out of the kernel folder are refused.
+    `tpu_compile`: variant name -> the TPU compile record its metadata.json carries (publish's gate)."""
     kernel_dir = Path(kernel_dir).resolve()
     meta = checked_metadata(kernel_dir)
     card = kernel_file(kernel_dir, CARD)
-    sources = package_sources(kernel_dir, meta)
+    sources = checked_sources(kernel_dir, meta)
     layout = Layout(out, meta)
     for variant in meta.variants:
-        entry = sources.get(variant.entry)
-        if entry is None:
-            raise MetadataError(f"variant {variant.name}: entry {variant.entry} not found in {meta.python_name}/")
+        entry = sources[variant.entry]
         vdir = safe_join(out, fmt.BUILD_DIR, variant.name)
         pdir = safe_join(vdir, meta.python_name)
         for rel, src in sources.items():
@@ -122,7 +134,8 @@ def build_layout(kernel_dir: Path, out: Path) -> Layout:
             shutil.copyfile(src, dest)
         shutil.copyfile(entry, safe_join(pdir, "__init__.py"))  # the entry is the package root
         data = fmt.build_metadata(repo_id=meta.repo_id, version=meta.version, python_name=meta.python_name,
-                                  license=meta.license, variant=variant, variant_dir=vdir)
+                                  license=meta.license, variant=variant, variant_dir=vdir,
+                                  tpu_compile=(tpu_compile or {}).get(variant.name))
         safe_join(vdir, fmt.VARIANT_METADATA).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
         fmt.write_bundle(vdir, safe_join(out, fmt.bundle_path(variant.name)))
         layout.files.append(fmt.bundle_path(variant.name))
@@ -186,12 +199,15 @@ def validate_local(kernel_dir: Path, log: Callable[[str], None]) -> list[str]:
 
 
 def publish(kernel_dir: str | Path, *, repo_id: str | None = None, endpoint: str | None = None,
-            token: str | None = None, skip_validation: bool = False,
-            log: Callable[[str], None] = print) -> PublishResult:
-    """Validate, build, upload, tag `v<version>` and move branch `v<major>` (never backwards)."""
+            token: str | None = None, skip_validation: bool = False, skip_tpu_compile: bool = False,
+            tpu_jobs: int | None = None, log: Callable[[str], None] = print) -> PublishResult:
+    """Validate, compile every TPU variant for its generations (tpu/release_gate.py), build, upload, tag
+    `v<version>` and move branch `v<major>` (never backwards). The TPU compile matrix goes into each TPU
+    variant's metadata.json; `skip_tpu_compile` publishes them marked "not compiled" instead."""
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
     from .hub import HubSource
+    from .tpu.release_gate import run_gate
 
     kernel_dir = Path(kernel_dir)
     if not kernel_dir.is_dir():
@@ -202,12 +218,14 @@ def publish(kernel_dir: str | Path, *, repo_id: str | None = None, endpoint: str
     check_endpoint(endpoint)
     version, tag = Version(meta.version), f"v{meta.version}"
     branch = f"v{version.major}"
+    checked_sources(kernel_dir, meta)  # links, bytecode, entries: refused before any of the kernel's code runs
     if skip_validation:
         log("skipping validation (--skip-validation): publishing without checking the numbers")
     else:
         validate_local(kernel_dir, log)
+    records = run_gate(kernel_dir, meta, skip=skip_tpu_compile, log=log, jobs=tpu_jobs)
     with tempfile.TemporaryDirectory(prefix="kernel-hub-publish-") as tmp:
-        layout = build_layout(kernel_dir, Path(tmp))  # every name and file checked before any network call
+        layout = build_layout(kernel_dir, Path(tmp), records)  # every name and file checked before any network call
         variants = [v.name for v in meta.variants]
         hub = HubSource(endpoint=endpoint, token=token)
         api = hub.api

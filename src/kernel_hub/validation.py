@@ -101,11 +101,11 @@ class ValidationReport:
         compiled = [c for c in self.cases if c.kind == "compile"]
         if not compiled:
             return []
-        rows = [("generation", "case", "compile s", "args MiB", "out MiB", "temp MiB", "result")]
+        rows = [("generation", "case", "impl", "compile s", "args MiB", "out MiB", "temp MiB", "result")]
         for c in compiled:
             sec = "cached" if c.cached else (f"{c.compile_seconds:.2f}" if c.compile_seconds is not None else "-")
-            rows.append((c.generation or "", c.name, sec, _mib(c.argument_bytes), _mib(c.output_bytes),
-                         _mib(c.temp_bytes), _verdict(c)))
+            rows.append((c.generation or "", c.name, c.implementation or "-", sec, _mib(c.argument_bytes),
+                         _mib(c.output_bytes), _mib(c.temp_bytes), _verdict(c)))
         return [f"TPU compile (jax {self.jax_version}, libtpu {self.libtpu_version}):", *_aligned(rows)]
 
     def header(self) -> str:

@@ -1,4 +1,5 @@
-"""Compile results on disk, one file per (kernel commit, variant, jax, libtpu, generation).
+"""Compile results on disk, one file per (package content, variant, jax, libtpu, generation); the content key is a
+40-hex digest of the package's files (gate.content_key), so a re-publish of unchanged kernel code compiles nothing.
 
 The compiler is deterministic for those five, so a case compiled once (passed or refused) is not compiled
 again. The file is untrusted on read: anything malformed is a miss, and writes are atomic.

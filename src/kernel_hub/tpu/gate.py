@@ -1,87 +1,77 @@
 """The TPU compile gate: every TPU case of a kernel compiled by the real TPU compiler, per generation.
 
 `compile_matrix(kernel, ["v5e", "v6e"])` -> ValidationReport whose cases have kind="compile", a generation,
-the compile seconds and the compiled memory (argument/output/temp bytes). Results are cached per (kernel
-commit, variant, jax, libtpu, generation). `compile_record(report)` is the summary a release records.
+the compile seconds and the compiled memory (argument/output/temp bytes). Results are cached per (package
+content, variant, jax, libtpu, generation). `compile_record(report)` is the summary a release records.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from ..errors import KernelHubError
+from ..integrity import combined_digest
+from ..loader import verified_digests
+from ..trust import TrustSetting
 from . import cache
 from .chips import parse_generations
 from .env import TpuEnv, tpu_env
+from .package import VerifiedPackage, folder_package, from_build
+from .record import TpuCompileRecord, record_from_cases
 from .runner import compile_in_worker
 
-
-@dataclass(frozen=True)
-class CompileTarget:
-    """The jax-tpu build of one kernel commit, on disk: what the worker loads."""
-
-    repo_id: str
-    version: str | None
-    commit: str
-    variant: str
-    package_dir: Path
-    entry: str
+#: What the worker loads: one verified build (see package.py).
+CompileTarget = VerifiedPackage
 
 
-def _tpu_variant(variants: Sequence[Any], label: str) -> Any:
-    for v in variants:
-        if v.framework == "jax" and v.backend == "tpu":
-            return v
-    raise KernelHubError(f"{label} has no jax-tpu variant: nothing to compile for a TPU")
-
-
-def _from_folder(kernel_dir: Path) -> CompileTarget:
-    from ..sources import LocalSource
-
-    source = LocalSource(kernel_dir)
-    meta = source.metadata
-    variant = _tpu_variant(meta.variants, meta.repo_id)
-    build = source.fetch(meta.repo_id, source.commit, variant)
-    return CompileTarget(meta.repo_id, meta.version, build.commit, variant.name, Path(build.package_dir),
-                         variant.entry)
-
-
-def _from_repo(repo_id: str, revision: str | None = None) -> CompileTarget:
+def _from_repo(repo_id: str, revision: str | None = None, trust_remote_code: TrustSetting = False) -> VerifiedPackage:
+    """The TPU build of a repo, as get_kernel would load it: the same trust check, fetched and verified."""
     from ..api import plan_load
+    from ..trust import check_trust
 
-    plan = plan_load(repo_id, revision=revision, backend="tpu", framework="jax")
+    plan = plan_load(repo_id, revision=revision, backend="tpu", framework="jax", trust_remote_code=trust_remote_code)
     if plan.choice.variant is None:
         raise KernelHubError(f"{repo_id} has no jax-tpu build: nothing to compile for a TPU")
+    check_trust(plan.origin, trust_remote_code, asked_for=repo_id)
     build = plan.source.fetch(repo_id, plan.resolution.commit, plan.choice.variant)
-    return CompileTarget(repo_id, plan.resolution.version, build.commit, build.variant.name,
-                         Path(build.package_dir), build.variant.entry)
+    package = from_build(build)
+    return replace(package, version=package.version or plan.resolution.version)
 
 
-def target_for(kernel: ModuleType | str | Path) -> CompileTarget:
-    """A kernel folder (kernel.yaml + package), a repo id, or a loaded kernel module -> its jax-tpu build.
+def target_for(kernel: ModuleType | str | Path, trust_remote_code: TrustSetting = False) -> VerifiedPackage:
+    """A kernel folder (kernel.yaml + package), a repo id, or a loaded kernel module -> its TPU build, verified.
 
-    A module loaded for another backend (jax-cpu on this host) is compiled from the jax-tpu build of the
-    same commit: from its own folder when it came from one, else fetched like get_kernel would."""
+    A repo id passes the trust check get_kernel applies (`trust_remote_code` as there). A module loaded for
+    another backend (jax-cpu on this host) is compiled from the jax-tpu build of the same commit: from its own
+    folder when it came from one, else fetched from the repo it was loaded from (trusted: it was loaded)."""
     if isinstance(kernel, Path) or (isinstance(kernel, str) and Path(kernel).is_dir()):
-        return _from_folder(Path(kernel))
+        return folder_package(Path(kernel))
     if isinstance(kernel, str):
-        return _from_repo(kernel)
+        return _from_repo(kernel, trust_remote_code=trust_remote_code)
     info = getattr(kernel, "__kernel_hub__", None)
     if info is None:
         raise KernelHubError("compile_matrix() takes a kernel folder, a repo id or a module from get_kernel")
-    if info.framework == "jax" and info.backend == "tpu":
-        return CompileTarget(info.repo_id, info.version, info.commit, info.variant, Path(info.path), "__init__.py")
+    digests = verified_digests(kernel)
+    if info.backend == "tpu" and digests is not None:
+        return VerifiedPackage(info.repo_id, info.version, info.commit, info.variant, Path(info.path), "__init__.py",
+                               digests, info.framework)
     folder = Path(info.path).parent
     if (folder / "kernel.yaml").is_file():
-        target = _from_folder(folder)
+        target = folder_package(folder)
         if target.commit == info.commit:
             return target
-    return _from_repo(info.repo_id, revision=info.commit)
+    return _from_repo(info.repo_id, revision=info.commit, trust_remote_code=[info.repo_id])
+
+
+def content_key(target: VerifiedPackage) -> str:
+    """The cache key of a build: a 40-hex digest of its package files (what the worker imports, nothing else),
+    so the same kernel code under a new version or from another source is not compiled again."""
+    return combined_digest(dict(target.digests))[:40] if target.digests else target.commit
 
 
 def _case_result(record: dict[str, Any], cached: bool) -> Any:
@@ -90,7 +80,8 @@ def _case_result(record: dict[str, Any], cached: bool) -> Any:
     passed = bool(record.get("passed"))
     seconds = record.get("compile_seconds")
     return CaseResult(
-        name=record["name"], dtype=record.get("dtype", ""), implementation="mosaic", passed=passed,
+        name=record["name"], dtype=record.get("dtype", ""), implementation=record.get("implementation"),
+        passed=passed,
         max_error=0.0 if passed else math.nan, tolerance=0.0, seconds=float(seconds or 0.0),
         tags=tuple(record.get("tags", ())), error=record.get("error"), kind="compile",
         generation=record["generation"], compile_seconds=seconds, argument_bytes=record.get("argument_bytes"),
@@ -112,20 +103,23 @@ def compile_matrix(
     tags: Sequence[str] | None = None,
     use_cache: bool = True,
     env: TpuEnv | None = None,
+    trust_remote_code: TrustSetting = False,
+    jobs: int | None = None,
 ) -> Any:
     """Compile the kernel's TPU cases (all, or those named / carrying one of `tags`) for each generation.
 
     Returns a ValidationReport (backend "tpu"); `.passed` is False if any case failed to compile or none was
     selected. Cases the cache holds for this (commit, variant, jax, libtpu, generation) are not compiled
-    again."""
+    again. A repo id is trust-checked as get_kernel does (`trust_remote_code`); the worker imports only the
+    verified files. `jobs`: compiler processes at once (default: one per generation, up to the CPU count)."""
     from ..validation import ValidationReport
 
     gens = parse_generations(generations)
-    target = target_for(kernel)
+    target = target_for(kernel, trust_remote_code)
     env = env or tpu_env()
     selection = _selection_key(names, tags)
-    paths = {g: cache.entry_path(target.commit, target.variant, env.jax_version, env.libtpu_version, g)
-             for g in gens}
+    key = content_key(target)
+    paths = {g: cache.entry_path(key, target.variant, env.jax_version, env.libtpu_version, g) for g in gens}
     known: dict[str, dict[str, dict[str, Any]]] = {}
     order: list[str] | None = list(names) if names is not None else None
     for g in gens:
@@ -136,8 +130,8 @@ def compile_matrix(
     fresh: list[dict[str, Any]] = []
     if missing:
         ask = None if order is None else sorted({n for g in missing for n in order if n not in known[g]})
-        fresh = compile_in_worker(env, target.package_dir, target.entry, tuple(missing), names=ask,
-                                  tags=None if names is not None else (list(tags) if tags else None))
+        fresh = compile_in_worker(env, target, tuple(missing), names=ask,
+                                  tags=None if names is not None else (list(tags) if tags else None), jobs=jobs)
         if order is None:
             order = list(dict.fromkeys(r["name"] for r in fresh))
         for g in missing:
@@ -160,15 +154,9 @@ def compile_matrix(
     return report
 
 
-def compile_record(report: Any) -> dict[str, Any]:
-    """What a release records about its TPU compile gate (JSON-ready)."""
-    compiled = [c for c in report.cases if getattr(c, "kind", None) == "compile"]
-    return {
-        "generations": list(report.generations),
-        "jax": report.jax_version,
-        "libtpu": report.libtpu_version,
-        "cases": len({c.name for c in compiled}),
-        "compiled": sum(c.passed for c in compiled),
-        "failed": sorted(f"{c.generation}:{c.name}" for c in compiled if not c.passed),
-        "passed": bool(compiled) and all(c.passed for c in compiled),
-    }
+def compile_record(report: Any, generations: Sequence[str] | None = None) -> dict[str, Any]:
+    """What a release records about its TPU compile gate (JSON-ready, record.py's schema) for `generations`
+    (default: all of the report's), plus "passed"."""
+    gens = list(report.generations if generations is None else generations)
+    record = record_from_cases(report.cases, gens, report.jax_version, report.libtpu_version)
+    return {**record, "passed": TpuCompileRecord.model_validate(record).passed}

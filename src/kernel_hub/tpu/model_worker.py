@@ -128,22 +128,29 @@ def attention_rows(fa: Any, geo: Any, phase: str, generations: list[str], dtype:
     return rows
 
 
-def run_model(request: dict[str, Any], emit: Any) -> None:
-    """Request: {"mode": "model", "ragged_dot_dir", "flash_attention_dir", "generations", "moe_models",
-    "attention_model", "dtype"}; one "row" event per (workload, generation)."""
+def run_model(request: dict[str, Any], emit: Any) -> int:
+    """Request: {"mode": "model", "ragged_dot": package, "flash_attention": package, "generations", "moe_models",
+    "attention_model", "dtype"} (packages as VerifiedPackage.request(): imported through the verified loader);
+    one "row" event per (workload, generation)."""
+    from ..errors import KernelHubError
+    from .worker import refuse
+
     gens = list(request["generations"])
     dtype = request.get("dtype", "bfloat16")
-    rd = load_package(request["ragged_dot_dir"])
+    try:
+        rd, fa = load_package(request["ragged_dot"]), load_package(request["flash_attention"])
+    except KernelHubError as exc:
+        return refuse(exc, emit)
     moe_shapes = importlib.import_module(f"{rd.__name__}._vendor.moe_shapes")
     moe = {g.model: g for g in moe_shapes.MOE_MODELS}
     for name in request["moe_models"]:
         for phase, tokens in moe_shapes.PHASES.items():
             for row in moe_rows(rd, moe[name], phase, tokens, gens, dtype):
                 emit({"event": "row", **row})
-    fa = load_package(request["flash_attention_dir"])
     shapes = importlib.import_module(f"{fa.__name__}._vendor.attention_shapes")
     geo = {g.model: g for g in shapes.ATTENTION_MODELS}[request["attention_model"]]
     for phase in ("prefill", "decode"):
         for row in attention_rows(fa, geo, phase, gens, dtype, tokens=shapes.PREFILL_TOKENS,
                                   batch=shapes.DECODE_BATCH, cache=shapes.DECODE_CACHE):
             emit({"event": "row", **row})
+    return 0

@@ -2,21 +2,23 @@
 
     python -m kernel_hub.tpu.worker REQUEST.json EVENTS.jsonl
 
-Generic over kernels: it loads the kernel package from its folder, takes `<pkg>.tpu_cases.compile_cases()`,
+Generic over kernels: it imports the kernel package through kernel_hub's verified loader, with the digests the
+parent verified (package.py: a file changed since is refused before anything runs), takes
+`<pkg>.tpu_cases.compile_cases()`,
 and for each generation and case builds (function, abstract args), lowers for a mock TPU device of that
 generation and compiles with libtpu (Mosaic compiles every Pallas kernel inside). Each finished case is one
 JSON line appended to EVENTS (a "start" line first), so a compiler crash costs only the case it hit: the
 runner sees which case started and did not finish.
 
-Request: {"mode": "compile", "package_dir": str, "entry": "__init__.py", "generations": [...],
+Request: {"mode": "compile", "package": VerifiedPackage.request(), "generations": [...],
           "cases": [names] | null, "tags": [tags] | null}  or  {"mode": "model", ...} (see model_worker.py).
+A refused package is one "refused" event (kind "integrity" or "import", one line) and exit status 3.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
-import importlib.util
 import json
 import re
 import sys
@@ -41,23 +43,28 @@ def first_meaningful_line(text: str) -> str:
     return text.strip()[:300]
 
 
-def load_package(package_dir: str, entry: str = "__init__.py") -> Any:
-    """Import a kernel package from its folder under a private name (relative imports resolve inside it)."""
-    folder = Path(package_dir)
-    name = "_kernel_hub_tpu_" + re.sub(r"\W", "_", folder.name)
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, folder / entry, submodule_search_locations=[str(folder)])
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {folder / entry}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+def load_package(package: dict[str, Any] | str | Path, entry: str = "__init__.py") -> Any:
+    """Import a kernel package through kernel_hub's verified loader: a request's package (a dict: checked against
+    the digests the parent verified, so a file changed since, or not among them, is refused before any of the
+    package runs), or a package folder on this machine (hashed now, `entry` as its __init__)."""
+    from .package import from_request, import_verified, local_package
+
+    return import_verified(from_request(package) if isinstance(package, dict) else local_package(Path(package), entry))
 
 
 def compile_cases_of(package: Any) -> list[Any]:
     return list(importlib.import_module(f"{package.__name__}.tpu_cases").compile_cases())
+
+
+def implementation_of(package: Any) -> str | None:
+    """The implementation the last call through the kernel's dispatch ran (the kernel contract's
+    `last_implementation()`): what a case that lets the wrapper choose actually compiled."""
+    last = getattr(package, "last_implementation", None)
+    try:
+        name = last()[0] if callable(last) else None
+    except Exception:  # a kernel without the contract's hook: nothing to report
+        return None
+    return name if isinstance(name, str) else None
 
 
 @contextlib.contextmanager
@@ -92,19 +99,22 @@ def on_device(args: Any, device: Any) -> Any:
     return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), args)
 
 
-def compile_one(case: Any, device: Any) -> dict[str, Any]:
+def compile_one(case: Any, device: Any, package: Any = None) -> dict[str, Any]:
     """Lower and compile one case; the compiler's refusal is a failed result, never an exception."""
     import jax
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()  # wall, and CPU of every thread (contention-proof)
     try:
         fn, args = case.build()
-        compiled = jax.jit(fn).lower(*on_device(args, device)).compile()
+        lowered = jax.jit(fn).lower(*on_device(args, device))
+        implementation = implementation_of(package)
+        compiled = lowered.compile()
     except Exception as exc:  # the compiler's message is the result
         text = f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc)
-        return {"passed": False, "error": first_meaningful_line(text), "compile_seconds": time.perf_counter() - start}
-    seconds = time.perf_counter() - start
-    out: dict[str, Any] = {"passed": True, "error": None, "compile_seconds": seconds}
+        return {"passed": False, "error": first_meaningful_line(text), "compile_seconds": time.perf_counter() - start,
+                "cpu_seconds": time.process_time() - cpu, "implementation": implementation_of(package)}
+    out: dict[str, Any] = {"passed": True, "error": None, "compile_seconds": time.perf_counter() - start,
+                           "cpu_seconds": time.process_time() - cpu, "implementation": implementation}
     mem = compiled.memory_analysis()
     if mem is not None:
         out.update(argument_bytes=int(mem.argument_size_in_bytes), output_bytes=int(mem.output_size_in_bytes),
@@ -112,9 +122,26 @@ def compile_one(case: Any, device: Any) -> dict[str, Any]:
     return out
 
 
-def run_compile(request: dict[str, Any], emit: Any) -> None:
-    package = load_package(request["package_dir"], request.get("entry", "__init__.py"))
-    cases = compile_cases_of(package)
+def refuse(exc: BaseException, emit: Any) -> int:
+    """Report a package the worker will not run (one line) and the exit status that ends the request."""
+    from ..errors import IntegrityError
+
+    kind = "integrity" if isinstance(exc, IntegrityError) else "import"
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    emit({"event": "refused", "kind": kind, "error": text[:400]})
+    return 3
+
+
+def run_compile(request: dict[str, Any], emit: Any) -> int:
+    from ..errors import KernelHubError
+
+    try:
+        package = load_package(request["package"])
+        cases = compile_cases_of(package)
+    except KernelHubError as exc:
+        return refuse(exc, emit)
+    except Exception as exc:  # the verified tpu_cases.py itself fails to import
+        return refuse(exc if str(exc) else RuntimeError(type(exc).__name__), emit)
     wanted, tags = request.get("cases"), request.get("tags")
     if wanted is not None:
         cases = [c for c in cases if c.name in set(wanted)]
@@ -125,9 +152,10 @@ def run_compile(request: dict[str, Any], emit: Any) -> None:
         with tpu_target(generation) as device:
             for case in cases:
                 emit({"event": "start", "generation": generation, "name": case.name})
-                result = compile_one(case, device)
+                result = compile_one(case, device, package)
                 emit({"event": "result", "generation": generation, "name": case.name, "dtype": case.dtype,
                       "tags": list(case.tags), **result})
+    return 0
 
 
 def versions() -> dict[str, str | None]:
@@ -152,15 +180,16 @@ def main(argv: list[str]) -> int:
 
     emit({"event": "hello", **versions()})
     if request["mode"] == "compile":
-        run_compile(request, emit)
+        status = run_compile(request, emit)
     elif request["mode"] == "model":
         from .model_worker import run_model
 
-        run_model(request, emit)
+        status = run_model(request, emit)
     else:
         raise SystemExit(f"unknown mode {request['mode']!r}")
-    emit({"event": "done"})
-    return 0
+    if status == 0:
+        emit({"event": "done"})
+    return status
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ whichever ran last.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,7 +20,7 @@ import jax.numpy as jnp
 from ._vendor.dispatch import Dispatch
 from ._vendor.interpret import describe_interpret, run_dispatch
 from ._vendor.shapes import check_attention
-from .config import AttentionConfig, block_for, default_config, round_up
+from .config import AttentionConfig, block_for, default_config, kv_transposed, round_up
 from .cpu import cpu_attention, xla_attention, xla_decode_attention
 from .pallas_decode import DecodeStatic, decode_forward
 from .pallas_flash import FlashStatic, flash_attention_padded
@@ -68,7 +69,8 @@ def _prefill(q, k, v, sinks, q_lengths, kv_lengths, *, impl, causal, sm_scale, w
     bk, skv_pad = block_for(skv, config.block_kv)
     st = FlashStatic(causal=causal, sm_scale=sm_scale, window=window, soft_cap=soft_cap, has_sinks=sinks is not None,
                      block_q=bq, block_kv=bk, group=hq // hkv, interpret=interpret,
-                     vmem_limit_bytes=config.vmem_limit_bytes)
+                     vmem_limit_bytes=config.vmem_limit_bytes,
+                     heads_per_block=math.gcd(config.heads_per_block, hq // hkv))
     snk = jnp.zeros((hq,), jnp.float32) if sinks is None else jnp.asarray(sinks, jnp.float32)
     out = flash_attention_padded(
         st, _pad_axis(q, 2, sq_pad), _pad_axis(k, 2, skv_pad), _pad_axis(v, 2, skv_pad), snk,
@@ -107,7 +109,7 @@ def flash_attention(
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     window, scale, cap = check_attention(q.shape, k.shape, v.shape, sliding_window=sliding_window, sm_scale=sm_scale,
                                          logits_soft_cap=logits_soft_cap)
-    cfg = config or default_config(q.shape[2], k.shape[2], q.shape[3], q.dtype)
+    cfg = config or default_config(q.shape[2], k.shape[2], q.shape[3], q.dtype, group=q.shape[1] // k.shape[1])
     run = lambda impl, mode: _prefill(q, k, v, sinks, q_lengths, kv_lengths, impl=impl, causal=bool(causal),
                                       sm_scale=scale, window=window, soft_cap=cap, config=cfg, interpret=mode)
     return run_dispatch(_DISPATCH, implementation, interpret, (q, k, v), run, "the attention kernel")
@@ -132,11 +134,17 @@ def _decode(q, k_cache, v_cache, kv_lengths, sinks, *, impl, sm_scale, window, s
         return xla_decode_attention(q, k_cache, v_cache, kv_lengths, sm_scale=sm_scale, sliding_window=window,
                                     logits_soft_cap=soft_cap, sinks=sinks)
     bk, s_pad = _decode_block(s, config.decode_block_kv)
+    transposed = kv_transposed(s, d) if config.decode_kv_transposed is None else config.decode_kv_transposed
     st = DecodeStatic(sm_scale=sm_scale, window=window, soft_cap=soft_cap, has_sinks=sinks is not None,
-                      block_kv=bk, interpret=interpret, vmem_limit_bytes=config.vmem_limit_bytes)
+                      block_kv=bk, interpret=interpret, vmem_limit_bytes=config.vmem_limit_bytes,
+                      kv_transposed=transposed)
     snk = jnp.zeros((hq,), jnp.float32) if sinks is None else jnp.asarray(sinks, jnp.float32)
+    if transposed:  # the same bytes when XLA's layout already keeps S minor (see pallas_decode)
+        k_cache, v_cache, axis = jnp.swapaxes(k_cache, 2, 3), jnp.swapaxes(v_cache, 2, 3), 3
+    else:
+        axis = 2
     out = decode_forward(
-        q.reshape(b, hkv, hq // hkv, d), _pad_axis(k_cache, 2, s_pad), _pad_axis(v_cache, 2, s_pad),
+        q.reshape(b, hkv, hq // hkv, d), _pad_axis(k_cache, axis, s_pad), _pad_axis(v_cache, axis, s_pad),
         _lengths(kv_lengths, b, s), snk.reshape(hkv, hq // hkv), st,
     )
     return out.reshape(b, hq, d)
@@ -161,7 +169,8 @@ def decode_attention(
     q, k_cache, v_cache = jnp.asarray(q), jnp.asarray(k_cache), jnp.asarray(v_cache)
     window, scale, cap = check_attention(q.shape, k_cache.shape, v_cache.shape, sliding_window=sliding_window,
                                          sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, decode=True)
-    cfg = config or default_config(1, k_cache.shape[2], q.shape[-1], q.dtype)
+    cfg = config or default_config(1, k_cache.shape[2], q.shape[-1], q.dtype, kv_heads=k_cache.shape[1],
+                                   group=q.shape[1] // k_cache.shape[1], window=window)
     run = lambda impl, mode: _decode(q, k_cache, v_cache, kv_lengths, sinks, impl=impl, sm_scale=scale,
                                      window=window, soft_cap=cap, config=cfg, interpret=mode)
     return run_dispatch(_DISPATCH, implementation, interpret, (q, k_cache, v_cache), run, "the attention kernel")

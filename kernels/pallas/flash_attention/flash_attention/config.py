@@ -26,7 +26,13 @@ class AttentionConfig:
     block_q, block_kv: query rows and key columns per grid step of the prefill kernels (forward and
       both backward kernels). Each is either a multiple of 128 (the sequence is padded up to it) or at
       least the sequence length (one block covering the sequence, rounded up to 8).
-    decode_block_kv: cache positions per grid step of the decode kernel (multiple of 128 or >= cache).
+    decode_block_kv: cache positions per grid step of the decode kernel, for all kv heads at once (multiple
+      of 128 or >= cache; the kernel takes the largest multiple of 128 up to it that divides the cache, so the
+      cache is never padded, i.e. copied).
+    decode_kv_transposed: read the cache as [.., D, S] (True) or [.., S, D] (False); None follows the layout
+      XLA gives the cache on a TPU (`kv_transposed`), so the cache reaches the kernel without a copy.
+    heads_per_block: query heads of one kv group per forward grid step (the kernel takes the largest divisor of
+      the group up to it); they share the step's K/V block.
     cpu_block_q: query rows per chunk in the "cpu" path; each chunk only reads the keys its causal or
       sliding-window band can reach (static skipping), and bounds the score buffer.
     vmem_limit_bytes: scoped-VMEM limit handed to Mosaic; None keeps the compiler default.
@@ -37,9 +43,11 @@ class AttentionConfig:
     decode_block_kv: int = 512
     cpu_block_q: int = 256
     vmem_limit_bytes: int | None = None
+    decode_kv_transposed: bool | None = None
+    heads_per_block: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("block_q", "block_kv", "decode_block_kv", "cpu_block_q"):
+        for name in ("block_q", "block_kv", "decode_block_kv", "cpu_block_q", "heads_per_block"):
             value = getattr(self, name)
             if value <= 0:
                 raise ValueError(f"AttentionConfig.{name} must be positive, got {value}")
@@ -55,13 +63,83 @@ def block_for(length: int, block: int) -> tuple[int, int]:
     return tile, round_up(length, tile)
 
 
-def vmem_bytes(block_q: int, block_kv: int, head_dim: int, itemsize: int) -> int:
-    """VMEM of one forward step: double-buffered q/k/v/o blocks, f32 accumulator, m/l scratch and the
-    f32 score/probability temporaries."""
-    blocks = 2 * (2 * block_q + 2 * block_kv) * head_dim * itemsize
-    scratch = block_q * head_dim * 4 + 2 * block_q * LANES * 4
+def tile_bytes(rows: int, cols: int, itemsize: int) -> int:
+    """VMEM bytes of a [rows, cols] tile as Mosaic lays it out: lanes padded to 128, sublanes to 8."""
+    return round_up(max(rows, 1), 8) * round_up(max(cols, 1), LANES) * itemsize
+
+
+def vmem_bytes(block_q: int, block_kv: int, head_dim: int, itemsize: int, heads: int = 1) -> int:
+    """VMEM of one forward step over `heads` query heads: double-buffered q/o blocks and lse rows per head,
+    k/v blocks, the f32 m/l/acc scratch per head, and one head's f32 score/probability temporaries."""
+    blocks = 2 * (heads * (2 * tile_bytes(block_q, head_dim, itemsize) + tile_bytes(1, block_q, 4))
+                  + 2 * tile_bytes(block_kv, head_dim, itemsize))
+    scratch = heads * (2 * tile_bytes(block_q, LANES, 4) + tile_bytes(block_q, head_dim, 4))
     temps = 3 * block_q * block_kv * 4
     return blocks + scratch + temps
+
+
+def _sizes(length: int, cap: int) -> list[int]:
+    """Block sizes to try along one sequence axis: the whole (rounded up to 8) when it fits under `cap`,
+    then multiples of 128 halving down to 128."""
+    whole = round_up(max(length, 1), 8)
+    out = [whole] if whole <= cap else []
+    size = cap
+    while size >= LANES:
+        if size < whole:
+            out.append(size)
+        size //= 2
+    return out or [whole]
+
+
+def prefill_tiles(q_len: int, kv_len: int, head_dim: int, itemsize: int, group: int,
+                  vmem_budget_bytes: int) -> tuple[int, int, int]:
+    """(block_q, block_kv, heads_per_block) of the forward: the most work per grid step (heads x block_q x
+    block_kv) that fits 5/8 of the VMEM budget, with block_q <= 512 and block_kv <= 1024 (wider blocks waste
+    more of the causal diagonal), ties to wider key blocks. A step costs ~0.35 us, which at head dim 64 is
+    more than one head's 512 x 512 block of work; the heads of one kv group share the step's K/V block."""
+    best: tuple[int, int, int, int] | None = None
+    for heads in (h for h in range(group, 0, -1) if group % h == 0):
+        for bq in _sizes(q_len, 512):
+            for bk in _sizes(kv_len, 1024):
+                if vmem_bytes(bq, bk, head_dim, itemsize, heads) > vmem_budget_bytes * 5 // 8:
+                    continue
+                key = (heads * bq * bk, bk, bq, heads)
+                best = key if best is None or key > best else best
+    if best is None:
+        return min(LANES, round_up(max(q_len, 1), 8)), min(LANES, round_up(max(kv_len, 1), 8)), 1
+    return best[2], best[1], best[3]
+
+
+def kv_transposed(length: int, head_dim: int) -> bool:
+    """Whether XLA's TPU layout for a [.., length, head_dim] array puts `length` in the lanes: it picks whichever
+    of the two orders pads less (v4, v5e, v5p, v6e and v7x alike, libtpu 0.0.52; e.g. head dim 64 over 128+
+    positions). Reading the cache in that order spares XLA a copy of the whole cache before the kernel."""
+    return tile_bytes(head_dim, length, 1) < tile_bytes(length, head_dim, 1)
+
+
+def decode_vmem_bytes(block_kv: int, kv_heads: int, group: int, head_dim: int, itemsize: int,
+                      transposed: bool) -> int:
+    """VMEM of one decode step: double-buffered K/V blocks for every kv head, q/o blocks, the m/l/acc scratch
+    and one head's f32 score temporaries."""
+    kv = tile_bytes(head_dim, block_kv, itemsize) if transposed else tile_bytes(block_kv, head_dim, itemsize)
+    blocks = 2 * (2 * kv_heads * kv + 2 * kv_heads * tile_bytes(group, head_dim, itemsize))
+    scratch = kv_heads * (2 * tile_bytes(group, LANES, 4) + tile_bytes(group, head_dim, 4))
+    return blocks + scratch + 3 * tile_bytes(group, block_kv, 4)
+
+
+def decode_block(kv_len: int, head_dim: int, itemsize: int, *, kv_heads: int, group: int, window: int | None,
+                 transposed: bool, vmem_budget_bytes: int) -> int:
+    """Cache positions per decode step: the most (a multiple of 128, up to 4096) that fit 5/8 of the VMEM budget,
+    fewer with a sliding window (no wider than the window, rounded up to 128): steps cost 0.35 us each, so a
+    step should move megabytes, but a block past what a window needs is read for nothing."""
+    cap = min(4096, round_up(max(kv_len, 1), LANES))
+    if window is not None:
+        cap = min(cap, round_up(window, LANES))
+    block = cap
+    while block > LANES and decode_vmem_bytes(block, kv_heads, group, head_dim, itemsize,
+                                              transposed) > vmem_budget_bytes * 5 // 8:
+        block -= LANES
+    return block
 
 
 def default_config(
@@ -70,23 +148,21 @@ def default_config(
     head_dim: int,
     dtype: object = "bfloat16",
     *,
+    kv_heads: int = 1,
+    group: int = 1,
+    window: int | None = None,
     vmem_budget_bytes: int = DEFAULT_VMEM_BUDGET_BYTES,
 ) -> AttentionConfig:
-    """Largest square-ish tiles (up to 512) that fit half the VMEM budget, halved until they do.
-
-    Long sequences get 512-wide tiles: fewer grid steps amortise the ~0.35 us per-step cost, and a
-    512x512 f32 score tile is 1 MiB. Short ones get one block. Half the budget leaves room for Mosaic's
-    own temporaries."""
+    """Prefill tiles from prefill_tiles (query heads of a `group` per step, within the VMEM budget) and decode
+    blocks sized for `kv_heads` heads of `group` queries each (decode_block). 5/8 of the budget (16 MiB: the
+    smallest scoped VMEM among v4..v7x) leaves room for Mosaic's own temporaries; the compile gate checks
+    every model geometry compiles on each generation."""
     itemsize = jnp.dtype(dtype).itemsize
-    bq = min(512, round_up(q_len, 8)) if q_len > 0 else 8
-    bk = min(512, round_up(kv_len, 8)) if kv_len > 0 else 8
-    while vmem_bytes(bq, bk, head_dim, itemsize) > vmem_budget_bytes // 2 and max(bq, bk) > LANES:
-        if bk >= bq:
-            bk = max(LANES, bk // 2)
-        else:
-            bq = max(LANES, bq // 2)
-    decode_bk = min(2048, round_up(max(kv_len, 1), 8))
+    bq, bk, heads = prefill_tiles(q_len, kv_len, head_dim, itemsize, group, vmem_budget_bytes)
+    decode_bk = decode_block(kv_len, head_dim, itemsize, kv_heads=kv_heads, group=group, window=window,
+                             transposed=kv_transposed(kv_len, head_dim), vmem_budget_bytes=vmem_budget_bytes)
     # CPU: 128-row chunks ran fastest at S=1024 on 2 cores (cache-resident scores, more band skipping);
     # longer sequences get wider chunks to keep the unrolled chunk count (compile time) near 16.
     cpu_bq = min(1024, max(128, round_up(cdiv(q_len, 16), 128)))
-    return AttentionConfig(block_q=bq, block_kv=bk, decode_block_kv=decode_bk, cpu_block_q=cpu_bq)
+    return AttentionConfig(block_q=bq, block_kv=bk, decode_block_kv=decode_bk, cpu_block_q=cpu_bq,
+                           heads_per_block=heads)

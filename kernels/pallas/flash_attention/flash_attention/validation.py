@@ -35,7 +35,8 @@ _LARGE = (
     Scenario("decode_gqa_ragged_d64", b=64, hq=64, hkv=8, sq=1, skv=2048, d=64, decode=True, sinks=True, window=128),
 )
 
-_SMALL_BLOCKS = (("block_q", 128), ("block_kv", 128), ("decode_block_kv", 128), ("cpu_block_q", 64))
+_SMALL_BLOCKS = (("block_q", 128), ("block_kv", 128), ("decode_block_kv", 128), ("cpu_block_q", 64),
+                 ("heads_per_block", 4))
 
 
 def _case(sc: Scenario, dtype: str, impl: str, *tags: str, **kw: Any) -> AttentionCase:

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from fa_helpers import make_inputs
-from flash_attention.config import block_for, vmem_bytes
+from flash_attention.config import block_for, decode_vmem_bytes, kv_transposed, vmem_bytes
 from jax.experimental.pallas import tpu as pltpu
 
 from kernel_hub.numerics import relative_error as rel_error
@@ -31,11 +31,26 @@ def test_block_rule(length, block, expected):
 
 
 @pytest.mark.parametrize("budget", [2 * 2**20, 16 * 2**20, 64 * 2**20])
-def test_default_config_fits_the_injected_budget(budget):
-    cfg = fa.default_config(8192, 8192, 256, jnp.float32, vmem_budget_bytes=budget)
-    assert cfg.block_q % 128 == 0 and cfg.block_kv % 128 == 0
-    assert vmem_bytes(cfg.block_q, cfg.block_kv, 256, 4) <= budget // 2 or max(cfg.block_q, cfg.block_kv) == 128
+@pytest.mark.parametrize("d, group", [(256, 1), (64, 8), (128, 6)])
+def test_default_config_fits_the_injected_budget(budget, d, group):
+    cfg = fa.default_config(8192, 8192, d, jnp.float32, kv_heads=8, group=group, vmem_budget_bytes=budget)
+    assert cfg.block_q % 128 == 0 and cfg.block_kv % 128 == 0 and group % cfg.heads_per_block == 0
+    smallest = max(cfg.block_q, cfg.block_kv) == 128 and cfg.heads_per_block == 1
+    assert vmem_bytes(cfg.block_q, cfg.block_kv, d, 4, cfg.heads_per_block) <= budget * 5 // 8 or smallest
+    transposed = kv_transposed(8192, d)
+    assert decode_vmem_bytes(cfg.decode_block_kv, 8, group, d, 4, transposed) <= budget * 5 // 8 \
+        or cfg.decode_block_kv == 128
     assert fa.default_config(40, 56, 64).block_q == 40
+
+
+def test_small_head_dims_take_several_heads_per_step():
+    """At head dim 64 one head's block is less work than a grid step costs: the forward takes the whole group
+    (GPT-OSS: 8 query heads per kv head) per step, and decode blocks span thousands of cache positions."""
+    cfg = fa.default_config(4096, 4096, 64, jnp.bfloat16, kv_heads=8, group=8)
+    assert cfg.heads_per_block == 8 and cfg.block_q * cfg.block_kv >= 256 * 1024
+    assert cfg.decode_block_kv >= 2048 and kv_transposed(8192, 64) and not kv_transposed(8192, 128)
+    windowed = fa.default_config(1, 8192, 64, jnp.bfloat16, kv_heads=8, group=8, window=128)
+    assert windowed.decode_block_kv == 128  # a block no wider than the window
 
 
 def test_no_chip_query_at_trace_time(monkeypatch):

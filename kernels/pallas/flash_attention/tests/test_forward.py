@@ -12,7 +12,8 @@ from fa_helpers import make_inputs
 from kernel_hub.numerics import TOLERANCE as TOL
 from kernel_hub.numerics import relative_error as rel_error
 
-BLOCKS = fa.AttentionConfig(block_q=128, block_kv=128, cpu_block_q=64)
+# heads_per_block 4: the forward takes gcd(4, group) query heads per step (1, 2 and 4 across the scenarios)
+BLOCKS = fa.AttentionConfig(block_q=128, block_kv=128, cpu_block_q=64, heads_per_block=4)
 
 # (name, b, hq, hkv, sq, skv, d, features): small, but >128 so the kernels walk several blocks
 SCENARIOS = [

@@ -98,6 +98,26 @@ def flash_attention(
     return _DISPATCH.run(platform_of(q, k, v), implementation, interpret, call, note=f"mask {plan.mode}: {plan.why}")
 
 
+@functools.partial(jax.jit, static_argnames=("name", "sm_scale", "window", "soft_cap"))
+def _run_decode(rows, k, v, kv_lengths, *, name, sm_scale, window, soft_cap):
+    """rows [B, Hkv, G, D]: each kv head's G query heads as G query rows, all at position kv_len - 1."""
+    b, _, g, _ = rows.shape
+    s = k.shape[2]
+    kv_len = lengths(kv_lengths, b, s)
+    if window is None:
+        kw: dict[str, Any] = {"key_value_seq_lengths": kv_len}
+    else:  # keys kv_len - W .. kv_len - 1, the same for every row
+        j = jnp.arange(s, dtype=jnp.int32)[None, None, None, :]
+        last = (kv_len - 1)[:, None, None, None]
+        kw = {"mask": jnp.broadcast_to((j <= last) & (j > last - window), (b, 1, g, s))}
+    hi = jax.lax.Precision.HIGHEST if rows.dtype == jnp.float32 else None
+    out = tokamax.dot_product_attention(
+        jnp.swapaxes(rows, 1, 2), jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2),
+        scale=sm_scale, logits_soft_cap=soft_cap, precision=hi, implementation=name, **kw,
+    )
+    return jnp.where((kv_len > 0)[:, None, None, None], jnp.swapaxes(out, 1, 2), 0).astype(rows.dtype)
+
+
 def decode_attention(
     q: jax.Array,
     k_cache: jax.Array,
@@ -114,14 +134,26 @@ def decode_attention(
     """One new query per sequence, q[B,Hq,D], against caches [B,Hkv,S,D] holding kv_lengths[B] valid
     positions (the query's own key included, last) -> [B,Hq,D].
 
-    The query sits at position kv_len-1, so causal is implied by kv_lengths: without a window Tokamax
-    gets the lengths natively; a window needs the explicit mask."""
-    q = jnp.asarray(q)
+    The G query heads that share a kv head go to Tokamax as G query rows of that head (multi-head attention
+    over Hkv heads), so no implementation repeats the cache per query head: Tokamax's dense XLA path, which
+    TPUs fall back to (its Mosaic kernel refuses key-length masks), would otherwise hold the cache repeated
+    G times in f32 (9 GiB of temporaries for GPT-OSS at batch 64 over 8192 positions, and more than a v5e's
+    16 GiB of HBM at Gemma 4's sliding-layer geometry). Lengths go natively; a window as an explicit
+    [B, 1, G, S] mask."""
+    q, k_cache, v_cache = jnp.asarray(q), jnp.asarray(k_cache), jnp.asarray(v_cache)
     if q.ndim != 3:
         raise ValueError(f"decode_attention wants q [B,Hq,D], got {q.shape}")
-    out = flash_attention(
-        q[:, :, None, :], k_cache, v_cache, causal=False, sm_scale=sm_scale, sliding_window=sliding_window,
-        logits_soft_cap=logits_soft_cap, sinks=sinks, q_lengths=jnp.ones((q.shape[0],), jnp.int32),
-        kv_lengths=kv_lengths, implementation=implementation, interpret=interpret,
-    )
-    return out[:, :, 0, :]
+    window, scale, cap = check_attention(q.shape, k_cache.shape, v_cache.shape, sliding_window=sliding_window,
+                                         sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, decode=True)
+    if sinks is not None:
+        raise NotImplementedError("attention sinks: tokamax.dot_product_attention has no sinks argument; "
+                                  "use kernel-hub/flash-attention-tpu for sinks")
+    b, hq, d = q.shape
+    hkv = k_cache.shape[1]
+    rows = q.reshape(b, hkv, hq // hkv, d)
+    ensure_flags_parsed()
+    call = lambda name: _run_decode(rows, k_cache, v_cache, kv_lengths, name=name, sm_scale=scale, window=window,
+                                    soft_cap=cap).reshape(b, hq, d)
+    note = "decode: query heads folded into rows per kv head; " + (
+        "explicit [B,1,G,S] window mask" if window is not None else "kv lengths native")
+    return _DISPATCH.run(platform_of(q, k_cache, v_cache), implementation, interpret, call, note=note)

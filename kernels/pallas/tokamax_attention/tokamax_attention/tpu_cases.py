@@ -1,10 +1,14 @@
-"""TPU compile cases: Tokamax's Mosaic attention as kernel-hub's compile gate lowers and compiles it with the
-real TPU compiler (libtpu, ahead of time, one mock TPU per generation).
+"""TPU compile cases: the wrapper as a TPU user calls it (default implementation order: Tokamax's Mosaic
+attention, then Tokamax's XLA attention where Mosaic refuses a feature), lowered and compiled by kernel-hub's
+compile gate with the real TPU compiler (libtpu, ahead of time, one mock TPU per generation).
 
 `compile_cases()` lists cases; each `build()` returns (function, abstract arguments as ShapeDtypeStructs):
-the Mosaic validation scenarios (prefill forward and backward, decode) in bf16 and f32, and four models' head
-geometries (attention_shapes.py, linked from kernel-hub/flash-attention-tpu) at prefill and decode. Tokamax
-has no attention sinks, so GPT-OSS runs without them. Never imports kernel_hub.
+the validation scenarios (prefill forward and backward, decode) in bf16 and f32, and four models' head
+geometries (attention_shapes.py, vendored) at prefill and decode. Tokamax 0.0.12's Mosaic kernel refuses
+sliding windows (mask.k_start), the batched boolean mask of decode and per-sequence lengths (mask.q_end) with
+NotImplementedError while tracing; the wrapper's dispatch then runs "xla", as it would on a TPU, and the gate
+records per case which implementation compiled (the kernel contract's last_implementation()). Tokamax has no
+attention sinks, so GPT-OSS runs without them. Never imports kernel_hub.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from .validation import _LARGE, Scenario
 
 
 def builder(sc: Scenario, dtype: str) -> Callable[[bool], Callable[[], Built]]:
-    """make(grad): the forward, or d/dq, dk, dv through Tokamax's Mosaic backward."""
+    """make(grad): the forward, or d/dq, dk, dv through the chosen implementation's backward."""
 
     def make(grad: bool) -> Callable[[], Built]:
         def build() -> Built:
@@ -28,7 +32,7 @@ def builder(sc: Scenario, dtype: str) -> Callable[[bool], Callable[[], Built]]:
 
             sds = jax.ShapeDtypeStruct
             kv = sds((sc.b, sc.hkv, sc.skv, sc.d), dtype)
-            kw = dict(sliding_window=sc.window, logits_soft_cap=sc.soft_cap, implementation="mosaic")
+            kw = dict(sliding_window=sc.window, logits_soft_cap=sc.soft_cap)  # default order, as a user calls it
             if sc.decode:
                 args = (sds((sc.b, sc.hq, sc.d), dtype), kv, kv, sds((sc.b,), jnp.int32))
                 return (lambda q, k, v, lens: decode_attention(q, k, v, lens, **kw)), args
@@ -54,8 +58,8 @@ def _cases_for(sc: Scenario, dtype: str, tags: tuple[str, ...], backward: bool) 
 
 
 def compile_cases() -> list[CompileCase]:
-    """Every TPU compile case; a small prefill (forward + backward) is also tagged "smoke" (Tokamax refuses
-    the decode scenarios' masks on TPU: they stay in the full matrix as failed cases)."""
+    """Every TPU compile case; a small prefill (forward + backward, Mosaic) and a decode (XLA: Mosaic refuses
+    its mask) are also tagged "smoke"."""
     out: list[CompileCase] = []
     for sc in _LARGE:
         for dtype in SHORT:
@@ -68,4 +72,5 @@ def compile_cases() -> list[CompileCase]:
         for sc in (prefill, decode):
             for dtype in SHORT:
                 out += _cases_for(sc, dtype, ("model", geo.model), dtype == "bfloat16")
-    return with_smoke(out, {"fwd:prefill:causal_gqa_d128:bf16", "bwd:prefill:causal_gqa_d128:bf16"})
+    return with_smoke(out, {"fwd:prefill:causal_gqa_d128:bf16", "bwd:prefill:causal_gqa_d128:bf16",
+                            "fwd:decode:decode_gqa_ragged_d64:bf16"})

@@ -1,9 +1,11 @@
-"""TPU compile cases: Tokamax's Mosaic ragged dot as kernel-hub's compile gate lowers and compiles it with the
-real TPU compiler (libtpu, ahead of time, one mock TPU per generation).
+"""TPU compile cases: the wrapper as a TPU user calls it (default implementation order: Tokamax's Mosaic ragged
+dot, then Tokamax's XLA path where Mosaic refuses, e.g. "Not supported on TPU v4"), lowered and compiled by
+kernel-hub's compile gate with the real TPU compiler (libtpu, ahead of time, one mock TPU per generation); the
+gate records which implementation compiled (the kernel contract's last_implementation()).
 
-`compile_cases()` lists CompileCases (compile_case.py, linked from kernel-hub/ragged-dot-tpu): the Mosaic
-validation cases (forward and backward) in bf16 and f32, and the MoE expert projections of four models
-(moe_shapes.py, linked likewise) at decode and prefill. Never imports kernel_hub.
+`compile_cases()` lists CompileCases (compile_case.py, vendored): the shapes of the Mosaic validation cases
+(forward and backward) in bf16 and f32, and the MoE expert projections of four models (moe_shapes.py, vendored)
+at decode and prefill. Never imports kernel_hub.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ def builder(m: int, k: int, n: int, g: int, dtype: str) -> Callable[[bool], Call
         def build() -> Built:
             from .api import ragged_dot
 
-            fn = lambda lhs, rhs, gs: ragged_dot(lhs, rhs, gs, implementation="mosaic")
+            fn = lambda lhs, rhs, gs: ragged_dot(lhs, rhs, gs)  # default order, as a user calls it
             return forward_or_grad(fn, abstract_ragged_dot(m, k, n, g, dtype), grad, (0, 1))
 
         return build
@@ -34,8 +36,8 @@ def compile_cases() -> list[CompileCase]:
     out: list[CompileCase] = []
     for c in cases("tpu"):
         if c.implementation == "mosaic":
-            out += fwd_bwd(c.name, c.dtype, ("validation", c.dtype, *c.tags), builder(c.m, c.k, c.n, c.g, c.dtype),
-                           backward=True)
+            out += fwd_bwd(c.name.removeprefix("mosaic_"), c.dtype, ("validation", c.dtype, *c.tags),
+                           builder(c.m, c.k, c.n, c.g, c.dtype), backward=True)
     for geo in MOE_MODELS:
         for phase, tokens in PHASES.items():
             for proj, m, k, n, g in geo.projections(tokens):

@@ -1,0 +1,92 @@
+"""The publish gate: a TPU variant (jax-tpu, torch-tpu) is published only when every TPU compile case of its
+kernel compiles, with the real TPU compiler, for every generation the variant declares in kernel.yaml
+(`tpu_generations`; none declared means every generation kernel-hub knows). The matrix is recorded in the
+release (record.py), per variant.
+
+Without a TPU environment the TPU variants are refused with one line naming `make setup-tpu`, unless the caller
+skips the gate (--skip-tpu-compile), which is announced and recorded as "not compiled". Compile results are
+cached (cache.py), so publishing the same kernel content again compiles nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import KernelHubError
+from .chips import CHIPS
+
+SKIP_FLAG = "--skip-tpu-compile"
+
+
+class CompileGateError(KernelHubError):
+    """A TPU variant does not compile for a generation it declares: it is not published."""
+
+
+def declared_generations(variant: Any) -> tuple[str, ...]:
+    """The generations a TPU variant claims: its tpu_generations, or every known one when it names none."""
+    return tuple(variant.tpu_generations) or tuple(CHIPS)
+
+
+def gate_plan(variants: Sequence[Any]) -> tuple[tuple[str, ...], dict[str, tuple[str, ...]]]:
+    """(generations to compile, variant name -> its generations) for the TPU variants among `variants`; pure.
+    Generations come out in kernel-hub's order (CHIPS), so the same kernel always compiles the same matrix."""
+    per = {v.name: declared_generations(v) for v in variants if v.backend == "tpu"}
+    wanted = {g for gens in per.values() for g in gens}
+    unknown = sorted(wanted - set(CHIPS))
+    if unknown:
+        raise CompileGateError(f"TPU generation {unknown[0]} has no compiler target here (known: {', '.join(CHIPS)})")
+    return tuple(g for g in CHIPS if g in wanted), per
+
+
+def _failure_line(variant: str, failed: list[Any], total: int) -> str:
+    first = failed[0]
+    error = (first.error or "failed").splitlines()[0][:200]
+    more = f" and {len(failed) - 1} more" if len(failed) > 1 else ""
+    return (f"{variant} does not compile for TPU {first.generation}: {first.name}: {error}{more} "
+            f"({len(failed)} of {total} failed)")
+
+
+def run_gate(kernel_dir: Path, meta: Any, *, skip: bool, log: Callable[[str], None], env: Any = None,
+             jobs: int | None = None) -> dict[str, dict[str, Any]]:
+    """Variant name -> compile record for every TPU variant of the kernel folder (none: {}), or
+    CompileGateError / TpuEnvironmentError (one line) when a TPU variant may not be published."""
+    from .env import TpuEnvironmentError, tpu_env
+    from .gate import compile_matrix
+    from .record import not_compiled, record_from_cases
+
+    generations, per_variant = gate_plan(meta.variants)
+    if not per_variant:
+        return {}
+    names = ", ".join(per_variant)
+    if skip:
+        log(f"skipping the TPU compile gate ({SKIP_FLAG}): {names} published marked 'not compiled for TPU'")
+        return {name: not_compiled(f"published with {SKIP_FLAG}") for name in per_variant}
+    if not (Path(kernel_dir) / meta.python_name / "tpu_cases.py").is_file():
+        raise CompileGateError(f"{meta.repo_id}: {names} declare TPU but {meta.python_name}/tpu_cases.py is missing, "
+                               f"so nothing shows they compile; add the kernel's TPU compile cases or pass {SKIP_FLAG}")
+    try:
+        env = env or tpu_env()
+    except TpuEnvironmentError as exc:
+        raise TpuEnvironmentError(f"{meta.repo_id}: {names} must compile for TPU before they are published: {exc}; "
+                                  f"or pass {SKIP_FLAG} to publish them marked 'not compiled'") from None
+    report = compile_matrix(kernel_dir, generations, env=env, jobs=jobs)
+    records: dict[str, dict[str, Any]] = {}
+    for name, gens in per_variant.items():
+        mine = [c for c in report.cases if c.generation in gens]
+        failed = [c for c in mine if not c.passed]
+        if not mine:
+            raise CompileGateError(f"{meta.repo_id}: {meta.python_name}/tpu_cases.py lists no compile cases, so "
+                                   f"nothing shows {name} compiles for TPU; add cases or pass {SKIP_FLAG}")
+        if failed:
+            raise CompileGateError(f"{meta.repo_id} {meta.version}: {_failure_line(name, failed, len(mine))}; "
+                                   f"not publishing ({SKIP_FLAG} overrides)")
+        records[name] = record_from_cases(report.cases, gens, report.jax_version, report.libtpu_version)
+    seconds = sum(c.compile_seconds or 0.0 for c in report.cases if not c.cached)
+    cached = sum(c.cached for c in report.cases)
+    cases = len({c.name for c in report.cases})
+    log(f"compiled {names} for TPU {','.join(generations)}: {cases} cases x {len(generations)} generations all "
+        f"compiled (jax {report.jax_version}, libtpu {report.libtpu_version}; {seconds:.0f} s of compiling, "
+        f"{cached} cached)")
+    return records
