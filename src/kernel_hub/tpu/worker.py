@@ -157,6 +157,10 @@ def main(argv: list[str]) -> int:
         from .model_worker import run_model
 
         run_model(request, emit)
+    elif request["mode"] == "mesh":
+        from .mesh_worker import run_mesh
+
+        run_mesh(request, emit)
     else:
         raise SystemExit(f"unknown mode {request['mode']!r}")
     emit({"event": "done"})
