@@ -7,7 +7,8 @@ Qwen/Mixtral/Gemma layout, transposed to [E, H, 2I]). out[t] = sum_j topk_weight
 expert_e(v) = (act(v @ Wg_e) * (v @ Wu_e)) @ Wd_e.
 
 One device: (token, slot) rows sorted by expert, two ragged dots through this package's `ragged_dot` (the same
-implementation= / interpret= contract), the gate in f32, the weighted combine in f32. On a mesh, experts are split
+implementation= / interpret= contract), the gate in f32, each row's routing weight on its gated activation, the
+rows summed back per token in f32. On a mesh, experts are split
 over `expert_axis` (E/e per device, rows of other devices' experts sort last, past the ragged dot's groups: they
 cost no weight reads) and the dispatch scheme of moe_plan.py moves tokens; `tensor_axis` splits I (each device
 holds matching slices of gate, up and down, so the gate needs no communication; the partial outputs are summed).
