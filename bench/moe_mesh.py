@@ -13,7 +13,8 @@ local work and glue, not a TPU slice's time.
 Part 2, TPU (kernel_hub.tpu.mesh, in the TPU environment): each layer compiled by libtpu for a mock 8-chip slice
 (per-chip memory from the compiler; the whole model's MoE layers against HBM) and modeled (the busiest chip's
 kernels walked by schedule.py, XLA's glue as schedule.py counts it unfused, the collectives over ICI by ici.py),
-beside the same layer on one chip. Qwen3-30B-A3B and Gemma 4 26B-A4B, decode 64 and prefill 4096, bf16.
+beside the same layer on one chip. Qwen3-30B-A3B and Gemma 4 26B-A4B, decode 64 and prefill 4096, bf16; the
+expert-parallel layer's backward (training) compiled too ("bwd MiB/chip": arguments, temporaries and gradients).
 """
 
 from __future__ import annotations
@@ -109,12 +110,14 @@ def tpu_table(rows: list[dict]) -> str:
             f"{'' if r['fits_hbm'] else ' NO'}")
         us = lambda key, r=r: f"{r[key] * 1e6:.0f}"
         coll = f"{(r['collective_bandwidth_s'] + r['collective_latency_s']) * 1e6:.0f}"
+        bwd = "-" if not r.get("bwd_compiled") else (
+            f"{(r['bwd_argument_bytes'] + r['bwd_temp_bytes'] + r['bwd_output_bytes']) / 2**20:.0f}")
         cf = "" if r["capacity_factor"] is None else f" cf{r['capacity_factor']:g}"
         body.append((r["generation"], r["model"], f"{r['phase']} {r['tokens']}", r["layout"] + cf, r["scheme"],
-                     str(r["rows"]), us("kernels_s"), us("glue_s"), coll, us("modeled_s"), mem, model,
-                     r.get("error") or ""))
+                     str(r["rows"]), us("kernels_s"), us("glue_s"), coll, us("modeled_s"), mem, model, bwd,
+                     r.get("error") or r.get("bwd_error") or ""))
     head = ("chip", "model", "phase", "layout", "scheme", "rows/chip", "kernels us", "glue us", "collective us",
-            "total us", "layer MiB/chip", "model GiB/HBM", "compile error")
+            "total us", "layer MiB/chip", "model GiB/HBM", "bwd MiB/chip", "compile error")
     return ("TPU slices (mock, libtpu compile + modeled; bf16; glue = XLA ops outside the kernels counted unfused, "
             "an upper bound)\n" + _table(head, body))
 
@@ -139,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         from kernel_hub.tpu.mesh import mesh_rows
 
         out["tpu"] = mesh_rows(parse_generations(args.generations), ("qwen3_30b_a3b", "gemma4_26b_a4b"),
-                               capacity_factors=(None, 1.25))
+                               capacity_factors=(None, 1.25), grad_layouts=("ep8",))
     if args.json:
         print(json.dumps(out, indent=1))
     else:

@@ -21,18 +21,21 @@ RAGGED_DOT_DIR = CHECKOUT / "kernels" / "pallas" / "ragged_dot"
 
 def mesh_rows(generations: tuple[str, ...], models: tuple[str, ...], *, phases: dict[str, int] | None = None,
               layouts: tuple[str, ...] | None = None, capacity_factors: tuple[float | None, ...] | None = None,
-              model_only: bool = False, env: TpuEnv | None = None, kernel_dir: Path = RAGGED_DOT_DIR,
+              model_only: bool = False, grad_layouts: tuple[str, ...] = (), env: TpuEnv | None = None,
+              kernel_dir: Path = RAGGED_DOT_DIR,
               run: Callable[..., tuple[list[dict[str, Any]], int, str]] = run_worker,
               timeout: float = 1800) -> list[dict[str, Any]]:
     """One row per (generation, model, phase, layout, capacity factor): modeled seconds and, unless `model_only`,
-    the compiled per-chip memory. Raises TpuEnvironmentError when the worker fails."""
+    the compiled per-chip memory (for `grad_layouts`, also the backward's, as bwd_*). Raises TpuEnvironmentError
+    when the worker fails."""
     env = env or tpu_env()
     with tempfile.TemporaryDirectory(prefix="kernel_hub_mesh_") as tmp:
         package = assemble(kernel_dir, Path(tmp))
         request = {"mode": "mesh", "ragged_dot_dir": str(package), "generations": list(generations),
                    "models": list(models), "phases": phases, "layouts": list(layouts) if layouts else None,
                    "capacity_factors": list(capacity_factors) if capacity_factors else None,
-                   "model_only": model_only, "layers": MOE_LAYERS, "dtype": "bfloat16"}
+                   "model_only": model_only, "grad_layouts": list(grad_layouts), "layers": MOE_LAYERS,
+                   "dtype": "bfloat16"}
         events, status, stderr = run(env, request, timeout=timeout)
     rows = [{k: v for k, v in e.items() if k != "event"} for e in events if e.get("event") == "row"]
     if status != 0 or not any(e.get("event") == "done" for e in events):

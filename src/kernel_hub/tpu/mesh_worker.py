@@ -51,8 +51,9 @@ def slice_target(generation: str) -> Iterator[list[Any]]:
 
 
 def compile_layer(rd: Any, geo: Any, tokens: int, layout: str, dtype: str, devices: list[Any],
-                  capacity_factor: float | None) -> dict[str, Any]:
-    """Lower and compile one MoE layer for `layout`; per-chip memory from the compiler, or its refusal."""
+                  capacity_factor: float | None, grad: bool = False) -> dict[str, Any]:
+    """Lower and compile one MoE layer for `layout` (grad: its backward, the gradients in x, topk_weights and the
+    weights, as training runs it); per-chip memory from the compiler, or its refusal."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
@@ -83,6 +84,10 @@ def compile_layer(rd: Any, geo: Any, tokens: int, layout: str, dtype: str, devic
     else:  # a tensor split takes the (gate, up) pair
         fn = lambda x_, ids_, w_, g, u, dn: rd.moe_experts(x_, ids_, w_, (g, u), dn, activation=act, **kw)
         args = (x, ids, w, *(place((n, h, i), dtype, sp) for sp in specs[3]), down)
+    if grad:
+        forward = fn
+        fn = jax.grad(lambda *a: jnp.sum(forward(*a).astype(jnp.float32)),
+                      argnums=tuple(n for n in range(len(args)) if n != 1))  # every operand but the ids
     start = time.perf_counter()
     try:
         compiled = jax.jit(fn).lower(*args).compile()
@@ -163,8 +168,8 @@ def modeled_layer(rd: Any, geo: Any, tokens: int, layout: str, dtype: str, gener
 def run_mesh(request: dict[str, Any], emit: Any) -> None:
     """Request: {"mode": "mesh", "ragged_dot_dir", "generations", "models", "phases" {name: tokens} | null,
     "layouts" [names] | null, "capacity_factors" [null | float] | null, "layers" {model: n}, "dtype",
-    "model_only": bool}. The model runs on the host CPU (schedule.py evaluates the routing concretely), the compile
-    for the mock slice."""
+    "model_only": bool, "grad_layouts" [names] | null (also compile their backward)}. The model runs on the host
+    CPU (schedule.py evaluates the routing concretely), the compile for the mock slice."""
     rd = load_package(request["ragged_dot_dir"])
     shapes = importlib.import_module(f"{rd.__name__}._vendor.moe_shapes")
     geos = {g.model: g for g in shapes.MOE_MODELS}
@@ -190,4 +195,7 @@ def run_mesh(request: dict[str, Any], emit: Any) -> None:
                         if not request.get("model_only"):
                             with slice_target(generation) as devices:
                                 row.update(compile_layer(rd, geo, tokens, layout, dtype, devices, cf))
+                                if layout in (request.get("grad_layouts") or ()):
+                                    bwd = compile_layer(rd, geo, tokens, layout, dtype, devices, cf, grad=True)
+                                    row.update({f"bwd_{k}": v for k, v in bwd.items()})
                         emit({"event": "row", **row})
