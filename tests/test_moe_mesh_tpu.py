@@ -1,6 +1,7 @@
 """moe_experts compiled by the real TPU compiler (libtpu in .venv-tpu, a subprocess) for a mock 8-chip slice, v6e-8
 and v5e-8, at Qwen3-30B-A3B's geometry, decode batch 64: expert-parallel over 8 chips, 4x2 (expert x tensor) and the
-same layer on one chip; per-chip memory from the compiler against the weights worked out by hand, the whole model
+same layer on one chip (4x2 on v6e only, to keep the test short; bench/moe_mesh.py compiles every layout
+on both); per-chip memory from the compiler against the weights worked out by hand, the whole model
 against HBM, and the modeled step time. Skips, with the reason, only where the TPU environment is missing.
 """
 
@@ -23,13 +24,14 @@ def rows() -> dict:
         env = tpu_env()
     except TpuEnvironmentError as exc:
         pytest.skip(str(exc))
-    found = mesh_rows(("v5e", "v6e"), ("qwen3_30b_a3b",), phases={"decode": T}, layouts=("1chip", "ep8", "ep4xtp2"),
-                      grad_layouts=("ep8",), env=env)
+    common = {"phases": {"decode": T}, "grad_layouts": ("ep8",), "env": env}
+    found = mesh_rows(("v6e",), ("qwen3_30b_a3b",), layouts=("1chip", "ep8", "ep4xtp2"), **common)
+    found += mesh_rows(("v5e",), ("qwen3_30b_a3b",), layouts=("1chip", "ep8"), **common)
     return {(r["generation"], r["layout"]): r for r in found}
 
 
 def test_every_layout_compiles_for_v5e_8_and_v6e_8(rows):
-    assert set(rows) == {(g, lay) for g in ("v5e", "v6e") for lay in ("1chip", "ep8", "ep4xtp2")}
+    assert set(rows) == {("v6e", "1chip"), ("v6e", "ep8"), ("v6e", "ep4xtp2"), ("v5e", "1chip"), ("v5e", "ep8")}
     for key, r in rows.items():
         assert r["compiled"], (key, r["error"])
 
@@ -45,9 +47,10 @@ def test_training_backward_compiles_on_the_mesh(rows):
 
 def test_per_chip_memory_is_an_eighth_of_the_weights(rows):
     for gen in ("v5e", "v6e"):
-        one, ep8, tp = rows[(gen, "1chip")], rows[(gen, "ep8")], rows[(gen, "ep4xtp2")]
+        one, ep8 = rows[(gen, "1chip")], rows[(gen, "ep8")]
         assert 0 <= one["argument_bytes"] - LAYER_WEIGHTS - ACTIVATIONS < SMALL_PADDING
-        for r in (ep8, tp):  # 16 whole experts, or 32 experts' halves of I: the same bytes per chip
+        split = [ep8, rows[(gen, "ep4xtp2")]] if gen == "v6e" else [ep8]
+        for r in split:  # 16 whole experts, or 32 experts' halves of I: the same bytes per chip
             assert 0 <= r["argument_bytes"] - LAYER_WEIGHTS // 8 - ACTIVATIONS < SMALL_PADDING
             assert r["temp_bytes"] < 8 * 2**20  # decode: no copy of the weights
         # 48 layers: 54 GiB on one chip (fits neither), 6.75 GiB per chip on 8
