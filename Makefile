@@ -5,8 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The tested set, pinned. torch==2.13.0 is the CPU wheel: never leave torch unpinned.
 PKGS := -c constraints.txt torch==2.13.0 jax==0.10.2 jaxlib==0.10.2 tokamax==0.0.12 \
-        transformers==5.24.0 huggingface_hub==2.4.0 kernels==0.17.2 diffusers==0.42.1 starlette uvicorn dulwich \
-        pydantic pytest hypothesis ruff rich matplotlib
+        transformers==5.24.0 huggingface_hub==2.4.0 kernels==0.17.2 diffusers==0.42.1 accelerate==1.15.0 starlette \
+        uvicorn dulwich pydantic pytest hypothesis ruff rich matplotlib
 
 # Local wheels of what kernel-hub[demo] needs (its dependencies, jax, torch, transformers; pinned by
 # constraints.txt): tests/test_wheel.py installs the built kernel-hub wheel from here into a fresh venv, offline.

@@ -24,6 +24,7 @@ from . import experts as ex
 from .attention_api import AttentionState, can_switch, kernelize_attention, restore_attention
 from .families import LAYER_KIND, ExpertsLayout, ExpertsSite, find_experts, routes_through_interface, top_k_of
 from .report import Kept, KernelizeReport, Replaced
+from .sharded import local_parameters
 
 SUPPORTED_KINDS = (LAYER_KIND, at.LAYER_KIND)
 #: The function a loaded kernel must export to serve each layer kind.
@@ -130,6 +131,12 @@ def validate_layer(
 ) -> float:
     """Largest relative error of the kernel against `reference` on a random batch of this block's shapes
     (training: the output and the gradients of hidden states, routing weights and expert weights)."""
+    with local_parameters(module):  # a sharded block is checked on this rank's slices, as it runs
+        return _validate_local(module, layout, call, reference, mode=mode, top_k=top_k, seed=seed)
+
+
+def _validate_local(module: Any, layout: ExpertsLayout, call: ex.ExpertsCall, reference: Any, *, mode: str,
+                    top_k: int, seed: int) -> float:
     weight = module.gate_up_proj if layout.has_gate else module.up_proj
     hidden, index, weights = _validation_batch(layout, top_k, weight.dtype, weight.device, seed)
     if mode == "inference":

@@ -14,6 +14,8 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
+from .sharded import local
+
 LAYER_KIND = "moe_experts"
 #: What transformers' experts forward takes (positional, in this order).
 EXPERTS_CALL = ("hidden_states", "top_k_index", "top_k_weights")
@@ -64,7 +66,7 @@ class ExpertsSite:
 
 
 def _shape(t: Any) -> tuple[int, ...] | None:
-    shape = getattr(t, "shape", None)
+    shape = getattr(local(t), "shape", None)  # a sharded weight: this rank's slice, what its forward runs on
     return tuple(shape) if shape is not None else None
 
 
@@ -156,8 +158,6 @@ def read_experts(module: Any, path: str) -> ExpertsSite:
         concatenated = bool(getattr(module, "is_concatenated", True))
         has_bias = bool(getattr(module, "has_bias", False))
         post_norm = bool(getattr(module, "has_post_expert_norm", False))
-        if getattr(module, "_is_expert_parallel", False):
-            return keep("expert-parallel sharding is not supported")
     else:
         ok, why = forward_signature_matches(type(module).forward)
         if not ok:

@@ -185,6 +185,10 @@ def main(argv: list[str]) -> int:
         from .model_worker import run_model
 
         status = run_model(request, emit)
+    elif request["mode"] == "mesh":
+        from .mesh_worker import run_mesh
+
+        status = run_mesh(request, emit)
     else:
         raise SystemExit(f"unknown mode {request['mode']!r}")
     if status == 0:

@@ -1,5 +1,6 @@
 """ragged_dot: grouped matmul (ragged dot) for Mixture-of-Experts layers, JAX entry.
 
+`moe_experts` is a whole Mixture-of-Experts expert block on it, on one device or expert-parallel over a mesh.
 A Pallas TPU kernel (megablox-style group metadata by scalar prefetch), a fast CPU path in plain XLA,
 and jax.lax.ragged_dot as oracle / GPU path, behind one function with kernel-hub's kernel contract
 (docs/kernel-contract.md). This package never imports kernel_hub; `_vendor/` holds the shared code
@@ -7,6 +8,7 @@ kernel-hub vendors into it (kernel.yaml `vendor`).
 """
 
 from ._vendor.interpret import RaceDetectedError, race_checking_params, races_found, run_race_checked
+from ._vendor.moe_reference import reference_moe_experts
 from ._vendor.ragged_reference import reference_ragged_dot
 from .api import (
     IMPLEMENTATIONS,
@@ -17,19 +19,33 @@ from .api import (
     resolve_implementation,
 )
 from .config import RaggedDotConfig, default_config
+from .moe import ACTIVATIONS, moe_device_work, moe_experts, partition_specs, plan_dispatch
+from .moe_plan import SCHEMES, MoeSizes, choose_scheme, collective_bytes, collectives, rows_per_device
 
 __all__ = [
+    "ACTIVATIONS",
     "IMPLEMENTATIONS",
     "ORDER",
+    "SCHEMES",
+    "MoeSizes",
     "RaceDetectedError",
     "RaggedDotConfig",
+    "choose_scheme",
+    "collective_bytes",
+    "collectives",
     "default_config",
     "implementations_for",
     "last_implementation",
+    "moe_device_work",
+    "moe_experts",
+    "partition_specs",
+    "plan_dispatch",
     "race_checking_params",
     "races_found",
     "ragged_dot",
+    "reference_moe_experts",
     "reference_ragged_dot",
     "resolve_implementation",
+    "rows_per_device",
     "run_race_checked",
 ]

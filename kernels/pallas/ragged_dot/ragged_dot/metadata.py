@@ -11,8 +11,8 @@ Items are ordered so that both the tile and the group are non-decreasing: the fo
 an output tile only on consecutive steps, the transposed kernel an output group only on consecutive
 steps, which is what lets Pallas keep that block resident and write it back once.
 
-Items without rows fetch the operands of the last item that had rows, so they cost no DMA: an empty
-expert's weights are never read.
+Items without rows fetch the operands of the last item that had rows (items before the first one: that first
+one's), so they cost no DMA: an empty expert's weights are never read.
 """
 
 from __future__ import annotations
@@ -79,7 +79,9 @@ def make_group_metadata(group_sizes: jax.Array, *, m_padded: int, tm: int, m: in
     has_rows = real & (row_lo < row_hi)
     row_hi = jnp.where(has_rows, row_hi, row_lo)
 
-    source = jax.lax.cummax(jnp.where(has_rows, i, 0))
+    # the last item with rows at or before each item; items before the first one take that first one, so leading
+    # empty groups (a device whose first local experts got no token) fetch nothing extra either
+    source = jnp.maximum(jax.lax.cummax(jnp.where(has_rows, i, 0)), jnp.argmax(has_rows).astype(jnp.int32))
     return GroupMetadata(
         tile=tile.astype(jnp.int32),
         group=group.astype(jnp.int32),

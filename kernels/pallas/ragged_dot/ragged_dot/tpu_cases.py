@@ -3,8 +3,9 @@ ahead of time, one mock TPU per generation), so a kernel Mosaic would reject nev
 
 `compile_cases()` lists CompileCases; each `build()` returns (function, abstract arguments). Cases: the
 Pallas path of every TPU validation case, forward and backward (the custom_vjp's gmm + tgmm), in bf16 and
-f32, plus the MoE expert projections (gate_up and down) of four models (moe_shapes.py) at decode (64 tokens)
-and prefill (4096 tokens). Never imports kernel_hub.
+f32, the MoE expert projections (gate_up and down) of four models (moe_shapes.py) at decode (64 tokens)
+and prefill (4096 tokens), and the moe_experts validation cases (one chip, forward and backward). Never imports
+kernel_hub.
 """
 
 from __future__ import annotations
@@ -41,13 +42,40 @@ def builder(m: int, k: int, n: int, g: int, dtype: str, tiles: Tiles = None) -> 
     return make
 
 
+def moe_builder(case: Any) -> Callable[[bool], Callable[[], Built]]:
+    """make(grad): moe_experts on one chip at a validation case's shapes, or its gradients in x, topk_weights and
+    both weights (the mesh layouts compile in kernel_hub.tpu.mesh, on an 8-chip slice)."""
+
+    def make(grad: bool) -> Callable[[], Built]:
+        def build() -> Built:
+            import jax
+            import jax.numpy as jnp
+
+            from .moe import moe_experts
+
+            sds = jax.ShapeDtypeStruct
+            args = (sds((case.t, case.h), case.dtype), sds((case.t, case.k), jnp.int32),
+                    sds((case.t, case.k), case.dtype), sds((case.e, case.h, 2 * case.i), case.dtype),
+                    sds((case.e, case.i, case.h), case.dtype))
+            fn = lambda x, ids, w, gu, d: moe_experts(x, ids, w, gu, d, activation=case.activation,
+                                                      implementation="pallas", interpret=False)
+            return forward_or_grad(fn, args, grad, (0, 2, 3, 4))
+
+        return build
+
+    return make
+
+
 def compile_cases() -> list[CompileCase]:
     """Every TPU compile case; the first forward and backward validation cases are also tagged "smoke"."""
-    from .validation import cases
+    from .validation import MoeCase, cases
 
     out: list[CompileCase] = []
     for c in cases("tpu"):
-        if c.implementation == "pallas":
+        if isinstance(c, MoeCase):  # routings and a one-device mesh compile the same program: one per dtype/gate
+            if c.routing == "random" and not c.mesh:
+                out += fwd_bwd(c.name, c.dtype, ("validation", c.dtype, *c.tags), moe_builder(c), True)
+        elif c.implementation == "pallas":
             backward = c.tags[0] in ("decode", "prefill") or c.name.startswith("ragged_m")
             out += fwd_bwd(c.name, c.dtype, ("validation", c.dtype, *c.tags),
                            builder(c.m, c.k, c.n, c.g, c.dtype, dict(c.config) if c.config else None), backward)
