@@ -20,6 +20,7 @@ class Replaced:
     layout: str
     max_error: float | None  # validation error vs the previous implementation (None: not validated)
     tolerance: float | None = None
+    why: str | None = None  # why this implementation (e.g. expert weights packed or not, and the reason)
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,10 @@ class KernelizeReport:
                 rows.append((r.layer, f"{r.repo_id}@{r.version or (r.commit or '?')[:12]}",
                              r.variant or "-", r.implementation, r.route, err))
             lines += _table(rows)
+            whys = [(r.layer, r.why) for r in self.replaced if r.why]
+            if whys:
+                lines.append("why:")
+                lines += _table([("layer", "implementation choice")] + whys)
         if self.kept:
             lines.append("kept (default implementation):")
             lines += _table([("layer", "reason")] + [(k.layer, k.reason) for k in self.kept])

@@ -21,14 +21,20 @@ import torch.nn.functional as F
 from ._vendor.shapes import check_ragged_dot_shapes
 from ._vendor.torch_dispatch import IMPLEMENTATIONS, ORDER, TorchDispatch
 from .torch_cpu import num_workers, ragged_dot_torch
+from .torch_packed import PackedExperts, PackingError, moe_experts_packed, pack_experts, packing_support
 
 __all__ = [
     "IMPLEMENTATIONS",
     "ORDER",
+    "PackedExperts",
+    "PackingError",
     "describe",
     "implementations_for",
     "last_implementation",
     "moe_experts",
+    "moe_experts_packed",
+    "pack_experts",
+    "packing_support",
     "ragged_dot",
     "resolve_implementation",
 ]

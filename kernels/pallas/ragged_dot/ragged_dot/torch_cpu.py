@@ -64,15 +64,33 @@ def _onednn_linear():
 _LINEAR = _onednn_linear()
 
 
+def _plain_2d(t: torch.Tensor) -> bool:
+    """Row- or column-major without gaps: a layout oneDNN reads as a plain weight."""
+    return t.is_contiguous() or t.t().is_contiguous()
+
+
+def linear_for_group(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a @ b takes oneDNN's linear (float32 on CPU, b plain in either major order) rather than torch.mm.
+    The packed-weights path (torch_packed.py) is checked bit for bit against this choice."""
+    return _LINEAR is not None and b.dtype == torch.float32 and a.device.type == "cpu" and _plain_2d(b)
+
+
 def _mm_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
-    """out = a @ b for one group (b is [K, N], often a transposed view of nn.Linear-style weights)."""
-    if _LINEAR is not None and b.dtype == torch.float32 and a.device.type == "cpu" and b.t().is_contiguous():
+    """out = a @ b for one group (b is [K, N]: a transposed view of nn.Linear-style weights, or [K, N] itself)."""
+    if linear_for_group(a, b):
         out.copy_(_LINEAR(a, b.t(), None, "none", [], ""))
     else:
         torch.mm(a, b, out=out)
 
 
-def _bounds(sizes: list[int], m: int) -> list[tuple[int, int, int]]:
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b exactly as the grouped loop computes one group (what packed weights are checked against)."""
+    out = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
+    _mm_into(a, b, out)
+    return out
+
+
+def nonempty_groups(sizes: list[int], m: int) -> list[tuple[int, int, int]]:
     """(group, start, end) of every non-empty group, clamped to m rows (the jax contract)."""
     out, start = [], 0
     for g, size in enumerate(sizes):
@@ -83,7 +101,7 @@ def _bounds(sizes: list[int], m: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def _run(items: list[tuple[int, int, int]], one: Callable[[int, int, int], None], macs: int) -> None:
+def run_groups(items: list[tuple[int, int, int]], one: Callable[[int, int, int], None], macs: int) -> None:
     """Call one(group, start, end) for every item: inline when small or nested, else on the pool.
 
     Workers take the next group from a shared counter (dynamic scheduling), so a core slowed by
@@ -114,7 +132,7 @@ def grouped_matmul(lhs: torch.Tensor, rhs: torch.Tensor, sizes: list[int]) -> to
     """out[rows of g] = lhs[rows of g] @ rhs[g]; rows past sum(sizes) are zero. No autograd."""
     m, k = lhs.shape
     n = rhs.shape[2]
-    items = _bounds(sizes, m)
+    items = nonempty_groups(sizes, m)
     covered = items[-1][2] if items else 0
     out = torch.empty((m, n), dtype=lhs.dtype, device=lhs.device)
     if covered < m:
@@ -123,7 +141,7 @@ def grouped_matmul(lhs: torch.Tensor, rhs: torch.Tensor, sizes: list[int]) -> to
     def one(g: int, s: int, e: int) -> None:
         _mm_into(lhs[s:e], rhs[g], out[s:e])
 
-    _run(items, one, covered * k * n)
+    run_groups(items, one, covered * k * n)
     return out
 
 
@@ -131,13 +149,13 @@ def grouped_matmul_tn(lhs: torch.Tensor, dout: torch.Tensor, sizes: list[int], g
     """d_rhs[g] = lhs[rows of g]^T @ dout[rows of g]; zero for empty groups. No autograd."""
     m, k = lhs.shape
     n = dout.shape[1]
-    items = _bounds(sizes, m)
+    items = nonempty_groups(sizes, m)
     out = torch.zeros((g, k, n), dtype=lhs.dtype, device=lhs.device)
 
     def one(grp: int, s: int, e: int) -> None:
         torch.mm(lhs[s:e].t(), dout[s:e], out=out[grp])
 
-    _run(items, one, (items[-1][2] if items else 0) * k * n)
+    run_groups(items, one, (items[-1][2] if items else 0) * k * n)
     return out
 
 
