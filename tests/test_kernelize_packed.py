@@ -359,3 +359,24 @@ def test_kernelize_peak_memory_grows_by_at_most_one_expert(kernel):
     kh.restore(block)
     assert _status_kib("VmHWM") - before < expert_kib
     assert_same_weights(block.state_dict(), snapshot)
+
+
+def test_kernelize_again_on_a_packed_bare_block_repacks(kernel):
+    """A block whose only parameters are packed (meta placeholders) is still seen as on the CPU."""
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+    config = Qwen3MoeConfig(hidden_size=64, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2)
+    config._experts_implementation = "grouped_mm"
+    container = torch.nn.Module()
+    container.experts = Qwen3MoeExperts(config).requires_grad_(False)
+    with torch.no_grad():
+        for p in container.experts.parameters():
+            p.normal_()
+    snapshot = dense_snapshot(container)
+    assert kh.kernelize(container).replaced[0].why.startswith("packed in place")
+    for block in (container, copy.deepcopy(container)):
+        report = kh.kernelize(block)
+        assert report.backend == "cpu" and report.replaced[0].why.startswith("packed in place")
+        kh.restore(block)
+        assert_same_weights(block.state_dict(), snapshot)

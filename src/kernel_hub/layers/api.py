@@ -48,8 +48,9 @@ class _State:
 
 
 def _backend_of(model: Any, device: Any) -> tuple[str, torch.device]:
-    if device is None:
-        param = next(iter(model.parameters()), None)
+    if device is None:  # packed expert weights (meta placeholders) live on the CPU
+        stand_ins = packing.placeholders(model) if hasattr(model, "modules") else set()
+        param = next((p for p in model.parameters() if id(p) not in stand_ins), None)
         dev = param.device if param is not None else torch.device("cpu")
     else:
         dev = torch.device(device)

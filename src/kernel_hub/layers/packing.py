@@ -90,6 +90,11 @@ def _placeholder(param: torch.Tensor) -> torch.nn.Parameter:
                               requires_grad=param.requires_grad)
 
 
+def placeholders(model: Any) -> set[int]:
+    """ids of the meta parameters standing in for packed CPU weights anywhere in `model`."""
+    return {id(p) for m in model.modules() if (r := record_of(m)) is not None for p in r.placeholders.values()}
+
+
 def _pack(module: Any, record: ModulePacking) -> str:
     """Pack the block's two weights in place and swap in placeholders; raises the kernel's PackingError (with both
     weights left dense) when either cannot be packed. Returns the reason line."""

@@ -338,12 +338,13 @@ def moe_experts_packed(
         items = nonempty_groups([int(s) for s in sizes.tolist()], x.shape[0])
         covered = items[-1][2] if items else 0
         hidden = down.tensor.shape[2] if down.transposed else down.tensor.shape[1]
-        out = torch.empty((x.shape[0], hidden), dtype=dtype)
-        if covered < x.shape[0]:
-            out[covered:].zero_()
+        parts: list[torch.Tensor | None] = [None] * len(items)
+        place = {e: i for i, (e, _, _) in enumerate(items)}
+        linear, ups, downs = torch.ops.mkldnn._linear_pointwise, gate_up.experts, down.experts
+        assert ups is not None and downs is not None, "unpacked"
 
         def one(e: int, start: int, end: int) -> None:
-            h = gate_up.linear(e, x[start:end])
+            h = linear(x[start:end], ups[e], None, "none", [], "")
             if gate_up_proj_bias is not None:
                 h = h + gate_up_proj_bias[e]
             if gate_fn is not None:
@@ -353,12 +354,15 @@ def moe_experts_packed(
                 h = act(g) * u
             else:
                 h = act(h)
-            o = down.linear(e, h.to(dtype))
+            o = linear(h.to(dtype), downs[e], None, "none", [], "")
             if down_proj_bias is not None:
                 o = o + down_proj_bias[e]
-            out[start:end] = o
+            parts[place[e]] = o
 
         run_groups(items, one, covered * (gate_up.tensor[0].numel() + down.tensor[0].numel()))
+        if covered < x.shape[0]:  # rows of dropped (sentinel) ids
+            parts.append(torch.zeros((x.shape[0] - covered, hidden), dtype=dtype))
+        out = torch.cat(parts) if parts else torch.zeros((0, hidden), dtype=dtype)  # type: ignore[arg-type]
         if post_fn is not None:
             out = post_fn(out)
         weights = top_k_weights.reshape(-1)[perm]
