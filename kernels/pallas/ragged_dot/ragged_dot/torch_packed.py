@@ -180,6 +180,7 @@ def exact_hint(w: torch.Tensor, rows: tuple[int, ...] = PROBE_ROWS) -> tuple[int
         packed = torch.ops.mkldnn._reorder_linear_weight(w, hint)
         bad = [m for m, x, ref in zip(rows, xs, refs, strict=True)
                if not torch.equal(torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), ref)]
+        del packed  # one packed copy alive at a time
         if not bad:
             return hint, f"batch hint {hint}"
         tried.append(f"hint {hint} differs at {bad[:3]} rows")
