@@ -75,10 +75,22 @@ def linear_for_group(a: torch.Tensor, b: torch.Tensor) -> bool:
     return _LINEAR is not None and b.dtype == torch.float32 and a.device.type == "cpu" and _plain_2d(b)
 
 
+def onednn_linear(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """oneDNN's a @ w^T, w a plain [N, K] weight or one packed by torch_packed.py (both paths call this).
+
+    A single float32 row runs as two: for one row of a plain weight oneDNN takes a matrix-vector kernel whose sums
+    differ in the last bits from its blocked kernels (which packed weights always use); two rows take the blocked
+    kernels on either weight, so packed and unpacked agree bit for bit at every row count."""
+    linear = torch.ops.mkldnn._linear_pointwise
+    if a.shape[0] == 1 and a.dtype == torch.float32:
+        return linear(a.expand(2, -1).contiguous(), w, None, "none", [], "")[:1]
+    return linear(a, w, None, "none", [], "")
+
+
 def _mm_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
     """out = a @ b for one group (b is [K, N]: a transposed view of nn.Linear-style weights, or [K, N] itself)."""
     if linear_for_group(a, b):
-        out.copy_(_LINEAR(a, b.t(), None, "none", [], ""))
+        out.copy_(onednn_linear(a, b.t()))
     else:
         torch.mm(a, b, out=out)
 

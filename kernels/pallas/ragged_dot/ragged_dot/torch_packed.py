@@ -13,9 +13,9 @@ the way AOTInductor loads packed constants; `packing_support` probes that route 
 `PackedExperts.unpack` writes the original bytes back (oneDNN's reorder is a permutation: bit for bit).
 
 Numbers: before anything is packed, the packed linear is compared bit for bit with the unpacked grouped loop
-(torch_cpu.matmul) on the layer's own first expert for every row count in PROBE_ROWS, and the reorder batch hint that
-agrees is the one used (in float32, oneDNN takes a different kernel for one-row inputs unless the hint matches the
-weight's layout). None agreeing: nothing is packed.
+(torch_cpu.matmul) on the layer's own first expert for every row count in PROBE_ROWS, and the first reorder batch hint
+that agrees is the one used (both paths share torch_cpu.onednn_linear, which keeps oneDNN off its one-row kernel).
+None agreeing: nothing is packed.
 
 Imports torch only (the torch-cpu build runs where jax is absent); never imports kernel_hub.
 """
@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from .torch_cpu import matmul, nonempty_groups, run_groups
+from .torch_cpu import matmul, nonempty_groups, onednn_linear, run_groups
 
 #: Weight dtypes packing covers (float16 has no oneDNN linear on CPUs without AVX512-FP16/AMX-FP16).
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
@@ -178,8 +178,7 @@ def exact_hint(w: torch.Tensor, rows: tuple[int, ...] = PROBE_ROWS) -> tuple[int
     tried = []
     for hint in HINTS:
         packed = torch.ops.mkldnn._reorder_linear_weight(w, hint)
-        bad = [m for m, x, ref in zip(rows, xs, refs, strict=True)
-               if not torch.equal(torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), ref)]
+        bad = [m for m, x, ref in zip(rows, xs, refs, strict=True) if not torch.equal(onednn_linear(x, packed), ref)]
         del packed  # one packed copy alive at a time
         if not bad:
             return hint, f"batch hint {hint}"
@@ -214,7 +213,7 @@ class PackedExperts:
     def linear(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """x @ W_e^T with expert e's packed weight."""
         assert self.experts is not None, "unpacked"
-        return torch.ops.mkldnn._linear_pointwise(x, self.experts[e], None, "none", [], "")
+        return onednn_linear(x, self.experts[e])
 
     def _write_back(self, dest: torch.Tensor, e: int) -> None:
         assert self.experts is not None
@@ -341,11 +340,11 @@ def moe_experts_packed(
         hidden = down.tensor.shape[2] if down.transposed else down.tensor.shape[1]
         parts: list[torch.Tensor | None] = [None] * len(items)
         place = {e: i for i, (e, _, _) in enumerate(items)}
-        linear, ups, downs = torch.ops.mkldnn._linear_pointwise, gate_up.experts, down.experts
+        ups, downs = gate_up.experts, down.experts
         assert ups is not None and downs is not None, "unpacked"
 
         def one(e: int, start: int, end: int) -> None:
-            h = linear(x[start:end], ups[e], None, "none", [], "")
+            h = onednn_linear(x[start:end], ups[e])
             if gate_up_proj_bias is not None:
                 h = h + gate_up_proj_bias[e]
             if gate_fn is not None:
@@ -355,7 +354,7 @@ def moe_experts_packed(
                 h = act(g) * u
             else:
                 h = act(h)
-            o = linear(h.to(dtype), downs[e], None, "none", [], "")
+            o = onednn_linear(h.to(dtype), downs[e])
             if down_proj_bias is not None:
                 o = o + down_proj_bias[e]
             parts[place[e]] = o
