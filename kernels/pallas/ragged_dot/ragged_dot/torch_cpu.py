@@ -199,3 +199,18 @@ def ragged_dot_torch(lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Te
     if torch.is_grad_enabled() and (lhs.requires_grad or rhs.requires_grad):
         return _RaggedDot.apply(lhs, rhs, group_sizes)
     return grouped_matmul(lhs.detach(), rhs.detach(), [int(s) for s in group_sizes.tolist()])
+
+
+def combine_experts(out: torch.Tensor, top_k_weights: torch.Tensor, perm: torch.Tensor, in_range: torch.Tensor,
+                    num_tokens: int, top_k: int, dtype: torch.dtype) -> torch.Tensor:
+    """The expert block's last step, shared by moe_experts and moe_experts_packed (so they agree bit for bit): weight
+    each row (in expert order, `perm` from the stable sort) by its routing weight, zero the rows of dropped ids, and
+    sum each token's top_k rows. Returns [tokens, hidden] in `dtype`."""
+    weights = top_k_weights.reshape(-1)[perm]
+    if not bool(in_range.all()):
+        weights = weights.masked_fill(~in_range, 0.0)
+        out = out.masked_fill(~in_range[:, None], 0.0)
+    weighted = out * weights.unsqueeze(-1)
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(perm.numel(), device=perm.device)
+    return weighted[inverse].view(num_tokens, top_k, -1).sum(dim=1).to(dtype)

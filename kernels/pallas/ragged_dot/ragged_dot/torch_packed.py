@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from .torch_cpu import matmul, nonempty_groups, onednn_linear, run_groups
+from .torch_cpu import combine_experts, matmul, nonempty_groups, onednn_linear, run_groups
 
 #: Weight dtypes packing covers (float16 has no oneDNN linear on CPUs without AVX512-FP16/AMX-FP16).
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
@@ -365,11 +365,4 @@ def moe_experts_packed(
         out = torch.cat(parts) if parts else torch.zeros((0, hidden), dtype=dtype)  # type: ignore[arg-type]
         if post_fn is not None:
             out = post_fn(out)
-        weights = top_k_weights.reshape(-1)[perm]
-        if not bool(in_range.all()):
-            weights = weights.masked_fill(~in_range, 0.0)
-            out = out.masked_fill(~in_range[:, None], 0.0)
-        weighted = out * weights.unsqueeze(-1)
-        inverse = torch.empty_like(perm)
-        inverse[perm] = torch.arange(perm.numel(), device=perm.device)
-        return weighted[inverse].view(num_tokens, top_k, -1).sum(dim=1).to(hidden_states.dtype)
+        return combine_experts(out, top_k_weights, perm, in_range, num_tokens, top_k, hidden_states.dtype)
