@@ -201,16 +201,36 @@ def ragged_dot_torch(lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Te
     return grouped_matmul(lhs.detach(), rhs.detach(), [int(s) for s in group_sizes.tolist()])
 
 
+def on_worker(fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """fn() on one pool worker (one intra-op thread), the caller waiting; inline when the pool is off or this is a
+    worker. For whole-tensor steps between the grouped loops: in the caller they fork OpenMP threads, which stall for
+    milliseconds when another process holds a core. No autograd: the worker runs under no_grad."""
+    if num_workers() <= 1 or getattr(_in_worker, "flag", False):
+        return fn()
+
+    def run() -> torch.Tensor:
+        with torch.no_grad():
+            return fn()
+
+    return _get_pool(num_workers()).submit(run).result()
+
+
 def combine_experts(out: torch.Tensor, top_k_weights: torch.Tensor, perm: torch.Tensor, in_range: torch.Tensor,
                     num_tokens: int, top_k: int, dtype: torch.dtype) -> torch.Tensor:
     """The expert block's last step, shared by moe_experts and moe_experts_packed (so they agree bit for bit): weight
     each row (in expert order, `perm` from the stable sort) by its routing weight, zero the rows of dropped ids, and
-    sum each token's top_k rows. Returns [tokens, hidden] in `dtype`."""
-    weights = top_k_weights.reshape(-1)[perm]
-    if not bool(in_range.all()):
-        weights = weights.masked_fill(~in_range, 0.0)
-        out = out.masked_fill(~in_range[:, None], 0.0)
-    weighted = out * weights.unsqueeze(-1)
-    inverse = torch.empty_like(perm)
-    inverse[perm] = torch.arange(perm.numel(), device=perm.device)
-    return weighted[inverse].view(num_tokens, top_k, -1).sum(dim=1).to(dtype)
+    sum each token's top_k rows. Returns [tokens, hidden] in `dtype`. On CPU without autograd it runs on a worker."""
+
+    def combine() -> torch.Tensor:
+        weights = top_k_weights.reshape(-1)[perm]
+        rows = out
+        if not bool(in_range.all()):
+            weights = weights.masked_fill(~in_range, 0.0)
+            rows = rows.masked_fill(~in_range[:, None], 0.0)
+        weighted = rows * weights.unsqueeze(-1)
+        inverse = torch.empty_like(perm)
+        inverse[perm] = torch.arange(perm.numel(), device=perm.device)
+        return weighted[inverse].view(num_tokens, top_k, -1).sum(dim=1).to(dtype)
+
+    needs_grad = torch.is_grad_enabled() and (out.requires_grad or top_k_weights.requires_grad)
+    return on_worker(combine) if out.device.type == "cpu" and not needs_grad else combine()

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from .torch_cpu import combine_experts, matmul, nonempty_groups, onednn_linear, run_groups
+from .torch_cpu import combine_experts, matmul, nonempty_groups, on_worker, onednn_linear, run_groups
 
 #: Weight dtypes packing covers (float16 has no oneDNN linear on CPUs without AVX512-FP16/AMX-FP16).
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
@@ -332,10 +332,11 @@ def moe_experts_packed(
 
     with torch.no_grad():
         sorted_ids, perm = torch.sort(top_k_index.reshape(-1), stable=True)
-        x = hidden_states[perm // top_k].to(dtype)
+        tokens = perm // top_k
         sizes = torch.bincount(sorted_ids.clamp(min=0), minlength=num_experts + 1)[:num_experts]
         in_range = sorted_ids < num_experts
-        items = nonempty_groups([int(s) for s in sizes.tolist()], x.shape[0])
+        rows = perm.numel()
+        items = nonempty_groups([int(s) for s in sizes.tolist()], rows)
         covered = items[-1][2] if items else 0
         hidden = down.tensor.shape[2] if down.transposed else down.tensor.shape[1]
         parts: list[torch.Tensor | None] = [None] * len(items)
@@ -344,7 +345,8 @@ def moe_experts_packed(
         assert ups is not None and downs is not None, "unpacked"
 
         def one(e: int, start: int, end: int) -> None:
-            h = onednn_linear(x[start:end], ups[e])
+            # Each task gathers its own rows: one whole-batch gather in the caller would fork OpenMP threads.
+            h = onednn_linear(hidden_states[tokens[start:end]].to(dtype), ups[e])
             if gate_up_proj_bias is not None:
                 h = h + gate_up_proj_bias[e]
             if gate_fn is not None:
@@ -360,9 +362,12 @@ def moe_experts_packed(
             parts[place[e]] = o
 
         run_groups(items, one, covered * (gate_up.tensor[0].numel() + down.tensor[0].numel()))
-        if covered < x.shape[0]:  # rows of dropped (sentinel) ids
-            parts.append(torch.zeros((x.shape[0] - covered, hidden), dtype=dtype))
-        out = torch.cat(parts) if parts else torch.zeros((0, hidden), dtype=dtype)  # type: ignore[arg-type]
-        if post_fn is not None:
-            out = post_fn(out)
+        if covered < rows:  # rows of dropped (sentinel) ids
+            parts.append(torch.zeros((rows - covered, hidden), dtype=dtype))
+
+        def gathered() -> torch.Tensor:
+            out = torch.cat(parts) if parts else torch.zeros((0, hidden), dtype=dtype)  # type: ignore[arg-type]
+            return post_fn(out) if post_fn is not None else out
+
+        out = on_worker(gathered) if post_fn is None else gathered()
         return combine_experts(out, top_k_weights, perm, in_range, num_tokens, top_k, hidden_states.dtype)
