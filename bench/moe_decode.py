@@ -1,10 +1,14 @@
 """One MoE expert layer at Qwen3-30B-A3B geometry, decode batch 64: transformers vs the hub kernel.
 
-Runs transformers' eager, grouped_mm and batched_mm experts implementations and the kernelized layer
-(kernel-hub/ragged-dot-tpu through kh.kernelize) on the same weights and routing, interleaved, and
-reports medians, ratios to grouped_mm and to the memory floor (each with its interquartile range): every active
-expert's weights read once at this machine's measured copy bandwidth. Writes bench/out/moe_decode.json (every
-sample, the environment).
+Runs transformers' eager, grouped_mm and batched_mm experts implementations, the kernelized layer
+(kernel-hub/ragged-dot-tpu through kh.kernelize: expert weights oneDNN-packed where this CPU allows) and the same
+layer kernelized without packing (KERNEL_HUB_CPU_PACK=0), on the same weights and routing, interleaved with the order
+rotated each round. The memory floor (every active expert's weights read once) is measured in the same rounds, from
+the faster of two copies over both cores (a pool of one-thread workers, as the kernel's own workers run, and one copy
+on torch's threads), scaled to the active bytes. Ratios are taken within each round (kernelized / grouped_mm,
+kernelized / floor), so load that hits a round hits both sides; the table gives their median and interquartile range,
+the JSON every sample, min and max, the load average, and the peak resident memory while kernelize packs the layer
+(first in the process, and again warm). Writes bench/out/moe_decode.json.
 
     python bench/moe_decode.py [--quick] [--dtypes bf16,f32] [--reps N] [--out PATH]
 """
@@ -12,11 +16,15 @@ sample, the environment).
 from __future__ import annotations
 
 import argparse
+import copy
+import itertools
 import json
+import os
 import platform
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +32,13 @@ import torch
 
 GEOMETRY = dict(hidden_size=2048, moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8)
 DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
+#: Bytes each floor round copies (scaled to the active bytes): large enough to leave every cache.
+FLOOR_COPY_BYTES = 256 << 20
+FLOOR_CHUNKS = 32
 
 
 def copy_bandwidth(nbytes: int = 256 << 20, reps: int = 5) -> float:
-    """Bytes per second moved (read + write) by a large tensor copy: the memory roof on this machine."""
+    """Bytes per second moved (read + write) by one large torch copy (torch's own threads)."""
     src = torch.ones(nbytes // 4, dtype=torch.float32)
     dst = torch.empty_like(src)
     times = []
@@ -36,6 +47,37 @@ def copy_bandwidth(nbytes: int = 256 << 20, reps: int = 5) -> float:
         dst.copy_(src)
         times.append(time.perf_counter() - t)
     return 2 * nbytes / statistics.median(times)
+
+
+class FloorCopy:
+    """Copies FLOOR_COPY_BYTES on every core, two ways: chunks taken from a shared counter by one-thread workers (the
+    kernel's pool model: `pool`) and one torch copy on torch's own threads (`threads`). A call's time scaled by
+    active_bytes / (2 * FLOOR_COPY_BYTES) is the time to read the active bytes once at the rate that copy moved bytes
+    (read + write); each round's floor is the faster of the two."""
+
+    def __init__(self, workers: int) -> None:
+        self.src = torch.ones(FLOOR_COPY_BYTES // 4, dtype=torch.float32)
+        self.dst = torch.empty_like(self.src)
+        self.workers = workers
+        self.pool = ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(1,))
+        self.chunks = list(zip(self.src.chunk(FLOOR_CHUNKS), self.dst.chunk(FLOOR_CHUNKS), strict=True))
+
+    def pool_copy(self) -> None:
+        counter = itertools.count()
+
+        def drain() -> None:
+            while (i := next(counter)) < len(self.chunks):
+                src, dst = self.chunks[i]
+                dst.copy_(src)
+
+        for f in [self.pool.submit(drain) for _ in range(self.workers)]:
+            f.result()
+
+    def threads_copy(self) -> None:
+        self.dst.copy_(self.src)
+
+    def close(self) -> None:
+        self.pool.shutdown()
 
 
 def build_layer(dtype: torch.dtype, seed: int = 0) -> tuple[Any, Any]:
@@ -65,19 +107,59 @@ def routing(batch: int, dtype: torch.dtype, seed: int = 1) -> tuple[torch.Tensor
     return hidden, index, weights
 
 
-def active_bytes(index: torch.Tensor, dtype: torch.dtype) -> int:
+def expert_bytes(dtype: torch.dtype) -> int:
     h, i = GEOMETRY["hidden_size"], GEOMETRY["moe_intermediate_size"]
-    active = int(torch.unique(index).numel())
-    return active * 3 * h * i * torch.tensor([], dtype=dtype).element_size()
+    return 3 * h * i * torch.tensor([], dtype=dtype).element_size()
+
+
+def active_bytes(index: torch.Tensor, dtype: torch.dtype) -> int:
+    return int(torch.unique(index).numel()) * expert_bytes(dtype)
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def peak_rss_during(fn) -> tuple[Any, dict[str, float | None]]:
+    """fn()'s result and the resident memory (MiB) before, at its peak during fn, and after (Linux: VmHWM reset via
+    /proc/self/clear_refs; elsewhere the peak is None)."""
+    before = _status_kib("VmRSS")
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        resettable = True
+    except OSError:
+        resettable = False
+    result = fn()
+    peak = _status_kib("VmHWM") if resettable else None
+    after = _status_kib("VmRSS")
+    mib = lambda kib: None if kib is None else kib / 1024
+    return result, {"rss_before_mib": mib(before), "peak_mib": mib(peak), "rss_after_mib": mib(after)}
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """Median, quartiles, min and max of per-round values (timing.Spread's summary, as plain JSON)."""
+    from dataclasses import asdict
+
+    from kernel_hub.timing import Spread
+
+    return {k: v for k, v in asdict(Spread.of(values)).items() if k != "n"}
 
 
 def bench_dtype(name: str, dtype: torch.dtype, *, batch: int, reps: int, batched_reps: int,
-                bandwidth: float, log) -> dict[str, Any]:
+                floor: FloorCopy) -> dict[str, Any]:
     import kernel_hub as kh
+    from kernel_hub.layers.packing import ENV
     from kernel_hub.numerics import relative_error
-    from kernel_hub.timing import Spread, bench_records, interleaved_samples
+    from kernel_hub.timing import bench_records, interleaved_samples
 
     container, config = build_layer(dtype)
+    packed_container = copy.deepcopy(container)  # packs in place: the other one keeps dense weights for the rest
     experts = container.experts
     hidden, index, weights = routing(batch, dtype)
 
@@ -94,53 +176,73 @@ def bench_dtype(name: str, dtype: torch.dtype, *, batch: int, reps: int, batched
 
     eager, grouped, batched = run_with("eager"), run_with("grouped_mm"), run_with("batched_mm")
     reference = grouped()
-    report = kh.kernelize(container)
+    previous = os.environ.get(ENV)
+    os.environ[ENV] = "0"
+    try:
+        kh.kernelize(container)
+    finally:
+        os.environ.pop(ENV) if previous is None else os.environ.__setitem__(ENV, previous)
+    report, memory = peak_rss_during(lambda: kh.kernelize(packed_container))  # first packing in this process
+    kh.restore(packed_container)  # unpacks in place; packing again measures a warm process (no one-time costs)
+    report, warm = peak_rss_during(lambda: kh.kernelize(packed_container))
     config._experts_implementation = "grouped_mm"
 
-    def kernelized() -> torch.Tensor:
-        with torch.no_grad():
-            return container.experts(hidden, index, weights)
+    def forward(block):
+        def call() -> torch.Tensor:
+            with torch.no_grad():
+                return block(hidden, index, weights)
+        return call
 
+    kernelized, unpacked = forward(packed_container.experts), forward(experts)
     out = kernelized()
-    max_rel = relative_error(out, reference)
-    variants = {"eager": eager, "grouped_mm": grouped, "kernelized": kernelized}
+    variants = {"eager": eager, "grouped_mm": grouped, "kernelized": kernelized, "kernelized_unpacked": unpacked,
+                "floor_pool": floor.pool_copy, "floor_threads": floor.threads_copy}
     times = interleaved_samples(variants, repeats=reps, warmup=1)
     if batched_reps:  # seconds per call: timed apart, after the others, so it never precedes them
         times.update(interleaved_samples({"batched_mm": batched}, repeats=batched_reps, warmup=0))
-    kh.restore(container)
-    floor_s = active_bytes(index, dtype) / bandwidth  # each byte read once, at the copy traffic rate
-    med = {k: statistics.median(v) for k, v in times.items() if v}
-    kern = Spread.of(times["kernelized"])
+    scale = active_bytes(index, dtype) / (2 * FLOOR_COPY_BYTES)
+    for copy_kind in ("floor_pool", "floor_threads"):
+        times[copy_kind] = [t * scale for t in times[copy_kind]]
+    times["floor"] = [min(a, b) for a, b in zip(times["floor_pool"], times["floor_threads"], strict=True)]
+    kern, grp, flo = times["kernelized"], times["grouped_mm"], times["floor"]
+    replaced = report.replaced[0] if report.replaced else None
     result = {
         "dtype": name,
-        "median_ms": {k: v * 1e3 for k, v in med.items()},
-        "runs": {k: len(v) for k, v in times.items()},
-        "floor_ms": floor_s * 1e3,
-        "kernelized_vs_grouped_mm": med["kernelized"] / med["grouped_mm"],
-        "kernelized_vs_floor": med["kernelized"] / floor_s,
-        "kernelized_vs_floor_iqr": [kern.q1 / floor_s, kern.q3 / floor_s],
-        "records": bench_records(times, group=f"{name}, decode batch {batch}", baseline="grouped_mm"),
-        "max_rel_error_vs_grouped_mm": max_rel,
+        "median_ms": {k: statistics.median(v) * 1e3 for k, v in times.items() if v},
+        "samples_ms": {k: [t * 1e3 for t in v] for k, v in times.items()},
+        "kernelized_vs_grouped_mm": spread([k / g for k, g in zip(kern, grp, strict=True)]),
+        "kernelized_vs_floor": spread([k / f for k, f in zip(kern, flo, strict=True)]),
+        "unpacked_vs_floor": spread([u / f for u, f in zip(times["kernelized_unpacked"], flo, strict=True)]),
+        "max_rel_error_vs_grouped_mm": relative_error(out, reference),
+        "packed_equals_unpacked": bool(torch.equal(out, unpacked())),
+        "records": bench_records({k: v for k, v in times.items() if k not in ("floor_pool", "floor_threads")},
+                                 group=f"{name}, decode batch {batch}", baseline="grouped_mm"),
         "active_experts": int(torch.unique(index).numel()),
-        "implementation": report.replaced[0].implementation if report.replaced else None,
-        "variant": report.replaced[0].variant if report.replaced else None,
+        "expert_mib": expert_bytes(dtype) / 2**20,
+        "kernelize_memory": {"first": memory, "warm": warm},
+        "implementation": replaced.implementation if replaced else None,
+        "why": replaced.why if replaced else None,
+        "variant": replaced.variant if replaced else None,
     }
+    kh.restore(container)
+    kh.restore(packed_container)
     return result
 
 
-def table(results: list[dict[str, Any]]) -> str:
-    from kernel_hub.timing import format_ratio
+def _ratio(s: dict[str, float]) -> str:
+    return f"{s['median']:.2f}x [{s['q1']:.2f}-{s['q3']:.2f}]"
 
-    cols = ["eager", "grouped_mm", "batched_mm", "kernelized"]
-    lines = ["dtype  " + "  ".join(f"{c:>11s}" for c in cols) +
-             "      floor  kern x vs grouped (IQR)  kern/floor (IQR)  max rel err"]
+
+def table(results: list[dict[str, Any]]) -> str:
+    cols = ["eager", "grouped_mm", "batched_mm", "kernelized_unpacked", "kernelized", "floor"]
+    heads = ["eager", "grouped_mm", "batched_mm", "unpacked", "kernelized", "floor"]
+    lines = ["dtype  " + "  ".join(f"{c:>10s}" for c in heads)
+             + "  kern/grouped [IQR]      kern/floor [IQR]  packed==unpacked  max rel err"]
     for r in results:
         ms = r["median_ms"]
-        cells = "  ".join(f"{ms[c]:9.1f}ms" if c in ms else f"{'-':>11s}" for c in cols)
-        speed = next(format_ratio(x["vs_baseline"]) for x in r["records"] if x["method"] == "kernelized")
-        lo, hi = r["kernelized_vs_floor_iqr"]
-        floor = f"{r['kernelized_vs_floor']:.2f}x ({lo:.2f}-{hi:.2f})"
-        lines.append(f"{r['dtype']:5s}  {cells}  {r['floor_ms']:7.1f}ms  {speed:>22s}  {floor:>16s}  "
+        cells = "  ".join(f"{ms[c]:8.1f}ms" if c in ms else f"{'-':>10s}" for c in cols)
+        lines.append(f"{r['dtype']:5s}  {cells}  {_ratio(r['kernelized_vs_grouped_mm']):>18s}  "
+                     f"{_ratio(r['kernelized_vs_floor']):>18s}  {r['packed_equals_unpacked']!s:>16s}  "
                      f"{r['max_rel_error_vs_grouped_mm']:.1e}")
     return "\n".join(lines)
 
@@ -162,23 +264,37 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     reps = args.reps or (3 if args.quick else 9)
     batched_reps = args.batched_reps if args.batched_reps is not None else (0 if args.quick else 1)
+    load_before = os.getloadavg()
     bandwidth = copy_bandwidth()
     print(f"Qwen3-30B-A3B MoE layer {GEOMETRY}, decode batch {args.batch}, {torch.get_num_threads()} threads; "
-          f"copy bandwidth {bandwidth / 1e9:.1f} GB/s (read+write)")
-    results = [bench_dtype(n, DTYPES[n], batch=args.batch, reps=reps, batched_reps=batched_reps,
-                           bandwidth=bandwidth, log=print) for n in names]
+          f"one-call copy bandwidth {bandwidth / 1e9:.1f} GB/s (read+write); load average "
+          f"{' '.join(f'{x:.2f}' for x in load_before)}")
+    floor = FloorCopy(torch.get_num_threads())
+    try:
+        results = [bench_dtype(n, DTYPES[n], batch=args.batch, reps=reps, batched_reps=batched_reps, floor=floor)
+                   for n in names]
+    finally:
+        floor.close()
+    load_after = os.getloadavg()
     print(table(results))
-    if results and results[0]["implementation"]:
-        print(f"kernelized: {results[0]['variant']} / {results[0]['implementation']}")
+    for r in results:
+        for when, mem in r["kernelize_memory"].items():
+            if mem["peak_mib"] is not None:
+                print(f"{r['dtype']}: kernelize ({when}) peak RSS {mem['peak_mib'] - mem['rss_before_mib']:+.1f} MiB "
+                      f"over the {mem['rss_before_mib']:.0f} MiB before (one expert: {r['expert_mib']:.1f} MiB), "
+                      f"after {mem['rss_after_mib'] - mem['rss_before_mib']:+.1f} MiB")
+        print(f"{r['dtype']}: {r['implementation']}: {r['why']}")
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in load_after)}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     from kernel_hub.report.environment import environment
 
     args.out.write_text(json.dumps({
-        "benchmark": "moe_decode", "environment": environment(with_libtpu=False).model_dump(),
-        "baseline": "grouped_mm", "ours": ["kernelized"],
+        "benchmark": "moe_decode", "baseline": "grouped_mm", "ours": ["kernelized"],
         "records": [rec for r in results for rec in r["records"]],
-        "geometry": GEOMETRY, "batch": args.batch, "threads": torch.get_num_threads(),
-        "copy_bandwidth_gbs": bandwidth / 1e9, "machine": platform.machine(), "torch": torch.__version__,
+        "geometry": GEOMETRY, "batch": args.batch, "threads": torch.get_num_threads(), "reps": reps,
+        "environment": {**environment(with_libtpu=False).model_dump(), "processor": platform.processor(),
+                        "load_average_before": load_before, "load_average_after": load_after},
+        "one_call_copy_bandwidth_gbs": bandwidth / 1e9, "floor_copy_bytes": FLOOR_COPY_BYTES,
         "results": results,
     }, indent=2))
     print(f"wrote {args.out}")

@@ -21,6 +21,7 @@ from ..numerics import TOLERANCE as TOLERANCES_BY_NAME
 from ..numerics import relative_error
 from . import attention as at
 from . import experts as ex
+from . import packing
 from .attention_api import AttentionState, can_switch, kernelize_attention, restore_attention
 from .families import LAYER_KIND, ExpertsLayout, ExpertsSite, find_experts, routes_through_interface, top_k_of
 from .report import Kept, KernelizeReport, Replaced
@@ -48,8 +49,9 @@ class _State:
 
 
 def _backend_of(model: Any, device: Any) -> tuple[str, torch.device | str]:
-    if device is None:
-        param = next(iter(model.parameters()), None)
+    if device is None:  # packed expert weights (meta placeholders) live on the CPU
+        stand_ins = packing.placeholders(model) if hasattr(model, "modules") else set()
+        param = next((p for p in model.parameters() if id(p) not in stand_ins), None)
         dev = param.device if param is not None else torch.device("cpu")
     else:
         try:
@@ -303,6 +305,7 @@ def _apply(model, sites, kernel, repo_id, backend, dev, mode, validate, state: _
     implementation = _describe_impl(kernel, dev)
     config = getattr(model, "config", None)
     hooks: list[tuple[Any, ExpertsSite, ex.ExpertsHook]] = []
+    accepted: list[tuple[int, Any, ExpertsSite, ex.ExpertsCall, float | None, float, str | None]] = []
     for i, site in enumerate(sites):
         module = model.get_submodule(site.path)
         interface = site.route == "interface" or routes_through_interface(module)
@@ -329,11 +332,7 @@ def _apply(model, sites, kernel, repo_id, backend, dev, mode, validate, state: _
                         report.kept.append(Kept(site.path, LAYER_KIND,
                                                 f"validation failed: max error {err:.2e} > tolerance {tol:.0e}"))
             if call is not None:
-                report.replaced.append(Replaced(
-                    layer=site.path, kind=LAYER_KIND, repo_id=repo_id, version=version, commit=commit,
-                    variant=variant, implementation=implementation, route=site.route, layout=site.layout.describe(),
-                    max_error=err, tolerance=tol if validate and unchecked is None else None,
-                    not_validated=unchecked))
+                accepted.append((i, module, site, call, err, tol, unchecked))
         if interface or call is not None:
             hooks.append((module, site, ex.ExpertsHook(call=call, previous=previous,
                                                         route="interface" if interface else "forward")))
@@ -367,6 +366,45 @@ def _apply(model, sites, kernel, repo_id, backend, dev, mode, validate, state: _
                 ex.install_forward(module, hook)
         report.notes.append(f"experts implementation switched to {ex.IMPLEMENTATION_NAME!r} "
                             f"(was {state.previous}); kept layers run their previous implementation")
+    # after the hooks: restore() now sees every packed block
+    for i, module, site, call, err, tol, unchecked in accepted:
+        packed, why = _pack_experts(module, site, call, kernel, dev, mode, validate, top_k_of(
+            getattr(module, "config", config), site.layout.num_experts), seed=i)
+        report.replaced.append(Replaced(
+            layer=site.path, kind=LAYER_KIND, repo_id=repo_id, version=version, commit=commit, variant=variant,
+            implementation=f"oneDNN-packed experts on {implementation}" if packed else implementation,
+            route=site.route, layout=site.layout.describe(), max_error=err,
+            tolerance=tol if validate and unchecked is None else None, not_validated=unchecked, why=why))
+
+
+def _pack_experts(module, site: ExpertsSite, call: ex.ExpertsCall, kernel, dev, mode: str, validate: bool,
+                  top_k: int, seed: int) -> tuple[bool, str]:
+    """Pack one replaced block's expert weights where packing.decide_packing allows; with `validate`, the packed
+    path must equal the unpacked one bit for bit on the validation batch, or the block is unpacked again."""
+    layout = site.layout
+    exports = all(hasattr(kernel, name) for name in packing.PACKED_EXPORTS)
+    dtype = getattr(torch, layout.dtype)
+    ok, why = packing.decide_packing(
+        mode=mode, device_type=getattr(dev, "type", str(dev)), dtype=layout.dtype,
+        requires_grad=any(p.requires_grad for p in module.parameters(recurse=False)),
+        kernel_exports=exports, support=kernel.packing_support(dtype) if exports else None,
+        enabled=packing.packing_enabled())
+    if not ok:
+        return False, why
+    batch = _validation_batch(layout, top_k, dtype, dev, seed) if validate else None
+    if batch is not None:
+        with torch.no_grad():
+            reference = call(module, *batch)
+    packed, how = packing.pack_module(module, layout, kernel)
+    if not packed:
+        return False, how
+    if batch is not None:
+        with torch.no_grad():
+            out = call(module, *batch)
+        if not torch.equal(out, reference):
+            packing.unpack_module(module)
+            return False, "not packed: the packed path differed from the unpacked one on the validation batch"
+    return True, f"{how}: {why}" + ("; bit-identical to the unpacked path on the validation batch" if validate else "")
 
 
 def restore(model: Any) -> bool:
@@ -384,6 +422,7 @@ def restore(model: Any) -> bool:
             module = model.get_submodule(path)
         except AttributeError:
             continue
+        packing.unpack_module(module)
         ex.remove_hook(module)
     if state.switched and state.previous is not None and hasattr(model, "set_experts_implementation"):
         with contextlib.suppress(Exception):  # the exact per-config restore below still runs

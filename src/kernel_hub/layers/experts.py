@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from . import packing
 from .families import ExpertsLayout
 
 IMPLEMENTATION_NAME = "kernel_hub"
@@ -152,10 +153,13 @@ def _generic_moe(ragged_dot: Callable[..., torch.Tensor]) -> Callable[..., torch
 
 def make_call(kernel: Any, layout: ExpertsLayout) -> ExpertsCall:
     """The kernel path for one expert block: reads the block's weights at call time (so .to(), loading
-    new weights and training updates are all seen) and its own gate / activation / post-norm."""
+    new weights and training updates are all seen) and its own gate / activation / post-norm. A block
+    whose weights kernelize packed (packing.py) runs the kernel's packed-weights entry instead."""
     moe = getattr(kernel, "moe_experts", None)
     if moe is None:
         moe = _generic_moe(kernel.ragged_dot)
+    moe_packed = getattr(kernel, "moe_experts_packed", None)
+    up_name, down_name = packing.weight_names(layout)
 
     def call(module: Any, hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         gated = layout.has_gate
@@ -173,7 +177,10 @@ def make_call(kernel: Any, layout: ExpertsLayout) -> ExpertsCall:
             kwargs["down_proj_bias"] = module.down_proj_bias
         if layout.has_post_expert_norm:
             kwargs["post_fn"] = module.post_expert_norm
-        up = module.gate_up_proj if gated else module.up_proj
-        return moe(hidden, index, weights, up, module.down_proj, **kwargs)
+        holders = packing.active_holders(module) if moe_packed is not None else None
+        if holders is not None:
+            del kwargs["is_transposed"]  # the packed weights know their layout
+            return moe_packed(hidden, index, weights, holders[up_name], holders[down_name], **kwargs)
+        return moe(hidden, index, weights, getattr(module, up_name), getattr(module, down_name), **kwargs)
 
     return call

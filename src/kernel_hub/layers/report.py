@@ -23,6 +23,7 @@ class Replaced:
     # Why the numbers were not checked although validation was asked for, e.g. "not validated: needs a TPU (...)";
     # None when they were checked (max_error) or validate=False.
     not_validated: str | None = None
+    why: str | None = None  # why this implementation (e.g. expert weights packed or not, and the reason)
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,10 @@ class KernelizeReport:
                 rows.append((r.layer, f"{r.repo_id}@{r.version or (r.commit or '?')[:12]}",
                              r.variant or "-", r.implementation, r.route, err))
             lines += _table(rows)
+            whys = [(r.layer, r.why) for r in self.replaced if r.why]
+            if whys:
+                lines.append("why:")
+                lines += _table([("layer", "implementation choice")] + whys)
         if self.kept:
             lines.append("kept (default implementation):")
             lines += _table([("layer", "reason")] + [(k.layer, k.reason) for k in self.kept])

@@ -23,15 +23,21 @@ from ._vendor.shapes import check_ragged_dot_shapes
 from ._vendor.torch_dispatch import IMPLEMENTATIONS, ORDER, TorchDispatch
 from ._vendor.torch_tpu_ops import op_namespace
 from .release import VERSION
-from .torch_cpu import num_workers, ragged_dot_torch
+from .torch_cpu import combine_experts, num_workers, ragged_dot_torch
+from .torch_packed import PackedExperts, PackingError, moe_experts_packed, pack_experts, packing_support
 
 __all__ = [
     "IMPLEMENTATIONS",
     "ORDER",
+    "PackedExperts",
+    "PackingError",
     "describe",
     "implementations_for",
     "last_implementation",
     "moe_experts",
+    "moe_experts_packed",
+    "pack_experts",
+    "packing_support",
     "ragged_dot",
     "resolve_implementation",
 ]
@@ -151,11 +157,4 @@ def moe_experts(
         out = out + down_proj_bias[safe_ids]
     if post_fn is not None:
         out = post_fn(out)
-    weights = top_k_weights.reshape(-1)[perm]
-    if not bool(in_range.all()):
-        weights = weights.masked_fill(~in_range, 0.0)
-        out = out.masked_fill(~in_range[:, None], 0.0)
-    weighted = out * weights.unsqueeze(-1)
-    inverse = torch.empty_like(perm)
-    inverse[perm] = torch.arange(perm.numel(), device=perm.device)
-    return weighted[inverse].view(num_tokens, top_k, -1).sum(dim=1).to(hidden_states.dtype)
+    return combine_experts(out, top_k_weights, perm, in_range, num_tokens, top_k, hidden_states.dtype)

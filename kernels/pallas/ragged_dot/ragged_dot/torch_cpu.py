@@ -64,15 +64,45 @@ def _onednn_linear():
 _LINEAR = _onednn_linear()
 
 
+def _plain_2d(t: torch.Tensor) -> bool:
+    """Row- or column-major without gaps: a layout oneDNN reads as a plain weight."""
+    return t.is_contiguous() or t.t().is_contiguous()
+
+
+def linear_for_group(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a @ b takes oneDNN's linear (float32 on CPU, b plain in either major order) rather than torch.mm.
+    The packed-weights path (torch_packed.py) is checked bit for bit against this choice."""
+    return _LINEAR is not None and b.dtype == torch.float32 and a.device.type == "cpu" and _plain_2d(b)
+
+
+def onednn_linear(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """oneDNN's a @ w^T, w a plain [N, K] weight or one packed by torch_packed.py (both paths call this).
+
+    A single float32 row runs as two: for one row of a plain weight oneDNN takes a matrix-vector kernel whose sums
+    differ in the last bits from its blocked kernels (which packed weights always use); two rows take the blocked
+    kernels on either weight, so packed and unpacked agree bit for bit at every row count."""
+    linear = torch.ops.mkldnn._linear_pointwise
+    if a.shape[0] == 1 and a.dtype == torch.float32:
+        return linear(a.expand(2, -1).contiguous(), w, None, "none", [], "")[:1]
+    return linear(a, w, None, "none", [], "")
+
+
 def _mm_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
-    """out = a @ b for one group (b is [K, N], often a transposed view of nn.Linear-style weights)."""
-    if _LINEAR is not None and b.dtype == torch.float32 and a.device.type == "cpu" and b.t().is_contiguous():
-        out.copy_(_LINEAR(a, b.t(), None, "none", [], ""))
+    """out = a @ b for one group (b is [K, N]: a transposed view of nn.Linear-style weights, or [K, N] itself)."""
+    if linear_for_group(a, b):
+        out.copy_(onednn_linear(a, b.t()))
     else:
         torch.mm(a, b, out=out)
 
 
-def _bounds(sizes: list[int], m: int) -> list[tuple[int, int, int]]:
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b exactly as the grouped loop computes one group (what packed weights are checked against)."""
+    out = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
+    _mm_into(a, b, out)
+    return out
+
+
+def nonempty_groups(sizes: list[int], m: int) -> list[tuple[int, int, int]]:
     """(group, start, end) of every non-empty group, clamped to m rows (the jax contract)."""
     out, start = [], 0
     for g, size in enumerate(sizes):
@@ -83,7 +113,7 @@ def _bounds(sizes: list[int], m: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def _run(items: list[tuple[int, int, int]], one: Callable[[int, int, int], None], macs: int) -> None:
+def run_groups(items: list[tuple[int, int, int]], one: Callable[[int, int, int], None], macs: int) -> None:
     """Call one(group, start, end) for every item: inline when small or nested, else on the pool.
 
     Workers take the next group from a shared counter (dynamic scheduling), so a core slowed by
@@ -114,7 +144,7 @@ def grouped_matmul(lhs: torch.Tensor, rhs: torch.Tensor, sizes: list[int]) -> to
     """out[rows of g] = lhs[rows of g] @ rhs[g]; rows past sum(sizes) are zero. No autograd."""
     m, k = lhs.shape
     n = rhs.shape[2]
-    items = _bounds(sizes, m)
+    items = nonempty_groups(sizes, m)
     covered = items[-1][2] if items else 0
     out = torch.empty((m, n), dtype=lhs.dtype, device=lhs.device)
     if covered < m:
@@ -123,7 +153,7 @@ def grouped_matmul(lhs: torch.Tensor, rhs: torch.Tensor, sizes: list[int]) -> to
     def one(g: int, s: int, e: int) -> None:
         _mm_into(lhs[s:e], rhs[g], out[s:e])
 
-    _run(items, one, covered * k * n)
+    run_groups(items, one, covered * k * n)
     return out
 
 
@@ -131,13 +161,13 @@ def grouped_matmul_tn(lhs: torch.Tensor, dout: torch.Tensor, sizes: list[int], g
     """d_rhs[g] = lhs[rows of g]^T @ dout[rows of g]; zero for empty groups. No autograd."""
     m, k = lhs.shape
     n = dout.shape[1]
-    items = _bounds(sizes, m)
+    items = nonempty_groups(sizes, m)
     out = torch.zeros((g, k, n), dtype=lhs.dtype, device=lhs.device)
 
     def one(grp: int, s: int, e: int) -> None:
         torch.mm(lhs[s:e].t(), dout[s:e], out=out[grp])
 
-    _run(items, one, (items[-1][2] if items else 0) * k * n)
+    run_groups(items, one, (items[-1][2] if items else 0) * k * n)
     return out
 
 
@@ -169,3 +199,38 @@ def ragged_dot_torch(lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Te
     if torch.is_grad_enabled() and (lhs.requires_grad or rhs.requires_grad):
         return _RaggedDot.apply(lhs, rhs, group_sizes)
     return grouped_matmul(lhs.detach(), rhs.detach(), [int(s) for s in group_sizes.tolist()])
+
+
+def on_worker(fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """fn() on one pool worker (one intra-op thread), the caller waiting; inline when the pool is off or this is a
+    worker. For whole-tensor steps between the grouped loops: in the caller they fork OpenMP threads, which stall for
+    milliseconds when another process holds a core. No autograd: the worker runs under no_grad."""
+    if num_workers() <= 1 or getattr(_in_worker, "flag", False):
+        return fn()
+
+    def run() -> torch.Tensor:
+        with torch.no_grad():
+            return fn()
+
+    return _get_pool(num_workers()).submit(run).result()
+
+
+def combine_experts(out: torch.Tensor, top_k_weights: torch.Tensor, perm: torch.Tensor, in_range: torch.Tensor,
+                    num_tokens: int, top_k: int, dtype: torch.dtype) -> torch.Tensor:
+    """The expert block's last step, shared by moe_experts and moe_experts_packed (so they agree bit for bit): weight
+    each row (in expert order, `perm` from the stable sort) by its routing weight, zero the rows of dropped ids, and
+    sum each token's top_k rows. Returns [tokens, hidden] in `dtype`. On CPU without autograd it runs on a worker."""
+
+    def combine() -> torch.Tensor:
+        weights = top_k_weights.reshape(-1)[perm]
+        rows = out
+        if not bool(in_range.all()):
+            weights = weights.masked_fill(~in_range, 0.0)
+            rows = rows.masked_fill(~in_range[:, None], 0.0)
+        weighted = rows * weights.unsqueeze(-1)
+        inverse = torch.empty_like(perm)
+        inverse[perm] = torch.arange(perm.numel(), device=perm.device)
+        return weighted[inverse].view(num_tokens, top_k, -1).sum(dim=1).to(dtype)
+
+    needs_grad = torch.is_grad_enabled() and (out.requires_grad or top_k_weights.requires_grad)
+    return on_worker(combine) if out.device.type == "cpu" and not needs_grad else combine()

@@ -1,0 +1,264 @@
+"""Prepacked expert weights for kernelize on CPU: when to pack, swapping the parameters, and giving them back.
+
+The kernel packs (its `pack_experts` / `moe_experts_packed`, oneDNN, in place); this module decides whether a block is
+packed (`decide_packing`, a pure function returning the reason) and keeps the block a normal torch module while it is:
+
+- the packed parameters stay registered under their names as meta-device placeholders (same shape, dtype and
+  requires_grad, no memory), so nothing reads packed bytes as numbers: a stray numeric use fails loudly;
+- `state_dict()` (and so `torch.save(model.state_dict())` and `save_pretrained`) gets dense copies of the original
+  values, in the original layout, in the original key order (a state_dict post hook);
+- `load_state_dict` writes into the original parameters (unpacked first) and packs again afterwards;
+- `.to()` / `.float()` / `.cpu()` / ... (everything through `Module._apply`): a call that would leave the weights as
+  they are keeps them packed; any other unpacks (the original parameter objects, bit for bit), applies, and packs again
+  where the result can be packed (CPU, float32/bfloat16, frozen);
+- `unpack_module` (restore) writes the original bytes back into the original parameter objects and removes all of it.
+
+A block whose placeholder is replaced (`experts.gate_up_proj = nn.Parameter(...)`) or set to require grad drops its
+packed copy on its next call and runs the unpacked kernel path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .families import ExpertsLayout
+
+RECORD_ATTR = "_kernel_hub_packed"
+DOWN = "down_proj"
+#: Set to "0" to keep every expert block unpacked.
+ENV = "KERNEL_HUB_CPU_PACK"
+#: What the kernel must export for kernelize to pack.
+PACKED_EXPORTS = ("pack_experts", "moe_experts_packed", "packing_support")
+
+
+def weight_names(layout: ExpertsLayout) -> tuple[str, str]:
+    return ("gate_up_proj" if layout.has_gate else "up_proj"), DOWN
+
+
+def decide_packing(
+    *, mode: str, device_type: str, dtype: str, requires_grad: bool, kernel_exports: bool,
+    support: tuple[bool, str] | None, enabled: bool,
+) -> tuple[bool, str]:
+    """(pack this block's expert weights, why). Pure: every fact about the system comes in as an argument.
+
+    support: the kernel's packing_support(dtype) answer (None when the kernel cannot be asked)."""
+    if not enabled:
+        return False, f"not packed: disabled by {ENV}=0"
+    if mode != "inference":
+        return False, f"not packed: mode={mode!r} (packed weights are inference-only)"
+    if requires_grad:
+        return False, ("not packed: expert weights require grad (packed weights are inference-only; "
+                       "model.requires_grad_(False) before kernelize packs them)")
+    if device_type != "cpu":
+        return False, f"not packed: weights on {device_type} (packing is for CPU)"
+    if not kernel_exports or support is None:
+        return False, "not packed: the kernel exports no packed-weights entry (" + ", ".join(PACKED_EXPORTS) + ")"
+    ok, why = support
+    if not ok:
+        return False, f"not packed: {why}"
+    return True, f"{dtype}, inference, frozen weights; {why}"
+
+
+def packing_enabled() -> bool:
+    return os.environ.get(ENV, "1") != "0"
+
+
+@dataclass
+class ModulePacking:
+    """Lives on the block (module.__dict__[RECORD_ATTR]) from kernelize to restore. `holders` is None while unpacked."""
+
+    names: tuple[str, str]
+    transposed: bool
+    pack: Any  # the kernel's pack_experts
+    holders: dict[str, Any] | None = None
+    placeholders: dict[str, torch.nn.Parameter] = field(default_factory=dict)
+    handles: list[Any] = field(default_factory=list)
+    reason: str = ""
+
+
+def record_of(module: Any) -> ModulePacking | None:
+    return module.__dict__.get(RECORD_ATTR)
+
+
+def _placeholder(param: torch.Tensor) -> torch.nn.Parameter:
+    return torch.nn.Parameter(torch.empty(param.shape, dtype=param.dtype, device="meta"),
+                              requires_grad=param.requires_grad)
+
+
+def placeholders(model: Any) -> set[int]:
+    """ids of the meta parameters standing in for packed CPU weights anywhere in `model`."""
+    return {id(p) for m in model.modules() if (r := record_of(m)) is not None for p in r.placeholders.values()}
+
+
+def _pack(module: Any, record: ModulePacking) -> str:
+    """Pack the block's two weights in place and swap in placeholders; raises the kernel's PackingError (with both
+    weights left dense) when either cannot be packed. Returns the reason line."""
+    holders: dict[str, Any] = {}
+    try:
+        for name in record.names:
+            param = module._parameters[name]
+            holders[name] = record.pack(param, transposed=record.transposed)
+    except BaseException:
+        for holder in holders.values():
+            holder.unpack()
+        raise
+    for name in record.names:
+        record.placeholders[name] = module._parameters[name] = _placeholder(holders[name].tensor)
+    record.holders = holders
+    hints = "/".join(str(holders[n].hint) for n in record.names)
+    return f"packed in place (oneDNN batch hints {hints})"
+
+
+def _unpack(module: Any, record: ModulePacking) -> None:
+    """Original parameter objects back under their names, bytes restored; requires_grad as the placeholder now says."""
+    if record.holders is None:
+        return
+    for name in record.names:
+        holder = record.holders[name]
+        tensor = holder.unpack()
+        placeholder = record.placeholders.get(name)
+        param = tensor if isinstance(tensor, torch.nn.Parameter) else torch.nn.Parameter(tensor, requires_grad=False)
+        if placeholder is not None:
+            param.requires_grad_(placeholder.requires_grad)
+        if module._parameters.get(name) is placeholder:  # a parameter the user put there stays
+            module._parameters[name] = param
+    record.holders = None
+    record.placeholders = {}
+
+
+def _try_pack(module: Any, record: ModulePacking) -> None:
+    """Pack again after a load or a conversion, where the weights allow; otherwise stay unpacked (and say why)."""
+    params = [module._parameters.get(n) for n in record.names]
+    if any(p is None or p.requires_grad or p.device.type != "cpu" for p in params):
+        record.reason = "unpacked: weights not on CPU or requiring grad"
+        return
+    try:
+        record.reason = _pack(module, record)
+    except Exception as exc:  # the kernel refused: the block runs its unpacked path
+        record.reason = f"unpacked: {exc}"
+
+
+def active_holders(module: Any) -> dict[str, Any] | None:
+    """The packed weights a call may use, or None (unpacked path). Drops the packed copy of a block whose placeholder
+    was replaced or set to require grad, so its next calls read the parameters it now has."""
+    record = record_of(module)
+    if record is None or record.holders is None:
+        return None
+    for name in record.names:
+        placeholder = record.placeholders[name]
+        if module._parameters.get(name) is not placeholder or placeholder.requires_grad:
+            _unpack(module, record)
+            record.reason = f"unpacked: {name} was replaced or set to require grad"
+            return None
+    return record.holders
+
+
+# --- hooks: state_dict, load_state_dict, Module._apply ----------------------------------------------------------------
+
+
+def _state_dict_hook(module: Any, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+    record = record_of(module)
+    if record is None or record.holders is None:
+        return
+    for name in record.names:
+        key = prefix + name
+        if key in state_dict:  # assignment to an existing key keeps its place in the order
+            value = state_dict[key]
+            dense = record.holders[name].dense()
+            state_dict[key] = (torch.nn.Parameter(dense, requires_grad=value.requires_grad)
+                               if isinstance(value, torch.nn.Parameter) else dense)
+
+
+def _load_pre_hook(module: Any, *args: Any) -> None:
+    record = record_of(module)
+    if record is not None:
+        _unpack(module, record)
+
+
+def _load_post_hook(module: Any, incompatible_keys: Any) -> None:
+    record = record_of(module)
+    if record is not None and record.holders is None:
+        _try_pack(module, record)
+
+
+def _leaves_weights_alone(fn: Any, dtype: torch.dtype) -> bool:
+    """Would `fn` (a Module._apply function) return a CPU tensor of `dtype` unchanged? (.to() to where it already is)"""
+    probe = torch.empty(1, dtype=dtype)
+    try:
+        return fn(probe) is probe and not probe.is_shared()
+    except Exception:
+        return False
+
+
+class PackedApply:
+    """The block's instance `_apply` (what .to(), .float(), .cpu(), .to_empty(), .share_memory() go through); a class,
+    not a closure, so deepcopy rebinds it to the copy."""
+
+    def __init__(self, module: Any) -> None:
+        self.module = module
+
+    def __call__(self, fn: Any, recurse: bool = True) -> Any:
+        module = self.module
+        record = record_of(module)
+        base = type(module)._apply
+        if record is None:
+            return base(module, fn, recurse)
+        if record.holders is not None and _leaves_weights_alone(fn, record.holders[record.names[0]].dtype):
+            with _placeholders_hidden(module, record):
+                return base(module, fn, recurse)
+        _unpack(module, record)
+        result = base(module, fn, recurse)
+        _try_pack(module, record)
+        return result
+
+
+@contextlib.contextmanager
+def _placeholders_hidden(module: Any, record: ModulePacking):
+    """Take the placeholders out of _parameters for the duration, then put them back in their places."""
+    order = list(module._parameters)
+    for name in record.names:
+        del module._parameters[name]
+    try:
+        yield
+    finally:
+        current = dict(module._parameters)
+        module._parameters.clear()
+        for name in order + [k for k in current if k not in order]:
+            module._parameters[name] = record.placeholders[name] if name in record.names else current[name]
+
+
+# --- install / remove -----------------------------------------------------------------------------------------------
+
+
+def pack_module(module: Any, layout: ExpertsLayout, kernel: Any) -> tuple[bool, str]:
+    """Pack the block's expert weights and install the hooks that keep it a normal module; (packed, why). On a refusal
+    the block is left exactly as it was."""
+    record = ModulePacking(names=weight_names(layout), transposed=layout.is_transposed, pack=kernel.pack_experts)
+    try:
+        record.reason = _pack(module, record)
+    except Exception as exc:
+        return False, f"not packed: {exc}"
+    module.__dict__[RECORD_ATTR] = record
+    record.handles = [module.register_state_dict_post_hook(_state_dict_hook),
+                      module.register_load_state_dict_pre_hook(_load_pre_hook),
+                      module.register_load_state_dict_post_hook(_load_post_hook)]
+    module.__dict__["_apply"] = PackedApply(module)
+    return True, record.reason
+
+
+def unpack_module(module: Any) -> bool:
+    """Give the block its original parameters back (bit for bit, same objects) and remove every packing hook."""
+    record = module.__dict__.pop(RECORD_ATTR, None)
+    if record is None:
+        return False
+    _unpack(module, record)
+    for handle in record.handles:
+        handle.remove()
+    if isinstance(module.__dict__.get("_apply"), PackedApply):
+        del module.__dict__["_apply"]
+    return True

@@ -1,0 +1,201 @@
+"""The ragged-dot torch entry's packed-weights path (torch_packed.py): moe_experts_packed against a NumPy float64
+reference and bit for bit against moe_experts, and pack_experts' in-place contract (refusals leave the weight as it
+was, a failure part way is rolled back, unpack and pickling give the dense bytes back)."""
+
+from __future__ import annotations
+
+import pickle
+import zlib
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import kernel_hub as kh  # noqa: E402
+from kernel_hub.numerics import TOLERANCE, relative_error  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    k = kh.get_kernel("kernel-hub/ragged-dot-tpu", framework="torch", backend="cpu")
+    for dtype in (torch.float32, torch.bfloat16):
+        ok, why = k.packing_support(dtype)
+        if not ok:
+            pytest.skip(f"oneDNN packing unavailable here: {why}")
+    return k
+
+
+def reference_moe(hidden, index, weights, up, down, *, transposed, concatenated, gated, up_bias=None, down_bias=None):
+    """Mixture of experts in float64 NumPy, token by token (ids >= E are dropped)."""
+    h = hidden.double().numpy()
+    w_up = up.double().numpy()
+    w_down = down.double().numpy()
+    if not transposed:
+        w_up, w_down = w_up.transpose(0, 2, 1), w_down.transpose(0, 2, 1)  # [E, H, 2I], [E, I, H]
+    num_experts = w_up.shape[0]
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        for k in range(index.shape[1]):
+            e = int(index[t, k])
+            if e >= num_experts:
+                continue
+            a = h[t] @ w_up[e]
+            if up_bias is not None:
+                a = a + up_bias[e].double().numpy()
+            if gated:
+                g, u = (a[: a.size // 2], a[a.size // 2:]) if concatenated else (a[0::2], a[1::2])
+                a = g / (1.0 + np.exp(-g)) * u
+            else:
+                a = a / (1.0 + np.exp(-a))
+            o = a @ w_down[e]
+            if down_bias is not None:
+                o = o + down_bias[e].double().numpy()
+            out[t] += float(weights[t, k]) * o
+    return out
+
+
+def routes(kind, tokens, num_experts, top_k, g):
+    if kind == "random":
+        return torch.argsort(torch.rand(tokens, num_experts, generator=g), dim=1)[:, :top_k]
+    if kind == "one_expert_holds_all":  # every token's first choice is expert 3, the rest leave most experts empty
+        index = torch.full((tokens, top_k), 3)
+        index[:, 1:] = 5 + torch.arange(top_k - 1)
+        return index
+    if kind == "sentinels":  # ids >= E (expert-parallel drops) mixed in
+        index = torch.argsort(torch.rand(tokens, num_experts, generator=g), dim=1)[:, :top_k]
+        index[::3, -1] = num_experts + 2
+        return index
+    raise ValueError(kind)
+
+
+CASES = [  # (transposed, concatenated, gated, bias)
+    (False, True, True, False),  # Qwen3 / Mixtral
+    (True, False, True, True),  # GPT-OSS style: [E, H, 2I], interleaved, biases
+    (False, True, False, False),  # ungated up projection
+]
+
+
+@pytest.mark.parametrize("route", ["random", "one_expert_holds_all", "sentinels"])
+@pytest.mark.parametrize("layout", CASES, ids=["concat", "transposed_interleaved_bias", "ungated"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_moe_experts_packed_against_float64_and_unpacked(kernel, dtype, layout, route):
+    transposed, concatenated, gated, bias = layout
+    num_experts, hidden_size, inter, top_k, tokens = 8, 64, 64, 3, 37  # 37: not a multiple of any tile
+    g = torch.Generator().manual_seed(zlib.crc32(repr((route, layout, str(dtype))).encode()))
+    width = 2 * inter if gated else inter
+    up_shape = (num_experts, hidden_size, width) if transposed else (num_experts, width, hidden_size)
+    down_shape = (num_experts, inter, hidden_size) if transposed else (num_experts, hidden_size, inter)
+    up = (torch.randn(up_shape, generator=g) / 8).to(dtype)
+    down = (torch.randn(down_shape, generator=g) / 8).to(dtype)
+    up_bias = (torch.randn(num_experts, width, generator=g) / 10).to(dtype) if bias else None
+    down_bias = (torch.randn(num_experts, hidden_size, generator=g) / 10).to(dtype) if bias else None
+    hidden = torch.randn(tokens, hidden_size, generator=g).to(dtype)
+    index = routes(route, tokens, num_experts, top_k, g)
+    weights = torch.softmax(torch.randn(tokens, top_k, generator=g), dim=-1).to(dtype)
+    kw = dict(is_concatenated=concatenated, has_gate=gated, gate_up_proj_bias=up_bias, down_proj_bias=down_bias)
+    with torch.no_grad():
+        unpacked = kernel.moe_experts(hidden, index, weights, up, down, is_transposed=transposed, **kw)
+    expected = reference_moe(hidden, index, weights, up, down, transposed=transposed, concatenated=concatenated,
+                             gated=gated, up_bias=up_bias, down_bias=down_bias)
+    original_up, original_down = up.clone(), down.clone()
+    packed_up = kernel.pack_experts(up, transposed=transposed)
+    packed_down = kernel.pack_experts(down, transposed=transposed)
+    with torch.no_grad():
+        got = kernel.moe_experts_packed(hidden, index, weights, packed_up, packed_down, **kw)
+    assert not torch.isnan(got).any()
+    assert relative_error(got, expected) <= TOLERANCE[str(dtype).replace("torch.", "")]
+    assert torch.equal(got, unpacked)
+    if route == "sentinels":
+        assert torch.count_nonzero(got[::3]) > 0  # the dropped slot zeroes only itself
+    assert torch.equal(packed_up.unpack(), original_up) and torch.equal(packed_down.unpack(), original_down)
+
+
+def test_pack_experts_writes_into_the_weight_and_unpacks_bit_for_bit(kernel):
+    weight = torch.randn(4, 128, 64).to(torch.bfloat16)
+    original = weight.clone()
+    pointer = weight.data_ptr()
+    packed = kernel.pack_experts(weight, transposed=False)
+    assert packed.tensor is weight and packed.packed and weight.data_ptr() == pointer
+    assert not torch.equal(weight, original)  # its bytes now hold the packed layout
+    assert torch.equal(packed.dense(), original) and packed.dense().stride() == original.stride()
+    x = torch.randn(5, 64).to(torch.bfloat16)
+    assert torch.equal(packed.linear(2, x), torch.nn.functional.linear(x, original[2]))
+    assert packed.unpack() is weight and torch.equal(weight, original) and not packed.packed
+
+
+def test_pickled_packed_experts_hold_dense_values_and_pack_again(kernel):
+    weight = torch.randn(3, 64, 128)
+    original = weight.clone()
+    packed = kernel.pack_experts(weight, transposed=True)
+    data = pickle.dumps(packed)
+    restored = pickle.loads(data)
+    assert restored.packed and restored.transposed
+    assert torch.equal(restored.dense(), original) and restored.tensor.data_ptr() != weight.data_ptr()
+    assert torch.equal(restored.unpack(), original)
+
+
+@pytest.mark.parametrize("case", ["shared", "not_contiguous", "requires_grad", "two_dims", "float16", "padded"])
+def test_pack_experts_refusals_leave_the_weight_as_it_was(kernel, case):
+    weight = torch.randn(4, 64, 64)
+    other = None
+    if case == "shared":
+        other = weight[1]  # a view someone holds
+    elif case == "not_contiguous":
+        weight = torch.randn(4, 64, 64).transpose(1, 2)
+    elif case == "requires_grad":
+        weight = torch.nn.Parameter(weight)
+    elif case == "two_dims":
+        weight = torch.randn(64, 64)
+    elif case == "float16":
+        weight = weight.half()
+    elif case == "padded":  # oneDNN pads 32-row bfloat16 weights to 64 rows: no room in place
+        weight = torch.randn(4, 32, 64).to(torch.bfloat16)
+    original = weight.detach().clone()
+    words = {"shared": "shared with another tensor", "not_contiguous": "not contiguous",
+             "requires_grad": "requires grad", "two_dims": "3-D", "float16": "3-D", "padded": "in place"}[case]
+    with pytest.raises(kernel.PackingError, match=words):
+        kernel.pack_experts(weight, transposed=False)
+    assert torch.equal(weight.detach(), original)
+    if other is not None:
+        assert torch.equal(other, original[1])
+
+
+def test_a_failure_part_way_unpacks_what_was_packed(kernel, monkeypatch):
+    import sys
+
+    packed_module = sys.modules[kernel.PackedExperts.__module__]
+    api, _ = packed_module._blob_api()
+    real = api.view
+    calls = []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("simulated failure at the third expert")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(api, "view", failing)
+    weight = torch.randn(5, 64, 64)
+    original = weight.clone()
+    with pytest.raises(RuntimeError, match="third expert"):
+        kernel.pack_experts(weight, transposed=False)
+    assert len(calls) == 3 and torch.equal(weight, original)
+
+
+def test_packing_support_reasons(kernel):
+    ok, why = kernel.packing_support(torch.float16)
+    assert not ok and "float16" in why
+    for dtype in (torch.float32, torch.bfloat16):
+        ok, why = kernel.packing_support(dtype)
+        assert ok and "probe passed" in why
+
+
+def test_moe_experts_packed_refuses_inputs_that_need_grad(kernel):
+    up = torch.randn(2, 128, 64)
+    down = torch.randn(2, 64, 64)
+    packed_up, packed_down = kernel.pack_experts(up, transposed=False), kernel.pack_experts(down, transposed=False)
+    hidden = torch.randn(3, 64, requires_grad=True)
+    with pytest.raises(RuntimeError, match="inference-only"):
+        kernel.moe_experts_packed(hidden, torch.zeros(3, 1, dtype=torch.long), torch.ones(3, 1), packed_up,
+                                  packed_down)
