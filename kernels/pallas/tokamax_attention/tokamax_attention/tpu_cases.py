@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ._vendor.attention_shapes import ATTENTION_MODELS, DECODE_BATCH, DECODE_CACHE, PREFILL_TOKENS
-from ._vendor.compile_case import SHORT, Built, CompileCase, forward_or_grad, fwd_bwd, with_smoke
+from ._vendor.attention_compile import attention_compile_cases
+from ._vendor.compile_case import Built, CompileCase, forward_or_grad
 from .validation import _LARGE, Scenario
 
 
@@ -51,26 +51,7 @@ def builder(sc: Scenario, dtype: str) -> Callable[[bool], Callable[[], Built]]:
     return make
 
 
-def _cases_for(sc: Scenario, dtype: str, tags: tuple[str, ...], backward: bool) -> list[CompileCase]:
-    kind = "decode" if sc.decode else "prefill"
-    return fwd_bwd(f"{kind}:{sc.name}:{SHORT[dtype]}", dtype, (*tags, kind, dtype), builder(sc, dtype),
-                   backward and not sc.decode)
-
-
 def compile_cases() -> list[CompileCase]:
-    """Every TPU compile case; a small prefill (forward + backward, Mosaic) and a decode (XLA: Mosaic refuses
-    its mask) are also tagged "smoke"."""
-    out: list[CompileCase] = []
-    for sc in _LARGE:
-        for dtype in SHORT:
-            out += _cases_for(sc, dtype, ("validation",), backward=True)
-    for geo in ATTENTION_MODELS:
-        prefill = Scenario(f"{geo.model}_prefill", b=1, hq=geo.hq, hkv=geo.hkv, sq=PREFILL_TOKENS,
-                           skv=PREFILL_TOKENS, d=geo.d, causal=True, window=geo.window)
-        decode = Scenario(f"{geo.model}_decode", b=DECODE_BATCH, hq=geo.hq, hkv=geo.hkv, sq=1, skv=DECODE_CACHE,
-                          d=geo.d, window=geo.window, decode=True)
-        for sc in (prefill, decode):
-            for dtype in SHORT:
-                out += _cases_for(sc, dtype, ("model", geo.model), dtype == "bfloat16")
-    return with_smoke(out, {"fwd:prefill:causal_gqa_d128:bf16", "bwd:prefill:causal_gqa_d128:bf16",
-                            "fwd:decode:decode_gqa_ragged_d64:bf16"})
+    """Every TPU compile case (attention_compile.py), the models without sinks; a small prefill (forward +
+    backward, Mosaic) and a decode (XLA: Mosaic refuses its mask) are also tagged "smoke"."""
+    return attention_compile_cases(builder, _LARGE, sinks=False)
