@@ -227,3 +227,16 @@ def test_a_sparse_call_never_runs_silently(fa):
             at.kernel_hub_attention(module, q, q, q, None, scaling=0.25, indices=torch.zeros(1, 3, 2, dtype=torch.long))
     finally:
         module.__dict__.pop(at.HOOK_ATTR)
+
+
+def test_switch_check_is_not_fooled_by_dropout(fa):
+    # Training mode with attention dropout: the forwards before and after the switch draw the same dropout, so the
+    # layers are kept for the dropout the kernel does not do, not for a model that computes differently.
+    model = tiny.llama()
+    for module in model.modules():
+        if hasattr(module, "attention_dropout"):
+            module.attention_dropout = 0.2
+    model.train()
+    report = kh.kernelize(model, mode="training", mapping={"attention": Spy(fa), "moe_experts": None})
+    kept = [k.reason for k in report.kept if k.kind == "attention"]
+    assert kept == ["validation call fell back: attention dropout"] * 2

@@ -74,7 +74,8 @@ def _validation_forwards(model: Any, device: torch.device) -> list[torch.Tensor 
     mask = torch.ones_like(x)
     mask[1, :VALIDATION_PAD] = 0
     rows = mask.bool()  # real tokens (a padded row's output is not part of the check)
-    with torch.no_grad():
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):  # a training-mode model draws the same dropout
+        torch.manual_seed(0)
         plain = _first_tensor(model(input_ids=x, use_cache=False))
         padded = _first_tensor(model(input_ids=x, attention_mask=mask, use_cache=False))
     if padded is not None and padded.shape[:2] == rows.shape:
