@@ -10,6 +10,17 @@ contiguous run, causal (bottom-right) and sliding window relative to those runs;
 per-sequence shift plus q/kv lengths. The candidate mask is checked against the received one on every
 real query row, so the kernel only runs where it computes exactly what the mask says. Padding query
 rows (whose own token is padding) come out 0.
+
+Head sizes: multi-head latent attention (DeepSeek-V2/V3, Mistral 4, ...) calls with a value head size other than
+the query/key one; the kernel takes one head size, so the smaller side is zero-padded (exact: zero q/k columns add
+nothing to the logits, zero v columns only add output columns that are dropped) and the softmax scale is always
+passed explicitly from the call (the module's `scaling`) or the unpadded q/k head size.
+
+Sparse selections: under any implementation but "eager"/"sdpa", DeepSeek sparse attention models (mistral_large4,
+glm_moe_dsa, deepseek_v32, hy_v4, dots3_note, axk2 in transformers 5.24) stop folding their indexer's top-k keys
+into the mask and pass them as `indices` (`block_indices` for a block indexer) for a sparse kernel to consume.
+Neither the kernel nor the previous implementation called under "kernel_hub" honours them, so such a call is never
+run here: validation records it and kernelize leaves the whole model on its previous implementation.
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ from typing import Any
 
 import torch
 
+from ..errors import KernelHubError
 from ..numerics import relative_error
 
 IMPLEMENTATION_NAME = "kernel_hub"
@@ -28,6 +40,9 @@ HOOK_ATTR = "_kernel_hub_attention"
 LAYER_KIND = "attention"
 #: kwargs the kernel cannot honour: a call carrying any of them (not None) runs the previous implementation.
 UNSUPPORTED_KWARGS = ("position_bias", "cu_seq_lens_q", "cu_seq_lens_k", "head_mask")
+#: kwargs carrying a sparse key selection a model masks only under "eager"/"sdpa" -> what they are.
+SPARSE_KWARGS = {"indices": "DeepSeek sparse attention top-k key indices",
+                 "block_indices": "block-sparse attention key-block indices"}
 
 #: id(config) -> attention implementation before kernelize (what the mask function delegates to).
 _PREVIOUS: dict[int, str | None] = {}
@@ -57,6 +72,16 @@ class Plan:
     rows: torch.Tensor | None = None  # [B, Sq] real query rows (None: all)
 
 
+@dataclass(frozen=True)
+class HeadPad:
+    """Zero columns that give q/k and v one head size (what the kernel takes); the output keeps `dv` columns."""
+
+    qk: int  # columns added to q and k (value head larger)
+    v: int  # columns added to v (value head smaller, e.g. DeepSeek-V3: q/k 192, v 128)
+    dv: int
+    scale: float  # the softmax scale of the unpadded call
+
+
 @dataclass
 class Probe:
     """Validation mode: each call runs the previous implementation and the kernel, records the error."""
@@ -65,6 +90,7 @@ class Probe:
     errors: dict[int, list[float]] = field(default_factory=dict)
     modules: dict[int, Any] = field(default_factory=dict)
     failures: dict[int, str] = field(default_factory=dict)
+    sparse: dict[int, str] = field(default_factory=dict)  # layers whose calls carry a sparse selection: why
 
 
 _probe: Probe | None = None
@@ -133,6 +159,43 @@ def _contiguous_run(flags: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bo
     return start, count, ok
 
 
+def sparse_selection(kwargs: dict[str, Any]) -> str:
+    """Pure decision: why this call cannot run under "kernel_hub" at all ("" if it can). A sparse selection passed
+    as a kwarg is only there because the implementation is not eager/sdpa (else it is in the mask)."""
+    found = [f"{what} (`{name}`)" for name, what in SPARSE_KWARGS.items() if kwargs.get(name) is not None]
+    if not found:
+        return ""
+    return (f"{', '.join(found)}: the model masks them only under eager/sdpa and hands them to any other attention "
+            "implementation, and the kernel computes dense attention")
+
+
+def plan_kwargs(kwargs: dict[str, Any], *, training: bool) -> str:
+    """Pure decision: why the kernel cannot honour this call's kwargs ("" if it can)."""
+    why = sparse_selection(kwargs)
+    if why:
+        return why
+    if kwargs.get("dropout", 0.0) and training:
+        return "attention dropout"
+    if kwargs.get("output_attentions"):
+        return "output_attentions"
+    return next((name for name in UNSUPPORTED_KWARGS if kwargs.get(name) is not None), "")
+
+
+def plan_heads(q: tuple[int, ...], k: tuple[int, ...], v: tuple[int, ...],
+               scaling: float | None) -> tuple[HeadPad | None, str]:
+    """Pure decision on q/k/v [B,H,S,D] shapes: the zero padding that makes the call one the kernel takes (value head
+    size != query/key head size, as in multi-head latent attention), or (None, why not)."""
+    if len(q) != 4 or len(k) != 4 or len(v) != 4:
+        return None, f"q/k/v of {len(q)}/{len(k)}/{len(v)} dims"
+    if tuple(k[:3]) != tuple(v[:3]):
+        return None, f"key {tuple(k)} and value {tuple(v)} differ beyond the head size"
+    if q[-1] != k[-1]:
+        return None, f"query head size {q[-1]} differs from the key head size {k[-1]}"
+    d, dv = int(k[-1]), int(v[-1])
+    scale = float(scaling) if scaling is not None else d ** -0.5
+    return HeadPad(qk=max(0, dv - d), v=max(0, d - dv), dv=dv, scale=scale), ""
+
+
 def plan_call(
     mask: torch.Tensor | None, sq: int, skv: int, *, causal: bool, window: int | None
 ) -> tuple[Plan | None, str]:
@@ -183,34 +246,35 @@ def _roll(x: torch.Tensor, shift: torch.Tensor, sign: int) -> torch.Tensor:
 
 
 def run_plan(
-    flash: Callable[..., torch.Tensor], plan: Plan, query, key, value, *, scaling, softcap, sinks
+    flash: Callable[..., torch.Tensor], plan: Plan, query, key, value, *, pad: HeadPad, softcap, sinks
 ) -> torch.Tensor:
-    """The kernel on one call's q/k/v [B,H,S,D] under `plan` -> [B,Hq,Sq,D]."""
+    """The kernel on one call's q/k/v [B,H,S,D] under `plan` and `pad` -> [B,Hq,Sq,Dv]."""
     q, k, v = query, key, value
+    if pad.qk:
+        q, k = torch.nn.functional.pad(q, (0, pad.qk)), torch.nn.functional.pad(k, (0, pad.qk))
+    if pad.v:
+        v = torch.nn.functional.pad(v, (0, pad.v))
     if plan.q_shift is not None:
         q = _roll(q, plan.q_shift, 1)
         k, v = _roll(k, plan.kv_shift, 1), _roll(v, plan.kv_shift, 1)
-    out = flash(q, k, v, causal=plan.causal, sm_scale=scaling, sliding_window=plan.window,
-                                 logits_soft_cap=softcap, sinks=None if sinks is None else sinks.float(),
-                                 q_lengths=plan.q_lengths, kv_lengths=plan.kv_lengths)
+    out = flash(q, k, v, causal=plan.causal, sm_scale=pad.scale, sliding_window=plan.window,
+                logits_soft_cap=softcap, sinks=None if sinks is None else sinks.float(),
+                q_lengths=plan.q_lengths, kv_lengths=plan.kv_lengths)
     if plan.q_shift is not None:
         out = _roll(out, plan.q_shift, -1)  # rows past each q length were 0 and stay 0 (padding rows)
-    return out
+    return out[..., :pad.dv] if pad.v else out
 
 
 def _kernel_call(
     module: Any, flash: Callable[..., torch.Tensor], query, key, value, attention_mask, kwargs
 ) -> tuple[Any, Plan | None, str]:
-    """(output [B,Sq,H,D] or None, plan, reason) for one call of the kernel path."""
-    if kwargs.get("dropout", 0.0) and module.training:
-        return None, None, "attention dropout"
-    if kwargs.get("output_attentions"):
-        return None, None, "output_attentions"
-    for name in UNSUPPORTED_KWARGS:
-        if kwargs.get(name) is not None:
-            return None, None, name
-    if key.shape != value.shape or query.shape[-1] != key.shape[-1]:
-        return None, None, "value head size differs from the query/key head size"
+    """(output [B,Sq,H,Dv] or None, plan, reason) for one call of the kernel path."""
+    why = plan_kwargs(kwargs, training=bool(module.training))
+    if why:
+        return None, None, why
+    pad, why = plan_heads(tuple(query.shape), tuple(key.shape), tuple(value.shape), kwargs.get("scaling"))
+    if pad is None:
+        return None, None, why
     causal = kwargs.get("is_causal")
     causal = getattr(module, "is_causal", True) if causal is None else bool(causal)
     window = kwargs.get("sliding_window")
@@ -218,8 +282,7 @@ def _kernel_call(
                           window=None if window is None else int(window))
     if plan is None:
         return None, None, why
-    out = run_plan(flash, plan, query, key, value, scaling=kwargs.get("scaling"), softcap=kwargs.get("softcap"),
-                   sinks=kwargs.get("s_aux"))
+    out = run_plan(flash, plan, query, key, value, pad=pad, softcap=kwargs.get("softcap"), sinks=kwargs.get("s_aux"))
     return out.transpose(1, 2).contiguous(), plan, ""
 
 
@@ -242,6 +305,9 @@ def kernel_hub_attention(module: Any, query: torch.Tensor, key: torch.Tensor, va
         ref = prev_fn(module, query, key, value, attention_mask, **kwargs)
         key_id = id(module)
         probe.modules[key_id] = module
+        sparse = sparse_selection(kwargs)
+        if sparse:
+            probe.sparse.setdefault(key_id, sparse)
         try:
             out, plan, why = _kernel_call(module, probe.flash, query, key, value, attention_mask, kwargs)
         except Exception as exc:  # recorded; kernelize keeps the layer with this reason
@@ -252,6 +318,10 @@ def kernel_hub_attention(module: Any, query: torch.Tensor, key: torch.Tensor, va
         else:
             probe.errors.setdefault(key_id, []).append(_rel_rows(out, ref[0], plan.rows))
         return ref
+    sparse = sparse_selection(kwargs)
+    if sparse:  # kernelize keeps such models off "kernel_hub": the previous implementation here would drop them too
+        raise KernelHubError(f"{type(module).__name__} passed {sparse}; neither can run under 'kernel_hub': "
+                             "call kh.restore(model) (kernelize keeps such models on their own attention)")
     if hook is None or hook.flash is None:
         return prev_fn(module, query, key, value, attention_mask, **kwargs)
     out, _, why = _kernel_call(module, hook.flash, query, key, value, attention_mask, kwargs)

@@ -1,10 +1,13 @@
 """kernelize's attention path: switch a transformers model to the "kernel_hub" attention implementation.
 
-Flow: register "kernel_hub" (attention.py) -> remember every config's implementation -> one
-`model.set_attn_implementation("kernel_hub")` -> a validation pass in probe mode (two small forwards, one
-with left padding; every layer that calls the AttentionInterface runs its previous implementation and
-the kernel on its own q/k/v/mask and returns the previous output) -> hook each layer found: the kernel
-where it matched within the dtype tolerance, its previous implementation otherwise. Nothing matched:
+Flow: register "kernel_hub" (attention.py) -> remember every config's implementation -> two small forwards
+(one with left padding) on the model as it is -> one `model.set_attn_implementation("kernel_hub")` -> the same
+forwards in probe mode (every layer that calls the AttentionInterface runs its previous implementation and the
+kernel on its own q/k/v/mask and returns the previous output) -> the switch check: with every layer returning its
+previous output the model must give the outputs it gave before the switch, else the model itself computes
+differently under another implementation name (DeepSeek sparse attention hands its top-k keys to the attention
+function instead of masking them) and every layer stays on its previous implementation -> hook each layer found:
+the kernel where it matched within the dtype tolerance, its previous implementation otherwise. Nothing matched:
 switch back. `restore_attention` puts every config's implementation back exactly.
 """
 
@@ -16,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ..numerics import relative_error
 from . import attention as at
 from .report import Kept, KernelizeReport, Replaced
 
@@ -52,16 +56,44 @@ def can_switch(model: Any) -> tuple[bool, str]:
     return True, ""
 
 
-def _validation_forwards(model: Any, device: torch.device) -> None:
-    """Two forwards on random tokens: no padding (the mask-free path) and left padding in row 1."""
+def _first_tensor(out: Any) -> torch.Tensor | None:
+    """A model output's main tensor (logits, else last_hidden_state, else its first tensor field)."""
+    for name in ("logits", "last_hidden_state"):
+        value = getattr(out, name, None)
+        if isinstance(value, torch.Tensor):
+            return value
+    values = out.values() if hasattr(out, "values") else out if isinstance(out, (tuple, list)) else (out,)
+    return next((v for v in values if isinstance(v, torch.Tensor)), None)
+
+
+def _validation_forwards(model: Any, device: torch.device) -> list[torch.Tensor | None]:
+    """Two forwards on random tokens: no padding (the mask-free path) and left padding in row 1; their outputs."""
     g = torch.Generator().manual_seed(0)
     vocab = int(model.config.vocab_size)
     x = torch.randint(min(3, vocab - 1), vocab, (VALIDATION_BATCH, VALIDATION_TOKENS), generator=g).to(device)
     mask = torch.ones_like(x)
     mask[1, :VALIDATION_PAD] = 0
-    with torch.no_grad():
-        model(input_ids=x, use_cache=False)
-        model(input_ids=x, attention_mask=mask, use_cache=False)
+    rows = mask.bool()  # real tokens (a padded row's output is not part of the check)
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):  # a training-mode model draws the same dropout
+        torch.manual_seed(0)
+        plain = _first_tensor(model(input_ids=x, use_cache=False))
+        padded = _first_tensor(model(input_ids=x, attention_mask=mask, use_cache=False))
+    if padded is not None and padded.shape[:2] == rows.shape:
+        padded = padded[rows]
+    return [plain, padded]
+
+
+def switch_check(before: list[torch.Tensor | None], after: list[torch.Tensor | None], tol: float,
+                 previous: str | None) -> str:
+    """Pure decision: why the model may not switch to "kernel_hub" ("" if it may). `after` is the model switched, every
+    layer returning its previous implementation's output: anything but `before` means the model computes differently
+    under another implementation name, beyond the attention function kernelize swaps."""
+    errors = [relative_error(a, b) for a, b in zip(after, before, strict=True) if a is not None and b is not None]
+    err = max(errors, default=0.0)
+    if err <= tol:
+        return ""
+    return (f"the model computes differently once its attention implementation is not {previous!r} (output error "
+            f"{err:.2e} > {tol:.0e} with every layer on its previous implementation)")
 
 
 def _layout(module: Any) -> str:
@@ -91,6 +123,11 @@ def kernelize_attention(
     """Hook every attention layer of `model` onto `kernel` (or its previous implementation), filling `report`."""
     at.register()
     state.previous = model.config._attn_implementation
+    try:
+        before = _validation_forwards(model, device)
+    except Exception as exc:  # the model could not run a plain token batch: keep its attention
+        report.notes.append(f"attention kept: validation forward failed: {type(exc).__name__}: {exc}")
+        return
     for cfg in _configs(model):
         state.configs.append((cfg, cfg._attn_implementation))
         at._PREVIOUS[id(cfg)] = cfg._attn_implementation
@@ -98,7 +135,7 @@ def kernelize_attention(
     probe = at.Probe(flash=kernel.flash_attention)
     at.set_probe(probe)
     try:
-        _validation_forwards(model, device)
+        after = _validation_forwards(model, device)
     except Exception as exc:  # the model could not run a plain token batch: keep its attention
         restore_attention(model, state)
         report.notes.append(f"attention kept: validation forward failed: {type(exc).__name__}: {exc}")
@@ -107,6 +144,11 @@ def kernelize_attention(
         at.set_probe(None)
     paths = {id(m): p for p, m in model.named_modules()}
     found = sorted(probe.modules, key=lambda k: list(paths).index(k) if k in paths else 1 << 30)
+    # One implementation name per config: a model that is not itself under the switch keeps every layer.
+    blocked = switch_check(before, after, tolerance.get(_dtype_of(model), 1e-4), state.previous)
+    first_sparse = next((f"{paths.get(k, '?')}: {probe.sparse[k]}" for k in found if k in probe.sparse), "")
+    if first_sparse:
+        blocked = f"the model stays on its own attention ({first_sparse})"
     hooks: list[tuple[Any, str, at.AttentionHook]] = []
     for key in found:
         module, path = probe.modules[key], paths.get(key, "?")
@@ -114,7 +156,7 @@ def kernelize_attention(
         tol = tolerance.get(_dtype_of(module), 1e-4)
         errors = probe.errors.get(key, [])
         err = max(errors) if errors else None
-        reason = probe.failures.get(key, "")
+        reason = probe.sparse.get(key, "") or blocked or probe.failures.get(key, "")
         if not reason and validate and not (err is not None and err <= tol):
             reason = f"validation failed: max error {err:.2e} > tolerance {tol:.0e}"
         if reason:
