@@ -37,7 +37,7 @@ FAMILIES: dict[str, tuple[str, str, str, dict[str, Any]]] = {
                     dict(moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2, n_group=2,
                          topk_group=1, n_shared_experts=1, first_k_dense_replace=1, num_hidden_layers=3,
                          kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=8,
-                         v_head_dim=16, head_dim=8)),
+                         v_head_dim=16, head_dim=8, num_key_value_heads=4)),  # MLA: one KV head per head
     "qwen2_moe": ("qwen2_moe", "Qwen2MoeForCausalLM", "Qwen2MoeConfig",
                   dict(moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
                        shared_expert_intermediate_size=48, decoder_sparse_step=1, mlp_only_layers=[])),
