@@ -24,7 +24,7 @@ from ._vendor.dispatch import Dispatch
 from ._vendor.interpret import describe_interpret, run_dispatch
 from ._vendor.ragged_operands import check_operands
 from ._vendor.tiling import round_up
-from .config import RaggedDotConfig, default_config
+from .config import RaggedDotConfig, default_config, transposed_config
 from .metadata import make_group_metadata
 
 IMPLEMENTATIONS: tuple[str, ...] = ("pallas", "cpu", "xla")
@@ -102,8 +102,10 @@ def _backward(path: _Path, lhs: jax.Array, rhs: jax.Array, gs: jax.Array, dout: 
     rhs_p = _pad_to(rhs.astype(ct), (g, kp, np_))
     dout_p = _pad_to(dout.astype(ct), (mp, np_))
     interpret = path.interpret or False
+    # explicit tiles are the caller's; default ones are re-fitted for the swapped kernel's larger output block
+    lhs_cfg = cfg.swapped_kn() if path.config is not None else transposed_config(cfg, kp, np_, jnp.dtype(ct).itemsize)
     d_lhs = pallas_gmm.gmm(
-        dout_p, rhs_p, meta, cfg=cfg.swapped_kn(), out_dtype=lhs.dtype, transpose_rhs=True, interpret=interpret
+        dout_p, rhs_p, meta, cfg=lhs_cfg, out_dtype=lhs.dtype, transpose_rhs=True, interpret=interpret
     )
     d_rhs = pallas_gmm.tgmm(
         lhs_p.T, dout_p, meta, num_groups=g, cfg=cfg, out_dtype=rhs.dtype, interpret=interpret

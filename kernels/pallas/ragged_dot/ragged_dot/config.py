@@ -74,6 +74,26 @@ def usable_vmem(itemsize: int, vmem_budget_bytes: int = DEFAULT_VMEM_BUDGET_BYTE
     return int(vmem_budget_bytes * VMEM_HEADROOM.get(itemsize, 0.5))
 
 
+def transposed_config(cfg: RaggedDotConfig, kp: int, np_: int, itemsize: int,
+                      vmem_budget_bytes: int = DEFAULT_VMEM_BUDGET_BYTES) -> RaggedDotConfig:
+    """Tiles of the backward's d_lhs kernel (dout[Mp, Np] @ rhs^T -> [Mp, Kp]): the forward's with K and N swapped
+    when they fit the VMEM budget, else the fewest-steps tiles dividing the swapped ones (contraction over `np_`,
+    output over `kp`) that do. Why: the swapped kernel's output block and f32 accumulator are tm x K instead of
+    tm x N, so tiles that just fit the forward (GPT-OSS gate_up: tk 2880, tn 1152) need 16.5 MiB there, over
+    v4's and v5p's 16; 2880 has no smaller lane tile, so the contraction tile shrinks instead."""
+    swapped = cfg.swapped_kn()
+    limit = usable_vmem(itemsize, vmem_budget_bytes)
+    if vmem_bytes(swapped, itemsize, itemsize) <= limit:
+        return swapped
+    fits = [dataclasses.replace(swapped, tk=tk, tn=tn)
+            for tk in lane_tiles(np_) if tk <= swapped.tk and swapped.tk % tk == 0
+            for tn in lane_tiles(kp) if tn <= swapped.tn and swapped.tn % tn == 0]
+    fits = [c for c in fits if vmem_bytes(c, itemsize, itemsize) <= limit]
+    if not fits:
+        return swapped
+    return min(fits, key=lambda c: (cdiv(np_, c.tk) * cdiv(kp, c.tn), -c.tn))
+
+
 def grid_steps(cfg: RaggedDotConfig, m: int, k: int, n: int, g: int) -> int:
     """Grid steps of the forward kernel: (m tiles + groups) work items x k tiles x n tiles."""
     return (cdiv(m, cfg.tm) + g) * cdiv(k, cfg.tk) * cdiv(n, cfg.tn)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import ragged_dot as rd
 from ragged_dot._vendor.cpu_gmm import default_capacity
-from ragged_dot.config import default_config, vmem_bytes
+from ragged_dot._vendor.moe_shapes import MOE_MODELS, PHASES
+from ragged_dot.config import default_config, transposed_config, usable_vmem, vmem_bytes
 from ragged_dot.metadata import make_group_metadata, num_work_items
 
 
@@ -65,6 +66,54 @@ def test_default_config_fits_vmem_and_tiles():
     with pytest.raises(ValueError):
         rd.RaggedDotConfig(tm=0)
     assert rd.RaggedDotConfig(tk=256, tn=128).swapped_kn() == rd.RaggedDotConfig(tk=128, tn=256)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_backward_tiles_fit_vmem_at_every_model_geometry(dtype):
+    """The d_lhs kernel's tiles (K and N swapped) fit the budget and divide the padded dims, for every projection
+    of every model geometry; unchanged where the swapped forward tiles already fit."""
+    itemsize = 2 if dtype == "bfloat16" else 4
+    shrunk = []
+    for geo in MOE_MODELS:
+        for tokens in PHASES.values():
+            for proj, m, k, n, g in geo.projections(tokens):
+                cfg = default_config(m, k, n, g, dtype)
+                kp, np_ = -(-k // cfg.tk) * cfg.tk, -(-n // cfg.tn) * cfg.tn
+                lhs_cfg = transposed_config(cfg, kp, np_, itemsize)
+                assert vmem_bytes(lhs_cfg, itemsize, itemsize) <= usable_vmem(itemsize), (geo.model, proj, lhs_cfg)
+                assert np_ % lhs_cfg.tk == 0 and kp % lhs_cfg.tn == 0 and lhs_cfg.tm == cfg.tm
+                assert lhs_cfg.tk % 128 == 0 or lhs_cfg.tk == np_
+                assert lhs_cfg.tn % 128 == 0 or lhs_cfg.tn == kp
+                if vmem_bytes(cfg.swapped_kn(), itemsize, itemsize) <= usable_vmem(itemsize):
+                    assert lhs_cfg == cfg.swapped_kn()
+                else:
+                    shrunk.append((geo.model, proj))
+    if dtype == "bfloat16":  # the case libtpu refused on v4 and v5p (16.49 MiB of 16)
+        assert ("gpt_oss_20b", "gate_up") in shrunk
+
+
+def test_shrunk_backward_tiles_give_the_same_numbers():
+    """d_lhs through the transposed kernel with tiles re-fitted to a tiny VMEM budget, interpreted, against NumPy."""
+    from ragged_dot import pallas_gmm
+
+    rng = np.random.default_rng(7)
+    sizes = np.array([40, 0, 64, 24], np.int32)
+    m, k, n = 128, 256, 384
+    cfg = rd.RaggedDotConfig(tm=32, tk=256, tn=384)
+    small = transposed_config(cfg, k, n, 4, vmem_budget_bytes=1 << 20)
+    assert (small.tk, small.tn) != (cfg.tn, cfg.tk)  # the budget forced smaller tiles
+    dout = rng.standard_normal((m, n)).astype(np.float32)
+    rhs = rng.standard_normal((len(sizes), k, n)).astype(np.float32)
+    meta = make_group_metadata(jnp.asarray(sizes), m_padded=m, tm=cfg.tm, m=m)
+    got = np.asarray(pallas_gmm.gmm(jnp.asarray(dout), jnp.asarray(rhs), meta, cfg=small, out_dtype=jnp.float32,
+                                    transpose_rhs=True, interpret=True))
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    want = np.zeros((m, k))
+    for grp in range(len(sizes)):
+        lo, hi = bounds[grp], bounds[grp + 1]
+        want[lo:hi] = dout[lo:hi].astype(np.float64) @ rhs[grp].astype(np.float64).T
+    assert np.isfinite(got).all()
+    assert np.abs(got - want).max() / np.abs(want).max() <= 1e-5
 
 
 def test_default_capacity_is_bounded():
