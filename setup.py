@@ -23,9 +23,12 @@ KERNELS = Path("kernels", "pallas")
 
 
 def _skip(folder: str, names: list[str]) -> set[str]:
-    """What copytree leaves out: caches, bytecode, dotfiles and a kernel folder's own tests/."""
+    """What copytree leaves out: caches, bytecode, dotfiles, a kernel folder's own tests/ and the kernel tests'
+    conftest.py (test set-up, not a kernel)."""
     rel = Path(folder).relative_to(ROOT / KERNELS)
     skipped = {n for n in names if n == "__pycache__" or n.startswith(".") or n.endswith((".pyc", ".pyo"))}
+    if not rel.parts and "conftest.py" in names:  # kernels/pallas/conftest.py
+        skipped.add("conftest.py")
     if len(rel.parts) == 1 and "tests" in names:  # kernels/pallas/<kernel>/tests
         skipped.add("tests")
     return skipped

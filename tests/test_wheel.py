@@ -102,12 +102,14 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Installe
 
 
 def _expected_embedded() -> dict[str, Path]:
-    """Wheel name -> checkout file: every file under kernels/pallas/ except a kernel's tests/, caches, dotfiles."""
+    """Wheel name -> checkout file: every file under kernels/pallas/ except a kernel's tests/, the kernel tests'
+    conftest.py, caches, dotfiles."""
     out = {}
     for path in KERNELS.rglob("*"):
         rel = path.relative_to(KERNELS)
         if (path.is_dir() or "__pycache__" in rel.parts or any(p.startswith(".") for p in rel.parts)
-                or path.suffix in {".pyc", ".pyo"} or (len(rel.parts) > 1 and rel.parts[1] == "tests")):
+                or path.suffix in {".pyc", ".pyo"} or (len(rel.parts) > 1 and rel.parts[1] == "tests")
+                or rel.as_posix() == "conftest.py"):
             continue
         out[f"{EMBEDDED}kernels/pallas/{rel.as_posix()}"] = path
     return out
