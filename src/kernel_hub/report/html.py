@@ -26,13 +26,13 @@ h3 { font-size: 15px; margin: 20px 0 6px; }
 table { border-collapse: collapse; margin: 6px 0 12px; }
 th, td { border: 1px solid #dee2e6; padding: 3px 8px; text-align: left; vertical-align: top; }
 th { background: #f1f3f5; font-weight: 600; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 td.cell { text-align: center; font-variant-numeric: tabular-nums; min-width: 34px; }
-th.kernel, #compile-matrix th, #family-matrix th { white-space: nowrap; }
+th.kernel, #compile-matrix th { white-space: nowrap; }
 th[colspan] { text-align: center; }
 .pass { background: #d3f9d8; } .fail { background: #ffc9c9; } .part { background: #fff3bf; }
 .none { background: #f8f9fa; color: #adb5bd; } .skip { background: #f1f3f5; color: #868e96; }
-.reasons { font-size: 12px; color: #495057; max-width: 560px; }
+.reasons { font-size: 12px; color: #495057; min-width: 320px; max-width: 560px; }
 figure { margin: 8px 0 4px; } figure svg { max-width: 100%; height: auto; }
 code { font-size: 12px; }
 """
