@@ -380,3 +380,23 @@ def test_kernelize_again_on_a_packed_bare_block_repacks(kernel):
         assert report.backend == "cpu" and report.replaced[0].why.startswith("packed in place")
         kh.restore(block)
         assert_same_weights(block.state_dict(), snapshot)
+
+
+def test_switching_a_packed_model_to_another_implementation_says_what_to_do(kernel):
+    """transformers' own implementations cannot read packed weights: one clear error, and the model still works
+    once switched back (or restored), with the same logits as before kernelize."""
+    from kernel_hub.errors import KernelHubError
+
+    model = frozen("qwen3_moe")
+    x = ids()
+    before = logits(model, x)
+    kh.kernelize(model, mapping={"moe_experts": Spy(kernel)})
+    assert expert_blocks(model)
+    model.set_experts_implementation("grouped_mm")
+    with pytest.raises(KernelHubError, match=r"packed by kernel_hub\.kernelize.*'grouped_mm'.*restore\(model\)"):
+        logits(model, x)
+    model.set_experts_implementation("kernel_hub")
+    assert ((logits(model, x) - before).abs().max() / before.abs().max()).item() <= 1e-4
+    kh.restore(model)
+    model.set_experts_implementation("grouped_mm")
+    assert torch.equal(logits(model, x), before)

@@ -235,6 +235,23 @@ def _placeholders_hidden(module: Any, record: ModulePacking):
 # --- install / remove -----------------------------------------------------------------------------------------------
 
 
+def _guard_other_implementations(module: Any, args: Any) -> None:
+    """Forward pre-hook of a packed block: transformers' own experts implementations (a model switched back with
+    set_experts_implementation) would read the meta placeholders and fail deep inside with a dtype or device error;
+    say what happened and what to do instead."""
+    from ..errors import KernelHubError
+    from .experts import HOOK_ATTR, IMPLEMENTATION_NAME
+
+    if HOOK_ATTR not in module.__dict__ or "forward" in module.__dict__:
+        return  # the block's own forward is ours (or it is not routed through the interface)
+    chosen = getattr(getattr(module, "config", None), "_experts_implementation", IMPLEMENTATION_NAME)
+    if chosen != IMPLEMENTATION_NAME and active_holders(module) is not None:
+        raise KernelHubError(
+            f"{type(module).__name__}: its expert weights are packed by kernel_hub.kernelize (CPU inference), which "
+            f"the {chosen!r} experts implementation cannot read; call kernel_hub.restore(model) before switching, "
+            f"or kernelize with {ENV}=0 to keep the weights dense")
+
+
 def pack_module(module: Any, layout: ExpertsLayout, kernel: Any) -> tuple[bool, str]:
     """Pack the block's expert weights and install the hooks that keep it a normal module; (packed, why). On a refusal
     the block is left exactly as it was."""
@@ -246,7 +263,8 @@ def pack_module(module: Any, layout: ExpertsLayout, kernel: Any) -> tuple[bool, 
     module.__dict__[RECORD_ATTR] = record
     record.handles = [module.register_state_dict_post_hook(_state_dict_hook),
                       module.register_load_state_dict_pre_hook(_load_pre_hook),
-                      module.register_load_state_dict_post_hook(_load_post_hook)]
+                      module.register_load_state_dict_post_hook(_load_post_hook),
+                      module.register_forward_pre_hook(_guard_other_implementations)]
     module.__dict__["_apply"] = PackedApply(module)
     return True, record.reason
 
