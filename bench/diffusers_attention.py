@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 import kernel_hub as kh  # noqa: E402
+from kernel_hub.numerics import relative_error  # noqa: E402
 from kernel_hub.report.environment import environment  # noqa: E402
 from kernel_hub.timing import bench_records, format_ratio, interleaved_samples  # noqa: E402
 
@@ -82,8 +83,8 @@ def run(*, dtype_name: str = "float32", tokens: int = 1024, text_tokens: int = 1
         return call
 
     fns = {name: forward(m) for name, m in models.items()}
-    ref = fns[BASELINE]().double()
-    errors = {name: ((fn().double() - ref).abs().max() / ref.abs().max()).item() for name, fn in fns.items()}
+    ref = fns[BASELINE]()
+    errors = {name: relative_error(fn(), ref) for name, fn in fns.items()}
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     if any(not e <= tol for e in errors.values()):
         raise SystemExit(f"a method disagrees with the default beyond {tol:.0e}: {errors}")

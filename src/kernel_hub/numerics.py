@@ -41,7 +41,7 @@ def tolerance(dtype: Any) -> float:
 def to_float64(x: Any) -> np.ndarray:
     """Any array (NumPy, JAX, torch; bfloat16 included) as a float64 NumPy array."""
     if hasattr(x, "detach"):  # torch
-        return x.detach().float().cpu().numpy().astype(np.float64)
+        return x.detach().cpu().double().numpy()
     return np.asarray(x).astype(np.float64)
 
 

@@ -21,10 +21,10 @@ from packaging.version import Version
 
 from . import buildfmt as fmt
 from .errors import IntegrityError, KernelHubError, MetadataError, ValidationFailedError
-from .integrity import not_source_reason, package_files
+from .integrity import not_source_reason
 from .metadata import METADATA_FILE, KernelMetadata, load_metadata
 from .names import check_entry_file, check_python_name, check_repo_id, check_variant_name, safe_join, safe_rmtree
-from .sources import LocalSource
+from .vendoring import assembled_files
 
 CARD = "README.md"
 
@@ -91,16 +91,15 @@ def checked_metadata(kernel_dir: Path) -> KernelMetadata:
 
 
 def package_sources(kernel_dir: Path, meta: KernelMetadata) -> dict[str, Path]:
-    """What the package ships: relative path -> the file to copy. The package as a local load sees it, links
-    out of the kernel folder refused, nothing that runs without its source (bytecode, native code, .pth)."""
-    safe_join(kernel_dir, meta.python_name)  # the package folder itself may not lead out of the kernel folder
-    package = LocalSource(kernel_dir).package_dir
-    files = package_files(package, within=kernel_dir if kernel_dir in package.parents else package)
-    out = {p.relative_to(package).as_posix(): p for p in files}
+    """What the package ships: relative path -> the file to copy (vendoring.assembled_files: the package as a local
+    load assembles it, links out of the kernel folder refused), nothing that runs without its source (bytecode,
+    native code, .pth)."""
+    out = assembled_files(kernel_dir, meta)
     for rel in out:
         reason = not_source_reason(rel)
         if reason is not None:
-            raise IntegrityError(f"{package}: {rel} is {reason}; a build ships Python source only")
+            raise IntegrityError(f"{kernel_dir / meta.python_name}: {rel} is {reason}; a build ships Python source "
+                                 "only")
     return out
 
 

@@ -114,22 +114,6 @@ def interleaved_samples(
     return samples
 
 
-def interleaved_stats(
-    fns: dict[str, Callable[[], Any]], *, repeats: int = 7, warmup: int = 1, settle: bool = False
-) -> dict[str, Spread]:
-    """Median, quartiles, min and max seconds per callable over interleaved, rotated runs."""
-    samples = interleaved_samples(fns, repeats=repeats, warmup=warmup, settle=settle)
-    return {name: Spread.of(s) for name, s in samples.items()}
-
-
-def interleaved_medians(
-    fns: dict[str, Callable[[], Any]], *, repeats: int = 7, warmup: int = 1, settle: bool = False
-) -> dict[str, float]:
-    """Median seconds per callable over interleaved, rotated runs (see interleaved_stats for the spread)."""
-    return {name: s.median for name, s in interleaved_stats(fns, repeats=repeats, warmup=warmup,
-                                                            settle=settle).items()}
-
-
 def first_and_warm(fn: Callable[[], Any], *, runs: int = 3, budget_s: float = 1.0) -> tuple[Any, float, list[float]]:
     """(first result, seconds of the first call, seconds of each warm call after it).
 

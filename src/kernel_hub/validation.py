@@ -142,12 +142,6 @@ def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
     return ["  ".join(v.ljust(w) for v, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows]
 
 
-def _block(x: Any) -> Any:
-    if hasattr(x, "block_until_ready"):
-        x.block_until_ready()
-    return x
-
-
 def case_mode(case: Any) -> str:
     """How a case runs, for the report's matrix: tpu-interpret (the TPU simulator with race detection),
     pallas-interpret, torch (the torch-facing entry), else its implementation (cpu, xla, ...; "auto": the

@@ -18,14 +18,12 @@ import tempfile
 from pathlib import Path
 
 from .errors import IntegrityError, MetadataError
-from .integrity import combined_digest, sha256_file, verify_tree
+from .integrity import combined_digest, package_files, sha256_file, verify_tree
 from .metadata import METADATA_FILE, KernelMetadata, load_metadata
 from .names import safe_join, safe_rmtree
 
 COMMON_DIR = "_common"
 VENDOR_DIR = "_vendor"
-_SKIP_DIRS = {"__pycache__", ".pytest_cache"}
-_SKIP_SUFFIXES = {".pyc", ".pyo"}
 
 
 def common_dir(kernel_dir: Path) -> Path:
@@ -34,23 +32,16 @@ def common_dir(kernel_dir: Path) -> Path:
 
 
 def _own_files(kernel_dir: Path, package: Path) -> dict[str, Path]:
-    """The package's own files (no caches, no dot files): a link is followed only when its target lies inside the
-    kernel folder, a link out of it is refused, and so is a checked-in `_vendor/`."""
-    limit = Path(kernel_dir).resolve()
-    out: dict[str, Path] = {}
-    for root, dirs, files in os.walk(package, followlinks=False):
-        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
-        for name in [*dirs, *sorted(files)]:
-            path = Path(root) / name
-            rel = path.relative_to(package).as_posix()
-            target = path.resolve()
-            if path.is_symlink() and target != limit and limit not in target.parents:
-                raise MetadataError(f"{package}: {rel} is a link to {target}, outside {limit}; copy the file in")
-            if rel == VENDOR_DIR:
-                raise MetadataError(f"{path} is checked in: {VENDOR_DIR}/ is assembled from kernel.yaml `vendor`")
-            if path.is_file() and not name.startswith(".") and path.suffix not in _SKIP_SUFFIXES:
-                out[rel] = path
-    return out
+    """The package's own files, as publish reads a kernel folder (integrity.package_files: no caches, no dot
+    files, a link out of the kernel folder refused), and never a checked-in `_vendor/`."""
+    if os.path.lexists(package / VENDOR_DIR):
+        raise MetadataError(f"{package / VENDOR_DIR} is checked in: {VENDOR_DIR}/ is assembled from kernel.yaml "
+                            "`vendor`")
+    try:
+        files = package_files(package, within=kernel_dir)
+    except IntegrityError as exc:
+        raise MetadataError(str(exc)) from None
+    return {p.relative_to(package).as_posix(): p for p in files}
 
 
 def _relative_imports(path: Path) -> set[str]:

@@ -6,6 +6,9 @@ Vendored into the ragged-dot kernels (kernel.yaml `vendor:`). Never imports kern
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+
+from .compile_case import SHORT, Built, CompileCase, fwd_bwd
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,3 +39,18 @@ MOE_MODELS = (
 )
 #: Tokens per call: a decode batch and a prefill chunk.
 PHASES = {"decode": 64, "prefill": 4096}
+
+
+def model_compile_cases(builder: Callable[[int, int, int, int, str], Callable[[bool], Callable[[], Built]]]
+                        ) -> list[CompileCase]:
+    """TPU compile cases of a ragged dot at every model's expert projections and phase: the forward in bf16 and
+    f32, the training-sized (prefill) backward in bf16; builder(m, k, n, g, dtype) -> make(grad)."""
+    out: list[CompileCase] = []
+    for geo in MOE_MODELS:
+        for phase, tokens in PHASES.items():
+            for proj, m, k, n, g in geo.projections(tokens):
+                for dtype, short in SHORT.items():
+                    tags = ("model", geo.model, phase, proj, dtype)
+                    out += fwd_bwd(f"{geo.model}:{phase}:{proj}:{short}", dtype, tags, builder(m, k, n, g, dtype),
+                                   phase == "prefill" and short == "bf16")
+    return out

@@ -298,11 +298,8 @@ def _device_of(module: Any) -> str:
 
 def _apply(model, sites, kernel, repo_id, backend, dev, mode, validate, state: _State,
            report: KernelizeReport) -> None:
-    info = getattr(kernel, "__kernel_hub__", None)
-    version = getattr(info, "version", None) or getattr(kernel, "__version__", None)
-    commit = getattr(info, "commit", None) or str(getattr(info, "path", "") or "") or None
-    variant = getattr(info, "variant", None)
-    implementation = _describe_impl(kernel, dev)
+    info = kernel_info(kernel, dev, "ragged_dot")
+    version, commit, variant, implementation = info["version"], info["commit"], info["variant"], info["implementation"]
     config = getattr(model, "config", None)
     hooks: list[tuple[Any, ExpertsSite, ex.ExpertsHook]] = []
     accepted: list[tuple[int, Any, ExpertsSite, ex.ExpertsCall, float | None, float, str | None]] = []
@@ -338,8 +335,6 @@ def _apply(model, sites, kernel, repo_id, backend, dev, mode, validate, state: _
                                                         route="interface" if interface else "forward")))
     if not any(h.call is not None for _, _, h in hooks):
         return  # nothing to swap: leave the model exactly as it was
-    for reason in dict.fromkeys(r.not_validated for r in report.replaced if r.not_validated):
-        report.notes.append(f"{LAYER_KIND} {reason}")
 
     ex.register_implementation()
     seen: set[int] = set()

@@ -254,12 +254,6 @@ def kernelize_diffusers(obj: Any, *, mode: str, device: Any, mapping: dict[str, 
     return report
 
 
-def is_kernelized(obj: Any) -> bool:
-    from .api import STATE_ATTR
-
-    return STATE_ATTR in getattr(obj, "__dict__", {})
-
-
 def restore_diffusers(obj: Any) -> bool:
     """Put every original processor object back (and a pipeline's components); False if not kernelized."""
     from .api import STATE_ATTR

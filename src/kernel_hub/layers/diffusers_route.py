@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .api import _rel_error
+from ..numerics import relative_error
 
 SDPA = torch.nn.functional.scaled_dot_product_attention
 _SDPA_SIGNATURE = inspect.Signature([
@@ -206,7 +206,7 @@ class AttentionRoute:
             except Exception as exc:  # kernelize keeps the layer with this reason
                 probe.failure = probe.failure or f"kernel raised in validation: {type(exc).__name__}: {exc}"
                 return ref
-            probe.errors.append(_rel_error(out, ref))
+            probe.errors.append(relative_error(out, ref))
             return ref
         if plan is None:
             self.fallbacks += 1

@@ -14,12 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..numerics import TOLERANCE, relative_error
 from ..progress import Progress
 from . import models
 from .schema import FamilyRow
 
 #: Output error allowed after kernelize (f32 models; the per-layer validation uses the same bar).
-OUTPUT_TOLERANCE = 1e-4
+OUTPUT_TOLERANCE = TOLERANCE["float32"]
 #: Families in a quick report: one MoE family, one attention-only, one Diffusers.
 QUICK_FAMILIES = ("qwen3_moe", "llama", "flux")
 
@@ -76,14 +77,6 @@ def family_specs() -> list[FamilySpec]:
     return specs
 
 
-def _rel(a: Any, b: Any) -> float:
-    import torch
-
-    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
-        return float("inf")
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
-
-
 def _count(items: list[Any]) -> dict[str, int]:
     out: dict[str, int] = {}
     for item in items:
@@ -121,7 +114,7 @@ def run_family(spec: FamilySpec) -> FamilyRow:
                          f"{message}"], max_layer_error=None, output_error=None, restored=None,
                          seconds=time.perf_counter() - start)
     errors = [r.max_error for r in report.replaced if r.max_error is not None]
-    out_err = _rel(after, before) if report.replaced else 0.0
+    out_err = relative_error(after, before) if report.replaced else 0.0
     reasons = list(dict.fromkeys(f"{k.kind}: {k.reason}" for k in report.kept))
     if not report.replaced:
         status = "kept"

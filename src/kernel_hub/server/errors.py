@@ -31,10 +31,6 @@ class HubError(Exception):
 StoreError = HubError
 
 
-def bad_request(message: str) -> HubError:
-    return HubError(400, message)
-
-
 def not_found(code: str, message: str) -> HubError:
     return HubError(404, message, code)
 

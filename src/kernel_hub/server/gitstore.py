@@ -149,16 +149,19 @@ class GitRepo:
         with self._open() as repo:
             store = repo.object_store
             current = repo[commit.encode()]
+            now = {p: self._lookup(store, current.tree, p) for p in wanted}  # each tree looked up once per path
             while wanted:
                 parent = repo[current.parents[0]] if current.parents else None
-                for path in list(wanted):
-                    if parent is None or self._lookup(store, current.tree, path) != self._lookup(
-                            store, parent.tree, path):
-                        found[path] = _meta(current)
+                before = {p: None if parent is None else self._lookup(store, parent.tree, p) for p in wanted}
+                changed = [p for p in wanted if parent is None or now[p] != before[p]]
+                if changed:
+                    meta = _meta(current)
+                    for path in changed:
+                        found[path] = meta
                         wanted.discard(path)
                 if parent is None:
                     break
-                current = parent
+                current, now = parent, before
         return found
 
     @staticmethod

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 from ..names import check_commit, check_variant_name
+from .record import VERSION_PATTERN
 
-_VERSION = re.compile(r"^[0-9A-Za-z.+_-]{1,64}$")
 _FIELDS = {"passed": bool, "error": (str, type(None)), "compile_seconds": (int, float, type(None))}
 
 
@@ -32,7 +31,7 @@ def entry_path(commit: str, variant: str, jax_version: str, libtpu_version: str,
     check_variant_name(variant)
     for label, value in (("jax version", jax_version), ("libtpu version", libtpu_version),
                          ("generation", generation)):
-        if not _VERSION.match(value):
+        if not VERSION_PATTERN.match(value):
             raise ValueError(f"unsafe {label} {value!r} for a cache file name")
     name = f"{commit}_{variant}_jax{jax_version}_libtpu{libtpu_version}_{generation}.json"
     return (root or cache_root()) / name

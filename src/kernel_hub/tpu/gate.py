@@ -26,7 +26,6 @@ from .record import TpuCompileRecord, record_from_cases
 from .runner import compile_in_worker
 
 #: What the worker loads: one verified build (see package.py).
-CompileTarget = VerifiedPackage
 
 
 def _from_repo(repo_id: str, revision: str | None = None, trust_remote_code: TrustSetting = False) -> VerifiedPackage:
@@ -137,7 +136,6 @@ def compile_matrix(
         for g in missing:
             mine = {r["name"]: {k: v for k, v in r.items() if k != "event"} for r in fresh if r["generation"] == g}
             cache.store(paths[g], mine, {selection: order})
-    fresh_keys = {(r["generation"], r["name"]) for r in fresh}
     report = ValidationReport(target.repo_id, target.version, target.commit, target.variant, "tpu",
                               env.jax_version, libtpu_version=env.libtpu_version, generations=gens)
     by_key = {(r["generation"], r["name"]): r for r in fresh}
@@ -147,7 +145,7 @@ def compile_matrix(
                 report.cases.append(_case_result(by_key[(g, name)], cached=False))
             elif name in known[g]:
                 report.cases.append(_case_result({**known[g][name], "name": name, "generation": g},
-                                                 cached=(g, name) not in fresh_keys))
+                                                 cached=True))
             else:
                 report.cases.append(_case_result({"name": name, "generation": g, "passed": False,
                                                   "error": "not compiled (unknown case name)"}, cached=False))

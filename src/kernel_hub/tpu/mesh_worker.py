@@ -26,7 +26,7 @@ import numpy as np
 from .chips import chip
 from .ici import collective_seconds, interconnect
 from .schedule import kernel_cost
-from .worker import first_meaningful_line, load_package
+from .worker import first_meaningful_line, load_package, memory_bytes, topology_devices
 
 #: Layouts of the 8-chip slice: (name, expert-axis size, tensor-axis size); "1chip" is the single-device layer.
 LAYOUTS = {"1chip": (1, 1), "ep8": (8, 1), "ep4xtp2": (4, 2)}
@@ -43,9 +43,8 @@ def slice_target(generation: str) -> Iterator[list[Any]]:
     """The 8 devices of a mock TPU slice of `generation`, with the first as jax's default device (Pallas' TPU
     lowering reads its kind; the kernels' dispatch reads the platform from it or from the mesh)."""
     import jax
-    from jax.experimental import topologies
 
-    devices = list(topologies.get_topology_desc(platform="tpu", topology_name=interconnect(generation).slice8).devices)
+    devices = list(topology_devices(interconnect(generation).slice8))
     with jax.default_device(devices[0]):
         yield devices
 
@@ -84,22 +83,17 @@ def compile_layer(rd: Any, geo: Any, tokens: int, layout: str, dtype: str, devic
     else:  # a tensor split takes the (gate, up) pair
         fn = lambda x_, ids_, w_, g, u, dn: rd.moe_experts(x_, ids_, w_, (g, u), dn, activation=act, **kw)
         args = (x, ids, w, *(place((n, h, i), dtype, sp) for sp in specs[3]), down)
-    if grad:
-        forward = fn
-        fn = jax.grad(lambda *a: jnp.sum(forward(*a).astype(jnp.float32)),
-                      argnums=tuple(n for n in range(len(args)) if n != 1))  # every operand but the ids
+    if grad:  # the gradients in every operand but the ids
+        compile_case = importlib.import_module(f"{rd.__name__}._vendor.compile_case")
+        fn, args = compile_case.forward_or_grad(fn, args, True, tuple(a for a in range(len(args)) if a != 1))
     start = time.perf_counter()
     try:
         compiled = jax.jit(fn).lower(*args).compile()
     except Exception as exc:  # the compiler's refusal is the result
         return {"compiled": False, "error": first_meaningful_line(str(exc) or type(exc).__name__),
                 "compile_seconds": time.perf_counter() - start}
-    out: dict[str, Any] = {"compiled": True, "error": None, "compile_seconds": time.perf_counter() - start}
-    mem = compiled.memory_analysis()
-    if mem is not None:
-        out.update(argument_bytes=int(mem.argument_size_in_bytes), output_bytes=int(mem.output_size_in_bytes),
-                   temp_bytes=int(mem.temp_size_in_bytes))
-    return out
+    return {"compiled": True, "error": None, "compile_seconds": time.perf_counter() - start,
+            **memory_bytes(compiled)}
 
 
 def weight_bytes(geo: Any, layout: str, dtype: str) -> int:
@@ -114,9 +108,11 @@ def geo_activation(geo: Any) -> str:
     return "gelu" if geo.model.startswith("gemma") else "silu"
 
 
-def modeled_layer(rd: Any, geo: Any, tokens: int, layout: str, dtype: str, generation: str,
-                  capacity_factor: float | None) -> dict[str, Any]:
-    """Modeled seconds of one layer on `generation`: the busiest device's kernels and glue, plus the collectives."""
+@functools.cache
+def device_costs(rd: Any, geo: Any, tokens: int, layout: str, dtype: str,
+                 capacity_factor: float | None) -> tuple[str, int, str, tuple[Any, ...]]:
+    """(scheme, rows, why, each device's ScheduleCost) of one layer: the schedule walk depends on no chip, so each
+    (layer, layout) is walked once however many generations are modeled."""
     import jax
     import jax.numpy as jnp
 
@@ -132,8 +128,7 @@ def modeled_layer(rd: Any, geo: Any, tokens: int, layout: str, dtype: str, gener
         scheme, rows, why = rd.plan_dispatch(tokens, h, k, n, expert_devices=e, tensor_devices=t, itemsize=itemsize,
                                              capacity_factor=capacity_factor)
     sds = jax.ShapeDtypeStruct
-    c = chip(generation)
-    per_device = []
+    costs = []
     for d in range(e):  # tensor slices of one expert group do the same work
         work = functools.partial(rd.moe_device_work, topk_ids=ids, topk_weights=weights, first_expert=d * el,
                                  rows=rows if scheme != "all_to_all" else None, activation=geo_activation(geo))
@@ -144,8 +139,21 @@ def modeled_layer(rd: Any, geo: Any, tokens: int, layout: str, dtype: str, gener
             cost = kernel_cost(lambda x, g, u, dn, work=work: work(x, w_gate_up=(g, u), w_down=dn),
                                sds((tokens, h), dtype), sds((el, h, il), dtype), sds((el, h, il), dtype),
                                sds((el, il, h), dtype))
-        kernels = sum(call.seconds(c) for call in cost.calls)
-        per_device.append((kernels + cost.outside_bytes / c.hbm_bytes_per_s, kernels, cost))
+        costs.append(cost)
+    return scheme, rows, why, tuple(costs)
+
+
+def modeled_layer(rd: Any, geo: Any, tokens: int, layout: str, dtype: str, generation: str,
+                  capacity_factor: float | None) -> dict[str, Any]:
+    """Modeled seconds of one layer on `generation`: the busiest device's kernels and glue, plus the collectives."""
+    import jax.numpy as jnp
+
+    e, t = LAYOUTS[layout]
+    h, n, k = geo.hidden, geo.experts, geo.top_k
+    itemsize = np.dtype(jnp.dtype(dtype)).itemsize
+    scheme, rows, why, costs = device_costs(rd, geo, tokens, layout, dtype, capacity_factor)
+    c = chip(generation)
+    per_device = [(cost.seconds(c), sum(call.seconds(c) for call in cost.calls), cost) for cost in costs]
     total, kernels_s, cost = max(per_device, key=lambda p: p[0])
     sizes = rd.MoeSizes(tokens, h, k, n, e, t, itemsize)
     coll = [] if layout == "1chip" else rd.collectives(scheme, sizes, capacity_factor)
@@ -153,7 +161,7 @@ def modeled_layer(rd: Any, geo: Any, tokens: int, layout: str, dtype: str, gener
     for kind, group, sent in coll:
         b, lt = collective_seconds(kind, group, sent, generation)
         bw, lat = bw + b, lat + lt
-    local = ids.ravel()
+    local, el = topk_routing(tokens, n, k).ravel(), n // e  # the routing device_costs walked
     return {
         "scheme": scheme, "rows": rows, "decision": why, "kernels_s": kernels_s,
         "glue_s": total - kernels_s, "collective_bandwidth_s": bw, "collective_latency_s": lat,

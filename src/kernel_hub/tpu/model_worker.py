@@ -23,9 +23,9 @@ from .worker import load_package, on_device, tpu_target
 
 def routing(tokens: int, experts: int, top_k: int, seed: int = 0) -> np.ndarray:
     """Group sizes of a uniform top-k routing: each token picks top_k distinct experts."""
-    rng = np.random.default_rng(seed)
-    picks = np.argsort(rng.random((tokens, experts)), axis=1)[:, :top_k]
-    return np.bincount(picks.ravel(), minlength=experts).astype(np.int32)
+    from .mesh_worker import topk_routing
+
+    return np.bincount(topk_routing(tokens, experts, top_k, seed).ravel(), minlength=experts).astype(np.int32)
 
 
 def _ideal(bytes_: float, flops: float, c: Any) -> float:

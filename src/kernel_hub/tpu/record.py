@@ -17,7 +17,8 @@ from ..errors import IntegrityError
 
 COMPILED, NOT_COMPILED = "compiled", "not compiled"
 _WORD = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
-_VERSION = re.compile(r"^[0-9A-Za-z.+_-]{1,64}$")
+#: A jax / libtpu version (or a generation name) as it may appear in a record or a cache file name.
+VERSION_PATTERN = re.compile(r"^[0-9A-Za-z.+_-]{1,64}$")
 
 
 class GenerationSummary(BaseModel):
@@ -62,7 +63,7 @@ class TpuCompileRecord(BaseModel):
     @field_validator("jax", "libtpu")
     @classmethod
     def _version(cls, value: str | None) -> str | None:
-        if value is not None and not _VERSION.fullmatch(value):
+        if value is not None and not VERSION_PATTERN.fullmatch(value):
             raise ValueError("not a version like 0.10.2")
         return value
 

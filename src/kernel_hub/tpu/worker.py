@@ -18,6 +18,7 @@ A refused package is one "refused" event (kind "integrity" or "import", one line
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import json
 import re
@@ -76,18 +77,21 @@ def tpu_target(generation: str) -> Iterator[Any]:
     here. (Once every kernel lowers to Mosaic for interpret=False on any backend, the second is moot.)
     """
     import jax
-    from jax.experimental import topologies
 
     from .chips import chip
+    from .schedule import tpu_dispatch
 
-    device = topologies.get_topology_desc(platform="tpu", topology_name=chip(generation).topology).devices[0]
-    saved = jax.default_backend
-    jax.default_backend = lambda: "tpu"
-    try:
-        with jax.default_device(device):
-            yield device
-    finally:
-        jax.default_backend = saved
+    device = topology_devices(chip(generation).topology)[0]
+    with tpu_dispatch(), jax.default_device(device):
+        yield device
+
+
+@functools.cache
+def topology_devices(name: str) -> tuple[Any, ...]:
+    """The devices of a mock TPU topology, made once per process (every case of a generation compiles for it)."""
+    from jax.experimental import topologies
+
+    return tuple(topologies.get_topology_desc(platform="tpu", topology_name=name).devices)
 
 
 def on_device(args: Any, device: Any) -> Any:
@@ -113,13 +117,17 @@ def compile_one(case: Any, device: Any, package: Any = None) -> dict[str, Any]:
         text = f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc)
         return {"passed": False, "error": first_meaningful_line(text), "compile_seconds": time.perf_counter() - start,
                 "cpu_seconds": time.process_time() - cpu, "implementation": implementation_of(package)}
-    out: dict[str, Any] = {"passed": True, "error": None, "compile_seconds": time.perf_counter() - start,
-                           "cpu_seconds": time.process_time() - cpu, "implementation": implementation}
+    return {"passed": True, "error": None, "compile_seconds": time.perf_counter() - start,
+            "cpu_seconds": time.process_time() - cpu, "implementation": implementation, **memory_bytes(compiled)}
+
+
+def memory_bytes(compiled: Any) -> dict[str, int]:
+    """The compiler's argument, output and temporary bytes of a compiled program (none when it reports none)."""
     mem = compiled.memory_analysis()
-    if mem is not None:
-        out.update(argument_bytes=int(mem.argument_size_in_bytes), output_bytes=int(mem.output_size_in_bytes),
-                   temp_bytes=int(mem.temp_size_in_bytes))
-    return out
+    if mem is None:
+        return {}
+    return {"argument_bytes": int(mem.argument_size_in_bytes), "output_bytes": int(mem.output_size_in_bytes),
+            "temp_bytes": int(mem.temp_size_in_bytes)}
 
 
 def refuse(exc: BaseException, emit: Any) -> int:

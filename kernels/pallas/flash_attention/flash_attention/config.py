@@ -7,6 +7,7 @@ breaks CPU interpret mode and ties tracing to one chip generation.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax.numpy as jnp
 
@@ -142,6 +143,7 @@ def decode_block(kv_len: int, head_dim: int, itemsize: int, *, kv_heads: int, gr
     return block
 
 
+@functools.cache  # called before the jit on every call: the tile search runs once per problem
 def default_config(
     q_len: int,
     kv_len: int,

@@ -29,7 +29,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from .config import LANES
-from .pallas_flash import MASKED, _dot, online_softmax_step
+from .pallas_flash import MASKED, _clamp, _dot, online_softmax_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +62,7 @@ def _block_of(kj: jax.Array, kv_len: jax.Array, st: DecodeStatic) -> jax.Array:
     past the range re-addresses the resident block (no DMA)."""
     first, last, empty, _ = cache_block_range(kv_len, st)
     idx = kj if st.window is None else first + kj
-    return jnp.where(empty, 0, jnp.clip(idx, first, jnp.maximum(first, last)))
+    return _clamp(idx, first, last, empty)
 
 
 def _decode_kernel(kvlen_ref, q_ref, k_ref, v_ref, sinks_ref, o_ref, m_scr, l_scr, acc_scr, *, st: DecodeStatic):

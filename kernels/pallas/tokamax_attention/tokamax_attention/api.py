@@ -141,8 +141,6 @@ def decode_attention(
     16 GiB of HBM at Gemma 4's sliding-layer geometry). Lengths go natively; a window as an explicit
     [B, 1, G, S] mask."""
     q, k_cache, v_cache = jnp.asarray(q), jnp.asarray(k_cache), jnp.asarray(v_cache)
-    if q.ndim != 3:
-        raise ValueError(f"decode_attention wants q [B,Hq,D], got {q.shape}")
     window, scale, cap = check_attention(q.shape, k_cache.shape, v_cache.shape, sliding_window=sliding_window,
                                          sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, decode=True)
     if sinks is not None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ._vendor.compile_case import SHORT, Built, CompileCase, abstract_ragged_dot, forward_or_grad, fwd_bwd, with_smoke
-from ._vendor.moe_shapes import MOE_MODELS, PHASES
+from ._vendor.compile_case import Built, CompileCase, abstract_ragged_dot, forward_or_grad, fwd_bwd, with_smoke
+from ._vendor.moe_shapes import model_compile_cases
 
 
 def builder(m: int, k: int, n: int, g: int, dtype: str) -> Callable[[bool], Callable[[], Built]]:
@@ -38,11 +38,5 @@ def compile_cases() -> list[CompileCase]:
         if c.implementation == "mosaic":
             out += fwd_bwd(c.name.removeprefix("mosaic_"), c.dtype, ("validation", c.dtype, *c.tags),
                            builder(c.m, c.k, c.n, c.g, c.dtype), backward=True)
-    for geo in MOE_MODELS:
-        for phase, tokens in PHASES.items():
-            for proj, m, k, n, g in geo.projections(tokens):
-                for dtype, short in SHORT.items():
-                    tags = ("model", geo.model, phase, proj, dtype)
-                    out += fwd_bwd(f"{geo.model}:{phase}:{proj}:{short}", dtype, tags, builder(m, k, n, g, dtype),
-                                   phase == "prefill" and short == "bf16")
+    out += model_compile_cases(builder)
     return with_smoke(out, {out[0].name, out[1].name})
