@@ -5,10 +5,12 @@ Runs transformers' eager, grouped_mm and batched_mm experts implementations, the
 layer kernelized without packing (KERNEL_HUB_CPU_PACK=0), on the same weights and routing, interleaved with the order
 rotated each round. The memory floor (every active expert's weights read once) is measured in the same rounds, from
 the faster of two copies over both cores (a pool of one-thread workers, as the kernel's own workers run, and one copy
-on torch's threads), scaled to the active bytes. Ratios are taken within each round (kernelized / grouped_mm,
-kernelized / floor), so load that hits a round hits both sides; the table gives their median and interquartile range,
-the JSON every sample, min and max, the load average, and the peak resident memory while kernelize packs the layer
-(first in the process, and again warm). Writes bench/out/moe_decode.json.
+on torch's threads), scaled to the active bytes; the copy buffers sit in 2 MiB pages where the kernel's packed weights
+do (the kernel's own advise_huge_pages), so the floor is never slowed by TLB misses the kernel avoids. Ratios are
+taken within each round (kernelized / grouped_mm, kernelized / floor), so load that hits a round hits both sides;
+the table gives their median and interquartile range, the JSON every sample, min and max, the load average, and the
+peak resident memory while kernelize packs the layer (first in the process, and again warm).
+Writes bench/out/moe_decode.json.
 
     python bench/moe_decode.py [--quick] [--dtypes bf16,f32] [--reps N] [--out PATH]
 """
@@ -55,9 +57,12 @@ class FloorCopy:
     active_bytes / (2 * FLOOR_COPY_BYTES) is the time to read the active bytes once at the rate that copy moved bytes
     (read + write); each round's floor is the faster of the two."""
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, advise_huge_pages: Any = None) -> None:
         self.src = torch.ones(FLOOR_COPY_BYTES // 4, dtype=torch.float32)
-        self.dst = torch.empty_like(self.src)
+        self.dst = torch.ones_like(self.src)
+        # The same 2 MiB pages as the kernel's packed weights get (its own advise_huge_pages): the floor is the
+        # fastest copy this machine makes, never one slowed by TLB misses the kernel does not pay.
+        self.pages = [advise_huge_pages(t)[1] for t in (self.src, self.dst)] if advise_huge_pages else []
         self.workers = workers
         self.pool = ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(1,))
         self.chunks = list(zip(self.src.chunk(FLOOR_CHUNKS), self.dst.chunk(FLOOR_CHUNKS), strict=True))
@@ -269,7 +274,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Qwen3-30B-A3B MoE layer {GEOMETRY}, decode batch {args.batch}, {torch.get_num_threads()} threads; "
           f"one-call copy bandwidth {bandwidth / 1e9:.1f} GB/s (read+write); load average "
           f"{' '.join(f'{x:.2f}' for x in load_before)}")
-    floor = FloorCopy(torch.get_num_threads())
+    import kernel_hub as kh
+
+    kernel = kh.get_kernel("kernel-hub/ragged-dot-tpu", framework="torch", backend="cpu")
+    floor = FloorCopy(torch.get_num_threads(), getattr(kernel, "advise_huge_pages", None))
+    print(f"floor copy buffers: {', '.join(floor.pages) or 'ordinary pages'}")
     try:
         results = [bench_dtype(n, DTYPES[n], batch=args.batch, reps=reps, batched_reps=batched_reps, floor=floor)
                    for n in names]
@@ -295,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         "environment": {**environment(with_libtpu=False).model_dump(), "processor": platform.processor(),
                         "load_average_before": load_before, "load_average_after": load_after},
         "one_call_copy_bandwidth_gbs": bandwidth / 1e9, "floor_copy_bytes": FLOOR_COPY_BYTES,
+        "floor_pages": floor.pages,
         "results": results,
     }, indent=2))
     print(f"wrote {args.out}")

@@ -1,11 +1,15 @@
 """The ragged-dot torch entry's packed-weights path (torch_packed.py): moe_experts_packed against a NumPy float64
 reference and bit for bit against moe_experts, and pack_experts' in-place contract (refusals leave the weight as it
-was, a failure part way is rolled back, unpack and pickling give the dense bytes back)."""
+was, a failure part way is rolled back, unpack and pickling give the dense bytes back); small row counts padded for
+oneDNN's blocked kernels stay bit-identical to the unpacked loop; packed bytes collapsed into 2 MiB pages keep their
+values and report what the page tables say."""
 
 from __future__ import annotations
 
 import pickle
+import sys
 import zlib
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -13,7 +17,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import kernel_hub as kh  # noqa: E402
+from kernel_hub.layers.packing import _pages  # noqa: E402
 from kernel_hub.numerics import TOLERANCE, relative_error  # noqa: E402
+
+MIB = 1 << 20
 
 
 @pytest.fixture(scope="module")
@@ -199,3 +206,88 @@ def test_moe_experts_packed_refuses_inputs_that_need_grad(kernel):
     with pytest.raises(RuntimeError, match="inference-only"):
         kernel.moe_experts_packed(hidden, torch.zeros(3, 1, dtype=torch.long), torch.ones(3, 1), packed_up,
                                   packed_down)
+
+
+# --- small row counts padded for oneDNN's blocked kernels; packed bytes in 2 MiB pages ---------------------------
+
+
+@pytest.fixture(scope="module")
+def pages(kernel):
+    """The kernel's huge_pages module (the package is imported under a private name by the verified loader)."""
+    return sys.modules[kernel.advise_huge_pages.__module__]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+def test_every_small_row_count_is_bit_identical_packed_and_unpacked(kernel, dtype):
+    """Rows 1-9 through the packed linear (padded to the blocked kernels' row count where fewer) equal the unpacked
+    grouped loop bit for bit. K = 2048 makes sums long enough that a different kernel shows in the last bits: before
+    the unpacked bfloat16 path took the same padded route, one row differed from torch.mm's one-row kernel in about
+    one trial of eight at this size."""
+    g = torch.Generator().manual_seed(11)
+    experts, n, k = 3, 1024, 2048
+    weight = (torch.randn(experts, n, k, generator=g) * 0.02).to(dtype)
+    rhs = weight.clone().transpose(1, 2)  # [E, K, N]: the unpacked loop's view of nn.Linear weights
+    packed = kernel.pack_experts(weight, transposed=False)
+    try:
+        for trial in range(4):
+            for rows in range(1, 10):
+                x = torch.randn(rows, k, generator=g).to(dtype)
+                for e in range(experts):
+                    sizes = torch.zeros(experts, dtype=torch.int32)
+                    sizes[e] = rows
+                    with torch.no_grad():
+                        unpacked = kernel.ragged_dot(x, rhs, sizes)
+                    got = packed.linear(e, x)
+                    assert got.shape == (rows, n) and not torch.isnan(got).any()
+                    assert torch.equal(got, unpacked), f"trial {trial}, {rows} rows, expert {e}"
+                    reference = x.double() @ rhs[e].double()
+                    assert (got.double() - reference).abs().max() <= 0.02 * reference.abs().max()
+    finally:
+        packed.unpack()
+
+
+def test_aligned_interior_by_hand(pages):
+    two = 2 * MIB
+    assert pages.aligned_interior(3 * two + 5, 5 * two) == (4 * two, 4 * two)  # partial first and last pages left out
+    assert pages.aligned_interior(4 * two, 3 * two) == (4 * two, 3 * two)  # already aligned: all of it
+    assert pages.aligned_interior(4 * two + 1, two) == (5 * two, 0)  # less than one whole page inside
+    assert pages.aligned_interior(0, 0) == (0, 0)
+
+
+def test_thp_mode_reads_the_bracketed_choice(pages, tmp_path):
+    f = tmp_path / "enabled"
+    f.write_text("always [madvise] never\n")
+    assert pages.thp_mode(f) == "madvise"
+    f.write_text("[never] madvise always\n")
+    assert pages.thp_mode(f) == "never"
+    f.write_text("garbled\n")
+    assert pages.thp_mode(f) is None
+    assert pages.thp_mode(tmp_path / "missing") is None
+
+
+def test_huge_pages_keep_the_values_and_report_what_the_kernel_did(pages, monkeypatch):
+    t = torch.randn(5 * MIB)  # 20 MiB of float32: several whole 2 MiB pages inside, wherever it lands
+    original = t.clone()
+    nbytes, why = pages.advise_huge_pages(t)
+    assert torch.equal(t, original)
+    _, length = pages.aligned_interior(t.data_ptr(), t.numel() * t.element_size())
+    if nbytes:
+        assert nbytes == length and why == f"{length >> 20} MiB in 2 MiB pages"
+        seen = pages.huge_bytes(t)
+        assert seen is None or seen >= nbytes  # the kernel's own count of huge pages under the tensor
+    else:
+        assert why.startswith("ordinary pages (") and why.endswith(")")
+    if sys.platform.startswith("linux") and pages.thp_mode() in ("always", "madvise"):
+        assert nbytes or "madvise(" in why  # here huge pages are on offer: a refusal must name the call that refused
+    monkeypatch.setenv(pages.ENV, "0")
+    assert pages.advise_huge_pages(torch.randn(5 * MIB)) == (0, f"ordinary pages ({pages.ENV}=0)")
+
+
+def test_the_packed_reason_sums_huge_pages_or_says_why_not():
+    huge = SimpleNamespace(huge_pages=(6 * MIB, "6 MiB in 2 MiB pages"))
+    other = SimpleNamespace(huge_pages=(4 * MIB, "4 MiB in 2 MiB pages"))
+    refused = SimpleNamespace(huge_pages=(0, "ordinary pages (madvise(MADV_COLLAPSE): Resource temporarily "
+                                             "unavailable)"))
+    assert _pages([huge, other]) == "10 MiB in 2 MiB pages"
+    assert _pages([huge, refused]) == refused.huge_pages[1]
+    assert _pages([SimpleNamespace()]) == "ordinary pages"  # a kernel that predates huge pages

@@ -118,11 +118,11 @@ def test_a_second_import_reuses_the_ops_and_another_version_registers_its_own(rd
     assert again is not rd and again.ragged_dot is not rd.ragged_dot  # another module copy of the same build
     assert again.tpu_ops()["ragged_dot"] is first
 
-    other = shutil.copytree(package, tmp_path / "ragged_dot_v1_2")
-    (other / "release.py").write_text('VERSION = "1.2.0"\n')
+    other = shutil.copytree(package, tmp_path / "ragged_dot_v9_9")
+    (other / "release.py").write_text('VERSION = "9.9.0"\n')
     newer = load_package(str(other), "torch_tpu_api.py")
     op = newer.tpu_ops()["ragged_dot"]
-    assert op is not first and op._qualname == "kernel_hub_ragged_dot_v1_2_0::ragged_dot"
+    assert op is not first and op._qualname == "kernel_hub_ragged_dot_v9_9_0::ragged_dot"
     assert first._qualname == f"{namespace('ragged_dot')}::ragged_dot"  # the first version's op is still there
     for registered in (first, op):
         out = registered(meta(40, 32), meta(4, 32, 16), meta(4, dtype=I32), preferred_element_type=F32)

@@ -111,7 +111,15 @@ def _pack(module: Any, record: ModulePacking) -> str:
         record.placeholders[name] = module._parameters[name] = _placeholder(holders[name].tensor)
     record.holders = holders
     hints = "/".join(str(holders[n].hint) for n in record.names)
-    return f"packed in place (oneDNN batch hints {hints})"
+    return f"packed in place (oneDNN batch hints {hints}; {_pages([holders[n] for n in record.names])})"
+
+
+def _pages(holders: list[Any]) -> str:
+    """What backs the packed bytes: the MiB in 2 MiB pages, or the first reason why not."""
+    huge = [getattr(h, "huge_pages", (0, "ordinary pages")) for h in holders]
+    if all(nbytes for nbytes, _ in huge):
+        return f"{sum(nbytes for nbytes, _ in huge) >> 20} MiB in 2 MiB pages"
+    return next(why for nbytes, why in huge if not nbytes)
 
 
 def _unpack(module: Any, record: ModulePacking) -> None:

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from ._vendor.shapes import check_ragged_dot_shapes
 from ._vendor.torch_dispatch import IMPLEMENTATIONS, ORDER, TorchDispatch
 from ._vendor.torch_tpu_ops import op_namespace
+from .huge_pages import advise_huge_pages
 from .release import VERSION
 from .torch_cpu import combine_experts, num_workers, ragged_dot_torch
 from .torch_packed import PackedExperts, PackingError, moe_experts_packed, pack_experts, packing_support
@@ -31,6 +32,7 @@ __all__ = [
     "ORDER",
     "PackedExperts",
     "PackingError",
+    "advise_huge_pages",
     "describe",
     "implementations_for",
     "last_implementation",

@@ -4,7 +4,7 @@ Why: at decode sizes a MoE layer's time is reading its experts' weights once. on
 own blocked layout; handed a plain weight it works from that on every call. Packing once
 (`torch.ops.mkldnn._reorder_linear_weight`, what Inductor's freezing pass does) leaves only the read, and running both
 projections of an expert in one task on the grouped loop's workers (torch_cpu.run_groups) keeps each core streaming
-weights.
+weights. The packed bytes are then collapsed into 2 MiB pages where Linux allows (huge_pages.py: fewer TLB misses).
 
 Memory: the packed layout of an expert is as large as the original for the layouts this is used on, so each expert is
 packed into its own bytes (in place) and memory grows by one expert at most while packing. A oneDNN tensor over memory
@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from .huge_pages import advise_huge_pages
 from .torch_cpu import combine_experts, matmul, nonempty_groups, on_worker, onednn_linear, run_groups
 
 #: Weight dtypes packing covers (float16 has no oneDNN linear on CPUs without AVX512-FP16/AMX-FP16).
@@ -38,7 +39,7 @@ SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
 #: Reorder batch hints, tried in this order (fastest first at decode rows per expert, measured on AVX512 CPUs).
 HINTS = (16, 4, 64, 1)
 #: Row counts at which the packed linear must equal the unpacked grouped loop before a weight is packed.
-PROBE_ROWS = (1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 64)
+PROBE_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 17, 33, 64)
 _OPS = ("_reorder_linear_weight", "_linear_pointwise", "_nbytes", "_get_mkldnn_serialized_md", "data_ptr")
 
 class PackingError(RuntimeError):
@@ -197,6 +198,8 @@ class PackedExperts:
         self.transposed = transposed
         self.hint = hint
         self.experts: list[torch.Tensor] | None = experts
+        #: (bytes in 2 MiB pages, why): what backs the packed bytes (huge_pages.advise_huge_pages).
+        self.huge_pages: tuple[int, str] = (0, "ordinary pages")
 
     @property
     def packed(self) -> bool:
@@ -297,6 +300,7 @@ def pack_experts(weight: torch.Tensor, *, transposed: bool, check_rows: tuple[in
         except BaseException:
             partial.unpack()
             raise
+    partial.huge_pages = advise_huge_pages(weight)
     return partial
 
 
@@ -343,10 +347,12 @@ def moe_experts_packed(
         place = {e: i for i, (e, _, _) in enumerate(items)}
         ups, downs = gate_up.experts, down.experts
         assert ups is not None and downs is not None, "unpacked"
+        # Every routed row once, in expert order, gathered on a worker (in the caller it would fork OpenMP threads):
+        # the tasks then take plain slices, which keeps the GIL-holding Python per expert to a minimum.
+        x = on_worker(lambda: hidden_states[tokens[:covered]].to(dtype))
 
         def one(e: int, start: int, end: int) -> None:
-            # Each task gathers its own rows: one whole-batch gather in the caller would fork OpenMP threads.
-            h = onednn_linear(hidden_states[tokens[start:end]].to(dtype), ups[e])
+            h = onednn_linear(x[start:end], ups[e])
             if gate_up_proj_bias is not None:
                 h = h + gate_up_proj_bias[e]
             if gate_fn is not None:
@@ -356,7 +362,7 @@ def moe_experts_packed(
                 h = act(g) * u
             else:
                 h = act(h)
-            o = onednn_linear(h.to(dtype), downs[e])
+            o = onednn_linear(h if h.dtype == dtype else h.to(dtype), downs[e])
             if down_proj_bias is not None:
                 o = o + down_proj_bias[e]
             parts[place[e]] = o
