@@ -98,6 +98,27 @@ def test_ragged_dot_gradients_match_numpy(kernel, impl):
     assert not f64(rhs.grad)[1].any()
 
 
+def test_jax_bridge_builds_its_forward_and_backward_once(kernel):
+    """Training through the JAX bridge: the second differentiable call reuses the first call's forward and vjp
+    function (they used to be rebuilt, signature inspection included, on every call)."""
+    import sys
+
+    bridge = next(m for n, m in sys.modules.items() if n.endswith(".torch_bridge") and hasattr(m, "ragged_dot_jax"))
+    bridging = sys.modules[bridge.call_jax.__module__]
+    g = torch.Generator().manual_seed(4)
+    for step in range(3):
+        lhs = torch.randn(6, 8, generator=g, requires_grad=True)
+        rhs = torch.randn(2, 8, 5, generator=g, requires_grad=True)
+        out = kernel.ragged_dot(lhs, rhs, torch.tensor([2, 4]), implementation="jax")
+        out.sum().backward()
+        assert lhs.grad is not None and rhs.grad is not None and not torch.isnan(lhs.grad).any()
+        if step == 0:
+            before = bridging._cached_vjp.cache_info()
+    after = bridging._cached_vjp.cache_info()
+    assert after.misses == before.misses and after.hits == before.hits + 2
+    assert bridge.ragged_dot_function(None, None) is bridge.ragged_dot_function(None, None)
+
+
 def test_ragged_dot_rejects_bad_shapes(kernel):
     with pytest.raises(ValueError, match="shapes disagree"):
         kernel.ragged_dot(torch.zeros(4, 8), torch.zeros(2, 7, 3), torch.tensor([2, 2]))

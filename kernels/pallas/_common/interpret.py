@@ -52,6 +52,11 @@ def describe_interpret(interpret: Any, platform: str) -> str:
     return f"interpreted (TPU simulator{races}, platform {platform})"
 
 
+def pallas_remark(name: str, platform: str, interpret: Any) -> str | None:
+    """A Dispatch `remark` for kernels whose Pallas implementation is called "pallas": how it runs, else nothing."""
+    return describe_interpret(interpret, platform) if name == "pallas" else None
+
+
 def race_checking_params(seed: int | None = 0, num_cores: int = 2) -> pltpu.InterpretParams:
     """The TPU simulator with the race detector on, NaN-filled fresh memory (a read of a never-written buffer
     poisons the result), shuffled parallel grid axes and `num_cores` TensorCores (v4/v5p/v7x megacore split

@@ -4,6 +4,7 @@ through torch_jax's DLPack hand-over on CPU/CUDA, as a TorchTPU op on TPU tensor
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -34,6 +35,7 @@ def _why_not(name: str, platform: str, interpret: Any) -> str | None:
     return None
 
 
+@functools.cache
 def _jax_installed() -> bool:
     try:
         return importlib.util.find_spec("jax") is not None

@@ -124,11 +124,16 @@ class _JaxCall(torch.autograd.Function):
         return (None, None, None, None, *result)
 
 
+#: One backward per (forward, differentiable positions): the bridges' forwards are built once (their *_function
+#: builders are cached), so a training step does not re-inspect the signature and rebuild the vjp wrapper per call.
+_cached_vjp = functools.cache(vjp_function)
+
+
 def call_jax(forward: Callable[..., Any], tensors: Sequence[torch.Tensor], options: dict[str, Any], *,
              differentiable: Sequence[int] = ()) -> Any:
     """forward(*tensors, **options) through DLPack, differentiable through torch autograd in the tensors at
     `differentiable` when one of them requires grad (the backward is vjp_function(forward, differentiable))."""
     diff = tuple(differentiable)
     if diff and torch.is_grad_enabled() and any(tensors[i].requires_grad for i in diff):
-        return _JaxCall.apply(forward, vjp_function(forward, diff), diff, options, *tensors)
+        return _JaxCall.apply(forward, _cached_vjp(forward, diff), diff, options, *tensors)
     return run_jax(functools.partial(forward, **options), *(t.detach() for t in tensors))

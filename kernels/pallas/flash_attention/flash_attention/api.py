@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from ._vendor.dispatch import Dispatch
-from ._vendor.interpret import describe_interpret, run_dispatch
+from ._vendor.interpret import pallas_remark, run_dispatch
 from ._vendor.shapes import check_attention
 from .config import AttentionConfig, block_for, default_config, kv_transposed, round_up
 from .cpu import cpu_attention, xla_attention, xla_decode_attention
@@ -32,11 +32,7 @@ ORDER: dict[str, tuple[str, ...]] = {"tpu": ("pallas", "xla"), "cpu": ("cpu", "x
                                      "gpu": ("xla",)}
 
 
-def _remark(name: str, platform: str, interpret: Any) -> str | None:
-    return describe_interpret(interpret, platform) if name == "pallas" else None
-
-
-_DISPATCH = Dispatch("attention", IMPLEMENTATIONS, ORDER, ("xla",), remark=_remark)
+_DISPATCH = Dispatch("attention", IMPLEMENTATIONS, ORDER, ("xla",), remark=pallas_remark)
 implementations_for, resolve_implementation, last_implementation = _DISPATCH.exports()
 
 

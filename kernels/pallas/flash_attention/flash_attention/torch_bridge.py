@@ -10,6 +10,7 @@ runs (it imports jax): the torch-cpu build never imports it.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -23,6 +24,7 @@ from .release import VERSION
 DIFFERENTIABLE = (0, 1, 2, 3)
 
 
+@functools.cache  # one forward per option pair: call_jax caches its backward by it
 def flash_attention_function(implementation: Any, interpret: Any) -> Any:
     """The JAX flash_attention with the contract's options fixed, annotated for torch_tpu's jax_op: every tensor
     always present (sinks zeros and has_sinks=False when absent, lengths full when absent), options keyword-only."""
@@ -38,6 +40,7 @@ def flash_attention_function(implementation: Any, interpret: Any) -> Any:
     return flash_attention
 
 
+@functools.cache  # one forward per option pair: call_jax caches its backward by it
 def decode_attention_function(implementation: Any, interpret: Any) -> Any:
     """The JAX decode_attention, annotated the same way (forward only)."""
     entry = jax_entry(__package__, "decode_attention")

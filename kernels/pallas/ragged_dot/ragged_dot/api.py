@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from . import pallas_gmm
 from ._vendor import cpu_gmm
 from ._vendor.dispatch import Dispatch
-from ._vendor.interpret import describe_interpret, run_dispatch
+from ._vendor.interpret import pallas_remark, run_dispatch
 from ._vendor.ragged_operands import check_operands
 from ._vendor.tiling import round_up
 from .config import RaggedDotConfig, default_config, transposed_config
@@ -39,11 +39,7 @@ ORDER: dict[str, tuple[str, ...]] = {
 }
 
 
-def _remark(name: str, platform: str, interpret: Any) -> str | None:
-    return describe_interpret(interpret, platform) if name == "pallas" else None
-
-
-_DISPATCH = Dispatch("ragged_dot", IMPLEMENTATIONS, ORDER, ("xla", "cpu"), remark=_remark)
+_DISPATCH = Dispatch("ragged_dot", IMPLEMENTATIONS, ORDER, ("xla", "cpu"), remark=pallas_remark)
 implementations_for, resolve_implementation, last_implementation = _DISPATCH.exports()
 
 

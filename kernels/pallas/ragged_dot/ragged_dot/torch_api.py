@@ -24,7 +24,7 @@ from ._vendor.torch_dispatch import IMPLEMENTATIONS, ORDER, TorchDispatch
 from ._vendor.torch_tpu_ops import op_namespace
 from .huge_pages import advise_huge_pages
 from .release import VERSION
-from .torch_cpu import combine_experts, num_workers, ragged_dot_torch
+from .torch_cpu import activate, combine_experts, num_workers, ragged_dot_torch, route
 from .torch_packed import PackedExperts, PackingError, moe_experts_packed, pack_experts, packing_support
 
 __all__ = [
@@ -90,17 +90,6 @@ def ragged_dot(
     return _DISPATCH.run(lhs.device, implementation, call).to(out_dtype)
 
 
-def _default_gate(act: Callable[[torch.Tensor], torch.Tensor], concatenated: bool):
-    def gate(h: torch.Tensor) -> torch.Tensor:
-        if concatenated:
-            g, u = h.chunk(2, dim=-1)
-        else:
-            g, u = h[..., ::2], h[..., 1::2]
-        return act(g) * u
-
-    return gate
-
-
 def moe_experts(
     hidden_states: torch.Tensor,
     top_k_index: torch.Tensor,
@@ -134,12 +123,8 @@ def moe_experts(
     dtype = gate_up_proj.dtype
     act_fn = _ACTIVATIONS[act] if isinstance(act, str) else act
 
-    expert_ids = top_k_index.reshape(-1)
-    sorted_ids, perm = torch.sort(expert_ids, stable=True)
+    sorted_ids, perm, sizes, in_range = route(top_k_index, num_experts)  # sentinel rows come out zero
     x = hidden_states[perm // top_k].to(dtype)
-    # Sentinel ids (>= E) sort to the tail; bincount's [:E] leaves them out, so their rows are zero.
-    sizes = torch.bincount(sorted_ids.clamp(min=0), minlength=num_experts + 1)[:num_experts]
-    in_range = sorted_ids < num_experts
     safe_ids = sorted_ids.clamp(max=num_experts - 1)
 
     w_up = gate_up_proj if is_transposed else gate_up_proj.transpose(1, 2)  # [E, H, 2I]
@@ -148,12 +133,7 @@ def moe_experts(
     h = ragged_dot(x, w_up, sizes, implementation=implementation)
     if gate_up_proj_bias is not None:
         h = h + gate_up_proj_bias[safe_ids]
-    if gate_fn is not None:
-        h = gate_fn(h)
-    elif has_gate:
-        h = _default_gate(act_fn, is_concatenated)(h)
-    else:
-        h = act_fn(h)
+    h = activate(h, act=act_fn, has_gate=has_gate, concatenated=is_concatenated, gate_fn=gate_fn)
     out = ragged_dot(h.to(dtype), w_down, sizes, implementation=implementation)
     if down_proj_bias is not None:
         out = out + down_proj_bias[safe_ids]

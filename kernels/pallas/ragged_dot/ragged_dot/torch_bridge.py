@@ -9,6 +9,7 @@ Imported only when the "jax" implementation runs (it imports jax): the torch-cpu
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -23,6 +24,7 @@ from .release import VERSION
 DIFFERENTIABLE = (0, 1)
 
 
+@functools.cache  # one forward per option pair: call_jax caches its backward by it
 def ragged_dot_function(implementation: Any, interpret: Any) -> Any:
     """The JAX ragged_dot with the contract's options fixed, annotated the way torch_tpu's jax_op reads a schema
     off: `(Tensor lhs, Tensor rhs, Tensor group_sizes, *, ScalarType preferred_element_type) -> Tensor`."""

@@ -14,6 +14,7 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 import torch
 
@@ -227,6 +228,35 @@ def on_worker(fn: Callable[[], torch.Tensor]) -> torch.Tensor:
             return fn()
 
     return _get_pool(num_workers()).submit(run).result()
+
+
+class Routing(NamedTuple):
+    """Where every (token, slot) row goes, in expert order: shared by moe_experts and moe_experts_packed."""
+
+    sorted_ids: torch.Tensor  # [T*K] expert ids, ascending (stable)
+    perm: torch.Tensor  # [T*K] the flat (token, slot) index of each sorted row
+    sizes: torch.Tensor  # [E] rows per expert; sentinel ids (>= E) sort to the tail and are left out
+    in_range: torch.Tensor  # [T*K] False for sentinel rows (expert-parallel drops)
+
+
+def route(top_k_index: torch.Tensor, num_experts: int) -> Routing:
+    """Sort the routed rows by expert (stable, so rows keep token order within an expert)."""
+    sorted_ids, perm = torch.sort(top_k_index.reshape(-1), stable=True)
+    sizes = torch.bincount(sorted_ids.clamp(min=0), minlength=num_experts + 1)[:num_experts]
+    return Routing(sorted_ids, perm, sizes, sorted_ids < num_experts)
+
+
+def activate(h: torch.Tensor, *, act: Callable[[torch.Tensor], torch.Tensor], has_gate: bool, concatenated: bool,
+             gate_fn: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """The expert block's middle step: gate_fn(h) if given, else act(gate) * up (halves stacked [gate; up] when
+    concatenated, interleaved g0, u0, g1, u1, ... otherwise), or act(h) for an ungated up projection. Elementwise:
+    the same on all rows at once (moe_experts) as expert by expert (moe_experts_packed)."""
+    if gate_fn is not None:
+        return gate_fn(h)
+    if not has_gate:
+        return act(h)
+    g, u = h.chunk(2, dim=-1) if concatenated else (h[..., ::2], h[..., 1::2])
+    return act(g) * u
 
 
 def combine_experts(out: torch.Tensor, top_k_weights: torch.Tensor, perm: torch.Tensor, in_range: torch.Tensor,

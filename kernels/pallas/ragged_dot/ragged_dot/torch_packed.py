@@ -32,7 +32,16 @@ from typing import Any
 import torch
 
 from .huge_pages import advise_huge_pages
-from .torch_cpu import combine_experts, matmul, nonempty_groups, on_worker, onednn_linear, run_groups
+from .torch_cpu import (
+    activate,
+    combine_experts,
+    matmul,
+    nonempty_groups,
+    on_worker,
+    onednn_linear,
+    route,
+    run_groups,
+)
 
 #: Weight dtypes packing covers (float16 has no oneDNN linear on CPUs without AVX512-FP16/AMX-FP16).
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
@@ -335,10 +344,7 @@ def moe_experts_packed(
     dtype = gate_up.dtype
 
     with torch.no_grad():
-        sorted_ids, perm = torch.sort(top_k_index.reshape(-1), stable=True)
-        tokens = perm // top_k
-        sizes = torch.bincount(sorted_ids.clamp(min=0), minlength=num_experts + 1)[:num_experts]
-        in_range = sorted_ids < num_experts
+        _, perm, sizes, in_range = route(top_k_index, num_experts)
         rows = perm.numel()
         items = nonempty_groups([int(s) for s in sizes.tolist()], rows)
         covered = items[-1][2] if items else 0
@@ -349,19 +355,13 @@ def moe_experts_packed(
         assert ups is not None and downs is not None, "unpacked"
         # Every routed row once, in expert order, gathered on a worker (in the caller it would fork OpenMP threads):
         # the tasks then take plain slices, which keeps the GIL-holding Python per expert to a minimum.
-        x = on_worker(lambda: hidden_states[tokens[:covered]].to(dtype))
+        x = on_worker(lambda: hidden_states[perm[:covered] // top_k].to(dtype))
 
         def one(e: int, start: int, end: int) -> None:
             h = onednn_linear(x[start:end], ups[e])
             if gate_up_proj_bias is not None:
                 h = h + gate_up_proj_bias[e]
-            if gate_fn is not None:
-                h = gate_fn(h)
-            elif has_gate:
-                g, u = h.chunk(2, dim=-1) if is_concatenated else (h[..., ::2], h[..., 1::2])
-                h = act(g) * u
-            else:
-                h = act(h)
+            h = activate(h, act=act, has_gate=has_gate, concatenated=is_concatenated, gate_fn=gate_fn)
             o = onednn_linear(h if h.dtype == dtype else h.to(dtype), downs[e])
             if down_proj_bias is not None:
                 o = o + down_proj_bias[e]
