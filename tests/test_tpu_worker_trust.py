@@ -127,3 +127,24 @@ def test_cost_model_worker_uses_the_same_check(env, kernel: Path, tmp_path: Path
     refused = refusal(events)
     assert status == 3 and isinstance(refused, IntegrityError) and "__init__.py" in str(refused)
     assert not any(e.get("event") == "row" for e in events) and not marker.exists()
+
+
+def test_worker_reports_libtpu_from_either_distribution(monkeypatch):
+    """The compile record names the compiler: a nightly install (libtpu-nightly) is found as well as libtpu."""
+    import importlib.metadata as md
+
+    from kernel_hub.tpu import worker
+
+    installed = {"jax": "0.10.2", "libtpu-nightly": "0.1.dev20261101"}
+
+    def version(name: str) -> str:
+        if name not in installed:
+            raise md.PackageNotFoundError(name)
+        return installed[name]
+
+    monkeypatch.setattr(md, "version", version)
+    assert worker.versions() == {"jax": "0.10.2", "libtpu": "0.1.dev20261101"}
+    installed["libtpu"] = "0.0.52"  # both: the release wheel wins
+    assert worker.versions()["libtpu"] == "0.0.52"
+    installed.clear()
+    assert worker.versions() == {"jax": None, "libtpu": None}

@@ -175,7 +175,8 @@ def versions() -> dict[str, str | None]:
         except md.PackageNotFoundError:
             return None
 
-    return {"jax": version("jax"), "libtpu": version("libtpu")}
+    # libtpu ships as libtpu (jax[tpu], torch-tpu) or, on nightly installs, libtpu-nightly: same compiler either way.
+    return {"jax": version("jax"), "libtpu": version("libtpu") or version("libtpu-nightly")}
 
 
 def main(argv: list[str]) -> int:
