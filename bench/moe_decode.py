@@ -1,7 +1,7 @@
 """One MoE expert layer at Qwen3-30B-A3B geometry, decode batch 64: transformers vs the hub kernel.
 
 Runs transformers' eager, grouped_mm and batched_mm experts implementations, the kernelized layer
-(kernel-hub/ragged-dot-tpu through kh.kernelize: expert weights oneDNN-packed where this CPU allows) and the same
+(kernel-hub/ragged-dot-tpu through kh.kernelize: expert weights packed where this CPU allows) and the same
 layer kernelized without packing (KERNEL_HUB_CPU_PACK=0), on the same weights and routing, interleaved with the order
 rotated each round. The memory floor (every active expert's weights read once) is measured in the same rounds, from
 the faster of two copies over both cores (a pool of one-thread workers, as the kernel's own workers run, and one copy

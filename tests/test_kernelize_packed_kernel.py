@@ -118,16 +118,37 @@ def test_moe_experts_packed_against_float64_and_unpacked(kernel, dtype, layout, 
     assert torch.equal(packed_up.unpack(), original_up) and torch.equal(packed_down.unpack(), original_down)
 
 
-def test_pack_experts_writes_into_the_weight_and_unpacks_bit_for_bit(kernel):
-    weight = torch.randn(4, 128, 64).to(torch.bfloat16)
+def test_pack_experts_onednn_writes_into_the_weight_and_unpacks_bit_for_bit(kernel):
+    weight = torch.randn(4, 64, 128).to(torch.bfloat16)  # [E, K, N]: a transposed stack takes oneDNN's layout
     original = weight.clone()
     pointer = weight.data_ptr()
-    packed = kernel.pack_experts(weight, transposed=False)
-    assert packed.tensor is weight and packed.packed and weight.data_ptr() == pointer
+    packed = kernel.pack_experts(weight, transposed=True)
+    assert packed.tensor is weight and packed.packed and not packed.native and weight.data_ptr() == pointer
     assert not torch.equal(weight, original)  # its bytes now hold the packed layout
     assert torch.equal(packed.dense(), original) and packed.dense().stride() == original.stride()
     x = torch.randn(5, 64).to(torch.bfloat16)
-    assert torch.equal(packed.linear(2, x), torch.nn.functional.linear(x, original[2]))
+    assert torch.equal(packed.linear(2, x), torch.nn.functional.linear(x, original[2].t()))
+    assert packed.unpack() is weight and torch.equal(weight, original) and not packed.packed
+
+
+def test_pack_experts_native_reads_the_weight_where_it_lies(kernel):
+    """An nn.Linear-style stack goes to the native rows kernel where it is available: not a byte changes, and its
+    products are the unpacked loop's (the bit-for-bit tests above run through it)."""
+    import sys
+
+    native = sys.modules[kernel.PackedExperts.__module__].native_rows
+    ok, why = native.available(torch.bfloat16)
+    weight = torch.randn(4, 128, 64).to(torch.bfloat16)
+    original = weight.clone()
+    packed = kernel.pack_experts(weight, transposed=False)
+    assert packed.native == ok, why
+    if ok:
+        assert torch.equal(weight, original) and packed.how == "native rows kernel on the original layout"
+        assert all(m.data_ptr() == weight[e].data_ptr() for e, m in enumerate(packed.experts))
+    x = torch.randn(5, 64).to(torch.bfloat16)
+    got = packed.linear(2, x)
+    reference = x.double() @ original[2].double().t()
+    assert (got.double() - reference).abs().max() <= 1e-2 * reference.abs().max()
     assert packed.unpack() is weight and torch.equal(weight, original) and not packed.packed
 
 
@@ -157,12 +178,12 @@ def test_pack_experts_refusals_leave_the_weight_as_it_was(kernel, case):
     elif case == "float16":
         weight = weight.half()
     elif case == "padded":  # oneDNN pads 32-row bfloat16 weights to 64 rows: no room in place
-        weight = torch.randn(4, 32, 64).to(torch.bfloat16)
+        weight = torch.randn(4, 64, 32).to(torch.bfloat16)  # transposed [E, K, N]: oneDNN's route
     original = weight.detach().clone()
     words = {"shared": "shared with another tensor", "not_contiguous": "not contiguous",
              "requires_grad": "requires grad", "two_dims": "3-D", "float16": "3-D", "padded": "in place"}[case]
     with pytest.raises(kernel.PackingError, match=words):
-        kernel.pack_experts(weight, transposed=False)
+        kernel.pack_experts(weight, transposed=case == "padded")
     assert torch.equal(weight.detach(), original)
     if other is not None:
         assert torch.equal(other, original[1])
@@ -186,7 +207,7 @@ def test_a_failure_part_way_unpacks_what_was_packed(kernel, monkeypatch):
     weight = torch.randn(5, 64, 64)
     original = weight.clone()
     with pytest.raises(RuntimeError, match="third expert"):
-        kernel.pack_experts(weight, transposed=False)
+        kernel.pack_experts(weight, transposed=True)  # oneDNN's route writes expert by expert
     assert len(calls) == 3 and torch.equal(weight, original)
 
 

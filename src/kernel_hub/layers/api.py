@@ -367,7 +367,7 @@ def _apply(model, sites, kernel, repo_id, backend, dev, mode, validate, state: _
             getattr(module, "config", config), site.layout.num_experts), seed=i)
         report.replaced.append(Replaced(
             layer=site.path, kind=LAYER_KIND, repo_id=repo_id, version=version, commit=commit, variant=variant,
-            implementation=f"oneDNN-packed experts on {implementation}" if packed else implementation,
+            implementation=f"packed experts on {implementation}" if packed else implementation,
             route=site.route, layout=site.layout.describe(), max_error=err,
             tolerance=tol if validate and unchecked is None else None, not_validated=unchecked, why=why))
 

@@ -110,8 +110,8 @@ def _pack(module: Any, record: ModulePacking) -> str:
     for name in record.names:
         record.placeholders[name] = module._parameters[name] = _placeholder(holders[name].tensor)
     record.holders = holders
-    hints = "/".join(str(holders[n].hint) for n in record.names)
-    return f"packed in place (oneDNN batch hints {hints}; {_pages([holders[n] for n in record.names])})"
+    routes = [getattr(h, "how", f"oneDNN batch hint {h.hint}") for h in (holders[n] for n in record.names)]
+    return f"packed in place ({' / '.join(dict.fromkeys(routes))}; {_pages([holders[n] for n in record.names])})"
 
 
 def _pages(holders: list[Any]) -> str:

@@ -18,6 +18,8 @@ from typing import NamedTuple
 
 import torch
 
+from . import native_rows
+
 #: Below this many multiply-adds a call runs inline: the pool's hand-off costs ~20 us per worker.
 MIN_PARALLEL_MACS = 4_000_000
 
@@ -103,8 +105,11 @@ def onednn_linear(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def _mm_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
-    """out = a @ b for one group (b is [K, N]: a transposed view of nn.Linear-style weights, or [K, N] itself)."""
-    if linear_for_group(a, b):
+    """out = a @ b for one group (b is [K, N]: a transposed view of nn.Linear-style weights, or [K, N] itself).
+    Decode-sized groups against a plain [N, K] weight run on the native rows kernel where it is available."""
+    if native_rows.fits(a, b.t()) and out.is_contiguous():
+        native_rows.linear(a, b.t(), out)
+    elif linear_for_group(a, b):
         out.copy_(onednn_linear(a, b.t()))
     else:
         torch.mm(a, b, out=out)
@@ -112,6 +117,8 @@ def _mm_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
 
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b exactly as the grouped loop computes one group (what packed weights are checked against)."""
+    if native_rows.fits(a, b.t()):  # the route _mm_into takes, without its copy
+        return native_rows.linear(a, b.t())
     out = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
     _mm_into(a, b, out)
     return out
@@ -128,6 +135,18 @@ def nonempty_groups(sizes: list[int], m: int) -> list[tuple[int, int, int]]:
     return out
 
 
+def _spread(task: Callable[[], None], workers: int) -> None:
+    """Run `task` on `workers` pool workers at once and wait. Every worker runs with one intra-op thread; the caller
+    only waits (working itself, with its own multi-threaded BLAS, would oversubscribe the cores)."""
+    pool = _get_pool(num_workers())
+    for f in [pool.submit(task) for _ in range(workers)]:
+        f.result()
+
+
+def _inline(workers: int, macs: int) -> bool:
+    return workers <= 1 or macs < MIN_PARALLEL_MACS or getattr(_in_worker, "flag", False)
+
+
 def run_groups(items: list[tuple[int, int, int]], one: Callable[[int, int, int], None], macs: int) -> None:
     """Call one(group, start, end) for every item: inline when small or nested, else on the pool.
 
@@ -135,7 +154,7 @@ def run_groups(items: list[tuple[int, int, int]], one: Callable[[int, int, int],
     another process only does fewer groups instead of holding up the call.
     """
     workers = min(num_workers(), len(items))
-    if workers <= 1 or macs < MIN_PARALLEL_MACS or getattr(_in_worker, "flag", False):
+    if _inline(workers, macs):
         with torch.no_grad():
             for item in items:
                 one(*item)
@@ -148,11 +167,36 @@ def run_groups(items: list[tuple[int, int, int]], one: Callable[[int, int, int],
             while (i := next(counter)) < len(order):
                 one(*order[i])
 
-    # Every worker runs with one intra-op thread; the caller only waits (working itself, with its
-    # own multi-threaded BLAS, would oversubscribe the cores).
-    pool = _get_pool(num_workers())
-    for f in [pool.submit(drain) for _ in range(workers)]:
-        f.result()
+    _spread(drain, workers)
+
+
+def native_groups(lhs: torch.Tensor, rhs: torch.Tensor, items: list[tuple[int, int, int]],
+                  out: torch.Tensor) -> list[tuple[int, int, int]]:
+    """Run the items the native rows kernel takes (at most native_rows.MAX_ROWS rows, a plain [G, N, K] weight
+    stack behind rhs, contiguous rows) as one native call per worker, the workers sharing a counter inside it: no
+    return to Python per group. Each output equals what _mm_into computes for its group, bit for bit (the same
+    kernel, the same sums). Returns the items left for the per-group loop."""
+    w = rhs.transpose(1, 2)
+    if not (items and lhs.is_contiguous() and w.is_contiguous() and out.is_contiguous()
+            and native_rows.fits(lhs[items[0][1]:items[0][1] + 1], w[0])):
+        return items
+    small = sorted((it for it in items if it[2] - it[1] <= native_rows.MAX_ROWS),
+                   key=lambda it: it[2] - it[1], reverse=True)  # big groups first
+    if not small:
+        return items
+    table = native_rows.grouped_items(small)
+    counter = torch.zeros(1, dtype=torch.int32)
+
+    def drain() -> None:
+        native_rows.grouped(lhs, w, out, table, counter)
+
+    workers = min(num_workers(), len(small))
+    k, n = lhs.shape[1], w.shape[1]
+    if _inline(workers, sum(e - s for _, s, e in small) * k * n):
+        drain()
+    else:
+        _spread(drain, workers)
+    return [it for it in items if it[2] - it[1] > native_rows.MAX_ROWS]
 
 
 def grouped_matmul(lhs: torch.Tensor, rhs: torch.Tensor, sizes: list[int]) -> torch.Tensor:
@@ -164,11 +208,12 @@ def grouped_matmul(lhs: torch.Tensor, rhs: torch.Tensor, sizes: list[int]) -> to
     out = torch.empty((m, n), dtype=lhs.dtype, device=lhs.device)
     if covered < m:
         out[covered:].zero_()
+    rest = native_groups(lhs, rhs, items, out)
 
     def one(g: int, s: int, e: int) -> None:
         _mm_into(lhs[s:e], rhs[g], out[s:e])
 
-    run_groups(items, one, covered * k * n)
+    run_groups(rest, one, sum(e - s for _, s, e in rest) * k * n)
     return out
 
 

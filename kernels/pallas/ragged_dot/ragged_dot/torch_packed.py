@@ -1,21 +1,27 @@
-"""oneDNN-prepacked expert weights for the torch CPU path: pack once at load time, run whole experts per task.
+"""Expert weights prepared once at load time for the torch CPU path (kernelize, inference), two ways.
 
-Why: at decode sizes a MoE layer's time is reading its experts' weights once. oneDNN's linear wants each weight in its
-own blocked layout; handed a plain weight it works from that on every call. Packing once
-(`torch.ops.mkldnn._reorder_linear_weight`, what Inductor's freezing pass does) leaves only the read, and running both
-projections of an expert in one task on the grouped loop's workers (torch_cpu.run_groups) keeps each core streaming
-weights. The packed bytes are then collapsed into 2 MiB pages where Linux allows (huge_pages.py: fewer TLB misses).
+Why: at decode sizes a MoE layer's time is reading its experts' weights once.
 
-Memory: the packed layout of an expert is as large as the original for the layouts this is used on, so each expert is
-packed into its own bytes (in place) and memory grows by one expert at most while packing. A oneDNN tensor over memory
-torch already owns is made through torch's AOTInductor C shim (`aoti_torch_create_tensor_from_blob_v2`, mkldnn layout),
-the way AOTInductor loads packed constants; `packing_support` probes that route once and refuses where it is missing.
-`PackedExperts.unpack` writes the original bytes back (oneDNN's reorder is a permutation: bit for bit).
+- Native (nn.Linear-style [E, N, K] stacks, where native_rows.available): the weights stay exactly as they are and
+  the native rows kernel streams them; the block runs the unpacked loop's own grouped_matmul on the very same tensors
+  (one native call per worker per projection), so packed and unpacked agree by construction.
+- oneDNN (transposed layouts, or no native kernel): oneDNN's linear wants each weight in its own blocked layout;
+  handed a plain weight it works from that on every call. Packing once (`torch.ops.mkldnn._reorder_linear_weight`,
+  what Inductor's freezing pass does) leaves only the read, and running both projections of an expert in one task on
+  the grouped loop's workers (torch_cpu.run_groups) keeps each core streaming weights.
 
-Numbers: before anything is packed, the packed linear is compared bit for bit with the unpacked grouped loop
+Either way the bytes are then collapsed into 2 MiB pages where Linux allows (huge_pages.py: fewer TLB misses).
+
+Memory (oneDNN): the packed layout of an expert is as large as the original for the layouts this is used on, so each
+expert is packed into its own bytes (in place) and memory grows by one expert at most while packing. A oneDNN tensor
+over memory torch already owns is made through torch's AOTInductor C shim (`aoti_torch_create_tensor_from_blob_v2`,
+mkldnn layout), the way AOTInductor loads packed constants; `packing_support` probes that route once and refuses where
+it is missing. `PackedExperts.unpack` writes the original bytes back (oneDNN's reorder is a permutation: bit for bit).
+
+Numbers (oneDNN): before anything is packed, the packed linear is compared bit for bit with the unpacked grouped loop
 (torch_cpu.matmul) on the layer's own first expert for every row count in PROBE_ROWS, and the first reorder batch hint
-that agrees is the one used (both paths share torch_cpu.onednn_linear, which keeps oneDNN off its one-row kernel).
-None agreeing: nothing is packed.
+that agrees is the one used (both paths share torch_cpu.onednn_linear, which keeps oneDNN off its one-row kernel). None
+agreeing: nothing is packed.
 
 Imports torch only (the torch-cpu build runs where jax is absent); never imports kernel_hub.
 """
@@ -31,10 +37,12 @@ from typing import Any
 
 import torch
 
+from . import native_rows
 from .huge_pages import advise_huge_pages
 from .torch_cpu import (
     activate,
     combine_experts,
+    grouped_matmul,
     matmul,
     nonempty_groups,
     on_worker,
@@ -132,7 +140,17 @@ def shares_memory(t: torch.Tensor) -> bool:
 
 @functools.cache
 def packing_support(dtype: torch.dtype) -> tuple[bool, str]:
-    """(can this process pack `dtype` expert weights in place, why). Probes oneDNN and the in-place route once."""
+    """(can this process pack `dtype` expert weights in place, why): by the native rows kernel (nn.Linear-style
+    layouts) or oneDNN (every layout); each probed once."""
+    native, native_why = native_rows.available(dtype)
+    onednn, onednn_why = _onednn_support(dtype)
+    if not (native or onednn):
+        return False, f"{native_why}; {onednn_why}"
+    return True, "; ".join(why for ok, why in ((native, native_why), (onednn, onednn_why)) if ok)
+
+
+def _onednn_support(dtype: torch.dtype) -> tuple[bool, str]:
+    """(can oneDNN pack `dtype` expert weights in place here, why). Probes oneDNN and the in-place route."""
     name = str(dtype).replace("torch.", "")
     if dtype not in SUPPORTED_DTYPES:
         return False, f"{name} weights: packing covers float32 and bfloat16"
@@ -152,9 +170,9 @@ def packing_support(dtype: torch.dtype) -> tuple[bool, str]:
         g = torch.Generator().manual_seed(0)
         weight = torch.randn(3, 64, 64, generator=g).to(dtype)
         original = weight.clone()
-        packed = pack_experts(weight, transposed=False, check_rows=(1, 2, 5))
+        packed = _pack_onednn(weight, transposed=True, check_rows=(1, 2, 5))
         x = torch.randn(5, 64, generator=g).to(dtype)
-        if not torch.equal(packed.linear(1, x), matmul(x, original[1].t())):
+        if not torch.equal(packed.linear(1, x), matmul(x, original[1])):
             return False, "the oneDNN probe's packed linear differs from the unpacked path"
         if not torch.equal(packed.unpack(), original):
             return False, "the oneDNN probe did not unpack to its original bytes"
@@ -197,18 +215,30 @@ def exact_hint(w: torch.Tensor, rows: tuple[int, ...] = PROBE_ROWS) -> tuple[int
 
 
 class PackedExperts:
-    """A stacked expert weight ([E, N, K], or [E, K, N] with transposed=True) whose memory holds each expert in
-    oneDNN's packed layout, in place. `tensor` is the original tensor object (its bytes are packed until `unpack`);
-    `experts[e]` is a oneDNN view of expert e's bytes. Pickling and deepcopy store the dense values, never the packed
-    bytes, and pack again on load."""
+    """A stacked expert weight ([E, N, K], or [E, K, N] with transposed=True) prepared for decode in place, one of two
+    ways. oneDNN (`hint` set): each expert's memory holds oneDNN's packed layout until `unpack`, and `experts[e]` is a
+    oneDNN view of it. Native (`hint` None, nn.Linear-style layouts where native_rows is available): the bytes are
+    left exactly as they are and `experts[e]` is the plain [N, K] matrix, which the native rows kernel reads as it
+    lies. Either way `tensor` is the original tensor object, and pickling and deepcopy store the dense values, never
+    packed bytes, and pack again on load."""
 
-    def __init__(self, tensor: torch.Tensor, transposed: bool, hint: int, experts: list[torch.Tensor]) -> None:
+    def __init__(self, tensor: torch.Tensor, transposed: bool, hint: int | None, experts: list[torch.Tensor]) -> None:
         self.tensor = tensor
         self.transposed = transposed
         self.hint = hint
         self.experts: list[torch.Tensor] | None = experts
         #: (bytes in 2 MiB pages, why): what backs the packed bytes (huge_pages.advise_huge_pages).
         self.huge_pages: tuple[int, str] = (0, "ordinary pages")
+
+    @property
+    def native(self) -> bool:
+        """True when the bytes are the original layout, read by the native rows kernel (nothing was reordered)."""
+        return self.hint is None
+
+    @property
+    def how(self) -> str:
+        """The route, for the report."""
+        return "native rows kernel on the original layout" if self.native else f"oneDNN batch hint {self.hint}"
 
     @property
     def packed(self) -> bool:
@@ -223,13 +253,15 @@ class PackedExperts:
         return self.tensor.dtype
 
     def linear(self, e: int, x: torch.Tensor) -> torch.Tensor:
-        """x @ W_e^T with expert e's packed weight."""
+        """x @ W_e^T with expert e's packed weight (native: the unpacked loop's own product: equal by design)."""
         assert self.experts is not None, "unpacked"
-        return onednn_linear(x, self.experts[e])
+        return matmul(x, self.experts[e].t()) if self.native else onednn_linear(x, self.experts[e])
 
     def _write_back(self, dest: torch.Tensor, e: int) -> None:
         assert self.experts is not None
-        dense = self.experts[e].to_dense()
+        if self.native and dest is self.tensor:
+            return  # the bytes never changed
+        dense = self.experts[e] if self.native else self.experts[e].to_dense()
         dest[e].copy_(dense.t() if self.transposed else dense)
 
     def dense(self) -> torch.Tensor:
@@ -269,9 +301,9 @@ def _from_dense(tensor: torch.Tensor, transposed: bool) -> PackedExperts:
 
 
 def pack_experts(weight: torch.Tensor, *, transposed: bool, check_rows: tuple[int, ...] = PROBE_ROWS) -> PackedExperts:
-    """Pack every expert of `weight` in place (see the module docstring); raises PackingError saying why not.
-
-    On any failure part way, the experts already packed are written back first: `weight` is never left half packed."""
+    """Prepare every expert of `weight` in place (see the module docstring); raises PackingError saying why not.
+    nn.Linear-style stacks go to the native rows kernel where it is available (nothing reordered), the rest to
+    oneDNN's packed layout; either way the memory is then collapsed into 2 MiB pages where Linux allows."""
     if weight.dim() != 3 or weight.device.type != "cpu" or weight.dtype not in SUPPORTED_DTYPES:
         raise PackingError(f"needs a 3-D float32/bfloat16 CPU tensor, got {tuple(weight.shape)} "
                            f"{weight.dtype} on {weight.device.type}")
@@ -279,9 +311,20 @@ def pack_experts(weight: torch.Tensor, *, transposed: bool, check_rows: tuple[in
         raise PackingError("the stacked weight is not contiguous")
     if weight.requires_grad:
         raise PackingError("the weight requires grad (packed weights are inference-only)")
-    if shares_memory(weight):
+    if shares_memory(weight):  # also on the native route: kernelize hides the parameter behind a placeholder
         raise PackingError("its memory is shared with another tensor (a view, a state_dict you hold, a tied "
                            "weight): packing in place would change that tensor")
+    if not transposed and native_rows.available(weight.dtype)[0]:
+        holder = PackedExperts(weight, transposed, None, [weight[e] for e in range(weight.shape[0])])
+    else:
+        holder = _pack_onednn(weight, transposed=transposed, check_rows=check_rows)
+    holder.huge_pages = advise_huge_pages(weight)
+    return holder
+
+
+def _pack_onednn(weight: torch.Tensor, *, transposed: bool, check_rows: tuple[int, ...]) -> PackedExperts:
+    """oneDNN's packed layout, expert by expert in place. On any failure part way, the experts already packed are
+    written back first: `weight` is never left half packed."""
     api, why = _blob_api()
     if api is None:
         raise PackingError(why)
@@ -309,7 +352,6 @@ def pack_experts(weight: torch.Tensor, *, transposed: bool, check_rows: tuple[in
         except BaseException:
             partial.unpack()
             raise
-    partial.huge_pages = advise_huge_pages(weight)
     return partial
 
 
@@ -344,30 +386,36 @@ def moe_experts_packed(
     dtype = gate_up.dtype
 
     with torch.no_grad():
-        _, perm, sizes, in_range = route(top_k_index, num_experts)
+        sorted_ids, perm, sizes, in_range = route(top_k_index, num_experts)
         rows = perm.numel()
         items = nonempty_groups([int(s) for s in sizes.tolist()], rows)
         covered = items[-1][2] if items else 0
         hidden = down.tensor.shape[2] if down.transposed else down.tensor.shape[1]
         parts: list[torch.Tensor | None] = [None] * len(items)
         place = {e: i for i, (e, _, _) in enumerate(items)}
-        ups, downs = gate_up.experts, down.experts
-        assert ups is not None and downs is not None, "unpacked"
+        assert gate_up.packed and down.packed, "unpacked"
         # Every routed row once, in expert order, gathered on a worker (in the caller it would fork OpenMP threads):
         # the tasks then take plain slices, which keeps the GIL-holding Python per expert to a minimum.
         x = on_worker(lambda: hidden_states[perm[:covered] // top_k].to(dtype))
+        if gate_up.native and down.native:  # the weights lie as they were: the unpacked loop's own products
+            parts = [_native_rows_block(x, items, sorted_ids[:covered], gate_up, down, up_bias=gate_up_proj_bias,
+                                        down_bias=down_proj_bias, gate=lambda h: activate(
+                                            h, act=act, has_gate=has_gate, concatenated=is_concatenated,
+                                            gate_fn=gate_fn))]
+            items = []
 
         def one(e: int, start: int, end: int) -> None:
-            h = onednn_linear(x[start:end], ups[e])
+            h = gate_up.linear(e, x[start:end])
             if gate_up_proj_bias is not None:
                 h = h + gate_up_proj_bias[e]
             h = activate(h, act=act, has_gate=has_gate, concatenated=is_concatenated, gate_fn=gate_fn)
-            o = onednn_linear(h if h.dtype == dtype else h.to(dtype), downs[e])
+            o = down.linear(e, h if h.dtype == dtype else h.to(dtype))
             if down_proj_bias is not None:
                 o = o + down_proj_bias[e]
             parts[place[e]] = o
 
-        run_groups(items, one, covered * (gate_up.tensor[0].numel() + down.tensor[0].numel()))
+        if items:
+            run_groups(items, one, covered * (gate_up.tensor[0].numel() + down.tensor[0].numel()))
         if covered < rows:  # rows of dropped (sentinel) ids
             parts.append(torch.zeros((rows - covered, hidden), dtype=dtype))
 
@@ -377,3 +425,25 @@ def moe_experts_packed(
 
         out = on_worker(gathered) if post_fn is None else gathered()
         return combine_experts(out, top_k_weights, perm, in_range, num_tokens, top_k, hidden_states.dtype)
+
+
+def _native_rows_block(x: torch.Tensor, items: list[tuple[int, int, int]], ids: torch.Tensor, gate_up: PackedExperts,
+                       down: PackedExperts, *, up_bias: torch.Tensor | None, down_bias: torch.Tensor | None,
+                       gate: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """The covered rows' expert outputs when both weights stay in their own layout: the two projections are the
+    unpacked loop's grouped_matmul on the very same tensors (one native call per worker per projection), the bias and
+    gate run once over all rows on a worker, as moe_experts runs them. Equal to moe_experts by construction."""
+    sizes = [0] * gate_up.num_experts
+    for e, start, end in items:
+        sizes[e] = end - start
+    dtype = gate_up.dtype
+
+    def middle(h: torch.Tensor) -> torch.Tensor:
+        if up_bias is not None:
+            h = h + up_bias[ids]
+        return gate(h).to(dtype).contiguous()
+
+    up = grouped_matmul(x, gate_up.tensor.transpose(1, 2), sizes)  # in the caller: it spreads over the workers
+    h = on_worker(lambda: middle(up))
+    out = grouped_matmul(h, down.tensor.transpose(1, 2), sizes)
+    return out if down_bias is None else on_worker(lambda: out + down_bias[ids])

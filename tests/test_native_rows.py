@@ -1,0 +1,161 @@
+"""The ragged dot's native rows kernel (native_rows.py): numbers against float64 on fresh random inputs at every tail
+(rows past a block of four, weight rows short of a group, K not a multiple of the vector width), NaN kept where it
+belongs, one grouped call equal to per-group calls bit for bit, and the build's trust rules: compiled only from the
+verified module's own source in a private folder that is gone before the first call; no compiler, a failed compile,
+a failed self-test or KERNEL_HUB_CPU_NATIVE=0 each leave the kernel off with the reason, and the packed and unpacked
+paths then take oneDNN / torch.mm together."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import kernel_hub as kh  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    return kh.get_kernel("kernel-hub/ragged-dot-tpu", framework="torch", backend="cpu")
+
+
+@pytest.fixture(scope="module")
+def native(kernel):
+    module = sys.modules[kernel.PackedExperts.__module__].native_rows
+    for dtype in (torch.float32, torch.bfloat16):
+        ok, why = module.available(dtype)
+        if not ok:
+            pytest.skip(f"the native rows kernel is not available here: {why}")
+    return module
+
+
+@pytest.fixture
+def fresh(native, monkeypatch, tmp_path):
+    """The native module with its build and availability caches cleared, compiling under tmp_path; both caches are
+    cleared again afterwards so later tests rebuild with the real settings."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    native._library.cache_clear()
+    native.available.cache_clear()
+    yield native
+    native._library.cache_clear()
+    native.available.cache_clear()
+
+
+def reference(x: torch.Tensor, w: torch.Tensor) -> np.ndarray:
+    return x.double().numpy() @ w.double().numpy().T
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+def test_rows_kernel_matches_float64_at_every_tail(native, dtype):
+    g = torch.Generator().manual_seed(21)
+    bound = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    for rows in (1, 2, 3, 4, 5, 7, 8, 9, 16):
+        for n, k in ((1, 1), (3, 15), (5, 17), (67, 2051), (768, 2048)):
+            x = torch.randn(rows, k, generator=g).to(dtype)
+            w = torch.randn(n, k, generator=g).to(dtype)
+            assert native.fits(x, w)
+            got = native.linear(x, w)
+            assert got.dtype == dtype and got.shape == (rows, n) and not torch.isnan(got).any()
+            ref = reference(x, w)
+            err = np.abs(got.double().numpy() - ref).max() / max(np.abs(ref).max(), 1e-30)
+            assert err <= bound, (rows, n, k, err)
+
+
+def test_nan_stays_in_its_row_and_inf_in_its_column(native):
+    x = torch.randn(6, 40).to(torch.bfloat16)
+    w = torch.randn(9, 40).to(torch.bfloat16)
+    x[4, 7] = float("nan")
+    w[2, 0] = float("inf")
+    x[:, 0] = torch.tensor([1.0, -1.0, 1.0, -1.0, 1.0, 1.0]).to(torch.bfloat16)
+    got = native.linear(x, w)
+    assert got[4].isnan().all()
+    others = torch.tensor([0, 1, 2, 3, 5])
+    assert not got[others].isnan().any()
+    assert torch.equal(got[others, 2].float(), torch.sign(x[others, 0].float()) * float("inf"))
+
+
+def test_fits_refuses_what_the_kernel_does_not_take(native):
+    w = torch.randn(8, 32)
+    assert native.fits(torch.randn(native.MAX_ROWS, 32), w)
+    assert not native.fits(torch.randn(native.MAX_ROWS + 1, 32), w)  # prefill sizes: the blocked kernels
+    assert not native.fits(torch.randn(0, 32), w)
+    assert not native.fits(torch.randn(32, 4).t(), w)  # rows not contiguous
+    assert not native.fits(torch.randn(4, 32), torch.randn(32, 8).t())  # a transposed weight
+    assert not native.fits(torch.randn(4, 32).to(torch.bfloat16), w)  # mixed dtypes
+    assert not native.fits(torch.randn(4, 32).half(), w.half())
+
+
+def test_one_grouped_call_equals_per_group_calls_bit_for_bit(kernel, native):
+    """What the packed path runs (all experts in one call per worker) and what one group at a time would run agree in
+    every bit, and both equal the public ragged dot (the unpacked grouped loop)."""
+    g = torch.Generator().manual_seed(5)
+    for dtype in (torch.bfloat16, torch.float32):
+        stack = torch.randn(6, 40, 72, generator=g).to(dtype)  # [G, N, K]
+        sizes = [3, 0, 16, 1, 7, 2]  # an empty group, one at the row limit
+        x = torch.randn(sum(sizes), 72, generator=g).to(dtype)
+        out = torch.full((x.shape[0], 40), float("nan")).to(dtype)
+        groups, start = [], 0
+        for e, size in enumerate(sizes):
+            if size:
+                groups.append((e, start, start + size))
+            start += size
+        counter = torch.zeros(1, dtype=torch.int32)
+        native.grouped(x, stack, out, native.grouped_items(groups), counter)
+        assert int(counter) >= len(groups)
+        one_by_one = torch.cat([native.linear(x[s:e], stack[grp]) for grp, s, e in groups])
+        assert torch.equal(out, one_by_one)
+        with torch.no_grad():
+            assert torch.equal(out, kernel.ragged_dot(x, stack.transpose(1, 2), torch.tensor(sizes)))
+
+
+def test_build_uses_only_the_module_source_in_a_private_folder_it_removes(fresh, monkeypatch, tmp_path):
+    seen = []
+    real = subprocess.run
+
+    def spy(args, **kwargs):
+        source = Path(args[-1])
+        seen.append((source.parent, source.read_text(), oct(source.parent.stat().st_mode & 0o777)))
+        return real(args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", spy)
+    ok, why = fresh.available(torch.float32)
+    assert ok, why
+    [(folder, text, mode)] = seen
+    assert folder.parent == tmp_path and text == fresh.SOURCE and mode == "0o700"
+    assert not folder.exists() and list(tmp_path.iterdir()) == []  # nothing left behind
+
+
+@pytest.mark.parametrize("case", ["no_compiler", "compile_error", "self_test", "disabled"])
+def test_when_the_kernel_is_off_it_says_why_and_both_paths_agree(kernel, fresh, monkeypatch, tmp_path, case):
+    if case == "no_compiler":
+        monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+        words = "no C compiler"
+    elif case == "compile_error":
+        broken = tmp_path / "broken-cc"
+        broken.write_text("#!/bin/sh\necho 'rows.c:1: error: simulated' >&2\nexit 1\n")
+        broken.chmod(0o755)
+        monkeypatch.setenv("CC", str(broken))
+        words = "could not compile the native kernel: rows.c:1: error: simulated"
+    elif case == "self_test":
+        monkeypatch.setattr(fresh, "_run", lambda x, w, out=None: torch.zeros((x.shape[0], w.shape[0]), dtype=x.dtype))
+        words = "self-test missed float64"
+    else:
+        monkeypatch.setenv(fresh.ENV, "0")
+        words = f"{fresh.ENV}=0"
+    ok, why = fresh.available(torch.float32)
+    assert not ok and words in why
+    assert not fresh.fits(torch.randn(4, 64), torch.randn(8, 64))
+    weight = torch.randn(3, 64, 64)
+    packed = kernel.pack_experts(weight.clone(), transposed=False)
+    assert not packed.native and packed.how.startswith("oneDNN")
+    x = torch.randn(5, 64)
+    with torch.no_grad():
+        unpacked = kernel.ragged_dot(x, weight.transpose(1, 2), torch.tensor([0, 5, 0]))
+    assert torch.equal(packed.linear(1, x), unpacked)
+    assert [p for p in tmp_path.iterdir() if p.name.startswith("kernel-hub-native-")] == []
