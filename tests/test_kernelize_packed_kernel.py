@@ -312,3 +312,32 @@ def test_the_packed_reason_sums_huge_pages_or_says_why_not():
     assert _pages([huge, other]) == "10 MiB in 2 MiB pages"
     assert _pages([huge, refused]) == refused.huge_pages[1]
     assert _pages([SimpleNamespace()]) == "ordinary pages"  # a kernel that predates huge pages
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+def test_combine_split_over_workers_equals_one_pass(kernel, dtype, monkeypatch):
+    """The block's last step splits tokens over the workers on CPU inference; autograd and one worker run it in one
+    pass. Both give the same bits, and both match float64 (sentinel rows dropped)."""
+    cpu = sys.modules[kernel.combine_experts.__module__]
+    g = torch.Generator().manual_seed(9)
+    tokens, top_k, experts, hidden = 37, 4, 6, 48
+    index = torch.argsort(torch.rand(tokens, experts + 2, generator=g), dim=1)[:, :top_k]  # ids 6, 7: sentinels
+    weights = torch.softmax(torch.randn(tokens, top_k, generator=g), dim=-1).to(dtype)
+    routing = cpu.route(index, experts)
+    rows = torch.randn(tokens * top_k, hidden, generator=g).to(dtype)
+    rows[~routing.in_range] = float("nan")  # what a dropped row holds must never reach a token
+    args = (rows, weights, routing.perm, routing.in_range, tokens, top_k, dtype)
+    monkeypatch.setenv("KERNEL_HUB_CPU_WORKERS", "2")
+    with torch.no_grad():
+        split = cpu.combine_experts(*args)
+    monkeypatch.setenv("KERNEL_HUB_CPU_WORKERS", "1")
+    with torch.no_grad():
+        whole = cpu.combine_experts(*args)
+    assert torch.equal(split, whole) and not torch.isnan(split).any()
+    expected = np.zeros((tokens, hidden))
+    flat = index.reshape(-1)
+    for slot in range(tokens * top_k):
+        if flat[slot] < experts:
+            row = int((routing.perm == slot).nonzero())
+            expected[slot // top_k] += float(weights.reshape(-1)[slot]) * rows[row].double().numpy()
+    assert relative_error(split, expected) <= TOLERANCE[str(dtype).replace("torch.", "")]

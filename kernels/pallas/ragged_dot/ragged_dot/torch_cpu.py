@@ -308,18 +308,34 @@ def combine_experts(out: torch.Tensor, top_k_weights: torch.Tensor, perm: torch.
                     num_tokens: int, top_k: int, dtype: torch.dtype) -> torch.Tensor:
     """The expert block's last step, shared by moe_experts and moe_experts_packed (so they agree bit for bit): weight
     each row (in expert order, `perm` from the stable sort) by its routing weight, zero the rows of dropped ids, and
-    sum each token's top_k rows. Returns [tokens, hidden] in `dtype`. On CPU without autograd it runs on a worker."""
+    sum each token's top_k rows. Returns [tokens, hidden] in `dtype`. On CPU without autograd the tokens are split
+    over the workers; each token's sum is the same computation either way (tests/test_native_rows.py checks)."""
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(perm.numel(), device=perm.device)
+    flat_weights = top_k_weights.reshape(-1)
+    masked = not bool(in_range.all())
 
-    def combine() -> torch.Tensor:
-        weights = top_k_weights.reshape(-1)[perm]
-        rows = out
-        if not bool(in_range.all()):
-            weights = weights.masked_fill(~in_range, 0.0)
-            rows = rows.masked_fill(~in_range[:, None], 0.0)
-        weighted = rows * weights.unsqueeze(-1)
-        inverse = torch.empty_like(perm)
-        inverse[perm] = torch.arange(perm.numel(), device=perm.device)
-        return weighted[inverse].view(num_tokens, top_k, -1).sum(dim=1).to(dtype)
+    def tokens(t0: int, t1: int) -> torch.Tensor:
+        at = inverse[t0 * top_k:t1 * top_k]  # token-major: token t's top_k rows
+        rows, weights = out[at], flat_weights[t0 * top_k:t1 * top_k]
+        if masked:
+            keep = in_range[at]
+            weights = weights.masked_fill(~keep, 0.0)
+            rows = rows.masked_fill(~keep[:, None], 0.0)
+        return (rows * weights.unsqueeze(-1)).view(t1 - t0, top_k, -1).sum(dim=1).to(dtype)
 
     needs_grad = torch.is_grad_enabled() and (out.requires_grad or top_k_weights.requires_grad)
-    return on_worker(combine) if out.device.type == "cpu" and not needs_grad else combine()
+    workers = min(num_workers(), num_tokens)
+    if out.device.type != "cpu" or needs_grad or getattr(_in_worker, "flag", False) or workers <= 1:
+        return tokens(0, num_tokens)
+    result = torch.empty((num_tokens, out.shape[1]), dtype=dtype)
+    bounds = [num_tokens * i // workers for i in range(workers + 1)]
+
+    def part(t0: int, t1: int) -> None:
+        with torch.no_grad():
+            result[t0:t1] = tokens(t0, t1)
+
+    pool = _get_pool(num_workers())
+    for f in [pool.submit(part, a, b) for a, b in itertools.pairwise(bounds) if b > a]:
+        f.result()
+    return result

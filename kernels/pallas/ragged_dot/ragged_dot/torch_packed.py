@@ -420,7 +420,10 @@ def moe_experts_packed(
             parts.append(torch.zeros((rows - covered, hidden), dtype=dtype))
 
         def gathered() -> torch.Tensor:
-            out = torch.cat(parts) if parts else torch.zeros((0, hidden), dtype=dtype)  # type: ignore[arg-type]
+            if not parts:
+                out = torch.zeros((0, hidden), dtype=dtype)
+            else:  # a single part is used as it is (no copy)
+                out = parts[0] if len(parts) == 1 else torch.cat(parts)  # type: ignore[arg-type]
             return post_fn(out) if post_fn is not None else out
 
         out = on_worker(gathered) if post_fn is None else gathered()
