@@ -3,13 +3,15 @@
 Runs transformers' eager, grouped_mm and batched_mm experts implementations, the kernelized layer
 (kernel-hub/ragged-dot-tpu through kh.kernelize: expert weights packed where this CPU allows) and the same
 layer kernelized without packing (KERNEL_HUB_CPU_PACK=0), on the same weights and routing, interleaved with the order
-rotated each round. The memory floor (every active expert's weights read once) is measured in the same rounds, from
-the faster of two copies over both cores (a pool of one-thread workers, as the kernel's own workers run, and one copy
-on torch's threads), scaled to the active bytes; the copy buffers sit in 2 MiB pages where the kernel's packed weights
-do (the kernel's own advise_huge_pages), so the floor is never slowed by TLB misses the kernel avoids. Ratios are
-taken within each round (kernelized / grouped_mm, kernelized / floor), so load that hits a round hits both sides;
-the table gives their median and interquartile range, the JSON every sample, min and max, the load average, and the
-peak resident memory while kernelize packs the layer (first in the process, and again warm).
+rotated each round. The memory floor (every active expert's weights read once) is measured in the same rounds, as
+the fastest of three passes over both cores, scaled to the active bytes: a copy by a pool of one-thread workers (as
+the kernel's own workers run), one copy on torch's threads (a copy counts its reads and writes), and a read-only pass
+by the pool. Their buffers sit in 2 MiB pages where the kernel's packed weights do (the kernel's own
+advise_huge_pages), so the floor is never slowed by TLB misses the kernel avoids. Ratios are taken within each round
+(kernelized / grouped_mm, kernelized / floor, kernelized / the read-only pass), so load that hits a round hits both
+sides; the table gives their median and interquartile range, the JSON every sample, min and max, which pass set the
+floor, the load average, and the peak resident memory while kernelize packs the layer (first in the process, and
+again warm).
 Writes bench/out/moe_decode.json.
 
     python bench/moe_decode.py [--quick] [--dtypes bf16,f32] [--reps N] [--out PATH]
@@ -38,6 +40,11 @@ DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
 #: Bytes each floor round copies (scaled to the active bytes): large enough to leave every cache.
 FLOOR_COPY_BYTES = 256 << 20
 FLOOR_CHUNKS = 32
+#: Idle time before each timed call: torch's OpenMP workers (eager, grouped_mm, the threads copy) spin-wait for
+#: milliseconds after each parallel region, and would otherwise take the cores from whatever runs next.
+GAP_S = 0.05
+#: The three ways the floor is measured each round (FloorCopy); the round's floor is the fastest.
+FLOOR_KINDS = ("floor_pool", "floor_threads", "floor_read")
 
 
 def copy_bandwidth(nbytes: int = 256 << 20, reps: int = 5) -> float:
@@ -52,11 +59,59 @@ def copy_bandwidth(nbytes: int = 256 << 20, reps: int = 5) -> float:
     return 2 * nbytes / statistics.median(times)
 
 
+#: The read-only pass: eight independent sums of 64-byte loads, nothing else (compiled with -O3 -march=native, so
+#: AVX512 where the CPU has it); torch's own reductions spend enough arithmetic per byte to fall behind a copy.
+READ_LOOP_C = r"""
+#include <stddef.h>
+typedef float v16 __attribute__((vector_size(64)));
+float kh_bench_read(const float *p, size_t n) {
+    v16 a[8] = {{0}};
+    size_t i = 0;
+    for (; i + 128 <= n; i += 128)
+        for (int j = 0; j < 8; j++) a[j] += *(const v16 *)(p + i + 16 * j);
+    float s = 0;
+    for (int j = 0; j < 8; j++) for (int l = 0; l < 16; l++) s += a[j][l];
+    for (; i < n; i++) s += p[i];
+    return s;
+}
+"""
+
+
+def read_loop() -> tuple[Any, str]:
+    """(read(tensor), how): the compiled read-only loop over a 64-byte-aligned float32 tensor, or torch's amax with
+    the reason where no C compiler is at hand (a slower pass: the copies then set the floor)."""
+    import ctypes
+    import shutil
+    import subprocess
+    import tempfile
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None, "torch amax (no C compiler for the read loop)"
+    with tempfile.TemporaryDirectory() as folder:
+        src, lib = Path(folder, "read.c"), Path(folder, "read.so")
+        src.write_text(READ_LOOP_C)
+        done = subprocess.run([cc, "-O3", "-march=native", "-shared", "-fPIC", "-o", str(lib), str(src)],
+                              capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            return None, f"torch amax (the read loop did not compile: {done.stderr.strip()[:120]})"
+        fn = ctypes.CDLL(str(lib)).kh_bench_read
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_float
+
+    def read(t: torch.Tensor) -> None:
+        assert t.data_ptr() % 64 == 0 and t.is_contiguous() and t.dtype == torch.float32
+        fn(t.data_ptr(), t.numel())
+
+    return read, "compiled read loop (8 x 64-byte sums)"
+
+
 class FloorCopy:
-    """Copies FLOOR_COPY_BYTES on every core, two ways: chunks taken from a shared counter by one-thread workers (the
-    kernel's pool model: `pool`) and one torch copy on torch's own threads (`threads`). A call's time scaled by
+    """Moves FLOOR_COPY_BYTES on every core, three ways: a copy in chunks taken from a shared counter by one-thread
+    workers (the kernel's pool model: `pool_copy`), one torch copy on torch's own threads (`threads_copy`), and a
+    read-only pass (each worker takes chunks and reduces them with amax: `pool_read`). A copy's time scaled by
     active_bytes / (2 * FLOOR_COPY_BYTES) is the time to read the active bytes once at the rate that copy moved bytes
-    (read + write); each round's floor is the faster of the two."""
+    (read + write); the read's time scaled by active_bytes / FLOOR_COPY_BYTES is that time at the rate a read-only pass
+    reached. Each round's floor is the fastest of the three."""
 
     def __init__(self, workers: int, advise_huge_pages: Any = None) -> None:
         self.src = torch.ones(FLOOR_COPY_BYTES // 4, dtype=torch.float32)
@@ -67,6 +122,7 @@ class FloorCopy:
         self.workers = workers
         self.pool = ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(1,))
         self.chunks = list(zip(self.src.chunk(FLOOR_CHUNKS), self.dst.chunk(FLOOR_CHUNKS), strict=True))
+        self.read_loop, self.read_how = read_loop()
 
     def pool_copy(self) -> None:
         counter = itertools.count()
@@ -81,6 +137,17 @@ class FloorCopy:
 
     def threads_copy(self) -> None:
         self.dst.copy_(self.src)
+
+    def pool_read(self) -> None:
+        counter = itertools.count()
+        read = self.read_loop or (lambda t: t.amax())
+
+        def drain() -> None:
+            while (i := next(counter)) < len(self.chunks):
+                read(self.chunks[i][0])
+
+        for f in [self.pool.submit(drain) for _ in range(self.workers)]:
+            f.result()
 
     def close(self) -> None:
         self.pool.shutdown()
@@ -198,14 +265,14 @@ def bench_dtype(name: str, dtype: torch.dtype, *, batch: int, reps: int, batched
     kernelized, unpacked = forward(packed_container.experts), forward(experts)
     out = kernelized()
     variants = {"eager": eager, "grouped_mm": grouped, "kernelized": kernelized, "kernelized_unpacked": unpacked,
-                "floor_pool": floor.pool_copy, "floor_threads": floor.threads_copy}
-    times = interleaved_samples(variants, repeats=reps, warmup=1)
+                "floor_pool": floor.pool_copy, "floor_threads": floor.threads_copy, "floor_read": floor.pool_read}
+    times = interleaved_samples(variants, repeats=reps, warmup=1, gap_s=GAP_S)
     if batched_reps:  # seconds per call: timed apart, after the others, so it never precedes them
         times.update(interleaved_samples({"batched_mm": batched}, repeats=batched_reps, warmup=0))
     scale = active_bytes(index, dtype) / (2 * FLOOR_COPY_BYTES)
-    for copy_kind in ("floor_pool", "floor_threads"):
-        times[copy_kind] = [t * scale for t in times[copy_kind]]
-    times["floor"] = [min(a, b) for a, b in zip(times["floor_pool"], times["floor_threads"], strict=True)]
+    for kind in FLOOR_KINDS:
+        times[kind] = [t * scale * (2 if kind == "floor_read" else 1) for t in times[kind]]
+    times["floor"] = [min(r) for r in zip(*(times[kind] for kind in FLOOR_KINDS), strict=True)]
     kern, grp, flo = times["kernelized"], times["grouped_mm"], times["floor"]
     replaced = report.replaced[0] if report.replaced else None
     result = {
@@ -215,9 +282,11 @@ def bench_dtype(name: str, dtype: torch.dtype, *, batch: int, reps: int, batched
         "kernelized_vs_grouped_mm": spread([k / g for k, g in zip(kern, grp, strict=True)]),
         "kernelized_vs_floor": spread([k / f for k, f in zip(kern, flo, strict=True)]),
         "unpacked_vs_floor": spread([u / f for u, f in zip(times["kernelized_unpacked"], flo, strict=True)]),
+        "kernelized_vs_read": spread([k / r for k, r in zip(kern, times["floor_read"], strict=True)]),
+        "floor_from": {kind: sum(t == f for t, f in zip(times[kind], flo, strict=True)) for kind in FLOOR_KINDS},
         "max_rel_error_vs_grouped_mm": relative_error(out, reference),
         "packed_equals_unpacked": bool(torch.equal(out, unpacked())),
-        "records": bench_records({k: v for k, v in times.items() if k not in ("floor_pool", "floor_threads")},
+        "records": bench_records({k: v for k, v in times.items() if k not in FLOOR_KINDS},
                                  group=f"{name}, decode batch {batch}", baseline="grouped_mm"),
         "active_experts": int(torch.unique(index).numel()),
         "expert_mib": expert_bytes(dtype) / 2**20,
@@ -239,12 +308,13 @@ def table(results: list[dict[str, Any]]) -> str:
     cols = ["eager", "grouped_mm", "batched_mm", "kernelized_unpacked", "kernelized", "floor"]
     heads = ["eager", "grouped_mm", "batched_mm", "unpacked", "kernelized", "floor"]
     lines = ["dtype  " + "  ".join(f"{c:>10s}" for c in heads)
-             + "  kern/grouped [IQR]      kern/floor [IQR]  packed==unpacked  max rel err"]
+             + "  kern/grouped [IQR]      kern/floor [IQR]  kern/read-only [IQR]  packed==unpacked  max rel err"]
     for r in results:
         ms = r["median_ms"]
         cells = "  ".join(f"{ms[c]:8.1f}ms" if c in ms else f"{'-':>10s}" for c in cols)
         lines.append(f"{r['dtype']:5s}  {cells}  {_ratio(r['kernelized_vs_grouped_mm']):>18s}  "
-                     f"{_ratio(r['kernelized_vs_floor']):>18s}  {r['packed_equals_unpacked']!s:>16s}  "
+                     f"{_ratio(r['kernelized_vs_floor']):>18s}  {_ratio(r['kernelized_vs_read']):>20s}  "
+                     f"{r['packed_equals_unpacked']!s:>16s}  "
                      f"{r['max_rel_error_vs_grouped_mm']:.1e}")
     return "\n".join(lines)
 
@@ -275,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
 
     kernel = kh.get_kernel("kernel-hub/ragged-dot-tpu", framework="torch", backend="cpu")
     floor = FloorCopy(torch.get_num_threads(), getattr(kernel, "advise_huge_pages", None))
-    print(f"floor copy buffers: {', '.join(floor.pages) or 'ordinary pages'}")
+    print(f"floor buffers: {', '.join(floor.pages) or 'ordinary pages'}; read-only pass: {floor.read_how}")
     try:
         results = [bench_dtype(n, DTYPES[n], batch=args.batch, reps=reps, batched_reps=batched_reps, floor=floor)
                    for n in names]
@@ -301,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         "environment": {**environment(with_libtpu=False).model_dump(), "processor": platform.processor(),
                         "load_average_before": load_before, "load_average_after": load_after},
         "one_call_copy_bandwidth_gbs": bandwidth / 1e9, "floor_copy_bytes": FLOOR_COPY_BYTES,
-        "floor_pages": floor.pages,
+        "floor_pages": floor.pages, "floor_read_how": floor.read_how,
         "results": results,
     }, indent=2))
     print(f"wrote {args.out}")

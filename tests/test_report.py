@@ -171,6 +171,21 @@ def test_first_and_warm_counts_calls():
     assert len(calls) == 2 and len(warm) == 1
 
 
+def test_interleaved_gap_idles_before_each_timed_call_and_is_not_timed():
+    import time
+
+    from kernel_hub.timing import interleaved_samples
+
+    order: list[str] = []
+    start = time.perf_counter()
+    samples = interleaved_samples({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, repeats=3,
+                                  warmup=1, gap_s=0.03)
+    elapsed = time.perf_counter() - start
+    assert order == ["a", "b", "a", "b", "b", "a", "a", "b"]  # warmup, then rounds with the order rotated
+    assert elapsed >= 6 * 0.03  # one gap before each of the six timed calls
+    assert all(len(v) == 3 and max(v) < 0.03 for v in samples.values())  # the gap is outside the timed region
+
+
 def test_validate_reports_seed_and_progress(toy_kernel):
     import kernel_hub as kh
 

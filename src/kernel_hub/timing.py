@@ -91,14 +91,17 @@ class Ratio:
 
 
 def interleaved_samples(
-    fns: dict[str, Callable[[], Any]], *, repeats: int = 7, warmup: int = 1, settle: bool = False
+    fns: dict[str, Callable[[], Any]], *, repeats: int = 7, warmup: int = 1, settle: bool = False,
+    gap_s: float = 0.0,
 ) -> dict[str, list[float]]:
     """Seconds of every run per callable, run round-robin with the order rotated each round, so machine
     noise and the cost of following another call (cold caches after a heavy one) hit all alike.
 
     settle: precede each timed call by one untimed call of the same callable, so that no method pays for
     the previous method's memory traffic (e.g. jax.lax.ragged_dot's dense G x M x N intermediate, whose
-    freed pages the next call faults back in). Each method is then timed warm, still interleaved."""
+    freed pages the next call faults back in). Each method is then timed warm, still interleaved.
+    gap_s: idle this long before each timed call, so that threads the previous call left spinning (OpenMP's
+    workers spin-wait for milliseconds after a parallel region) are asleep before the next one starts."""
     for fn in fns.values():
         for _ in range(warmup):
             block(fn())
@@ -108,6 +111,8 @@ def interleaved_samples(
         for name in names[r % len(names):] + names[: r % len(names)]:
             if settle:
                 block(fns[name]())
+            if gap_s:
+                time.sleep(gap_s)
             start = time.perf_counter()
             block(fns[name]())
             samples[name].append(time.perf_counter() - start)
