@@ -23,7 +23,7 @@ from . import buildfmt as fmt
 from .errors import IntegrityError, KernelHubError, MetadataError, ValidationFailedError
 from .integrity import not_source_reason
 from .metadata import METADATA_FILE, KernelMetadata, load_metadata
-from .names import check_entry_file, check_python_name, check_repo_id, check_variant_name, safe_join, safe_rmtree
+from .names import check_repo_id, safe_join, safe_rmtree
 from .vendoring import assembled_files
 
 CARD = "README.md"
@@ -74,20 +74,11 @@ def kernel_file(kernel_dir: Path, name: str) -> Path | None:
 
 
 def checked_metadata(kernel_dir: Path) -> KernelMetadata:
-    """kernel.yaml, with every name publish joins into a path checked here, whatever metadata.py allows."""
+    """kernel.yaml, a plain file inside the kernel folder; every name publish later joins into a path (repo_id,
+    python_name, variant names and entries, each variant once) is checked by its schema (metadata.KernelSchema, the
+    rules in names.py) as it loads."""
     kernel_file(kernel_dir, METADATA_FILE)
-    meta = load_metadata(kernel_dir)
-    where = kernel_dir / METADATA_FILE
-    check_repo_id(meta.repo_id, f"{where}: repo_id")
-    check_python_name(meta.python_name, f"{where}: python_name")
-    seen = set()
-    for variant in meta.variants:
-        check_variant_name(variant.name, f"{where}: variant name")
-        check_entry_file(variant.entry, f"{where}: variant {variant.name} entry")
-        if variant.name in seen:
-            raise MetadataError(f"{where}: variant {variant.name} is listed twice")
-        seen.add(variant.name)
-    return meta
+    return load_metadata(kernel_dir)
 
 
 def package_sources(kernel_dir: Path, meta: KernelMetadata) -> dict[str, Path]:
