@@ -77,25 +77,16 @@ float kh_bench_read(const float *p, size_t n) {
 """
 
 
-def read_loop() -> tuple[Any, str]:
-    """(read(tensor), how): the compiled read-only loop over a 64-byte-aligned float32 tensor, or torch's amax with
-    the reason where no C compiler is at hand (a slower pass: the copies then set the floor)."""
+def read_loop(compile_c: Any) -> tuple[Any, str]:
+    """(read(tensor), how): the compiled read-only loop over a 64-byte-aligned float32 tensor (built with the kernel's
+    own native_rows.compile_c), or None and torch's amax with the reason (a slower pass: the copies then set the
+    floor)."""
     import ctypes
-    import shutil
-    import subprocess
-    import tempfile
 
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        return None, "torch amax (no C compiler for the read loop)"
-    with tempfile.TemporaryDirectory() as folder:
-        src, lib = Path(folder, "read.c"), Path(folder, "read.so")
-        src.write_text(READ_LOOP_C)
-        done = subprocess.run([cc, "-O3", "-march=native", "-shared", "-fPIC", "-o", str(lib), str(src)],
-                              capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            return None, f"torch amax (the read loop did not compile: {done.stderr.strip()[:120]})"
-        fn = ctypes.CDLL(str(lib)).kh_bench_read
+    lib, why = compile_c(READ_LOOP_C, ("-march=native",)) if compile_c else (None, "the kernel has no C build")
+    if lib is None:
+        return None, f"torch amax ({why})"
+    fn = lib.kh_bench_read
     fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t], ctypes.c_float
 
     def read(t: torch.Tensor) -> None:
@@ -113,7 +104,7 @@ class FloorCopy:
     (read + write); the read's time scaled by active_bytes / FLOOR_COPY_BYTES is that time at the rate a read-only pass
     reached. Each round's floor is the fastest of the three."""
 
-    def __init__(self, workers: int, advise_huge_pages: Any = None) -> None:
+    def __init__(self, workers: int, advise_huge_pages: Any = None, compile_c: Any = None) -> None:
         self.src = torch.ones(FLOOR_COPY_BYTES // 4, dtype=torch.float32)
         self.dst = torch.ones_like(self.src)
         # The same 2 MiB pages as the kernel's packed weights get (its own advise_huge_pages): the floor is the
@@ -122,7 +113,7 @@ class FloorCopy:
         self.workers = workers
         self.pool = ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(1,))
         self.chunks = list(zip(self.src.chunk(FLOOR_CHUNKS), self.dst.chunk(FLOOR_CHUNKS), strict=True))
-        self.read_loop, self.read_how = read_loop()
+        self.read_loop, self.read_how = read_loop(compile_c)
 
     def pool_copy(self) -> None:
         counter = itertools.count()
@@ -344,7 +335,10 @@ def main(argv: list[str] | None = None) -> int:
     import kernel_hub as kh
 
     kernel = kh.get_kernel("kernel-hub/ragged-dot-tpu", framework="torch", backend="cpu")
-    floor = FloorCopy(torch.get_num_threads(), getattr(kernel, "advise_huge_pages", None))
+    packed = getattr(kernel, "PackedExperts", None)  # its module holds the kernel's native_rows (the C build)
+    native = getattr(sys.modules.get(packed.__module__), "native_rows", None) if packed else None
+    floor = FloorCopy(torch.get_num_threads(), getattr(kernel, "advise_huge_pages", None),
+                      getattr(native, "compile_c", None))
     print(f"floor buffers: {', '.join(floor.pages) or 'ordinary pages'}; read-only pass: {floor.read_how}")
     try:
         results = [bench_dtype(n, DTYPES[n], batch=args.batch, reps=reps, batched_reps=batched_reps, floor=floor)

@@ -195,13 +195,16 @@ def compiler() -> str | None:
     return next((path for name in ("cc", "gcc", "clang") if (path := shutil.which(name))), None)
 
 
-def _compile(cc: str) -> tuple[ctypes.CDLL | None, str]:
-    """Compile SOURCE in a private folder, load it, remove the folder; (library, "") or (None, why)."""
+def compile_c(source: str, flags: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | None, str]:
+    """Compile C `source` in a private folder, load it, remove the folder; (library, "") or (None, why)."""
+    cc = compiler()
+    if cc is None:
+        return None, "no C compiler ($CC, cc, gcc or clang) to build the native kernel"
     folder = tempfile.mkdtemp(prefix="kernel-hub-native-")
     try:
         src, lib = Path(folder, "rows.c"), Path(folder, "rows.so")
-        src.write_text(SOURCE)
-        done = subprocess.run([cc, "-O3", "-shared", "-fPIC", "-o", str(lib), str(src)], capture_output=True,
+        src.write_text(source)
+        done = subprocess.run([cc, "-O3", *flags, "-shared", "-fPIC", "-o", str(lib), str(src)], capture_output=True,
                               text=True, timeout=120, check=False)
         if done.returncode != 0:
             first = next((ln for ln in done.stderr.splitlines() if "error" in ln), done.stderr.strip()[:200])
@@ -217,10 +220,7 @@ def _compile(cc: str) -> tuple[ctypes.CDLL | None, str]:
 def _library() -> tuple[ctypes.CDLL | None, str]:
     if sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64"):
         return None, f"the native kernel is built for x86-64 Linux, not {sys.platform} {platform.machine()}"
-    cc = compiler()
-    if cc is None:
-        return None, "no C compiler ($CC, cc, gcc or clang) to build the native kernel"
-    lib, why = _compile(cc)
+    lib, why = compile_c(SOURCE)
     if lib is None:
         return None, why
     ptr, i32 = ctypes.c_void_p, ctypes.c_int

@@ -135,11 +135,11 @@ def nonempty_groups(sizes: list[int], m: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def _spread(task: Callable[[], None], workers: int) -> None:
-    """Run `task` on `workers` pool workers at once and wait. Every worker runs with one intra-op thread; the caller
+def _spread(tasks: list[Callable[[], None]]) -> None:
+    """Run the tasks on the pool at once and wait for all. Every worker runs with one intra-op thread; the caller
     only waits (working itself, with its own multi-threaded BLAS, would oversubscribe the cores)."""
     pool = _get_pool(num_workers())
-    for f in [pool.submit(task) for _ in range(workers)]:
+    for f in [pool.submit(task) for task in tasks]:
         f.result()
 
 
@@ -167,7 +167,7 @@ def run_groups(items: list[tuple[int, int, int]], one: Callable[[int, int, int],
             while (i := next(counter)) < len(order):
                 one(*order[i])
 
-    _spread(drain, workers)
+    _spread([drain] * workers)
 
 
 def native_groups(lhs: torch.Tensor, rhs: torch.Tensor, items: list[tuple[int, int, int]],
@@ -195,7 +195,7 @@ def native_groups(lhs: torch.Tensor, rhs: torch.Tensor, items: list[tuple[int, i
     if _inline(workers, sum(e - s for _, s, e in small) * k * n):
         drain()
     else:
-        _spread(drain, workers)
+        _spread([drain] * workers)
     return [it for it in items if it[2] - it[1] > native_rows.MAX_ROWS]
 
 
@@ -309,7 +309,8 @@ def combine_experts(out: torch.Tensor, top_k_weights: torch.Tensor, perm: torch.
     """The expert block's last step, shared by moe_experts and moe_experts_packed (so they agree bit for bit): weight
     each row (in expert order, `perm` from the stable sort) by its routing weight, zero the rows of dropped ids, and
     sum each token's top_k rows. Returns [tokens, hidden] in `dtype`. On CPU without autograd the tokens are split
-    over the workers; each token's sum is the same computation either way (tests/test_native_rows.py checks)."""
+    over the workers; each token's sum is the same computation either way (tests/test_kernelize_packed_kernel.py
+    checks)."""
     inverse = torch.empty_like(perm)
     inverse[perm] = torch.arange(perm.numel(), device=perm.device)
     flat_weights = top_k_weights.reshape(-1)
@@ -331,11 +332,11 @@ def combine_experts(out: torch.Tensor, top_k_weights: torch.Tensor, perm: torch.
     result = torch.empty((num_tokens, out.shape[1]), dtype=dtype)
     bounds = [num_tokens * i // workers for i in range(workers + 1)]
 
-    def part(t0: int, t1: int) -> None:
-        with torch.no_grad():
-            result[t0:t1] = tokens(t0, t1)
+    def part(t0: int, t1: int) -> Callable[[], None]:
+        def run() -> None:
+            with torch.no_grad():
+                result[t0:t1] = tokens(t0, t1)
+        return run
 
-    pool = _get_pool(num_workers())
-    for f in [pool.submit(part, a, b) for a, b in itertools.pairwise(bounds) if b > a]:
-        f.result()
+    _spread([part(a, b) for a, b in itertools.pairwise(bounds) if b > a])
     return result

@@ -388,34 +388,21 @@ def moe_experts_packed(
     with torch.no_grad():
         sorted_ids, perm, sizes, in_range = route(top_k_index, num_experts)
         rows = perm.numel()
-        items = nonempty_groups([int(s) for s in sizes.tolist()], rows)
+        counts = [int(s) for s in sizes.tolist()]
+        items = nonempty_groups(counts, rows)
         covered = items[-1][2] if items else 0
         hidden = down.tensor.shape[2] if down.transposed else down.tensor.shape[1]
-        parts: list[torch.Tensor | None] = [None] * len(items)
-        place = {e: i for i, (e, _, _) in enumerate(items)}
         assert gate_up.packed and down.packed, "unpacked"
+        gate = functools.partial(activate, act=act, has_gate=has_gate, concatenated=is_concatenated, gate_fn=gate_fn)
         # Every routed row once, in expert order, gathered on a worker (in the caller it would fork OpenMP threads):
-        # the tasks then take plain slices, which keeps the GIL-holding Python per expert to a minimum.
+        # the projections then take plain slices, which keeps the GIL-holding Python per expert to a minimum.
         x = on_worker(lambda: hidden_states[perm[:covered] // top_k].to(dtype))
         if gate_up.native and down.native:  # the weights lie as they were: the unpacked loop's own products
-            parts = [_native_rows_block(x, items, sorted_ids[:covered], gate_up, down, up_bias=gate_up_proj_bias,
-                                        down_bias=down_proj_bias, gate=lambda h: activate(
-                                            h, act=act, has_gate=has_gate, concatenated=is_concatenated,
-                                            gate_fn=gate_fn))]
-            items = []
-
-        def one(e: int, start: int, end: int) -> None:
-            h = gate_up.linear(e, x[start:end])
-            if gate_up_proj_bias is not None:
-                h = h + gate_up_proj_bias[e]
-            h = activate(h, act=act, has_gate=has_gate, concatenated=is_concatenated, gate_fn=gate_fn)
-            o = down.linear(e, h if h.dtype == dtype else h.to(dtype))
-            if down_proj_bias is not None:
-                o = o + down_proj_bias[e]
-            parts[place[e]] = o
-
-        if items:
-            run_groups(items, one, covered * (gate_up.tensor[0].numel() + down.tensor[0].numel()))
+            parts = [_native_rows_block(x, counts, sorted_ids[:covered], gate_up, down, up_bias=gate_up_proj_bias,
+                                        down_bias=down_proj_bias, gate=gate)]
+        else:
+            parts = _per_expert_parts(x, items, gate_up, down, up_bias=gate_up_proj_bias, down_bias=down_proj_bias,
+                                      gate=gate)
         if covered < rows:  # rows of dropped (sentinel) ids
             parts.append(torch.zeros((rows - covered, hidden), dtype=dtype))
 
@@ -430,15 +417,36 @@ def moe_experts_packed(
         return combine_experts(out, top_k_weights, perm, in_range, num_tokens, top_k, hidden_states.dtype)
 
 
-def _native_rows_block(x: torch.Tensor, items: list[tuple[int, int, int]], ids: torch.Tensor, gate_up: PackedExperts,
+def _per_expert_parts(x: torch.Tensor, items: list[tuple[int, int, int]], gate_up: PackedExperts,
+                      down: PackedExperts, *, up_bias: torch.Tensor | None, down_bias: torch.Tensor | None,
+                      gate: Callable[[torch.Tensor], torch.Tensor]) -> list[torch.Tensor]:
+    """The covered rows' expert outputs, in expert order, one task per expert on the grouped loop's workers (both
+    projections, biases and gate in the task): the route for oneDNN-packed weights."""
+    dtype = gate_up.dtype
+    parts: list[torch.Tensor | None] = [None] * len(items)
+    place = {e: i for i, (e, _, _) in enumerate(items)}
+
+    def one(e: int, start: int, end: int) -> None:
+        h = gate_up.linear(e, x[start:end])
+        if up_bias is not None:
+            h = h + up_bias[e]
+        h = gate(h)
+        o = down.linear(e, h if h.dtype == dtype else h.to(dtype))
+        if down_bias is not None:
+            o = o + down_bias[e]
+        parts[place[e]] = o
+
+    covered = items[-1][2] if items else 0
+    run_groups(items, one, covered * (gate_up.tensor[0].numel() + down.tensor[0].numel()))
+    return parts  # type: ignore[return-value]
+
+
+def _native_rows_block(x: torch.Tensor, sizes: list[int], ids: torch.Tensor, gate_up: PackedExperts,
                        down: PackedExperts, *, up_bias: torch.Tensor | None, down_bias: torch.Tensor | None,
                        gate: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """The covered rows' expert outputs when both weights stay in their own layout: the two projections are the
     unpacked loop's grouped_matmul on the very same tensors (one native call per worker per projection), the bias and
     gate run once over all rows on a worker, as moe_experts runs them. Equal to moe_experts by construction."""
-    sizes = [0] * gate_up.num_experts
-    for e, start, end in items:
-        sizes[e] = end - start
     dtype = gate_up.dtype
 
     def middle(h: torch.Tensor) -> torch.Tensor:
