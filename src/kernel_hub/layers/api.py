@@ -24,6 +24,7 @@ from . import experts as ex
 from . import packing
 from .attention_api import AttentionState, can_switch, kernelize_attention, restore_attention
 from .families import LAYER_KIND, ExpertsLayout, ExpertsSite, find_experts, routes_through_interface, top_k_of
+from .own_config import OwnConfigs, give_back_configs, take_own_configs
 from .report import Kept, KernelizeReport, Replaced
 from .sharded import local_parameters
 
@@ -46,6 +47,7 @@ class _State:
     configs: list[tuple[Any, str | None]] = field(default_factory=list)
     switched: bool = False
     attention: AttentionState = field(default_factory=AttentionState)
+    own_configs: OwnConfigs = field(default_factory=OwnConfigs)  # the model's private config copies (own_config.py)
 
 
 def _backend_of(model: Any, device: Any) -> tuple[str, torch.device | str]:
@@ -230,7 +232,7 @@ def kernelize(
     if is_kernelized(model):
         restore(model)
     report = KernelizeReport(model=type(model).__name__, mode=mode, backend=backend)
-    state = _State()
+    state = _State(own_configs=take_own_configs(model))  # switch names on this model's copies only
     model.__dict__[STATE_ATTR] = state
     try:
         _kernelize_experts(model, specs[LAYER_KIND], backend, dev, mode, validate, state, report)
@@ -240,6 +242,7 @@ def kernelize(
         raise
     if not state.paths and not state.attention.paths:
         model.__dict__.pop(STATE_ATTR, None)
+        give_back_configs(state.own_configs)
     return report
 
 
@@ -425,4 +428,5 @@ def restore(model: Any) -> bool:
     for cfg, value in state.configs:
         if cfg._experts_implementation != value:
             cfg._experts_implementation_internal = value
+    give_back_configs(state.own_configs)
     return True

@@ -14,6 +14,7 @@ switch back. `restore_attention` puts every config's implementation back exactly
 from __future__ import annotations
 
 import contextlib
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,6 +132,7 @@ def kernelize_attention(
     for cfg in _configs(model):
         state.configs.append((cfg, cfg._attn_implementation))
         at._PREVIOUS[id(cfg)] = cfg._attn_implementation
+        weakref.finalize(cfg, at._PREVIOUS.pop, id(cfg), None)  # an id is never reused while its entry stays
     model.set_attn_implementation(at.IMPLEMENTATION_NAME)
     probe = at.Probe(flash=kernel.flash_attention)
     at.set_probe(probe)
