@@ -356,6 +356,7 @@ def _apply(model, sites, kernel, repo_id, backend, dev, mode, validate, state: _
             state.previous = model.get_experts_implementation()
             state.switched = True
             model.set_experts_implementation(ex.IMPLEMENTATION_NAME)
+            ex.honour_user_switch(model)  # a later set_experts_implementation(...) by the user wins
         # Blocks the model-level switch did not reach get an instance forward instead.
         for module, _, hook in hooks:
             if hook.route == "interface" and module.config._experts_implementation != ex.IMPLEMENTATION_NAME:
@@ -414,6 +415,7 @@ def restore(model: Any) -> bool:
     state: _State | None = model.__dict__.pop(STATE_ATTR, None)
     if state is None:
         return False
+    ex.drop_user_switch(model)
     restore_attention(model, state.attention)
     for path in state.paths:
         try:

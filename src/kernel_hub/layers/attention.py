@@ -5,9 +5,9 @@ pure decision that turns the mask a layer receives into kernel arguments.
 mask function that delegates to the model's previous implementation's mask function: every layer
 gets exactly the mask its previous implementation would get, so a kept layer (or a call whose mask
 the kernel cannot express) runs the previous implementation unchanged. For a hooked layer the mask is
-read as: keys in one contiguous run per sequence, queries whose own token is a real key in one
-contiguous run, causal (bottom-right) and sliding window relative to those runs; the runs become a
-per-sequence shift plus q/kv lengths. The candidate mask is checked against the received one on every
+read as: keys in one contiguous run per sequence, queries whose own token is a real key (or, under a static cache,
+that attend any key) in one contiguous run, causal (bottom-right) and sliding window relative to those runs; the
+runs become a per-sequence shift plus q/kv lengths. The candidate mask is checked against the received one on every
 real query row, so the kernel only runs where it computes exactly what the mask says. Padding query
 rows (whose own token is padding) come out 0.
 
@@ -25,6 +25,7 @@ run here: validation records it and kernelize leaves the whole model on its prev
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -94,6 +95,54 @@ class Probe:
 
 
 _probe: Probe | None = None
+_log = logging.getLogger(__name__)
+_weights_logged = False
+
+
+def attention_weights_requested(kwargs: dict[str, Any]) -> bool:
+    """Whether this call's caller asked for attention weights: an `output_attentions` kwarg, or transformers' output
+    capture collecting "attentions" for the forward now running (read outside torch.compile only: dynamo cannot
+    trace the ContextVar, and a compiled graph asking for weights is traced with them off)."""
+    if kwargs.get("output_attentions"):
+        return True
+    if torch.compiler.is_compiling():
+        return False
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:  # a transformers without output capture passes output_attentions instead
+        return False
+    try:
+        collected = _active_collector.get()
+    except LookupError:  # no capturing forward is running
+        return False
+    return isinstance(collected, dict) and "attentions" in collected
+
+
+def materialized_mask(query: torch.Tensor, key: torch.Tensor, *, causal: bool,
+                      window: int | None) -> torch.Tensor | None:
+    """The additive [1, 1, Sq, Skv] mask a call without one means (causal bottom-right, sliding window), for the eager
+    attention: the previous implementation's mask function may hand None to a layer that masks by `is_causal`
+    (sdpa), and eager attention would then attend every key. None where nothing is masked."""
+    if not causal and window is None:
+        return None
+    sq, skv = query.shape[2], key.shape[2]
+    i = torch.arange(sq, device=query.device)[:, None] + (skv - sq)
+    j = torch.arange(skv, device=query.device)[None, :]
+    keep = j <= i if causal else torch.ones(sq, skv, dtype=torch.bool, device=query.device)
+    if window is not None:
+        keep &= j > i - window
+    bias = torch.zeros(sq, skv, dtype=query.dtype, device=query.device)
+    return bias.masked_fill(~keep, torch.finfo(query.dtype).min)[None, None]
+
+
+def _weights_call(module: Any) -> Callable[..., Any]:
+    """The implementation that returns attention weights (the module's eager attention), logged once."""
+    global _weights_logged
+    if not _weights_logged:
+        _weights_logged = True
+        _log.warning("kernel_hub attention: attention weights were requested (output_attentions), which the kernel "
+                     "does not compute; such calls run the model's eager attention (this is logged once)")
+    return previous_function(module, "eager")
 
 
 def previous_function(module: Any, previous: str | None) -> Callable[..., Any]:
@@ -147,14 +196,14 @@ def _as_bool_mask(mask: torch.Tensor) -> tuple[torch.Tensor | None, str]:
     return keep, ""
 
 
-def _contiguous_run(flags: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """Per row of flags [B, N]: (start, length) of its True run, and whether every row has one run."""
+def _contiguous_run(flags: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row of flags [B, N]: (start, length) of its True run, and whether every row has one run (a bool tensor)."""
     n = flags.shape[1]
     idx = torch.arange(n, device=flags.device)
     count = flags.sum(1)
     start = torch.where(flags, idx, n).amin(1).clamp(max=n)
     end = torch.where(flags, idx + 1, 0).amax(1)
-    ok = bool(((end - start).clamp(min=0) == count).all())
+    ok = ((end - start).clamp(min=0) == count).all()
     start = torch.where(count > 0, start, torch.zeros_like(start))
     return start, count, ok
 
@@ -211,14 +260,41 @@ def plan_call(
         return None, why
     if m.shape[-2:] != (sq, skv):
         return None, f"mask {tuple(m.shape[-2:])} does not match attention ({sq}, {skv})"
-    b = m.shape[0]
     keys = m.any(1)  # [B, Skv] keys anyone attends
     ks, kl, ok_k = _contiguous_run(keys)
-    own = torch.arange(sq, device=m.device) + (skv - sq)  # each query's own key (new tokens come last)
-    rows = keys[:, own] if skv >= sq else torch.zeros(b, sq, dtype=torch.bool, device=m.device)
-    qs, ql, ok_q = _contiguous_run(rows)
-    if not (ok_k and ok_q):
-        return None, "padding is not one contiguous run per sequence"
+    why = ""
+    for rows in _query_rows(m, keys):
+        qs, ql, ok_q = _contiguous_run(rows)
+        if not bool(ok_k & ok_q):
+            why = why or "padding is not one contiguous run per sequence"
+        elif not bool(_candidate_matches(m, rows, qs, ks, ql, kl, causal=causal, window=window)):
+            why = why or "mask is not causal/sliding-window over padded sequences"
+        else:
+            break
+    else:
+        return None, why
+    full = bool((qs == 0).all() and (ks == 0).all() and (ql == sq).all() and (kl == skv).all())
+    if full:
+        return Plan(causal=causal, window=window), ""
+    shifted = bool((qs != 0).any() or (ks != 0).any())
+    return Plan(causal=causal, window=window, q_shift=qs if shifted else None, kv_shift=ks if shifted else None,
+                q_lengths=ql.to(torch.int32), kv_lengths=kl.to(torch.int32), rows=rows), ""
+
+
+def _query_rows(m: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two readings of which query rows [B, Sq] are real, tried in order (each is checked against the mask): those
+    attending any key, which a static cache needs (its keys past the filled length are masked, so a decode query's
+    own key is not the last slot); and those whose own key (new tokens come last) is a real key, which leaves
+    right-padding queries out, whose rows attend every real key."""
+    sq, skv = m.shape[-2:]
+    own = torch.arange(sq, device=m.device) + (skv - sq)
+    last = keys[:, own] if skv >= sq else torch.zeros(m.shape[0], sq, dtype=torch.bool, device=m.device)
+    return m.any(2), last
+
+
+def _candidate_matches(m, rows, qs, ks, ql, kl, *, causal: bool, window: int | None) -> torch.Tensor:
+    """Whether the causal/sliding mask over the runs (qs, ql) / (ks, kl) equals `m` on every real query row."""
+    sq, skv = m.shape[-2:]
     i = torch.arange(sq, device=m.device)[None, :, None] - qs[:, None, None]
     j = torch.arange(skv, device=m.device)[None, None, :] - ks[:, None, None]
     qlen, klen = ql[:, None, None], kl[:, None, None]
@@ -228,14 +304,42 @@ def plan_call(
         cand &= j <= pos
     if window is not None:
         cand &= j > pos - window
-    if not bool(((cand == m) | ~rows[:, :, None]).all()):
-        return None, "mask is not causal/sliding-window over padded sequences"
-    full = bool((qs == 0).all() and (ks == 0).all() and (ql == sq).all() and (kl == skv).all())
-    if full:
-        return Plan(causal=causal, window=window), ""
-    shifted = bool((qs != 0).any() or (ks != 0).any())
-    return Plan(causal=causal, window=window, q_shift=qs if shifted else None, kv_shift=ks if shifted else None,
-                q_lengths=ql.to(torch.int32), kv_lengths=kl.to(torch.int32), rows=rows), ""
+    return ((cand == m) | ~rows[:, :, None]).all()
+
+
+def traced_plan(
+    mask: torch.Tensor | None, sq: int, skv: int, *, causal: bool, window: int | None
+) -> tuple[Plan | None, torch.Tensor | None, str]:
+    """plan_call for torch.compile: every decision on shapes and static facts is taken here, every decision on the
+    mask's values is one bool tensor `ok` (None: the plan needs no check) for torch.cond to branch on in the graph.
+    The plan is always the general one (shifts and lengths): with zero shifts and full lengths it computes exactly
+    what the unshifted plan does. (None, None, why): the previous implementation runs, decided statically."""
+    if mask is None or not isinstance(mask, torch.Tensor):
+        plan, why = plan_call(mask, sq, skv, causal=causal, window=window)
+        return plan, None, why
+    if mask.dim() != 4 or mask.shape[1] != 1:
+        return None, None, "4-D attention mask with one head" if mask.dim() != 4 else "per-head attention mask"
+    if mask.dtype != torch.bool and not mask.dtype.is_floating_point:
+        return None, None, f"{mask.dtype} attention mask"
+    if tuple(mask.shape[-2:]) != (sq, skv):
+        return None, None, f"mask {tuple(mask.shape[-2:])} does not match attention ({sq}, {skv})"
+    m = mask[:, 0]
+    ok = torch.ones((), dtype=torch.bool, device=m.device)
+    if m.dtype != torch.bool:
+        keep = m == 0
+        ok = (keep | (m <= torch.finfo(m.dtype).min / 2)).all()  # no bias values
+        m = keep
+    keys = m.any(1)
+    ks, kl, ok_k = _contiguous_run(keys)
+    runs = []
+    for rows in _query_rows(m, keys):  # both readings, the first that fits chosen in the graph (torch.where)
+        qs, ql, ok_q = _contiguous_run(rows)
+        runs.append((rows, qs, ql, ok_q & _candidate_matches(m, rows, qs, ks, ql, kl, causal=causal, window=window)))
+    (rows1, qs1, ql1, ok1), (rows2, qs2, ql2, ok2) = runs
+    rows, qs, ql = torch.where(ok1, rows1, rows2), torch.where(ok1, qs1, qs2), torch.where(ok1, ql1, ql2)
+    ok = ok & ok_k & (ok1 | ok2)
+    return Plan(causal=causal, window=window, q_shift=qs, kv_shift=ks, q_lengths=ql.to(torch.int32),
+                kv_lengths=kl.to(torch.int32), rows=rows), ok, ""
 
 
 def _roll(x: torch.Tensor, shift: torch.Tensor, sign: int) -> torch.Tensor:
@@ -278,12 +382,40 @@ def _kernel_call(
     causal = kwargs.get("is_causal")
     causal = getattr(module, "is_causal", True) if causal is None else bool(causal)
     window = kwargs.get("sliding_window")
+    if torch.compiler.is_compiling():
+        return _traced_kernel_call(module, flash, query, key, value, attention_mask, kwargs, pad=pad,
+                                   causal=causal, window=None if window is None else int(window))
     plan, why = plan_call(attention_mask, query.shape[2], key.shape[2], causal=causal,
                           window=None if window is None else int(window))
     if plan is None:
         return None, None, why
     out = run_plan(flash, plan, query, key, value, pad=pad, softcap=kwargs.get("softcap"), sinks=kwargs.get("s_aux"))
     return out.transpose(1, 2).contiguous(), plan, ""
+
+
+def _traced_kernel_call(module, flash, query, key, value, attention_mask, kwargs, *, pad: HeadPad, causal: bool,
+                        window: int | None) -> tuple[Any, Plan | None, str]:
+    """_kernel_call under torch.compile: no Python branch on tensor values. Where the mask's values decide, the graph
+    holds both the kernel and the previous implementation under torch.cond on the plan's check, so a mask the kernel
+    cannot express still runs the previous implementation, exactly as in eager mode."""
+    plan, ok, why = traced_plan(attention_mask, query.shape[2], key.shape[2], causal=causal, window=window)
+    if plan is None:
+        return None, None, why
+    softcap, sinks = kwargs.get("softcap"), kwargs.get("s_aux")
+
+    def kernel(q, k, v):
+        out = run_plan(flash, plan, q, k, v, pad=pad, softcap=softcap, sinks=sinks)
+        return out.transpose(1, 2).contiguous()
+
+    if ok is None:
+        return kernel(query, key, value), plan, ""
+    hook = module.__dict__.get(HOOK_ATTR)
+    prev_fn = previous_function(module, hook.previous if hook is not None else None)
+
+    def previous(q, k, v):
+        return prev_fn(module, q, k, v, attention_mask, **kwargs)[0].contiguous()
+
+    return torch.cond(ok, kernel, previous, (query, key, value)), plan, ""
 
 
 def _rel_rows(out: torch.Tensor, ref: torch.Tensor, rows: torch.Tensor | None) -> float:
@@ -322,14 +454,25 @@ def kernel_hub_attention(module: Any, query: torch.Tensor, key: torch.Tensor, va
     if sparse:  # kernelize keeps such models off "kernel_hub": the previous implementation here would drop them too
         raise KernelHubError(f"{type(module).__name__} passed {sparse}; neither can run under 'kernel_hub': "
                              "call kh.restore(model) (kernelize keeps such models on their own attention)")
+    if attention_weights_requested(kwargs):
+        if attention_mask is None:
+            causal = kwargs.get("is_causal")
+            window = kwargs.get("sliding_window")
+            attention_mask = materialized_mask(
+                query, key, causal=getattr(module, "is_causal", True) if causal is None else bool(causal),
+                window=None if window is None else int(window))
+        return _weights_call(module)(module, query, key, value, attention_mask, **kwargs)
     if hook is None or hook.flash is None:
         return prev_fn(module, query, key, value, attention_mask, **kwargs)
     out, _, why = _kernel_call(module, hook.flash, query, key, value, attention_mask, kwargs)
+    counting = not torch.compiler.is_compiling()  # counters are eager-mode facts (a graph is traced once)
     if out is None:
-        hook.fallbacks += 1
-        hook.last_fallback = why
+        if counting:
+            hook.fallbacks += 1
+            hook.last_fallback = why
         return prev_fn(module, query, key, value, attention_mask, **kwargs)
-    hook.calls += 1
+    if counting:
+        hook.calls += 1
     return out, None
 
 

@@ -184,3 +184,29 @@ def make_call(kernel: Any, layout: ExpertsLayout) -> ExpertsCall:
         return moe(hidden, index, weights, getattr(module, up_name), getattr(module, down_name), **kwargs)
 
     return call
+
+
+SWITCH_ATTR = "set_experts_implementation"
+
+
+def _user_switch(model: Any, experts_implementation: Any) -> Any:
+    """Instance `set_experts_implementation` of a kernelized model: the user's later choice wins. Leaving
+    "kernel_hub" unpacks the packed blocks first (their dense weights are meta placeholders while packed, and the
+    implementation chosen reads them); restore() still gives back what the model ran before kernelize."""
+    requested = (experts_implementation if not isinstance(experts_implementation, dict)
+                 else experts_implementation.get("", None))
+    if requested != IMPLEMENTATION_NAME:
+        for module in model.modules():
+            if packing.record_of(module) is not None:
+                packing.unpack_module(module)
+    return type(model).set_experts_implementation(model, experts_implementation)
+
+
+def honour_user_switch(model: Any) -> None:
+    """Give the kernelized `model` the instance switch above (a bound method: deepcopy rebinds it to the copy)."""
+    model.__dict__[SWITCH_ATTR] = types.MethodType(_user_switch, model)
+
+
+def drop_user_switch(model: Any) -> None:
+    if isinstance(model.__dict__.get(SWITCH_ATTR), types.MethodType):
+        model.__dict__.pop(SWITCH_ATTR)

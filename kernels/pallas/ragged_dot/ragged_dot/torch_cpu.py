@@ -5,6 +5,11 @@ reading each active expert's weights once, and one BLAS call per expert, run on 
 compute-bound at a fraction of the memory bandwidth. Running disjoint experts on separate workers
 (each pinned to one intra-op thread) uses every core without the fork/join of OpenMP per tiny
 matmul. Imports torch only: this file ships in the torch-cpu build, where jax may be absent.
+
+Under torch.compile the grouped matmuls run as torch custom ops (`kernel_hub_ragged_dot_v<version>::cpu_grouped`
+and `::cpu_grouped_tn`, with fake implementations for their shapes and a registered backward): dynamo never traces
+the host-side group loop (its sizes are data) and inductor never sees the oneDNN call inside. Eager calls skip the
+op dispatch; both run the same grouped_matmul, so compiled and eager numbers are the same.
 """
 
 from __future__ import annotations
@@ -14,11 +19,13 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
 from . import native_rows
+from ._vendor.torch_tpu_ops import op_namespace
+from .release import VERSION
 
 #: Below this many multiply-adds a call runs inline: the pool's hand-off costs ~20 us per worker.
 MIN_PARALLEL_MACS = 4_000_000
@@ -254,8 +261,60 @@ class _RaggedDot(torch.autograd.Function):
         return d_lhs, d_rhs, None
 
 
+def _sizes(group_sizes: torch.Tensor) -> list[int]:
+    return [int(s) for s in group_sizes.tolist()]
+
+
+def _custom_op(name: str, schema: str, fn: Callable[..., torch.Tensor], fake: Callable[..., torch.Tensor]) -> Any:
+    """The custom op `name` of this version, registered once per process (a second load of the build reuses it)."""
+    qualname = f"{op_namespace('ragged_dot', VERSION)}::{name}"
+    from torch._library import custom_ops
+
+    existing = custom_ops._maybe_get_opdef(qualname)
+    if existing is not None:
+        return existing
+    op = torch.library.custom_op(qualname, fn, mutates_args=(), schema=schema)
+    op.register_fake(fake)
+    return op
+
+
+_GROUPED = _custom_op(
+    "cpu_grouped", "(Tensor lhs, Tensor rhs, Tensor group_sizes) -> Tensor",
+    lambda lhs, rhs, group_sizes: grouped_matmul(lhs, rhs, _sizes(group_sizes)),
+    lambda lhs, rhs, group_sizes: lhs.new_empty((lhs.shape[0], rhs.shape[2])))
+_GROUPED_TN = _custom_op(
+    "cpu_grouped_tn", "(Tensor lhs, Tensor dout, Tensor group_sizes, int groups) -> Tensor",
+    lambda lhs, dout, group_sizes, groups: grouped_matmul_tn(lhs, dout, _sizes(group_sizes), groups),
+    lambda lhs, dout, group_sizes, groups: lhs.new_empty((groups, lhs.shape[1], dout.shape[1])))
+
+
+def _op_setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    lhs, rhs, group_sizes = inputs
+    ctx.save_for_backward(lhs, rhs, group_sizes)
+
+
+def _op_backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
+    lhs, rhs, group_sizes = ctx.saved_tensors
+    dout = dout.contiguous()
+    d_lhs = _GROUPED(dout, rhs.transpose(1, 2), group_sizes) if ctx.needs_input_grad[0] else None
+    d_rhs = _GROUPED_TN(lhs, dout, group_sizes, rhs.shape[0]) if ctx.needs_input_grad[1] else None
+    return d_lhs, d_rhs, None
+
+
+if not getattr(_GROUPED, "_kernel_hub_autograd", False):
+    _GROUPED.register_autograd(_op_backward, setup_context=_op_setup)
+    _GROUPED._kernel_hub_autograd = True
+
+
+def compiling() -> bool:
+    """Whether torch.compile is tracing this call (then no host syncs, Python branches on data or thread pools)."""
+    return torch.compiler.is_compiling()
+
+
 def ragged_dot_torch(lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor) -> torch.Tensor:
     """Torch-native ragged dot with autograd (see module docstring for why it is shaped this way)."""
+    if compiling():
+        return _GROUPED(lhs, rhs, group_sizes)
     if torch.is_grad_enabled() and (lhs.requires_grad or rhs.requires_grad):
         return _RaggedDot.apply(lhs, rhs, group_sizes)
     return grouped_matmul(lhs.detach(), rhs.detach(), [int(s) for s in group_sizes.tolist()])
@@ -287,7 +346,9 @@ class Routing(NamedTuple):
 def route(top_k_index: torch.Tensor, num_experts: int) -> Routing:
     """Sort the routed rows by expert (stable, so rows keep token order within an expert)."""
     sorted_ids, perm = torch.sort(top_k_index.reshape(-1), stable=True)
-    sizes = torch.bincount(sorted_ids.clamp(min=0), minlength=num_experts + 1)[:num_experts]
+    counted = sorted_ids.clamp(0, num_experts)  # sentinels (>= E) land in bin E, dropped below
+    sizes = torch.zeros(num_experts + 1, dtype=torch.long, device=sorted_ids.device)
+    sizes = sizes.scatter_add(0, counted, torch.ones_like(counted))[:num_experts]  # bincount, of static length
     return Routing(sorted_ids, perm, sizes, sorted_ids < num_experts)
 
 
@@ -314,7 +375,7 @@ def combine_experts(out: torch.Tensor, top_k_weights: torch.Tensor, perm: torch.
     inverse = torch.empty_like(perm)
     inverse[perm] = torch.arange(perm.numel(), device=perm.device)
     flat_weights = top_k_weights.reshape(-1)
-    masked = not bool(in_range.all())
+    masked = compiling() or not bool(in_range.all())  # compiled: always masked (a no-op mask where none is dropped)
 
     def tokens(t0: int, t1: int) -> torch.Tensor:
         at = inverse[t0 * top_k:t1 * top_k]  # token-major: token t's top_k rows
@@ -326,8 +387,10 @@ def combine_experts(out: torch.Tensor, top_k_weights: torch.Tensor, perm: torch.
         return (rows * weights.unsqueeze(-1)).view(t1 - t0, top_k, -1).sum(dim=1).to(dtype)
 
     needs_grad = torch.is_grad_enabled() and (out.requires_grad or top_k_weights.requires_grad)
+    if compiling() or out.device.type != "cpu" or needs_grad or getattr(_in_worker, "flag", False):
+        return tokens(0, num_tokens)
     workers = min(num_workers(), num_tokens)
-    if out.device.type != "cpu" or needs_grad or getattr(_in_worker, "flag", False) or workers <= 1:
+    if workers <= 1:
         return tokens(0, num_tokens)
     result = torch.empty((num_tokens, out.shape[1]), dtype=dtype)
     bounds = [num_tokens * i // workers for i in range(workers + 1)]

@@ -1,0 +1,85 @@
+"""What a kernelized model reports and honours: attention weights on request, and the user's later choice of
+attention / experts implementation (restore still gives back the original).
+
+References are unkernelized deep copies with the same weights; attention weights come from the eager attention
+(the only transformers implementation that computes them).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import kernel_hub as kh  # noqa: E402
+from kernel_hub.layers import attention as at  # noqa: E402
+from kernel_hub.layers import experts as ex  # noqa: E402
+from tests import tiny_models as tiny  # noqa: E402
+
+TOL = 1e-4
+
+
+def _x():
+    return torch.randint(3, 128, (2, 9), generator=torch.Generator().manual_seed(11))
+
+
+def _out(model, x, **kwargs):
+    with torch.no_grad():
+        return model(input_ids=x, use_cache=False, **kwargs)
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_output_attentions_returns_the_weights(implementation, caplog):
+    m = tiny.tiny_model("qwen3_moe")
+    m.set_attn_implementation(implementation)
+    ref = copy.deepcopy(m)
+    ref.set_attn_implementation("eager")
+    report = kh.kernelize(m)
+    assert any(r.kind == at.LAYER_KIND for r in report.replaced), str(report)
+    x = _x()
+    want = _out(ref, x, output_attentions=True)
+    at._weights_logged = False
+    with caplog.at_level(logging.WARNING, logger=at.__name__):
+        got = _out(m, x, output_attentions=True)
+    assert "attention weights were requested" in caplog.text
+    assert got.attentions is not None and len(got.attentions) == len(want.attentions) == 2
+    for a, b in zip(got.attentions, want.attentions, strict=True):
+        assert a is not None and a.shape == b.shape
+        assert (a - b).abs().max().item() <= TOL
+    assert (got.logits - want.logits).abs().max().item() <= TOL
+    spy = [mod.__dict__[at.HOOK_ATTR] for mod in m.modules() if at.HOOK_ATTR in mod.__dict__]
+    calls = sum(h.calls for h in spy)
+    _out(m, x)  # without the request the kernel serves the calls again
+    assert sum(h.calls for h in spy) == calls + len(spy)
+
+
+def test_later_set_attn_implementation_wins_and_restore_gives_back_the_original():
+    m = tiny.tiny_model("qwen3_moe")
+    cfg = m.config
+    ref = copy.deepcopy(m)
+    kh.kernelize(m)
+    assert m.config._attn_implementation == at.IMPLEMENTATION_NAME  # the name transformers dispatches on
+    assert m.config._experts_implementation == ex.IMPLEMENTATION_NAME
+    hooks = [mod.__dict__[at.HOOK_ATTR] for mod in m.modules() if at.HOOK_ATTR in mod.__dict__]
+    x = _x()
+    m.set_attn_implementation("eager")
+    assert m.config._attn_implementation == "eager"
+    calls = sum(h.calls for h in hooks)
+    got = _out(m, x, output_attentions=False)
+    assert sum(h.calls for h in hooks) == calls  # eager ran, not the kernel
+    assert (got.logits - _out(ref, x).logits).abs().max().item() <= TOL
+    m.set_experts_implementation("eager")
+    assert m.config._experts_implementation == "eager"
+    assert (_out(m, x).logits - _out(ref, x).logits).abs().max().item() <= TOL
+    m.set_attn_implementation(at.IMPLEMENTATION_NAME)  # and back onto the kernel
+    calls = sum(h.calls for h in hooks)
+    _out(m, x)
+    assert sum(h.calls for h in hooks) == calls + len(hooks)
+    assert kh.restore(m)
+    assert m.config is cfg and cfg._attn_implementation == "sdpa" and cfg._experts_implementation == "grouped_mm"
+    assert "set_experts_implementation" not in m.__dict__
+    assert torch.equal(_out(m, x).logits, _out(ref, x).logits)

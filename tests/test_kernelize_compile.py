@@ -1,0 +1,112 @@
+"""torch.compile(fullgraph=True) on kernelized tiny models: forward (plain and left-padded) and a short greedy generate.
+
+The expert kernels run as torch custom ops with fake implementations under compile (ragged_dot/torch_cpu.py) and
+the attention's mask check is a torch.cond in the graph (layers/attention.py traced_plan), so dynamo traces the
+whole model without a graph break. The reference is always the uncompiled, unkernelized copy with the same weights.
+
+The graphs are compiled with the "aot_eager" backend: dynamo's full-graph trace and AOT autograd's fake-tensor pass
+are what the kernels must survive (a data-dependent branch or a missing fake implementation fails there), while
+inductor's C++ code generation costs minutes on a shared 2-core machine. One inductor case covers the lowering
+(the custom ops keep oneDNN's mkldnn._linear_pointwise out of inductor's sight).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import kernel_hub as kh  # noqa: E402
+from kernel_hub.layers import attention as at  # noqa: E402
+from kernel_hub.layers import families  # noqa: E402
+from tests import tiny_models as tiny  # noqa: E402
+
+TOL = 1e-4
+
+
+def _model(family):
+    m = tiny.tiny_model(family, num_hidden_layers=1 if family == "qwen3_moe" else 2)
+    ref = copy.deepcopy(m)
+    report = kh.kernelize(m)
+    assert {r.kind for r in report.replaced} == {families.LAYER_KIND, at.LAYER_KIND}, str(report)
+    return m, ref
+
+
+def _batch():
+    g = torch.Generator().manual_seed(5)
+    x = torch.randint(3, 128, (2, 7), generator=g)
+    mask = torch.ones_like(x)
+    mask[1, :3] = 0  # left padding in row 1: the mask's values reach the kernel's check
+    return x, mask
+
+
+def _compiled(model, backend="aot_eager"):
+    torch._dynamo.reset()
+    return torch.compile(model, fullgraph=True, backend=backend)
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_compiled_forward_equals_unkernelized(family):
+    m, ref = _model(family)
+    x, mask = _batch()
+    c = _compiled(m)
+    with torch.no_grad():
+        for kwargs in ({}, {"attention_mask": mask}):
+            got = c(input_ids=x, use_cache=False, **kwargs).logits
+            want = ref(input_ids=x, use_cache=False, **kwargs).logits
+            keep = mask.bool() if kwargs else torch.ones_like(mask, dtype=torch.bool)
+            assert torch.isfinite(got).all()
+            assert (got[keep] - want[keep]).abs().max().item() <= TOL, kwargs
+
+
+def test_compiled_mask_the_kernel_cannot_express_runs_the_previous_implementation():
+    m, ref = _model("qwen3_moe")
+    x, mask = _batch()
+    mask[0, 2] = 0  # a hole in row 0: not one contiguous run, so torch.cond takes the previous implementation
+    c = _compiled(m)
+    with torch.no_grad():
+        got = c(input_ids=x, attention_mask=mask, use_cache=False).logits
+        want = ref(input_ids=x, attention_mask=mask, use_cache=False).logits
+    keep = mask.bool()
+    assert (got[keep] - want[keep]).abs().max().item() <= TOL
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_compiled_generate_equals_unkernelized(family):
+    m, ref = _model(family)
+    x, mask = _batch()
+    m.forward = torch.compile(m.forward, fullgraph=True, backend="aot_eager")  # what generate calls per step
+    torch._dynamo.reset()
+    kwargs = dict(attention_mask=mask, max_new_tokens=3, do_sample=False, output_scores=True,
+                  return_dict_in_generate=True, pad_token_id=0,
+                  cache_implementation="static")  # a fixed-shape cache, as transformers' own compiled generate uses
+    got, want = m.generate(x, **kwargs), ref.generate(x, **kwargs)
+    assert torch.equal(got.sequences, want.sequences)
+    for a, b in zip(got.scores, want.scores, strict=True):
+        assert (a - b).abs().max().item() <= TOL
+
+
+def test_inductor_forward_lowers_the_kernels():
+    m, ref = _model("qwen3_moe")
+    x, _ = _batch()
+    c = _compiled(m, backend="inductor")
+    with torch.no_grad():
+        got, want = c(input_ids=x[:1, :4], use_cache=False).logits, ref(input_ids=x[:1, :4], use_cache=False).logits
+    assert (got - want).abs().max().item() <= TOL
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_eager_static_cache_generate_equals_unkernelized(family):
+    """A static cache's keys past the filled length are masked: a decode query's own key is not the cache's last
+    slot, so real query rows are the ones attending any key (they were read off the last slot and came out 0)."""
+    m, ref = _model(family)
+    x, mask = _batch()
+    kwargs = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0, output_scores=True,
+                  return_dict_in_generate=True, cache_implementation="static")
+    got, want = m.generate(x, **kwargs), ref.generate(x, **kwargs)
+    assert torch.equal(got.sequences, want.sequences)
+    for a, b in zip(got.scores, want.scores, strict=True):
+        assert (a - b).abs().max().item() <= TOL
