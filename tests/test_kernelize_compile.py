@@ -25,6 +25,8 @@ from kernel_hub.layers import families  # noqa: E402
 from tests import tiny_models as tiny  # noqa: E402
 
 TOL = 1e-4
+#: compiling costs 10-40 s a case here (inductor ~3 min) on the shared 2 cores
+pytestmark = pytest.mark.slow
 
 
 def _model(family):
