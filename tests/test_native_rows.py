@@ -131,6 +131,34 @@ def test_build_uses_only_the_module_source_in_a_private_folder_it_removes(fresh,
     assert not folder.exists() and list(tmp_path.iterdir()) == []  # nothing left behind
 
 
+def test_the_build_ignores_the_compilers_environment(native, monkeypatch, tmp_path):
+    """CPATH with a planted stdint.h that adds a constructor, and DEPENDENCIES_OUTPUT / SUNPRO_DEPENDENCIES naming
+    files outside the private folder: the build reads none of them (it runs with build_env only)."""
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    marker = tmp_path / "constructor-ran"
+    (planted / "stdint.h").write_text(
+        "#include_next <stdint.h>\n"
+        "#include <stdio.h>\n"
+        f'__attribute__((constructor)) static void planted(void) {{ FILE *f = fopen("{marker}", "w");'
+        " if (f) fclose(f); }\n")
+    for var in ("CPATH", "C_INCLUDE_PATH"):
+        monkeypatch.setenv(var, str(planted))
+    monkeypatch.setenv("DEPENDENCIES_OUTPUT", str(tmp_path / "deps.d"))
+    monkeypatch.setenv("SUNPRO_DEPENDENCIES", str(tmp_path / "sunpro.d"))
+    monkeypatch.setenv("GCC_EXEC_PREFIX", str(tmp_path / "no-such-prefix") + "/")
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "outside-tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "private"))
+    (tmp_path / "private").mkdir()
+    lib, why = native.compile_c(native.SOURCE)
+    assert lib is not None, why
+    assert not marker.exists()  # the planted header's constructor is not in the library
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["planted", "private"]  # nothing written outside
+    assert list((tmp_path / "private").iterdir()) == []  # and the private folder is gone
+    env = native.build_env(str(tmp_path / "private" / "x"))
+    assert set(env) == {"PATH", "TMPDIR", "LC_ALL"} and env["TMPDIR"] == str(tmp_path / "private" / "x")
+
+
 @pytest.mark.parametrize("case", ["no_compiler", "compile_error", "self_test", "disabled"])
 def test_when_the_kernel_is_off_it_says_why_and_both_paths_agree(kernel, fresh, monkeypatch, tmp_path, case):
     if case == "no_compiler":

@@ -98,6 +98,28 @@ def test_a_lock_cannot_point_the_loader_at_another_folder(tmp_path, toy_kernel, 
         get_locked_kernel("test-org/toy-scale", lockfile=lockfile)
 
 
+@pytest.mark.parametrize("edit", [{"entry": "torch_entry.py"}, {"name": "jax-gpu"}, {"backend": "tpu"},
+                                  {"requires": {}}], ids=["entry", "name", "backend", "requires"])
+def test_a_local_lock_entry_must_say_what_kernel_yaml_says(tmp_path, toy_kernel, toy_registry, edit):
+    """A lock file's variant JSON for a `source: local` kernel is compared to kernel.yaml: it can pick neither
+    another entry file nor a variant kernel.yaml does not have."""
+    import json
+
+    from kernel_hub.errors import IntegrityError
+    from kernel_hub.lock import get_locked_kernel, lock
+
+    lockfile = tmp_path / "kernel-hub.lock"
+    lock(["test-org/toy-scale"], backend="cpu", path=lockfile)
+    data = json.loads(lockfile.read_text())
+    assert data["kernels"][0]["source"] == "local" and data["kernels"][0]["variant"]["name"] == "jax-cpu"
+    data["kernels"][0]["variant"].update(edit)
+    lockfile.write_text(json.dumps(data))
+    field = next(iter(edit))
+    with pytest.raises(IntegrityError, match="kernel.yaml") as err:
+        get_locked_kernel("test-org/toy-scale", lockfile=lockfile)
+    assert "\n" not in str(err.value) and (field in str(err.value) or "is not in" in str(err.value))
+
+
 def test_an_alias_is_trusted_by_the_repo_it_fetches(tmp_path, toy_kernel, monkeypatch):
     from kernel_hub.errors import TrustError
     from kernel_hub.lock import get_locked_kernel, lock, read_lock

@@ -9,11 +9,13 @@ repos from `kernel-hub serve` under its Python. They skip, with the reason, only
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -48,8 +50,21 @@ TPU_ENV_CHECKS = (
 )
 
 
-def _namespace(kernel: str) -> str:
-    return f"kernel_hub_{kernel}_v{load_metadata(ROOT / 'kernels/pallas' / kernel).version.replace('.', '_')}"
+def _namespace_pattern(kernel: str) -> str:
+    """A namespace of this kernel's kernel.yaml version with any content digest (builds loaded elsewhere)."""
+    version = load_metadata(ROOT / "kernels/pallas" / kernel).version
+    return re.escape(f"kernel_hub_{kernel}_v{version.replace('.', '_2e')}_c") + "[0-9a-f]{16}"
+
+
+def _namespace(kernel: str, package_dir: Path) -> str:
+    """What the op namespace must be, computed here: the version with '.' as _2e, and the package's file digest."""
+    version = load_metadata(ROOT / "kernels/pallas" / kernel).version
+    assert re.fullmatch(r"[0-9.]+", version)
+    digest = hashlib.sha256()
+    for path in sorted(p for p in package_dir.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        rel, data = path.relative_to(package_dir).as_posix().encode(), path.read_bytes()
+        digest.update(b"%d:%s%d:" % (len(rel), rel, len(data)) + data)
+    return f"kernel_hub_{kernel}_v{version.replace('.', '_2e')}_c{digest.hexdigest()[:16]}"
 
 
 @pytest.fixture(scope="module")
@@ -77,21 +92,39 @@ def test_op_names_carry_the_kernel_yaml_version(kernel):
     version = importlib.import_module(f"{module.__name__}.release").VERSION
     assert version == load_metadata(ROOT / "kernels/pallas" / kernel).version
     ops = importlib.import_module(f"{module.__name__}._vendor.torch_tpu_ops")
-    assert ops.op_namespace(kernel, version) == _namespace(kernel)
-    assert f"{_namespace(kernel)}::{kernel}" in module.describe("tpu")
+    package_dir = Path(module.__file__).parent
+    expected = _namespace(kernel, package_dir)
+    assert ops.op_namespace(kernel, version, ops.package_digest(package_dir)) == expected
+    assert f"{expected}::{kernel}" in module.describe("tpu")
 
 
-def test_op_namespace_is_one_per_version_and_refuses_what_is_not_a_name():
+def test_op_namespace_is_one_per_version_and_content_and_refuses_what_is_not_a_name(tmp_path):
     import kernel_hub as kh
 
     module = kh.get_kernel(KERNELS["ragged_dot"], framework="torch", backend="cpu")
     ops = importlib.import_module(f"{module.__name__}._vendor.torch_tpu_ops")
-    assert ops.op_namespace("ragged_dot", "1.1.0") == "kernel_hub_ragged_dot_v1_1_0"
-    assert ops.op_namespace("ragged_dot", "1.2.0rc1") == "kernel_hub_ragged_dot_v1_2_0rc1"
-    assert ops.op_namespace("ragged_dot", "1.1.0") != ops.op_namespace("ragged_dot", "1.1.1")
-    for kernel, version in (("Ragged-Dot", "1.0.0"), ("ragged_dot", "1.0.0::x"), ("ragged_dot", "")):
+    d = "0123456789abcdef" * 4
+    assert ops.op_namespace("ragged_dot", "1.1.0", d) == "kernel_hub_ragged_dot_v1_2e1_2e0_c0123456789abcdef"
+    assert ops.op_namespace("ragged_dot", "1.1.0", d) != ops.op_namespace("ragged_dot", "1.1.1", d)
+    confusable = ("1.2.0", "1.2-0", "1_2_0", "1.2+0", "1.2.0RC1", "1.2.0rc1")
+    assert len({ops.op_namespace("ragged_dot", v, d) for v in confusable}) == len(confusable)
+    assert all(re.fullmatch(r"[a-z0-9_]+", ops.op_namespace("ragged_dot", v, d)) for v in confusable)
+    # two copies of one build differing in one byte: two digests, two namespaces; an equal copy shares them
+    package = Path(module.__file__).parent
+    first, second, same = (tmp_path / n / package.name for n in ("a", "b", "c"))
+    for copy in (first, second, same):
+        shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    ops_file = second / "torch_api.py"
+    data = bytearray(ops_file.read_bytes())
+    data[-1] ^= 1
+    ops_file.write_bytes(bytes(data))
+    digests = [ops.package_digest(p) for p in (first, second, same)]
+    assert digests[0] != digests[1] and digests[0] == digests[2]
+    assert ops.op_namespace("ragged_dot", "1.2.0", digests[0]) != ops.op_namespace("ragged_dot", "1.2.0", digests[1])
+    for kernel, version, digest in (("Ragged-Dot", "1.0.0", d), ("ragged_dot", "1.0.0::x", d), ("ragged_dot", "", d),
+                                    ("ragged_dot", "1.0.0", "xyz"), ("ragged_dot", "1.0.0", "")):
         with pytest.raises(ValueError):
-            ops.op_namespace(kernel, version)
+            ops.op_namespace(kernel, version, digest)
 
 
 def test_where_torch_tpu_is_absent_the_torch_tpu_build_is_not_chosen_and_kernelize_says_why():
@@ -142,12 +175,18 @@ def test_torch_tpu_checks_pass_in_the_tpu_environment(env, tmp_path):
     assert passed == set(TPU_ENV_CHECKS), tail
 
     facts = json.loads(facts_path.read_text())
-    ragged, flash = _namespace("ragged_dot"), _namespace("flash_attention")
-    assert set(facts["ops"]) >= {f"{ragged}::ragged_dot", f"{ragged}::ragged_dot_backward",
-                                 f"{flash}::flash_attention", f"{flash}::flash_attention_backward",
-                                 f"{flash}::decode_attention"}
-    assert facts["ops"]["versions_in_one_process"] == [f"{ragged}::ragged_dot",
-                                                       "kernel_hub_ragged_dot_v9_9_0::ragged_dot"]
+    ragged = {op.split("::")[0] for op in facts["ops"] if op.endswith("::ragged_dot")}
+    flash = {op.split("::")[0] for op in facts["ops"] if op.endswith("::flash_attention")}
+    assert len(ragged) == len(flash) == 1, facts["ops"]  # one build of each, whatever the digest
+    [ragged_ns], [flash_ns] = ragged, flash
+    assert re.fullmatch(_namespace_pattern("ragged_dot"), ragged_ns), ragged_ns
+    assert re.fullmatch(_namespace_pattern("flash_attention"), flash_ns), flash_ns
+    assert set(facts["ops"]) >= {f"{ragged_ns}::ragged_dot", f"{ragged_ns}::ragged_dot_backward",
+                                 f"{flash_ns}::flash_attention", f"{flash_ns}::flash_attention_backward",
+                                 f"{flash_ns}::decode_attention"}
+    first, other = facts["ops"]["versions_in_one_process"]
+    assert first == f"{ragged_ns}::ragged_dot"
+    assert re.fullmatch(r"kernel_hub_ragged_dot_v9_2e9_2e0_c[0-9a-f]{16}::ragged_dot", other), other
     compiled = {(" ".join(c["case"].split()[:2]), c["generation"]) for c in facts["compile"]}
     for op in ("ragged_dot fwd", "ragged_dot bwd", "flash_attention fwd", "flash_attention bwd",
                "decode_attention bf16"):
@@ -181,9 +220,10 @@ def test_hf_kernels_loads_the_torch_tpu_builds_from_serve(env, tmp_path):
     assert facts["backend_tpu"] == "tpu"
     assert all("/build/torch-tpu/" in Path(f).as_posix() for f in facts["files"])
     assert {"ragged_dot", "moe_experts", "flash_attention", "decode_attention", "tpu_ops"} <= set(facts["exports"])
-    assert facts["ops"] == sorted([f"{_namespace('ragged_dot')}::ragged_dot",
-                                   f"{_namespace('flash_attention')}::flash_attention",
-                                   f"{_namespace('flash_attention')}::decode_attention"])
+    for op, (kernel, entry) in zip(facts["ops"], [("flash_attention", "decode_attention"),
+                                                  ("flash_attention", "flash_attention"),
+                                                  ("ragged_dot", "ragged_dot")], strict=True):
+        assert re.fullmatch(_namespace_pattern(kernel) + f"::{entry}", op), op
     assert facts["meta_out"] == [[300, 384], "torch.float32"]
     # CPU tensors: the CPU path runs (numbers right) and each entry says so once
     assert facts["cpu_error"] <= 1e-5 and facts["cpu_attention_shape"] == [1, 4, 5, 16]

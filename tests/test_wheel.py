@@ -168,8 +168,10 @@ def _layout(root: Path, package: str, *files: str) -> Path:
     """A package folder, with `files` two levels up (where a checkout keeps registry.yaml and pyproject.toml)."""
     pkg = root / package
     pkg.mkdir(parents=True)
-    for name in files:
-        (pkg.parents[1] / name).write_text("kernels: []\n")
+    for name in files:  # a pyproject naming kernel-hub, and kernels/pallas/ beside it: a checkout's markers
+        text = '[project]\nname = "kernel-hub"\n' if name == "pyproject.toml" else "kernels: []\n"
+        (pkg.parents[1] / name).write_text(text)
+    (pkg.parents[1] / "kernels" / "pallas").mkdir(parents=True)
     return pkg
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from .buildfmt import FRAMEWORKS
+from .display import clean, clean_data, clean_lines
 from .errors import KernelHubError
 from .hub_cli import add_parsers as add_serve_parser
 from .registry import REGISTRY_ENV
@@ -40,7 +41,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _one_line(text: str) -> str:
-    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+    """A message as one printable line (its strings may come from a server or a metadata file: display.clean)."""
+    return clean(" ".join(line.strip() for line in text.splitlines() if line.strip()))
 
 
 def _spec(value: str | None) -> int | str | None:
@@ -109,7 +111,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     rows = [("repo", "default spec", "source version", "backends", "layers")]
     rows += [(k["repo_id"], k["default_spec"] or "-", k["source_version"] or "-", ",".join(k["backends"]) or "-",
               ",".join(k["layers"]) or "-") for k in kernels]
-    print(location.describe())
+    print(clean(location.describe()))
     print(_table(rows))
     return 0
 
@@ -117,8 +119,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_info(args: argparse.Namespace) -> int:
     data = _info_data(args.repo)
     if args.json:
-        _print_json(data)
+        _print_json(data)  # json.dumps escapes every control character, and (ensure_ascii) every non-ASCII one
         return 0
+    data = clean_data(data)  # names, descriptions and compile records come from a server or metadata
     print(f"repo      {data['repo_id']}")
     print(f"source    {data['source']}")
     m = data["metadata"]
@@ -226,7 +229,7 @@ def cmd_resolve(args: argparse.Namespace) -> int:
                                   for d in plan.choice.trace],
                      "chosen": plan.choice.variant.name if plan.choice.variant else None})
     else:
-        print(plan.describe())
+        print(clean_lines(plan.describe()))
     return 0 if plan.choice.variant is not None else 1
 
 
@@ -413,6 +416,7 @@ def _tpu_generations(text: str) -> tuple[str, ...]:
 
 
 def _table(rows: Sequence[Sequence[str]]) -> str:
+    rows = [[clean(v) for v in r] for r in rows]
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(str(v).ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 

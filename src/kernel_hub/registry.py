@@ -15,6 +15,7 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
 
+from .checkout import checkout_root
 from .errors import KernelHubError, KernelNotFoundError, MetadataError
 from .metadata import checked_name, read_yaml, schema_error, unique
 from .names import check_python_name, check_repo_id
@@ -72,8 +73,8 @@ def registry_location(environ: Mapping[str, str] | None = None, package_dir: Pat
     if env:
         return RegistryLocation(Path(env), f"${REGISTRY_ENV}")
     package = (package_dir or Path(__file__).resolve().parent).resolve()
-    root = package.parent.parent
-    if package.parent.name == "src" and (root / "registry.yaml").is_file() and (root / "pyproject.toml").is_file():
+    root = checkout_root(package)
+    if root is not None and (root / "registry.yaml").is_file():
         return RegistryLocation(root / "registry.yaml", "checkout")
     return RegistryLocation(package / "_embedded" / "registry.yaml", "embedded")  # setup.py puts it there
 

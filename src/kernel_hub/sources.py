@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from .errors import KernelHubError, KernelNotFoundError
+from .errors import IntegrityError, KernelHubError, KernelNotFoundError
 from .metadata import KernelMetadata, load_metadata
 from .variants import Variant
 from .vendoring import assembled_files, assembled_in_cache, content_commit, file_digests
@@ -117,7 +117,9 @@ class LocalSource:
         return self.variants(repo_id, commit)  # all on disk already: nothing to save
 
     def fetch(self, repo_id: str, commit: str, variant: Variant) -> Build:
-        self.variants(repo_id, commit)
+        """The folder's build of `variant`: kernel.yaml's own variant of that name, and only when `variant` (which may
+        come from a lock file) says exactly what kernel.yaml says (its entry file above all)."""
+        variant = own_variant(self.variants(repo_id, commit), variant, self.kernel_dir / "kernel.yaml")
         return Build(
             repo_id=repo_id,
             version=self.metadata.version,
@@ -128,6 +130,21 @@ class LocalSource:
             digests=self.digests,
             metadata=self.metadata,
         )
+
+
+def own_variant(known: list[Variant], asked: Variant, where: Path) -> Variant:
+    """The variant of `known` (a kernel.yaml's) named like `asked`, refused unless `asked` matches it field for
+    field: a lock file's variant JSON never picks another entry file, backend or requirement for a local kernel."""
+    own = next((v for v in known if v.name == asked.name), None)
+    if own is None:
+        raise IntegrityError(f"variant {asked.name!r} is not in {where} (it has {', '.join(v.name for v in known)}); "
+                             "re-run kernel-hub lock")
+    if own != asked:
+        fields = [f for f in ("framework", "backend", "entry", "tpu_generations", "requires")
+                  if getattr(own, f) != getattr(asked, f)]
+        diff = "; ".join(f"{f} {getattr(asked, f)!r}, kernel.yaml {getattr(own, f)!r}" for f in fields)
+        raise IntegrityError(f"variant {asked.name} differs from {where} ({diff}); re-run kernel-hub lock")
+    return own
 
 
 class HubOrLocal:

@@ -11,6 +11,7 @@ plumbing end to end through test-only CPU kernels that run the same JAX function
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
 import json
 import os
@@ -63,10 +64,20 @@ def fa():
     return kh.get_kernel("kernel-hub/flash-attention-tpu", framework="torch", backend="tpu")
 
 
-def namespace(kernel: str) -> str:
-    """The namespace the brief asks for, from kernel.yaml's version (independent of the package's own naming)."""
-    version = load_metadata(ROOT / "kernels/pallas" / kernel).version
-    return f"kernel_hub_{kernel}_v{version.replace('.', '_')}"
+_REPOS = {"ragged_dot": "kernel-hub/ragged-dot-tpu", "flash_attention": "kernel-hub/flash-attention-tpu"}
+
+
+def namespace(kernel: str, package_dir: Path | None = None, version: str | None = None) -> str:
+    """The namespace the brief asks for, computed here (independent of the package's own naming): kernel.yaml's
+    version with '.' as _2e, and the sha256 of the loaded package's files (path-length-prefixed, in path order)."""
+    version = version or load_metadata(ROOT / "kernels/pallas" / kernel).version
+    if package_dir is None:
+        package_dir = Path(kh.get_kernel(_REPOS[kernel], framework="torch", backend="tpu").__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(p for p in package_dir.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        rel, data = path.relative_to(package_dir).as_posix().encode(), path.read_bytes()
+        digest.update(b"%d:%s%d:" % (len(rel), rel, len(data)) + data)
+    return f"kernel_hub_{kernel}_v{version.replace('.', '_2e')}_c{digest.hexdigest()[:16]}"
 
 
 def meta(*shape: int, dtype: torch.dtype = F32, grad: bool = False) -> torch.Tensor:
@@ -122,7 +133,7 @@ def test_a_second_import_reuses_the_ops_and_another_version_registers_its_own(rd
     (other / "release.py").write_text('VERSION = "9.9.0"\n')
     newer = load_package(str(other), "torch_tpu_api.py")
     op = newer.tpu_ops()["ragged_dot"]
-    assert op is not first and op._qualname == "kernel_hub_ragged_dot_v9_9_0::ragged_dot"
+    assert op is not first and op._qualname == f"{namespace('ragged_dot', other, '9.9.0')}::ragged_dot"
     assert first._qualname == f"{namespace('ragged_dot')}::ragged_dot"  # the first version's op is still there
     for registered in (first, op):
         out = registered(meta(40, 32), meta(4, 32, 16), meta(4, dtype=I32), preferred_element_type=F32)

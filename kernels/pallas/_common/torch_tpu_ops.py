@@ -11,9 +11,14 @@ The functions are traced for the chip torch_tpu drives (`traced_for_tpu`): in a 
 are not the TPU, and Mosaic's lowering reads the chip generation from the abstract mesh. An expert-parallel entry is
 one more `OpSpec` with jax_op's mesh and partition specs (`TpuOps.add`): its backward op gets the matching specs.
 
-Names are version-qualified, `kernel_hub_<kernel>_v<X>_<Y>_<Z>::<entry>`, so two versions loaded in one process get
-two ops, and a second import of the same version (another module copy of the same build) finds the op already
-registered and reuses it: the first import's JAX function serves both, which is the same code.
+Names carry the version and the build's content, `kernel_hub_<kernel>_v<version>_c<digest>::<entry>`: the version in
+an injective encoding (letters a-z and digits kept, every other character `_` and two hex digits, so "1.2.0", "1.2-0",
+"1_2_0" and "1.2+0" are four names) and the first 16 hex digits of `package_digest`, a sha256 the package computes
+over its own files when it is imported (kernel_hub is never imported here, so the loader's digests are not at hand;
+the loader has already checked these very files against them). Two versions get two sets of ops, and so do two builds
+of one version with different content (a fork, an edited local copy); a second import of the same build (another
+module copy) finds the op already registered and reuses it: the first import's JAX function serves both, which is
+the same code.
 
 Importing this module imports neither jax nor torch_tpu (the torch-cpu builds ship it and never call into it);
 `TpuOps.register` imports torch_tpu, which only a build on a TPU host (the torch-tpu variant) or a call with TPU
@@ -23,12 +28,14 @@ tensors does.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
 import importlib.util
 import re
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -45,13 +52,36 @@ class TorchTpuUnavailableError(RuntimeError):
     """torch_tpu (TorchTPU) is not installed, or has no `torch.tpu.pallas.jax_op`."""
 
 
-def op_namespace(kernel: str, version: str) -> str:
-    """The torch op namespace of one kernel version: kernel_hub_ragged_dot_v1_1_0 for ("ragged_dot", "1.1.0")."""
+def _encode_version(version: str) -> str:
+    """An injective encoding of a version into [0-9a-z_]: a-z and 0-9 kept, any other character `_` + 2 hex digits."""
+    return "".join(c if c in "0123456789abcdefghijklmnopqrstuvwxyz" else f"_{ord(c):02x}" for c in version)
+
+
+@functools.cache
+def package_digest(package_dir: str | Path) -> str:
+    """sha256 over a package's files (each file's path relative to the package and its bytes, in path order;
+    __pycache__ and bytecode left out): what tells two builds of one version apart."""
+    root = Path(package_dir).resolve()
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                       and p.suffix not in (".pyc", ".pyo")):
+        rel = path.relative_to(root).as_posix().encode()
+        data = path.read_bytes()
+        digest.update(b"%d:%s%d:" % (len(rel), rel, len(data)))
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def op_namespace(kernel: str, version: str, digest: str) -> str:
+    """The torch op namespace of one build: kernel_hub_ragged_dot_v1_2e1_2e0_c<16 hex> for ("ragged_dot", "1.1.0",
+    its package_digest)."""
     if not re.fullmatch(r"[a-z][a-z0-9_]*", kernel):
         raise ValueError(f"kernel name {kernel!r} is not a lower-case Python name")
     if not re.fullmatch(r"[0-9A-Za-z.+!_-]+", version):
         raise ValueError(f"version {version!r} is not a release version like 1.1.0")
-    return f"kernel_hub_{kernel}_v" + re.sub(r"[^0-9a-z]", "_", version.lower())
+    if not re.fullmatch(r"[0-9a-f]{16,64}", digest):
+        raise ValueError(f"content digest {digest!r} is not a hex sha256")
+    return f"kernel_hub_{kernel}_v{_encode_version(version)}_c{digest[:16]}"
 
 
 def on_tpu(*tensors: torch.Tensor | None) -> bool:
@@ -211,9 +241,10 @@ def _autograd(spec: OpSpec, backward_op: Any) -> tuple[Callable, Callable]:
 class TpuOps:
     """The torch ops of one kernel version on TorchTPU: named now, registered on first use (or by `register`)."""
 
-    def __init__(self, kernel: str, version: str, specs: Callable[[], Sequence[OpSpec]]) -> None:
-        """`specs()` builds the OpSpecs (it imports jax, so it runs only when registering)."""
-        self.namespace = op_namespace(kernel, version)
+    def __init__(self, kernel: str, version: str, digest: str, specs: Callable[[], Sequence[OpSpec]]) -> None:
+        """`digest`: the package's package_digest; `specs()` builds the OpSpecs (it imports jax, so it runs only
+        when registering)."""
+        self.namespace = op_namespace(kernel, version, digest)
         self._specs_factory = specs
         self._specs: dict[str, OpSpec] | None = None
         self._ops: dict[str, Any] = {}  # strong references: torch keeps only weak ones to a CustomOpDef

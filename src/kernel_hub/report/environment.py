@@ -12,14 +12,15 @@ import platform
 import subprocess
 from pathlib import Path
 
+from ..checkout import checkout_root
 from ..system import installed_version
 from .schema import Environment
 
 #: Distributions whose versions decide the numbers.
 PACKAGES = ("kernel-hub", "jax", "jaxlib", "torch", "transformers", "diffusers", "tokamax", "huggingface_hub",
             "kernels", "numpy")
-#: The checkout when kernel_hub is installed editable from it (src/kernel_hub/report/environment.py).
-CHECKOUT = Path(__file__).resolve().parents[3]
+#: The checkout kernel_hub runs from (kernel_hub.checkout), or None when it runs installed.
+CHECKOUT: Path | None = checkout_root()
 
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
@@ -34,9 +35,9 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
     return platform.processor() or None
 
 
-def git_commit(checkout: Path = CHECKOUT) -> tuple[str | None, bool | None]:
+def git_commit(checkout: Path | None = CHECKOUT) -> tuple[str | None, bool | None]:
     """(HEAD commit, whether tracked files differ from it) of the checkout; (None, None) outside a git clone."""
-    if not (checkout / ".git").exists():
+    if checkout is None or not (checkout / ".git").exists():
         return None, None
     try:
         head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,

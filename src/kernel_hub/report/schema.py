@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 SCHEMA_VERSION = 1
-SCHEMA_FILE = Path(__file__).resolve().parents[3] / "docs" / "report-schema.json"
+SCHEMA_FILE = Path("docs") / "report-schema.json"  # in the checkout; main() writes it there
 
 
 class _Model(BaseModel):
@@ -190,8 +191,14 @@ def schema_text() -> str:
 
 
 def main() -> int:
-    SCHEMA_FILE.write_text(schema_text())
-    print(f"wrote {SCHEMA_FILE}")
+    from ..checkout import checkout_decision
+
+    found = checkout_decision()
+    if found.root is None:
+        print(f"report schema: not run from a kernel-hub checkout ({found.reason})", file=sys.stderr)
+        return 1
+    (found.root / SCHEMA_FILE).write_text(schema_text())
+    print(f"wrote {found.root / SCHEMA_FILE}")
     return 0
 
 

@@ -27,6 +27,7 @@ from types import SimpleNamespace
 from typing import IO, Any
 from urllib.parse import unquote, urlencode
 
+import uvicorn
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -59,6 +60,7 @@ class ServerState:
     total_requests: int = 0
     faults: list[Fault] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    stopping: threading.Event = field(default_factory=threading.Event)  # set on SIGTERM/SIGINT: long walks end
 
     def __post_init__(self) -> None:
         self.requests = deque(maxlen=self.request_log_size)
@@ -288,7 +290,7 @@ class HubApp:
         return JSONResponse(items, headers=headers)
 
     def _with_last_commits(self, repo: GitRepo, commit: str, entries: list[Entry]) -> list[dict[str, Any]]:
-        last = repo.last_commits(commit, [e.path for e in entries])
+        last = repo.last_commits(commit, [e.path for e in entries], cancelled=self.state.stopping.is_set)
         return [_entry_json(e, {"id": last[e.path].oid, "title": last[e.path].title, "date": last[e.path].date}
                             if e.path in last else None) for e in entries]
 
@@ -539,8 +541,6 @@ def serve(store: Path, host: str = "127.0.0.1", port: int = 8080, token: str | N
 
     OSError when the address cannot be bound (port in use, permission denied), before anything is printed.
     """
-    import uvicorn
-
     from .transport import bind, url_of
 
     limits = limits or Limits()
@@ -550,6 +550,24 @@ def serve(store: Path, host: str = "127.0.0.1", port: int = 8080, token: str | N
     mode = "read-write with --token" if token else "read-only (no --token)"
     print(f"kernel-hub serve: {Path(store).resolve()} at {url_of(sock)} ({mode}; {time.strftime('%H:%M:%S')})",
           flush=True)
+    # uvicorn's graceful shutdown would wait for in-flight requests without end: give them
+    # SHUTDOWN_GRACE seconds, and tell handlers in worker threads (which no task cancel reaches) to stop.
     config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off",
-                            http=guarded_h11(limits.header_timeout), timeout_keep_alive=5)
-    uvicorn.Server(config).run(sockets=[sock])
+                            http=guarded_h11(limits.header_timeout), timeout_keep_alive=5,
+                            timeout_graceful_shutdown=SHUTDOWN_GRACE)
+    _StoppingServer(config, app.state.hub.stopping).run(sockets=[sock])
+
+
+SHUTDOWN_GRACE = 2  # seconds in-flight requests get after SIGTERM before they are cancelled
+
+
+class _StoppingServer(uvicorn.Server):
+    """uvicorn's server that also sets `stopping` on the first exit signal (SIGTERM, SIGINT)."""
+
+    def __init__(self, config: uvicorn.Config, stopping: threading.Event):
+        super().__init__(config)
+        self._stopping = stopping
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self._stopping.set()
+        super().handle_exit(sig, frame)

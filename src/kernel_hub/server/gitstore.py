@@ -12,12 +12,13 @@ import stat
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from dulwich.diff_tree import tree_changes
 from dulwich.errors import NotTreeError
 from dulwich.file import FileLocked
 from dulwich.index import commit_tree
@@ -34,6 +35,7 @@ REPO_TYPES = checks.REPO_TYPES
 IDENTITY = b"kernel-hub <kernel-hub@localhost>"
 _GITATTRIBUTES = b"# kernel-hub store: regular git blobs, no LFS\n"
 _FILE_MODE = 0o100644
+LAST_COMMITS_BUDGET = 200_000  # commits + changed entries one `expand` may walk: well under a second here
 
 __all__ = ["REPO_TYPES", "CommitMeta", "Entry", "GitRepo", "GitStore", "StoreError"]
 
@@ -71,6 +73,12 @@ def _entry(path: str, mode: int, sha: bytes, size_of) -> Entry | None:
     if stat.S_ISREG(mode) or stat.S_ISLNK(mode):
         return Entry(path, "file", sha.decode(), size_of(sha.decode()))
     return None  # a submodule: never part of a Hub repo
+
+
+def _with_folders(path: str) -> list[str]:
+    """`a/b/c` -> [`a/b/c`, `a/b`, `a`]: a change to a file changes every folder above it."""
+    parts = path.split("/")
+    return ["/".join(parts[:i]) for i in range(len(parts), 0, -1)]
 
 
 def _no_size(_oid: str) -> int:
@@ -142,26 +150,42 @@ class GitRepo:
             found = [_meta(entry.commit) for entry in walker]
         return found[skip:skip + limit], len(found) > skip + limit
 
-    def last_commits(self, commit: str, paths: Sequence[str]) -> dict[str, CommitMeta]:
-        """For each path, the newest commit (first-parent history) that changed it: one walk for all."""
+    def last_commits(self, commit: str, paths: Sequence[str], *, budget: int = LAST_COMMITS_BUDGET,
+                     cancelled: Callable[[], bool] = lambda: False) -> dict[str, CommitMeta]:
+        """For each path (file or folder), the newest commit of first-parent history that changed it.
+
+        One walk for all paths: each commit is read and diffed against its first parent once (dulwich's
+        tree_changes skips every subtree whose id did not change, so a commit costs what it changed, not
+        the size of the tree); a folder changed where anything below it did. The walk stops when every
+        path is found, or when it has spent `budget` (one unit a commit plus one a changed entry): paths
+        not found by then get no last commit (the Hub's `lastCommit` left out), so one request costs a
+        bounded amount whatever the history. `cancelled` is asked before each commit; when it says yes
+        (the server is stopping), the walk ends with 503.
+        """
         wanted = set(paths)
         found: dict[str, CommitMeta] = {}
+        spent = 0
         with self._open() as repo:
             store = repo.object_store
             current = repo[commit.encode()]
-            now = {p: self._lookup(store, current.tree, p) for p in wanted}  # each tree looked up once per path
-            while wanted:
+            while wanted and spent < budget:
+                if cancelled():
+                    raise HubError(503, "the server is shutting down")
                 parent = repo[current.parents[0]] if current.parents else None
-                before = {p: None if parent is None else self._lookup(store, parent.tree, p) for p in wanted}
-                changed = [p for p in wanted if parent is None or now[p] != before[p]]
-                if changed:
+                changed: set[str] = set()
+                for change in tree_changes(store, parent.tree if parent else None, current.tree):
+                    spent += 1
+                    changed.update(_with_folders((change.new.path or change.old.path).decode("utf-8", "replace")))
+                spent += 1
+                hit = wanted & changed
+                if hit:
                     meta = _meta(current)
-                    for path in changed:
+                    for path in hit:
                         found[path] = meta
-                        wanted.discard(path)
+                    wanted -= hit
                 if parent is None:
                     break
-                current, now = parent, before
+                current = parent
         return found
 
     @staticmethod

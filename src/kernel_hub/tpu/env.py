@@ -2,7 +2,8 @@
 
 libtpu stays out of the main environment (it prints TPU-init errors in any process that loads it), so the
 compile gate and the cost model run in a subprocess of that Python. Found, in order: $KERNEL_HUB_TPU_PYTHON,
-then the checkout's .venv-tpu (what `make setup-tpu` creates).
+then the checkout's .venv-tpu (what `make setup-tpu` creates), only when kernel_hub runs from a checkout
+(kernel_hub.checkout: an installed package never takes a .venv-tpu found near it).
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..checkout import checkout_root
 from ..errors import KernelHubError
 
 ENV_VAR = "KERNEL_HUB_TPU_PYTHON"
-#: The checkout root when kernel_hub is installed editable from it (src/kernel_hub/tpu/env.py).
-CHECKOUT = Path(__file__).resolve().parents[3]
+#: The checkout kernel_hub runs from (an editable install), or None when it runs installed.
+CHECKOUT: Path | None = checkout_root()
 SETUP_HINT = "run `make setup-tpu` in the kernel-hub checkout (creates .venv-tpu), or set KERNEL_HUB_TPU_PYTHON"
 
 
@@ -34,7 +36,7 @@ class TpuEnv:
     libtpu_version: str
 
 
-def find_tpu_python(environ: Mapping[str, str] | None = None, checkout: Path = CHECKOUT) -> Path:
+def find_tpu_python(environ: Mapping[str, str] | None = None, checkout: Path | None = CHECKOUT) -> Path:
     """The TPU environment's Python, or TpuEnvironmentError saying how to create one."""
     environ = os.environ if environ is None else environ
     given = environ.get(ENV_VAR)
@@ -43,8 +45,8 @@ def find_tpu_python(environ: Mapping[str, str] | None = None, checkout: Path = C
         if not (path.is_file() and os.access(path, os.X_OK)):
             raise TpuEnvironmentError(f"{ENV_VAR}={given} is not an executable Python; {SETUP_HINT}")
         return path
-    local = checkout / ".venv-tpu" / "bin" / "python"
-    if local.is_file() and os.access(local, os.X_OK):
+    local = checkout / ".venv-tpu" / "bin" / "python" if checkout is not None else None
+    if local is not None and local.is_file() and os.access(local, os.X_OK):
         return local
     raise TpuEnvironmentError(f"no TPU environment (a Python with jax and libtpu): {SETUP_HINT}")
 
@@ -68,7 +70,7 @@ def _probe(python: str) -> tuple[str | None, str | None]:
     return found.get("jax"), found.get("libtpu")
 
 
-def tpu_env(environ: Mapping[str, str] | None = None, checkout: Path = CHECKOUT) -> TpuEnv:
+def tpu_env(environ: Mapping[str, str] | None = None, checkout: Path | None = CHECKOUT) -> TpuEnv:
     """The TPU environment and its versions (read from package metadata: no jax import, ~50 ms)."""
     python = find_tpu_python(environ, checkout)
     jax_version, libtpu_version = _probe(str(python))

@@ -15,18 +15,22 @@ from .runner import run_worker
 
 #: MoE layers per model (every layer of both is an MoE layer; the models' config.json `num_hidden_layers`).
 MOE_LAYERS = {"qwen3_30b_a3b": 48, "gemma4_26b_a4b": 30}
-RAGGED_DOT_DIR = CHECKOUT / "kernels" / "pallas" / "ragged_dot"
+#: The checkout's ragged-dot kernel folder; None when kernel_hub runs installed (pass kernel_dir then).
+RAGGED_DOT_DIR: Path | None = CHECKOUT / "kernels" / "pallas" / "ragged_dot" if CHECKOUT is not None else None
 
 
 def mesh_rows(generations: tuple[str, ...], models: tuple[str, ...], *, phases: dict[str, int] | None = None,
               layouts: tuple[str, ...] | None = None, capacity_factors: tuple[float | None, ...] | None = None,
               model_only: bool = False, grad_layouts: tuple[str, ...] = (), env: TpuEnv | None = None,
-              kernel_dir: Path = RAGGED_DOT_DIR,
+              kernel_dir: Path | None = RAGGED_DOT_DIR,
               run: Callable[..., tuple[list[dict[str, Any]], int, str]] = run_worker,
               timeout: float = 1800) -> list[dict[str, Any]]:
     """One row per (generation, model, phase, layout, capacity factor): modeled seconds and, unless `model_only`,
     the compiled per-chip memory (for `grad_layouts`, also the backward's, as bwd_*). Raises TpuEnvironmentError
     when the worker fails."""
+    if kernel_dir is None:
+        raise TpuEnvironmentError("the mesh rows need the ragged-dot kernel's folder: pass kernel_dir, or run from a "
+                                  "kernel-hub checkout")
     env = env or tpu_env()
     # the kernel folder's TPU build, hashed here; the worker imports it only against these digests
     request = {"mode": "mesh", "ragged_dot": folder_package(kernel_dir).request(), "generations": list(generations),

@@ -50,8 +50,9 @@ def run_worker(env: TpuEnv, request: dict[str, Any], *, timeout: float = 1800) -
         req_path.write_text(json.dumps(request))
         events_path.touch()
         child_env = dict(os.environ)
-        src = str(CHECKOUT / "src")  # kernel_hub importable even where the TPU Python has not installed it
-        child_env["PYTHONPATH"] = src + (os.pathsep + child_env["PYTHONPATH"] if child_env.get("PYTHONPATH") else "")
+        if CHECKOUT is not None:  # the checkout's kernel_hub importable where the TPU Python has not installed it
+            rest = child_env.get("PYTHONPATH")
+            child_env["PYTHONPATH"] = str(CHECKOUT / "src") + (os.pathsep + rest if rest else "")
         child_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
         # libtpu takes a machine-wide lock (/tmp/libtpu_lockfile) meant for real chips; compiling for mock
         # ones needs no exclusivity, so two validations (or a test and a bench) may run at once

@@ -7,7 +7,7 @@ kv_lengths, ...)` is the JAX decode entry: one new query per sequence, its own k
 The kernel contract's `implementation=` (docs/kernel-contract.md): on CPU torch-native first (torch_cpu.py;
 jax is never imported, so the torch-cpu build runs where only torch is installed); elsewhere the JAX package
 function first (torch_bridge.py): through DLPack on CUDA, as the TorchTPU ops
-`kernel_hub_flash_attention_v<version>::flash_attention` / `::decode_attention` on TPU tensors (the torch-tpu
+`kernel_hub_flash_attention_<version, digest>::flash_attention` / `::decode_attention` on TPU tensors (the torch-tpu
 build's entry, torch_tpu_api.py, registers them). Prefill is differentiable on both; the JAX decode is forward
 only, so a decode call that needs gradients runs torch-native.
 """
@@ -15,12 +15,13 @@ only, so a decode call that needs gradients runs torch-native.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
 from ._vendor.shapes import check_attention
 from ._vendor.torch_dispatch import IMPLEMENTATIONS, ORDER, TorchDispatch
-from ._vendor.torch_tpu_ops import op_namespace
+from ._vendor.torch_tpu_ops import op_namespace, package_digest
 from .release import VERSION
 from .torch_cpu import attention_torch
 
@@ -35,7 +36,7 @@ __all__ = [
     "resolve_implementation",
 ]
 
-_NAMESPACE = op_namespace("flash_attention", VERSION)
+_NAMESPACE = op_namespace("flash_attention", VERSION, package_digest(Path(__file__).parent))
 #: One dispatch for both entries, as on the JAX side: last_implementation() reports whichever ran last.
 _DISPATCH = TorchDispatch("flash_attention", native=lambda: "torch-native masked attention (f32 softmax)",
                           tpu_op=f"{_NAMESPACE}::flash_attention")

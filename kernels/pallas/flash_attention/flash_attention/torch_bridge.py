@@ -1,7 +1,7 @@
 """torch <-> JAX for flash attention: the package's JAX flash_attention and decode_attention on torch tensors.
 
 One annotated JAX function per entry serves both hand-overs. CPU and CUDA: DLPack (torch_jax.call_jax). TPU tensors:
-the torch ops `kernel_hub_flash_attention_v<version>::flash_attention` and `::decode_attention` that torch_tpu's jax_op
+the torch ops `kernel_hub_flash_attention_<version, digest>::flash_attention` and `::decode_attention` that jax_op
 registers from the same functions with the TPU order ("pallas", then "xla") and interpret=False (Mosaic), once per
 process (torch_tpu_ops.TpuOps). Prefill gradients (q, k, v, sinks) come from jax.vjp of the entry on both paths (its
 custom VJP supplies the Pallas backward kernels); decode is forward only. Imported only when the "jax" implementation
@@ -11,13 +11,14 @@ runs (it imports jax): the torch-cpu build never imports it.
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Any
 
 import jax
 import torch
 
 from ._vendor.torch_jax import call_jax, jax_entry
-from ._vendor.torch_tpu_ops import OpSpec, TpuOps, on_tpu
+from ._vendor.torch_tpu_ops import OpSpec, TpuOps, on_tpu, package_digest
 from .release import VERSION
 
 #: q, k, v and sinks get gradients; the lengths (integers) do not.
@@ -62,7 +63,7 @@ def tpu_specs() -> list[OpSpec]:
             OpSpec("decode_attention", decode_attention_function(order, False))]
 
 
-TPU_OPS = TpuOps("flash_attention", VERSION, tpu_specs)
+TPU_OPS = TpuOps("flash_attention", VERSION, package_digest(Path(__file__).parent), tpu_specs)
 
 
 def _sinks(sinks: torch.Tensor | None, heads: int, device: torch.device) -> torch.Tensor:

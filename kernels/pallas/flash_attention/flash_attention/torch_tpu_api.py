@@ -1,6 +1,6 @@
 """Entry of the torch-tpu build of flash attention: torch_api.py's functions, with the JAX kernels as TorchTPU ops.
 
-Loading this build registers `kernel_hub_flash_attention_v<version>::flash_attention` (with its backward op) and
+Loading this build registers `kernel_hub_flash_attention_<version, digest>::flash_attention` (with its backward op) and
 `::decode_attention` through torch_tpu's `jax_op`, once per process (a second load of the same version reuses them;
 `tpu_ops()` returns them). Tensors on a TPU run those ops: the Pallas kernels compiled by Mosaic. Tensors elsewhere
 run the path for their device (on CPU the torch-native one the torch-cpu build runs) and say so: a warning, and a

@@ -195,8 +195,17 @@ def compiler() -> str | None:
     return next((path for name in ("cc", "gcc", "clang") if (path := shutil.which(name))), None)
 
 
+def build_env(folder: str) -> dict[str, str]:
+    """The compiler's whole environment: PATH (to find the compiler's own assembler and linker), TMPDIR inside
+    the private `folder`, and the C locale. Nothing else reaches it: CPATH, C_INCLUDE_PATH and LIBRARY_PATH (extra
+    headers and libraries), DEPENDENCIES_OUTPUT and SUNPRO_DEPENDENCIES (files written elsewhere), GCC_EXEC_PREFIX
+    and COMPILER_PATH (other compiler programs), CCACHE_* and LD_PRELOAD are all left out."""
+    return {"PATH": os.environ.get("PATH") or os.defpath, "TMPDIR": folder, "LC_ALL": "C"}
+
+
 def compile_c(source: str, flags: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | None, str]:
-    """Compile C `source` in a private folder, load it, remove the folder; (library, "") or (None, why)."""
+    """Compile C `source` in a private folder, with the minimal environment of build_env and the folder as its
+    working directory, load it, remove the folder; (library, "") or (None, why)."""
     cc = compiler()
     if cc is None:
         return None, "no C compiler ($CC, cc, gcc or clang) to build the native kernel"
@@ -205,7 +214,7 @@ def compile_c(source: str, flags: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | N
         src, lib = Path(folder, "rows.c"), Path(folder, "rows.so")
         src.write_text(source)
         done = subprocess.run([cc, "-O3", *flags, "-shared", "-fPIC", "-o", str(lib), str(src)], capture_output=True,
-                              text=True, timeout=120, check=False)
+                              text=True, timeout=120, check=False, env=build_env(folder), cwd=folder)
         if done.returncode != 0:
             first = next((ln for ln in done.stderr.splitlines() if "error" in ln), done.stderr.strip()[:200])
             return None, f"{Path(cc).name} could not compile the native kernel: {first}"

@@ -8,20 +8,21 @@ grouped matmuls, gate, combine) with the weight layouts transformers uses.
 Where it runs (the kernel contract's `implementation=`, docs/kernel-contract.md): tensors on CPU take
 the torch-native path first (torch_cpu.py; jax is never imported, so the torch-cpu build runs where
 only torch is installed); on CUDA or TPU the JAX package's ragged_dot first (torch_bridge.py): through
-DLPack on CUDA, as the TorchTPU op `kernel_hub_ragged_dot_v<version>::ragged_dot` on TPU tensors (the
+DLPack on CUDA, as the TorchTPU op `kernel_hub_ragged_dot_<version, digest>::ragged_dot` on TPU tensors (the
 torch-tpu build's entry, torch_tpu_api.py, registers it). Both are differentiable through torch autograd.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from ._vendor.shapes import check_ragged_dot_shapes
 from ._vendor.torch_dispatch import IMPLEMENTATIONS, ORDER, TorchDispatch
-from ._vendor.torch_tpu_ops import op_namespace
+from ._vendor.torch_tpu_ops import op_namespace, package_digest
 from .huge_pages import advise_huge_pages
 from .release import VERSION
 from .torch_cpu import activate, combine_experts, num_workers, ragged_dot_torch, route
@@ -52,8 +53,9 @@ _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": F.relu,
 }
 
+_NAMESPACE = op_namespace("ragged_dot", VERSION, package_digest(Path(__file__).parent))
 _DISPATCH = TorchDispatch("ragged_dot", native=lambda: f"torch-native grouped loop ({num_workers()} workers)",
-                          tpu_op=f"{op_namespace('ragged_dot', VERSION)}::ragged_dot")
+                          tpu_op=f"{_NAMESPACE}::ragged_dot")
 #: Every dispatch of this entry (the torch-tpu build's entry hooks its device notice into each).
 DISPATCHES = (_DISPATCH,)
 implementations_for, resolve_implementation, last_implementation, describe = _DISPATCH.exports()

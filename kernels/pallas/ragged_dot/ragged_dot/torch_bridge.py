@@ -1,7 +1,7 @@
 """torch <-> JAX for the ragged dot: the package's JAX ragged_dot on torch tensors, one annotated function for both.
 
 CPU and CUDA: DLPack (torch_jax.call_jax), zero-copy for contiguous f32/bf16. TPU tensors: the torch op
-`kernel_hub_ragged_dot_v<version>::ragged_dot` that torch_tpu's jax_op registers from the same function with the
+`kernel_hub_ragged_dot_<version, digest>::ragged_dot` that torch_tpu's jax_op registers from the same function with the
 TPU order ("pallas", then "xla") and interpret=False (Mosaic), once per process (torch_tpu_ops.TpuOps). Gradients
 in lhs and rhs come from jax.vjp of it on both paths: the kernel's custom_vjp supplies the Pallas backward kernels.
 Imported only when the "jax" implementation runs (it imports jax): the torch-cpu build never imports it.
@@ -10,6 +10,7 @@ Imported only when the "jax" implementation runs (it imports jax): the torch-cpu
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 
 from ._vendor.torch_jax import call_jax, jax_dtype, jax_entry
-from ._vendor.torch_tpu_ops import OpSpec, TpuOps, on_tpu
+from ._vendor.torch_tpu_ops import OpSpec, TpuOps, on_tpu, package_digest
 from .release import VERSION
 
 #: lhs and rhs get gradients; group_sizes (integers) does not.
@@ -44,7 +45,7 @@ def tpu_specs() -> list[OpSpec]:
     return [OpSpec("ragged_dot", ragged_dot_function(order, False), DIFFERENTIABLE)]
 
 
-TPU_OPS = TpuOps("ragged_dot", VERSION, tpu_specs)
+TPU_OPS = TpuOps("ragged_dot", VERSION, package_digest(Path(__file__).parent), tpu_specs)
 
 
 def ragged_dot_jax(lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Tensor, *,

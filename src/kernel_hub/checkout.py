@@ -1,0 +1,51 @@
+"""Whether the running kernel_hub is a kernel-hub checkout's own source, and where that checkout is.
+
+A checkout brings things an installed package never runs: its .venv-tpu, its bench/ scripts, its kernels/
+folder, its src/ on a worker's PYTHONPATH. Folders near an installed package (`pip install --target DIR`:
+DIR/.. is anybody's) must never be taken for one, so every module asks this one rule instead of counting
+parents of its own file. ROOT is a checkout only when all of these hold:
+  - the package being run is ROOT/src/kernel_hub (the same folder, resolved);
+  - ROOT/pyproject.toml parses and names the project "kernel-hub";
+  - ROOT holds .git or kernels/pallas/ (a clone or a source tree, not a stray pyproject).
+"""
+
+from __future__ import annotations
+
+import functools
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+PROJECT = "kernel-hub"
+PACKAGE_DIR = Path(__file__).resolve().parent  # the kernel_hub package being run
+
+__all__ = ["CheckoutDecision", "checkout_decision", "checkout_root"]
+
+
+@dataclass(frozen=True)
+class CheckoutDecision:
+    root: Path | None  # the checkout, or None: use installed locations only
+    reason: str
+
+
+def checkout_decision(package_dir: Path = PACKAGE_DIR) -> CheckoutDecision:
+    """The checkout holding `package_dir` (the running kernel_hub by default), and why it is or is not one."""
+    package = Path(package_dir).resolve()
+    root = package.parent.parent
+    if package.parent.name != "src" or (root / "src" / "kernel_hub").resolve() != package:
+        return CheckoutDecision(None, f"{package} is not a checkout's src/kernel_hub")
+    try:
+        name = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8")).get("project", {}).get("name")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, AttributeError):
+        return CheckoutDecision(None, f"{root} has no readable pyproject.toml")
+    if name != PROJECT:
+        return CheckoutDecision(None, f"{root}/pyproject.toml names {name!r}, not {PROJECT!r}")
+    if not ((root / ".git").exists() or (root / "kernels" / "pallas").is_dir()):
+        return CheckoutDecision(None, f"{root} has neither .git nor kernels/pallas/")
+    return CheckoutDecision(root, f"{root} is the kernel-hub checkout kernel_hub runs from")
+
+
+@functools.lru_cache(maxsize=8)
+def checkout_root(package_dir: Path = PACKAGE_DIR) -> Path | None:
+    """The checkout kernel_hub runs from, or None when it runs installed (see checkout_decision)."""
+    return checkout_decision(package_dir).root
