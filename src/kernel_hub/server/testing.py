@@ -106,6 +106,7 @@ def start_server(store: Path, *, token: str | None = "test-token", read_token_re
         cmd.append("--test-hooks")
     cmd += list(extra_args)
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env["HF_HUB_DISABLE_UPDATE_CHECK"] = "1"  # nothing of a test server's process asks PyPI
     # A file, not a pipe: a chatty server must never block on its output. Closed by stop().
     log = tempfile.TemporaryFile()  # noqa: SIM115
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
