@@ -2,6 +2,9 @@
 
 - Tests never reach the real Hub: anything not pointed at a test server goes to a closed loopback port, and
   caches go to throwaway folders. Set before huggingface_hub is imported (it reads these once).
+- No test process reaches a host other than loopback: every proxy variable points at a loopback recorder
+  (tests/client_env.py), the `hf` CLI's PyPI update check is off, every subprocess a test starts is checked to
+  carry both, and a test fails if anything it ran tried to leave the machine.
 - Load PyPI's `kernels` before any test module under kernels/pallas/ is imported: with --import-mode=importlib
   pytest names those modules `kernels.pallas.<k>.tests.test_x` and registers missing parents as empty
   modules, and an empty `kernels` would shadow HF's `kernels` for every later test.
@@ -9,11 +12,45 @@
 
 import contextlib
 import os
+import subprocess
+import sys
 import tempfile
+from pathlib import Path
+
+import pytest
 
 os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
 os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="kh-tests-hf-")
 os.environ["KERNEL_HUB_CACHE"] = tempfile.mkdtemp(prefix="kh-tests-cache-")
 
+if str(Path(__file__).parent) not in sys.path:  # `python -m pytest` from the root has it already
+    sys.path.insert(0, str(Path(__file__).parent))
+from tests import client_env
+
+OUTSIDE = client_env.recorder()
+os.environ.update(client_env.GUARDS)
+os.environ.update(client_env.proxy_env(OUTSIDE.url))
+
 with contextlib.suppress(ImportError):
     import kernels  # noqa: F401
+
+_popen_init = subprocess.Popen.__init__
+
+
+@pytest.fixture(autouse=True)
+def _stays_on_loopback(monkeypatch: pytest.MonkeyPatch):
+    """Every subprocess this test starts carries the guards; nothing it (or this process) did left loopback."""
+    started = len(OUTSIDE.seen)
+
+    def checked_init(self, args, *rest, **kwargs):
+        env = kwargs.get("env")
+        missing = client_env.missing_guards(os.environ if env is None else env, OUTSIDE.url)
+        if missing:
+            raise AssertionError(f"a test subprocess {args!r} would run without {', '.join(missing)}: build its "
+                                 "environment with tests/client_env.py child_env()")
+        _popen_init(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", checked_init)
+    yield
+    sent = OUTSIDE.seen[started:]
+    assert not sent, f"this test's processes tried to reach a host other than loopback: {sent!r}"

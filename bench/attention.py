@@ -156,7 +156,7 @@ def run(quick: bool, repeats: int | None = None) -> dict:
 
 
 def table(report: dict) -> str:
-    rows = [("group", "method", "median ms", "IQR ms", f"x vs {BASELINE} (IQR)")]
+    rows = [("group", "method", "median ms", "IQR ms", f"vs {BASELINE} (quartiles)")]
     rows += [(r["group"], r["method"], f"{r['median_ms']:.2f}", f"{r['q1_ms']:.2f}-{r['q3_ms']:.2f}",
               format_ratio(r["vs_baseline"])) for r in report["records"]]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

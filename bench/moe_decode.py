@@ -7,11 +7,12 @@ rotated each round. The memory floor (every active expert's weights read once) i
 the fastest of three passes over both cores, scaled to the active bytes: a copy by a pool of one-thread workers (as
 the kernel's own workers run), one copy on torch's threads (a copy counts its reads and writes), and a read-only pass
 by the pool. Their buffers sit in 2 MiB pages where the kernel's packed weights do (the kernel's own
-advise_huge_pages), so the floor is never slowed by TLB misses the kernel avoids. Ratios are taken within each round
-(kernelized / grouped_mm, kernelized / floor, kernelized / the read-only pass), so load that hits a round hits both
-sides; the table gives their median and interquartile range, the JSON every sample, min and max, which pass set the
-floor, the load average, and the peak resident memory while kernelize packs the layer (first in the process, and
-again warm).
+advise_huge_pages), so the floor is never slowed by TLB misses the kernel avoids. Ratios are taken within each round, so
+load that hits a round hits both sides: against grouped_mm in the one convention (timing.RATIO_CONVENTION: "x faster"
+= grouped_mm's time / ours), against the floor and the read-only pass as time multiples (kernelized / floor: 1.2x the
+floor is 20% above it); the table gives their median and interquartile range, the JSON every sample, min and max,
+which pass set the floor, the load average, and the peak resident memory while kernelize packs the layer (first in
+the process, and again warm).
 Writes bench/out/moe_decode.json.
 
     python bench/moe_decode.py [--quick] [--dtypes bf16,f32] [--reps N] [--out PATH]
@@ -220,7 +221,7 @@ def bench_dtype(name: str, dtype: torch.dtype, *, batch: int, reps: int, batched
     import kernel_hub as kh
     from kernel_hub.layers.packing import ENV
     from kernel_hub.numerics import relative_error
-    from kernel_hub.timing import bench_records, interleaved_samples
+    from kernel_hub.timing import Ratio, bench_records, interleaved_samples
 
     container, config = build_layer(dtype)
     packed_container = copy.deepcopy(container)  # packs in place: the other one keeps dense weights for the rest
@@ -270,7 +271,7 @@ def bench_dtype(name: str, dtype: torch.dtype, *, batch: int, reps: int, batched
         "dtype": name,
         "median_ms": {k: statistics.median(v) * 1e3 for k, v in times.items() if v},
         "samples_ms": {k: [t * 1e3 for t in v] for k, v in times.items()},
-        "kernelized_vs_grouped_mm": spread([k / g for k, g in zip(kern, grp, strict=True)]),
+        "kernelized_vs_grouped_mm": Ratio.of(grp, kern).to_dict(),  # x faster: grouped_mm time / ours
         "kernelized_vs_floor": spread([k / f for k, f in zip(kern, flo, strict=True)]),
         "unpacked_vs_floor": spread([u / f for u, f in zip(times["kernelized_unpacked"], flo, strict=True)]),
         "kernelized_vs_read": spread([k / r for k, r in zip(kern, times["floor_read"], strict=True)]),
@@ -296,14 +297,18 @@ def _ratio(s: dict[str, float]) -> str:
 
 
 def table(results: list[dict[str, Any]]) -> str:
+    from kernel_hub.timing import RATIO_CONVENTION, format_ratio
+
     cols = ["eager", "grouped_mm", "batched_mm", "kernelized_unpacked", "kernelized", "floor"]
     heads = ["eager", "grouped_mm", "batched_mm", "unpacked", "kernelized", "floor"]
-    lines = ["dtype  " + "  ".join(f"{c:>10s}" for c in heads)
-             + "  kern/grouped [IQR]      kern/floor [IQR]  kern/read-only [IQR]  packed==unpacked  max rel err"]
+    lines = [f"kernelized vs grouped_mm: {RATIO_CONVENTION}; vs floor / read-only: kernelized time / theirs",
+             "dtype  " + "  ".join(f"{c:>10s}" for c in heads)
+             + "  kernelized vs grouped_mm          time/floor [IQR]  time/read-only [IQR]  packed==unpacked  "
+             "max rel err"]
     for r in results:
         ms = r["median_ms"]
         cells = "  ".join(f"{ms[c]:8.1f}ms" if c in ms else f"{'-':>10s}" for c in cols)
-        lines.append(f"{r['dtype']:5s}  {cells}  {_ratio(r['kernelized_vs_grouped_mm']):>18s}  "
+        lines.append(f"{r['dtype']:5s}  {cells}  {format_ratio(r['kernelized_vs_grouped_mm']):>32s}  "
                      f"{_ratio(r['kernelized_vs_floor']):>18s}  {_ratio(r['kernelized_vs_read']):>20s}  "
                      f"{r['packed_equals_unpacked']!s:>16s}  "
                      f"{r['max_rel_error_vs_grouped_mm']:.1e}")

@@ -5,7 +5,7 @@ Everything JAX is jitted and warmed up; runs are interleaved across methods in a
 from other load hits all alike), each timed call is preceded by an untimed call of the same method (so no
 method pays for the previous one's memory traffic: jax.lax.ragged_dot's dense intermediate otherwise costs
 the next call ~1.5x), and the median is reported with its interquartile range, and speedups relative to
-jax.lax.ragged_dot with theirs ("10.5x (9.8-11.2)": median and quartiles of the per-round ratios). The JSON
+jax.lax.ragged_dot with theirs ("10.5x faster (9.8-11.2)": timing.RATIO_CONVENTION, lax's time / ours). The JSON
 carries every sample and the environment (commit, versions, CPU).
 
   python bench/ragged_dot.py [--quick] [--shapes NAME,...] [--out bench/out/ragged_dot.json]
@@ -126,11 +126,11 @@ def run(quick: bool, shapes: tuple[str, ...] | None = None) -> dict:
 
 
 def table(report: dict) -> str:
-    lines = [f"{'group':26} {'method':24} {'median ms':>10} {'IQR ms':>17} {'x vs lax (IQR)':>20} {'rel err':>9}"]
+    lines = [f"{'group':26} {'method':24} {'median ms':>10} {'IQR ms':>17} {'vs lax (quartiles)':>24} {'rel err':>9}"]
     for r in report["records"]:
         iqr = f"{r['q1_ms']:.2f}-{r['q3_ms']:.2f}"
         lines.append(f"{r['group']:26} {r['method']:24} {r['median_ms']:10.2f} {iqr:>17} "
-                     f"{format_ratio(r['vs_baseline']):>20} {r['max_rel_error']:9.1e}")
+                     f"{format_ratio(r['vs_baseline']):>24} {r['max_rel_error']:9.1e}")
     for r in report["skipped"]:
         lines.append(f"{r['group']:26} {r['method']:24} {'skipped':>10}   ({r['reason']})")
     return "\n".join(lines)

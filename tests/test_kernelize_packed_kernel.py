@@ -163,6 +163,53 @@ def test_pickled_packed_experts_hold_dense_values_and_pack_again(kernel):
     assert torch.equal(restored.unpack(), original)
 
 
+def onednn_layout(kernel, matrix: torch.Tensor) -> tuple[int | None, int]:
+    """What oneDNN does with this [N, K] matrix on this CPU: the batch hint pack_experts would use (None: no exact
+    one) and the packed bytes under it (the blocked layout's padding differs by ISA: AMX keeps 32 bf16 rows as they
+    are, AVX512 pads them to 64)."""
+    module = sys.modules[kernel.PackedExperts.__module__]
+    hint, _ = module.exact_hint(matrix)
+    if hint is None:
+        return None, 0
+    return hint, int(torch.ops.mkldnn._nbytes(torch.ops.mkldnn._reorder_linear_weight(matrix, hint)))
+
+
+CANDIDATE_SHAPES = ((32, 64), (17, 64), (31, 64), (8, 64), (48, 64), (33, 40))  # [N, K] of one bf16 expert
+
+
+def padded_shape(kernel) -> tuple[int, int]:
+    """The first candidate [N, K] that oneDNN, asked on this CPU, packs into more bytes than the dense matrix."""
+    torch.manual_seed(0)
+    for rows, cols in CANDIDATE_SHAPES:
+        matrix = torch.randn(rows, cols).to(torch.bfloat16)
+        hint, nbytes = onednn_layout(kernel, matrix)
+        if hint is not None and nbytes != matrix.numel() * matrix.element_size():
+            return rows, cols
+    raise AssertionError(f"oneDNN pads none of {CANDIDATE_SHAPES} bf16 on this CPU: no shape to test the refusal")
+
+
+@pytest.mark.parametrize("rows,cols", CANDIDATE_SHAPES)
+def test_pack_experts_in_place_follows_onednns_layout(kernel, rows, cols):
+    """Whatever oneDNN's layout on this CPU: a shape it packs into the dense bytes packs in place and unpacks to
+    the same values; one it pads is refused with the weight untouched."""
+    torch.manual_seed(0)
+    weight = torch.randn(3, cols, rows).to(torch.bfloat16)  # transposed [E, K, N]: oneDNN's route
+    original = weight.clone()
+    hint, nbytes = onednn_layout(kernel, weight[0].t())
+    dense_bytes = weight[0].numel() * weight.element_size()
+    if hint is None:
+        with pytest.raises(kernel.PackingError, match="bit-identical"):
+            kernel.pack_experts(weight, transposed=True)
+    elif nbytes != dense_bytes:
+        with pytest.raises(kernel.PackingError, match="in place"):
+            kernel.pack_experts(weight, transposed=True)
+    else:
+        packed = kernel.pack_experts(weight, transposed=True)
+        assert packed.packed and torch.equal(packed.dense(), original)
+        assert torch.equal(packed.unpack(), original)
+    assert torch.equal(weight, original)
+
+
 @pytest.mark.parametrize("case", ["shared", "not_contiguous", "requires_grad", "two_dims", "float16", "padded"])
 def test_pack_experts_refusals_leave_the_weight_as_it_was(kernel, case):
     weight = torch.randn(4, 64, 64)
@@ -177,8 +224,9 @@ def test_pack_experts_refusals_leave_the_weight_as_it_was(kernel, case):
         weight = torch.randn(64, 64)
     elif case == "float16":
         weight = weight.half()
-    elif case == "padded":  # oneDNN pads 32-row bfloat16 weights to 64 rows: no room in place
-        weight = torch.randn(4, 64, 32).to(torch.bfloat16)  # transposed [E, K, N]: oneDNN's route
+    elif case == "padded":  # a shape oneDNN pads on this CPU (asked, not assumed: AMX and AVX512 differ)
+        rows, cols = padded_shape(kernel)
+        weight = torch.randn(4, cols, rows).to(torch.bfloat16)  # transposed [E, K, N]: oneDNN's route
     original = weight.detach().clone()
     words = {"shared": "shared with another tensor", "not_contiguous": "not contiguous",
              "requires_grad": "requires grad", "two_dims": "3-D", "float16": "3-D", "padded": "in place"}[case]

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from kernel_hub.registry import REGISTRY_ENV, registry_location
+from tests.client_env import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 WHEELHOUSE = ROOT / ".wheelhouse"
@@ -41,8 +42,7 @@ def _clean_env(**extra: str) -> dict[str, str]:
     """This environment without anything that would point pip or kernel-hub back at the checkout."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PIP_", "KERNEL_HUB_")) and k not in {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"}}
-    env.update(extra)
-    return env
+    return child_env(env, **extra)
 
 
 def _check(proc: subprocess.CompletedProcess[str], what: str) -> str:

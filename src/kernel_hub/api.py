@@ -6,6 +6,7 @@ fetched, before anything is downloaded or imported.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
@@ -20,6 +21,8 @@ from .trust import TrustSetting, check_trust, normalize_trust
 from .variants import choose_variant
 from .versions import Resolution
 
+_log = logging.getLogger("kernel_hub")
+
 __all__ = ["Plan", "get_kernel", "get_local_kernel", "has_kernel", "load_plan", "plan_load", "source_for",
            "validate"]
 
@@ -33,6 +36,11 @@ def load_plan(plan: Plan, *, validate: bool = False, trust_remote_code: TrustSet
     if build.version is None and plan.resolution.version is not None:
         build = replace(build, version=plan.resolution.version)
     module = import_build(build)
+    origin = plan.origin
+    served = f"{origin.kind} {origin.location}"  # e.g. "hub http://127.0.0.1:8080", "local /…/kernels/pallas/x"
+    module.__kernel_hub_source__ = served  # type: ignore[attr-defined]
+    _log.info("kernel-hub: %s %s [%s] served by %s (%s)", plan.repo_id, build.version or build.commit[:12],
+              build.variant.name, served, plan.source.describe())
     if validate:
         from .validation import require_valid
 
@@ -50,6 +58,7 @@ def get_kernel(
     trust_remote_code: TrustSetting = False,
     validate: bool = False,
     lockfile: str | Path | None = None,
+    source: str | None = None,
 ) -> ModuleType:
     """Load the build of `repo_id` that fits this machine.
 
@@ -59,6 +68,9 @@ def get_kernel(
     trust_remote_code: True, or a list of repos ("org/name") and organisations ("org") to trust beyond the
         trusted organisations (see kernel_hub.trust).
     lockfile: load exactly the commit and variant a `kernel-hub lock` file records, every digest checked.
+    source: "hub" loads from the Hub at HF_ENDPOINT even where the registry names a source path (the checkout's
+        copy), "local" only from that path, "auto"/None the registry's choice ($KERNEL_HUB_SOURCE sets the default).
+        The module's `__kernel_hub_source__` (and an INFO log line on the "kernel_hub" logger) says which served it.
     """
     normalize_trust(trust_remote_code)  # a malformed setting is refused before any work
     if lockfile is not None:
@@ -73,7 +85,7 @@ def get_kernel(
         return module
 
     plan = plan_load(repo_id, version=version, revision=revision, backend=backend, framework=framework,
-                     trust_remote_code=trust_remote_code)
+                     trust_remote_code=trust_remote_code, where=source)
     return load_plan(plan, validate=validate, trust_remote_code=trust_remote_code)
 
 

@@ -172,6 +172,11 @@ def _info_data(repo_id: str) -> dict[str, Any]:
         res = resolve(refs, version=_spec(spec) if spec else None, revision=None if spec else refs[0].name)
         commit = res.commit
         found = source.variants(repo_id, res.commit)
+        published = getattr(getattr(source, "active", None) or source, "published_metadata", None)
+        declared = published(repo_id, res.commit) if published is not None else None
+        if declared is not None:  # a Hub release, cached or not: its kernel.yaml says what each variant requires
+            by_name = {v.name: v for v in declared.variants}
+            found = [by_name.get(v.name, v) for v in found]
         variants = [{"name": v.name, "framework": v.framework, "backend": v.backend, "entry": v.entry,
                      "tpu_generations": list(v.tpu_generations), "requires": [list(r) for r in v.requires]}
                     for v in found]
@@ -202,6 +207,19 @@ def _tpu_compile_lines(source: Any, repo_id: str, commit: str, variant: Any) -> 
     return info.tpu_compile.lines()
 
 
+def simulated_backend(backend: str | None, tpu_generation: str | None) -> tuple[str | None, str]:
+    """resolve's backend: --tpu-generation alone implies --backend tpu (and says so); with another backend it is a
+    contradiction, refused in one line."""
+    if tpu_generation is None:
+        return backend, ""
+    if backend is None:
+        return "tpu", f"--tpu-generation {tpu_generation} implies --backend tpu"
+    if backend != "tpu":
+        raise KernelHubError(f"--tpu-generation {tpu_generation} simulates a TPU, but --backend is {backend}: "
+                             "drop one of them")
+    return backend, ""
+
+
 def cmd_resolve(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
@@ -210,6 +228,9 @@ def cmd_resolve(args: argparse.Namespace) -> int:
 
     if args.tpu_generation is not None and not _TPU_GENERATION.match(args.tpu_generation):
         raise KernelHubError(f"--tpu-generation {args.tpu_generation!r} is not a TPU generation like v5e or v6e")
+    args.backend, implied = simulated_backend(args.backend, args.tpu_generation)
+    if implied:
+        print(implied, file=sys.stderr)
     jax_version = _version_of("--jax-version", args.jax_version)
     torch_version = _version_of("--torch-version", args.torch_version)
     system: SystemFacts | None = None
@@ -452,7 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "system (or a simulated one), printing every variant accepted or rejected and why.")
     p.add_argument("repo", help="repo id")
     _add_version_args(p)
-    p.add_argument("--tpu-generation", help="simulate a TPU generation (v4, v5e, v5p, v6e, v7x)")
+    p.add_argument("--tpu-generation", help="simulate a TPU generation (v4, v5e, v5p, v6e, v7x); implies --backend tpu")
     p.add_argument("--jax-version", help="simulate an installed jax version")
     p.add_argument("--torch-version", help="simulate an installed torch version")
     _add_json_arg(p, "the decisions")

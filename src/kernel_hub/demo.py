@@ -27,7 +27,7 @@ def run_demo(quick: bool = False, print_fn=print) -> int:
 
     import kernel_hub as kh
     from kernel_hub.planning import plan_load
-    from kernel_hub.timing import Ratio, Spread, interleaved_samples
+    from kernel_hub.timing import RATIO_CONVENTION, Ratio, Spread, format_ratio, interleaved_samples
     from kernel_hub.validation import relative_error
 
     t0 = time.perf_counter()
@@ -68,7 +68,8 @@ def run_demo(quick: bool = False, print_fn=print) -> int:
     for label, key in ((f"kernel-hub ragged_dot ({impl})", "kernel"), ("jax.lax.ragged_dot", "lax")):
         t = times[key]
         print_fn(f"{label:<34}{t.median * 1e3:>10.2f}  {f'{t.q1 * 1e3:.2f}-{t.q3 * 1e3:.2f}':>15}")
-    print_fn(f"speed-up over jax.lax.ragged_dot: {Ratio.of(samples['lax'], samples['kernel'])} (IQR of the rounds)")
+    print_fn(f"kernel-hub vs jax.lax.ragged_dot: {format_ratio(Ratio.of(samples['lax'], samples['kernel']))}")
+    print_fn(f"  ({RATIO_CONVENTION})")
     status = 0 if agree else 1
 
     try:

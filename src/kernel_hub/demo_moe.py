@@ -31,7 +31,7 @@ def run(
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     import kernel_hub as kh
-    from kernel_hub.timing import Ratio, interleaved_samples
+    from kernel_hub.timing import RATIO_CONVENTION, Ratio, format_ratio, interleaved_samples
 
     t0 = time.perf_counter()
     config = Qwen3MoeConfig(**DEMO_CONFIG)
@@ -72,11 +72,10 @@ def run(
     runners = {"eager": timed("eager"), "grouped_mm": timed("grouped_mm"), "kernelized": lambda: decode_step(model)}
     samples = interleaved_samples(runners, repeats=reps)
     med = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
-    print_fn(f"decode step, batch {batch} (median of {reps}, interleaved; ratio: kernelized x faster, with the "
-             "IQR of the rounds):")
+    print_fn(f"decode step, batch {batch} (median of {reps}, interleaved; kernelized vs each: {RATIO_CONVENTION}):")
     for name in runners:
         ratio = Ratio.of(samples[name], samples["kernelized"])
-        versus = "" if name == "kernelized" else f"   (kernelized {ratio})"
+        versus = "" if name == "kernelized" else f"   (kernelized {format_ratio(ratio)})"
         print_fn(f"  {name:11s} {med[name]:8.1f} ms{versus}")
     kh.restore(model)
     with torch.no_grad():

@@ -34,6 +34,7 @@ from .errors import (
     VersionSpecError,
 )
 from .integrity import verify_tree
+from .metadata import KernelMetadata
 from .names import check_commit, check_ref_name, check_repo_id, check_variant_name, safe_join, safe_rmtree
 from .sources import Build, Origin
 from .variants import Variant
@@ -43,6 +44,7 @@ REPO_TYPE = fmt.REPO_TYPE
 TIMEOUT_ENV = "KERNEL_HUB_HTTP_TIMEOUT"
 #: A leftover .partial/.trash folder older than this is no unpack in progress (an unpack takes seconds).
 STALE_SECONDS = 3600.0
+_MAX_PUBLISHED_METADATA = 1 << 20  # bytes of a published kernel.yaml that `info` will parse
 _DAMAGED = (IntegrityError, MetadataError, UnsafeNameError)  # a cached copy that is not a clean build
 
 T = TypeVar("T")
@@ -284,6 +286,23 @@ class HubSource:
         try:
             return fmt.read_build_info(folder, f"{repo_id}@{commit[:12]} [{name}]", name).variant
         except KernelHubError:
+            return None
+
+    def published_metadata(self, repo_id: str, commit: str) -> KernelMetadata | None:
+        """The kernel.yaml a release publishes at its root (requirements and generations of every variant), with
+        one small download and nothing unpacked or imported: what `info` shows before a build is cached. None
+        where it is missing, too large or not a valid kernel.yaml (the caller keeps what the names say)."""
+        from .metadata import METADATA_FILE, parse_metadata, read_yaml
+
+        try:
+            path = Path(self._call(repo_id, f"downloading {METADATA_FILE} at {commit[:12]}", lambda: (
+                self.api.hf_hub_download(self.hub_repo(repo_id), METADATA_FILE, repo_type=REPO_TYPE,
+                                         revision=check_commit(commit), cache_dir=self.cache_dir,
+                                         local_files_only=self.offline))))
+            if path.stat().st_size > _MAX_PUBLISHED_METADATA:
+                return None
+            return parse_metadata(read_yaml(path), f"{repo_id}@{commit[:12]} {METADATA_FILE}")
+        except (KernelHubError, OSError, ValueError):
             return None
 
     def variants(self, repo_id: str, commit: str) -> list[Variant]:

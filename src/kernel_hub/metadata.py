@@ -187,20 +187,25 @@ def _field(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def schema_error(where: str, exc: ValidationError) -> MetadataError:
-    """The first problem of a pydantic ValidationError as one line: the file, the field, what to fix."""
-    errors = exc.errors(include_url=False)
-    first = errors[0]
-    field = _field(first["loc"]) or "(top level)"
-    if first["type"] == "missing":
-        text = f"missing required field {field!r}"
-    elif first["type"] == "extra_forbidden":
-        text = f"unknown field {field!r} (remove it or fix its spelling)"
-    else:
-        message = first["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
-        text = f"field {field!r}: {message}"
-    more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
-    return MetadataError(f"{where}: {text}{more}")
+def _problem(error: Any) -> str:
+    """One pydantic error as 'what to fix' text."""
+    field = _field(error["loc"]) or "(top level)"
+    if error["type"] == "missing":
+        return f"missing required field {field!r}"
+    if error["type"] == "extra_forbidden":
+        return f"unknown field {field!r} (remove it or fix its spelling)"
+    message = error["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    return f"field {field!r}: {message}"
+
+
+def schema_error(where: str, exc: ValidationError, *, most: int = 5) -> MetadataError:
+    """Every problem of a pydantic ValidationError (up to `most`, then a count) on one line: the file, each field,
+    what to fix; so a file with two mistakes is fixed in one round."""
+    problems = [_problem(e) for e in exc.errors(include_url=False)]
+    shown = "; ".join(problems[:most])
+    rest = len(problems) - most
+    more = f" (and {rest} more problem{'s' if rest > 1 else ''})" if rest > 0 else ""
+    return MetadataError(f"{where}: {shown}{more}")
 
 
 def parse_metadata(data: Any, where: str) -> KernelMetadata:

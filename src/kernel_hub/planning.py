@@ -4,6 +4,7 @@ Callers that import or lock pass their trust setting, so an untrusted repo is re
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 
 from .buildfmt import FRAMEWORKS
@@ -58,12 +59,37 @@ class Plan:
         return "\n".join(lines)
 
 
-def source_for(repo_id: str, registry: Registry) -> Source:
+#: Which source serves a registry kernel: "auto" (the default: the registry's source path where it names one),
+#: "hub" (always the Hub at HF_ENDPOINT, over the checkout's copy) or "local" (only the source path).
+SOURCE_ENV = "KERNEL_HUB_SOURCE"
+SOURCE_CHOICES = ("auto", "hub", "local")
+
+
+def source_choice(where: str | None) -> str:
+    """get_kernel's `source=` argument, else $KERNEL_HUB_SOURCE, else "auto"; one error naming both otherwise."""
+    chosen = where if where is not None else (os.environ.get(SOURCE_ENV) or "auto")
+    if chosen not in SOURCE_CHOICES:
+        named = "source=" if where is not None else SOURCE_ENV
+        raise KernelHubError(f"{named} must be one of {', '.join(SOURCE_CHOICES)}, got {chosen!r}")
+    return chosen
+
+
+def source_for(repo_id: str, registry: Registry, where: str | None = None) -> Source:
     """Where a kernel comes from: the registry's source path, or the Hub (through huggingface_hub);
-    an entry naming both uses the Hub when it answers and the source path when it does not."""
+    an entry naming both uses the Hub when it answers and the source path when it does not. `where`
+    (source_choice) forces the Hub or the source path."""
     check_repo_id(repo_id)
+    where = source_choice(where)
     entry = registry.get(repo_id)
     local = entry is not None and entry.source is not None and entry.source.is_dir()
+    if where == "local":
+        if not local:
+            raise KernelNotFoundError(f"{repo_id}: source='local' but the registry names no source path for it")
+        return LocalSource(entry.source)
+    if where == "hub":
+        from .hub import HubSource
+
+        return HubSource.for_repo(repo_id, registry_entry=entry)
     if local and entry.hub_repo is None:
         return LocalSource(entry.source)
     try:
@@ -106,11 +132,13 @@ def plan_load(
     registry: Registry | None = None,
     source: Source | None = None,
     trust_remote_code: TrustSetting | None = None,
+    where: str | None = None,
 ) -> Plan:
     """Resolve the version and choose the variant; the plan says which and why (nothing is imported).
 
     trust_remote_code: given (by callers that will import or lock), the trust check runs as soon as the source
     is known, before anything is downloaded; None (resolve, download) skips it.
+    where: "hub", "local" or "auto" (source_choice; None: $KERNEL_HUB_SOURCE, else auto).
     """
     check_repo_id(repo_id)
     check_target(framework, backend)
@@ -122,7 +150,7 @@ def plan_load(
                 f"{repo_id} is not in the registry with a default version: pass version= or revision="
             )
         version = entry.version
-    source = source or source_for(repo_id, registry)
+    source = source or source_for(repo_id, registry, where)
     resolution = resolve(source.refs(repo_id), version=version, revision=revision)
     if trust_remote_code is not None:
         check_trust(source.origin(repo_id), trust_remote_code, asked_for=repo_id)

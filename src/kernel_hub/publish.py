@@ -157,6 +157,16 @@ def check_endpoint(endpoint: str | None) -> None:
         raise KernelHubError(f"--endpoint must be an http(s) URL like http://127.0.0.1:8080, got {endpoint!r}")
 
 
+def check_access(hub: Any, repo_id: str) -> None:
+    """The endpoint answers and accepts the token (one whoami request), or one line saying which is wrong."""
+    from huggingface_hub import get_token
+
+    if not (hub.api.token or get_token()):
+        raise KernelHubError(f"publishing {repo_id} to {hub.endpoint} needs a write token: pass --token or set "
+                             "HF_TOKEN")
+    hub._call(repo_id, "checking the endpoint and token (whoami)", hub.api.whoami)
+
+
 def validate_local(kernel_dir: Path, log: Callable[[str], None]) -> list[str]:
     """Validate every variant that runs on this machine; raise when one fails or none can run."""
     from .api import get_local_kernel
@@ -197,7 +207,7 @@ def publish(kernel_dir: str | Path, *, repo_id: str | None = None, endpoint: str
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
     from .hub import HubSource
-    from .tpu.release_gate import run_gate
+    from .tpu.release_gate import gate_environment, run_gate
 
     kernel_dir = Path(kernel_dir)
     if not kernel_dir.is_dir():
@@ -209,15 +219,18 @@ def publish(kernel_dir: str | Path, *, repo_id: str | None = None, endpoint: str
     version, tag = Version(meta.version), f"v{meta.version}"
     branch = f"v{version.major}"
     checked_sources(kernel_dir, meta)  # links, bytecode, entries: refused before any of the kernel's code runs
+    # Fail fast: everything that takes a second to check is checked before the minutes of validating and compiling.
+    tpu = gate_environment(kernel_dir, meta, skip=skip_tpu_compile)
+    hub = HubSource(endpoint=endpoint, token=token)
+    check_access(hub, repo_id)
     if skip_validation:
         log("skipping validation (--skip-validation): publishing without checking the numbers")
     else:
         validate_local(kernel_dir, log)
-    records = run_gate(kernel_dir, meta, skip=skip_tpu_compile, log=log, jobs=tpu_jobs)
+    records = run_gate(kernel_dir, meta, skip=skip_tpu_compile, log=log, env=tpu, jobs=tpu_jobs)
     with tempfile.TemporaryDirectory(prefix="kernel-hub-publish-") as tmp:
         layout = build_layout(kernel_dir, Path(tmp), records)  # every name and file checked before any network call
         variants = [v.name for v in meta.variants]
-        hub = HubSource(endpoint=endpoint, token=token)
         api = hub.api
         hub._call(repo_id, "creating the repo",
                   lambda: api.create_repo(repo_id, repo_type=fmt.REPO_TYPE, exist_ok=True))

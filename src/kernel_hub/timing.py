@@ -3,7 +3,12 @@ validation harness, the benches and the report.
 
 A single median hides how noisy a shared 2-core machine is (one quick run saw 593, 59 and 33 ms for one
 method), so every time is kept as a `Spread` (median, quartiles, min, max of the samples) and every
-comparison as a `Ratio` with the interquartile range of the per-round ratios: "10.5x (9.8-11.2)".
+comparison as a `Ratio` with the interquartile range of the per-round ratios.
+
+The one ratio convention (demo, benches, report, README): RATIO_CONVENTION. `format_ratio` writes it, and
+`ratio_disagreement` says when the median of the per-round ratios and the ratio of the medians printed beside it
+tell different stories (a noisy machine: one round of 0.35 among 3.25 and 2.74); the formatted ratio then carries
+both, with the reason, so a table never shows a ratio that contradicts its own medians unexplained.
 """
 
 from __future__ import annotations
@@ -13,6 +18,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
+
+RATIO_CONVENTION = ('"N.NNx faster" = baseline time / our time (>1: ours is faster), the median of the per-round '
+                    "ratios with their quartiles in brackets")
+#: The median of the per-round ratios and the ratio of the medians may differ by this much (relative) unflagged.
+DISAGREEMENT_TOLERANCE = 0.25
 
 
 def block(x: Any) -> Any:
@@ -71,23 +81,24 @@ class Ratio:
     low: float
     high: float
     paired: bool
+    of_medians: float | None = None  # baseline median / our median, for ratio_disagreement (None: not recorded)
 
     @classmethod
     def of(cls, baseline: Sequence[float], ours: Sequence[float]) -> Ratio:
         if not baseline or not ours:
             raise ValueError("a ratio needs samples on both sides")
+        b, o = Spread.of(baseline), Spread.of(ours)
+        of_medians = b.median / o.median if o.median > 0 else None
         if len(baseline) == len(ours) and all(t > 0 for t in ours):
             low, value, high = _quartiles([b / o for b, o in zip(baseline, ours, strict=True)])
-            return cls(value=value, low=low, high=high, paired=True)
-        b, o = Spread.of(baseline), Spread.of(ours)
-        return cls(value=b.median / o.median, low=b.q1 / o.q3, high=b.q3 / o.q1, paired=False)
+            return cls(value=value, low=low, high=high, paired=True, of_medians=of_medians)
+        return cls(value=b.median / o.median, low=b.q1 / o.q3, high=b.q3 / o.q1, paired=False, of_medians=of_medians)
 
-    def to_dict(self) -> dict[str, float | bool]:
+    def to_dict(self) -> dict[str, float | bool | None]:
         return asdict(self)
 
     def __str__(self) -> str:
-        digits = 2 if self.value < 10 else 1
-        return f"{self.value:.{digits}f}x ({self.low:.{digits}f}-{self.high:.{digits}f})"
+        return format_ratio(self)
 
 
 def interleaved_samples(
@@ -153,9 +164,33 @@ def bench_records(
     return out
 
 
+def _x(value: float, digits_of: float | None = None) -> str:
+    """2 decimals below 10x, 1 from there (by `digits_of`, so a range is written like its median)."""
+    return f"{value:.{2 if (value if digits_of is None else digits_of) < 10 else 1}f}x"
+
+
+def ratio_disagreement(value: float, of_medians: float | None, *,
+                       tolerance: float = DISAGREEMENT_TOLERANCE) -> str | None:
+    """Why a median of per-round ratios (`value`) and the ratio of the medians disagree, or None when they agree:
+    they fall on different sides of 1 (one says faster, the other slower), or differ by more than `tolerance`."""
+    if of_medians is None or value <= 0 or of_medians <= 0:
+        return None
+    if (value - 1.0) * (of_medians - 1.0) < 0:
+        why = "one says faster, the other slower"
+    elif abs(value / of_medians - 1.0) > tolerance:
+        why = f"they differ by {abs(value / of_medians - 1.0):.0%}"
+    else:
+        return None
+    return (f"but the medians' ratio is {_x(of_medians)}: {why}; the rounds disagreed (a noisy machine), "
+            "rerun with more repeats")
+
+
 def format_ratio(ratio: dict[str, Any] | Ratio | None) -> str:
-    """A record's vs_baseline (or a Ratio) as "10.5x (9.8-11.2)"; "-" when there is none."""
+    """A record's vs_baseline (or a Ratio) in RATIO_CONVENTION: "10.5x faster (9.8-11.2)", plus the ratio of the
+    medians and the reason when ratio_disagreement finds one; "-" when there is none."""
     if ratio is None:
         return "-"
     r = ratio if isinstance(ratio, Ratio) else Ratio(**ratio)
-    return str(r)
+    text = f"{_x(r.value)} faster ({_x(r.low, r.value)[:-1]}-{_x(r.high, r.value)[:-1]})"
+    note = ratio_disagreement(r.value, r.of_medians)
+    return f"{text}, {note}" if note else text

@@ -240,6 +240,14 @@ def validate(
     info = module.__kernel_hub__
     from .system import installed_version
 
+    tpu_environment = None
+    if tpu:  # fail fast: a missing TPU environment or an unknown generation is said before any case runs
+        from .tpu.chips import parse_generations
+        from .tpu.env import tpu_env
+
+        tpu = parse_generations(tpu)
+        tpu_environment = tpu_env()
+
     run_backend = backend or _current_backend(info.framework)
     cases = _cases_for(module, run_backend)
     if tags:
@@ -261,7 +269,7 @@ def validate(
     if tpu:
         from .tpu.gate import compile_matrix
 
-        compiled = compile_matrix(module, tpu, tags=tags, names=names)
+        compiled = compile_matrix(module, tpu, tags=tags, names=names, env=tpu_environment)
         report.cases.extend(compiled.cases)
         report.libtpu_version, report.generations = compiled.libtpu_version, compiled.generations
     return report

@@ -122,13 +122,23 @@ def _resolve_major(refs: list[Ref], major: int) -> Resolution:
     return Resolution(branch.commit, branch.name, found, f"version={major} -> branch {branch.name}")
 
 
+def major_hint(spec: str) -> str:
+    """For a spec written like a major branch ("v1"): the hint that a major version is the bare int."""
+    match = re.fullmatch(r"\s*[vV](\d+)\s*", spec)
+    if not match:
+        return ""
+    major = int(match.group(1))
+    return (f"; {spec.strip()!r} reads as the exact release {major}.0.0: for the major branch v{major} pass the "
+            f"int {major} (--version {major}, version={major}), or --revision v{major} for the branch itself")
+
+
 def _resolve_spec(refs: list[Ref], spec: str) -> Resolution:
     specifier = parse_spec(spec)
     tagged = [(v, r) for r in refs if r.kind == "tag" and (v := tag_version(r.name)) is not None]
     matching = [(v, r) for v, r in tagged if v in specifier]
     if not matching:
         have = ", ".join(str(v) for v, _ in sorted(tagged, key=lambda p: p[0])) or "none"
-        raise VersionSpecError(f"no release matches version {spec!r} (releases: {have})")
+        raise VersionSpecError(f"no release matches version {spec!r} (releases: {have}){major_hint(spec)}")
     best, ref = max(matching, key=lambda p: p[0])
     return Resolution(ref.commit, ref.name, str(best), f"version={spec!r} -> highest matching tag {ref.name}")
 

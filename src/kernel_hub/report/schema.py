@@ -148,8 +148,9 @@ class BenchRecord(_Model):
     min_ms: float
     max_ms: float
     n: int
-    vs_baseline: dict[str, float | bool] | None = Field(
-        description="timing.Ratio: value, low, high (quartiles), paired; >1: faster than the baseline")
+    vs_baseline: dict[str, float | bool | None] | None = Field(
+        description="timing.Ratio: value, low, high (quartiles), paired, of_medians; baseline time / ours "
+                    "(>1: faster than the baseline)")
     ours: bool = Field(description="a kernel-hub method (else a baseline)")
 
 

@@ -106,6 +106,7 @@ def start_server(store: Path, *, token: str | None = "test-token", read_token_re
         cmd.append("--test-hooks")
     cmd += list(extra_args)
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env["HF_HUB_DISABLE_UPDATE_CHECK"] = "1"  # nothing of a test server's process asks PyPI
     # A file, not a pipe: a chatty server must never block on its output. Closed by stop().
     log = tempfile.TemporaryFile()  # noqa: SIM115
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -136,9 +137,11 @@ def running_server(store: Path, **kwargs: Any) -> Iterator[RunningServer]:
 
 
 def hub_env(server: RunningServer, cache: Path, **extra: str) -> dict[str, str]:
-    """The environment a user sets to point huggingface_hub (and HF `kernels`) at the store."""
+    """The environment a user sets to point huggingface_hub (and HF `kernels`) at the store. The `hf` CLI's
+    update check (a request to PyPI) is off: an air-gapped store's users have nothing else to reach."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "KERNELS_", "KERNEL_HUB_"))}
-    env.update(HF_ENDPOINT=server.url, HF_HUB_CACHE=str(cache), HF_HUB_DISABLE_PROGRESS_BARS="1", **extra)
+    env.update(HF_ENDPOINT=server.url, HF_HUB_CACHE=str(cache), HF_HUB_DISABLE_PROGRESS_BARS="1",
+               HF_HUB_DISABLE_UPDATE_CHECK="1", **extra)
     return env
 
 

@@ -48,11 +48,31 @@ def _failure_line(variant: str, failed: list[Any], total: int) -> str:
             f"({len(failed)} of {total} failed)")
 
 
+def gate_environment(kernel_dir: Path, meta: Any, *, skip: bool) -> Any:
+    """What the gate will need, checked in a second before any long work (publish calls it before validating):
+    the TPU environment when a TPU variant must compile (None when none must), else CompileGateError /
+    TpuEnvironmentError (one line)."""
+    from .env import TpuEnvironmentError, tpu_env
+
+    _, per_variant = gate_plan(meta.variants)
+    if not per_variant or skip:
+        return None
+    names = ", ".join(per_variant)
+    if not (Path(kernel_dir) / meta.python_name / "tpu_cases.py").is_file():
+        raise CompileGateError(f"{meta.repo_id}: {names} declare TPU but {meta.python_name}/tpu_cases.py is missing, "
+                               f"so nothing shows they compile; add the kernel's TPU compile cases or pass {SKIP_FLAG}")
+    try:
+        return tpu_env()
+    except TpuEnvironmentError as exc:
+        raise TpuEnvironmentError(f"{meta.repo_id}: {names} must compile for TPU before they are published: {exc}; "
+                                  f"or pass {SKIP_FLAG} to publish them marked 'not compiled'") from None
+
+
 def run_gate(kernel_dir: Path, meta: Any, *, skip: bool, log: Callable[[str], None], env: Any = None,
              jobs: int | None = None) -> dict[str, dict[str, Any]]:
     """Variant name -> compile record for every TPU variant of the kernel folder (none: {}), or
-    CompileGateError / TpuEnvironmentError (one line) when a TPU variant may not be published."""
-    from .env import TpuEnvironmentError, tpu_env
+    CompileGateError / TpuEnvironmentError (one line) when a TPU variant may not be published.
+    `env`: the TPU environment gate_environment found (None: found here)."""
     from .gate import compile_matrix
     from .record import not_compiled, record_from_cases
 
@@ -63,14 +83,7 @@ def run_gate(kernel_dir: Path, meta: Any, *, skip: bool, log: Callable[[str], No
     if skip:
         log(f"skipping the TPU compile gate ({SKIP_FLAG}): {names} published marked 'not compiled for TPU'")
         return {name: not_compiled(f"published with {SKIP_FLAG}") for name in per_variant}
-    if not (Path(kernel_dir) / meta.python_name / "tpu_cases.py").is_file():
-        raise CompileGateError(f"{meta.repo_id}: {names} declare TPU but {meta.python_name}/tpu_cases.py is missing, "
-                               f"so nothing shows they compile; add the kernel's TPU compile cases or pass {SKIP_FLAG}")
-    try:
-        env = env or tpu_env()
-    except TpuEnvironmentError as exc:
-        raise TpuEnvironmentError(f"{meta.repo_id}: {names} must compile for TPU before they are published: {exc}; "
-                                  f"or pass {SKIP_FLAG} to publish them marked 'not compiled'") from None
+    env = env or gate_environment(kernel_dir, meta, skip=skip)
     report = compile_matrix(kernel_dir, generations, env=env, jobs=jobs)
     records: dict[str, dict[str, Any]] = {}
     for name, gens in per_variant.items():

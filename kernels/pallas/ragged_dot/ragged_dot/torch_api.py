@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ._vendor.group_sizes import check_group_sizes
 from ._vendor.shapes import check_ragged_dot_shapes
 from ._vendor.torch_dispatch import IMPLEMENTATIONS, ORDER, TorchDispatch
 from ._vendor.torch_tpu_ops import op_namespace, package_digest
@@ -61,6 +62,25 @@ DISPATCHES = (_DISPATCH,)
 implementations_for, resolve_implementation, last_implementation, describe = _DISPATCH.exports()
 
 
+def _checked_group_sizes(group_sizes: torch.Tensor, m: int) -> torch.Tensor:
+    """The JAX entries' rule (_vendor/ragged_operands.py): concrete sizes that are negative or sum past M raise a
+    ValueError naming group_sizes; sizes without values (meta, fake, traced by torch.compile) are normalised the same
+    way as there: negative counts as 0, rows in group order, cut at M."""
+    if group_sizes.device.type != "meta" and not _is_fake(group_sizes):
+        check_group_sizes(group_sizes.tolist(), m)
+        return group_sizes
+    ends = torch.clamp(torch.cumsum(torch.clamp(group_sizes, min=0), 0), max=m)
+    return torch.diff(ends, prepend=ends.new_zeros(1))
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    try:
+        from torch._subclasses.fake_tensor import is_fake
+    except ImportError:  # pragma: no cover - older torch
+        return False
+    return bool(is_fake(t))
+
+
 def ragged_dot(
     lhs: torch.Tensor,
     rhs: torch.Tensor,
@@ -78,6 +98,7 @@ def ragged_dot(
     check_ragged_dot_shapes(lhs.shape, rhs.shape, group_sizes.shape)
     if group_sizes.dtype.is_floating_point or group_sizes.dtype.is_complex or group_sizes.dtype == torch.bool:
         raise TypeError(f"group_sizes must be integers, got {group_sizes.dtype}")
+    group_sizes = _checked_group_sizes(group_sizes, lhs.shape[0])
     out_dtype = preferred_element_type or lhs.dtype
     compute = torch.promote_types(lhs.dtype, rhs.dtype)
     lhs, rhs = lhs.to(compute), rhs.to(compute)
