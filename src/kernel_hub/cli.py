@@ -97,6 +97,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     from .metadata import load_metadata
     from .registry import load_registry, registry_location
 
+    if args.hub:
+        return _list_hub(args)
     registry = load_registry()
     kernels = [{"repo_id": e.repo_id, "default_spec": e.version,
                 "source_version": load_metadata(e.source).version if e.source and e.source.is_dir() else None,
@@ -111,6 +113,41 @@ def cmd_list(args: argparse.Namespace) -> int:
               ",".join(k["layers"]) or "-") for k in kernels]
     print(location.describe())
     print(_table(rows))
+    return 0
+
+
+def _list_hub(args: argparse.Namespace) -> int:
+    """`list --hub ORG`: the repos an endpoint holds for an organisation, through huggingface_hub's list_models."""
+    from .hub import HubSource
+    from .names import check_repo_id
+
+    org = check_repo_id(f"{args.hub}/x", "--hub").split("/")[0]
+    try:
+        found = list(HubSource(args.endpoint).api.list_models(author=org))
+    except Exception as exc:  # the endpoint's refusal or an unreachable host: one line
+        raise KernelHubError(f"listing {org} at {args.endpoint or 'the Hub'} failed: {_one_line(str(exc))[:200]}") \
+            from None
+    repos = [{"repo_id": m.id, "sha": getattr(m, "sha", None),
+              "last_modified": str(m.last_modified) if getattr(m, "last_modified", None) else None} for m in found]
+    if args.json:
+        _print_json({"org": org, "endpoint": args.endpoint, "repos": repos})
+        return 0
+    if not repos:
+        print(f"{org}: no repos")
+        return 0
+    print(_table([("repo", "commit", "last modified"),
+                  *((r["repo_id"], (r["sha"] or "-")[:12], r["last_modified"] or "-") for r in repos)]))
+    return 0
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from .scaffold import init
+
+    target = init(args.name, args.dir, args.template, args.repo)
+    print(f"wrote {target} ({args.template} template). Next:")
+    print(f"  kernel-hub validate --path {target}")
+    print(f"  kernel-hub validate --path {target} --tpu v5e,v6e")
+    print(f"  kernel-hub publish {target} --repo ORG/NAME --endpoint URL")
     return 0
 
 
@@ -261,6 +298,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
             live.advance()
 
         if args.tpu:
+            from .tpu.env import tpu_env
+
+            tpu_env()  # no TPU environment: its one line now, before any case runs
             live.row(f"then compiling the TPU cases for {', '.join(args.tpu)} (libtpu, in .venv-tpu)")
         report = validate(module, backend=args.backend, tags=tuple(args.tag) or None, seed=seed, tpu=args.tpu,
                           on_start=started, on_case=finished)
@@ -432,8 +472,23 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser("list", help="kernels in the registry", description="List the kernels the registry knows.")
+    p.add_argument("--hub", metavar="ORG", help="list the repos an endpoint holds for this organisation instead")
+    p.add_argument("--endpoint", help="Hub endpoint for --hub (default: $HF_ENDPOINT or huggingface.co)")
     _add_json_arg(p, "the registry")
     p.set_defaults(func=cmd_list)
+
+    from .scaffold import DEFAULT_TEMPLATE, TEMPLATES
+
+    p = sub.add_parser("init", help="start a new kernel folder from a template",
+                       description="Write DIR/NAME/: kernel.yaml, the package (a small working Pallas kernel with "
+                       "its reference, a CPU path and interpret support, the contract hooks), validation cases, "
+                       "TPU compile cases, a torch entry, tests and a card with the commands to run next. The "
+                       "folder needs nothing beside it. Refuses a bad name or an existing folder, writing nothing.")
+    p.add_argument("name", help="kernel and package name (a Python name, e.g. my_kernel)")
+    p.add_argument("--dir", default=".", help="where to create NAME/ (default: the current folder)")
+    p.add_argument("--template", choices=TEMPLATES, default=DEFAULT_TEMPLATE, help="which kernel to start from")
+    p.add_argument("--repo", help="repo id written to kernel.yaml (default: my-org/NAME)")
+    p.set_defaults(func=cmd_init)
 
     p = sub.add_parser("info", help="one kernel: metadata, refs, variants, TPU compile record",
                        description="Show a kernel's metadata, its refs (tags, branches) and build variants, and for "

@@ -188,6 +188,8 @@ class HubApp:
                 return Route(lambda _: JSONResponse({"errors": [], "warnings": []}), "read", "json")
             if len(rest) == 3 and rest[0] == "organizations" and rest[2] == "overview" and m == "GET":
                 return Route(partial(self.org_overview, org=checks.namespace(rest[1])))
+            if rest in (["models"], ["kernels"]) and m == "GET":  # list_models(author=...), /api/kernels?author=
+                return Route(partial(self.list_repos, kernels_only=rest == ["kernels"]))
             if len(rest) >= 3 and rest[0] in _TYPE_PLURALS:
                 return self.repo_route(m, _TYPE_PLURALS[rest[0]], checks.repo_id(rest[1], rest[2]), rest[3:])
             raise HubError(404, f"no such API route: /{'/'.join(s)}")
@@ -344,6 +346,27 @@ class HubApp:
             "name": org, "fullname": org, "avatarUrl": "", "isVerified": False, "type": "org",
             "trustedKernelPublisher": trusted,
         })
+
+    def list_repos(self, call: Call, kernels_only: bool) -> Response:
+        """The model repos of `?author=ORG` (required: this store lists one organisation at a time); /api/kernels
+        keeps those whose main branch holds a `build/` folder (kernel repos)."""
+        author = call.query.get("author")
+        if not author:
+            raise HubError(400, "name the organisation: ?author=ORG")
+        out = []
+        for repo_id in self.state.store.repo_ids("model", checks.namespace(author)):
+            repo = self._repo("model", repo_id)
+            try:
+                commit = repo.resolve("main")
+            except HubError:  # created, never committed to
+                continue
+            if kernels_only and not any(e.path.startswith("build/") for e in repo.all_files(commit, sizes=False)):
+                continue
+            meta = repo.commit_meta(commit)
+            out.append({"_id": repo_id, "id": repo_id, "modelId": repo_id, "author": author, "sha": commit,
+                        "lastModified": meta.date, "createdAt": meta.date, "private": False, "downloads": 0,
+                        "likes": 0, "tags": ["kernel"] if kernels_only else []})
+        return JSONResponse(out)
 
     def whoami(self, call: Call) -> Response:
         orgs = [{"name": ns, "fullname": ns, "roleInOrg": "admin", "type": "org"}
