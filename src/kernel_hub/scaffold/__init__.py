@@ -18,12 +18,11 @@ from pathlib import Path
 from ..errors import KernelHubError
 from ..names import check_python_name, check_repo_id
 
-TEMPLATES = ("elementwise", "matmul", "attention")
+TEMPLATES = ("elementwise", "matmul")
 DEFAULT_TEMPLATE = "elementwise"
 #: What each template's op is called and what it computes (the card and kernel.yaml's description).
 OPS = {"elementwise": ("axpy", "alpha * x + y, elementwise."),
-       "matmul": ("matmul", "A tiled matmul (a @ b) with float32 accumulation."),
-       "attention": ("attention", "Scaled dot-product attention (optionally causal), one pass per query block.")}
+       "matmul": ("matmul", "A tiled matmul (a @ b) with float32 accumulation.")}
 #: Names a kernel package must not take: they would shadow what it imports or what kernel-hub vendors into it.
 RESERVED = frozenset({"jax", "jaxlib", "torch", "numpy", "kernels", "kernel_hub", "tests", "test", "build"})
 
@@ -54,7 +53,10 @@ def plan_init(name: str, directory: str | Path = ".", template: str = DEFAULT_TE
     if template not in TEMPLATES:
         raise InitError(f"unknown template {template!r}; known: {', '.join(TEMPLATES)}")
     repo_id = repo_id or f"my-org/{name.replace('_', '-')}"
-    check_repo_id(repo_id, "--repo")
+    try:
+        check_repo_id(repo_id, "--repo")
+    except KernelHubError as exc:
+        raise InitError(str(exc)) from None
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise InitError(f"--dir {directory} is a file; name a folder")
