@@ -279,7 +279,7 @@ def _repo_blob_ids(store: Path, repo_id: str) -> dict[str, str]:
     """Git blob id (a digest of the content) of every file under build/ at main of a repo in a serve store."""
     from kernel_hub.server.gitstore import GitStore
 
-    repo = GitStore(store).get("model", repo_id)
+    repo = GitStore(store).get("kernel", repo_id)  # publish creates kernel repos
     return {e.path: e.oid for e in repo.all_files(repo.resolve("main"), sizes=False) if e.path.startswith("build/")}
 
 

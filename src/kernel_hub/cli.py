@@ -117,26 +117,36 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def _list_hub(args: argparse.Namespace) -> int:
-    """`list --hub ORG`: the repos an endpoint holds for an organisation, through huggingface_hub's list_models."""
+    """`list --hub ORG`: the kernel repos an endpoint holds for an organisation (GET /api/kernels?author=ORG,
+    through huggingface_hub's HTTP session and headers)."""
+    from huggingface_hub.utils import get_session, hf_raise_for_status
+
     from .hub import HubSource
     from .names import check_repo_id
 
-    org = check_repo_id(f"{args.hub}/x", "--hub").split("/")[0]
+    if "/" in args.hub:
+        raise KernelHubError(f"--hub takes an organisation (ORG, e.g. acme), got {args.hub!r}")
+    org = check_repo_id(f"{args.hub}/x", "--hub organisation").split("/")[0]
+    api = HubSource(args.endpoint).api
     try:
-        found = list(HubSource(args.endpoint).api.list_models(author=org))
-    except Exception as exc:  # the endpoint's refusal or an unreachable host: one line
-        raise KernelHubError(f"listing {org} at {args.endpoint or 'the Hub'} failed: {_one_line(str(exc))[:200]}") \
-            from None
-    repos = [{"repo_id": m.id, "sha": getattr(m, "sha", None),
-              "last_modified": str(m.last_modified) if getattr(m, "last_modified", None) else None} for m in found]
+        response = get_session().get(f"{api.endpoint.rstrip('/')}/api/kernels", params={"author": org},
+                                     headers=api._build_hf_headers())
+        hf_raise_for_status(response)
+        found = response.json()
+        if not isinstance(found, list):
+            raise ValueError("the answer is not a list of repos")
+        repos = [{"repo_id": check_repo_id(str(r.get("id")), "a listed repo id"), "sha": r.get("sha"),
+                  "last_modified": r.get("lastModified")} for r in found]
+    except Exception as exc:  # the endpoint's refusal, an unreachable host, a malformed answer: one line
+        raise KernelHubError(f"listing {org} at {api.endpoint} failed: {_one_line(str(exc))[:200]}") from None
     if args.json:
-        _print_json({"org": org, "endpoint": args.endpoint, "repos": repos})
+        _print_json({"org": org, "endpoint": api.endpoint, "repos": repos})
         return 0
     if not repos:
-        print(f"{org}: no repos")
+        print(f"{org}: no kernel repos at {api.endpoint}")
         return 0
     print(_table([("repo", "commit", "last modified"),
-                  *((r["repo_id"], (r["sha"] or "-")[:12], r["last_modified"] or "-") for r in repos)]))
+                  *((r["repo_id"], str(r["sha"] or "-")[:12], str(r["last_modified"] or "-")) for r in repos)]))
     return 0
 
 
@@ -278,6 +288,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     def row(cells: tuple[str, ...]) -> str:
         return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=False)) + "  " + cells[-1]
 
+    if args.tpu:
+        from .tpu.env import tpu_env
+
+        tpu_env()  # no TPU environment: its one line now, before jax or any case loads
     with progress(json_output=args.json) as live:
         live.phase(f"loading {args.path or args.repo}", announce=False)  # jax and the kernel: seconds
         if args.path:
@@ -298,9 +312,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
             live.advance()
 
         if args.tpu:
-            from .tpu.env import tpu_env
-
-            tpu_env()  # no TPU environment: its one line now, before any case runs
             live.row(f"then compiling the TPU cases for {', '.join(args.tpu)} (libtpu, in .venv-tpu)")
         report = validate(module, backend=args.backend, tags=tuple(args.tag) or None, seed=seed, tpu=args.tpu,
                           on_start=started, on_case=finished)

@@ -348,25 +348,24 @@ class HubApp:
         })
 
     def list_repos(self, call: Call, kernels_only: bool) -> Response:
-        """The model repos of `?author=ORG` (required: this store lists one organisation at a time); /api/kernels
-        keeps those whose main branch holds a `build/` folder (kernel repos)."""
+        """The repos of `?author=ORG` (required: this store lists one organisation at a time): /api/kernels its
+        kernel repos, /api/models (huggingface_hub's list_models) its model repos and kernel repos."""
         author = call.query.get("author")
         if not author:
             raise HubError(400, "name the organisation: ?author=ORG")
+        author = checks.namespace(author)
         out = []
-        for repo_id in self.state.store.repo_ids("model", checks.namespace(author)):
-            repo = self._repo("model", repo_id)
-            try:
-                commit = repo.resolve("main")
-            except HubError:  # created, never committed to
-                continue
-            if kernels_only and not any(e.path.startswith("build/") for e in repo.all_files(commit, sizes=False)):
-                continue
-            meta = repo.commit_meta(commit)
-            out.append({"_id": repo_id, "id": repo_id, "modelId": repo_id, "author": author, "sha": commit,
-                        "lastModified": meta.date, "createdAt": meta.date, "private": False, "downloads": 0,
-                        "likes": 0, "tags": ["kernel"] if kernels_only else []})
-        return JSONResponse(out)
+        for repo_type in ("kernel",) if kernels_only else ("model", "kernel"):
+            for repo_id in self.state.store.repo_ids(repo_type, author):
+                try:
+                    commit = self._repo(repo_type, repo_id).resolve("main")
+                    meta = self._repo(repo_type, repo_id).commit_meta(commit)
+                except HubError:  # created, never committed to
+                    continue
+                out.append({"_id": repo_id, "id": repo_id, "modelId": repo_id, "author": author, "sha": commit,
+                            "lastModified": meta.date, "createdAt": meta.date, "private": False, "downloads": 0,
+                            "likes": 0, "tags": ["kernel"] if repo_type == "kernel" else []})
+        return JSONResponse(sorted(out, key=lambda r: r["id"]))
 
     def whoami(self, call: Call) -> Response:
         orgs = [{"name": ns, "fullname": ns, "roleInOrg": "admin", "type": "org"}
