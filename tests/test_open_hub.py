@@ -110,3 +110,50 @@ def test_list_hub_lists_an_organisations_kernel_repos(tmp_path, capsys):
         assert "no kernel repos" in capsys.readouterr().out
         assert cli.main(["list", "--hub", "a/b", "--endpoint", server.url]) == 1
         assert "organisation" in capsys.readouterr().err
+
+
+MINIMAL_YAML = """name: twice
+repo_id: acme/twice
+version: 1.0.0
+python_name: twice
+variants:
+  - name: jax-cpu
+    framework: jax
+    backend: cpu
+    requires: {jax: ">=0.10"}
+"""
+MINIMAL_INIT = '''import jax.numpy as jnp
+
+
+def twice(x, y):
+    return (2 * x.astype(jnp.float32) + y.astype(jnp.float32){bug}).astype(x.dtype)
+
+
+REFERENCE = ("twice", lambda x, y: 2 * x + y)
+CASE_SHAPES = [{{"x": (8, 16), "y": (8, 16)}}, {{"x": (0, 3), "y": (0, 3)}}]
+'''
+
+
+def _minimal(root: Path, bug: str = "") -> Path:
+    folder = root / "twice"
+    (folder / "twice").mkdir(parents=True)
+    (folder / "kernel.yaml").write_text(MINIMAL_YAML)
+    (folder / "twice" / "__init__.py").write_text(MINIMAL_INIT.format(bug=bug))
+    return folder
+
+
+def test_a_kernel_with_one_implementation_and_no_cases_module_gets_the_defaults(tmp_path, monkeypatch):
+    import kernel_hub as kh
+    from kernel_hub.contract import KernelEntry
+
+    monkeypatch.setenv("KERNEL_HUB_CACHE", str(tmp_path / "cache"))
+    module = kh.get_local_kernel(_minimal(tmp_path / "ok"), backend="cpu")
+    assert isinstance(module, KernelEntry) and module.IMPLEMENTATIONS == ("default",)
+    assert module.resolve_implementation("cpu")[0] == "default"
+    with pytest.raises(ValueError, match="unknown implementation 'pallas'; known: default"):
+        module.resolve_implementation("cpu", "pallas")
+    report = kh.validate(module, backend="cpu")
+    assert report.passed and len(report.cases) == 4, str(report)  # two shape sets x f32, bf16 (the empty pair passes either way)
+    wrong = kh.get_local_kernel(_minimal(tmp_path / "bug", bug=" + 0.5"), backend="cpu")
+    failed = kh.validate(wrong, backend="cpu")
+    assert not failed.passed and [c.passed for c in failed.cases] == [False, False, True, True], str(failed)
