@@ -156,4 +156,5 @@ def test_a_kernel_with_one_implementation_and_no_cases_module_gets_the_defaults(
     assert report.passed and len(report.cases) == 4, str(report)  # two shape sets x f32, bf16
     wrong = kh.get_local_kernel(_minimal(tmp_path / "bug", bug=" + 0.5"), backend="cpu")
     failed = kh.validate(wrong, backend="cpu")
-    assert not failed.passed and [c.passed for c in failed.cases] == [False, False, True, True], str(failed)  # empty: ok
+    # the empty pair passes whatever the kernel computes
+    assert not failed.passed and [c.passed for c in failed.cases] == [False, False, True, True], str(failed)
