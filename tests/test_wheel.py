@@ -296,18 +296,19 @@ def test_open_hub_flow_from_the_wheel(installed: Installed, tmp_path: Path) -> N
     try:
         steps.run(installed, "init", "init", "my_axpy", "--dir", str(work), "--repo", "acme/my-axpy")
         kernel = work / "my_axpy"
-        out = steps.run(installed, "validate", "validate", "--path", str(kernel)).stdout
-        assert "PASSED" in out and "FAIL" not in out, out
         no_tpu = steps.run(installed, "validate without the TPU env", "validate", "--path", str(kernel), "--tpu",
                            "v5e,v6e", ok=False)
         lines = [ln for ln in no_tpu.stderr.splitlines() if ln.strip()]
         assert no_tpu.returncode == 1 and len(lines) == 1 and "setup-tpu" in lines[0], no_tpu.stderr
         assert "cases" not in no_tpu.stdout, "cases ran before the missing TPU environment was reported"
-        if tpu_env is not None:
-            out = steps.run(installed, "compile", "validate", "--path", str(kernel), "--tpu", "v5e,v6e", "--tag",
-                            "tpu", env=tpu_env).stdout
+        if tpu_env is not None:  # the numbers and every TPU case compiled, in one command
+            out = steps.run(installed, "validate + compile", "validate", "--path", str(kernel), "--tpu", "v5e,v6e",
+                            env=tpu_env).stdout
             assert "TPU compile" in out and "FAIL" not in out and "PASSED" in out, out
             assert sum(ln.startswith(("v5e ", "v6e ")) for ln in out.splitlines()) >= 16, out
+        else:
+            out = steps.run(installed, "validate", "validate", "--path", str(kernel)).stdout
+            assert "PASSED" in out and "FAIL" not in out, out
         copy = work / "rd"  # our ragged dot, copied alone: nothing beside it
         shutil.copytree(KERNELS / "ragged_dot", copy, ignore=shutil.ignore_patterns("tests", "__pycache__"))
         out = steps.run(installed, "validate copied ragged_dot", "validate", "--path", str(copy), "--tag",
@@ -317,9 +318,10 @@ def test_open_hub_flow_from_the_wheel(installed: Installed, tmp_path: Path) -> N
         store = tmp_path / "store"
         with running_server(store, token=TOKEN) as server:
             publish_env = {**(tpu_env or installed.env), "HF_ENDPOINT": server.url}
+            # validated just above; the compile gate still runs (its cache holds the cases compiled above)
             gate = [] if tpu_env is not None else ["--skip-tpu-compile"]
             steps.run(installed, "publish", "publish", str(kernel), "--repo", "acme/my-axpy", "--endpoint",
-                      server.url, "--token", TOKEN, *gate, env=publish_env)
+                      server.url, "--token", TOKEN, "--skip-validation", *gate, env=publish_env)
             steps.run(installed, "publish copied ragged_dot", "publish", str(copy), "--repo", "acme/ragged-dot-tpu",
                       "--endpoint", server.url, "--token", TOKEN, "--skip-validation", "--skip-tpu-compile",
                       env=publish_env)
@@ -341,10 +343,17 @@ def test_open_hub_flow_from_the_wheel(installed: Installed, tmp_path: Path) -> N
             assert done["replaced"] and set(done["replaced"]) == {"acme/ragged-dot-tpu"}, done
             assert done["rel"] < 1e-4, done
 
-        # the copy publishes the same files as the checkout's folder: every build/ file's sha256
-        layout = build_layout(KERNELS / "ragged_dot", tmp_path / "from-checkout")
-        expected = layout.blob_ids("build/")
-        assert expected and _repo_blob_ids(store, "acme/ragged-dot-tpu") == expected
+        # the copy publishes the same files as the checkout's folder: every file of every build, by its git blob
+        # id; the TPU variants' metadata.json (and their bundles) differ only by the compile record, which says
+        # "not compiled" for the --skip-tpu-compile publish and is empty for a layout built without a gate
+        expected = build_layout(KERNELS / "ragged_dot", tmp_path / "from-checkout").blob_ids("build/")
+        published = _repo_blob_ids(store, "acme/ragged-dot-tpu")
+        assert set(published) == set(expected)
+        differ = {p for p in expected if published[p] != expected[p]}
+        assert differ <= {"build/jax-tpu/metadata.json", "build/torch-tpu/metadata.json", "build/jax-tpu.tar",
+                          "build/torch-tpu.tar"}, sorted(differ)
+        package_files = [p for p in expected if p.count("/") >= 3]  # build/<variant>/<python_name>/...
+        assert len(package_files) > 60 and all(published[p] == expected[p] for p in package_files)
     finally:
         for label, seconds, tail in steps.rows:
             print(f"[{seconds:6.1f} s] {label}\n           {tail}")
