@@ -18,11 +18,13 @@ from pathlib import Path
 from ..errors import KernelHubError
 from ..names import check_python_name, check_repo_id
 
-TEMPLATES = ("elementwise", "matmul")
+TEMPLATES = ("elementwise", "matmul", "attention")
 DEFAULT_TEMPLATE = "elementwise"
 #: What each template's op is called and what it computes (the card and kernel.yaml's description).
 OPS = {"elementwise": ("axpy", "alpha * x + y, elementwise."),
-       "matmul": ("matmul", "A tiled matmul (a @ b) with float32 accumulation.")}
+       "matmul": ("matmul", "A tiled matmul (a @ b) with float32 accumulation."),
+       "attention": ("attention", "Scaled dot-product attention (optionally causal), one softmax pass per query "
+                     "block.")}
 #: Names a kernel package must not take: they would shadow what it imports or what kernel-hub vendors into it.
 RESERVED = frozenset({"jax", "jaxlib", "torch", "numpy", "kernels", "kernel_hub", "tests", "test", "build"})
 
