@@ -24,8 +24,9 @@ def test_a_fresh_kernel_validates_on_cpu_with_nothing_beside_it(template, tmp_pa
     assert sorted(p.name for p in folder.parent.iterdir()) == [folder.name]  # no _common beside it, no staging left
     meta = load_metadata(folder)
     assert meta.repo_id == "acme/fresh" and meta.python_name == f"fresh_{template}"
-    for name in ("kernel.yaml", "README.md", f"{meta.python_name}/validation.py", f"{meta.python_name}/tpu_cases.py",
-                 f"{meta.python_name}/torch_api.py", f"{meta.python_name}/torch_tpu_api.py", "tests/test_kernel.py"):
+    pkg = meta.python_name
+    for name in ("kernel.yaml", "README.md", f"{pkg}/validation.py", f"{pkg}/tpu_cases.py", f"{pkg}/torch_api.py",
+                 f"{pkg}/torch_tpu_api.py", f"tests/test_{pkg}.py"):
         assert (folder / name).is_file(), name
     assert "@@" not in "".join(p.read_text() for p in folder.rglob("*") if p.is_file())
     module = kh.get_local_kernel(folder, backend="cpu")
@@ -37,7 +38,7 @@ def test_a_fresh_kernel_validates_on_cpu_with_nothing_beside_it(template, tmp_pa
 def test_the_same_name_renders_the_same_files():
     a = render(plan_init("same", "/nonexistent-dir-for-plan", "matmul"))
     b = render(plan_init("same", "/nonexistent-dir-for-plan", "matmul"))
-    assert a == b and "same/api.py" in a and "tests/test_kernel.py" in a
+    assert a == b and "same/api.py" in a and "tests/test_same.py" in a
 
 
 BAD = [
