@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-COMMANDS = ["list", "info", "resolve", "download", "validate", "bench", "demo", "serve", "publish", "lock", "report"]
+COMMANDS = ["list", "info", "resolve", "download", "validate", "bench", "demo", "serve", "publish", "lock", "report",
+            "init"]
 
 
 def run(*args, env=None):

@@ -206,6 +206,19 @@ BAD = [
     (["report", "--out", "{a_file}"], "is a file"),
     (["report", "--tpu", "v99x"], "--tpu"),
     (["report", "--seed", "x"], "invalid int value"),
+    # init (refused before anything is written; tests/test_init.py checks that nothing is)
+    (["init"], "required"),
+    (["init", "9lives", "--dir", "{tmp}"], "kernel name"),
+    (["init", "my-kernel", "--dir", "{tmp}"], "kernel name"),
+    (["init", "_private", "--dir", "{tmp}"], "private"),
+    (["init", "torch", "--dir", "{tmp}"], "imports use"),
+    (["init", "toy_scale", "--dir", "{toy}"], "already exists"),
+    (["init", "ok_name", "--dir", "{a_file}"], "is a file"),
+    (["init", "ok_name", "--dir", "{tmp}", "--template", "conv"], "invalid choice"),
+    (["init", "ok_name", "--dir", "{tmp}", "--repo", "nope"], "ORG/NAME"),
+    # list --hub
+    (["list", "--hub", "../x"], "--hub"),
+    (["list", "--hub", "acme", "--endpoint", "http://127.0.0.1:9"], "listing acme"),
     # bench / demo
     (["bench", R], "no benchmark script"),
     (["bench", "test-org/unknown"], "unknown kernel repo"),

@@ -202,3 +202,160 @@ def test_a_src_layout_without_registry_or_pyproject_is_not_a_checkout(tmp_path: 
 
 def test_this_editable_install_reads_the_checkout() -> None:
     assert registry_location({}) == (ROOT / "registry.yaml", "checkout")
+
+
+# The open hub, from the wheel: init -> validate -> compile -> publish -> load (ours, HF kernels) -> kernelize with
+# a mapping to a repo outside registry.yaml, from a folder that is not the checkout. The server and HF `kernels`
+# run from this (the checkout's) environment: the offline wheelhouse holds kernel-hub[demo], not the server's
+# starlette/uvicorn/dulwich nor HF kernels, and neither needs kernel-hub's wheel to play its part.
+
+TPU_PYTHON = ROOT / ".venv-tpu" / "bin" / "python"
+TOKEN = "test-token"
+
+
+@dataclass
+class Steps:
+    """Each step's command, wall time and output excerpt, printed at the end (pytest -s shows them)."""
+
+    rows: list[tuple[str, float, str]]
+
+    def run(self, installed: Installed, label: str, *args: str, env: dict[str, str] | None = None,
+            ok: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        import time
+
+        start = time.monotonic()
+        proc = subprocess.run([str(installed.bin / "kernel-hub"), *args], cwd=installed.workdir,
+                              env=env or installed.env, capture_output=True, text=True, timeout=timeout)
+        seconds = time.monotonic() - start
+        tail = (proc.stdout.strip().splitlines() or [""])[-1] if proc.returncode == 0 else proc.stderr.strip()
+        self.rows.append((f"{label}: kernel-hub {' '.join(args)}", seconds, tail[:200]))
+        if ok:
+            _check(proc, label)
+        return proc
+
+    def python(self, python: Path, label: str, script: str, env: dict[str, str], cwd: Path) -> str:
+        import time
+
+        start = time.monotonic()
+        proc = subprocess.run([str(python), "-c", script], cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=600)
+        out = _check(proc, label)
+        self.rows.append((label, time.monotonic() - start, (out.strip().splitlines() or [""])[-1][:200]))
+        return out
+
+
+_LOAD_OURS = """
+import json, numpy as np, kernel_hub as kh
+k = kh.get_kernel("acme/my-axpy", version=1, trust_remote_code=True)
+x = np.random.default_rng(0).standard_normal((37, 200)).astype(np.float32); y = np.ones_like(x)
+out = np.asarray(k.axpy(x, y, alpha=0.5))
+print(json.dumps({"variant": k.__kernel_hub__.variant, "version": k.__kernel_hub__.version,
+                  "err": float(np.abs(out - (0.5 * x.astype(np.float64) + 1)).max())}))
+"""
+_LOAD_HF = """
+import json, torch, kernels
+k = kernels.get_kernel("acme/my-axpy", version=1)
+x = torch.randn(37, 200, generator=torch.Generator().manual_seed(0)); y = torch.ones_like(x)
+out = k.axpy(x, y, alpha=0.5)
+print(json.dumps({"err": float((out.double() - (0.5 * x.double() + 1)).abs().max()), "dtype": str(out.dtype)}))
+"""
+_KERNELIZE = """
+import json, torch, kernel_hub as kh
+from kernel_hub.report.models import tiny_model
+model = tiny_model("qwen3_moe")
+ids = torch.randint(3, 120, (2, 9), generator=torch.Generator().manual_seed(0))
+with torch.no_grad():
+    before = model(ids).logits
+refused = kh.kernelize(model, mapping={"moe_experts": "acme/ragged-dot-tpu", "attention": None})
+kh.restore(model)
+report = kh.kernelize(model, mapping={"moe_experts": {"repo_id": "acme/ragged-dot-tpu", "version": 1},
+                                      "attention": None}, trust_remote_code=["acme"])
+with torch.no_grad():
+    after = model(ids).logits
+print(json.dumps({"refused": [k.reason for k in refused.kept], "replaced": [r.repo_id for r in report.replaced],
+                  "rel": float((after - before).abs().max() / before.abs().max())}))
+"""
+
+
+def _repo_blob_ids(store: Path, repo_id: str) -> dict[str, str]:
+    """Git blob id (a digest of the content) of every file under build/ at main of a repo in a serve store."""
+    from kernel_hub.server.gitstore import GitStore
+
+    repo = GitStore(store).get("kernel", repo_id)  # publish creates kernel repos
+    return {e.path: e.oid for e in repo.all_files(repo.resolve("main"), sizes=False) if e.path.startswith("build/")}
+
+
+def test_open_hub_flow_from_the_wheel(installed: Installed, tmp_path: Path) -> None:
+    import json
+
+    from kernel_hub.publish import build_layout
+    from kernel_hub.server.testing import hub_env, running_server
+
+    steps = Steps([])
+    work = installed.workdir / "authoring"
+    work.mkdir()
+    tpu_env = {**installed.env, "KERNEL_HUB_TPU_PYTHON": str(TPU_PYTHON)} if TPU_PYTHON.is_file() else None
+    try:
+        steps.run(installed, "init", "init", "my_axpy", "--dir", str(work), "--repo", "acme/my-axpy")
+        kernel = work / "my_axpy"
+        no_tpu = steps.run(installed, "validate without the TPU env", "validate", "--path", str(kernel), "--tpu",
+                           "v5e,v6e", ok=False)
+        lines = [ln for ln in no_tpu.stderr.splitlines() if ln.strip()]
+        assert no_tpu.returncode == 1 and len(lines) == 1 and "setup-tpu" in lines[0], no_tpu.stderr
+        assert "cases" not in no_tpu.stdout, "cases ran before the missing TPU environment was reported"
+        if tpu_env is not None:  # the numbers and every TPU case compiled, in one command
+            out = steps.run(installed, "validate + compile", "validate", "--path", str(kernel), "--tpu", "v5e,v6e",
+                            env=tpu_env).stdout
+            assert "TPU compile" in out and "FAIL" not in out and "PASSED" in out, out
+            assert sum(ln.startswith(("v5e ", "v6e ")) for ln in out.splitlines()) >= 16, out
+        else:
+            out = steps.run(installed, "validate", "validate", "--path", str(kernel)).stdout
+            assert "PASSED" in out and "FAIL" not in out, out
+        copy = work / "rd"  # our ragged dot, copied alone: nothing beside it
+        shutil.copytree(KERNELS / "ragged_dot", copy, ignore=shutil.ignore_patterns("tests", "__pycache__"))
+        out = steps.run(installed, "validate copied ragged_dot", "validate", "--path", str(copy), "--tag",
+                        "edge").stdout
+        assert "PASSED" in out and "FAIL" not in out, out
+
+        store = tmp_path / "store"
+        with running_server(store, token=TOKEN) as server:
+            publish_env = {**(tpu_env or installed.env), "HF_ENDPOINT": server.url}
+            # validated just above; the compile gate still runs (its cache holds the cases compiled above)
+            gate = [] if tpu_env is not None else ["--skip-tpu-compile"]
+            steps.run(installed, "publish", "publish", str(kernel), "--repo", "acme/my-axpy", "--endpoint",
+                      server.url, "--token", TOKEN, "--skip-validation", *gate, env=publish_env)
+            steps.run(installed, "publish copied ragged_dot", "publish", str(copy), "--repo", "acme/ragged-dot-tpu",
+                      "--endpoint", server.url, "--token", TOKEN, "--skip-validation", "--skip-tpu-compile",
+                      env=publish_env)
+            listed = steps.run(installed, "list --hub", "list", "--hub", "acme", "--endpoint", server.url,
+                               "--json", env=publish_env).stdout
+            assert {r["repo_id"] for r in json.loads(listed)["repos"]} == {"acme/my-axpy", "acme/ragged-dot-tpu"}
+
+            user_env = {**installed.env, "HF_ENDPOINT": server.url}
+            ours = json.loads(steps.python(installed.bin / "python", "kh.get_kernel(acme/my-axpy, version=1)",
+                                           _LOAD_OURS, user_env, installed.workdir).strip().splitlines()[-1])
+            assert ours["variant"] == "jax-cpu" and ours["version"] == "1.0.0" and ours["err"] < 1e-5, ours
+            hf = json.loads(steps.python(Path(sys.executable), "HF kernels.get_kernel(acme/my-axpy, version=1)",
+                                         _LOAD_HF, hub_env(server, tmp_path / "hf-cache"), tmp_path)
+                            .strip().splitlines()[-1])
+            assert hf["err"] < 1e-5 and hf["dtype"] == "torch.float32", hf
+            done = json.loads(steps.python(installed.bin / "python", "kernelize mapping acme/ragged-dot-tpu",
+                                           _KERNELIZE, user_env, installed.workdir).strip().splitlines()[-1])
+            assert done["refused"] and all("trust" in r for r in done["refused"]), done
+            assert done["replaced"] and set(done["replaced"]) == {"acme/ragged-dot-tpu"}, done
+            assert done["rel"] < 1e-4, done
+
+        # the copy publishes the same files as the checkout's folder: every file of every build, by its git blob
+        # id; the TPU variants' metadata.json (and their bundles) differ only by the compile record, which says
+        # "not compiled" for the --skip-tpu-compile publish and is empty for a layout built without a gate
+        expected = build_layout(KERNELS / "ragged_dot", tmp_path / "from-checkout").blob_ids("build/")
+        published = _repo_blob_ids(store, "acme/ragged-dot-tpu")
+        assert set(published) == set(expected)
+        differ = {p for p in expected if published[p] != expected[p]}
+        assert differ <= {"build/jax-tpu/metadata.json", "build/torch-tpu/metadata.json", "build/jax-tpu.tar",
+                          "build/torch-tpu.tar"}, sorted(differ)
+        package_files = [p for p in expected if p.count("/") >= 3]  # build/<variant>/<python_name>/...
+        assert len(package_files) > 60 and all(published[p] == expected[p] for p in package_files)
+    finally:
+        for label, seconds, tail in steps.rows:
+            print(f"[{seconds:6.1f} s] {label}\n           {tail}")

@@ -99,6 +99,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     from .metadata import load_metadata
     from .registry import load_registry, registry_location
 
+    if args.hub:
+        return _list_hub(args)
     registry = load_registry()
     kernels = [{"repo_id": e.repo_id, "default_spec": e.version,
                 "source_version": load_metadata(e.source).version if e.source and e.source.is_dir() else None,
@@ -113,6 +115,51 @@ def cmd_list(args: argparse.Namespace) -> int:
               ",".join(k["layers"]) or "-") for k in kernels]
     print(clean(location.describe()))
     print(_table(rows))
+    return 0
+
+
+def _list_hub(args: argparse.Namespace) -> int:
+    """`list --hub ORG`: the kernel repos an endpoint holds for an organisation (GET /api/kernels?author=ORG,
+    through huggingface_hub's HTTP session and headers)."""
+    from huggingface_hub.utils import get_session, hf_raise_for_status
+
+    from .hub import HubSource
+    from .names import check_repo_id
+
+    if "/" in args.hub:
+        raise KernelHubError(f"--hub takes an organisation (ORG, e.g. acme), got {args.hub!r}")
+    org = check_repo_id(f"{args.hub}/x", "--hub organisation").split("/")[0]
+    api = HubSource(args.endpoint).api
+    try:
+        response = get_session().get(f"{api.endpoint.rstrip('/')}/api/kernels", params={"author": org},
+                                     headers=api._build_hf_headers())
+        hf_raise_for_status(response)
+        found = response.json()
+        if not isinstance(found, list):
+            raise ValueError("the answer is not a list of repos")
+        repos = [{"repo_id": check_repo_id(str(r.get("id")), "a listed repo id"), "sha": r.get("sha"),
+                  "last_modified": r.get("lastModified")} for r in found]
+    except Exception as exc:  # the endpoint's refusal, an unreachable host, a malformed answer: one line
+        raise KernelHubError(f"listing {org} at {api.endpoint} failed: {_one_line(str(exc))[:200]}") from None
+    if args.json:
+        _print_json({"org": org, "endpoint": api.endpoint, "repos": repos})
+        return 0
+    if not repos:
+        print(f"{org}: no kernel repos at {api.endpoint}")
+        return 0
+    print(_table([("repo", "commit", "last modified"),
+                  *((r["repo_id"], str(r["sha"] or "-")[:12], str(r["last_modified"] or "-")) for r in repos)]))
+    return 0
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from .scaffold import init
+
+    target = init(args.name, args.dir, args.template, args.repo)
+    print(f"wrote {target} ({args.template} template). Next:")
+    print(f"  kernel-hub validate --path {target}")
+    print(f"  kernel-hub validate --path {target} --tpu v5e,v6e")
+    print(f"  kernel-hub publish {target} --repo ORG/NAME --endpoint URL")
     return 0
 
 
@@ -265,6 +312,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     def row(cells: tuple[str, ...]) -> str:
         return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=False)) + "  " + cells[-1]
 
+    if args.tpu:
+        from .tpu.env import tpu_env
+
+        tpu_env()  # no TPU environment: its one line now, before jax or any case loads
     with progress(json_output=args.json) as live:
         live.phase(f"loading {args.path or args.repo}", announce=False)  # jax and the kernel: seconds
         if args.path:
@@ -457,8 +508,23 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser("list", help="kernels in the registry", description="List the kernels the registry knows.")
+    p.add_argument("--hub", metavar="ORG", help="list the repos an endpoint holds for this organisation instead")
+    p.add_argument("--endpoint", help="Hub endpoint for --hub (default: $HF_ENDPOINT or huggingface.co)")
     _add_json_arg(p, "the registry")
     p.set_defaults(func=cmd_list)
+
+    from .scaffold import DEFAULT_TEMPLATE, TEMPLATES
+
+    p = sub.add_parser("init", help="start a new kernel folder from a template",
+                       description="Write DIR/NAME/: kernel.yaml, the package (a small working Pallas kernel with "
+                       "its reference, a CPU path and interpret support, the contract hooks), validation cases, "
+                       "TPU compile cases, a torch entry, tests and a card with the commands to run next. The "
+                       "folder needs nothing beside it. Refuses a bad name or an existing folder, writing nothing.")
+    p.add_argument("name", help="kernel and package name (a Python name, e.g. my_kernel)")
+    p.add_argument("--dir", default=".", help="where to create NAME/ (default: the current folder)")
+    p.add_argument("--template", choices=TEMPLATES, default=DEFAULT_TEMPLATE, help="which kernel to start from")
+    p.add_argument("--repo", help="repo id written to kernel.yaml (default: my-org/NAME)")
+    p.set_defaults(func=cmd_init)
 
     p = sub.add_parser("info", help="one kernel: metadata, refs, variants, TPU compile record",
                        description="Show a kernel's metadata, its refs (tags, branches) and build variants, and for "

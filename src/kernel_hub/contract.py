@@ -7,7 +7,8 @@ module imports no framework.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 #: `implementation=`: None (the platform's default order), a name, or names tried in order.
@@ -104,3 +105,106 @@ class PallasEntry(KernelEntry, Protocol):
     def run_race_checked(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """fn(*args, **kwargs) on a fresh simulator, waited for; RaceDetectedError on a race (for jit/grad)."""
         ...
+
+
+# -- what kernel-hub fills in for a kernel that leaves it out (docs/kernel-contract.md, "Defaults") ---------------
+
+#: The one implementation of a kernel that declares none.
+DEFAULT_IMPLEMENTATION = "default"
+#: Module attributes that let kernel-hub generate validation cases when a package has no validation.py:
+#: REFERENCE = (op name, reference function on float64 NumPy arrays), CASE_SHAPES = [{argument: shape}, ...].
+REFERENCE_ATTR, SHAPES_ATTR = "REFERENCE", "CASE_SHAPES"
+
+
+def fill_defaults(module: Any) -> tuple[str, ...]:
+    """A kernel without a dispatch table has one implementation: give it the contract's names for that
+    (IMPLEMENTATIONS, ORDER, implementations_for, resolve_implementation, last_implementation). Returns the names
+    set (none when the kernel defines IMPLEMENTATIONS itself: then it owns the whole contract)."""
+    if hasattr(module, "IMPLEMENTATIONS"):
+        return ()
+    name = DEFAULT_IMPLEMENTATION
+    reason = f"{name}: chosen (the kernel's only implementation)"
+
+    def implementations_for(backend: Any) -> tuple[str, ...]:
+        return (name,)
+
+    def resolve_implementation(backend: Any, implementation: Implementation = None, *,
+                               interpret: Any = None) -> tuple[str, str]:
+        asked = (implementation,) if isinstance(implementation, str) else tuple(implementation or ())
+        if implementation is not None and not asked:
+            raise ValueError(f"the implementation sequence is empty; known: {name}")
+        unknown = [n for n in asked if n != name]
+        if unknown:
+            raise ValueError(f"unknown implementation {unknown[0]!r}; known: {name}")
+        return name, reason
+
+    defaults = {"IMPLEMENTATIONS": (name,), "ORDER": {}, "implementations_for": implementations_for,
+                "resolve_implementation": resolve_implementation, "last_implementation": lambda: (name, reason)}
+    for attr, value in defaults.items():
+        setattr(module, attr, value)
+    return tuple(defaults)
+
+
+def _as_float64(x: Any) -> Any:
+    import numpy as np
+
+    if hasattr(x, "detach"):  # torch, bfloat16 included
+        return x.detach().float().cpu().numpy().astype(np.float64)
+    return np.asarray(x, dtype=np.float32 if str(getattr(x, "dtype", "")) == "bfloat16" else None).astype(np.float64)
+
+
+@dataclass(frozen=True)
+class ReferenceCase:
+    """A case generated from a kernel's reference and one set of shapes: random normal inputs, the kernel's `op`
+    called on them positionally (with implementation= only when one is asked for), the reference in float64."""
+
+    name: str
+    dtype: str
+    implementation: Implementation
+    tags: tuple[str, ...]
+    tolerance: float | None
+    op: str
+    shapes: tuple[tuple[str, tuple[int, ...]], ...]
+    reference_fn: Callable[..., Any]
+    framework: str = "jax"
+
+    def inputs(self, seed: int) -> dict[str, Any]:
+        import numpy as np
+
+        rng = np.random.default_rng(seed)
+        out: dict[str, Any] = {}
+        for arg, shape in self.shapes:
+            x = rng.standard_normal(shape).astype(np.float32)
+            if self.framework == "torch":
+                import torch
+
+                out[arg] = torch.from_numpy(x).to(getattr(torch, self.dtype))
+            else:
+                import jax.numpy as jnp
+
+                out[arg] = jnp.asarray(x, dtype=self.dtype)
+        return out
+
+    def call(self, module: Any, inputs: dict[str, Any]) -> Any:
+        kw = {} if self.implementation is None else {"implementation": self.implementation}
+        return getattr(module, self.op)(*(inputs[arg] for arg, _ in self.shapes), **kw)
+
+    def reference(self, inputs: dict[str, Any]) -> Any:
+        return self.reference_fn(*(_as_float64(inputs[arg]) for arg, _ in self.shapes))
+
+
+def cases_from_reference(op: str, reference: Callable[..., Any], shapes: Sequence[Mapping[str, Sequence[int]]],
+                         dtypes: Sequence[str] = ("float32", "bfloat16"), framework: str = "jax"
+                         ) -> list[ReferenceCase]:
+    """One case per (shapes, dtype): what the harness runs for a package that exports REFERENCE and CASE_SHAPES
+    instead of a validation.py."""
+    out = []
+    for i, group in enumerate(shapes):
+        frozen = tuple((str(arg), tuple(int(d) for d in shape)) for arg, shape in group.items())
+        size = "x".join("_".join(map(str, s)) for _, s in frozen)
+        for dtype in dtypes:
+            if dtype not in CASE_DTYPES:
+                raise ValueError(f"case dtype {dtype!r} is not one of {', '.join(CASE_DTYPES)}")
+            out.append(ReferenceCase(f"{op}_{i}_{size}_{dtype}", dtype, None, ("generated",), None, op, frozen,
+                                     reference, framework))
+    return out

@@ -172,6 +172,9 @@ def import_build(build: Build) -> ModuleType:
             detail = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
             raise KernelImportError(f"{label}: import failed: {type(exc).__name__}: {detail}".rstrip(": ")
                                     ) from (exc if isinstance(exc, Exception) else None)
+        from .contract import fill_defaults
+
+        fill_defaults(module)  # a kernel with one implementation needs no dispatch table
         module.__kernel_hub__ = KernelInfo(  # type: ignore[attr-defined]
             repo_id=build.repo_id,
             version=build.version,

@@ -196,10 +196,16 @@ def run_case(case: Any, module: ModuleType, seed: int, *, warm_runs: int = WARM_
 
 def _cases_for(module: ModuleType, backend: str) -> list[Any]:
     info = module.__kernel_hub__
+    from .contract import REFERENCE_ATTR, SHAPES_ATTR, cases_from_reference
+
     try:
         cases_module = importlib.import_module(f"{module.__name__}.validation")
     except ImportError as exc:
-        raise KernelHubError(f"{info.repo_id}: the package has no validation module ({exc})") from None
+        if not (hasattr(module, REFERENCE_ATTR) and hasattr(module, SHAPES_ATTR)):
+            raise KernelHubError(f"{info.repo_id}: the package has no validation module ({exc}) and no "
+                                 f"{REFERENCE_ATTR} + {SHAPES_ATTR} to generate cases from") from None
+        op, reference = getattr(module, REFERENCE_ATTR)
+        return cases_from_reference(op, reference, getattr(module, SHAPES_ATTR), framework=info.framework)
     cases = list(cases_module.cases(backend, framework=info.framework))
     if not cases:
         raise KernelHubError(f"{info.repo_id}: no validation cases for backend {backend}")

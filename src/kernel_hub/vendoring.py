@@ -26,9 +26,29 @@ COMMON_DIR = "_common"
 VENDOR_DIR = "_vendor"
 
 
-def common_dir(kernel_dir: Path) -> Path:
-    """Where a kernel folder's vendored files come from: `_common/` beside it."""
-    return Path(kernel_dir).resolve().parent / COMMON_DIR
+#: This package's folder: the wheel embeds kernels/pallas/ under `_embedded/` (setup.py); a checkout holds it two
+#: levels above src/kernel_hub.
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def shipped_common(package_dir: Path = _PACKAGE) -> Path | None:
+    """The copy of kernels/pallas/_common that ships with kernel-hub: the wheel's embedded one, else the checkout's
+    (an editable install), else None."""
+    for candidate in (package_dir / "_embedded" / "kernels" / "pallas" / COMMON_DIR,
+                      package_dir.parents[1] / "kernels" / "pallas" / COMMON_DIR):
+        if (candidate / "__init__.py").is_file():
+            return candidate
+    return None
+
+
+def common_dir(kernel_dir: Path, package_dir: Path = _PACKAGE) -> Path:
+    """Where a kernel folder's vendored files come from: `_common/` beside it when there is one (our checkout, or an
+    author's own shared folder), else the copy that ships with kernel-hub, so a kernel folder needs nothing beside
+    it. The same files give the same digests, whichever copy they are read from."""
+    beside = Path(kernel_dir).resolve().parent / COMMON_DIR
+    if beside.is_dir():
+        return beside
+    return shipped_common(package_dir) or beside
 
 
 def _own_files(kernel_dir: Path, package: Path) -> dict[str, Path]:

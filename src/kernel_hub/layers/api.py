@@ -79,8 +79,46 @@ def not_validated_reason(backend: str, tensors_on: str) -> str | None:
     return None
 
 
-def _kernel_spec(mapping: dict[str, Any] | None, backend: str) -> dict[str, Any]:
-    """kind -> repo id / loaded kernel module / None, from the registry overridden by `mapping`."""
+@dataclass(frozen=True)
+class RepoSpec:
+    """A mapping value naming a repo: what get_kernel is asked for, with kernelize's trust setting."""
+
+    repo_id: str
+    version: int | str | None = None
+    revision: str | None = None
+    trust_remote_code: Any = False
+
+    def __str__(self) -> str:
+        return self.repo_id
+
+
+#: Keys of a mapping value that names a repo ({"repo_id": ..., "version": ..., "revision": ...}).
+REPO_KEYS = frozenset({"repo_id", "version", "revision"})
+#: The version a repo outside registry.yaml gets when the mapping names none: its newest release tag.
+NEWEST_RELEASE = ">=0"
+
+
+def repo_spec(value: str | dict[str, Any], kind: str, trust_remote_code: Any = False) -> RepoSpec:
+    """A mapping value ("org/repo" or {"repo_id", "version", "revision"}) as a RepoSpec; a repo outside
+    registry.yaml with neither version nor revision gets its newest release (NEWEST_RELEASE)."""
+    from ..names import check_repo_id
+    from ..registry import load_registry
+
+    fields = {"repo_id": value} if isinstance(value, str) else dict(value)
+    unknown = set(fields) - REPO_KEYS
+    if unknown or "repo_id" not in fields:
+        raise KernelHubError(f"mapping[{kind!r}]: a repo is named by 'repo_id' (with optional 'version', "
+                             f"'revision'); got keys {', '.join(sorted(map(str, fields)))}")
+    repo_id = check_repo_id(fields["repo_id"], f"mapping[{kind!r}] repo id")
+    version, revision = fields.get("version"), fields.get("revision")
+    entry = load_registry().get(repo_id)
+    if version is None and revision is None and (entry is None or not entry.version):
+        version = NEWEST_RELEASE
+    return RepoSpec(repo_id, version, revision, trust_remote_code)
+
+
+def _kernel_spec(mapping: dict[str, Any] | None, backend: str, trust_remote_code: Any = False) -> dict[str, Any]:
+    """kind -> repo id / RepoSpec / loaded kernel module / None, from the registry overridden by `mapping`."""
     from ..registry import load_registry
 
     registry = load_registry()
@@ -90,12 +128,14 @@ def _kernel_spec(mapping: dict[str, Any] | None, backend: str) -> dict[str, Any]
             raise KernelHubError(
                 f"unknown layer kind {kind!r} in mapping; kernelize knows: {', '.join(SUPPORTED_KINDS)}"
             )
-        if isinstance(value, dict):
-            value = value.get(backend)
-        if value is not None and not isinstance(value, str) and not hasattr(value, KIND_EXPORTS[kind]):
+        if isinstance(value, dict) and not (REPO_KEYS & set(value)):
+            value = value.get(backend)  # {backend: repo id}
+        if isinstance(value, str | dict):
+            value = repo_spec(value, kind, trust_remote_code)
+        elif value is not None and not hasattr(value, KIND_EXPORTS[kind]):
             raise KernelHubError(
-                f"mapping[{kind!r}] must be a repo id, a {{backend: repo id}} dict, a loaded kernel or None; "
-                f"got {type(value).__name__}"
+                f"mapping[{kind!r}] must be a repo id, {{'repo_id', 'version', 'revision'}}, a {{backend: repo id}} "
+                f"dict, a loaded kernel or None; got {type(value).__name__}"
             )
         specs[kind] = value
     return specs
@@ -103,11 +143,14 @@ def _kernel_spec(mapping: dict[str, Any] | None, backend: str) -> dict[str, Any]
 
 def _load(spec: Any, backend: str) -> tuple[Any, str]:
     """(kernel module, repo id) for a mapping value."""
+    from ..api import get_kernel
+
+    if isinstance(spec, RepoSpec):
+        return get_kernel(spec.repo_id, version=spec.version, revision=spec.revision, framework="torch",
+                          backend=backend, trust_remote_code=spec.trust_remote_code), spec.repo_id
     if not isinstance(spec, str):
         info = getattr(spec, "__kernel_hub__", None)
         return spec, getattr(info, "repo_id", None) or getattr(spec, "__name__", type(spec).__name__)
-    from ..api import get_kernel
-
     return get_kernel(spec, framework="torch", backend=backend), spec
 
 
@@ -209,6 +252,7 @@ def kernelize(
     device: Any = None,
     mapping: dict[str, Any] | None = None,
     validate: bool = True,
+    trust_remote_code: Any = False,
 ) -> KernelizeReport:
     """Run `model`'s expert and attention layers on the hub kernels the registry (or `mapping`) names for
     this backend (attention: through transformers' AttentionInterface; `mapping={"attention": None}` skips it).
@@ -217,7 +261,9 @@ def kernelize(
     model runs on (default: where its parameters are) picks the backend. mapping: {layer kind: repo
     id | {backend: repo id} | loaded kernel | None} overrides registry.yaml's `layers`. validate: check
     each layer against its current implementation first and keep that one where they disagree.
-    `restore(model)` undoes everything.
+    `restore(model)` undoes everything. A repo is also {"repo_id", "version", "revision"}; one outside
+    registry.yaml with neither gets its newest release. trust_remote_code: get_kernel's rule, for the repos
+    `mapping` names.
     """
     if mode not in MODES:
         raise KernelHubError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -228,7 +274,7 @@ def kernelize(
     if not hasattr(model, "named_modules"):
         raise KernelHubError(f"kernelize wants a torch.nn.Module, got {type(model).__name__}")
     backend, dev = _backend_of(model, device)
-    specs = _kernel_spec(mapping, backend)  # raises on bad mapping before anything changes
+    specs = _kernel_spec(mapping, backend, trust_remote_code)  # raises on bad mapping before anything changes
     if is_kernelized(model):
         restore(model)
     report = KernelizeReport(model=type(model).__name__, mode=mode, backend=backend)

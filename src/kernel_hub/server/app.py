@@ -190,6 +190,8 @@ class HubApp:
                 return Route(lambda _: JSONResponse({"errors": [], "warnings": []}), "read", "json")
             if len(rest) == 3 and rest[0] == "organizations" and rest[2] == "overview" and m == "GET":
                 return Route(partial(self.org_overview, org=checks.namespace(rest[1])))
+            if rest in (["models"], ["kernels"]) and m == "GET":  # list_models(author=...), /api/kernels?author=
+                return Route(partial(self.list_repos, kernels_only=rest == ["kernels"]))
             if len(rest) >= 3 and rest[0] in _TYPE_PLURALS:
                 return self.repo_route(m, _TYPE_PLURALS[rest[0]], checks.repo_id(rest[1], rest[2]), rest[3:])
             raise HubError(404, f"no such API route: /{'/'.join(s)}")
@@ -346,6 +348,26 @@ class HubApp:
             "name": org, "fullname": org, "avatarUrl": "", "isVerified": False, "type": "org",
             "trustedKernelPublisher": trusted,
         })
+
+    def list_repos(self, call: Call, kernels_only: bool) -> Response:
+        """The repos of `?author=ORG` (required: this store lists one organisation at a time): /api/kernels its
+        kernel repos, /api/models (huggingface_hub's list_models) its model repos and kernel repos."""
+        author = call.query.get("author")
+        if not author:
+            raise HubError(400, "name the organisation: ?author=ORG")
+        author = checks.namespace(author)
+        out = []
+        for repo_type in ("kernel",) if kernels_only else ("model", "kernel"):
+            for repo_id in self.state.store.repo_ids(repo_type, author):
+                try:
+                    commit = self._repo(repo_type, repo_id).resolve("main")
+                    meta = self._repo(repo_type, repo_id).commit_meta(commit)
+                except HubError:  # created, never committed to
+                    continue
+                out.append({"_id": repo_id, "id": repo_id, "modelId": repo_id, "author": author, "sha": commit,
+                            "lastModified": meta.date, "createdAt": meta.date, "private": False, "downloads": 0,
+                            "likes": 0, "tags": ["kernel"] if repo_type == "kernel" else []})
+        return JSONResponse(sorted(out, key=lambda r: r["id"]))
 
     def whoami(self, call: Call) -> Response:
         orgs = [{"name": ns, "fullname": ns, "roleInOrg": "admin", "type": "org"}

@@ -443,6 +443,19 @@ class GitStore:
             repo.path.rename(trash)
             safe_rmtree(self.root, trash)
 
+    def repo_ids(self, repo_type: str, author: str) -> list[str]:
+        """Every `author/NAME` repo of `repo_type` in the store, sorted (names checked before they are returned)."""
+        base = self.root / f"{checks.repo_type(repo_type)}s" / checks.namespace(author)
+        if not base.is_dir():
+            return []
+        found = []
+        for p in sorted(base.glob("*.git")):
+            try:
+                found.append(checks.repo_id(author, p.name.removesuffix(".git")))
+            except HubError:  # a folder the store did not make: not a repo
+                continue
+        return found
+
     def namespaces(self) -> set[str]:
         found = set()
         for repo_type in REPO_TYPES:

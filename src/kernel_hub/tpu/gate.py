@@ -59,11 +59,12 @@ def target_for(kernel: ModuleType | str | Path, trust_remote_code: TrustSetting 
     if info.backend == "tpu" and digests is not None:
         return VerifiedPackage(info.repo_id, info.version, info.commit, info.variant, Path(info.path), "__init__.py",
                                digests, info.framework)
-    folder = Path(info.path).parent
-    if (folder / "kernel.yaml").is_file():
-        target = folder_package(folder)
-        if target.commit == info.commit:
-            return target
+    # the kernel folder it was assembled from (a local source records it as `source`), else the package's parent
+    for folder in (Path(info.source), Path(info.path).parent):
+        if (folder / "kernel.yaml").is_file():
+            target = folder_package(folder)
+            if target.commit == info.commit:
+                return target
     return _from_repo(info.repo_id, revision=info.commit, trust_remote_code=[info.repo_id])
 
 
