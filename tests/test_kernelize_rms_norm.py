@@ -148,3 +148,20 @@ def test_choose_form_is_a_pure_decision_with_its_reason():
     assert kind.choose_form([0.0, 0.0, 1.0, 1.0], 1e-4)[0] == 0  # a tie keeps the first (f32 cannot tell orders)
     index, why = kind.choose_form([1.0, 2.0, 3.0, 4.0], 1e-2)
     assert index is None and "validation failed" in why and "1.0e+00" in why
+
+
+def test_training_mode_checks_gradients_and_the_swapped_norms_train():
+    model = tiny.tiny_model("mixtral", dtype=torch.float32)
+    x = torch.randint(3, 100, (2, 6), generator=torch.Generator().manual_seed(0))
+    ref_grads = {}
+    model(input_ids=x, use_cache=False).logits.square().mean().backward()
+    paths = _norm_paths(model)
+    ref_grads = {p: model.get_submodule(p).weight.grad.clone() for p in paths}
+    model.zero_grad()
+    report = kh.kernelize(model, mode="training", mapping={"attention": None, "moe_experts": None})
+    rows = [r for r in report.replaced if r.kind == "rms_norm"]
+    assert sorted(r.layer for r in rows) == paths and all(r.max_error <= 1e-4 for r in rows)
+    model(input_ids=x, use_cache=False).logits.square().mean().backward()
+    for p in paths:  # the kernel's backward reaches every norm's weight
+        assert torch.allclose(model.get_submodule(p).weight.grad, ref_grads[p], rtol=1e-4, atol=1e-6), p
+    kh.restore(model)
