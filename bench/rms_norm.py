@@ -48,8 +48,8 @@ def cpu_rows(repeats: int, dtypes: list[str]) -> list[dict]:
                 norm.weight.copy_(torch.randn(h, generator=g) * 0.5 + 1)
             x = torch.randn(t, h, generator=g).to(dtype)
             with torch.no_grad():
-                base = lambda: norm(x)
-                ours = lambda: tk.rms_norm(x, norm.weight, eps=1e-6, scale_after_cast=True)
+                base = lambda norm=norm, x=x: norm(x)
+                ours = lambda norm=norm, x=x: tk.rms_norm(x, norm.weight, eps=1e-6, scale_after_cast=True)
                 err = relative_error(ours(), base())
                 samples = interleaved_samples({"transformers": base, "kernel_hub": ours}, repeats=repeats,
                                               warmup=2, gap_s=0.02)

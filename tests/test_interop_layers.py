@@ -16,8 +16,8 @@ pytest.importorskip("starlette")
 pytest.importorskip("torch")
 pytest.importorskip("kernels")
 
-from kernel_hub.publish import publish  # noqa: E402
-from kernel_hub.server.testing import hub_env, hub_requests, running_server  # noqa: E402
+from kernel_hub.publish import publish
+from kernel_hub.server.testing import hub_env, hub_requests, running_server
 
 TOKEN = "test-token"
 REPO = "kernel-hub/rms-norm-tpu"
