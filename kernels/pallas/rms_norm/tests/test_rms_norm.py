@@ -13,7 +13,10 @@ import rms_norm as rn
 from kernel_hub.numerics import relative_error, tolerance
 
 TILES = rn.RMSNormConfig(block_rows=16)
-SHAPES = [(37, 256), (40, 200), (2, 9, 384), (1, 2112), (16, 128)]
+#: (implementation, shape, zero_centered): rows past the 16-row tile, hidden not a multiple of 128, leading axes, one
+#: row, an exact tile; both forms on both paths (interpreted Pallas costs seconds a shape, so each edge once).
+CASES = [("pallas", (37, 256), False), ("pallas", (40, 200), True), ("pallas", (2, 9, 384), False),
+         ("xla", (37, 256), True), ("xla", (1, 2112), False), ("xla", (16, 128), True)]
 
 
 def _inputs(shape, dtype, seed, zero_centered=False):
@@ -29,9 +32,7 @@ def _f64(a):
     return np.asarray(jnp.asarray(a, jnp.float32), np.float64)
 
 
-@pytest.mark.parametrize("impl", ["pallas", "xla"])
-@pytest.mark.parametrize("shape", SHAPES, ids=[str(s) for s in SHAPES])
-@pytest.mark.parametrize("zero_centered", [False, True])
+@pytest.mark.parametrize(("impl", "shape", "zero_centered"), CASES, ids=[f"{i}-{s}-{z}" for i, s, z in CASES])
 def test_forward_and_gradients_match_float64_reference(impl, shape, zero_centered):
     dtype = "bfloat16" if (len(shape) + zero_centered) % 2 else "float32"
     x, w, dy = _inputs(shape, dtype, seed=shape[-1], zero_centered=zero_centered)
@@ -49,7 +50,7 @@ def test_forward_and_gradients_match_float64_reference(impl, shape, zero_centere
 
 
 def test_hand_written_backward_matches_jax_autodiff():
-    x, w, dy = _inputs((37, 200), "float32", seed=1)
+    x, w, dy = _inputs((20, 136), "float32", seed=1)
     grads = {}
     for impl in ("pallas", "xla", "autodiff"):
         loss = lambda a, b, impl=impl: jnp.sum(rn.rms_norm(a, b, eps=1e-5, implementation=impl, config=TILES) * dy)
@@ -116,7 +117,7 @@ def test_default_tiles_fit_the_budget_and_cover_small_inputs():
 
 
 def test_race_free_on_the_tpu_simulator():
-    x, w, dy = _inputs((37, 256), "float32", seed=5)
+    x, w, dy = _inputs((20, 128), "float32", seed=5)  # two 16-row steps, the second partial
     params = rn.race_checking_params(seed=0)
     fn = lambda a, b: jax.grad(lambda a, b: jnp.sum(
         rn.rms_norm(a, b, eps=1e-6, implementation="pallas", interpret=params, config=TILES) * dy),
