@@ -67,12 +67,25 @@ def toy_registry(tmp_path: Path, toy_kernel: Path, monkeypatch: pytest.MonkeyPat
 
 @pytest.fixture
 def experts_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """kh.kernelize with attention left on its default, for tests that pin the MoE path."""
+    """kh.kernelize with attention and RMSNorm left on their defaults, for tests that pin the MoE path."""
     import kernel_hub as kh
 
     real = kh.kernelize
 
     def kernelize(model, **kw):
-        return real(model, **{**kw, "mapping": {"attention": None, **(kw.get("mapping") or {})}})
+        return real(model, **{**kw, "mapping": {"attention": None, "rms_norm": None, **(kw.get("mapping") or {})}})
+
+    monkeypatch.setattr(kh, "kernelize", kernelize)
+
+
+@pytest.fixture
+def no_rms_norm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kh.kernelize with RMSNorm left on its default, for tests that pin the attention path's whole report."""
+    import kernel_hub as kh
+
+    real = kh.kernelize
+
+    def kernelize(model, **kw):
+        return real(model, **{**kw, "mapping": {"rms_norm": None, **(kw.get("mapping") or {})}})
 
     monkeypatch.setattr(kh, "kernelize", kernelize)

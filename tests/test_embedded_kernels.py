@@ -11,10 +11,11 @@ from kernel_hub.registry import load_registry
 RAGGED = "kernel-hub/ragged-dot-tpu"
 
 
-def test_registry_lists_four_kernels_with_sources():
+def test_registry_lists_five_kernels_with_sources():
     entries = load_registry().entries
     assert {e.repo_id for e in entries} == {
-        RAGGED, "kernel-hub/flash-attention-tpu", "kernel-hub/tokamax-ragged-dot", "kernel-hub/tokamax-attention"}
+        RAGGED, "kernel-hub/flash-attention-tpu", "kernel-hub/tokamax-ragged-dot", "kernel-hub/tokamax-attention",
+        "kernel-hub/rms-norm-tpu"}
     assert all(e.source is not None and (e.source / "kernel.yaml").is_file() for e in entries)
 
 

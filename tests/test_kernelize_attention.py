@@ -23,6 +23,9 @@ from kernel_hub.layers import attention as at  # noqa: E402
 from kernel_hub.layers import is_kernelized  # noqa: E402
 from tests import tiny_models as tiny  # noqa: E402
 
+# These tests pin the attention path's whole report: RMSNorm stays on its default (test_kernelize_rms_norm.py).
+pytestmark = pytest.mark.usefixtures("no_rms_norm")
+
 REPO = "kernel-hub/flash-attention-tpu"
 
 

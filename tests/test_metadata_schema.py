@@ -113,8 +113,9 @@ def test_a_missing_entry_file_names_the_variant(tmp_path):
 
 def test_the_checked_in_registry_passes():
     registry = load_registry(ROOT / "registry.yaml")
-    assert len(registry.entries) == 4 and all(e.source and e.source.is_dir() for e in registry.entries)
+    assert len(registry.entries) == 5 and all(e.source and e.source.is_dir() for e in registry.entries)
     assert registry.repo_for_layer("moe_experts", "cpu") == "kernel-hub/ragged-dot-tpu"
+    assert registry.repo_for_layer("rms_norm", "tpu") == "kernel-hub/rms-norm-tpu"
 
 
 REGISTRY_BAD = [

@@ -33,16 +33,16 @@ def _touch(path: Path) -> None:
 
 
 def test_an_edit_to_a_shared_file_flags_every_kernel_that_vendors_it(pallas_copy):
-    _touch(pallas_copy / "_common" / "torch_jax.py")  # vendored by the two kernels with torch entries
+    _touch(pallas_copy / "_common" / "torch_jax.py")  # vendored by the three kernels with torch entries
     problems = check(pallas_copy)
-    assert [p.split()[1] for p in problems] == ["flash_attention", "ragged_dot"]
+    assert [p.split()[1] for p in problems] == ["flash_attention", "ragged_dot", "rms_norm"]
     for line in problems:
         kernel = line.split()[1]
         assert f"changed since version {current(pallas_copy / kernel)[0]} was recorded" in line
         assert f"bump its version in {pallas_copy}" in line and f"re-record with `{RECORD_COMMAND}`" in line
 
-    _touch(pallas_copy / "_common" / "dispatch.py")  # vendored by all four
-    assert len(check(pallas_copy)) == 4
+    _touch(pallas_copy / "_common" / "dispatch.py")  # vendored by all five
+    assert len(check(pallas_copy)) == 5
 
 
 def test_an_edit_to_a_kernel_flags_only_that_kernel(pallas_copy):
@@ -54,13 +54,13 @@ def test_an_edit_to_a_kernel_flags_only_that_kernel(pallas_copy):
 
 def test_recording_refuses_a_changed_version_and_accepts_a_bump(pallas_copy):
     _touch(pallas_copy / "_common" / "torch_jax.py")
-    before = {k: current(pallas_copy / k)[0] for k in ("flash_attention", "ragged_dot")}
+    before = {k: current(pallas_copy / k)[0] for k in ("flash_attention", "ragged_dot", "rms_norm")}
     with pytest.raises(KernelHubError, match=r"version [\d.]+ is recorded with other content: bump its version"):
         record(pallas_copy)
     for kernel in before:
         set_version(pallas_copy / kernel, "9.9.1")
     assert sorted(line.rsplit(" ", 1)[0] for line in record(pallas_copy)) == [
-        "flash_attention 9.9.1", "ragged_dot 9.9.1"]
+        "flash_attention 9.9.1", "ragged_dot 9.9.1", "rms_norm 9.9.1"]
     assert check(pallas_copy) == []
     text = (pallas_copy / "releases.yaml").read_text()
     assert all(f"{v}:" in text for v in before.values()) and "9.9.1:" in text  # old digests stay on record

@@ -94,7 +94,8 @@ def test_tpu_compile_section(quick_report):
         pytest.skip(f"no TPU environment: {c.reason}")
     assert c.generations == ["v5e"] and c.libtpu == report.environment.versions["libtpu"]
     assert {m.kernel for m in c.matrix} == {"kernel-hub/ragged-dot-tpu", "kernel-hub/flash-attention-tpu",
-                                            "kernel-hub/tokamax-ragged-dot", "kernel-hub/tokamax-attention"}
+                                            "kernel-hub/tokamax-ragged-dot", "kernel-hub/tokamax-attention",
+                                            "kernel-hub/rms-norm-tpu"}
     assert all(x.mode == "tpu-compile" and x.generation == "v5e" and x.compile_seconds for x in c.cases)
 
 
@@ -102,8 +103,10 @@ def test_family_matrix(quick_report):
     report, _, _ = quick_report
     rows = {r.family: r for r in report.families}
     assert set(rows) == {"qwen3_moe", "llama", "flux"}
-    assert rows["qwen3_moe"].replaced == {"moe_experts": 2, "attention": 2}
-    assert rows["llama"].replaced == {"attention": 2} and rows["flux"].replaced == {"attention": 2}
+    # two decoder layers: Qwen3-MoE has 4 RMSNorms a layer (input, post-attention, q_norm, k_norm) plus the final
+    # one, Llama 2 a layer plus the final one; Flux goes through the Diffusers path (attention only)
+    assert rows["qwen3_moe"].replaced == {"moe_experts": 2, "attention": 2, "rms_norm": 9}
+    assert rows["llama"].replaced == {"attention": 2, "rms_norm": 5} and rows["flux"].replaced == {"attention": 2}
     for r in rows.values():
         assert r.status == "replaced" and r.restored is True and not r.kept
         assert r.output_error is not None and r.output_error <= 1e-4 and r.max_layer_error <= 1e-4

@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CHECKS = ROOT / "tests" / "tpu_env" / "torch_tpu_checks.py"
 HF_SCRIPT = ROOT / "tests" / "tpu_env" / "hf_kernels_torch_tpu.py"
 TOKEN = "test-token"
-KERNELS = {"ragged_dot": "kernel-hub/ragged-dot-tpu", "flash_attention": "kernel-hub/flash-attention-tpu"}
+KERNELS = {"ragged_dot": "kernel-hub/ragged-dot-tpu", "flash_attention": "kernel-hub/flash-attention-tpu",
+           "rms_norm": "kernel-hub/rms-norm-tpu"}
 #: Every check in CHECKS: each must have run and passed (none skipped, none forgotten).
 TPU_ENV_CHECKS = (
     "test_every_entry_is_registered_with_its_schema",
@@ -47,6 +48,7 @@ TPU_ENV_CHECKS = (
     "test_torch_cpu_build_never_imports_torch_tpu_although_it_is_installed",
     "test_kernelize_for_tpu_picks_the_torch_tpu_build_and_says_it_is_not_validated",
     "test_device_kind_falls_back_when_torch_tpu_names_no_chip",
+    "test_rms_norm_registers_its_ops_and_they_compile_for_v5e_and_v6e",
 )
 
 
@@ -192,6 +194,8 @@ def test_torch_tpu_checks_pass_in_the_tpu_environment(env, tmp_path):
                "decode_attention bf16"):
         assert {(op, "v5e"), (op, "v6e")} <= compiled, op
     assert {c["device_kind"] for c in facts["compile"]} == {"TPU v5 lite", "TPU v6 lite"}
+    assert {(c["case"].split()[1], c["generation"]) for c in facts["rms_norm"]} == {
+        (p, g) for p in ("fwd", "bwd") for g in ("v5e", "v6e")}
     for entry in ("ragged_dot", "flash_attention", "decode_attention"):
         assert "test_aot_dispatch_dynamic" in facts["opcheck"][entry]["refused"]
     assert facts["kernelize"]["row"]["variant"] == "torch-tpu"

@@ -539,6 +539,7 @@ def test_kernelize_for_tpu_picks_the_torch_tpu_build_and_says_it_is_not_validate
         assert text.count("not validated: needs a TPU") >= 3  # the summary and each row
         assert all(r["not_validated"].startswith("not validated: needs a TPU") for r in data["replaced"])
         assert any(n.startswith("attention unchanged: needs a TPU") for n in report.notes)
+        assert any(n.startswith("rms_norm unchanged: needs a TPU") for n in report.notes)  # its form is read off
         # the model still runs here: its CPU tensors take the CPU path, which says so
         with warnings.catch_warnings(record=True) as seen, torch.no_grad():
             warnings.simplefilter("always")
@@ -556,3 +557,44 @@ def test_device_kind_falls_back_when_torch_tpu_names_no_chip(rd):
     ops = importlib.import_module(f"{rd.__name__}._vendor.torch_tpu_ops")
     assert torch.tpu.get_device_name() == "TPU"  # no chip on this host: no generation in the name
     assert ops.device_kind() == ops.FALLBACK_DEVICE_KIND and re.search(r"v\d", ops.FALLBACK_DEVICE_KIND)
+
+
+# ---- rms-norm-tpu: its op, its schema, its backward op, and the compiler on what torch_tpu would run ----------------
+
+RMS_OPTIONS = "float eps, bool zero_centered, bool scale_after_cast"
+
+
+def test_rms_norm_registers_its_ops_and_they_compile_for_v5e_and_v6e():
+    rn = kh.get_kernel("kernel-hub/rms-norm-tpu", framework="torch", backend="tpu")
+    assert rn.__kernel_hub__.variant == "torch-tpu" and set(rn.tpu_ops()) == {"rms_norm"}
+    ns = namespace("rms_norm")
+    forward = getattr(torch.ops, ns).rms_norm.default
+    backward = getattr(torch.ops, ns).rms_norm_backward.default
+    assert str(forward._schema) == f"{ns}::rms_norm(Tensor x, Tensor weight, *, {RMS_OPTIONS}) -> Tensor"
+    assert str(backward._schema) == (f"{ns}::rms_norm_backward(Tensor x, Tensor weight, Tensor grad_out, *, "
+                                     f"{RMS_OPTIONS}) -> (Tensor, Tensor)")
+    custom_ops = importlib.import_module("torch._library.custom_ops")
+    assert custom_ops._maybe_get_opdef(f"{ns}::rms_norm")._backward_fn is not None
+    assert f"{ns}::rms_norm" in rn.describe("tpu")
+    options = dict(eps=1e-6, zero_centered=False, scale_after_cast=True)
+    with FakeTensorMode():  # the fake kernel: shapes and dtypes of the contract
+        y = rn.tpu_ops()["rms_norm"](torch.empty(64, 2112, dtype=BF16), torch.empty(2112, dtype=BF16), **options)
+    assert y.shape == (64, 2112) and y.dtype == BF16
+    cases = [("rms_norm fwd bf16 [64,2112]", rn.tpu_ops()["rms_norm"], (meta(64, 2112, dtype=BF16),
+                                                                       meta(2112, dtype=BF16))),
+             ("rms_norm bwd bf16 [4096,2880]", backward, (meta(4096, 2880, dtype=BF16), meta(2880, dtype=BF16),
+                                                          meta(4096, 2880, dtype=BF16)))]
+    for label, op, tensors in cases:
+        jc = _callable(op)
+        args, kwargs = jc._normalize_invocation_args(tensors, options)
+        placeholders, statics = jc._get_jax_placeholders(args, kwargs)
+        for generation in GENERATIONS:
+            with tpu_target(generation) as device:
+                chip = AbstractMesh((1,), ("x",), axis_types=(AxisType.Auto,),
+                                    abstract_device=AbstractDevice(device.device_kind, 1, "tpu"))
+                with jax.sharding.use_abstract_mesh(chip):
+                    exported = jc.exported(*placeholders, **statics)
+                assert "tpu_custom_call" in exported.mlir_module(), f"{label}: no Mosaic kernel in the export"
+                compiled = jax.jit(exported.call).lower(*on_device(placeholders, device)).compile()
+            assert compiled.memory_analysis().output_size_in_bytes > 0
+            FACTS.setdefault("rms_norm", []).append({"case": label, "generation": generation})

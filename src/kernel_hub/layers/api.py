@@ -22,15 +22,17 @@ from ..numerics import relative_error
 from . import attention as at
 from . import experts as ex
 from . import packing
-from .attention_api import AttentionState, can_switch, kernelize_attention, restore_attention
+from .attention_api import AttentionState, can_switch, kernelize_attention
 from .families import LAYER_KIND, ExpertsLayout, ExpertsSite, find_experts, routes_through_interface, top_k_of
+from .kinds import KindRun, all_kinds, kind_exports, kind_names
 from .own_config import OwnConfigs, give_back_configs, take_own_configs
 from .report import Kept, KernelizeReport, Replaced
 from .sharded import local_parameters
 
-SUPPORTED_KINDS = (LAYER_KIND, at.LAYER_KIND)
+#: Every layer kind, declared once in layers/kinds/ (one module each).
+SUPPORTED_KINDS = kind_names()
 #: The function a loaded kernel must export to serve each layer kind.
-KIND_EXPORTS = {LAYER_KIND: "ragged_dot", at.LAYER_KIND: "flash_attention"}
+KIND_EXPORTS = kind_exports()
 MODES = ("inference", "training")
 STATE_ATTR = "_kernel_hub_state"
 #: Relative error (numerics.relative_error of kernel vs default) allowed per dtype: numerics.TOLERANCE, by torch dtype.
@@ -48,6 +50,7 @@ class _State:
     switched: bool = False
     attention: AttentionState = field(default_factory=AttentionState)
     own_configs: OwnConfigs = field(default_factory=OwnConfigs)  # the model's private config copies (own_config.py)
+    kinds: dict[str, Any] = field(default_factory=dict)  # state of the other declared kinds (layers/kinds/), by name
 
 
 def _backend_of(model: Any, device: Any) -> tuple[str, torch.device | str]:
@@ -281,12 +284,12 @@ def kernelize(
     state = _State(own_configs=take_own_configs(model))  # switch names on this model's copies only
     model.__dict__[STATE_ATTR] = state
     try:
-        _kernelize_experts(model, specs[LAYER_KIND], backend, dev, mode, validate, state, report)
-        _kernelize_attention(model, specs[at.LAYER_KIND], backend, dev, mode, validate, state, report)
+        for kind in all_kinds():
+            kind.apply(KindRun(model, specs[kind.name], backend, dev, mode, validate, state, report))
     except BaseException:
         restore(model)
         raise
-    if not state.paths and not state.attention.paths:
+    if not state.paths and not state.attention.paths and not state.kinds:
         model.__dict__.pop(STATE_ATTR, None)
         give_back_configs(state.own_configs)
     return report
@@ -461,8 +464,15 @@ def restore(model: Any) -> bool:
     state: _State | None = model.__dict__.pop(STATE_ATTR, None)
     if state is None:
         return False
+    for kind in reversed(all_kinds()):
+        kind.restore(model, state)
+    give_back_configs(state.own_configs)  # after every kind has put its names back on the copies
+    return True
+
+
+def _restore_experts(model: Any, state: _State) -> None:
+    """The experts' part of restore: unpack and unhook each block, put back every config's implementation."""
     ex.drop_user_switch(model)
-    restore_attention(model, state.attention)
     for path in state.paths:
         try:
             module = model.get_submodule(path)
@@ -476,5 +486,3 @@ def restore(model: Any) -> bool:
     for cfg, value in state.configs:
         if cfg._experts_implementation != value:
             cfg._experts_implementation_internal = value
-    give_back_configs(state.own_configs)
-    return True

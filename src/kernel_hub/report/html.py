@@ -150,9 +150,19 @@ def compile_section(c: Compile) -> str:
             f'cases.</p><table id="compile-matrix"><thead>{head}</thead><tbody>{body}</tbody></table>{fails}')
 
 
-def _family_row(r: FamilyRow) -> str:
+#: Column titles of the layer kinds kernelize declares (layers/kinds/); a kind missing here shows its own name.
+KIND_TITLES = {"moe_experts": "experts", "attention": "attention", "rms_norm": "RMSNorm"}
+
+
+def family_kinds(rows: Sequence[FamilyRow]) -> list[str]:
+    """The layer kinds the table shows: the declared ones above, then any other kind a row reports (read off the
+    rows, so rendering a report imports no model code)."""
+    seen = [k for r in rows for k in (*r.replaced, *r.kept)]
+    return [*KIND_TITLES, *dict.fromkeys(k for k in seen if k not in KIND_TITLES)]
+
+
+def _family_row(r: FamilyRow, kinds: Sequence[str]) -> str:
     cls = {"replaced": "pass", "partial": "part", "kept": "fail", "error": "fail", "skipped": "skip"}[r.status]
-    kinds = ("moe_experts", "attention")
     counts = "".join(_td(f"{r.replaced.get(k, 0)} / {r.kept.get(k, 0)}", "num") for k in kinds)
     restored = "-" if r.restored is None else ("yes" if r.restored else "NO")
     return (f'<tr data-family="{_e(r.family)}" data-status="{_e(r.status)}"><th>{_e(r.family)}</th>'
@@ -166,9 +176,10 @@ def families_section(rows: list[FamilyRow]) -> str:
     for r in rows:
         counts[r.status] = counts.get(r.status, 0) + 1
     summary = ", ".join(f"{n} {s}" for s, n in counts.items())
-    head = ("family", "library", "kind", "status", "experts replaced / kept", "attention replaced / kept",
+    kinds = family_kinds(rows)
+    head = ("family", "library", "kind", "status", *(f"{KIND_TITLES.get(k, k)} replaced / kept" for k in kinds),
             "max layer error", "output error", "restored", "kept because")
-    body = "".join(_family_row(r) for r in rows)
+    body = "".join(_family_row(r, kinds) for r in rows)
     return (f'<h2 id="families">kernelize: model families</h2><p class=sub>A tiny model of each family (random '
             "weights, built from its config), kernelized with the registry's kernels: each layer validated on its "
             "own shapes before the swap, the output compared with the default, restore() checked bit-identical. "

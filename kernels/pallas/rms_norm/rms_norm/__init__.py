@@ -1,0 +1,35 @@
+"""RMSNorm for TPU (Pallas) with an XLA path for CPU/GPU; see README.md.
+
+`rms_norm(x[..., H], weight[H], *, eps, zero_centered=False, scale_after_cast=False)` normalises over the last
+axis in float32 and returns x's dtype; differentiable in x and weight. Reference: `reference_rms_norm(...)` in NumPy
+float64. The entry keeps kernel-hub's kernel contract (docs/kernel-contract.md); `_vendor/` holds the shared code
+kernel-hub vendors in (kernel.yaml `vendor`).
+"""
+
+from ._vendor.interpret import RaceDetectedError, race_checking_params, races_found, run_race_checked
+from .api import (
+    IMPLEMENTATIONS,
+    ORDER,
+    implementations_for,
+    last_implementation,
+    resolve_implementation,
+    rms_norm,
+)
+from .config import RMSNormConfig
+from .reference import reference_rms_norm, reference_rms_norm_grads
+
+__all__ = [
+    "IMPLEMENTATIONS",
+    "ORDER",
+    "RMSNormConfig",
+    "RaceDetectedError",
+    "implementations_for",
+    "last_implementation",
+    "race_checking_params",
+    "races_found",
+    "reference_rms_norm",
+    "reference_rms_norm_grads",
+    "resolve_implementation",
+    "rms_norm",
+    "run_race_checked",
+]

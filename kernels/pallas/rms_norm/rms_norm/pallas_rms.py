@@ -1,0 +1,95 @@
+"""The Pallas RMSNorm kernels for TPU: forward, and a backward giving dx and per-block partial sums of dw.
+
+x is seen as [R, H] (leading axes flattened). Grid: one step per block of rows, each block the whole hidden axis, so
+the reduction never crosses steps and every step is independent ("parallel": megacore chips split them). The last
+block may run past R: its out-of-range rows are computed on whatever the buffer holds and their writes are dropped by
+Pallas; in the backward they are masked out of the dw partial sum (a `where`, so NaN garbage cannot leak in). dw is
+summed over the blocks' partials outside the kernel (nblocks x H floats), which keeps the grid parallel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from . import formula
+from ._vendor.tiling import cdiv
+
+
+@dataclasses.dataclass(frozen=True)
+class RMSStatic:
+    eps: float
+    zero_centered: bool
+    scale_after_cast: bool
+    block_rows: int
+    interpret: object = False
+
+
+def _params() -> pltpu.CompilerParams:
+    return pltpu.CompilerParams(dimension_semantics=("parallel",))
+
+
+def _forward_kernel(x_ref, w_ref, o_ref, *, st: RMSStatic):
+    o_ref[...] = formula.forward(x_ref[...], w_ref[...], eps=st.eps, zero_centered=st.zero_centered,
+                                 scale_after_cast=st.scale_after_cast)
+
+
+def _backward_kernel(x_ref, w_ref, dy_ref, dx_ref, dw_ref, *, st: RMSStatic, rows: int):
+    dx, contrib = formula.backward(x_ref[...], w_ref[...], dy_ref[...], eps=st.eps, zero_centered=st.zero_centered)
+    dx_ref[...] = dx.astype(dx_ref.dtype)
+    row = pl.program_id(0) * st.block_rows + jax.lax.broadcasted_iota(jnp.int32, contrib.shape, 0)
+    contrib = jnp.where(row < rows, contrib, 0.0)
+    dw_ref[...] = jnp.sum(contrib, axis=0, keepdims=True).reshape(dw_ref.shape)
+
+
+def _specs(r: int, h: int, br: int):
+    rows = pl.BlockSpec((br, h), lambda i: (i, 0))
+    weight = pl.BlockSpec((1, h), lambda i: (0, 0))
+    return rows, weight
+
+
+def rms_forward(st: RMSStatic, x: jax.Array, w: jax.Array) -> jax.Array:
+    """y [R, H] in x's dtype for x [R, H], w [H]."""
+    r, h = x.shape
+    rows, weight = _specs(r, h, st.block_rows)
+    itemsize = jnp.dtype(x.dtype).itemsize
+    cost = pl.CostEstimate(flops=5 * r * h, transcendentals=r,
+                           bytes_accessed=2 * r * h * itemsize + h * jnp.dtype(w.dtype).itemsize)
+    return pl.pallas_call(
+        functools.partial(_forward_kernel, st=st),
+        grid=(cdiv(r, st.block_rows),),
+        in_specs=[rows, weight],
+        out_specs=rows,
+        out_shape=jax.ShapeDtypeStruct((r, h), x.dtype),
+        compiler_params=_params(),
+        cost_estimate=cost,
+        interpret=st.interpret,
+        name="rms_norm_fwd",
+    )(x, w.reshape(1, h))
+
+
+def rms_backward(st: RMSStatic, x: jax.Array, w: jax.Array, dy: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(dx [R, H] in x's dtype, dw [H] float32) for the cotangent dy [R, H]."""
+    r, h = x.shape
+    rows, weight = _specs(r, h, st.block_rows)
+    nb = cdiv(r, st.block_rows)
+    itemsize = jnp.dtype(x.dtype).itemsize
+    cost = pl.CostEstimate(flops=12 * r * h, transcendentals=r,
+                           bytes_accessed=3 * r * h * itemsize + (nb + 1) * h * 4)
+    dx, partial = pl.pallas_call(
+        functools.partial(_backward_kernel, st=st, rows=r),
+        grid=(nb,),
+        in_specs=[rows, weight, rows],
+        out_specs=[rows, pl.BlockSpec((1, 1, h), lambda i: (i, 0, 0))],
+        out_shape=[jax.ShapeDtypeStruct((r, h), x.dtype), jax.ShapeDtypeStruct((nb, 1, h), jnp.float32)],
+        compiler_params=_params(),
+        cost_estimate=cost,
+        interpret=st.interpret,
+        name="rms_norm_bwd",
+    )(x, w.reshape(1, h), dy.astype(x.dtype))
+    return dx, jnp.sum(partial, axis=(0, 1))

@@ -1,0 +1,37 @@
+"""NumPy float64 references of RMSNorm and its gradients, independent of the kernels (no jax, no torch).
+
+The casts of the kernels' dtype policy are applied where they happen in transformers: `scale_after_cast` rounds the
+normalised x to the input's dtype before scaling (given as `round_to`, a function, so bf16 rounding stays here
+without a framework); the final rounding to the output dtype is left to the comparison's tolerance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+
+def reference_rms_norm(x: np.ndarray, w: np.ndarray, *, eps: float, zero_centered: bool = False,
+                       round_to: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
+    """float64 RMSNorm over the last axis; `round_to` rounds x_normed first (Llama's cast-before-scale order)."""
+    x = np.asarray(x, np.float64)
+    w = np.asarray(w, np.float64)
+    n = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    if round_to is not None:
+        n = np.asarray(round_to(n), np.float64)
+    return n * ((1.0 + w) if zero_centered else w)
+
+
+def reference_rms_norm_grads(x: np.ndarray, w: np.ndarray, dy: np.ndarray, *, eps: float,
+                             zero_centered: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(dx, dw) of sum(dy * rms_norm(x, w)) in float64, derived by hand from y_j = s_j x_j / rms."""
+    x, w, dy = (np.asarray(a, np.float64) for a in (x, w, dy))
+    h = x.shape[-1]
+    s = (1.0 + w) if zero_centered else w
+    rms = np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    g = dy * s
+    # d(x_j / rms)/dx_i = delta_ij / rms - x_i x_j / (h rms^3)
+    dx = g / rms - x * np.sum(g * x, axis=-1, keepdims=True) / (h * rms ** 3)
+    dw = np.sum((dy * x / rms).reshape(-1, h), axis=0)
+    return dx, dw

@@ -1,0 +1,151 @@
+"""Validation cases: `cases(backend, framework="jax")`, the kernel contract's hook for the kernel-hub harness.
+
+Each case makes fresh random inputs, calls the loaded module's `rms_norm` (forward) or its gradients (backward:
+dx and dw concatenated), and computes the NumPy float64 reference (reference.py); the harness owns the verdict.
+Edge shapes: rows not a multiple of the row tile, hidden sizes that are not multiples of 128, one row, leading batch
+axes, both forms and both cast orders, bf16 and f32. On CPU the "pallas" cases run the kernels interpreted with small
+row tiles (several grid steps and a partial last block); a tpu_interpret case runs the TPU simulator with race
+detection and NaN-filled fresh memory. framework="torch": the same problems through the torch entry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from ._vendor.cases import DTYPES, SHORT, Case, tensor
+from .reference import reference_rms_norm, reference_rms_norm_grads
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    name: str
+    shape: tuple[int, ...]
+    zero_centered: bool = False
+    scale_after_cast: bool = False
+    eps: float = 1e-6
+
+
+def _bf16_round(a: np.ndarray) -> np.ndarray:
+    """Round float64 values to bfloat16 (nearest even) and back, in NumPy (no framework)."""
+    f = np.asarray(a, np.float32)
+    bits = f.view(np.uint32).astype(np.uint64)
+    bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return bits.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+@dataclasses.dataclass(frozen=True)
+class RMSNormCase(Case):
+    problem: Problem = dataclasses.field(default=Problem("x", (4, 128)), repr=False)
+    grad: bool = False
+
+    def inputs(self, seed: int) -> dict[str, Any]:
+        p, fw = self.problem, self.framework
+        rng = np.random.default_rng(seed)
+        h = p.shape[-1]
+        x = (rng.standard_normal(p.shape) * rng.uniform(0.5, 3.0, p.shape[:-1] + (1,))).astype(np.float32)
+        w = (rng.standard_normal(h) * 0.5 + (0.0 if p.zero_centered else 1.0)).astype(np.float32)
+        out = {"seed": seed, "x": tensor(x, self.dtype, fw), "weight": tensor(w, self.dtype, fw)}
+        if self.grad:
+            out["dy"] = tensor(rng.standard_normal(p.shape).astype(np.float32), self.dtype, fw)
+        return out
+
+    def _kw(self, module: Any, seed: int) -> dict[str, Any]:
+        p = self.problem
+        kw = dict(eps=p.eps, zero_centered=p.zero_centered, scale_after_cast=p.scale_after_cast,
+                  **self.entry_options(module, seed))
+        if self.config and self.framework == "jax":
+            kw["config"] = module.RMSNormConfig(**dict(self.config))
+        return kw
+
+    def call(self, module: Any, inputs: dict[str, Any]) -> Any:
+        kw = self._kw(module, inputs["seed"])
+        x, w = inputs["x"], inputs["weight"]
+        if not self.grad:
+            return module.rms_norm(x, w, **kw)
+        if self.framework == "torch":
+            import torch
+
+            xt, wt = x.detach().clone().requires_grad_(True), w.detach().clone().requires_grad_(True)
+            module.rms_norm(xt, wt, **kw).backward(inputs["dy"])
+            return torch.cat([xt.grad.float().reshape(-1), wt.grad.float().reshape(-1)])
+        import jax
+        import jax.numpy as jnp
+
+        dy = inputs["dy"]
+        f = lambda a, b: jnp.sum(module.rms_norm(a, b, **kw).astype(jnp.float32) * dy.astype(jnp.float32))
+        dx, dw = jax.grad(f, argnums=(0, 1))(x, w)
+        return jnp.concatenate([dx.astype(jnp.float32).reshape(-1), dw.astype(jnp.float32).reshape(-1)])
+
+    def reference(self, inputs: dict[str, Any]) -> np.ndarray:
+        p = self.problem
+        x, w = _f64(inputs["x"]), _f64(inputs["weight"])
+        if self.grad:
+            dx, dw = reference_rms_norm_grads(x, w, _f64(inputs["dy"]), eps=p.eps, zero_centered=p.zero_centered)
+            return np.concatenate([dx.reshape(-1), dw.reshape(-1)])
+        rounding = _bf16_round if (p.scale_after_cast and self.dtype == "bfloat16") else None
+        return reference_rms_norm(x, w, eps=p.eps, zero_centered=p.zero_centered, round_to=rounding)
+
+
+def _f64(a: Any) -> np.ndarray:
+    if hasattr(a, "detach"):
+        return a.detach().float().numpy().astype(np.float64)
+    return np.asarray(a, np.float32).astype(np.float64)
+
+
+#: Small problems for CPU (interpreted kernels cost per grid step in proportion to operand bytes).
+_SMALL = (
+    Problem("rows37_h256", (37, 256)),  # rows not a multiple of the 16-row tile
+    Problem("rows40_h200_zero_centered", (40, 200), zero_centered=True),  # hidden not a multiple of 128
+    Problem("batch2x9_h384_llama_order", (2, 9, 384), scale_after_cast=True, eps=1e-5),  # leading axes
+    Problem("one_row_h2112", (1, 2112)),  # Gemma 4's hidden size, one decode row
+)
+
+#: Chip-sized problems for real TPUs and GPUs: the seed models' hidden sizes at decode and prefill.
+_LARGE = (
+    Problem("decode64_h2048_llama_order", (64, 2048), scale_after_cast=True),
+    Problem("decode64_h2112", (64, 2112)),
+    Problem("prefill4096_h2880", (4096, 2880), eps=1e-5),
+    Problem("prefill1000_h4096_zero_centered", (1000, 4096), zero_centered=True),
+)
+
+_SMALL_TILES = (("block_rows", 16),)
+
+
+def _case(p: Problem, dtype: str, impl: str | None, *tags: str, grad: bool = False, **kw: Any) -> RMSNormCase:
+    tpu = ":tpu-interpret" if kw.get("interpret") == "tpu" else ""
+    name = f"{'bwd' if grad else 'fwd'}:{p.name}:{impl or 'default'}{tpu}:{SHORT[dtype]}"
+    return RMSNormCase(name=name, dtype=dtype, implementation=impl, tags=("bwd" if grad else "fwd", *tags),
+                       problem=p, grad=grad, **kw)
+
+
+def _torch_cases() -> list[RMSNormCase]:
+    return [_case(p, dtype, None, "torch", dtype, grad=grad, framework="torch")
+            for p in _SMALL for dtype in DTYPES for grad in (False, True)]
+
+
+def cases(backend: str, framework: str = "jax") -> list[RMSNormCase]:
+    """Every problem x implementation for this backend, forward and backward, in f32 and bf16."""
+    if framework == "torch":
+        return [dataclasses.replace(c, name=f"torch:{c.name}") for c in _torch_cases()]
+    backend = backend.lower()
+    out: list[RMSNormCase] = []
+    if backend == "cpu":
+        for p in _SMALL:
+            for dtype in DTYPES:
+                for grad in (False, True):
+                    out.append(_case(p, dtype, "xla", dtype, grad=grad))
+                    out.append(_case(p, dtype, "pallas", "interpret", dtype, grad=grad, config=_SMALL_TILES))
+            out.append(_case(p, "float32", "autodiff", "oracle", grad=True))
+        out.append(_case(_SMALL[0], "float32", "pallas", "tpu_interpret", grad=True, interpret="tpu",
+                         config=_SMALL_TILES))
+        return out
+    impls = ("pallas", "xla") if backend == "tpu" else ("xla",)
+    for p in _LARGE:
+        for impl in impls:
+            for dtype in DTYPES:
+                for grad in (False, True):
+                    out.append(_case(p, dtype, impl, dtype, grad=grad))
+    return out

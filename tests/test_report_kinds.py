@@ -1,0 +1,25 @@
+"""The report's family table has one "replaced / kept" column per layer kind, RMSNorm included."""
+
+from __future__ import annotations
+
+from kernel_hub.report.html import families_section, family_kinds
+from kernel_hub.report.schema import FamilyRow
+
+
+def _row(**counts) -> FamilyRow:
+    return FamilyRow(family="qwen3_moe", library="transformers", kind="moe", status="partial",
+                     replaced={"moe_experts": 2, "attention": 2, "rms_norm": 9}, kept=counts,
+                     reasons=["rms_norm: Gemma4RMSNorm has no 1-D weight"], max_layer_error=1e-6,
+                     output_error=1e-6, restored=True, seconds=1.0)
+
+
+def test_family_table_has_an_rms_norm_column_with_its_counts():
+    html = families_section([_row(rms_norm=4)])
+    assert "<th>RMSNorm replaced / kept</th>" in html
+    assert "9 / 4" in html and "2 / 0" in html
+    assert family_kinds([_row()]) == ["moe_experts", "attention", "rms_norm"]
+
+
+def test_a_kind_the_table_does_not_know_gets_its_own_column():
+    assert family_kinds([_row(rotary=3)])[-1] == "rotary"
+    assert "<th>rotary replaced / kept</th>" in families_section([_row(rotary=3)])
