@@ -174,11 +174,12 @@ class _Outer:
         if not any(isinstance(x, Unknown) for x in invals):
             out = prim.bind(*invals, **prim.get_bind_params(eqn.params))
             return list(out) if prim.multiple_results else [out]
-        if (sub := sub_jaxpr(eqn)) is not None:
+        if (sub := sub_jaxpr(eqn) or _call_like(eqn, len(invals))) is not None:
             return self.run(sub[0], sub[1], invals)
-        if name in _OUTER_CONTROL and any(_has_pallas(j) for j in _inner(eqn)):
-            raise Unmodeled(name, "the function around the kernels",
-                            "a pallas_call inside outer control flow on unknown data")
+        if any(_has_pallas(j) for j in _inner(eqn)):  # never a kernel's bytes counted as one XLA op's
+            why = ("a pallas_call inside outer control flow on unknown data" if name in _OUTER_CONTROL
+                   else "a pallas_call inside a primitive whose body the model does not run")
+            raise Unmodeled(name, "the function around the kernels", why)
         if name not in _FREE and not _layout_only(eqn):  # arrays only: scalars live in registers
             moved = sum(_nbytes(v.aval) for v in [*eqn.invars, *eqn.outvars] if getattr(v.aval, "shape", ()))
             self.acc.outside_bytes += moved
@@ -221,6 +222,16 @@ class _Outer:
         return [Unknown(v.aval) for v in eqn.outvars]
 
 
+def _call_like(eqn: Any, n_args: int) -> tuple[Any, list[Any]] | None:
+    """A call-like primitive (custom_vmap_call, ...) that holds one closed jaxpr taking exactly its operands."""
+    if eqn.primitive.name in _OUTER_CONTROL or eqn.primitive.name in ("shard_map", "pallas_call"):
+        return None
+    closed = [v for v in eqn.params.values() if hasattr(v, "jaxpr") and hasattr(v, "consts")]
+    if len(closed) == 1 and len(closed[0].jaxpr.invars) == n_args:
+        return closed[0].jaxpr, list(closed[0].consts)
+    return None
+
+
 def _inner(eqn: Any) -> list[Any]:
     from jax._src import core as jax_core
 
@@ -240,5 +251,6 @@ def kernel_cost(fn: Any, *args: Any, generation: str | None = None) -> ScheduleC
     with tpu_dispatch(generation):
         closed = jax.make_jaxpr(fn)(*abstract)
     acc = ScheduleCost()
-    _Outer(acc, values).run(closed.jaxpr, closed.consts, values)
+    with jax.default_device(jax.devices("cpu")[0]):  # concrete values (the routing's metadata) computed on the host
+        _Outer(acc, values).run(closed.jaxpr, closed.consts, values)
     return acc

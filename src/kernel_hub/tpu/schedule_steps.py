@@ -123,6 +123,7 @@ class Steps:
         self.dma_write = np.zeros(n, np.float64)
         self.ici = np.zeros(n, np.float64)  # bytes sent to other chips (remote copies)
         self.dmas = np.zeros(n, np.float64)
+        self.unevaluated: set[str] = set()  # scalar ops left unknown (named when something needs them)
         self.scale = 1.0  # trip count of the scans around the equations being run (when not iterated)
 
     def _where(self, mask: np.ndarray | None) -> np.ndarray:
@@ -172,8 +173,9 @@ class Steps:
             return []
         try:
             return [self._scalar(name, params, invals)]
-        except Unmodeled:
-            return unknown  # a scalar the model cannot compute: any grid bound or DMA that needs it refuses then
+        except Unmodeled:  # a scalar the model cannot compute: any loop bound or DMA that needs it refuses then
+            self.unevaluated.add(name)
+            return unknown
 
     def _scalar(self, name: str, params: dict[str, Any], invals: list[Any]) -> Any:
         vals = [np.asarray(x) for x in invals]
@@ -204,7 +206,9 @@ class Steps:
         for t in tree_util.tree_unflatten(params["tree"], leaves):
             if not isinstance(t, NDIndexer) or any(isinstance(i, Slice) for i in t.indices):
                 return Unknown(None)
-            value = value[tuple(np.asarray(i, np.int64) for i in t.indices)]
+            # an index past the end (an index map that overruns on steps whose block is never used) is clamped
+            value = value[tuple(np.clip(np.asarray(i, np.int64), 0, n - 1)
+                                for i, n in zip(t.indices, value.shape, strict=False))]
         return value
 
     def _dot(self, eqn: Any, mask: np.ndarray | None) -> None:
@@ -292,7 +296,10 @@ class Steps:
         for _ in range(WHILE_LIMIT):
             (go,) = self.run(cond.jaxpr, cond.consts, [*cconsts, *carry], reached)
             if isinstance(go, Unknown):
-                raise Unmodeled("while", self.where, "its condition depends on vector data")
+                why = "its condition depends on vector data"
+                if self.unevaluated:
+                    why += f" (or on scalar ops not evaluated: {', '.join(sorted(self.unevaluated))})"
+                raise Unmodeled("while", self.where, why)
             active = reached & np.broadcast_to(np.asarray(go, bool), reached.shape)
             if not active.any():
                 return carry
