@@ -37,11 +37,12 @@ def fa():
 
 # M=512 rows in 4 m-tiles of 128; groups 0..7 hold rows [0,100) [] [100,300) [300,312) [] [312,462) [462,512) [].
 # Work items (tile, group), by hand: (0,0) (0,1:empty) (0,2) (1,2) (2,2) (2,3) (2,4:empty) (2,5) (3,5) (3,6)
-# (3,7:empty) + 1 padding item = 12 = 4 tiles + 8 groups. Items without rows re-address the last block used.
+# (3,7:empty) + 1 padding item = 12 = 4 tiles + 8 groups. The forward runs only the 8 items with rows (every
+# m-tile has some, so no zero-only item is needed): its items axis is a dynamic grid bound of 8.
 SIZES = np.array([100, 0, 200, 12, 0, 150, 50, 0], np.int32)
 ITEMS, ITEMS_WITH_ROWS = 12, 8
-LHS_TILES_VISITED = 4  # fetch_tile runs: 0 0 0 1 2 2 2 2 3 3 3 3
-GROUPS_VISITED = 5  # fetch_group runs: 0 0 2 2 2 3 3 5 5 6 6 6 (the empty groups' items keep the last one)
+LHS_TILES_VISITED = 4  # fetch_tile over the 8 run items: 0 0 1 2 2 2 3 3
+GROUPS_VISITED = 5  # fetch_group over them: 0 2 2 2 3 5 5 6
 PREFETCH_BYTES = 6 * ITEMS * 4  # six int32 metadata arrays of W items, once into SMEM
 
 
@@ -54,25 +55,39 @@ def _rd_cost(rd, k, tiles):
 def test_ragged_dot_whole_k_reads_each_visited_block_once(rd):
     cost = _rd_cost(rd, 256, (128, 256, 384))
     (call,) = cost.calls
-    assert call.grid == (1, ITEMS, 1) and call.steps == ITEMS
+    assert call.grid == (1, ITEMS_WITH_ROWS, 1) and call.steps == ITEMS_WITH_ROWS
     assert call.fetches == {"args[6]": LHS_TILES_VISITED, "args[7]": GROUPS_VISITED, "outputs": 4}
     assert call.read_bytes == LHS_TILES_VISITED * 128 * 256 * 2 + GROUPS_VISITED * 256 * 384 * 2 + PREFETCH_BYTES
     assert call.write_bytes == 4 * 128 * 384 * 2  # each output tile written back once
     assert call.flops == ITEMS_WITH_ROWS * 2 * 128 * 256 * 384  # the dot runs only where lo < hi
     assert cost.outside_bytes == 0  # tiles divide the operands: no padding copies
     v5e = chip("v5e")
-    expected = max(call.hbm_bytes / v5e.hbm_bytes_per_s, call.flops / v5e.bf16_flops_per_s) + 12 * STEP_OVERHEAD_S
+    expected = max(call.hbm_bytes / v5e.hbm_bytes_per_s, call.flops / v5e.bf16_flops_per_s) + 8 * STEP_OVERHEAD_S
     assert cost.seconds(v5e) == pytest.approx(expected)
 
 
 def test_ragged_dot_split_k_refetches_every_step(rd):
     cost = _rd_cost(rd, 256, (128, 128, 384))
     (call,) = cost.calls
-    steps = ITEMS * 2  # k is the innermost grid axis: both blocks' indices change on every step
-    assert call.grid == (1, ITEMS, 2) and call.steps == steps
+    steps = ITEMS_WITH_ROWS * 2  # k is the innermost grid axis: both blocks' indices change on every step
+    assert call.grid == (1, ITEMS_WITH_ROWS, 2) and call.steps == steps
     assert call.read_bytes == steps * 128 * 128 * 2 + steps * 128 * 384 * 2 + PREFETCH_BYTES
     assert call.write_bytes == 4 * 128 * 384 * 2
     assert call.flops == ITEMS_WITH_ROWS * 2 * (2 * 128 * 128 * 384)
+
+
+def test_ragged_dot_runs_one_zero_item_per_tile_without_rows(rd):
+    # rows [0,100) in group 0 and [100,160) in group 2 of 512: items with rows (tile, group) = (0,0) (0,2) (1,2);
+    # tiles 2 and 3 hold no rows: one item each writes their zeros; the empty groups 1 and 3 are not visited
+    call = lambda a, b, s: rd.ragged_dot(a, b, s, implementation="pallas", interpret=False,
+                                         config=rd.RaggedDotConfig(128, 256, 384))
+    cost = kernel_cost(call, SDS((512, 256), jnp.bfloat16), SDS((4, 256, 384), jnp.bfloat16),
+                       np.array([100, 0, 60, 0], np.int32))
+    (c,) = cost.calls
+    assert c.grid == (1, 5, 1) and c.steps == 5
+    assert c.flops == 3 * 2 * 128 * 256 * 384
+    assert c.write_bytes == 4 * 128 * 384 * 2
+    assert c.fetches["args[7]"] == 2  # groups 0 and 2; the zero items re-address group 2's block
 
 
 def test_padding_outside_the_kernel_is_counted(rd):
