@@ -37,11 +37,12 @@ def fa():
 
 # M=512 rows in 4 m-tiles of 128; groups 0..7 hold rows [0,100) [] [100,300) [300,312) [] [312,462) [462,512) [].
 # Work items (tile, group), by hand: (0,0) (0,1:empty) (0,2) (1,2) (2,2) (2,3) (2,4:empty) (2,5) (3,5) (3,6)
-# (3,7:empty) + 1 padding item = 12 = 4 tiles + 8 groups. Items without rows re-address the last block used.
+# (3,7:empty) + 1 padding item = 12 = 4 tiles + 8 groups. The forward runs only the 8 items with rows (every
+# m-tile has some, so no zero-only item is needed): its items axis is a dynamic grid bound of 8.
 SIZES = np.array([100, 0, 200, 12, 0, 150, 50, 0], np.int32)
 ITEMS, ITEMS_WITH_ROWS = 12, 8
-LHS_TILES_VISITED = 4  # fetch_tile runs: 0 0 0 1 2 2 2 2 3 3 3 3
-GROUPS_VISITED = 5  # fetch_group runs: 0 0 2 2 2 3 3 5 5 6 6 6 (the empty groups' items keep the last one)
+LHS_TILES_VISITED = 4  # fetch_tile over the 8 run items: 0 0 1 2 2 2 3 3
+GROUPS_VISITED = 5  # fetch_group over them: 0 2 2 2 3 5 5 6
 PREFETCH_BYTES = 6 * ITEMS * 4  # six int32 metadata arrays of W items, once into SMEM
 
 
@@ -54,25 +55,39 @@ def _rd_cost(rd, k, tiles):
 def test_ragged_dot_whole_k_reads_each_visited_block_once(rd):
     cost = _rd_cost(rd, 256, (128, 256, 384))
     (call,) = cost.calls
-    assert call.grid == (1, ITEMS, 1) and call.steps == ITEMS
+    assert call.grid == (1, ITEMS_WITH_ROWS, 1) and call.steps == ITEMS_WITH_ROWS
     assert call.fetches == {"args[6]": LHS_TILES_VISITED, "args[7]": GROUPS_VISITED, "outputs": 4}
     assert call.read_bytes == LHS_TILES_VISITED * 128 * 256 * 2 + GROUPS_VISITED * 256 * 384 * 2 + PREFETCH_BYTES
     assert call.write_bytes == 4 * 128 * 384 * 2  # each output tile written back once
     assert call.flops == ITEMS_WITH_ROWS * 2 * 128 * 256 * 384  # the dot runs only where lo < hi
     assert cost.outside_bytes == 0  # tiles divide the operands: no padding copies
     v5e = chip("v5e")
-    expected = max(call.hbm_bytes / v5e.hbm_bytes_per_s, call.flops / v5e.bf16_flops_per_s) + 12 * STEP_OVERHEAD_S
+    expected = max(call.hbm_bytes / v5e.hbm_bytes_per_s, call.flops / v5e.bf16_flops_per_s) + 8 * STEP_OVERHEAD_S
     assert cost.seconds(v5e) == pytest.approx(expected)
 
 
 def test_ragged_dot_split_k_refetches_every_step(rd):
     cost = _rd_cost(rd, 256, (128, 128, 384))
     (call,) = cost.calls
-    steps = ITEMS * 2  # k is the innermost grid axis: both blocks' indices change on every step
-    assert call.grid == (1, ITEMS, 2) and call.steps == steps
+    steps = ITEMS_WITH_ROWS * 2  # k is the innermost grid axis: both blocks' indices change on every step
+    assert call.grid == (1, ITEMS_WITH_ROWS, 2) and call.steps == steps
     assert call.read_bytes == steps * 128 * 128 * 2 + steps * 128 * 384 * 2 + PREFETCH_BYTES
     assert call.write_bytes == 4 * 128 * 384 * 2
     assert call.flops == ITEMS_WITH_ROWS * 2 * (2 * 128 * 128 * 384)
+
+
+def test_ragged_dot_runs_one_zero_item_per_tile_without_rows(rd):
+    # rows [0,100) in group 0 and [100,160) in group 2 of 512: items with rows (tile, group) = (0,0) (0,2) (1,2);
+    # tiles 2 and 3 hold no rows: one item each writes their zeros; the empty groups 1 and 3 are not visited
+    call = lambda a, b, s: rd.ragged_dot(a, b, s, implementation="pallas", interpret=False,
+                                         config=rd.RaggedDotConfig(128, 256, 384))
+    cost = kernel_cost(call, SDS((512, 256), jnp.bfloat16), SDS((4, 256, 384), jnp.bfloat16),
+                       np.array([100, 0, 60, 0], np.int32))
+    (c,) = cost.calls
+    assert c.grid == (1, 5, 1) and c.steps == 5
+    assert c.flops == 3 * 2 * 128 * 256 * 384
+    assert c.write_bytes == 4 * 128 * 384 * 2
+    assert c.fetches["args[7]"] == 2  # groups 0 and 2; the zero items re-address group 2's block
 
 
 def test_padding_outside_the_kernel_is_counted(rd):
@@ -179,3 +194,134 @@ def test_chip_table_matches_jax_and_the_mock_devices():
         assert kind == chip(gen).device_kind
         assert bandwidth == pytest.approx(chip(gen).hbm_bytes_per_s, rel=0.01)
         assert flops == pytest.approx(chip(gen).bf16_flops_per_s, rel=0.01)
+
+
+# ------------------------------------------------------------------ anyone's Pallas kernel: hand-counted schedules
+
+from jax.experimental import pallas as pl  # noqa: E402
+from jax.experimental.pallas import tpu as pltpu  # noqa: E402
+
+from kernel_hub.tpu.schedule import Unmodeled  # noqa: E402
+
+
+def test_megablox_gmm_dynamic_grid_from_the_routing():
+    # jax's megablox gmm, tiles 128x128x128, M=512 (4 m-tiles), K=N=256 (2 k-, 2 n-tiles), the SIZES routing:
+    # groups 0, 2, 3, 5, 6 hold rows [0,100) [100,300) [300,312) [312,462) [462,512). By hand, the (m-tile, group)
+    # pairs with rows: tile 0: 0, 2; tile 1: 2; tile 2: 2, 3, 5; tile 3: 5, 6 -> 8 active tiles, so the grid is
+    # (2 n, 8 active, 2 k) = 32 steps. k is innermost: the lhs and rhs blocks change on every step.
+    from jax.experimental.pallas.ops.tpu.megablox.gmm import gmm
+
+    cost = kernel_cost(lambda a, b, s: gmm(a, b, s, tiling=(128, 128, 128)), SDS((512, 256), jnp.bfloat16),
+                       SDS((8, 256, 256), jnp.bfloat16), SIZES)
+    (c,) = cost.calls
+    assert c.grid == (2, 8, 2) and c.steps == 32
+    block = 128 * 128 * 2
+    metadata = (9 + 11 + 11 + 1) * 4  # group offsets [G+1], group ids and m-tile ids [tiles_m + G - 1], offset [1]
+    assert c.read_bytes == 32 * block + 32 * block + metadata
+    # the f32 output block (m-tile, n) changes with the m-tile: runs 0 | 1 | 2 | 3 per n-tile = 4 x 2 write-backs
+    assert c.write_bytes == 8 * 128 * 128 * 4
+    assert c.flops == 32 * 2 * 128 ** 3  # megablox multiplies the whole tile on every step
+    assert cost.outside_bytes == 0
+
+
+def _manual_dma_call():
+    """Every even step copies its 8-row slice HBM -> VMEM -> HBM itself; odd steps do nothing."""
+
+    def kernel(x_hbm, o_hbm, buf, sem):
+        i = pl.program_id(0)
+
+        @pl.when(i % 2 == 0)
+        def _():
+            pltpu.async_copy(x_hbm.at[pl.ds(i * 8, 8)], buf, sem).wait()
+            copy = pltpu.make_async_copy(buf, o_hbm.at[pl.ds(i * 8, 8)], sem)
+            copy.start()
+            copy.wait()
+
+    return pl.pallas_call(kernel, out_shape=SDS((64, 128), jnp.float32), grid=(8,),
+                          in_specs=[pl.BlockSpec(memory_space=pl.ANY)], out_specs=pl.BlockSpec(memory_space=pl.ANY),
+                          scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA])
+
+
+def test_manual_dma_counted_on_the_steps_that_reach_it():
+    (c,) = kernel_cost(_manual_dma_call(), SDS((64, 128), jnp.float32)).calls
+    # steps 0, 2, 4, 6 each: one 8x128 f32 slice read from HBM, one written back = 4 KiB each way
+    assert c.steps == 8 and c.dmas == 8
+    assert c.read_bytes == 4 * 8 * 128 * 4 and c.write_bytes == 4 * 8 * 128 * 4
+    assert c.fetches == {"args[0]": 0, "outputs": 0}  # nothing moved by BlockSpecs
+    assert c.ici_bytes == 0 and c.flops == 0
+
+
+def test_emit_pipeline_inner_blocks_and_a_remote_copy():
+    def outer(x_hbm, o_hbm):
+        def inner(x_ref, o_ref):
+            o_ref[...] = x_ref[...] + 1
+
+        spec = pl.BlockSpec((16, 128), lambda i: (i, 0))
+        pltpu.emit_pipeline(inner, grid=(4,), in_specs=[spec], out_specs=[spec])(x_hbm, o_hbm)
+
+    call = pl.pallas_call(outer, out_shape=SDS((64, 128), jnp.float32), grid=(2,),
+                          in_specs=[pl.BlockSpec(memory_space=pl.ANY)], out_specs=pl.BlockSpec(memory_space=pl.ANY))
+    (c,) = kernel_cost(call, SDS((64, 128), jnp.float32), generation="v6e").calls
+    # 2 outer steps x 4 inner blocks of 16x128 f32 (8 KiB), each fetched in and written out once
+    assert c.dmas == 2 * 4 * 2 and c.read_bytes == c.write_bytes == 2 * 4 * 16 * 128 * 4
+
+    def remote(x_hbm, o_hbm, send, recv):
+        copy = pltpu.make_async_remote_copy(x_hbm, o_hbm, send, recv, device_id=(1,),
+                                            device_id_type=pl.DeviceIdType.MESH)
+        copy.start()
+        copy.wait_send()
+        copy.wait_recv()
+
+    call = pl.pallas_call(remote, out_shape=SDS((64, 128), jnp.float32), grid=(1,),
+                          in_specs=[pl.BlockSpec(memory_space=pl.ANY)], out_specs=pl.BlockSpec(memory_space=pl.ANY),
+                          scratch_shapes=[pltpu.SemaphoreType.DMA, pltpu.SemaphoreType.DMA])
+    (c,) = kernel_cost(call, SDS((64, 128), jnp.float32)).calls
+    assert c.ici_bytes == 64 * 128 * 4 and c.dmas == 1
+
+
+def test_aliased_argument_costs_a_copy_and_calls_add_up():
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2
+
+    def call(x):
+        return pl.pallas_call(kernel, out_shape=SDS((64, 128), jnp.float32), input_output_aliases={0: 0})(x)
+
+    one = kernel_cost(call, SDS((64, 128), jnp.float32))
+    assert one.calls[0].aliases == ((0, 0),)
+    assert one.outside_bytes == 2 * 64 * 128 * 4  # XLA copies the (not donated) argument before writing in place
+    two = kernel_cost(lambda x: call(call(x)), SDS((64, 128), jnp.float32))
+    assert len(two.calls) == 2 and two.outside_bytes == one.outside_bytes  # the intermediate is written in place
+    assert two.hbm_bytes == 2 * one.calls[0].hbm_bytes + one.outside_bytes
+
+
+def test_shard_map_is_costed_per_device():
+    from jax.experimental.pallas.ops.tpu.megablox.gmm import gmm
+    from jax.sharding import AbstractMesh
+    from jax.sharding import PartitionSpec as P
+
+    mesh = AbstractMesh((4,), ("x",))
+
+    def f(a, b, s):
+        local = lambda a, b, s: jax.lax.psum(gmm(a, b, s, tiling=(128, 128, 128)), "x")
+        return jax.shard_map(local, mesh=mesh, in_specs=(P(), P("x"), P("x")), out_specs=P(), check_vma=False)(a, b, s)
+
+    cost = kernel_cost(f, SDS((512, 256), jnp.bfloat16), SDS((32, 256, 256), jnp.bfloat16), np.tile(SIZES, 4))
+    (c,) = cost.calls
+    assert c.grid == (2, 8, 2)  # device 0's 8 experts hold the SIZES routing: as in the single-device count
+    assert cost.ici_bytes == 512 * 256 * 4  # the psum of one device's f32 [512, 256] result
+
+
+def test_what_the_model_cannot_read_is_refused_naming_the_primitive():
+    def kernel(x_ref, o_ref):
+        total = jnp.sum(x_ref[...])
+        o_ref[...] = x_ref[...] * jax.lax.while_loop(lambda c: c < total, lambda c: c + 1.0, 0.0)
+
+    with pytest.raises(Unmodeled, match="cannot read primitive 'while' in pallas_call kernel: its condition "
+                                        "depends on vector data"):
+        kernel_cost(pl.pallas_call(kernel, out_shape=SDS((8, 128), jnp.float32)), SDS((8, 128), jnp.float32))
+    # a grid bound from data the model does not have (group sizes given abstract) is refused, not zero
+    from jax.experimental.pallas.ops.tpu.megablox.gmm import gmm
+
+    with pytest.raises(Unmodeled, match="'pallas_call'.*dynamic grid bound"):
+        kernel_cost(lambda a, b, s: gmm(a, b, s), SDS((512, 256), jnp.bfloat16), SDS((8, 256, 256), jnp.bfloat16),
+                    SDS((8,), jnp.int32))

@@ -43,6 +43,9 @@ BENCHES = (
     BenchSpec("diffusers_attention", "diffusers_attention.py", ("--quick",), ("--quick", "--tokens", "64")),
     BenchSpec("hub_loads", "hub_loads.py", (), ()),
     BenchSpec("tpu_model", "tpu_model.py", (), (), needs_tpu_env=True),
+    # the full table (3 generations, both models, both phases) is `python bench/tpu_peers.py`; the report's run
+    # stays within TIMEOUT_S: Qwen3-30B-A3B decode and attention on v5e
+    BenchSpec("tpu_peers", "tpu_peers.py", ("--quick",), ("--quick",), needs_tpu_env=True),
 )
 #: Benches in a quick report (the test's): the cheapest one with plots.
 QUICK_BENCHES = ("ragged_dot",)

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from html import escape
 
 from ..timing import format_ratio
-from .plots import bench_svg, slug
+from .plots import bench_svg, peers_svg, slug
 from .schema import Bench, Cell, Compile, FamilyRow, Report
 
 CSS = """
@@ -199,6 +199,9 @@ def _bench_block(b: Bench) -> str:
         parts.append(_table(("group", "method", "median ms", "IQR ms", "min-max ms", "n", f"x vs {b.baseline}"), (
             (r.group, r.method + (" (ours)" if r.ours else ""), f"{r.median_ms:.3f}", f"{r.q1_ms:.3f}-{r.q3_ms:.3f}",
              f"{r.min_ms:.3f}-{r.max_ms:.3f}", str(r.n), format_ratio(r.vs_baseline)) for r in b.records)))
+    peers = peers_svg(b)
+    if peers:
+        parts.append(f'<figure class="bench-plot" data-bench="{_e(b.name)}">{peers}</figure>')
     if b.rows:
         keys = [k for k in b.rows[0] if not isinstance(b.rows[0][k], list | dict)]
         parts.append(_table(keys, ([_fmt(row.get(k)) for k in keys] for row in b.rows)))

@@ -100,3 +100,52 @@ def _group_axes(ax, bench: Bench, group: str, rows: list[BenchRecord]) -> None:
     ax.grid(axis="x", which="both", alpha=0.25)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
+
+
+def peers_svg(bench: Bench) -> str | None:
+    """For a bench of peer rows (kernel, shape, generation, peer, modeled_s, ideal_s): per workload and chip, each
+    peer's modeled time as a bar in multiples of the ideal, ours in our colour; None when there are no such rows."""
+    rows = [r for r in bench.rows if r.get("peer") and r.get("ideal_s")]
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib import pyplot as plt
+
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(f"{r['kernel']} | {r['shape']} | {r['generation']}", []).append(r)
+    heights = [0.25 * len(rs) + 0.2 for rs in groups.values()]
+    gap, top, bottom = 0.7, 0.35, 0.55
+    total = sum(heights) + gap * (len(groups) - 1) + top + bottom
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "kernel-hub", "font.size": 8,
+                                "font.family": "sans-serif"}):
+        fig, axes = plt.subplots(len(groups), 1, figsize=(10, total), squeeze=False,
+                                 gridspec_kw={"height_ratios": heights})
+        fig.subplots_adjust(left=0.3, right=0.75, top=1 - top / total, bottom=bottom / total,
+                            hspace=gap / (sum(heights) / len(groups)))
+        for ax, (group, rs) in zip(axes[:, 0], groups.items(), strict=True):
+            for y, r in enumerate(rs):
+                ratio = r.get("ratio_to_ideal")
+                ours = r["peer"] == "kernel-hub"
+                colour = OURS_COLOUR if ours else BASELINE_COLOUR
+                gid = f"{slug(bench.name)}-{slug(group)}-bar-{slug(r['peer'])}"
+                if ratio is None:
+                    ax.text(1.0, y, f"  {str(r.get('compiled') or 'not modeled')[:50]}", va="center", fontsize=7,
+                            color=OTHER_COLOUR, gid=gid)
+                    continue
+                ax.barh(y, ratio, color=colour, gid=gid)
+                note = f" {ratio:.2f}x ideal" + ("" if r.get("compiled") == "yes" else " (did not compile)")
+                ax.text(ratio, y, note, va="center", fontsize=7)
+            ax.set_xscale("log")
+            ax.set_yticks(range(len(rs)), [r["peer"] for r in rs])
+            ax.set_ylim(len(rs) - 0.5, -0.5)
+            ax.axvline(1.0, color=OTHER_COLOUR, lw=0.8)
+            ax.set_title(group, fontsize=8, loc="left")
+        axes[-1, 0].set_xlabel("modeled time / ideal (log)")
+        buf = io.StringIO()
+        fig.savefig(buf, format="svg", metadata={"Date": None})
+        plt.close(fig)
+    text = buf.getvalue()
+    return text[text.index("<svg"):]

@@ -194,6 +194,10 @@ def main(argv: list[str]) -> int:
         from .model_worker import run_model
 
         status = run_model(request, emit)
+    elif request["mode"] == "peers":
+        from .peers_worker import run_peers
+
+        status = run_peers(request, emit)
     elif request["mode"] == "mesh":
         from .mesh_worker import run_mesh
 

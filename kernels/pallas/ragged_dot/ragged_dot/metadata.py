@@ -90,3 +90,22 @@ def make_group_metadata(group_sizes: jax.Array, *, m_padded: int, tm: int, m: in
         row_lo=row_lo.astype(jnp.int32),
         row_hi=row_hi.astype(jnp.int32),
     )
+
+
+def forward_items(meta: GroupMetadata, tiles_m: int) -> tuple[GroupMetadata, jax.Array]:
+    """The items the forward kernel must run, first and in order, and how many there are (its grid bound).
+
+    Why: the forward needs only the items with rows, plus one item for each m-tile no such item covers (it
+    writes that tile's zeros). The empty groups' visits (which the transposed kernel needs, to zero their
+    gradient) and the padding items are dropped, so a decode over 128 experts runs one grid step per (tile,
+    expert) pair with rows instead of tiles + 128. Order is kept, so an output tile is still revisited only on
+    consecutive steps; the dropped items move past the bound, where the kernel never runs.
+    """
+    has_rows = meta.row_lo < meta.row_hi
+    covered = jnp.zeros((tiles_m,), bool).at[meta.tile].max(has_rows)
+    # tiles never decrease along the items (padding repeats the last tile): the first item of a run of equal
+    # tiles is that tile's first visit; one such visit is kept for a tile no item with rows covers
+    first_of_tile = jnp.concatenate([jnp.ones((1,), bool), meta.tile[1:] != meta.tile[:-1]])
+    keep = has_rows | (first_of_tile & ~covered[meta.tile])
+    order = jnp.argsort(~keep, stable=True).astype(jnp.int32)
+    return GroupMetadata(*(a[order] for a in meta)), jnp.sum(keep).astype(jnp.int32)

@@ -4,6 +4,8 @@ Both walk the work items of metadata.py; the item arrays are scalar-prefetched i
 index maps can read them. Inputs must already be padded to whole tiles (api.py pads).
 
 gmm   grid (n tiles, items, k tiles):  out[tile] = where(row in group, lhs[tile] @ rhs[group], out[tile])
+      Its items axis is bounded by the routing (a dynamic grid bound): only items with rows, plus one per m-tile
+      without any, run (metadata.forward_items).
       An output tile stays resident while consecutive items share it; it is zeroed on its first visit,
       so rows past sum(group_sizes) and padding rows come out as zeros, never as uninitialised memory.
 tgmm  grid (k tiles, n tiles, items):  out[group] = sum over the group's tiles of lhsT[:, rows] @ dout[rows]
@@ -21,7 +23,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from .config import RaggedDotConfig, lane_tiles, usable_vmem
-from .metadata import GroupMetadata
+from .metadata import GroupMetadata, forward_items
 
 _NUM_PREFETCH = len(GroupMetadata._fields)
 
@@ -91,7 +93,9 @@ def gmm(
     np_ = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     if mp % tm or kp % tk or np_ % tn:
         raise ValueError(f"gmm operands must be whole tiles: (M,K,N)=({mp},{kp},{np_}) tiles {tm, tk, tn}")
-    grid = (np_ // tn, meta.num_items, kp // tk)
+    # the items axis runs only the items the forward needs (metadata.forward_items): a bound from the routing
+    meta, num_items = forward_items(meta, mp // tm)
+    grid = (np_ // tn, num_items, kp // tk)
 
     def lhs_map(n, i, k, tile, group, fetch_tile, fetch_group, lo, hi):
         return fetch_tile[i], k
@@ -109,7 +113,7 @@ def gmm(
     itemsize = lhs.dtype.itemsize
     cost = pl.CostEstimate(
         flops=2 * mp * kp * np_,
-        bytes_accessed=lhs.size * itemsize * grid[0] + rhs.size * rhs.dtype.itemsize
+        bytes_accessed=lhs.size * itemsize * (np_ // tn) + rhs.size * rhs.dtype.itemsize
         + mp * np_ * jnp.dtype(out_dtype).itemsize,
         transcendentals=0,
     )

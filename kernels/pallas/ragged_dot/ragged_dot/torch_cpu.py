@@ -19,12 +19,13 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
 from . import native_rows
-from ._vendor.torch_tpu_ops import op_namespace
+from ._vendor.torch_tpu_ops import op_namespace, package_digest
 from .release import VERSION
 
 #: Below this many multiply-adds a call runs inline: the pool's hand-off costs ~20 us per worker.
@@ -266,8 +267,9 @@ def _sizes(group_sizes: torch.Tensor) -> list[int]:
 
 
 def _custom_op(name: str, schema: str, fn: Callable[..., torch.Tensor], fake: Callable[..., torch.Tensor]) -> Any:
-    """The custom op `name` of this version, registered once per process (a second load of the build reuses it)."""
-    qualname = f"{op_namespace('ragged_dot', VERSION)}::{name}"
+    """The custom op `name` of this build (version and content), registered once per process (a second load of the
+    same build reuses it; another build of the same version gets its own namespace)."""
+    qualname = f"{op_namespace('ragged_dot', VERSION, package_digest(Path(__file__).parent))}::{name}"
     from torch._library import custom_ops
 
     existing = custom_ops._maybe_get_opdef(qualname)

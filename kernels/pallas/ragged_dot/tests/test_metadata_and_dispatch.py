@@ -9,7 +9,7 @@ import ragged_dot as rd
 from ragged_dot._vendor.cpu_gmm import default_capacity
 from ragged_dot._vendor.moe_shapes import MOE_MODELS, PHASES
 from ragged_dot.config import default_config, transposed_config, usable_vmem, vmem_bytes
-from ragged_dot.metadata import make_group_metadata, num_work_items
+from ragged_dot.metadata import forward_items, make_group_metadata, num_work_items
 
 
 def _random_sizes(rng, g, m):
@@ -167,3 +167,28 @@ def test_reference_is_a_plain_loop():
     b = np.stack([np.eye(2), 2 * np.eye(2)])
     out = rd.reference_ragged_dot(a, b, np.array([1, 1]))
     np.testing.assert_array_equal(out, [[0, 1], [4, 6], [0, 0]])
+
+
+@pytest.mark.parametrize("sizes, m, tm", [
+    ([100, 0, 200, 12, 0, 150, 50, 0], 512, 128),  # empty groups between and after
+    ([0, 0, 512, 0], 512, 128),  # one group holds every row
+    ([100, 0, 60, 0], 512, 128),  # rows end early: tiles 2 and 3 hold none
+    ([0, 0, 0], 256, 128),  # no rows at all
+    ([3, 1, 4, 1, 5], 16, 16),  # decode-like: a few rows per group in one tile
+])
+def test_forward_items_are_the_pairs_with_rows_plus_one_per_empty_tile(sizes, m, tm):
+    """By brute force over rows: the forward runs each (tile, group) pair holding rows once, in order, plus one
+    zero-writing item per tile holding none; nothing else (the empty groups' visits are the transposed kernel's)."""
+    meta = make_group_metadata(jnp.asarray(sizes, jnp.int32), m_padded=m, tm=tm, m=m)
+    kept, n = forward_items(meta, m // tm)
+    n = int(n)
+    owner = np.repeat(np.arange(len(sizes)), sizes)  # group of each real row
+    pairs = sorted({(r // tm, int(owner[r])) for r in range(len(owner))})
+    empty_tiles = [t for t in range(m // tm) if not any(p[0] == t for p in pairs)]
+    assert n == len(pairs) + len(empty_tiles)
+    tile, lo, hi = (np.asarray(a)[:n] for a in (kept.tile, kept.row_lo, kept.row_hi))
+    group = np.asarray(kept.group)[:n]
+    with_rows = [(int(t), int(g)) for t, g, a, b in zip(tile, group, lo, hi, strict=True) if a < b]
+    assert with_rows == pairs
+    assert sorted(int(t) for t, a, b in zip(tile, lo, hi, strict=True) if a == b) == empty_tiles
+    assert np.all(np.diff(tile) >= 0)  # an output tile is revisited only on consecutive steps

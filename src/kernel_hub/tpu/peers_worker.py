@@ -1,0 +1,337 @@
+"""Our kernels beside the TPU kernels a user would pick instead, each read by the same cost model; runs in the TPU env.
+
+Per workload (a MoE projection or an attention phase) and generation, one row per peer:
+  * ragged dot: ours; jax's megablox gmm at its default tiling and at the best legal tiling of a sweep (by the
+    model; legal = fits the chip's scoped VMEM, then compiled); Tokamax 0.0.12's Mosaic ragged dot (its refusal
+    when it refuses the shape); jax.lax.ragged_dot (XLA's own cost_analysis optimal_seconds).
+  * attention: ours; jax's flash_attention (no GQA, no sinks: K/V repeated to every query head), splash_attention
+    (GQA as one MQA kernel per kv head, causal mask, sinks) at prefill; paged_attention and ragged_paged_attention
+    at decode (no sinks).
+Every peer call is also compiled by libtpu for the generation: `compiled` is "yes" or the compiler's first line.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .chips import chip
+from .model_worker import routing
+from .schedule import kernel_cost
+from .worker import first_meaningful_line, on_device, topology_devices, tpu_target
+
+OURS = "kernel-hub"
+
+
+@dataclass
+class Peer:
+    name: str
+    fn: Callable[..., Any] | None  # None: refused before it could be called (`refused` says why)
+    args: tuple[Any, ...] = ()  # ShapeDtypeStructs stay abstract; numpy arrays are the routing / lengths
+    xla: bool = False  # an XLA op: modeled by XLA's own estimate
+    refused: str | None = None
+    detail: str = ""
+
+
+def _abstract(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    import jax
+
+    return tuple(a if isinstance(a, jax.ShapeDtypeStruct) else jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype)
+                 for a in args)
+
+
+def _compile(peer: Peer, device: Any) -> tuple[str, Any]:
+    import jax
+
+    try:
+        return "yes", jax.jit(peer.fn).lower(*on_device(_abstract(peer.args), device)).compile()
+    except Exception as exc:  # the compiler's refusal is the result
+        return first_meaningful_line(str(exc) or type(exc).__name__), None
+
+
+def _modeled(peer: Peer, compiled: Any, generation: str) -> tuple[float | None, str]:
+    if peer.xla:
+        if compiled is None:
+            return None, "not compiled"
+        cost = compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, list) else cost
+        value = (cost or {}).get("optimal_seconds")
+        return (float(value) if value is not None else None), "XLA optimal_seconds"
+    try:
+        cost = kernel_cost(peer.fn, *peer.args, generation=generation)
+    except Exception as exc:  # Unmodeled (one line naming the primitive) or the kernel's own refusal at trace
+        return None, first_meaningful_line(str(exc) or type(exc).__name__)
+    return cost.seconds(chip(generation)), f"{len(cost.calls)} call(s), {cost.steps} steps"
+
+
+def tpu_target_device(generation: str) -> Any:
+    return topology_devices(chip(generation).topology)[0]
+
+
+def rows_for(kernel: str, shape: str, peers: list[Peer], ideal: Callable[[Any], float],
+             generation: str) -> list[dict[str, Any]]:
+    """One row per peer of one workload on one chip, with the best peer's time beside ours."""
+    rows = []
+    device = tpu_target_device(generation)
+    if True:
+        for peer in peers:
+            if peer.fn is None:
+                compiled, modeled, how = peer.refused or "refused", None, peer.refused or ""
+            else:
+                compiled, exe = _compile(peer, device)
+                modeled, how = _modeled(peer, exe, generation)
+            ideal_s = ideal(chip(generation))
+            rows.append({"kernel": kernel, "peer": peer.name, "shape": shape, "generation": generation, "xla": peer.xla,
+                         "modeled_s": modeled, "ideal_s": ideal_s,
+                         "ratio_to_ideal": None if modeled is None else modeled / ideal_s,
+                         "compiled": compiled, "how": how, "detail": peer.detail})
+    # the best peer: the fastest kernel that compiled, read by the same model. XLA's optimal_seconds is shown
+    # beside but not a schedule (it comes out below the ideal of moving each active expert's weights once)
+    others = [r for r in rows if r["peer"] != OURS and r["modeled_s"] is not None and r["compiled"] == "yes"
+              and not r["xla"]]
+    best = min(others, key=lambda r: r["modeled_s"], default=None)
+    ours = next((r for r in rows if r["peer"] == OURS), None)
+    for r in rows:
+        r["best_peer"] = None if best is None else best["peer"]
+        r["best_peer_s"] = None if best is None else best["modeled_s"]
+        r["ours_over_best_peer"] = (None if best is None or ours is None or ours["modeled_s"] is None
+                                    else ours["modeled_s"] / best["modeled_s"])
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ ragged dot peers
+
+
+def megablox_tilings(m: int, k: int, n: int, vmem_bytes: int) -> list[tuple[int, int, int]]:
+    """Legal megablox tilings: tm a multiple of 128 up to M (M divisible by it), tk / tn multiples of 128 that
+    divide K / N (or the whole dimension), whose double-buffered bf16 blocks plus f32 output and accumulator fit."""
+    def sizes(dim: int) -> list[int]:  # the whole dim and the multiples of 128 dividing it from 512 up
+        out = [t for t in (512, 768, 1024, 1536, 2048) if t < dim and dim % t == 0]
+        return sorted(set(out + [dim]))
+    tms = [t for t in (128, 256, 512) if t <= m and m % t == 0] or [m]
+    legal = []
+    for tm, tk, tn in itertools.product(tms, sizes(k), sizes(n)):
+        vmem = 2 * 2 * (tm * tk + tk * tn) + 2 * 4 * tm * tn + 4 * tm * tn
+        if vmem <= vmem_bytes:
+            legal.append((tm, tk, tn))
+    return legal
+
+
+def ragged_peers(rd: Any, m: int, k: int, n: int, g: int, gs: np.ndarray, dtype: str,
+                 generation: str) -> list[Peer]:
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.pallas.ops.tpu.megablox.gmm import gmm
+
+    sds = jax.ShapeDtypeStruct
+    args = (sds((m, k), dtype), sds((g, k, n), dtype), gs)
+    out = jnp.dtype(dtype)
+    peers = [Peer(OURS, lambda a, b, s: rd.ragged_dot(a, b, s, implementation="pallas", interpret=False), args,
+                  detail="tiles {0.tm}x{0.tk}x{0.tn}".format(rd.default_config(m, k, n, g, dtype)))]
+    peers.append(Peer("megablox gmm (default 128x128x128)",
+                      lambda a, b, s: gmm(a, b, s, preferred_element_type=out), args))
+    vmem = 16 * 2**20 if generation == "v5e" else 32 * 2**20
+    best, best_s = None, math.inf
+    tilings = megablox_tilings(m, k, n, vmem)
+    swept = len(tilings)
+    for tiling in tilings:
+        try:
+            cost = kernel_cost(lambda a, b, s, t=tiling: gmm(a, b, s, preferred_element_type=out, tiling=t), *args,
+                               generation=generation)
+        except Exception:  # a tiling gmm itself refuses at trace
+            continue
+        if cost.seconds(chip(generation)) < best_s:
+            best, best_s = tiling, cost.seconds(chip(generation))
+    if best is not None:
+        peers.append(Peer("megablox gmm (best of sweep)",
+                          lambda a, b, s, t=best: gmm(a, b, s, preferred_element_type=out, tiling=t), args,
+                          detail=f"tiling {best[0]}x{best[1]}x{best[2]} (best of {swept} legal)"))
+    peers.append(_tokamax_peer(m, k, n, g, gs, dtype))
+    peers.append(Peer("jax.lax.ragged_dot (XLA)", lambda a, b, s: jax.lax.ragged_dot(a, b, s), args, xla=True))
+    return peers
+
+
+def _tokamax_peer(m: int, k: int, n: int, g: int, gs: np.ndarray, dtype: str) -> Peer:
+    import jax
+
+    name = "tokamax mosaic ragged_dot"
+    try:
+        import tokamax
+    except ImportError as exc:
+        return Peer(name, None, refused=f"tokamax not installed: {exc}")
+    sds = jax.ShapeDtypeStruct
+    fn = lambda a, b, s: tokamax.ragged_dot(a, b, s, implementation="mosaic")
+    try:  # it checks the shape when traced: a refusal is its one line
+        jax.eval_shape(fn, sds((m, k), dtype), sds((g, k, n), dtype), sds((g,), np.int32))
+    except Exception as exc:
+        return Peer(name, None, refused="refused: " + first_meaningful_line(str(exc) or type(exc).__name__))
+    return Peer(name, fn, (sds((m, k), dtype), sds((g, k, n), dtype), gs))
+
+
+def moe_rows(rd: Any, geo: Any, phase: str, tokens: int, generation: str, dtype: str) -> list[dict[str, Any]]:
+    import jax.numpy as jnp
+
+    gs = routing(tokens, geo.experts, geo.top_k)
+    item = np.dtype(jnp.dtype(dtype)).itemsize
+    rows = []
+    for proj, m, k, n, g in geo.projections(tokens):
+        active = int(np.count_nonzero(gs))
+        bytes_ = (active * k * n + m * k + m * n) * item
+        flops = 2.0 * m * k * n
+        ideal = lambda c, b=bytes_, f=flops: max(b / c.hbm_bytes_per_s, f / c.bf16_flops_per_s)
+        shape = f"{geo.model} {proj} {phase} {tokens} tok (m={m} k={k} n={n})"
+        rows += rows_for("ragged_dot", shape, ragged_peers(rd, m, k, n, g, gs, dtype, generation), ideal,
+                         generation)
+    return rows
+
+
+# ------------------------------------------------------------------------------------------- attention peers
+
+
+def prefill_peers(fa: Any, geo: Any, s: int, dtype: str) -> list[Peer]:
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.pallas.ops.tpu import flash_attention as jfa
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
+    sds = jax.ShapeDtypeStruct
+    hq, hkv, d = geo.hq, geo.hkv, geo.d
+    group = hq // hkv
+    scale = 1.0 / math.sqrt(d)
+    sinks = np.zeros((hq,), np.float32) if geo.sinks else None  # values the kernels may prefetch
+    q, kv = sds((1, hq, s, d), dtype), sds((1, hkv, s, d), dtype)
+    ours_args = (q, kv, kv) + ((sinks,) if sinks is not None else ())
+    ours = Peer(OURS, lambda q_, k_, v_, *r: fa.flash_attention(q_, k_, v_, causal=True, sm_scale=scale,
+                                                                 sinks=r[0] if r else None,
+                                                                 implementation="pallas", interpret=False),
+                ours_args, detail="sinks" if sinks is not None else "")
+
+    def jax_flash(q_, k_, v_):
+        k_, v_ = jnp.repeat(k_, group, axis=1), jnp.repeat(v_, group, axis=1)  # no GQA: K/V for every head
+        return jfa.flash_attention(q_, k_, v_, causal=True, sm_scale=scale)
+
+    mask = sm.MultiHeadMask([sm.CausalMask((s, s)) for _ in range(group)])
+    with jax.default_device(jax.devices("cpu")[0]):  # its block-sparsity tables are built on the host
+        splash = sk.make_splash_mqa_single_device(mask=mask)
+
+    def jax_splash(q_, k_, v_, *r):
+        qg = (q_[0] * scale).reshape(hkv, group, s, d)
+        if r:
+            out = jax.vmap(lambda a, b, c, z: splash(a, b, c, sinks=z))(qg, k_[0], v_[0], r[0].reshape(hkv, group))
+        else:
+            out = jax.vmap(splash)(qg, k_[0], v_[0])
+        return out.reshape(1, hq, s, d)
+
+    return [ours, Peer("jax flash_attention", jax_flash, (q, kv, kv), detail="no GQA (K/V repeated), no sinks"),
+            Peer("jax splash_attention", jax_splash, ours_args,
+                 detail="MQA kernel per kv head" + (", sinks" if sinks is not None else ""))]
+
+
+def decode_peers(fa: Any, geo: Any, b: int, cache: int, dtype: str, page: int = 128) -> list[Peer]:
+    import jax
+    from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
+
+    sds = jax.ShapeDtypeStruct
+    hq, hkv, d = geo.hq, geo.hkv, geo.d
+    scale = 1.0 / math.sqrt(d)
+    lens = np.full((b,), cache, np.int32)
+    sinks = np.zeros((hq,), np.float32) if geo.sinks else None
+    kvc = sds((b, hkv, cache, d), dtype)
+    ours_args = (sds((b, hq, d), dtype), kvc, kvc, lens) + ((sinks,) if sinks is not None else ())
+    ours = Peer(OURS, lambda q_, k_, v_, l_, *r: fa.decode_attention(q_, k_, v_, l_, sm_scale=scale,
+                                                                      sinks=r[0] if r else None,
+                                                                      implementation="pallas", interpret=False),
+                ours_args, detail="sinks" if sinks is not None else "")
+    pages_per_seq = cache // page
+    table = np.arange(b * pages_per_seq, dtype=np.int32).reshape(b, pages_per_seq)
+    pages = sds((hkv, b * pages_per_seq, page, d), dtype)
+
+    def jax_paged(q_, k_, v_, l_, t_):
+        return paged_attention(q_ * scale, k_, v_, l_, t_, pages_per_compute_block=8)
+
+    combined = sds((b * pages_per_seq, page, 2 * hkv, d), dtype)
+    cu = np.arange(b + 1, dtype=np.int32)
+    num = np.array([b], np.int32)
+
+    def jax_ragged_paged(q_, kv_, l_, t_, cu_, n_):
+        return ragged_paged_attention(q_, kv_, l_, t_, cu_, n_, sm_scale=scale)
+
+    return [ours,
+            Peer("jax paged_attention", jax_paged, (sds((b, hq, d), dtype), pages, pages, lens, table),
+                 detail=f"pages of {page}, 8 per block, no sinks"),
+            Peer("jax ragged_paged_attention", jax_ragged_paged,
+                 (sds((b, hq, d), dtype), combined, lens, table, cu, num), detail=f"pages of {page}, no sinks")]
+
+
+def attention_rows(fa: Any, geo: Any, shapes: Any, generation: str, dtype: str) -> list[dict[str, Any]]:
+    import jax.numpy as jnp
+
+    item = np.dtype(jnp.dtype(dtype)).itemsize
+    hq, hkv, d, s = geo.hq, geo.hkv, geo.d, shapes.PREFILL_TOKENS
+    b, cache = shapes.DECODE_BATCH, shapes.DECODE_CACHE
+    pre_bytes = (2 * hq * s * d + 2 * hkv * s * d) * item
+    pre_flops = 4.0 * hq * s * (s + 1) / 2 * d
+    dec_bytes = (2 * b * hq * d + 2 * b * hkv * cache * d) * item
+    dec_flops = 4.0 * b * hq * cache * d
+    ideal = lambda by, fl: lambda c: max(by / c.hbm_bytes_per_s, fl / c.bf16_flops_per_s)
+    return [*rows_for("flash_attention prefill", f"gqa {hq}/{hkv}x{d} prefill {s} causal",
+                      prefill_peers(fa, geo, s, dtype), ideal(pre_bytes, pre_flops), generation),
+            *rows_for("flash_attention decode", f"gqa {hq}/{hkv}x{d} decode b{b} cache {cache}",
+                      decode_peers(fa, geo, b, cache, dtype), ideal(dec_bytes, dec_flops), generation)]
+
+
+def run_peers(request: dict[str, Any], emit: Any) -> int:
+    """Request: {"mode": "peers", "ragged_dot": package, "flash_attention": package, "generations", "moe_models",
+    "attention_model", "dtype", "phases": {"decode": 64, ...} | null, "kernels": ["ragged_dot", "attention"]};
+    one "row" event per (workload, peer, generation)."""
+    from ..errors import KernelHubError
+    from .worker import load_package, refuse
+
+    dtype = request.get("dtype", "bfloat16")
+    try:
+        rd, fa = load_package(request["ragged_dot"]), load_package(request["flash_attention"])
+    except KernelHubError as exc:
+        return refuse(exc, emit)
+    moe_shapes = importlib.import_module(f"{rd.__name__}._vendor.moe_shapes")
+    shapes = importlib.import_module(f"{fa.__name__}._vendor.attention_shapes")
+    moe = {g.model: g for g in moe_shapes.MOE_MODELS}
+    for extra in request.get("moe_geometries") or ():  # small geometries for an end-to-end check (tests)
+        moe[extra["model"]] = moe_shapes.MoeGeometry(**extra)
+    phases = request.get("phases") or moe_shapes.PHASES
+    kernels = request.get("kernels") or ["ragged_dot", "attention"]
+    for gen in request["generations"]:
+        with tpu_target(gen):
+            _generation_rows(rd, fa, moe, phases, kernels, shapes, request, gen, dtype, emit)
+    return 0
+
+
+def _generation_rows(rd: Any, fa: Any, moe: dict[str, Any], phases: dict[str, int], kernels: list[str],
+                     shapes: Any, request: dict[str, Any], gen: str, dtype: str, emit: Any) -> None:
+    if True:
+        if "ragged_dot" in kernels:
+            for name in request["moe_models"]:
+                for phase, tokens in phases.items():
+                    for row in moe_rows(rd, moe[name], phase, int(tokens), gen, dtype):
+                        emit({"event": "row", **row})
+        if "attention" in kernels:
+            geo = {g.model: g for g in shapes.ATTENTION_MODELS}[request["attention_model"]]
+            override = request.get("attention_shapes_override")
+            for row in attention_rows(fa, geo, _Shapes(**override) if override else shapes, gen, dtype):
+                emit({"event": "row", **row})
+
+
+@dataclass(frozen=True)
+class _Shapes:
+    """Smaller attention shapes for a quick end-to-end check (tests)."""
+
+    PREFILL_TOKENS: int
+    DECODE_BATCH: int
+    DECODE_CACHE: int

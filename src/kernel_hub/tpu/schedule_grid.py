@@ -1,0 +1,143 @@
+"""The grid walk of one pallas_call: block transfers from its BlockSpecs, the body's dots and DMAs per step.
+
+Grid bounds come from concrete values (a dynamic bound, e.g. megablox gmm's number of active tiles, is the value
+the routing gives); scalar-prefetch operands are the real arrays. The grid runs in order, last axis fastest, as the
+Pallas TPU pipeline runs it: an input block is fetched when its block index changes between consecutive steps (and
+at step 0); an output block is written back when its index changes (and after the last step). Operands left in
+HBM (memory space ANY / HBM) move only through the DMAs the body starts (schedule_steps.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .chips import STEP_OVERHEAD_S, Chip
+from .schedule_steps import Steps, Unknown, Unmodeled, memory_space
+
+
+@dataclass
+class CallCost:
+    """One pallas_call as scheduled."""
+
+    name: str
+    grid: tuple[int, ...]
+    steps: int
+    read_bytes: int
+    write_bytes: int
+    flops: int  # MXU FLOPs at block shapes on the steps that reach each dot
+    mxu_flops: float  # flops weighted by MXU passes (an f32 dot is F32_HIGHEST_PASSES bf16 passes)
+    fetches: dict[str, int] = field(default_factory=dict)  # operand -> block transfers
+    notes: list[str] = field(default_factory=list)
+    dma_bytes: int = 0  # of read/write bytes, those moved by DMAs the kernel starts itself
+    dmas: int = 0  # DMAs the kernel starts itself
+    ici_bytes: int = 0  # sent to other chips by remote copies
+    aliases: tuple[tuple[int, int], ...] = ()  # (operand, output) pairs written in place
+
+    @property
+    def hbm_bytes(self) -> int:
+        return self.read_bytes + self.write_bytes
+
+    def seconds(self, chip: Chip) -> float:
+        bound = max(self.hbm_bytes / chip.hbm_bytes_per_s, self.mxu_flops / chip.bf16_flops_per_s)
+        if self.ici_bytes:
+            from .ici import interconnect
+
+            bound = max(bound, self.ici_bytes / interconnect(chip.generation).ring_bytes_per_s)
+        return bound + self.steps * STEP_OVERHEAD_S
+
+
+def _block_sizes(block_shape: Sequence[Any], array_shape: Sequence[int], idx: np.ndarray) -> np.ndarray:
+    """Elements moved per step for a block at indices idx [S, ndim] (clipped at the array's edge)."""
+    from jax._src.pallas import core as pallas_core
+
+    size = np.ones(idx.shape[0], np.int64)
+    for d, (bd, dim) in enumerate(zip(block_shape, array_shape, strict=True)):
+        if isinstance(bd, pallas_core.Squeezed) or bd is None:
+            continue
+        bs = int(getattr(bd, "block_size", bd))
+        start = idx[:, d] * bs if isinstance(bd, pallas_core.Blocked) else idx[:, d]
+        size *= np.clip(dim - start, 0, bs)
+    return size
+
+
+def call_name(params: dict[str, Any]) -> str:
+    """The kernel's name: the pallas_call's `name`, else its body function's."""
+    name = params.get("name_and_src_info") or params.get("name")
+    if name is None:
+        debug = getattr(params.get("jaxpr"), "debug_info", None)
+        name = getattr(debug, "func_name", None) or "pallas_call"
+    return str(name).split(" ")[0]
+
+
+def concrete_grid(gm: Any, bounds: Sequence[Any], name: str) -> tuple[int, ...]:
+    """The grid with each dynamic bound replaced by its concrete value; refused when a bound is not known."""
+    from jax._src.pallas import core as pallas_core
+
+    values = iter(bounds)
+    grid = []
+    for g in gm.grid:
+        if pallas_core.is_dynamic_dim(g):
+            v = next(values)
+            if isinstance(v, Unknown):
+                raise Unmodeled("pallas_call", name, "a dynamic grid bound depends on data the model does not have")
+            grid.append(int(np.asarray(v).reshape(-1)[0]))
+        else:
+            grid.append(int(g))
+    return tuple(grid)
+
+
+def walk_pallas_call(eqn: Any, invals: Sequence[Any]) -> CallCost:
+    """Walk one pallas_call's grid with the real scalar-prefetch values (see the module docstring)."""
+    params = eqn.params
+    gm = params["grid_mapping"]
+    name = call_name(params)
+    notes: list[str] = []
+    n_dyn = gm.num_dynamic_grid_bounds
+    grid = concrete_grid(gm, invals[:n_dyn], name)
+    operands = list(invals[n_dyn:])
+    steps = math.prod(grid)
+    n_idx = gm.num_index_operands
+    scalars = operands[:n_idx]
+    if any(isinstance(s, Unknown) for s in scalars):
+        raise Unmodeled("pallas_call", name, "scalar-prefetch operands depend on data the model does not have")
+    scalars = [np.asarray(s) for s in scalars]
+    read, write = sum(int(s.nbytes) for s in scalars), 0  # scalar prefetch: once into SMEM
+    if steps == 0:
+        notes.append("empty grid: the kernel does not run")
+        return CallCost(name, grid, 0, read, 0, 0, 0.0, {}, notes)
+    ids = np.indices(grid, dtype=np.int64).reshape(len(grid), -1) if grid else np.zeros((0, 1), np.int64)
+    walker = Steps(ids, grid, notes, where=f"pallas_call {name}")
+    fetches: dict[str, int] = {}
+    n_in = gm.num_inputs
+    for i, bm in enumerate(gm.block_mappings):
+        if memory_space(bm.transformed_block_aval) in ("any", "hbm"):
+            fetches[str(bm.origin)] = 0  # left in HBM: moved only by the body's own DMAs
+            continue
+        ij = bm.index_map_jaxpr
+        outs = walker.run(ij.jaxpr, ij.consts, [*ids, *scalars], None)
+        if any(isinstance(o, Unknown) for o in outs):
+            raise Unmodeled("pallas_call", name, f"the index map of {bm.origin} could not be evaluated")
+        idx = np.stack([np.broadcast_to(np.asarray(o, np.int64), (steps,)) for o in outs], axis=1)
+        moves = np.ones(steps, bool)
+        moves[1:] = np.any(idx[1:] != idx[:-1], axis=1)
+        itemsize = np.dtype(bm.array_aval.dtype).itemsize
+        sizes = _block_sizes(bm.block_shape, bm.array_aval.shape, idx) * itemsize
+        moved = int(sizes[moves].sum())
+        fetches[str(bm.origin)] = int(moves.sum())
+        if i < n_in:
+            read += moved
+        else:  # written back when the index changes: once per run of equal indices
+            write += moved
+    body = params["jaxpr"]
+    refs: list[Any] = [*scalars, *[Unknown(v.aval) for v in body.invars[n_idx:]]]
+    walker.run(body, getattr(body, "consts", []) if hasattr(body, "consts") else [], refs, None)
+    dma_read, dma_write = int(walker.dma_read.sum()), int(walker.dma_write.sum())
+    aliases = tuple((int(a), int(b)) for a, b in params.get("input_output_aliases", ()))
+    return CallCost(name, grid, steps, read + dma_read, write + dma_write, int(walker.flops.sum()),
+                    float(walker.mxu.sum()), fetches, notes, dma_read + dma_write, int(walker.dmas.sum()),
+                    int(walker.ici.sum()), aliases)

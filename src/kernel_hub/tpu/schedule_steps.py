@@ -1,0 +1,309 @@
+"""The per-step evaluator of the TPU cost model: a Pallas kernel body (or an index map) run over every grid step.
+
+Scalars are numpy arrays [S] (one value per grid step), so `pl.when` / `lax.cond` on program ids and scalar-prefetch
+refs select the steps a branch runs on. Loops run with their real carries (a fori_loop's counter, a while loop's
+condition per step), so DMAs a kernel issues itself (`pltpu.make_async_copy` / `async_copy`, what
+`pltpu.emit_pipeline` expands to) are counted on exactly the steps and iterations that reach them. Vectors in VMEM
+stay `Unknown` (only their type is known): vector compute is not modeled, MXU dots and data movement are. A primitive
+whose data movement or compute cannot be read is refused with one line naming it (`Unmodeled`), never a silent zero.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .chips import F32_HIGHEST_PASSES
+
+#: Loops longer than this run their body once, scaled by the trip count (carries then unknown); a note says so.
+ITERATION_LIMIT = 4096
+#: A while loop still running after this many iterations is refused.
+WHILE_LIMIT = 100_000
+
+#: Primitives that do work the model cannot count: refused by name.
+REFUSED = {
+    "matmul_push_rhs": "explicit MXU pushes are not modeled",
+    "matmul_acc_lhs": "explicit MXU accumulation is not modeled",
+    "matmul_pop": "explicit MXU pops are not modeled",
+    "emit_pipeline": "the emit_pipeline primitive (jax_use_emit_pipeline_primitive) is not modeled; "
+                     "the default emit_pipeline expands to loops and DMAs, which are",
+    "pipeline_body": "the emit_pipeline primitive's body is not modeled",
+    "gather": "a SparseCore gather is not modeled",
+    "scatter": "a SparseCore scatter is not modeled",
+    "pure_callback": "a host callback's cost is unknown",
+    "io_callback": "a host callback's cost is unknown",
+}
+
+_HBM_SPACES = {"any", "hbm"}
+
+
+class Unmodeled(NotImplementedError):
+    """What the cost model cannot read, in one line naming the primitive."""
+
+    def __init__(self, primitive: str, where: str, why: str):
+        self.primitive = primitive
+        super().__init__(f"the TPU cost model cannot read primitive {primitive!r} in {where}: {why}")
+
+
+class Unknown:
+    """A value the model does not compute (a big operand, a vector in VMEM): only its type is known."""
+
+    __slots__ = ("aval",)
+
+    def __init__(self, aval: Any):
+        self.aval = aval
+
+
+def read(env: dict[Any, Any], var: Any) -> Any:
+    from jax.extend.core import Literal
+
+    return var.val if isinstance(var, Literal) else env[var]
+
+
+def sub_jaxpr(eqn: Any) -> tuple[Any, list[Any]] | None:
+    """The one inner jaxpr of a call-like equation (jit, custom_jvp/vjp, remat), with its consts."""
+    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+        sub = eqn.params.get(key)
+        if sub is None or eqn.primitive.name in ("pallas_call", "scan", "while", "run_scoped", "shard_map"):
+            continue
+        if hasattr(sub, "jaxpr") and hasattr(sub, "consts"):
+            return sub.jaxpr, list(sub.consts)
+        if hasattr(sub, "eqns"):
+            return sub, []
+    return None
+
+
+def memory_space(aval: Any) -> str:
+    space = getattr(aval, "memory_space", None)
+    return str(getattr(space, "value", space)).lower()
+
+
+def _int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """lax.div on integers rounds toward zero."""
+    q = np.abs(a) // np.maximum(np.abs(b), 1)
+    return np.where((a < 0) ^ (b < 0), -q, q)
+
+
+_NUMPY_OPS: dict[str, Any] = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "max": np.maximum, "min": np.minimum,
+    "neg": np.negative, "abs": np.abs, "sign": np.sign, "rem": np.fmod,
+    "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
+    "ge": np.greater_equal, "and": np.logical_and, "or": np.logical_or, "not": np.logical_not,
+    "xor": np.logical_xor, "shift_left": np.left_shift, "shift_right_arithmetic": np.right_shift,
+}
+
+
+def _ref_bytes(var: Any, transforms: Sequence[Any], where: str) -> tuple[int, str]:
+    """Bytes a DMA endpoint covers (the ref after its slices) and the ref's memory space."""
+    aval = var.aval
+    space = memory_space(aval)
+    for t in transforms:
+        try:
+            aval = t.transform_type(aval)
+        except Exception as exc:  # a dynamically sized slice: the DMA's size is not static
+            raise Unmodeled("dma_start", where, f"a DMA through {type(t).__name__} of unknown size ({exc})") from exc
+    shape = getattr(aval, "shape", ())
+    if any(not isinstance(d, (int, np.integer)) for d in shape):
+        raise Unmodeled("dma_start", where, "a DMA of dynamic size")
+    return int(math.prod(shape)) * np.dtype(aval.dtype).itemsize, space
+
+
+class Steps:
+    """Evaluates a kernel body or an index map over all grid steps at once: scalars are arrays [S]."""
+
+    def __init__(self, ids: np.ndarray, grid: tuple[int, ...], notes: list[str], where: str = "a Pallas kernel"):
+        self.ids, self.grid, self.notes, self.where = ids, grid, notes, where
+        n = ids.shape[1]
+        self.flops = np.zeros(n, np.float64)
+        self.mxu = np.zeros(n, np.float64)
+        self.dma_read = np.zeros(n, np.float64)  # HBM bytes read by DMAs the kernel issues
+        self.dma_write = np.zeros(n, np.float64)
+        self.ici = np.zeros(n, np.float64)  # bytes sent to other chips (remote copies)
+        self.dmas = np.zeros(n, np.float64)
+        self.unevaluated: set[str] = set()  # scalar ops left unknown (named when something needs them)
+        self.scale = 1.0  # trip count of the scans around the equations being run (when not iterated)
+
+    def _where(self, mask: np.ndarray | None) -> np.ndarray:
+        return (np.ones(self.ids.shape[1]) if mask is None else mask.astype(np.float64)) * self.scale
+
+    def run(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], mask: np.ndarray | None) -> list[Any]:
+        env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts, strict=True))
+        env.update(zip(jaxpr.invars, args, strict=True))
+        for eqn in jaxpr.eqns:
+            invals = [read(env, v) for v in eqn.invars]
+            outs = self.eqn(eqn, invals, mask)
+            env.update(zip(eqn.outvars, outs, strict=True))
+        return [read(env, v) for v in jaxpr.outvars]
+
+    def eqn(self, eqn: Any, invals: list[Any], mask: np.ndarray | None) -> list[Any]:
+        name, params = eqn.primitive.name, eqn.params
+        unknown = [Unknown(v.aval) for v in eqn.outvars]
+        if name in REFUSED:
+            raise Unmodeled(name, self.where, REFUSED[name])
+        if name == "program_id":
+            return [self.ids[params["axis"]]]
+        if name == "num_programs":
+            return [np.int32(self.grid[params["axis"]])]
+        if name == "get":
+            return [self._get(invals, params)]
+        if name == "dot_general":
+            self._dot(eqn, mask)
+            return unknown
+        if name == "dma_start":
+            self._dma(eqn, mask)
+            return unknown
+        if name == "cond":
+            return self._cond(eqn, invals, mask)
+        if name == "scan":
+            return self._scan(eqn, invals, mask)
+        if name == "while":
+            return self._while(eqn, invals, mask)
+        if name == "run_scoped":
+            inner = params["jaxpr"]
+            self.run(inner, invals, [Unknown(v.aval) for v in inner.invars], mask)
+            return unknown
+        if (sub := sub_jaxpr(eqn)) is not None:
+            return self.run(sub[0], sub[1], invals, mask)
+        if any(isinstance(x, Unknown) for x in invals) or any(getattr(v.aval, "shape", ()) for v in eqn.outvars):
+            return unknown
+        if not eqn.outvars:
+            return []
+        try:
+            return [self._scalar(name, params, invals)]
+        except Unmodeled:  # a scalar the model cannot compute: any loop bound or DMA that needs it refuses then
+            self.unevaluated.add(name)
+            return unknown
+
+    def _scalar(self, name: str, params: dict[str, Any], invals: list[Any]) -> Any:
+        vals = [np.asarray(x) for x in invals]
+        if name in _NUMPY_OPS:
+            return _NUMPY_OPS[name](*vals)
+        if name == "div":
+            return _int_div(*vals) if np.issubdtype(vals[0].dtype, np.integer) else vals[0] / vals[1]
+        if name == "select_n":
+            return np.choose(vals[0].astype(np.int64), vals[1:])
+        if name == "convert_element_type":
+            return vals[0].astype(np.dtype(params["new_dtype"]))
+        if name == "clamp":
+            return np.clip(vals[1], vals[0], vals[2])
+        if name == "integer_pow":
+            return vals[0] ** params["y"]
+        if name in ("multiple_of", "pjit", "optimization_barrier", "copy", "copy_p"):
+            return vals[0]
+        raise Unmodeled(name, self.where, "a scalar op the model does not evaluate")
+
+    def _get(self, invals: list[Any], params: dict[str, Any]) -> Any:
+        from jax import tree_util
+        from jax._src.state.indexing import NDIndexer, Slice
+
+        ref, leaves = invals[0], invals[1:]
+        if not isinstance(ref, np.ndarray) or any(isinstance(x, Unknown) for x in leaves):
+            return Unknown(None)
+        value = ref
+        for t in tree_util.tree_unflatten(params["tree"], leaves):
+            if not isinstance(t, NDIndexer) or any(isinstance(i, Slice) for i in t.indices):
+                return Unknown(None)
+            # an index past the end (an index map that overruns on steps whose block is never used) is clamped
+            value = value[tuple(np.clip(np.asarray(i, np.int64), 0, n - 1)
+                                for i, n in zip(t.indices, value.shape, strict=False))]
+        return value
+
+    def _dot(self, eqn: Any, mask: np.ndarray | None) -> None:
+        (contract, _), (batch, _) = eqn.params["dimension_numbers"]
+        lhs, rhs = (v.aval for v in eqn.invars)
+        k = math.prod(lhs.shape[d] for d in contract)
+        b = math.prod(lhs.shape[d] for d in batch)
+        m = math.prod(lhs.shape) // max(k * b, 1)
+        n = math.prod(rhs.shape) // max(k * b, 1)
+        flops = 2.0 * b * m * n * k
+        f32 = any(np.dtype(a.dtype) == np.float32 for a in (lhs, rhs))
+        where = self._where(mask)
+        self.flops += flops * where
+        self.mxu += flops * (F32_HIGHEST_PASSES if f32 else 1) * where
+
+    def _dma(self, eqn: Any, mask: np.ndarray | None) -> None:
+        """A DMA the kernel starts: HBM bytes by the endpoints' memory spaces; a remote copy's bytes also on ICI.
+        Its wait moves nothing (counted once, at the start)."""
+        from jax import tree_util
+        from jax._src.state.types import TransformedRef
+
+        src, dst, _dst_sem, _src_sem, device_id = tree_util.tree_unflatten(eqn.params["tree"], eqn.invars)
+
+        def endpoint(ref: Any) -> tuple[int, str]:
+            if isinstance(ref, TransformedRef):
+                return _ref_bytes(ref.ref, ref.transforms, self.where)
+            return _ref_bytes(ref, (), self.where)
+
+        (src_bytes, src_space), (dst_bytes, dst_space) = endpoint(src), endpoint(dst)
+        where = self._where(mask)
+        self.dmas += where
+        if src_space in _HBM_SPACES:
+            self.dma_read += src_bytes * where
+        if dst_space in _HBM_SPACES:
+            self.dma_write += dst_bytes * where
+        if device_id is not None:
+            self.ici += dst_bytes * where
+
+    def _cond(self, eqn: Any, invals: list[Any], mask: np.ndarray | None) -> list[Any]:
+        index, operands = invals[0], invals[1:]
+        branches = eqn.params["branches"]
+        full = np.ones(self.ids.shape[1], bool) if mask is None else mask
+        if isinstance(index, Unknown):
+            self.notes.append("cond on vector data: every branch counted")
+            for br in branches:
+                self.run(br.jaxpr, br.consts, operands, full)
+            return [Unknown(v.aval) for v in eqn.outvars]
+        index = np.clip(np.asarray(index), 0, len(branches) - 1)
+        results = [self.run(br.jaxpr, br.consts, operands, full & (index == b)) for b, br in enumerate(branches)]
+        outs = []
+        for i, v in enumerate(eqn.outvars):
+            picks = [r[i] for r in results]
+            known = not v.aval.shape and not any(isinstance(p, Unknown) for p in picks)
+            outs.append(np.choose(index, [np.asarray(p) for p in picks]) if known else Unknown(v.aval))
+        return outs
+
+    def _scan(self, eqn: Any, invals: list[Any], mask: np.ndarray | None) -> list[Any]:
+        """A fori_loop / scan: iterated with its real carries (a counter that DMAs or pl.when read), or, past
+        ITERATION_LIMIT, its body once scaled by the trip count."""
+        p = eqn.params
+        length, n_consts, n_carry = int(p["length"]), p["num_consts"], p["num_carry"]
+        body = p["jaxpr"]
+        consts, carry = invals[:n_consts], list(invals[n_consts:n_consts + n_carry])
+        xs_avals = [v.aval for v in body.jaxpr.invars[n_consts + n_carry:]]
+        if length > ITERATION_LIMIT:
+            self.notes.append(f"a loop of {length} iterations: its body counted once, times {length}")
+            self.scale *= length
+            try:
+                self.run(body.jaxpr, body.consts, [*consts, *carry, *[Unknown(a) for a in xs_avals]], mask)
+            finally:
+                self.scale /= length
+            return [Unknown(v.aval) for v in eqn.outvars]
+        for _ in range(length):
+            outs = self.run(body.jaxpr, body.consts, [*consts, *carry, *[Unknown(a) for a in xs_avals]], mask)
+            carry = outs[:n_carry]
+        return [*carry, *[Unknown(v.aval) for v in eqn.outvars[n_carry:]]]
+
+    def _while(self, eqn: Any, invals: list[Any], mask: np.ndarray | None) -> list[Any]:
+        """A while loop, run per step until its condition is false on every step that reached it."""
+        p = eqn.params
+        nc, nb = p["cond_nconsts"], p["body_nconsts"]
+        cond, body = p["cond_jaxpr"], p["body_jaxpr"]
+        cconsts, bconsts, carry = invals[:nc], invals[nc:nc + nb], list(invals[nc + nb:])
+        reached = np.ones(self.ids.shape[1], bool) if mask is None else mask
+        for _ in range(WHILE_LIMIT):
+            (go,) = self.run(cond.jaxpr, cond.consts, [*cconsts, *carry], reached)
+            if isinstance(go, Unknown):
+                why = "its condition depends on vector data"
+                if self.unevaluated:
+                    why += f" (or on scalar ops not evaluated: {', '.join(sorted(self.unevaluated))})"
+                raise Unmodeled("while", self.where, why)
+            active = reached & np.broadcast_to(np.asarray(go, bool), reached.shape)
+            if not active.any():
+                return carry
+            new = self.run(body.jaxpr, body.consts, [*bconsts, *carry], active)
+            carry = [o if isinstance(o, Unknown) else c if isinstance(c, Unknown) else np.where(active, o, c)
+                     for o, c in zip(new, carry, strict=True)]
+        raise Unmodeled("while", self.where, f"still running after {WHILE_LIMIT} iterations")

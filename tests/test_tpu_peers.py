@@ -1,0 +1,73 @@
+"""bench/tpu_peers.py end to end at tiny shapes: one row per peer of each kernel, modeled, compiled by libtpu.
+
+The worker runs in the TPU environment (libtpu compiles every peer for the generation); the checks are on the
+row's form and on facts the model must get right whatever the numbers: the ratios are the quotients of the row's
+own times, the best peer is the fastest peer that compiled, and a peer the model or the kernel refuses is a row
+with its one line, never a zero.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from kernel_hub.report.plots import peers_svg
+from kernel_hub.report.schema import Bench
+from kernel_hub.tpu.env import TpuEnvironmentError, tpu_env
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("tpu_peers_bench", ROOT / "bench/tpu_peers.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def rows():
+    try:
+        tpu_env()
+    except TpuEnvironmentError as exc:
+        pytest.skip(str(exc))
+    tiny = {"model": "tiny", "hidden": 256, "intermediate": 128, "experts": 4, "top_k": 2}
+    return _bench().peer_rows(("v5e",), moe_models=["tiny"], moe_geometries=[tiny], phases={"decode": 64},
+                              attention_shapes={"PREFILL_TOKENS": 256, "DECODE_BATCH": 2, "DECODE_CACHE": 512})
+
+
+def test_one_row_per_peer_of_each_kernel(rows):
+    bench = _bench()
+    kinds = {r["kernel"] for r in rows}
+    assert kinds == {"ragged_dot", "flash_attention prefill", "flash_attention decode"}
+    for r in rows:
+        assert set(bench.KEYS) <= set(r)
+    ragged = [r for r in rows if r["kernel"] == "ragged_dot" and "gate_up" in r["shape"]]
+    peers = {r["peer"]: r for r in ragged}
+    assert {"kernel-hub", "megablox gmm (default 128x128x128)", "megablox gmm (best of sweep)",
+            "tokamax mosaic ragged_dot", "jax.lax.ragged_dot (XLA)"} <= set(peers)
+    ours = peers["kernel-hub"]
+    assert ours["compiled"] == "yes" and ours["modeled_s"] > 0
+    assert ours["ratio_to_ideal"] == pytest.approx(ours["modeled_s"] / ours["ideal_s"])
+    compiled = [r for r in ragged if r["peer"] != "kernel-hub" and r["compiled"] == "yes" and r["modeled_s"]
+                and not r["xla"]]
+    best = min(compiled, key=lambda r: r["modeled_s"])
+    assert ours["best_peer"] == best["peer"] and ours["best_peer_s"] == best["modeled_s"]
+    assert ours["ours_over_best_peer"] == pytest.approx(ours["modeled_s"] / best["modeled_s"])
+    # the megablox sweep's best is never slower than its default tiling, by the same model
+    swept, default = peers["megablox gmm (best of sweep)"], peers["megablox gmm (default 128x128x128)"]
+    assert swept["modeled_s"] <= default["modeled_s"]
+    for r in rows:  # a row without a time says why in one line
+        if r["modeled_s"] is None:
+            assert r["how"] or r["compiled"] != "yes"
+    prefill = {r["peer"] for r in rows if r["kernel"] == "flash_attention prefill"}
+    assert {"kernel-hub", "jax flash_attention", "jax splash_attention"} <= prefill
+
+
+def test_report_plots_the_peer_rows(rows):
+    svg = peers_svg(Bench(name="tpu_peers", script="bench/tpu_peers.py", ok=True, error=None, seconds=1.0,
+                          baseline=None, records=[], rows=rows))
+    assert svg is not None and svg.startswith("<svg")
+    assert "tpu-peers-ragged-dot" in svg and "bar-kernel-hub" in svg
