@@ -1,5 +1,6 @@
 """The report's family matrix: kernelize on a tiny model of every family the tests cover, with the registry's
-kernels (every declared layer kind: MoE experts, attention, RMSNorm), and what happened: replaced, kept with the reason, the error.
+kernels (every declared layer kind: MoE experts, attention, RMSNorm), and what happened: replaced, kept with
+the reason, the error.
 
 Each family: build it (random weights, from its config; models.py), run its default forward, kernelize, run
 again (output error vs the default), restore, run again (bit-identical?). The families are a data table

@@ -45,7 +45,8 @@ def headline(validation: Validation, compile_: Compile, families: list) -> Headl
     fam_bad = sum(f.status in ("error", "kept") for f in families)
     gens = ", ".join(compile_.generations)
     compile_text = (f"TPU compile: {comp_pass} of {comp_total} {compile_.selection} cases compile for {gens} "
-                    f"(libtpu {compile_.libtpu})" if compile_.available else f"TPU compile: not run ({compile_.reason})")
+                    f"(libtpu {compile_.libtpu})" if compile_.available
+                    else f"TPU compile: not run ({compile_.reason})")
     return Headline(
         passed=passed, total=total, rate=rate,
         validation=f"validation: {num_pass} of {num_total} cases pass across {kernels} kernels and {modes} modes",
