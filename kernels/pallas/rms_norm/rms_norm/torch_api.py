@@ -10,13 +10,15 @@ only torch is installed); elsewhere the JAX entry first (torch_bridge.py): throu
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from collections.abc import Sequence
 
 import torch
 
 from . import layers
 from ._vendor.torch_dispatch import IMPLEMENTATIONS, ORDER, TorchDispatch
-from ._vendor.torch_tpu_ops import op_namespace
+from ._vendor.torch_tpu_ops import op_namespace, package_digest
 from .release import VERSION
 from .torch_cpu import rms_norm_torch
 
@@ -31,7 +33,7 @@ __all__ = [
     "rms_norm",
 ]
 
-_NAMESPACE = op_namespace("rms_norm", VERSION)
+_NAMESPACE = op_namespace("rms_norm", VERSION, package_digest(Path(__file__).parent))
 _DISPATCH = TorchDispatch("rms_norm", native=lambda: "torch-native RMSNorm (f32)", tpu_op=f"{_NAMESPACE}::rms_norm")
 #: Every dispatch of this entry (the torch-tpu build's entry hooks its device notice into each).
 DISPATCHES = (_DISPATCH,)

@@ -8,6 +8,8 @@ interpret=False (Mosaic), once per process. Imported only when the "jax" impleme
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import functools
 from typing import Any
 
@@ -15,7 +17,7 @@ import jax
 import torch
 
 from ._vendor.torch_jax import call_jax, jax_entry
-from ._vendor.torch_tpu_ops import OpSpec, TpuOps, on_tpu
+from ._vendor.torch_tpu_ops import OpSpec, TpuOps, on_tpu, package_digest
 from .release import VERSION
 
 #: x and weight get gradients.
@@ -41,7 +43,7 @@ def tpu_specs() -> list[OpSpec]:
     return [OpSpec("rms_norm", rms_norm_function(order, False), DIFFERENTIABLE)]
 
 
-TPU_OPS = TpuOps("rms_norm", VERSION, tpu_specs)
+TPU_OPS = TpuOps("rms_norm", VERSION, package_digest(Path(__file__).parent), tpu_specs)
 
 
 def rms_norm_jax(x: torch.Tensor, weight: torch.Tensor, *, eps: float, zero_centered: bool,
