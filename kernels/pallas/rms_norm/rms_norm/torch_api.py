@@ -10,9 +10,8 @@ only torch is installed); elsewhere the JAX entry first (torch_bridge.py): throu
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 

@@ -8,9 +8,8 @@ interpret=False (Mosaic), once per process. Imported only when the "jax" impleme
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import functools
+from pathlib import Path
 from typing import Any
 
 import jax
