@@ -164,7 +164,7 @@ def test_publish_records_the_compile_matrix_and_info_shows_it(env, server, compi
     assert (record["jax"], record["libtpu"]) == (env.jax_version, env.libtpu_version)
     assert record["cases"] == 2 and record["compiled"] == 4 and record["failed"] == []
     for gen in ("v5e", "v6e"):
-        assert record["per_generation"][gen] == {"cases": 2, "compiled": 2, "implementations": {}}
+        assert record["per_generation"][gen] == {"cases": 2, "compiled": 2, "implementations": {"default": 2}}
     cpu = published_metadata(server, "acme/toy-good", result.tag, "jax-cpu", tmp_path)
     assert "tpu_compile" not in cpu["kernel-hub"]  # only TPU variants carry a record
 

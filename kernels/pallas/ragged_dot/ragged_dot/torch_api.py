@@ -66,7 +66,8 @@ def _checked_group_sizes(group_sizes: torch.Tensor, m: int) -> torch.Tensor:
     """The JAX entries' rule (_vendor/ragged_operands.py): concrete sizes that are negative or sum past M raise a
     ValueError naming group_sizes; sizes without values (meta, fake, traced by torch.compile) are normalised the same
     way as there: negative counts as 0, rows in group order, cut at M."""
-    if group_sizes.device.type != "meta" and not _is_fake(group_sizes):
+    concrete = not torch.compiler.is_compiling() and group_sizes.device.type != "meta" and not _is_fake(group_sizes)
+    if concrete:  # under torch.compile (dynamo) the values are symbolic: normalise, never read them
         check_group_sizes(group_sizes.tolist(), m)
         return group_sizes
     ends = torch.clamp(torch.cumsum(torch.clamp(group_sizes, min=0), 0), max=m)
