@@ -64,7 +64,8 @@ def fa():
     return kh.get_kernel("kernel-hub/flash-attention-tpu", framework="torch", backend="tpu")
 
 
-_REPOS = {"ragged_dot": "kernel-hub/ragged-dot-tpu", "flash_attention": "kernel-hub/flash-attention-tpu"}
+_REPOS = {"ragged_dot": "kernel-hub/ragged-dot-tpu", "flash_attention": "kernel-hub/flash-attention-tpu",
+          "rms_norm": "kernel-hub/rms-norm-tpu"}
 
 
 def namespace(kernel: str, package_dir: Path | None = None, version: str | None = None) -> str:
