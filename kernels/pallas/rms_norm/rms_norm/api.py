@@ -20,6 +20,7 @@ from . import formula
 from ._vendor.dispatch import Dispatch
 from ._vendor.interpret import pallas_remark, run_dispatch
 from .config import RMSNormConfig, block_rows
+from .operands import check_operands
 from .pallas_rms import RMSStatic, rms_backward, rms_forward
 
 IMPLEMENTATIONS: tuple[str, ...] = ("pallas", "xla", "autodiff")
@@ -71,21 +72,6 @@ def _run(x, w, *, impl, eps, zero_centered, scale_after_cast, config, interpret)
     st = RMSStatic(eps=eps, zero_centered=zero_centered, scale_after_cast=scale_after_cast,
                    block_rows=block_rows(x2.shape[0], h, config), interpret=interpret)
     return _rms(impl, st, x2, w).reshape(x.shape)
-
-
-def check_operands(x_shape: Sequence[int], w_shape: Sequence[int], eps: Any) -> float:
-    """eps as a float; ValueError naming what to fix for a bad shape or eps."""
-    if len(x_shape) < 1:
-        raise ValueError("rms_norm: x must have at least one axis (the hidden axis is the last)")
-    if tuple(w_shape) != (x_shape[-1],):
-        raise ValueError(f"rms_norm: weight must have shape ({x_shape[-1]},) (x's last axis), got {tuple(w_shape)}")
-    try:
-        eps = float(eps)
-    except (TypeError, ValueError):
-        raise ValueError(f"rms_norm: eps must be a number, got {eps!r}") from None
-    if not eps >= 0.0:
-        raise ValueError(f"rms_norm: eps must be >= 0, got {eps}")
-    return eps
 
 
 def rms_norm(

@@ -18,6 +18,7 @@ import torch
 from . import layers
 from ._vendor.torch_dispatch import IMPLEMENTATIONS, ORDER, TorchDispatch
 from ._vendor.torch_tpu_ops import op_namespace, package_digest
+from .operands import check_operands
 from .release import VERSION
 from .torch_cpu import rms_norm_torch
 
@@ -39,22 +40,6 @@ DISPATCHES = (_DISPATCH,)
 implementations_for, resolve_implementation, last_implementation, describe = _DISPATCH.exports()
 
 
-def check_operands(x: torch.Tensor, weight: torch.Tensor, eps: float) -> float:
-    """eps as a float; ValueError naming what to fix (the JAX entry's checks, on torch tensors)."""
-    if x.dim() < 1:
-        raise ValueError("rms_norm: x must have at least one axis (the hidden axis is the last)")
-    if tuple(weight.shape) != (x.shape[-1],):
-        raise ValueError(f"rms_norm: weight must have shape ({x.shape[-1]},) (x's last axis), "
-                         f"got {tuple(weight.shape)}")
-    try:
-        eps = float(eps)
-    except (TypeError, ValueError):
-        raise ValueError(f"rms_norm: eps must be a number, got {eps!r}") from None
-    if not eps >= 0.0:
-        raise ValueError(f"rms_norm: eps must be >= 0, got {eps}")
-    return eps
-
-
 def rms_norm(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -69,7 +54,7 @@ def rms_norm(
     implementation: "torch" (native) or "jax" (the Pallas/XLA kernel through the bridge), a name or a sequence
     tried in order; None: implementations_for(x.device).
     """
-    eps = check_operands(x, weight, eps)
+    eps = check_operands(tuple(x.shape), tuple(weight.shape), eps)
     options = dict(eps=eps, zero_centered=bool(zero_centered), scale_after_cast=bool(scale_after_cast))
 
     def call(name: str) -> torch.Tensor:
