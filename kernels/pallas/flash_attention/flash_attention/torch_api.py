@@ -9,7 +9,8 @@ jax is never imported, so the torch-cpu build runs where only torch is installed
 function first (torch_bridge.py): through DLPack on CUDA, as the TorchTPU ops
 `kernel_hub_flash_attention_<version, digest>::flash_attention` / `::decode_attention` on TPU tensors (the torch-tpu
 build's entry, torch_tpu_api.py, registers them). Prefill is differentiable on both; the JAX decode is forward
-only, so a decode call that needs gradients runs torch-native.
+only, so a decode call that needs gradients runs torch-native. `layers` is HF kernels' layer module: empty, and
+it says why (no transformers hub layer name is softmax attention).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from . import layers
 from ._vendor.shapes import check_attention
 from ._vendor.torch_dispatch import IMPLEMENTATIONS, ORDER, TorchDispatch
 from ._vendor.torch_tpu_ops import op_namespace, package_digest
@@ -33,6 +35,7 @@ __all__ = [
     "flash_attention",
     "implementations_for",
     "last_implementation",
+    "layers",
     "resolve_implementation",
 ]
 
