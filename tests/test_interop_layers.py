@@ -162,6 +162,7 @@ def test_hf_kernels_kernelize_swaps_gpt_oss_moe_mlp_onto_our_ragged_dot_layer(in
 ATTENTION_SCRIPT = """
 import json, torch, kernels
 from kernels import LayerRepository, Mode, kernelize, use_kernel_forward_from_hub, use_kernel_mapping
+from kernel_hub.report import models
 
 @use_kernel_forward_from_hub("MultiScaleDeformableAttention")
 class MarkedDeformable(torch.nn.Module):  # the one attention layer transformers names: not softmax attention
@@ -178,16 +179,71 @@ try:
     error = None
 except Exception as e:
     error = [type(e).__name__, str(e)]
-layers = kernels.get_kernel(REPO, version=1).layers
-print(json.dumps({"error": error, "swapped": "forward" in module.__dict__, "doc": layers.__doc__,
-                  "classes": [n for n, v in vars(layers).items() if isinstance(v, type)]}))
+fa = kernels.get_kernel(REPO, version=1)
+res = {"error": error, "swapped": "forward" in module.__dict__, "doc": fa.layers.__doc__,
+       "classes": [n for n, v in vars(fa.layers).items() if isinstance(v, type)], "families": {}}
+
+# transformers' hook for a hub attention function: `attn_implementation="<repo>:attention_forward"` makes transformers
+# get_kernel the repo and register the function with FlashAttention-2's masks. transformers 5.24 refuses that path with
+# kernels 0.17.2 (it wants >= 0.18.2), so the same two registrations are made here on the build HF kernels loaded.
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+NAME = "kernel-hub-hook"  # a name transformers does not read as one of its flash-attention variants
+AttentionInterface.register(NAME, fa.attention_forward)
+AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["flash_attention_2"])
+for fam in ("gpt_oss", "qwen3_moe"):  # gpt_oss: sinks and a 16-token sliding window under 20 tokens
+    model = models.tiny_model(fam).eval()
+    ids = torch.randint(3, model.config.vocab_size, (2, 20), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, :6] = 0  # left padding, as generate pads
+    with torch.no_grad():
+        ref = model(input_ids=ids, attention_mask=mask).logits
+        gen_ref = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+    model.set_attn_implementation(NAME)
+    fa.last_implementation()
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask).logits
+        gen = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+    real = mask.bool()
+    res["families"][fam] = {"impl": model.config._attn_implementation, "ran": fa.last_implementation()[0],
+                            "rel": ((out - ref)[real].abs().max() / ref[real].abs().max()).item(),
+                            "nan": bool(out.isnan().any()), "generate_equal": bool(torch.equal(gen, gen_ref))}
+
+class Layer(torch.nn.Module):
+    is_causal = True
+
+q = torch.randn(2, 4, 6, 8)
+holes = torch.ones(2, 6, dtype=torch.bool)
+holes[0, 2] = False
+right = torch.ones(2, 6, dtype=torch.bool)
+right[1, 4:] = False
+refusals = {}
+for name, args, kw in (("holes", (q, q, q, holes), {}), ("dropout", (q, q, q, None), {"dropout": 0.1}),
+                       ("right-cached", (q[:, :, :1], q, q, right), {})):
+    try:
+        fa.attention_forward(Layer(), *args, **kw)
+        refusals[name] = None
+    except Exception as e:
+        refusals[name] = [type(e).__name__, str(e)]
+res["refusals"] = refusals
+print(json.dumps(res))
 """
 
 
-def test_flash_attention_layers_serve_no_transformers_layer_and_say_so(interop_hub) -> None:
-    """transformers names no softmax-attention layer for the hub; our build's `layers` exists, holds no class, and a
-    mapping onto it fails with HF kernels' "not found" (never a swap)."""
+def test_flash_attention_serves_transformers_attention_hook_and_no_layer(interop_hub) -> None:
+    """transformers names no softmax-attention layer for the hub, so our build's `layers` holds no class and a mapping
+    onto it fails with HF kernels' "not found" (never a swap); `attention_forward`, loaded through HF kernels and
+    registered as transformers' `attn_implementation="<repo>:attention_forward"` registers it, computes what sdpa did on
+    left-padded batches and in generation, and refuses calls it cannot express."""
     res = interop_hub.run(ATTENTION_SCRIPT, REPO=ATTENTION_REPO)
     assert res["classes"] == [] and not res["swapped"]
     assert "MultiScaleDeformableAttention" in res["doc"]
     assert res["error"][0] == "ValueError" and "`MultiScaleDeformableAttention` not found" in res["error"][1]
+    for fam, row in res["families"].items():
+        assert row["impl"] == "kernel-hub-hook" and row["ran"] == "torch", (fam, row)
+        assert not row["nan"] and row["rel"] <= 1e-5 and row["generate_equal"], (fam, row)
+    refusals = res["refusals"]
+    assert all(r is not None and r[0] == "UnsupportedAttentionCall" for r in refusals.values()), refusals
+    assert "contiguous run" in refusals["holes"][1] and "dropout" in refusals["dropout"][1]
+    assert "right padding in a cached step" in refusals["right-cached"][1]

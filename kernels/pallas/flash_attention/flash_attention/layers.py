@@ -7,8 +7,8 @@ its copies): bilinear sampling of multi-scale feature maps at learned offsets, w
 this kernel does not compute, so serving it would mean wrong numbers. Its attention layers (LlamaAttention and the
 rest) carry no hub name: they call an attention *function* through transformers' AttentionInterface, and
 transformers' own hook for a hub attention kernel (`attn_implementation="org/repo:function"`) takes a function, not
-a layer. kernel-hub's `kh.kernelize` serves that path with this package's `flash_attention`, validated per layer
-against the model's previous implementation.
+a layer: this build's `attention_forward` (hf_attention.py) is that function, and kernel-hub's `kh.kernelize` serves
+the same path with per-layer validation and per-call fallback.
 """
 
 from __future__ import annotations
