@@ -89,3 +89,15 @@ def no_rms_norm(monkeypatch: pytest.MonkeyPatch) -> None:
         return real(model, **{**kw, "mapping": {"rms_norm": None, **(kw.get("mapping") or {})}})
 
     monkeypatch.setattr(kh, "kernelize", kernelize)
+
+
+@pytest.fixture(scope="module")
+def interop_hub(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """`kernel-hub serve` with the test module's INTEROP_KERNELS ({repo_id: kernel folder}) published, and a runner
+    for client scripts against it (tests/hub_interop.py); skipped where the server or HF kernels is missing."""
+    for name in ("huggingface_hub", "starlette", "torch", "kernels"):
+        pytest.importorskip(name)
+    from tests.hub_interop import published_hub
+
+    with published_hub(tmp_path_factory.mktemp("interop"), request.module.INTEROP_KERNELS) as hub:
+        yield hub

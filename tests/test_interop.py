@@ -3,24 +3,12 @@ and computes the same numbers as our own loader (by major version and by range) 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
+from tests.hub_interop import KERNELS
 
-pytest.importorskip("huggingface_hub")
-pytest.importorskip("starlette")
-pytest.importorskip("torch")
-pytest.importorskip("kernels")
-
-from kernel_hub.publish import publish
-from kernel_hub.server.testing import hub_env, hub_requests, running_server
-
-TOKEN = "test-token"
 REPO = "acme/ragged-dot-tpu"
-KERNEL = Path(__file__).resolve().parents[1] / "kernels" / "pallas" / "ragged_dot"
+INTEROP_KERNELS = {REPO: KERNELS / "ragged_dot"}  # published by the interop_hub fixture (tests/conftest.py)
 
 INPUTS = """
 import torch
@@ -56,39 +44,22 @@ print(json.dumps(res))
 """
 
 
-@pytest.fixture(scope="module")
-def published(tmp_path_factory: pytest.TempPathFactory):
-    root = tmp_path_factory.mktemp("interop")
-    with running_server(root / "store", token=TOKEN) as srv:
-        # The kernel's own validation runs in its tests; this test checks the numbers itself below.
-        result = publish(KERNEL, repo_id=REPO, endpoint=srv.url, token=TOKEN, skip_validation=True,
-                         skip_tpu_compile=True, log=lambda _: None)
-        yield srv, result, root
-
-
-def _run(server, cache: Path, script: str) -> dict:
-    proc = subprocess.run([sys.executable, "-c", f"REPO = {REPO!r}\n{script}"], env=hub_env(server, cache),
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def test_hf_kernels_and_kernel_hub_compute_the_same_numbers(published) -> None:
-    server, result, root = published
+def test_hf_kernels_and_kernel_hub_compute_the_same_numbers(interop_hub) -> None:
+    result = interop_hub.results[REPO]
     assert "torch-cpu" in result.variants and result.branch == "v1"
 
-    server.reset()
-    theirs = _run(server, root / "hf-cache", HF_KERNELS)
-    hf_requests = hub_requests(server)
+    interop_hub.reset()
+    theirs = interop_hub.run(HF_KERNELS, cache="hf-cache", REPO=REPO)
+    hf_requests = interop_hub.requests()
     assert "/build/torch-cpu/" in Path(theirs["file"]).as_posix()  # HF kernels picked our torch-cpu build
     assert theirs["err"] <= 1e-4
     assert any(p == f"/api/organizations/{REPO.split('/')[0]}/overview" for _, p, _ in hf_requests)
     # HF kernels never touches the JAX builds or our bundles.
     assert not [p for _, p, _ in hf_requests if p.endswith(".tar") or "/build/jax-" in p]
 
-    server.reset()
-    ours = _run(server, root / "our-cache", OURS)
-    our_requests = hub_requests(server)
+    interop_hub.reset()
+    ours = interop_hub.run(OURS, cache="our-cache", REPO=REPO)
+    our_requests = interop_hub.requests()
     by_major, by_range = ours["1"], ours[">=1.0,<2"]
     assert by_major["variant"] == by_range["variant"] == "torch-cpu"
     assert by_major["commit"] == by_range["commit"] == result.commit

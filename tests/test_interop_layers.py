@@ -1,27 +1,21 @@
 """HF kernels' layer convention in our torch builds: PyPI `kernels` 0.17.2's `kernelize`, under a LayerRepository
 mapping "RMSNorm" to kernel-hub/rms-norm-tpu published to `kernel-hub serve` (loopback), replaces the forward of a
-class marked `use_kernel_forward_from_hub("RMSNorm")` with our `layers.RMSNorm`, which computes what the layer did."""
+class marked `use_kernel_forward_from_hub("RMSNorm")` with our `layers.RMSNorm`, which computes what the layer did; the
+same for "MegaBlocksMoeMLP" (transformers' GptOssMLP) onto kernel-hub/ragged-dot-tpu's `layers.MegaBlocksMoeMLP`,
+which refuses a module in another layout instead of computing wrong numbers."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
+from tests.hub_interop import KERNELS
 
-pytest.importorskip("huggingface_hub")
-pytest.importorskip("starlette")
-pytest.importorskip("torch")
-pytest.importorskip("kernels")
-
-from kernel_hub.publish import publish
-from kernel_hub.server.testing import hub_env, hub_requests, running_server
-
-TOKEN = "test-token"
 REPO = "kernel-hub/rms-norm-tpu"
-KERNEL = Path(__file__).resolve().parents[1] / "kernels" / "pallas" / "rms_norm"
+MOE_REPO = "kernel-hub/ragged-dot-tpu"
+ATTENTION_REPO = "kernel-hub/flash-attention-tpu"
+#: published by the interop_hub fixture (tests/conftest.py)
+INTEROP_KERNELS = {REPO: KERNELS / "rms_norm", MOE_REPO: KERNELS / "ragged_dot",
+                   ATTENTION_REPO: KERNELS / "flash_attention"}
 
 SCRIPT = """
 import json, torch
@@ -59,26 +53,197 @@ print(json.dumps(out))
 """
 
 
-@pytest.fixture(scope="module")
-def published(tmp_path_factory: pytest.TempPathFactory):
-    root = tmp_path_factory.mktemp("interop-layers")
-    with running_server(root / "store", token=TOKEN) as srv:
-        result = publish(KERNEL, repo_id=REPO, endpoint=srv.url, token=TOKEN, skip_validation=True,
-                         skip_tpu_compile=True, log=lambda _: None)
-        yield srv, result, root
-
-
-def test_hf_kernels_kernelize_swaps_a_marked_rms_norm_onto_our_layer(published) -> None:
-    server, result, root = published
-    assert "torch-cpu" in result.variants
-    server.reset()
-    proc = subprocess.run([sys.executable, "-c", f"REPO = {REPO!r}\n{SCRIPT}"], env=hub_env(server, root / "cache"),
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+def test_hf_kernels_kernelize_swaps_a_marked_rms_norm_onto_our_layer(interop_hub) -> None:
+    assert "torch-cpu" in interop_hub.results[REPO].variants
+    interop_hub.reset()
+    res = interop_hub.run(SCRIPT, REPO=REPO)
     for dtype, row in res.items():
         assert row["instance"], dtype  # the instance's forward, not the class's
         assert row["module"].endswith(".layers") and "/build/torch-cpu/" in Path(row["file"]).as_posix(), row
         assert row["equal"], (dtype, row["err"])  # Llama's op order, bit for bit, in f32 and bf16
-    paths = [p for _, p, _ in hub_requests(server)]
+    paths = [p for _, p, _ in interop_hub.requests()]
     assert not [p for p in paths if "/build/jax-" in p]
+
+
+MOE_SCRIPT = """
+import json, torch
+from kernels import LayerRepository, Mode, kernelize, use_kernel_forward_from_hub, use_kernel_mapping
+from transformers import GptOssConfig, Qwen3MoeConfig
+from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+@use_kernel_forward_from_hub("MegaBlocksMoeMLP")
+class MarkedGptOssMLP(GptOssMLP):  # transformers' own block; its eager experts loop is the reference
+    pass
+
+@use_kernel_forward_from_hub("MegaBlocksMoeMLP")
+class MarkedQwen3MoeBlock(Qwen3MoeSparseMoeBlock):  # another layout (`gate`, no `router`): must be refused
+    pass
+
+MAPPING = {"MegaBlocksMoeMLP": {"cpu": LayerRepository(repo_id=REPO, layer_name="MegaBlocksMoeMLP", version=1)}}
+
+def fresh(cls, cfg, seed, skew=False):
+    cfg._experts_implementation = "eager"
+    block = cls(cfg)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+        if skew:  # every token picks experts 3 and 5: two groups hold all rows, six are empty
+            block.router.bias.zero_()
+            block.router.bias[3], block.router.bias[5] = 100.0, 50.0
+    return block
+
+def kernelized(block):
+    with use_kernel_mapping(MAPPING):
+        kernelize(block, mode=Mode.INFERENCE, device="cpu")
+    return block
+
+gpt = GptOssConfig(hidden_size=48, intermediate_size=40, num_local_experts=8, num_experts_per_tok=2)
+out = {}
+for name, dtype, tokens, skew in (("f32", torch.float32, 7, False), ("bf16", torch.bfloat16, 13, False),
+                                  ("f32-skewed", torch.float32, 9, True)):
+    block = fresh(MarkedGptOssMLP, gpt, seed=len(name), skew=skew).to(dtype)
+    x = torch.randn(2, tokens, 48, generator=torch.Generator().manual_seed(tokens)).to(dtype)
+    ref, ref_scores = block(x)
+    ref.float().square().sum().backward()
+    ref_grads = [p.grad.clone() for p in block.parameters()]
+    block.zero_grad()
+    _, _, idx = block.router(x.reshape(-1, 48))
+    kernelized(block)
+    fwd = block.forward
+    got, scores = block(x)
+    got.float().square().sum().backward()
+    rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()
+    out[name] = {"module": fwd.__func__.__module__, "file": fwd.__func__.__code__.co_filename,
+                 "qualname": fwd.__func__.__qualname__, "instance": "forward" in block.__dict__,
+                 "dtype": str(got.dtype), "scores_equal": bool(torch.equal(scores, ref_scores)),
+                 "rel": rel(got, ref), "nan": bool(got.isnan().any()),
+                 "grad_rel": max(rel(p.grad, r) for p, r in zip(block.parameters(), ref_grads)),
+                 "empty_experts": 8 - len(set(idx.flatten().tolist()))}
+
+refusals = {}
+qwen = Qwen3MoeConfig(hidden_size=48, moe_intermediate_size=40, num_experts=8, num_experts_per_tok=2)
+quantized = fresh(MarkedGptOssMLP, gpt, seed=3)
+del quantized.experts.gate_up_proj  # as if quantized: no dense gate_up_proj
+quantized.experts.gate_up_proj_blocks = torch.nn.Parameter(torch.zeros(8, 80, 3, 16), requires_grad=False)
+for name, block in (("qwen3_moe", fresh(MarkedQwen3MoeBlock, qwen, seed=4)), ("quantized", quantized)):
+    kernelized(block)
+    try:
+        block(torch.randn(1, 3, 48))
+        refusals[name] = None
+    except Exception as e:
+        refusals[name] = [type(e).__name__, str(e)]
+print(json.dumps({"numbers": out, "refusals": refusals}))
+"""
+
+
+def test_hf_kernels_kernelize_swaps_gpt_oss_moe_mlp_onto_our_ragged_dot_layer(interop_hub) -> None:
+    assert "torch-cpu" in interop_hub.results[MOE_REPO].variants
+    interop_hub.reset()
+    res = interop_hub.run(MOE_SCRIPT, REPO=MOE_REPO)
+    numbers, refusals = res["numbers"], res["refusals"]
+    assert numbers["f32-skewed"]["empty_experts"] == 6  # the edge the skewed case is for
+    for case, row in numbers.items():
+        assert row["instance"] and row["qualname"] == "MegaBlocksMoeMLP.forward", (case, row)
+        assert row["module"].endswith(".layers") and "/build/torch-cpu/" in Path(row["file"]).as_posix(), row
+        assert row["scores_equal"] and not row["nan"], (case, row)  # the module's own router, untouched
+        limit = 2e-2 if case == "bf16" else 1e-5  # grouped sums in another order than the per-expert loop
+        assert row["rel"] <= limit and row["grad_rel"] <= 10 * limit, (case, row)
+        assert row["dtype"] == ("torch.bfloat16" if case == "bf16" else "torch.float32")
+    kind, message = refusals["qwen3_moe"]
+    assert kind == "UnsupportedLayout" and "MarkedQwen3MoeBlock" in message and "`router`" in message
+    kind, message = refusals["quantized"]
+    assert kind == "UnsupportedLayout" and "experts.gate_up_proj" in message
+    paths = [p for _, p, _ in interop_hub.requests()]
+    assert not [p for p in paths if "/build/jax-" in p]
+
+
+ATTENTION_SCRIPT = """
+import json, torch, kernels
+from kernels import LayerRepository, Mode, kernelize, use_kernel_forward_from_hub, use_kernel_mapping
+from kernel_hub.report import models
+
+@use_kernel_forward_from_hub("MultiScaleDeformableAttention")
+class MarkedDeformable(torch.nn.Module):  # the one attention layer transformers names: not softmax attention
+    def forward(self, x):
+        return x * 2
+
+module = MarkedDeformable()
+mapping = {"MultiScaleDeformableAttention": {"cpu": LayerRepository(repo_id=REPO,
+                                                                    layer_name="MultiScaleDeformableAttention",
+                                                                    version=1)}}
+try:
+    with use_kernel_mapping(mapping):
+        kernelize(module, mode=Mode.INFERENCE, device="cpu")
+    error = None
+except Exception as e:
+    error = [type(e).__name__, str(e)]
+fa = kernels.get_kernel(REPO, version=1)
+res = {"error": error, "swapped": "forward" in module.__dict__, "doc": fa.layers.__doc__,
+       "classes": [n for n, v in vars(fa.layers).items() if isinstance(v, type)], "families": {}}
+
+# transformers' hook for a hub attention function: `attn_implementation="<repo>:attention_forward"` makes transformers
+# get_kernel the repo and register the function with FlashAttention-2's masks. transformers 5.24 refuses that path with
+# kernels 0.17.2 (it wants >= 0.18.2), so the same two registrations are made here on the build HF kernels loaded.
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+NAME = "kernel-hub-hook"  # a name transformers does not read as one of its flash-attention variants
+AttentionInterface.register(NAME, fa.attention_forward)
+AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["flash_attention_2"])
+for fam in ("gpt_oss", "qwen3_moe"):  # gpt_oss: sinks and a 16-token sliding window under 20 tokens
+    model = models.tiny_model(fam).eval()
+    ids = torch.randint(3, model.config.vocab_size, (2, 20), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, :6] = 0  # left padding, as generate pads
+    with torch.no_grad():
+        ref = model(input_ids=ids, attention_mask=mask).logits
+        gen_ref = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+    model.set_attn_implementation(NAME)
+    fa.last_implementation()
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask).logits
+        gen = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+    real = mask.bool()
+    res["families"][fam] = {"impl": model.config._attn_implementation, "ran": fa.last_implementation()[0],
+                            "rel": ((out - ref)[real].abs().max() / ref[real].abs().max()).item(),
+                            "nan": bool(out.isnan().any()), "generate_equal": bool(torch.equal(gen, gen_ref))}
+
+class Layer(torch.nn.Module):
+    is_causal = True
+
+q = torch.randn(2, 4, 6, 8)
+holes = torch.ones(2, 6, dtype=torch.bool)
+holes[0, 2] = False
+right = torch.ones(2, 6, dtype=torch.bool)
+right[1, 4:] = False
+refusals = {}
+for name, args, kw in (("holes", (q, q, q, holes), {}), ("dropout", (q, q, q, None), {"dropout": 0.1}),
+                       ("right-cached", (q[:, :, :1], q, q, right), {})):
+    try:
+        fa.attention_forward(Layer(), *args, **kw)
+        refusals[name] = None
+    except Exception as e:
+        refusals[name] = [type(e).__name__, str(e)]
+res["refusals"] = refusals
+print(json.dumps(res))
+"""
+
+
+def test_flash_attention_serves_transformers_attention_hook_and_no_layer(interop_hub) -> None:
+    """transformers names no softmax-attention layer for the hub, so our build's `layers` holds no class and a mapping
+    onto it fails with HF kernels' "not found" (never a swap); `attention_forward`, loaded through HF kernels and
+    registered as transformers' `attn_implementation="<repo>:attention_forward"` registers it, computes what sdpa did on
+    left-padded batches and in generation, and refuses calls it cannot express."""
+    res = interop_hub.run(ATTENTION_SCRIPT, REPO=ATTENTION_REPO)
+    assert res["classes"] == [] and not res["swapped"]
+    assert "MultiScaleDeformableAttention" in res["doc"]
+    assert res["error"][0] == "ValueError" and "`MultiScaleDeformableAttention` not found" in res["error"][1]
+    for fam, row in res["families"].items():
+        assert row["impl"] == "kernel-hub-hook" and row["ran"] == "torch", (fam, row)
+        assert not row["nan"] and row["rel"] <= 1e-5 and row["generate_equal"], (fam, row)
+    refusals = res["refusals"]
+    assert all(r is not None and r[0] == "UnsupportedAttentionCall" for r in refusals.values()), refusals
+    assert "contiguous run" in refusals["holes"][1] and "dropout" in refusals["dropout"][1]
+    assert "right padding in a cached step" in refusals["right-cached"][1]

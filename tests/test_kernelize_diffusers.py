@@ -25,6 +25,9 @@ from kernel_hub.layers import is_kernelized  # noqa: E402
 from kernel_hub.layers.diffusers_route import AttentionRoute, plan_sdpa, run_plan  # noqa: E402
 from kernel_hub.report import models  # noqa: E402
 
+#: These tests pin the attention path's whole report; RMSNorm on Diffusers: tests/test_kernelize_diffusers_kinds.py.
+pytestmark = pytest.mark.usefixtures("no_rms_norm")
+
 REPO = "kernel-hub/flash-attention-tpu"
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 

@@ -272,8 +272,9 @@ def kernelize(
         raise KernelHubError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     from .diffusers import is_diffusers_object, kernelize_diffusers
 
-    if is_diffusers_object(model):  # Diffusers models and pipelines: attention through the processor API
-        return kernelize_diffusers(model, mode=mode, device=device, mapping=mapping, validate=validate)
+    if is_diffusers_object(model):  # Diffusers models and pipelines: the same kinds, attention via the processor API
+        return kernelize_diffusers(model, mode=mode, device=device, mapping=mapping, validate=validate,
+                                   trust_remote_code=trust_remote_code)
     if not hasattr(model, "named_modules"):
         raise KernelHubError(f"kernelize wants a torch.nn.Module, got {type(model).__name__}")
     backend, dev = _backend_of(model, device)

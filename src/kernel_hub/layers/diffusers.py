@@ -1,12 +1,18 @@
-"""kernelize / restore for Diffusers: a diffusion transformer's attention on the hub's flash attention.
+"""kernelize / restore for Diffusers: a diffusion transformer's layers on the hub's kernels, through the same layer
+kinds (layers/kinds/) as transformers models.
 
-Flow: a model, or a pipeline's denoiser components (its transformer(s) / UNet) -> every attention module
-(anything with `processor` and `set_processor`) -> install `AttentionRoute` (diffusers_route.py) in probe
-mode -> one validation call of the module on random hidden states of its own widths (plus encoder states
-for joint / cross attention): each sdpa call runs torch's and the kernel on the same q/k/v, keeping
-torch's -> keep the route where the kernel matched within the dtype tolerance, put the original
-processor back (with the reason) where it did not, or where the processor never called sdpa. Any
-exception restores every module before it propagates. `restore` puts each original processor object back.
+Flow: a model, or a pipeline's denoiser components (its transformer(s) / UNet) -> for each denoiser, every layer kind
+in apply order, as its declaration's `diffusers` says: RMSNorm by structure (torch.nn.RMSNorm, Diffusers' RMSNorm, ...)
+exactly as on any model; attention through the processor API (below); experts left out (Diffusers denoisers have no
+transformers expert blocks). A pipeline's rows are named `<component>.<path>`. Any exception restores every module
+before it propagates; `restore` runs each kind's restore in reverse order, so each module gets back exactly what it had.
+
+Attention: every attention module (anything with `processor` and `set_processor`) -> install `AttentionRoute`
+(diffusers_route.py) in probe mode -> one validation call of the module on random hidden states of its own widths
+(plus encoder states for joint / cross attention): each sdpa call runs torch's and the kernel on the same q/k/v,
+keeping torch's -> keep the route where the kernel matched within the dtype tolerance, put the original processor back
+(with the reason) where it did not, or where the processor never called sdpa. Restore puts each original processor
+object back.
 
 Nothing here imports diffusers: a Diffusers object is recognised by the modules its classes come from.
 """
@@ -14,7 +20,7 @@ Nothing here imports diffusers: a Diffusers object is recognised by the modules 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -22,6 +28,7 @@ import torch
 from ..errors import KernelHubError
 from .attention import LAYER_KIND
 from .diffusers_route import AttentionRoute, Probe
+from .kinds import KindRun, all_kinds
 from .report import Kept, KernelizeReport, Replaced
 
 #: Where Diffusers keeps denoisers; a pipeline component from one of these gets its attention kernelized.
@@ -31,10 +38,15 @@ VALIDATION_BATCH, VALIDATION_TOKENS, VALIDATION_ENCODER_TOKENS = 2, 24, 7
 
 @dataclass
 class DiffusersState:
-    """What restore needs: module path -> installed route (holding the original), kernelized components."""
+    """What restore needs: module path -> installed route (holding the original), the other kinds' states by name
+    (as kernelize's state holds them), kernelized components (a pipeline's)."""
 
     routes: dict[str, AttentionRoute] = field(default_factory=dict)
+    kinds: dict[str, Any] = field(default_factory=dict)
     components: list[str] = field(default_factory=list)
+
+    def empty(self) -> bool:
+        return not (self.routes or self.kinds or self.components)
 
 
 def _class_modules(obj: Any) -> list[str]:
@@ -161,17 +173,12 @@ def _static_reason(module: Any) -> str:
     return ""
 
 
-def _kernelize_model(model: Any, prefix: str, kernel: Any, repo_id: str, info: dict[str, Any], *,
-                     validate: bool, tolerance: dict, state: DiffusersState, report: KernelizeReport) -> None:
-    found = attention_modules(model)
-    if not found:
-        report.notes.append(f"{prefix or type(model).__name__}: no Diffusers attention module found")
-        return
-    for i, (path, module) in enumerate(found):
-        name = f"{prefix}.{path}" if prefix else path
+def _kernelize_model(model: Any, kernel: Any, repo_id: str, info: dict[str, Any], *, validate: bool,
+                     tolerance: dict, state: DiffusersState, report: KernelizeReport) -> None:
+    for i, (path, module) in enumerate(attention_modules(model)):
         reason = _static_reason(module)
         if reason:
-            report.kept.append(Kept(name, LAYER_KIND, reason))
+            report.kept.append(Kept(path, LAYER_KIND, reason))
             continue
         original = module.processor
         route = AttentionRoute(original, kernel.flash_attention)
@@ -183,13 +190,54 @@ def _kernelize_model(model: Any, prefix: str, kernel: Any, repo_id: str, info: d
         if reason:
             module.set_processor(original)
             del state.routes[path]
-            report.kept.append(Kept(name, LAYER_KIND, reason))
+            report.kept.append(Kept(path, LAYER_KIND, reason))
             continue
         report.replaced.append(Replaced(
-            layer=name, kind=LAYER_KIND, repo_id=repo_id, version=info["version"], commit=info["commit"],
+            layer=path, kind=LAYER_KIND, repo_id=repo_id, version=info["version"], commit=info["commit"],
             variant=info["variant"], implementation=info["implementation"], route="processor",
             layout=_layout(module, route, probe), max_error=max(probe.errors) if validate else None,
             tolerance=tol if validate else None))
+
+
+def kernelize_attention_processors(run: KindRun) -> None:
+    """The attention kind on one Diffusers denoiser (its `diffusers` apply): route every attention processor whose
+    sdpa calls the kernel matches; `run.state` is the denoiser's DiffusersState."""
+    from . import api
+
+    if not attention_modules(run.model):
+        run.report.notes.append(f"{type(run.model).__name__}: no Diffusers attention module found")
+        return
+    kernel, repo_id, reason = api._load_or_reason(run.spec, LAYER_KIND, run.backend)
+    if kernel is None:
+        run.report.notes.append(f"attention unchanged: {reason}")
+        return
+    info = api.kernel_info(kernel, run.device, "flash_attention")
+    _kernelize_model(run.model, kernel, repo_id, info, validate=run.validate, tolerance=api.TOLERANCE,
+                     state=run.state, report=run.report)
+    if run.state.routes:
+        run.report.notes.append("attention processors wrapped (Diffusers processor API): each runs its own processor "
+                                "with its scaled_dot_product_attention calls on the kernel; calls it cannot express "
+                                "(masks other than key padding, dropout, ...) run torch's")
+        if run.mode == "training":
+            run.report.notes.append("attention validated on the forward pass (its backward is the kernel's autograd)")
+
+
+def restore_attention_processors(model: Any, state: DiffusersState) -> None:
+    """The attention kind's restore on a Diffusers denoiser: each original processor object back."""
+    for path, route in state.routes.items():
+        try:
+            module = model.get_submodule(path)
+        except AttributeError:
+            continue
+        if module.processor is route:  # a processor the user set since is left alone
+            module.set_processor(route.original)
+
+
+def _prefixed(report: KernelizeReport, start: tuple[int, int], prefix: str) -> None:
+    """Name the rows a component added since `start` (replaced, kept counts) `<component>.<path>`."""
+    r, k = start
+    report.replaced[r:] = [replace(row, layer=f"{prefix}.{row.layer}") for row in report.replaced[r:]]
+    report.kept[k:] = [replace(row, layer=f"{prefix}.{row.layer}") for row in report.kept[k:]]
 
 
 def _components(pipeline: Any, report: KernelizeReport) -> list[tuple[str, Any]]:
@@ -205,9 +253,10 @@ def _components(pipeline: Any, report: KernelizeReport) -> list[tuple[str, Any]]
     return picked
 
 
-def kernelize_diffusers(obj: Any, *, mode: str, device: Any, mapping: dict[str, Any] | None,
-                        validate: bool) -> KernelizeReport:
-    """kernelize for a Diffusers model or pipeline (layers.api.kernelize hands these over after its mode check)."""
+def kernelize_diffusers(obj: Any, *, mode: str, device: Any, mapping: dict[str, Any] | None, validate: bool,
+                        trust_remote_code: Any = False) -> KernelizeReport:
+    """kernelize for a Diffusers model or pipeline (layers.api.kernelize hands these over after its mode check): every
+    layer kind on each denoiser, as the kind's `diffusers` declares."""
     from . import api
 
     pipeline = is_pipeline(obj)
@@ -215,18 +264,15 @@ def kernelize_diffusers(obj: Any, *, mode: str, device: Any, mapping: dict[str, 
         raise KernelHubError(f"kernelize wants a Diffusers model or pipeline, got {type(obj).__name__}")
     report = KernelizeReport(model=type(obj).__name__, mode=mode, backend="cpu")
     models = _components(obj, report) if pipeline else [("", obj)]
+    dev = device
     if models:
         report.backend, dev = api._backend_of(models[0][1], device)
-    spec = api._kernel_spec(mapping, report.backend)[LAYER_KIND]  # raises on a bad mapping before any change
+    specs = api._kernel_spec(mapping, report.backend, trust_remote_code)  # raises on a bad mapping before any change
     if not models:
         report.notes.append(f"{type(obj).__name__} has no Diffusers transformer or UNet component")
         return report
     restore_diffusers(obj)
-    kernel, repo_id, reason = api._load_or_reason(spec, LAYER_KIND, report.backend)
-    if kernel is None:
-        report.notes.append(f"attention unchanged: {reason}")
-        return report
-    info = api.kernel_info(kernel, dev, "flash_attention")
+    kinds = [k for k in all_kinds() if not isinstance(k.diffusers, str)]
     state = obj.__dict__[api.STATE_ATTR] = DiffusersState()
     try:
         for name, model in models:
@@ -235,27 +281,26 @@ def kernelize_diffusers(obj: Any, *, mode: str, device: Any, mapping: dict[str, 
                 restore_diffusers(model)
                 target = model.__dict__[api.STATE_ATTR] = DiffusersState()
                 state.components.append(name)
-            _kernelize_model(model, name, kernel, repo_id, info, validate=validate, tolerance=api.TOLERANCE,
-                             state=target, report=report)
-            if pipeline and not target.routes:
-                model.__dict__.pop(api.STATE_ATTR, None)
-                state.components.remove(name)
+            start = (len(report.replaced), len(report.kept))
+            for kind in kinds:
+                apply = kind.diffusers[0] if kind.diffusers else kind.apply
+                apply(KindRun(model, specs[kind.name], report.backend, dev, mode, validate, target, report))
+            if pipeline:
+                _prefixed(report, start, name)
+                if target.empty():
+                    model.__dict__.pop(api.STATE_ATTR, None)
+                    state.components.remove(name)
     except BaseException:
         restore_diffusers(obj)
         raise
-    if not state.routes and not state.components:
+    if state.empty():
         obj.__dict__.pop(api.STATE_ATTR, None)
-    if report.replaced:
-        report.notes.append("attention processors wrapped (Diffusers processor API): each runs its own processor "
-                            "with its scaled_dot_product_attention calls on the kernel; calls it cannot express "
-                            "(masks other than key padding, dropout, ...) run torch's")
-    if mode == "training" and report.replaced:
-        report.notes.append("attention validated on the forward pass (its backward is the kernel's autograd)")
+    report.notes = list(dict.fromkeys(report.notes))  # a pipeline's components say the same things once
     return report
 
 
 def restore_diffusers(obj: Any) -> bool:
-    """Put every original processor object back (and a pipeline's components); False if not kernelized."""
+    """Put back exactly what each kind changed (and a pipeline's components'); False if not kernelized."""
     from .api import STATE_ATTR
 
     state: DiffusersState | None = obj.__dict__.pop(STATE_ATTR, None)
@@ -264,13 +309,10 @@ def restore_diffusers(obj: Any) -> bool:
     for name in state.components:
         with contextlib.suppress(KeyError, AttributeError):
             restore_diffusers(obj.components[name])
-    for path, route in state.routes.items():
-        try:
-            module = obj.get_submodule(path)
-        except AttributeError:
+    for kind in reversed(all_kinds()):
+        if isinstance(kind.diffusers, str):
             continue
-        if module.processor is route:  # a processor the user set since is left alone
-            module.set_processor(route.original)
+        (kind.diffusers[1] if kind.diffusers else kind.restore)(obj, state)
     return True
 
 

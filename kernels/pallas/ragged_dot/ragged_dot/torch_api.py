@@ -3,7 +3,8 @@
 `ragged_dot(lhs, rhs, group_sizes)` has jax.lax.ragged_dot's contract on torch tensors: lhs[M,K]
 rows grouped contiguously by group, rhs[G,K,N], group_sizes[G] integer; out[M,N], rows past
 sum(group_sizes) zero. `moe_experts(...)` is a whole Mixture-of-Experts expert block (route, two
-grouped matmuls, gate, combine) with the weight layouts transformers uses.
+grouped matmuls, gate, combine) with the weight layouts transformers uses. `layers` holds HF kernels' layer
+classes (`MegaBlocksMoeMLP`) built on it.
 
 Where it runs (the kernel contract's `implementation=`, docs/kernel-contract.md): tensors on CPU take
 the torch-native path first (torch_cpu.py; jax is never imported, so the torch-cpu build runs where
@@ -20,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from . import layers
 from ._vendor.group_sizes import check_group_sizes
 from ._vendor.shapes import check_ragged_dot_shapes
 from ._vendor.torch_dispatch import IMPLEMENTATIONS, ORDER, TorchDispatch
@@ -38,6 +40,7 @@ __all__ = [
     "describe",
     "implementations_for",
     "last_implementation",
+    "layers",
     "moe_experts",
     "moe_experts_packed",
     "pack_experts",

@@ -4,7 +4,8 @@ A declaration says where kernelize finds the layer in a model, the call contract
 is validated on, which kernel export serves it, and the two functions that do the work (`apply` finds, validates,
 swaps and reports; `restore` puts back exactly what was there). kernelize, restore, `mapping=` and the report read
 the kinds from here, so adding a kind is one module here plus the serving kernel's kernel.yaml `replaces` (and its
-registry.yaml `layers` entry for a default). Importing this package imports neither torch nor jax: a kind module
+registry.yaml `layers` entry for a default). Diffusers models and pipelines go through the same kinds (each
+kind's `diffusers` says how). Importing this package imports neither torch nor jax: a kind module
 imports its machinery inside `apply` / `restore`.
 """
 
@@ -44,6 +45,9 @@ class LayerKind:
     apply: Callable[[KindRun], None]
     restore: Callable[[Any, Any], None]  # (model, kernelize's state) -> None; runs in reverse kind order
     order: int  # kernelize applies kinds in increasing order
+    #: On a Diffusers denoiser (layers/diffusers.py): None runs `apply` / `restore` as on any model (the kind finds its
+    #: layers by structure); an (apply, restore) pair runs those instead; a string leaves the kind out, saying why.
+    diffusers: tuple[Callable[[KindRun], None], Callable[[Any, Any], None]] | str | None = None
 
 
 @functools.cache

@@ -1,7 +1,7 @@
 """Layer kind `attention`: transformers attention through AttentionInterface, served by flash attention.
 
-The machinery lives in layers/api.py (`_kernelize_attention`) and layers/attention_api.py / attention.py; this module
-declares it.
+The machinery lives in layers/api.py (`_kernelize_attention`) and layers/attention_api.py / attention.py; on Diffusers
+models in layers/diffusers.py / diffusers_route.py (the processor API). This module declares it.
 """
 
 from __future__ import annotations
@@ -23,6 +23,18 @@ def _restore(model: Any, state: Any) -> None:
     restore_attention(model, state.attention)
 
 
+def _apply_diffusers(run: KindRun) -> None:
+    from ..diffusers import kernelize_attention_processors
+
+    kernelize_attention_processors(run)
+
+
+def _restore_diffusers(model: Any, state: Any) -> None:
+    from ..diffusers import restore_attention_processors
+
+    restore_attention_processors(model, state)
+
+
 KIND = LayerKind(
     name="attention",
     export="flash_attention",
@@ -32,4 +44,5 @@ KIND = LayerKind(
     apply=_apply,
     restore=_restore,
     order=1,
+    diffusers=(_apply_diffusers, _restore_diffusers),  # Diffusers: each attention processor wrapped (diffusers_route)
 )

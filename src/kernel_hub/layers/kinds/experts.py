@@ -32,4 +32,5 @@ KIND = LayerKind(
     apply=_apply,
     restore=_restore,
     order=0,
+    diffusers="Diffusers denoisers have no transformers expert blocks (ExpertsInterface) to find",
 )

@@ -1,12 +1,14 @@
-"""Layer kind `rms_norm`: transformers' RMSNorm modules, served by kernel-hub/rms-norm-tpu's `rms_norm`.
+"""Layer kind `rms_norm`: RMSNorm modules (transformers', Diffusers', torch.nn.RMSNorm), served by
+kernel-hub/rms-norm-tpu's `rms_norm`.
 
 Found by class name and structure, whether or not HF kernels' `use_kernel_forward_from_hub` decorator marked the class
 (with kernels 0.17.2 transformers 5.24 leaves it unmarked): a class named like an RMSNorm (or marked "RMSNorm"), not a
-gated variant, with a 1-D `weight` over the last axis and a numeric `variance_epsilon` or `eps`. The form is read from
-the layer's own outputs, not its name: on random inputs, the kernel's four variants (weight or 1 + weight; scale in
-float32 or after the cast to the input dtype) are compared with the layer's current forward and the closest one is
-taken if it is within the dtype's tolerance; otherwise the layer is kept with the errors. The swap is this instance's
-`forward` only (never a class or a module-level function); restore puts back exactly what was there.
+gated variant, with a 1-D `weight` over the last axis, no `bias` and a numeric `variance_epsilon` or `eps`; Diffusers
+models reach this kind through the same declaration (layers/diffusers.py). The form is read from the layer's own
+outputs, not its name: on random inputs, the kernel's four variants (weight or 1 + weight; scale in float32 or after
+the cast to the input dtype) are compared with the layer's current forward and the closest one is taken if it is
+within the dtype's tolerance; otherwise the layer is kept with the errors. The swap is this instance's `forward` only
+(never a class or a module-level function); restore puts back exactly what was there.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ def structure(module: Any) -> tuple[bool, str]:
     weight = getattr(module, "weight", None)
     if not isinstance(weight, torch.nn.Parameter | torch.Tensor) or weight.dim() != 1:
         return False, f"{cls.__name__} has no 1-D weight (e.g. with_scale=False): the kernel scales by a weight"
+    bias = getattr(module, "bias", None)
+    if isinstance(bias, torch.Tensor):
+        return False, f"{cls.__name__} adds a bias after scaling (Diffusers' RMSNorm(bias=True)): the kernel adds none"
     eps = next((getattr(module, n) for n in ("variance_epsilon", "eps") if isinstance(getattr(module, n, None),
                                                                                      int | float)), None)
     if eps is None:
@@ -209,7 +214,7 @@ KIND = LayerKind(
     name=NAME,
     export="rms_norm",
     finds="modules whose class is named like an RMSNorm (or marked 'RMSNorm' by HF kernels), not gated, with a 1-D "
-          "weight and a numeric variance_epsilon or eps",
+          "weight, no bias and a numeric variance_epsilon or eps (transformers, Diffusers, torch.nn.RMSNorm)",
     contract="forward(hidden_states[..., H]) -> same shape and dtype: weight * x_normed or (1 + weight) * x_normed",
     validated_on="16 random rows (x 3) in the weight's dtype, each of the kernel's forms against the layer's forward "
                  "(training: and the gradients of x and weight); the closest form within tolerance is taken",
