@@ -9,37 +9,33 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ..compile_record import TpuCompileRecord, record_from_cases
 from ..errors import KernelHubError
 from ..integrity import combined_digest
 from ..loader import verified_digests
+from ..planning import plan_load
 from ..trust import TrustSetting
+from ..validation import CaseResult, ValidationReport
 from . import cache
 from .chips import parse_generations
 from .env import TpuEnv, tpu_env
 from .package import VerifiedPackage, folder_package, from_build
-from .record import TpuCompileRecord, record_from_cases
 from .runner import compile_in_worker
 
 #: What the worker loads: one verified build (see package.py).
 
 
 def _from_repo(repo_id: str, revision: str | None = None, trust_remote_code: TrustSetting = False) -> VerifiedPackage:
-    """The TPU build of a repo, as get_kernel would load it: the same trust check, fetched and verified."""
-    from ..api import plan_load
-    from ..trust import check_trust
-
+    """The TPU build of a repo, as get_kernel would load it: the same trust check (Plan.fetch), fetched and
+    verified."""
     plan = plan_load(repo_id, revision=revision, backend="tpu", framework="jax", trust_remote_code=trust_remote_code)
     if plan.choice.variant is None:
         raise KernelHubError(f"{repo_id} has no jax-tpu build: nothing to compile for a TPU")
-    check_trust(plan.origin, trust_remote_code, asked_for=repo_id)
-    build = plan.source.fetch(repo_id, plan.resolution.commit, plan.choice.variant)
-    package = from_build(build)
-    return replace(package, version=package.version or plan.resolution.version)
+    return from_build(plan.fetch(trust_remote_code))
 
 
 def target_for(kernel: ModuleType | str | Path, trust_remote_code: TrustSetting = False) -> VerifiedPackage:
@@ -74,9 +70,7 @@ def content_key(target: VerifiedPackage) -> str:
     return combined_digest(dict(target.digests))[:40] if target.digests else target.commit
 
 
-def _case_result(record: dict[str, Any], cached: bool) -> Any:
-    from ..validation import CaseResult
-
+def _case_result(record: dict[str, Any], cached: bool) -> CaseResult:
     passed = bool(record.get("passed"))
     seconds = record.get("compile_seconds")
     return CaseResult(
@@ -105,15 +99,13 @@ def compile_matrix(
     env: TpuEnv | None = None,
     trust_remote_code: TrustSetting = False,
     jobs: int | None = None,
-) -> Any:
+) -> ValidationReport:
     """Compile the kernel's TPU cases (all, or those named / carrying one of `tags`) for each generation.
 
     Returns a ValidationReport (backend "tpu"); `.passed` is False if any case failed to compile or none was
     selected. Cases the cache holds for this (commit, variant, jax, libtpu, generation) are not compiled
     again. A repo id is trust-checked as get_kernel does (`trust_remote_code`); the worker imports only the
     verified files. `jobs`: compiler processes at once (default: one per generation, up to the CPU count)."""
-    from ..validation import ValidationReport
-
     gens = parse_generations(generations)
     target = target_for(kernel, trust_remote_code)
     env = env or tpu_env()
@@ -154,7 +146,7 @@ def compile_matrix(
 
 
 def compile_record(report: Any, generations: Sequence[str] | None = None) -> dict[str, Any]:
-    """What a release records about its TPU compile gate (JSON-ready, record.py's schema) for `generations`
+    """What a release records about its TPU compile gate (JSON-ready, compile_record.py's schema) for `generations`
     (default: all of the report's), plus "passed"."""
     gens = list(report.generations if generations is None else generations)
     record = record_from_cases(report.cases, gens, report.jax_version, report.libtpu_version)

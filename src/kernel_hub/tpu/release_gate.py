@@ -1,7 +1,7 @@
 """The publish gate: a TPU variant (jax-tpu, torch-tpu) is published only when every TPU compile case of its
 kernel compiles, with the real TPU compiler, for every generation the variant declares in kernel.yaml
 (`tpu_generations`; none declared means every generation kernel-hub knows). The matrix is recorded in the
-release (record.py), per variant.
+release (compile_record.py), per variant.
 
 Without a TPU environment the TPU variants are refused with one line naming `make setup-tpu`, unless the caller
 skips the gate (--skip-tpu-compile), which is announced and recorded as "not compiled". Compile results are
@@ -14,8 +14,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..compile_record import not_compiled, record_from_cases
 from ..errors import KernelHubError
 from .chips import CHIPS
+from .env import TpuEnvironmentError, tpu_env
+from .gate import compile_matrix
 
 SKIP_FLAG = "--skip-tpu-compile"
 
@@ -52,8 +55,6 @@ def gate_environment(kernel_dir: Path, meta: Any, *, skip: bool) -> Any:
     """What the gate will need, checked in a second before any long work (publish calls it before validating):
     the TPU environment when a TPU variant must compile (None when none must), else CompileGateError /
     TpuEnvironmentError (one line)."""
-    from .env import TpuEnvironmentError, tpu_env
-
     _, per_variant = gate_plan(meta.variants)
     if not per_variant or skip:
         return None
@@ -73,9 +74,6 @@ def run_gate(kernel_dir: Path, meta: Any, *, skip: bool, log: Callable[[str], No
     """Variant name -> compile record for every TPU variant of the kernel folder (none: {}), or
     CompileGateError / TpuEnvironmentError (one line) when a TPU variant may not be published.
     `env`: the TPU environment gate_environment found (None: found here)."""
-    from .gate import compile_matrix
-    from .record import not_compiled, record_from_cases
-
     generations, per_variant = gate_plan(meta.variants)
     if not per_variant:
         return {}
