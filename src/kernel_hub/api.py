@@ -92,7 +92,12 @@ def get_local_kernel(
     folder = Path(path)
     if not folder.is_dir():
         raise KernelHubError(f"{folder} is not a kernel folder (a folder holding kernel.yaml)")
-    source = LocalSource(folder)
+    return load_local(LocalSource(folder), backend=backend, framework=framework, validate=validate)
+
+
+def load_local(source: LocalSource, *, backend: str | None = None, framework: str = "jax",
+               validate: bool = False) -> ModuleType:
+    """Load a kernel folder already read (publish reads its folder once and loads what it read)."""
     meta = source.metadata
     facts = system_for(None, framework, backend)
     resolution = Resolution(source.commit, f"v{meta.version}", meta.version, f"local folder {source.kernel_dir}")

@@ -38,12 +38,15 @@ def _from_repo(repo_id: str, revision: str | None = None, trust_remote_code: Tru
     return from_build(plan.fetch(trust_remote_code))
 
 
-def target_for(kernel: ModuleType | str | Path, trust_remote_code: TrustSetting = False) -> VerifiedPackage:
+def target_for(kernel: ModuleType | str | Path | VerifiedPackage,
+               trust_remote_code: TrustSetting = False) -> VerifiedPackage:
     """A kernel folder (kernel.yaml + package), a repo id, or a loaded kernel module -> its TPU build, verified.
 
     A repo id passes the trust check get_kernel applies (`trust_remote_code` as there). A module loaded for
     another backend (jax-cpu on this host) is compiled from the jax-tpu build of the same commit: from its own
     folder when it came from one, else fetched from the repo it was loaded from (trusted: it was loaded)."""
+    if isinstance(kernel, VerifiedPackage):  # already read and hashed (publish's kernel folder)
+        return kernel
     if isinstance(kernel, Path) or (isinstance(kernel, str) and Path(kernel).is_dir()):
         return folder_package(Path(kernel))
     if isinstance(kernel, str):
@@ -90,7 +93,7 @@ def _selection_key(names: Sequence[str] | None, tags: Sequence[str] | None) -> s
 
 
 def compile_matrix(
-    kernel: ModuleType | str | Path,
+    kernel: ModuleType | str | Path | VerifiedPackage,
     generations: str | Sequence[str] = ("v5e", "v6e"),
     *,
     names: Sequence[str] | None = None,

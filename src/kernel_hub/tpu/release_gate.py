@@ -19,6 +19,7 @@ from ..errors import KernelHubError
 from .chips import CHIPS
 from .env import TpuEnvironmentError, tpu_env
 from .gate import compile_matrix
+from .package import VerifiedPackage
 
 SKIP_FLAG = "--skip-tpu-compile"
 
@@ -70,10 +71,11 @@ def gate_environment(kernel_dir: Path, meta: Any, *, skip: bool) -> Any:
 
 
 def run_gate(kernel_dir: Path, meta: Any, *, skip: bool, log: Callable[[str], None], env: Any = None,
-             jobs: int | None = None) -> dict[str, dict[str, Any]]:
+             jobs: int | None = None, package: VerifiedPackage | None = None) -> dict[str, dict[str, Any]]:
     """Variant name -> compile record for every TPU variant of the kernel folder (none: {}), or
     CompileGateError / TpuEnvironmentError (one line) when a TPU variant may not be published.
-    `env`: the TPU environment gate_environment found (None: found here)."""
+    `env`: the TPU environment gate_environment found (None: found here). `package`: the folder's TPU build as the
+    caller already read and hashed it (None: read here)."""
     generations, per_variant = gate_plan(meta.variants)
     if not per_variant:
         return {}
@@ -82,7 +84,7 @@ def run_gate(kernel_dir: Path, meta: Any, *, skip: bool, log: Callable[[str], No
         log(f"skipping the TPU compile gate ({SKIP_FLAG}): {names} published marked 'not compiled for TPU'")
         return {name: not_compiled(f"published with {SKIP_FLAG}") for name in per_variant}
     env = env or gate_environment(kernel_dir, meta, skip=skip)
-    report = compile_matrix(kernel_dir, generations, env=env, jobs=jobs)
+    report = compile_matrix(package if package is not None else kernel_dir, generations, env=env, jobs=jobs)
     records: dict[str, dict[str, Any]] = {}
     for name, gens in per_variant.items():
         mine = [c for c in report.cases if c.generation in gens]
