@@ -235,6 +235,20 @@ class HubSource:
                 f"Hub at {self.endpoint}: {what} for {repo_id} {kind} ({name}: {_first_line(exc)})"
             ) from None
 
+    # -- listing (kernel-hub list --hub) ---------------------------------------------------------------
+    def list_kernel_repos(self, org: str) -> list[Any]:
+        """GET /api/kernels?author=ORG through huggingface_hub's session and headers: the answer as the server
+        gave it (a list; untrusted, the caller checks every entry). Failures are raised as they come."""
+        from huggingface_hub.utils import get_session, hf_raise_for_status
+
+        response = get_session().get(f"{self.endpoint}/api/kernels", params={"author": org},
+                                     headers=self.api._build_hf_headers())
+        hf_raise_for_status(response)
+        found = response.json()
+        if not isinstance(found, list):
+            raise ValueError("the answer is not a list of repos")
+        return found
+
     # -- publishing (kernel-hub publish): the repo named as given, each call one line on failure -------
     def whoami(self, repo_id: str) -> None:
         """The endpoint answers and accepts the token (one request); `repo_id` only names the error."""
