@@ -18,7 +18,7 @@ from pathlib import Path
 
 from kernel_hub.publish import publish
 from kernel_hub.report.environment import environment
-from kernel_hub.server.testing import hub_env, hub_requests, running_server
+from tests.hub_server import hub_env, hub_requests, running_server
 
 ROOT = Path(__file__).resolve().parents[1]
 REPO = "acme/ragged-dot-tpu"

@@ -17,7 +17,7 @@ pytest.importorskip("torch")
 pytest.importorskip("kernels")
 
 from kernel_hub.publish import publish
-from kernel_hub.server.testing import hub_env, hub_requests, running_server
+from tests.hub_server import hub_env, hub_requests, running_server
 
 TOKEN = "test-token"
 REPO = "kernel-hub/rms-norm-tpu"

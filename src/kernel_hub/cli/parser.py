@@ -200,6 +200,5 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="close a connection whose request headers take longer (default 10)")
     p.add_argument("--body-timeout", type=seconds_arg, default=30.0, metavar="SECONDS",
                    help="refuse a body that stalls this long, or averages under 64 KiB/s past it (default 30)")
-    p.add_argument("--test-hooks", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=Command("serve", "cmd_serve"))
