@@ -6,6 +6,7 @@ imported."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,7 @@ def _targets(name: str, path: Path, node: ast.Import | ast.ImportFrom, modules: 
     return found
 
 
+@functools.cache
 def _graph() -> tuple[dict[str, set[str]], dict[str, set[str]], dict[str, Path]]:
     """(module-level edges, all edges incl. imports inside functions, modules)."""
     modules = _modules()
