@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kernel_hub.publish import publish
-from kernel_hub.server.testing import hub_env, hub_requests, running_server
+from tests.hub_server import hub_env, hub_requests, running_server
 
 TOKEN = "test-token"
 KERNELS = Path(__file__).resolve().parents[1] / "kernels" / "pallas"

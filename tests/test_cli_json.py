@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel_hub.server.testing import cli_command, hub_env, running_server
+from tests.hub_server import cli_command, hub_env, running_server
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = Path(__file__).parent / "fixtures" / "toy_kernel"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kernel_hub import cli
+from kernel_hub.cli import catalog
 from kernel_hub.display import clean, clean_data, clean_lines
 
 FORGED = ("compile failed\r\x1b[2K\x1b[1A compiled for TPU v5e,v6e: 8/8 all good\nfake line\u202egnp.exe"
@@ -38,7 +39,7 @@ def test_info_prints_a_hostile_compile_record_and_metadata_defused(monkeypatch, 
                "variants": [{"name": "jax-tpu", "framework": "jax", "backend": "tpu", "entry": "ops\x1b",
                              "tpu_generations": ["v5e"], "requires": [["jax", ">=0.10\r"]],
                              "tpu_compile": [FORGED, "  v5e 8/8 compiled\x1b[0m"]}]}
-    monkeypatch.setattr(cli, "_info_data", lambda repo: hostile)
+    monkeypatch.setattr(catalog, "_info_data", lambda repo: hostile)
     assert cli.main(["info", "evil/k"]) == 0
     out = capsys.readouterr().out
     lines = out.split("\n")
@@ -53,7 +54,7 @@ def test_the_error_line_is_cleaned(monkeypatch, capsys) -> None:
     def boom(repo):
         raise KernelHubError("server said: \x1b[2Kok\rall good\u202e")
 
-    monkeypatch.setattr(cli, "_info_data", boom)
+    monkeypatch.setattr(catalog, "_info_data", boom)
     assert cli.main(["info", "evil/k"]) != 0
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and _unsafe(err.rstrip("\n")) == []

@@ -44,7 +44,7 @@ def test_publish_says_the_token_is_missing_before_validating(monkeypatch, no_val
 
 
 def test_publish_with_a_wrong_token_stops_before_validating(tmp_path, no_validation):
-    from kernel_hub.server.testing import running_server
+    from tests.hub_server import running_server
 
     with running_server(tmp_path / "store", token="right") as srv, pytest.raises(KernelHubError, match="HTTP 401"):
         publish_mod.publish(RAGGED, endpoint=srv.url, token="wrong", skip_tpu_compile=True)

@@ -28,9 +28,9 @@ import kernel_hub as kh
 from kernel_hub import cli
 from kernel_hub.errors import KernelHubError, TrustError, VersionSpecError
 from kernel_hub.publish import build_layout
-from kernel_hub.server.testing import hub_env, hub_requests, running_server
 from kernel_hub.versions import Ref, resolve
 from tests.client_env import point_at
+from tests.hub_server import hub_env, hub_requests, running_server
 
 TOKEN = "hostile-token"
 TOY = Path(__file__).parent / "fixtures" / "toy_kernel"

@@ -19,7 +19,7 @@ from kernel_hub.buildfmt import bundle_path
 from kernel_hub.errors import KernelHubError, KernelNotFoundError
 from kernel_hub.hub import HubSource
 from kernel_hub.publish import publish
-from kernel_hub.server.testing import cli_command, hub_env, hub_requests, running_server
+from tests.hub_server import cli_command, hub_env, hub_requests, running_server
 
 TOKEN = "test-token"
 REPO = "acme/toy-scale"

@@ -11,9 +11,9 @@ import pytest
 
 import kernel_hub as kh
 from kernel_hub.errors import KernelHubError, KernelNotFoundError
-from kernel_hub.server.testing import running_server
 from tests.client_env import point_at
 from tests.conftest import set_version
+from tests.hub_server import running_server
 
 TOKEN = "test-token"
 REPO = "kernel-hub/toy-scale"  # a trusted organisation, as the checkout's kernels are

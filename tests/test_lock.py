@@ -19,7 +19,7 @@ from kernel_hub.errors import IntegrityError, KernelNotFoundError
 from kernel_hub.hub import HubSource
 from kernel_hub.lock import get_locked_kernel, lock, read_lock
 from kernel_hub.publish import publish
-from kernel_hub.server.testing import cli_command, hub_env, hub_requests, running_server
+from tests.hub_server import cli_command, hub_env, hub_requests, running_server
 
 TOKEN = "test-token"
 REPO = "acme/locked"

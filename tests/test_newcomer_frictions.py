@@ -11,10 +11,10 @@ import pytest
 from kernel_hub import cli
 from kernel_hub.errors import KernelHubError, MetadataError, VersionSpecError
 from kernel_hub.metadata import parse_metadata
-from kernel_hub.server.testing import running_server
 from kernel_hub.sources import Ref
 from kernel_hub.versions import resolve
 from tests.client_env import point_at
+from tests.hub_server import running_server
 
 TOKEN = "test-token"
 

@@ -93,7 +93,7 @@ def test_list_hub_lists_an_organisations_kernel_repos(tmp_path, capsys):
     pytest.importorskip("uvicorn")
     from huggingface_hub import HfApi
 
-    from kernel_hub.server.testing import running_server
+    from tests.hub_server import running_server
 
     with running_server(tmp_path / "store") as server:
         for repo in ("acme/toy", "acme/toy-two", "other/toy"):

@@ -17,7 +17,7 @@ from huggingface_hub import HfApi
 
 from kernel_hub.errors import KernelHubError, ValidationFailedError
 from kernel_hub.publish import build_layout, publish
-from kernel_hub.server.testing import cli_command, hub_env, running_server
+from tests.hub_server import cli_command, hub_env, running_server
 
 TOKEN = "test-token"
 TOY = Path(__file__).parent / "fixtures" / "toy_kernel"

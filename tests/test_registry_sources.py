@@ -12,8 +12,8 @@ import pytest
 
 import kernel_hub as kh
 from kernel_hub.api import plan_load
-from kernel_hub.server.testing import running_server
 from tests.conftest import set_version
+from tests.hub_server import running_server
 
 TOKEN = "test-token"
 
@@ -41,7 +41,7 @@ def test_unreachable_hub_falls_back_to_the_source_path(tmp_path, toy_kernel, mon
 
 def test_reachable_hub_serves_before_the_source_path(tmp_path, toy_kernel):
     from kernel_hub.publish import publish
-    from kernel_hub.server.testing import hub_env
+    from tests.hub_server import hub_env
 
     published = tmp_path / "published"
     shutil.copytree(toy_kernel, published)

@@ -20,9 +20,9 @@ import pytest
 from kernel_hub.report import schema
 from kernel_hub.report.html import render
 from kernel_hub.report.schema import Report
-from kernel_hub.server.testing import cli_command
 from kernel_hub.system import installed_version
 from kernel_hub.timing import Ratio, Spread, bench_records, first_and_warm
+from tests.hub_server import cli_command
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 1234

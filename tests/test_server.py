@@ -24,7 +24,7 @@ from huggingface_hub.errors import (  # noqa: E402
     RevisionNotFoundError,
 )
 
-from kernel_hub.server.testing import (  # noqa: E402
+from tests.hub_server import (  # noqa: E402
     cli_command,
     free_port,
     hf_kernels_toy,

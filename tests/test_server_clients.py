@@ -23,7 +23,7 @@ hf = pytest.importorskip("huggingface_hub")
 
 from huggingface_hub import HfApi  # noqa: E402
 
-from kernel_hub.server.testing import hf_kernels_toy, hub_env, running_server  # noqa: E402
+from tests.hub_server import hf_kernels_toy, hub_env, running_server  # noqa: E402
 
 TOKEN = "clients-token"
 REPO = "acme/relu"

@@ -26,7 +26,7 @@ from dulwich.repo import Repo
 from kernel_hub.server import gitstore
 from kernel_hub.server.errors import HubError
 from kernel_hub.server.gitstore import GitStore
-from kernel_hub.server.testing import running_server
+from tests.hub_server import running_server
 
 REPO = "acme/big"
 FOLDERS, PER_FOLDER, COMMITS = 20, 100, 302  # 2000 files, 302 commits (the repo)

@@ -23,7 +23,7 @@ from dulwich.repo import Repo  # noqa: E402
 from huggingface_hub import HfApi  # noqa: E402
 from huggingface_hub.errors import HfHubHTTPError  # noqa: E402
 
-from kernel_hub.server.testing import (  # noqa: E402
+from tests.hub_server import (  # noqa: E402
     memory_kib,
     post_unread_body,
     reset_peak_memory,
@@ -395,9 +395,9 @@ def test_test_hooks_do_not_exist_without_the_flag(tmp_path: Path) -> None:
 def test_the_request_log_is_bounded(tmp_path: Path) -> None:
     from starlette.testclient import TestClient
 
-    from kernel_hub.server import build_app
+    from tests.hub_server import hooked_app
 
-    with TestClient(build_app(tmp_path / "store", token=TOKEN, test_hooks=True, request_log_size=5)) as client:
+    with TestClient(hooked_app(tmp_path / "store", token=TOKEN, request_log_size=5)) as client:
         for i in range(12):
             client.get(f"/api/kernels/acme/n{i}/refs")
         stats = client.get("/_kernel_hub/stats").json()

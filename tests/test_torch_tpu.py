@@ -205,7 +205,7 @@ def test_torch_tpu_checks_pass_in_the_tpu_environment(env, tmp_path):
 def test_hf_kernels_loads_the_torch_tpu_builds_from_serve(env, tmp_path):
     pytest.importorskip("starlette")
     from kernel_hub.publish import publish
-    from kernel_hub.server.testing import hub_env, running_server
+    from tests.hub_server import hub_env, running_server
 
     repos = {"ragged_dot": "acme/ragged-dot-tpu", "flash_attention": "acme/flash-attention-tpu"}
     with running_server(tmp_path / "store", token=TOKEN) as server:

@@ -289,7 +289,7 @@ def test_open_hub_flow_from_the_wheel(installed: Installed, tmp_path: Path) -> N
     import json
 
     from kernel_hub.publish import build_layout
-    from kernel_hub.server.testing import hub_env, running_server
+    from tests.hub_server import hub_env, running_server
 
     steps = Steps([])
     work = installed.workdir / "authoring"

@@ -7,7 +7,7 @@ fetched, before anything is downloaded or imported.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -17,7 +17,12 @@ from .loader import import_build
 from .lock import get_locked_kernel
 from .planning import Plan, plan_load, source_for, system_for
 from .sources import LocalSource
-from .trust import TrustSetting, check_trust, normalize_trust
+from .tpu.chips import parse_generations
+from .tpu.env import tpu_env
+from .tpu.gate import compile_matrix
+from .trust import TrustSetting, normalize_trust
+from .validation import ValidationReport, require_valid
+from .validation import validate as run_validation
 from .variants import choose_variant
 from .versions import Resolution
 
@@ -28,13 +33,8 @@ __all__ = ["Plan", "get_kernel", "get_local_kernel", "has_kernel", "load_plan", 
 
 
 def load_plan(plan: Plan, *, validate: bool = False, trust_remote_code: TrustSetting = False) -> ModuleType:
-    """Check trust, fetch, verify and import the planned build; optionally validate it on this device."""
-    if plan.choice.variant is None:
-        raise plan.no_fit()
-    check_trust(plan.origin, trust_remote_code, asked_for=plan.repo_id)
-    build = plan.source.fetch(plan.repo_id, plan.resolution.commit, plan.choice.variant)
-    if build.version is None and plan.resolution.version is not None:
-        build = replace(build, version=plan.resolution.version)
+    """Check trust, fetch, verify and import the planned build (Plan.fetch); optionally validate it here."""
+    build = plan.fetch(normalize_trust(trust_remote_code))  # normalized: None here means "trust nothing extra"
     module = import_build(build)
     origin = plan.origin
     served = f"{origin.kind} {origin.location}"  # e.g. "hub http://127.0.0.1:8080", "local /…/kernels/pallas/x"
@@ -42,8 +42,6 @@ def load_plan(plan: Plan, *, validate: bool = False, trust_remote_code: TrustSet
     _log.info("kernel-hub: %s %s [%s] served by %s (%s)", plan.repo_id, build.version or build.commit[:12],
               build.variant.name, served, plan.source.describe())
     if validate:
-        from .validation import require_valid
-
         require_valid(module, backend=plan.system.backend)
     return module
 
@@ -79,8 +77,6 @@ def get_kernel(
         module = get_locked_kernel(repo_id, lockfile=lockfile, framework=framework,
                                    trust_remote_code=trust_remote_code)
         if validate:
-            from .validation import require_valid
-
             require_valid(module, backend=system_for(None, framework, backend).backend)
         return module
 
@@ -96,7 +92,12 @@ def get_local_kernel(
     folder = Path(path)
     if not folder.is_dir():
         raise KernelHubError(f"{folder} is not a kernel folder (a folder holding kernel.yaml)")
-    source = LocalSource(folder)
+    return load_local(LocalSource(folder), backend=backend, framework=framework, validate=validate)
+
+
+def load_local(source: LocalSource, *, backend: str | None = None, framework: str = "jax",
+               validate: bool = False) -> ModuleType:
+    """Load a kernel folder already read (publish reads its folder once and loads what it read)."""
     meta = source.metadata
     facts = system_for(None, framework, backend)
     resolution = Resolution(source.commit, f"v{meta.version}", meta.version, f"local folder {source.kernel_dir}")
@@ -123,12 +124,25 @@ def has_kernel(
 
 def validate(kernel: ModuleType | str, *, backend: str | None = None, version: int | str | None = None,
              revision: str | None = None, framework: str = "jax", trust_remote_code: TrustSetting = False,
-             lockfile: str | Path | None = None, **options: Any) -> Any:
+             lockfile: str | Path | None = None, tpu: str | Sequence[str] | None = None,
+             **options: Any) -> ValidationReport:
     """Check a kernel's numbers against its reference on this device: a loaded kernel, or a repo id loaded
-    with get_kernel first (trust check included). `options` go to kernel_hub.validation.validate."""
-    from .validation import validate as run_validation
+    with get_kernel first (trust check included). `options` go to kernel_hub.validation.validate.
 
+    tpu=["v5e", "v6e"] (or "v5e,v6e") adds every TPU compile case of the kernel (those `tags`/`names` select),
+    compiled by the real TPU compiler for each generation (kernel_hub.tpu.gate; needs the TPU environment,
+    `make setup-tpu`). A missing TPU environment or an unknown generation is said before any case runs."""
+    generations, environment = None, None
+    if tpu:
+        generations = parse_generations(tpu)
+        environment = tpu_env()
     if isinstance(kernel, str):
         kernel = get_kernel(kernel, version=version, revision=revision, backend=backend, framework=framework,
                             trust_remote_code=trust_remote_code, lockfile=lockfile)
-    return run_validation(kernel, backend=backend, **options)
+    report = run_validation(kernel, backend=backend, **options)
+    if generations:
+        compiled = compile_matrix(kernel, generations, tags=options.get("tags"), names=options.get("names"),
+                                  env=environment)
+        report.cases.extend(compiled.cases)
+        report.libtpu_version, report.generations = compiled.libtpu_version, compiled.generations
+    return report

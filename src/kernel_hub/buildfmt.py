@@ -9,7 +9,7 @@ A published commit:
 A bundle (`build/<variant>.tar`, reproducible: same files, same bytes) holds `metadata.json` and
 `<python_name>/...`. metadata.json is HF kernels' format (name, id, version, backend, python-depends, digest)
 plus a `kernel-hub` section: release version, python_name, the variant's full description, the sha256 of
-every file and, for a TPU variant, `tpu_compile`: the compile matrix publish's gate ran (tpu/record.py).
+every file and, for a TPU variant, `tpu_compile`: the compile matrix publish's gate ran (compile_record.py).
 Everything read back from a bundle or its metadata is hostile: names are checked with kernel_hub.names before
 they touch a path, and a bundle is unpacked member by member, plain files only.
 """
@@ -28,10 +28,10 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from .compile_record import TpuCompileRecord, parse_record
 from .errors import IntegrityError, KernelHubError, MetadataError
 from .integrity import check_digests, combined_digest, not_source_reason, sha256_file
 from .names import check_entry_file, check_python_name, check_relative_path, check_variant_name, safe_join
-from .tpu.record import TpuCompileRecord, parse_record
 from .variants import Variant
 
 REPO_TYPE = "kernel"
@@ -142,7 +142,7 @@ class BuildInfo:
 def build_metadata(*, repo_id: str, version: str, python_name: str, license: str, variant: Variant,
                    variant_dir: Path, tpu_compile: dict[str, Any] | None = None) -> dict[str, Any]:
     """metadata.json for the variant folder `variant_dir` (its package already in place); `tpu_compile`: a TPU
-    variant's compile record (tpu/record.py), checked against its schema before it is written."""
+    variant's compile record (compile_record.py), checked against its schema before it is written."""
     files = {p.relative_to(variant_dir).as_posix(): p for p in sorted(variant_dir.rglob("*")) if p.is_file()}
     sha = {rel: sha256_file(p) for rel, p in files.items()}
     hf_digest = {rel: base64.b64encode(bytes.fromhex(h)).decode() for rel, h in sha.items()}

@@ -235,6 +235,72 @@ class HubSource:
                 f"Hub at {self.endpoint}: {what} for {repo_id} {kind} ({name}: {_first_line(exc)})"
             ) from None
 
+    # -- listing (kernel-hub list --hub) ---------------------------------------------------------------
+    def list_kernel_repos(self, org: str) -> list[Any]:
+        """GET /api/kernels?author=ORG through huggingface_hub's session and headers: the answer as the server
+        gave it (a list; untrusted, the caller checks every entry). Failures are raised as they come."""
+        from huggingface_hub.utils import get_session, hf_raise_for_status
+
+        response = get_session().get(f"{self.endpoint}/api/kernels", params={"author": org},
+                                     headers=self.api._build_hf_headers())
+        hf_raise_for_status(response)
+        found = response.json()
+        if not isinstance(found, list):
+            raise ValueError("the answer is not a list of repos")
+        return found
+
+    # -- publishing (kernel-hub publish): the repo named as given, each call one line on failure -------
+    def whoami(self, repo_id: str) -> None:
+        """The endpoint answers and accepts the token (one request); `repo_id` only names the error."""
+        self._call(repo_id, "checking the endpoint and token (whoami)", self.api.whoami)
+
+    def create_repo(self, repo_id: str) -> None:
+        """The kernel repo, created unless it exists."""
+        self._call(repo_id, "creating the repo",
+                   lambda: self.api.create_repo(repo_id, repo_type=REPO_TYPE, exist_ok=True))
+
+    def ref_targets(self, repo_id: str) -> tuple[dict[str, str], dict[str, str]]:
+        """(tag -> commit, branch -> commit) as the server lists them (1 request, nothing cached)."""
+        refs = self._call(repo_id, "listing refs", lambda: self.api.list_repo_refs(repo_id, repo_type=REPO_TYPE))
+        return ({t.name: t.target_commit for t in refs.tags}, {b.name: b.target_commit for b in refs.branches})
+
+    def build_blob_ids(self, repo_id: str, revision: str) -> dict[str, str]:
+        """Path -> git blob id of every file under build/ at `revision` (none yet on a fresh repo: {})."""
+        from huggingface_hub.errors import RemoteEntryNotFoundError
+        from huggingface_hub.hf_api import RepoFile
+
+        def listing() -> list:
+            try:
+                return list(self.api.list_repo_tree(repo_id, path_in_repo=fmt.BUILD_DIR, recursive=True,
+                                                    repo_type=REPO_TYPE, revision=revision))
+            except RemoteEntryNotFoundError:  # no build/ folder yet on a fresh repo
+                return []
+
+        entries = self._call(repo_id, f"listing {fmt.BUILD_DIR}/ at {revision[:12]}", listing)
+        return {e.path: e.blob_id for e in entries if isinstance(e, RepoFile)}
+
+    def upload(self, repo_id: str, root: Path, add: list[str], delete: list[str], message: str) -> str:
+        """One commit on main adding `add` (paths under `root`, as in the repo) and deleting `delete`; its id."""
+        from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+
+        ops: list = [CommitOperationAdd(path_in_repo=p, path_or_fileobj=str(root / p)) for p in add]
+        ops += [CommitOperationDelete(path_in_repo=p) for p in delete]
+        info = self._call(repo_id, "uploading", lambda: self.api.create_commit(
+            repo_id, ops, commit_message=message, repo_type=REPO_TYPE, revision="main"))
+        return info.oid
+
+    def create_tag(self, repo_id: str, tag: str, commit: str, message: str) -> None:
+        self._call(repo_id, f"tagging {tag}", lambda: self.api.create_tag(
+            repo_id, tag=tag, revision=commit, repo_type=REPO_TYPE, tag_message=message))
+
+    def delete_branch(self, repo_id: str, branch: str) -> None:
+        self._call(repo_id, f"moving branch {branch}",
+                   lambda: self.api.delete_branch(repo_id, branch=branch, repo_type=REPO_TYPE))
+
+    def create_branch(self, repo_id: str, branch: str, commit: str) -> None:
+        self._call(repo_id, f"creating branch {branch}",
+                   lambda: self.api.create_branch(repo_id, branch=branch, revision=commit, repo_type=REPO_TYPE))
+
     # -- Source protocol --------------------------------------------------------------------------
     def refs(self, repo_id: str) -> list[Ref]:
         """Tags and branches (1 request); kept in the cache so offline resolution works. Refs whose name or

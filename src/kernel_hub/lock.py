@@ -147,17 +147,16 @@ def lock_one(repo_id: str, *, version: int | str | None = None, revision: str | 
              trust_remote_code: TrustSetting = False) -> LockedKernel:
     """Resolve and fetch one kernel as get_kernel would (trust check included), and record exactly what was
     fetched and where it came from."""
+    trust = normalize_trust(trust_remote_code)  # None would mean "no check": a lock always checks
     plan = plan_load(repo_id, version=version, revision=revision, backend=backend, framework=framework,
-                     source=source, trust_remote_code=trust_remote_code)
-    if plan.choice.variant is None:
-        raise plan.no_fit()
+                     source=source, trust_remote_code=trust)
     origin = plan.origin
-    build = plan.source.fetch(repo_id, plan.resolution.commit, plan.choice.variant)
+    build = plan.fetch(trust)
     if revision is not None:
         spec: dict[str, Any] = {"revision": revision}
     else:
         spec = {"version": version if version is not None else plan.resolution.reason}
-    return LockedKernel(repo_id=repo_id, spec=spec, version=build.version or plan.resolution.version,
+    return LockedKernel(repo_id=repo_id, spec=spec, version=build.version,
                         commit=plan.resolution.commit, variant=variant_to_json(build.variant),
                         files=dict(build.digests), source=origin.kind, location=origin.location,
                         hub_repo=origin.repo_id if origin.repo_id != repo_id else None)

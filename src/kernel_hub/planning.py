@@ -1,19 +1,20 @@
 """The decisions before anything is fetched: which source serves a repo, which commit the asked version names,
 which build variant fits this system. get_kernel, lock, download and `kernel-hub resolve` all start here.
-Callers that import or lock pass their trust setting, so an untrusted repo is refused before any download."""
+Callers that import or lock pass their trust setting, so an untrusted repo is refused before any download; then
+Plan.fetch is the one way from a plan to a build on disk (get_kernel, lock, download, the TPU compile gate)."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from .buildfmt import FRAMEWORKS
 from .errors import KernelHubError, KernelNotFoundError, NoVariantError, VersionSpecError
 from .names import check_repo_id
 from .registry import Registry, load_registry
-from .sources import HubOrLocal, LocalSource, Origin, Source
+from .sources import Build, HubOrLocal, LocalSource, Origin, Source
 from .system import BACKENDS, SystemFacts, detect
-from .trust import TrustSetting, check_trust
+from .trust import TrustSetting, check_trust, normalize_trust
 from .variants import Choice, choose_variant, preferred_names
 from .versions import Resolution, resolve
 
@@ -28,6 +29,8 @@ class Plan:
     choice: Choice
     system: SystemFacts
     framework: str
+    #: The origin and trust setting plan_load already checked (None: not checked), so fetch checks once.
+    trust_checked: tuple[Origin, TrustSetting] | None = field(default=None, compare=False)
 
     @property
     def origin(self) -> Origin:
@@ -41,6 +44,26 @@ class Plan:
         if not self.choice.trace:
             return NoVariantError(f"no build of {where} fits this system: it publishes no usable build variant")
         return NoVariantError(f"no build of {where} fits this system:\n" + "\n".join(self.choice.trace_lines()))
+
+    def fetch(self, trust_remote_code: TrustSetting | None) -> Build:
+        """The planned build on local disk, every digest checked, its version filled in from the resolution
+        where the build names none. `trust_remote_code`: the caller's setting, for a build it will import or lock;
+        the origin is checked against it here unless plan_load checked this very setting (once is enough).
+        None only for a fetch that imports nothing (`kernel-hub download`)."""
+        if self.choice.variant is None:
+            raise self.no_fit()
+        if trust_remote_code is not None and not self._checked(trust_remote_code):
+            check_trust(self.origin, trust_remote_code, asked_for=self.repo_id)
+        build = self.source.fetch(self.repo_id, self.resolution.commit, self.choice.variant)
+        if build.version is None and self.resolution.version is not None:
+            build = replace(build, version=self.resolution.version)
+        return build
+
+    def _checked(self, trust_remote_code: TrustSetting) -> bool:
+        if self.trust_checked is None:
+            return False
+        origin, setting = self.trust_checked
+        return origin == self.origin and normalize_trust(setting) == normalize_trust(trust_remote_code)
 
     def describe(self) -> str:
         r = self.resolution
@@ -152,9 +175,12 @@ def plan_load(
         version = entry.version
     source = source or source_for(repo_id, registry, where)
     resolution = resolve(source.refs(repo_id), version=version, revision=revision)
+    checked = None
     if trust_remote_code is not None:
-        check_trust(source.origin(repo_id), trust_remote_code, asked_for=repo_id)
+        origin = source.origin(repo_id)
+        check_trust(origin, trust_remote_code, asked_for=repo_id)
+        checked = (origin, trust_remote_code)
     facts = system_for(system, framework, backend)
     variants = source.candidate_variants(repo_id, resolution.commit, preferred_names(facts, framework))
     choice = choose_variant(variants, facts, framework)
-    return Plan(repo_id, source, resolution, choice, facts, framework)
+    return Plan(repo_id, source, resolution, choice, facts, framework, trust_checked=checked)

@@ -1,7 +1,11 @@
 """`kernel-hub publish`: kernel folder -> checks -> validate -> TPU compile gate -> HF kernels-compatible repo
 layout (with the compile matrix in each TPU variant's metadata.json) -> upload -> tag.
 
-The layout (bundles, metadata.json) is buildfmt.py's. A kernel folder is untrusted input too: every name
+The folder is read once (read_kernel_folder: kernel.yaml, every file the package ships and its sha256) into a
+KernelFolder that every later stage takes: validation loads it, the TPU gate compiles it, the layout copies it
+and checks each copy against the digest read at the start, so what was validated is what is uploaded. The Hub
+is reached through HubSource's public publishing methods only. The layout (bundles, metadata.json) is
+buildfmt.py's. A kernel folder is untrusted input too: every name
 kernel.yaml gives is checked before it is joined into a path, everything is written under the build's own
 temporary folder, and a link leading out of the kernel folder is refused, all before any network call.
 """
@@ -20,11 +24,19 @@ from urllib.parse import urlparse
 from packaging.version import Version
 
 from . import buildfmt as fmt
+from .api import load_local
 from .errors import IntegrityError, KernelHubError, MetadataError, ValidationFailedError
-from .integrity import not_source_reason
+from .hub import HubSource
+from .integrity import not_source_reason, sha256_file
 from .metadata import METADATA_FILE, KernelMetadata, load_metadata
 from .names import check_repo_id, safe_join, safe_rmtree
-from .vendoring import assembled_files
+from .sources import LocalSource
+from .system import detect
+from .tpu.package import VerifiedPackage, from_build, tpu_variant
+from .tpu.release_gate import gate_environment, run_gate
+from .validation import validate
+from .variants import judge
+from .versions import tag_version
 
 CARD = "README.md"
 
@@ -73,46 +85,66 @@ def kernel_file(kernel_dir: Path, name: str) -> Path | None:
     return path
 
 
-def checked_metadata(kernel_dir: Path) -> KernelMetadata:
-    """kernel.yaml, a plain file inside the kernel folder; every name publish later joins into a path (repo_id,
-    python_name, variant names and entries, each variant once) is checked by its schema (metadata.KernelSchema, the
-    rules in names.py) as it loads."""
+@dataclass(frozen=True)
+class KernelFolder:
+    """A kernel folder read once, before any of its code runs: kernel.yaml (schema-checked: every name publish
+    joins into a path), every file the package ships with its sha256 and the content commit (`source`, a
+    LocalSource, which validation loads), and the card."""
+
+    source: LocalSource
+    card: Path | None
+
+    @property
+    def path(self) -> Path:
+        return self.source.kernel_dir
+
+    @property
+    def metadata(self) -> KernelMetadata:
+        return self.source.metadata
+
+    @property
+    def files(self) -> dict[str, Path]:
+        """Path inside the package -> the file it is copied from."""
+        return self.source.files
+
+    @property
+    def digests(self) -> dict[str, str]:
+        return self.source.digests
+
+
+def read_kernel_folder(kernel_dir: str | Path) -> KernelFolder:
+    """Read and check a kernel folder, before any of the kernel's code runs and before any network call:
+    kernel.yaml a plain file inside the folder (metadata.KernelSchema checks every name as it loads), the card
+    likewise, the package as a local load assembles it (vendoring.assembled_files, links out of the folder
+    refused) holding nothing that runs without its source (bytecode, native code, .pth), and every variant's
+    entry among its files."""
+    kernel_dir = Path(kernel_dir).resolve()
     kernel_file(kernel_dir, METADATA_FILE)
-    return load_metadata(kernel_dir)
-
-
-def package_sources(kernel_dir: Path, meta: KernelMetadata) -> dict[str, Path]:
-    """What the package ships: relative path -> the file to copy (vendoring.assembled_files: the package as a local
-    load assembles it, links out of the kernel folder refused), nothing that runs without its source (bytecode,
-    native code, .pth)."""
-    out = assembled_files(kernel_dir, meta)
-    for rel in out:
+    meta = load_metadata(kernel_dir)
+    card = kernel_file(kernel_dir, CARD)
+    source = LocalSource(kernel_dir, meta)
+    for rel in source.files:
         reason = not_source_reason(rel)
         if reason is not None:
             raise IntegrityError(f"{kernel_dir / meta.python_name}: {rel} is {reason}; a build ships Python source "
                                  "only")
-    return out
-
-
-def checked_sources(kernel_dir: Path, meta: KernelMetadata) -> dict[str, Path]:
-    """package_sources, with every variant's entry among them: all a build needs, checked before any of the
-    kernel's code runs (validation, the TPU compile gate) and before any network call."""
-    kernel_file(kernel_dir, CARD)
-    sources = package_sources(kernel_dir, meta)
     for variant in meta.variants:
-        if variant.entry not in sources:
+        if variant.entry not in source.files:
             raise MetadataError(f"variant {variant.name}: entry {variant.entry} not found in {meta.python_name}/")
-    return sources
+    return KernelFolder(source, card)
 
 
 def build_layout(kernel_dir: Path, out: Path, tpu_compile: Mapping[str, dict[str, Any]] | None = None) -> Layout:
-    """Write the repo layout of `kernel_dir` under `out` (see buildfmt). Every path is built with safe_join
-    under `out`, every delete is safe_rmtree inside `out`, and links out of the kernel folder are refused.
-    `tpu_compile`: variant name -> the TPU compile record its metadata.json carries (publish's gate)."""
-    kernel_dir = Path(kernel_dir).resolve()
-    meta = checked_metadata(kernel_dir)
-    card = kernel_file(kernel_dir, CARD)
-    sources = checked_sources(kernel_dir, meta)
+    """Read `kernel_dir` (read_kernel_folder) and write its repo layout under `out` (write_layout)."""
+    return write_layout(read_kernel_folder(kernel_dir), out, tpu_compile)
+
+
+def write_layout(folder: KernelFolder, out: Path, tpu_compile: Mapping[str, dict[str, Any]] | None = None) -> Layout:
+    """Write the repo layout of a kernel folder read once under `out` (see buildfmt). Every path is built with
+    safe_join under `out`, every delete is safe_rmtree inside `out`, and every copy must hash to the digest read
+    at the start (a file changed since is refused). `tpu_compile`: variant name -> the TPU compile record its
+    metadata.json carries (publish's gate)."""
+    meta, sources = folder.metadata, folder.files
     layout = Layout(out, meta)
     for variant in meta.variants:
         entry = sources[variant.entry]
@@ -122,7 +154,11 @@ def build_layout(kernel_dir: Path, out: Path, tpu_compile: Mapping[str, dict[str
             dest = safe_join(pdir, rel)
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, dest)
+            if sha256_file(dest) != folder.digests[rel]:
+                raise IntegrityError(f"{src} changed while publishing {meta.repo_id}; publish again")
         shutil.copyfile(entry, safe_join(pdir, "__init__.py"))  # the entry is the package root
+        if sha256_file(safe_join(pdir, "__init__.py")) != folder.digests[variant.entry]:
+            raise IntegrityError(f"{entry} changed while publishing {meta.repo_id}; publish again")
         data = fmt.build_metadata(repo_id=meta.repo_id, version=meta.version, python_name=meta.python_name,
                                   license=meta.license, variant=variant, variant_dir=vdir,
                                   tpu_compile=(tpu_compile or {}).get(variant.name))
@@ -133,8 +169,11 @@ def build_layout(kernel_dir: Path, out: Path, tpu_compile: Mapping[str, dict[str
             layout.files += sorted(p.relative_to(out).as_posix() for p in vdir.rglob("*") if p.is_file())
         else:
             safe_rmtree(out, vdir)
-    shutil.copyfile(kernel_dir / METADATA_FILE, safe_join(out, METADATA_FILE))
+    shutil.copyfile(folder.path / METADATA_FILE, safe_join(out, METADATA_FILE))
+    if sha256_file(safe_join(out, METADATA_FILE)) != folder.source.metadata_digest:
+        raise IntegrityError(f"{folder.path / METADATA_FILE} changed while publishing {meta.repo_id}; publish again")
     layout.files.append(METADATA_FILE)
+    card = folder.card
     safe_join(out, CARD).write_text(card.read_text() if card is not None else _card(meta))
     layout.files.append(CARD)
     return layout
@@ -157,31 +196,27 @@ def check_endpoint(endpoint: str | None) -> None:
         raise KernelHubError(f"--endpoint must be an http(s) URL like http://127.0.0.1:8080, got {endpoint!r}")
 
 
-def check_access(hub: Any, repo_id: str) -> None:
+def check_access(hub: HubSource, repo_id: str) -> None:
     """The endpoint answers and accepts the token (one whoami request), or one line saying which is wrong."""
     from huggingface_hub import get_token
 
     if not (hub.api.token or get_token()):
         raise KernelHubError(f"publishing {repo_id} to {hub.endpoint} needs a write token: pass --token or set "
                              "HF_TOKEN")
-    hub._call(repo_id, "checking the endpoint and token (whoami)", hub.api.whoami)
+    hub.whoami(repo_id)
 
 
-def validate_local(kernel_dir: Path, log: Callable[[str], None]) -> list[str]:
-    """Validate every variant that runs on this machine; raise when one fails or none can run."""
-    from .api import get_local_kernel
-    from .system import detect
-    from .validation import validate
-    from .variants import judge
-
-    meta = load_metadata(kernel_dir)
+def validate_local(folder: KernelFolder, log: Callable[[str], None]) -> list[str]:
+    """Validate every variant that runs on this machine, loaded from what was read; raise when one fails or none
+    can run."""
+    meta = folder.metadata
     ran = []
     for framework in sorted({v.framework for v in meta.variants}):
         facts = detect(framework)
         fitting = [v for v in meta.variants if v.framework == framework and judge(v, facts, framework).accepted]
         if not fitting:
             continue
-        module = get_local_kernel(kernel_dir, framework=framework, backend=facts.backend)
+        module = load_local(folder.source, framework=framework, backend=facts.backend)
         report = validate(module, backend=facts.backend)
         failed = [c.name for c in report.cases if not c.passed]
         if failed:
@@ -198,100 +233,72 @@ def validate_local(kernel_dir: Path, log: Callable[[str], None]) -> list[str]:
     return ran
 
 
+def tpu_package(folder: KernelFolder) -> VerifiedPackage:
+    """The folder's TPU build as the compile gate takes it, from the files and digests already read."""
+    meta = folder.metadata
+    variant = tpu_variant(meta.variants, meta.repo_id)
+    return from_build(folder.source.fetch(meta.repo_id, folder.source.commit, variant))
+
+
 def publish(kernel_dir: str | Path, *, repo_id: str | None = None, endpoint: str | None = None,
             token: str | None = None, skip_validation: bool = False, skip_tpu_compile: bool = False,
             tpu_jobs: int | None = None, log: Callable[[str], None] = print) -> PublishResult:
     """Validate, compile every TPU variant for its generations (tpu/release_gate.py), build, upload, tag
     `v<version>` and move branch `v<major>` (never backwards). The TPU compile matrix goes into each TPU
     variant's metadata.json; `skip_tpu_compile` publishes them marked "not compiled" instead."""
-    from huggingface_hub import CommitOperationAdd, CommitOperationDelete
-
-    from .hub import HubSource
-    from .tpu.release_gate import gate_environment, run_gate
-
     kernel_dir = Path(kernel_dir)
     if not kernel_dir.is_dir():
         raise KernelHubError(f"{kernel_dir} is not a kernel folder (a folder holding {METADATA_FILE})")
-    kernel_dir = kernel_dir.resolve()
-    meta = checked_metadata(kernel_dir)
+    # links, bytecode, entries: refused before any of the kernel's code runs; the folder is not read again
+    folder = read_kernel_folder(kernel_dir)
+    meta = folder.metadata
     repo_id = check_repo_id(repo_id or meta.repo_id, "--repo")
     check_endpoint(endpoint)
     version, tag = Version(meta.version), f"v{meta.version}"
     branch = f"v{version.major}"
-    checked_sources(kernel_dir, meta)  # links, bytecode, entries: refused before any of the kernel's code runs
     # Fail fast: everything that takes a second to check is checked before the minutes of validating and compiling.
-    tpu = gate_environment(kernel_dir, meta, skip=skip_tpu_compile)
+    tpu = gate_environment(folder.path, meta, skip=skip_tpu_compile)
     hub = HubSource(endpoint=endpoint, token=token)
     check_access(hub, repo_id)
     if skip_validation:
         log("skipping validation (--skip-validation): publishing without checking the numbers")
     else:
-        validate_local(kernel_dir, log)
-    records = run_gate(kernel_dir, meta, skip=skip_tpu_compile, log=log, env=tpu, jobs=tpu_jobs)
+        validate_local(folder, log)
+    records = run_gate(folder.path, meta, skip=skip_tpu_compile, log=log, env=tpu, jobs=tpu_jobs,
+                       package=tpu_package(folder) if tpu is not None else None)
     with tempfile.TemporaryDirectory(prefix="kernel-hub-publish-") as tmp:
-        layout = build_layout(kernel_dir, Path(tmp), records)  # every name and file checked before any network call
+        layout = write_layout(folder, Path(tmp), records)  # every file checked against what was read
         variants = [v.name for v in meta.variants]
-        api = hub.api
-        hub._call(repo_id, "creating the repo",
-                  lambda: api.create_repo(repo_id, repo_type=fmt.REPO_TYPE, exist_ok=True))
-        refs = hub._call(repo_id, "listing refs", lambda: api.list_repo_refs(repo_id, repo_type=fmt.REPO_TYPE))
-        tags = {t.name: t.target_commit for t in refs.tags}
-        branches = {b.name: b.target_commit for b in refs.branches}
+        hub.create_repo(repo_id)
+        tags, branches = hub.ref_targets(repo_id)
         local = layout.blob_ids(f"{fmt.BUILD_DIR}/")
         if tag in tags:
-            remote = _remote_blob_ids(hub, repo_id, tags[tag])
+            remote = hub.build_blob_ids(repo_id, tags[tag])
             if remote != local:
                 changed = sorted(set(remote) ^ set(local)) or sorted(p for p in local if remote[p] != local[p])
                 raise KernelHubError(
                     f"{repo_id} {tag} is already published with different content ({changed[0]} differs); "
-                    f"bump the version in {kernel_dir / METADATA_FILE}"
+                    f"bump the version in {folder.path / METADATA_FILE}"
                 )
             return PublishResult(repo_id, meta.version, tags[tag], tag, branch, False, variants, True,
                                  not skip_validation)
-        stale = [p for p in _remote_blob_ids(hub, repo_id, branches.get("main", "main")) if p not in local]
-        ops: list = [CommitOperationAdd(path_in_repo=p, path_or_fileobj=str(layout.root / p)) for p in layout.files]
-        ops += [CommitOperationDelete(path_in_repo=p) for p in stale]
-        info = hub._call(repo_id, "uploading", lambda: api.create_commit(
-            repo_id, ops, commit_message=f"Publish {meta.name} {meta.version}", repo_type=fmt.REPO_TYPE,
-            revision="main"))
-        commit = info.oid
-    hub._call(repo_id, f"tagging {tag}", lambda: api.create_tag(
-        repo_id, tag=tag, revision=commit, repo_type=fmt.REPO_TYPE, tag_message=f"{meta.name} {meta.version}"))
+        stale = [p for p in hub.build_blob_ids(repo_id, branches.get("main", "main")) if p not in local]
+        commit = hub.upload(repo_id, layout.root, layout.files, stale,
+                            message=f"Publish {meta.name} {meta.version}")
+    hub.create_tag(repo_id, tag, commit, message=f"{meta.name} {meta.version}")
     moved = _move_branch(hub, repo_id, branch, commit, version, branches.get(branch), tags)
     return PublishResult(repo_id, meta.version, commit, tag, branch, moved, variants, False, not skip_validation)
 
 
-def _remote_blob_ids(hub, repo_id: str, revision: str) -> dict[str, str]:
-    from huggingface_hub.hf_api import RepoFile
-
-    def listing() -> list:
-        try:
-            return list(hub.api.list_repo_tree(repo_id, path_in_repo=fmt.BUILD_DIR, recursive=True,
-                                               repo_type=fmt.REPO_TYPE, revision=revision))
-        except Exception as exc:  # no build/ folder yet on a fresh repo
-            from huggingface_hub.errors import RemoteEntryNotFoundError
-
-            if isinstance(exc, RemoteEntryNotFoundError):
-                return []
-            raise
-
-    entries = hub._call(repo_id, f"listing {fmt.BUILD_DIR}/ at {revision[:12]}", listing)
-    return {e.path: e.blob_id for e in entries if isinstance(e, RepoFile)}
-
-
-def _move_branch(hub, repo_id: str, branch: str, commit: str, version: Version, current: str | None,
+def _move_branch(hub: HubSource, repo_id: str, branch: str, commit: str, version: Version, current: str | None,
                  tags: dict[str, str]) -> bool:
     """Point the major branch at `commit` unless it holds a newer release of that major."""
-    from .versions import tag_version
-
     if current is not None:
         held = [v for name, c in tags.items() if c == current and (v := tag_version(name)) is not None]
         if held and max(held) > version:
             return False
         if current == commit:
             return True
-        hub._call(repo_id, f"moving branch {branch}",
-                  lambda: hub.api.delete_branch(repo_id, branch=branch, repo_type=fmt.REPO_TYPE))
-    hub._call(repo_id, f"creating branch {branch}",
-              lambda: hub.api.create_branch(repo_id, branch=branch, revision=commit, repo_type=fmt.REPO_TYPE))
+        hub.delete_branch(repo_id, branch)
+    hub.create_branch(repo_id, branch, commit)
     return True

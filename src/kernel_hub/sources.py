@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Protocol
 
 from .errors import IntegrityError, KernelHubError, KernelNotFoundError
-from .metadata import KernelMetadata, load_metadata
+from .integrity import sha256_file
+from .metadata import METADATA_FILE, KernelMetadata, load_metadata
 from .variants import Variant
 from .vendoring import assembled_files, assembled_in_cache, content_commit, file_digests
 from .versions import Ref
@@ -76,11 +77,14 @@ class LocalSource:
     imported in place; one that does is assembled once per commit into the cache and imported from there.
     """
 
-    def __init__(self, kernel_dir: Path):
+    def __init__(self, kernel_dir: Path, metadata: KernelMetadata | None = None):
+        """`metadata`: kernel.yaml as the caller already loaded it from this folder (publish reads it first)."""
         self.kernel_dir = Path(kernel_dir).resolve()
-        self.metadata = load_metadata(self.kernel_dir)
-        files = assembled_files(self.kernel_dir, self.metadata)
-        self.digests = file_digests(files)
+        self.metadata = metadata if metadata is not None else load_metadata(self.kernel_dir)
+        #: Every file the package ships (path inside the package -> the file it is read from).
+        self.files = assembled_files(self.kernel_dir, self.metadata)
+        self.digests = file_digests(self.files)
+        self.metadata_digest = sha256_file(self.kernel_dir / METADATA_FILE)  # kernel.yaml as read now
         self.commit = content_commit(self.kernel_dir, self.metadata, self.digests)
         self._source_package = self.kernel_dir / self.metadata.python_name
         self._package_dir: Path | None = None if self.metadata.vendor else self._source_package

@@ -13,6 +13,7 @@ import platform
 import re
 from dataclasses import asdict, dataclass
 from importlib import metadata
+from pathlib import Path
 
 BACKENDS = ("tpu", "cuda", "rocm", "cpu")
 EXTRA_PACKAGES = ("tokamax", "triton", "transformers", "torch-tpu")  # versions a variant's `requires` may name
@@ -115,3 +116,14 @@ def detect(framework: str = "jax") -> SystemFacts:
         torch_version=installed_version("torch"),
         packages=tuple((d, v) for d in EXTRA_PACKAGES if (v := installed_version(d)) is not None),
     )
+
+
+#: Where kernel-hub keeps what it rebuilds on demand (assembled packages, passed validations, TPU compile results).
+CACHE_ENV = "KERNEL_HUB_CACHE"
+
+
+def cache_root(part: str | None = None) -> Path:
+    """$KERNEL_HUB_CACHE (default ~/.cache/kernel_hub), or its `part` subfolder: the one rule every cache uses,
+    so deleting that folder always clears them all."""
+    root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "kernel_hub")
+    return root / part if part else root

@@ -23,8 +23,11 @@ from typing import Any
 
 import numpy as np
 
+from .contract import REFERENCE_ATTR, SHAPES_ATTR, cases_from_reference
 from .errors import KernelHubError, ValidationFailedError
 from .numerics import relative_error, to_float64, tolerance
+from .system import cache_root, detect, installed_version
+from .timing import first_and_warm
 
 __all__ = ["CaseResult", "ValidationReport", "case_mode", "relative_error", "require_valid", "run_case", "validate"]
 
@@ -162,8 +165,6 @@ def run_case(case: Any, module: ModuleType, seed: int, *, warm_runs: int = WARM_
              warm_budget_s: float = WARM_BUDGET_S) -> CaseResult:
     """One case: fresh inputs, the kernel call timed cold (first call) and warm (median of up to `warm_runs`
     more), reference, verdict. Exceptions fail the case."""
-    from .timing import first_and_warm
-
     tol = case.tolerance if getattr(case, "tolerance", None) is not None else tolerance(case.dtype)
     common = dict(name=case.name, dtype=case.dtype, implementation=case.implementation,
                   tolerance=tol, tags=tuple(getattr(case, "tags", ())), mode=case_mode(case))
@@ -196,8 +197,6 @@ def run_case(case: Any, module: ModuleType, seed: int, *, warm_runs: int = WARM_
 
 def _cases_for(module: ModuleType, backend: str) -> list[Any]:
     info = module.__kernel_hub__
-    from .contract import REFERENCE_ATTR, SHAPES_ATTR, cases_from_reference
-
     try:
         cases_module = importlib.import_module(f"{module.__name__}.validation")
     except ImportError as exc:
@@ -228,7 +227,6 @@ def validate(
     tags: tuple[str, ...] | None = None,
     names: tuple[str, ...] | None = None,
     seed: int | None = None,
-    tpu: str | list[str] | tuple[str, ...] | None = None,
     on_start: Callable[[int], None] | None = None,
     on_case: Callable[[int, int, CaseResult], None] | None = None,
     select: Callable[[list[Any]], list[Any]] | None = None,
@@ -238,23 +236,10 @@ def validate(
 
     seed: case i's inputs come from seed + i; None draws one, recorded in report.seed either way.
     on_start(total) is called once the cases are chosen, on_case(i, total, result) as each numeric case finishes
-    (live progress).
-    tpu=["v5e", "v6e"] (or "v5e,v6e") adds every TPU compile case of the kernel (those `tags`/`names` select),
-    compiled by the real TPU compiler for each generation (kernel_hub.tpu.gate; needs the TPU environment,
-    `make setup-tpu`)."""
+    (live progress). Numbers only: kernel_hub.validate(kernel, tpu=...) adds the TPU compile gate's cases."""
     module = _resolve_module(kernel, backend)
     info = module.__kernel_hub__
-    from .system import installed_version
-
-    tpu_environment = None
-    if tpu:  # fail fast: a missing TPU environment or an unknown generation is said before any case runs
-        from .tpu.chips import parse_generations
-        from .tpu.env import tpu_env
-
-        tpu = parse_generations(tpu)
-        tpu_environment = tpu_env()
-
-    run_backend = backend or _current_backend(info.framework)
+    run_backend = backend or detect(info.framework).backend
     cases = _cases_for(module, run_backend)
     if tags:
         cases = [c for c in cases if set(tags) & set(getattr(c, "tags", ()))]
@@ -272,12 +257,6 @@ def validate(
         report.cases.append(result)
         if on_case is not None:
             on_case(i, len(cases), result)
-    if tpu:
-        from .tpu.gate import compile_matrix
-
-        compiled = compile_matrix(module, tpu, tags=tags, names=names, env=tpu_environment)
-        report.cases.extend(compiled.cases)
-        report.libtpu_version, report.generations = compiled.libtpu_version, compiled.generations
     return report
 
 
@@ -286,21 +265,13 @@ def new_seed() -> int:
     return int.from_bytes(os.urandom(4), "little") >> 1
 
 
-def _current_backend(framework: str) -> str:
-    from .system import detect
-
-    return detect(framework).backend
-
-
 def cache_dir() -> Path:
-    root = os.environ.get("KERNEL_HUB_CACHE") or Path.home() / ".cache" / "kernel_hub"
-    return Path(root) / "validation"
+    """Passed validations, one file per (commit, variant, backend, jax)."""
+    return cache_root("validation")
 
 
 def require_valid(module: ModuleType, *, backend: str) -> ValidationReport:
     """Validate once per (commit, variant, backend, jax) and remember a pass; raise on failure."""
-    from .system import installed_version
-
     info = module.__kernel_hub__
     key = f"{info.commit}_{info.variant}_{backend}_jax{installed_version('jax')}.json"
     path = cache_dir() / key

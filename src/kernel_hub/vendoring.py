@@ -21,6 +21,7 @@ from .errors import IntegrityError, MetadataError
 from .integrity import combined_digest, package_files, sha256_file, verify_tree
 from .metadata import METADATA_FILE, KernelMetadata, load_metadata
 from .names import safe_join, safe_rmtree
+from .system import cache_root as system_cache_root
 
 COMMON_DIR = "_common"
 VENDOR_DIR = "_vendor"
@@ -133,8 +134,7 @@ def assemble(kernel_dir: Path, dest_root: Path, meta: KernelMetadata | None = No
 
 def cache_root() -> Path:
     """Where assembled packages of local kernel folders live, one folder per content commit."""
-    root = os.environ.get("KERNEL_HUB_CACHE") or Path.home() / ".cache" / "kernel_hub"
-    return Path(root) / "assembled"
+    return system_cache_root("assembled")
 
 
 def assembled_in_cache(kernel_dir: Path, meta: KernelMetadata, digests: dict[str, str], commit: str) -> Path:

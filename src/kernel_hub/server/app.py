@@ -12,13 +12,11 @@ because the Hub quotes revisions with `safe=""` (`refs%2Fheads%2Fv1`).
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import html
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -36,13 +34,11 @@ from starlette.types import Receive, Scope, Send
 from . import checks, payloads
 from .errors import HubError, error_response, from_error
 from .gitstore import Entry, GitRepo, GitStore
-from .hooks import Fault, FaultsBody
-from .transport import FileResponse, Limits, body_pending, guarded_h11, parse_range, read_body
+from .transport import FileResponse, Limits, bind, body_pending, guarded_h11, parse_range, read_body, url_of
 
 _TYPE_PLURALS = {f"{t}s": t for t in checks.REPO_TYPES}
 _URL_PREFIX = {"model": "", "kernel": "kernels/", "dataset": "datasets/"}
 _AUTH_MESSAGE = "Invalid credentials in Authorization header"
-_CONTROL = "_kernel_hub"
 _COMMITS_PAGE = 50
 log = logging.getLogger("kernel_hub.server")
 
@@ -53,33 +49,8 @@ class ServerState:
     token: str | None
     read_token_required: bool
     trusted_orgs: tuple[str, ...] | None
-    test_hooks: bool
     limits: Limits = field(default_factory=Limits)
-    request_log_size: int = 10_000
-    requests: deque[tuple[str, str, int]] = field(init=False)
-    total_requests: int = 0
-    faults: list[Fault] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
     stopping: threading.Event = field(default_factory=threading.Event)  # set on SIGTERM/SIGINT: long walks end
-
-    def __post_init__(self) -> None:
-        self.requests = deque(maxlen=self.request_log_size)
-
-    def take_fault(self, method: str, path: str, body_stage: bool = False) -> Fault | None:
-        """The first live fault for this request (body_stage: faults that cut a response body)."""
-        if not self.test_hooks:
-            return None
-        with self.lock:
-            for fault in self.faults:
-                if fault.applies(method, path, body_stage):
-                    fault.times -= 1
-                    return fault
-        return None
-
-    def record(self, method: str, path: str, status: int) -> None:
-        with self.lock:
-            self.requests.append((method, path, status))
-            self.total_requests += 1
 
 
 # -- one request ----------------------------------------------------------------------------------
@@ -173,8 +144,6 @@ class HubApp:
 
     # -- routing --------------------------------------------------------------------------------
     def route(self, m: str, s: list[str]) -> Route:
-        if s[:1] == [_CONTROL]:
-            return self.control_route(m, s[1:])
         if s[:1] == ["api"]:
             rest = s[1:]
             if rest == ["whoami-v2"] and m == "GET":
@@ -231,17 +200,6 @@ class HubApp:
         if m == "DELETE" and len(rest) == 2 and rest[0] in ("branch", "tag"):
             return Route(on(self.delete_ref, kind=rest[0], name=rest[1]), "write")
         raise HubError(404, f"no such repo API route: {m} {'/'.join(rest)}")
-
-    def control_route(self, m: str, rest: list[str]) -> Route:
-        """The test hooks: they exist only with --test-hooks."""
-        if self.state.test_hooks:
-            if rest == ["stats"] and m == "GET":
-                return Route(self.stats, "read")
-            if rest == ["stats", "reset"] and m == "POST":
-                return Route(self.stats_reset, "write", "json")
-            if rest == ["faults"] and m == "POST":
-                return Route(self.set_faults, "write", "json")
-        raise HubError(404, f"not found: /{'/'.join([_CONTROL, *rest])}")
 
     # -- reads ----------------------------------------------------------------------------------
     def _repo(self, repo_type: str, repo_id: str) -> GitRepo:
@@ -336,9 +294,8 @@ class HubApp:
             start, end = parse_range(range_header, entry.size)
             headers["Content-Range"] = f"bytes {start}-{end}/{entry.size}"
             status = 206
-        fault = self.state.take_fault("GET", "/" + "/".join(call.segments), body_stage=True)
         return FileResponse(repo.blob_file(entry.oid), start, end - start + 1, status, headers,
-                            self.state.limits.send_timeout, cut_off=fault is not None)
+                            self.state.limits.send_timeout)
 
     def org_overview(self, call: Call, org: str) -> Response:
         if org not in self.state.store.namespaces():
@@ -441,26 +398,6 @@ class HubApp:
             repo.delete_ref(kind, name)
         return JSONResponse({})
 
-    # -- test hooks -----------------------------------------------------------------------------
-    def stats(self, call: Call) -> Response:
-        with self.state.lock:
-            rows, total = list(self.state.requests), self.state.total_requests
-        return JSONResponse({"total": total, "kept": len(rows), "requests": [list(r) for r in rows]})
-
-    def stats_reset(self, call: Call) -> Response:
-        with self.state.lock:
-            self.state.requests.clear()
-            self.state.total_requests = 0
-        return JSONResponse({})
-
-    def set_faults(self, call: Call) -> Response:
-        body = payloads.parse(FaultsBody, call.json("faults body"), "faults body")
-        with self.state.lock:
-            if body.clear:
-                self.state.faults.clear()
-            self.state.faults.extend(Fault(**spec.model_dump()) for spec in body.add)
-            return JSONResponse({"faults": len(self.state.faults)})
-
 
 def _segments(request: Request) -> tuple[list[str], str]:
     raw = request.scope.get("raw_path") or request.url.path.encode()
@@ -492,8 +429,7 @@ class HubASGI:
 
 
 def build_app(store: Path | GitStore, token: str | None = None, read_token_required: bool = False,
-              trusted_orgs: Sequence[str] | None = None, test_hooks: bool = False,
-              limits: Limits | None = None, request_log_size: int = 10_000) -> HubASGI:
+              trusted_orgs: Sequence[str] | None = None, limits: Limits | None = None) -> HubASGI:
     """The ASGI app over `store`.
 
     trusted_orgs: organisations reported as trusted kernel publishers (what HF `kernels` asks before
@@ -504,22 +440,15 @@ def build_app(store: Path | GitStore, token: str | None = None, read_token_requi
     state = ServerState(
         store=store if isinstance(store, GitStore) else GitStore(Path(store)),
         token=token, read_token_required=read_token_required,
-        trusted_orgs=tuple(trusted_orgs) if trusted_orgs is not None else None, test_hooks=test_hooks,
-        limits=limits or Limits(), request_log_size=request_log_size,
+        trusted_orgs=tuple(trusted_orgs) if trusted_orgs is not None else None, limits=limits or Limits(),
     )
     hub = HubApp(state)
 
     async def dispatch(request: Request) -> Response:
         segments, raw_path = _segments(request)
-        method, path = request.method, "/" + "/".join(segments)
-        counted = segments[:1] != [_CONTROL]
+        method = request.method
         unread = body_pending(request)
         try:
-            fault = state.take_fault(method, path) if counted else None
-            if fault is not None and fault.delay:
-                await asyncio.sleep(fault.delay)
-            if fault is not None and fault.status:
-                raise HubError(fault.status, f"test hook: injected {fault.status}")
             route = hub.route(method, segments)
             hub.authorize(route.access, request)
             call = Call(request, method, segments, raw_path)
@@ -539,8 +468,6 @@ def build_app(store: Path | GitStore, token: str | None = None, read_token_requi
             response = error_response(500, f"internal error: {type(exc).__name__}: {exc}")
         if unread:  # answered without reading the body: close rather than read or keep it
             response.headers["Connection"] = "close"
-        if counted:
-            state.record(method, path, response.status_code)
         return response
 
     return HubASGI(state, dispatch)
@@ -558,16 +485,17 @@ def _guarded(handler: Callable[[Call], Response], call: Call) -> Response:
 
 def serve(store: Path, host: str = "127.0.0.1", port: int = 8080, token: str | None = None,
           read_token_required: bool = False, trusted_orgs: Sequence[str] | None = None,
-          test_hooks: bool = False, log_level: str = "warning", limits: Limits | None = None) -> None:
+          log_level: str = "warning", limits: Limits | None = None,
+          wrap: Callable[[HubASGI], Any] | None = None) -> None:
     """Bind host:port (0: a free port), print the URL, and serve until interrupted (blocking).
 
     OSError when the address cannot be bound (port in use, permission denied), before anything is printed.
+    wrap: an ASGI middleware put around the app (request logging, instrumentation); None serves it bare.
     """
-    from .transport import bind, url_of
-
     limits = limits or Limits()
-    app = build_app(store, token=token, read_token_required=read_token_required,
-                    trusted_orgs=trusted_orgs, test_hooks=test_hooks, limits=limits)
+    hub = build_app(store, token=token, read_token_required=read_token_required,
+                    trusted_orgs=trusted_orgs, limits=limits)
+    app = wrap(hub) if wrap is not None else hub
     sock = bind(host, port)
     mode = "read-write with --token" if token else "read-only (no --token)"
     print(f"kernel-hub serve: {Path(store).resolve()} at {url_of(sock)} ({mode}; {time.strftime('%H:%M:%S')})",
@@ -577,7 +505,7 @@ def serve(store: Path, host: str = "127.0.0.1", port: int = 8080, token: str | N
     config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off",
                             http=guarded_h11(limits.header_timeout), timeout_keep_alive=5,
                             timeout_graceful_shutdown=SHUTDOWN_GRACE)
-    _StoppingServer(config, app.state.hub.stopping).run(sockets=[sock])
+    _StoppingServer(config, hub.state.hub.stopping).run(sockets=[sock])
 
 
 SHUTDOWN_GRACE = 2  # seconds in-flight requests get after SIGTERM before they are cancelled

@@ -170,20 +170,17 @@ def parse_range(value: str, size: int) -> tuple[int, int]:
 
 
 class FileResponse(Response):
-    """`length` bytes of `path` from `offset`, read and sent a chunk at a time (never the whole file).
-
-    cut_off (a test hook): send half, then drop the connection, as a network failure would.
-    """
+    """`length` bytes of `path` from `offset`, read and sent a chunk at a time (never the whole file)."""
 
     def __init__(self, path: Path, offset: int, length: int, status_code: int, headers: dict[str, str],
-                 send_timeout: float, cut_off: bool = False):
+                 send_timeout: float):
         super().__init__(None, status_code=status_code, headers={**headers, "Content-Length": str(length)})
         self.path, self.offset, self.length = path, offset, length
-        self.send_timeout, self.cut_off = send_timeout, cut_off
+        self.send_timeout = send_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        to_send = self.length // 2 if self.cut_off else self.length
+        to_send = self.length
         stream = await anyio.to_thread.run_sync(open, self.path, "rb")
         try:
             await anyio.to_thread.run_sync(stream.seek, self.offset)
@@ -196,9 +193,6 @@ class FileResponse(Response):
                 await asyncio.wait_for(send(body), self.send_timeout)
         finally:
             stream.close()
-        if self.cut_off:
-            await asyncio.sleep(0.05)
-            raise ConnectionAbortedError("test hook: response cut off")
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 

@@ -12,16 +12,16 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..compile_record import VERSION_PATTERN
 from ..names import check_commit, check_variant_name
-from .record import VERSION_PATTERN
+from ..system import cache_root as system_cache_root
 
 _FIELDS = {"passed": bool, "error": (str, type(None)), "compile_seconds": (int, float, type(None))}
 
 
 def cache_root() -> Path:
-    from ..validation import cache_dir
-
-    return cache_dir().parent / "tpu_compile"
+    """TPU compile results, beside kernel-hub's other caches (system.cache_root)."""
+    return system_cache_root("tpu_compile")
 
 
 def entry_path(commit: str, variant: str, jax_version: str, libtpu_version: str, generation: str,

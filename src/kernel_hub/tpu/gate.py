@@ -9,45 +9,44 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ..compile_record import TpuCompileRecord, record_from_cases
 from ..errors import KernelHubError
 from ..integrity import combined_digest
 from ..loader import verified_digests
+from ..planning import plan_load
 from ..trust import TrustSetting
+from ..validation import CaseResult, ValidationReport
 from . import cache
 from .chips import parse_generations
 from .env import TpuEnv, tpu_env
 from .package import VerifiedPackage, folder_package, from_build
-from .record import TpuCompileRecord, record_from_cases
 from .runner import compile_in_worker
 
 #: What the worker loads: one verified build (see package.py).
 
 
 def _from_repo(repo_id: str, revision: str | None = None, trust_remote_code: TrustSetting = False) -> VerifiedPackage:
-    """The TPU build of a repo, as get_kernel would load it: the same trust check, fetched and verified."""
-    from ..api import plan_load
-    from ..trust import check_trust
-
+    """The TPU build of a repo, as get_kernel would load it: the same trust check (Plan.fetch), fetched and
+    verified."""
     plan = plan_load(repo_id, revision=revision, backend="tpu", framework="jax", trust_remote_code=trust_remote_code)
     if plan.choice.variant is None:
         raise KernelHubError(f"{repo_id} has no jax-tpu build: nothing to compile for a TPU")
-    check_trust(plan.origin, trust_remote_code, asked_for=repo_id)
-    build = plan.source.fetch(repo_id, plan.resolution.commit, plan.choice.variant)
-    package = from_build(build)
-    return replace(package, version=package.version or plan.resolution.version)
+    return from_build(plan.fetch(trust_remote_code))
 
 
-def target_for(kernel: ModuleType | str | Path, trust_remote_code: TrustSetting = False) -> VerifiedPackage:
+def target_for(kernel: ModuleType | str | Path | VerifiedPackage,
+               trust_remote_code: TrustSetting = False) -> VerifiedPackage:
     """A kernel folder (kernel.yaml + package), a repo id, or a loaded kernel module -> its TPU build, verified.
 
     A repo id passes the trust check get_kernel applies (`trust_remote_code` as there). A module loaded for
     another backend (jax-cpu on this host) is compiled from the jax-tpu build of the same commit: from its own
     folder when it came from one, else fetched from the repo it was loaded from (trusted: it was loaded)."""
+    if isinstance(kernel, VerifiedPackage):  # already read and hashed (publish's kernel folder)
+        return kernel
     if isinstance(kernel, Path) or (isinstance(kernel, str) and Path(kernel).is_dir()):
         return folder_package(Path(kernel))
     if isinstance(kernel, str):
@@ -74,9 +73,7 @@ def content_key(target: VerifiedPackage) -> str:
     return combined_digest(dict(target.digests))[:40] if target.digests else target.commit
 
 
-def _case_result(record: dict[str, Any], cached: bool) -> Any:
-    from ..validation import CaseResult
-
+def _case_result(record: dict[str, Any], cached: bool) -> CaseResult:
     passed = bool(record.get("passed"))
     seconds = record.get("compile_seconds")
     return CaseResult(
@@ -96,7 +93,7 @@ def _selection_key(names: Sequence[str] | None, tags: Sequence[str] | None) -> s
 
 
 def compile_matrix(
-    kernel: ModuleType | str | Path,
+    kernel: ModuleType | str | Path | VerifiedPackage,
     generations: str | Sequence[str] = ("v5e", "v6e"),
     *,
     names: Sequence[str] | None = None,
@@ -105,15 +102,13 @@ def compile_matrix(
     env: TpuEnv | None = None,
     trust_remote_code: TrustSetting = False,
     jobs: int | None = None,
-) -> Any:
+) -> ValidationReport:
     """Compile the kernel's TPU cases (all, or those named / carrying one of `tags`) for each generation.
 
     Returns a ValidationReport (backend "tpu"); `.passed` is False if any case failed to compile or none was
     selected. Cases the cache holds for this (commit, variant, jax, libtpu, generation) are not compiled
     again. A repo id is trust-checked as get_kernel does (`trust_remote_code`); the worker imports only the
     verified files. `jobs`: compiler processes at once (default: one per generation, up to the CPU count)."""
-    from ..validation import ValidationReport
-
     gens = parse_generations(generations)
     target = target_for(kernel, trust_remote_code)
     env = env or tpu_env()
@@ -154,7 +149,7 @@ def compile_matrix(
 
 
 def compile_record(report: Any, generations: Sequence[str] | None = None) -> dict[str, Any]:
-    """What a release records about its TPU compile gate (JSON-ready, record.py's schema) for `generations`
+    """What a release records about its TPU compile gate (JSON-ready, compile_record.py's schema) for `generations`
     (default: all of the report's), plus "passed"."""
     gens = list(report.generations if generations is None else generations)
     record = record_from_cases(report.cases, gens, report.jax_version, report.libtpu_version)

@@ -1,7 +1,7 @@
 """The publish gate: a TPU variant (jax-tpu, torch-tpu) is published only when every TPU compile case of its
 kernel compiles, with the real TPU compiler, for every generation the variant declares in kernel.yaml
 (`tpu_generations`; none declared means every generation kernel-hub knows). The matrix is recorded in the
-release (record.py), per variant.
+release (compile_record.py), per variant.
 
 Without a TPU environment the TPU variants are refused with one line naming `make setup-tpu`, unless the caller
 skips the gate (--skip-tpu-compile), which is announced and recorded as "not compiled". Compile results are
@@ -14,8 +14,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..compile_record import not_compiled, record_from_cases
 from ..errors import KernelHubError
 from .chips import CHIPS
+from .env import TpuEnvironmentError, tpu_env
+from .gate import compile_matrix
+from .package import VerifiedPackage
 
 SKIP_FLAG = "--skip-tpu-compile"
 
@@ -52,8 +56,6 @@ def gate_environment(kernel_dir: Path, meta: Any, *, skip: bool) -> Any:
     """What the gate will need, checked in a second before any long work (publish calls it before validating):
     the TPU environment when a TPU variant must compile (None when none must), else CompileGateError /
     TpuEnvironmentError (one line)."""
-    from .env import TpuEnvironmentError, tpu_env
-
     _, per_variant = gate_plan(meta.variants)
     if not per_variant or skip:
         return None
@@ -69,13 +71,11 @@ def gate_environment(kernel_dir: Path, meta: Any, *, skip: bool) -> Any:
 
 
 def run_gate(kernel_dir: Path, meta: Any, *, skip: bool, log: Callable[[str], None], env: Any = None,
-             jobs: int | None = None) -> dict[str, dict[str, Any]]:
+             jobs: int | None = None, package: VerifiedPackage | None = None) -> dict[str, dict[str, Any]]:
     """Variant name -> compile record for every TPU variant of the kernel folder (none: {}), or
     CompileGateError / TpuEnvironmentError (one line) when a TPU variant may not be published.
-    `env`: the TPU environment gate_environment found (None: found here)."""
-    from .gate import compile_matrix
-    from .record import not_compiled, record_from_cases
-
+    `env`: the TPU environment gate_environment found (None: found here). `package`: the folder's TPU build as the
+    caller already read and hashed it (None: read here)."""
     generations, per_variant = gate_plan(meta.variants)
     if not per_variant:
         return {}
@@ -84,7 +84,7 @@ def run_gate(kernel_dir: Path, meta: Any, *, skip: bool, log: Callable[[str], No
         log(f"skipping the TPU compile gate ({SKIP_FLAG}): {names} published marked 'not compiled for TPU'")
         return {name: not_compiled(f"published with {SKIP_FLAG}") for name in per_variant}
     env = env or gate_environment(kernel_dir, meta, skip=skip)
-    report = compile_matrix(kernel_dir, generations, env=env, jobs=jobs)
+    report = compile_matrix(package if package is not None else kernel_dir, generations, env=env, jobs=jobs)
     records: dict[str, dict[str, Any]] = {}
     for name, gens in per_variant.items():
         mine = [c for c in report.cases if c.generation in gens]

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
 
-from ..errors import IntegrityError
+from .errors import IntegrityError
 
 COMPILED, NOT_COMPILED = "compiled", "not compiled"
 _WORD = re.compile(r"^[a-z][a-z0-9_]{0,31}$")

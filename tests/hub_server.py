@@ -1,13 +1,17 @@
-"""Run `kernel-hub serve` as a real process on a free loopback port, for tests and demos.
+"""Run `kernel-hub serve` as a real process on a free loopback port, for tests (test gear: not in the library).
 
-The server is the real CLI in a subprocess (uvicorn, dulwich), started with `--port 0`: it binds a free
-port itself and prints its URL, so two test servers can never race for one port. With test hooks on,
-the control routes (/_kernel_hub/stats, /faults) let a test count requests at the server and inject
-failures.
+The server is the real serve command in a subprocess (uvicorn, dulwich), started with `--port 0`: it binds a
+free port itself and prints its URL, so two test servers can never race for one port. With test hooks on
+(the default), the subprocess is this file: the same arguments and checks (kernel_hub.cli.serve.serve_options)
+and the same server, wrapped in Hooks, an ASGI middleware whose control routes (/_kernel_hub/stats, /faults)
+let a test count requests at the server and inject failures. The control routes need the read token when
+reads do, and the token to change anything; a plain `kernel-hub serve` has none of them.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import os
 import re
@@ -19,9 +23,10 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -97,13 +102,12 @@ class RunningServer:
 def start_server(store: Path, *, token: str | None = "test-token", read_token_required: bool = False,
                  extra_args: tuple[str, ...] = (), test_hooks: bool = True, timeout: float = 30.0) -> RunningServer:
     """Start `kernel-hub serve --port 0` on loopback and wait until it prints the URL it listens on."""
-    cmd = [*cli_command(), "serve", "--store", str(store), "--host", "127.0.0.1", "--port", "0"]
+    serve = [sys.executable, str(Path(__file__).resolve())] if test_hooks else [*cli_command(), "serve"]
+    cmd = [*serve, "--store", str(store), "--host", "127.0.0.1", "--port", "0"]
     if token:
         cmd += ["--token", token]
     if read_token_required:
         cmd.append("--read-token-required")
-    if test_hooks:
-        cmd.append("--test-hooks")
     cmd += list(extra_args)
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env["HF_HUB_DISABLE_UPDATE_CHECK"] = "1"  # nothing of a test server's process asks PyPI
@@ -223,3 +227,178 @@ def post_unread_body(url: str, path: str, size: int, headers: dict[str, str] | N
             pass
     found = re.match(rb"HTTP/1\.[01] (\d{3}) ", answer)
     return (int(found.group(1)) if found else None), sent
+
+
+# -- the hooks: fault injection and a request log, around the library's server -------------------------------
+CONTROL = "_kernel_hub"
+
+
+@dataclass
+class Fault:
+    """Make matching requests fail, stall or get cut off half-way (truncate: a file download's body)."""
+
+    match: str
+    method: str | None = None
+    status: int | None = None
+    delay: float = 0.0
+    truncate: bool = False
+    times: int = 1
+
+    def applies(self, method: str, path: str, body_stage: bool) -> bool:
+        return (self.times > 0 and self.match in path and self.truncate == body_stage
+                and (self.method is None or self.method == method))
+
+
+@functools.cache
+def _fault_models() -> tuple[type, type]:
+    """The faults body's schema (pydantic, through the server's strict Body base)."""
+    from pydantic import Field
+
+    from kernel_hub.server.payloads import Body
+
+    class FaultSpec(Body):
+        match: str
+        method: str | None = None
+        status: int | None = Field(default=None, ge=400, le=599)
+        delay: float = Field(default=0.0, ge=0, le=60)
+        truncate: bool = False
+        times: int = Field(default=1, ge=1, le=10_000)
+
+    class FaultsBody(Body):
+        add: list[FaultSpec] = Field(default_factory=list, max_length=100)
+        clear: bool = False
+
+    return FaultSpec, FaultsBody
+
+
+@dataclass
+class Hooks:
+    """An ASGI middleware around the Hub app: every request outside /_kernel_hub/ is logged (method, path,
+    status) and may meet a fault first; a file download (GET .../resolve/...) answered 200/206 may be cut off
+    half-way. The control routes are authorised as the app authorises reads and writes."""
+
+    app: Any
+    request_log_size: int = 10_000
+    faults: list[Fault] = field(default_factory=list)
+    total: int = 0
+
+    def __post_init__(self) -> None:
+        from kernel_hub.server.app import HubApp
+
+        self.state = self.app.state  # what the server reads (stopping)
+        self.hub = HubApp(self.app.state.hub)  # for authorize()
+        self.requests: deque[tuple[str, str, int]] = deque(maxlen=self.request_log_size)
+
+    def take(self, method: str, path: str, body_stage: bool) -> Fault | None:
+        for fault in self.faults:  # one event loop: no lock needed
+            if fault.applies(method, path, body_stage):
+                fault.times -= 1
+                return fault
+        return None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        from urllib.parse import unquote
+
+        from starlette.requests import Request
+
+        from kernel_hub.server.errors import HubError, from_error
+        from kernel_hub.server.transport import body_pending
+
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        request = Request(scope, receive)
+        raw = (scope.get("raw_path") or request.url.path.encode()).decode("latin-1").split("?", 1)[0]
+        segments = [unquote(x) for x in raw.split("/") if x]
+        method, path = scope["method"], "/" + "/".join(segments)
+        if segments[:1] == [CONTROL]:
+            try:
+                response = await self.control(method, segments[1:], request)
+            except HubError as exc:
+                response = from_error(exc)
+            return await response(scope, receive, send)
+        download = method == "GET" and "resolve" in segments
+        sent = {"limit": None, "bytes": 0}
+
+        async def observed(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                self.requests.append((method, path, message["status"]))
+                self.total += 1
+                if download and message["status"] in (200, 206) and self.take(method, path, body_stage=True):
+                    length = dict(message.get("headers") or []).get(b"content-length", b"0")
+                    sent["limit"] = int(length) // 2
+            elif message["type"] == "http.response.body" and sent["limit"] is not None:
+                room = sent["limit"] - sent["bytes"]
+                body = message.get("body", b"")[:room]
+                sent["bytes"] += len(body)
+                if body:
+                    await send({**message, "body": body, "more_body": True})
+                if sent["bytes"] >= sent["limit"]:
+                    await asyncio.sleep(0.05)
+                    raise ConnectionAbortedError("test hook: response cut off")
+                return
+            await send(message)
+
+        fault = self.take(method, path, body_stage=False)
+        if fault is not None and fault.delay:
+            await asyncio.sleep(fault.delay)
+        if fault is not None and fault.status:
+            response = from_error(HubError(fault.status, f"test hook: injected {fault.status}"))
+            if body_pending(request):  # answered without reading the body: close, as the server does
+                response.headers["Connection"] = "close"
+            return await response(scope, receive, observed)
+        return await self.app(scope, receive, observed)
+
+    async def control(self, method: str, rest: list[str], request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        from kernel_hub.server import payloads
+        from kernel_hub.server.errors import HubError
+        from kernel_hub.server.transport import read_body
+
+        routes = {("GET", ("stats",)): "read", ("POST", ("stats", "reset")): "write", ("POST", ("faults",)): "write"}
+        access = routes.get((method, tuple(rest)))
+        if access is None:
+            raise HubError(404, f"not found: /{'/'.join([CONTROL, *rest])}")
+        self.hub.authorize(access, request)
+        if access == "read":
+            rows = list(self.requests)
+            return JSONResponse({"total": self.total, "kept": len(rows), "requests": [list(r) for r in rows]})
+        limits = self.hub.state.limits
+        raw = await read_body(request, limits.max_json_bytes, limits, spool=False)
+        if rest == ["stats", "reset"]:
+            self.requests.clear()
+            self.total = 0
+            return JSONResponse({})
+        _, faults_body = _fault_models()
+        body = payloads.parse(faults_body, payloads.load_json(raw, "faults body"), "faults body")
+        if body.clear:
+            self.faults.clear()
+        self.faults.extend(Fault(**spec.model_dump()) for spec in body.add)
+        return JSONResponse({"faults": len(self.faults)})
+
+
+def hooked_app(store: Path, request_log_size: int = 10_000, **options: Any) -> Hooks:
+    """build_app(store, **options) with the hooks around it (for starlette's TestClient)."""
+    from kernel_hub.server import build_app
+
+    return Hooks(build_app(store, **options), request_log_size=request_log_size)
+
+
+def serve_with_hooks(argv: list[str]) -> int:
+    """`kernel-hub serve ARGS`, with the hooks around the app: the same parser, checks and one-line errors."""
+    from kernel_hub.cli.parser import build_parser
+    from kernel_hub.cli.serve import serve_options
+    from kernel_hub.errors import KernelHubError
+    from kernel_hub.server import serve
+
+    args = build_parser().parse_args(["serve", *argv])
+    try:
+        serve(**serve_options(args), wrap=Hooks)
+    except (KernelHubError, OSError) as exc:
+        print(f"kernel-hub serve: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(serve_with_hooks(sys.argv[1:]))

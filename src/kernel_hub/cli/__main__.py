@@ -1,0 +1,7 @@
+"""`python -m kernel_hub.cli`: the `kernel-hub` command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

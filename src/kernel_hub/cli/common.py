@@ -1,0 +1,130 @@
+"""What every command shares: the one-line usage error, argument helpers and types, JSON and table output. Light:
+the parser imports it for `--help`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from packaging.version import InvalidVersion, Version
+
+from ..buildfmt import FRAMEWORKS
+from ..display import clean
+from ..errors import KernelHubError
+from ..system import BACKENDS
+from ..tpu.chips import parse_generations
+
+DEBUG_ENV = "KERNEL_HUB_DEBUG"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (exit 2)."""
+    commands: tuple[str, ...] = ()
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def one_line(text: str) -> str:
+    """A message as one printable line (its strings may come from a server or a metadata file: display.clean)."""
+    return clean(" ".join(line.strip() for line in text.splitlines() if line.strip()))
+
+
+def version_spec(value: str | None) -> int | str | None:
+    return int(value) if value is not None and value.isdigit() else value
+
+
+def trust_setting(value: list[str] | None) -> bool | list[str]:
+    """--trust-remote-code: absent -> False, bare -> True, with values -> those repos/orgs."""
+    if value is None:
+        return False
+    return list(value) or True
+
+
+def print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2))
+
+
+def add_json_arg(p: argparse.ArgumentParser, what: str = "the result") -> None:
+    p.add_argument("--json", action="store_true", help=f"print {what} as JSON (keys: docs/cli-json.md)")
+
+
+def version_of(what: str, value: str | None) -> str | None:
+    if value is None:
+        return None
+
+    try:
+        return str(Version(value))
+    except InvalidVersion:
+        raise KernelHubError(f"{what} {value!r} is not a version like 0.10.2") from None
+
+
+def add_version_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--version", dest="spec", help="int major (1) or PEP 440 spec ('>=1.0,<2'); default: registry")
+    p.add_argument("--revision", help="any branch, tag or commit (instead of --version)")
+    add_target_args(p)
+
+
+def add_target_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=BACKENDS, help="override the detected backend")
+    p.add_argument("--framework", choices=FRAMEWORKS, default="jax", help="tensors the build takes")
+
+
+def add_trust_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trust-remote-code", nargs="*", metavar="REPO_OR_ORG", default=None,
+                   help="run code from repos outside the trusted organisations: bare, any repo; with values, "
+                        "those repos (ORG/NAME) and organisations (ORG). Put it after the repo ids")
+
+
+def table(rows: Sequence[Sequence[str]]) -> str:
+    rows = [[clean(v) for v in r] for r in rows]
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(str(v).ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+
+
+def tpu_generations(text: str) -> tuple[str, ...]:
+    try:
+        return parse_generations(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def byte_size(text: str) -> int:
+    """A byte count for argparse: 1048576, 512K, 512M, 2G (binary units)."""
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    value = text.strip().lower().removesuffix("b").removesuffix("i")
+    scale = units.get(value[-1:], 1)
+    try:
+        size = int(value[:-1] if scale > 1 else value) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (bytes, or with K/M/G)") from None
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
+    return size
+
+
+def seconds_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"not a number of seconds in (0, 3600]: {text!r}")
+    return value
+
+
+def simulated_backend(backend: str | None, tpu_generation: str | None) -> tuple[str | None, str]:
+    """resolve's backend: --tpu-generation alone implies --backend tpu (and says so); with another backend it is a
+    contradiction, refused in one line."""
+    if tpu_generation is None:
+        return backend, ""
+    if backend is None:
+        return "tpu", f"--tpu-generation {tpu_generation} implies --backend tpu"
+    if backend != "tpu":
+        raise KernelHubError(f"--tpu-generation {tpu_generation} simulates a TPU, but --backend is {backend}: "
+                             "drop one of them")
+    return backend, ""

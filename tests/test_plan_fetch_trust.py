@@ -1,0 +1,137 @@
+"""Plan.fetch is the one way from a plan to a build on disk, and the trust check guards it on every path that
+imports or locks: get_kernel's load_plan, lock, the TPU compile gate, and a plan made without a check. An
+untrusted repo is refused before a single file is fetched; a plan_load that already checked the same origin
+and setting is not checked a second time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kernel_hub import planning
+from kernel_hub.api import load_plan
+from kernel_hub.errors import NoVariantError, TrustError
+from kernel_hub.lock import lock_one
+from kernel_hub.planning import plan_load
+from kernel_hub.sources import Build, Origin
+from kernel_hub.system import SystemFacts
+from kernel_hub.tpu import gate
+from kernel_hub.variants import Variant
+from kernel_hub.versions import Ref
+
+COMMIT = "ab" * 20
+REPO = "acme/ragged"  # an organisation outside the trusted ones
+
+
+class FakeHub:
+    """A Hub repo of an untrusted organisation, in memory: one release v1.2.0 with jax-cpu and jax-tpu builds
+    that name no version (the plan's resolution fills it in). Counts fetches."""
+
+    def __init__(self, tmp: Path, variants: tuple[str, ...] = ("jax-cpu", "jax-tpu")) -> None:
+        self.tmp, self.names, self.fetched = tmp, variants, []
+
+    def refs(self, repo_id: str) -> list[Ref]:
+        return [Ref("v1.2.0", "tag", COMMIT), Ref("v1", "branch", COMMIT)]
+
+    def origin(self, repo_id: str) -> Origin:
+        return Origin("hub", repo_id, "http://127.0.0.1:9")
+
+    def candidate_variants(self, repo_id: str, commit: str, names: list[str]) -> list[Variant]:
+        return [Variant(n, "jax", n.split("-")[1]) for n in self.names]
+
+    def fetch(self, repo_id: str, commit: str, variant: Variant) -> Build:
+        self.fetched.append(variant.name)
+        package = self.tmp / variant.name / "pkg"
+        package.mkdir(parents=True, exist_ok=True)
+        return Build(repo_id, None, commit, variant, package, "fake")
+
+    def describe(self) -> str:
+        return "fake hub"
+
+
+CPU = SystemFacts(backend="cpu")
+
+
+def _plan(hub: FakeHub, trust=None, system: SystemFacts = CPU) -> planning.Plan:
+    return plan_load(REPO, version=1, framework="jax", system=system, source=hub, trust_remote_code=trust)
+
+
+def test_a_plan_made_without_a_check_is_checked_at_fetch(tmp_path: Path) -> None:
+    hub = FakeHub(tmp_path)
+    plan = _plan(hub)  # resolve/download-style planning: no trust asked
+    with pytest.raises(TrustError, match=REPO):
+        plan.fetch(False)
+    with pytest.raises(TrustError):
+        plan.fetch(["other/repo"])
+    assert hub.fetched == []
+    build = plan.fetch([REPO])
+    assert hub.fetched == ["jax-cpu"] and build.version == "1.2.0"  # the resolution's version, filled in
+
+
+def test_a_fetch_that_imports_nothing_needs_no_trust(tmp_path: Path) -> None:
+    hub = FakeHub(tmp_path)
+    assert _plan(hub).fetch(None).variant.name == "jax-cpu"
+
+
+def test_no_fit_is_raised_before_any_trust_or_fetch(tmp_path: Path) -> None:
+    hub = FakeHub(tmp_path, variants=("jax-tpu",))
+    with pytest.raises(NoVariantError):
+        _plan(hub).fetch(False)
+    assert hub.fetched == []
+
+
+def test_get_kernel_path_refuses_before_fetching(tmp_path: Path) -> None:
+    hub = FakeHub(tmp_path)
+    with pytest.raises(TrustError):
+        _plan(hub, trust=False)  # plan_load: refused before any variant is listed
+    plan = _plan(hub)
+    with pytest.raises(TrustError):
+        load_plan(plan, trust_remote_code=False)
+    with pytest.raises(TrustError):
+        load_plan(plan, trust_remote_code=None)  # None at load_plan trusts nothing extra (as before)
+    assert hub.fetched == []
+
+
+def test_a_setting_plan_load_checked_is_checked_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[object] = []
+    real = planning.check_trust
+
+    def counting(origin, setting, asked_for=None):
+        calls.append(setting)
+        return real(origin, setting, asked_for=asked_for)
+
+    monkeypatch.setattr(planning, "check_trust", counting)
+    hub = FakeHub(tmp_path)
+    plan = _plan(hub, trust=[REPO])
+    plan.fetch([REPO])
+    assert calls == [[REPO]] and hub.fetched == ["jax-cpu"]
+    with pytest.raises(TrustError):  # another setting than the one checked: checked again, and refused
+        plan.fetch(False)
+    assert len(calls) == 2 and hub.fetched == ["jax-cpu"]
+
+
+def test_lock_refuses_an_untrusted_repo_before_fetching(tmp_path: Path) -> None:
+    hub = FakeHub(tmp_path)
+    with pytest.raises(TrustError):
+        lock_one(REPO, version=1, backend="cpu", source=hub)
+    with pytest.raises(TrustError):
+        lock_one(REPO, version=1, backend="cpu", source=hub, trust_remote_code=None)
+    assert hub.fetched == []
+    locked = lock_one(REPO, version=1, backend="cpu", source=hub, trust_remote_code=["acme"])
+    assert locked.version == "1.2.0" and locked.commit == COMMIT and hub.fetched == ["jax-cpu"]
+
+
+def test_tpu_gate_refuses_an_untrusted_repo_before_fetching(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    hub = FakeHub(tmp_path)
+
+    def plan_from_fake(repo_id, **kwargs):
+        kwargs.pop("revision", None)
+        return plan_load(repo_id, version=1, source=hub, **kwargs)
+
+    monkeypatch.setattr(gate, "plan_load", plan_from_fake)
+    with pytest.raises(TrustError):
+        gate.target_for(REPO)
+    assert hub.fetched == []
+    target = gate.target_for(REPO, trust_remote_code=[REPO])
+    assert hub.fetched == ["jax-tpu"] and target.variant == "jax-tpu" and target.version == "1.2.0"
