@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from ._vendor.dispatch import Dispatch
 from ._vendor.interpret import pallas_remark, run_dispatch
 from ._vendor.shapes import check_attention
-from .config import AttentionConfig, block_for, default_config, kv_transposed, round_up
+from .config import AttentionConfig, block_for, default_config, kv_transposed, round_up, sub_block
 from .cpu import cpu_attention, xla_attention, xla_decode_attention
 from .pallas_decode import DecodeStatic, decode_forward
 from .pallas_flash import FlashStatic, flash_attention_padded
@@ -66,7 +66,9 @@ def _prefill(q, k, v, sinks, q_lengths, kv_lengths, *, impl, causal, sm_scale, w
     st = FlashStatic(causal=causal, sm_scale=sm_scale, window=window, soft_cap=soft_cap, has_sinks=sinks is not None,
                      block_q=bq, block_kv=bk, group=hq // hkv, interpret=interpret,
                      vmem_limit_bytes=config.vmem_limit_bytes,
-                     heads_per_block=math.gcd(config.heads_per_block, hq // hkv))
+                     heads_per_block=math.gcd(config.heads_per_block, hq // hkv),
+                     chunk_q=sub_block(bq, config.chunk_q), chunk_kv=sub_block(bk, config.chunk_kv),
+                     bwd_block_q=sub_block(bq, config.bwd_block_q), bwd_block_kv=sub_block(bk, config.bwd_block_kv))
     snk = jnp.zeros((hq,), jnp.float32) if sinks is None else jnp.asarray(sinks, jnp.float32)
     out = flash_attention_padded(
         st, _pad_axis(q, 2, sq_pad), _pad_axis(k, 2, skv_pad), _pad_axis(v, 2, skv_pad), snk,

@@ -34,6 +34,10 @@ class AttentionConfig:
       XLA gives the cache on a TPU (`kv_transposed`), so the cache reaches the kernel without a copy.
     heads_per_block: query heads of one kv group per forward grid step (the kernel takes the largest divisor of
       the group up to it); they share the step's K/V block.
+    chunk_q, chunk_kv: the forward's inner tiles (0: the whole block): each query chunk computes only the key
+      chunks its causal band / window reaches. The kernel takes the largest multiple of 128 up to each that
+      divides the block (or the block).
+    bwd_block_q, bwd_block_kv: the backward kernels' blocks (0: the forward's), taken the same way.
     cpu_block_q: query rows per chunk in the "cpu" path; each chunk only reads the keys its causal or
       sliding-window band can reach (static skipping), and bounds the score buffer.
     vmem_limit_bytes: scoped-VMEM limit handed to Mosaic; None keeps the compiler default.
@@ -46,12 +50,31 @@ class AttentionConfig:
     vmem_limit_bytes: int | None = None
     decode_kv_transposed: bool | None = None
     heads_per_block: int = 1
+    chunk_q: int = 0
+    chunk_kv: int = 0
+    bwd_block_q: int = 0
+    bwd_block_kv: int = 0
 
     def __post_init__(self) -> None:
         for name in ("block_q", "block_kv", "decode_block_kv", "cpu_block_q", "heads_per_block"):
             value = getattr(self, name)
             if value <= 0:
                 raise ValueError(f"AttentionConfig.{name} must be positive, got {value}")
+        for name in ("chunk_q", "chunk_kv", "bwd_block_q", "bwd_block_kv"):
+            value = getattr(self, name)
+            if value < 0:
+                raise ValueError(f"AttentionConfig.{name} must be 0 (the block) or positive, got {value}")
+
+
+def sub_block(tile: int, want: int) -> int:
+    """A tile's sub-tile: the largest multiple of 128 up to `want` that divides it; the tile itself when `want`
+    is 0 or covers it, or when no multiple of 128 divides it (a short whole-sequence tile)."""
+    if want <= 0 or want >= tile:
+        return tile
+    for size in range(want - want % LANES, LANES - 1, -LANES):
+        if tile % size == 0:
+            return size
+    return tile
 
 
 def block_for(length: int, block: int) -> tuple[int, int]:
