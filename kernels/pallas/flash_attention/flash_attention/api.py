@@ -20,7 +20,8 @@ import jax.numpy as jnp
 from ._vendor.dispatch import Dispatch
 from ._vendor.interpret import pallas_remark, run_dispatch
 from ._vendor.shapes import check_attention
-from .config import AttentionConfig, block_for, default_config, kv_transposed, round_up, sub_block
+from .config import (AttentionConfig, block_for, default_config, device_kind_of, kv_transposed, round_up,
+                     sub_block, vmem_plan)
 from .cpu import cpu_attention, xla_attention, xla_decode_attention
 from .pallas_decode import DecodeStatic, decode_forward
 from .pallas_flash import FlashStatic, flash_attention_padded
@@ -38,6 +39,12 @@ implementations_for, resolve_implementation, last_implementation = _DISPATCH.exp
 
 def _lengths(x: Any, batch: int, full: int) -> jax.Array:
     return jnp.full((batch,), full, jnp.int32) if x is None else jnp.clip(jnp.asarray(x, jnp.int32), 0, full)
+
+
+def _vmem(x: jax.Array) -> dict[str, Any]:
+    """The VMEM budget and limit of the chip the call runs on (config.vmem_plan)."""
+    budget, limit, _ = vmem_plan(device_kind_of(x))
+    return {"vmem_budget_bytes": budget, "vmem_limit_bytes": limit}
 
 
 def _pad_axis(x: jax.Array, axis: int, size: int) -> jax.Array:
@@ -107,7 +114,8 @@ def flash_attention(
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     window, scale, cap = check_attention(q.shape, k.shape, v.shape, sliding_window=sliding_window, sm_scale=sm_scale,
                                          logits_soft_cap=logits_soft_cap)
-    cfg = config or default_config(q.shape[2], k.shape[2], q.shape[3], q.dtype, group=q.shape[1] // k.shape[1])
+    cfg = config or default_config(q.shape[2], k.shape[2], q.shape[3], q.dtype, group=q.shape[1] // k.shape[1],
+                                   **_vmem(q))
     run = lambda impl, mode: _prefill(q, k, v, sinks, q_lengths, kv_lengths, impl=impl, causal=bool(causal),
                                       sm_scale=scale, window=window, soft_cap=cap, config=cfg, interpret=mode)
     return run_dispatch(_DISPATCH, implementation, interpret, (q, k, v), run, "the attention kernel")
@@ -168,7 +176,7 @@ def decode_attention(
     window, scale, cap = check_attention(q.shape, k_cache.shape, v_cache.shape, sliding_window=sliding_window,
                                          sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, decode=True)
     cfg = config or default_config(1, k_cache.shape[2], q.shape[-1], q.dtype, kv_heads=k_cache.shape[1],
-                                   group=q.shape[1] // k_cache.shape[1], window=window)
+                                   group=q.shape[1] // k_cache.shape[1], window=window, **_vmem(k_cache))
     run = lambda impl, mode: _decode(q, k_cache, v_cache, kv_lengths, sinks, impl=impl, sm_scale=scale,
                                      window=window, soft_cap=cap, config=cfg, interpret=mode)
     return run_dispatch(_DISPATCH, implementation, interpret, (q, k_cache, v_cache), run, "the attention kernel")
