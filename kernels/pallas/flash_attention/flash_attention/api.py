@@ -20,8 +20,16 @@ import jax.numpy as jnp
 from ._vendor.dispatch import Dispatch
 from ._vendor.interpret import pallas_remark, run_dispatch
 from ._vendor.shapes import check_attention
-from .config import (AttentionConfig, block_for, default_config, device_kind_of, kv_transposed, round_up,
-                     sub_block, vmem_plan)
+from .config import (
+    AttentionConfig,
+    block_for,
+    default_config,
+    device_kind_of,
+    kv_transposed,
+    round_up,
+    sub_block,
+    vmem_plan,
+)
 from .cpu import cpu_attention, xla_attention, xla_decode_attention
 from .pallas_decode import DecodeStatic, decode_forward
 from .pallas_flash import FlashStatic, flash_attention_padded
