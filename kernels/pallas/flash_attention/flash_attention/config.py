@@ -86,15 +86,16 @@ VMEM_BY_KIND: tuple[tuple[str, int], ...] = (
 
 
 def vmem_plan(device_kind: str | None) -> tuple[int, int | None, str]:
-    """(tile budget, scoped-VMEM limit for Mosaic or None, reason) for a chip: 3/4 of its physical VMEM, at most
-    64 MiB, when that is above the 16 MiB every generation allows by default; unknown chips (a CPU host tracing
-    without a TPU device) and v4 keep the 16 MiB default with no limit set."""
+    """(tile budget, scoped-VMEM limit for Mosaic or None, reason) for a chip: 7/8 of its physical VMEM, at most
+    96 MiB, when that is above the 16 MiB every generation allows by default (the tiles then use 5/8 of it, the
+    rest is Mosaic's); unknown chips (a CPU host tracing without a TPU device) and v4 keep the 16 MiB default
+    with no limit set."""
     kind = (device_kind or "").lower()
     physical = next((size for key, size in VMEM_BY_KIND if key in kind), None)
-    if physical is None or physical * 3 // 4 <= DEFAULT_VMEM_BUDGET_BYTES:
+    if physical is None or physical * 7 // 8 <= DEFAULT_VMEM_BUDGET_BYTES:
         why = "unknown chip" if physical is None else f"{device_kind}: {physical >> 20} MiB of VMEM"
         return DEFAULT_VMEM_BUDGET_BYTES, None, f"{why}: the 16 MiB default scoped VMEM"
-    limit = min(physical * 3 // 4, 64 << 20)
+    limit = min(physical * 7 // 8, 96 << 20)
     return limit, limit, f"{device_kind}: {physical >> 20} MiB of VMEM, scoped limit {limit >> 20} MiB"
 
 
@@ -174,7 +175,8 @@ class PrefillTiles:
 def prefill_tiles(q_len: int, kv_len: int, head_dim: int, itemsize: int, group: int,
                   vmem_budget_bytes: int) -> PrefillTiles:
     """Forward: the most work per grid step (heads x block_q x block_kv) that fits 5/8 of the VMEM budget, with
-    block_q <= 2048 and block_kv <= 8192, ties to wider key blocks; inner chunks of FORWARD_CHUNK. A step costs
+    block_q <= 2048 and block_kv <= 8192, ties to more heads (they share the K/V block, fetched once per head
+    group) then wider key blocks; inner chunks of FORWARD_CHUNK. A step costs
     ~0.35 us, which at head dim 64 is more than one head's 512 x 512 block of work, so big blocks pay; the chunks
     keep the causal waste of a big diagonal block to a chunk's triangle. Backward: the work per step of one head
     (block_q <= 512, block_kv <= 1024, dividing the forward's), whose [bk, bq] temporaries are several."""
@@ -188,13 +190,13 @@ def prefill_tiles(q_len: int, kv_len: int, head_dim: int, itemsize: int, group: 
                                   chunk_kv=sub_block(bk, FORWARD_CHUNK), whole_kv=whole)
                 if need > budget:
                     continue
-                key = (heads * bq * bk, bk, bq, heads)
+                key = (heads * bq * bk, heads, bk, bq)
                 best = key if best is None or key > best else best
     if best is None:
         bq, bk, heads = min(LANES, round_up(max(q_len, 1), 8)), min(LANES, round_up(max(kv_len, 1), 8)), 1
         why = f"nothing fits 5/8 of {vmem_budget_bytes >> 20} MiB: the smallest blocks"
     else:
-        _, bk, bq, heads = best
+        _, heads, bk, bq = best
         why = (f"{heads} heads x {bq} x {bk} per step: the most work per step within 5/8 of "
                f"{vmem_budget_bytes >> 20} MiB of VMEM")
     bwd_q, bwd_k = LANES, LANES
@@ -225,10 +227,10 @@ def decode_vmem_bytes(block_kv: int, kv_heads: int, group: int, head_dim: int, i
 
 def decode_block(kv_len: int, head_dim: int, itemsize: int, *, kv_heads: int, group: int, window: int | None,
                  transposed: bool, vmem_budget_bytes: int) -> int:
-    """Cache positions per decode step: the most (a multiple of 128, up to 4096) that fit 5/8 of the VMEM budget,
+    """Cache positions per decode step: the most (a multiple of 128, up to 8192) that fit 5/8 of the VMEM budget,
     fewer with a sliding window (no wider than the window, rounded up to 128): steps cost 0.35 us each, so a
     step should move megabytes, but a block past what a window needs is read for nothing."""
-    cap = min(4096, round_up(max(kv_len, 1), LANES))
+    cap = min(8192, round_up(max(kv_len, 1), LANES))
     if window is not None:
         cap = min(cap, round_up(window, LANES))
     block = cap
