@@ -320,11 +320,10 @@ def decode_peers(fa: Any, geo: Any, b: int, cache: int, dtype: str, generation: 
         table = np.arange(b * pages_per_seq, dtype=np.int32).reshape(b, pages_per_seq)
         pages = sds((hkv, b * pages_per_seq, page, dp), dtype)
         cands = []
-        for per_block in (8, 16, 32):
-            if pages_per_seq % per_block == 0:
-                fn = lambda q_, k_, v_, l_, t_, n=per_block: paged_attention(q_ * scale, k_, v_, l_, t_,
-                                                                             pages_per_compute_block=n)
-                cands.append((f"pages of {page}, {per_block} per block", fn))
+        for per_block in [n for n in (8, 16, 32) if pages_per_seq % n == 0] or [pages_per_seq]:
+            fn = lambda q_, k_, v_, l_, t_, n=per_block: paged_attention(q_ * scale, k_, v_, l_, t_,
+                                                                         pages_per_compute_block=n)
+            cands.append((f"pages of {page}, {per_block} per block", fn))
         args = (q_p, pages, pages, lens, table)
         peer = best_legal("jax paged_attention", cands, args, generation)
         secs = _seconds(peer, args, generation)
@@ -339,6 +338,7 @@ def decode_peers(fa: Any, geo: Any, b: int, cache: int, dtype: str, generation: 
         args = (q_p, sds((b * pages_per_seq, page, 2 * hkv, dp), dtype), lens, table,
                 np.arange(b + 1, dtype=np.int32), np.array([b], np.int32))
         cands = []
+        kv_pages_set = [n for n in kv_pages_set if n <= pages_per_seq] or [pages_per_seq]
         for kv_pages, queries in itertools.product(kv_pages_set, (16, 64)):
             fn = lambda q_, kv_, l_, t_, cu_, n_, kp=kv_pages, nq=queries: ragged_paged_attention(
                 q_, kv_, l_, t_, cu_, n_, sm_scale=scale, num_kv_pages_per_block=kp, num_queries_per_block=nq)
