@@ -1,6 +1,7 @@
 """Our TPU kernels beside the TPU kernels a user would pick instead, every one read by the same cost model.
 
-    python bench/tpu_peers.py [--json] [--generations v5e,v6e,v7x] [--out PATH] [--quick]
+    python bench/tpu_peers.py [--json] [--generations v5e,v6e,v7x] [--kernels ragged_dot,attention] [--out PATH]
+                              [--quick]
 
 Rows (kernel_hub.tpu.peers_worker): per seed MoE geometry (Qwen3-30B-A3B, Gemma 4 26B-A4B), gate_up and down, decode
 64 tokens and prefill 4096 (one uniform top-8 routing per row): our ragged dot, megablox gmm (default tiling and
@@ -85,13 +86,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.add_argument("--generations", default="v5e,v6e,v7x", help="TPU generations (default v5e,v6e,v7x)")
     parser.add_argument("--out", type=Path, help="also write the rows and the environment as JSON here")
+    parser.add_argument("--kernels", default="ragged_dot,attention",
+                        help="which workloads: ragged_dot, attention or both (default both)")
     parser.add_argument("--quick", action="store_true", help="Qwen3-30B-A3B decode only, one generation")
     args = parser.parse_args(argv)
     gens = parse_generations(args.generations)
+    kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
+    if not kernels or set(kernels) - {"ragged_dot", "attention"}:
+        parser.error(f"--kernels takes ragged_dot and/or attention, got {args.kernels!r}")
     if args.quick:
-        rows = peer_rows(gens[:1], moe_models=["qwen3_30b_a3b"], phases={"decode": 64})
+        rows = peer_rows(gens[:1], moe_models=["qwen3_30b_a3b"], phases={"decode": 64}, kernels=kernels)
     else:
-        rows = peer_rows(gens, moe_models=["qwen3_30b_a3b", "gemma4_26b_a4b"])
+        rows = peer_rows(gens, moe_models=["qwen3_30b_a3b", "gemma4_26b_a4b"], kernels=kernels)
     print(json.dumps([{**{k: r[k] for k in KEYS}, "detail": r.get("detail", "")} for r in rows], indent=1)
           if args.json else table(rows))
     if args.out:

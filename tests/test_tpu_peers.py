@@ -64,6 +64,15 @@ def test_one_row_per_peer_of_each_kernel(rows):
             assert r["how"] or r["compiled"] != "yes"
     prefill = {r["peer"] for r in rows if r["kernel"] == "flash_attention prefill"}
     assert {"kernel-hub", "jax flash_attention", "jax splash_attention"} <= prefill
+    decode = {r["peer"]: r for r in rows if r["kernel"] == "flash_attention decode"}
+    # ragged_paged_attention compiles for the mock chip once its blocks are explicit (its own tuned-table lookup
+    # reads jax.devices()[0], the CPU host, and refused: "TPU version must be 4 or higher"); both paged kernels
+    # take the head dim zero-padded to 128 and say so
+    rpa = decode["jax ragged_paged_attention"]
+    assert rpa["compiled"] == "yes" and rpa["modeled_s"] > 0 and "explicit blocks" in rpa["detail"]
+    assert all("zero-padded 64 -> 128" in decode[p]["detail"]
+               for p in ("jax ragged_paged_attention", "jax paged_attention"))
+    assert "best of" in rpa["detail"]
 
 
 def test_report_plots_the_peer_rows(rows):

@@ -194,7 +194,43 @@ def moe_rows(rd: Any, geo: Any, phase: str, tokens: int, generation: str, dtype:
 # ------------------------------------------------------------------------------------------- attention peers
 
 
-def prefill_peers(fa: Any, geo: Any, s: int, dtype: str) -> list[Peer]:
+def best_legal(name: str, candidates: list[tuple[str, Callable[..., Any]]], args: tuple[Any, ...],
+               generation: str, *, tries: int = 4) -> Peer:
+    """A peer at its best legal configuration: every candidate (label, fn) read by the cost model, then compiled for
+    the chip in order of modeled time until one compiles (legal = the compiler takes it). The detail names it."""
+    modeled = []
+    for label, fn in candidates:
+        try:
+            modeled.append((kernel_cost(fn, *args, generation=generation).seconds(chip(generation)), label, fn))
+        except Exception:  # a configuration the kernel itself refuses at trace
+            continue
+    modeled.sort(key=lambda t: t[0])
+    device = tpu_target_device(generation)
+    for _, label, fn in modeled[:tries]:
+        if _compile(Peer(name, fn, args), device)[0] == "yes":
+            return Peer(name, fn, args, detail=f"{label} (best of {len(modeled)} by the model that compiles)")
+    if modeled:  # none compiled: the fastest, whose compile error the row shows
+        return Peer(name, modeled[0][2], args, detail=f"{modeled[0][1]} (none of the {tries} fastest compiled)")
+    return Peer(name, None, refused="every configuration refused at trace")
+
+
+def _seconds(peer: Peer, args: tuple[Any, ...], generation: str) -> float:
+    """A peer's modeled time; infinity when it has no callable or the model refuses it."""
+    if peer.fn is None:
+        return math.inf
+    try:
+        return kernel_cost(peer.fn, *args, generation=generation).seconds(chip(generation))
+    except Exception:
+        return math.inf
+
+
+def _prefill_blocks(s: int) -> list[int]:
+    return [t for t in (256, 512, 1024, 2048, 4096) if t <= s and s % t == 0]
+
+
+def prefill_peers(fa: Any, geo: Any, s: int, dtype: str, generation: str) -> list[Peer]:
+    """Ours at its default tiles; jax's flash_attention and splash_attention each at the best of a sweep over
+    their block sizes (the default 128-blocks put them at tens of thousands of grid steps)."""
     import jax
     import jax.numpy as jnp
     from jax.experimental.pallas.ops.tpu import flash_attention as jfa
@@ -212,29 +248,51 @@ def prefill_peers(fa: Any, geo: Any, s: int, dtype: str) -> list[Peer]:
                                                                  sinks=r[0] if r else None,
                                                                  implementation="pallas", interpret=False),
                 ours_args, detail="sinks" if sinks is not None else "")
+    blocks = _prefill_blocks(s)
 
-    def jax_flash(q_, k_, v_):
-        k_, v_ = jnp.repeat(k_, group, axis=1), jnp.repeat(v_, group, axis=1)  # no GQA: K/V for every head
-        return jfa.flash_attention(q_, k_, v_, causal=True, sm_scale=scale)
+    def jax_flash(bs):
+        def call(q_, k_, v_):
+            k_, v_ = jnp.repeat(k_, group, axis=1), jnp.repeat(v_, group, axis=1)  # no GQA: K/V for every head
+            return jfa.flash_attention(q_, k_, v_, causal=True, sm_scale=scale, block_sizes=bs)
+        return call
+
+    flash_cands = []
+    for bq, bkm, bk in itertools.product(blocks, blocks, blocks):
+        if bk <= bkm and bkm % bk == 0 and bk <= 1024:
+            bs = jfa.BlockSizes(block_q=bq, block_k_major=bkm, block_k=bk, block_b=1)
+            flash_cands.append((f"blocks q {bq} k_major {bkm} k {bk}", jax_flash(bs)))
 
     mask = sm.MultiHeadMask([sm.CausalMask((s, s)) for _ in range(group)])
-    with jax.default_device(jax.devices("cpu")[0]):  # its block-sparsity tables are built on the host
-        splash = sk.make_splash_mqa_single_device(mask=mask)
 
-    def jax_splash(q_, k_, v_, *r):
-        qg = (q_[0] * scale).reshape(hkv, group, s, d)
-        if r:
-            out = jax.vmap(lambda a, b, c, z: splash(a, b, c, sinks=z))(qg, k_[0], v_[0], r[0].reshape(hkv, group))
-        else:
-            out = jax.vmap(splash)(qg, k_[0], v_[0])
-        return out.reshape(1, hq, s, d)
+    def jax_splash(bs):
+        with jax.default_device(jax.devices("cpu")[0]):  # its block-sparsity tables are built on the host
+            splash = sk.make_splash_mqa_single_device(mask=mask, block_sizes=bs)
 
-    return [ours, Peer("jax flash_attention", jax_flash, (q, kv, kv), detail="no GQA (K/V repeated), no sinks"),
-            Peer("jax splash_attention", jax_splash, ours_args,
-                 detail="MQA kernel per kv head" + (", sinks" if sinks is not None else ""))]
+        def call(q_, k_, v_, *r):
+            qg = (q_[0] * scale).reshape(hkv, group, s, d)
+            if r:
+                out = jax.vmap(lambda a, b, c, z: splash(a, b, c, sinks=z))(qg, k_[0], v_[0],
+                                                                            r[0].reshape(hkv, group))
+            else:
+                out = jax.vmap(splash)(qg, k_[0], v_[0])
+            return out.reshape(1, hq, s, d)
+        return call
+
+    splash_cands = []
+    for bq, bkv, bkc in itertools.product(blocks, blocks, blocks):
+        if bkc <= bkv and bkv % bkc == 0 and bkc <= 1024:
+            bs = sk.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkc)
+            splash_cands.append((f"blocks q {bq} kv {bkv} kv_compute {bkc}", jax_splash(bs)))
+    flash = best_legal("jax flash_attention", flash_cands, (q, kv, kv), generation)
+    flash.detail += "; no GQA (K/V repeated), no sinks"
+    splash = best_legal("jax splash_attention", splash_cands, ours_args, generation)
+    splash.detail += "; MQA kernel per kv head" + (", sinks" if sinks is not None else "")
+    return [ours, flash, splash]
 
 
-def decode_peers(fa: Any, geo: Any, b: int, cache: int, dtype: str, page: int = 128) -> list[Peer]:
+def decode_peers(fa: Any, geo: Any, b: int, cache: int, dtype: str, generation: str) -> list[Peer]:
+    """Ours; jax's paged_attention and ragged_paged_attention each at the best of a sweep over page size and
+    pages (and queries) per block."""
     import jax
     from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
     from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
@@ -250,25 +308,49 @@ def decode_peers(fa: Any, geo: Any, b: int, cache: int, dtype: str, page: int = 
                                                                       sinks=r[0] if r else None,
                                                                       implementation="pallas", interpret=False),
                 ours_args, detail="sinks" if sinks is not None else "")
-    pages_per_seq = cache // page
-    table = np.arange(b * pages_per_seq, dtype=np.int32).reshape(b, pages_per_seq)
-    pages = sds((hkv, b * pages_per_seq, page, d), dtype)
-
-    def jax_paged(q_, k_, v_, l_, t_):
-        return paged_attention(q_ * scale, k_, v_, l_, t_, pages_per_compute_block=8)
-
-    combined = sds((b * pages_per_seq, page, 2 * hkv, d), dtype)
-    cu = np.arange(b + 1, dtype=np.int32)
-    num = np.array([b], np.int32)
-
-    def jax_ragged_paged(q_, kv_, l_, t_, cu_, n_):
-        return ragged_paged_attention(q_, kv_, l_, t_, cu_, n_, sm_scale=scale)
-
-    return [ours,
-            Peer("jax paged_attention", jax_paged, (sds((b, hq, d), dtype), pages, pages, lens, table),
-                 detail=f"pages of {page}, 8 per block, no sinks"),
-            Peer("jax ragged_paged_attention", jax_ragged_paged,
-                 (sds((b, hq, d), dtype), combined, lens, table, cu, num), detail=f"pages of {page}, no sinks")]
+    peers = [ours]
+    # both peers need head_dim % 128 == 0 (paged_attention's m/l output blocks, ragged_paged_attention's lane
+    # broadcasts assert it): a user of theirs stores the cache zero-padded to 128, which they then read
+    dp = -(-d // 128) * 128
+    pad = f"head dim zero-padded {d} -> {dp}; " if dp != d else ""
+    q_p = sds((b, hq, dp), dtype)
+    best_paged = None
+    for page in (128, 256):
+        pages_per_seq = cache // page
+        table = np.arange(b * pages_per_seq, dtype=np.int32).reshape(b, pages_per_seq)
+        pages = sds((hkv, b * pages_per_seq, page, dp), dtype)
+        cands = []
+        for per_block in [n for n in (8, 16, 32) if pages_per_seq % n == 0] or [pages_per_seq]:
+            fn = lambda q_, k_, v_, l_, t_, n=per_block: paged_attention(q_ * scale, k_, v_, l_, t_,
+                                                                         pages_per_compute_block=n)
+            cands.append((f"pages of {page}, {per_block} per block", fn))
+        args = (q_p, pages, pages, lens, table)
+        peer = best_legal("jax paged_attention", cands, args, generation)
+        secs = _seconds(peer, args, generation)
+        if best_paged is None or secs < best_paged[0]:
+            best_paged = (secs, peer)
+    best_paged[1].detail = pad + best_paged[1].detail + "; no sinks"
+    peers.append(best_paged[1])
+    best_rpa = None
+    for page, kv_pages_set in ((128, (8, 16, 32, 64)), (256, (8, 16, 32))):
+        pages_per_seq = cache // page
+        table = np.arange(b * pages_per_seq, dtype=np.int32).reshape(b, pages_per_seq)
+        args = (q_p, sds((b * pages_per_seq, page, 2 * hkv, dp), dtype), lens, table,
+                np.arange(b + 1, dtype=np.int32), np.array([b], np.int32))
+        cands = []
+        kv_pages_set = [n for n in kv_pages_set if n <= pages_per_seq] or [pages_per_seq]
+        for kv_pages, queries in itertools.product(kv_pages_set, (16, 64)):
+            fn = lambda q_, kv_, l_, t_, cu_, n_, kp=kv_pages, nq=queries: ragged_paged_attention(
+                q_, kv_, l_, t_, cu_, n_, sm_scale=scale, num_kv_pages_per_block=kp, num_queries_per_block=nq)
+            cands.append((f"pages of {page}, {kv_pages} pages x {queries} queries per block", fn))
+        peer = best_legal("jax ragged_paged_attention", cands, args, generation)
+        secs = _seconds(peer, args, generation)
+        if best_rpa is None or secs < best_rpa[0]:
+            best_rpa = (secs, peer)
+    best_rpa[1].detail = pad + best_rpa[1].detail + "; no sinks; explicit blocks (its tuned-table lookup asks " \
+        "jax.devices()[0], the CPU host under a mock TPU: 'TPU version must be 4 or higher')"
+    peers.append(best_rpa[1])
+    return peers
 
 
 def attention_rows(fa: Any, geo: Any, shapes: Any, generation: str, dtype: str) -> list[dict[str, Any]]:
@@ -283,9 +365,10 @@ def attention_rows(fa: Any, geo: Any, shapes: Any, generation: str, dtype: str) 
     dec_flops = 4.0 * b * hq * cache * d
     ideal = lambda by, fl: lambda c: max(by / c.hbm_bytes_per_s, fl / c.bf16_flops_per_s)
     return [*rows_for("flash_attention prefill", f"gqa {hq}/{hkv}x{d} prefill {s} causal",
-                      prefill_peers(fa, geo, s, dtype), ideal(pre_bytes, pre_flops), generation),
+                      prefill_peers(fa, geo, s, dtype, generation), ideal(pre_bytes, pre_flops), generation),
             *rows_for("flash_attention decode", f"gqa {hq}/{hkv}x{d} decode b{b} cache {cache}",
-                      decode_peers(fa, geo, b, cache, dtype), ideal(dec_bytes, dec_flops), generation)]
+                      decode_peers(fa, geo, b, cache, dtype, generation), ideal(dec_bytes, dec_flops),
+                      generation)]
 
 
 def run_peers(request: dict[str, Any], emit: Any) -> int:

@@ -20,7 +20,16 @@ import jax.numpy as jnp
 from ._vendor.dispatch import Dispatch
 from ._vendor.interpret import pallas_remark, run_dispatch
 from ._vendor.shapes import check_attention
-from .config import AttentionConfig, block_for, default_config, kv_transposed, round_up
+from .config import (
+    AttentionConfig,
+    block_for,
+    default_config,
+    device_kind_of,
+    kv_transposed,
+    round_up,
+    sub_block,
+    vmem_plan,
+)
 from .cpu import cpu_attention, xla_attention, xla_decode_attention
 from .pallas_decode import DecodeStatic, decode_forward
 from .pallas_flash import FlashStatic, flash_attention_padded
@@ -38,6 +47,12 @@ implementations_for, resolve_implementation, last_implementation = _DISPATCH.exp
 
 def _lengths(x: Any, batch: int, full: int) -> jax.Array:
     return jnp.full((batch,), full, jnp.int32) if x is None else jnp.clip(jnp.asarray(x, jnp.int32), 0, full)
+
+
+def _vmem(x: jax.Array) -> dict[str, Any]:
+    """The VMEM budget and limit of the chip the call runs on (config.vmem_plan)."""
+    budget, limit, _ = vmem_plan(device_kind_of(x))
+    return {"vmem_budget_bytes": budget, "vmem_limit_bytes": limit}
 
 
 def _pad_axis(x: jax.Array, axis: int, size: int) -> jax.Array:
@@ -66,7 +81,9 @@ def _prefill(q, k, v, sinks, q_lengths, kv_lengths, *, impl, causal, sm_scale, w
     st = FlashStatic(causal=causal, sm_scale=sm_scale, window=window, soft_cap=soft_cap, has_sinks=sinks is not None,
                      block_q=bq, block_kv=bk, group=hq // hkv, interpret=interpret,
                      vmem_limit_bytes=config.vmem_limit_bytes,
-                     heads_per_block=math.gcd(config.heads_per_block, hq // hkv))
+                     heads_per_block=math.gcd(config.heads_per_block, hq // hkv),
+                     chunk_q=sub_block(bq, config.chunk_q), chunk_kv=sub_block(bk, config.chunk_kv),
+                     bwd_block_q=sub_block(bq, config.bwd_block_q), bwd_block_kv=sub_block(bk, config.bwd_block_kv))
     snk = jnp.zeros((hq,), jnp.float32) if sinks is None else jnp.asarray(sinks, jnp.float32)
     out = flash_attention_padded(
         st, _pad_axis(q, 2, sq_pad), _pad_axis(k, 2, skv_pad), _pad_axis(v, 2, skv_pad), snk,
@@ -105,7 +122,8 @@ def flash_attention(
     q, k, v = jnp.asarray(q), jnp.asarray(k), jnp.asarray(v)
     window, scale, cap = check_attention(q.shape, k.shape, v.shape, sliding_window=sliding_window, sm_scale=sm_scale,
                                          logits_soft_cap=logits_soft_cap)
-    cfg = config or default_config(q.shape[2], k.shape[2], q.shape[3], q.dtype, group=q.shape[1] // k.shape[1])
+    cfg = config or default_config(q.shape[2], k.shape[2], q.shape[3], q.dtype, group=q.shape[1] // k.shape[1],
+                                   **_vmem(q))
     run = lambda impl, mode: _prefill(q, k, v, sinks, q_lengths, kv_lengths, impl=impl, causal=bool(causal),
                                       sm_scale=scale, window=window, soft_cap=cap, config=cfg, interpret=mode)
     return run_dispatch(_DISPATCH, implementation, interpret, (q, k, v), run, "the attention kernel")
@@ -166,7 +184,7 @@ def decode_attention(
     window, scale, cap = check_attention(q.shape, k_cache.shape, v_cache.shape, sliding_window=sliding_window,
                                          sm_scale=sm_scale, logits_soft_cap=logits_soft_cap, decode=True)
     cfg = config or default_config(1, k_cache.shape[2], q.shape[-1], q.dtype, kv_heads=k_cache.shape[1],
-                                   group=q.shape[1] // k_cache.shape[1], window=window)
+                                   group=q.shape[1] // k_cache.shape[1], window=window, **_vmem(k_cache))
     run = lambda impl, mode: _decode(q, k_cache, v_cache, kv_lengths, sinks, impl=impl, sm_scale=scale,
                                      window=window, soft_cap=cap, config=cfg, interpret=mode)
     return run_dispatch(_DISPATCH, implementation, interpret, (q, k_cache, v_cache), run, "the attention kernel")

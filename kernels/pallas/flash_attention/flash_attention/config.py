@@ -34,6 +34,10 @@ class AttentionConfig:
       XLA gives the cache on a TPU (`kv_transposed`), so the cache reaches the kernel without a copy.
     heads_per_block: query heads of one kv group per forward grid step (the kernel takes the largest divisor of
       the group up to it); they share the step's K/V block.
+    chunk_q, chunk_kv: the forward's inner tiles (0: the whole block): each query chunk computes only the key
+      chunks its causal band / window reaches. The kernel takes the largest multiple of 128 up to each that
+      divides the block (or the block).
+    bwd_block_q, bwd_block_kv: the backward kernels' blocks (0: the forward's), taken the same way.
     cpu_block_q: query rows per chunk in the "cpu" path; each chunk only reads the keys its causal or
       sliding-window band can reach (static skipping), and bounds the score buffer.
     vmem_limit_bytes: scoped-VMEM limit handed to Mosaic; None keeps the compiler default.
@@ -46,12 +50,68 @@ class AttentionConfig:
     vmem_limit_bytes: int | None = None
     decode_kv_transposed: bool | None = None
     heads_per_block: int = 1
+    chunk_q: int = 0
+    chunk_kv: int = 0
+    bwd_block_q: int = 0
+    bwd_block_kv: int = 0
 
     def __post_init__(self) -> None:
         for name in ("block_q", "block_kv", "decode_block_kv", "cpu_block_q", "heads_per_block"):
             value = getattr(self, name)
             if value <= 0:
                 raise ValueError(f"AttentionConfig.{name} must be positive, got {value}")
+        for name in ("chunk_q", "chunk_kv", "bwd_block_q", "bwd_block_kv"):
+            value = getattr(self, name)
+            if value < 0:
+                raise ValueError(f"AttentionConfig.{name} must be 0 (the block) or positive, got {value}")
+
+
+def sub_block(tile: int, want: int) -> int:
+    """A tile's sub-tile: the largest multiple of 128 up to `want` that divides it; the tile itself when `want`
+    is 0 or covers it, or when no multiple of 128 divides it (a short whole-sequence tile)."""
+    if want <= 0 or want >= tile:
+        return tile
+    for size in range(want - want % LANES, LANES - 1, -LANES):
+        if tile % size == 0:
+            return size
+    return tile
+
+
+#: Physical VMEM per TensorCore by device kind (jax._src.pallas.mosaic.tpu_info's table, libtpu 0.0.52), matched
+#: by substring of `device.device_kind`, most specific first.
+VMEM_BY_KIND: tuple[tuple[str, int], ...] = (
+    ("v5 lite", 128 << 20), ("v5e", 128 << 20), ("v6", 128 << 20), ("7x", 64 << 20), ("tpu7", 64 << 20),
+    ("v5p", 64 << 20), ("tpu v5", 64 << 20), ("v4", 16 << 20),
+)
+
+
+def vmem_plan(device_kind: str | None) -> tuple[int, int | None, str]:
+    """(tile budget, scoped-VMEM limit for Mosaic or None, reason) for a chip: 7/8 of its physical VMEM, at most
+    96 MiB, when that is above the 16 MiB every generation allows by default (the tiles then use 5/8 of it, the
+    rest is Mosaic's); unknown chips (a CPU host tracing without a TPU device) and v4 keep the 16 MiB default
+    with no limit set."""
+    kind = (device_kind or "").lower()
+    physical = next((size for key, size in VMEM_BY_KIND if key in kind), None)
+    if physical is None or physical * 7 // 8 <= DEFAULT_VMEM_BUDGET_BYTES:
+        why = "unknown chip" if physical is None else f"{device_kind}: {physical >> 20} MiB of VMEM"
+        return DEFAULT_VMEM_BUDGET_BYTES, None, f"{why}: the 16 MiB default scoped VMEM"
+    limit = min(physical * 7 // 8, 96 << 20)
+    return limit, limit, f"{device_kind}: {physical >> 20} MiB of VMEM, scoped limit {limit >> 20} MiB"
+
+
+def device_kind_of(*arrays: object) -> str | None:
+    """The device kind a call on these arrays runs on: their devices (concrete arrays), else jax's default device
+    (set when compiling for a mock TPU), else the default backend's first device when it is a TPU. Never asks
+    Pallas (pltpu.get_tpu_info at trace time breaks CPU interpret)."""
+    import jax
+
+    for a in arrays:
+        if isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer):
+            return next(iter(a.devices())).device_kind
+    default = jax.config.jax_default_device
+    if default is not None and not isinstance(default, str):
+        return default.device_kind
+    return jax.devices()[0].device_kind if jax.default_backend() == "tpu" else None
 
 
 def block_for(length: int, block: int) -> tuple[int, int]:
@@ -69,13 +129,17 @@ def tile_bytes(rows: int, cols: int, itemsize: int) -> int:
     return round_up(max(rows, 1), 8) * round_up(max(cols, 1), LANES) * itemsize
 
 
-def vmem_bytes(block_q: int, block_kv: int, head_dim: int, itemsize: int, heads: int = 1) -> int:
+def vmem_bytes(block_q: int, block_kv: int, head_dim: int, itemsize: int, heads: int = 1, *, chunk_q: int = 0,
+               chunk_kv: int = 0, whole_kv: bool = False) -> int:
     """VMEM of one forward step over `heads` query heads: double-buffered q/o blocks and lse rows per head,
-    k/v blocks, the f32 m/l/acc scratch per head, and one head's f32 score/probability temporaries."""
+    k/v blocks, the f32 m/l/acc state (one chunk's when the key block is the whole sequence, `whole_kv`, else every
+    row of every head) and one chunk's f32 score/probability temporaries."""
+    cq, ck = chunk_q or block_q, chunk_kv or block_kv
     blocks = 2 * (heads * (2 * tile_bytes(block_q, head_dim, itemsize) + tile_bytes(1, block_q, 4))
                   + 2 * tile_bytes(block_kv, head_dim, itemsize))
-    scratch = heads * (2 * tile_bytes(block_q, LANES, 4) + tile_bytes(block_q, head_dim, 4))
-    temps = 3 * block_q * block_kv * 4
+    state_rows = cq if whole_kv else heads * block_q
+    scratch = 2 * tile_bytes(state_rows, LANES, 4) + tile_bytes(state_rows, head_dim, 4)
+    temps = 3 * cq * ck * 4
     return blocks + scratch + temps
 
 
@@ -92,23 +156,56 @@ def _sizes(length: int, cap: int) -> list[int]:
     return out or [whole]
 
 
+#: The forward's inner tile (query rows x key columns): a diagonal block wastes a chunk's triangle, i.e. a
+#: fraction chunk / sequence of the causal work (6% at 256 over 4096), while each chunk's dots stay MXU-sized.
+FORWARD_CHUNK = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillTiles:
+    block_q: int
+    block_kv: int
+    heads: int
+    chunk: int
+    bwd_block_q: int
+    bwd_block_kv: int
+    reason: str
+
+
 def prefill_tiles(q_len: int, kv_len: int, head_dim: int, itemsize: int, group: int,
-                  vmem_budget_bytes: int) -> tuple[int, int, int]:
-    """(block_q, block_kv, heads_per_block) of the forward: the most work per grid step (heads x block_q x
-    block_kv) that fits 5/8 of the VMEM budget, with block_q <= 512 and block_kv <= 1024 (wider blocks waste
-    more of the causal diagonal), ties to wider key blocks. A step costs ~0.35 us, which at head dim 64 is
-    more than one head's 512 x 512 block of work; the heads of one kv group share the step's K/V block."""
+                  vmem_budget_bytes: int) -> PrefillTiles:
+    """Forward: the most work per grid step (heads x block_q x block_kv) that fits 5/8 of the VMEM budget, with
+    block_q <= 2048 and block_kv <= 8192, ties to more heads (they share the K/V block, fetched once per head
+    group) then wider key blocks; inner chunks of FORWARD_CHUNK. A step costs
+    ~0.35 us, which at head dim 64 is more than one head's 512 x 512 block of work, so big blocks pay; the chunks
+    keep the causal waste of a big diagonal block to a chunk's triangle. Backward: the work per step of one head
+    (block_q <= 512, block_kv <= 1024, dividing the forward's), whose [bk, bq] temporaries are several."""
+    budget = vmem_budget_bytes * 5 // 8
     best: tuple[int, int, int, int] | None = None
     for heads in (h for h in range(group, 0, -1) if group % h == 0):
-        for bq in _sizes(q_len, 512):
-            for bk in _sizes(kv_len, 1024):
-                if vmem_bytes(bq, bk, head_dim, itemsize, heads) > vmem_budget_bytes * 5 // 8:
+        for bq in _sizes(q_len, 2048):
+            for bk in _sizes(kv_len, 8192):
+                whole = bk >= kv_len
+                need = vmem_bytes(bq, bk, head_dim, itemsize, heads, chunk_q=sub_block(bq, FORWARD_CHUNK),
+                                  chunk_kv=sub_block(bk, FORWARD_CHUNK), whole_kv=whole)
+                if need > budget:
                     continue
-                key = (heads * bq * bk, bk, bq, heads)
+                key = (heads * bq * bk, heads, bk, bq)
                 best = key if best is None or key > best else best
     if best is None:
-        return min(LANES, round_up(max(q_len, 1), 8)), min(LANES, round_up(max(kv_len, 1), 8)), 1
-    return best[2], best[1], best[3]
+        bq, bk, heads = min(LANES, round_up(max(q_len, 1), 8)), min(LANES, round_up(max(kv_len, 1), 8)), 1
+        why = f"nothing fits 5/8 of {vmem_budget_bytes >> 20} MiB: the smallest blocks"
+    else:
+        _, heads, bk, bq = best
+        why = (f"{heads} heads x {bq} x {bk} per step: the most work per step within 5/8 of "
+               f"{vmem_budget_bytes >> 20} MiB of VMEM")
+    bwd_q, bwd_k = LANES, LANES
+    for q_ in _sizes(bq, 512):
+        for k_ in _sizes(bk, 1024):
+            fits = vmem_bytes(q_, k_, head_dim, itemsize) <= budget
+            if fits and q_ * k_ > bwd_q * bwd_k and bq % q_ == 0 and bk % k_ == 0:
+                bwd_q, bwd_k = q_, k_
+    return PrefillTiles(bq, bk, heads, FORWARD_CHUNK, sub_block(bq, bwd_q), sub_block(bk, bwd_k), why)
 
 
 def kv_transposed(length: int, head_dim: int) -> bool:
@@ -130,10 +227,10 @@ def decode_vmem_bytes(block_kv: int, kv_heads: int, group: int, head_dim: int, i
 
 def decode_block(kv_len: int, head_dim: int, itemsize: int, *, kv_heads: int, group: int, window: int | None,
                  transposed: bool, vmem_budget_bytes: int) -> int:
-    """Cache positions per decode step: the most (a multiple of 128, up to 4096) that fit 5/8 of the VMEM budget,
+    """Cache positions per decode step: the most (a multiple of 128, up to 8192) that fit 5/8 of the VMEM budget,
     fewer with a sliding window (no wider than the window, rounded up to 128): steps cost 0.35 us each, so a
     step should move megabytes, but a block past what a window needs is read for nothing."""
-    cap = min(4096, round_up(max(kv_len, 1), LANES))
+    cap = min(8192, round_up(max(kv_len, 1), LANES))
     if window is not None:
         cap = min(cap, round_up(window, LANES))
     block = cap
@@ -154,17 +251,20 @@ def default_config(
     group: int = 1,
     window: int | None = None,
     vmem_budget_bytes: int = DEFAULT_VMEM_BUDGET_BYTES,
+    vmem_limit_bytes: int | None = None,
 ) -> AttentionConfig:
     """Prefill tiles from prefill_tiles (query heads of a `group` per step, within the VMEM budget) and decode
     blocks sized for `kv_heads` heads of `group` queries each (decode_block). 5/8 of the budget (16 MiB: the
     smallest scoped VMEM among v4..v7x) leaves room for Mosaic's own temporaries; the compile gate checks
     every model geometry compiles on each generation."""
     itemsize = jnp.dtype(dtype).itemsize
-    bq, bk, heads = prefill_tiles(q_len, kv_len, head_dim, itemsize, group, vmem_budget_bytes)
+    tiles = prefill_tiles(q_len, kv_len, head_dim, itemsize, group, vmem_budget_bytes)
     decode_bk = decode_block(kv_len, head_dim, itemsize, kv_heads=kv_heads, group=group, window=window,
                              transposed=kv_transposed(kv_len, head_dim), vmem_budget_bytes=vmem_budget_bytes)
     # CPU: 128-row chunks ran fastest at S=1024 on 2 cores (cache-resident scores, more band skipping);
     # longer sequences get wider chunks to keep the unrolled chunk count (compile time) near 16.
     cpu_bq = min(1024, max(128, round_up(cdiv(q_len, 16), 128)))
-    return AttentionConfig(block_q=bq, block_kv=bk, decode_block_kv=decode_bk, cpu_block_q=cpu_bq,
-                           heads_per_block=heads)
+    return AttentionConfig(block_q=tiles.block_q, block_kv=tiles.block_kv, decode_block_kv=decode_bk,
+                           cpu_block_q=cpu_bq, heads_per_block=tiles.heads, chunk_q=tiles.chunk, chunk_kv=tiles.chunk,
+                           bwd_block_q=tiles.bwd_block_q, bwd_block_kv=tiles.bwd_block_kv,
+                           vmem_limit_bytes=vmem_limit_bytes)

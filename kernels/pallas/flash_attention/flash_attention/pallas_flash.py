@@ -4,9 +4,13 @@ Forward, grid (B, Hq / heads_per_block, q blocks, kv blocks): an online softmax 
 max m and sum l in VMEM scratch; grouped-query heads read their kv head through the index map, so K/V are never
 repeated. One step takes `heads_per_block` query heads of one kv group against one K/V block: at small head
 dims a single head's [bq, bk] block is far less work than the ~0.35 us a grid step costs, and the heads share
-the K/V block and the mask. Per-sequence lengths, the causal band and the sliding window give each query block a range
+the K/V block. Per-sequence lengths, the causal band and the sliding window give each query block a range
 of key blocks [first, last]; the index map clamps the key block into that range, so steps outside it
 re-address the block already resident and Pallas issues no DMA for them, and the body is skipped.
+Inside a step the block is worked in chunk_q x chunk_kv tiles: each query chunk loops over only the key chunks
+its band reaches (block-sparse causal skipping below the grid's granularity). Big blocks (the whole key sequence
+of a kv head resident, a 1024-row query block) keep the grid to a few dozen steps, and the chunks keep the
+wasted part of each diagonal block to a chunk's triangle.
 
 Backward works in the transposed layout (keys on sublanes, queries on lanes) so the per-row
 logsumexp and delta arrive as lane-dense [1, block_q] rows rather than columns:
@@ -48,6 +52,25 @@ class FlashStatic:
     interpret: Any = False
     vmem_limit_bytes: int | None = None
     heads_per_block: int = 1  # forward: query heads per grid step (divides group)
+    chunk_q: int = 0  # forward: query rows / key columns per inner tile (divide block_q / block_kv; 0: the block)
+    chunk_kv: int = 0
+    bwd_block_q: int = 0  # backward kernels' blocks (divide block_q / block_kv; 0: the forward's)
+    bwd_block_kv: int = 0
+
+    @property
+    def cq(self) -> int:
+        return self.chunk_q or self.block_q
+
+    @property
+    def ck(self) -> int:
+        return self.chunk_kv or self.block_kv
+
+    def backward(self) -> FlashStatic:
+        """The statics the backward kernels run with: their own blocks (the forward's are sized for one pass
+        over the keys per query block; the backward holds more [bq, bk] temporaries per step)."""
+        return dataclasses.replace(self, block_q=self.bwd_block_q or self.block_q,
+                                   block_kv=self.bwd_block_kv or self.block_kv, chunk_q=0, chunk_kv=0,
+                                   bwd_block_q=0, bwd_block_kv=0)
 
 
 def _dot(a: jax.Array, b: jax.Array, contract: tuple[int, int]) -> jax.Array:
@@ -77,10 +100,9 @@ def online_softmax_step(s: jax.Array, mask: jax.Array, v: jax.Array, m_scr: Any,
     acc_scr[...] = acc_scr[...] * alpha[:, :1] + _dot(_mxu(p, v), v, (1, 1) if values_transposed else (1, 0))
 
 
-def kv_block_range(q_len: jax.Array, kv_len: jax.Array, qi: jax.Array, st: FlashStatic):
-    """(first, last, empty): the key blocks query block qi attends. Scalar math: runs in index maps."""
-    r0 = qi * st.block_q
-    r1 = jnp.minimum(r0 + st.block_q, q_len) - 1
+def key_range(q_len: jax.Array, kv_len: jax.Array, r0: jax.Array, rows: int, st: FlashStatic):
+    """(lo, hi, empty): the keys that query rows r0 .. r0 + rows - 1 attend, as positions. Scalar math."""
+    r1 = jnp.minimum(r0 + rows, q_len) - 1
     off = kv_len - q_len
     lo = jnp.int32(0)
     hi = kv_len - 1
@@ -88,7 +110,12 @@ def kv_block_range(q_len: jax.Array, kv_len: jax.Array, qi: jax.Array, st: Flash
         hi = jnp.minimum(hi, r1 + off)
     if st.window is not None:
         lo = jnp.maximum(lo, r0 + off - st.window + 1)
-    empty = (r1 < r0) | (hi < lo)
+    return lo, hi, (r1 < r0) | (hi < lo)
+
+
+def kv_block_range(q_len: jax.Array, kv_len: jax.Array, qi: jax.Array, st: FlashStatic):
+    """(first, last, empty): the key blocks query block qi attends. Scalar math: runs in index maps."""
+    lo, hi, empty = key_range(q_len, kv_len, qi * st.block_q, st.block_q, st)
     return lo // st.block_kv, jnp.maximum(hi, 0) // st.block_kv, empty
 
 
@@ -134,52 +161,97 @@ def _logits(a: jax.Array, b: jax.Array, st: FlashStatic) -> tuple[jax.Array, jax
 
 
 def _fwd_kernel(qlen_ref, kvlen_ref, sinks_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, m_scr, l_scr, acc_scr,
-                *, st: FlashStatic):
+                *, st: FlashStatic, nk: int):
+    """One (query block, key block) step for `heads_per_block` heads, in inner tiles of chunk_q x chunk_kv: each
+    query chunk loops over only the key chunks its causal band / window / length reaches, so the masked part of a
+    diagonal block is neither computed nor (being outside every chunk's range) touched. With one key block per
+    sequence (nk == 1) a chunk's running max/sum/accumulator live in a one-chunk scratch and the chunk is finished
+    at once; otherwise the scratch holds every row of the block across the key steps."""
     b, hb, qi, kj = pl.program_id(0), pl.program_id(1), pl.program_id(2), pl.program_id(3)
     q_len, kv_len = qlen_ref[b], kvlen_ref[b]
     first, last, empty = kv_block_range(q_len, kv_len, qi, st)
-    heads = st.heads_per_block
+    heads, cq, ck = st.heads_per_block, st.cq, st.ck
+    whole = nk == 1  # the state of one chunk at a time
 
-    @pl.when(kj == 0)
-    def _init():
-        m_scr[...] = jnp.full(m_scr.shape, MASKED, jnp.float32)
-        l_scr[...] = jnp.zeros(l_scr.shape, jnp.float32)
-        acc_scr[...] = jnp.zeros(acc_scr.shape, jnp.float32)
+    if not whole:
+        @pl.when(kj == 0)
+        def _init():
+            m_scr[...] = jnp.full(m_scr.shape, MASKED, jnp.float32)
+            l_scr[...] = jnp.zeros(l_scr.shape, jnp.float32)
+            acc_scr[...] = jnp.zeros(acc_scr.shape, jnp.float32)
 
-    @pl.when(jnp.logical_not(empty) & (kj >= first) & (kj <= last))
+    def state(i, c):
+        rows = pl.ds(0, cq) if whole else pl.ds(c * cq, cq)
+        h = 0 if whole else i
+        return m_scr.at[h, rows], l_scr.at[h, rows], acc_scr.at[h, rows]
+
+    def chunk(i, c):
+        """Query chunk c of head i against the key chunks of block kj it attends."""
+        r0 = qi * st.block_q + c * cq
+        lo, hi, none = key_range(q_len, kv_len, r0, cq, st)
+        base = kj * st.block_kv
+        c_first = jnp.maximum(lo - base, 0) // ck
+        c_last = jnp.where(none, -1, (jnp.minimum(hi, base + st.block_kv - 1) - base) // ck)
+        m_ref, l_ref, acc_ref = state(i, c)
+        if whole:
+            m_ref[...] = jnp.full(m_ref.shape, MASKED, jnp.float32)
+            l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
+            acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
+        q = q_ref[i, pl.ds(c * cq, cq), :]
+
+        def kv_chunk(j, carry):
+            cols0 = pl.multiple_of(j * ck, ck)
+            k, v = k_ref[pl.ds(cols0, ck), :], v_ref[pl.ds(cols0, ck), :]
+            s, _ = _logits(q, k, st)
+            rows = r0 + jax.lax.broadcasted_iota(jnp.int32, (cq, ck), 0)
+            cols = base + cols0 + jax.lax.broadcasted_iota(jnp.int32, (cq, ck), 1)
+            online_softmax_step(s, _mask(rows, cols, q_len, kv_len, st), v, m_ref, l_ref, acc_ref)
+            return carry
+
+        jax.lax.fori_loop(c_first, c_last + 1, kv_chunk, None)
+        if whole:
+            _finish_chunk(i, c, hb, m_ref, l_ref, acc_ref, sinks_ref, o_ref, lse_ref, st)
+
     def _step():
-        k, v = k_ref[...], v_ref[...]
-        shape = (st.block_q, st.block_kv)
-        rows = qi * st.block_q + jax.lax.broadcasted_iota(jnp.int32, shape, 0)
-        cols = kj * st.block_kv + jax.lax.broadcasted_iota(jnp.int32, shape, 1)
-        mask = _mask(rows, cols, q_len, kv_len, st)  # one mask for every head of the block
-
         def head(i, carry):
-            s, _ = _logits(q_ref[i], k, st)
-            online_softmax_step(s, mask, v, m_scr.at[i], l_scr.at[i], acc_scr.at[i])
+            for c in range(st.block_q // cq):  # static: lane offsets of the lse row stay static
+                chunk(i, c)
             return carry
 
         _over_heads(heads, head)
 
-    @pl.when(kj == pl.num_programs(3) - 1)
-    def _finish():
-        def head(i, carry):
-            m, denom, acc = m_scr[i], l_scr[i], acc_scr[i]
-            if st.has_sinks:  # the sink joins the denominator only: rescale to max(m, sink) and add its term
-                sink = sinks_ref[hb * heads + i]
-                m_fin = jnp.maximum(m, sink)
-                rescale = jnp.exp(m - m_fin)
-                denom = denom * rescale + jnp.exp(sink - m_fin)
-                acc = acc * rescale[:, :1]
-                m = m_fin
-            has_keys = denom > 0
-            safe_l = jnp.where(has_keys, denom, 1.0)
-            o_ref[i] = (acc / safe_l[:, :1]).astype(o_ref.dtype)
-            lse = jnp.where(has_keys, m + jnp.log(safe_l), EMPTY_LSE)  # [bq, LANES]
-            lse_ref[i] = lse.T[:1, :]  # lane-dense row for the backward kernels
-            return carry
+    if whole:  # every chunk runs (an empty one finishes as zeros): the step writes its whole output block
+        _step()
+    else:
+        pl.when(jnp.logical_not(empty) & (kj >= first) & (kj <= last))(_step)
 
-        _over_heads(heads, head)
+    if not whole:
+        @pl.when(kj == pl.num_programs(3) - 1)
+        def _finish():
+            def head(i, carry):
+                for c in range(st.block_q // cq):
+                    _finish_chunk(i, c, hb, *state(i, c), sinks_ref, o_ref, lse_ref, st)
+                return carry
+
+            _over_heads(heads, head)
+
+
+def _finish_chunk(i, c, hb, m_ref, l_ref, acc_ref, sinks_ref, o_ref, lse_ref, st: FlashStatic) -> None:
+    """Normalise query chunk c of head i: output rows and their lane-dense logsumexp."""
+    m, denom, acc = m_ref[...], l_ref[...], acc_ref[...]
+    if st.has_sinks:  # the sink joins the denominator only: rescale to max(m, sink) and add its term
+        sink = sinks_ref[hb * st.heads_per_block + i]
+        m_fin = jnp.maximum(m, sink)
+        rescale = jnp.exp(m - m_fin)
+        denom = denom * rescale + jnp.exp(sink - m_fin)
+        acc = acc * rescale[:, :1]
+        m = m_fin
+    has_keys = denom > 0
+    safe_l = jnp.where(has_keys, denom, 1.0)
+    rows = pl.ds(c * st.cq, st.cq)
+    o_ref[i, rows, :] = (acc / safe_l[:, :1]).astype(o_ref.dtype)
+    lse = jnp.where(has_keys, m + jnp.log(safe_l), EMPTY_LSE)  # [cq, LANES]
+    lse_ref[i, :, rows] = lse.T[:1, :]  # lane-dense row for the backward kernels
 
 
 def _over_heads(heads: int, body: Any) -> None:
@@ -199,6 +271,9 @@ def flash_forward(q, k, v, sinks, q_len, kv_len, st: FlashStatic):
     bq, bk, g, hpb = st.block_q, st.block_kv, st.group, st.heads_per_block
     if g % hpb:
         raise ValueError(f"heads_per_block {hpb} must divide the group of {g} query heads per kv head")
+    if bq % st.cq or bk % st.ck:
+        raise ValueError(f"chunks {st.cq}x{st.ck} must divide the blocks {bq}x{bk}")
+    state_heads, state_rows = (1, st.cq) if nk == 1 else (hpb, bq)
 
     def kv_map(bi, hb, qi, kj, qlen_ref, kvlen_ref, sinks_ref):
         first, last, empty = kv_block_range(qlen_ref[bi], kvlen_ref[bi], qi, st)
@@ -207,7 +282,7 @@ def flash_forward(q, k, v, sinks, q_len, kv_len, st: FlashStatic):
     q_map = lambda bi, hb, qi, kj, *_: (bi, hb, qi, 0)
     lse_map = lambda bi, hb, qi, kj, *_: (bi, hb, 0, qi)
     return pl.pallas_call(
-        functools.partial(_fwd_kernel, st=st),
+        functools.partial(_fwd_kernel, st=st, nk=nk),
         out_shape=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, hq, 1, sq), jnp.float32)),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=3,
@@ -219,9 +294,9 @@ def flash_forward(q, k, v, sinks, q_len, kv_len, st: FlashStatic):
             ],
             out_specs=[pl.BlockSpec((None, hpb, bq, d), q_map), pl.BlockSpec((None, hpb, 1, bq), lse_map)],
             scratch_shapes=[
-                pltpu.VMEM((hpb, bq, LANES), jnp.float32),
-                pltpu.VMEM((hpb, bq, LANES), jnp.float32),
-                pltpu.VMEM((hpb, bq, d), jnp.float32),
+                pltpu.VMEM((state_heads, state_rows, LANES), jnp.float32),
+                pltpu.VMEM((state_heads, state_rows, LANES), jnp.float32),
+                pltpu.VMEM((state_heads, state_rows, d), jnp.float32),
             ],
         ),
         compiler_params=pltpu.CompilerParams(
@@ -304,6 +379,7 @@ def _dq_kernel(qlen_ref, kvlen_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_
 
 def flash_backward(q, k, v, o, lse, do, q_len, kv_len, st: FlashStatic):
     """(dq, dk, dv, delta) for padded operands; delta = rowsum(dO * O) [B,Hq,1,Sq] f32."""
+    st = st.backward()
     b, hq, sq, d = q.shape
     hkv, skv = k.shape[1], k.shape[2]
     nq, nk = sq // st.block_q, skv // st.block_kv

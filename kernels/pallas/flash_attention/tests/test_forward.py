@@ -61,6 +61,33 @@ def test_prefill_matches_reference(scenario, impl, dtype):
     assert rel_error(out, expected) <= TOL[dtype]
 
 
+# inner chunks smaller than the blocks: one key block holding the whole (padded) key sequence (the chunk state is
+# per chunk), and several key blocks (the state lives across grid steps); sizes not multiples of the blocks
+CHUNKED = [
+    ("whole_kv", fa.AttentionConfig(block_q=256, block_kv=512, chunk_q=128, chunk_kv=128, heads_per_block=2)),
+    ("kv_blocks", fa.AttentionConfig(block_q=256, block_kv=256, chunk_q=128, chunk_kv=128, heads_per_block=2)),
+]
+CHUNK_SCENARIOS = [
+    ("causal_sinks_gqa", 1, 4, 2, 300, 300, 64, dict(causal=True, sinks=True)),
+    ("window_ragged_softcap", 3, 2, 1, 260, 390, 64,
+     dict(causal=True, sliding_window=150, ragged=True, logits_soft_cap=12.0, sinks=True)),
+    ("noncausal_padded_d128", 1, 2, 2, 200, 330, 128, {}),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("cfg_name, cfg", CHUNKED, ids=[c[0] for c in CHUNKED])
+@pytest.mark.parametrize("scenario", CHUNK_SCENARIOS, ids=[s[0] for s in CHUNK_SCENARIOS])
+def test_chunked_forward_matches_reference(scenario, cfg_name, cfg, dtype):
+    name, b, hq, hkv, sq, skv, d, feats = scenario
+    rng = np.random.default_rng(abs(hash((name, cfg_name, dtype))) % 2**32)
+    q, k, v = make_inputs(rng, b, hq, hkv, sq, skv, d, dtype)
+    kw = _features(rng, b, hq, sq, skv, feats)
+    out = fa.flash_attention(q, k, v, implementation="pallas", config=cfg, **kw)
+    expected = fa.reference_attention(q, k, v, **_kw_np(kw))
+    assert rel_error(out, expected) <= TOL[dtype]
+
+
 def test_nan_never_passes():
     expected = np.ones((2, 3))
     assert rel_error(np.array([[1.0, np.nan, 1.0], [1.0, 1.0, 1.0]]), expected) == float("inf")

@@ -13,6 +13,9 @@ from fa_helpers import dense_oracle, make_inputs
 from kernel_hub.numerics import relative_error as rel_error
 
 BLOCKS = fa.AttentionConfig(block_q=128, block_kv=128, cpu_block_q=64)
+# the forward in 128-chunks of 256-blocks, the backward in blocks of its own (128 x 128)
+CHUNKED = fa.AttentionConfig(block_q=256, block_kv=256, chunk_q=128, chunk_kv=128, bwd_block_q=128,
+                             bwd_block_kv=128, heads_per_block=2, cpu_block_q=64)
 
 SCENARIOS = [
     ("causal_gqa_d128", 1, 4, 2, 200, 200, 128, dict(causal=True)),
@@ -32,9 +35,13 @@ def _grads(fn, q, k, v, sinks, do):
     return jax.grad(loss, argnums=argnums)(q, k, v, sinks)
 
 
-@pytest.mark.parametrize("impl", ["pallas", "cpu"])
-@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s[0] for s in SCENARIOS])
-def test_gradients_match_dense_oracle(scenario, impl):
+CASES = [(s, impl, BLOCKS) for s in SCENARIOS for impl in ("pallas", "cpu")]
+CASES += [(s, "pallas", CHUNKED) for s in SCENARIOS if s[0] == "window_softcap_sinks_ragged_d64"]
+
+
+@pytest.mark.parametrize("scenario, impl, config", CASES,
+                         ids=[f"{s[0]}-{i}" + ("-chunked" if c is CHUNKED else "") for s, i, c in CASES])
+def test_gradients_match_dense_oracle(scenario, impl, config):
     name, b, hq, hkv, sq, skv, d, feats = scenario
     rng = np.random.default_rng(len(name))
     # bf16 on the two scenarios whose name length is odd keeps the test short and covers both dtypes
@@ -47,7 +54,7 @@ def test_gradients_match_dense_oracle(scenario, impl):
         kw["q_lengths"] = jnp.asarray([sq, sq // 3], jnp.int32)
         kw["kv_lengths"] = jnp.asarray([skv - 7, sq // 2], jnp.int32)
 
-    got = _grads(lambda q, k, v, s: fa.flash_attention(q, k, v, sinks=s, implementation=impl, config=BLOCKS, **kw),
+    got = _grads(lambda q, k, v, s: fa.flash_attention(q, k, v, sinks=s, implementation=impl, config=config, **kw),
                  q, k, v, sinks, do)
     oracle_kw = {key: (np.asarray(val) if isinstance(val, jax.Array) else val) for key, val in kw.items()}
     f32 = [x.astype(jnp.float32) for x in (q, k, v)]
