@@ -28,13 +28,16 @@ class RaggedDotConfig:
       None picks from the average group size.
     experts_per_step: experts whose weight blocks one forward grid step loads together (it must divide the
       number of groups, else 1 is used): fewer, larger steps when each expert has few rows (decode).
-    row_window: rows per MXU dot inside a row tile (divides tm); only the windows holding an expert's rows
-      are computed, so a large tm costs no MXU work on other experts' rows. None: min(tm, 128).
+    row_window: rows per MXU dot inside a row tile (a multiple of 16 up to tm); only windows holding an expert's
+      rows are computed, the first starting at the expert's first row (rounded down to 16), so a large tm costs
+      no MXU work on other experts' rows. None: min(tm, 128).
     """
 
     @property
     def window(self) -> int:
-        return self.row_window if self.row_window is not None else (128 if self.tm % 128 == 0 else self.tm)
+        if self.row_window is not None:
+            return self.row_window
+        return 128 if self.tm > 128 and self.tm % 16 == 0 else self.tm
 
     tm: int = 128
     tk: int = 512
@@ -48,8 +51,10 @@ class RaggedDotConfig:
         for name in ("tm", "tk", "tn", "experts_per_step"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"RaggedDotConfig.{name} must be positive, got {getattr(self, name)}")
-        if self.row_window is not None and (self.row_window <= 0 or self.tm % self.row_window):
-            raise ValueError(f"row_window must divide tm={self.tm}, got {self.row_window}")
+        if self.row_window is not None and not (0 < self.row_window <= self.tm and self.row_window % 16 == 0
+                                                and self.tm % 16 == 0):
+            raise ValueError(f"row_window must be a multiple of 16 up to tm={self.tm} (itself a multiple of 16), "
+                             f"got {self.row_window}")
         if self.cpu_capacity is not None and self.cpu_capacity <= 0:
             raise ValueError(f"cpu_capacity must be positive, got {self.cpu_capacity}")
 
@@ -179,7 +184,7 @@ def estimated_seconds(cfg: RaggedDotConfig, m: int, k: int, n: int, g: int, item
 
     Items are the (row tile, expert block) pairs with rows; a weight block is fetched when the block changes
     (every step when K takes several); an lhs tile when the tile changes (every step when K takes several);
-    dots run on the row windows holding an expert's rows (about one partial window per expert and tile)."""
+    dots run on row windows from each expert's first row (about half a window wasted per expert and tile)."""
     eb = cfg.experts_per_step if g % cfg.experts_per_step == 0 else 1
     kp, np_ = round_up(k, cfg.tk), round_up(n, cfg.tn)
     nk, nn = kp // cfg.tk, np_ // cfg.tn
@@ -192,7 +197,7 @@ def estimated_seconds(cfg: RaggedDotConfig, m: int, k: int, n: int, g: int, item
     lhs = (tiles if nk == 1 else items) * cfg.tm * kp * nn
     out = tiles * cfg.tm * np_
     hbm = (rhs + lhs + out) * itemsize
-    rows = m + (active + tiles) * cfg.window
+    rows = m + (active + tiles) * (cfg.window / 2 + 8)
     passes = 6 if itemsize == 4 else 1  # an f32 dot at HIGHEST precision: six bf16 MXU passes
     flops = 2.0 * rows * kp * np_ * passes
     return max(hbm / chip.hbm_bytes_per_s, flops / chip.bf16_flops_per_s) + items * nk * nn * STEP_SECONDS

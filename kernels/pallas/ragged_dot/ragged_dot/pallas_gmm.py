@@ -30,6 +30,8 @@ from .config import RaggedDotConfig, lane_tiles, usable_vmem
 from .metadata import GroupMetadata, forward_items
 
 _NUM_PREFETCH = len(GroupMetadata._fields)
+#: Row windows start on whole sublane tiles (16 rows hold a bf16 vreg tile, two of f32's 8).
+_ALIGN = 16
 
 
 def _precision(*dtypes: jnp.dtype) -> jax.lax.Precision | None:
@@ -63,14 +65,19 @@ def _gmm_kernel(
             acc[0][...] = jnp.zeros_like(acc[0])
 
     def windows(r0: jax.Array, r1: jax.Array, body) -> None:
-        """body(start, mine) on each row window of this tile holding a row of [r0, r1)."""
+        """body(start, mine) on row windows of this tile covering [r0, r1): the first starts at r0 rounded down to
+        a whole sublane tile (16 rows), the rest follow it, the last moved back to end inside the tile; `mine` marks
+        the rows of [r0, r1) a window computes first (an overlap with the previous window is not counted twice)."""
+        first = (r0 - base) // _ALIGN * _ALIGN
+
         def step(w, carry):
-            start = pl.multiple_of(w * window, window)
+            fresh = base + first + w * window  # rows before this were the previous windows'
+            start = pl.multiple_of(jnp.minimum(first + w * window, tm - window), _ALIGN)
             rows = base + start + jax.lax.broadcasted_iota(jnp.int32, (window, out_ref.shape[1]), 0)
-            body(start, jnp.logical_and(rows >= r0, rows < r1))
+            body(start, jnp.logical_and(rows >= jnp.maximum(r0, fresh), rows < r1))
             return carry
 
-        jax.lax.fori_loop((r0 - base) // window, (r1 - 1 - base) // window + 1, step, 0)
+        jax.lax.fori_loop(0, (r1 - base - first + window - 1) // window, step, 0)
 
     for j in range(experts):  # the experts of this step's weight block, each on its own rows
         if experts == 1:
