@@ -1,6 +1,7 @@
 """Our TPU kernels beside the TPU kernels a user would pick instead, every one read by the same cost model.
 
-    python bench/tpu_peers.py [--json] [--generations v5e,v6e,v7x] [--out PATH] [--quick]
+    python bench/tpu_peers.py [--json] [--generations v5e,v6e,v7x] [--kernels ragged_dot,attention] [--out PATH]
+                              [--quick]
 
 Rows (kernel_hub.tpu.peers_worker): per seed MoE geometry (Qwen3-30B-A3B, Gemma 4 26B-A4B), gate_up and down, decode
 64 tokens and prefill 4096 (one uniform top-8 routing per row): our ragged dot, megablox gmm (default tiling and
@@ -80,24 +81,54 @@ def table(rows: list[dict]) -> str:
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in out)
 
 
+KERNELS = ("ragged_dot", "attention")
+
+
+def kernel_selection(text: str) -> list[str]:
+    """"ragged_dot,attention" -> the worker's kernel names, checked; ValueError naming the known ones."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [n for n in names if n not in KERNELS]
+    if unknown or not names:
+        raise ValueError(f"unknown --kernels {', '.join(unknown) or repr(text)}; known: {', '.join(KERNELS)}")
+    return names
+
+
+def _family(row: dict) -> str:
+    return "ragged_dot" if row.get("kernel") == "ragged_dot" else "attention"
+
+
+def kept_rows(path: Path, kernels: list[str]) -> list[dict]:
+    """The rows of kernels not run this time from an earlier record at `path` (none if it is absent), so a run of
+    one kernel's rows replaces only those."""
+    if not path.exists():
+        return []
+    old = json.loads(path.read_text()).get("rows", [])
+    return [r for r in old if isinstance(r, dict) and _family(r) not in kernels]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.add_argument("--generations", default="v5e,v6e,v7x", help="TPU generations (default v5e,v6e,v7x)")
-    parser.add_argument("--out", type=Path, help="also write the rows and the environment as JSON here")
+    parser.add_argument("--kernels", default="ragged_dot,attention",
+                        help="which rows: ragged_dot, attention or both (default both)")
+    parser.add_argument("--out", type=Path, help="also write the rows and the environment as JSON here; with --kernels "
+                        "naming one, the other kernel's rows already in that file are kept")
     parser.add_argument("--quick", action="store_true", help="Qwen3-30B-A3B decode only, one generation")
     args = parser.parse_args(argv)
     gens = parse_generations(args.generations)
+    kernels = kernel_selection(args.kernels)
     if args.quick:
-        rows = peer_rows(gens[:1], moe_models=["qwen3_30b_a3b"], phases={"decode": 64})
+        rows = peer_rows(gens[:1], moe_models=["qwen3_30b_a3b"], phases={"decode": 64}, kernels=kernels)
     else:
-        rows = peer_rows(gens, moe_models=["qwen3_30b_a3b", "gemma4_26b_a4b"])
+        rows = peer_rows(gens, moe_models=["qwen3_30b_a3b", "gemma4_26b_a4b"], kernels=kernels)
     print(json.dumps([{**{k: r[k] for k in KEYS}, "detail": r.get("detail", "")} for r in rows], indent=1)
           if args.json else table(rows))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
+        kept = kept_rows(args.out, kernels)
         args.out.write_text(json.dumps({"benchmark": "tpu_peers", "environment": environment().model_dump(),
-                                        "rows": rows}, indent=2))
+                                        "rows": kept + rows}, indent=2))
     return 0
 
 

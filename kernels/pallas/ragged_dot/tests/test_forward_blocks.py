@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import ragged_dot as rd
-from ragged_dot.config import CHIPS, UNKNOWN_CHIP, choose_config, chip_for_device_kind, usable_vmem, vmem_bytes
+from ragged_dot.config import CHIPS, UNKNOWN_CHIP, chip_for_device_kind, choose_config, usable_vmem, vmem_bytes
 from ragged_dot_testutil import make_inputs
 
 from kernel_hub.numerics import TOLERANCE as TOL
