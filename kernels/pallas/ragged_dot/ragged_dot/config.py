@@ -82,6 +82,14 @@ def vmem_bytes(cfg: RaggedDotConfig, in_itemsize: int, out_itemsize: int, k_step
     return ins + outs + acc + 2 * cfg.window * cfg.tn * 4
 
 
+def backward_vmem_bytes(cfg: RaggedDotConfig, in_itemsize: int, out_itemsize: int) -> int:
+    """The backward's per-step VMEM estimate (tm x tk lhs, tk x tn weights, tm x tn output, double-buffered, and an
+    f32 accumulator): the one its tiles were validated against by the compile gate, kept as it was."""
+    ins = 2 * (cfg.tm * cfg.tk + cfg.tk * cfg.tn) * in_itemsize
+    outs = 2 * cfg.tm * cfg.tn * out_itemsize
+    return ins + outs + cfg.tm * cfg.tn * 4
+
+
 #: Share of the VMEM budget the estimate may fill: Mosaic keeps temporaries of its own (dot results, masks),
 #: and splits f32 operands of a HIGHEST-precision dot into bf16 parts it also holds in VMEM. The TPU compile
 #: gate (kernel-hub validate --tpu) checks that the resulting tiles compile on every generation.
@@ -102,12 +110,12 @@ def transposed_config(cfg: RaggedDotConfig, kp: int, np_: int, itemsize: int,
     v4's and v5p's 16; 2880 has no smaller lane tile, so the contraction tile shrinks instead."""
     swapped = cfg.swapped_kn()
     limit = usable_vmem(itemsize, vmem_budget_bytes)
-    if vmem_bytes(swapped, itemsize, itemsize) <= limit:
+    if backward_vmem_bytes(swapped, itemsize, itemsize) <= limit:
         return swapped
     fits = [dataclasses.replace(swapped, tk=tk, tn=tn)
             for tk in lane_tiles(np_) if tk <= swapped.tk and swapped.tk % tk == 0
             for tn in lane_tiles(kp) if tn <= swapped.tn and swapped.tn % tn == 0]
-    fits = [c for c in fits if vmem_bytes(c, itemsize, itemsize) <= limit]
+    fits = [c for c in fits if backward_vmem_bytes(c, itemsize, itemsize) <= limit]
     if not fits:
         return swapped
     return min(fits, key=lambda c: (cdiv(np_, c.tk) * cdiv(kp, c.tn), -c.tn))
@@ -133,7 +141,7 @@ def backward_config(m: int, k: int, n: int, g: int, dtype: object = "bfloat16") 
     budget = usable_vmem(itemsize)
     for padded in (False, True):  # padded weights (a copy per call) only when nothing unpadded fits
         fits = [RaggedDotConfig(tm=tm, tk=tk, tn=tn) for tk in lane_tiles(k, padded) for tn in lane_tiles(n, padded)]
-        fits = [c for c in fits if vmem_bytes(c, itemsize, itemsize) <= budget]
+        fits = [c for c in fits if backward_vmem_bytes(c, itemsize, itemsize) <= budget]
         if fits:
             return min(fits, key=lambda c: (grid_steps(c, m, k, n, g), -c.tk))
     return RaggedDotConfig(tm=tm, tk=128, tn=128)
