@@ -81,19 +81,43 @@ def table(rows: list[dict]) -> str:
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in out)
 
 
+KERNELS = ("ragged_dot", "attention")
+
+
+def kernel_selection(text: str) -> list[str]:
+    """"ragged_dot,attention" -> the worker's kernel names, checked; ValueError naming the known ones."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [n for n in names if n not in KERNELS]
+    if unknown or not names:
+        raise ValueError(f"unknown --kernels {', '.join(unknown) or repr(text)}; known: {', '.join(KERNELS)}")
+    return names
+
+
+def _family(row: dict) -> str:
+    return "ragged_dot" if row.get("kernel") == "ragged_dot" else "attention"
+
+
+def kept_rows(path: Path, kernels: list[str]) -> list[dict]:
+    """The rows of kernels not run this time from an earlier record at `path` (none if it is absent), so a run of
+    one kernel's rows replaces only those."""
+    if not path.exists():
+        return []
+    old = json.loads(path.read_text()).get("rows", [])
+    return [r for r in old if isinstance(r, dict) and _family(r) not in kernels]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.add_argument("--generations", default="v5e,v6e,v7x", help="TPU generations (default v5e,v6e,v7x)")
-    parser.add_argument("--out", type=Path, help="also write the rows and the environment as JSON here")
     parser.add_argument("--kernels", default="ragged_dot,attention",
-                        help="which workloads: ragged_dot, attention or both (default both)")
+                        help="which rows: ragged_dot, attention or both (default both)")
+    parser.add_argument("--out", type=Path, help="also write the rows and the environment as JSON here; with --kernels "
+                        "naming one, the other kernel's rows already in that file are kept")
     parser.add_argument("--quick", action="store_true", help="Qwen3-30B-A3B decode only, one generation")
     args = parser.parse_args(argv)
     gens = parse_generations(args.generations)
-    kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
-    if not kernels or set(kernels) - {"ragged_dot", "attention"}:
-        parser.error(f"--kernels takes ragged_dot and/or attention, got {args.kernels!r}")
+    kernels = kernel_selection(args.kernels)
     if args.quick:
         rows = peer_rows(gens[:1], moe_models=["qwen3_30b_a3b"], phases={"decode": 64}, kernels=kernels)
     else:
@@ -102,8 +126,9 @@ def main(argv: list[str] | None = None) -> int:
           if args.json else table(rows))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
+        kept = kept_rows(args.out, kernels)
         args.out.write_text(json.dumps({"benchmark": "tpu_peers", "environment": environment().model_dump(),
-                                        "rows": rows}, indent=2))
+                                        "rows": kept + rows}, indent=2))
     return 0
 
 

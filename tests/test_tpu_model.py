@@ -43,7 +43,8 @@ SIZES = np.array([100, 0, 200, 12, 0, 150, 50, 0], np.int32)
 ITEMS, ITEMS_WITH_ROWS = 12, 8
 LHS_TILES_VISITED = 4  # fetch_tile over the 8 run items: 0 0 1 2 2 2 3 3
 GROUPS_VISITED = 5  # fetch_group over them: 0 2 2 2 3 5 5 6
-PREFETCH_BYTES = 6 * ITEMS * 4  # six int32 metadata arrays of W items, once into SMEM
+PREFETCH_BYTES = 6 * ITEMS * 4 + 2 * 8 * 4  # six int32 metadata arrays of W items + each group's row start and end
+LHS, RHS = "args[8]", "args[9]"  # after the 8 scalar-prefetch operands
 
 
 def _rd_cost(rd, k, tiles):
@@ -56,10 +57,10 @@ def test_ragged_dot_whole_k_reads_each_visited_block_once(rd):
     cost = _rd_cost(rd, 256, (128, 256, 384))
     (call,) = cost.calls
     assert call.grid == (1, ITEMS_WITH_ROWS, 1) and call.steps == ITEMS_WITH_ROWS
-    assert call.fetches == {"args[6]": LHS_TILES_VISITED, "args[7]": GROUPS_VISITED, "outputs": 4}
+    assert call.fetches == {LHS: LHS_TILES_VISITED, RHS: GROUPS_VISITED, "outputs": 4}
     assert call.read_bytes == LHS_TILES_VISITED * 128 * 256 * 2 + GROUPS_VISITED * 256 * 384 * 2 + PREFETCH_BYTES
     assert call.write_bytes == 4 * 128 * 384 * 2  # each output tile written back once
-    assert call.flops == ITEMS_WITH_ROWS * 2 * 128 * 256 * 384  # the dot runs only where lo < hi
+    assert call.flops == ITEMS_WITH_ROWS * 2 * 128 * 256 * 384  # one 128-row window dot per item with rows
     assert cost.outside_bytes == 0  # tiles divide the operands: no padding copies
     v5e = chip("v5e")
     expected = max(call.hbm_bytes / v5e.hbm_bytes_per_s, call.flops / v5e.bf16_flops_per_s) + 8 * STEP_OVERHEAD_S
@@ -87,7 +88,25 @@ def test_ragged_dot_runs_one_zero_item_per_tile_without_rows(rd):
     assert c.grid == (1, 5, 1) and c.steps == 5
     assert c.flops == 3 * 2 * 128 * 256 * 384
     assert c.write_bytes == 4 * 128 * 384 * 2
-    assert c.fetches["args[7]"] == 2  # groups 0 and 2; the zero items re-address group 2's block
+    assert c.fetches[RHS] == 2  # groups 0 and 2; the zero items re-address group 2's block
+
+
+def test_ragged_dot_expert_blocks_and_row_windows_by_hand(rd):
+    """Blocks of 2 experts, row tiles of 256, 128-row windows. Block rows: b0 [0,100) b1 [100,312) b2 [312,462)
+    b3 [462,512); tiles t0 [0,256) t1 [256,512). Items with rows: (t0,b0) (t0,b1) (t1,b1) (t1,b2) (t1,b3).
+    Windows (from each expert's first row rounded down to 16, to its last row): (t0,b0) e0 [0,100): 1;
+    (t0,b1) e2 [100,256) from 96: 2; (t1,b1) e2 [256,300): 1, e3 [300,312) from 288: 1; (t1,b2) e5 [312,462) from
+    304: 2; (t1,b3) e6 [462,512) from 448: 1. 8 window dots; empty experts 1, 4, 7 run none."""
+    cfg = rd.RaggedDotConfig(tm=256, tk=256, tn=384, experts_per_step=2)
+    cost = kernel_cost(lambda a, b, s: rd.ragged_dot(a, b, s, implementation="pallas", interpret=False, config=cfg),
+                       SDS((512, 256), jnp.bfloat16), SDS((8, 256, 384), jnp.bfloat16), SIZES)
+    (c,) = cost.calls
+    assert c.grid == (1, 5, 1) and c.steps == 5
+    assert c.fetches == {LHS: 2, RHS: 4, "outputs": 2}  # lhs tiles 0 0 1 1 1; blocks 0 1 1 2 3
+    prefetch = 6 * (2 + 4) * 4 + 2 * 8 * 4  # W = 2 tiles + 4 blocks items
+    assert c.read_bytes == 2 * 256 * 256 * 2 + 4 * (2 * 256 * 384 * 2) + prefetch
+    assert c.write_bytes == 2 * 256 * 384 * 2
+    assert c.flops == 8 * 2 * 128 * 256 * 384
 
 
 def test_padding_outside_the_kernel_is_counted(rd):

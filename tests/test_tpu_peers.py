@@ -80,3 +80,20 @@ def test_report_plots_the_peer_rows(rows):
                           baseline=None, records=[], rows=rows))
     assert svg is not None and svg.startswith("<svg")
     assert "tpu-peers-ragged-dot" in svg and "bar-kernel-hub" in svg
+
+
+def test_one_kernels_rows_replace_only_its_own_in_the_record(tmp_path):
+    """--kernels ragged_dot --out RECORD: the attention rows already recorded stay, the old ragged-dot rows go."""
+    import json
+
+    bench = _bench()
+    assert bench.kernel_selection("ragged_dot") == ["ragged_dot"]
+    with pytest.raises(ValueError, match="known: ragged_dot, attention"):
+        bench.kernel_selection("ragged_dot,flash")
+    record = tmp_path / "peers.json"
+    assert bench.kept_rows(record, ["ragged_dot"]) == []  # no record yet
+    old = [{"kernel": "ragged_dot", "peer": "old"}, {"kernel": "flash_attention prefill", "peer": "a"},
+           {"kernel": "flash_attention decode", "peer": "b"}]
+    record.write_text(json.dumps({"rows": old}))
+    assert [r["peer"] for r in bench.kept_rows(record, ["ragged_dot"])] == ["a", "b"]
+    assert [r["peer"] for r in bench.kept_rows(record, ["attention"])] == ["old"]

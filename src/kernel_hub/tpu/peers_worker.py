@@ -132,8 +132,14 @@ def ragged_peers(rd: Any, m: int, k: int, n: int, g: int, gs: np.ndarray, dtype:
     sds = jax.ShapeDtypeStruct
     args = (sds((m, k), dtype), sds((g, k, n), dtype), gs)
     out = jnp.dtype(dtype)
+    tiles = importlib.import_module(f"{rd.__name__}.config")
+    if hasattr(tiles, "choose_config"):  # the tiles ours picks on this chip (it reads the target's device kind)
+        cfg, why = tiles.choose_config(m, k, n, g, dtype, chip=tiles.CHIPS.get(generation))
+        detail = f"tiles {cfg.tm}x{cfg.tk}x{cfg.tn}, {cfg.experts_per_step} expert(s) per step: {why}"
+    else:
+        detail = "tiles {0.tm}x{0.tk}x{0.tn}".format(rd.default_config(m, k, n, g, dtype))
     peers = [Peer(OURS, lambda a, b, s: rd.ragged_dot(a, b, s, implementation="pallas", interpret=False), args,
-                  detail="tiles {0.tm}x{0.tk}x{0.tn}".format(rd.default_config(m, k, n, g, dtype)))]
+                  detail=detail)]
     peers.append(Peer("megablox gmm (default 128x128x128)",
                       lambda a, b, s: gmm(a, b, s, preferred_element_type=out), args))
     vmem = 16 * 2**20 if generation == "v5e" else 32 * 2**20

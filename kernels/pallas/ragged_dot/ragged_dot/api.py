@@ -21,10 +21,11 @@ import jax.numpy as jnp
 from . import pallas_gmm
 from ._vendor import cpu_gmm
 from ._vendor.dispatch import Dispatch
+from ._vendor.groups import group_bounds
 from ._vendor.interpret import pallas_remark, run_dispatch
 from ._vendor.ragged_operands import check_operands
 from ._vendor.tiling import round_up
-from .config import RaggedDotConfig, default_config, transposed_config
+from .config import ChipFacts, RaggedDotConfig, backward_config, chip_for_device_kind, default_config, transposed_config
 from .metadata import make_group_metadata
 
 IMPLEMENTATIONS: tuple[str, ...] = ("pallas", "cpu", "xla")
@@ -54,6 +55,21 @@ class _Path:
     out_dtype: Any
     config: RaggedDotConfig | None
     interpret: Any
+    chip: ChipFacts | None = None  # the TPU the forward's default tiles are chosen for (target_chip)
+
+
+def target_chip(interpret: Any) -> ChipFacts | None:
+    """The TPU a Mosaic lowering targets (the default device's kind, which an ahead-of-time compile for a mock TPU
+    sets too); None when interpreting or off a TPU. Only the device kind is read, never pltpu.get_tpu_info()
+    (that raises off a TPU); the facts themselves come from config.CHIPS."""
+    if interpret:
+        return None
+    try:
+        from jax._src.pallas.mosaic import tpu_info
+
+        return chip_for_device_kind(tpu_info.get_device_kind())
+    except Exception:  # no device kind to read: the conservative default
+        return None
 
 
 def _pad_to(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
@@ -63,7 +79,10 @@ def _pad_to(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
 
 
 def _pallas_cfg(path: _Path, m: int, k: int, n: int, g: int, dtype: Any) -> RaggedDotConfig:
-    return path.config if path.config is not None else default_config(m, k, n, g, dtype)
+    cfg = path.config if path.config is not None else default_config(m, k, n, g, dtype, chip=path.chip)
+    if g % cfg.experts_per_step:  # a block of experts must not straddle the last group
+        cfg = dataclasses.replace(cfg, experts_per_step=1)
+    return cfg
 
 
 def _forward(path: _Path, lhs: jax.Array, rhs: jax.Array, gs: jax.Array) -> jax.Array:
@@ -75,7 +94,7 @@ def _forward(path: _Path, lhs: jax.Array, rhs: jax.Array, gs: jax.Array) -> jax.
     ct = jnp.result_type(lhs.dtype, rhs.dtype)
     cfg = _pallas_cfg(path, m, k, n, g, ct)
     mp, kp, np_ = round_up(m, cfg.tm), round_up(k, cfg.tk), round_up(n, cfg.tn)
-    meta = make_group_metadata(gs, m_padded=mp, tm=cfg.tm, m=m)
+    meta = make_group_metadata(pallas_gmm.gmm_blocks(gs, cfg.experts_per_step), m_padded=mp, tm=cfg.tm, m=m)
     out = pallas_gmm.gmm(
         _pad_to(lhs.astype(ct), (mp, kp)),
         _pad_to(rhs.astype(ct), (g, kp, np_)),
@@ -83,6 +102,7 @@ def _forward(path: _Path, lhs: jax.Array, rhs: jax.Array, gs: jax.Array) -> jax.
         cfg=cfg,
         out_dtype=jnp.dtype(path.out_dtype),
         interpret=path.interpret or False,
+        bounds=group_bounds(gs, m),
     )
     return out[:m, :n]
 
@@ -91,7 +111,9 @@ def _backward(path: _Path, lhs: jax.Array, rhs: jax.Array, gs: jax.Array, dout: 
     m, k = lhs.shape
     g, _, n = rhs.shape
     ct = jnp.result_type(lhs.dtype, rhs.dtype, dout.dtype)
-    cfg = _pallas_cfg(path, m, k, n, g, jnp.result_type(lhs.dtype, rhs.dtype))
+    # one expert per step: tgmm writes one group's gradient per output block
+    cfg = (dataclasses.replace(path.config, experts_per_step=1) if path.config is not None
+           else backward_config(m, k, n, g, jnp.result_type(lhs.dtype, rhs.dtype)))
     mp, kp, np_ = round_up(m, cfg.tm), round_up(k, cfg.tk), round_up(n, cfg.tn)
     meta = make_group_metadata(gs, m_padded=mp, tm=cfg.tm, m=m)
     lhs_p = _pad_to(lhs.astype(ct), (mp, kp))
@@ -159,8 +181,10 @@ def ragged_dot(
     interpret: for "pallas": None compiles with Mosaic on a TPU and interprets elsewhere; True the fast
       interpreter; a pltpu.InterpretParams the TPU simulator (with detect_races, a race raises
       RaceDetectedError); False always lowers to Mosaic (ahead-of-time TPU compiles on any host).
-    config: RaggedDotConfig tiles (pallas) / capacity (cpu); None uses default_config.
+    config: RaggedDotConfig tiles (pallas) / capacity (cpu); None uses default_config for the TPU being compiled
+      for (target_chip: its VMEM, bandwidth and peak; interpreted runs get the conservative 16 MiB tiles).
     """
     lhs, rhs, group_sizes, out_dtype = check_operands(lhs, rhs, group_sizes, preferred_element_type)
-    run = lambda name, mode: _run(_Path(name, out_dtype, config, mode), lhs, rhs, group_sizes)
+    run = lambda name, mode: _run(_Path(name, out_dtype, config, mode, target_chip(mode) if name == "pallas" else None),
+                                  lhs, rhs, group_sizes)
     return run_dispatch(_DISPATCH, implementation, interpret, (lhs, rhs, group_sizes), run, "the ragged_dot kernel")

@@ -26,18 +26,35 @@ class RaggedDotConfig:
     vmem_limit_bytes: passed to Mosaic as the scoped-VMEM limit; None keeps the compiler default.
     cpu_capacity: rows per group in the CPU path's batched matmul (rows beyond it go through a loop);
       None picks from the average group size.
+    experts_per_step: experts whose weight blocks one forward grid step loads together (it must divide the
+      number of groups, else 1 is used): fewer, larger steps when each expert has few rows (decode).
+    row_window: rows per MXU dot inside a row tile (a multiple of 16 up to tm); only windows holding an expert's
+      rows are computed, the first starting at the expert's first row (rounded down to 16), so a large tm costs
+      no MXU work on other experts' rows. None: min(tm, 128).
     """
+
+    @property
+    def window(self) -> int:
+        if self.row_window is not None:
+            return self.row_window
+        return 128 if self.tm > 128 and self.tm % 16 == 0 else self.tm
 
     tm: int = 128
     tk: int = 512
     tn: int = 512
     vmem_limit_bytes: int | None = None
     cpu_capacity: int | None = None
+    experts_per_step: int = 1
+    row_window: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("tm", "tk", "tn"):
+        for name in ("tm", "tk", "tn", "experts_per_step"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"RaggedDotConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.row_window is not None and not (0 < self.row_window <= self.tm and self.row_window % 16 == 0
+                                                and self.tm % 16 == 0):
+            raise ValueError(f"row_window must be a multiple of 16 up to tm={self.tm} (itself a multiple of 16), "
+                             f"got {self.row_window}")
         if self.cpu_capacity is not None and self.cpu_capacity <= 0:
             raise ValueError(f"cpu_capacity must be positive, got {self.cpu_capacity}")
 
@@ -56,8 +73,18 @@ def lane_tiles(dim: int, padded: bool = False) -> list[int]:
     return [dim] + [t for t in range(dim - dim % 128, 127, -128) if t < dim and dim % t == 0]
 
 
-def vmem_bytes(cfg: RaggedDotConfig, in_itemsize: int, out_itemsize: int) -> int:
-    """Bytes of VMEM one grid step holds: double-buffered inputs/outputs plus the f32 accumulator."""
+def vmem_bytes(cfg: RaggedDotConfig, in_itemsize: int, out_itemsize: int, k_steps: int = 2) -> int:
+    """Bytes of VMEM one forward grid step holds: double-buffered lhs / weight / output blocks, the f32
+    accumulator when K takes several steps (k_steps > 1), and one row window's f32 dot result."""
+    ins = 2 * (cfg.tm * cfg.tk + cfg.experts_per_step * cfg.tk * cfg.tn) * in_itemsize
+    outs = 2 * cfg.tm * cfg.tn * out_itemsize
+    acc = cfg.tm * cfg.tn * 4 if k_steps > 1 else 0
+    return ins + outs + acc + 2 * cfg.window * cfg.tn * 4
+
+
+def backward_vmem_bytes(cfg: RaggedDotConfig, in_itemsize: int, out_itemsize: int) -> int:
+    """The backward's per-step VMEM estimate (tm x tk lhs, tk x tn weights, tm x tn output, double-buffered, and an
+    f32 accumulator): the one its tiles were validated against by the compile gate, kept as it was."""
     ins = 2 * (cfg.tm * cfg.tk + cfg.tk * cfg.tn) * in_itemsize
     outs = 2 * cfg.tm * cfg.tn * out_itemsize
     return ins + outs + cfg.tm * cfg.tn * 4
@@ -83,20 +110,160 @@ def transposed_config(cfg: RaggedDotConfig, kp: int, np_: int, itemsize: int,
     v4's and v5p's 16; 2880 has no smaller lane tile, so the contraction tile shrinks instead."""
     swapped = cfg.swapped_kn()
     limit = usable_vmem(itemsize, vmem_budget_bytes)
-    if vmem_bytes(swapped, itemsize, itemsize) <= limit:
+    if backward_vmem_bytes(swapped, itemsize, itemsize) <= limit:
         return swapped
     fits = [dataclasses.replace(swapped, tk=tk, tn=tn)
             for tk in lane_tiles(np_) if tk <= swapped.tk and swapped.tk % tk == 0
             for tn in lane_tiles(kp) if tn <= swapped.tn and swapped.tn % tn == 0]
-    fits = [c for c in fits if vmem_bytes(c, itemsize, itemsize) <= limit]
+    fits = [c for c in fits if backward_vmem_bytes(c, itemsize, itemsize) <= limit]
     if not fits:
         return swapped
     return min(fits, key=lambda c: (cdiv(np_, c.tk) * cdiv(kp, c.tn), -c.tn))
 
 
 def grid_steps(cfg: RaggedDotConfig, m: int, k: int, n: int, g: int) -> int:
-    """Grid steps of the forward kernel: (m tiles + groups) work items x k tiles x n tiles."""
+    """Grid steps of the backward's kernels: (m tiles + groups) work items x k tiles x n tiles."""
     return (cdiv(m, cfg.tm) + g) * cdiv(k, cfg.tk) * cdiv(n, cfg.tn)
+
+
+def _itemsize(dtype: object) -> int:
+    return np.dtype(dtype).itemsize if str(dtype) != "bfloat16" else 2
+
+
+def backward_config(m: int, k: int, n: int, g: int, dtype: object = "bfloat16") -> RaggedDotConfig:
+    """Tiles of the backward (d_lhs gmm and tgmm) when none were given: the fewest steps (m tiles + groups per
+    (k, n) tile pair) whose blocks fit the 16 MiB every generation's scoped VMEM allows, one expert per step,
+    tm 128 (or all rows). Why: tgmm puts tm on the lanes of a block (a multiple of 128 or the whole padded M),
+    and the backward keeps the conservative budget it was validated with; ties go to larger tk."""
+    itemsize = _itemsize(dtype)
+    sublanes = 16 if itemsize == 2 else 8
+    tm = 128 if m > 128 else max(sublanes, round_up(m, sublanes))
+    budget = usable_vmem(itemsize)
+    for padded in (False, True):  # padded weights (a copy per call) only when nothing unpadded fits
+        fits = [RaggedDotConfig(tm=tm, tk=tk, tn=tn) for tk in lane_tiles(k, padded) for tn in lane_tiles(n, padded)]
+        fits = [c for c in fits if backward_vmem_bytes(c, itemsize, itemsize) <= budget]
+        if fits:
+            return min(fits, key=lambda c: (grid_steps(c, m, k, n, g), -c.tk))
+    return RaggedDotConfig(tm=tm, tk=128, tn=128)
+
+
+@dataclasses.dataclass(frozen=True)
+class ChipFacts:
+    """What the forward's tile choice needs to know about one TPU core. Passed in (chip_for_device_kind maps a
+    device kind to it), never asked of the runtime while tracing: that breaks CPU interpret mode."""
+
+    name: str
+    vmem_bytes: int  # physical VMEM per TensorCore (jax._src.pallas.mosaic.tpu_info)
+    scoped_vmem_bytes: int  # Mosaic's default scoped-VMEM limit (what a kernel gets without asking)
+    hbm_bytes_per_s: float
+    bf16_flops_per_s: float
+
+
+_MIB = 1024 * 1024
+#: Google Cloud's published per-chip HBM bandwidth and bf16 peak; VMEM per core from jax's tpu_info table.
+CHIPS: dict[str, ChipFacts] = {
+    c.name: c
+    for c in (
+        ChipFacts("v4", 16 * _MIB, 16 * _MIB, 1200e9, 275e12),
+        ChipFacts("v5e", 128 * _MIB, 16 * _MIB, 819e9, 197e12),
+        ChipFacts("v5p", 64 * _MIB, 16 * _MIB, 2765e9, 459e12),
+        ChipFacts("v6e", 128 * _MIB, 32 * _MIB, 1640e9, 918e12),
+        ChipFacts("v7x", 64 * _MIB, 32 * _MIB, 7370e9, 2307e12),
+    )
+}
+#: When the chip is not known (CPU interpret, an unrecognised device): every generation's smallest scoped VMEM.
+UNKNOWN_CHIP = ChipFacts("unknown", DEFAULT_VMEM_BUDGET_BYTES, DEFAULT_VMEM_BUDGET_BYTES, 819e9, 197e12)
+_DEVICE_KINDS = {"tpu v4": "v4", "tpu v5 lite": "v5e", "tpu v5e": "v5e", "tpu v5": "v5p", "tpu v5p": "v5p",
+                 "tpu v6 lite": "v6e", "tpu v6e": "v6e", "tpu7x": "v7x", "tpu 7x": "v7x"}
+#: Per grid step of a Pallas TPU pipeline (the Pallas TPU docs' ~0.35 us).
+STEP_SECONDS = 0.35e-6
+#: VMEM the compiler keeps for itself beyond a raised scoped limit.
+_COMPILER_RESERVE = 8 * _MIB
+
+
+def chip_for_device_kind(kind: str | None) -> ChipFacts | None:
+    """The facts of a device kind ("TPU v6 lite"), None for anything else (a CPU)."""
+    return CHIPS.get(_DEVICE_KINDS.get(str(kind).strip().lower(), "")) if kind else None
+
+
+def estimated_seconds(cfg: RaggedDotConfig, m: int, k: int, n: int, g: int, itemsize: int, chip: ChipFacts) -> float:
+    """The forward's time on `chip` for rows spread evenly over the groups (a uniform routing):
+    max(HBM bytes / bandwidth, MXU FLOPs / peak) + steps x STEP_SECONDS, counted as the kernel schedules them.
+
+    Items are the (row tile, expert block) pairs with rows; a weight block is fetched when the block changes
+    (every step when K takes several); an lhs tile when the tile changes (every step when K takes several);
+    dots run on row windows from each expert's first row (about half a window wasted per expert and tile)."""
+    eb = cfg.experts_per_step if g % cfg.experts_per_step == 0 else 1
+    kp, np_ = round_up(k, cfg.tk), round_up(n, cfg.tn)
+    nk, nn = kp // cfg.tk, np_ // cfg.tn
+    tiles = cdiv(m, cfg.tm)
+    blocks = g // eb
+    active_blocks = blocks * (1.0 - (1.0 - 1.0 / blocks) ** m)
+    active = g * (1.0 - (1.0 - 1.0 / g) ** m)
+    items = tiles + active_blocks - 1
+    rhs = (active_blocks if nk == 1 else items) * eb * kp * np_
+    lhs = (tiles if nk == 1 else items) * cfg.tm * kp * nn
+    out = tiles * cfg.tm * np_
+    hbm = (rhs + lhs + out) * itemsize
+    rows = m + (active + tiles) * (cfg.window / 2 + 8)
+    passes = 6 if itemsize == 4 else 1  # an f32 dot at HIGHEST precision: six bf16 MXU passes
+    flops = 2.0 * rows * kp * np_ * passes
+    return max(hbm / chip.hbm_bytes_per_s, flops / chip.bf16_flops_per_s) + items * nk * nn * STEP_SECONDS
+
+
+def choose_config(
+    m: int,
+    k: int,
+    n: int,
+    g: int,
+    dtype: object = "bfloat16",
+    *,
+    chip: ChipFacts | None = None,
+    vmem_budget_bytes: int | None = None,
+) -> tuple[RaggedDotConfig, str]:
+    """The forward's tiles and why: the fastest by estimated_seconds among those whose blocks fit the chip's VMEM,
+    with K and N tiles that need no padded weights (whole dims, or multiples of 128 dividing them) when any fits.
+
+    Why each knob: a grid step costs ~0.35 us however little it moves, so decode (a few rows per expert) wants
+    several experts' weights per step (experts_per_step) and prefill wants large row tiles; row windows keep a
+    large row tile from multiplying other experts' rows. The budget is 3/4 of the chip's physical VMEM (the
+    scoped limit is raised to fit, `vmem_limit_bytes`), or `vmem_budget_bytes` when given; an unknown chip gets
+    16 MiB, which every generation's default allows."""
+    chip = chip or UNKNOWN_CHIP
+    itemsize = _itemsize(dtype)
+    sublanes = 16 if itemsize == 2 else 8
+    if m <= 128:
+        row_tiles = [max(sublanes, round_up(m, sublanes))]
+    else:
+        row_tiles = [t for t in (128, 256, 512, 1024, 2048) if t < round_up(m, 128) * 2 and t <= round_up(m, 128)]
+    groups_per_step = [e for e in (1, 2, 4, 8, 16, 32) if e <= g and g % e == 0]
+    physical = vmem_budget_bytes if vmem_budget_bytes is not None else (
+        chip.vmem_bytes * 3 // 4 if chip.vmem_bytes > chip.scoped_vmem_bytes else chip.vmem_bytes)
+    budget = usable_vmem(itemsize, physical)
+    for padded in (False, True):  # padded weights (a copy per call) only when nothing unpadded fits
+        best, best_key = None, None
+        for tm in row_tiles:
+            for eb in groups_per_step:
+                for tk in lane_tiles(k, padded):
+                    for tn in lane_tiles(n, padded):
+                        cfg = RaggedDotConfig(tm=tm, tk=tk, tn=tn, experts_per_step=eb)
+                        need = vmem_bytes(cfg, itemsize, itemsize, cdiv(k, tk))
+                        if need > budget:
+                            continue
+                        key = (estimated_seconds(cfg, m, k, n, g, itemsize, chip), need)
+                        if best_key is None or key < best_key:
+                            best, best_key = cfg, key
+        if best is not None:
+            need = best_key[1]
+            if need > usable_vmem(itemsize, chip.scoped_vmem_bytes):
+                best = dataclasses.replace(best, vmem_limit_bytes=max(chip.scoped_vmem_bytes,
+                                                                      chip.vmem_bytes - _COMPILER_RESERVE))
+            why = (f"fastest estimate on {chip.name} ({best_key[0] * 1e6:.1f} us for an even routing) whose blocks "
+                   f"({need / _MIB:.1f} MiB) fit {budget / _MIB:.1f} MiB of VMEM"
+                   + ("; weights padded: no unpadded tiling fits" if padded else ""))
+            return best, why
+    tm = row_tiles[0]
+    return RaggedDotConfig(tm=tm, tk=128, tn=128), "nothing fits the VMEM budget: the smallest tiles"
 
 
 def default_config(
@@ -106,31 +273,8 @@ def default_config(
     g: int,
     dtype: object = "bfloat16",
     *,
-    vmem_budget_bytes: int = DEFAULT_VMEM_BUDGET_BYTES,
+    vmem_budget_bytes: int | None = None,
+    chip: ChipFacts | None = None,
 ) -> RaggedDotConfig:
-    """Heuristic tiles: the fewest grid steps whose blocks fit the VMEM budget, with K and N tiles that
-    need no padded weights (whole dims, or multiples of 128 dividing them).
-
-    Why: a grid step costs ~0.35 us however little it moves, and a decode step moves one rhs block (a
-    512x512 bf16 block is 0.5 MiB: ~0.3 us at v6e's 1.6 TB/s), so small tiles double the time of a
-    bandwidth-bound MoE layer. With tk = K the rhs block index stays put across an expert's m-tiles, so
-    each active expert's weights are read once. tm stays 128 (or all rows): the backward's tgmm puts it on
-    the lanes of a block, where it must be a multiple of 128 or the whole padded M. Ties go to larger tk."""
-    itemsize = np.dtype(dtype).itemsize if str(dtype) != "bfloat16" else 2
-    sublanes = 16 if itemsize == 2 else 8
-    row_tiles = [128 if m > 128 else max(sublanes, round_up(m, sublanes))]
-    budget = usable_vmem(itemsize, vmem_budget_bytes)
-    for padded in (False, True):  # padded weights (a copy per call) only when nothing unpadded fits
-        best, best_key = None, None
-        for tm in row_tiles:
-            for tk in lane_tiles(k, padded):
-                for tn in lane_tiles(n, padded):
-                    cfg = RaggedDotConfig(tm=tm, tk=tk, tn=tn)
-                    if vmem_bytes(cfg, itemsize, itemsize) > budget:
-                        continue
-                    key = (grid_steps(cfg, m, k, n, g), -tk)
-                    if best_key is None or key < best_key:
-                        best, best_key = cfg, key
-        if best is not None:
-            return best
-    return RaggedDotConfig(tm=row_tiles[-1], tk=128, tn=128)
+    """The forward's tiles (choose_config without its reason)."""
+    return choose_config(m, k, n, g, dtype, chip=chip, vmem_budget_bytes=vmem_budget_bytes)[0]

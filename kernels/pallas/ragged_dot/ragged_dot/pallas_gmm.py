@@ -3,7 +3,11 @@
 Both walk the work items of metadata.py; the item arrays are scalar-prefetched into SMEM so the block
 index maps can read them. Inputs must already be padded to whole tiles (api.py pads).
 
-gmm   grid (n tiles, items, k tiles):  out[tile] = where(row in group, lhs[tile] @ rhs[group], out[tile])
+gmm   grid (n tiles, items, k tiles):  out[tile rows of e] = lhs[those rows] @ rhs[e] for each expert e of the
+      item's weight block (cfg.experts_per_step consecutive experts, loaded as one block: decode's few rows per
+      expert then cost one grid step per several experts). Inside a row tile only the row windows
+      (cfg.window rows, one MXU dot each) holding an expert's rows are computed, so a large row tile (few steps)
+      does not multiply other experts' rows.
       Its items axis is bounded by the routing (a dynamic grid bound): only items with rows, plus one per m-tile
       without any, run (metadata.forward_items).
       An output tile stays resident while consecutive items share it; it is zeroed on its first visit,
@@ -26,6 +30,8 @@ from .config import RaggedDotConfig, lane_tiles, usable_vmem
 from .metadata import GroupMetadata, forward_items
 
 _NUM_PREFETCH = len(GroupMetadata._fields)
+#: Row windows start on whole sublane tiles (16 rows hold a bf16 vreg tile, two of f32's 8).
+_ALIGN = 16
 
 
 def _precision(*dtypes: jnp.dtype) -> jax.lax.Precision | None:
@@ -37,43 +43,78 @@ def _compiler_params(cfg: RaggedDotConfig, semantics: tuple[str, ...]) -> pltpu.
 
 
 def _gmm_kernel(
-    tile_ref, group_ref, fetch_tile_ref, fetch_group_ref, lo_ref, hi_ref,  # scalar prefetch (SMEM)
+    tile_ref, block_ref, fetch_tile_ref, fetch_block_ref, lo_ref, hi_ref, start_ref, end_ref,  # scalar prefetch
     lhs_ref, rhs_ref,  # inputs (VMEM blocks)
     out_ref,  # output block
-    acc_ref,  # f32 scratch
-    *, tm: int, transpose_rhs: bool, precision: jax.lax.Precision | None,
+    *acc,  # f32 accumulator, only when K takes several steps
+    tm: int, window: int, experts: int, transpose_rhs: bool, precision: jax.lax.Precision | None,
 ) -> None:
-    del group_ref, fetch_tile_ref, fetch_group_ref
+    del fetch_tile_ref, fetch_block_ref
     i, k = pl.program_id(1), pl.program_id(2)
     last_k = pl.num_programs(2) - 1
     tile = tile_ref[i]
+    base = tile * tm
     lo, hi = lo_ref[i], hi_ref[i]
     first_visit = jnp.logical_or(i == 0, tile != tile_ref[jnp.maximum(i - 1, 0)])
+    contract = (1,) if transpose_rhs else (0,)
 
     @pl.when(jnp.logical_and(k == 0, first_visit))
-    def _zero_out():
+    def _zero():
         out_ref[...] = jnp.zeros_like(out_ref)
+        if acc:
+            acc[0][...] = jnp.zeros_like(acc[0])
 
-    @pl.when(lo < hi)
-    def _work():
-        @pl.when(k == 0)
-        def _zero_acc():
-            acc_ref[...] = jnp.zeros_like(acc_ref)
+    def windows(r0: jax.Array, r1: jax.Array, body) -> None:
+        """body(start, mine) on row windows of this tile covering [r0, r1): the first starts at r0 rounded down to
+        a whole sublane tile (16 rows), the rest follow it, the last moved back to end inside the tile; `mine` marks
+        the rows of [r0, r1) a window computes first (an overlap with the previous window is not counted twice)."""
+        first = (r0 - base) // _ALIGN * _ALIGN
 
-        contract = (1,) if transpose_rhs else (0,)
-        acc_ref[...] += jax.lax.dot_general(
-            lhs_ref[...],
-            rhs_ref[...],
-            (((1,), contract), ((), ())),
-            precision=precision,
-            preferred_element_type=jnp.float32,
-        )
+        def step(w, carry):
+            fresh = base + first + w * window  # rows before this were the previous windows'
+            start = pl.multiple_of(jnp.minimum(first + w * window, tm - window), _ALIGN)
+            rows = base + start + jax.lax.broadcasted_iota(jnp.int32, (window, out_ref.shape[1]), 0)
+            body(start, jnp.logical_and(rows >= jnp.maximum(r0, fresh), rows < r1))
+            return carry
 
-        @pl.when(k == last_k)
+        jax.lax.fori_loop(0, (r1 - base - first + window - 1) // window, step, 0)
+
+    for j in range(experts):  # the experts of this step's weight block, each on its own rows
+        if experts == 1:
+            r0, r1 = lo, hi
+        else:
+            e = block_ref[i] * experts + j
+            r0, r1 = jnp.maximum(lo, start_ref[e]), jnp.minimum(hi, end_ref[e])
+
+        @pl.when(r0 < r1)
+        def _expert(j=j, r0=r0, r1=r1):
+            def dot(start, mine):
+                part = jax.lax.dot_general(
+                    lhs_ref[pl.ds(start, window), :], rhs_ref[j], (((1,), contract), ((), ())),
+                    precision=precision, preferred_element_type=jnp.float32,
+                )
+                if acc:
+                    acc[0][pl.ds(start, window), :] += jnp.where(mine, part, 0.0)
+                else:
+                    rows = out_ref[pl.ds(start, window), :]
+                    out_ref[pl.ds(start, window), :] = jnp.where(mine, part, rows.astype(jnp.float32)).astype(
+                        out_ref.dtype)
+
+            windows(r0, r1, dot)
+
+    if acc:
+        @pl.when(jnp.logical_and(k == last_k, lo < hi))
         def _store():
-            rows = tile * tm + jax.lax.broadcasted_iota(jnp.int32, acc_ref.shape, 0)
-            mine = jnp.logical_and(rows >= lo, rows < hi)
-            out_ref[...] = jnp.where(mine, acc_ref[...], out_ref[...].astype(jnp.float32)).astype(out_ref.dtype)
+            def store(start, mine):
+                out_ref[pl.ds(start, window), :] = acc[0][pl.ds(start, window), :].astype(out_ref.dtype)
+
+            windows(lo, hi, store)
+
+
+def gmm_blocks(group_sizes: jax.Array, experts: int) -> jax.Array:
+    """Rows per weight block of `experts` consecutive groups (what the forward's metadata is built on)."""
+    g = group_sizes.shape[0]
+    return group_sizes if experts == 1 else jnp.maximum(group_sizes, 0).reshape(g // experts, experts).sum(1)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "out_dtype", "transpose_rhs", "interpret"))
@@ -86,29 +127,40 @@ def gmm(
     out_dtype: jnp.dtype,
     transpose_rhs: bool = False,
     interpret: object = False,
+    bounds: tuple[jax.Array, jax.Array] | None = None,
 ) -> jax.Array:
-    """lhs [Mp, Kp] x rhs [G, Kp, Np] ([G, Np, Kp] if transpose_rhs) -> [Mp, Np]; all dims whole tiles."""
+    """lhs [Mp, Kp] x rhs [G, Kp, Np] ([G, Np, Kp] if transpose_rhs) -> [Mp, Np]; all dims whole tiles.
+
+    With cfg.experts_per_step = E > 1, `meta` is built on the row counts of blocks of E groups (gmm_blocks) and
+    `bounds` = (starts, ends) of every group's rows (group_bounds) says which rows each expert of a block owns."""
     tm, tk, tn = cfg.tm, cfg.tk, cfg.tn
+    experts = cfg.experts_per_step
     mp, kp = lhs.shape
+    g = rhs.shape[0]
     np_ = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     if mp % tm or kp % tk or np_ % tn:
         raise ValueError(f"gmm operands must be whole tiles: (M,K,N)=({mp},{kp},{np_}) tiles {tm, tk, tn}")
+    if experts > 1 and (g % experts or bounds is None):
+        raise ValueError(f"experts_per_step={experts} needs a group count it divides (got {g}) and group bounds")
+    if bounds is None:
+        bounds = (meta.row_lo[:1], meta.row_hi[:1])  # unread with one expert per step
     # the items axis runs only the items the forward needs (metadata.forward_items): a bound from the routing
     meta, num_items = forward_items(meta, mp // tm)
     grid = (np_ // tn, num_items, kp // tk)
 
-    def lhs_map(n, i, k, tile, group, fetch_tile, fetch_group, lo, hi):
+    def lhs_map(n, i, k, tile, block, fetch_tile, fetch_block, lo, hi, starts, ends):
         return fetch_tile[i], k
 
-    def rhs_map(n, i, k, tile, group, fetch_tile, fetch_group, lo, hi):
-        return (fetch_group[i], n, k) if transpose_rhs else (fetch_group[i], k, n)
+    def rhs_map(n, i, k, tile, block, fetch_tile, fetch_block, lo, hi, starts, ends):
+        return (fetch_block[i], n, k) if transpose_rhs else (fetch_block[i], k, n)
 
-    def out_map(n, i, k, tile, group, fetch_tile, fetch_group, lo, hi):
+    def out_map(n, i, k, tile, block, fetch_tile, fetch_block, lo, hi, starts, ends):
         return tile[i], n
 
-    rhs_block = (None, tn, tk) if transpose_rhs else (None, tk, tn)
+    rhs_block = (experts, tn, tk) if transpose_rhs else (experts, tk, tn)
     kernel = functools.partial(
-        _gmm_kernel, tm=tm, transpose_rhs=transpose_rhs, precision=_precision(lhs.dtype, rhs.dtype)
+        _gmm_kernel, tm=tm, window=cfg.window, experts=experts, transpose_rhs=transpose_rhs,
+        precision=_precision(lhs.dtype, rhs.dtype),
     )
     itemsize = lhs.dtype.itemsize
     cost = pl.CostEstimate(
@@ -117,20 +169,21 @@ def gmm(
         + mp * np_ * jnp.dtype(out_dtype).itemsize,
         transcendentals=0,
     )
+    scratch = [pltpu.VMEM((tm, tn), jnp.float32)] if kp // tk > 1 else []
     return pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((mp, np_), out_dtype),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=_NUM_PREFETCH,
+            num_scalar_prefetch=_NUM_PREFETCH + 2,
             grid=grid,
             in_specs=[pl.BlockSpec((tm, tk), lhs_map), pl.BlockSpec(rhs_block, rhs_map)],
             out_specs=pl.BlockSpec((tm, tn), out_map),
-            scratch_shapes=[pltpu.VMEM((tm, tn), jnp.float32)],
+            scratch_shapes=scratch,
         ),
         compiler_params=_compiler_params(cfg, ("parallel", "arbitrary", "arbitrary")),
         interpret=interpret,
         cost_estimate=cost,
-    )(*meta, lhs, rhs)
+    )(*meta, *bounds, lhs, rhs)
 
 
 def tgmm_tiles(cfg: RaggedDotConfig, kp: int, np_: int, in_itemsize: int, out_itemsize: int) -> tuple[int, int]:

@@ -8,7 +8,14 @@ import pytest
 import ragged_dot as rd
 from ragged_dot._vendor.cpu_gmm import default_capacity
 from ragged_dot._vendor.moe_shapes import MOE_MODELS, PHASES
-from ragged_dot.config import default_config, transposed_config, usable_vmem, vmem_bytes
+from ragged_dot.config import (
+    backward_config,
+    backward_vmem_bytes,
+    default_config,
+    transposed_config,
+    usable_vmem,
+    vmem_bytes,
+)
 from ragged_dot.metadata import forward_items, make_group_metadata, num_work_items
 
 
@@ -77,14 +84,15 @@ def test_backward_tiles_fit_vmem_at_every_model_geometry(dtype):
     for geo in MOE_MODELS:
         for tokens in PHASES.values():
             for proj, m, k, n, g in geo.projections(tokens):
-                cfg = default_config(m, k, n, g, dtype)
+                cfg = backward_config(m, k, n, g, dtype)
                 kp, np_ = -(-k // cfg.tk) * cfg.tk, -(-n // cfg.tn) * cfg.tn
                 lhs_cfg = transposed_config(cfg, kp, np_, itemsize)
-                assert vmem_bytes(lhs_cfg, itemsize, itemsize) <= usable_vmem(itemsize), (geo.model, proj, lhs_cfg)
+                fits = backward_vmem_bytes(lhs_cfg, itemsize, itemsize) <= usable_vmem(itemsize)
+                assert fits, (geo.model, proj, lhs_cfg)
                 assert np_ % lhs_cfg.tk == 0 and kp % lhs_cfg.tn == 0 and lhs_cfg.tm == cfg.tm
                 assert lhs_cfg.tk % 128 == 0 or lhs_cfg.tk == np_
                 assert lhs_cfg.tn % 128 == 0 or lhs_cfg.tn == kp
-                if vmem_bytes(cfg.swapped_kn(), itemsize, itemsize) <= usable_vmem(itemsize):
+                if backward_vmem_bytes(cfg.swapped_kn(), itemsize, itemsize) <= usable_vmem(itemsize):
                     assert lhs_cfg == cfg.swapped_kn()
                 else:
                     shrunk.append((geo.model, proj))
