@@ -83,3 +83,30 @@ def test_later_set_attn_implementation_wins_and_restore_gives_back_the_original(
     assert m.config is cfg and cfg._attn_implementation == "sdpa" and cfg._experts_implementation == "grouped_mm"
     assert "set_experts_implementation" not in m.__dict__
     assert torch.equal(_out(m, x).logits, _out(ref, x).logits)
+
+
+def test_config_output_attentions_is_accepted_and_honoured():
+    """transformers' own attention-output test sets `model.config.output_attentions = True` on the model it built; its
+    config refuses that for every name but eager, so a kernelized (eager) model raised where the plain one worked."""
+    m = tiny.tiny_model("qwen3_moe")
+    m.set_attn_implementation("eager")
+    ref = copy.deepcopy(m)
+    report = kh.kernelize(m)
+    assert any(r.kind == at.LAYER_KIND for r in report.replaced), str(report)
+    m.config.output_attentions = True  # raised "not supported ... kernel_hub" before
+    m.config.validate_output_attentions()
+    assert m.config.output_attentions is True
+    assert m.config._attn_implementation == at.IMPLEMENTATION_NAME  # the name kernelize reports stays
+    ref.config.output_attentions = True
+    x = _x()
+    got, want = _out(m, x), _out(ref, x)
+    assert got.attentions is not None and len(got.attentions) == len(want.attentions) == 2
+    for a, b in zip(got.attentions, want.attentions, strict=True):
+        assert a is not None and a.shape == b.shape
+        assert (a - b).abs().max().item() <= TOL
+    assert (got.logits - want.logits).abs().max().item() <= TOL
+    plain = copy.deepcopy(ref.config)
+    plain.output_attentions = False
+    plain._attn_implementation = "sdpa"
+    with pytest.raises(ValueError, match="not supported"):  # every other name keeps transformers' rule
+        plain.output_attentions = True

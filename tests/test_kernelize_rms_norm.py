@@ -6,6 +6,8 @@ layer's own outputs; a norm no form matches is kept with the errors; mapping={"r
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -165,3 +167,22 @@ def test_training_mode_checks_gradients_and_the_swapped_norms_train():
     for p in paths:  # the kernel's backward reaches every norm's weight
         assert torch.allclose(model.get_submodule(p).weight.grad, ref_grads[p], rtol=1e-4, atol=1e-6), p
     kh.restore(model)
+
+
+def test_a_compiled_swapped_norm_does_not_recompile_on_each_call():
+    """The hook's call counter is an int attribute: bumped inside a compiled graph it was a guard that failed on every
+    call, so torch.compile recompiled the model at each step (transformers' test_static_cache_no_recompile_with_
+    smaller_length, GPT-OSS kernelized)."""
+    model = tiny.tiny_model("qwen3_moe")
+    ref = copy.deepcopy(model).model.norm  # same weights, its own forward
+    report = kh.kernelize(model, mapping={"attention": None, "moe_experts": None})
+    assert any(r.kind == kind.NAME and r.layer == "model.norm" for r in report.replaced), str(report)
+    norm = model.model.norm
+    compiled = torch.compile(norm, backend="eager", fullgraph=True)
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(5)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for _ in range(3):  # recompiled (and raised) at the second call before the fix
+            x = torch.randn(2, 5, norm.weight.shape[0], generator=g)
+            got = compiled(x)
+            assert (got - ref(x)).abs().max().item() <= 1e-5

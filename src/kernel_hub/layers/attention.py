@@ -169,7 +169,8 @@ def kernel_hub_mask(*args: Any, config: Any = None, **kwargs: Any) -> Any:
 
 
 def register() -> None:
-    """Register "kernel_hub" in AttentionInterface and AttentionMaskInterface (idempotent, edits no class)."""
+    """Register "kernel_hub" in AttentionInterface and AttentionMaskInterface, and let configs under it ask for
+    attention weights (idempotent)."""
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
@@ -177,6 +178,41 @@ def register() -> None:
         AttentionInterface.register(IMPLEMENTATION_NAME, kernel_hub_attention)
     if ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(IMPLEMENTATION_NAME) is not kernel_hub_mask:
         AttentionMaskInterface.register(IMPLEMENTATION_NAME, kernel_hub_mask)
+    _accept_output_attentions()
+
+
+def _accept_output_attentions() -> None:
+    """transformers' config refuses `output_attentions=True` (set, or validated) under any implementation name but
+    eager, since only eager computes the weights. Under "kernel_hub" every call that wants weights runs the layer's
+    eager attention (`_weights_call`), so a kernelized model's config accepts the request as eager would; every other
+    name keeps transformers' rule. Wraps the two checks on PretrainedConfig once."""
+    from transformers import PretrainedConfig
+
+    prop = PretrainedConfig.__dict__.get("output_attentions")
+    if isinstance(prop, property) and prop.fset is not None and not getattr(prop.fset, "_kernel_hub", False):
+        setter = prop.fset
+
+        def fset(self: Any, value: bool) -> None:
+            if value and self._attn_implementation == IMPLEMENTATION_NAME:
+                self._attn_implementation_internal = "eager"  # pass eager's check, then put the name back
+                try:
+                    setter(self, value)
+                finally:
+                    self._attn_implementation_internal = IMPLEMENTATION_NAME
+                return
+            setter(self, value)
+
+        fset._kernel_hub = True  # type: ignore[attr-defined]
+        PretrainedConfig.output_attentions = prop.setter(fset)
+    validate = PretrainedConfig.__dict__.get("validate_output_attentions")
+    if callable(validate) and not getattr(validate, "_kernel_hub", False):
+
+        def validate_output_attentions(self: Any) -> None:
+            if self._attn_implementation != IMPLEMENTATION_NAME:
+                validate(self)
+
+        validate_output_attentions._kernel_hub = True  # type: ignore[attr-defined]
+        PretrainedConfig.validate_output_attentions = validate_output_attentions
 
 
 def _as_bool_mask(mask: torch.Tensor) -> tuple[torch.Tensor | None, str]:

@@ -208,11 +208,14 @@ class AttentionRoute:
                 return ref
             probe.errors.append(relative_error(out, ref))
             return ref
+        counting = not torch.compiler.is_compiling()  # eager-mode facts: a counter in a graph recompiles it
         if plan is None:
-            self.fallbacks += 1
-            self.last_fallback = why
+            if counting:
+                self.fallbacks += 1
+                self.last_fallback = why
             return SDPA(*args, **kwargs)
-        self.calls += 1
+        if counting:
+            self.calls += 1
         return run_plan(self.flash, plan, bound.arguments["query"], bound.arguments["key"], bound.arguments["value"])
 
     # Diffusers sets these on every attention processor (set_attention_backend, enable_parallelism).

@@ -95,11 +95,18 @@ class NormHook:
     fallbacks: int = 0
 
     def __call__(self, hidden_states: Any) -> Any:
+        import torch
+
         weight = self.module.weight
+        # counters are eager-mode facts: an int attribute bumped inside a compiled graph is a guard that fails on
+        # every call (dynamo recompiled the model at each generate step)
+        counting = not torch.compiler.is_compiling()
         if hidden_states.dtype != weight.dtype:
-            self.fallbacks += 1
+            if counting:
+                self.fallbacks += 1
             return self.previous(hidden_states)
-        self.calls += 1
+        if counting:
+            self.calls += 1
         return self.kernel.rms_norm(hidden_states, weight, eps=epsilon(self.module),
                                     zero_centered=self.zero_centered, scale_after_cast=self.scale_after_cast)
 
