@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # The tested set, pinned. torch==2.13.0 is the CPU wheel: never leave torch unpinned.
 PKGS := -c constraints.txt torch==2.13.0 jax==0.10.2 jaxlib==0.10.2 tokamax==0.0.12 \
         transformers==5.24.0 huggingface_hub==2.4.0 kernels==0.17.2 diffusers==0.42.1 accelerate==1.15.0 starlette \
-        uvicorn dulwich pydantic pytest hypothesis ruff rich matplotlib
+        uvicorn dulwich pydantic pytest pytest-xdist hypothesis ruff rich matplotlib
 
 # Local wheels of what kernel-hub[demo] needs (its dependencies, jax, torch, transformers; pinned by
 # constraints.txt): tests/test_wheel.py installs the built kernel-hub wheel from here into a fresh venv, offline.
@@ -48,9 +48,14 @@ $(WHEELS): $(STAMP)
 demo: $(STAMP)
 	$(BIN)/kernel-hub demo
 
+# The suite runs on TEST_WORKERS processes (pytest-xdist), one test module per worker at a time (--dist loadscope,
+# so a module's shared fixtures, e.g. the wheel's venv or a compiled mesh, are built once). 2 = this machine's cores;
+# TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
+
 test: setup $(TPU_STAMP) chromium
 	$(BIN)/ruff check src kernels bench tests conftest.py setup.py
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=25
 
 # Headless Chromium for the report's browser test (tests/test_report.py), from Debian's `chromium` package:
 # ~45 s on a fresh machine (apt-get update ~3 s, install ~42 s). Without root the test skips, saying why;
