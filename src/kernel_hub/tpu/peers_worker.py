@@ -134,7 +134,8 @@ def ragged_peers(rd: Any, m: int, k: int, n: int, g: int, gs: np.ndarray, dtype:
     out = jnp.dtype(dtype)
     tiles = importlib.import_module(f"{rd.__name__}.config")
     if hasattr(tiles, "choose_config"):  # the tiles ours picks on this chip (it reads the target's device kind)
-        cfg, why = tiles.choose_config(m, k, n, g, dtype, chip=tiles.CHIPS.get(generation))
+        chips = importlib.import_module(f"{rd.__name__}._vendor.chips")
+        cfg, why = tiles.choose_config(m, k, n, g, dtype, chip=chips.CHIPS.get(generation))
         detail = f"tiles {cfg.tm}x{cfg.tk}x{cfg.tn}, {cfg.experts_per_step} expert(s) per step: {why}"
     else:
         detail = "tiles {0.tm}x{0.tk}x{0.tn}".format(rd.default_config(m, k, n, g, dtype))

@@ -11,6 +11,7 @@ import functools
 
 import jax.numpy as jnp
 
+from ._vendor.chips import chip_for_device_kind
 from ._vendor.tiling import cdiv, round_up
 
 #: Scoped-VMEM budget the default tiles must fit: 16 MiB is the smallest default among v4..v7x (v5e).
@@ -77,21 +78,13 @@ def sub_block(tile: int, want: int) -> int:
     return tile
 
 
-#: Physical VMEM per TensorCore by device kind (jax._src.pallas.mosaic.tpu_info's table, libtpu 0.0.52), matched
-#: by substring of `device.device_kind`, most specific first.
-VMEM_BY_KIND: tuple[tuple[str, int], ...] = (
-    ("v5 lite", 128 << 20), ("v5e", 128 << 20), ("v6", 128 << 20), ("7x", 64 << 20), ("tpu7", 64 << 20),
-    ("v5p", 64 << 20), ("tpu v5", 64 << 20), ("v4", 16 << 20),
-)
-
-
 def vmem_plan(device_kind: str | None) -> tuple[int, int | None, str]:
     """(tile budget, scoped-VMEM limit for Mosaic or None, reason) for a chip: 7/8 of its physical VMEM, at most
     96 MiB, when that is above the 16 MiB every generation allows by default (the tiles then use 5/8 of it, the
     rest is Mosaic's); unknown chips (a CPU host tracing without a TPU device) and v4 keep the 16 MiB default
     with no limit set."""
-    kind = (device_kind or "").lower()
-    physical = next((size for key, size in VMEM_BY_KIND if key in kind), None)
+    chip = chip_for_device_kind(device_kind)
+    physical = chip.vmem_bytes if chip is not None else None
     if physical is None or physical * 7 // 8 <= DEFAULT_VMEM_BUDGET_BYTES:
         why = "unknown chip" if physical is None else f"{device_kind}: {physical >> 20} MiB of VMEM"
         return DEFAULT_VMEM_BUDGET_BYTES, None, f"{why}: the 16 MiB default scoped VMEM"

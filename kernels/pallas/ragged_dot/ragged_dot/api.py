@@ -20,12 +20,13 @@ import jax.numpy as jnp
 
 from . import pallas_gmm
 from ._vendor import cpu_gmm
+from ._vendor.chips import ChipFacts, chip_for_device_kind
 from ._vendor.dispatch import Dispatch
 from ._vendor.groups import group_bounds
 from ._vendor.interpret import pallas_remark, run_dispatch
 from ._vendor.ragged_operands import check_operands
 from ._vendor.tiling import round_up
-from .config import ChipFacts, RaggedDotConfig, backward_config, chip_for_device_kind, default_config, transposed_config
+from .config import RaggedDotConfig, backward_config, default_config, transposed_config
 from .metadata import make_group_metadata
 
 IMPLEMENTATIONS: tuple[str, ...] = ("pallas", "cpu", "xla")
@@ -61,7 +62,7 @@ class _Path:
 def target_chip(interpret: Any) -> ChipFacts | None:
     """The TPU a Mosaic lowering targets (the default device's kind, which an ahead-of-time compile for a mock TPU
     sets too); None when interpreting or off a TPU. Only the device kind is read, never pltpu.get_tpu_info()
-    (that raises off a TPU); the facts themselves come from config.CHIPS."""
+    (that raises off a TPU); the facts themselves come from _vendor.chips.CHIPS."""
     if interpret:
         return None
     try:

@@ -10,6 +10,7 @@ import dataclasses
 
 import numpy as np
 
+from ._vendor.chips import ChipFacts
 from ._vendor.tiling import cdiv, round_up
 
 #: Scoped-VMEM budget the default tiles must fit in. 16 MiB is the smallest default among
@@ -147,43 +148,13 @@ def backward_config(m: int, k: int, n: int, g: int, dtype: object = "bfloat16") 
     return RaggedDotConfig(tm=tm, tk=128, tn=128)
 
 
-@dataclasses.dataclass(frozen=True)
-class ChipFacts:
-    """What the forward's tile choice needs to know about one TPU core. Passed in (chip_for_device_kind maps a
-    device kind to it), never asked of the runtime while tracing: that breaks CPU interpret mode."""
-
-    name: str
-    vmem_bytes: int  # physical VMEM per TensorCore (jax._src.pallas.mosaic.tpu_info)
-    scoped_vmem_bytes: int  # Mosaic's default scoped-VMEM limit (what a kernel gets without asking)
-    hbm_bytes_per_s: float
-    bf16_flops_per_s: float
-
-
-_MIB = 1024 * 1024
-#: Google Cloud's published per-chip HBM bandwidth and bf16 peak; VMEM per core from jax's tpu_info table.
-CHIPS: dict[str, ChipFacts] = {
-    c.name: c
-    for c in (
-        ChipFacts("v4", 16 * _MIB, 16 * _MIB, 1200e9, 275e12),
-        ChipFacts("v5e", 128 * _MIB, 16 * _MIB, 819e9, 197e12),
-        ChipFacts("v5p", 64 * _MIB, 16 * _MIB, 2765e9, 459e12),
-        ChipFacts("v6e", 128 * _MIB, 32 * _MIB, 1640e9, 918e12),
-        ChipFacts("v7x", 64 * _MIB, 32 * _MIB, 7370e9, 2307e12),
-    )
-}
 #: When the chip is not known (CPU interpret, an unrecognised device): every generation's smallest scoped VMEM.
 UNKNOWN_CHIP = ChipFacts("unknown", DEFAULT_VMEM_BUDGET_BYTES, DEFAULT_VMEM_BUDGET_BYTES, 819e9, 197e12)
-_DEVICE_KINDS = {"tpu v4": "v4", "tpu v5 lite": "v5e", "tpu v5e": "v5e", "tpu v5": "v5p", "tpu v5p": "v5p",
-                 "tpu v6 lite": "v6e", "tpu v6e": "v6e", "tpu7x": "v7x", "tpu 7x": "v7x"}
 #: Per grid step of a Pallas TPU pipeline (the Pallas TPU docs' ~0.35 us).
 STEP_SECONDS = 0.35e-6
 #: VMEM the compiler keeps for itself beyond a raised scoped limit.
+_MIB = 1024 * 1024
 _COMPILER_RESERVE = 8 * _MIB
-
-
-def chip_for_device_kind(kind: str | None) -> ChipFacts | None:
-    """The facts of a device kind ("TPU v6 lite"), None for anything else (a CPU)."""
-    return CHIPS.get(_DEVICE_KINDS.get(str(kind).strip().lower(), "")) if kind else None
 
 
 def estimated_seconds(cfg: RaggedDotConfig, m: int, k: int, n: int, g: int, itemsize: int, chip: ChipFacts) -> float:

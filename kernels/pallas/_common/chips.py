@@ -1,0 +1,48 @@
+"""Per-generation TPU facts the kernels' tile choices read, and the one map from a device kind to them.
+
+Kernels take these as arguments (chip facts are injected, never asked of the runtime while tracing:
+pltpu.get_tpu_info() breaks CPU interpret mode). Vendored into each kernel that sizes tiles by chip.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+_MIB = 1024 * 1024
+#: The scoped VMEM every generation grants a kernel that does not ask for more.
+DEFAULT_SCOPED_VMEM_BYTES = 16 * _MIB
+
+
+@dataclasses.dataclass(frozen=True)
+class ChipFacts:
+    """What a tile choice needs to know about one TPU core."""
+
+    name: str
+    vmem_bytes: int  # physical VMEM per TensorCore (jax._src.pallas.mosaic.tpu_info)
+    scoped_vmem_bytes: int  # Mosaic's default scoped-VMEM limit (what a kernel gets without asking)
+    hbm_bytes_per_s: float
+    bf16_flops_per_s: float
+
+
+#: Google Cloud's published per-chip HBM bandwidth and bf16 peak; VMEM per core from jax's tpu_info table.
+CHIPS: dict[str, ChipFacts] = {
+    c.name: c
+    for c in (
+        ChipFacts("v4", 16 * _MIB, 16 * _MIB, 1200e9, 275e12),
+        ChipFacts("v5e", 128 * _MIB, 16 * _MIB, 819e9, 197e12),
+        ChipFacts("v5p", 64 * _MIB, 16 * _MIB, 2765e9, 459e12),
+        ChipFacts("v6e", 128 * _MIB, 32 * _MIB, 1640e9, 918e12),
+        ChipFacts("v7x", 64 * _MIB, 32 * _MIB, 7370e9, 2307e12),
+    )
+}
+#: Substrings of `device.device_kind` ("TPU v6 lite", "TPU v5 lite", "TPU v5", "TPU v4", "TPU7x"), most specific first.
+_KIND_MARKS: tuple[tuple[str, str], ...] = (
+    ("v5 lite", "v5e"), ("v5e", "v5e"), ("v6", "v6e"), ("7x", "v7x"), ("tpu7", "v7x"),
+    ("v5p", "v5p"), ("tpu v5", "v5p"), ("v4", "v4"),
+)
+
+
+def chip_for_device_kind(kind: str | None) -> ChipFacts | None:
+    """The facts of a device kind, None for anything else (a CPU, an unrecognised device)."""
+    text = str(kind or "").strip().lower()
+    return next((CHIPS[gen] for mark, gen in _KIND_MARKS if mark in text), None) if text else None
