@@ -112,3 +112,37 @@ def test_eager_static_cache_generate_equals_unkernelized(family):
     assert torch.equal(got.sequences, want.sequences)
     for a, b in zip(got.scores, want.scores, strict=True):
         assert (a - b).abs().max().item() <= TOL
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_compiled_frozen_model_runs_its_packed_experts(family):
+    """A frozen model (requires_grad off, kernelize's default inference mode) gets its expert weights packed; the
+    packed call is one custom op in the compiled graph (layers/packed_op.py), which runs the block's packed path."""
+    from kernel_hub.layers import packed_op, packing
+
+    m = tiny.tiny_model(family, num_hidden_layers=1 if family == "qwen3_moe" else 2).requires_grad_(False)
+    ref = copy.deepcopy(m)
+    kh.kernelize(m)
+    blocks = [mod for mod in m.modules() if packing.record_of(mod) is not None]
+    assert blocks and all(packing.record_of(b).holders is not None for b in blocks), "expected packed expert blocks"
+    x, mask = _batch()
+    c = _compiled(m)
+    with torch.no_grad():
+        got = c(input_ids=x, attention_mask=mask, use_cache=False).logits
+        want = ref(input_ids=x, attention_mask=mask, use_cache=False).logits
+    keep = mask.bool()
+    assert torch.isfinite(got).all()
+    assert (got[keep] - want[keep]).abs().max().item() <= TOL
+    assert all(packing.record_of(b).holders is not None for b in blocks), "the compiled call unpacked a block"
+    handle = packing.record_of(blocks[0]).compile_handle
+    kh.restore(m)  # the compiled graph's guards see the restored blocks: it recompiles, it never calls a stale op
+    with torch.no_grad():
+        again = c(input_ids=x, attention_mask=mask, use_cache=False).logits
+    assert (again[keep] - want[keep]).abs().max().item() <= TOL
+    del m, c, blocks
+    torch._dynamo.reset()
+    import gc
+
+    gc.collect()
+    with pytest.raises(RuntimeError, match="compile the model again"):  # a freed block is not kept alive by a handle
+        packed_op.block(handle)

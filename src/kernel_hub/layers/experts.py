@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from . import packing
+from . import packed_op, packing
 from .families import ExpertsLayout
 
 IMPLEMENTATION_NAME = "kernel_hub"
@@ -179,6 +179,8 @@ def make_call(kernel: Any, layout: ExpertsLayout) -> ExpertsCall:
             kwargs["post_fn"] = module.post_expert_norm
         holders = packing.active_holders(module) if moe_packed is not None else None
         if holders is not None:
+            if torch.compiler.is_compiling():  # the packed call as one opaque op (packed_op.py)
+                return packed_op.packed_experts(hidden, index, weights, packing.record_of(module).compile_handle)
             del kwargs["is_transposed"]  # the packed weights know their layout
             return moe_packed(hidden, index, weights, holders[up_name], holders[down_name], **kwargs)
         return moe(hidden, index, weights, getattr(module, up_name), getattr(module, down_name), **kwargs)

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from . import packed_op
 from .families import ExpertsLayout
 
 RECORD_ATTR = "_kernel_hub_packed"
@@ -79,6 +80,7 @@ class ModulePacking:
     placeholders: dict[str, torch.nn.Parameter] = field(default_factory=dict)
     handles: list[Any] = field(default_factory=list)
     reason: str = ""
+    compile_handle: int = 0  # packed_op's handle: how a compiled graph names this block
 
 
 def record_of(module: Any) -> ModulePacking | None:
@@ -269,6 +271,7 @@ def pack_module(module: Any, layout: ExpertsLayout, kernel: Any) -> tuple[bool, 
     except Exception as exc:
         return False, f"not packed: {exc}"
     module.__dict__[RECORD_ATTR] = record
+    record.compile_handle = packed_op.register(module)
     record.handles = [module.register_state_dict_post_hook(_state_dict_hook),
                       module.register_load_state_dict_pre_hook(_load_pre_hook),
                       module.register_load_state_dict_post_hook(_load_post_hook),
