@@ -53,6 +53,7 @@ def test_lock_records_and_loads_exactly_that_with_no_requests(server, tmp_path: 
                                trust_remote_code=TRUST)
     assert module.scale(np.ones(2)).tolist() == [2.0, 2.0]
     assert module.__kernel_hub__.commit == entry.commit
+    assert module.__kernel_hub_source__ == f"hub {server.url}"  # as get_kernel says which source served it
     assert hub_requests(server) == []
 
     server.stop()  # a locked, cached load needs no server at all

@@ -79,6 +79,7 @@ def test_lock_while_the_hub_is_down_records_the_source_path_it_used(tmp_path, to
     assert (entry.source, entry.location) == ("local", str(toy_kernel))
     module = get_locked_kernel("test-org/toy-scale", lockfile=lockfile)
     assert module.__kernel_hub__.source == str(toy_kernel) and float(module.scale(np.ones(1), 2.0)[0]) == 2.0
+    assert module.__kernel_hub_source__ == f"local {toy_kernel}"  # get_kernel's words for the source it used
 
 
 def test_a_lock_cannot_point_the_loader_at_another_folder(tmp_path, toy_kernel, toy_registry):

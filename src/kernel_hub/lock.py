@@ -203,6 +203,21 @@ def fetch_locked(repo_id: str, *, lockfile: str | Path | None = None, framework:
     return entry, fetch_entry(entry, source)
 
 
+def served_by(entry: LockedKernel, source: Any = None) -> str:
+    """Where a locked load comes from, in get_kernel's `__kernel_hub_source__` words: "local <folder>" for a local
+    entry, else "hub <endpoint>" of the source fetching it (the one handed in, or the default Hub)."""
+    if entry.source == "local":
+        return f"local {entry.location}"
+    return f"hub {_hub(source).endpoint}"
+
+
+def _hub(source: Any) -> Any:
+    """The Hub source a hub entry is fetched from: the one handed in, else the default (HF_ENDPOINT)."""
+    from .hub import HubSource
+
+    return source if source is not None else HubSource()
+
+
 def fetch_entry(entry: LockedKernel, source: Any = None) -> Build:
     """One lock entry's build on local disk, every file checked against the entry."""
     repo_id = entry.repo_id
@@ -214,9 +229,7 @@ def fetch_entry(entry: LockedKernel, source: Any = None) -> Build:
                                  f"(commit {local.commit[:12]}, lock has {entry.commit[:12]}); re-run kernel-hub lock")
         build = local.fetch(repo_id, entry.commit, variant)
     else:
-        from .hub import HubSource
-
-        hub = source if source is not None else HubSource()
+        hub = _hub(source)
         if entry.hub_repo is not None and hub.hub_repo(repo_id) != entry.hub_repo:
             hub.aliases[repo_id] = entry.hub_repo  # fetch the repo that was locked (and trusted), not the alias
         build = hub.fetch(repo_id, entry.commit, variant, expected=entry.files)
@@ -231,4 +244,6 @@ def get_locked_kernel(repo_id: str, *, lockfile: str | Path | None = None, frame
     before import."""
     entry = read_lock(lockfile).find(repo_id, framework)
     check_trust(entry.origin, trust_remote_code, asked_for=repo_id)
-    return import_build(fetch_entry(entry, source))
+    module = import_build(fetch_entry(entry, source))
+    module.__kernel_hub_source__ = served_by(entry, source)  # type: ignore[attr-defined]
+    return module
