@@ -412,3 +412,18 @@ def test_untrusted_repo_is_refused_before_any_download(server, good_files, env, 
         kh.get_kernel(repo, version=1, trust_remote_code=["other/repo", "evil-twin"])  # a list trusts what it names
     assert kh.get_kernel(repo, version=1, trust_remote_code=["evil"]).scale(np.ones(1), 2.0).tolist() == [2.0]
     assert cli.main(["download", repo, "--version", "1"]) == 0  # download imports nothing: no trust needed
+
+
+def test_an_oversized_published_kernel_yaml_is_never_downloaded(server, good_files, tmp_path: Path) -> None:
+    """`info` reads a release's root kernel.yaml before any build is cached; one over 1 MiB is skipped on its
+    size alone (one HEAD), not downloaded and then measured."""
+    from kernel_hub.hub import HubSource
+
+    repo = "evil/huge-yaml"
+    commit = push(server, repo, {**bundle(good_files), "kernel.yaml": b"# padding\n" * (120 << 10)})
+    server.reset()
+    source = HubSource(endpoint=server.url, cache_dir=tmp_path / "cache")
+    assert source.published_metadata(repo, commit) is None
+    requests = [(method, path) for method, path, _ in hub_requests(server)]
+    assert requests and all(method == "HEAD" for method, _ in requests), requests
+    assert not list((tmp_path / "cache").rglob("kernel.yaml"))

@@ -361,11 +361,19 @@ class HubSource:
         from .metadata import METADATA_FILE, parse_metadata, read_yaml
 
         try:
+            repo, revision = self.hub_repo(repo_id), check_commit(commit)
+            if not self.offline:  # the size first: an oversized kernel.yaml is never downloaded at all
+                from huggingface_hub import hf_hub_url
+
+                url = hf_hub_url(repo, METADATA_FILE, repo_type=REPO_TYPE, revision=revision, endpoint=self.endpoint)
+                head = self._call(repo_id, f"checking {METADATA_FILE} at {commit[:12]}",
+                                  lambda: self.api.get_hf_file_metadata(url=url))
+                if head.size is None or head.size > _MAX_PUBLISHED_METADATA:
+                    return None
             path = Path(self._call(repo_id, f"downloading {METADATA_FILE} at {commit[:12]}", lambda: (
-                self.api.hf_hub_download(self.hub_repo(repo_id), METADATA_FILE, repo_type=REPO_TYPE,
-                                         revision=check_commit(commit), cache_dir=self.cache_dir,
-                                         local_files_only=self.offline))))
-            if path.stat().st_size > _MAX_PUBLISHED_METADATA:
+                self.api.hf_hub_download(repo, METADATA_FILE, repo_type=REPO_TYPE, revision=revision,
+                                         cache_dir=self.cache_dir, local_files_only=self.offline))))
+            if path.stat().st_size > _MAX_PUBLISHED_METADATA:  # a cached copy (offline) is checked as well
                 return None
             return parse_metadata(read_yaml(path), f"{repo_id}@{commit[:12]} {METADATA_FILE}")
         except (KernelHubError, OSError, ValueError):
