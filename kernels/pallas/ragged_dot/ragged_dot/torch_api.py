@@ -26,10 +26,10 @@ from ._vendor.group_sizes import check_group_sizes
 from ._vendor.shapes import check_ragged_dot_shapes
 from ._vendor.torch_dispatch import IMPLEMENTATIONS, ORDER, TorchDispatch
 from ._vendor.torch_tpu_ops import op_namespace, package_digest
-from .huge_pages import advise_huge_pages
 from .release import VERSION
-from .torch_cpu import activate, combine_experts, num_workers, ragged_dot_torch, route
-from .torch_packed import PackedExperts, PackingError, moe_experts_packed, pack_experts, packing_support
+from .torch_cpu.grouped import activate, combine_experts, num_workers, ragged_dot_torch, route
+from .torch_cpu.huge_pages import advise_huge_pages
+from .torch_cpu.packed import PackedExperts, PackingError, moe_experts_packed, pack_experts, packing_support
 
 __all__ = [
     "IMPLEMENTATIONS",

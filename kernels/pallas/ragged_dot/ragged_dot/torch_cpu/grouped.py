@@ -24,9 +24,9 @@ from typing import Any, NamedTuple
 
 import torch
 
+from .._vendor.torch_tpu_ops import op_namespace, package_digest
+from ..release import VERSION
 from . import native_rows
-from ._vendor.torch_tpu_ops import op_namespace, package_digest
-from .release import VERSION
 
 #: Below this many multiply-adds a call runs inline: the pool's hand-off costs ~20 us per worker.
 MIN_PARALLEL_MACS = 4_000_000
@@ -269,7 +269,7 @@ def _sizes(group_sizes: torch.Tensor) -> list[int]:
 def _custom_op(name: str, schema: str, fn: Callable[..., torch.Tensor], fake: Callable[..., torch.Tensor]) -> Any:
     """The custom op `name` of this build (version and content), registered once per process (a second load of the
     same build reuses it; another build of the same version gets its own namespace)."""
-    qualname = f"{op_namespace('ragged_dot', VERSION, package_digest(Path(__file__).parent))}::{name}"
+    qualname = f"{op_namespace('ragged_dot', VERSION, package_digest(Path(__file__).parents[1]))}::{name}"
     from torch._library import custom_ops
 
     existing = custom_ops._maybe_get_opdef(qualname)

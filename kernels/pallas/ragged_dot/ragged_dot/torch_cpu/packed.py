@@ -38,8 +38,7 @@ from typing import Any
 import torch
 
 from . import native_rows
-from .huge_pages import advise_huge_pages
-from .torch_cpu import (
+from .grouped import (
     activate,
     combine_experts,
     grouped_matmul,
@@ -50,6 +49,7 @@ from .torch_cpu import (
     route,
     run_groups,
 )
+from .huge_pages import advise_huge_pages
 
 #: Weight dtypes packing covers (float16 has no oneDNN linear on CPUs without AVX512-FP16/AMX-FP16).
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)

@@ -28,10 +28,10 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from ._vendor.interpret import resolve_interpret
-from ._vendor.platform import platform_of
-from .api import implementations_for, ragged_dot
-from .moe_plan import SCHEMES, MoeSizes, choose_scheme, rows_per_device
+from .._vendor.interpret import resolve_interpret
+from .._vendor.platform import platform_of
+from ..api import implementations_for, ragged_dot
+from .plan import SCHEMES, MoeSizes, choose_scheme, rows_per_device
 
 #: Gate activations by name. "gelu" is jax.nn.gelu's default, the tanh approximation: what Gemma 4's config calls
 #: `gelu_pytorch_tanh`; "gelu_exact" is the erf form (torch's F.gelu default).
