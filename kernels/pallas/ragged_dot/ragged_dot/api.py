@@ -1,6 +1,6 @@
 """Dispatch: one ragged_dot, several implementations tried in order (the kernel contract, docs/kernel-contract.md).
 
-  "pallas"  Mosaic TPU kernels (pallas_gmm.py); compiled on a TPU, interpreted elsewhere unless interpret=False.
+  "pallas"  Mosaic TPU kernels (pallas/gmm.py); compiled on a TPU, interpreted elsewhere unless interpret=False.
   "cpu"     capacity + overflow grouped matmul in plain XLA (_vendor/cpu_gmm.py); O(M*K*N) work.
   "xla"     jax.lax.ragged_dot: the oracle and the GPU path. On CPU it densifies to G x the work.
 

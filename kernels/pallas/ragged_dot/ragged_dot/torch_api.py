@@ -7,7 +7,7 @@ grouped matmuls, gate, combine) with the weight layouts transformers uses. `laye
 classes (`MegaBlocksMoeMLP`) built on it.
 
 Where it runs (the kernel contract's `implementation=`, docs/kernel-contract.md): tensors on CPU take
-the torch-native path first (torch_cpu.py; jax is never imported, so the torch-cpu build runs where
+the torch-native path first (torch_cpu/; jax is never imported, so the torch-cpu build runs where
 only torch is installed); on CUDA or TPU the JAX package's ragged_dot first (torch_bridge.py): through
 DLPack on CUDA, as the TorchTPU op `kernel_hub_ragged_dot_<version, digest>::ragged_dot` on TPU tensors (the
 torch-tpu build's entry, torch_tpu_api.py, registers it). Both are differentiable through torch autograd.

@@ -10,7 +10,7 @@ One device: (token, slot) rows sorted by expert, two ragged dots through this pa
 implementation= / interpret= contract), the gate in f32, each row's routing weight on its gated activation, the
 rows summed back per token in f32. On a mesh, experts are split
 over `expert_axis` (E/e per device, rows of other devices' experts sort last, past the ragged dot's groups: they
-cost no weight reads) and the dispatch scheme of moe_plan.py moves tokens; `tensor_axis` splits I (each device
+cost no weight reads) and the dispatch scheme of plan.py moves tokens; `tensor_axis` splits I (each device
 holds matching slices of gate, up and down, so the gate needs no communication; the partial outputs are summed).
 Everything runs under one jax.jit with static options, inside a jax.shard_map with check_vma=False (the CPU path's
 overflow loop has no varying-manual-axes rule; gradients are still right, tests/test_moe_mesh.py checks them).
@@ -277,7 +277,7 @@ def moe_device_work(x: jax.Array, topk_ids: jax.Array, topk_weights: jax.Array, 
 def plan_dispatch(tokens: int, hidden: int, top_k: int, experts: int, *, expert_devices: int, tensor_devices: int = 1,
                   itemsize: int = 2, dispatch: str | None = None, capacity_factor: float | None = None
                   ) -> tuple[str, int, str]:
-    """(scheme, rows per device, why): the decisions moe_experts takes for these sizes (see moe_plan.py)."""
+    """(scheme, rows per device, why): the decisions moe_experts takes for these sizes (see plan.py)."""
     sizes = MoeSizes(tokens, hidden, top_k, experts, expert_devices, tensor_devices, itemsize)
     if dispatch is None:
         scheme, why = choose_scheme(sizes, capacity_factor)
