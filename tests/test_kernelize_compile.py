@@ -1,6 +1,6 @@
 """torch.compile(fullgraph=True) on kernelized tiny models: forward (plain and left-padded) and a short greedy generate.
 
-The expert kernels run as torch custom ops with fake implementations under compile (ragged_dot/torch_cpu.py) and
+The expert kernels run as torch custom ops with fake implementations under compile (ragged_dot/torch_cpu/grouped.py) and
 the attention's mask check is a torch.cond in the graph (layers/attention.py traced_plan), so dynamo traces the
 whole model without a graph break. The reference is always the uncompiled, unkernelized copy with the same weights.
 

@@ -1,4 +1,4 @@
-"""The ragged-dot torch entry's packed-weights path (torch_packed.py): moe_experts_packed against a NumPy float64
+"""The ragged-dot torch entry's packed-weights path (torch_cpu/packed.py): moe_experts_packed against a NumPy float64
 reference and bit for bit against moe_experts, and pack_experts' in-place contract (refusals leave the weight as it
 was, a failure part way is rolled back, unpack and pickling give the dense bytes back); small row counts padded for
 oneDNN's blocked kernels stay bit-identical to the unpacked loop; packed bytes collapsed into 2 MiB pages keep their

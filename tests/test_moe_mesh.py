@@ -182,7 +182,7 @@ def test_pallas_reads_only_the_weight_blocks_of_experts_with_rows(rd):
     cost = kernel_cost(lambda x, gu, d: rd.moe_device_work(x, ids, np.full((t, k), 0.125, np.float32), gu, d,
                                                            first_expert=first),
                        sds((t, h), jnp.bfloat16), sds((el, h, 2 * i), jnp.bfloat16), sds((el, i, h), jnp.bfloat16))
-    choose = sys.modules[rd.__name__ + ".config"].choose_config
+    choose = sys.modules[rd.__name__ + ".pallas.config"].choose_config
     assert len(cost.calls) == 2
     for call, (kk, n) in zip(cost.calls, ((h, 2 * i), (i, h)), strict=True):
         cfg, _ = choose(t * k, kk, n, el, "bfloat16")  # the tiles the kernel takes off a TPU (no chip facts)

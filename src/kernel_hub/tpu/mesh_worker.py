@@ -8,7 +8,7 @@ Per (generation, model, phase, layout) one row:
     temporaries and activations (layers run one at a time), against the chip's HBM (ici.py);
   * modeled: the kernels of the busiest device (schedule.py walks `moe_device_work` with that device's share of a
     uniform top-k routing and its own weight slices), XLA's ops around them as schedule.py counts them (unfused: an
-    upper bound, XLA fuses the elementwise chain), and the dispatch scheme's collectives (moe_plan.collectives)
+    upper bound, XLA fuses the elementwise chain), and the dispatch scheme's collectives (moe/plan.py's collectives)
     over the ICI (ici.py).
 """
 

@@ -132,7 +132,7 @@ def ragged_peers(rd: Any, m: int, k: int, n: int, g: int, gs: np.ndarray, dtype:
     sds = jax.ShapeDtypeStruct
     args = (sds((m, k), dtype), sds((g, k, n), dtype), gs)
     out = jnp.dtype(dtype)
-    tiles = importlib.import_module(f"{rd.__name__}.config")
+    tiles = importlib.import_module(f"{rd.__name__}.pallas.config")
     if hasattr(tiles, "choose_config"):  # the tiles ours picks on this chip (it reads the target's device kind)
         chips = importlib.import_module(f"{rd.__name__}._vendor.chips")
         cfg, why = tiles.choose_config(m, k, n, g, dtype, chip=chips.CHIPS.get(generation))

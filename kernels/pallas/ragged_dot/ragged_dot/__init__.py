@@ -18,9 +18,9 @@ from .api import (
     ragged_dot,
     resolve_implementation,
 )
-from .config import RaggedDotConfig, default_config
-from .moe import ACTIVATIONS, moe_device_work, moe_experts, partition_specs, plan_dispatch
-from .moe_plan import SCHEMES, MoeSizes, choose_scheme, collective_bytes, collectives, rows_per_device
+from .moe.experts import ACTIVATIONS, moe_device_work, moe_experts, partition_specs, plan_dispatch
+from .moe.plan import SCHEMES, MoeSizes, choose_scheme, collective_bytes, collectives, rows_per_device
+from .pallas.config import RaggedDotConfig, default_config
 
 __all__ = [
     "ACTIVATIONS",

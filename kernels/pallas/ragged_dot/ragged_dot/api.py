@@ -1,6 +1,6 @@
 """Dispatch: one ragged_dot, several implementations tried in order (the kernel contract, docs/kernel-contract.md).
 
-  "pallas"  Mosaic TPU kernels (pallas_gmm.py); compiled on a TPU, interpreted elsewhere unless interpret=False.
+  "pallas"  Mosaic TPU kernels (pallas/gmm.py); compiled on a TPU, interpreted elsewhere unless interpret=False.
   "cpu"     capacity + overflow grouped matmul in plain XLA (_vendor/cpu_gmm.py); O(M*K*N) work.
   "xla"     jax.lax.ragged_dot: the oracle and the GPU path. On CPU it densifies to G x the work.
 
@@ -18,7 +18,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from . import pallas_gmm
 from ._vendor import cpu_gmm
 from ._vendor.chips import ChipFacts, chip_for_device_kind
 from ._vendor.dispatch import Dispatch
@@ -26,8 +25,9 @@ from ._vendor.groups import group_bounds
 from ._vendor.interpret import pallas_remark, run_dispatch
 from ._vendor.ragged_operands import check_operands
 from ._vendor.tiling import round_up
-from .config import RaggedDotConfig, backward_config, default_config, transposed_config
-from .metadata import make_group_metadata
+from .pallas import gmm as pallas_gmm
+from .pallas.config import RaggedDotConfig, backward_config, default_config, transposed_config
+from .pallas.metadata import make_group_metadata
 
 IMPLEMENTATIONS: tuple[str, ...] = ("pallas", "cpu", "xla")
 

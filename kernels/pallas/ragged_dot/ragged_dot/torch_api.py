@@ -7,7 +7,7 @@ grouped matmuls, gate, combine) with the weight layouts transformers uses. `laye
 classes (`MegaBlocksMoeMLP`) built on it.
 
 Where it runs (the kernel contract's `implementation=`, docs/kernel-contract.md): tensors on CPU take
-the torch-native path first (torch_cpu.py; jax is never imported, so the torch-cpu build runs where
+the torch-native path first (torch_cpu/; jax is never imported, so the torch-cpu build runs where
 only torch is installed); on CUDA or TPU the JAX package's ragged_dot first (torch_bridge.py): through
 DLPack on CUDA, as the TorchTPU op `kernel_hub_ragged_dot_<version, digest>::ragged_dot` on TPU tensors (the
 torch-tpu build's entry, torch_tpu_api.py, registers it). Both are differentiable through torch autograd.
@@ -26,10 +26,10 @@ from ._vendor.group_sizes import check_group_sizes
 from ._vendor.shapes import check_ragged_dot_shapes
 from ._vendor.torch_dispatch import IMPLEMENTATIONS, ORDER, TorchDispatch
 from ._vendor.torch_tpu_ops import op_namespace, package_digest
-from .huge_pages import advise_huge_pages
 from .release import VERSION
-from .torch_cpu import activate, combine_experts, num_workers, ragged_dot_torch, route
-from .torch_packed import PackedExperts, PackingError, moe_experts_packed, pack_experts, packing_support
+from .torch_cpu.grouped import activate, combine_experts, num_workers, ragged_dot_torch, route
+from .torch_cpu.huge_pages import advise_huge_pages
+from .torch_cpu.packed import PackedExperts, PackingError, moe_experts_packed, pack_experts, packing_support
 
 __all__ = [
     "IMPLEMENTATIONS",

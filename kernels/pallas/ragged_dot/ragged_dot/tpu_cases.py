@@ -31,7 +31,7 @@ def builder(m: int, k: int, n: int, g: int, dtype: str, tiles: Tiles = None) -> 
 
     def make(grad: bool) -> Callable[[], Built]:
         def build() -> Built:
-            from .config import RaggedDotConfig
+            from .pallas.config import RaggedDotConfig
 
             cfg = None if not tiles else RaggedDotConfig(**tiles)
             fn = lambda lhs, rhs, gs: mosaic_ragged_dot(lhs, rhs, gs, cfg)
@@ -51,7 +51,7 @@ def moe_builder(case: Any) -> Callable[[bool], Callable[[], Built]]:
             import jax
             import jax.numpy as jnp
 
-            from .moe import moe_experts
+            from .moe.experts import moe_experts
 
             sds = jax.ShapeDtypeStruct
             args = (sds((case.t, case.h), case.dtype), sds((case.t, case.k), jnp.int32),

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import ragged_dot as rd
 from ragged_dot._vendor.chips import CHIPS, chip_for_device_kind
-from ragged_dot.config import UNKNOWN_CHIP, choose_config, usable_vmem, vmem_bytes
+from ragged_dot.pallas.config import UNKNOWN_CHIP, choose_config, usable_vmem, vmem_bytes
 from ragged_dot_testutil import make_inputs
 
 from kernel_hub.numerics import TOLERANCE as TOL

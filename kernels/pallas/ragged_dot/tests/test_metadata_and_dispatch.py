@@ -8,7 +8,7 @@ import pytest
 import ragged_dot as rd
 from ragged_dot._vendor.cpu_gmm import default_capacity
 from ragged_dot._vendor.moe_shapes import MOE_MODELS, PHASES
-from ragged_dot.config import (
+from ragged_dot.pallas.config import (
     backward_config,
     backward_vmem_bytes,
     default_config,
@@ -16,7 +16,7 @@ from ragged_dot.config import (
     usable_vmem,
     vmem_bytes,
 )
-from ragged_dot.metadata import forward_items, make_group_metadata, num_work_items
+from ragged_dot.pallas.metadata import forward_items, make_group_metadata, num_work_items
 
 
 def _random_sizes(rng, g, m):
@@ -102,7 +102,7 @@ def test_backward_tiles_fit_vmem_at_every_model_geometry(dtype):
 
 def test_shrunk_backward_tiles_give_the_same_numbers():
     """d_lhs through the transposed kernel with tiles re-fitted to a tiny VMEM budget, interpreted, against NumPy."""
-    from ragged_dot import pallas_gmm
+    from ragged_dot.pallas import gmm as pallas_gmm
 
     rng = np.random.default_rng(7)
     sizes = np.array([40, 0, 64, 24], np.int32)

@@ -24,9 +24,9 @@ from typing import Any, NamedTuple
 
 import torch
 
+from .._vendor.torch_tpu_ops import op_namespace, package_digest
+from ..release import VERSION
 from . import native_rows
-from ._vendor.torch_tpu_ops import op_namespace, package_digest
-from .release import VERSION
 
 #: Below this many multiply-adds a call runs inline: the pool's hand-off costs ~20 us per worker.
 MIN_PARALLEL_MACS = 4_000_000
@@ -84,7 +84,7 @@ def _plain_2d(t: torch.Tensor) -> bool:
 #: register-blocked for up to 6 rows, and 1-5 rows stream the same weights more slowly than 6 (measured on a Zen 4
 #: EPYC, packed weights, two workers: 1.3-1.7x the memory floor at 1-3 rows, 1.1-1.4x at 5-6). Padding adds only
 #: arithmetic, never weight reads, and never changes a real row's sums (each output row is its own dot products;
-#: torch_packed's probe checks packed against unpacked bit for bit at every row count through this function).
+#: packed.py's probe checks packed against unpacked bit for bit at every row count through this function).
 MIN_LINEAR_ROWS = 6
 
 
@@ -92,14 +92,14 @@ def linear_for_group(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether a @ b takes oneDNN's linear rather than torch.mm: on CPU with b plain in either major order, float32
     groups and single bfloat16 rows (torch.mm's one-row bfloat16 kernel sums differently from the blocked kernel that
     padded rows take; from two rows on torch.mm agrees with it and is faster on plain weights). The packed-weights
-    path (torch_packed.py) is checked bit for bit against this choice."""
+    path (packed.py) is checked bit for bit against this choice."""
     if _LINEAR is None or a.device.type != "cpu" or not _plain_2d(b):
         return False
     return b.dtype == torch.float32 or (b.dtype == torch.bfloat16 and a.shape[0] == 1)
 
 
 def onednn_linear(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """oneDNN's a @ w^T, w a plain [N, K] weight or one packed by torch_packed.py (both paths call this).
+    """oneDNN's a @ w^T, w a plain [N, K] weight or one packed by packed.py (both paths call this).
 
     Fewer than MIN_LINEAR_ROWS rows run padded to it. That also keeps a single float32 row off oneDNN's
     matrix-vector kernel for plain weights, whose sums differ in the last bits from the blocked kernels that packed
@@ -269,7 +269,7 @@ def _sizes(group_sizes: torch.Tensor) -> list[int]:
 def _custom_op(name: str, schema: str, fn: Callable[..., torch.Tensor], fake: Callable[..., torch.Tensor]) -> Any:
     """The custom op `name` of this build (version and content), registered once per process (a second load of the
     same build reuses it; another build of the same version gets its own namespace)."""
-    qualname = f"{op_namespace('ragged_dot', VERSION, package_digest(Path(__file__).parent))}::{name}"
+    qualname = f"{op_namespace('ragged_dot', VERSION, package_digest(Path(__file__).parents[1]))}::{name}"
     from torch._library import custom_ops
 
     existing = custom_ops._maybe_get_opdef(qualname)

@@ -7,7 +7,7 @@ decode layer at 1.23-1.32x (bench/moe_decode.py). It reads the weight where it i
 reordered, so a model's weights stay exactly as loaded.
 
 Numbers: float32 accumulation (bfloat16 pairs by VDPBF16PS, float32 by FMA), each output's 16 lanes summed in a fixed
-tree, then rounded to the input dtype (round to nearest even, NaN kept). The torch-native grouped loop (torch_cpu)
+tree, then rounded to the input dtype (round to nearest even, NaN kept). The torch-native grouped loop (grouped.py)
 routes every product of at most MAX_ROWS rows against a plain weight here, packed or not, so both agree bit for bit.
 
 Trust: the C source is the SOURCE string of this module, which the client's verified loader imported from checked

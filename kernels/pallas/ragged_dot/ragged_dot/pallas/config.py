@@ -10,8 +10,8 @@ import dataclasses
 
 import numpy as np
 
-from ._vendor.chips import ChipFacts
-from ._vendor.tiling import cdiv, round_up
+from .._vendor.chips import ChipFacts
+from .._vendor.tiling import cdiv, round_up
 
 #: Scoped-VMEM budget the default tiles must fit in. 16 MiB is the smallest default among
 #: v4/v5e/v5p/v6e/v7x (v5e); pass a larger one for chips that have it.

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ._vendor.groups import group_bounds
+from .._vendor.groups import group_bounds
 
 
 class GroupMetadata(NamedTuple):

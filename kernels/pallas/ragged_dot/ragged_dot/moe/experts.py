@@ -10,7 +10,7 @@ One device: (token, slot) rows sorted by expert, two ragged dots through this pa
 implementation= / interpret= contract), the gate in f32, each row's routing weight on its gated activation, the
 rows summed back per token in f32. On a mesh, experts are split
 over `expert_axis` (E/e per device, rows of other devices' experts sort last, past the ragged dot's groups: they
-cost no weight reads) and the dispatch scheme of moe_plan.py moves tokens; `tensor_axis` splits I (each device
+cost no weight reads) and the dispatch scheme of plan.py moves tokens; `tensor_axis` splits I (each device
 holds matching slices of gate, up and down, so the gate needs no communication; the partial outputs are summed).
 Everything runs under one jax.jit with static options, inside a jax.shard_map with check_vma=False (the CPU path's
 overflow loop has no varying-manual-axes rule; gradients are still right, tests/test_moe_mesh.py checks them).
@@ -28,10 +28,10 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from ._vendor.interpret import resolve_interpret
-from ._vendor.platform import platform_of
-from .api import implementations_for, ragged_dot
-from .moe_plan import SCHEMES, MoeSizes, choose_scheme, rows_per_device
+from .._vendor.interpret import resolve_interpret
+from .._vendor.platform import platform_of
+from ..api import implementations_for, ragged_dot
+from .plan import SCHEMES, MoeSizes, choose_scheme, rows_per_device
 
 #: Gate activations by name. "gelu" is jax.nn.gelu's default, the tanh approximation: what Gemma 4's config calls
 #: `gelu_pytorch_tanh`; "gelu_exact" is the erf form (torch's F.gelu default).
@@ -277,7 +277,7 @@ def moe_device_work(x: jax.Array, topk_ids: jax.Array, topk_weights: jax.Array, 
 def plan_dispatch(tokens: int, hidden: int, top_k: int, experts: int, *, expert_devices: int, tensor_devices: int = 1,
                   itemsize: int = 2, dispatch: str | None = None, capacity_factor: float | None = None
                   ) -> tuple[str, int, str]:
-    """(scheme, rows per device, why): the decisions moe_experts takes for these sizes (see moe_plan.py)."""
+    """(scheme, rows per device, why): the decisions moe_experts takes for these sizes (see plan.py)."""
     sizes = MoeSizes(tokens, hidden, top_k, experts, expert_devices, tensor_devices, itemsize)
     if dispatch is None:
         scheme, why = choose_scheme(sizes, capacity_factor)

@@ -8,7 +8,7 @@ Why: at decode sizes a MoE layer's time is reading its experts' weights once.
 - oneDNN (transposed layouts, or no native kernel): oneDNN's linear wants each weight in its own blocked layout;
   handed a plain weight it works from that on every call. Packing once (`torch.ops.mkldnn._reorder_linear_weight`,
   what Inductor's freezing pass does) leaves only the read, and running both projections of an expert in one task on
-  the grouped loop's workers (torch_cpu.run_groups) keeps each core streaming weights.
+  the grouped loop's workers (grouped.run_groups) keeps each core streaming weights.
 
 Either way the bytes are then collapsed into 2 MiB pages where Linux allows (huge_pages.py: fewer TLB misses).
 
@@ -19,8 +19,8 @@ mkldnn layout), the way AOTInductor loads packed constants; `packing_support` pr
 it is missing. `PackedExperts.unpack` writes the original bytes back (oneDNN's reorder is a permutation: bit for bit).
 
 Numbers (oneDNN): before anything is packed, the packed linear is compared bit for bit with the unpacked grouped loop
-(torch_cpu.matmul) on the layer's own first expert for every row count in PROBE_ROWS, and the first reorder batch hint
-that agrees is the one used (both paths share torch_cpu.onednn_linear, which keeps oneDNN off its one-row kernel). None
+(grouped.matmul) on the layer's own first expert for every row count in PROBE_ROWS, and the first reorder batch hint
+that agrees is the one used (both paths share grouped.onednn_linear, which keeps oneDNN off its one-row kernel). None
 agreeing: nothing is packed.
 
 Imports torch only (the torch-cpu build runs where jax is absent); never imports kernel_hub.
@@ -38,8 +38,7 @@ from typing import Any
 import torch
 
 from . import native_rows
-from .huge_pages import advise_huge_pages
-from .torch_cpu import (
+from .grouped import (
     activate,
     combine_experts,
     grouped_matmul,
@@ -50,6 +49,7 @@ from .torch_cpu import (
     route,
     run_groups,
 )
+from .huge_pages import advise_huge_pages
 
 #: Weight dtypes packing covers (float16 has no oneDNN linear on CPUs without AVX512-FP16/AMX-FP16).
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
