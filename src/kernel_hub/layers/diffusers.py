@@ -31,7 +31,7 @@ from .diffusers_route import AttentionRoute, Probe
 from .find import diffusers_attention_modules as attention_modules
 from .find import encoder_width, is_denoiser, is_diffusers_object, is_pipeline
 from .kinds import KindRun, all_kinds
-from .load import kernel_info, load_or_reason
+from .load import kernel_for, kernel_info
 from .plan import backend_of, kernel_specs, verdict
 from .report import Kept, KernelizeReport, Replaced
 from .swap import STATE_ATTR
@@ -148,10 +148,10 @@ def kernelize_attention_processors(run: KindRun) -> None:
     if not attention_modules(run.model):
         run.report.notes.append(f"{type(run.model).__name__}: no Diffusers attention module found")
         return
-    kernel, repo_id, reason = load_or_reason(run.spec, LAYER_KIND, run.backend)
-    if kernel is None:
-        run.report.notes.append(f"attention unchanged: {reason}")
+    loaded = kernel_for(run, LAYER_KIND, runs_the_model=False)
+    if loaded is None:
         return
+    kernel, repo_id = loaded
     info = kernel_info(kernel, run.device, "flash_attention")
     _kernelize_model(run.model, kernel, repo_id, info, validate=run.validate, tolerance=TOLERANCE,
                      state=run.state, report=run.report)

@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from .. import api as hub
-from .kinds import kind_exports
-from .plan import RepoSpec
+from .find import device_type
+from .kinds import KindRun, kind_exports
+from .plan import RepoSpec, not_validated_reason
 
 
 def load(spec: Any, backend: str) -> tuple[Any, str]:
@@ -42,6 +43,22 @@ def load_or_reason(spec: Any, kind: str, backend: str) -> tuple[Any, str, str]:
     if not hasattr(kernel, export):
         return None, "", f"{repo_id} does not export {export} for {kind}"
     return kernel, repo_id, ""
+
+
+def kernel_for(run: KindRun, kind: str, *, runs_the_model: bool) -> tuple[Any, str] | None:
+    """(kernel, repo id) for a kind's run, or None with a note "<kind> unchanged: why" in the report. A kind that reads
+    its layers by running them (`runs_the_model`: attention's forwards, rms_norm's form) needs the model where the
+    kernel's path runs: kernelizing for a TPU with the model elsewhere leaves the kind unchanged, saying so."""
+    if runs_the_model:
+        unchecked = not_validated_reason(run.backend, device_type(run.model))
+        if unchecked is not None and run.spec is not None:
+            run.report.notes.append(f"{kind} unchanged: {unchecked.removeprefix('not validated: ')}")
+            return None
+    kernel, repo_id, reason = load_or_reason(run.spec, kind, run.backend)
+    if kernel is None:
+        run.report.notes.append(f"{kind} unchanged: {reason}")
+        return None
+    return kernel, repo_id
 
 
 def kernel_info(kernel: Any, device: Any, default: str) -> dict[str, Any]:

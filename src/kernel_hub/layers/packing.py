@@ -29,12 +29,13 @@ import torch
 
 from ..errors import KernelHubError
 from .find import ExpertsLayout
-from .swap import EXPERTS_HOOK_ATTR, IMPLEMENTATION_NAME
+from .plan import PACK_ENV
+from .swap import EXPERTS_HOOK_ATTR, IMPLEMENTATION_NAME, PACKED_ATTR, packed_placeholders
 
-RECORD_ATTR = "_kernel_hub_packed"
+RECORD_ATTR = PACKED_ATTR
 DOWN = "down_proj"
 #: Set to "0" to keep every expert block unpacked.
-ENV = "KERNEL_HUB_CPU_PACK"
+ENV = PACK_ENV
 
 
 def weight_names(layout: ExpertsLayout) -> tuple[str, str]:
@@ -67,9 +68,8 @@ def _placeholder(param: torch.Tensor) -> torch.nn.Parameter:
                               requires_grad=param.requires_grad)
 
 
-def placeholders(model: Any) -> set[int]:
-    """ids of the meta parameters standing in for packed CPU weights anywhere in `model`."""
-    return {id(p) for m in model.modules() if (r := record_of(m)) is not None for p in r.placeholders.values()}
+#: ids of the meta parameters standing in for packed CPU weights anywhere in a model.
+placeholders = packed_placeholders
 
 
 def _pack(module: Any, record: ModulePacking) -> str:

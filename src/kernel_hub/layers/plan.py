@@ -5,7 +5,8 @@ checked here, whether a checked layer passes, whether its expert weights are pac
 matches, whether a model may switch its attention implementation at all) is kept apart from the code that finds,
 checks and swaps layers, so each decision is testable on plain values and every report row can say why. The facts
 come in as arguments (errors, tolerances, device types, the kernel's own answers); only `kernel_specs` reads the
-registry and `backend_of` reads where a model's parameters live.
+registry and `backend_of` reads where a model's parameters live. Like the other decisions of kernel-hub (versions,
+variants) it imports no framework at module level.
 """
 
 from __future__ import annotations
@@ -13,11 +14,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..contract import PACKED_EXPERTS_ENTRIES
 from ..errors import KernelHubError
+from ..names import check_repo_id
+from ..numerics import relative_error
+from ..registry import load_registry
 from .kinds import kind_exports, kind_names
-from .packing import ENV as PACK_ENV
+from .swap import packed_placeholders
 
 MODES = ("inference", "training")
+#: Set to "0" to keep every expert block unpacked (packing.py reads it).
+PACK_ENV = "KERNEL_HUB_CPU_PACK"
 #: Keys of a mapping value that names a repo ({"repo_id": ..., "version": ..., "revision": ...}).
 REPO_KEYS = frozenset({"repo_id", "version", "revision"})
 #: The version a repo outside registry.yaml gets when the mapping names none: its newest release tag.
@@ -35,12 +42,10 @@ def check_mode(mode: str) -> None:
 def backend_of(model: Any, device: Any) -> tuple[str, Any]:
     """(backend name, torch device) kernelize plans for: `device` when given, else where the model's parameters are
     (packed expert weights' meta placeholders do not count: their bytes live on the CPU)."""
-    import torch
-
-    from .packing import placeholders
+    import torch  # the decisions below import no framework; this reads torch's devices
 
     if device is None:
-        stand_ins = placeholders(model) if hasattr(model, "modules") else set()
+        stand_ins = packed_placeholders(model) if hasattr(model, "modules") else set()
         param = next((p for p in model.parameters() if id(p) not in stand_ins), None)
         dev = param.device if param is not None else torch.device("cpu")
     else:
@@ -78,9 +83,6 @@ class RepoSpec:
 def repo_spec(value: str | dict[str, Any], kind: str, trust_remote_code: Any = False) -> RepoSpec:
     """A mapping value ("org/repo" or {"repo_id", "version", "revision"}) as a RepoSpec; a repo outside
     registry.yaml with neither version nor revision gets its newest release (NEWEST_RELEASE)."""
-    from ..names import check_repo_id
-    from ..registry import load_registry
-
     fields = {"repo_id": value} if isinstance(value, str) else dict(value)
     unknown = set(fields) - REPO_KEYS
     if unknown or "repo_id" not in fields:
@@ -97,8 +99,6 @@ def repo_spec(value: str | dict[str, Any], kind: str, trust_remote_code: Any = F
 def kernel_specs(mapping: dict[str, Any] | None, backend: str, trust_remote_code: Any = False) -> dict[str, Any]:
     """kind -> repo id / RepoSpec / loaded kernel module / None, from the registry overridden by `mapping`; raises
     on a bad mapping (before kernelize changes anything)."""
-    from ..registry import load_registry
-
     kinds, exports = kind_names(), kind_exports()
     registry = load_registry()
     specs: dict[str, Any] = {k: registry.repo_for_layer(k, backend) for k in kinds}
@@ -143,8 +143,6 @@ def switch_check(before: list[Any], after: list[Any], tol: float, previous: str 
     """Why a transformers model may not switch to "kernel_hub" attention ("" if it may). `after` is the model
     switched, every layer returning its previous implementation's output: anything but `before` means the model
     computes differently under another implementation name, beyond the attention function kernelize swaps."""
-    from ..numerics import relative_error
-
     errors = [relative_error(a, b) for a, b in zip(after, before, strict=True) if a is not None and b is not None]
     err = max(errors, default=0.0)
     if err <= tol:
@@ -183,8 +181,6 @@ def decide_packing(
     """(pack this block's expert weights, why). Every fact about the system comes in as an argument.
 
     support: the kernel's packing_support(dtype) answer (None when the kernel cannot be asked)."""
-    from ..contract import PACKED_EXPERTS_ENTRIES
-
     if not enabled:
         return False, f"not packed: disabled by {PACK_ENV}=0"
     if mode != "inference":

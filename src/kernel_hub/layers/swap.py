@@ -21,6 +21,8 @@ STATE_ATTR = "_kernel_hub_state"
 #: Instance attributes of the hooks the transformers adapters read at call time.
 EXPERTS_HOOK_ATTR = "_kernel_hub_experts"
 ATTENTION_HOOK_ATTR = "_kernel_hub_attention"
+#: Where a block whose expert weights kernelize packed keeps its record (packing.ModulePacking).
+PACKED_ATTR = "_kernel_hub_packed"
 #: A module whose instance __dict__ held no `forward` before the swap.
 MISSING = object()
 
@@ -51,6 +53,12 @@ class KernelizeState:
 
 def is_kernelized(model: Any) -> bool:
     return STATE_ATTR in getattr(model, "__dict__", {})
+
+
+def packed_placeholders(model: Any) -> set[int]:
+    """ids of the meta parameters standing in for packed CPU weights anywhere in `model` (packing.py's records)."""
+    return {id(p) for m in model.modules() if (r := m.__dict__.get(PACKED_ATTR)) is not None
+            for p in r.placeholders.values()}
 
 
 # --- counting at call time ------------------------------------------------------------------------------------------

@@ -25,9 +25,9 @@ from typing import Any
 
 from .. import attention as at
 from ..diffusers import kernelize_attention_processors, restore_attention_processors
-from ..find import attention_configs, can_switch_attention, device_type
-from ..load import kernel_info, load_or_reason
-from ..plan import not_validated_reason, switch_check, verdict
+from ..find import attention_configs, can_switch_attention
+from ..load import kernel_for, kernel_info
+from ..plan import switch_check, verdict
 from ..report import Kept, Replaced
 from ..swap import KernelizeState, put_back_names
 from ..validate import dtype_device, model_forwards, tolerance_for
@@ -51,15 +51,10 @@ def _apply(run: KindRun) -> None:
     ok, _ = can_switch_attention(run.model)
     if not ok:
         return  # not a transformers attention model (e.g. a bare expert block): nothing to say
-    unchecked = not_validated_reason(run.backend, device_type(run.model))
-    if unchecked is not None and run.spec is not None:
-        # attention layers are found (and checked) by running the model, which needs it on the TPU
-        run.report.notes.append(f"attention unchanged: {unchecked.removeprefix('not validated: ')}")
+    loaded = kernel_for(run, NAME, runs_the_model=True)  # attention layers are found by running the model
+    if loaded is None:
         return
-    kernel, repo_id, reason = load_or_reason(run.spec, NAME, run.backend)
-    if kernel is None:
-        run.report.notes.append(f"attention unchanged: {reason}")
-        return
+    kernel, repo_id = loaded
     state = run.state.kinds[NAME] = AttentionState()  # recorded first: an exception on the way restores it
     _swap(run, kernel, repo_id, state)
     if not state.paths:

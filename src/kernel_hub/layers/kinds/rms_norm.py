@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..find import device_type, find_norms, norm_epsilon
-from ..load import kernel_info, load_or_reason
-from ..plan import FORMS, choose_form, form_name, not_validated_reason
+from ..find import find_norms, norm_epsilon
+from ..load import kernel_for, kernel_info
+from ..plan import FORMS, choose_form, form_name
 from ..report import Kept, Replaced
 from ..swap import CallCounts, put_back_forward, swap_forward
 from ..validate import norm_form_errors, tolerance_for
@@ -61,14 +61,10 @@ def _apply(run: KindRun) -> None:
     found, skipped = find_norms(run.model)
     if not found and not skipped:
         return
-    unchecked = not_validated_reason(run.backend, device_type(run.model))
-    if unchecked is not None and run.spec is not None:  # the form is read off the layer's outputs: it must run there
-        run.report.notes.append(f"rms_norm unchanged: {unchecked.removeprefix('not validated: ')}")
+    loaded = kernel_for(run, NAME, runs_the_model=True)  # the form is read off the layer's outputs
+    if loaded is None:
         return
-    kernel, repo_id, reason = load_or_reason(run.spec, NAME, run.backend)
-    if kernel is None:
-        run.report.notes.append(f"rms_norm unchanged: {reason}")
-        return
+    kernel, repo_id = loaded
     info = kernel_info(kernel, run.device, "rms_norm")
     run.report.kept += [Kept(path, NAME, why) for path, why in skipped]
     state = run.state.kinds[NAME] = NormState()
