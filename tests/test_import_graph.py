@@ -132,3 +132,12 @@ def test_only_the_hub_client_touches_its_internals() -> None:
              for node in ast.walk(ast.parse(path.read_text()))
              if isinstance(node, ast.Attribute) and node.attr == "_call"]
     assert found == []
+
+
+def test_no_cycle_inside_layers() -> None:
+    """layers/ is built in layers (kinds on top of the adapters and the jobs: find, plan, load, validate, swap,
+    report): no cycle among its modules, counting imports inside functions too."""
+    _, every, _ = _graph()
+    inside = {m: {t for t in targets if t.startswith("kernel_hub.layers")}
+              for m, targets in every.items() if m.startswith("kernel_hub.layers")}
+    assert _cycles(inside) == [], "import cycles inside layers/ (imports inside functions included)"

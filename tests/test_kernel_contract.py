@@ -1,8 +1,10 @@
 """Every kernel in registry.yaml keeps the kernel contract (contract.py, docs/kernel-contract.md), in each entry
 it ships (JAX, torch), checked by behaviour: the order a sequence is tried in, the error an unknown name gets, Pallas
 interpreting off a TPU by itself, last_implementation following the call, race checks refusing to report an
-unchecked run, one validation signature. A kernel added to registry.yaml is held to it with no edit here, and so is
-a kernel freshly written by `kernel-hub init` from each template."""
+unchecked run, one validation signature. A kernel whose kernel.yaml says it serves a layer kind (`replaces`) keeps
+that kind's Protocols in its torch entry (the kernel side of kernelize: entries and their parameters, HF kernels'
+`layers` classes). A kernel added to registry.yaml is held to it with no edit here, and so is a kernel freshly
+written by `kernel-hub init` from each template."""
 
 from __future__ import annotations
 
@@ -21,7 +23,18 @@ import numpy as np
 import pytest
 
 import kernel_hub as kh
-from kernel_hub.contract import CASE_DTYPES, ENTRY_NAMES, PALLAS_NAMES, Case, KernelEntry, PallasEntry
+from kernel_hub.contract import (
+    CASE_DTYPES,
+    ENTRY_NAMES,
+    LAYER_KIND_PROTOCOLS,
+    PALLAS_NAMES,
+    Case,
+    KernelEntry,
+    PallasEntry,
+    layer_kernel_problems,
+    protocol_entries,
+)
+from kernel_hub.layers.kinds import kind_exports
 from kernel_hub.metadata import load_metadata
 from kernel_hub.numerics import relative_error, tolerance
 from kernel_hub.registry import load_registry
@@ -307,3 +320,95 @@ def test_platform_comes_from_where_the_operands_live(monkeypatch):
         seen.clear()
         jax.jit(lambda a: seen.setdefault("traced", platform_of(a)) and a)(x)
     assert seen["traced"] == "cpu"  # jax's default device before the default backend
+
+
+#: (kernel, layer kind) for every kind a kernel's kernel.yaml says it serves, where it ships the torch entry kernelize
+#: loads (a JAX-only kernel cannot be kernelized: kernelize keeps the layers, saying its torch build did not load).
+SERVING = [(e, kind) for e in KERNELS for kind in load_metadata(e.source).replaces
+           if "torch" in {v.framework for v in load_metadata(e.source).variants}]
+
+
+def test_every_declared_layer_kind_has_protocols_and_kernelize_asks_for_one_of_their_entries():
+    declared = {kind for e in KERNELS for kind in load_metadata(e.source).replaces}
+    assert declared <= set(LAYER_KIND_PROTOCOLS), declared - set(LAYER_KIND_PROTOCOLS)
+    assert SERVING and {kind for _, kind in SERVING} == set(kind_exports())  # every kind has a kernel checked here
+    for kind, export in kind_exports().items():
+        assert export in protocol_entries(LAYER_KIND_PROTOCOLS[kind][0]), (kind, export)
+
+
+@pytest.mark.parametrize(("kernel", "kind"), SERVING, ids=[f"{e.repo_id.split('/')[1]}-{k}" for e, k in SERVING])
+def test_kernels_serving_a_layer_kind_keep_its_protocols(kernel, kind):
+    module = entry(kernel.source, "torch")
+    assert layer_kernel_problems(module, kind) == []
+
+
+def _without(module, *names, **replaced):
+    """The entry's public names as a plain namespace, less `names`, with `replaced` swapped in."""
+    kept = {n: getattr(module, n) for n in dir(module) if not n.startswith("__") and n not in names}
+    return types.SimpleNamespace(**{**kept, **replaced})
+
+
+def _serving(kind):
+    return entry(next(e for e, k in SERVING if k == kind).source, "torch")
+
+
+def test_a_kernel_missing_a_declared_entry_fails_naming_the_entry():
+    rms, experts = _serving("rms_norm"), _serving("moe_experts")
+    assert layer_kernel_problems(_without(rms, "rms_norm"), "rms_norm") == [
+        "rms_norm: missing (required; RMSNormKernel, layer kind rms_norm)"]
+    problems = layer_kernel_problems(_without(experts, "moe_experts"), "moe_experts")
+    assert len(problems) == 1 and problems[0].startswith("moe_experts: missing (required")
+    # the packed entries are optional, all three or none
+    assert layer_kernel_problems(_without(experts, *("pack_experts", "moe_experts_packed", "packing_support")),
+                                 "moe_experts") == []
+    problems = layer_kernel_problems(_without(experts, "moe_experts_packed"), "moe_experts")
+    assert len(problems) == 1 and problems[0].startswith("moe_experts_packed: missing")
+
+
+def test_a_kernel_whose_entry_does_not_take_the_calls_fails_naming_the_entry_and_the_parameter():
+    fa, rms = _serving("attention"), _serving("rms_norm")
+
+    def no_lengths(q, k, v, *, causal=False, sm_scale=None, sliding_window=None, logits_soft_cap=None, sinks=None):
+        return fa.flash_attention(q, k, v, causal=causal, sm_scale=sm_scale)
+
+    assert layer_kernel_problems(_without(fa, flash_attention=no_lengths), "attention") == [
+        "flash_attention: takes no keyword parameter 'q_lengths'",
+        "flash_attention: takes no keyword parameter 'kv_lengths'"]
+
+    def renamed(x, w, *, eps, zero_centered=False, scale_after_cast=False, bias):
+        return rms.rms_norm(x, w, eps=eps)
+
+    assert layer_kernel_problems(_without(rms, rms_norm=renamed), "rms_norm") == [
+        "rms_norm: positional parameter 2 is 'w', the contract says 'weight'",
+        "rms_norm: requires parameter 'bias', which the contract never passes"]
+
+    def no_default(x, weight, *, eps, zero_centered, scale_after_cast=False, **kwargs):
+        return rms.rms_norm(x, weight, eps=eps)
+
+    assert layer_kernel_problems(_without(rms, rms_norm=no_default), "rms_norm") == [
+        "rms_norm: keyword parameter 'zero_centered' needs a default (callers may leave it out)"]
+
+
+def test_a_layers_class_outside_hf_kernels_convention_fails_naming_the_class():
+    import torch
+
+    rms = _serving("rms_norm")
+
+    class RMSNorm(torch.nn.Module):
+        has_backward = True
+
+        def __init__(self):
+            super().__init__()
+
+        def forward(self, hidden_states):
+            return hidden_states
+
+        def helper(self):
+            return None
+
+    layers = types.ModuleType(rms.layers.__name__)
+    RMSNorm.__module__ = layers.__name__
+    layers.RMSNorm = RMSNorm
+    assert layer_kernel_problems(_without(rms, layers=layers), "rms_norm") == [
+        "layers.RMSNorm: defines a constructor (a layer class must be stateless)",
+        "layers.RMSNorm: members beyond has_backward, can_torch_compile: helper"]

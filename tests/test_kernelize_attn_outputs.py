@@ -110,3 +110,45 @@ def test_config_output_attentions_is_accepted_and_honoured():
     plain._attn_implementation = "sdpa"
     with pytest.raises(ValueError, match="not supported"):  # every other name keeps transformers' rule
         plain.output_attentions = True
+
+
+def test_output_attentions_acceptance_is_the_kernelized_models_own():
+    """The acceptance lives on the kernelized model's private config copy (a subclass of its own class), not on
+    transformers' PretrainedConfig: another model's config, never kernelized, keeps transformers' rule even under the
+    name "kernel_hub", and restore gives the model its original config of its original class."""
+    import pickle
+
+    import transformers.configuration_utils as cu
+    from transformers import PretrainedConfig
+
+    m, other = tiny.tiny_model("qwen3_moe"), tiny.tiny_model("qwen3_moe")
+    cfg, cls = m.config, type(m.config)
+    report = kh.kernelize(m)
+    assert any(r.kind == at.LAYER_KIND for r in report.replaced), str(report)
+    assert type(other.config) is cls  # the never-kernelized model: its class, transformers' setter and validator
+    prop = PretrainedConfig.__dict__["output_attentions"]
+    assert prop.fset.__module__ == cu.__name__ and PretrainedConfig.validate_output_attentions.__module__ == cu.__name__
+    stranger = copy.deepcopy(other.config)
+    stranger._attn_implementation_internal = at.IMPLEMENTATION_NAME  # the name alone grants nothing
+    with pytest.raises(ValueError, match="not supported"):
+        stranger.output_attentions = True
+    stranger._output_attentions = True
+    with pytest.raises(ValueError, match="not supported"):
+        stranger.validate_output_attentions()
+
+    mine = m.config
+    assert mine is not cfg and type(mine) is not cls and isinstance(mine, cls) and type(mine).__name__ == cls.__name__
+    mine.output_attentions = True
+    mine.validate_output_attentions()
+    if hasattr(mine, "validate"):
+        mine.validate()  # transformers' strict validators too (save_pretrained runs them)
+    assert mine.output_attentions is True and mine._attn_implementation == at.IMPLEMENTATION_NAME
+    assert repr(mine).startswith(cls.__name__) and mine.to_diff_dict()["output_attentions"] is True
+    again = pickle.loads(pickle.dumps(mine))
+    assert type(again) is type(mine) and again.output_attentions is True
+    mine.output_attentions = False
+
+    assert kh.restore(m)
+    assert m.config is cfg and type(m.config) is cls and type(mine) is cls  # the copy's class is put back too
+    with pytest.raises(ValueError, match="not supported"):
+        m.config.output_attentions = True  # restored to sdpa: transformers' rule again

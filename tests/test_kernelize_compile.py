@@ -21,7 +21,7 @@ pytest.importorskip("transformers")
 
 import kernel_hub as kh  # noqa: E402
 from kernel_hub.layers import attention as at  # noqa: E402
-from kernel_hub.layers import families  # noqa: E402
+from kernel_hub.layers import experts as ex  # noqa: E402
 from tests import tiny_models as tiny  # noqa: E402
 
 TOL = 1e-4
@@ -33,7 +33,7 @@ def _model(family):
     m = tiny.tiny_model(family, num_hidden_layers=1 if family == "qwen3_moe" else 2)
     ref = copy.deepcopy(m)
     report = kh.kernelize(m)
-    assert {r.kind for r in report.replaced} == {families.LAYER_KIND, at.LAYER_KIND, "rms_norm"}, str(report)
+    assert {r.kind for r in report.replaced} == {ex.LAYER_KIND, at.LAYER_KIND, "rms_norm"}, str(report)
     return m, ref
 
 

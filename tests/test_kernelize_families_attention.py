@@ -23,7 +23,7 @@ pytest.importorskip("transformers")
 import kernel_hub as kh  # noqa: E402
 from kernel_hub.errors import KernelHubError  # noqa: E402
 from kernel_hub.layers import attention as at  # noqa: E402
-from kernel_hub.layers import attention_api  # noqa: E402
+from kernel_hub.layers import plan  # noqa: E402
 from kernel_hub.numerics import relative_error, tolerance  # noqa: E402
 from tests import tiny_models as tiny  # noqa: E402
 
@@ -211,10 +211,10 @@ def test_decisions():
     assert at.plan_kwargs({"dropout": 0.1}, training=True) == "attention dropout"
     assert at.plan_kwargs({"dropout": 0.1, "position_bias": None}, training=False) == ""
     a = [torch.ones(2, 3), None]
-    assert attention_api.switch_check(a, [torch.ones(2, 3), None], TOL, "sdpa") == ""
-    why = attention_api.switch_check(a, [torch.full((2, 3), 1.5), None], TOL, "sdpa")
+    assert plan.switch_check(a, [torch.ones(2, 3), None], TOL, "sdpa") == ""
+    why = plan.switch_check(a, [torch.full((2, 3), 1.5), None], TOL, "sdpa")
     assert "not 'sdpa'" in why and "5.00e-01" in why
-    assert attention_api.switch_check(a, [torch.full((2, 3), float("nan")), None], TOL, "eager")
+    assert plan.switch_check(a, [torch.full((2, 3), float("nan")), None], TOL, "eager")
 
 
 def test_a_sparse_call_never_runs_silently(fa):

@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import kernel_hub as kh  # noqa: E402
-from kernel_hub.layers import packing  # noqa: E402
+from kernel_hub.layers import packing, plan  # noqa: E402
 from tests import tiny_models as tiny  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("experts_only")
@@ -308,7 +308,7 @@ def test_packed_path_refuses_inputs_that_need_grad(kernel):
     ("inference", "cpu", "float32", False, True, (True, "x"), False, False, "disabled"),
 ])
 def test_decide_packing(mode, device, dtype, grad, exports, support, enabled, ok, words):
-    packed, why = packing.decide_packing(mode=mode, device_type=device, dtype=dtype, requires_grad=grad,
+    packed, why = plan.decide_packing(mode=mode, device_type=device, dtype=dtype, requires_grad=grad,
                                          kernel_exports=exports, support=support, enabled=enabled)
     assert packed is ok and words in why and why.startswith("not packed") is (not ok)
 

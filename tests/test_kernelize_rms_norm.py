@@ -131,11 +131,11 @@ def test_mapping_none_skips_the_kind_and_an_instance_forward_is_restored_exactly
 
 
 def test_kinds_are_declared_once_and_drive_mapping_errors():
-    from kernel_hub.layers import attention, families
+    from kernel_hub.layers import attention, experts
 
     names = [k.name for k in all_kinds()]
     assert names == ["moe_experts", "attention", "rms_norm"]
-    assert tuple(names[:2]) == (families.LAYER_KIND, attention.LAYER_KIND)  # the declarations name the same kinds
+    assert tuple(names[:2]) == (experts.LAYER_KIND, attention.LAYER_KIND)  # the declarations name the same kinds
     assert tuple(names) == api.SUPPORTED_KINDS
     assert api.KIND_EXPORTS == {"moe_experts": "ragged_dot", "attention": "flash_attention", "rms_norm": "rms_norm"}
     with pytest.raises(KernelHubError, match="kernelize knows: moe_experts, attention, rms_norm"):

@@ -1,7 +1,7 @@
 """Two models built from one config object: kernelizing or restoring one must never change the other.
 
 transformers dispatches attention/experts by the name on the config, and models built from one config hold the same
-object; kernelize gives each model private copies (layers/own_config.py). The reference for each model is an
+object; kernelize gives each model private copies (layers/swap.py). The reference for each model is an
 unkernelized deep copy with the same weights; causality is checked by changing only the last token.
 """
 
@@ -16,8 +16,9 @@ pytest.importorskip("transformers")
 
 import kernel_hub as kh  # noqa: E402
 from kernel_hub.layers import attention as at  # noqa: E402
-from kernel_hub.layers import families, is_kernelized  # noqa: E402
-from kernel_hub.layers.own_config import give_back_configs, take_own_configs  # noqa: E402
+from kernel_hub.layers import experts as ex  # noqa: E402
+from kernel_hub.layers import is_kernelized  # noqa: E402
+from kernel_hub.layers.swap import give_back_configs, take_own_configs  # noqa: E402
 from tests import tiny_models as tiny  # noqa: E402
 
 TOL = 1e-4
@@ -69,7 +70,7 @@ def test_two_models_from_one_config_stay_exact(order, mode):
         _check(m, ref, f"model {i} kernelized")
     for r in reports:  # both models really run the kernels (not silently kept)
         assert {k.kind for k in r.kept} == set(), str(r)
-        assert {x.kind for x in r.replaced} == {families.LAYER_KIND, at.LAYER_KIND, "rms_norm"}, str(r)
+        assert {x.kind for x in r.replaced} == {ex.LAYER_KIND, at.LAYER_KIND, "rms_norm"}, str(r)
     assert (cfg._attn_implementation, cfg._experts_implementation) == before  # the caller's config is untouched
     sequence = [0, 1] if order == "first_then_second" else [1, 0]
     first, second = sequence

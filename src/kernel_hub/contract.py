@@ -208,3 +208,190 @@ def cases_from_reference(op: str, reference: Callable[..., Any], shapes: Sequenc
             out.append(ReferenceCase(f"{op}_{i}_{size}_{dtype}", dtype, None, ("generated",), None, op, frozen,
                                      reference, framework))
     return out
+
+
+# -- the kernel side of kernelize: what a kernel serving a layer kind exports in its torch entry -------------------
+#
+# kernelize loads a kernel's torch-facing build and calls only these entries, with these parameters (positionally
+# where the Protocol's parameter is positional, by keyword otherwise). A kernel whose kernel.yaml `replaces` names a
+# layer kind holds to that kind's Protocols in its torch entry; `layer_kernel_problems` says, entry by entry, where
+# it does not (tests/test_kernel_contract.py runs it on every such kernel). At run time kernelize asks only for the
+# kind's first entry (a `mapping=` module may be a bare ragged_dot: kernelize then builds the expert block itself).
+
+
+class ExpertsKernel(Protocol):
+    """Layer kind `moe_experts`: transformers' expert block (`hidden[T,H], top_k_index[T,K], top_k_weights[T,K]` with
+    the block's stacked weights as transformers stores them) -> `[T,H]` in the hidden states' dtype."""
+
+    def ragged_dot(self, lhs: Any, rhs: Any, group_sizes: Any, *, preferred_element_type: Any = None,
+                   implementation: Implementation = None) -> Any:
+        """Grouped matmul lhs[M,K] x rhs[G,K,N] by group_sizes[G] -> [M,N]."""
+        ...
+
+    def moe_experts(self, hidden_states: Any, top_k_index: Any, top_k_weights: Any, gate_up_proj: Any,
+                    down_proj: Any, *, gate_up_proj_bias: Any = None, down_proj_bias: Any = None,
+                    is_transposed: bool = False, is_concatenated: bool = True, has_gate: bool = True,
+                    act: Any = None, gate_fn: Any = None, post_fn: Any = None) -> Any:
+        """A whole expert block: route, two ragged dots around the gate/activation, combine by the routing weights
+        (ids >= E are dropped: expert-parallel sentinels)."""
+        ...
+
+
+class PackedExpertsKernel(Protocol):
+    """Optional beside ExpertsKernel, all three or none: expert weights prepared once for CPU inference (kernelize
+    packs a frozen block's weights in place and runs `moe_experts_packed` on them, bit-identical to moe_experts)."""
+
+    def pack_experts(self, weight: Any, *, transposed: bool) -> Any:
+        """Pack one stacked [E,·,·] weight in place; a holder with `.tensor`, `.dtype`, `.unpack()`, `.dense()`;
+        raises (leaving the weight as it was) where it cannot."""
+        ...
+
+    def moe_experts_packed(self, hidden_states: Any, top_k_index: Any, top_k_weights: Any, gate_up: Any, down: Any,
+                           *, gate_up_proj_bias: Any = None, down_proj_bias: Any = None, is_concatenated: bool = True,
+                           has_gate: bool = True, act: Any = None, gate_fn: Any = None, post_fn: Any = None) -> Any:
+        """moe_experts on two pack_experts holders (their layout is in the holders: no is_transposed)."""
+        ...
+
+    def packing_support(self, dtype: Any) -> tuple[bool, str]:
+        """(can this process pack `dtype` expert weights, why)."""
+        ...
+
+
+class AttentionKernel(Protocol):
+    """Layer kind `attention`: q[B,Hq,Sq,D], k/v[B,Hkv,Skv,D] -> [B,Hq,Sq,D]; causal bottom-right, per-sequence real
+    lengths (rows past a q length come out 0)."""
+
+    def flash_attention(self, q: Any, k: Any, v: Any, *, causal: bool = False, sm_scale: float | None = None,
+                        sliding_window: int | None = None, logits_soft_cap: float | None = None, sinks: Any = None,
+                        q_lengths: Any = None, kv_lengths: Any = None) -> Any:
+        ...
+
+
+class RMSNormKernel(Protocol):
+    """Layer kind `rms_norm`: x[..., H], weight[H] -> x's shape and dtype, weight * x_normed or (1 + weight) * x_normed,
+    scaled in f32 or after the cast to x's dtype."""
+
+    def rms_norm(self, x: Any, weight: Any, *, eps: float, zero_centered: bool = False,
+                 scale_after_cast: bool = False) -> Any:
+        ...
+
+
+#: Layer kind -> the Protocols its kernel keeps (every entry required), and the optional groups (all or none).
+LAYER_KIND_PROTOCOLS: dict[str, tuple[type, ...]] = {
+    "moe_experts": (ExpertsKernel,), "attention": (AttentionKernel,), "rms_norm": (RMSNormKernel,)}
+LAYER_KIND_OPTIONAL: dict[str, tuple[type, ...]] = {"moe_experts": (PackedExpertsKernel,)}
+#: What kernelize's CPU packing needs from a kernel (PackedExpertsKernel's entries).
+PACKED_EXPERTS_ENTRIES = ("pack_experts", "moe_experts_packed", "packing_support")
+#: HF kernels' `layers` convention (the torch build's `layers` module): the only class members a layer class may add
+#: to torch.nn.Module's, besides `forward` (HF kernels binds the class's forward to the module it replaces, so a
+#: layer class has no constructor and no state of its own).
+LAYER_CLASS_MEMBERS = ("has_backward", "can_torch_compile")
+
+
+def protocol_entries(protocol: type) -> tuple[str, ...]:
+    """The entry names a Protocol declares, in declaration order."""
+    return tuple(n for n, v in vars(protocol).items() if callable(v) and not n.startswith("_"))
+
+
+def _signature(fn: Any) -> Any:
+    import inspect
+
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+
+
+def signature_problems(entry: str, fn: Any, declared: Any) -> list[str]:
+    """Where `fn`'s parameters do not take the calls `declared` (a Protocol method) describes: its positional
+    parameters by name and in order, each keyword parameter by name, a default wherever the declaration has one (a
+    caller may leave it out), and no required parameter the declaration does not know (a caller never passes it)."""
+    import inspect
+
+    P = inspect.Parameter
+    sig, want = _signature(fn), _signature(declared)
+    if sig is None:
+        return [f"{entry}: has no readable signature"]
+    wanted = [p for p in want.parameters.values() if p.name != "self"]
+    params = sig.parameters
+    var_kw = any(p.kind is P.VAR_KEYWORD for p in params.values())
+    var_pos = any(p.kind is P.VAR_POSITIONAL for p in params.values())
+    problems = []
+    positional = [p for p in params.values() if p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)]
+    want_pos = [p for p in wanted if p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)]
+    for i, w in enumerate(want_pos):
+        if i < len(positional):
+            if positional[i].name != w.name:
+                problems.append(f"{entry}: positional parameter {i + 1} is {positional[i].name!r}, the contract "
+                                f"says {w.name!r}")
+        elif not var_pos:
+            problems.append(f"{entry}: takes no positional parameter {w.name!r}")
+    for w in wanted:
+        if w.kind is not P.KEYWORD_ONLY:
+            continue
+        p = params.get(w.name)
+        if p is None or p.kind not in (P.KEYWORD_ONLY, P.POSITIONAL_OR_KEYWORD):
+            if not var_kw:
+                problems.append(f"{entry}: takes no keyword parameter {w.name!r}")
+        elif w.default is not P.empty and p.default is P.empty:
+            problems.append(f"{entry}: keyword parameter {w.name!r} needs a default (callers may leave it out)")
+    known = {w.name for w in wanted}
+    for i, p in enumerate(params.values()):
+        if p.kind in (P.VAR_POSITIONAL, P.VAR_KEYWORD) or p.default is not P.empty or p.name in known:
+            continue
+        if p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD) and i < len(want_pos):
+            continue  # named differently: already said above
+        problems.append(f"{entry}: requires parameter {p.name!r}, which the contract never passes")
+    return problems
+
+
+def layer_class_problems(name: str, cls: Any) -> list[str]:
+    """Where a class of a torch build's `layers` module breaks HF kernels' layer convention."""
+    import torch
+
+    if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+        return [f"layers.{name}: not a torch.nn.Module subclass"]
+    problems = []
+    if cls.__init__ is not torch.nn.Module.__init__:
+        problems.append(f"layers.{name}: defines a constructor (a layer class must be stateless)")
+    if "forward" not in vars(cls):
+        problems.append(f"layers.{name}: defines no forward of its own")
+    extra = sorted(set(dir(cls)) - set(dir(torch.nn.Module)) - set(LAYER_CLASS_MEMBERS))
+    if extra:
+        problems.append(f"layers.{name}: members beyond {', '.join(LAYER_CLASS_MEMBERS)}: {', '.join(extra)}")
+    return problems
+
+
+def layer_classes(module: Any) -> dict[str, Any]:
+    """The layer classes of an entry's `layers` module (HF kernels' convention): its classes that are torch modules."""
+    import torch
+
+    layers = getattr(module, "layers", None)
+    if layers is None:
+        return {}
+    return {n: c for n, c in vars(layers).items() if isinstance(c, type) and issubclass(c, torch.nn.Module)
+            and c.__module__ == layers.__name__}
+
+
+def layer_kernel_problems(module: Any, kind: str) -> list[str]:
+    """Every way the torch entry `module` falls short of serving layer `kind` (empty: it keeps the contract): each
+    required entry missing or with parameters the calls do not fit, an optional group half there, a `layers` class
+    breaking HF kernels' convention. Each message starts with the entry it is about."""
+    if kind not in LAYER_KIND_PROTOCOLS:
+        return [f"{kind}: no such layer kind (known: {', '.join(LAYER_KIND_PROTOCOLS)})"]
+    problems: list[str] = []
+    groups = [(p, True) for p in LAYER_KIND_PROTOCOLS[kind]] + [(p, False) for p in LAYER_KIND_OPTIONAL.get(kind, ())]
+    for protocol, required in groups:
+        entries = protocol_entries(protocol)
+        present = [e for e in entries if callable(getattr(module, e, None))]
+        if not required and not present:
+            continue
+        for e in entries:
+            if e not in present:
+                why = "required" if required else f"the others of {protocol.__name__} are there"
+                problems.append(f"{e}: missing ({why}; {protocol.__name__}, layer kind {kind})")
+            else:
+                problems += signature_problems(e, getattr(module, e), getattr(protocol, e))
+    for name, cls in layer_classes(module).items():
+        problems += layer_class_problems(name, cls)
+    return problems

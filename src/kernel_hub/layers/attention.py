@@ -1,5 +1,6 @@
-"""The attention implementation kernelize registers with transformers, its mask function, and the
-pure decision that turns the mask a layer receives into kernel arguments.
+"""The transformers adapter of the attention kind: the attention implementation kernelize registers with
+transformers, its mask function, the pure decision that turns the mask a layer receives into kernel arguments, and
+the per-model config class that lets a kernelized model's config ask for attention weights.
 
 "kernel_hub" is registered in transformers' AttentionInterface, and in AttentionMaskInterface with a
 mask function that delegates to the model's previous implementation's mask function: every layer
@@ -25,8 +26,10 @@ run here: validation records it and kernelize leaves the whole model on its prev
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,9 +38,9 @@ import torch
 
 from ..errors import KernelHubError
 from ..numerics import relative_error
+from .swap import ATTENTION_HOOK_ATTR as HOOK_ATTR
+from .swap import IMPLEMENTATION_NAME, CallCounts
 
-IMPLEMENTATION_NAME = "kernel_hub"
-HOOK_ATTR = "_kernel_hub_attention"
 LAYER_KIND = "attention"
 #: kwargs the kernel cannot honour: a call carrying any of them (not None) runs the previous implementation.
 UNSUPPORTED_KWARGS = ("position_bias", "cu_seq_lens_q", "cu_seq_lens_k", "head_mask")
@@ -50,14 +53,12 @@ _PREVIOUS: dict[int, str | None] = {}
 
 
 @dataclass
-class AttentionHook:
-    """What a kernelized attention module does; lives on the instance under HOOK_ATTR."""
+class AttentionHook(CallCounts):
+    """What a kernelized attention module does; lives on the instance under HOOK_ATTR. Its counts: calls the kernel
+    served, calls handed to the previous implementation (a mask / kwargs the kernel cannot express) and why."""
 
     flash: Callable[..., torch.Tensor] | None  # the kernel's torch flash_attention; None: layer kept
     previous: str | None
-    calls: int = 0  # calls the kernel served
-    fallbacks: int = 0  # calls handed to the previous implementation (mask / kwargs the kernel cannot express)
-    last_fallback: str = ""
 
 
 @dataclass(frozen=True)
@@ -169,8 +170,8 @@ def kernel_hub_mask(*args: Any, config: Any = None, **kwargs: Any) -> Any:
 
 
 def register() -> None:
-    """Register "kernel_hub" in AttentionInterface and AttentionMaskInterface, and let configs under it ask for
-    attention weights (idempotent)."""
+    """Register "kernel_hub" in AttentionInterface and AttentionMaskInterface (idempotent; adds names, edits no
+    class)."""
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
@@ -178,41 +179,79 @@ def register() -> None:
         AttentionInterface.register(IMPLEMENTATION_NAME, kernel_hub_attention)
     if ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(IMPLEMENTATION_NAME) is not kernel_hub_mask:
         AttentionMaskInterface.register(IMPLEMENTATION_NAME, kernel_hub_mask)
-    _accept_output_attentions()
 
 
-def _accept_output_attentions() -> None:
-    """transformers' config refuses `output_attentions=True` (set, or validated) under any implementation name but
-    eager, since only eager computes the weights. Under "kernel_hub" every call that wants weights runs the layer's
-    eager attention (`_weights_call`), so a kernelized model's config accepts the request as eager would; every other
-    name keeps transformers' rule. Wraps the two checks on PretrainedConfig once."""
-    from transformers import PretrainedConfig
+# --- a kernelized model's config may ask for attention weights ------------------------------------------------------
+#
+# transformers' config refuses `output_attentions=True` (set, or validated) under any implementation name but eager,
+# since only eager computes the weights. Under "kernel_hub" every call that wants weights runs the layer's eager
+# attention (`_weights_call`), so a kernelized model's config accepts the request as eager would. Per model: kernelize
+# gives the model private config copies (swap.take_own_configs), and each copy the attention kind switches gets the
+# class below, a subclass of its own class; every other config in the process (another model's, one never
+# kernelized) keeps transformers' rule, and restore puts the original class back.
 
-    prop = PretrainedConfig.__dict__.get("output_attentions")
-    if isinstance(prop, property) and prop.fset is not None and not getattr(prop.fset, "_kernel_hub", False):
+#: Subclasses made so far, reachable by name for pickle (`ACCEPTING.<module>_<class>`).
+ACCEPTING = types.SimpleNamespace()
+
+
+@contextlib.contextmanager
+def _as_eager(config: Any):
+    """While inside, a config under "kernel_hub" reads as eager (transformers' checks pass as they would there)."""
+    if config._attn_implementation != IMPLEMENTATION_NAME:
+        yield
+        return
+    config._attn_implementation_internal = "eager"
+    try:
+        yield
+    finally:
+        config._attn_implementation_internal = IMPLEMENTATION_NAME
+
+
+def accepting_class(cls: type) -> type:
+    """`cls` with its output_attentions setter and validators taking "kernel_hub" as eager (made once per class)."""
+    key = f"{cls.__module__}.{cls.__qualname__}".replace(".", "_").replace("<", "_").replace(">", "_")
+    made = getattr(ACCEPTING, key, None)
+    if made is not None and made.__bases__ == (cls,):
+        return made
+    ns: dict[str, Any] = {"__module__": __name__, "__doc__": cls.__doc__, "_kernel_hub_original": cls,
+                          # kept, not regenerated: transformers makes every config subclass a dataclass, which would
+                          # write its own __init__ / __eq__ (and drop __hash__) over the class's
+                          "__init__": cls.__init__, "__eq__": cls.__eq__, "__hash__": cls.__hash__}
+    prop = getattr(cls, "output_attentions", None)
+    if isinstance(prop, property) and prop.fset is not None:
         setter = prop.fset
 
         def fset(self: Any, value: bool) -> None:
-            if value and self._attn_implementation == IMPLEMENTATION_NAME:
-                self._attn_implementation_internal = "eager"  # pass eager's check, then put the name back
-                try:
-                    setter(self, value)
-                finally:
-                    self._attn_implementation_internal = IMPLEMENTATION_NAME
-                return
-            setter(self, value)
+            with _as_eager(self) if value else contextlib.nullcontext():
+                setter(self, value)
 
-        fset._kernel_hub = True  # type: ignore[attr-defined]
-        PretrainedConfig.output_attentions = prop.setter(fset)
-    validate = PretrainedConfig.__dict__.get("validate_output_attentions")
-    if callable(validate) and not getattr(validate, "_kernel_hub", False):
+        ns["output_attentions"] = prop.setter(fset)
+    for name in ("validate_output_attentions", "validate"):
+        check = getattr(cls, name, None)
+        if callable(check):
+            ns[name] = _eager_check(check)
+    made = type(cls.__name__, (cls,), ns)
+    made.__qualname__ = f"ACCEPTING.{key}"
+    setattr(ACCEPTING, key, made)
+    return made
 
-        def validate_output_attentions(self: Any) -> None:
-            if self._attn_implementation != IMPLEMENTATION_NAME:
-                validate(self)
 
-        validate_output_attentions._kernel_hub = True  # type: ignore[attr-defined]
-        PretrainedConfig.validate_output_attentions = validate_output_attentions
+def _eager_check(check: Callable[[Any], None]) -> Callable[[Any], None]:
+    def run(self: Any) -> None:
+        with _as_eager(self):
+            check(self)
+
+    run.__name__ = check.__name__
+    return run
+
+
+def accept_weight_requests(config: Any) -> type | None:
+    """Give `config` (a private copy) the accepting class; returns its class before (None: it had it already)."""
+    cls = type(config)
+    if "_kernel_hub_original" in vars(cls):
+        return None
+    config.__class__ = accepting_class(cls)
+    return cls
 
 
 def _as_bool_mask(mask: torch.Tensor) -> tuple[torch.Tensor | None, str]:
@@ -501,14 +540,10 @@ def kernel_hub_attention(module: Any, query: torch.Tensor, key: torch.Tensor, va
     if hook is None or hook.flash is None:
         return prev_fn(module, query, key, value, attention_mask, **kwargs)
     out, _, why = _kernel_call(module, hook.flash, query, key, value, attention_mask, kwargs)
-    counting = not torch.compiler.is_compiling()  # counters are eager-mode facts (a graph is traced once)
     if out is None:
-        if counting:
-            hook.fallbacks += 1
-            hook.last_fallback = why
+        hook.fell_back(why)
         return prev_fn(module, query, key, value, attention_mask, **kwargs)
-    if counting:
-        hook.calls += 1
+    hook.served()
     return out, None
 
 

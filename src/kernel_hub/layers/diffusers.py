@@ -1,5 +1,5 @@
-"""kernelize / restore for Diffusers: a diffusion transformer's layers on the hub's kernels, through the same layer
-kinds (layers/kinds/) as transformers models.
+"""The Diffusers adapter: kernelize / restore for a Diffusers model or pipeline, through the same layer kinds
+(layers/kinds/) and jobs as a transformers model, and the attention kind's apply / restore on a denoiser.
 
 Flow: a model, or a pipeline's denoiser components (its transformer(s) / UNet) -> for each denoiser, every layer kind
 in apply order, as its declaration's `diffusers` says: RMSNorm by structure (torch.nn.RMSNorm, Diffusers' RMSNorm, ...)
@@ -14,7 +14,7 @@ keeping torch's -> keep the route where the kernel matched within the dtype tole
 (with the reason) where it did not, or where the processor never called sdpa. Restore puts each original processor
 object back.
 
-Nothing here imports diffusers: a Diffusers object is recognised by the modules its classes come from.
+Nothing here imports diffusers: a Diffusers object is recognised by the modules its classes come from (find.py).
 """
 
 from __future__ import annotations
@@ -28,12 +28,17 @@ import torch
 from ..errors import KernelHubError
 from .attention import LAYER_KIND
 from .diffusers_route import AttentionRoute, Probe
+from .find import diffusers_attention_modules as attention_modules
+from .find import encoder_width, is_denoiser, is_diffusers_object, is_pipeline
 from .kinds import KindRun, all_kinds
+from .load import kernel_for, kernel_info
+from .plan import backend_of, kernel_specs, verdict
 from .report import Kept, KernelizeReport, Replaced
+from .swap import STATE_ATTR
+from .validate import TOLERANCE, diffusers_attention_call, dtype_device
 
-#: Where Diffusers keeps denoisers; a pipeline component from one of these gets its attention kernelized.
-DENOISER_MODULES = ("diffusers.models.transformers.", "diffusers.models.unets.")
-VALIDATION_BATCH, VALIDATION_TOKENS, VALIDATION_ENCODER_TOKENS = 2, 24, 7
+__all__ = ["DiffusersState", "fallbacks", "is_denoiser", "is_diffusers_object", "is_pipeline", "kernelize_diffusers",
+           "restore_diffusers"]
 
 
 @dataclass
@@ -49,43 +54,6 @@ class DiffusersState:
         return not (self.routes or self.kinds or self.components)
 
 
-def _class_modules(obj: Any) -> list[str]:
-    return [getattr(c, "__module__", "") or "" for c in type(obj).__mro__]
-
-
-def is_diffusers_object(obj: Any) -> bool:
-    """Is `obj` a Diffusers model or pipeline (or a subclass of one)? Imports nothing."""
-    return any(m == "diffusers" or m.startswith("diffusers.") for m in _class_modules(obj))
-
-
-def is_pipeline(obj: Any) -> bool:
-    return isinstance(getattr(obj, "components", None), dict) and not hasattr(obj, "named_modules")
-
-
-def is_denoiser(obj: Any) -> bool:
-    """A Diffusers transformer / UNet (what a pipeline's attention kernelize touches)."""
-    return hasattr(obj, "named_modules") and any(m.startswith(DENOISER_MODULES) for m in _class_modules(obj))
-
-
-def attention_modules(model: Any) -> list[tuple[str, Any]]:
-    """(path, module) of every Diffusers attention module: those with a processor and set_processor."""
-    return [(p, m) for p, m in model.named_modules()
-            if hasattr(m, "set_processor") and hasattr(m, "processor") and m.processor is not None]
-
-
-def encoder_width(module: Any) -> int | None:
-    """Width of the encoder states the module attends to (joint or cross attention); None: self-attention."""
-    add_k = getattr(module, "add_k_proj", None)
-    if isinstance(add_k, torch.nn.Linear):
-        return add_k.in_features  # joint attention (Flux / SD3 dual-stream): text states of their own width
-    to_q, to_k = getattr(module, "to_q", None), getattr(module, "to_k", None)
-    if isinstance(to_k, torch.nn.Linear) and (
-            getattr(module, "is_cross_attention", False)
-            or (isinstance(to_q, torch.nn.Linear) and to_k.in_features != to_q.in_features)):
-        return to_k.in_features
-    return None
-
-
 def _layout(module: Any, route: AttentionRoute, probe: Probe) -> str:
     (q, k), kind = probe.shapes[0], "self"
     if isinstance(getattr(module, "add_k_proj", None), torch.nn.Linear):
@@ -94,28 +62,6 @@ def _layout(module: Any, route: AttentionRoute, probe: Probe) -> str:
         kind = "cross"
     heads = f"heads {q[-3]}/{k[-3]}" if len(q) == 4 else f"{q[0]} heads x batch"
     return f"{type(route.original).__name__}: {kind}, {heads}, d{q[-1]}"
-
-
-def _dtype_device(module: Any) -> tuple[torch.dtype, torch.device]:
-    p = next(module.parameters(), None)
-    return (p.dtype, p.device) if p is not None else (torch.float32, torch.device("cpu"))
-
-
-def _validation_call(module: Any, encoder: int | None, seed: int) -> None:
-    """Run the module on random hidden states of its own widths (no mask: the kernel's main path), with
-    encoder states of width `encoder` when given."""
-    to_q = getattr(module, "to_q", None)
-    if not isinstance(to_q, torch.nn.Linear):
-        raise ValueError("no to_q projection to size a validation batch")
-    dtype, device = _dtype_device(module)
-    g = torch.Generator().manual_seed(seed)  # private generator: the user's RNG stream is untouched
-    kwargs = {}
-    if encoder is not None:
-        kwargs["encoder_hidden_states"] = torch.randn(VALIDATION_BATCH, VALIDATION_ENCODER_TOKENS, encoder,
-                                                      generator=g).to(device, dtype)
-    hidden = torch.randn(VALIDATION_BATCH, VALIDATION_TOKENS, to_q.in_features, generator=g).to(device, dtype)
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):
-        module(hidden, **kwargs)
 
 
 def _validate(module: Any, route: AttentionRoute, seed: int) -> Probe:
@@ -129,7 +75,7 @@ def _validate(module: Any, route: AttentionRoute, seed: int) -> Probe:
     for encoder in tries:
         route.probe = probe = Probe()
         try:
-            _validation_call(module, encoder, seed)
+            diffusers_attention_call(module, encoder, seed)
         except Exception as exc:  # the module could not run this call: the next try, or kept with the reason
             error = error or f"validation call failed: {type(exc).__name__}: {exc}"
             continue
@@ -155,10 +101,7 @@ def _keep_reason(route: AttentionRoute, probe: Probe, validate: bool, tol: float
     if not probe.shapes:
         return (f"{type(route.original).__name__} did not call torch scaled_dot_product_attention "
                 f"({_where_attention_ran(route.original)})")
-    err = max(probe.errors)
-    if validate and not err <= tol:
-        return f"validation failed: max error {err:.2e} > tolerance {tol:.0e}"
-    return ""
+    return verdict(max(probe.errors), tol) if validate else ""
 
 
 def _static_reason(module: Any) -> str:
@@ -185,7 +128,7 @@ def _kernelize_model(model: Any, kernel: Any, repo_id: str, info: dict[str, Any]
         state.routes[path] = route
         module.set_processor(route)
         probe = _validate(module, route, seed=i)
-        tol = tolerance.get(_dtype_device(module)[0], 1e-4)
+        tol = tolerance.get(dtype_device(module)[0], 1e-4)
         reason = _keep_reason(route, probe, validate, tol)
         if reason:
             module.set_processor(original)
@@ -202,17 +145,15 @@ def _kernelize_model(model: Any, kernel: Any, repo_id: str, info: dict[str, Any]
 def kernelize_attention_processors(run: KindRun) -> None:
     """The attention kind on one Diffusers denoiser (its `diffusers` apply): route every attention processor whose
     sdpa calls the kernel matches; `run.state` is the denoiser's DiffusersState."""
-    from . import api
-
     if not attention_modules(run.model):
         run.report.notes.append(f"{type(run.model).__name__}: no Diffusers attention module found")
         return
-    kernel, repo_id, reason = api._load_or_reason(run.spec, LAYER_KIND, run.backend)
-    if kernel is None:
-        run.report.notes.append(f"attention unchanged: {reason}")
+    loaded = kernel_for(run, LAYER_KIND, runs_the_model=False)
+    if loaded is None:
         return
-    info = api.kernel_info(kernel, run.device, "flash_attention")
-    _kernelize_model(run.model, kernel, repo_id, info, validate=run.validate, tolerance=api.TOLERANCE,
+    kernel, repo_id = loaded
+    info = kernel_info(kernel, run.device, "flash_attention")
+    _kernelize_model(run.model, kernel, repo_id, info, validate=run.validate, tolerance=TOLERANCE,
                      state=run.state, report=run.report)
     if run.state.routes:
         run.report.notes.append("attention processors wrapped (Diffusers processor API): each runs its own processor "
@@ -257,8 +198,6 @@ def kernelize_diffusers(obj: Any, *, mode: str, device: Any, mapping: dict[str, 
                         trust_remote_code: Any = False) -> KernelizeReport:
     """kernelize for a Diffusers model or pipeline (layers.api.kernelize hands these over after its mode check): every
     layer kind on each denoiser, as the kind's `diffusers` declares."""
-    from . import api
-
     pipeline = is_pipeline(obj)
     if not pipeline and not hasattr(obj, "named_modules"):
         raise KernelHubError(f"kernelize wants a Diffusers model or pipeline, got {type(obj).__name__}")
@@ -266,20 +205,20 @@ def kernelize_diffusers(obj: Any, *, mode: str, device: Any, mapping: dict[str, 
     models = _components(obj, report) if pipeline else [("", obj)]
     dev = device
     if models:
-        report.backend, dev = api._backend_of(models[0][1], device)
-    specs = api._kernel_spec(mapping, report.backend, trust_remote_code)  # raises on a bad mapping before any change
+        report.backend, dev = backend_of(models[0][1], device)
+    specs = kernel_specs(mapping, report.backend, trust_remote_code)  # raises on a bad mapping before any change
     if not models:
         report.notes.append(f"{type(obj).__name__} has no Diffusers transformer or UNet component")
         return report
     restore_diffusers(obj)
     kinds = [k for k in all_kinds() if not isinstance(k.diffusers, str)]
-    state = obj.__dict__[api.STATE_ATTR] = DiffusersState()
+    state = obj.__dict__[STATE_ATTR] = DiffusersState()
     try:
         for name, model in models:
             target = state
             if pipeline:  # each component carries its own state, so restore(component) works too
                 restore_diffusers(model)
-                target = model.__dict__[api.STATE_ATTR] = DiffusersState()
+                target = model.__dict__[STATE_ATTR] = DiffusersState()
                 state.components.append(name)
             start = (len(report.replaced), len(report.kept))
             for kind in kinds:
@@ -288,21 +227,19 @@ def kernelize_diffusers(obj: Any, *, mode: str, device: Any, mapping: dict[str, 
             if pipeline:
                 _prefixed(report, start, name)
                 if target.empty():
-                    model.__dict__.pop(api.STATE_ATTR, None)
+                    model.__dict__.pop(STATE_ATTR, None)
                     state.components.remove(name)
     except BaseException:
         restore_diffusers(obj)
         raise
     if state.empty():
-        obj.__dict__.pop(api.STATE_ATTR, None)
+        obj.__dict__.pop(STATE_ATTR, None)
     report.notes = list(dict.fromkeys(report.notes))  # a pipeline's components say the same things once
     return report
 
 
 def restore_diffusers(obj: Any) -> bool:
     """Put back exactly what each kind changed (and a pipeline's components'); False if not kernelized."""
-    from .api import STATE_ATTR
-
     state: DiffusersState | None = obj.__dict__.pop(STATE_ATTR, None)
     if state is None:
         return False
@@ -319,8 +256,6 @@ def restore_diffusers(obj: Any) -> bool:
 def fallbacks(obj: Any) -> dict[str, tuple[int, int, str]]:
     """layer -> (calls the kernel served, calls that ran torch's sdpa, why the last one did), for every
     routed layer of a kernelized model or pipeline."""
-    from .api import STATE_ATTR
-
     state: DiffusersState | None = getattr(obj, "__dict__", {}).get(STATE_ATTR)
     if state is None:
         return {}

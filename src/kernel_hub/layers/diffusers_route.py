@@ -1,5 +1,6 @@
-"""The attention processor kernelize installs on a Diffusers attention module, and the pure decision that
-turns one `scaled_dot_product_attention` call into kernel arguments.
+"""The Diffusers adapter of the attention kind at call time: the attention processor kernelize installs on a
+Diffusers attention module, and the pure decision that turns one `scaled_dot_product_attention` call into kernel
+arguments.
 
 Why a wrapping processor: Diffusers' dispatcher registry is keyed by the closed enum `AttentionBackendName`
 and `set_attention_backend` refuses any other name, so a new backend cannot be registered without patching
@@ -22,6 +23,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from ..numerics import relative_error
+from .swap import CallCounts
 
 SDPA = torch.nn.functional.scaled_dot_product_attention
 _SDPA_SIGNATURE = inspect.Signature([
@@ -159,7 +161,7 @@ class _SignedCall:
         return inspect.signature(self.route.original.__call__)
 
 
-class AttentionRoute:
+class AttentionRoute(CallCounts):
     """Processor installed by kernelize: the module's own processor, its sdpa calls on `flash`.
 
     `calls` counts calls the kernel served, `fallbacks` those that ran torch's sdpa (`last_fallback` says
@@ -208,14 +210,10 @@ class AttentionRoute:
                 return ref
             probe.errors.append(relative_error(out, ref))
             return ref
-        counting = not torch.compiler.is_compiling()  # eager-mode facts: a counter in a graph recompiles it
         if plan is None:
-            if counting:
-                self.fallbacks += 1
-                self.last_fallback = why
+            self.fell_back(why)
             return SDPA(*args, **kwargs)
-        if counting:
-            self.calls += 1
+        self.served()
         return run_plan(self.flash, plan, bound.arguments["query"], bound.arguments["key"], bound.arguments["value"])
 
     # Diffusers sets these on every attention processor (set_attention_backend, enable_parallelism).

@@ -1,4 +1,5 @@
-"""The experts implementation kernelize registers with transformers, and the per-module hooks.
+"""The transformers adapter of the moe_experts kind: the experts implementation kernelize registers with
+transformers, the per-module hooks it reads at call time, and the call of the kernel on a block's own weights.
 
 One function, `kernel_hub_experts_forward`, is registered under the name "kernel_hub" in
 transformers' ExpertsInterface. A model switched to it (`model.set_experts_implementation`) calls it
@@ -20,10 +21,11 @@ import torch
 import torch.nn.functional as F
 
 from . import packed_op, packing
-from .families import ExpertsLayout
+from .find import ExpertsLayout, ExpertsSite
+from .swap import EXPERTS_HOOK_ATTR as HOOK_ATTR
+from .swap import IMPLEMENTATION_NAME
 
-IMPLEMENTATION_NAME = "kernel_hub"
-HOOK_ATTR = "_kernel_hub_experts"
+LAYER_KIND = "moe_experts"
 
 ExpertsCall = Callable[[Any, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -54,6 +56,16 @@ def previous_forward(module: Any, previous: str | None) -> Callable[..., torch.T
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
     return ALL_EXPERTS_FUNCTIONS.get_interface(previous, eager)
+
+
+def reference_for(module: Any, site: ExpertsSite) -> Callable[..., torch.Tensor]:
+    """What the block runs now, as fn(module, hidden, index, weights): what its kernel call is checked against."""
+    if site.route == "interface":
+        return previous_forward(module, module.config._experts_implementation)
+    instance = module.__dict__.get("forward")
+    if instance is not None:
+        return lambda _m, h, i, w: instance(h, i, w)
+    return previous_forward(module, None)
 
 
 def kernel_hub_experts_forward(

@@ -1,7 +1,8 @@
-"""Prepacked expert weights for kernelize on CPU: when to pack, swapping the parameters, and giving them back.
+"""Prepacked expert weights for kernelize on CPU (a swap of parameters, with its own bookkeeping): swapping the
+parameters for packed ones, keeping the block a normal module meanwhile, and giving them back bit for bit.
 
-The kernel packs (its `pack_experts` / `moe_experts_packed`, oneDNN, in place); this module decides whether a block is
-packed (`decide_packing`, a pure function returning the reason) and keeps the block a normal torch module while it is:
+The kernel packs (its `pack_experts` / `moe_experts_packed`, oneDNN, in place); whether a block is packed is plan.py's
+`decide_packing`; this module keeps the block a normal torch module while it is:
 
 - the packed parameters stay registered under their names as meta-device placeholders (same shape, dtype and
   requires_grad, no memory), so nothing reads packed bytes as numbers: a stray numeric use fails loudly;
@@ -26,43 +27,20 @@ from typing import Any
 
 import torch
 
+from ..errors import KernelHubError
 from . import packed_op
-from .families import ExpertsLayout
+from .find import ExpertsLayout
+from .plan import PACK_ENV
+from .swap import EXPERTS_HOOK_ATTR, IMPLEMENTATION_NAME, PACKED_ATTR, packed_placeholders
 
-RECORD_ATTR = "_kernel_hub_packed"
+RECORD_ATTR = PACKED_ATTR
 DOWN = "down_proj"
 #: Set to "0" to keep every expert block unpacked.
-ENV = "KERNEL_HUB_CPU_PACK"
-#: What the kernel must export for kernelize to pack.
-PACKED_EXPORTS = ("pack_experts", "moe_experts_packed", "packing_support")
+ENV = PACK_ENV
 
 
 def weight_names(layout: ExpertsLayout) -> tuple[str, str]:
     return ("gate_up_proj" if layout.has_gate else "up_proj"), DOWN
-
-
-def decide_packing(
-    *, mode: str, device_type: str, dtype: str, requires_grad: bool, kernel_exports: bool,
-    support: tuple[bool, str] | None, enabled: bool,
-) -> tuple[bool, str]:
-    """(pack this block's expert weights, why). Pure: every fact about the system comes in as an argument.
-
-    support: the kernel's packing_support(dtype) answer (None when the kernel cannot be asked)."""
-    if not enabled:
-        return False, f"not packed: disabled by {ENV}=0"
-    if mode != "inference":
-        return False, f"not packed: mode={mode!r} (packed weights are inference-only)"
-    if requires_grad:
-        return False, ("not packed: expert weights require grad (packed weights are inference-only; "
-                       "model.requires_grad_(False) before kernelize packs them)")
-    if device_type != "cpu":
-        return False, f"not packed: weights on {device_type} (packing is for CPU)"
-    if not kernel_exports or support is None:
-        return False, "not packed: the kernel exports no packed-weights entry (" + ", ".join(PACKED_EXPORTS) + ")"
-    ok, why = support
-    if not ok:
-        return False, f"not packed: {why}"
-    return True, f"{dtype}, inference, frozen weights; {why}"
 
 
 def packing_enabled() -> bool:
@@ -92,9 +70,8 @@ def _placeholder(param: torch.Tensor) -> torch.nn.Parameter:
                               requires_grad=param.requires_grad)
 
 
-def placeholders(model: Any) -> set[int]:
-    """ids of the meta parameters standing in for packed CPU weights anywhere in `model`."""
-    return {id(p) for m in model.modules() if (r := record_of(m)) is not None for p in r.placeholders.values()}
+#: ids of the meta parameters standing in for packed CPU weights anywhere in a model.
+placeholders = packed_placeholders
 
 
 def _pack(module: Any, record: ModulePacking) -> str:
@@ -249,10 +226,7 @@ def _guard_other_implementations(module: Any, args: Any) -> None:
     """Forward pre-hook of a packed block: transformers' own experts implementations (a model switched back with
     set_experts_implementation) would read the meta placeholders and fail deep inside with a dtype or device error;
     say what happened and what to do instead."""
-    from ..errors import KernelHubError
-    from .experts import HOOK_ATTR, IMPLEMENTATION_NAME
-
-    if HOOK_ATTR not in module.__dict__ or "forward" in module.__dict__:
+    if EXPERTS_HOOK_ATTR not in module.__dict__ or "forward" in module.__dict__:
         return  # the block's own forward is ours (or it is not routed through the interface)
     chosen = getattr(getattr(module, "config", None), "_experts_implementation", IMPLEMENTATION_NAME)
     if chosen != IMPLEMENTATION_NAME and active_holders(module) is not None:

@@ -5,8 +5,10 @@ is validated on, which kernel export serves it, and the two functions that do th
 swaps and reports; `restore` puts back exactly what was there). kernelize, restore, `mapping=` and the report read
 the kinds from here, so adding a kind is one module here plus the serving kernel's kernel.yaml `replaces` (and its
 registry.yaml `layers` entry for a default). Diffusers models and pipelines go through the same kinds (each
-kind's `diffusers` says how). Importing this package imports neither torch nor jax: a kind module
-imports its machinery inside `apply` / `restore`.
+kind's `diffusers` says how). The kinds sit on top of layers/: each kind module runs its flow over the jobs (find,
+plan, load, validate, swap, report) and the transformers / Diffusers adapters, and nothing below imports a kind
+module. Importing this package itself imports neither torch nor jax; `all_kinds()` imports the kind modules (and
+so torch), which only kernelize and the contract test ask for.
 """
 
 from __future__ import annotations

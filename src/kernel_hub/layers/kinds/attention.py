@@ -1,42 +1,176 @@
-"""Layer kind `attention`: transformers attention through AttentionInterface, served by flash attention.
+"""Layer kind `attention`: transformers attention through AttentionInterface (and Diffusers attention processors),
+served by flash attention.
 
-The machinery lives in layers/api.py (`_kernelize_attention`) and layers/attention_api.py / attention.py; on Diffusers
-models in layers/diffusers.py / diffusers_route.py (the processor API). This module declares it.
+The declaration, and the kind's flow on a transformers model over the jobs: find.can_switch_attention -> load (the
+kernel) -> register "kernel_hub" (the adapter, attention.py) -> remember every config's implementation -> two small
+forwards (validate.model_forwards, one left-padded) on the model as it is -> one
+`model.set_attn_implementation("kernel_hub")` -> the same forwards in probe mode (every layer that calls the
+AttentionInterface runs its previous implementation and the kernel on its own q/k/v/mask and returns the previous
+output) -> plan.switch_check: with every layer returning its previous output the model must give the outputs it gave
+before the switch, else the model itself computes differently under another implementation name (DeepSeek sparse
+attention hands its top-k keys to the attention function instead of masking them) and every layer stays on its
+previous implementation -> hook each layer found: the kernel where it matched within the dtype tolerance, its
+previous implementation otherwise. The switched configs (the model's private copies) accept attention-weight
+requests from the switch on (attention.py). Nothing
+matched: switch back. `_restore` puts every config's implementation and class back exactly. On a Diffusers denoiser
+the kind runs through the processor API instead (diffusers.py, diffusers_route.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+import weakref
+from dataclasses import dataclass, field
 from typing import Any
 
+from .. import attention as at
+from ..diffusers import kernelize_attention_processors, restore_attention_processors
+from ..find import attention_configs, can_switch_attention
+from ..load import kernel_for, kernel_info
+from ..plan import switch_check, verdict
+from ..report import Kept, Replaced
+from ..swap import KernelizeState, put_back_names
+from ..validate import dtype_device, model_forwards, tolerance_for
 from . import KindRun, LayerKind
+
+NAME = at.LAYER_KIND
+
+
+@dataclass
+class AttentionState:
+    """For restore: hooked paths, the model's implementation before, each config's, and each config's class before
+    it accepted attention-weight requests."""
+
+    paths: list[str] = field(default_factory=list)
+    previous: str | None = None
+    configs: list[tuple[Any, str | None]] = field(default_factory=list)
+    classes: list[tuple[Any, type]] = field(default_factory=list)
 
 
 def _apply(run: KindRun) -> None:
-    from ..api import _kernelize_attention
-
-    _kernelize_attention(run.model, run.spec, run.backend, run.device, run.mode, run.validate, run.state, run.report)
-
-
-def _restore(model: Any, state: Any) -> None:
-    from ..attention_api import restore_attention
-
-    restore_attention(model, state.attention)
-
-
-def _apply_diffusers(run: KindRun) -> None:
-    from ..diffusers import kernelize_attention_processors
-
-    kernelize_attention_processors(run)
+    ok, _ = can_switch_attention(run.model)
+    if not ok:
+        return  # not a transformers attention model (e.g. a bare expert block): nothing to say
+    loaded = kernel_for(run, NAME, runs_the_model=True)  # attention layers are found by running the model
+    if loaded is None:
+        return
+    kernel, repo_id = loaded
+    state = run.state.kinds[NAME] = AttentionState()  # recorded first: an exception on the way restores it
+    _swap(run, kernel, repo_id, state)
+    if not state.paths:
+        run.state.kinds.pop(NAME, None)
+    elif run.mode == "training":
+        run.report.notes.append("attention validated on the forward pass (its backward is the kernel's autograd)")
 
 
-def _restore_diffusers(model: Any, state: Any) -> None:
-    from ..diffusers import restore_attention_processors
+def _swap(run: KindRun, kernel: Any, repo_id: str, state: AttentionState) -> None:
+    """Hook every attention layer of the model onto `kernel` (or its previous implementation), filling the report."""
+    model, report, validate = run.model, run.report, run.validate
+    info = kernel_info(kernel, run.device, "flash_attention")
+    at.register()
+    state.previous = model.config._attn_implementation
+    try:
+        before = model_forwards(model, run.device)
+    except Exception as exc:  # the model could not run a plain token batch: keep its attention
+        report.notes.append(f"attention kept: validation forward failed: {type(exc).__name__}: {exc}")
+        return
+    for cfg in attention_configs(model):
+        state.configs.append((cfg, cfg._attn_implementation))
+        at._PREVIOUS[id(cfg)] = cfg._attn_implementation
+        weakref.finalize(cfg, at._PREVIOUS.pop, id(cfg), None)  # an id is never reused while its entry stays
+        original = at.accept_weight_requests(cfg)  # a private copy (swap.take_own_configs): no other model's config
+        if original is not None:
+            state.classes.append((cfg, original))
+    model.set_attn_implementation(at.IMPLEMENTATION_NAME)
+    probe = at.Probe(flash=kernel.flash_attention)
+    at.set_probe(probe)
+    try:
+        after = model_forwards(model, run.device)
+    except Exception as exc:  # the model could not run a plain token batch: keep its attention
+        _restore_state(model, state)
+        report.notes.append(f"attention kept: validation forward failed: {type(exc).__name__}: {exc}")
+        return
+    finally:
+        at.set_probe(None)
+    paths = {id(m): p for p, m in model.named_modules()}
+    found = sorted(probe.modules, key=lambda k: list(paths).index(k) if k in paths else 1 << 30)
+    # One implementation name per config: a model that is not itself under the switch keeps every layer.
+    blocked = switch_check(before, after, tolerance_for(dtype_device(model)[0]), state.previous)
+    first_sparse = next((f"{paths.get(k, '?')}: {probe.sparse[k]}" for k in found if k in probe.sparse), "")
+    if first_sparse:
+        blocked = f"the model stays on its own attention ({first_sparse})"
+    hooks: list[tuple[Any, str, at.AttentionHook]] = []
+    for key in found:
+        module, path = probe.modules[key], paths.get(key, "?")
+        previous = at._PREVIOUS.get(id(getattr(module, "config", None)), state.previous)
+        tol = tolerance_for(dtype_device(module)[0])
+        errors = probe.errors.get(key, [])
+        err = max(errors) if errors else None
+        reason = probe.sparse.get(key, "") or blocked or probe.failures.get(key, "")
+        if not reason and validate:
+            reason = verdict(err, tol)
+        if reason:
+            report.kept.append(Kept(path, NAME, reason))
+            hooks.append((module, path, at.AttentionHook(flash=None, previous=previous)))
+            continue
+        report.replaced.append(Replaced(
+            layer=path, kind=NAME, repo_id=repo_id, version=info["version"], commit=info["commit"],
+            variant=info["variant"], implementation=info["implementation"], route="interface",
+            layout=_layout(module), max_error=err if validate else None, tolerance=tol if validate else None))
+        hooks.append((module, path, at.AttentionHook(flash=kernel.flash_attention, previous=previous)))
+    if not any(h.flash is not None for _, _, h in hooks):
+        _restore_state(model, state)
+        if not found:
+            report.notes.append("no attention layer calls transformers' AttentionInterface: attention unchanged")
+        return
+    for module, path, hook in hooks:
+        module.__dict__[at.HOOK_ATTR] = hook
+        state.paths.append(path)
+    report.notes.append(f"attention implementation switched to {at.IMPLEMENTATION_NAME!r} (was {state.previous}); "
+                        "kept layers and calls the kernel cannot express run the previous implementation")
 
-    restore_attention_processors(model, state)
+
+def _layout(module: Any) -> str:
+    parts = []
+    hq = getattr(getattr(module, "config", None), "num_attention_heads", None)
+    groups = getattr(module, "num_key_value_groups", None)
+    if isinstance(hq, int) and isinstance(groups, int) and groups:
+        parts.append(f"heads {hq}/{hq // groups}")
+    if isinstance(getattr(module, "head_dim", None), int):
+        parts.append(f"d{module.head_dim}")
+    if getattr(module, "sliding_window", None):
+        parts.append(f"sliding {module.sliding_window}")
+    if getattr(module, "sinks", None) is not None:
+        parts.append("sinks")
+    return ", ".join(parts) or "attention"
+
+
+def _restore_state(model: Any, state: AttentionState) -> None:
+    """Remove the hooks, put every config's class and attention implementation back exactly."""
+    for path in state.paths:
+        with contextlib.suppress(AttributeError):
+            model.get_submodule(path).__dict__.pop(at.HOOK_ATTR, None)
+    state.paths.clear()
+    for cfg, cls in reversed(state.classes):
+        cfg.__class__ = cls
+    state.classes.clear()
+    if state.previous is not None and model.config._attn_implementation != state.previous:
+        with contextlib.suppress(Exception):  # the exact per-config restore below still runs
+            model.set_attn_implementation(state.previous)
+    put_back_names(state.configs, "_attn_implementation")
+    for cfg, _ in state.configs:
+        at._PREVIOUS.pop(id(cfg), None)
+    state.configs.clear()
+
+
+def _restore(model: Any, state: KernelizeState) -> None:
+    attention: AttentionState | None = state.kinds.get(NAME)
+    if attention is not None:
+        _restore_state(model, attention)
 
 
 KIND = LayerKind(
-    name="attention",
+    name=NAME,
     export="flash_attention",
     finds="every module that calls transformers' attention function (found by running the model once)",
     contract="transformers' attention call (module, query, key, value, attention_mask, ...) -> (out, None)",
@@ -44,5 +178,6 @@ KIND = LayerKind(
     apply=_apply,
     restore=_restore,
     order=1,
-    diffusers=(_apply_diffusers, _restore_diffusers),  # Diffusers: each attention processor wrapped (diffusers_route)
+    # Diffusers: each attention processor wrapped (diffusers_route.py)
+    diffusers=(kernelize_attention_processors, restore_attention_processors),
 )

@@ -1,32 +1,182 @@
 """Layer kind `moe_experts`: a transformers Mixture-of-Experts expert block, served by the ragged dot.
 
-The machinery lives in layers/api.py (`_kernelize_experts`, `_restore_experts`), layers/families.py (finding and
-reading the blocks) and layers/experts.py (the hook); this module declares it.
+The declaration, and the kind's flow over the jobs: find.find_experts (blocks and their layouts) -> load (the kernel)
+-> per block validate.validate_layer against the block's own implementation, plan.verdict -> swap: the transformers
+adapter's hooks (experts.py) and one `model.set_experts_implementation("kernel_hub")`, an instance forward where a
+block does not route through ExpertsInterface -> packing where plan.decide_packing allows -> report rows.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
+import torch
+
+from ...contract import PACKED_EXPERTS_ENTRIES
+from .. import experts as ex
+from .. import packing
+from ..find import ExpertsSite, device_type, find_experts, routes_through_interface, top_k_of
+from ..load import kernel_info, load_or_reason
+from ..plan import decide_packing, not_validated_reason, verdict
+from ..report import Kept, KernelizeReport, Replaced
+from ..swap import KernelizeState, put_back_names
+from ..validate import experts_batch, tolerance_for, validate_layer
 from . import KindRun, LayerKind
+
+NAME = ex.LAYER_KIND
 
 
 def _apply(run: KindRun) -> None:
-    from ..api import _kernelize_experts
+    sites = find_experts(run.model)
+    if not sites:
+        run.report.notes.append("no Mixture-of-Experts expert layers found")
+        return
+    kernel, repo_id, reason = load_or_reason(run.spec, NAME, run.backend)
+    if kernel is None:
+        run.report.kept += [Kept(s.path, NAME, s.reason if not s.supported else reason) for s in sites]
+        return
+    _swap(run, sites, kernel, repo_id)
 
-    _kernelize_experts(run.model, run.spec, run.backend, run.device, run.mode, run.validate, run.state, run.report)
+
+def _check(run: KindRun, i: int, module: Any, site: ExpertsSite, call: ex.ExpertsCall,
+           config: Any) -> tuple[float | None, float, str | None, str]:
+    """(error, tolerance, why not validated, why kept) for one supported block."""
+    err, tol = None, tolerance_for(getattr(torch, site.layout.dtype))
+    unchecked = not_validated_reason(run.backend, device_type(module)) if run.validate else None
+    if not run.validate or unchecked is not None:
+        return err, tol, unchecked, ""
+    try:
+        err = validate_layer(module, site.layout, call, ex.reference_for(module, site), mode=run.mode,
+                             top_k=top_k_of(getattr(module, "config", config), site.layout.num_experts), seed=i)
+    except Exception as exc:
+        return err, tol, unchecked, f"kernel raised in validation: {type(exc).__name__}: {exc}"
+    return err, tol, unchecked, verdict(err, tol)
 
 
-def _restore(model: Any, state: Any) -> None:
-    from ..api import _restore_experts
+def _swap(run: KindRun, sites: list[ExpertsSite], kernel: Any, repo_id: str) -> None:
+    model, state, report = run.model, run.state, run.report
+    info = kernel_info(kernel, run.device, "ragged_dot")
+    config = getattr(model, "config", None)
+    hooks: list[tuple[Any, ExpertsSite, ex.ExpertsHook]] = []
+    accepted: list[tuple[int, Any, ExpertsSite, ex.ExpertsCall, float | None, float, str | None]] = []
+    for i, site in enumerate(sites):
+        module = model.get_submodule(site.path)
+        interface = site.route == "interface" or routes_through_interface(module)
+        previous = module.config._experts_implementation if interface else None
+        call = None
+        if not site.supported:
+            report.kept.append(Kept(site.path, NAME, site.reason))
+        else:
+            call = ex.make_call(kernel, site.layout)
+            err, tol, unchecked, why = _check(run, i, module, site, call, config)
+            if why:
+                call = None
+                report.kept.append(Kept(site.path, NAME, why))
+            else:
+                accepted.append((i, module, site, call, err, tol, unchecked))
+        if interface or call is not None:
+            hooks.append((module, site, ex.ExpertsHook(call=call, previous=previous,
+                                                        route="interface" if interface else "forward")))
+    if not any(h.call is not None for _, _, h in hooks):
+        return  # nothing to swap: leave the model exactly as it was
+    _install(model, hooks, state, report)
+    # after the hooks: restore() now sees every packed block
+    for i, module, site, call, err, tol, unchecked in accepted:
+        packed, why = _pack(run, module, site, call, kernel, top_k_of(
+            getattr(module, "config", config), site.layout.num_experts), seed=i)
+        implementation = info["implementation"]
+        report.replaced.append(Replaced(
+            layer=site.path, kind=NAME, repo_id=repo_id, version=info["version"], commit=info["commit"],
+            variant=info["variant"],
+            implementation=f"packed experts on {implementation}" if packed else implementation,
+            route=site.route, layout=site.layout.describe(), max_error=err,
+            tolerance=tol if run.validate and unchecked is None else None, not_validated=unchecked, why=why))
 
-    _restore_experts(model, state)
+
+def _install(model: Any, hooks: list[tuple[Any, ExpertsSite, ex.ExpertsHook]], state: KernelizeState,
+             report: KernelizeReport) -> None:
+    """Hook every block (recorded in `state` first), switch the model's experts implementation once; blocks the
+    switch did not reach get an instance forward."""
+    ex.register_implementation()
+    seen: set[int] = set()
+    for module, _, hook in hooks:
+        if hook.route == "interface" and id(module.config) not in seen:
+            seen.add(id(module.config))
+            state.configs.append((module.config, module.config._experts_implementation))
+    for module, site, hook in hooks:
+        state.paths.append(site.path)
+        if hook.route == "interface":
+            module.__dict__[ex.HOOK_ATTR] = hook
+        else:
+            ex.install_forward(module, hook)
+    if not state.configs:
+        return
+    if hasattr(model, "set_experts_implementation"):
+        state.previous = model.get_experts_implementation()
+        state.switched = True
+        model.set_experts_implementation(ex.IMPLEMENTATION_NAME)
+        ex.honour_user_switch(model)  # a later set_experts_implementation(...) by the user wins
+    for module, _, hook in hooks:
+        if hook.route == "interface" and module.config._experts_implementation != ex.IMPLEMENTATION_NAME:
+            hook.route = "forward"
+            module.__dict__.pop(ex.HOOK_ATTR, None)
+            ex.install_forward(module, hook)
+    report.notes.append(f"experts implementation switched to {ex.IMPLEMENTATION_NAME!r} "
+                        f"(was {state.previous}); kept layers run their previous implementation")
+
+
+def _pack(run: KindRun, module: Any, site: ExpertsSite, call: ex.ExpertsCall, kernel: Any, top_k: int,
+          seed: int) -> tuple[bool, str]:
+    """Pack one replaced block's expert weights where plan.decide_packing allows; with validation on, the packed
+    path must equal the unpacked one bit for bit on the validation batch, or the block is unpacked again."""
+    layout, dev = site.layout, run.device
+    exports = all(hasattr(kernel, name) for name in PACKED_EXPERTS_ENTRIES)
+    dtype = getattr(torch, layout.dtype)
+    ok, why = decide_packing(
+        mode=run.mode, device_type=getattr(dev, "type", str(dev)), dtype=layout.dtype,
+        requires_grad=any(p.requires_grad for p in module.parameters(recurse=False)),
+        kernel_exports=exports, support=kernel.packing_support(dtype) if exports else None,
+        enabled=packing.packing_enabled())
+    if not ok:
+        return False, why
+    batch = experts_batch(layout, top_k, dtype, dev, seed) if run.validate else None
+    if batch is not None:
+        with torch.no_grad():
+            reference = call(module, *batch)
+    packed, how = packing.pack_module(module, layout, kernel)
+    if not packed:
+        return False, how
+    if batch is not None:
+        with torch.no_grad():
+            out = call(module, *batch)
+        if not torch.equal(out, reference):
+            packing.unpack_module(module)
+            return False, "not packed: the packed path differed from the unpacked one on the validation batch"
+    return True, f"{how}: {why}" + ("; bit-identical to the unpacked path on the validation batch"
+                                    if run.validate else "")
+
+
+def _restore(model: Any, state: KernelizeState) -> None:
+    """Unpack and unhook each block, put back every config's experts implementation."""
+    ex.drop_user_switch(model)
+    for path in state.paths:
+        try:
+            module = model.get_submodule(path)
+        except AttributeError:
+            continue
+        packing.unpack_module(module)
+        ex.remove_hook(module)
+    if state.switched and state.previous is not None and hasattr(model, "set_experts_implementation"):
+        with contextlib.suppress(Exception):  # the exact per-config restore below still runs
+            model.set_experts_implementation(state.previous)
+    put_back_names(state.configs, "_experts_implementation")
 
 
 KIND = LayerKind(
-    name="moe_experts",
+    name=NAME,
     export="ragged_dot",
-    finds="expert blocks families.find_experts recognises (transformers' ExpertsInterface blocks and known layouts)",
+    finds="expert blocks find.find_experts recognises (transformers' ExpertsInterface blocks and known layouts)",
     contract="(hidden[T,H], top_k_index[T,K], top_k_weights[T,K]) -> [T,H], the block's own weights and activation",
     validated_on="16 random tokens routed to random experts, in the block's dtype (training: and the gradients)",
     apply=_apply,

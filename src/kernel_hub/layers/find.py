@@ -1,11 +1,19 @@
-"""Find a model's Mixture-of-Experts expert blocks and read their weight layouts.
+"""The find job: which modules of a model are candidate layers, per kind, and what each one is.
 
-Pure decisions: `read_experts(module, path)` looks at one module (its class, attributes and parameter
-shapes, never its numbers) and returns an `ExpertsSite` with either a layout the kernel can serve
-or the reason it cannot. Layouts are read from the flags transformers' `@use_experts_implementation`
-puts on the instance (is_transposed, is_concatenated, has_bias, has_gate, has_post_expert_norm) and
-checked against the parameter shapes; modules without those flags are matched by shape only where
-the shapes leave no doubt.
+Why one module: a candidate is decided from a module's class, attributes and parameter shapes, never its numbers,
+and never by running anything, so these readers are cheap, import no framework at module level and can be tested
+on bare modules. Per kind:
+
+- moe_experts: `find_experts` / `read_experts` return an `ExpertsSite` with either a layout the kernel can serve or
+  the reason it cannot. Layouts are read from the flags transformers' `@use_experts_implementation` puts on the
+  instance (is_transposed, is_concatenated, has_bias, has_gate, has_post_expert_norm) and checked against the
+  parameter shapes; modules without those flags are matched by shape only where the shapes leave no doubt.
+- rms_norm: `find_norms` by class name (or HF kernels' "RMSNorm" mark) and structure (`norm_structure`).
+- attention: a transformers model that dispatches through AttentionInterface (`can_switch_attention`; its layers
+  are found by running it, in kinds/attention.py) and the configs it dispatches on (`attention_configs`); on a
+  Diffusers denoiser every module with a processor (`diffusers_attention_modules`).
+- Diffusers objects themselves (`is_diffusers_object`, `is_pipeline`, `is_denoiser`), recognised by the modules their
+  classes come from, so nothing here imports diffusers.
 """
 
 from __future__ import annotations
@@ -16,7 +24,6 @@ from typing import Any
 
 from .sharded import local
 
-LAYER_KIND = "moe_experts"
 #: What transformers' experts forward takes (positional, in this order).
 EXPERTS_CALL = ("hidden_states", "top_k_index", "top_k_weights")
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
@@ -238,3 +245,133 @@ def top_k_of(config: Any, num_experts: int) -> int:
         if isinstance(value, int) and value > 0:
             return min(value, num_experts)
     return min(2, num_experts)
+
+
+def device_type(module: Any) -> str:
+    """Where a module's first parameter lives ("cpu" without parameters): what a layer's check runs on."""
+    param = next(iter(module.parameters()), None)
+    return param.device.type if param is not None else "cpu"
+
+
+# --- rms_norm -------------------------------------------------------------------------------------------------------
+
+
+def norm_structure(module: Any) -> tuple[bool, str]:
+    """(is an RMSNorm the rms_norm kind can serve, why not): class name or HF kernels' mark, then the attributes
+    (a 1-D `weight`, no `bias`, a numeric `variance_epsilon` or `eps`, a forward taking one tensor)."""
+    import torch
+
+    cls = type(module)
+    named = "rmsnorm" in cls.__name__.lower() or getattr(cls, "kernel_layer_name", None) == "RMSNorm"
+    if not named:
+        return False, ""
+    if "gated" in cls.__name__.lower():
+        return False, f"{cls.__name__}: a gated RMSNorm (forward takes a gate) is another call contract"
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, torch.nn.Parameter | torch.Tensor) or weight.dim() != 1:
+        return False, f"{cls.__name__} has no 1-D weight (e.g. with_scale=False): the kernel scales by a weight"
+    bias = getattr(module, "bias", None)
+    if isinstance(bias, torch.Tensor):
+        return False, f"{cls.__name__} adds a bias after scaling (Diffusers' RMSNorm(bias=True)): the kernel adds none"
+    if norm_epsilon(module) is None:
+        return False, f"{cls.__name__} has neither a numeric variance_epsilon nor eps"
+    try:
+        params = [p for p in inspect.signature(module.forward).parameters.values()
+                  if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    if len(params) != 1:
+        return False, f"{cls.__name__}.forward does not take one tensor"
+    return True, ""
+
+
+def norm_epsilon(module: Any) -> float | None:
+    """The norm's epsilon (`variance_epsilon` or `eps`), None without a numeric one."""
+    for n in ("variance_epsilon", "eps"):
+        value = getattr(module, n, None)
+        if isinstance(value, int | float):
+            return float(value)
+    return None
+
+
+def find_norms(model: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, str]]]:
+    """([(path, module)] to try, [(path, reason)] named like an RMSNorm but not servable)."""
+    found, skipped = [], []
+    for path, module in model.named_modules():
+        ok, why = norm_structure(module)
+        if ok:
+            found.append((path, module))
+        elif why:
+            skipped.append((path, why))
+    return found, skipped
+
+
+# --- attention (transformers) ---------------------------------------------------------------------------------------
+
+
+def attention_configs(model: Any) -> list[Any]:
+    """Every distinct config a module of `model` dispatches attention on."""
+    seen: dict[int, Any] = {}
+    for module in model.modules():
+        cfg = getattr(module, "config", None)
+        if cfg is not None and hasattr(cfg, "_attn_implementation") and id(cfg) not in seen:
+            seen[id(cfg)] = cfg
+    return list(seen.values())
+
+
+def can_switch_attention(model: Any) -> tuple[bool, str]:
+    """Does this model dispatch attention through transformers' AttentionInterface (and can it make a batch)?"""
+    if not hasattr(model, "set_attn_implementation") or not hasattr(getattr(model, "config", None),
+                                                                        "_attn_implementation"):
+        return False, "not a transformers model with set_attn_implementation"
+    can = getattr(model, "_can_set_attn_implementation", None)
+    if callable(can) and not can():
+        return False, f"{type(model).__name__} does not dispatch attention through AttentionInterface"
+    if getattr(model.config, "vocab_size", None) is None:
+        return False, "no vocab_size to build a validation batch from"
+    return True, ""
+
+
+# --- Diffusers ------------------------------------------------------------------------------------------------------
+
+#: Where Diffusers keeps denoisers; a pipeline component from one of these gets its layers kernelized.
+DENOISER_MODULES = ("diffusers.models.transformers.", "diffusers.models.unets.")
+
+
+def _class_modules(obj: Any) -> list[str]:
+    return [getattr(c, "__module__", "") or "" for c in type(obj).__mro__]
+
+
+def is_diffusers_object(obj: Any) -> bool:
+    """Is `obj` a Diffusers model or pipeline (or a subclass of one)? Imports nothing."""
+    return any(m == "diffusers" or m.startswith("diffusers.") for m in _class_modules(obj))
+
+
+def is_pipeline(obj: Any) -> bool:
+    return isinstance(getattr(obj, "components", None), dict) and not hasattr(obj, "named_modules")
+
+
+def is_denoiser(obj: Any) -> bool:
+    """A Diffusers transformer / UNet (what a pipeline's kernelize touches)."""
+    return hasattr(obj, "named_modules") and any(m.startswith(DENOISER_MODULES) for m in _class_modules(obj))
+
+
+def diffusers_attention_modules(model: Any) -> list[tuple[str, Any]]:
+    """(path, module) of every Diffusers attention module: those with a processor and set_processor."""
+    return [(p, m) for p, m in model.named_modules()
+            if hasattr(m, "set_processor") and hasattr(m, "processor") and m.processor is not None]
+
+
+def encoder_width(module: Any) -> int | None:
+    """Width of the encoder states a Diffusers attention module attends to (joint or cross attention); None: self."""
+    import torch
+
+    add_k = getattr(module, "add_k_proj", None)
+    if isinstance(add_k, torch.nn.Linear):
+        return add_k.in_features  # joint attention (Flux / SD3 dual-stream): text states of their own width
+    to_q, to_k = getattr(module, "to_q", None), getattr(module, "to_k", None)
+    if isinstance(to_k, torch.nn.Linear) and (
+            getattr(module, "is_cross_attention", False)
+            or (isinstance(to_q, torch.nn.Linear) and to_k.in_features != to_q.in_features)):
+        return to_k.in_features
+    return None

@@ -1,0 +1,81 @@
+"""The load job: the kernel a layer kind gets, as a loaded torch-facing module, or the reason it gets none.
+
+Why one module: a mapping value (a repo id, a RepoSpec, an already loaded module, None) becomes a kernel through
+get_kernel's one path (trust, digests, variant choice) and is then held to the kind's entry in contract.py; a kernel
+that fails to load, or lacks the entry, leaves the model as it is with the reason in the report, never an exception
+halfway through a swap. `kernel_info` is what each report row says about the kernel that serves it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import api as hub
+from .find import device_type
+from .kinds import KindRun, kind_exports
+from .plan import RepoSpec, not_validated_reason
+
+
+def load(spec: Any, backend: str) -> tuple[Any, str]:
+    """(kernel module, repo id) for a mapping value (get_kernel looked up at the call: tests stand in for it)."""
+    get_kernel = hub.get_kernel
+    if isinstance(spec, RepoSpec):
+        return get_kernel(spec.repo_id, version=spec.version, revision=spec.revision, framework="torch",
+                          backend=backend, trust_remote_code=spec.trust_remote_code), spec.repo_id
+    if not isinstance(spec, str):
+        info = getattr(spec, "__kernel_hub__", None)
+        return spec, getattr(info, "repo_id", None) or getattr(spec, "__name__", type(spec).__name__)
+    return get_kernel(spec, framework="torch", backend=backend), spec
+
+
+def load_or_reason(spec: Any, kind: str, backend: str) -> tuple[Any, str, str]:
+    """(kernel, repo id, "") or (None, "", why not) for a mapping value."""
+    if spec is None:
+        return None, "", f"no kernel mapped to {kind} on {backend} (registry.yaml layers / mapping=)"
+    try:
+        kernel, repo_id = load(spec, backend)
+    except Exception as exc:  # a kernel that fails to load leaves the model as it is
+        lines = str(exc).splitlines() or [""]
+        # a variant trace: its first line, and the line of the build kernelize wanted (torch-<backend>)
+        wanted = [ln.strip() for ln in lines[1:] if ln.split()[1:2] == [f"torch-{backend}"]]
+        return None, "", f"{spec} did not load: {type(exc).__name__}: {' '.join(lines[:1] + wanted[:1])}"
+    export = kind_exports()[kind]
+    if not hasattr(kernel, export):
+        return None, "", f"{repo_id} does not export {export} for {kind}"
+    return kernel, repo_id, ""
+
+
+def kernel_for(run: KindRun, kind: str, *, runs_the_model: bool) -> tuple[Any, str] | None:
+    """(kernel, repo id) for a kind's run, or None with a note "<kind> unchanged: why" in the report. A kind that reads
+    its layers by running them (`runs_the_model`: attention's forwards, rms_norm's form) needs the model where the
+    kernel's path runs: kernelizing for a TPU with the model elsewhere leaves the kind unchanged, saying so."""
+    if runs_the_model:
+        unchecked = not_validated_reason(run.backend, device_type(run.model))
+        if unchecked is not None and run.spec is not None:
+            run.report.notes.append(f"{kind} unchanged: {unchecked.removeprefix('not validated: ')}")
+            return None
+    kernel, repo_id, reason = load_or_reason(run.spec, kind, run.backend)
+    if kernel is None:
+        run.report.notes.append(f"{kind} unchanged: {reason}")
+        return None
+    return kernel, repo_id
+
+
+def kernel_info(kernel: Any, device: Any, default: str) -> dict[str, Any]:
+    """version / commit / variant / implementation of a loaded kernel, for its report rows."""
+    hub = getattr(kernel, "__kernel_hub__", None)
+    return {"version": getattr(hub, "version", None) or getattr(kernel, "__version__", None),
+            "commit": getattr(hub, "commit", None) or str(getattr(hub, "path", "") or "") or None,
+            "variant": getattr(hub, "variant", None),
+            "implementation": _describe_impl(kernel, device, default)}
+
+
+def _describe_impl(kernel: Any, device: Any, default: str) -> str:
+    for name in ("describe", "implementation_for"):
+        fn = getattr(kernel, name, None)
+        if callable(fn):
+            try:
+                return str(fn(device))
+            except Exception:  # a kernel's self-description must never break kernelize
+                continue
+    return default
