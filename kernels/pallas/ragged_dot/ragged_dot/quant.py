@@ -57,28 +57,31 @@ def scale_shape(rhs_shape: tuple[int, ...], rhs_dtype: Any) -> tuple[int, int, i
     return (g, cdiv(k, BLOCK), cdiv(n, BLOCK))
 
 
-def check_scale(lhs: jax.Array, rhs: jax.Array, rhs_scale: Any) -> jax.Array | None:
-    """rhs_scale as an f32 array, None for unquantized weights, or one ValueError naming the argument to fix.
-    Concrete scales holding NaN or inf are refused here; traced ones cannot be checked."""
+def check_scale(lhs: jax.Array, rhs: jax.Array, rhs_scale: Any, names: tuple[str, str] = ("rhs", "rhs_scale")
+                ) -> jax.Array | None:
+    """rhs_scale as an f32 array, None for unquantized weights, or one ValueError naming the argument to fix
+    (`names`: what the caller calls the weights and the scales). Concrete scales holding NaN or inf are refused
+    here; traced ones cannot be checked."""
+    rname, sname = names
     name = jnp.dtype(rhs.dtype).name
     if rhs_scale is None:
         if name in FORMATS:
-            raise ValueError(f"rhs of dtype {name} needs rhs_scale: float32 {FORMATS[name]}")
+            raise ValueError(f"{rname} of dtype {name} needs {sname}: float32 {FORMATS[name]}")
         return None
     if name not in FORMATS:
-        raise ValueError(f"rhs_scale is for quantized rhs (int8 or float8_e4m3fn); got rhs of dtype {name}: pass "
-                         "rhs_scale=None for unquantized weights")
+        raise ValueError(f"{sname} is for quantized {rname} (int8 or float8_e4m3fn); got {rname} of dtype {name}: "
+                         f"pass {sname}=None for unquantized weights")
     if jnp.dtype(lhs.dtype).name not in ("bfloat16", "float32"):
-        raise ValueError(f"lhs must be bfloat16 or float32 with quantized rhs, got {jnp.dtype(lhs.dtype).name}")
+        raise ValueError(f"lhs must be bfloat16 or float32 with quantized {rname}, got {jnp.dtype(lhs.dtype).name}")
     scale = rhs_scale if isinstance(rhs_scale, jax.Array) else jnp.asarray(rhs_scale)
     want = scale_shape(rhs.shape, rhs.dtype)
     if jnp.dtype(scale.dtype) != jnp.float32 or tuple(scale.shape) != want:
         layout = "[G, 1, N]" if name == "int8" else "[G, ceil(K/128), ceil(N/128)]"
-        raise ValueError(f"rhs_scale must be float32 {layout} = {list(want)} for {name} rhs, got "
+        raise ValueError(f"{sname} must be float32 {layout} = {list(want)} for {name} {rname}, got "
                          f"{jnp.dtype(scale.dtype).name} {list(scale.shape)}")
     if not isinstance(scale, jax.core.Tracer) and not bool(np.isfinite(np.asarray(scale)).all()):
         bad = np.argwhere(~np.isfinite(np.asarray(scale)))[0].tolist()
-        raise ValueError(f"rhs_scale holds NaN or inf (first at index {bad}); scales must be finite")
+        raise ValueError(f"{sname} holds NaN or inf (first at index {bad}); scales must be finite")
     return scale
 
 
