@@ -44,11 +44,11 @@ _COMPILER_RESERVE = 8 * _MIB
 
 def chunk_rows(tk: int, block_scales: bool) -> int:
     """Weight rows upcast and multiplied at a time: one scale block (128) for fp8; for int8 the largest of 512, 256,
-    128 dividing the K tile (a whole K tile that is no multiple of 128 is one chunk)."""
+    128 not above the K tile (a K tile that is no multiple of it ends in a narrower chunk), or the whole tile."""
     if block_scales:
-        return BLOCK
+        return min(BLOCK, tk)
     for c in (512, 256, 128):
-        if tk % c == 0:
+        if tk >= c:
             return c
     return tk
 
