@@ -15,7 +15,8 @@ from typing import Any
 
 from ._vendor.compile_case import Built, CompileCase, abstract_ragged_dot, forward_or_grad, fwd_bwd, with_smoke
 from ._vendor.moe_shapes import model_compile_cases
-from .quant_cases import quant_compile_cases
+from .quant_cases import quant_builder, quant_compile_cases
+from .quant_validation import QuantCase
 
 Tiles = dict[str, int] | None
 
@@ -76,6 +77,9 @@ def compile_cases() -> list[CompileCase]:
         if isinstance(c, MoeCase):  # routings and a one-device mesh compile the same program: one per dtype/gate
             if c.routing == "random" and not c.mesh:
                 out += fwd_bwd(c.name, c.dtype, ("validation", c.dtype, *c.tags), moe_builder(c), True)
+        elif isinstance(c, QuantCase):  # quantized weights: the forward at the case's shapes
+            out += fwd_bwd(c.name, c.dtype, ("validation", c.dtype, *c.tags), quant_builder(c.m, c.k, c.n, c.g,
+                                                                                           c.dtype, c.fmt), False)
         elif c.implementation == "pallas":
             backward = c.tags[0] in ("decode", "prefill") or c.name.startswith("ragged_m")
             out += fwd_bwd(c.name, c.dtype, ("validation", c.dtype, *c.tags),
