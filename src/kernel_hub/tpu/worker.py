@@ -194,6 +194,10 @@ def main(argv: list[str]) -> int:
         from .model_worker import run_model
 
         status = run_model(request, emit)
+    elif request["mode"] == "quant_model":
+        from .model_quant import run_quant_model
+
+        status = run_quant_model(request, emit)
     elif request["mode"] == "peers":
         from .peers_worker import run_peers
 

@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from . import quant
 from ._vendor import cpu_gmm
 from ._vendor.chips import ChipFacts, chip_for_device_kind
 from ._vendor.dispatch import Dispatch
@@ -169,6 +170,7 @@ def ragged_dot(
     implementation: str | Sequence[str] | None = None,
     interpret: Any = None,
     config: RaggedDotConfig | None = None,
+    rhs_scale: Any = None,
 ) -> jax.Array:
     """Grouped matmul with jax.lax.ragged_dot semantics.
 
@@ -184,8 +186,13 @@ def ragged_dot(
       RaceDetectedError); False always lowers to Mosaic (ahead-of-time TPU compiles on any host).
     config: RaggedDotConfig tiles (pallas) / capacity (cpu); None uses default_config for the TPU being compiled
       for (target_chip: its VMEM, bandwidth and peak; interpreted runs get the conservative 16 MiB tiles).
+    rhs_scale: for quantized weights (quant.py): rhs int8 with float32 [G, 1, N] per-channel scales, or
+      float8_e4m3fn with float32 [G, ceil(K/128), ceil(N/128)] 128x128 block scales; gradients in lhs only.
     """
     lhs, rhs, group_sizes, out_dtype = check_operands(lhs, rhs, group_sizes, preferred_element_type)
+    scale = quant.check_scale(lhs, rhs, rhs_scale)
+    if scale is not None:
+        return quant.quantized_ragged_dot(lhs, rhs, group_sizes, scale, out_dtype, implementation, interpret, config)
     run = lambda name, mode: _run(_Path(name, out_dtype, config, mode, target_chip(mode) if name == "pallas" else None),
                                   lhs, rhs, group_sizes)
     return run_dispatch(_DISPATCH, implementation, interpret, (lhs, rhs, group_sizes), run, "the ragged_dot kernel")

@@ -4,8 +4,8 @@ ahead of time, one mock TPU per generation), so a kernel Mosaic would reject nev
 `compile_cases()` lists CompileCases; each `build()` returns (function, abstract arguments). Cases: the
 Pallas path of every TPU validation case, forward and backward (the custom_vjp's gmm + tgmm), in bf16 and
 f32, the MoE expert projections (gate_up and down) of four models (moe_shapes.py) at decode (64 tokens)
-and prefill (4096 tokens), and the moe_experts validation cases (one chip, forward and backward). Never imports
-kernel_hub.
+and prefill (4096 tokens), the moe_experts validation cases (one chip, forward and backward), and the quantized
+(int8, fp8) cases of quant_cases.py. Never imports kernel_hub.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from typing import Any
 
 from ._vendor.compile_case import Built, CompileCase, abstract_ragged_dot, forward_or_grad, fwd_bwd, with_smoke
 from ._vendor.moe_shapes import model_compile_cases
+from .quant_cases import quant_builder, quant_compile_cases
+from .quant_validation import QuantCase
 
 Tiles = dict[str, int] | None
 
@@ -75,9 +77,13 @@ def compile_cases() -> list[CompileCase]:
         if isinstance(c, MoeCase):  # routings and a one-device mesh compile the same program: one per dtype/gate
             if c.routing == "random" and not c.mesh:
                 out += fwd_bwd(c.name, c.dtype, ("validation", c.dtype, *c.tags), moe_builder(c), True)
+        elif isinstance(c, QuantCase):  # quantized weights: the forward at the case's shapes
+            out += fwd_bwd(c.name, c.dtype, ("validation", c.dtype, *c.tags), quant_builder(c.m, c.k, c.n, c.g,
+                                                                                           c.dtype, c.fmt), False)
         elif c.implementation == "pallas":
             backward = c.tags[0] in ("decode", "prefill") or c.name.startswith("ragged_m")
             out += fwd_bwd(c.name, c.dtype, ("validation", c.dtype, *c.tags),
                            builder(c.m, c.k, c.n, c.g, c.dtype, dict(c.config) if c.config else None), backward)
     out += model_compile_cases(builder)
+    out += quant_compile_cases()
     return with_smoke(out, {out[0].name, out[1].name})

@@ -6,7 +6,8 @@ over 128 experts), prefill and the edge cases on the "cpu" path, the Pallas kern
 tiles), and a few runs under the simulated TPU with race detection and NaN-filled uninitialised memory. TPU cases
 run the same shapes through Mosaic. framework="torch": the cases of the torch-facing entry (torch_api.py).
 MoeCase: the whole expert block `moe_experts` (SiLU and Gemma 4's GELU, experts without tokens, one expert in every
-token's top-k, a one-device mesh) against the float64 loop of `reference_moe_experts`.
+token's top-k, a one-device mesh) against the float64 loop of `reference_moe_experts`. QuantCase
+(quant_validation.py): int8 / fp8 weights with their scales (rhs_scale=) against the float64 dequantized weights.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 from ._vendor.cases import DTYPES, SHORT, Case, tensor
 from ._vendor.moe_reference import reference_moe_experts
 from ._vendor.ragged_cases import RaggedCase, oracle_cases, workload_cases
+from .quant_validation import quant_cases
 
 #: MoE routings: "random" top-k; "empty_experts" leaves half the experts without a token; "hot_expert" puts expert 1
 #: in every token's top-k (it holds T of the T*k rows).
@@ -133,9 +135,10 @@ def cases(backend: str, framework: str = "jax") -> list[RaggedCase]:
     if backend == "tpu":
         return [*workload_cases("pallas", ""),
                 RaggedCase("xla_oracle_e8_f32", "float32", "xla", ("oracle",), m=256, k=256, n=256, g=8),
-                *_moe_cases("pallas", "")]
+                *_moe_cases("pallas", ""), *quant_cases("tpu")]
     if backend == "cpu":
         return [*workload_cases("cpu", "cpu_"), *_pallas_interpret_cases(), *_tpu_interpret_cases(), *oracle_cases(),
                 *_moe_cases("cpu", "cpu_"),
-                MoeCase("pallas_interpret_moe_f32", "float32", "pallas", ("moe", "interpret"), interpret="fast")]
+                MoeCase("pallas_interpret_moe_f32", "float32", "pallas", ("moe", "interpret"), interpret="fast"),
+                *quant_cases("cpu")]
     return oracle_cases() + workload_cases("cpu", "cpu_")[:2]

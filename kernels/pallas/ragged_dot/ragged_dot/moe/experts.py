@@ -32,6 +32,7 @@ from .._vendor.interpret import resolve_interpret
 from .._vendor.platform import platform_of
 from ..api import implementations_for, ragged_dot
 from .plan import SCHEMES, MoeSizes, choose_scheme, rows_per_device
+from .quant import Scales, check_scales, check_tensor_split, scale_specs, split_gate_up_scale
 
 #: Gate activations by name. "gelu" is jax.nn.gelu's default, the tanh approximation: what Gemma 4's config calls
 #: `gelu_pytorch_tanh`; "gelu_exact" is the erf form (torch's F.gelu default).
@@ -73,22 +74,25 @@ def _local_experts(w_gu: GateUp) -> int:
 
 
 def _experts_on_sorted(plan: _Plan, xs: jax.Array, sizes: jax.Array, w_gu: GateUp, w_down: jax.Array,
-                       row_weights: jax.Array | None = None) -> jax.Array:
+                       row_weights: jax.Array | None = None, scales: Scales = (None, None)) -> jax.Array:
     """Rows already grouped by local expert (sizes[g] rows of expert g, then rows of no group) -> expert outputs,
     zeros for rows past the groups. w_gu [El, H, 2Il] gate-first (one ragged dot) or a (gate, up) pair of
     [El, H, Il] (two), w_down [El, Il, H]. row_weights [rows] (f32) scale each row's gated activation before the
-    down projection (the same product as scaling the output, on I columns instead of H)."""
+    down projection (the same product as scaling the output, on I columns instead of H). `scales`: the quantized
+    weights' scales (moe/quant.py), shaped like the weights they belong to."""
     il = w_down.shape[1]
     run = functools.partial(ragged_dot, implementation=plan.implementation, interpret=plan.interpret)
+    s_gu, s_down = scales
     if isinstance(w_gu, tuple):
-        gate, up = run(xs, w_gu[0], sizes), run(xs, w_gu[1], sizes)
+        s_g, s_u = s_gu if s_gu is not None else (None, None)
+        gate, up = run(xs, w_gu[0], sizes, rhs_scale=s_g), run(xs, w_gu[1], sizes, rhs_scale=s_u)
     else:
-        h = run(xs, w_gu, sizes)
+        h = run(xs, w_gu, sizes, rhs_scale=s_gu)
         gate, up = h[:, :il], h[:, il:]
     a = ACTIVATIONS[plan.activation](gate.astype(jnp.float32)) * up.astype(jnp.float32)
     if row_weights is not None:
         a = a * row_weights[:, None]
-    return run(a.astype(gate.dtype), w_down, sizes)
+    return run(a.astype(gate.dtype), w_down, sizes, rhs_scale=s_down)
 
 
 def _group(key: jax.Array, groups: int, rows: int) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -101,7 +105,7 @@ def _group(key: jax.Array, groups: int, rows: int) -> tuple[jax.Array, jax.Array
 
 
 def _local_rows(plan: _Plan, x: jax.Array, ids: jax.Array, weights: jax.Array, w_gu: GateUp,
-                w_down: jax.Array, first: jax.Array, rows: int) -> jax.Array:
+                w_down: jax.Array, first: jax.Array, rows: int, scales: Scales = (None, None)) -> jax.Array:
     """Partial [T, H] f32 output of this device's experts (global ids first .. first+El-1) over every token."""
     t, k = ids.shape
     el = _local_experts(w_gu)
@@ -110,7 +114,7 @@ def _local_rows(plan: _Plan, x: jax.Array, ids: jax.Array, weights: jax.Array, w
     order, sizes, kept = _group(key, el, rows)
     tok = order // k
     w = jnp.where(kept, weights.reshape(-1)[order].astype(jnp.float32), 0.0)
-    y = _experts_on_sorted(plan, x[tok], sizes, w_gu, w_down, w)
+    y = _experts_on_sorted(plan, x[tok], sizes, w_gu, w_down, w, scales)
     return jnp.zeros((t, x.shape[1]), jnp.float32).at[tok].add(y.astype(jnp.float32))
 
 
@@ -127,22 +131,23 @@ def _reduce_axes(plan: _Plan) -> tuple[str, ...]:
 # ---- the schemes (shard_map bodies) ----------------------------------------------------------------------------
 
 
-def _psum_body(plan: _Plan, x, ids, weights, w_gu, w_down):
-    part = _local_rows(plan, x, ids, weights, w_gu, w_down, _first_expert(plan, _local_experts(w_gu)), plan.rows)
+def _psum_body(plan: _Plan, x, ids, weights, w_gu, w_down, scales=(None, None)):
+    part = _local_rows(plan, x, ids, weights, w_gu, w_down, _first_expert(plan, _local_experts(w_gu)), plan.rows,
+                       scales)
     return jax.lax.psum(part.astype(x.dtype), _reduce_axes(plan))
 
 
-def _all_gather_body(plan: _Plan, x, ids, weights, w_gu, w_down):
+def _all_gather_body(plan: _Plan, x, ids, weights, w_gu, w_down, scales=(None, None)):
     ea = plan.expert_axis
     x_all, ids_all, w_all = (jax.lax.all_gather(a, ea, tiled=True) for a in (x, ids, weights))
     part = _local_rows(plan, x_all, ids_all, w_all, w_gu, w_down, _first_expert(plan, _local_experts(w_gu)),
-                       plan.rows)
+                       plan.rows, scales)
     if plan.tensor_axis is not None:
         part = jax.lax.psum(part, plan.tensor_axis)
     return jax.lax.psum_scatter(part.astype(x.dtype), ea, scatter_dimension=0, tiled=True)
 
 
-def _all_to_all_body(plan: _Plan, x, ids, weights, w_gu, w_down):
+def _all_to_all_body(plan: _Plan, x, ids, weights, w_gu, w_down, scales=(None, None)):
     ea, n = plan.expert_axis, plan.axis_size(plan.expert_axis)
     el, hidden = _local_experts(w_gu), x.shape[1]
     cap = plan.rows // n
@@ -161,7 +166,7 @@ def _all_to_all_body(plan: _Plan, x, ids, weights, w_gu, w_down):
     swap = lambda a: jax.lax.all_to_all(a.reshape(n, cap, *a.shape[1:]), ea, 0, 0, tiled=True).reshape(a.shape)
     recv_x, recv_e = swap(send_x), swap(send_e)
     r_order, sizes, _ = _group(recv_e, el, n * cap)
-    y_sorted = _experts_on_sorted(plan, recv_x[r_order], sizes, w_gu, w_down)
+    y_sorted = _experts_on_sorted(plan, recv_x[r_order], sizes, w_gu, w_down, scales=scales)
     y = jnp.zeros_like(y_sorted).at[r_order].set(y_sorted)  # back to the received layout
     back = jnp.concatenate([swap(y), jnp.zeros((1, hidden), y.dtype)])[slot]
     w = jnp.where(keep, weights.reshape(-1)[order].astype(jnp.float32), 0.0)
@@ -188,12 +193,13 @@ def partition_specs(expert_axis: str | None, tensor_axis: str | None = None, sch
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
-def _moe(plan: _Plan, x, ids, weights, w_gu: GateUp, w_down):
+def _moe(plan: _Plan, x, ids, weights, w_gu: GateUp, w_down, scales: Scales = (None, None)):
     if plan.tensor_axis is not None and not isinstance(w_gu, tuple):  # a copy per call: pass the pair instead
         i = w_down.shape[1]
+        scales = (split_gate_up_scale(scales[0], w_gu, i), scales[1])
         w_gu = (w_gu[..., :i], w_gu[..., i:])
     if plan.mesh is None:
-        return _local_rows(plan, x, ids, weights, w_gu, w_down, jnp.int32(0), plan.rows).astype(x.dtype)
+        return _local_rows(plan, x, ids, weights, w_gu, w_down, jnp.int32(0), plan.rows, scales).astype(x.dtype)
     t = x.shape[0]
     if plan.scheme != "psum":  # tokens split over the expert axis: pad to a multiple of it with tokens routed nowhere
         pad = -t % plan.axis_size(plan.expert_axis)
@@ -201,9 +207,11 @@ def _moe(plan: _Plan, x, ids, weights, w_gu: GateUp, w_down):
         ids = jnp.pad(ids, ((0, pad), (0, 0)), constant_values=w_down.shape[0])
         weights = jnp.pad(weights, ((0, pad), (0, 0)))
     in_specs, out_spec = partition_specs(plan.expert_axis, plan.tensor_axis, plan.scheme)
+    args = (x, ids, weights, w_gu, w_down)
+    if scales != (None, None):  # quantized weights: their scales shard with them
+        in_specs, args = (*in_specs, scale_specs(scales, w_down, plan.expert_axis, plan.tensor_axis)), (*args, scales)
     body = functools.partial(_BODIES[plan.scheme], plan)
-    out = jax.shard_map(body, mesh=plan.mesh, in_specs=in_specs, out_specs=out_spec, check_vma=False)(
-        x, ids, weights, w_gu, w_down)
+    out = jax.shard_map(body, mesh=plan.mesh, in_specs=in_specs, out_specs=out_spec, check_vma=False)(*args)
     return out[:t]
 
 
@@ -260,7 +268,8 @@ def _mesh_axes(mesh: Mesh | None, expert_axis: str | None, tensor_axis: str | No
 
 def moe_device_work(x: jax.Array, topk_ids: jax.Array, topk_weights: jax.Array, w_gate_up: GateUp,
                     w_down: jax.Array, *, first_expert: int = 0, rows: int | None = None, activation: str = "silu",
-                    implementation: str | Sequence[str] = ("pallas",), interpret: Any = False) -> jax.Array:
+                    implementation: str | Sequence[str] = ("pallas",), interpret: Any = False,
+                    w_gate_up_scale: Any = None, w_down_scale: Any = None) -> jax.Array:
     """What one device of the "psum" scheme computes: its experts first_expert .. first_expert + El - 1 (w_gate_up
     [El,H,2Il] gate-first, w_down [El,Il,H]: its local slices) over every token, as a partial [T,H] f32 sum before
     the psum (a (gate, up) pair of [El,H,Il] slices under a tensor split). `rows` (default T x k) is
@@ -270,8 +279,9 @@ def moe_device_work(x: jax.Array, topk_ids: jax.Array, topk_weights: jax.Array, 
     t, k = topk_ids.shape
     names = implementation if isinstance(implementation, str) else tuple(implementation)
     plan = _Plan(activation, None, None, None, "psum", rows or t * k, names, interpret)
-    return _local_rows(plan, x, topk_ids, topk_weights, _as_gate_up(w_gate_up), w_down, jnp.int32(first_expert),
-                       plan.rows)
+    w_gu = _as_gate_up(w_gate_up)
+    scales = check_scales(x, w_gu, w_down, w_gate_up_scale, w_down_scale)
+    return _local_rows(plan, x, topk_ids, topk_weights, w_gu, w_down, jnp.int32(first_expert), plan.rows, scales)
 
 
 def plan_dispatch(tokens: int, hidden: int, top_k: int, experts: int, *, expert_devices: int, tensor_devices: int = 1,
@@ -304,6 +314,8 @@ def moe_experts(
     capacity_factor: float | None = None,
     implementation: str | Sequence[str] | None = None,
     interpret: Any = None,
+    w_gate_up_scale: Any = None,
+    w_down_scale: Any = None,
 ) -> jax.Array:
     """Mixture-of-Experts expert block: out[t] = sum_j topk_weights[t,j] * expert_{topk_ids[t,j]}(x[t]).
 
@@ -321,16 +333,22 @@ def moe_experts(
       and drops the rest (zero contribution). Only with an expert axis.
     implementation, interpret: the ragged dot's contract; the platform is the mesh's devices when a mesh is given,
       else where the operands live, so an ahead-of-time compile for a mock TPU mesh takes the Pallas path.
+    w_gate_up_scale, w_down_scale: quantized expert weights (int8 with per-channel scales [E, 1, N], or
+      float8_e4m3fn with 128x128 block scales [E, ceil(K/128), ceil(N/128)], N and K of that weight; a pair for a
+      (w_gate, w_up) pair); they shard with their weights (moe/quant.py). Gradients then flow to x and
+      topk_weights only: quantized weights and their scales get zero cotangents.
     """
     x, topk_ids, topk_weights, w_down = (jnp.asarray(a) for a in (x, topk_ids, topk_weights, w_down))
     w_gu = _as_gate_up(w_gate_up)
     t, k, e, i = _check(x, topk_ids, topk_weights, w_gu, w_down, activation)
     _mesh_axes(mesh, expert_axis, tensor_axis, e, i)
+    scales = check_scales(x, w_gu, w_down, w_gate_up_scale, w_down_scale)
     platform = mesh.devices.flat[0].platform if mesh is not None else platform_of((x, w_gu, w_down))
     names = implementations_for(platform) if implementation is None else implementation
     names = names if isinstance(names, str) else tuple(names)
     n_e = 1 if mesh is None or expert_axis is None else int(mesh.shape[expert_axis])
     n_t = 1 if mesh is None or tensor_axis is None else int(mesh.shape[tensor_axis])
+    check_tensor_split(w_gu, w_down, scales, n_t)
     if mesh is None or expert_axis is None:
         if dispatch not in (None, "psum") or capacity_factor is not None:
             raise ValueError("dispatch= and capacity_factor= need a mesh with an expert_axis")
@@ -341,4 +359,4 @@ def moe_experts(
                                         capacity_factor=capacity_factor)
     plan = _Plan(activation, mesh, expert_axis, tensor_axis, scheme, rows, names,
                  resolve_interpret(interpret, platform))
-    return _moe(plan, x, topk_ids, topk_weights, w_gu, w_down)
+    return _moe(plan, x, topk_ids, topk_weights, w_gu, w_down, scales)

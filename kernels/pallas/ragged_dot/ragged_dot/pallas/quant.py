@@ -1,0 +1,305 @@
+"""The Pallas TPU (Mosaic) grouped matmul on quantized weights: int8 with per-(expert, output channel) scales, or
+float8_e4m3fn with 128x128 block scales. HBM moves only the quantized bytes (1 byte a weight) and the scales; each
+weight block is upcast in VMEM after its DMA.
+
+Same work items, grid and row windows as pallas_gmm.gmm (grid (n tiles, items, k tiles), several experts per step,
+only the row windows holding an expert's rows computed). Per expert, the K tile is walked in chunks of `chunk` rows
+(128 for block scales: one scale row each; up to 512 for int8): the chunk of weights is cast to the dot's dtype (bf16
+for a bf16 lhs, f32 for an f32 lhs; int8 and e4m3 values are exact in bf16, so the cast loses nothing), multiplied
+on the MXU with an f32 result, and that partial product is scaled by the chunk's per-column scales before it is
+added to the f32 accumulator. Scaling the partial product, not the weights, keeps the dot exact: the result equals
+dequantize-then-dot up to f32 summation order.
+
+Why upcast: the MXU takes int8 x int8 (v5e, v6e) and fp8 x fp8 (v7x) only when both operands are quantized; with a
+bf16 or f32 activation the weights must meet it in bf16 / f32, and decode is bound by reading the weights, not by
+the MXU. Quantizing the activations too (a native int8 / fp8 MXU pass) is not done here.
+
+Scales in the kernel: int8 per-channel `[G, 1, Np]` f32 (block (experts, 1, tn)); fp8 blocks arranged by the wrapper
+as `[G, Nt, Kt, tk/128, tn/128]` (tiny: one f32 per 128x128 weights), one block per (expert block, n tile, k tile),
+expanded across the tile's columns in VMEM by a 0/1 matrix product (exact at HIGHEST precision).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from .._vendor.chips import ChipFacts
+from .._vendor.tiling import cdiv, round_up
+from .config import STEP_SECONDS, UNKNOWN_CHIP, RaggedDotConfig, lane_tiles, usable_vmem
+from .metadata import GroupMetadata, forward_items
+
+_NUM_PREFETCH = len(GroupMetadata._fields)
+_ALIGN = 16
+#: Weight rows of one fp8 scale block (and of the transformers fine-grained FP8 layout's blocks, both axes).
+BLOCK = 128
+_MIB = 1024 * 1024
+_COMPILER_RESERVE = 8 * _MIB
+
+
+def chunk_rows(tk: int, block_scales: bool) -> int:
+    """Weight rows upcast and multiplied at a time: one scale block (128) for fp8; for int8 the largest of 512, 256,
+    128 not above the K tile (a K tile that is no multiple of it ends in a narrower chunk), or the whole tile."""
+    if block_scales:
+        return min(BLOCK, tk)
+    for c in (512, 256, 128):
+        if tk >= c:
+            return c
+    return tk
+
+
+def quant_vmem_bytes(cfg: RaggedDotConfig, lhs_itemsize: int, out_itemsize: int, block_scales: bool) -> int:
+    """Bytes of VMEM one step holds: double-buffered lhs, 1-byte weight and scale blocks and the output block, the
+    f32 accumulator, one upcast weight chunk, one window's partial product and the expanded block scales."""
+    ck = chunk_rows(cfg.tk, block_scales)
+    eb = cfg.experts_per_step
+    kb, nb = cdiv(cfg.tk, BLOCK), cdiv(cfg.tn, BLOCK)
+    scales = eb * (round_up(kb, 8) * round_up(nb, 128) if block_scales else 8 * cfg.tn) * 4
+    ins = 2 * (cfg.tm * cfg.tk * lhs_itemsize + eb * cfg.tk * cfg.tn + scales)
+    outs = 2 * cfg.tm * cfg.tn * out_itemsize
+    temps = ck * cfg.tn * 4 + 3 * cfg.window * cfg.tn * 4 + (round_up(kb, 8) * cfg.tn * 4 if block_scales else 0)
+    return ins + outs + cfg.tm * cfg.tn * 4 + temps
+
+
+def quant_estimated_seconds(cfg: RaggedDotConfig, m: int, k: int, n: int, g: int, lhs_itemsize: int,
+                            block_scales: bool, chip: ChipFacts) -> float:
+    """config.estimated_seconds with 1-byte weights plus their scales (uniform routing), bf16 MXU passes."""
+    eb = cfg.experts_per_step if g % cfg.experts_per_step == 0 else 1
+    kp, np_ = round_up(k, cfg.tk), round_up(n, cfg.tn)
+    nk, nn = kp // cfg.tk, np_ // cfg.tn
+    tiles = cdiv(m, cfg.tm)
+    blocks = g // eb
+    active_blocks = blocks * (1.0 - (1.0 - 1.0 / blocks) ** m)
+    active = g * (1.0 - (1.0 - 1.0 / g) ** m)
+    items = tiles + active_blocks - 1
+    per_expert = kp * np_ + (cdiv(kp, BLOCK) * cdiv(np_, BLOCK) if block_scales else np_) * 4
+    rhs = (active_blocks if nk == 1 else items) * eb * per_expert
+    lhs = (tiles if nk == 1 else items) * cfg.tm * kp * nn * lhs_itemsize
+    out = tiles * cfg.tm * np_ * lhs_itemsize
+    rows = m + (active + tiles) * (cfg.window / 2 + 8)
+    passes = 6 if lhs_itemsize == 4 else 1
+    flops = 2.0 * rows * kp * np_ * passes
+    return max((rhs + lhs + out) / chip.hbm_bytes_per_s, flops / chip.bf16_flops_per_s) + items * nk * nn * STEP_SECONDS
+
+
+def choose_quant_config(m: int, k: int, n: int, g: int, lhs_dtype: object, block_scales: bool, *,
+                        chip: ChipFacts | None = None) -> tuple[RaggedDotConfig, str]:
+    """The quantized forward's tiles and why: the fastest estimate whose blocks fit 3/4 of the chip's VMEM (an unknown
+    chip: 16 MiB), K and N tiles that need no padded weights when any fits. Block scales also need K and N tiles
+    that are multiples of 128 or whole dims (a scale block never straddles two tiles)."""
+    chip = chip or UNKNOWN_CHIP
+    item = jnp.dtype(lhs_dtype).itemsize
+    sublanes = 16 if item == 2 else 8
+    if m <= 128:
+        row_tiles = [max(sublanes, round_up(m, sublanes))]
+    else:
+        row_tiles = [t for t in (128, 256, 512, 1024) if t <= round_up(m, 128)]
+    groups_per_step = [e for e in (1, 2, 4, 8, 16, 32) if e <= g and g % e == 0]
+    physical = chip.vmem_bytes * 3 // 4 if chip.vmem_bytes > chip.scoped_vmem_bytes else chip.vmem_bytes
+    budget = usable_vmem(2, physical)
+    for padded in (False, True):
+        best, best_key = None, None
+        for tm in row_tiles:
+            for eb in groups_per_step:
+                for tk in lane_tiles(k, padded):
+                    for tn in lane_tiles(n, padded):
+                        cfg = RaggedDotConfig(tm=tm, tk=tk, tn=tn, experts_per_step=eb)
+                        need = quant_vmem_bytes(cfg, item, item, block_scales)
+                        if need > budget:
+                            continue
+                        key = (quant_estimated_seconds(cfg, m, k, n, g, item, block_scales, chip), need)
+                        if best_key is None or key < best_key:
+                            best, best_key = cfg, key
+        if best is not None:
+            need = best_key[1]
+            if need > usable_vmem(2, chip.scoped_vmem_bytes):
+                best = dataclasses.replace(best, vmem_limit_bytes=max(chip.scoped_vmem_bytes,
+                                                                      chip.vmem_bytes - _COMPILER_RESERVE))
+            return best, (f"fastest quantized estimate on {chip.name} ({best_key[0] * 1e6:.1f} us, even routing) "
+                          f"whose blocks ({need / _MIB:.1f} MiB) fit {budget / _MIB:.1f} MiB of VMEM")
+    return RaggedDotConfig(tm=row_tiles[0], tk=128, tn=128), "nothing fits the VMEM budget: the smallest tiles"
+
+
+def check_block_tiles(cfg: RaggedDotConfig, k: int, n: int) -> None:
+    """Block scales need K and N tiles that are multiples of 128, or the whole (unpadded) dim."""
+    for name, tile, dim in (("tk", cfg.tk, k), ("tn", cfg.tn, n)):
+        if tile % BLOCK and tile < dim:
+            raise ValueError(f"config.{name}={tile}: fp8 block scales need a multiple of {BLOCK} or the whole dim "
+                             f"({dim})")
+
+
+def _quant_kernel(
+    tile_ref, block_ref, fetch_tile_ref, fetch_block_ref, lo_ref, hi_ref, start_ref, end_ref,  # scalar prefetch
+    lhs_ref, rhs_ref, scale_ref,  # inputs (VMEM blocks)
+    out_ref,  # output block
+    acc_ref, *sexp,  # scratch: f32 accumulator; the expanded block scales (fp8 only)
+    tm: int, window: int, experts: int, chunk: int, block_scales: bool, tn: int,
+    precision: jax.lax.Precision | None,
+) -> None:
+    del fetch_tile_ref, fetch_block_ref
+    i, k = pl.program_id(1), pl.program_id(2)
+    last_k = pl.num_programs(2) - 1
+    tile = tile_ref[i]
+    base = tile * tm
+    lo, hi = lo_ref[i], hi_ref[i]
+    first_visit = jnp.logical_or(i == 0, tile != tile_ref[jnp.maximum(i - 1, 0)])
+    tk = rhs_ref.shape[1]
+    ct = lhs_ref.dtype
+    full, tail = tk // chunk, tk % chunk
+
+    @pl.when(jnp.logical_and(k == 0, first_visit))
+    def _zero():
+        out_ref[...] = jnp.zeros_like(out_ref)
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    def windows(r0: jax.Array, r1: jax.Array, body) -> None:
+        """body(start, mine) on the row windows of this tile covering [r0, r1) (pallas_gmm's windows)."""
+        first = (r0 - base) // _ALIGN * _ALIGN
+
+        def step(w, carry):
+            fresh = base + first + w * window
+            start = pl.multiple_of(jnp.minimum(first + w * window, tm - window), _ALIGN)
+            rows = base + start + jax.lax.broadcasted_iota(jnp.int32, (window, tn), 0)
+            body(start, jnp.logical_and(rows >= jnp.maximum(r0, fresh), rows < r1))
+            return carry
+
+        jax.lax.fori_loop(0, (r1 - base - first + window - 1) // window, step, 0)
+
+    for j in range(experts):
+        if experts == 1:
+            r0, r1 = lo, hi
+        else:
+            e = block_ref[i] * experts + j
+            r0, r1 = jnp.maximum(lo, start_ref[e]), jnp.minimum(hi, end_ref[e])
+
+        @pl.when(r0 < r1)
+        def _expert(j=j, r0=r0, r1=r1):
+            if block_scales:  # the expert's [tk/128, tn/128] scales across the tile's columns: [tk/128, tn]
+                nb = scale_ref.shape[-1]
+                cols = jax.lax.broadcasted_iota(jnp.int32, (nb, tn), 1) // BLOCK
+                spread = (cols == jax.lax.broadcasted_iota(jnp.int32, (nb, tn), 0)).astype(jnp.float32)
+                kb = scale_ref.shape[-2]
+                sexp[0][pl.ds(0, kb), :] = jax.lax.dot_general(
+                    scale_ref[j], spread, (((1,), (0,)), ((), ())), precision=jax.lax.Precision.HIGHEST,
+                    preferred_element_type=jnp.float32)
+                row_scale = lambda c: sexp[0][pl.ds(c, 1), :]
+            else:
+                row_scale = lambda c: scale_ref[j]
+
+            def part(c0, width, c_index):
+                w = rhs_ref[j, pl.ds(c0, width), :].astype(ct)
+                s = row_scale(c_index)
+
+                def dot(start, mine):
+                    p = jax.lax.dot_general(lhs_ref[pl.ds(start, window), pl.ds(c0, width)], w,
+                                            (((1,), (0,)), ((), ())), precision=precision,
+                                            preferred_element_type=jnp.float32)
+                    acc_ref[pl.ds(start, window), :] += jnp.where(mine, p * s, 0.0)
+
+                windows(r0, r1, dot)
+
+            if full:
+                def chunk_step(c, carry):
+                    part(pl.multiple_of(c * chunk, chunk), chunk, c)
+                    return carry
+
+                jax.lax.fori_loop(0, full, chunk_step, 0)
+            if tail:  # a whole K tile that is no multiple of the chunk: its last, narrower chunk
+                part(full * chunk, tail, full)
+
+    @pl.when(jnp.logical_and(k == last_k, lo < hi))
+    def _store():
+        def store(start, mine):
+            out_ref[pl.ds(start, window), :] = acc_ref[pl.ds(start, window), :].astype(out_ref.dtype)
+
+        windows(lo, hi, store)
+
+
+def arrange_block_scales(scale: jax.Array, kp: int, np_: int, tk: int, tn: int) -> jax.Array:
+    """[G, ceil(K/128), ceil(N/128)] -> [G, Nt, Kt, ceil(tk/128), ceil(tn/128)]: one block per (n tile, k tile),
+    zero-padded where K, N were padded to whole tiles (padded weights are zero too). Tiny: one f32 per 128x128."""
+    g = scale.shape[0]
+    nt, kt = np_ // tn, kp // tk
+    kb, nb = cdiv(tk, BLOCK), cdiv(tn, BLOCK)
+    s = jnp.pad(scale, ((0, 0), (0, kt * kb - scale.shape[1]), (0, nt * nb - scale.shape[2])))
+    return s.reshape(g, kt, kb, nt, nb).transpose(0, 3, 1, 2, 4)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "out_dtype", "interpret"))
+def gmm_quant(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    scale: jax.Array,
+    meta: GroupMetadata,
+    *,
+    cfg: RaggedDotConfig,
+    out_dtype: jnp.dtype,
+    interpret: object = False,
+    bounds: tuple[jax.Array, jax.Array] | None = None,
+) -> jax.Array:
+    """lhs [Mp, Kp] (bf16 or f32) x quantized rhs [G, Kp, Np] -> [Mp, Np]; all dims whole tiles. `scale`: int8
+    per-channel [G, 1, Np] f32, or fp8 blocks as arrange_block_scales gives them ([G, Nt, Kt, tk/128, tn/128])."""
+    tm, tk, tn = cfg.tm, cfg.tk, cfg.tn
+    experts = cfg.experts_per_step
+    mp, kp = lhs.shape
+    g, _, np_ = rhs.shape
+    block_scales = scale.ndim == 5
+    if mp % tm or kp % tk or np_ % tn:
+        raise ValueError(f"gmm_quant operands must be whole tiles: (M,K,N)=({mp},{kp},{np_}) tiles {tm, tk, tn}")
+    if experts > 1 and (g % experts or bounds is None):
+        raise ValueError(f"experts_per_step={experts} needs a group count it divides (got {g}) and group bounds")
+    if bounds is None:
+        bounds = (meta.row_lo[:1], meta.row_hi[:1])
+    meta, num_items = forward_items(meta, mp // tm)
+    grid = (np_ // tn, num_items, kp // tk)
+
+    def lhs_map(n, i, k, tile, block, fetch_tile, fetch_block, lo, hi, starts, ends):
+        return fetch_tile[i], k
+
+    def rhs_map(n, i, k, tile, block, fetch_tile, fetch_block, lo, hi, starts, ends):
+        return fetch_block[i], k, n
+
+    def channel_map(n, i, k, tile, block, fetch_tile, fetch_block, lo, hi, starts, ends):
+        return fetch_block[i], 0, n
+
+    def block_map(n, i, k, tile, block, fetch_tile, fetch_block, lo, hi, starts, ends):
+        return fetch_block[i], n, k, 0, 0
+
+    if block_scales:
+        kb, nb = scale.shape[3], scale.shape[4]
+        scale_spec = pl.BlockSpec((experts, None, None, kb, nb), block_map)
+        scratch = [pltpu.VMEM((tm, tn), jnp.float32), pltpu.VMEM((round_up(kb, 8), tn), jnp.float32)]
+    else:
+        scale_spec = pl.BlockSpec((experts, 1, tn), channel_map)
+        scratch = [pltpu.VMEM((tm, tn), jnp.float32)]
+    precision = jax.lax.Precision.HIGHEST if lhs.dtype == jnp.float32 else None
+    kernel = functools.partial(
+        _quant_kernel, tm=tm, window=cfg.window, experts=experts, chunk=chunk_rows(tk, block_scales),
+        block_scales=block_scales, tn=tn, precision=precision,
+    )
+    cost = pl.CostEstimate(
+        flops=2 * mp * kp * np_,
+        bytes_accessed=lhs.size * lhs.dtype.itemsize * (np_ // tn) + rhs.size + scale.size * 4
+        + mp * np_ * jnp.dtype(out_dtype).itemsize,
+        transcendentals=0,
+    )
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((mp, np_), out_dtype),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=_NUM_PREFETCH + 2,
+            grid=grid,
+            in_specs=[pl.BlockSpec((tm, tk), lhs_map), pl.BlockSpec((experts, tk, tn), rhs_map), scale_spec],
+            out_specs=pl.BlockSpec((tm, tn), lambda n, i, k, tile, *_: (tile[i], n)),
+            scratch_shapes=scratch,
+        ),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary", "arbitrary"),
+                                             vmem_limit_bytes=cfg.vmem_limit_bytes),
+        interpret=interpret,
+        cost_estimate=cost,
+    )(*meta, *bounds, lhs, rhs, scale)

@@ -1,0 +1,101 @@
+"""The cost model's quantized rows: one MoE layer (gate_up + down) on int8 (per-channel scales) and fp8 (128x128
+block scales) expert weights beside the same layer in bf16, from the kernels' own schedules (schedule.py).
+
+Per (model, phase, format, chip), every format's tiles chosen for that chip (the bf16 row too, so its times can
+differ from the main table's, which traces once with the conservative 16 MiB tiles): modeled_s; ideal_s =
+max(bytes once / HBM bandwidth, useful FLOPs / peak), the bytes being each active expert's weights at their own
+width (1 byte quantized) plus their scales, read once, plus the bf16 activations in and out; over_bf16 = modeled_s /
+the bf16 layer's modeled_s. Decode targets (issue 25): over_bf16 <= 0.55 and modeled / ideal <= 1.15.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .chips import chip
+from .model_worker import _ideal, routing
+from .schedule import ScheduleCost, kernel_cost
+
+#: Weight formats of the rows: (weight dtype, bytes a weight).
+FORMATS = {"bf16": ("bfloat16", 2), "int8": ("int8", 1), "fp8": ("float8_e4m3fn", 1)}
+DECODE_OVER_BF16 = 0.55
+DECODE_OVER_IDEAL = 1.15
+
+
+def _scale_elems(k: int, n: int, fmt: str) -> int:
+    if fmt == "int8":
+        return n
+    if fmt == "fp8":
+        return -(-k // 128) * -(-n // 128)
+    return 0
+
+
+def layer_cost(rd: Any, geo: Any, tokens: int, fmt: str, generation: str, dtype: str = "bfloat16"
+               ) -> tuple[ScheduleCost, float, float]:
+    """(schedule cost, ideal bytes, useful FLOPs) of one MoE layer of `geo` over `tokens` tokens in `fmt`, traced
+    for `generation` (the kernels' default tiles are chosen for that chip's VMEM, as on the chip itself)."""
+    import jax
+    import jax.numpy as jnp
+
+    gs = routing(tokens, geo.experts, geo.top_k)
+    wdt, wbytes = FORMATS[fmt]
+    act = np.dtype(jnp.dtype(dtype)).itemsize
+    active = int(np.count_nonzero(gs))
+    total, ideal_bytes, flops = ScheduleCost(), 0.0, 0.0
+    for _proj, m, k, n, g in geo.projections(tokens):
+        lhs, rhs = jax.ShapeDtypeStruct((m, k), dtype), jax.ShapeDtypeStruct((g, k, n), wdt)
+        if fmt == "bf16":
+            cost = kernel_cost(lambda a, b, s: rd.ragged_dot(a, b, s, implementation="pallas", interpret=False),
+                               lhs, rhs, gs, generation=generation)
+        else:
+            shape = (g, 1, n) if fmt == "int8" else (g, -(-k // 128), -(-n // 128))
+            scale = jax.ShapeDtypeStruct(shape, jnp.float32)
+            cost = kernel_cost(lambda a, b, sc, s: rd.ragged_dot(a, b, s, rhs_scale=sc, implementation="pallas",
+                                                                 interpret=False), lhs, rhs, scale, gs,
+                               generation=generation)
+        total.calls += cost.calls
+        total.outside_bytes += cost.outside_bytes
+        total.outside_ops += cost.outside_ops
+        ideal_bytes += active * (k * n * wbytes + _scale_elems(k, n, fmt) * 4) + (m * k + m * n) * act
+        flops += 2.0 * m * k * n
+    return total, ideal_bytes, flops
+
+
+def quant_rows(rd: Any, geo: Any, phase: str, tokens: int, generations: list[str]) -> list[dict[str, Any]]:
+    """bf16, int8 and fp8 rows of one MoE layer, each with its ratio to the bf16 layer and to its own ideal."""
+    rows = []
+    for gen in generations:
+        costs = {fmt: layer_cost(rd, geo, tokens, fmt, gen) for fmt in FORMATS}
+        c = chip(gen)
+        bf16_s = costs["bf16"][0].seconds(c)
+        for fmt, (cost, ideal_bytes, flops) in costs.items():
+            modeled, ideal = cost.seconds(c), _ideal(ideal_bytes, flops, c)
+            rows.append({"kernel": "ragged_dot moe layer", "model": geo.model, "phase": phase, "tokens": tokens,
+                         "format": fmt, "generation": gen, "modeled_s": modeled, "ideal_s": ideal,
+                         "modeled_over_ideal": modeled / ideal, "over_bf16": modeled / bf16_s,
+                         "hbm_bytes": cost.hbm_bytes, "outside_bytes": cost.outside_bytes, "flops": cost.flops,
+                         "steps": cost.steps, "calls": [f"{x.name} grid={x.grid}" for x in cost.calls]})
+    return rows
+
+
+def run_quant_model(request: dict[str, Any], emit: Any) -> int:
+    """Request: {"mode": "quant_model", "ragged_dot": package, "generations", "moe_models"}; one "row" event per
+    (model, phase, format, generation)."""
+    import importlib
+
+    from ..errors import KernelHubError
+    from .worker import load_package, refuse
+
+    try:
+        rd = load_package(request["ragged_dot"])
+    except KernelHubError as exc:
+        return refuse(exc, emit)
+    shapes = importlib.import_module(f"{rd.__name__}._vendor.moe_shapes")
+    geos = {g.model: g for g in shapes.MOE_MODELS}
+    for name in request["moe_models"]:
+        for phase, tokens in shapes.PHASES.items():
+            for row in quant_rows(rd, geos[name], phase, tokens, list(request["generations"])):
+                emit({"event": "row", **row})
+    return 0
