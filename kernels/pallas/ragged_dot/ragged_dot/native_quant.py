@@ -1,0 +1,268 @@
+"""A native x @ dequant(w)^T for a few rows against quantized [N, K] weights on x86-64 CPUs with AVX512.
+
+Why: at decode a MoE layer's time is reading its active experts' weights once; int8 and float8 weights are half the
+bytes of bfloat16 only if they are read as bytes. This loop streams the quantized rows in order (four at a time,
+prefetched two groups ahead, like native_rows.py), widens each byte to float32 in registers and multiplies it into
+float32 accumulators; no dequantized copy of a weight is ever written.
+
+Formats (torch_quant.py checks the scales before a call):
+- int8, one float32 scale per output channel: out[m, n] = scale[n] * sum_k x[m, k] * w[n, k]. The integer weights
+  are exact in float32, so the only rounding is float32 accumulation and the final product.
+- float8_e4m3fn, one float32 scale per 128 x 128 block (transformers' fine-grained FP8 layout, here for a [N, K]
+  weight: scale[k // 128 * sk + n // 128 * sn]): each output's sum is taken per 128-wide slice of K and multiplied by
+  that block's scale. The e4m3fn bytes are decoded exactly (normals, subnormals, zeros of either sign, NaN).
+
+x is float32 [M, K] (a bfloat16 lhs is widened first: exact); out is float32 [M, N]; the caller rounds to its dtype.
+Trust and build as native_rows.py (the C source is this module's SOURCE, compiled into a private folder, removed
+before any call; a self-test against float64 gates it). Imports torch only; never imports kernel_hub.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import platform
+import sys
+
+import torch
+
+from . import native_rows
+
+#: Products of at most this many rows run here; more rows take torch_quant's dequantize-and-matmul route.
+MAX_ROWS = 16
+#: Set to "0" to keep every quantized product on the dequantize-and-matmul route.
+ENV = "KERNEL_HUB_CPU_NATIVE"
+CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "fma")
+#: Weight formats by code (the C kernel's `kind`).
+KINDS = {torch.int8: 0, torch.float8_e4m3fn: 1}
+
+SOURCE = r"""
+#include <immintrin.h>
+#include <stdint.h>
+#include <stddef.h>
+
+#define TGT __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
+#define R 4
+#define AHEAD 2
+#define BLK 128
+
+/* 16 int8 weights -> float32 (exact). */
+TGT static inline __m512 dec_i8(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); }
+
+/* 16 float8_e4m3fn bytes -> float32 (exact): normals by moving exponent and mantissa into place and rebiasing
+   (7 - 127), subnormals (exponent 0) as m * 2^-9, 0x7f / 0xff as NaN, the sign bit on top. */
+TGT static inline __m512 dec_f8(__m128i b) {
+    __m512i v = _mm512_cvtepu8_epi32(b);
+    __m512i em = _mm512_and_si512(v, _mm512_set1_epi32(0x7f));
+    __m512i sign = _mm512_slli_epi32(_mm512_and_si512(v, _mm512_set1_epi32(0x80)), 24);
+    __m512i normal = _mm512_add_epi32(_mm512_slli_epi32(em, 20), _mm512_set1_epi32(120 << 23));
+    __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(em), _mm512_set1_ps(1.0f / 512.0f));
+    __mmask16 is_sub = _mm512_cmplt_epi32_mask(em, _mm512_set1_epi32(8));
+    __mmask16 is_nan = _mm512_cmpeq_epi32_mask(em, _mm512_set1_epi32(0x7f));
+    __m512i mag = _mm512_mask_mov_epi32(normal, is_sub, _mm512_castps_si512(sub));
+    mag = _mm512_mask_mov_epi32(mag, is_nan, _mm512_set1_epi32(0x7fc00000));
+    return _mm512_castsi512_ps(_mm512_or_si512(mag, sign));
+}
+
+/* One block of MM rows of x against RR weight rows over K, in slices of `span` (K for int8: one slice; BLK for
+   float8). After each slice every (row, weight row) sum is reduced and, for float8, multiplied by its block scale. */
+#define QBLOCK(DEC, MM, RR)                                                                                   \
+    {                                                                                                         \
+        float tot[MM][RR];                                                                                    \
+        for (int m = 0; m < MM; m++)                                                                          \
+            for (int r = 0; r < RR; r++) tot[m][r] = 0.0f;                                                    \
+        for (int k0 = 0; k0 < K; k0 += span) {                                                                \
+            int k1 = k0 + span < K ? k0 + span : K;                                                           \
+            __m512 acc[MM][RR];                                                                               \
+            for (int m = 0; m < MM; m++)                                                                      \
+                for (int r = 0; r < RR; r++) acc[m][r] = _mm512_setzero_ps();                                 \
+            int k = k0;                                                                                       \
+            for (; k + 16 <= k1; k += 16) {                                                                   \
+                __m512 wv[RR];                                                                                \
+                for (int r = 0; r < RR; r++) {                                                                \
+                    _mm_prefetch((const char *)(wr + (size_t)(r + AHEAD * R) * K + k), _MM_HINT_T1);          \
+                    wv[r] = DEC(_mm_loadu_si128((const __m128i *)(wr + (size_t)r * K + k)));                  \
+                }                                                                                             \
+                for (int m = 0; m < MM; m++) {                                                                \
+                    __m512 xv = _mm512_loadu_ps(x + (size_t)m * K + k);                                       \
+                    for (int r = 0; r < RR; r++) acc[m][r] = _mm512_fmadd_ps(xv, wv[r], acc[m][r]);           \
+                }                                                                                             \
+            }                                                                                                 \
+            if (k < k1) {                                                                                     \
+                __mmask16 tail = (__mmask16)((1u << (k1 - k)) - 1);                                           \
+                __m512 wv[RR];                                                                                \
+                for (int r = 0; r < RR; r++)                                                                  \
+                    wv[r] = _mm512_maskz_mov_ps(tail, DEC(_mm_maskz_loadu_epi8(tail, wr + (size_t)r * K + k))); \
+                for (int m = 0; m < MM; m++) {                                                                \
+                    __m512 xv = _mm512_maskz_loadu_ps(tail, x + (size_t)m * K + k);                           \
+                    for (int r = 0; r < RR; r++) acc[m][r] = _mm512_fmadd_ps(xv, wv[r], acc[m][r]);           \
+                }                                                                                             \
+            }                                                                                                 \
+            for (int m = 0; m < MM; m++)                                                                      \
+                for (int r = 0; r < RR; r++) {                                                                \
+                    float part = _mm512_reduce_add_ps(acc[m][r]);                                             \
+                    tot[m][r] += blocks ? part * s[(size_t)(k0 / BLK) * sk + (size_t)((n0 + r) / BLK) * sn] : part; \
+                }                                                                                             \
+        }                                                                                                     \
+        for (int m = 0; m < MM; m++)                                                                          \
+            for (int r = 0; r < RR; r++)                                                                      \
+                out[(size_t)m * N + n0 + r] = blocks ? tot[m][r] : tot[m][r] * s[(size_t)(n0 + r) * sn];      \
+    }
+
+#define QROWS(DEC, RR)                                                                                        \
+    switch (mm) {                                                                                             \
+    case 1: QBLOCK(DEC, 1, RR) break;                                                                         \
+    case 2: QBLOCK(DEC, 2, RR) break;                                                                         \
+    case 3: QBLOCK(DEC, 3, RR) break;                                                                         \
+    default: QBLOCK(DEC, 4, RR)                                                                               \
+    }
+
+/* out[M, N] (float32) = x[M, K] (float32) against w[N, K] (int8 or float8 bytes) with scales s; see the module. */
+#define QGEMV(NAME, DEC, BLOCKS)                                                                              \
+    TGT void NAME(const float *x0, const int8_t *w, const float *s, float *out0, int M, int N, int K, int sk, \
+                  int sn) {                                                                                   \
+        const int blocks = BLOCKS;                                                                            \
+        const int span = BLOCKS ? BLK : K;                                                                    \
+        int n0 = 0;                                                                                           \
+        for (; n0 + R <= N; n0 += R) {                                                                        \
+            const int8_t *wr = w + (size_t)n0 * K;                                                            \
+            for (int m0 = 0; m0 < M; m0 += 4) {                                                               \
+                int mm = M - m0 < 4 ? M - m0 : 4;                                                             \
+                const float *x = x0 + (size_t)m0 * K;                                                         \
+                float *out = out0 + (size_t)m0 * N;                                                           \
+                QROWS(DEC, R)                                                                                 \
+            }                                                                                                 \
+        }                                                                                                     \
+        for (; n0 < N; n0++) {                                                                                \
+            const int8_t *wr = w + (size_t)n0 * K;                                                            \
+            for (int m0 = 0; m0 < M; m0 += 4) {                                                               \
+                int mm = M - m0 < 4 ? M - m0 : 4;                                                             \
+                const float *x = x0 + (size_t)m0 * K;                                                         \
+                float *out = out0 + (size_t)m0 * N;                                                           \
+                QROWS(DEC, 1)                                                                                 \
+            }                                                                                                 \
+        }                                                                                                     \
+    }
+
+QGEMV(kh_q_rows_i8, dec_i8, 0)
+QGEMV(kh_q_rows_f8, dec_f8, 1)
+
+/* Many experts in one call (as native_rows' grouped): items[i] = (expert, first row, rows); w is a contiguous
+   [E, N, K] byte stack, s a contiguous per-expert scale stack of `sstride` floats each. Threads sharing `next` take
+   the next item. */
+#define QGROUPED(NAME, SINGLE)                                                                                \
+    TGT void NAME(const float *x, const int8_t *w, const float *s, float *out, const int64_t *items, int n,   \
+                  int N, int K, int sk, int sn, int64_t sstride, int *next) {                                 \
+        for (;;) {                                                                                            \
+            int i = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);                                            \
+            if (i >= n) break;                                                                                \
+            const int64_t *it = items + 3 * (size_t)i;                                                        \
+            SINGLE(x + it[1] * K, w + it[0] * (int64_t)N * K, s + it[0] * sstride, out + it[1] * N, (int)it[2], \
+                   N, K, sk, sn);                                                                             \
+        }                                                                                                     \
+    }
+
+QGROUPED(kh_q_grouped_i8, kh_q_rows_i8)
+QGROUPED(kh_q_grouped_f8, kh_q_rows_f8)
+"""
+
+_ROWS = {torch.int8: "kh_q_rows_i8", torch.float8_e4m3fn: "kh_q_rows_f8"}
+_GROUPED = {torch.int8: "kh_q_grouped_i8", torch.float8_e4m3fn: "kh_q_grouped_f8"}
+
+
+@functools.cache
+def _library() -> tuple[ctypes.CDLL | None, str]:
+    if sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+        return None, f"the native quantized kernel is built for x86-64 Linux, not {sys.platform} {platform.machine()}"
+    lib, why = native_rows.compile_c(SOURCE)
+    if lib is None:
+        return None, why
+    ptr, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+    for symbol in _ROWS.values():
+        fn = getattr(lib, symbol)
+        fn.argtypes = [ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32]
+        fn.restype = None
+    for symbol in _GROUPED.values():
+        fn = getattr(lib, symbol)
+        fn.argtypes = [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, i64, ptr]
+        fn.restype = None
+    return lib, ""
+
+
+def scale_strides(weight_dtype: torch.dtype, scale: torch.Tensor) -> tuple[int, int]:
+    """(sk, sn) of one expert's contiguous scale for the C kernel: int8 [N] per channel -> (0, 1); float8 blocks
+    given as [KB, NB] (the rhs orientation) -> (NB, 1)."""
+    if weight_dtype == torch.int8:
+        return 0, 1
+    return scale.shape[-1], 1
+
+
+def _self_test(dtype: torch.dtype) -> str:
+    """"" when the kernel matches float64 on shapes with every tail (rows past a block of 4, weight rows short of a
+    group of 4, K and N not multiples of 16 or 128) and NaN in x stays in its row; else what went wrong."""
+    from .torch_quant import dequantize, quantize
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(7, 301, generator=g)
+    w = torch.randn(1, 301, 139, generator=g)  # rhs orientation [1, K, N]
+    q, s = quantize(w, dtype)
+    w64 = dequantize(q, s).double()[0]
+    got = _rows(x, q[0].t().contiguous(), _expert_scale(q.dtype, s[0])).double()
+    ref = x.double() @ w64
+    err = float((got - ref).abs().max() / ref.abs().max())
+    if not err <= 1e-5:
+        return f"the native quantized kernel's self-test missed float64 by {err:.1e} (bound 1e-05)"
+    x[2, 3] = float("nan")
+    poisoned = _rows(x, q[0].t().contiguous(), _expert_scale(q.dtype, s[0]))
+    if not (bool(poisoned[2].isnan().all()) and not bool(poisoned[[0, 1, 3, 4, 5, 6]].isnan().any())):
+        return "the native quantized kernel's self-test lost or spread a NaN"
+    return ""
+
+
+def _expert_scale(dtype: torch.dtype, scale: torch.Tensor) -> torch.Tensor:
+    """One expert's scale as the C kernel reads it: int8 [1, N] -> [N]; float8 [KB, NB] as it is (contiguous)."""
+    return (scale.reshape(-1) if dtype == torch.int8 else scale).contiguous()
+
+
+@functools.cache
+def available(dtype: torch.dtype) -> tuple[bool, str]:
+    """(can `dtype` weights run natively here, why). Builds and self-tests the kernel once per process."""
+    name = str(dtype).replace("torch.", "")
+    if os.environ.get(ENV, "1") == "0":
+        return False, f"native kernel off ({ENV}=0)"
+    if dtype not in _ROWS:
+        return False, f"no native quantized kernel for {name}"
+    missing = [f for f in CPU_FLAGS if f not in native_rows.cpu_flags()]
+    if missing:
+        return False, f"this CPU lacks {', '.join(missing)} for the native quantized kernel"
+    lib, why = _library()
+    if lib is None:
+        return False, why
+    problem = _self_test(dtype)
+    if problem:
+        return False, problem
+    return True, f"native AVX512 {name} weight rows kernel (self-test passed)"
+
+
+def _rows(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    lib, _ = _library()
+    assert lib is not None
+    out = torch.empty((x.shape[0], w.shape[0]), dtype=torch.float32)
+    sk, sn = scale_strides(w.dtype, scale)
+    getattr(lib, _ROWS[w.dtype])(x.data_ptr(), w.data_ptr(), scale.data_ptr(), out.data_ptr(), x.shape[0],
+                                 w.shape[0], w.shape[1], sk, sn)
+    return out
+
+
+def grouped(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, items: torch.Tensor,
+            next_item: torch.Tensor) -> None:
+    """out[rows of item] = x[rows of item] @ dequant(w[expert])^T for every item not yet taken through `next_item`.
+    x float32 [rows, K], w [E, N, K] int8/float8, scale [E, 1, N] (int8) or [E, KB, NB] (float8) float32, out float32
+    [rows, N]; all contiguous; every item at most MAX_ROWS rows. Releases the GIL while it runs."""
+    lib, _ = _library()
+    assert lib is not None
+    sk, sn = scale_strides(w.dtype, scale[0])
+    getattr(lib, _GROUPED[w.dtype])(x.data_ptr(), w.data_ptr(), scale.data_ptr(), out.data_ptr(), items.data_ptr(),
+                                    items.shape[0], w.shape[1], w.shape[2], sk, sn, scale[0].numel(),
+                                    next_item.data_ptr())
