@@ -22,6 +22,7 @@ from ..numerics import relative_error
 from . import attention as at
 from . import experts as ex
 from . import packing
+from . import quantize as qz
 from .attention_api import AttentionState, can_switch, kernelize_attention
 from .families import LAYER_KIND, ExpertsLayout, ExpertsSite, find_experts, routes_through_interface, top_k_of
 from .kinds import KindRun, all_kinds, kind_exports, kind_names
@@ -51,6 +52,7 @@ class _State:
     attention: AttentionState = field(default_factory=AttentionState)
     own_configs: OwnConfigs = field(default_factory=OwnConfigs)  # the model's private config copies (own_config.py)
     kinds: dict[str, Any] = field(default_factory=dict)  # state of the other declared kinds (layers/kinds/), by name
+    quantize: str | None = None  # kernelize's quantize= (layers/quantize.py)
 
 
 def _backend_of(model: Any, device: Any) -> tuple[str, torch.device | str]:
@@ -188,7 +190,7 @@ def validate_layer(
 def _validate_local(module: Any, layout: ExpertsLayout, call: ex.ExpertsCall, reference: Any, *, mode: str,
                     top_k: int, seed: int) -> float:
     weight = module.gate_up_proj if layout.has_gate else module.up_proj
-    hidden, index, weights = _validation_batch(layout, top_k, weight.dtype, weight.device, seed)
+    hidden, index, weights = _validation_batch(layout, top_k, getattr(torch, layout.dtype), weight.device, seed)
     if mode == "inference":
         with torch.no_grad():
             ref = reference(module, hidden, index, weights)
@@ -256,6 +258,7 @@ def kernelize(
     mapping: dict[str, Any] | None = None,
     validate: bool = True,
     trust_remote_code: Any = False,
+    quantize: str | None = None,
 ) -> KernelizeReport:
     """Run `model`'s expert and attention layers on the hub kernels the registry (or `mapping`) names for
     this backend (attention: through transformers' AttentionInterface; `mapping={"attention": None}` skips it).
@@ -266,10 +269,13 @@ def kernelize(
     each layer against its current implementation first and keep that one where they disagree.
     `restore(model)` undoes everything. A repo is also {"repo_id", "version", "revision"}; one outside
     registry.yaml with neither gets its newest release. trust_remote_code: get_kernel's rule, for the repos
-    `mapping` names.
+    `mapping` names. quantize: "int8" (per-channel) or "fp8" (128x128 blocks): inference only; the expert weights are
+    read as quantized copies kept with each block, each checked against the block's own layer within the bound
+    layers/quantize.py derives (error_bound); the model's parameters are untouched (layers/quantize.py).
     """
     if mode not in MODES:
         raise KernelHubError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    quantize = qz.check_quantize(quantize, mode)
     from .diffusers import is_diffusers_object, kernelize_diffusers
 
     if is_diffusers_object(model):  # Diffusers models and pipelines: the same kinds, attention via the processor API
@@ -282,7 +288,7 @@ def kernelize(
     if is_kernelized(model):
         restore(model)
     report = KernelizeReport(model=type(model).__name__, mode=mode, backend=backend)
-    state = _State(own_configs=take_own_configs(model))  # switch names on this model's copies only
+    state = _State(own_configs=take_own_configs(model), quantize=quantize)  # names switch on the model's own copies
     model.__dict__[STATE_ATTR] = state
     try:
         for kind in all_kinds():
@@ -367,9 +373,13 @@ def _apply(model, sites, kernel, repo_id, backend, dev, mode, validate, state: _
             call = ex.make_call(kernel, site.layout)
             err, tol = None, TOLERANCE.get(getattr(torch, site.layout.dtype), 1e-4)
             unchecked = not_validated_reason(backend, _device_of(module)) if validate else None
+            fp8_model = site.layout.weights == "fp8-model"  # the block's own float8 weights (layers/quantize.py)
+            if fp8_model:
+                qz.install(module, qz.fp8_model_record(module, site.layout))
+            reference = qz.fp8_reference(module, site.layout) if fp8_model else _reference_for(module, site)
             if validate and unchecked is None:
                 try:
-                    err = validate_layer(module, site.layout, call, _reference_for(module, site), mode=mode,
+                    err = validate_layer(module, site.layout, call, reference, mode=mode,
                                          top_k=top_k_of(getattr(module, "config", config), site.layout.num_experts),
                                          seed=i)
                 except Exception as exc:
@@ -383,6 +393,8 @@ def _apply(model, sites, kernel, repo_id, backend, dev, mode, validate, state: _
                                                 f"validation failed: max error {err:.2e} > tolerance {tol:.0e}"))
             if call is not None:
                 accepted.append((i, module, site, call, err, tol, unchecked))
+            elif fp8_model:
+                qz.drop(module)
         if interface or call is not None:
             hooks.append((module, site, ex.ExpertsHook(call=call, previous=previous,
                                                         route="interface" if interface else "forward")))
@@ -417,13 +429,26 @@ def _apply(model, sites, kernel, repo_id, backend, dev, mode, validate, state: _
                             f"(was {state.previous}); kept layers run their previous implementation")
     # after the hooks: restore() now sees every packed block
     for i, module, site, call, err, tol, unchecked in accepted:
-        packed, why = _pack_experts(module, site, call, kernel, dev, mode, validate, top_k_of(
-            getattr(module, "config", config), site.layout.num_experts), seed=i)
+        top_k = top_k_of(getattr(module, "config", config), site.layout.num_experts)
+        outcome = qz.apply_to_block(
+            module, site.layout, state.quantize, kernel, tolerance=tol, validate=validate and unchecked is None,
+            check=lambda m=module, s=site, c=call, i=i, k=top_k: validate_layer(
+                m, s.layout, c, _reference_for(m, s), mode=mode, top_k=k, seed=i))
+        if outcome is not None and outcome.quantized is not None:
+            packed, why = False, f"quantized experts: {outcome.why}"
+            if outcome.max_error is not None:
+                err, tol = outcome.max_error, outcome.bound
+        else:
+            packed, why = _pack_experts(module, site, call, kernel, dev, mode, validate, top_k, seed=i)
+            why = why if outcome is None else f"{outcome.why}; {why}"
         report.replaced.append(Replaced(
             layer=site.path, kind=LAYER_KIND, repo_id=repo_id, version=version, commit=commit, variant=variant,
             implementation=f"packed experts on {implementation}" if packed else implementation,
             route=site.route, layout=site.layout.describe(), max_error=err,
-            tolerance=tol if validate and unchecked is None else None, not_validated=unchecked, why=why))
+            tolerance=tol if validate and unchecked is None else None, not_validated=unchecked, why=why,
+            quantized=None if outcome is None else outcome.quantized,
+            bytes_before=None if outcome is None else outcome.bytes_before,
+            bytes_after=None if outcome is None else outcome.bytes_after))
 
 
 def _pack_experts(module, site: ExpertsSite, call: ex.ExpertsCall, kernel, dev, mode: str, validate: bool,
@@ -480,6 +505,7 @@ def _restore_experts(model: Any, state: _State) -> None:
         except AttributeError:
             continue
         packing.unpack_module(module)
+        qz.drop(module)  # quantized copies (layers/quantize.py)
         ex.remove_hook(module)
     if state.switched and state.previous is not None and hasattr(model, "set_experts_implementation"):
         with contextlib.suppress(Exception):  # the exact per-config restore below still runs

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from . import packing
+from . import packing, quantize
 from .families import ExpertsLayout
 
 IMPLEMENTATION_NAME = "kernel_hub"
@@ -177,6 +177,10 @@ def make_call(kernel: Any, layout: ExpertsLayout) -> ExpertsCall:
             kwargs["down_proj_bias"] = module.down_proj_bias
         if layout.has_post_expert_norm:
             kwargs["post_fn"] = module.post_expert_norm
+        quantized = quantize.weights_for(module)  # int8 / fp8 expert weights (layers/quantize.py)
+        if quantized is not None:
+            w_up, w_down, extra = quantized
+            return moe(hidden, index, weights, w_up, w_down, **{**kwargs, **extra})
         holders = packing.active_holders(module) if moe_packed is not None else None
         if holders is not None:
             del kwargs["is_transposed"]  # the packed weights know their layout

@@ -34,7 +34,8 @@ class ExpertsLayout:
     has_gate: bool  # gate_up_proj (gated) vs up_proj (plain activation)
     has_bias: bool
     has_post_expert_norm: bool
-    dtype: str
+    dtype: str  # the dtype the block computes in (its weights' own, unless `weights` says they are quantized)
+    weights: str = "dense"  # "fp8-model": float8_e4m3fn weights with 128x128 scales (layers/quantize.py)
 
     def describe(self) -> str:
         parts = [
@@ -47,6 +48,8 @@ class ExpertsLayout:
             parts.append("bias")
         if self.has_post_expert_norm:
             parts.append("post-norm")
+        if self.weights != "dense":
+            parts.append(self.weights)
         return ", ".join(parts)
 
 
@@ -173,7 +176,12 @@ def read_experts(module: Any, path: str) -> ExpertsSite:
     if up_shape is None or down_shape is None or len(up_shape) != 3 or len(down_shape) != 3:
         return keep("no 3-D expert weights (gate_up_proj/up_proj and down_proj)")
     dtype = _dtype_name(up)
-    if dtype not in SUPPORTED_DTYPES or _dtype_name(down) != dtype:
+    from .quantize import fp8_model_dtype  # imports torch: only once a model is being read
+
+    fp8_dtype, _ = fp8_model_dtype(module, gated)  # transformers' fine-grained FP8 experts run on their own bytes
+    if fp8_dtype is not None:
+        dtype = fp8_dtype
+    elif dtype not in SUPPORTED_DTYPES or _dtype_name(down) != dtype:
         return keep(f"weights are {dtype}/{_dtype_name(down)}; the kernel takes float32, bfloat16, float16")
     if has_bias and (
         getattr(module, "gate_up_proj_bias" if gated else "up_proj_bias", None) is None
@@ -211,6 +219,7 @@ def read_experts(module: Any, path: str) -> ExpertsSite:
         has_bias=has_bias,
         has_post_expert_norm=post_norm,
         dtype=dtype,
+        weights="fp8-model" if fp8_dtype is not None else "dense",
     )
     if interface:
         return ExpertsSite(path, name, "interface", layout, "routes through transformers' ExpertsInterface")
