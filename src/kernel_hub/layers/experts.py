@@ -83,6 +83,7 @@ def register_implementation() -> None:
 
     if ALL_EXPERTS_FUNCTIONS.get(IMPLEMENTATION_NAME) is not kernel_hub_experts_forward:
         ExpertsInterface.register(IMPLEMENTATION_NAME, kernel_hub_experts_forward)
+    quantize.register_fp8_interface(IMPLEMENTATION_NAME, kernel_hub_experts_forward)  # FP8Experts' own interface
 
 
 def install_forward(module: Any, hook: ExpertsHook) -> None:

@@ -276,8 +276,9 @@ def describe(record: QuantizedExperts, err: float | None, bound: float | None) -
 
 def fp8_reference(module: Any, layout: ExpertsLayout) -> Any:
     """The fine-grained FP8 block's own computation on CPU, where its forward needs a GPU kernel: transformers'
-    dequantization (`_dequantize_fp8_weight`) of each expert it routes to, then FP8Experts' own gate and
-    combine, as fn(module, hidden, index, weights)."""
+    dequantization (`_dequantize_fp8_weight`) of each expert it routes to, in float32 (bfloat16 would round every
+    weight once more, an error of its own), then FP8Experts' own gate and float32 combine, as fn(module, hidden,
+    index, weights) with the result in the hidden states' dtype."""
     from transformers.integrations.finegrained_fp8 import _dequantize_fp8_weight
 
     up_name, down_name = ("gate_up_proj" if layout.has_gate else "up_proj"), "down_proj"
@@ -285,19 +286,19 @@ def fp8_reference(module: Any, layout: ExpertsLayout) -> Any:
 
     def reference(mod: Any, hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         out = torch.zeros_like(hidden, dtype=torch.float32)
-        dtype = hidden.dtype
+        dtype, hidden = hidden.dtype, hidden.float()
         for e in torch.unique(index).tolist():
             if e >= layout.num_experts:
                 continue
             tok, slot = torch.where(index == e)
             w_up = _dequantize_fp8_weight(getattr(mod, up_name)[e], _fp8_scale(getattr(mod, s_up_name), getattr(
-                mod, up_name))[e], list(mod.block_size), dtype)
+                mod, up_name))[e], list(mod.block_size), torch.float32)
             w_down = _dequantize_fp8_weight(getattr(mod, down_name)[e], _fp8_scale(getattr(mod, s_down_name), getattr(
-                mod, down_name))[e], list(mod.block_size), dtype)
+                mod, down_name))[e], list(mod.block_size), torch.float32)
             h = torch.nn.functional.linear(hidden[tok], w_up)
             h = mod._apply_gate(h) if layout.has_gate else mod.act_fn(h)
             y = torch.nn.functional.linear(h, w_down)
-            out.index_add_(0, tok, (y * weights[tok, slot, None].to(y.dtype)).to(torch.float32))
+            out.index_add_(0, tok, y * weights[tok, slot, None].float())
         return out.to(dtype)
 
     return reference
@@ -351,3 +352,14 @@ def apply_to_block(module: Any, layout: ExpertsLayout, fmt: str | None, kernel: 
         return Outcome(None, err, bound, None, None,
                        f"not quantized: {fmt} error {err:.2e} > bound {bound:.2e} against the block's own layer")
     return Outcome(DESCRIBE[fmt], err, bound, record.bytes_before, record.bytes_after, describe(record, err, bound))
+
+
+def register_fp8_interface(name: str, forward: Any) -> None:
+    """Register `forward` under `name` in transformers' FP8ExpertsInterface too: fine-grained FP8 expert blocks
+    dispatch through that interface (its own mapping), not ExpertsInterface. Adds a name, edits no class."""
+    try:
+        from transformers.integrations.finegrained_fp8 import ALL_FP8_EXPERTS_FUNCTIONS, FP8ExpertsInterface
+    except ImportError:  # a transformers without fine-grained FP8: nothing to register
+        return
+    if ALL_FP8_EXPERTS_FUNCTIONS.get(name) is not forward:
+        FP8ExpertsInterface.register(name, forward)
