@@ -11,6 +11,7 @@ changes. The kernel's numbers themselves are held to float64 in test_ragged_dot_
 from __future__ import annotations
 
 import json
+import sys
 import types
 
 import pytest
@@ -36,15 +37,17 @@ def rd():
 
 @pytest.fixture
 def counted(rd, monkeypatch):
-    """Calls of the kernel's quantized ragged dot, by weight dtype."""
+    """Grouped products the kernel ran on quantized weights, by weight dtype (both of its routes go through
+    torch_quant.grouped_matmul_quantized)."""
     calls: list[torch.dtype] = []
-    real = rd.ragged_dot_quantized
+    module = sys.modules[f"{rd.__name__}.torch_quant"]
+    real = module.grouped_matmul_quantized
 
-    def spy(lhs, rhs, rhs_scale, group_sizes):
+    def spy(lhs, rhs, rhs_scale, sizes):
         calls.append(rhs.dtype)
-        return real(lhs, rhs, rhs_scale, group_sizes)
+        return real(lhs, rhs, rhs_scale, sizes)
 
-    monkeypatch.setattr(rd, "ragged_dot_quantized", spy)
+    monkeypatch.setattr(module, "grouped_matmul_quantized", spy)
     return calls
 
 

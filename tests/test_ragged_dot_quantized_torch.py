@@ -257,3 +257,34 @@ def test_torch_compile_fullgraph_on_the_quantized_path(rd):
         (g_got,) = torch.autograd.grad(got.float().sum(), x)
         assert torch.equal(got, eager)
         assert torch.equal(g_got, g_eager)
+
+
+@pytest.mark.parametrize("fmt", list(DTYPES))
+def test_moe_experts_inference_route_equals_the_differentiable_one(rd, fmt):
+    """At CPU inference moe_experts takes torch_quant.moe_experts_quantized (glue on a pool worker); with autograd on
+    it runs the two ragged dots: the same computation, so the same bits. Biases and a sentinel id included."""
+    e, h, i, t = 5, 96, 40, 11
+    gen = torch.Generator().manual_seed(4)
+    up, s_up = rd.quantize(torch.randn(e, h, 2 * i, generator=gen), DTYPES[fmt])
+    down, s_down = rd.quantize(torch.randn(e, i, h, generator=gen), DTYPES[fmt])
+    x = torch.randn(t, h, generator=gen).to(torch.bfloat16)
+    ids = torch.argsort(torch.rand(t, e, generator=gen), dim=1)[:, :2]
+    ids[3, 0] = e
+    weights = torch.softmax(torch.randn(t, 2, generator=gen), dim=-1).to(torch.bfloat16)
+    biases = {"gate_up_proj_bias": torch.randn(e, 2 * i, generator=gen).to(torch.bfloat16),
+              "down_proj_bias": torch.randn(e, h, generator=gen).to(torch.bfloat16)}
+    args = (ids, weights, up, down)
+    kwargs = {"is_transposed": True, "w_gate_up_scale": s_up, "w_down_scale": s_down, **biases}
+    calls = []
+    module = _module(rd, "torch_quant")
+    real = module.moe_experts_quantized
+    module_api = sys.modules[rd.__name__]
+    module_api.moe_experts_quantized, saved = (lambda *a, **k: (calls.append(1), real(*a, **k))[1]), real
+    try:
+        with torch.no_grad():
+            fast = rd.moe_experts(x, *args, **kwargs)
+        slow = rd.moe_experts(x.clone().requires_grad_(True), *args, **kwargs)
+    finally:
+        module_api.moe_experts_quantized = saved
+    assert calls == [1]
+    assert torch.equal(fast, slow.detach())

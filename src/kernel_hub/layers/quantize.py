@@ -131,6 +131,8 @@ class QuantizedExperts:
     bytes_before: int = 0
     bytes_after: int = 0
     quantize: Any = None  # the kernel's quantize
+    advise: Any = None  # the kernel's advise_huge_pages (2 MiB pages for the copies: fewer TLB misses), if any
+    pages: str = ""  # what backs the copies
 
 
 def _stamp(t: torch.Tensor) -> tuple[int, int]:
@@ -174,12 +176,14 @@ def _dequantize(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return w * s.repeat_interleave(BLOCK, -2)[..., :k, :].repeat_interleave(BLOCK, -1)[..., :n]
 
 
-def quantize_block(module: Any, layout: ExpertsLayout, fmt: str, quantize: Any) -> QuantizedExperts:
+def quantize_block(module: Any, layout: ExpertsLayout, fmt: str, quantize: Any, advise: Any = None
+                   ) -> QuantizedExperts:
     """Quantized copies of the block's two projections (never touching its parameters)."""
     from .packing import weight_names
 
     names = weight_names(layout)
-    record = QuantizedExperts(fmt=fmt, names=names, transposed=layout.is_transposed, quantize=quantize)
+    record = QuantizedExperts(fmt=fmt, names=names, transposed=layout.is_transposed, quantize=quantize,
+                              advise=advise)
     _fill(module, record)
     return record
 
@@ -189,6 +193,9 @@ def _fill(module: Any, record: QuantizedExperts) -> None:
     for name in record.names:
         param = module._parameters[name]
         q, s, err = _quantize_one(param, record.transposed, record.fmt, record.quantize)
+        if record.advise is not None:
+            huge, why = record.advise(q)
+            record.pages = f"{huge >> 20} MiB in 2 MiB pages" if huge else why
         record.weights[name] = (q, s)
         record.sources[name] = _stamp(param)
         record.errors[name] = err
@@ -271,7 +278,8 @@ def describe(record: QuantizedExperts, err: float | None, bound: float | None) -
     saved = f"{record.bytes_before / 2**20:.1f} -> {record.bytes_after / 2**20:.1f} MiB"
     weights = ", ".join(f"{n} e={record.errors[n]:.1e}" for n in record.names if n in record.errors)
     check = "" if err is None else f"; error {err:.2e} vs bound {bound:.2e}"
-    return f"{DESCRIBE[record.fmt]} ({saved}{'; weights ' + weights if weights else ''}{check})"
+    pages = f"; {record.pages}" if record.pages else ""
+    return f"{DESCRIBE[record.fmt]} ({saved}{'; weights ' + weights if weights else ''}{check}{pages})"
 
 
 def fp8_reference(module: Any, layout: ExpertsLayout) -> Any:
@@ -335,7 +343,7 @@ def apply_to_block(module: Any, layout: ExpertsLayout, fmt: str | None, kernel: 
     ok, why = kernel_takes_scales(kernel)
     if not ok:
         return Outcome(None, None, None, None, None, f"not quantized: {why}")
-    record = quantize_block(module, layout, fmt, kernel.quantize)
+    record = quantize_block(module, layout, fmt, kernel.quantize, getattr(kernel, "advise_huge_pages", None))
     install(module, record)
     bound = bound_for(record, layout, tolerance)
     if not validate:

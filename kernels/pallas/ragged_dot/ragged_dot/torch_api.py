@@ -15,6 +15,7 @@ torch-tpu build's entry, torch_tpu_api.py, registers it). Both are differentiabl
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -30,7 +31,16 @@ from .huge_pages import advise_huge_pages
 from .release import VERSION
 from .torch_cpu import activate, combine_experts, num_workers, ragged_dot_torch, route
 from .torch_packed import PackedExperts, PackingError, moe_experts_packed, pack_experts, packing_support
-from .torch_quant import QUANTIZED_DTYPES, compute_dtype, dequantize, oriented_scale, quantize, ragged_dot_quantized
+from .torch_quant import (
+    QUANTIZED_DTYPES,
+    compute_dtype,
+    dequantize,
+    inference_fast_path,
+    moe_experts_quantized,
+    oriented_scale,
+    quantize,
+    ragged_dot_quantized,
+)
 
 __all__ = [
     "IMPLEMENTATIONS",
@@ -165,20 +175,22 @@ def moe_experts(
     dtype = compute_dtype(hidden_states, gate_up_proj)
     act_fn = _ACTIVATIONS[act] if isinstance(act, str) else act
 
+    w_up = gate_up_proj if is_transposed else gate_up_proj.transpose(1, 2)  # [E, H, 2I]
+    w_down = down_proj if is_transposed else down_proj.transpose(1, 2)  # [E, I, H]
+    s_up, s_down = oriented_scale(w_gate_up_scale, is_transposed), oriented_scale(w_down_scale, is_transposed)
+    if s_up is not None and inference_fast_path(hidden_states, top_k_weights):  # quantized, CPU inference
+        gate = functools.partial(activate, act=act_fn, has_gate=has_gate, concatenated=is_concatenated, gate_fn=gate_fn)
+        return moe_experts_quantized(hidden_states, top_k_index, top_k_weights, w_up, w_down, s_up, s_down,
+                                     up_bias=gate_up_proj_bias, down_bias=down_proj_bias, gate=gate, post_fn=post_fn)
     sorted_ids, perm, sizes, in_range = route(top_k_index, num_experts)  # sentinel rows come out zero
     x = hidden_states[perm // top_k].to(dtype)
     safe_ids = sorted_ids.clamp(max=num_experts - 1)
 
-    w_up = gate_up_proj if is_transposed else gate_up_proj.transpose(1, 2)  # [E, H, 2I]
-    w_down = down_proj if is_transposed else down_proj.transpose(1, 2)  # [E, I, H]
-
-    h = ragged_dot(x, w_up, sizes, rhs_scale=oriented_scale(w_gate_up_scale, is_transposed),
-                   implementation=implementation)
+    h = ragged_dot(x, w_up, sizes, rhs_scale=s_up, implementation=implementation)
     if gate_up_proj_bias is not None:
         h = h + gate_up_proj_bias[safe_ids]
     h = activate(h, act=act_fn, has_gate=has_gate, concatenated=is_concatenated, gate_fn=gate_fn)
-    out = ragged_dot(h.to(dtype), w_down, sizes, rhs_scale=oriented_scale(w_down_scale, is_transposed),
-                     implementation=implementation)
+    out = ragged_dot(h.to(dtype), w_down, sizes, rhs_scale=s_down, implementation=implementation)
     if down_proj_bias is not None:
         out = out + down_proj_bias[safe_ids]
     if post_fn is not None:

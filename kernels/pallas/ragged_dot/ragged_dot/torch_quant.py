@@ -29,9 +29,19 @@ from typing import Any
 import torch
 
 from . import native_quant
+from ._vendor.shapes import check_ragged_dot_shapes
 from ._vendor.torch_tpu_ops import op_namespace, package_digest
 from .release import VERSION
-from .torch_cpu import _inline, _spread, compiling, nonempty_groups, num_workers, ragged_dot_torch, run_groups
+from .torch_cpu import (
+    _inline,
+    _spread,
+    compiling,
+    nonempty_groups,
+    num_workers,
+    on_worker,
+    ragged_dot_torch,
+    run_groups,
+)
 
 #: Weight dtypes with scales, and the scale layout each takes.
 QUANTIZED_DTYPES = (torch.int8, torch.float8_e4m3fn)
@@ -146,8 +156,11 @@ def grouped_matmul_quantized(lhs: torch.Tensor, rhs: torch.Tensor, rhs_scale: to
     m, k = lhs.shape
     n = rhs.shape[2]
     items = nonempty_groups(sizes, m)
-    x = lhs.to(torch.float32).contiguous()
-    out = torch.zeros((m, n), dtype=torch.float32, device=lhs.device)
+    cpu = lhs.device.type == "cpu"
+    # Whole-tensor steps on one pool worker on CPU (torch_cpu.on_worker: in the caller they fork OpenMP threads)
+    step = on_worker if cpu else (lambda fn: fn())
+    x = step(lambda: lhs.to(torch.float32).contiguous())
+    out = step(lambda: torch.zeros((m, n), dtype=torch.float32, device=lhs.device))
     rest = items
     if items and _native_ready(lhs, rhs):
         rest = _native_groups(x, rhs, _expert_scales(rhs, rhs_scale), items, out)
@@ -156,7 +169,7 @@ def grouped_matmul_quantized(lhs: torch.Tensor, rhs: torch.Tensor, rhs_scale: to
         torch.mm(x[s:e], dequantize(rhs[g], rhs_scale[g]), out=out[s:e])
 
     run_groups(rest, one, sum(e - s for _, s, e in rest) * k * n)
-    return out.to(lhs.dtype)
+    return step(lambda: out.to(lhs.dtype))
 
 
 def _native_groups(x: torch.Tensor, rhs: torch.Tensor, scales: torch.Tensor, items: list[tuple[int, int, int]],
@@ -254,3 +267,55 @@ def oriented_scale(scale: torch.Tensor | None, is_transposed: bool) -> torch.Ten
 def native_support(dtype: torch.dtype) -> tuple[bool, str]:
     """(does `dtype` take the native kernel here, why): for reports."""
     return native_quant.available(dtype)
+
+
+def inference_fast_path(hidden_states: torch.Tensor, top_k_weights: torch.Tensor) -> bool:
+    """Whether moe_experts may take moe_experts_quantized: CPU, eager, nothing to differentiate."""
+    return (hidden_states.device.type == "cpu" and not compiling()
+            and not (torch.is_grad_enabled() and (hidden_states.requires_grad or top_k_weights.requires_grad)))
+
+
+def moe_experts_quantized(
+    hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+    w_up: torch.Tensor, w_down: torch.Tensor, s_up: torch.Tensor, s_down: torch.Tensor, *,
+    up_bias: torch.Tensor | None, down_bias: torch.Tensor | None,
+    gate: Callable[[torch.Tensor], torch.Tensor], post_fn: Callable[[torch.Tensor], torch.Tensor] | None,
+) -> torch.Tensor:
+    """torch_api.moe_experts with quantized weights on CPU at inference, the same computation step for step (the same
+    products, bias, gate and combine in the same order and dtypes, so the same numbers), with the whole-tensor steps
+    between the two grouped products run on one pool worker (torch_cpu.on_worker): in the caller they would fork
+    OpenMP threads, which stall for milliseconds when another process holds a core (torch_packed's reason).
+    w_up / w_down in the rhs orientation ([E, H, 2I] / [E, I, H]) with their rhs-oriented scales; no autograd."""
+    from .torch_cpu import combine_experts, on_worker, route
+
+    num_experts = w_up.shape[0]
+    num_tokens, top_k = top_k_index.shape
+    dtype = hidden_states.dtype
+    check_ragged_dot_shapes(hidden_states.shape, w_up.shape, (num_experts,))
+    check_quantized(hidden_states, w_up, s_up)
+    check_quantized(hidden_states, w_down, s_down)
+    with torch.no_grad():
+        sorted_ids, perm, sizes, in_range = route(top_k_index, num_experts)
+        rows = perm.numel()
+        counts = [int(s) for s in sizes.tolist()]
+        covered = min(sum(counts), rows)
+        ids = sorted_ids[:covered]
+        x = on_worker(lambda: hidden_states[perm[:covered] // top_k].contiguous())
+        h = grouped_matmul_quantized(x, w_up, s_up, counts)
+
+        def middle() -> torch.Tensor:
+            y = h if up_bias is None else h + up_bias[ids]
+            return gate(y).to(dtype).contiguous()
+
+        h = on_worker(middle)
+        check_ragged_dot_shapes(h.shape, w_down.shape, (num_experts,))
+        out = grouped_matmul_quantized(h, w_down, s_down, counts)
+
+        def tail() -> torch.Tensor:
+            o = out if down_bias is None else out + down_bias[ids]
+            if covered < rows:  # rows of dropped (sentinel) ids
+                o = torch.cat([o, o.new_zeros((rows - covered, o.shape[1]))])
+            return o if post_fn is None else post_fn(o)
+
+        result = on_worker(tail) if post_fn is None else tail()
+        return combine_experts(result, top_k_weights, perm, in_range, num_tokens, top_k, dtype)
