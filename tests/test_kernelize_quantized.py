@@ -217,3 +217,16 @@ def test_a_fine_grained_fp8_model_runs_on_its_own_float8_weights(counted):
         assert dict(model.named_parameters())[name] is p and torch.equal(p.view(torch.uint8), copy.view(torch.uint8))
     assert kh.restore(model)
     assert not any(qz.RECORD_ATTR in m.__dict__ for m in model.modules())
+
+
+@pytest.mark.slow
+def test_torch_compile_fullgraph_traces_a_quantized_model():
+    """torch.compile(fullgraph=True) on a model kernelized with quantize="int8": no graph break (the quantized
+    product is a custom op with a fake implementation; the copies' staleness check runs on eager calls only), and the
+    same logits as the eager kernelized model ("aot_eager": dynamo's trace and AOT autograd's fake pass, ~15 s)."""
+    model = tiny.tiny_model("qwen3_moe", dtype=torch.bfloat16, num_hidden_layers=1)
+    kh.kernelize(model, quantize="int8")
+    with torch.no_grad():
+        eager = model(ids()).logits
+        compiled = torch.compile(model, fullgraph=True, backend="aot_eager")(ids()).logits
+    assert torch.equal(compiled, eager)

@@ -224,7 +224,7 @@ def record_of(module: Any) -> QuantizedExperts | None:
 
 def weights_for(module: Any) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]] | None:
     """(up, down, moe_experts keyword arguments) for a quantized block's call, or None (not quantized). Quantizes
-    again first when a source parameter changed since (a new object or an in-place write)."""
+    again first when a source parameter changed since (a new object or an in-place write; checked on eager calls)."""
     record = record_of(module)
     if record is None:
         return None
@@ -235,7 +235,9 @@ def weights_for(module: Any) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]
         w_up, w_down = getattr(module, up), getattr(module, down)
         return w_up, w_down, {"is_transposed": record.transposed, "w_gate_up_scale": _fp8_scale(s_up, w_up),
                               "w_down_scale": _fp8_scale(s_down, w_down)}
-    if any(record.sources.get(n) != _stamp(module._parameters[n]) for n in record.names):
+    # eager calls only: under torch.compile a tensor's _version is data dynamo cannot guard on (compile after loading)
+    if not torch.compiler.is_compiling() and any(record.sources.get(n) != _stamp(module._parameters[n])
+                                                 for n in record.names):
         _fill(module, record)
     (q_up, s_up), (q_down, s_down) = record.weights[up], record.weights[down]
     return q_up, q_down, {"is_transposed": False, "w_gate_up_scale": s_up, "w_down_scale": s_down}
