@@ -151,12 +151,12 @@ def _quantize_one(weight: torch.Tensor, transposed: bool, fmt: str, quantize: An
     rhs = _rhs(weight.detach(), transposed)
     e, k, n = rhs.shape
     dtype = FORMATS[fmt]
-    q_all = torch.empty((e, n, k), dtype=dtype)
+    q_all = torch.empty((e, n, k), dtype=dtype, device=rhs.device)  # beside the weights they stand for
     scales = []
     err2 = ref2 = 0.0
     with torch.no_grad():
         for start in range(0, e, CHUNK):
-            part = rhs[start:start + CHUNK].to("cpu")
+            part = rhs[start:start + CHUNK]
             q, s = quantize(part, dtype)
             q_all[start:start + CHUNK] = q.transpose(1, 2)
             scales.append(s)
