@@ -288,3 +288,25 @@ def test_moe_experts_inference_route_equals_the_differentiable_one(rd, fmt):
         module_api.moe_experts_quantized = saved
     assert calls == [1]
     assert torch.equal(fast, slow.detach())
+
+
+def test_int8_vnni_route_runs_for_bf16_lhs_and_leaves_nan_rows_to_the_float32_route(rd, monkeypatch):
+    """bf16 lhs x int8 weights at decode sizes take the VNNI route (lhs rows as 14-bit int16, counted) within the
+    bf16 tolerance of float64; an lhs holding NaN takes the float32 route, where NaN stays in its row."""
+    nq = _module(rd, "native_quant")
+    ok, why = nq.x16_available()
+    if not ok:
+        pytest.skip(why)
+    calls = []
+    real = nq.grouped_x16
+    monkeypatch.setattr(nq, "grouped_x16", lambda *a: (calls.append(1), real(*a))[1])
+    k, n, sizes = 1100, 136, [2, 0, 5, 1]  # K past one int32 span of the C kernel
+    q, s = operands(rd, "int8", len(sizes), k, n)
+    lhs = torch.randn(sum(sizes), k, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
+    out = rd.ragged_dot(lhs, q, torch.tensor(sizes), rhs_scale=s)
+    assert calls and relative_error(out, reference(lhs, scale_np(q, s), sizes)) <= tolerance("bfloat16")
+    calls.clear()
+    lhs[3, 7] = float("nan")
+    poisoned = rd.ragged_dot(lhs, q, torch.tensor(sizes), rhs_scale=s)
+    assert not calls
+    assert bool(poisoned[3].isnan().all()) and not bool(poisoned[[0, 1, 2, 4, 5, 6, 7]].isnan().any())

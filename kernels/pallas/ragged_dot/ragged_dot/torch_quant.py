@@ -159,20 +159,26 @@ def grouped_matmul_quantized(lhs: torch.Tensor, rhs: torch.Tensor, rhs_scale: to
     cpu = lhs.device.type == "cpu"
     # Whole-tensor steps on one pool worker on CPU (torch_cpu.on_worker: in the caller they fork OpenMP threads)
     step = on_worker if cpu else (lambda fn: fn())
-    x = step(lambda: lhs.to(torch.float32).contiguous())
     out = step(lambda: torch.zeros((m, n), dtype=torch.float32, device=lhs.device))
     rest = items
-    if items and _native_ready(lhs, rhs):
-        rest = _native_groups(x, rhs, _expert_scales(rhs, rhs_scale), items, out)
+    native = bool(items) and _native_ready(lhs, rhs)
+    x16 = None
+    if native and lhs.dtype == torch.bfloat16 and rhs.dtype == torch.int8 and native_quant.x16_available()[0]:
+        x16 = step(lambda: native_quant.x16_rows(lhs))  # the VNNI route (native_quant.py); None: NaN/Inf in lhs
+    x = None if x16 is not None and all(e - s <= native_quant.MAX_ROWS for _, s, e in items) else \
+        step(lambda: lhs.to(torch.float32).contiguous())
+    if native:
+        rest = _native_groups(x16 if x16 is not None else x, rhs, _expert_scales(rhs, rhs_scale), items, out)
 
     def one(g: int, s: int, e: int) -> None:
+        assert x is not None
         torch.mm(x[s:e], dequantize(rhs[g], rhs_scale[g]), out=out[s:e])
 
     run_groups(rest, one, sum(e - s for _, s, e in rest) * k * n)
     return step(lambda: out.to(lhs.dtype))
 
 
-def _native_groups(x: torch.Tensor, rhs: torch.Tensor, scales: torch.Tensor, items: list[tuple[int, int, int]],
+def _native_groups(x: Any, rhs: torch.Tensor, scales: torch.Tensor, items: list[tuple[int, int, int]],
                    out: torch.Tensor) -> list[tuple[int, int, int]]:
     """Run the items of at most MAX_ROWS rows on the native kernel (one call per worker, sharing a counter); returns
     the items left for the dequantize-and-multiply loop."""
@@ -184,11 +190,13 @@ def _native_groups(x: torch.Tensor, rhs: torch.Tensor, scales: torch.Tensor, ite
     table = torch.tensor([(g, s, e - s) for g, s, e in small], dtype=torch.int64).reshape(-1, 3)
     counter = torch.zeros(1, dtype=torch.int32)
 
+    run = native_quant.grouped_x16 if isinstance(x, tuple) else native_quant.grouped  # (int16 rows, scales): VNNI
+
     def drain() -> None:
-        native_quant.grouped(x, w, scales, out, table, counter)
+        run(x, w, scales, out, table, counter)
 
     workers = min(num_workers(), len(small))
-    if _inline(workers, sum(e - s for _, s, e in small) * x.shape[1] * w.shape[1]):
+    if _inline(workers, sum(e - s for _, s, e in small) * w.shape[2] * w.shape[1]):
         drain()
     else:
         _spread([drain] * workers)
