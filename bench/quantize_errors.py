@@ -36,6 +36,7 @@ def kernel_table(rd) -> list[str]:
     from kernel_hub.numerics import relative_error
 
     tq = sys.modules[f"{rd.__name__}.torch_quant"]
+    nq = sys.modules[f"{rd.__name__}.native_quant"]
     gen = torch.Generator().manual_seed(0)
     decode_sizes = torch.bincount(torch.randint(0, 128, (512,), generator=gen), minlength=128).tolist()
     shapes = {"decode [512x2048]x[128,2048,1536]": (2048, 1536, decode_sizes),
@@ -67,6 +68,9 @@ def kernel_table(rd) -> list[str]:
                     finally:
                         tq._native_ready = ready
                     err = np.abs(out.to(torch.float32).numpy().astype(np.float64) - ref)
+                    vnni = (impl.startswith("native") and dtype == torch.int8 and lhs_dtype == torch.bfloat16
+                            and nq.x16_available()[0])
+                    impl = f"{impl} (VNNI, int16 lhs rows)" if vnni else impl
                     rows.append((label, fmt, str(lhs_dtype).removeprefix("torch."), impl, f"{err.max():.2e}",
                                  f"{relative_error(out, ref):.2e}"))
     return _table(rows)
