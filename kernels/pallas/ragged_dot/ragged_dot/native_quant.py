@@ -332,12 +332,12 @@ def _expert_scale(dtype: torch.dtype, scale: torch.Tensor) -> torch.Tensor:
 def x16_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(int16 rows, float32 row scales) with x[m] ~ rows[m] * scales[m] (XBITS bits), or None when x holds NaN or Inf
     (the float32 route keeps them)."""
-    x = x.to(torch.float32)
-    amax = x.abs().amax(dim=1)
+    amax = x.abs().amax(dim=1).to(torch.float32)  # exact in x's own dtype
     if not bool(torch.isfinite(amax).all()):
         return None
     scale = torch.where(amax > 0, amax / (2 ** XBITS - 1), torch.ones_like(amax))
-    return torch.round(x / scale[:, None]).to(torch.int16).contiguous(), scale.contiguous()
+    rows = x.to(torch.float32).mul_((1.0 / scale)[:, None]).round_()  # one float32 copy, scaled in place
+    return rows.to(torch.int16), scale.contiguous()
 
 
 @functools.cache

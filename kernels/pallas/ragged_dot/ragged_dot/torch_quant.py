@@ -159,7 +159,14 @@ def grouped_matmul_quantized(lhs: torch.Tensor, rhs: torch.Tensor, rhs_scale: to
     cpu = lhs.device.type == "cpu"
     # Whole-tensor steps on one pool worker on CPU (torch_cpu.on_worker: in the caller they fork OpenMP threads)
     step = on_worker if cpu else (lambda fn: fn())
-    out = step(lambda: torch.zeros((m, n), dtype=torch.float32, device=lhs.device))
+    covered = items[-1][2] if items else 0  # groups are contiguous: rows [0, covered) are all written below
+
+    def empty() -> torch.Tensor:
+        out = torch.empty((m, n), dtype=torch.float32, device=lhs.device)
+        out[covered:].zero_()
+        return out
+
+    out = step(empty)
     rest = items
     native = bool(items) and _native_ready(lhs, rhs)
     x16 = None
