@@ -16,6 +16,7 @@ the process, and again warm).
 Writes bench/out/moe_decode.json.
 
     python bench/moe_decode.py [--quick] [--dtypes bf16,f32] [--reps N] [--out PATH]
+    python bench/moe_decode.py --quantize int8|fp8 [--reps N]   (kernelized int8/fp8 vs bf16: bench/moe_quantized.py)
 """
 
 from __future__ import annotations
@@ -324,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batched-reps", type=int, default=None,
                         help="runs of batched_mm (slow, gathers every selected expert's weights; default 1)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "moe_decode.json")
+    parser.add_argument("--quantize", choices=("int8", "fp8"), default=None,
+                        help="time the layer kernelized with quantized experts against kernelized bf16 instead")
     args = parser.parse_args(argv)
     names = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     unknown = [d for d in names if d not in DTYPES]
@@ -345,6 +348,14 @@ def main(argv: list[str] | None = None) -> int:
     floor = FloorCopy(torch.get_num_threads(), getattr(kernel, "advise_huge_pages", None),
                       getattr(native, "compile_c", None))
     print(f"floor buffers: {', '.join(floor.pages) or 'ordinary pages'}; read-only pass: {floor.read_how}")
+    if args.quantize:  # bench/moe_quantized.py: quantized vs bf16, both kernelized, in one run
+        from moe_quantized import main_quantized
+
+        try:
+            return main_quantized(args.quantize, batch=args.batch, reps=reps, floor=floor,
+                                  out=args.out.with_name(f"moe_decode_{args.quantize}.json"))
+        finally:
+            floor.close()
     try:
         results = [bench_dtype(n, DTYPES[n], batch=args.batch, reps=reps, batched_reps=batched_reps, floor=floor)
                    for n in names]

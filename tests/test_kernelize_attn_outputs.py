@@ -152,3 +152,27 @@ def test_output_attentions_acceptance_is_the_kernelized_models_own():
     assert m.config is cfg and type(m.config) is cls and type(mine) is cls  # the copy's class is put back too
     with pytest.raises(ValueError, match="not supported"):
         m.config.output_attentions = True  # restored to sdpa: transformers' rule again
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_output_attentions_with_padding_and_a_window_equal_eager(family):
+    """With padding (and Mixtral's sliding window) the model builds the previous implementation's mask, sdpa's bool
+    keep-mask; the eager attention that computes the weights adds its mask to the scores, so it must get the additive
+    form (a bool mask added 1 to the kept scores and masked nothing). Reference: the same weights on eager."""
+    m = tiny.tiny_model(family, num_hidden_layers=2, **({"sliding_window": 3} if family == "mixtral" else {}))
+    ref = copy.deepcopy(m)
+    ref.set_attn_implementation("eager")
+    kh.kernelize(m)
+    x = _x()
+    mask = torch.ones_like(x)
+    mask[1, :3] = 0  # left padding
+    want = _out(ref, x, attention_mask=mask, output_attentions=True, output_hidden_states=True)
+    got = _out(m, x, attention_mask=mask, output_attentions=True, output_hidden_states=True)
+    keep = mask.bool()
+    for a, b in zip(got.hidden_states, want.hidden_states, strict=True):
+        assert torch.isfinite(a[keep]).all() and (a[keep] - b[keep]).abs().max().item() <= TOL
+    for a, b in zip(got.attentions, want.attentions, strict=True):  # [B, H, Sq, Skv]: the real query rows
+        a, b = a.transpose(1, 2)[keep], b.transpose(1, 2)[keep]
+        assert (a - b).abs().max().item() <= TOL
+    assert got.attentions[0][1, :, 3:, :3].abs().max().item() == 0.0  # no real query attends a padding key
+    assert (got.logits[keep] - want.logits[keep]).abs().max().item() <= TOL

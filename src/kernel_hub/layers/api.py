@@ -17,6 +17,7 @@ from ..errors import KernelHubError
 from .diffusers import is_diffusers_object, kernelize_diffusers, restore_diffusers
 from .kinds import KindRun, all_kinds, kind_exports, kind_names
 from .plan import backend_of, check_mode, kernel_specs
+from .quantize import check_quantize
 from .report import KernelizeReport
 from .swap import STATE_ATTR, KernelizeState, give_back_configs, is_kernelized, take_own_configs
 from .validate import validate_layer
@@ -37,6 +38,7 @@ def kernelize(
     mapping: dict[str, Any] | None = None,
     validate: bool = True,
     trust_remote_code: Any = False,
+    quantize: str | None = None,
 ) -> KernelizeReport:
     """Run `model`'s expert and attention layers on the hub kernels the registry (or `mapping`) names for
     this backend (attention: through transformers' AttentionInterface; `mapping={"attention": None}` skips it).
@@ -47,10 +49,16 @@ def kernelize(
     each layer against its current implementation first and keep that one where they disagree.
     `restore(model)` undoes everything. A repo is also {"repo_id", "version", "revision"}; one outside
     registry.yaml with neither gets its newest release. trust_remote_code: get_kernel's rule, for the repos
-    `mapping` names.
+    `mapping` names. quantize: "int8" (per output channel) or "fp8" (128x128 blocks), inference only: the expert
+    weights are read as quantized copies kept with each block, each checked against the block's own layer within
+    the bound quantize.error_bound derives; the model's parameters are untouched (quantize.py).
     """
     check_mode(mode)
+    quantize = check_quantize(quantize, mode)
     if is_diffusers_object(model):  # Diffusers models and pipelines: the same kinds, attention via the processor API
+        if quantize is not None:
+            raise KernelHubError("quantize= quantizes Mixture-of-Experts expert weights; Diffusers models have no "
+                                 "expert layers kernelize serves: drop quantize=")
         return kernelize_diffusers(model, mode=mode, device=device, mapping=mapping, validate=validate,
                                    trust_remote_code=trust_remote_code)
     if not hasattr(model, "named_modules"):
@@ -60,7 +68,7 @@ def kernelize(
     if is_kernelized(model):
         restore(model)
     report = KernelizeReport(model=type(model).__name__, mode=mode, backend=backend)
-    state = KernelizeState(own_configs=take_own_configs(model))  # switch names on this model's copies only
+    state = KernelizeState(own_configs=take_own_configs(model), quantize=quantize)  # names switch on own copies
     model.__dict__[STATE_ATTR] = state
     try:
         for kind in all_kinds():

@@ -136,6 +136,23 @@ def materialized_mask(query: torch.Tensor, key: torch.Tensor, *, causal: bool,
     return bias.masked_fill(~keep, torch.finfo(query.dtype).min)[None, None]
 
 
+def eager_mask(module: Any, query: torch.Tensor, key: torch.Tensor, attention_mask: Any,
+               kwargs: dict[str, Any]) -> Any:
+    """The mask as eager attention reads it: additive, in the query's dtype. Under "kernel_hub" the model builds the
+    previous implementation's mask (kernel_hub_mask): sdpa's is a bool keep-mask, or None where sdpa would mask by
+    `is_causal`; eager attention adds its mask to the scores, so a bool mask would add 1 to kept scores and mask
+    nothing (wrong numbers, silently). None is materialized from the layer's causal / sliding-window facts."""
+    if attention_mask is None:
+        causal = kwargs.get("is_causal")
+        window = kwargs.get("sliding_window")
+        causal = getattr(module, "is_causal", True) if causal is None else bool(causal)
+        return materialized_mask(query, key, causal=causal, window=None if window is None else int(window))
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.dtype == torch.bool:
+        bias = torch.zeros(attention_mask.shape, dtype=query.dtype, device=attention_mask.device)
+        return bias.masked_fill(~attention_mask, torch.finfo(query.dtype).min)
+    return attention_mask
+
+
 def _weights_call(module: Any) -> Callable[..., Any]:
     """The implementation that returns attention weights (the module's eager attention), logged once."""
     global _weights_logged
@@ -530,13 +547,8 @@ def kernel_hub_attention(module: Any, query: torch.Tensor, key: torch.Tensor, va
         raise KernelHubError(f"{type(module).__name__} passed {sparse}; neither can run under 'kernel_hub': "
                              "call kh.restore(model) (kernelize keeps such models on their own attention)")
     if attention_weights_requested(kwargs):
-        if attention_mask is None:
-            causal = kwargs.get("is_causal")
-            window = kwargs.get("sliding_window")
-            attention_mask = materialized_mask(
-                query, key, causal=getattr(module, "is_causal", True) if causal is None else bool(causal),
-                window=None if window is None else int(window))
-        return _weights_call(module)(module, query, key, value, attention_mask, **kwargs)
+        return _weights_call(module)(module, query, key, value, eager_mask(module, query, key, attention_mask, kwargs),
+                                     **kwargs)
     if hook is None or hook.flash is None:
         return prev_fn(module, query, key, value, attention_mask, **kwargs)
     out, _, why = _kernel_call(module, hook.flash, query, key, value, attention_mask, kwargs)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from . import packed_op, packing
+from . import packed_op, packing, quantize
 from .find import ExpertsLayout, ExpertsSite
 from .swap import EXPERTS_HOOK_ATTR as HOOK_ATTR
 from .swap import IMPLEMENTATION_NAME
@@ -95,6 +95,7 @@ def register_implementation() -> None:
 
     if ALL_EXPERTS_FUNCTIONS.get(IMPLEMENTATION_NAME) is not kernel_hub_experts_forward:
         ExpertsInterface.register(IMPLEMENTATION_NAME, kernel_hub_experts_forward)
+    quantize.register_fp8_interface(IMPLEMENTATION_NAME, kernel_hub_experts_forward)  # FP8Experts' own interface
 
 
 def install_forward(module: Any, hook: ExpertsHook) -> None:
@@ -189,6 +190,10 @@ def make_call(kernel: Any, layout: ExpertsLayout) -> ExpertsCall:
             kwargs["down_proj_bias"] = module.down_proj_bias
         if layout.has_post_expert_norm:
             kwargs["post_fn"] = module.post_expert_norm
+        quantized = quantize.weights_for(module)  # int8 / fp8 expert weights (quantize.py)
+        if quantized is not None:
+            w_up, w_down, extra = quantized
+            return moe(hidden, index, weights, w_up, w_down, **{**kwargs, **extra})
         holders = packing.active_holders(module) if moe_packed is not None else None
         if holders is not None:
             if torch.compiler.is_compiling():  # the packed call as one opaque op (packed_op.py)

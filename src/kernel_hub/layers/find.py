@@ -28,6 +28,46 @@ from .sharded import local
 EXPERTS_CALL = ("hidden_states", "top_k_index", "top_k_weights")
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
 
+#: transformers' fine-grained FP8 block size (weights and `*_scale_inv`), the only one the kernel takes.
+BLOCK = 128
+
+
+def fp8_scale_names(gated: bool) -> tuple[str, str]:
+    return ("gate_up_proj_scale_inv" if gated else "up_proj_scale_inv"), "down_proj_scale_inv"
+
+
+def fp8_model_dtype(module: Any, gated: bool) -> tuple[str | None, str]:
+    """(the compute dtype name, why) when `module` is a fine-grained FP8 expert block the kernel runs on its own
+    weights: float8_e4m3fn weights with float32 128x128 `*_scale_inv`, nn.Linear-style; (None, why not) otherwise."""
+    up = getattr(module, "gate_up_proj" if gated else "up_proj", None)
+    down = getattr(module, "down_proj", None)
+    if {str(getattr(up, "dtype", None)), str(getattr(down, "dtype", None))} != {"torch.float8_e4m3fn"}:
+        return None, "not float8_e4m3fn experts"
+    if tuple(getattr(module, "block_size", None) or ()) != (BLOCK, BLOCK):
+        return None, f"float8 experts with block_size {getattr(module, 'block_size', None)} (the kernel takes 128x128)"
+    for name, weight in zip(fp8_scale_names(gated), (up, down), strict=True):
+        scale = getattr(module, name, None)
+        if str(getattr(scale, "dtype", None)) != "torch.float32" or len(getattr(scale, "shape", ())) != 3:
+            return None, f"float8 experts whose {name} is not a float32 [E, out/128, in/128] tensor"
+        if fp8_scale(scale, weight) is None:
+            return None, f"float8 experts whose {name} {list(scale.shape)} does not fit {list(weight.shape)}"
+    config = getattr(module, "config", None)
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    name = str(dtype).replace("torch.", "") if dtype is not None else "bfloat16"
+    return (name if name in ("bfloat16", "float32") else "bfloat16"), "float8_e4m3fn weights with 128x128 scales"
+
+
+def fp8_scale(scale: Any, weight: Any) -> Any:
+    """A weight_scale_inv [E, ceil(out/128), ceil(in/128)] for weight [E, out, in]; transformers allocates at least
+    two output rows for a fused gate_up (min_sf_out=2), of which only ceil(out/128) are used: cut to those."""
+    e, out, inp = weight.shape
+    want = (e, -(-out // BLOCK), -(-inp // BLOCK))
+    if tuple(scale.shape) == want:
+        return scale
+    if scale.shape[0] == e and scale.shape[2] == want[2] and scale.shape[1] > want[1] and want[1] == 1:
+        return scale[:, :1]
+    return None
+
 
 @dataclass(frozen=True)
 class ExpertsLayout:
@@ -41,7 +81,8 @@ class ExpertsLayout:
     has_gate: bool  # gate_up_proj (gated) vs up_proj (plain activation)
     has_bias: bool
     has_post_expert_norm: bool
-    dtype: str
+    dtype: str  # the dtype the block computes in (its weights' own, unless `weights` says they are quantized)
+    weights: str = "dense"  # "fp8-model": float8_e4m3fn weights with 128x128 scales (layers/quantize.py)
 
     def describe(self) -> str:
         parts = [
@@ -54,6 +95,8 @@ class ExpertsLayout:
             parts.append("bias")
         if self.has_post_expert_norm:
             parts.append("post-norm")
+        if self.weights != "dense":
+            parts.append(self.weights)
         return ", ".join(parts)
 
 
@@ -180,7 +223,10 @@ def read_experts(module: Any, path: str) -> ExpertsSite:
     if up_shape is None or down_shape is None or len(up_shape) != 3 or len(down_shape) != 3:
         return keep("no 3-D expert weights (gate_up_proj/up_proj and down_proj)")
     dtype = _dtype_name(up)
-    if dtype not in SUPPORTED_DTYPES or _dtype_name(down) != dtype:
+    fp8_dtype, _ = fp8_model_dtype(module, gated)  # transformers' fine-grained FP8 experts run on their own bytes
+    if fp8_dtype is not None:
+        dtype = fp8_dtype
+    elif dtype not in SUPPORTED_DTYPES or _dtype_name(down) != dtype:
         return keep(f"weights are {dtype}/{_dtype_name(down)}; the kernel takes float32, bfloat16, float16")
     if has_bias and (
         getattr(module, "gate_up_proj_bias" if gated else "up_proj_bias", None) is None
@@ -218,6 +264,7 @@ def read_experts(module: Any, path: str) -> ExpertsSite:
         has_bias=has_bias,
         has_post_expert_norm=post_norm,
         dtype=dtype,
+        weights="fp8-model" if fp8_dtype is not None else "dense",
     )
     if interface:
         return ExpertsSite(path, name, "interface", layout, "routes through transformers' ExpertsInterface")

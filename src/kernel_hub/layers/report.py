@@ -24,6 +24,9 @@ class Replaced:
     # None when they were checked (max_error) or validate=False.
     not_validated: str | None = None
     why: str | None = None  # why this implementation (e.g. expert weights packed or not, and the reason)
+    quantized: str | None = None  # kernelize(quantize=): the weight format the block reads (layers/quantize.py)
+    bytes_before: int | None = None  # its expert weights' bytes before quantizing (bfloat16 for an FP8 model)
+    bytes_after: int | None = None  # and the bytes it reads now (quantized weights + scales)
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,12 @@ class KernelizeReport:
             if whys:
                 lines.append("why:")
                 lines += _table([("layer", "implementation choice")] + whys)
+            quantized = [r for r in self.replaced if r.quantized]
+            if quantized:  # max error / bound are the columns above: the error against the block's own layer
+                lines.append("quantized expert weights:")
+                lines += _table([("layer", "format", "bytes before", "bytes after")] + [
+                    (r.layer, r.quantized or "", f"{r.bytes_before or 0:,}", f"{r.bytes_after or 0:,}")
+                    for r in quantized])
         if self.kept:
             lines.append("kept (default implementation):")
             lines += _table([("layer", "reason")] + [(k.layer, k.reason) for k in self.kept])

@@ -46,6 +46,7 @@ class KernelizeState:
     switched: bool = False
     own_configs: OwnConfigs = field(default_factory=OwnConfigs)  # the model's private config copies
     kinds: dict[str, Any] = field(default_factory=dict)
+    quantize: str | None = None  # kernelize's quantize= (quantize.py)
 
     def empty(self) -> bool:
         return not (self.paths or self.kinds)

@@ -73,7 +73,8 @@ def validate_layer(
 def _validate_local(module: Any, layout: ExpertsLayout, call: ExpertsCall, reference: Any, *, mode: str,
                     top_k: int, seed: int) -> float:
     weight = module.gate_up_proj if layout.has_gate else module.up_proj
-    hidden, index, weights = experts_batch(layout, top_k, weight.dtype, weight.device, seed)
+    # the block's compute dtype (an FP8 model's weights are float8; its activations are not)
+    hidden, index, weights = experts_batch(layout, top_k, getattr(torch, layout.dtype), weight.device, seed)
     if mode == "inference":
         with torch.no_grad():
             ref = reference(module, hidden, index, weights)

@@ -32,12 +32,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .pallas import gmm as pallas_gmm
-from .pallas import quant as pallas_quant
 from ._vendor import cpu_gmm
 from ._vendor.groups import group_bounds
 from ._vendor.interpret import run_dispatch
 from ._vendor.tiling import cdiv, round_up
+from .pallas import gmm as pallas_gmm
+from .pallas import quant as pallas_quant
 from .pallas.metadata import make_group_metadata
 
 #: Quantized weight dtypes and the scale layout each takes.

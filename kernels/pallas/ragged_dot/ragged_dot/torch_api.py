@@ -15,6 +15,7 @@ torch-tpu build's entry, torch_tpu_api.py, registers it). Both are differentiabl
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -30,6 +31,16 @@ from .release import VERSION
 from .torch_cpu.grouped import activate, combine_experts, num_workers, ragged_dot_torch, route
 from .torch_cpu.huge_pages import advise_huge_pages
 from .torch_cpu.packed import PackedExperts, PackingError, moe_experts_packed, pack_experts, packing_support
+from .torch_cpu.quant import (
+    QUANTIZED_DTYPES,
+    compute_dtype,
+    dequantize,
+    inference_fast_path,
+    moe_experts_quantized,
+    oriented_scale,
+    quantize,
+    ragged_dot_quantized,
+)
 
 __all__ = [
     "IMPLEMENTATIONS",
@@ -37,6 +48,7 @@ __all__ = [
     "PackedExperts",
     "PackingError",
     "advise_huge_pages",
+    "dequantize",
     "describe",
     "implementations_for",
     "last_implementation",
@@ -45,6 +57,7 @@ __all__ = [
     "moe_experts_packed",
     "pack_experts",
     "packing_support",
+    "quantize",
     "ragged_dot",
     "resolve_implementation",
 ]
@@ -90,10 +103,15 @@ def ragged_dot(
     rhs: torch.Tensor,
     group_sizes: torch.Tensor,
     *,
+    rhs_scale: torch.Tensor | None = None,
     preferred_element_type: torch.dtype | None = None,
     implementation: str | Sequence[str] | None = None,
 ) -> torch.Tensor:
     """Grouped matmul: out[r] = lhs[r] @ rhs[g(r)] with rows grouped contiguously by group_sizes.
+
+    rhs_scale: quantized weights (torch_cpu/quant.py): rhs int8 with [G, 1, N] per-channel scales, or float8_e4m3fn with
+    [G, ceil(K/128), ceil(N/128)] block scales, float32; lhs bfloat16/float32; the result in lhs's dtype (torch-native
+    on every device).
 
     The JAX entry's dtype policy: the result has `preferred_element_type`, else lhs's dtype; lhs and rhs of
     different dtypes are computed in their promoted dtype. implementation: "torch" (native) or "jax" (the
@@ -103,6 +121,8 @@ def ragged_dot(
     if group_sizes.dtype.is_floating_point or group_sizes.dtype.is_complex or group_sizes.dtype == torch.bool:
         raise TypeError(f"group_sizes must be integers, got {group_sizes.dtype}")
     group_sizes = _checked_group_sizes(group_sizes, lhs.shape[0])
+    if rhs_scale is not None or rhs.dtype in QUANTIZED_DTYPES:
+        return ragged_dot_quantized(lhs, rhs, rhs_scale, group_sizes).to(preferred_element_type or lhs.dtype)
     out_dtype = preferred_element_type or lhs.dtype
     compute = torch.promote_types(lhs.dtype, rhs.dtype)
     lhs, rhs = lhs.to(compute), rhs.to(compute)
@@ -133,6 +153,8 @@ def moe_experts(
     gate_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
     post_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
     implementation: str | Sequence[str] | None = None,
+    w_gate_up_scale: torch.Tensor | None = None,
+    w_down_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """A Mixture-of-Experts expert block on two ragged dots.
 
@@ -143,25 +165,32 @@ def moe_experts(
     (g0, u0, g1, u1, ...). has_gate=False: gate_up_proj is a plain up projection and `act` is
     applied to it. gate_fn replaces the default act(gate) * up (e.g. a clamped SwiGLU); post_fn runs
     on each expert output before the routing weight (a post-expert norm). Returns [T,H] in the
+    hidden_states dtype. w_gate_up_scale / w_down_scale: the scales of int8 / float8_e4m3fn weights, laid out like
+    their weights (ragged_dot's rhs_scale rule in the [E, K, N] orientation; transposed with nn.Linear-style weights:
+    [E, N, 1] or transformers' weight_scale_inv [E, ceil(N/128), ceil(K/128)]); the block then computes in the
     hidden_states dtype.
     """
     num_experts = gate_up_proj.shape[0]
     num_tokens, top_k = top_k_index.shape
-    dtype = gate_up_proj.dtype
+    dtype = compute_dtype(hidden_states, gate_up_proj)
     act_fn = _ACTIVATIONS[act] if isinstance(act, str) else act
 
+    w_up = gate_up_proj if is_transposed else gate_up_proj.transpose(1, 2)  # [E, H, 2I]
+    w_down = down_proj if is_transposed else down_proj.transpose(1, 2)  # [E, I, H]
+    s_up, s_down = oriented_scale(w_gate_up_scale, is_transposed), oriented_scale(w_down_scale, is_transposed)
+    if s_up is not None and inference_fast_path(hidden_states, top_k_weights):  # quantized, CPU inference
+        gate = functools.partial(activate, act=act_fn, has_gate=has_gate, concatenated=is_concatenated, gate_fn=gate_fn)
+        return moe_experts_quantized(hidden_states, top_k_index, top_k_weights, w_up, w_down, s_up, s_down,
+                                     up_bias=gate_up_proj_bias, down_bias=down_proj_bias, gate=gate, post_fn=post_fn)
     sorted_ids, perm, sizes, in_range = route(top_k_index, num_experts)  # sentinel rows come out zero
     x = hidden_states[perm // top_k].to(dtype)
     safe_ids = sorted_ids.clamp(max=num_experts - 1)
 
-    w_up = gate_up_proj if is_transposed else gate_up_proj.transpose(1, 2)  # [E, H, 2I]
-    w_down = down_proj if is_transposed else down_proj.transpose(1, 2)  # [E, I, H]
-
-    h = ragged_dot(x, w_up, sizes, implementation=implementation)
+    h = ragged_dot(x, w_up, sizes, rhs_scale=s_up, implementation=implementation)
     if gate_up_proj_bias is not None:
         h = h + gate_up_proj_bias[safe_ids]
     h = activate(h, act=act_fn, has_gate=has_gate, concatenated=is_concatenated, gate_fn=gate_fn)
-    out = ragged_dot(h.to(dtype), w_down, sizes, implementation=implementation)
+    out = ragged_dot(h.to(dtype), w_down, sizes, rhs_scale=s_down, implementation=implementation)
     if down_proj_bias is not None:
         out = out + down_proj_bias[safe_ids]
     if post_fn is not None:

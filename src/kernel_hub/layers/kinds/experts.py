@@ -16,6 +16,7 @@ import torch
 from ...contract import PACKED_EXPERTS_ENTRIES
 from .. import experts as ex
 from .. import packing
+from .. import quantize as qz
 from ..find import ExpertsSite, device_type, find_experts, routes_through_interface, top_k_of
 from ..load import kernel_info, load_or_reason
 from ..plan import decide_packing, not_validated_reason, verdict
@@ -40,14 +41,14 @@ def _apply(run: KindRun) -> None:
 
 
 def _check(run: KindRun, i: int, module: Any, site: ExpertsSite, call: ex.ExpertsCall,
-           config: Any) -> tuple[float | None, float, str | None, str]:
-    """(error, tolerance, why not validated, why kept) for one supported block."""
+           config: Any, reference: Any) -> tuple[float | None, float, str | None, str]:
+    """(error, tolerance, why not validated, why kept) for one supported block, against `reference`."""
     err, tol = None, tolerance_for(getattr(torch, site.layout.dtype))
     unchecked = not_validated_reason(run.backend, device_type(module)) if run.validate else None
     if not run.validate or unchecked is not None:
         return err, tol, unchecked, ""
     try:
-        err = validate_layer(module, site.layout, call, ex.reference_for(module, site), mode=run.mode,
+        err = validate_layer(module, site.layout, call, reference, mode=run.mode,
                              top_k=top_k_of(getattr(module, "config", config), site.layout.num_experts), seed=i)
     except Exception as exc:
         return err, tol, unchecked, f"kernel raised in validation: {type(exc).__name__}: {exc}"
@@ -69,10 +70,16 @@ def _swap(run: KindRun, sites: list[ExpertsSite], kernel: Any, repo_id: str) -> 
             report.kept.append(Kept(site.path, NAME, site.reason))
         else:
             call = ex.make_call(kernel, site.layout)
-            err, tol, unchecked, why = _check(run, i, module, site, call, config)
+            fp8_model = site.layout.weights == "fp8-model"  # the block's own float8 weights (quantize.py)
+            if fp8_model:
+                qz.install(module, qz.fp8_model_record(module, site.layout))
+            reference = qz.fp8_reference(module, site.layout) if fp8_model else ex.reference_for(module, site)
+            err, tol, unchecked, why = _check(run, i, module, site, call, config, reference)
             if why:
                 call = None
                 report.kept.append(Kept(site.path, NAME, why))
+                if fp8_model:
+                    qz.drop(module)
             else:
                 accepted.append((i, module, site, call, err, tol, unchecked))
         if interface or call is not None:
@@ -83,15 +90,28 @@ def _swap(run: KindRun, sites: list[ExpertsSite], kernel: Any, repo_id: str) -> 
     _install(model, hooks, state, report)
     # after the hooks: restore() now sees every packed block
     for i, module, site, call, err, tol, unchecked in accepted:
-        packed, why = _pack(run, module, site, call, kernel, top_k_of(
-            getattr(module, "config", config), site.layout.num_experts), seed=i)
+        top_k = top_k_of(getattr(module, "config", config), site.layout.num_experts)
+        outcome = qz.apply_to_block(
+            module, site.layout, state.quantize, kernel, tolerance=tol, validate=run.validate and unchecked is None,
+            check=lambda m=module, s=site, c=call, i=i, k=top_k: validate_layer(
+                m, s.layout, c, ex.reference_for(m, s), mode=run.mode, top_k=k, seed=i))
+        if outcome is not None and outcome.quantized is not None:
+            packed, why = False, f"quantized experts: {outcome.why}"
+            if outcome.max_error is not None:
+                err, tol = outcome.max_error, outcome.bound
+        else:
+            packed, why = _pack(run, module, site, call, kernel, top_k, seed=i)
+            why = why if outcome is None else f"{outcome.why}; {why}"
         implementation = info["implementation"]
         report.replaced.append(Replaced(
             layer=site.path, kind=NAME, repo_id=repo_id, version=info["version"], commit=info["commit"],
             variant=info["variant"],
             implementation=f"packed experts on {implementation}" if packed else implementation,
             route=site.route, layout=site.layout.describe(), max_error=err,
-            tolerance=tol if run.validate and unchecked is None else None, not_validated=unchecked, why=why))
+            tolerance=tol if run.validate and unchecked is None else None, not_validated=unchecked, why=why,
+            quantized=None if outcome is None else outcome.quantized,
+            bytes_before=None if outcome is None else outcome.bytes_before,
+            bytes_after=None if outcome is None else outcome.bytes_after))
 
 
 def _install(model: Any, hooks: list[tuple[Any, ExpertsSite, ex.ExpertsHook]], state: KernelizeState,
@@ -166,6 +186,7 @@ def _restore(model: Any, state: KernelizeState) -> None:
         except AttributeError:
             continue
         packing.unpack_module(module)
+        qz.drop(module)  # quantized copies (quantize.py)
         ex.remove_hook(module)
     if state.switched and state.previous is not None and hasattr(model, "set_experts_implementation"):
         with contextlib.suppress(Exception):  # the exact per-config restore below still runs

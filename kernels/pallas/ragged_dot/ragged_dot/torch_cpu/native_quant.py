@@ -1,0 +1,421 @@
+"""A native x @ dequant(w)^T for a few rows against quantized [N, K] weights on x86-64 CPUs with AVX512.
+
+Why: at decode a MoE layer's time is reading its active experts' weights once; int8 and float8 weights are half the
+bytes of bfloat16 only if they are read as bytes. This loop streams the quantized rows in order (four at a time,
+prefetched two groups ahead, like native_rows.py), widens each byte to float32 in registers and multiplies it into
+float32 accumulators; no dequantized copy of a weight is ever written.
+
+Formats (torch_quant.py checks the scales before a call):
+- int8, one float32 scale per output channel: out[m, n] = scale[n] * sum_k x[m, k] * w[n, k]. The integer weights
+  are exact in float32, so the only rounding is float32 accumulation and the final product.
+- float8_e4m3fn, one float32 scale per 128 x 128 block (transformers' fine-grained FP8 layout, here for a [N, K]
+  weight: scale[k // 128 * sk + n // 128 * sn]): each output's sum is taken per 128-wide slice of K and multiplied by
+  that block's scale. The e4m3fn bytes are decoded exactly (normals, subnormals, zeros of either sign, NaN).
+
+x is float32 [M, K] (a bfloat16 lhs is widened first: exact); out is float32 [M, N]; the caller rounds to its dtype.
+
+int8 weights against a bfloat16 lhs take a faster route where the CPU has AVX512-VNNI (`x16_rows`, `grouped_x16`):
+each lhs row as int16 with one float scale (XBITS = 14 bits of magnitude, round to nearest: every element within
+2^-15 of its row's max |x|), multiplied by VPDPWSSD into exact int32 sums (one instruction per 32 weights and row,
+against two widenings and two FMAs per 32 on the float32 route). The lhs rounding is ~1e-4 of an output's size for
+Gaussian-like rows, far under the bfloat16 result's own rounding (2^-9); float32 lhs never takes it, nor rows holding
+NaN or Inf (those keep the float32 route, so NaN stays in its row).
+Trust and build as native_rows.py (the C source is this module's SOURCE, compiled into a private folder, removed
+before any call; a self-test against float64 gates it). Imports torch only; never imports kernel_hub.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import platform
+import sys
+
+import torch
+
+from . import native_rows
+
+#: Products of at most this many rows run here; more rows take torch_quant's dequantize-and-matmul route.
+MAX_ROWS = 16
+#: Set to "0" to keep every quantized product on the dequantize-and-matmul route.
+ENV = "KERNEL_HUB_CPU_NATIVE"
+CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "fma")
+#: Bits of magnitude of the int16 lhs rows of the VNNI route (I16_SPAN * 2^XBITS * 127 < 2^31 in the C source).
+XBITS = 14
+
+SOURCE = r"""
+#include <immintrin.h>
+#include <stdint.h>
+#include <stddef.h>
+
+#define TGT __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
+#define R 4
+#define AHEAD 2
+#define BLK 128
+
+/* 16 int8 weights -> float32 (exact). */
+TGT static inline __m512 dec_i8(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)); }
+
+/* 16 float8_e4m3fn bytes -> float32 (exact): normals by moving exponent and mantissa into place and rebiasing
+   (7 - 127), subnormals (exponent 0) as m * 2^-9, 0x7f / 0xff as NaN, the sign bit on top. */
+TGT static inline __m512 dec_f8(__m128i b) {
+    __m512i v = _mm512_cvtepu8_epi32(b);
+    __m512i em = _mm512_and_si512(v, _mm512_set1_epi32(0x7f));
+    __m512i sign = _mm512_slli_epi32(_mm512_and_si512(v, _mm512_set1_epi32(0x80)), 24);
+    __m512i normal = _mm512_add_epi32(_mm512_slli_epi32(em, 20), _mm512_set1_epi32(120 << 23));
+    __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(em), _mm512_set1_ps(1.0f / 512.0f));
+    __mmask16 is_sub = _mm512_cmplt_epi32_mask(em, _mm512_set1_epi32(8));
+    __mmask16 is_nan = _mm512_cmpeq_epi32_mask(em, _mm512_set1_epi32(0x7f));
+    __m512i mag = _mm512_mask_mov_epi32(normal, is_sub, _mm512_castps_si512(sub));
+    mag = _mm512_mask_mov_epi32(mag, is_nan, _mm512_set1_epi32(0x7fc00000));
+    return _mm512_castsi512_ps(_mm512_or_si512(mag, sign));
+}
+
+/* One block of MM rows of x against RR weight rows over K, in slices of `span` (K for int8: one slice; BLK for
+   float8). After each slice every (row, weight row) sum is reduced and, for float8, multiplied by its block scale. */
+#define QBLOCK(DEC, MM, RR)                                                                                   \
+    {                                                                                                         \
+        float tot[MM][RR];                                                                                    \
+        for (int m = 0; m < MM; m++)                                                                          \
+            for (int r = 0; r < RR; r++) tot[m][r] = 0.0f;                                                    \
+        for (int k0 = 0; k0 < K; k0 += span) {                                                                \
+            int k1 = k0 + span < K ? k0 + span : K;                                                           \
+            __m512 acc[MM][RR];                                                                               \
+            for (int m = 0; m < MM; m++)                                                                      \
+                for (int r = 0; r < RR; r++) acc[m][r] = _mm512_setzero_ps();                                 \
+            int k = k0;                                                                                       \
+            for (; k + 16 <= k1; k += 16) {                                                                   \
+                __m512 wv[RR];                                                                                \
+                for (int r = 0; r < RR; r++) {                                                                \
+                    _mm_prefetch((const char *)(wr + (size_t)(r + AHEAD * R) * K + k), _MM_HINT_T1);          \
+                    wv[r] = DEC(_mm_loadu_si128((const __m128i *)(wr + (size_t)r * K + k)));                  \
+                }                                                                                             \
+                for (int m = 0; m < MM; m++) {                                                                \
+                    __m512 xv = _mm512_loadu_ps(x + (size_t)m * K + k);                                       \
+                    for (int r = 0; r < RR; r++) acc[m][r] = _mm512_fmadd_ps(xv, wv[r], acc[m][r]);           \
+                }                                                                                             \
+            }                                                                                                 \
+            if (k < k1) {                                                                                     \
+                __mmask16 tail = (__mmask16)((1u << (k1 - k)) - 1);                                           \
+                __m512 wv[RR];                                                                                \
+                for (int r = 0; r < RR; r++)                                                                  \
+                    wv[r] = _mm512_maskz_mov_ps(tail, DEC(_mm_maskz_loadu_epi8(tail, wr + (size_t)r * K + k))); \
+                for (int m = 0; m < MM; m++) {                                                                \
+                    __m512 xv = _mm512_maskz_loadu_ps(tail, x + (size_t)m * K + k);                           \
+                    for (int r = 0; r < RR; r++) acc[m][r] = _mm512_fmadd_ps(xv, wv[r], acc[m][r]);           \
+                }                                                                                             \
+            }                                                                                                 \
+            for (int m = 0; m < MM; m++)                                                                      \
+                for (int r = 0; r < RR; r++) {                                                                \
+                    float part = _mm512_reduce_add_ps(acc[m][r]);                                             \
+                    tot[m][r] += blocks ? part * s[(size_t)(k0 / BLK) * sk + (size_t)((n0 + r) / BLK) * sn] : part; \
+                }                                                                                             \
+        }                                                                                                     \
+        for (int m = 0; m < MM; m++)                                                                          \
+            for (int r = 0; r < RR; r++)                                                                      \
+                out[(size_t)m * N + n0 + r] = blocks ? tot[m][r] : tot[m][r] * s[(size_t)(n0 + r) * sn];      \
+    }
+
+#define QROWS(DEC, RR)                                                                                        \
+    switch (mm) {                                                                                             \
+    case 1: QBLOCK(DEC, 1, RR) break;                                                                         \
+    case 2: QBLOCK(DEC, 2, RR) break;                                                                         \
+    case 3: QBLOCK(DEC, 3, RR) break;                                                                         \
+    default: QBLOCK(DEC, 4, RR)                                                                               \
+    }
+
+/* out[M, N] (float32) = x[M, K] (float32) against w[N, K] (int8 or float8 bytes) with scales s; see the module. */
+#define QGEMV(NAME, DEC, BLOCKS)                                                                              \
+    TGT void NAME(const float *x0, const int8_t *w, const float *s, float *out0, int M, int N, int K, int sk, \
+                  int sn) {                                                                                   \
+        const int blocks = BLOCKS;                                                                            \
+        const int span = BLOCKS ? BLK : K;                                                                    \
+        int n0 = 0;                                                                                           \
+        for (; n0 + R <= N; n0 += R) {                                                                        \
+            const int8_t *wr = w + (size_t)n0 * K;                                                            \
+            for (int m0 = 0; m0 < M; m0 += 4) {                                                               \
+                int mm = M - m0 < 4 ? M - m0 : 4;                                                             \
+                const float *x = x0 + (size_t)m0 * K;                                                         \
+                float *out = out0 + (size_t)m0 * N;                                                           \
+                QROWS(DEC, R)                                                                                 \
+            }                                                                                                 \
+        }                                                                                                     \
+        for (; n0 < N; n0++) {                                                                                \
+            const int8_t *wr = w + (size_t)n0 * K;                                                            \
+            for (int m0 = 0; m0 < M; m0 += 4) {                                                               \
+                int mm = M - m0 < 4 ? M - m0 : 4;                                                             \
+                const float *x = x0 + (size_t)m0 * K;                                                         \
+                float *out = out0 + (size_t)m0 * N;                                                           \
+                QROWS(DEC, 1)                                                                                 \
+            }                                                                                                 \
+        }                                                                                                     \
+    }
+
+QGEMV(kh_q_rows_i8, dec_i8, 0)
+QGEMV(kh_q_rows_f8, dec_f8, 1)
+
+/* Many experts in one call (as native_rows' grouped): items[i] = (expert, first row, rows); w is a contiguous
+   [E, N, K] byte stack, s a contiguous per-expert scale stack of `sstride` floats each. Threads sharing `next` take
+   the next item. */
+#define QGROUPED(NAME, SINGLE)                                                                                \
+    TGT void NAME(const float *x, const int8_t *w, const float *s, float *out, const int64_t *items, int n,   \
+                  int N, int K, int sk, int sn, int64_t sstride, int *next) {                                 \
+        for (;;) {                                                                                            \
+            int i = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);                                            \
+            if (i >= n) break;                                                                                \
+            const int64_t *it = items + 3 * (size_t)i;                                                        \
+            SINGLE(x + it[1] * K, w + it[0] * (int64_t)N * K, s + it[0] * sstride, out + it[1] * N, (int)it[2], \
+                   N, K, sk, sn);                                                                             \
+        }                                                                                                     \
+    }
+
+QGROUPED(kh_q_grouped_i8, kh_q_rows_i8)
+QGROUPED(kh_q_grouped_f8, kh_q_rows_f8)
+
+/* int8 weights against a bfloat16 lhs given as int16 rows with one float scale each (x[m, k] ~ xq[m, k] * xs[m],
+   XBITS bits: see x16_rows in Python): VPDPWSSD multiplies 32 int16 pairs into int32 sums exactly, one instruction
+   per 32 weights and row, with one widening (VPMOVSXBW) per 32 weights. The int32 sums are flushed to float every
+   I16_SPAN of K, before they could overflow (I16_SPAN * 2^XBITS * 127 < 2^31). */
+#define TGTV __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma")))
+#define I16_SPAN 1024
+
+#define VBLOCK(MM, RR)                                                                                        \
+    {                                                                                                         \
+        double tot[MM][RR];                                                                                   \
+        for (int m = 0; m < MM; m++)                                                                          \
+            for (int r = 0; r < RR; r++) tot[m][r] = 0.0;                                                     \
+        for (int k0 = 0; k0 < K; k0 += I16_SPAN) {                                                            \
+            int k1 = k0 + I16_SPAN < K ? k0 + I16_SPAN : K;                                                   \
+            __m512i acc[MM][RR];                                                                              \
+            for (int m = 0; m < MM; m++)                                                                      \
+                for (int r = 0; r < RR; r++) acc[m][r] = _mm512_setzero_si512();                              \
+            int k = k0;                                                                                       \
+            for (; k + 32 <= k1; k += 32) {                                                                   \
+                __m512i wv[RR];                                                                               \
+                for (int r = 0; r < RR; r++) {                                                                \
+                    _mm_prefetch((const char *)(wr + (size_t)(r + AHEAD * R) * K + k), _MM_HINT_T1);          \
+                    wv[r] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(wr + (size_t)r * K + k))); \
+                }                                                                                             \
+                for (int m = 0; m < MM; m++) {                                                                \
+                    __m512i xv = _mm512_loadu_si512(x + (size_t)m * K + k);                                   \
+                    for (int r = 0; r < RR; r++) acc[m][r] = _mm512_dpwssd_epi32(acc[m][r], xv, wv[r]);       \
+                }                                                                                             \
+            }                                                                                                 \
+            if (k < k1) {                                                                                     \
+                __mmask32 tail = (__mmask32)((1ull << (k1 - k)) - 1);                                         \
+                __m512i wv[RR];                                                                               \
+                for (int r = 0; r < RR; r++)                                                                  \
+                    wv[r] = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(tail, wr + (size_t)r * K + k));      \
+                for (int m = 0; m < MM; m++) {                                                                \
+                    __m512i xv = _mm512_maskz_loadu_epi16(tail, x + (size_t)m * K + k);                       \
+                    for (int r = 0; r < RR; r++) acc[m][r] = _mm512_dpwssd_epi32(acc[m][r], xv, wv[r]);       \
+                }                                                                                             \
+            }                                                                                                 \
+            for (int m = 0; m < MM; m++)                                                                      \
+                for (int r = 0; r < RR; r++) tot[m][r] += (double)_mm512_reduce_add_epi32(acc[m][r]);         \
+        }                                                                                                     \
+        for (int m = 0; m < MM; m++)                                                                          \
+            for (int r = 0; r < RR; r++)                                                                      \
+                out[(size_t)m * N + n0 + r] = (float)(tot[m][r] * (double)xs[m] * (double)s[(size_t)(n0 + r) * sn]); \
+    }
+
+#define VROWS(RR)                                                                                             \
+    switch (mm) {                                                                                             \
+    case 1: VBLOCK(1, RR) break;                                                                              \
+    case 2: VBLOCK(2, RR) break;                                                                              \
+    case 3: VBLOCK(3, RR) break;                                                                              \
+    default: VBLOCK(4, RR)                                                                                    \
+    }
+
+TGTV void kh_q_rows_i8_x16(const int16_t *x0, const float *xs0, const int8_t *w, const float *s, float *out0,
+                           int M, int N, int K, int sk, int sn) {
+    (void)sk;
+    int n0 = 0;
+    for (; n0 + R <= N; n0 += R) {
+        const int8_t *wr = w + (size_t)n0 * K;
+        for (int m0 = 0; m0 < M; m0 += 4) {
+            int mm = M - m0 < 4 ? M - m0 : 4;
+            const int16_t *x = x0 + (size_t)m0 * K;
+            const float *xs = xs0 + m0;
+            float *out = out0 + (size_t)m0 * N;
+            VROWS(R)
+        }
+    }
+    for (; n0 < N; n0++) {
+        const int8_t *wr = w + (size_t)n0 * K;
+        for (int m0 = 0; m0 < M; m0 += 4) {
+            int mm = M - m0 < 4 ? M - m0 : 4;
+            const int16_t *x = x0 + (size_t)m0 * K;
+            const float *xs = xs0 + m0;
+            float *out = out0 + (size_t)m0 * N;
+            VROWS(1)
+        }
+    }
+}
+
+TGTV void kh_q_grouped_i8_x16(const int16_t *x, const float *xs, const int8_t *w, const float *s, float *out,
+                              const int64_t *items, int n, int N, int K, int sk, int sn, int64_t sstride,
+                              int *next) {
+    for (;;) {
+        int i = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);
+        if (i >= n) break;
+        const int64_t *it = items + 3 * (size_t)i;
+        kh_q_rows_i8_x16(x + it[1] * K, xs + it[1], w + it[0] * (int64_t)N * K, s + it[0] * sstride,
+                         out + it[1] * N, (int)it[2], N, K, sk, sn);
+    }
+}
+"""
+
+_ROWS = {torch.int8: "kh_q_rows_i8", torch.float8_e4m3fn: "kh_q_rows_f8"}
+_GROUPED = {torch.int8: "kh_q_grouped_i8", torch.float8_e4m3fn: "kh_q_grouped_f8"}
+
+
+@functools.cache
+def _library() -> tuple[ctypes.CDLL | None, str]:
+    if sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+        return None, f"the native quantized kernel is built for x86-64 Linux, not {sys.platform} {platform.machine()}"
+    lib, why = native_rows.compile_c(SOURCE)
+    if lib is None:
+        return None, why
+    ptr, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+    for symbol in _ROWS.values():
+        fn = getattr(lib, symbol)
+        fn.argtypes = [ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32]
+        fn.restype = None
+    for symbol in _GROUPED.values():
+        fn = getattr(lib, symbol)
+        fn.argtypes = [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, i64, ptr]
+        fn.restype = None
+    lib.kh_q_rows_i8_x16.argtypes = [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32]
+    lib.kh_q_rows_i8_x16.restype = None
+    lib.kh_q_grouped_i8_x16.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, i64, ptr]
+    lib.kh_q_grouped_i8_x16.restype = None
+    return lib, ""
+
+
+def scale_strides(weight_dtype: torch.dtype, scale: torch.Tensor) -> tuple[int, int]:
+    """(sk, sn) of one expert's contiguous scale for the C kernel: int8 [N] per channel -> (0, 1); float8 blocks
+    given as [KB, NB] (the rhs orientation) -> (NB, 1)."""
+    if weight_dtype == torch.int8:
+        return 0, 1
+    return scale.shape[-1], 1
+
+
+def _self_test(dtype: torch.dtype) -> str:
+    """"" when the kernel matches float64 on shapes with every tail (rows past a block of 4, weight rows short of a
+    group of 4, K and N not multiples of 16 or 128) and NaN in x stays in its row; else what went wrong."""
+    from .quant import dequantize, quantize
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(7, 301, generator=g)
+    w = torch.randn(1, 301, 139, generator=g)  # rhs orientation [1, K, N]
+    q, s = quantize(w, dtype)
+    w64 = dequantize(q, s).double()[0]
+    got = _rows(x, q[0].t().contiguous(), _expert_scale(q.dtype, s[0])).double()
+    ref = x.double() @ w64
+    err = float((got - ref).abs().max() / ref.abs().max())
+    if not err <= 1e-5:
+        return f"the native quantized kernel's self-test missed float64 by {err:.1e} (bound 1e-05)"
+    x[2, 3] = float("nan")
+    poisoned = _rows(x, q[0].t().contiguous(), _expert_scale(q.dtype, s[0]))
+    if not (bool(poisoned[2].isnan().all()) and not bool(poisoned[[0, 1, 3, 4, 5, 6]].isnan().any())):
+        return "the native quantized kernel's self-test lost or spread a NaN"
+    return ""
+
+
+def _expert_scale(dtype: torch.dtype, scale: torch.Tensor) -> torch.Tensor:
+    """One expert's scale as the C kernel reads it: int8 [1, N] -> [N]; float8 [KB, NB] as it is (contiguous)."""
+    return (scale.reshape(-1) if dtype == torch.int8 else scale).contiguous()
+
+
+def x16_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(int16 rows, float32 row scales) with x[m] ~ rows[m] * scales[m] (XBITS bits), or None when x holds NaN or Inf
+    (the float32 route keeps them)."""
+    amax = x.abs().amax(dim=1).to(torch.float32)  # exact in x's own dtype
+    if not bool(torch.isfinite(amax).all()):
+        return None
+    scale = torch.where(amax > 0, amax / (2 ** XBITS - 1), torch.ones_like(amax))
+    rows = x.to(torch.float32).mul_((1.0 / scale)[:, None]).round_()  # one float32 copy, scaled in place
+    return rows.to(torch.int16), scale.contiguous()
+
+
+@functools.cache
+def x16_available() -> tuple[bool, str]:
+    """(does the int8 x bfloat16 VNNI route run here, why): AVX512-VNNI, the build, and a self-test against float64
+    within 1e-4 (the lhs rounding) on every tail."""
+    ok, why = available(torch.int8)
+    if not ok:
+        return False, why
+    if "avx512_vnni" not in native_rows.cpu_flags():
+        return False, "this CPU lacks avx512_vnni for the int8 x bfloat16 route"
+    from .quant import dequantize, quantize
+
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(1, 1100, 139, generator=g)  # K past one int32 span, and not a multiple of 32
+    q, s = quantize(w, torch.int8)
+    x = torch.randn(7, 1100, generator=g).to(torch.bfloat16)
+    rows = x16_rows(x)
+    assert rows is not None
+    out = torch.empty((7, 139))
+    items = torch.tensor([[0, 0, 7]], dtype=torch.int64)
+    grouped_x16(rows, q.transpose(1, 2).contiguous(), s.contiguous(), out, items, torch.zeros(1, dtype=torch.int32))
+    ref = x.double() @ dequantize(q, s).double()[0]
+    err = float((out.double() - ref).abs().max() / ref.abs().max())
+    if not err <= 1e-4:
+        return False, f"the int8 x bfloat16 VNNI route's self-test missed float64 by {err:.1e} (bound 1e-04)"
+    return True, "native AVX512-VNNI int8 x bfloat16 route (self-test passed)"
+
+
+@functools.cache
+def available(dtype: torch.dtype) -> tuple[bool, str]:
+    """(can `dtype` weights run natively here, why). Builds and self-tests the kernel once per process."""
+    name = str(dtype).replace("torch.", "")
+    if os.environ.get(ENV, "1") == "0":
+        return False, f"native kernel off ({ENV}=0)"
+    if dtype not in _ROWS:
+        return False, f"no native quantized kernel for {name}"
+    missing = [f for f in CPU_FLAGS if f not in native_rows.cpu_flags()]
+    if missing:
+        return False, f"this CPU lacks {', '.join(missing)} for the native quantized kernel"
+    lib, why = _library()
+    if lib is None:
+        return False, why
+    problem = _self_test(dtype)
+    if problem:
+        return False, problem
+    return True, f"native AVX512 {name} weight rows kernel (self-test passed)"
+
+
+def _rows(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    lib, _ = _library()
+    assert lib is not None
+    out = torch.empty((x.shape[0], w.shape[0]), dtype=torch.float32)
+    sk, sn = scale_strides(w.dtype, scale)
+    getattr(lib, _ROWS[w.dtype])(x.data_ptr(), w.data_ptr(), scale.data_ptr(), out.data_ptr(), x.shape[0],
+                                 w.shape[0], w.shape[1], sk, sn)
+    return out
+
+
+def grouped(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, items: torch.Tensor,
+            next_item: torch.Tensor) -> None:
+    """out[rows of item] = x[rows of item] @ dequant(w[expert])^T for every item not yet taken through `next_item`.
+    x float32 [rows, K], w [E, N, K] int8/float8, scale [E, 1, N] (int8) or [E, KB, NB] (float8) float32, out float32
+    [rows, N]; all contiguous; every item at most MAX_ROWS rows. Releases the GIL while it runs."""
+    lib, _ = _library()
+    assert lib is not None
+    sk, sn = scale_strides(w.dtype, scale[0])
+    getattr(lib, _GROUPED[w.dtype])(x.data_ptr(), w.data_ptr(), scale.data_ptr(), out.data_ptr(), items.data_ptr(),
+                                    items.shape[0], w.shape[1], w.shape[2], sk, sn, scale[0].numel(),
+                                    next_item.data_ptr())
+
+
+def grouped_x16(x: tuple[torch.Tensor, torch.Tensor], w: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,
+                items: torch.Tensor, next_item: torch.Tensor) -> None:
+    """`grouped` for int8 weights with the lhs as x16_rows (rows, row scales): the VNNI route (check x16_available)."""
+    lib, _ = _library()
+    assert lib is not None and w.dtype == torch.int8
+    rows, row_scales = x
+    lib.kh_q_grouped_i8_x16(rows.data_ptr(), row_scales.data_ptr(), w.data_ptr(), scale.data_ptr(), out.data_ptr(),
+                            items.data_ptr(), items.shape[0], w.shape[1], w.shape[2], 0, 1, scale[0].numel(),
+                            next_item.data_ptr())

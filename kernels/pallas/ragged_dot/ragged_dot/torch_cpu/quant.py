@@ -1,0 +1,336 @@
+"""The torch ragged dot with quantized weights: `rhs` int8 or float8_e4m3fn plus float32 `rhs_scale`.
+
+Formats (shared with the JAX entry; rhs is [G, K, N], lhs [M, K]):
+- int8 rhs, per (expert, output channel) scales: rhs_scale [G, 1, N]; weight = rhs[g, k, n] * rhs_scale[g, 0, n].
+- float8_e4m3fn rhs, 128 x 128 block scales: rhs_scale [G, ceil(K/128), ceil(N/128)];
+  weight = rhs[g, k, n] * rhs_scale[g, k // 128, n // 128] (transformers' fine-grained FP8 layout, whose
+  `weight_scale_inv` of an nn.Linear weight [out, in] is [ceil(out/128), ceil(in/128)]: the same rule transposed).
+lhs bfloat16 or float32; the result has lhs's dtype. Products are summed in float32 against the exact dequantized
+weight (integers and e4m3 values are exact in float32), then rounded once to lhs's dtype.
+
+Where it runs: on CPU, groups of at most native_quant.MAX_ROWS rows against weights stored nn.Linear-style (rhs a
+transposed view of a contiguous [G, N, K] stack, what kernelize's quantized copies are) go to the native AVX512 kernel,
+which reads the quantized bytes and dequantizes in registers; other groups (and other devices, or no native kernel)
+dequantize one expert at a time to float32 and multiply. Scales holding NaN or Inf give NaN or Inf in exactly the
+outputs they scale; nothing is clamped or checked on the data (no host sync, so torch.compile traces it).
+
+Autograd: gradients flow to lhs only (quantized weights are frozen: a scale that requires grad is refused). Under
+torch.compile the grouped product is the custom op `<namespace>::cpu_grouped_quant` with a fake implementation, so
+dynamo never traces the group loop. Imports torch only; never imports kernel_hub.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._vendor.shapes import check_ragged_dot_shapes
+from .._vendor.torch_tpu_ops import op_namespace, package_digest
+from ..release import VERSION
+from . import native_quant
+from .grouped import (
+    _inline,
+    _spread,
+    compiling,
+    nonempty_groups,
+    num_workers,
+    on_worker,
+    ragged_dot_torch,
+    run_groups,
+)
+
+#: Weight dtypes with scales, and the scale layout each takes.
+QUANTIZED_DTYPES = (torch.int8, torch.float8_e4m3fn)
+#: Accepted lhs dtypes for quantized weights.
+LHS_DTYPES = (torch.bfloat16, torch.float32)
+#: The fine-grained FP8 block (transformers' weight_block_size [128, 128]).
+BLOCK = 128
+#: Largest int8 magnitude used (symmetric: -127..127, so a scale maps both signs alike).
+INT8_MAX = 127
+#: Largest finite float8_e4m3fn value.
+FP8_MAX = 448.0
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def expected_scale_shape(rhs_dtype: torch.dtype, g: int, k: int, n: int) -> tuple[int, int, int]:
+    """The rhs_scale shape a [G, K, N] rhs of `rhs_dtype` needs."""
+    if rhs_dtype == torch.int8:
+        return (g, 1, n)
+    return (g, _cdiv(k, BLOCK), _cdiv(n, BLOCK))
+
+
+def check_quantized(lhs: torch.Tensor, rhs: torch.Tensor, rhs_scale: torch.Tensor | None) -> None:
+    """One ValueError naming the argument to fix when lhs / rhs / rhs_scale do not form a quantized ragged dot."""
+    if rhs.dtype not in QUANTIZED_DTYPES:
+        raise ValueError(f"rhs_scale is given, so rhs must be int8 (per-channel scales) or float8_e4m3fn (128x128 "
+                         f"block scales); got rhs {rhs.dtype}")
+    if rhs_scale is None:
+        raise ValueError(f"rhs is {rhs.dtype}: pass its float32 rhs_scale "
+                         f"{list(expected_scale_shape(rhs.dtype, *rhs.shape))} (quantized weights need their scales)")
+    if not isinstance(rhs_scale, torch.Tensor):
+        raise ValueError(f"rhs_scale must be a torch.Tensor, got {type(rhs_scale).__name__}")
+    if rhs_scale.dtype != torch.float32:
+        raise ValueError(f"rhs_scale must be float32, got {rhs_scale.dtype}")
+    want = expected_scale_shape(rhs.dtype, *rhs.shape)
+    if tuple(rhs_scale.shape) != want:
+        layout = ("[G, 1, N] (one scale per expert and output channel)" if rhs.dtype == torch.int8 else
+                  "[G, ceil(K/128), ceil(N/128)] (one scale per 128x128 block)")
+        raise ValueError(f"rhs_scale must have shape {list(want)} for {rhs.dtype} rhs {list(rhs.shape)}: {layout}; "
+                         f"got {list(rhs_scale.shape)}")
+    if rhs_scale.device != rhs.device:
+        raise ValueError(f"rhs_scale is on {rhs_scale.device}, rhs on {rhs.device}: put them on one device")
+    if lhs.dtype not in LHS_DTYPES:
+        raise ValueError(f"lhs must be bfloat16 or float32 with quantized rhs, got {lhs.dtype}")
+    if rhs_scale.requires_grad and torch.is_grad_enabled():
+        raise ValueError("rhs_scale requires grad: quantized weights are frozen (gradients flow to lhs only); "
+                         "pass rhs_scale.detach()")
+
+
+# --- quantize / dequantize (rhs orientation [G, K, N]) ---------------------------------------------------------------
+
+
+def dequantize(rhs: torch.Tensor, rhs_scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The weights rhs stands for, rhs[g, k, n] * scale, as a new [G, K, N] tensor of `dtype` (float32 math)."""
+    w = rhs.to(torch.float32)
+    if rhs.dtype == torch.int8:
+        return (w * rhs_scale).to(dtype)
+    k, n = rhs.shape[-2], rhs.shape[-1]
+    full = rhs_scale.repeat_interleave(BLOCK, dim=-2)[..., :k, :].repeat_interleave(BLOCK, dim=-1)[..., :n]
+    return (w * full).to(dtype)
+
+
+def quantize(weight: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rhs, rhs_scale) for a float [G, K, N] `weight`: symmetric int8 per output channel (scale = max|w| / 127 over
+    K) or float8_e4m3fn per 128x128 block (scale = max|w| / 448 over the block). An all-zero channel or block gets
+    scale 1 (its values are 0). Round to nearest; nothing saturates (max|w| maps to exactly 127 / 448)."""
+    if weight.dim() != 3 or not weight.is_floating_point():
+        raise ValueError(f"weight must be a float [G, K, N] tensor, got {weight.dtype} {list(weight.shape)}")
+    w = weight.detach().to(torch.float32)
+    g, k, n = w.shape
+    if dtype == torch.int8:
+        amax = w.abs().amax(dim=1, keepdim=True)  # [G, 1, N]
+        scale = torch.where(amax > 0, amax / INT8_MAX, torch.ones_like(amax))
+        q = torch.round(w / scale).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+        return q, scale
+    if dtype != torch.float8_e4m3fn:
+        raise ValueError(f"dtype must be torch.int8 or torch.float8_e4m3fn, got {dtype}")
+    kb, nb = _cdiv(k, BLOCK), _cdiv(n, BLOCK)
+    padded = torch.nn.functional.pad(w, (0, nb * BLOCK - n, 0, kb * BLOCK - k))
+    amax = padded.abs().reshape(g, kb, BLOCK, nb, BLOCK).amax(dim=(2, 4))  # [G, KB, NB]
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    full = scale.repeat_interleave(BLOCK, dim=1)[:, :k].repeat_interleave(BLOCK, dim=2)[:, :, :n]
+    q = (w / full).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+def quantized_bytes(rhs: torch.Tensor, rhs_scale: torch.Tensor) -> int:
+    """Bytes a quantized weight occupies: its bytes plus its scales'."""
+    return rhs.numel() * rhs.element_size() + rhs_scale.numel() * rhs_scale.element_size()
+
+
+# --- the grouped product -----------------------------------------------------------------------------------------
+
+
+def _native_ready(lhs: torch.Tensor, rhs: torch.Tensor) -> bool:
+    """Whether this call's weights can take the native kernel: CPU, nn.Linear-style bytes, the kernel available."""
+    return (lhs.device.type == "cpu" and rhs.transpose(1, 2).is_contiguous()
+            and native_quant.available(rhs.dtype)[0])
+
+
+def _expert_scales(rhs: torch.Tensor, rhs_scale: torch.Tensor) -> torch.Tensor:
+    """The scale stack as the native kernel reads it: contiguous, rhs orientation (a copy only if it is a view)."""
+    return rhs_scale.contiguous()
+
+
+def grouped_matmul_quantized(lhs: torch.Tensor, rhs: torch.Tensor, rhs_scale: torch.Tensor,
+                             sizes: list[int]) -> torch.Tensor:
+    """out[rows of g] = lhs[rows of g] @ dequant(rhs[g]) in float32, rounded to lhs's dtype; rows past sum(sizes)
+    zero. No autograd."""
+    m, k = lhs.shape
+    n = rhs.shape[2]
+    items = nonempty_groups(sizes, m)
+    cpu = lhs.device.type == "cpu"
+    # Whole-tensor steps on one pool worker on CPU (torch_cpu.on_worker: in the caller they fork OpenMP threads)
+    step = on_worker if cpu else (lambda fn: fn())
+    covered = items[-1][2] if items else 0  # groups are contiguous: rows [0, covered) are all written below
+
+    def empty() -> torch.Tensor:
+        out = torch.empty((m, n), dtype=torch.float32, device=lhs.device)
+        out[covered:].zero_()
+        return out
+
+    out = step(empty)
+    rest = items
+    native = bool(items) and _native_ready(lhs, rhs)
+    x16 = None
+    if native and lhs.dtype == torch.bfloat16 and rhs.dtype == torch.int8 and native_quant.x16_available()[0]:
+        x16 = step(lambda: native_quant.x16_rows(lhs))  # the VNNI route (native_quant.py); None: NaN/Inf in lhs
+    x = None if x16 is not None and all(e - s <= native_quant.MAX_ROWS for _, s, e in items) else \
+        step(lambda: lhs.to(torch.float32).contiguous())
+    if native:
+        rest = _native_groups(x16 if x16 is not None else x, rhs, _expert_scales(rhs, rhs_scale), items, out)
+
+    def one(g: int, s: int, e: int) -> None:
+        assert x is not None
+        torch.mm(x[s:e], dequantize(rhs[g], rhs_scale[g]), out=out[s:e])
+
+    run_groups(rest, one, sum(e - s for _, s, e in rest) * k * n)
+    return step(lambda: out.to(lhs.dtype))
+
+
+def _native_groups(x: Any, rhs: torch.Tensor, scales: torch.Tensor, items: list[tuple[int, int, int]],
+                   out: torch.Tensor) -> list[tuple[int, int, int]]:
+    """Run the items of at most MAX_ROWS rows on the native kernel (one call per worker, sharing a counter); returns
+    the items left for the dequantize-and-multiply loop."""
+    small = sorted((it for it in items if it[2] - it[1] <= native_quant.MAX_ROWS),
+                   key=lambda it: it[2] - it[1], reverse=True)
+    if not small:
+        return items
+    w = rhs.transpose(1, 2)  # [G, N, K], contiguous
+    table = torch.tensor([(g, s, e - s) for g, s, e in small], dtype=torch.int64).reshape(-1, 3)
+    counter = torch.zeros(1, dtype=torch.int32)
+
+    run = native_quant.grouped_x16 if isinstance(x, tuple) else native_quant.grouped  # (int16 rows, scales): VNNI
+
+    def drain() -> None:
+        run(x, w, scales, out, table, counter)
+
+    workers = min(num_workers(), len(small))
+    if _inline(workers, sum(e - s for _, s, e in small) * w.shape[2] * w.shape[1]):
+        drain()
+    else:
+        _spread([drain] * workers)
+    return [it for it in items if it[2] - it[1] > native_quant.MAX_ROWS]
+
+
+def _sizes(group_sizes: torch.Tensor) -> list[int]:
+    return [int(s) for s in group_sizes.tolist()]
+
+
+def _custom_op(name: str, schema: str, fn: Callable[..., torch.Tensor], fake: Callable[..., torch.Tensor]) -> Any:
+    """This build's custom op `name`, registered once per process (torch_cpu's rule)."""
+    qualname = f"{op_namespace('ragged_dot', VERSION, package_digest(Path(__file__).parents[1]))}::{name}"
+    from torch._library import custom_ops
+
+    existing = custom_ops._maybe_get_opdef(qualname)
+    if existing is not None:
+        return existing
+    op = torch.library.custom_op(qualname, fn, mutates_args=(), schema=schema)
+    op.register_fake(fake)
+    return op
+
+
+_GROUPED_Q = _custom_op(
+    "cpu_grouped_quant", "(Tensor lhs, Tensor rhs, Tensor rhs_scale, Tensor group_sizes) -> Tensor",
+    lambda lhs, rhs, rhs_scale, group_sizes: grouped_matmul_quantized(lhs, rhs, rhs_scale, _sizes(group_sizes)),
+    lambda lhs, rhs, rhs_scale, group_sizes: lhs.new_empty((lhs.shape[0], rhs.shape[2])))
+
+
+def _setup(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    lhs, rhs, rhs_scale, group_sizes = inputs
+    ctx.lhs_dtype = lhs.dtype
+    ctx.save_for_backward(rhs, rhs_scale, group_sizes)
+
+
+def _backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
+    """d_lhs = dout @ dequant(rhs)^T per group, in float32 (the weights get no gradient: they are frozen)."""
+    rhs, rhs_scale, group_sizes = ctx.saved_tensors
+    if not ctx.needs_input_grad[0]:
+        return None, None, None, None
+    w_t = dequantize(rhs, rhs_scale).transpose(1, 2)  # [G, N, K] float32
+    d_lhs = ragged_dot_torch(dout.to(torch.float32).contiguous(), w_t, group_sizes)
+    return d_lhs.to(ctx.lhs_dtype), None, None, None
+
+
+if not getattr(_GROUPED_Q, "_kernel_hub_autograd", False):
+    _GROUPED_Q.register_autograd(_backward, setup_context=_setup)
+    _GROUPED_Q._kernel_hub_autograd = True
+
+
+def ragged_dot_quantized(lhs: torch.Tensor, rhs: torch.Tensor, rhs_scale: torch.Tensor | None,
+                         group_sizes: torch.Tensor) -> torch.Tensor:
+    """The quantized ragged dot (see the module docstring); shapes and group sizes already checked by the caller."""
+    check_quantized(lhs, rhs, rhs_scale)
+    assert rhs_scale is not None
+    if compiling() or (torch.is_grad_enabled() and lhs.requires_grad):
+        return _GROUPED_Q(lhs, rhs, rhs_scale, group_sizes)
+    return grouped_matmul_quantized(lhs.detach(), rhs, rhs_scale, _sizes(group_sizes))
+
+
+def compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The dtype an expert block computes in: the weights' own, or the hidden states' for quantized weights."""
+    return hidden.dtype if weight.dtype in QUANTIZED_DTYPES else weight.dtype
+
+
+def oriented_scale(scale: torch.Tensor | None, is_transposed: bool) -> torch.Tensor | None:
+    """A weight's scale in the ragged dot's rhs orientation: scales are laid out like their weights, so a weight
+    stored nn.Linear-style ([E, N, K], is_transposed=False) has its scale as [E, N, 1] / [E, ceil(N/128),
+    ceil(K/128)] (transformers' weight_scale_inv) and is transposed with it."""
+    if scale is None or is_transposed:
+        return scale
+    return scale.transpose(1, 2)
+
+
+@functools.cache
+def native_support(dtype: torch.dtype) -> tuple[bool, str]:
+    """(does `dtype` take the native kernel here, why): for reports."""
+    return native_quant.available(dtype)
+
+
+def inference_fast_path(hidden_states: torch.Tensor, top_k_weights: torch.Tensor) -> bool:
+    """Whether moe_experts may take moe_experts_quantized: CPU, eager, nothing to differentiate."""
+    return (hidden_states.device.type == "cpu" and not compiling()
+            and not (torch.is_grad_enabled() and (hidden_states.requires_grad or top_k_weights.requires_grad)))
+
+
+def moe_experts_quantized(
+    hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+    w_up: torch.Tensor, w_down: torch.Tensor, s_up: torch.Tensor, s_down: torch.Tensor, *,
+    up_bias: torch.Tensor | None, down_bias: torch.Tensor | None,
+    gate: Callable[[torch.Tensor], torch.Tensor], post_fn: Callable[[torch.Tensor], torch.Tensor] | None,
+) -> torch.Tensor:
+    """torch_api.moe_experts with quantized weights on CPU at inference, the same computation step for step (the same
+    products, bias, gate and combine in the same order and dtypes, so the same numbers), with the whole-tensor steps
+    between the two grouped products run on one pool worker (torch_cpu.on_worker): in the caller they would fork
+    OpenMP threads, which stall for milliseconds when another process holds a core (torch_packed's reason).
+    w_up / w_down in the rhs orientation ([E, H, 2I] / [E, I, H]) with their rhs-oriented scales; no autograd."""
+    from .grouped import combine_experts, on_worker, route
+
+    num_experts = w_up.shape[0]
+    num_tokens, top_k = top_k_index.shape
+    dtype = hidden_states.dtype
+    check_ragged_dot_shapes(hidden_states.shape, w_up.shape, (num_experts,))
+    check_quantized(hidden_states, w_up, s_up)
+    check_quantized(hidden_states, w_down, s_down)
+    with torch.no_grad():
+        sorted_ids, perm, sizes, in_range = route(top_k_index, num_experts)
+        rows = perm.numel()
+        counts = [int(s) for s in sizes.tolist()]
+        covered = min(sum(counts), rows)
+        ids = sorted_ids[:covered]
+        x = on_worker(lambda: hidden_states[perm[:covered] // top_k].contiguous())
+        h = grouped_matmul_quantized(x, w_up, s_up, counts)
+
+        def middle() -> torch.Tensor:
+            y = h if up_bias is None else h + up_bias[ids]
+            return gate(y).to(dtype).contiguous()
+
+        h = on_worker(middle)
+        check_ragged_dot_shapes(h.shape, w_down.shape, (num_experts,))
+        out = grouped_matmul_quantized(h, w_down, s_down, counts)
+
+        def tail() -> torch.Tensor:
+            o = out if down_bias is None else out + down_bias[ids]
+            if covered < rows:  # rows of dropped (sentinel) ids
+                o = torch.cat([o, o.new_zeros((rows - covered, o.shape[1]))])
+            return o if post_fn is None else post_fn(o)
+
+        result = on_worker(tail) if post_fn is None else tail()
+        return combine_experts(result, top_k_weights, perm, in_range, num_tokens, top_k, dtype)
