@@ -262,7 +262,8 @@ def test_torch_compile_fullgraph_on_the_quantized_path(rd):
 @pytest.mark.parametrize("fmt", list(DTYPES))
 def test_moe_experts_inference_route_equals_the_differentiable_one(rd, fmt):
     """At CPU inference moe_experts takes torch_cpu/quant.py moe_experts_quantized (glue on a pool worker); with
-    autograd on it runs the two ragged dots: the same computation, so the same bits. Biases and a sentinel id included."""
+    autograd on it runs the two ragged dots: the same computation, so the same bits. Biases and a sentinel id
+    included."""
     e, h, i, t = 5, 96, 40, 11
     gen = torch.Generator().manual_seed(4)
     up, s_up = rd.quantize(torch.randn(e, h, 2 * i, generator=gen), DTYPES[fmt])
