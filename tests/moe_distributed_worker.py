@@ -63,6 +63,10 @@ def main() -> dict[str, Any]:
         kernelized = logits(model)
         restored = kh.restore(model)
         after = logits(model)
+        quantized = kh.kernelize(model, mapping={"attention": None, "rms_norm": None}, quantize="int8")
+        int8_logits = logits(model)
+        kh.restore(model)
+        after_int8 = logits(model)
         out["plans"][label] = {
             "weight_type": type(weight).__name__,
             "global_shape": list(weight.shape),
@@ -78,6 +82,10 @@ def main() -> dict[str, Any]:
             "restored": restored,
             "restored_vs_sharded": (after - sharded).abs().max().item(),
             "scale": reference.abs().max().item(),
+            "int8": [[r.quantized, r.max_error, r.tolerance, r.why] for r in quantized.replaced],
+            "int8_kept": [[k.layer, k.reason] for k in quantized.kept],
+            "int8_vs_unsharded": (int8_logits - reference).abs().max().item(),
+            "restored_after_int8_vs_sharded": (after_int8 - sharded).abs().max().item(),
         }
     return out
 

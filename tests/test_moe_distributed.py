@@ -75,6 +75,20 @@ def test_sharded_model_kernelizes_with_the_unsharded_logits(ranks, plan):
         assert got["restored"] and got["restored_vs_sharded"] == 0.0
 
 
+@pytest.mark.parametrize("plan", [p[0] for p in PLANS])
+def test_sharded_model_quantizes_its_local_slices(ranks, plan):
+    """kernelize(quantize="int8") on a sharded model quantizes each rank's own weight slices (what the block computes
+    on), each block checked against its own layer within its bound; restore gives back the sharded model exactly."""
+    for r in ranks:
+        got = r["plans"][plan]
+        assert got["int8_kept"] == [] and len(got["int8"]) == LAYERS, got
+        for fmt, err, bound, why in got["int8"]:
+            assert fmt is not None and "int8" in fmt, why
+            assert err is not None and err <= bound, why
+        assert got["int8_vs_unsharded"] <= 0.1 * got["scale"]  # int8 weights: close, not equal
+        assert got["restored_after_int8_vs_sharded"] == 0.0
+
+
 def test_expert_parallel_ranks_hold_whole_experts(ranks):
     for r in ranks:
         got = r["plans"]["ep2"]

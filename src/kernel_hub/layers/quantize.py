@@ -43,6 +43,7 @@ import torch
 from ..errors import KernelHubError
 from .find import BLOCK, ExpertsLayout, fp8_scale, fp8_scale_names
 from .packing import weight_names
+from .sharded import local
 
 #: kernelize's quantize= choices -> the weight dtype.
 FORMATS = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
@@ -152,14 +153,15 @@ def _fill(module: Any, record: QuantizedExperts) -> None:
     before = after = 0
     for name in record.names:
         param = module._parameters[name]
-        q, s, err = _quantize_one(param, record.transposed, record.fmt, record.quantize)
+        rank_slice = local(param)  # a sharded block computes on its rank's slice: that is what gets quantized
+        q, s, err = _quantize_one(rank_slice, record.transposed, record.fmt, record.quantize)
         if record.advise is not None:
             huge, why = record.advise(q)
             record.pages = f"{huge >> 20} MiB in 2 MiB pages" if huge else why
         record.weights[name] = (q, s)
         record.sources[name] = _stamp(param)
         record.errors[name] = err
-        before += param.numel() * param.element_size()
+        before += rank_slice.numel() * rank_slice.element_size()
         after += q.numel() * q.element_size() + s.numel() * s.element_size()
     record.bytes_before, record.bytes_after = before, after
 
