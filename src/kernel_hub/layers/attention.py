@@ -505,9 +505,22 @@ def _traced_kernel_call(module, flash, query, key, value, attention_mask, kwargs
     prev_fn = previous_function(module, hook.previous if hook is not None else None)
 
     def previous(q, k, v):
-        return prev_fn(module, q, k, v, attention_mask, **kwargs)[0].contiguous()
+        return prev_fn(module, q, k, v, attention_mask, **kwargs)[0]
 
-    return torch.cond(ok, kernel, previous, (query, key, value)), plan, ""
+    # torch.cond wants both branches' outputs with equal strides; `.contiguous()` keeps whatever stride a size-1 dim
+    # had (a decode step's one query row, a sliced head size), so each branch returns a fresh row-major copy
+    return torch.cond(ok, _row_major(kernel), _row_major(previous), (query, key, value)), plan, ""
+
+
+def _row_major(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """fn with its output copied into canonical row-major strides (torch.cond compares branch strides exactly)."""
+
+    def run(*args: Any) -> torch.Tensor:
+        out = fn(*args)
+        return torch.empty(out.shape, dtype=out.dtype, device=out.device).copy_(out)
+
+    return run
+
 
 
 def _rel_rows(out: torch.Tensor, ref: torch.Tensor, rows: torch.Tensor | None) -> float:
