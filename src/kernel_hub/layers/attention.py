@@ -508,8 +508,11 @@ def _traced_kernel_call(module, flash, query, key, value, attention_mask, kwargs
         return prev_fn(module, q, k, v, attention_mask, **kwargs)[0]
 
     # torch.cond wants both branches' outputs with equal strides; `.contiguous()` keeps whatever stride a size-1 dim
-    # had (a decode step's one query row, a sliced head size), so each branch returns a fresh row-major copy
-    return torch.cond(ok, _row_major(kernel), _row_major(previous), (query, key, value)), plan, ""
+    # had (a decode step's one query row, a sliced head size), so each branch returns a fresh row-major copy. The
+    # operands go in row-major too: inductor compiles each branch for row-major inputs and did not copy a transposed
+    # q/k/v view into that layout (DeepSeek-V3's generate failed its size/stride assert)
+    operands = tuple(_row_major(lambda t: t)(t) for t in (query, key, value))
+    return torch.cond(ok, _row_major(kernel), _row_major(previous), operands), plan, ""
 
 
 def _row_major(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
