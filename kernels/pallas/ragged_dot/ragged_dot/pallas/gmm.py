@@ -42,6 +42,41 @@ def _compiler_params(cfg: RaggedDotConfig, semantics: tuple[str, ...]) -> pltpu.
     return pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=cfg.vmem_limit_bytes)
 
 
+def step_state(tile_ref, lo_ref, hi_ref, tm: int) -> tuple[jax.Array, ...]:
+    """(i, k, last_k, base, lo, hi, first_visit) of this grid step in a forward kernel (the plain and the quantized
+    one): its item i, K step k, the item's row tile starting at row `base`, the tile's rows [lo, hi) it computes, and
+    whether it is the tile's first item (its output is zeroed then)."""
+    i, k = pl.program_id(1), pl.program_id(2)
+    tile = tile_ref[i]
+    first_visit = jnp.logical_or(i == 0, tile != tile_ref[jnp.maximum(i - 1, 0)])
+    return i, k, pl.num_programs(2) - 1, tile * tm, lo_ref[i], hi_ref[i], first_visit
+
+
+def expert_rows(j: int, experts: int, lo: jax.Array, hi: jax.Array, block: jax.Array, start_ref,
+                end_ref) -> tuple[jax.Array, jax.Array]:
+    """[r0, r1): the rows of the step's weight block's expert j within the item's rows [lo, hi)."""
+    if experts == 1:
+        return lo, hi
+    e = block * experts + j
+    return jnp.maximum(lo, start_ref[e]), jnp.minimum(hi, end_ref[e])
+
+
+def row_windows(r0: jax.Array, r1: jax.Array, body, *, base: jax.Array, tm: int, window: int, width: int) -> None:
+    """body(start, mine) on row windows of the tile at `base` covering [r0, r1): the first starts at r0 rounded down
+    to a whole sublane tile (16 rows), the rest follow it, the last moved back to end inside the tile; `mine` marks
+    the rows of [r0, r1) a window computes first (an overlap with the previous window is not counted twice)."""
+    first = (r0 - base) // _ALIGN * _ALIGN
+
+    def step(w, carry):
+        fresh = base + first + w * window  # rows before this were the previous windows'
+        start = pl.multiple_of(jnp.minimum(first + w * window, tm - window), _ALIGN)
+        rows = base + start + jax.lax.broadcasted_iota(jnp.int32, (window, width), 0)
+        body(start, jnp.logical_and(rows >= jnp.maximum(r0, fresh), rows < r1))
+        return carry
+
+    jax.lax.fori_loop(0, (r1 - base - first + window - 1) // window, step, 0)
+
+
 def _gmm_kernel(
     tile_ref, block_ref, fetch_tile_ref, fetch_block_ref, lo_ref, hi_ref, start_ref, end_ref,  # scalar prefetch
     lhs_ref, rhs_ref,  # inputs (VMEM blocks)
@@ -50,12 +85,7 @@ def _gmm_kernel(
     tm: int, window: int, experts: int, transpose_rhs: bool, precision: jax.lax.Precision | None,
 ) -> None:
     del fetch_tile_ref, fetch_block_ref
-    i, k = pl.program_id(1), pl.program_id(2)
-    last_k = pl.num_programs(2) - 1
-    tile = tile_ref[i]
-    base = tile * tm
-    lo, hi = lo_ref[i], hi_ref[i]
-    first_visit = jnp.logical_or(i == 0, tile != tile_ref[jnp.maximum(i - 1, 0)])
+    i, k, last_k, base, lo, hi, first_visit = step_state(tile_ref, lo_ref, hi_ref, tm)
     contract = (1,) if transpose_rhs else (0,)
 
     @pl.when(jnp.logical_and(k == 0, first_visit))
@@ -64,27 +94,10 @@ def _gmm_kernel(
         if acc:
             acc[0][...] = jnp.zeros_like(acc[0])
 
-    def windows(r0: jax.Array, r1: jax.Array, body) -> None:
-        """body(start, mine) on row windows of this tile covering [r0, r1): the first starts at r0 rounded down to
-        a whole sublane tile (16 rows), the rest follow it, the last moved back to end inside the tile; `mine` marks
-        the rows of [r0, r1) a window computes first (an overlap with the previous window is not counted twice)."""
-        first = (r0 - base) // _ALIGN * _ALIGN
-
-        def step(w, carry):
-            fresh = base + first + w * window  # rows before this were the previous windows'
-            start = pl.multiple_of(jnp.minimum(first + w * window, tm - window), _ALIGN)
-            rows = base + start + jax.lax.broadcasted_iota(jnp.int32, (window, out_ref.shape[1]), 0)
-            body(start, jnp.logical_and(rows >= jnp.maximum(r0, fresh), rows < r1))
-            return carry
-
-        jax.lax.fori_loop(0, (r1 - base - first + window - 1) // window, step, 0)
+    windows = functools.partial(row_windows, base=base, tm=tm, window=window, width=out_ref.shape[1])
 
     for j in range(experts):  # the experts of this step's weight block, each on its own rows
-        if experts == 1:
-            r0, r1 = lo, hi
-        else:
-            e = block_ref[i] * experts + j
-            r0, r1 = jnp.maximum(lo, start_ref[e]), jnp.minimum(hi, end_ref[e])
+        r0, r1 = expert_rows(j, experts, lo, hi, block_ref[i], start_ref, end_ref)
 
         @pl.when(r0 < r1)
         def _expert(j=j, r0=r0, r1=r1):
