@@ -38,7 +38,7 @@ def _precision(*dtypes: jnp.dtype) -> jax.lax.Precision | None:
     return jax.lax.Precision.HIGHEST if any(jnp.dtype(d) == jnp.float32 for d in dtypes) else None
 
 
-def _compiler_params(cfg: RaggedDotConfig, semantics: tuple[str, ...]) -> pltpu.CompilerParams:
+def compiler_params(cfg: RaggedDotConfig, semantics: tuple[str, ...]) -> pltpu.CompilerParams:
     return pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=cfg.vmem_limit_bytes)
 
 
@@ -130,6 +130,34 @@ def gmm_blocks(group_sizes: jax.Array, experts: int) -> jax.Array:
     return group_sizes if experts == 1 else jnp.maximum(group_sizes, 0).reshape(g // experts, experts).sum(1)
 
 
+def forward_grid(meta: GroupMetadata, bounds: tuple[jax.Array, jax.Array] | None, dims: tuple[int, int, int],
+                 g: int, cfg: RaggedDotConfig, name: str,
+                 ) -> tuple[GroupMetadata, tuple[jax.Array, jax.Array], tuple[int, int, int]]:
+    """A forward's (meta, bounds, grid (n tiles, items, k tiles)) for padded (Mp, Kp, Np) `dims`, after one clear
+    error when they are not whole tiles or the expert blocks do not fit (the plain and the quantized forward)."""
+    tm, tk, tn, experts = cfg.tm, cfg.tk, cfg.tn, cfg.experts_per_step
+    mp, kp, np_ = dims
+    if mp % tm or kp % tk or np_ % tn:
+        raise ValueError(f"{name} operands must be whole tiles: (M,K,N)=({mp},{kp},{np_}) tiles {tm, tk, tn}")
+    if experts > 1 and (g % experts or bounds is None):
+        raise ValueError(f"experts_per_step={experts} needs a group count it divides (got {g}) and group bounds")
+    if bounds is None:
+        bounds = (meta.row_lo[:1], meta.row_hi[:1])  # unread with one expert per step
+    # the items axis runs only the items the forward needs (metadata.forward_items): a bound from the routing
+    meta, num_items = forward_items(meta, mp // tm)
+    return meta, bounds, (np_ // tn, num_items, kp // tk)
+
+
+def forward_lhs_map(n, i, k, tile, block, fetch_tile, fetch_block, lo, hi, starts, ends):
+    """A forward's lhs block: the row tile its item fetches, K step k."""
+    return fetch_tile[i], k
+
+
+def forward_out_map(n, i, k, tile, block, fetch_tile, fetch_block, lo, hi, starts, ends):
+    """A forward's output block: the item's row tile, N tile n."""
+    return tile[i], n
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "out_dtype", "transpose_rhs", "interpret"))
 def gmm(
     lhs: jax.Array,
@@ -151,24 +179,10 @@ def gmm(
     mp, kp = lhs.shape
     g = rhs.shape[0]
     np_ = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-    if mp % tm or kp % tk or np_ % tn:
-        raise ValueError(f"gmm operands must be whole tiles: (M,K,N)=({mp},{kp},{np_}) tiles {tm, tk, tn}")
-    if experts > 1 and (g % experts or bounds is None):
-        raise ValueError(f"experts_per_step={experts} needs a group count it divides (got {g}) and group bounds")
-    if bounds is None:
-        bounds = (meta.row_lo[:1], meta.row_hi[:1])  # unread with one expert per step
-    # the items axis runs only the items the forward needs (metadata.forward_items): a bound from the routing
-    meta, num_items = forward_items(meta, mp // tm)
-    grid = (np_ // tn, num_items, kp // tk)
-
-    def lhs_map(n, i, k, tile, block, fetch_tile, fetch_block, lo, hi, starts, ends):
-        return fetch_tile[i], k
+    meta, bounds, grid = forward_grid(meta, bounds, (mp, kp, np_), g, cfg, "gmm")
 
     def rhs_map(n, i, k, tile, block, fetch_tile, fetch_block, lo, hi, starts, ends):
         return (fetch_block[i], n, k) if transpose_rhs else (fetch_block[i], k, n)
-
-    def out_map(n, i, k, tile, block, fetch_tile, fetch_block, lo, hi, starts, ends):
-        return tile[i], n
 
     rhs_block = (experts, tn, tk) if transpose_rhs else (experts, tk, tn)
     kernel = functools.partial(
@@ -189,11 +203,11 @@ def gmm(
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=_NUM_PREFETCH + 2,
             grid=grid,
-            in_specs=[pl.BlockSpec((tm, tk), lhs_map), pl.BlockSpec(rhs_block, rhs_map)],
-            out_specs=pl.BlockSpec((tm, tn), out_map),
+            in_specs=[pl.BlockSpec((tm, tk), forward_lhs_map), pl.BlockSpec(rhs_block, rhs_map)],
+            out_specs=pl.BlockSpec((tm, tn), forward_out_map),
             scratch_shapes=scratch,
         ),
-        compiler_params=_compiler_params(cfg, ("parallel", "arbitrary", "arbitrary")),
+        compiler_params=compiler_params(cfg, ("parallel", "arbitrary", "arbitrary")),
         interpret=interpret,
         cost_estimate=cost,
     )(*meta, *bounds, lhs, rhs)
@@ -297,7 +311,7 @@ def tgmm(
             out_specs=pl.BlockSpec((None, tk, tn), out_map),
             scratch_shapes=[pltpu.VMEM((tk, tn), jnp.float32)],
         ),
-        compiler_params=_compiler_params(cfg, ("parallel", "parallel", "arbitrary")),
+        compiler_params=compiler_params(cfg, ("parallel", "parallel", "arbitrary")),
         interpret=interpret,
         cost_estimate=cost,
     )(*meta, lhs_t, dout)

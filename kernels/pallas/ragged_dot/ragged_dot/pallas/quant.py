@@ -39,8 +39,8 @@ from .config import (
     usable_vmem,
     with_vmem_limit,
 )
-from .gmm import expert_rows, row_windows, step_state
-from .metadata import GroupMetadata, forward_items
+from .gmm import compiler_params, expert_rows, forward_grid, forward_lhs_map, forward_out_map, row_windows, step_state
+from .metadata import GroupMetadata
 
 _NUM_PREFETCH = len(GroupMetadata._fields)
 #: Weight rows of one fp8 scale block (and of the transformers fine-grained FP8 layout's blocks, both axes).
@@ -215,17 +215,7 @@ def gmm_quant(
     mp, kp = lhs.shape
     g, _, np_ = rhs.shape
     block_scales = scale.ndim == 5
-    if mp % tm or kp % tk or np_ % tn:
-        raise ValueError(f"gmm_quant operands must be whole tiles: (M,K,N)=({mp},{kp},{np_}) tiles {tm, tk, tn}")
-    if experts > 1 and (g % experts or bounds is None):
-        raise ValueError(f"experts_per_step={experts} needs a group count it divides (got {g}) and group bounds")
-    if bounds is None:
-        bounds = (meta.row_lo[:1], meta.row_hi[:1])
-    meta, num_items = forward_items(meta, mp // tm)
-    grid = (np_ // tn, num_items, kp // tk)
-
-    def lhs_map(n, i, k, tile, block, fetch_tile, fetch_block, lo, hi, starts, ends):
-        return fetch_tile[i], k
+    meta, bounds, grid = forward_grid(meta, bounds, (mp, kp, np_), g, cfg, "gmm_quant")
 
     def rhs_map(n, i, k, tile, block, fetch_tile, fetch_block, lo, hi, starts, ends):
         return fetch_block[i], k, n
@@ -260,12 +250,11 @@ def gmm_quant(
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=_NUM_PREFETCH + 2,
             grid=grid,
-            in_specs=[pl.BlockSpec((tm, tk), lhs_map), pl.BlockSpec((experts, tk, tn), rhs_map), scale_spec],
-            out_specs=pl.BlockSpec((tm, tn), lambda n, i, k, tile, *_: (tile[i], n)),
+            in_specs=[pl.BlockSpec((tm, tk), forward_lhs_map), pl.BlockSpec((experts, tk, tn), rhs_map), scale_spec],
+            out_specs=pl.BlockSpec((tm, tn), forward_out_map),
             scratch_shapes=scratch,
         ),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary", "arbitrary"),
-                                             vmem_limit_bytes=cfg.vmem_limit_bytes),
+        compiler_params=compiler_params(cfg, ("parallel", "arbitrary", "arbitrary")),
         interpret=interpret,
         cost_estimate=cost,
     )(*meta, *bounds, lhs, rhs, scale)
