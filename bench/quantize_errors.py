@@ -19,17 +19,16 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.tiny_models, from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels/pallas/ragged_dot/tests"))  # quant_testutil
 
 FORMATS = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
 
 
 def dequantized64(q: torch.Tensor, s: torch.Tensor) -> np.ndarray:
-    w = q.to(torch.float32).numpy().astype(np.float64)
-    s64 = s.numpy().astype(np.float64)
-    if q.dtype == torch.int8:
-        return w * s64
-    k, n = w.shape[1:]
-    return w * np.repeat(np.repeat(s64, 128, axis=1)[:, :k], 128, axis=2)[:, :, :n]
+    """The float64 weights [G, K, N] the quantized rhs stands for (the tests' NumPy dequantize)."""
+    from quant_testutil import dequantize64
+
+    return dequantize64(q.to(torch.float32).numpy(), s.numpy(), "int8" if q.dtype == torch.int8 else "fp8")
 
 
 def kernel_table(rd) -> list[str]:

@@ -11,6 +11,7 @@ float32 lhs. NaN/Inf in scales, bad scales, gradients (lhs only) and torch.compi
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +20,10 @@ torch = pytest.importorskip("torch")
 
 import kernel_hub as kh  # noqa: E402
 from kernel_hub.numerics import relative_error, tolerance  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels/pallas/ragged_dot/tests"))
+from quant_testutil import dequantize64  # noqa: E402
+from quant_testutil import reference as group_reference  # noqa: E402
 
 DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
 
@@ -33,23 +38,12 @@ def _module(rd, name):
 
 
 def scale_np(q: torch.Tensor, s: torch.Tensor) -> np.ndarray:
-    """The float64 weights rhs stands for ([G, K, N]), NumPy only."""
-    w = q.to(torch.float32).numpy().astype(np.float64)
-    s64 = s.numpy().astype(np.float64)
-    if q.dtype == torch.int8:
-        return w * s64
-    k, n = w.shape[1:]
-    return w * np.repeat(np.repeat(s64, 128, axis=1)[:, :k], 128, axis=2)[:, :, :n]
+    """The float64 weights rhs stands for ([G, K, N]), NumPy only (float8 bytes through torch's own cast)."""
+    return dequantize64(q.to(torch.float32).numpy(), s.numpy(), "int8" if q.dtype == torch.int8 else "fp8")
 
 
 def reference(lhs: torch.Tensor, w64: np.ndarray, sizes: list[int]) -> np.ndarray:
-    x = lhs.to(torch.float32).numpy().astype(np.float64)
-    out = np.zeros((x.shape[0], w64.shape[2]))
-    start = 0
-    for g, size in enumerate(sizes):
-        out[start:start + size] = x[start:start + size] @ w64[g]
-        start += size
-    return out
+    return group_reference(lhs.to(torch.float32).numpy().astype(np.float64), w64, sizes)
 
 
 def operands(rd, fmt, g, k, n, *, linear_style=True, seed=0):

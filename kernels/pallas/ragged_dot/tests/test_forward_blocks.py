@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import ragged_dot as rd
+from quant_testutil import reference
 from ragged_dot._vendor.chips import CHIPS, chip_for_device_kind
 from ragged_dot.pallas.config import UNKNOWN_CHIP, choose_config, usable_vmem, vmem_bytes
 from ragged_dot_testutil import make_inputs
@@ -18,14 +19,8 @@ from kernel_hub.numerics import relative_error as rel_error
 
 def _numpy_reference(lhs, rhs, sizes) -> np.ndarray:
     """Row r of group g gets lhs[r] @ rhs[g] in float64; rows past sum(sizes) are zero."""
-    a = np.asarray(jnp.asarray(lhs, jnp.float32), np.float64)
-    b = np.asarray(jnp.asarray(rhs, jnp.float32), np.float64)
-    out = np.zeros((a.shape[0], b.shape[2]))
-    start = 0
-    for g, size in enumerate(sizes):
-        out[start:start + size] = a[start:start + size] @ b[g]
-        start += size
-    return out
+    return reference(np.asarray(jnp.asarray(lhs, jnp.float32), np.float64),
+                     np.asarray(jnp.asarray(rhs, jnp.float32), np.float64), sizes)
 
 
 # (name, M, K, N, sizes, config): blocks of 2 or 4 experts, row windows smaller than the tile, K in one step (no

@@ -7,6 +7,8 @@ Chip facts (VMEM budget) come in as arguments so nothing asks the TPU runtime at
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -157,6 +159,66 @@ _MIB = 1024 * 1024
 _COMPILER_RESERVE = 8 * _MIB
 
 
+class ForwardSchedule(NamedTuple):
+    """What the forward schedules for rows spread evenly over the groups (see estimated_seconds)."""
+
+    eb: int  # experts per weight block
+    kp: int  # K and N padded to the tiles
+    np_: int
+    nk: int  # K and N tiles
+    nn: int
+    tiles: int  # row tiles
+    active_blocks: float  # expected weight blocks with rows
+    items: float  # expected (row tile, expert block) items
+    rows: float  # rows the dots run on (about half a window wasted per expert and tile)
+
+
+def forward_schedule(cfg: RaggedDotConfig, m: int, k: int, n: int, g: int) -> ForwardSchedule:
+    """The forward's expected schedule under uniform routing: shared by the plain and the quantized cost models."""
+    eb = cfg.experts_per_step if g % cfg.experts_per_step == 0 else 1
+    kp, np_ = round_up(k, cfg.tk), round_up(n, cfg.tn)
+    tiles = cdiv(m, cfg.tm)
+    blocks = g // eb
+    active_blocks = blocks * (1.0 - (1.0 - 1.0 / blocks) ** m)
+    active = g * (1.0 - (1.0 - 1.0 / g) ** m)
+    items = tiles + active_blocks - 1
+    rows = m + (active + tiles) * (cfg.window / 2 + 8)
+    return ForwardSchedule(eb, kp, np_, kp // cfg.tk, np_ // cfg.tn, tiles, active_blocks, items, rows)
+
+
+def fastest_fitting(row_tiles: list[int], groups_per_step: list[int], k: int, n: int, budget: int,
+                    need: Callable[[RaggedDotConfig], int], seconds: Callable[[RaggedDotConfig], float],
+                    ) -> tuple[RaggedDotConfig, float, int, bool] | None:
+    """(tiles, estimated seconds, VMEM bytes, weights padded) of the fastest tiling whose blocks (`need`) fit
+    `budget`, ties to the smaller; K and N tiles that need no padded weights first (padded weights, a copy per call,
+    only when nothing unpadded fits); None when nothing fits. Shared by the plain and the quantized forward."""
+    for padded in (False, True):
+        best, best_key = None, None
+        for tm in row_tiles:
+            for eb in groups_per_step:
+                for tk in lane_tiles(k, padded):
+                    for tn in lane_tiles(n, padded):
+                        cfg = RaggedDotConfig(tm=tm, tk=tk, tn=tn, experts_per_step=eb)
+                        bytes_ = need(cfg)
+                        if bytes_ > budget:
+                            continue
+                        key = (seconds(cfg), bytes_)
+                        if best_key is None or key < best_key:
+                            best, best_key = cfg, key
+        if best is not None:
+            return best, best_key[0], best_key[1], padded
+    return None
+
+
+def with_vmem_limit(cfg: RaggedDotConfig, need: int, itemsize: int, chip: ChipFacts) -> RaggedDotConfig:
+    """cfg with a raised vmem_limit_bytes (the chip's VMEM less the compiler's reserve) when its blocks (`need`)
+    pass the default scoped VMEM, else cfg as it is."""
+    if need > usable_vmem(itemsize, chip.scoped_vmem_bytes):
+        return dataclasses.replace(cfg, vmem_limit_bytes=max(chip.scoped_vmem_bytes,
+                                                             chip.vmem_bytes - _COMPILER_RESERVE))
+    return cfg
+
+
 def estimated_seconds(cfg: RaggedDotConfig, m: int, k: int, n: int, g: int, itemsize: int, chip: ChipFacts) -> float:
     """The forward's time on `chip` for rows spread evenly over the groups (a uniform routing):
     max(HBM bytes / bandwidth, MXU FLOPs / peak) + steps x STEP_SECONDS, counted as the kernel schedules them.
@@ -164,19 +226,11 @@ def estimated_seconds(cfg: RaggedDotConfig, m: int, k: int, n: int, g: int, item
     Items are the (row tile, expert block) pairs with rows; a weight block is fetched when the block changes
     (every step when K takes several); an lhs tile when the tile changes (every step when K takes several);
     dots run on row windows from each expert's first row (about half a window wasted per expert and tile)."""
-    eb = cfg.experts_per_step if g % cfg.experts_per_step == 0 else 1
-    kp, np_ = round_up(k, cfg.tk), round_up(n, cfg.tn)
-    nk, nn = kp // cfg.tk, np_ // cfg.tn
-    tiles = cdiv(m, cfg.tm)
-    blocks = g // eb
-    active_blocks = blocks * (1.0 - (1.0 - 1.0 / blocks) ** m)
-    active = g * (1.0 - (1.0 - 1.0 / g) ** m)
-    items = tiles + active_blocks - 1
+    eb, kp, np_, nk, nn, tiles, active_blocks, items, rows = forward_schedule(cfg, m, k, n, g)
     rhs = (active_blocks if nk == 1 else items) * eb * kp * np_
     lhs = (tiles if nk == 1 else items) * cfg.tm * kp * nn
     out = tiles * cfg.tm * np_
     hbm = (rhs + lhs + out) * itemsize
-    rows = m + (active + tiles) * (cfg.window / 2 + 8)
     passes = 6 if itemsize == 4 else 1  # an f32 dot at HIGHEST precision: six bf16 MXU passes
     flops = 2.0 * rows * kp * np_ * passes
     return max(hbm / chip.hbm_bytes_per_s, flops / chip.bf16_flops_per_s) + items * nk * nn * STEP_SECONDS
@@ -211,28 +265,15 @@ def choose_config(
     physical = vmem_budget_bytes if vmem_budget_bytes is not None else (
         chip.vmem_bytes * 3 // 4 if chip.vmem_bytes > chip.scoped_vmem_bytes else chip.vmem_bytes)
     budget = usable_vmem(itemsize, physical)
-    for padded in (False, True):  # padded weights (a copy per call) only when nothing unpadded fits
-        best, best_key = None, None
-        for tm in row_tiles:
-            for eb in groups_per_step:
-                for tk in lane_tiles(k, padded):
-                    for tn in lane_tiles(n, padded):
-                        cfg = RaggedDotConfig(tm=tm, tk=tk, tn=tn, experts_per_step=eb)
-                        need = vmem_bytes(cfg, itemsize, itemsize, cdiv(k, tk))
-                        if need > budget:
-                            continue
-                        key = (estimated_seconds(cfg, m, k, n, g, itemsize, chip), need)
-                        if best_key is None or key < best_key:
-                            best, best_key = cfg, key
-        if best is not None:
-            need = best_key[1]
-            if need > usable_vmem(itemsize, chip.scoped_vmem_bytes):
-                best = dataclasses.replace(best, vmem_limit_bytes=max(chip.scoped_vmem_bytes,
-                                                                      chip.vmem_bytes - _COMPILER_RESERVE))
-            why = (f"fastest estimate on {chip.name} ({best_key[0] * 1e6:.1f} us for an even routing) whose blocks "
-                   f"({need / _MIB:.1f} MiB) fit {budget / _MIB:.1f} MiB of VMEM"
-                   + ("; weights padded: no unpadded tiling fits" if padded else ""))
-            return best, why
+    found = fastest_fitting(row_tiles, groups_per_step, k, n, budget,
+                            lambda cfg: vmem_bytes(cfg, itemsize, itemsize, cdiv(k, cfg.tk)),
+                            lambda cfg: estimated_seconds(cfg, m, k, n, g, itemsize, chip))
+    if found is not None:
+        best, seconds, need, padded = found
+        why = (f"fastest estimate on {chip.name} ({seconds * 1e6:.1f} us for an even routing) whose blocks "
+               f"({need / _MIB:.1f} MiB) fit {budget / _MIB:.1f} MiB of VMEM"
+               + ("; weights padded: no unpadded tiling fits" if padded else ""))
+        return with_vmem_limit(best, need, itemsize, chip), why
     tm = row_tiles[0]
     return RaggedDotConfig(tm=tm, tk=128, tn=128), "nothing fits the VMEM budget: the smallest tiles"
 

@@ -38,8 +38,43 @@ def _precision(*dtypes: jnp.dtype) -> jax.lax.Precision | None:
     return jax.lax.Precision.HIGHEST if any(jnp.dtype(d) == jnp.float32 for d in dtypes) else None
 
 
-def _compiler_params(cfg: RaggedDotConfig, semantics: tuple[str, ...]) -> pltpu.CompilerParams:
+def compiler_params(cfg: RaggedDotConfig, semantics: tuple[str, ...]) -> pltpu.CompilerParams:
     return pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=cfg.vmem_limit_bytes)
+
+
+def step_state(tile_ref, lo_ref, hi_ref, tm: int) -> tuple[jax.Array, ...]:
+    """(i, k, last_k, base, lo, hi, first_visit) of this grid step in a forward kernel (the plain and the quantized
+    one): its item i, K step k, the item's row tile starting at row `base`, the tile's rows [lo, hi) it computes, and
+    whether it is the tile's first item (its output is zeroed then)."""
+    i, k = pl.program_id(1), pl.program_id(2)
+    tile = tile_ref[i]
+    first_visit = jnp.logical_or(i == 0, tile != tile_ref[jnp.maximum(i - 1, 0)])
+    return i, k, pl.num_programs(2) - 1, tile * tm, lo_ref[i], hi_ref[i], first_visit
+
+
+def expert_rows(j: int, experts: int, lo: jax.Array, hi: jax.Array, block: jax.Array, start_ref,
+                end_ref) -> tuple[jax.Array, jax.Array]:
+    """[r0, r1): the rows of the step's weight block's expert j within the item's rows [lo, hi)."""
+    if experts == 1:
+        return lo, hi
+    e = block * experts + j
+    return jnp.maximum(lo, start_ref[e]), jnp.minimum(hi, end_ref[e])
+
+
+def row_windows(r0: jax.Array, r1: jax.Array, body, *, base: jax.Array, tm: int, window: int, width: int) -> None:
+    """body(start, mine) on row windows of the tile at `base` covering [r0, r1): the first starts at r0 rounded down
+    to a whole sublane tile (16 rows), the rest follow it, the last moved back to end inside the tile; `mine` marks
+    the rows of [r0, r1) a window computes first (an overlap with the previous window is not counted twice)."""
+    first = (r0 - base) // _ALIGN * _ALIGN
+
+    def step(w, carry):
+        fresh = base + first + w * window  # rows before this were the previous windows'
+        start = pl.multiple_of(jnp.minimum(first + w * window, tm - window), _ALIGN)
+        rows = base + start + jax.lax.broadcasted_iota(jnp.int32, (window, width), 0)
+        body(start, jnp.logical_and(rows >= jnp.maximum(r0, fresh), rows < r1))
+        return carry
+
+    jax.lax.fori_loop(0, (r1 - base - first + window - 1) // window, step, 0)
 
 
 def _gmm_kernel(
@@ -50,12 +85,7 @@ def _gmm_kernel(
     tm: int, window: int, experts: int, transpose_rhs: bool, precision: jax.lax.Precision | None,
 ) -> None:
     del fetch_tile_ref, fetch_block_ref
-    i, k = pl.program_id(1), pl.program_id(2)
-    last_k = pl.num_programs(2) - 1
-    tile = tile_ref[i]
-    base = tile * tm
-    lo, hi = lo_ref[i], hi_ref[i]
-    first_visit = jnp.logical_or(i == 0, tile != tile_ref[jnp.maximum(i - 1, 0)])
+    i, k, last_k, base, lo, hi, first_visit = step_state(tile_ref, lo_ref, hi_ref, tm)
     contract = (1,) if transpose_rhs else (0,)
 
     @pl.when(jnp.logical_and(k == 0, first_visit))
@@ -64,27 +94,10 @@ def _gmm_kernel(
         if acc:
             acc[0][...] = jnp.zeros_like(acc[0])
 
-    def windows(r0: jax.Array, r1: jax.Array, body) -> None:
-        """body(start, mine) on row windows of this tile covering [r0, r1): the first starts at r0 rounded down to
-        a whole sublane tile (16 rows), the rest follow it, the last moved back to end inside the tile; `mine` marks
-        the rows of [r0, r1) a window computes first (an overlap with the previous window is not counted twice)."""
-        first = (r0 - base) // _ALIGN * _ALIGN
-
-        def step(w, carry):
-            fresh = base + first + w * window  # rows before this were the previous windows'
-            start = pl.multiple_of(jnp.minimum(first + w * window, tm - window), _ALIGN)
-            rows = base + start + jax.lax.broadcasted_iota(jnp.int32, (window, out_ref.shape[1]), 0)
-            body(start, jnp.logical_and(rows >= jnp.maximum(r0, fresh), rows < r1))
-            return carry
-
-        jax.lax.fori_loop(0, (r1 - base - first + window - 1) // window, step, 0)
+    windows = functools.partial(row_windows, base=base, tm=tm, window=window, width=out_ref.shape[1])
 
     for j in range(experts):  # the experts of this step's weight block, each on its own rows
-        if experts == 1:
-            r0, r1 = lo, hi
-        else:
-            e = block_ref[i] * experts + j
-            r0, r1 = jnp.maximum(lo, start_ref[e]), jnp.minimum(hi, end_ref[e])
+        r0, r1 = expert_rows(j, experts, lo, hi, block_ref[i], start_ref, end_ref)
 
         @pl.when(r0 < r1)
         def _expert(j=j, r0=r0, r1=r1):
@@ -117,6 +130,34 @@ def gmm_blocks(group_sizes: jax.Array, experts: int) -> jax.Array:
     return group_sizes if experts == 1 else jnp.maximum(group_sizes, 0).reshape(g // experts, experts).sum(1)
 
 
+def forward_grid(meta: GroupMetadata, bounds: tuple[jax.Array, jax.Array] | None, dims: tuple[int, int, int],
+                 g: int, cfg: RaggedDotConfig, name: str,
+                 ) -> tuple[GroupMetadata, tuple[jax.Array, jax.Array], tuple[int, int, int]]:
+    """A forward's (meta, bounds, grid (n tiles, items, k tiles)) for padded (Mp, Kp, Np) `dims`, after one clear
+    error when they are not whole tiles or the expert blocks do not fit (the plain and the quantized forward)."""
+    tm, tk, tn, experts = cfg.tm, cfg.tk, cfg.tn, cfg.experts_per_step
+    mp, kp, np_ = dims
+    if mp % tm or kp % tk or np_ % tn:
+        raise ValueError(f"{name} operands must be whole tiles: (M,K,N)=({mp},{kp},{np_}) tiles {tm, tk, tn}")
+    if experts > 1 and (g % experts or bounds is None):
+        raise ValueError(f"experts_per_step={experts} needs a group count it divides (got {g}) and group bounds")
+    if bounds is None:
+        bounds = (meta.row_lo[:1], meta.row_hi[:1])  # unread with one expert per step
+    # the items axis runs only the items the forward needs (metadata.forward_items): a bound from the routing
+    meta, num_items = forward_items(meta, mp // tm)
+    return meta, bounds, (np_ // tn, num_items, kp // tk)
+
+
+def forward_lhs_map(n, i, k, tile, block, fetch_tile, fetch_block, lo, hi, starts, ends):
+    """A forward's lhs block: the row tile its item fetches, K step k."""
+    return fetch_tile[i], k
+
+
+def forward_out_map(n, i, k, tile, block, fetch_tile, fetch_block, lo, hi, starts, ends):
+    """A forward's output block: the item's row tile, N tile n."""
+    return tile[i], n
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "out_dtype", "transpose_rhs", "interpret"))
 def gmm(
     lhs: jax.Array,
@@ -138,24 +179,10 @@ def gmm(
     mp, kp = lhs.shape
     g = rhs.shape[0]
     np_ = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-    if mp % tm or kp % tk or np_ % tn:
-        raise ValueError(f"gmm operands must be whole tiles: (M,K,N)=({mp},{kp},{np_}) tiles {tm, tk, tn}")
-    if experts > 1 and (g % experts or bounds is None):
-        raise ValueError(f"experts_per_step={experts} needs a group count it divides (got {g}) and group bounds")
-    if bounds is None:
-        bounds = (meta.row_lo[:1], meta.row_hi[:1])  # unread with one expert per step
-    # the items axis runs only the items the forward needs (metadata.forward_items): a bound from the routing
-    meta, num_items = forward_items(meta, mp // tm)
-    grid = (np_ // tn, num_items, kp // tk)
-
-    def lhs_map(n, i, k, tile, block, fetch_tile, fetch_block, lo, hi, starts, ends):
-        return fetch_tile[i], k
+    meta, bounds, grid = forward_grid(meta, bounds, (mp, kp, np_), g, cfg, "gmm")
 
     def rhs_map(n, i, k, tile, block, fetch_tile, fetch_block, lo, hi, starts, ends):
         return (fetch_block[i], n, k) if transpose_rhs else (fetch_block[i], k, n)
-
-    def out_map(n, i, k, tile, block, fetch_tile, fetch_block, lo, hi, starts, ends):
-        return tile[i], n
 
     rhs_block = (experts, tn, tk) if transpose_rhs else (experts, tk, tn)
     kernel = functools.partial(
@@ -176,11 +203,11 @@ def gmm(
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=_NUM_PREFETCH + 2,
             grid=grid,
-            in_specs=[pl.BlockSpec((tm, tk), lhs_map), pl.BlockSpec(rhs_block, rhs_map)],
-            out_specs=pl.BlockSpec((tm, tn), out_map),
+            in_specs=[pl.BlockSpec((tm, tk), forward_lhs_map), pl.BlockSpec(rhs_block, rhs_map)],
+            out_specs=pl.BlockSpec((tm, tn), forward_out_map),
             scratch_shapes=scratch,
         ),
-        compiler_params=_compiler_params(cfg, ("parallel", "arbitrary", "arbitrary")),
+        compiler_params=compiler_params(cfg, ("parallel", "arbitrary", "arbitrary")),
         interpret=interpret,
         cost_estimate=cost,
     )(*meta, *bounds, lhs, rhs)
@@ -284,7 +311,7 @@ def tgmm(
             out_specs=pl.BlockSpec((None, tk, tn), out_map),
             scratch_shapes=[pltpu.VMEM((tk, tn), jnp.float32)],
         ),
-        compiler_params=_compiler_params(cfg, ("parallel", "parallel", "arbitrary")),
+        compiler_params=compiler_params(cfg, ("parallel", "parallel", "arbitrary")),
         interpret=interpret,
         cost_estimate=cost,
     )(*meta, lhs_t, dout)

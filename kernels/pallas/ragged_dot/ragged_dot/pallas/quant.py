@@ -21,7 +21,6 @@ expanded across the tile's columns in VMEM by a 0/1 matrix product (exact at HIG
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -31,15 +30,22 @@ from jax.experimental.pallas import tpu as pltpu
 
 from .._vendor.chips import ChipFacts
 from .._vendor.tiling import cdiv, round_up
-from .config import STEP_SECONDS, UNKNOWN_CHIP, RaggedDotConfig, lane_tiles, usable_vmem
-from .metadata import GroupMetadata, forward_items
+from .config import (
+    STEP_SECONDS,
+    UNKNOWN_CHIP,
+    RaggedDotConfig,
+    fastest_fitting,
+    forward_schedule,
+    usable_vmem,
+    with_vmem_limit,
+)
+from .gmm import compiler_params, expert_rows, forward_grid, forward_lhs_map, forward_out_map, row_windows, step_state
+from .metadata import GroupMetadata
 
 _NUM_PREFETCH = len(GroupMetadata._fields)
-_ALIGN = 16
 #: Weight rows of one fp8 scale block (and of the transformers fine-grained FP8 layout's blocks, both axes).
 BLOCK = 128
 _MIB = 1024 * 1024
-_COMPILER_RESERVE = 8 * _MIB
 
 
 def chunk_rows(tk: int, block_scales: bool) -> int:
@@ -69,19 +75,11 @@ def quant_vmem_bytes(cfg: RaggedDotConfig, lhs_itemsize: int, out_itemsize: int,
 def quant_estimated_seconds(cfg: RaggedDotConfig, m: int, k: int, n: int, g: int, lhs_itemsize: int,
                             block_scales: bool, chip: ChipFacts) -> float:
     """config.estimated_seconds with 1-byte weights plus their scales (uniform routing), bf16 MXU passes."""
-    eb = cfg.experts_per_step if g % cfg.experts_per_step == 0 else 1
-    kp, np_ = round_up(k, cfg.tk), round_up(n, cfg.tn)
-    nk, nn = kp // cfg.tk, np_ // cfg.tn
-    tiles = cdiv(m, cfg.tm)
-    blocks = g // eb
-    active_blocks = blocks * (1.0 - (1.0 - 1.0 / blocks) ** m)
-    active = g * (1.0 - (1.0 - 1.0 / g) ** m)
-    items = tiles + active_blocks - 1
+    eb, kp, np_, nk, nn, tiles, active_blocks, items, rows = forward_schedule(cfg, m, k, n, g)
     per_expert = kp * np_ + (cdiv(kp, BLOCK) * cdiv(np_, BLOCK) if block_scales else np_) * 4
     rhs = (active_blocks if nk == 1 else items) * eb * per_expert
     lhs = (tiles if nk == 1 else items) * cfg.tm * kp * nn * lhs_itemsize
     out = tiles * cfg.tm * np_ * lhs_itemsize
-    rows = m + (active + tiles) * (cfg.window / 2 + 8)
     passes = 6 if lhs_itemsize == 4 else 1
     flops = 2.0 * rows * kp * np_ * passes
     return max((rhs + lhs + out) / chip.hbm_bytes_per_s, flops / chip.bf16_flops_per_s) + items * nk * nn * STEP_SECONDS
@@ -102,26 +100,14 @@ def choose_quant_config(m: int, k: int, n: int, g: int, lhs_dtype: object, block
     groups_per_step = [e for e in (1, 2, 4, 8, 16, 32) if e <= g and g % e == 0]
     physical = chip.vmem_bytes * 3 // 4 if chip.vmem_bytes > chip.scoped_vmem_bytes else chip.vmem_bytes
     budget = usable_vmem(2, physical)
-    for padded in (False, True):
-        best, best_key = None, None
-        for tm in row_tiles:
-            for eb in groups_per_step:
-                for tk in lane_tiles(k, padded):
-                    for tn in lane_tiles(n, padded):
-                        cfg = RaggedDotConfig(tm=tm, tk=tk, tn=tn, experts_per_step=eb)
-                        need = quant_vmem_bytes(cfg, item, item, block_scales)
-                        if need > budget:
-                            continue
-                        key = (quant_estimated_seconds(cfg, m, k, n, g, item, block_scales, chip), need)
-                        if best_key is None or key < best_key:
-                            best, best_key = cfg, key
-        if best is not None:
-            need = best_key[1]
-            if need > usable_vmem(2, chip.scoped_vmem_bytes):
-                best = dataclasses.replace(best, vmem_limit_bytes=max(chip.scoped_vmem_bytes,
-                                                                      chip.vmem_bytes - _COMPILER_RESERVE))
-            return best, (f"fastest quantized estimate on {chip.name} ({best_key[0] * 1e6:.1f} us, even routing) "
-                          f"whose blocks ({need / _MIB:.1f} MiB) fit {budget / _MIB:.1f} MiB of VMEM")
+    found = fastest_fitting(row_tiles, groups_per_step, k, n, budget,
+                            lambda cfg: quant_vmem_bytes(cfg, item, item, block_scales),
+                            lambda cfg: quant_estimated_seconds(cfg, m, k, n, g, item, block_scales, chip))
+    if found is not None:
+        best, seconds, need, _ = found
+        return with_vmem_limit(best, need, 2, chip), (
+            f"fastest quantized estimate on {chip.name} ({seconds * 1e6:.1f} us, even routing) "
+            f"whose blocks ({need / _MIB:.1f} MiB) fit {budget / _MIB:.1f} MiB of VMEM")
     return RaggedDotConfig(tm=row_tiles[0], tk=128, tn=128), "nothing fits the VMEM budget: the smallest tiles"
 
 
@@ -142,12 +128,7 @@ def _quant_kernel(
     precision: jax.lax.Precision | None,
 ) -> None:
     del fetch_tile_ref, fetch_block_ref
-    i, k = pl.program_id(1), pl.program_id(2)
-    last_k = pl.num_programs(2) - 1
-    tile = tile_ref[i]
-    base = tile * tm
-    lo, hi = lo_ref[i], hi_ref[i]
-    first_visit = jnp.logical_or(i == 0, tile != tile_ref[jnp.maximum(i - 1, 0)])
+    i, k, last_k, base, lo, hi, first_visit = step_state(tile_ref, lo_ref, hi_ref, tm)
     tk = rhs_ref.shape[1]
     ct = lhs_ref.dtype
     full, tail = tk // chunk, tk % chunk
@@ -157,25 +138,10 @@ def _quant_kernel(
         out_ref[...] = jnp.zeros_like(out_ref)
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
-    def windows(r0: jax.Array, r1: jax.Array, body) -> None:
-        """body(start, mine) on the row windows of this tile covering [r0, r1) (pallas_gmm's windows)."""
-        first = (r0 - base) // _ALIGN * _ALIGN
-
-        def step(w, carry):
-            fresh = base + first + w * window
-            start = pl.multiple_of(jnp.minimum(first + w * window, tm - window), _ALIGN)
-            rows = base + start + jax.lax.broadcasted_iota(jnp.int32, (window, tn), 0)
-            body(start, jnp.logical_and(rows >= jnp.maximum(r0, fresh), rows < r1))
-            return carry
-
-        jax.lax.fori_loop(0, (r1 - base - first + window - 1) // window, step, 0)
+    windows = functools.partial(row_windows, base=base, tm=tm, window=window, width=tn)
 
     for j in range(experts):
-        if experts == 1:
-            r0, r1 = lo, hi
-        else:
-            e = block_ref[i] * experts + j
-            r0, r1 = jnp.maximum(lo, start_ref[e]), jnp.minimum(hi, end_ref[e])
+        r0, r1 = expert_rows(j, experts, lo, hi, block_ref[i], start_ref, end_ref)
 
         @pl.when(r0 < r1)
         def _expert(j=j, r0=r0, r1=r1):
@@ -249,17 +215,7 @@ def gmm_quant(
     mp, kp = lhs.shape
     g, _, np_ = rhs.shape
     block_scales = scale.ndim == 5
-    if mp % tm or kp % tk or np_ % tn:
-        raise ValueError(f"gmm_quant operands must be whole tiles: (M,K,N)=({mp},{kp},{np_}) tiles {tm, tk, tn}")
-    if experts > 1 and (g % experts or bounds is None):
-        raise ValueError(f"experts_per_step={experts} needs a group count it divides (got {g}) and group bounds")
-    if bounds is None:
-        bounds = (meta.row_lo[:1], meta.row_hi[:1])
-    meta, num_items = forward_items(meta, mp // tm)
-    grid = (np_ // tn, num_items, kp // tk)
-
-    def lhs_map(n, i, k, tile, block, fetch_tile, fetch_block, lo, hi, starts, ends):
-        return fetch_tile[i], k
+    meta, bounds, grid = forward_grid(meta, bounds, (mp, kp, np_), g, cfg, "gmm_quant")
 
     def rhs_map(n, i, k, tile, block, fetch_tile, fetch_block, lo, hi, starts, ends):
         return fetch_block[i], k, n
@@ -294,12 +250,11 @@ def gmm_quant(
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=_NUM_PREFETCH + 2,
             grid=grid,
-            in_specs=[pl.BlockSpec((tm, tk), lhs_map), pl.BlockSpec((experts, tk, tn), rhs_map), scale_spec],
-            out_specs=pl.BlockSpec((tm, tn), lambda n, i, k, tile, *_: (tile[i], n)),
+            in_specs=[pl.BlockSpec((tm, tk), forward_lhs_map), pl.BlockSpec((experts, tk, tn), rhs_map), scale_spec],
+            out_specs=pl.BlockSpec((tm, tn), forward_out_map),
             scratch_shapes=scratch,
         ),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary", "arbitrary"),
-                                             vmem_limit_bytes=cfg.vmem_limit_bytes),
+        compiler_params=compiler_params(cfg, ("parallel", "arbitrary", "arbitrary")),
         interpret=interpret,
         cost_estimate=cost,
     )(*meta, *bounds, lhs, rhs, scale)

@@ -245,7 +245,7 @@ class _RaggedDot(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, lhs, rhs, group_sizes):  # type: ignore[override]
-        sizes = [int(s) for s in group_sizes.tolist()]
+        sizes = sizes_list(group_sizes)
         ctx.sizes = sizes
         ctx.save_for_backward(lhs, rhs)
         return grouped_matmul(lhs, rhs, sizes)
@@ -262,11 +262,12 @@ class _RaggedDot(torch.autograd.Function):
         return d_lhs, d_rhs, None
 
 
-def _sizes(group_sizes: torch.Tensor) -> list[int]:
+def sizes_list(group_sizes: torch.Tensor) -> list[int]:
+    """A group-sizes tensor as Python ints (the custom ops take a tensor; the loops take a list)."""
     return [int(s) for s in group_sizes.tolist()]
 
 
-def _custom_op(name: str, schema: str, fn: Callable[..., torch.Tensor], fake: Callable[..., torch.Tensor]) -> Any:
+def custom_op(name: str, schema: str, fn: Callable[..., torch.Tensor], fake: Callable[..., torch.Tensor]) -> Any:
     """The custom op `name` of this build (version and content), registered once per process (a second load of the
     same build reuses it; another build of the same version gets its own namespace)."""
     qualname = f"{op_namespace('ragged_dot', VERSION, package_digest(Path(__file__).parents[1]))}::{name}"
@@ -280,13 +281,13 @@ def _custom_op(name: str, schema: str, fn: Callable[..., torch.Tensor], fake: Ca
     return op
 
 
-_GROUPED = _custom_op(
+_GROUPED = custom_op(
     "cpu_grouped", "(Tensor lhs, Tensor rhs, Tensor group_sizes) -> Tensor",
-    lambda lhs, rhs, group_sizes: grouped_matmul(lhs, rhs, _sizes(group_sizes)),
+    lambda lhs, rhs, group_sizes: grouped_matmul(lhs, rhs, sizes_list(group_sizes)),
     lambda lhs, rhs, group_sizes: lhs.new_empty((lhs.shape[0], rhs.shape[2])))
-_GROUPED_TN = _custom_op(
+_GROUPED_TN = custom_op(
     "cpu_grouped_tn", "(Tensor lhs, Tensor dout, Tensor group_sizes, int groups) -> Tensor",
-    lambda lhs, dout, group_sizes, groups: grouped_matmul_tn(lhs, dout, _sizes(group_sizes), groups),
+    lambda lhs, dout, group_sizes, groups: grouped_matmul_tn(lhs, dout, sizes_list(group_sizes), groups),
     lambda lhs, dout, group_sizes, groups: lhs.new_empty((groups, lhs.shape[1], dout.shape[1])))
 
 
@@ -319,7 +320,7 @@ def ragged_dot_torch(lhs: torch.Tensor, rhs: torch.Tensor, group_sizes: torch.Te
         return _GROUPED(lhs, rhs, group_sizes)
     if torch.is_grad_enabled() and (lhs.requires_grad or rhs.requires_grad):
         return _RaggedDot.apply(lhs, rhs, group_sizes)
-    return grouped_matmul(lhs.detach(), rhs.detach(), [int(s) for s in group_sizes.tolist()])
+    return grouped_matmul(lhs.detach(), rhs.detach(), sizes_list(group_sizes))
 
 
 def on_worker(fn: Callable[[], torch.Tensor]) -> torch.Tensor:

@@ -28,9 +28,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
-import platform
-import sys
 
 import torch
 
@@ -39,19 +36,13 @@ from . import native_rows
 #: Products of at most this many rows run here; more rows take torch_quant's dequantize-and-matmul route.
 MAX_ROWS = 16
 #: Set to "0" to keep every quantized product on the dequantize-and-matmul route.
-ENV = "KERNEL_HUB_CPU_NATIVE"
+ENV = native_rows.ENV
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "fma")
 #: Bits of magnitude of the int16 lhs rows of the VNNI route (I16_SPAN * 2^XBITS * 127 < 2^31 in the C source).
 XBITS = 14
 
-SOURCE = r"""
-#include <immintrin.h>
-#include <stdint.h>
-#include <stddef.h>
-
+SOURCE = native_rows.C_LOOPS + r"""
 #define TGT __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
-#define R 4
-#define AHEAD 2
 #define BLK 128
 
 /* 16 int8 weights -> float32 (exact). */
@@ -125,49 +116,28 @@ TGT static inline __m512 dec_f8(__m128i b) {
     default: QBLOCK(DEC, 4, RR)                                                                               \
     }
 
+#define I8_ROWS(RR) QROWS(dec_i8, RR)
+#define F8_ROWS(RR) QROWS(dec_f8, RR)
+
 /* out[M, N] (float32) = x[M, K] (float32) against w[N, K] (int8 or float8 bytes) with scales s; see the module. */
-#define QGEMV(NAME, DEC, BLOCKS)                                                                              \
+#define QGEMV(NAME, ROWS, BLOCKS)                                                                             \
     TGT void NAME(const float *x0, const int8_t *w, const float *s, float *out0, int M, int N, int K, int sk, \
                   int sn) {                                                                                   \
         const int blocks = BLOCKS;                                                                            \
         const int span = BLOCKS ? BLK : K;                                                                    \
-        int n0 = 0;                                                                                           \
-        for (; n0 + R <= N; n0 += R) {                                                                        \
-            const int8_t *wr = w + (size_t)n0 * K;                                                            \
-            for (int m0 = 0; m0 < M; m0 += 4) {                                                               \
-                int mm = M - m0 < 4 ? M - m0 : 4;                                                             \
-                const float *x = x0 + (size_t)m0 * K;                                                         \
-                float *out = out0 + (size_t)m0 * N;                                                           \
-                QROWS(DEC, R)                                                                                 \
-            }                                                                                                 \
-        }                                                                                                     \
-        for (; n0 < N; n0++) {                                                                                \
-            const int8_t *wr = w + (size_t)n0 * K;                                                            \
-            for (int m0 = 0; m0 < M; m0 += 4) {                                                               \
-                int mm = M - m0 < 4 ? M - m0 : 4;                                                             \
-                const float *x = x0 + (size_t)m0 * K;                                                         \
-                float *out = out0 + (size_t)m0 * N;                                                           \
-                QROWS(DEC, 1)                                                                                 \
-            }                                                                                                 \
-        }                                                                                                     \
+        FOR_ROW_BLOCKS(int8_t, float, float, , ROWS)                                                          \
     }
 
-QGEMV(kh_q_rows_i8, dec_i8, 0)
-QGEMV(kh_q_rows_f8, dec_f8, 1)
+QGEMV(kh_q_rows_i8, I8_ROWS, 0)
+QGEMV(kh_q_rows_f8, F8_ROWS, 1)
 
-/* Many experts in one call (as native_rows' grouped): items[i] = (expert, first row, rows); w is a contiguous
-   [E, N, K] byte stack, s a contiguous per-expert scale stack of `sstride` floats each. Threads sharing `next` take
-   the next item. */
+/* Many experts in one call (FOR_ITEMS): w is a contiguous [E, N, K] byte stack, s a contiguous per-expert scale
+   stack of `sstride` floats each. */
 #define QGROUPED(NAME, SINGLE)                                                                                \
     TGT void NAME(const float *x, const int8_t *w, const float *s, float *out, const int64_t *items, int n,   \
                   int N, int K, int sk, int sn, int64_t sstride, int *next) {                                 \
-        for (;;) {                                                                                            \
-            int i = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);                                            \
-            if (i >= n) break;                                                                                \
-            const int64_t *it = items + 3 * (size_t)i;                                                        \
-            SINGLE(x + it[1] * K, w + it[0] * (int64_t)N * K, s + it[0] * sstride, out + it[1] * N, (int)it[2], \
-                   N, K, sk, sn);                                                                             \
-        }                                                                                                     \
+        FOR_ITEMS(SINGLE(x + it[1] * K, w + it[0] * (int64_t)N * K, s + it[0] * sstride, out + it[1] * N,    \
+                         (int)it[2], N, K, sk, sn))                                                           \
     }
 
 QGROUPED(kh_q_grouped_i8, kh_q_rows_i8)
@@ -231,39 +201,14 @@ QGROUPED(kh_q_grouped_f8, kh_q_rows_f8)
 TGTV void kh_q_rows_i8_x16(const int16_t *x0, const float *xs0, const int8_t *w, const float *s, float *out0,
                            int M, int N, int K, int sk, int sn) {
     (void)sk;
-    int n0 = 0;
-    for (; n0 + R <= N; n0 += R) {
-        const int8_t *wr = w + (size_t)n0 * K;
-        for (int m0 = 0; m0 < M; m0 += 4) {
-            int mm = M - m0 < 4 ? M - m0 : 4;
-            const int16_t *x = x0 + (size_t)m0 * K;
-            const float *xs = xs0 + m0;
-            float *out = out0 + (size_t)m0 * N;
-            VROWS(R)
-        }
-    }
-    for (; n0 < N; n0++) {
-        const int8_t *wr = w + (size_t)n0 * K;
-        for (int m0 = 0; m0 < M; m0 += 4) {
-            int mm = M - m0 < 4 ? M - m0 : 4;
-            const int16_t *x = x0 + (size_t)m0 * K;
-            const float *xs = xs0 + m0;
-            float *out = out0 + (size_t)m0 * N;
-            VROWS(1)
-        }
-    }
+    FOR_ROW_BLOCKS(int8_t, int16_t, float, const float *xs = xs0 + m0;, VROWS)
 }
 
 TGTV void kh_q_grouped_i8_x16(const int16_t *x, const float *xs, const int8_t *w, const float *s, float *out,
                               const int64_t *items, int n, int N, int K, int sk, int sn, int64_t sstride,
                               int *next) {
-    for (;;) {
-        int i = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);
-        if (i >= n) break;
-        const int64_t *it = items + 3 * (size_t)i;
-        kh_q_rows_i8_x16(x + it[1] * K, xs + it[1], w + it[0] * (int64_t)N * K, s + it[0] * sstride,
-                         out + it[1] * N, (int)it[2], N, K, sk, sn);
-    }
+    FOR_ITEMS(kh_q_rows_i8_x16(x + it[1] * K, xs + it[1], w + it[0] * (int64_t)N * K, s + it[0] * sstride,
+                               out + it[1] * N, (int)it[2], N, K, sk, sn));
 }
 """
 
@@ -273,25 +218,13 @@ _GROUPED = {torch.int8: "kh_q_grouped_i8", torch.float8_e4m3fn: "kh_q_grouped_f8
 
 @functools.cache
 def _library() -> tuple[ctypes.CDLL | None, str]:
-    if sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64"):
-        return None, f"the native quantized kernel is built for x86-64 Linux, not {sys.platform} {platform.machine()}"
-    lib, why = native_rows.compile_c(SOURCE)
-    if lib is None:
-        return None, why
     ptr, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-    for symbol in _ROWS.values():
-        fn = getattr(lib, symbol)
-        fn.argtypes = [ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32]
-        fn.restype = None
-    for symbol in _GROUPED.values():
-        fn = getattr(lib, symbol)
-        fn.argtypes = [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, i64, ptr]
-        fn.restype = None
-    lib.kh_q_rows_i8_x16.argtypes = [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32]
-    lib.kh_q_rows_i8_x16.restype = None
-    lib.kh_q_grouped_i8_x16.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, i64, ptr]
-    lib.kh_q_grouped_i8_x16.restype = None
-    return lib, ""
+    rows = [ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32]
+    grouped = [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, i64, ptr]
+    signatures = {**{symbol: rows for symbol in _ROWS.values()}, **{symbol: grouped for symbol in _GROUPED.values()},
+                  "kh_q_rows_i8_x16": [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32],
+                  "kh_q_grouped_i8_x16": [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, i64, ptr]}
+    return native_rows.load_native(SOURCE, signatures, "the native quantized kernel")
 
 
 def scale_strides(weight_dtype: torch.dtype, scale: torch.Tensor) -> tuple[int, int]:
@@ -371,20 +304,9 @@ def x16_available() -> tuple[bool, str]:
 def available(dtype: torch.dtype) -> tuple[bool, str]:
     """(can `dtype` weights run natively here, why). Builds and self-tests the kernel once per process."""
     name = str(dtype).replace("torch.", "")
-    if os.environ.get(ENV, "1") == "0":
-        return False, f"native kernel off ({ENV}=0)"
-    if dtype not in _ROWS:
-        return False, f"no native quantized kernel for {name}"
-    missing = [f for f in CPU_FLAGS if f not in native_rows.cpu_flags()]
-    if missing:
-        return False, f"this CPU lacks {', '.join(missing)} for the native quantized kernel"
-    lib, why = _library()
-    if lib is None:
-        return False, why
-    problem = _self_test(dtype)
-    if problem:
-        return False, problem
-    return True, f"native AVX512 {name} weight rows kernel (self-test passed)"
+    return native_rows.gate(dtype, known=_ROWS, flags=CPU_FLAGS, kernel="native quantized kernel",
+                            for_cpu="native quantized kernel", library=_library, self_test=_self_test,
+                            passed=f"native AVX512 {name} weight rows kernel (self-test passed)")
 
 
 def _rows(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -39,17 +40,61 @@ ENV = "KERNEL_HUB_CPU_NATIVE"
 #: What each dtype needs from the CPU (/proc/cpuinfo flags).
 CPU_FLAGS = {torch.float32: ("avx512f", "fma"), torch.bfloat16: ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")}
 
-SOURCE = r"""
+#: The C both native kernels share (native_quant.py's SOURCE starts with it too): the weight-row group and prefetch
+#: distance, the loop over weight-row groups and blocks of x's rows, and the loop over a grouped call's items.
+C_LOOPS = r"""
 #include <immintrin.h>
 #include <stdint.h>
 #include <stddef.h>
-#include <string.h>
 
-/* out[m, n] = sum_k x[m, k] * w[n, k] for x [M, K], w [N, K] (rows contiguous), out [M, N]; float32 accumulation.
-   Four weight rows at a time (R), all of x's rows against them in blocks of four before the next group, so each
+/* Four weight rows at a time (R), all of x's rows against them in blocks of four before the next group, so each
    weight byte is read from memory once; the rows two groups ahead are prefetched into L2. */
 #define R 4
 #define AHEAD 2
+
+/* The weight rows in groups of R, then one at a time; against each, x's rows in blocks of up to 4 (mm of them).
+   SETUP runs first in each block (more per-row pointers), then BLOCKS(RR) computes out[m0 .. m0 + mm) x
+   [n0 .. n0 + RR) from wr (weight row n0), x (row m0 of x0) and out (row m0 of out0). The enclosing function has
+   x0, w, out0 (element types XT, WT, OT) and M, N, K. */
+#define FOR_ROW_BLOCKS(WT, XT, OT, SETUP, BLOCKS)                                                            \
+    int n0 = 0;                                                                                               \
+    for (; n0 + R <= N; n0 += R) {                                                                            \
+        const WT *wr = w + (size_t)n0 * K;                                                                    \
+        for (int m0 = 0; m0 < M; m0 += 4) {                                                                   \
+            int mm = M - m0 < 4 ? M - m0 : 4;                                                                 \
+            const XT *x = x0 + (size_t)m0 * K;                                                                \
+            OT *out = out0 + (size_t)m0 * N;                                                                  \
+            SETUP                                                                                             \
+            BLOCKS(R)                                                                                         \
+        }                                                                                                     \
+    }                                                                                                         \
+    for (; n0 < N; n0++) {                                                                                    \
+        const WT *wr = w + (size_t)n0 * K;                                                                    \
+        for (int m0 = 0; m0 < M; m0 += 4) {                                                                   \
+            int mm = M - m0 < 4 ? M - m0 : 4;                                                                 \
+            const XT *x = x0 + (size_t)m0 * K;                                                                \
+            OT *out = out0 + (size_t)m0 * N;                                                                  \
+            SETUP                                                                                             \
+            BLOCKS(1)                                                                                         \
+        }                                                                                                     \
+    }
+
+/* Many experts in one call: items[i] = (expert, first row, rows). Every thread that calls with the same `next`
+   takes the next item (dynamic scheduling), so two workers share one layer without a return to Python per
+   expert; the statement given runs one item `it`. The enclosing function has items, n and next. */
+#define FOR_ITEMS(...)                                                                                        \
+    for (;;) {                                                                                                \
+        int i = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);                                                \
+        if (i >= n) break;                                                                                    \
+        const int64_t *it = items + 3 * (size_t)i;                                                            \
+        __VA_ARGS__;                                                                                          \
+    }
+"""
+
+SOURCE = C_LOOPS + r"""
+#include <string.h>
+
+/* out[m, n] = sum_k x[m, k] * w[n, k] for x [M, K], w [N, K] (rows contiguous), out [M, N]; float32 accumulation. */
 
 static inline uint16_t to_bf16(float f) {
     uint32_t u;
@@ -127,45 +172,23 @@ static inline uint16_t to_bf16(float f) {
     default: BLOCK(4, RR)                                                                                     \
     }
 
-#define GEMV(NAME, T, BLOCK, TARGET)                                                                          \
+#define BF16_ROWS(RR) ROWS(BF16_BLOCK, RR)
+#define F32_ROWS(RR) ROWS(F32_BLOCK, RR)
+
+#define GEMV(NAME, T, BLOCKS, TARGET)                                                                         \
     __attribute__((target(TARGET))) void NAME(const T *x0, const T *w, T *out0, int M, int N, int K) {       \
-        int n0 = 0;                                                                                           \
-        for (; n0 + R <= N; n0 += R) {                                                                        \
-            const T *wr = w + (size_t)n0 * K;                                                                 \
-            for (int m0 = 0; m0 < M; m0 += 4) {                                                               \
-                int mm = M - m0 < 4 ? M - m0 : 4;                                                             \
-                const T *x = x0 + (size_t)m0 * K;                                                             \
-                T *out = out0 + (size_t)m0 * N;                                                               \
-                ROWS(BLOCK, R)                                                                                \
-            }                                                                                                 \
-        }                                                                                                     \
-        for (; n0 < N; n0++) {                                                                                \
-            const T *wr = w + (size_t)n0 * K;                                                                 \
-            for (int m0 = 0; m0 < M; m0 += 4) {                                                               \
-                int mm = M - m0 < 4 ? M - m0 : 4;                                                             \
-                const T *x = x0 + (size_t)m0 * K;                                                             \
-                T *out = out0 + (size_t)m0 * N;                                                               \
-                ROWS(BLOCK, 1)                                                                                \
-            }                                                                                                 \
-        }                                                                                                     \
+        FOR_ROW_BLOCKS(T, T, T, , BLOCKS)                                                                     \
     }
 
-GEMV(kh_rows_bf16, uint16_t, BF16_BLOCK, "avx512f,avx512bw,avx512vl,avx512bf16,fma")
-GEMV(kh_rows_f32, float, F32_BLOCK, "avx512f,fma")
+GEMV(kh_rows_bf16, uint16_t, BF16_ROWS, "avx512f,avx512bw,avx512vl,avx512bf16,fma")
+GEMV(kh_rows_f32, float, F32_ROWS, "avx512f,fma")
 
-/* Many experts in one call: items[i] = (expert, first row, rows); rows of x and out are in expert order, w is a
-   contiguous [E, N, K] stack. Every thread that calls this with the same `next` takes the next item (dynamic
-   scheduling), so two workers share one layer without a return to Python per expert. Each output is summed exactly
-   as a single call would sum it. */
+/* Many experts in one call (FOR_ITEMS): rows of x and out are in expert order, w is a contiguous [E, N, K] stack.
+   Each output is summed exactly as a single call would sum it. */
 #define GROUPED(NAME, SINGLE, T, TARGET)                                                                      \
     __attribute__((target(TARGET))) void NAME(const T *x, const T *w, T *out, const int64_t *items, int n,   \
                                               int N, int K, int *next) {                                     \
-        for (;;) {                                                                                            \
-            int i = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);                                            \
-            if (i >= n) break;                                                                                \
-            const int64_t *it = items + 3 * (size_t)i;                                                        \
-            SINGLE(x + it[1] * K, w + it[0] * (int64_t)N * K, out + it[1] * N, (int)it[2], N, K);             \
-        }                                                                                                     \
+        FOR_ITEMS(SINGLE(x + it[1] * K, w + it[0] * (int64_t)N * K, out + it[1] * N, (int)it[2], N, K))       \
     }
 
 GROUPED(kh_grouped_bf16, kh_rows_bf16, uint16_t, "avx512f,avx512bw,avx512vl,avx512bf16,fma")
@@ -225,23 +248,50 @@ def compile_c(source: str, flags: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | N
         shutil.rmtree(folder, ignore_errors=True)
 
 
-@functools.cache
-def _library() -> tuple[ctypes.CDLL | None, str]:
+def load_native(source: str, signatures: dict[str, list[type]], what: str) -> tuple[ctypes.CDLL | None, str]:
+    """Build C `source` (compile_c) where the native kernels run (x86-64 Linux) and declare each symbol's argument
+    types (all return void); (library, "") or (None, why). `what` names the kernel in the reason."""
     if sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64"):
-        return None, f"the native kernel is built for x86-64 Linux, not {sys.platform} {platform.machine()}"
-    lib, why = compile_c(SOURCE)
+        return None, f"{what} is built for x86-64 Linux, not {sys.platform} {platform.machine()}"
+    lib, why = compile_c(source)
     if lib is None:
         return None, why
-    ptr, i32 = ctypes.c_void_p, ctypes.c_int
-    for symbol in _SYMBOLS.values():
+    for symbol, argtypes in signatures.items():
         fn = getattr(lib, symbol)
-        fn.argtypes = [ptr, ptr, ptr, i32, i32, i32]
-        fn.restype = None
-    for symbol in _GROUPED.values():
-        fn = getattr(lib, symbol)
-        fn.argtypes = [ptr, ptr, ptr, ptr, i32, i32, i32, ptr]
+        fn.argtypes = argtypes
         fn.restype = None
     return lib, ""
+
+
+def gate(dtype: torch.dtype, *, known: object, flags: tuple[str, ...], kernel: str, for_cpu: str,
+         library: Callable[[], tuple[ctypes.CDLL | None, str]], self_test: Callable[[torch.dtype], str],
+         passed: str) -> tuple[bool, str]:
+    """(can `dtype` run on a native kernel here, why), in order: the ENV switch, a kernel for the dtype (`known`),
+    the CPU `flags`, the build (`library`), then the kernel's own `self_test`. `kernel` ("no {kernel} for int8"),
+    `for_cpu` ("this CPU lacks ... for the {for_cpu}") and `passed` word the reasons."""
+    name = str(dtype).replace("torch.", "")
+    if os.environ.get(ENV, "1") == "0":
+        return False, f"native kernel off ({ENV}=0)"
+    if dtype not in known:  # type: ignore[operator]
+        return False, f"no {kernel} for {name}"
+    missing = [f for f in flags if f not in cpu_flags()]
+    if missing:
+        return False, f"this CPU lacks {', '.join(missing)} for the {for_cpu}"
+    lib, why = library()
+    if lib is None:
+        return False, why
+    problem = self_test(dtype)
+    if problem:
+        return False, problem
+    return True, passed
+
+
+@functools.cache
+def _library() -> tuple[ctypes.CDLL | None, str]:
+    ptr, i32 = ctypes.c_void_p, ctypes.c_int
+    return load_native(SOURCE, {**{symbol: [ptr, ptr, ptr, i32, i32, i32] for symbol in _SYMBOLS.values()},
+                                **{symbol: [ptr, ptr, ptr, ptr, i32, i32, i32, ptr] for symbol in _GROUPED.values()}},
+                       "the native kernel")
 
 
 def _self_test(dtype: torch.dtype) -> str:
@@ -267,20 +317,9 @@ def _self_test(dtype: torch.dtype) -> str:
 def available(dtype: torch.dtype) -> tuple[bool, str]:
     """(can `dtype` products run natively here, why). Builds and self-tests the kernel once per process."""
     name = str(dtype).replace("torch.", "")
-    if os.environ.get(ENV, "1") == "0":
-        return False, f"native kernel off ({ENV}=0)"
-    if dtype not in _SYMBOLS:
-        return False, f"no native kernel for {name}"
-    missing = [f for f in CPU_FLAGS[dtype] if f not in cpu_flags()]
-    if missing:
-        return False, f"this CPU lacks {', '.join(missing)} for the native {name} kernel"
-    lib, why = _library()
-    if lib is None:
-        return False, why
-    problem = _self_test(dtype)
-    if problem:
-        return False, problem
-    return True, f"native AVX512 {name} rows kernel (self-test passed)"
+    return gate(dtype, known=_SYMBOLS, flags=CPU_FLAGS.get(dtype, ()), kernel="native kernel",
+                for_cpu=f"native {name} kernel", library=_library, self_test=_self_test,
+                passed=f"native AVX512 {name} rows kernel (self-test passed)")
 
 
 def _run(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

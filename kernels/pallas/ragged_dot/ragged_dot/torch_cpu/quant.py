@@ -23,24 +23,23 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from .._vendor.shapes import check_ragged_dot_shapes
-from .._vendor.torch_tpu_ops import op_namespace, package_digest
-from ..release import VERSION
 from . import native_quant
 from .grouped import (
     _inline,
     _spread,
     compiling,
+    custom_op,
     nonempty_groups,
     num_workers,
     on_worker,
     ragged_dot_torch,
     run_groups,
+    sizes_list,
 )
 
 #: Weight dtypes with scales, and the scale layout each takes.
@@ -210,26 +209,9 @@ def _native_groups(x: Any, rhs: torch.Tensor, scales: torch.Tensor, items: list[
     return [it for it in items if it[2] - it[1] > native_quant.MAX_ROWS]
 
 
-def _sizes(group_sizes: torch.Tensor) -> list[int]:
-    return [int(s) for s in group_sizes.tolist()]
-
-
-def _custom_op(name: str, schema: str, fn: Callable[..., torch.Tensor], fake: Callable[..., torch.Tensor]) -> Any:
-    """This build's custom op `name`, registered once per process (torch_cpu's rule)."""
-    qualname = f"{op_namespace('ragged_dot', VERSION, package_digest(Path(__file__).parents[1]))}::{name}"
-    from torch._library import custom_ops
-
-    existing = custom_ops._maybe_get_opdef(qualname)
-    if existing is not None:
-        return existing
-    op = torch.library.custom_op(qualname, fn, mutates_args=(), schema=schema)
-    op.register_fake(fake)
-    return op
-
-
-_GROUPED_Q = _custom_op(
+_GROUPED_Q = custom_op(
     "cpu_grouped_quant", "(Tensor lhs, Tensor rhs, Tensor rhs_scale, Tensor group_sizes) -> Tensor",
-    lambda lhs, rhs, rhs_scale, group_sizes: grouped_matmul_quantized(lhs, rhs, rhs_scale, _sizes(group_sizes)),
+    lambda lhs, rhs, rhs_scale, group_sizes: grouped_matmul_quantized(lhs, rhs, rhs_scale, sizes_list(group_sizes)),
     lambda lhs, rhs, rhs_scale, group_sizes: lhs.new_empty((lhs.shape[0], rhs.shape[2])))
 
 
@@ -261,7 +243,7 @@ def ragged_dot_quantized(lhs: torch.Tensor, rhs: torch.Tensor, rhs_scale: torch.
     assert rhs_scale is not None
     if compiling() or (torch.is_grad_enabled() and lhs.requires_grad):
         return _GROUPED_Q(lhs, rhs, rhs_scale, group_sizes)
-    return grouped_matmul_quantized(lhs.detach(), rhs, rhs_scale, _sizes(group_sizes))
+    return grouped_matmul_quantized(lhs.detach(), rhs, rhs_scale, sizes_list(group_sizes))
 
 
 def compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
