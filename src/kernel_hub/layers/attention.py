@@ -511,16 +511,30 @@ def _traced_kernel_call(module, flash, query, key, value, attention_mask, kwargs
     # had (a decode step's one query row, a sliced head size), so each branch returns a fresh row-major copy. The
     # operands go in row-major too: inductor compiles each branch for row-major inputs and did not copy a transposed
     # q/k/v view into that layout (DeepSeek-V3's generate failed its size/stride assert)
-    operands = tuple(_row_major(lambda t: t)(t) for t in (query, key, value))
+    operands = tuple(row_major(t) for t in (query, key, value))
     return torch.cond(ok, _row_major(kernel), _row_major(previous), operands), plan, ""
 
 
+@torch.library.custom_op("kernel_hub::row_major", mutates_args=())
+def row_major(x: torch.Tensor) -> torch.Tensor:
+    """A copy of x in canonical row-major strides. An op, not a Python copy: inductor may lay a copy it generates out
+    as it likes, while an op's output keeps its fake implementation's strides, which torch.cond's branches rely on."""
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
+
+
+@row_major.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+row_major.register_autograd(lambda ctx, grad: grad, setup_context=lambda ctx, inputs, output: None)
+
+
 def _row_major(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """fn with its output copied into canonical row-major strides (torch.cond compares branch strides exactly)."""
+    """fn with its output in canonical row-major strides (torch.cond compares branch strides exactly)."""
 
     def run(*args: Any) -> torch.Tensor:
-        out = fn(*args)
-        return torch.empty(out.shape, dtype=out.dtype, device=out.device).copy_(out)
+        return row_major(fn(*args))
 
     return run
 
