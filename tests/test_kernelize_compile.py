@@ -146,3 +146,19 @@ def test_compiled_frozen_model_runs_its_packed_experts(family):
     gc.collect()
     with pytest.raises(RuntimeError, match="compile the model again"):  # a freed block is not kept alive by a handle
         packed_op.block(handle)
+
+
+def test_inductor_generate_with_a_padded_value_head_and_a_mask_check():
+    """DeepSeek-V3 (value head zero-padded to the query/key head, a left-padded batch: the attention's torch.cond on
+    the mask check is in the graph) generates under inductor as it does uncompiled. Inductor compiled cond's branches
+    for row-major q/k/v and once laid the operands out transposed (a size/stride assert at the first decode step)."""
+    m, ref = _model("deepseek_v3")
+    x, mask = _batch()
+    m.forward = torch.compile(m.forward, fullgraph=True)  # inductor
+    torch._dynamo.reset()
+    kwargs = dict(attention_mask=mask, max_new_tokens=3, do_sample=False, output_scores=True,
+                  return_dict_in_generate=True, pad_token_id=0, cache_implementation="static")
+    got, want = m.generate(x, **kwargs), ref.generate(x, **kwargs)
+    assert torch.equal(got.sequences, want.sequences)
+    for a, b in zip(got.scores, want.scores, strict=True):
+        assert (a - b).abs().max().item() <= TOL
