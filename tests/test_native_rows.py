@@ -47,12 +47,41 @@ def fresh(native, monkeypatch, tmp_path):
     native.available.cache_clear()
 
 
+@pytest.fixture(params=["chosen", "avx2"])
+def build(request, native, monkeypatch):
+    """The native module on the build this CPU chooses, then forced onto its AVX2 build, which every CPU running the
+    AVX512 one also runs: both builds' numbers are checked wherever AVX512 is present."""
+    if request.param == "avx2":
+        if not all(f in native.cpu_flags() for f in native.AVX2_FLAGS):
+            pytest.skip("this CPU lacks AVX2")
+        monkeypatch.setattr(native, "isa", lambda dtype: native.Isa("AVX2", "_avx2", native.AVX2_FLAGS))
+    native.available.cache_clear()
+    yield native
+    native.available.cache_clear()
+
+
+def test_choose_isa_takes_avx512_only_with_every_flag_and_says_what_is_missing(native):
+    needs = native.CPU_FLAGS[torch.bfloat16]
+    full = frozenset({*needs, "avx2", "fma"})
+    build, why = native.choose_isa(needs, full)
+    assert build.suffix == "" and build.flags == needs and why.startswith("AVX512")
+    build, why = native.choose_isa(needs, full - {"avx512_bf16"})
+    assert build.suffix == "_avx2" and build.flags == native.AVX2_FLAGS and "avx512_bf16" in why
+    assert "avx512f" not in why  # only what is missing is named
+    build, _ = native.choose_isa(needs, frozenset())
+    assert build.name == "AVX2"  # the gate then names what this CPU lacks of it:
+    ok, why = native.gate(torch.float32, known={torch.float32: "x"}, flags=("avx2", "no_such_flag"), kernel="k",
+                          for_cpu="native k", library=lambda: (None, "unused"), self_test=lambda d: "", passed="ok")
+    assert not ok and why == "this CPU lacks no_such_flag for the native k"
+
+
 def reference(x: torch.Tensor, w: torch.Tensor) -> np.ndarray:
     return x.double().numpy() @ w.double().numpy().T
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
-def test_rows_kernel_matches_float64_at_every_tail(native, dtype):
+def test_rows_kernel_matches_float64_at_every_tail(build, dtype):
+    native = build
     g = torch.Generator().manual_seed(21)
     bound = 1e-2 if dtype == torch.bfloat16 else 1e-5
     for rows in (1, 2, 3, 4, 5, 7, 8, 9, 16):
@@ -67,7 +96,8 @@ def test_rows_kernel_matches_float64_at_every_tail(native, dtype):
             assert err <= bound, (rows, n, k, err)
 
 
-def test_nan_stays_in_its_row_and_inf_in_its_column(native):
+def test_nan_stays_in_its_row_and_inf_in_its_column(build):
+    native = build
     x = torch.randn(6, 40).to(torch.bfloat16)
     w = torch.randn(9, 40).to(torch.bfloat16)
     x[4, 7] = float("nan")
@@ -91,9 +121,10 @@ def test_fits_refuses_what_the_kernel_does_not_take(native):
     assert not native.fits(torch.randn(4, 32).half(), w.half())
 
 
-def test_one_grouped_call_equals_per_group_calls_bit_for_bit(kernel, native):
+def test_one_grouped_call_equals_per_group_calls_bit_for_bit(kernel, build):
     """What the packed path runs (all experts in one call per worker) and what one group at a time would run agree in
     every bit, and both equal the public ragged dot (the unpacked grouped loop)."""
+    native = build
     g = torch.Generator().manual_seed(5)
     for dtype in (torch.bfloat16, torch.float32):
         stack = torch.randn(6, 40, 72, generator=g).to(dtype)  # [G, N, K]
@@ -187,3 +218,26 @@ def test_when_the_kernel_is_off_it_says_why_and_both_paths_agree(kernel, fresh, 
         unpacked = kernel.ragged_dot(x, weight.transpose(1, 2), torch.tensor([0, 5, 0]))
     assert torch.equal(packed.linear(1, x), unpacked)
     assert [p for p in tmp_path.iterdir() if p.name.startswith("kernel-hub-native-")] == []
+
+
+def test_bf16_single_rows_never_reach_onednn_where_it_has_no_bf16(kernel, fresh, monkeypatch):
+    """oneDNN builds no bfloat16 linear on CPUs without AVX512 (it raises "could not create a primitive descriptor",
+    which once made kernelize keep every bf16 MoE layer on such CPUs); with the native kernel off, one-row bfloat16
+    groups there take torch.mm: within bf16 tolerance of float64 on this CPU as it is, and with oneDNN's bfloat16
+    declared missing."""
+    grouped = sys.modules[kernel.PackedExperts.__module__.rsplit(".", 1)[0] + ".grouped"]
+    monkeypatch.setenv(fresh.ENV, "0")
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(4, 96, generator=g).to(torch.bfloat16)
+    w = torch.randn(3, 96, 40, generator=g).to(torch.bfloat16)  # [G, K, N]
+    sizes = [1, 0, 3]
+    x64, w64 = x.double().numpy(), w.double().numpy()
+    ref = np.concatenate([x64[:1] @ w64[0], x64[1:] @ w64[2]])
+    for declared_missing in (False, True):
+        if declared_missing:
+            monkeypatch.setattr(grouped, "onednn_bf16", lambda: False)
+            assert not grouped.linear_for_group(x[:1], w[0])
+        with torch.no_grad():
+            out = kernel.ragged_dot(x, w, torch.tensor(sizes))
+        assert out.dtype == torch.bfloat16 and bool(out.isfinite().all())
+        assert np.abs(out.double().numpy() - ref).max() / np.abs(ref).max() <= 1e-2

@@ -37,6 +37,23 @@ def _module(rd, name):
     return sys.modules[f"{rd.__name__}.{name}"]
 
 
+@pytest.fixture(params=["chosen", "avx2"])
+def nq(request, rd, monkeypatch):
+    """The native quantized module on the build this CPU chooses, then forced onto its AVX2 build (every CPU running
+    the AVX512 build runs it too), so both builds' numbers are checked wherever AVX512 is present."""
+    module = _module(rd, "torch_cpu.native_quant")
+    rows = module.native_rows
+    if request.param == "avx2":
+        if not all(f in rows.cpu_flags() for f in rows.AVX2_FLAGS):
+            pytest.skip("this CPU lacks AVX2")
+        monkeypatch.setattr(module, "isa", lambda: rows.Isa("AVX2", "_avx2", rows.AVX2_FLAGS))
+    module.available.cache_clear()
+    module.x16_available.cache_clear()
+    yield module
+    module.available.cache_clear()
+    module.x16_available.cache_clear()
+
+
 def scale_np(q: torch.Tensor, s: torch.Tensor) -> np.ndarray:
     """The float64 weights rhs stands for ([G, K, N]), NumPy only (float8 bytes through torch's own cast)."""
     return dequantize64(q.to(torch.float32).numpy(), s.numpy(), "int8" if q.dtype == torch.int8 else "fp8")
@@ -82,10 +99,9 @@ def test_matches_float64_of_the_dequantized_weights(rd, case, fmt, lhs_dtype, li
     assert torch.count_nonzero(out[covered:]) == 0  # rows past sum(group_sizes) are zero
 
 
-def test_the_native_kernel_runs_and_agrees_with_the_dequantize_route(rd, monkeypatch):
+def test_the_native_kernel_runs_and_agrees_with_the_dequantize_route(rd, nq, monkeypatch):
     """Decode-sized groups on nn.Linear-style bytes take the native kernel (counted); the same call with the kernel
     switched off (the dequantize-and-matmul route) agrees to float32 rounding."""
-    nq = _module(rd, "torch_cpu.native_quant")
     for dtype in DTYPES.values():
         ok, why = nq.available(dtype)
         if not ok:
@@ -106,10 +122,9 @@ def test_the_native_kernel_runs_and_agrees_with_the_dequantize_route(rd, monkeyp
     assert calls, "the native kernel never ran"
 
 
-def test_float8_decoder_is_exact_for_every_byte(rd):
+def test_float8_decoder_is_exact_for_every_byte(nq):
     """All 256 e4m3fn bytes (normals, subnormals, +-0, NaN) through the native kernel with x = identity and scale 1
-    equal torch's own float8 -> float32 cast."""
-    nq = _module(rd, "torch_cpu.native_quant")
+    equal torch's own float8 -> float32 cast, in its vector part (K = 16) and its scalar K tail (K = 1)."""
     ok, why = nq.available(torch.float8_e4m3fn)
     if not ok:
         pytest.skip(why)
@@ -120,6 +135,11 @@ def test_float8_decoder_is_exact_for_every_byte(rd):
     assert int(want.isnan().sum()) == 2 and int(nan_rows.sum()) == 2
     assert bool(out[:, nan_rows].isnan().all())
     assert torch.equal(out[:, ~nan_rows], want[:, ~nan_rows])  # exact (a sum of products cannot keep -0.0's sign)
+    column = w.reshape(256, 1).contiguous()  # [N=256, K=1]: every byte in the K tail
+    tail = nq._rows(torch.ones(1, 1), column, torch.ones(1, 2))[0]
+    want = column.to(torch.float32)[:, 0]
+    assert torch.equal(tail.isnan(), want.isnan()) and int(want.isnan().sum()) == 2
+    assert torch.equal(tail[~want.isnan()], want[~want.isnan()])
 
 
 @pytest.mark.parametrize("fmt", list(DTYPES))
@@ -285,10 +305,10 @@ def test_moe_experts_inference_route_equals_the_differentiable_one(rd, fmt):
     assert torch.equal(fast, slow.detach())
 
 
-def test_int8_vnni_route_runs_for_bf16_lhs_and_leaves_nan_rows_to_the_float32_route(rd, monkeypatch):
-    """bf16 lhs x int8 weights at decode sizes take the VNNI route (lhs rows as 14-bit int16, counted) within the
-    bf16 tolerance of float64; an lhs holding NaN takes the float32 route, where NaN stays in its row."""
-    nq = _module(rd, "torch_cpu.native_quant")
+def test_int8_vnni_route_runs_for_bf16_lhs_and_leaves_nan_rows_to_the_float32_route(rd, nq, monkeypatch):
+    """bf16 lhs x int8 weights at decode sizes take the int16-lhs route (VNNI on AVX512, VPMADDWD on AVX2; lhs rows as
+    14-bit int16, counted) within the bf16 tolerance of float64; an lhs holding NaN takes the float32 route, where
+    NaN stays in its row."""
     ok, why = nq.x16_available()
     if not ok:
         pytest.skip(why)

@@ -14,6 +14,7 @@ op dispatch; both run the same grouped_matmul, so compiled and eager numbers are
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import threading
@@ -75,6 +76,13 @@ def _onednn_linear():
 _LINEAR = _onednn_linear()
 
 
+@functools.cache
+def onednn_bf16() -> bool:
+    """Whether oneDNN runs bfloat16 linears on this CPU (it needs AVX512 or AMX: on an AVX2-only CPU it refuses to
+    build the primitive and raises, so bfloat16 groups keep torch.mm there)."""
+    return _LINEAR is not None and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def _plain_2d(t: torch.Tensor) -> bool:
     """Row- or column-major without gaps: a layout oneDNN reads as a plain weight."""
     return t.is_contiguous() or t.t().is_contiguous()
@@ -95,7 +103,7 @@ def linear_for_group(a: torch.Tensor, b: torch.Tensor) -> bool:
     path (packed.py) is checked bit for bit against this choice."""
     if _LINEAR is None or a.device.type != "cpu" or not _plain_2d(b):
         return False
-    return b.dtype == torch.float32 or (b.dtype == torch.bfloat16 and a.shape[0] == 1)
+    return b.dtype == torch.float32 or (b.dtype == torch.bfloat16 and a.shape[0] == 1 and onednn_bf16())
 
 
 def onednn_linear(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

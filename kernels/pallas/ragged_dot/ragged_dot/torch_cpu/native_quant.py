@@ -1,4 +1,4 @@
-"""A native x @ dequant(w)^T for a few rows against quantized [N, K] weights on x86-64 CPUs with AVX512.
+"""A native x @ dequant(w)^T for a few rows against quantized [N, K] weights on x86-64 CPUs (AVX512 or AVX2).
 
 Why: at decode a MoE layer's time is reading its active experts' weights once; int8 and float8 weights are half the
 bytes of bfloat16 only if they are read as bytes. This loop streams the quantized rows in order (four at a time,
@@ -20,6 +20,9 @@ each lhs row as int16 with one float scale (XBITS = 14 bits of magnitude, round 
 against two widenings and two FMAs per 32 on the float32 route). The lhs rounding is ~1e-4 of an output's size for
 Gaussian-like rows, far under the bfloat16 result's own rounding (2^-9); float32 lhs never takes it, nor rows holding
 NaN or Inf (those keep the float32 route, so NaN stays in its row).
+AVX2 CPUs (no AVX512: native_rows.choose_isa) run AVX2 builds of all three: 8 float lanes, blocks of 2 rows of x,
+bytes widened by VPMOVSXBD / VPMOVZXBD, the K tail of each slice in scalar float32; the int16-lhs route by VPMADDWD
+(16 int16 pairs into 8 exact int32 sums) and an add, with the same XBITS, spans and float64 totals.
 Trust and build as native_rows.py (the C source is this module's SOURCE, compiled into a private folder, removed
 before any call; a self-test against float64 gates it). Imports torch only; never imports kernel_hub.
 """
@@ -210,6 +213,154 @@ TGTV void kh_q_grouped_i8_x16(const int16_t *x, const float *xs, const int8_t *w
     FOR_ITEMS(kh_q_rows_i8_x16(x + it[1] * K, xs + it[1], w + it[0] * (int64_t)N * K, s + it[0] * sstride,
                                out + it[1] * N, (int)it[2], N, K, sk, sn));
 }
+
+/* ---- AVX2 + FMA builds (CPUs without AVX512): 8 float lanes, blocks of up to 2 rows of x (16 vector registers),
+   the K tail of each slice in scalar float32 after the vector part. Same formats and sums per slice as above. ---- */
+#define T2Q __attribute__((target("avx2,fma")))
+
+/* 8 int8 weights -> float32 (exact). */
+T2Q static inline __m256 dec_i8_2(const int8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+/* 8 float8_e4m3fn bytes -> float32 (exact), as dec_f8. */
+T2Q static inline __m256 dec_f8_2(const int8_t *p) {
+    __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    __m256i em = _mm256_and_si256(v, _mm256_set1_epi32(0x7f));
+    __m256i sign = _mm256_slli_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x80)), 24);
+    __m256 normal = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_slli_epi32(em, 20), _mm256_set1_epi32(120 << 23)));
+    __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(em), _mm256_set1_ps(1.0f / 512.0f));
+    __m256 is_sub = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(8), em));
+    __m256 is_nan = _mm256_castsi256_ps(_mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7f)));
+    __m256 mag = _mm256_blendv_ps(normal, sub, is_sub);
+    mag = _mm256_blendv_ps(mag, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)), is_nan);
+    return _mm256_or_ps(mag, _mm256_castsi256_ps(sign));
+}
+/* One weight byte -> float32 (the scalar tails). */
+static inline float dec_i8_1(int8_t b) { return (float)b; }
+static inline float dec_f8_1(int8_t byte) {
+    uint32_t v = (uint8_t)byte, em = v & 0x7f, bits;
+    if (em == 0x7f) bits = 0x7fc00000u;
+    else if (em < 8) { float f = (float)em / 512.0f; __builtin_memcpy(&bits, &f, 4); }
+    else bits = (em << 20) + (120u << 23);
+    bits |= (v & 0x80u) << 24;
+    float f;
+    __builtin_memcpy(&f, &bits, 4);
+    return f;
+}
+
+#define QBLOCK2(DEC, DEC1, MM, RR)                                                                            \
+    {                                                                                                         \
+        float tot[MM][RR];                                                                                    \
+        for (int m = 0; m < MM; m++)                                                                          \
+            for (int r = 0; r < RR; r++) tot[m][r] = 0.0f;                                                    \
+        for (int k0 = 0; k0 < K; k0 += span) {                                                                \
+            int k1 = k0 + span < K ? k0 + span : K;                                                           \
+            __m256 acc[MM][RR];                                                                               \
+            for (int m = 0; m < MM; m++)                                                                      \
+                for (int r = 0; r < RR; r++) acc[m][r] = _mm256_setzero_ps();                                 \
+            int k = k0;                                                                                       \
+            for (; k + 8 <= k1; k += 8) {                                                                     \
+                __m256 xv[MM];                                                                                \
+                for (int m = 0; m < MM; m++) xv[m] = _mm256_loadu_ps(x + (size_t)m * K + k);                  \
+                for (int r = 0; r < RR; r++) {                                                                \
+                    _mm_prefetch((const char *)(wr + (size_t)(r + AHEAD * R) * K + k), _MM_HINT_T1);          \
+                    __m256 wv = DEC(wr + (size_t)r * K + k);                                                  \
+                    for (int m = 0; m < MM; m++) acc[m][r] = _mm256_fmadd_ps(xv[m], wv, acc[m][r]);           \
+                }                                                                                             \
+            }                                                                                                 \
+            for (int m = 0; m < MM; m++)                                                                      \
+                for (int r = 0; r < RR; r++) {                                                                \
+                    float part = kh_hsum8(acc[m][r]);                                                         \
+                    for (int kk = k; kk < k1; kk++)                                                           \
+                        part += x[(size_t)m * K + kk] * DEC1(wr[(size_t)r * K + kk]);                         \
+                    tot[m][r] += blocks ? part * s[(size_t)(k0 / BLK) * sk + (size_t)((n0 + r) / BLK) * sn] : part; \
+                }                                                                                             \
+        }                                                                                                     \
+        for (int m = 0; m < MM; m++)                                                                          \
+            for (int r = 0; r < RR; r++)                                                                      \
+                out[(size_t)m * N + n0 + r] = blocks ? tot[m][r] : tot[m][r] * s[(size_t)(n0 + r) * sn];      \
+    }
+
+#define QROWS2(DEC, DEC1, RR)                                                                                 \
+    switch (mm) {                                                                                             \
+    case 1: QBLOCK2(DEC, DEC1, 1, RR) break;                                                                  \
+    default: QBLOCK2(DEC, DEC1, 2, RR)                                                                        \
+    }
+
+#define I8_ROWS2(RR) QROWS2(dec_i8_2, dec_i8_1, RR)
+#define F8_ROWS2(RR) QROWS2(dec_f8_2, dec_f8_1, RR)
+
+#define QGEMV2(NAME, ROWS, BLOCKS)                                                                            \
+    T2Q void NAME(const float *x0, const int8_t *w, const float *s, float *out0, int M, int N, int K, int sk,  \
+                  int sn) {                                                                                   \
+        const int blocks = BLOCKS;                                                                            \
+        const int span = BLOCKS ? BLK : K;                                                                    \
+        FOR_ROW_BLOCKS_M(int8_t, float, float, , ROWS, 2)                                                     \
+    }
+
+QGEMV2(kh_q_rows_i8_avx2, I8_ROWS2, 0)
+QGEMV2(kh_q_rows_f8_avx2, F8_ROWS2, 1)
+QGROUPED(kh_q_grouped_i8_avx2, kh_q_rows_i8_avx2)
+QGROUPED(kh_q_grouped_f8_avx2, kh_q_rows_f8_avx2)
+
+/* The int16-lhs route on AVX2 (VPMADDWD: 16 int16 pairs into 8 exact int32 sums, added to int32 accumulators), with
+   the same XBITS rows, I16_SPAN flushes and float64 totals as the VNNI route. */
+#define VBLOCK2(MM, RR)                                                                                       \
+    {                                                                                                         \
+        double tot[MM][RR];                                                                                   \
+        for (int m = 0; m < MM; m++)                                                                          \
+            for (int r = 0; r < RR; r++) tot[m][r] = 0.0;                                                     \
+        for (int k0 = 0; k0 < K; k0 += I16_SPAN) {                                                            \
+            int k1 = k0 + I16_SPAN < K ? k0 + I16_SPAN : K;                                                   \
+            __m256i acc[MM][RR];                                                                              \
+            for (int m = 0; m < MM; m++)                                                                      \
+                for (int r = 0; r < RR; r++) acc[m][r] = _mm256_setzero_si256();                              \
+            int k = k0;                                                                                       \
+            for (; k + 16 <= k1; k += 16) {                                                                   \
+                __m256i xv[MM];                                                                               \
+                for (int m = 0; m < MM; m++) xv[m] = _mm256_loadu_si256((const __m256i *)(x + (size_t)m * K + k)); \
+                for (int r = 0; r < RR; r++) {                                                                \
+                    _mm_prefetch((const char *)(wr + (size_t)(r + AHEAD * R) * K + k), _MM_HINT_T1);          \
+                    __m256i wv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wr + (size_t)r * K + k))); \
+                    for (int m = 0; m < MM; m++)                                                              \
+                        acc[m][r] = _mm256_add_epi32(acc[m][r], _mm256_madd_epi16(xv[m], wv));                \
+                }                                                                                             \
+            }                                                                                                 \
+            for (int m = 0; m < MM; m++)                                                                      \
+                for (int r = 0; r < RR; r++) {                                                                \
+                    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(acc[m][r]),                              \
+                                              _mm256_extracti128_si256(acc[m][r], 1));                        \
+                    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));                                         \
+                    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));                                         \
+                    int32_t part = _mm_cvtsi128_si32(h);                                                      \
+                    for (int kk = k; kk < k1; kk++)                                                           \
+                        part += (int32_t)x[(size_t)m * K + kk] * (int32_t)wr[(size_t)r * K + kk];             \
+                    tot[m][r] += (double)part;                                                                \
+                }                                                                                             \
+        }                                                                                                     \
+        for (int m = 0; m < MM; m++)                                                                          \
+            for (int r = 0; r < RR; r++)                                                                      \
+                out[(size_t)m * N + n0 + r] = (float)(tot[m][r] * (double)xs[m] * (double)s[(size_t)(n0 + r) * sn]); \
+    }
+
+#define VROWS2(RR)                                                                                            \
+    switch (mm) {                                                                                             \
+    case 1: VBLOCK2(1, RR) break;                                                                             \
+    default: VBLOCK2(2, RR)                                                                                   \
+    }
+
+T2Q void kh_q_rows_i8_x16_avx2(const int16_t *x0, const float *xs0, const int8_t *w, const float *s, float *out0,
+                               int M, int N, int K, int sk, int sn) {
+    (void)sk;
+    FOR_ROW_BLOCKS_M(int8_t, int16_t, float, const float *xs = xs0 + m0;, VROWS2, 2)
+}
+
+T2Q void kh_q_grouped_i8_x16_avx2(const int16_t *x, const float *xs, const int8_t *w, const float *s, float *out,
+                                   const int64_t *items, int n, int N, int K, int sk, int sn, int64_t sstride,
+                                   int *next) {
+    FOR_ITEMS(kh_q_rows_i8_x16_avx2(x + it[1] * K, xs + it[1], w + it[0] * (int64_t)N * K, s + it[0] * sstride,
+                                    out + it[1] * N, (int)it[2], N, K, sk, sn));
+}
 """
 
 _ROWS = {torch.int8: "kh_q_rows_i8", torch.float8_e4m3fn: "kh_q_rows_f8"}
@@ -221,10 +372,27 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     ptr, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
     rows = [ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32]
     grouped = [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, i64, ptr]
-    signatures = {**{symbol: rows for symbol in _ROWS.values()}, **{symbol: grouped for symbol in _GROUPED.values()},
-                  "kh_q_rows_i8_x16": [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32],
-                  "kh_q_grouped_i8_x16": [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, i64, ptr]}
+    signatures: dict[str, list[type]] = {}
+    for _, suffix in native_rows.BUILDS:
+        signatures.update({symbol + suffix: rows for symbol in _ROWS.values()})
+        signatures.update({symbol + suffix: grouped for symbol in _GROUPED.values()})
+        signatures["kh_q_rows_i8_x16" + suffix] = [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32]
+        signatures["kh_q_grouped_i8_x16" + suffix] = [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, i64, ptr]
     return native_rows.load_native(SOURCE, signatures, "the native quantized kernel")
+
+
+@functools.cache
+def isa() -> native_rows.Isa:
+    """The build quantized products run on here: AVX512 (CPU_FLAGS) or AVX2 (native_rows.choose_isa)."""
+    return native_rows.choose_isa(CPU_FLAGS, native_rows.cpu_flags())[0]
+
+
+def x16_suffix(build: native_rows.Isa, flags: frozenset[str]) -> str | None:
+    """The int16-lhs route's symbol suffix for `build` on a CPU with `flags`: the AVX512 build needs AVX512-VNNI
+    (VPDPWSSD); the AVX2 build uses VPMADDWD, which every AVX2 CPU has; None where there is no such route."""
+    if build.suffix == "":
+        return "" if "avx512_vnni" in flags else None
+    return build.suffix
 
 
 def scale_strides(weight_dtype: torch.dtype, scale: torch.Tensor) -> tuple[int, int]:
@@ -275,12 +443,12 @@ def x16_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 @functools.cache
 def x16_available() -> tuple[bool, str]:
-    """(does the int8 x bfloat16 VNNI route run here, why): AVX512-VNNI, the build, and a self-test against float64
-    within 1e-4 (the lhs rounding) on every tail."""
+    """(does the int8 x bfloat16 int16-lhs route run here, why): its instructions (x16_suffix: AVX512-VNNI, or
+    AVX2), the build, and a self-test against float64 within 1e-4 (the lhs rounding) on every tail."""
     ok, why = available(torch.int8)
     if not ok:
         return False, why
-    if "avx512_vnni" not in native_rows.cpu_flags():
+    if x16_suffix(isa(), native_rows.cpu_flags()) is None:
         return False, "this CPU lacks avx512_vnni for the int8 x bfloat16 route"
     from .quant import dequantize, quantize
 
@@ -297,16 +465,18 @@ def x16_available() -> tuple[bool, str]:
     err = float((out.double() - ref).abs().max() / ref.abs().max())
     if not err <= 1e-4:
         return False, f"the int8 x bfloat16 VNNI route's self-test missed float64 by {err:.1e} (bound 1e-04)"
-    return True, "native AVX512-VNNI int8 x bfloat16 route (self-test passed)"
+    route = "AVX512-VNNI" if isa().suffix == "" else "AVX2 (VPMADDWD)"
+    return True, f"native {route} int8 x bfloat16 route (self-test passed)"
 
 
 @functools.cache
 def available(dtype: torch.dtype) -> tuple[bool, str]:
     """(can `dtype` weights run natively here, why). Builds and self-tests the kernel once per process."""
     name = str(dtype).replace("torch.", "")
-    return native_rows.gate(dtype, known=_ROWS, flags=CPU_FLAGS, kernel="native quantized kernel",
+    build = isa()
+    return native_rows.gate(dtype, known=_ROWS, flags=build.flags, kernel="native quantized kernel",
                             for_cpu="native quantized kernel", library=_library, self_test=_self_test,
-                            passed=f"native AVX512 {name} weight rows kernel (self-test passed)")
+                            passed=f"native {build.name} {name} weight rows kernel (self-test passed)")
 
 
 def _rows(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -314,8 +484,8 @@ def _rows(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor
     assert lib is not None
     out = torch.empty((x.shape[0], w.shape[0]), dtype=torch.float32)
     sk, sn = scale_strides(w.dtype, scale)
-    getattr(lib, _ROWS[w.dtype])(x.data_ptr(), w.data_ptr(), scale.data_ptr(), out.data_ptr(), x.shape[0],
-                                 w.shape[0], w.shape[1], sk, sn)
+    fn = getattr(lib, _ROWS[w.dtype] + isa().suffix)
+    fn(x.data_ptr(), w.data_ptr(), scale.data_ptr(), out.data_ptr(), x.shape[0], w.shape[0], w.shape[1], sk, sn)
     return out
 
 
@@ -327,9 +497,9 @@ def grouped(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, out: torch.Te
     lib, _ = _library()
     assert lib is not None
     sk, sn = scale_strides(w.dtype, scale[0])
-    getattr(lib, _GROUPED[w.dtype])(x.data_ptr(), w.data_ptr(), scale.data_ptr(), out.data_ptr(), items.data_ptr(),
-                                    items.shape[0], w.shape[1], w.shape[2], sk, sn, scale[0].numel(),
-                                    next_item.data_ptr())
+    fn = getattr(lib, _GROUPED[w.dtype] + isa().suffix)
+    fn(x.data_ptr(), w.data_ptr(), scale.data_ptr(), out.data_ptr(), items.data_ptr(), items.shape[0], w.shape[1],
+       w.shape[2], sk, sn, scale[0].numel(), next_item.data_ptr())
 
 
 def grouped_x16(x: tuple[torch.Tensor, torch.Tensor], w: torch.Tensor, scale: torch.Tensor, out: torch.Tensor,
@@ -338,6 +508,7 @@ def grouped_x16(x: tuple[torch.Tensor, torch.Tensor], w: torch.Tensor, scale: to
     lib, _ = _library()
     assert lib is not None and w.dtype == torch.int8
     rows, row_scales = x
-    lib.kh_q_grouped_i8_x16(rows.data_ptr(), row_scales.data_ptr(), w.data_ptr(), scale.data_ptr(), out.data_ptr(),
-                            items.data_ptr(), items.shape[0], w.shape[1], w.shape[2], 0, 1, scale[0].numel(),
-                            next_item.data_ptr())
+    suffix = x16_suffix(isa(), native_rows.cpu_flags())
+    fn = getattr(lib, "kh_q_grouped_i8_x16" + (suffix or ""))
+    fn(rows.data_ptr(), row_scales.data_ptr(), w.data_ptr(), scale.data_ptr(), out.data_ptr(), items.data_ptr(),
+       items.shape[0], w.shape[1], w.shape[2], 0, 1, scale[0].numel(), next_item.data_ptr())

@@ -1,4 +1,4 @@
-"""A native x @ w^T for a few rows against a plain [N, K] weight on x86-64 CPUs with AVX512 (decode-sized experts).
+"""A native x @ w^T for a few rows against a plain [N, K] weight on x86-64 CPUs (decode-sized experts).
 
 Why: at decode a MoE layer's time is reading its active experts' weights once. oneDNN's blocked kernels, even on
 prepacked weights, streamed them at 1.4-1.6x the memory floor on a 2-core Zen 4 VM with both cores busy; this loop
@@ -6,13 +6,18 @@ reads the weight rows in order, four at a time, with a software prefetch two gro
 decode layer at 1.23-1.32x (bench/moe_decode.py). It reads the weight where it is, in its own layout: nothing is
 reordered, so a model's weights stay exactly as loaded.
 
-Numbers: float32 accumulation (bfloat16 pairs by VDPBF16PS, float32 by FMA), each output's 16 lanes summed in a fixed
-tree, then rounded to the input dtype (round to nearest even, NaN kept). The torch-native grouped loop (grouped.py)
+Builds: AVX512 (with AVX512-BF16 for bfloat16) where the CPU has it, else AVX2 + FMA (choose_isa): the same loop over
+weight rows with 8-lane vectors and blocks of 2 rows of x (AVX2 has 16 vector registers), bfloat16 split into its
+even and odd halves (a shift and a mask make each a float32, no conversion instruction).
+
+Numbers: float32 accumulation (bfloat16 pairs by VDPBF16PS, float32 by FMA; on AVX2 both by FMA), each output's 16
+(AVX2: 8) lanes summed in a fixed tree, the K tail past the vectors in scalar float32, then rounded to the input dtype
+(round to nearest even, NaN kept). The torch-native grouped loop (grouped.py)
 routes every product of at most MAX_ROWS rows against a plain weight here, packed or not, so both agree bit for bit.
 
 Trust: the C source is the SOURCE string of this module, which the client's verified loader imported from checked
 bytes; it is compiled by the system C compiler into a private temporary folder, loaded, and the folder removed before
-any call. Nothing is cached on disk and no file outside that folder is written. Where there is no compiler, no AVX512,
+any call. Nothing is cached on disk and no file outside that folder is written. Where there is no compiler, no AVX2,
 another OS or the self-test against float64 fails, `available` says why and the caller keeps oneDNN / torch.mm.
 
 Imports torch only (the torch-cpu build runs where jax is absent); never imports kernel_hub.
@@ -30,6 +35,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -39,6 +45,8 @@ MAX_ROWS = 16
 ENV = "KERNEL_HUB_CPU_NATIVE"
 #: What each dtype needs from the CPU (/proc/cpuinfo flags).
 CPU_FLAGS = {torch.float32: ("avx512f", "fma"), torch.bfloat16: ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")}
+#: What the AVX2 build of every kernel needs (x86-64 CPUs without AVX512: most laptops, Zen 2/3, older Xeons).
+AVX2_FLAGS = ("avx2", "fma")
 
 #: The C both native kernels share (native_quant.py's SOURCE starts with it too): the weight-row group and prefetch
 #: distance, the loop over weight-row groups and blocks of x's rows, and the loop over a grouped call's items.
@@ -56,12 +64,14 @@ C_LOOPS = r"""
    SETUP runs first in each block (more per-row pointers), then BLOCKS(RR) computes out[m0 .. m0 + mm) x
    [n0 .. n0 + RR) from wr (weight row n0), x (row m0 of x0) and out (row m0 of out0). The enclosing function has
    x0, w, out0 (element types XT, WT, OT) and M, N, K. */
-#define FOR_ROW_BLOCKS(WT, XT, OT, SETUP, BLOCKS)                                                            \
+#define FOR_ROW_BLOCKS(WT, XT, OT, SETUP, BLOCKS) FOR_ROW_BLOCKS_M(WT, XT, OT, SETUP, BLOCKS, 4)
+/* The same with blocks of up to MB rows of x (AVX2 has 16 vector registers: its blocks take 2 rows). */
+#define FOR_ROW_BLOCKS_M(WT, XT, OT, SETUP, BLOCKS, MB)                                                      \
     int n0 = 0;                                                                                               \
     for (; n0 + R <= N; n0 += R) {                                                                            \
         const WT *wr = w + (size_t)n0 * K;                                                                    \
-        for (int m0 = 0; m0 < M; m0 += 4) {                                                                   \
-            int mm = M - m0 < 4 ? M - m0 : 4;                                                                 \
+        for (int m0 = 0; m0 < M; m0 += MB) {                                                                  \
+            int mm = M - m0 < MB ? M - m0 : MB;                                                               \
             const XT *x = x0 + (size_t)m0 * K;                                                                \
             OT *out = out0 + (size_t)m0 * N;                                                                  \
             SETUP                                                                                             \
@@ -70,14 +80,30 @@ C_LOOPS = r"""
     }                                                                                                         \
     for (; n0 < N; n0++) {                                                                                    \
         const WT *wr = w + (size_t)n0 * K;                                                                    \
-        for (int m0 = 0; m0 < M; m0 += 4) {                                                                   \
-            int mm = M - m0 < 4 ? M - m0 : 4;                                                                 \
+        for (int m0 = 0; m0 < M; m0 += MB) {                                                                  \
+            int mm = M - m0 < MB ? M - m0 : MB;                                                               \
             const XT *x = x0 + (size_t)m0 * K;                                                                \
             OT *out = out0 + (size_t)m0 * N;                                                                  \
             SETUP                                                                                             \
             BLOCKS(1)                                                                                         \
         }                                                                                                     \
     }
+
+/* AVX2: a fixed-order sum of 8 float lanes (the same tree for every output, so results do not depend on the call). */
+__attribute__((target("avx2,fma"))) static inline float kh_hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* bfloat16 bits -> float32 (exact). */
+static inline float kh_bf16_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    __builtin_memcpy(&f, &u, 4);
+    return f;
+}
 
 /* Many experts in one call: items[i] = (expert, first row, rows). Every thread that calls with the same `next`
    takes the next item (dynamic scheduling), so two workers share one layer without a return to Python per
@@ -183,6 +209,83 @@ static inline uint16_t to_bf16(float f) {
 GEMV(kh_rows_bf16, uint16_t, BF16_ROWS, "avx512f,avx512bw,avx512vl,avx512bf16,fma")
 GEMV(kh_rows_f32, float, F32_ROWS, "avx512f,fma")
 
+/* AVX2 + FMA (no AVX512): blocks of up to 2 rows of x against RR weight rows, 8 float lanes. bfloat16 pairs are split
+   into their even and odd halves (a shift and a mask make each a float32), so each 32-byte load feeds two FMAs with no
+   conversion instruction; every product is exact in float32 and the sums run in float32, the K tail (under 16 / 8)
+   in scalar float32 after the vector part. */
+#define T2 __attribute__((target("avx2,fma")))
+#define BF16_EVEN(v) _mm256_castsi256_ps(_mm256_slli_epi32((v), 16))
+#define BF16_ODD(v) _mm256_castsi256_ps(_mm256_and_si256((v), _mm256_set1_epi32((int)0xffff0000u)))
+
+#define BF16_BLOCK2(MM, RR)                                                                                   \
+    {                                                                                                         \
+        __m256 acc[MM][RR];                                                                                   \
+        for (int m = 0; m < MM; m++)                                                                          \
+            for (int r = 0; r < RR; r++) acc[m][r] = _mm256_setzero_ps();                                     \
+        int k = 0;                                                                                            \
+        for (; k + 16 <= K; k += 16) {                                                                        \
+            __m256 xe[MM], xo[MM];                                                                            \
+            for (int m = 0; m < MM; m++) {                                                                    \
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(x + (size_t)m * K + k));                    \
+                xe[m] = BF16_EVEN(xv);                                                                        \
+                xo[m] = BF16_ODD(xv);                                                                         \
+            }                                                                                                 \
+            for (int r = 0; r < RR; r++) {                                                                    \
+                _mm_prefetch((const char *)(wr + (size_t)(r + AHEAD * R) * K + k), _MM_HINT_T1);              \
+                __m256i wv = _mm256_loadu_si256((const __m256i *)(wr + (size_t)r * K + k));                   \
+                __m256 we = BF16_EVEN(wv), wo = BF16_ODD(wv);                                                 \
+                for (int m = 0; m < MM; m++)                                                                  \
+                    acc[m][r] = _mm256_fmadd_ps(xo[m], wo, _mm256_fmadd_ps(xe[m], we, acc[m][r]));            \
+            }                                                                                                 \
+        }                                                                                                     \
+        for (int m = 0; m < MM; m++)                                                                          \
+            for (int r = 0; r < RR; r++) {                                                                    \
+                float t = kh_hsum8(acc[m][r]);                                                                \
+                for (int kk = k; kk < K; kk++)                                                                \
+                    t += kh_bf16_f32(x[(size_t)m * K + kk]) * kh_bf16_f32(wr[(size_t)r * K + kk]);            \
+                out[(size_t)m * N + n0 + r] = to_bf16(t);                                                     \
+            }                                                                                                 \
+    }
+
+#define F32_BLOCK2(MM, RR)                                                                                    \
+    {                                                                                                         \
+        __m256 acc[MM][RR];                                                                                   \
+        for (int m = 0; m < MM; m++)                                                                          \
+            for (int r = 0; r < RR; r++) acc[m][r] = _mm256_setzero_ps();                                     \
+        int k = 0;                                                                                            \
+        for (; k + 8 <= K; k += 8) {                                                                          \
+            __m256 xv[MM];                                                                                    \
+            for (int m = 0; m < MM; m++) xv[m] = _mm256_loadu_ps(x + (size_t)m * K + k);                      \
+            for (int r = 0; r < RR; r++) {                                                                    \
+                _mm_prefetch((const char *)(wr + (size_t)(r + AHEAD * R) * K + k), _MM_HINT_T1);              \
+                __m256 wv = _mm256_loadu_ps(wr + (size_t)r * K + k);                                          \
+                for (int m = 0; m < MM; m++) acc[m][r] = _mm256_fmadd_ps(xv[m], wv, acc[m][r]);               \
+            }                                                                                                 \
+        }                                                                                                     \
+        for (int m = 0; m < MM; m++)                                                                          \
+            for (int r = 0; r < RR; r++) {                                                                    \
+                float t = kh_hsum8(acc[m][r]);                                                                \
+                for (int kk = k; kk < K; kk++) t += x[(size_t)m * K + kk] * wr[(size_t)r * K + kk];           \
+                out[(size_t)m * N + n0 + r] = t;                                                              \
+            }                                                                                                 \
+    }
+
+#define ROWS2(BLOCK, RR)                                                                                      \
+    switch (mm) {                                                                                             \
+    case 1: BLOCK(1, RR) break;                                                                               \
+    default: BLOCK(2, RR)                                                                                     \
+    }
+
+#define BF16_ROWS2(RR) ROWS2(BF16_BLOCK2, RR)
+#define F32_ROWS2(RR) ROWS2(F32_BLOCK2, RR)
+
+T2 void kh_rows_bf16_avx2(const uint16_t *x0, const uint16_t *w, uint16_t *out0, int M, int N, int K) {
+    FOR_ROW_BLOCKS_M(uint16_t, uint16_t, uint16_t, , BF16_ROWS2, 2)
+}
+T2 void kh_rows_f32_avx2(const float *x0, const float *w, float *out0, int M, int N, int K) {
+    FOR_ROW_BLOCKS_M(float, float, float, , F32_ROWS2, 2)
+}
+
 /* Many experts in one call (FOR_ITEMS): rows of x and out are in expert order, w is a contiguous [E, N, K] stack.
    Each output is summed exactly as a single call would sum it. */
 #define GROUPED(NAME, SINGLE, T, TARGET)                                                                      \
@@ -193,10 +296,14 @@ GEMV(kh_rows_f32, float, F32_ROWS, "avx512f,fma")
 
 GROUPED(kh_grouped_bf16, kh_rows_bf16, uint16_t, "avx512f,avx512bw,avx512vl,avx512bf16,fma")
 GROUPED(kh_grouped_f32, kh_rows_f32, float, "avx512f,fma")
+GROUPED(kh_grouped_bf16_avx2, kh_rows_bf16_avx2, uint16_t, "avx2,fma")
+GROUPED(kh_grouped_f32_avx2, kh_rows_f32_avx2, float, "avx2,fma")
 """
 
 _SYMBOLS = {torch.bfloat16: "kh_rows_bf16", torch.float32: "kh_rows_f32"}
 _GROUPED = {torch.bfloat16: "kh_grouped_bf16", torch.float32: "kh_grouped_f32"}
+#: Each kernel's builds, fastest first: (name, symbol suffix). Every symbol exists in both builds.
+BUILDS = (("AVX512", ""), ("AVX2", "_avx2"))
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
@@ -208,6 +315,24 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
     except OSError:
         pass
     return frozenset()
+
+
+class Isa(NamedTuple):
+    """One build of a native kernel: its name, its symbols' suffix, the CPU flags it needs."""
+
+    name: str
+    suffix: str
+    flags: tuple[str, ...]
+
+
+def choose_isa(avx512_flags: tuple[str, ...], flags: frozenset[str]) -> tuple[Isa, str]:
+    """The fastest build a CPU with `flags` runs (AVX512 when it has every one of `avx512_flags`, else AVX2) and why;
+    AVX2 is returned even when missing, so the gate names what the CPU lacks."""
+    avx512 = Isa("AVX512", "", avx512_flags)
+    if all(f in flags for f in avx512_flags):
+        return avx512, "AVX512 build: the CPU has " + ", ".join(avx512_flags)
+    lacking = ", ".join(f for f in avx512_flags if f not in flags)
+    return Isa("AVX2", "_avx2", AVX2_FLAGS), f"AVX2 build: the CPU lacks {lacking} for the AVX512 one"
 
 
 def compiler() -> str | None:
@@ -289,9 +414,17 @@ def gate(dtype: torch.dtype, *, known: object, flags: tuple[str, ...], kernel: s
 @functools.cache
 def _library() -> tuple[ctypes.CDLL | None, str]:
     ptr, i32 = ctypes.c_void_p, ctypes.c_int
-    return load_native(SOURCE, {**{symbol: [ptr, ptr, ptr, i32, i32, i32] for symbol in _SYMBOLS.values()},
-                                **{symbol: [ptr, ptr, ptr, ptr, i32, i32, i32, ptr] for symbol in _GROUPED.values()}},
+    return load_native(SOURCE, {**{symbol + suffix: [ptr, ptr, ptr, i32, i32, i32]
+                                   for symbol in _SYMBOLS.values() for _, suffix in BUILDS},
+                                **{symbol + suffix: [ptr, ptr, ptr, ptr, i32, i32, i32, ptr]
+                                   for symbol in _GROUPED.values() for _, suffix in BUILDS}},
                        "the native kernel")
+
+
+@functools.cache
+def isa(dtype: torch.dtype) -> Isa:
+    """The build `dtype` products run on here (choose_isa on this CPU's flags)."""
+    return choose_isa(CPU_FLAGS.get(dtype, ()), cpu_flags())[0]
 
 
 def _self_test(dtype: torch.dtype) -> str:
@@ -317,9 +450,10 @@ def _self_test(dtype: torch.dtype) -> str:
 def available(dtype: torch.dtype) -> tuple[bool, str]:
     """(can `dtype` products run natively here, why). Builds and self-tests the kernel once per process."""
     name = str(dtype).replace("torch.", "")
-    return gate(dtype, known=_SYMBOLS, flags=CPU_FLAGS.get(dtype, ()), kernel="native kernel",
+    build = isa(dtype)
+    return gate(dtype, known=_SYMBOLS, flags=build.flags, kernel="native kernel",
                 for_cpu=f"native {name} kernel", library=_library, self_test=_self_test,
-                passed=f"native AVX512 {name} rows kernel (self-test passed)")
+                passed=f"native {build.name} {name} rows kernel (self-test passed)")
 
 
 def _run(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -327,7 +461,8 @@ def _run(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> t
     assert lib is not None
     if out is None:
         out = torch.empty((x.shape[0], w.shape[0]), dtype=x.dtype)
-    getattr(lib, _SYMBOLS[x.dtype])(x.data_ptr(), w.data_ptr(), out.data_ptr(), x.shape[0], w.shape[0], w.shape[1])
+    fn = getattr(lib, _SYMBOLS[x.dtype] + isa(x.dtype).suffix)
+    fn(x.data_ptr(), w.data_ptr(), out.data_ptr(), x.shape[0], w.shape[0], w.shape[1])
     return out
 
 
@@ -356,5 +491,6 @@ def grouped(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, items: torch.Te
     contiguous, one dtype with `available`; every item at most MAX_ROWS rows. Releases the GIL while it runs."""
     lib, _ = _library()
     assert lib is not None
-    getattr(lib, _GROUPED[x.dtype])(x.data_ptr(), w.data_ptr(), out.data_ptr(), items.data_ptr(), items.shape[0],
-                                    w.shape[1], w.shape[2], next_item.data_ptr())
+    fn = getattr(lib, _GROUPED[x.dtype] + isa(x.dtype).suffix)
+    fn(x.data_ptr(), w.data_ptr(), out.data_ptr(), items.data_ptr(), items.shape[0], w.shape[1], w.shape[2],
+       next_item.data_ptr())

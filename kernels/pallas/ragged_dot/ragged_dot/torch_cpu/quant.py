@@ -9,10 +9,10 @@ lhs bfloat16 or float32; the result has lhs's dtype. Products are summed in floa
 weight (integers and e4m3 values are exact in float32), then rounded once to lhs's dtype.
 
 Where it runs: on CPU, groups of at most native_quant.MAX_ROWS rows against weights stored nn.Linear-style (rhs a
-transposed view of a contiguous [G, N, K] stack, what kernelize's quantized copies are) go to the native AVX512 kernel,
-which reads the quantized bytes and dequantizes in registers; other groups (and other devices, or no native kernel)
-dequantize one expert at a time to float32 and multiply. Scales holding NaN or Inf give NaN or Inf in exactly the
-outputs they scale; nothing is clamped or checked on the data (no host sync, so torch.compile traces it).
+transposed view of a contiguous [G, N, K] stack, what kernelize's quantized copies are) go to the native kernel
+(AVX512 or AVX2), which reads the quantized bytes and dequantizes in registers; other groups (and other devices, or
+no native kernel) dequantize one expert at a time to float32 and multiply. Scales holding NaN or Inf give NaN or Inf
+in exactly the outputs they scale; nothing is clamped or checked on the data (no host sync, so torch.compile traces it).
 
 Autograd: gradients flow to lhs only (quantized weights are frozen: a scale that requires grad is refused). Under
 torch.compile the grouped product is the custom op `<namespace>::cpu_grouped_quant` with a fake implementation, so
