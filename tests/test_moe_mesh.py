@@ -15,9 +15,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -35,6 +32,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from moe_reference_grads import moe_grads  # noqa: E402
+from simulated_devices import run_worker  # noqa: E402
 
 F32, BF16 = 1e-5, 2e-2  # the bounds
 
@@ -200,11 +198,7 @@ def test_pallas_reads_only_the_weight_blocks_of_experts_with_rows(rd):
 
 @pytest.fixture(scope="module")
 def mesh_results():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
-    done = subprocess.run([sys.executable, str(HERE / "moe_mesh_worker.py")], capture_output=True, text=True,
-                          env=env, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_worker("moe_mesh_worker.py")
 
 
 def test_mesh_configs_match_float64_and_one_device(mesh_results):

@@ -5,9 +5,6 @@ the one-device result, forward and gradient in x. The mesh checks that need no d
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,16 +17,16 @@ from kernel_hub import get_local_kernel
 from kernel_hub.numerics import TOLERANCE
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from simulated_devices import run_worker  # noqa: E402
+
 F32 = TOLERANCE["float32"]
 
 
 @pytest.fixture(scope="module")
 def results():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
-    done = subprocess.run([sys.executable, str(HERE / "moe_quant_mesh_worker.py")], capture_output=True, text=True,
-                          env=env, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_worker("moe_quant_mesh_worker.py")
 
 
 def test_quantized_mesh_layouts_match_float64_and_one_device(results):
