@@ -305,54 +305,66 @@ QGROUPED(kh_q_grouped_f8_avx2, kh_q_rows_f8_avx2)
 
 /* The int16-lhs route on AVX2 (VPMADDWD: 16 int16 pairs into 8 exact int32 sums, added to int32 accumulators), with
    the same XBITS rows, I16_SPAN flushes and float64 totals as the VNNI route. */
-#define VBLOCK2(MM, RR)                                                                                       \
+/* Weight rows in pairs (RR2 of them, 1 or 2) against up to 4 rows of x: 8 int32 accumulators, so each widened weight
+   vector serves every row of x of the block. */
+#define VBLOCK2(MM, RR2, rw)                                                                                  \
     {                                                                                                         \
-        double tot[MM][RR];                                                                                   \
+        double tot[MM][RR2];                                                                                  \
         for (int m = 0; m < MM; m++)                                                                          \
-            for (int r = 0; r < RR; r++) tot[m][r] = 0.0;                                                     \
+            for (int r = 0; r < RR2; r++) tot[m][r] = 0.0;                                                    \
         for (int k0 = 0; k0 < K; k0 += I16_SPAN) {                                                            \
             int k1 = k0 + I16_SPAN < K ? k0 + I16_SPAN : K;                                                   \
-            __m256i acc[MM][RR];                                                                              \
+            __m256i acc[MM][RR2];                                                                             \
             for (int m = 0; m < MM; m++)                                                                      \
-                for (int r = 0; r < RR; r++) acc[m][r] = _mm256_setzero_si256();                              \
+                for (int r = 0; r < RR2; r++) acc[m][r] = _mm256_setzero_si256();                             \
             int k = k0;                                                                                       \
             for (; k + 16 <= k1; k += 16) {                                                                   \
-                __m256i xv[MM];                                                                               \
-                for (int m = 0; m < MM; m++) xv[m] = _mm256_loadu_si256((const __m256i *)(x + (size_t)m * K + k)); \
-                for (int r = 0; r < RR; r++) {                                                                \
-                    _mm_prefetch((const char *)(wr + (size_t)(r + AHEAD * R) * K + k), _MM_HINT_T1);          \
-                    __m256i wv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wr + (size_t)r * K + k))); \
-                    for (int m = 0; m < MM; m++)                                                              \
-                        acc[m][r] = _mm256_add_epi32(acc[m][r], _mm256_madd_epi16(xv[m], wv));                \
+                __m256i wv[RR2];                                                                              \
+                for (int r = 0; r < RR2; r++) {                                                               \
+                    _mm_prefetch((const char *)(rw + (size_t)(r + AHEAD * R) * K + k), _MM_HINT_T1);          \
+                    wv[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(rw + (size_t)r * K + k))); \
+                }                                                                                             \
+                for (int m = 0; m < MM; m++) {                                                                \
+                    __m256i xv = _mm256_loadu_si256((const __m256i *)(x + (size_t)m * K + k));                \
+                    for (int r = 0; r < RR2; r++)                                                             \
+                        acc[m][r] = _mm256_add_epi32(acc[m][r], _mm256_madd_epi16(xv, wv[r]));                \
                 }                                                                                             \
             }                                                                                                 \
             for (int m = 0; m < MM; m++)                                                                      \
-                for (int r = 0; r < RR; r++) {                                                                \
+                for (int r = 0; r < RR2; r++) {                                                               \
                     __m128i h = _mm_add_epi32(_mm256_castsi256_si128(acc[m][r]),                              \
                                               _mm256_extracti128_si256(acc[m][r], 1));                        \
                     h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));                                         \
                     h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));                                         \
                     int32_t part = _mm_cvtsi128_si32(h);                                                      \
                     for (int kk = k; kk < k1; kk++)                                                           \
-                        part += (int32_t)x[(size_t)m * K + kk] * (int32_t)wr[(size_t)r * K + kk];             \
+                        part += (int32_t)x[(size_t)m * K + kk] * (int32_t)rw[(size_t)r * K + kk];             \
                     tot[m][r] += (double)part;                                                                \
                 }                                                                                             \
         }                                                                                                     \
         for (int m = 0; m < MM; m++)                                                                          \
-            for (int r = 0; r < RR; r++)                                                                      \
-                out[(size_t)m * N + n0 + r] = (float)(tot[m][r] * (double)xs[m] * (double)s[(size_t)(n0 + r) * sn]); \
+            for (int r = 0; r < RR2; r++)                                                                     \
+                out[(size_t)m * N + (rw - wr) / K + n0 + r] =                                                 \
+                    (float)(tot[m][r] * (double)xs[m] * (double)s[(size_t)(n0 + (rw - wr) / K + r) * sn]);    \
     }
+
+/* RR weight rows (4, or 1 at the end) as pairs. */
+#define VPAIRS(MM, RR)                                                                                        \
+    if (RR == 1) VBLOCK2(MM, 1, wr)                                                                           \
+    else for (int p = 0; p < RR; p += 2) { const int8_t *rwp = wr + (size_t)p * K; VBLOCK2(MM, 2, rwp) }
 
 #define VROWS2(RR)                                                                                            \
     switch (mm) {                                                                                             \
-    case 1: VBLOCK2(1, RR) break;                                                                             \
-    default: VBLOCK2(2, RR)                                                                                   \
+    case 1: VPAIRS(1, RR) break;                                                                              \
+    case 2: VPAIRS(2, RR) break;                                                                              \
+    case 3: VPAIRS(3, RR) break;                                                                              \
+    default: VPAIRS(4, RR)                                                                                    \
     }
 
 T2Q void kh_q_rows_i8_x16_avx2(const int16_t *x0, const float *xs0, const int8_t *w, const float *s, float *out0,
                                int M, int N, int K, int sk, int sn) {
     (void)sk;
-    FOR_ROW_BLOCKS_M(int8_t, int16_t, float, const float *xs = xs0 + m0;, VROWS2, 2)
+    FOR_ROW_BLOCKS_M(int8_t, int16_t, float, const float *xs = xs0 + m0;, VROWS2, 4)
 }
 
 T2Q void kh_q_grouped_i8_x16_avx2(const int16_t *x, const float *xs, const int8_t *w, const float *s, float *out,
@@ -382,9 +394,14 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
 
 
 @functools.cache
+def _flags() -> frozenset[str]:
+    return native_rows.cpu_flags()
+
+
+@functools.cache
 def isa() -> native_rows.Isa:
     """The build quantized products run on here: AVX512 (CPU_FLAGS) or AVX2 (native_rows.choose_isa)."""
-    return native_rows.choose_isa(CPU_FLAGS, native_rows.cpu_flags())[0]
+    return native_rows.choose_isa(CPU_FLAGS, _flags())[0]
 
 
 def x16_suffix(build: native_rows.Isa, flags: frozenset[str]) -> str | None:
@@ -448,7 +465,7 @@ def x16_available() -> tuple[bool, str]:
     ok, why = available(torch.int8)
     if not ok:
         return False, why
-    if x16_suffix(isa(), native_rows.cpu_flags()) is None:
+    if x16_suffix(isa(), _flags()) is None:
         return False, "this CPU lacks avx512_vnni for the int8 x bfloat16 route"
     from .quant import dequantize, quantize
 
@@ -508,7 +525,6 @@ def grouped_x16(x: tuple[torch.Tensor, torch.Tensor], w: torch.Tensor, scale: to
     lib, _ = _library()
     assert lib is not None and w.dtype == torch.int8
     rows, row_scales = x
-    suffix = x16_suffix(isa(), native_rows.cpu_flags())
-    fn = getattr(lib, "kh_q_grouped_i8_x16" + (suffix or ""))
+    fn = getattr(lib, "kh_q_grouped_i8_x16" + (x16_suffix(isa(), _flags()) or ""))
     fn(rows.data_ptr(), row_scales.data_ptr(), w.data_ptr(), scale.data_ptr(), out.data_ptr(), items.data_ptr(),
        items.shape[0], w.shape[1], w.shape[2], 0, 1, scale[0].numel(), next_item.data_ptr())
