@@ -43,6 +43,7 @@ TPU_ENV_CHECKS = (
     "test_registered_functions_compile_for_v5e_and_v6e",
     "test_ragged_dot_runs_through_the_registered_op_and_its_autograd",
     "test_moe_experts_composes_two_ragged_dots_through_the_registered_op",
+    "test_quantized_weights_run_through_the_registered_quantized_op_and_its_autograd",
     "test_an_expert_parallel_op_registers_with_its_mesh_and_partition_specs",
     "test_cpu_tensors_run_the_cpu_path_and_say_so",
     "test_torch_cpu_build_never_imports_torch_tpu_although_it_is_installed",
@@ -184,19 +185,24 @@ def test_torch_tpu_checks_pass_in_the_tpu_environment(env, tmp_path):
     assert re.fullmatch(_namespace_pattern("ragged_dot"), ragged_ns), ragged_ns
     assert re.fullmatch(_namespace_pattern("flash_attention"), flash_ns), flash_ns
     assert set(facts["ops"]) >= {f"{ragged_ns}::ragged_dot", f"{ragged_ns}::ragged_dot_backward",
+                                 f"{ragged_ns}::ragged_dot_quantized", f"{ragged_ns}::ragged_dot_quantized_backward",
                                  f"{flash_ns}::flash_attention", f"{flash_ns}::flash_attention_backward",
                                  f"{flash_ns}::decode_attention"}
     first, other = facts["ops"]["versions_in_one_process"]
     assert first == f"{ragged_ns}::ragged_dot"
     assert re.fullmatch(r"kernel_hub_ragged_dot_v9_2e9_2e0_c[0-9a-f]{16}::ragged_dot", other), other
     compiled = {(" ".join(c["case"].split()[:2]), c["generation"]) for c in facts["compile"]}
-    for op in ("ragged_dot fwd", "ragged_dot bwd", "flash_attention fwd", "flash_attention bwd",
-               "decode_attention bf16"):
+    for op in ("ragged_dot fwd", "ragged_dot bwd", "ragged_dot_quantized fwd", "ragged_dot_quantized bwd",
+               "flash_attention fwd", "flash_attention bwd", "decode_attention bf16"):
         assert {(op, "v5e"), (op, "v6e")} <= compiled, op
     assert {c["device_kind"] for c in facts["compile"]} == {"TPU v5 lite", "TPU v6 lite"}
+    assert {c["case"].split()[2] for c in facts["compile"] if c["case"].startswith("ragged_dot_quantized fwd")} == {
+        "int8", "fp8"}
+    assert facts["quantized"]["moe_calls"] == ["quantized_forward"] * 2
+    assert max(max(e) for e in facts["quantized"]["errors"].values()) <= 1e-4
     assert {(c["case"].split()[1], c["generation"]) for c in facts["rms_norm"]} == {
         (p, g) for p in ("fwd", "bwd") for g in ("v5e", "v6e")}
-    for entry in ("ragged_dot", "flash_attention", "decode_attention"):
+    for entry in ("ragged_dot", "ragged_dot_quantized", "flash_attention", "decode_attention"):
         assert "test_aot_dispatch_dynamic" in facts["opcheck"][entry]["refused"]
     assert facts["kernelize"]["row"]["variant"] == "torch-tpu"
     assert facts["kernelize"]["row"]["not_validated"].startswith("not validated: needs a TPU")
@@ -226,7 +232,8 @@ def test_hf_kernels_loads_the_torch_tpu_builds_from_serve(env, tmp_path):
     assert {"ragged_dot", "moe_experts", "flash_attention", "decode_attention", "tpu_ops"} <= set(facts["exports"])
     for op, (kernel, entry) in zip(facts["ops"], [("flash_attention", "decode_attention"),
                                                   ("flash_attention", "flash_attention"),
-                                                  ("ragged_dot", "ragged_dot")], strict=True):
+                                                  ("ragged_dot", "ragged_dot"),
+                                                  ("ragged_dot", "ragged_dot_quantized")], strict=True):
         assert re.fullmatch(_namespace_pattern(kernel) + f"::{entry}", op), op
     assert facts["meta_out"] == [[300, 384], "torch.float32"]
     # CPU tensors: the CPU path runs (numbers right) and each entry says so once

@@ -25,6 +25,7 @@ import warnings
 from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
 import torch
 import torch_tpu  # noqa: F401  (the real package: this file runs only where it is installed)
@@ -35,6 +36,7 @@ from torch.testing._internal.optests.fake_tensor import fake_check
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))  # tiny_models, test_bridge's NumPy MoE
+sys.path.insert(0, str(ROOT / "kernels/pallas/ragged_dot/tests"))  # quant_testutil's float64 dequantized weights
 
 import kernel_hub as kh  # noqa: E402
 from kernel_hub.metadata import load_metadata  # noqa: E402
@@ -94,6 +96,13 @@ SCHEMAS = {
     ("ragged_dot", "ragged_dot_backward"):
         "(Tensor lhs, Tensor rhs, Tensor group_sizes, Tensor grad_out, *, ScalarType preferred_element_type) "
         "-> (Tensor, Tensor)",
+    ("ragged_dot", "ragged_dot_quantized"):
+        "(Tensor lhs, Tensor rhs, Tensor rhs_scale, Tensor group_sizes, *, ScalarType preferred_element_type) "
+        "-> Tensor",
+    # gradients of lhs and rhs_scale (always zero: listed so the return is two tensors, torch_bridge.py says why)
+    ("ragged_dot", "ragged_dot_quantized_backward"):
+        "(Tensor lhs, Tensor rhs, Tensor rhs_scale, Tensor group_sizes, Tensor grad_out, *, "
+        "ScalarType preferred_element_type) -> (Tensor, Tensor)",
     ("flash_attention", "flash_attention"):
         "(Tensor q, Tensor k, Tensor v, Tensor sinks, Tensor q_lengths, Tensor kv_lengths, *, bool causal, "
         f"{ATTENTION_OPTIONS}) -> Tensor",
@@ -108,7 +117,8 @@ SCHEMAS = {
 
 def test_every_entry_is_registered_with_its_schema(rd, fa):
     assert rd.__kernel_hub__.variant == fa.__kernel_hub__.variant == "torch-tpu"
-    assert set(rd.tpu_ops()) == {"ragged_dot"} and set(fa.tpu_ops()) == {"flash_attention", "decode_attention"}
+    assert set(rd.tpu_ops()) == {"ragged_dot", "ragged_dot_quantized"}
+    assert set(fa.tpu_ops()) == {"flash_attention", "decode_attention"}
     custom_ops = importlib.import_module("torch._library.custom_ops")
     for (kernel, entry), args in SCHEMAS.items():
         name = f"{namespace(kernel)}::{entry}"
@@ -116,7 +126,7 @@ def test_every_entry_is_registered_with_its_schema(rd, fa):
         assert str(overload._schema) == name + args
         # register_autograd on the two differentiable entries only (their backward ops and decode have none)
         has_formula = custom_ops._maybe_get_opdef(name)._backward_fn is not None
-        assert has_formula == (entry in ("ragged_dot", "flash_attention")), name
+        assert has_formula == (entry in ("ragged_dot", "ragged_dot_quantized", "flash_attention")), name
         FACTS["ops"][name] = {"schema": args, "autograd": has_formula}
     for module, entries in ((rd, ["ragged_dot"]), (fa, ["flash_attention", "decode_attention"])):
         described = module.describe("tpu")
@@ -166,6 +176,20 @@ def ragged_args(m, k, n, g, dtype, grad=False, make=meta):
     return (make(m, k, dtype=dtype, grad=grad), make(g, k, n, dtype=dtype, grad=grad), make(g, dtype=I32))
 
 
+QUANTIZED = [  # (M, K, N, G, lhs dtype, weight dtype, preferred_element_type)
+    (300, 256, 384, 8, BF16, torch.int8, BF16),
+    (300, 256, 384, 8, BF16, torch.float8_e4m3fn, F32),
+    (130, 200, 72, 3, F32, torch.float8_e4m3fn, F32),  # K and N not multiples of 128: partial scale blocks
+    (64, 128, 136, 1, F32, torch.int8, F32),
+]
+
+
+def quantized_args(m, k, n, g, dtype, wdtype, grad=False, make=meta):
+    """lhs, quantized rhs, its f32 scales ([G, 1, N] int8, [G, ceil(K/128), ceil(N/128)] float8), group sizes."""
+    scale = (g, 1, n) if wdtype == torch.int8 else (g, -(-k // 128), -(-n // 128))
+    return (make(m, k, dtype=dtype, grad=grad), make(g, k, n, dtype=wdtype), make(*scale), make(g, dtype=I32))
+
+
 def prefill_args(b, hq, hkv, sq, skv, d, dtype, grad=False, make=meta):
     return (make(b, hq, sq, d, dtype=dtype, grad=grad), make(b, hkv, skv, d, dtype=dtype, grad=grad),
             make(b, hkv, skv, d, dtype=dtype, grad=grad), make(hq, grad=grad), make(b, dtype=I32), make(b, dtype=I32))
@@ -191,6 +215,10 @@ def cases(rd, fa):
         for m, k, n, g, dt, pref in RAGGED:
             out.append((f"ragged_dot {mode_name} [{m},{k}]x[{g},{k},{n}] {dt}->{pref}", rd.tpu_ops()["ragged_dot"],
                         ragged_args(m, k, n, g, dt, make=make), dict(preferred_element_type=pref), (m, n), pref))
+        for m, k, n, g, dt, wdt, pref in QUANTIZED:
+            out.append((f"ragged_dot_quantized {mode_name} [{m},{k}]x[{g},{k},{n}] {dt} {wdt}->{pref}",
+                        rd.tpu_ops()["ragged_dot_quantized"], quantized_args(m, k, n, g, dt, wdt, make=make),
+                        dict(preferred_element_type=pref), (m, n), pref))
         for b, hq, hkv, sq, skv, d, dt, opts in PREFILL:
             out.append((f"flash_attention {mode_name} q[{b},{hq},{sq},{d}] kv[{b},{hkv},{skv},{d}] {dt}",
                         fa.tpu_ops()["flash_attention"], prefill_args(b, hq, hkv, sq, skv, d, dt, make=make), opts,
@@ -216,6 +244,11 @@ def test_gradients_flow_through_the_registered_backward_ops(rd, fa):
     out = rd.tpu_ops()["ragged_dot"](lhs, rhs, sizes, preferred_element_type=F32)
     d_lhs, d_rhs = torch.autograd.grad(out.sum(), (lhs, rhs))
     assert (d_lhs.shape, d_lhs.dtype, d_rhs.shape, d_rhs.dtype) == (lhs.shape, BF16, rhs.shape, BF16)
+    for wdtype in (torch.int8, torch.float8_e4m3fn):  # quantized weights: lhs only
+        lhs, rhs, scale, sizes = quantized_args(300, 256, 384, 8, BF16, wdtype, grad=True)
+        out = rd.tpu_ops()["ragged_dot_quantized"](lhs, rhs, scale, sizes, preferred_element_type=BF16)
+        (d_lhs,) = torch.autograd.grad(out.float().sum(), lhs)
+        assert (d_lhs.shape, d_lhs.dtype) == (lhs.shape, BF16) and not rhs.requires_grad
 
     args = prefill_args(2, 8, 2, 100, 260, 128, BF16, grad=True)
     out = fa.tpu_ops()["flash_attention"](*args, **PREFILL[0][-1])
@@ -240,6 +273,9 @@ def _opcheck_cases(rd, fa):
     return {
         "ragged_dot": (rd.tpu_ops()["ragged_dot"], ragged_args(300, 256, 384, 8, BF16, grad=True),
                        dict(preferred_element_type=BF16)),
+        "ragged_dot_quantized": (rd.tpu_ops()["ragged_dot_quantized"],
+                                 quantized_args(300, 256, 384, 8, BF16, torch.float8_e4m3fn, grad=True),
+                                 dict(preferred_element_type=BF16)),
         "flash_attention": (fa.tpu_ops()["flash_attention"], prefill_args(2, 8, 2, 100, 260, 128, BF16, grad=True),
                             PREFILL[0][-1]),
         "decode_attention": (fa.tpu_ops()["decode_attention"], decode_args(3, 8, 1, 1000, 128, BF16), DECODE[0][-1]),
@@ -312,6 +348,13 @@ def _compile_cases(rd, fa):
          dict(preferred_element_type=F32)),
         ("ragged_dot bwd bf16 [300,256]x[8,256,384]", backward(ns_r, "ragged_dot"),
          (*ragged_args(300, 256, 384, 8, BF16), meta(300, 384, dtype=BF16)), dict(preferred_element_type=BF16)),
+        ("ragged_dot_quantized fwd int8 bf16 [300,256]x[8,256,384]", rd.tpu_ops()["ragged_dot_quantized"],
+         quantized_args(300, 256, 384, 8, BF16, torch.int8), dict(preferred_element_type=BF16)),
+        ("ragged_dot_quantized fwd fp8 bf16 [300,256]x[8,256,384]", rd.tpu_ops()["ragged_dot_quantized"],
+         quantized_args(300, 256, 384, 8, BF16, torch.float8_e4m3fn), dict(preferred_element_type=BF16)),
+        ("ragged_dot_quantized bwd fp8 bf16 [300,256]x[8,256,384]", backward(ns_r, "ragged_dot_quantized"),
+         (*quantized_args(300, 256, 384, 8, BF16, torch.float8_e4m3fn), meta(300, 384, dtype=BF16)),
+         dict(preferred_element_type=BF16)),
         ("flash_attention fwd bf16 causal GQA 16/4 S512 D128", flash, (q, k, v, s, ql, kl), PREFILL[0][-1]),
         ("flash_attention bwd bf16 causal GQA 16/4 S512 D128", backward(ns_f, "flash_attention"),
          (q, k, v, s, ql, kl, meta(1, 16, 512, 128, dtype=BF16)), PREFILL[0][-1]),
@@ -366,10 +409,13 @@ def ops_on_cpu(rd, monkeypatch):
     torch_jax = importlib.import_module(f"{rd.__name__}._vendor.torch_jax")
     forward = bridge.ragged_dot_function(("cpu",), False)
     backward = torch_jax.vjp_function(forward, bridge.DIFFERENTIABLE)
+    quantized = bridge.ragged_dot_quantized_function(("cpu",), False)
+    quantized_backward = torch_jax.vjp_function(quantized, bridge.QUANTIZED_DIFFERENTIABLE)
     calls: list[str] = []
 
-    compiled = {"forward": jax.jit(forward, static_argnames="preferred_element_type"),
-                "backward": jax.jit(backward, static_argnames="preferred_element_type")}
+    compiled = {kind: jax.jit(fn, static_argnames="preferred_element_type") for kind, fn in (
+        ("forward", forward), ("backward", backward), ("quantized_forward", quantized),
+        ("quantized_backward", quantized_backward))}
 
     def run(kind, *tensors, preferred_element_type):
         calls.append(kind)
@@ -380,6 +426,8 @@ def ops_on_cpu(rd, monkeypatch):
     with torch.library._scoped_library(ns, "IMPL") as lib:
         lib.impl(entry, functools.partial(run, "forward"), "CPU")
         lib.impl(f"{entry}_backward", functools.partial(run, "backward"), "CPU")
+        lib.impl(f"{entry}_quantized", functools.partial(run, "quantized_forward"), "CPU")
+        lib.impl(f"{entry}_quantized_backward", functools.partial(run, "quantized_backward"), "CPU")
         monkeypatch.setattr(bridge, "on_tpu", lambda *tensors: True)
         yield calls
 
@@ -422,6 +470,41 @@ def test_moe_experts_composes_two_ragged_dots_through_the_registered_op(rd, ops_
     name, _ = rd.last_implementation()
     FACTS["moe"] = {"calls": list(ops_on_cpu), "error": relative_error(out.detach().numpy(), expected),
                     "last_implementation": name}
+
+
+def test_quantized_weights_run_through_the_registered_quantized_op_and_its_autograd(rd, ops_on_cpu):
+    """rhs_scale on (stand-in) TPU tensors: ragged_dot runs `::ragged_dot_quantized` and its backward op, against the
+    float64 dequantized weights; moe_experts with scales runs both projections through it."""
+    from quant_testutil import dequantize64, reference
+
+    g = torch.Generator().manual_seed(4)
+    sizes = [9, 0, 20, 5]
+    errors = {}
+    for wdtype, name in ((torch.int8, "int8"), (torch.float8_e4m3fn, "fp8")):
+        ops_on_cpu.clear()
+        q, s = rd.quantize(torch.randn(4, 200, 136, generator=g) / 14, wdtype)
+        lhs = torch.randn(37, 200, generator=g, requires_grad=True)
+        dout = torch.randn(37, 136, generator=g)
+        out = rd.ragged_dot(lhs, q, torch.tensor(sizes), rhs_scale=s, implementation="jax")
+        (d_lhs,) = torch.autograd.grad(out, lhs, dout)
+        assert ops_on_cpu == ["quantized_forward", "quantized_backward"]
+        w64 = dequantize64(q.to(F32).numpy(), s.numpy(), name)
+        lhs64 = lhs.detach().double().numpy()
+        d64 = reference(dout.double().numpy(), np.swapaxes(w64, 1, 2), sizes)
+        errors[name] = [relative_error(out.detach().numpy(), reference(lhs64, w64, sizes)),
+                        relative_error(d_lhs.numpy(), d64)]
+        assert max(errors[name]) <= TOLERANCE["float32"], errors
+        assert not out[34:].any() and not d_lhs[34:].any()
+    ops_on_cpu.clear()
+    e, h, i, t = 5, 136, 72, 7
+    up, s_up = rd.quantize(torch.randn(e, h, 2 * i, generator=g) / 12, torch.int8)
+    down, s_down = rd.quantize(torch.randn(e, i, h, generator=g) / 9, torch.int8)
+    idx = torch.stack([torch.randperm(e, generator=g)[:2] for _ in range(t)])
+    w = torch.softmax(torch.randn(t, 2, generator=g), -1)
+    out = rd.moe_experts(torch.randn(t, h, generator=g), idx, w, up, down, is_transposed=True,
+                         w_gate_up_scale=s_up, w_down_scale=s_down, implementation="jax")
+    assert ops_on_cpu == ["quantized_forward", "quantized_forward"] and out.shape == (t, h)
+    FACTS["quantized"] = {"errors": errors, "moe_calls": list(ops_on_cpu)}
 
 
 # ---- an expert-parallel op: a mesh and partition specs ------------------------------------------------------------

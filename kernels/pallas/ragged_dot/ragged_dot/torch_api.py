@@ -11,6 +11,8 @@ the torch-native path first (torch_cpu/; jax is never imported, so the torch-cpu
 only torch is installed); on CUDA or TPU the JAX package's ragged_dot first (torch_bridge.py): through
 DLPack on CUDA, as the TorchTPU op `kernel_hub_ragged_dot_<version, digest>::ragged_dot` on TPU tensors (the
 torch-tpu build's entry, torch_tpu_api.py, registers it). Both are differentiable through torch autograd.
+Quantized weights (rhs_scale) dispatch the same way: "torch" is torch_cpu/quant.py, "jax" the JAX kernel with
+rhs_scale (on TPU the op `<namespace>::ragged_dot_quantized`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from .torch_cpu.huge_pages import advise_huge_pages
 from .torch_cpu.packed import PackedExperts, PackingError, moe_experts_packed, pack_experts, packing_support
 from .torch_cpu.quant import (
     QUANTIZED_DTYPES,
+    check_quantized,
     compute_dtype,
     dequantize,
     inference_fast_path,
@@ -110,8 +113,11 @@ def ragged_dot(
     """Grouped matmul: out[r] = lhs[r] @ rhs[g(r)] with rows grouped contiguously by group_sizes.
 
     rhs_scale: quantized weights (torch_cpu/quant.py): rhs int8 with [G, 1, N] per-channel scales, or float8_e4m3fn with
-    [G, ceil(K/128), ceil(N/128)] block scales, float32; lhs bfloat16/float32; the result in lhs's dtype (torch-native
-    on every device).
+    [G, ceil(K/128), ceil(N/128)] block scales, float32; lhs bfloat16/float32; the result in lhs's dtype unless
+    preferred_element_type names another; gradients in lhs only. Dispatched like unquantized weights: "torch" is
+    torch_cpu/quant.py (the native CPU kernel, else one expert dequantized at a time), "jax" the JAX ragged_dot with
+    rhs_scale through the bridge (on TPU the Pallas kernel that dequantizes in VMEM, so HBM moves the 1-byte
+    weights). Arguments are checked here first, so both raise the same ValueError naming the argument.
 
     The JAX entry's dtype policy: the result has `preferred_element_type`, else lhs's dtype; lhs and rhs of
     different dtypes are computed in their promoted dtype. implementation: "torch" (native) or "jax" (the
@@ -121,9 +127,20 @@ def ragged_dot(
     if group_sizes.dtype.is_floating_point or group_sizes.dtype.is_complex or group_sizes.dtype == torch.bool:
         raise TypeError(f"group_sizes must be integers, got {group_sizes.dtype}")
     group_sizes = _checked_group_sizes(group_sizes, lhs.shape[0])
-    if rhs_scale is not None or rhs.dtype in QUANTIZED_DTYPES:
-        return ragged_dot_quantized(lhs, rhs, rhs_scale, group_sizes).to(preferred_element_type or lhs.dtype)
     out_dtype = preferred_element_type or lhs.dtype
+    if rhs_scale is not None or rhs.dtype in QUANTIZED_DTYPES:
+        check_quantized(lhs, rhs, rhs_scale)  # one ValueError naming the argument, whichever implementation runs
+        assert rhs_scale is not None  # check_quantized refuses None
+        scale: torch.Tensor = rhs_scale
+
+        def call_quantized(name: str) -> torch.Tensor:
+            if name == "torch":
+                return ragged_dot_quantized(lhs, rhs, scale, group_sizes)
+            from .torch_bridge import ragged_dot_quantized_jax
+
+            return ragged_dot_quantized_jax(lhs, rhs, scale, group_sizes, preferred_element_type=out_dtype)
+
+        return _DISPATCH.run(lhs.device, implementation, call_quantized).to(out_dtype)
     compute = torch.promote_types(lhs.dtype, rhs.dtype)
     lhs, rhs = lhs.to(compute), rhs.to(compute)
 
@@ -168,7 +185,9 @@ def moe_experts(
     hidden_states dtype. w_gate_up_scale / w_down_scale: the scales of int8 / float8_e4m3fn weights, laid out like
     their weights (ragged_dot's rhs_scale rule in the [E, K, N] orientation; transposed with nn.Linear-style weights:
     [E, N, 1] or transformers' weight_scale_inv [E, ceil(N/128), ceil(K/128)]); the block then computes in the
-    hidden_states dtype.
+    hidden_states dtype. Quantized, both projections follow `implementation` like ragged_dot (on TPU the JAX kernel
+    through the bridge); CPU inference with "torch" chosen takes torch_cpu/quant.py moe_experts_quantized instead
+    (the same products, its glue on a pool worker).
     """
     num_experts = gate_up_proj.shape[0]
     num_tokens, top_k = top_k_index.shape
@@ -178,7 +197,8 @@ def moe_experts(
     w_up = gate_up_proj if is_transposed else gate_up_proj.transpose(1, 2)  # [E, H, 2I]
     w_down = down_proj if is_transposed else down_proj.transpose(1, 2)  # [E, I, H]
     s_up, s_down = oriented_scale(w_gate_up_scale, is_transposed), oriented_scale(w_down_scale, is_transposed)
-    if s_up is not None and inference_fast_path(hidden_states, top_k_weights):  # quantized, CPU inference
+    if (s_up is not None and inference_fast_path(hidden_states, top_k_weights)  # quantized, CPU inference
+            and resolve_implementation(hidden_states.device, implementation)[0] == "torch"):
         gate = functools.partial(activate, act=act_fn, has_gate=has_gate, concatenated=is_concatenated, gate_fn=gate_fn)
         return moe_experts_quantized(hidden_states, top_k_index, top_k_weights, w_up, w_down, s_up, s_down,
                                      up_bias=gate_up_proj_bias, down_bias=down_proj_bias, gate=gate, post_fn=post_fn)
