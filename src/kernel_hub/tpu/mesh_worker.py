@@ -26,7 +26,7 @@ import numpy as np
 from .chips import chip
 from .ici import collective_seconds, interconnect
 from .schedule import kernel_cost
-from .worker import first_meaningful_line, load_package, memory_bytes, topology_devices
+from .worker import first_meaningful_line, load_moe_kernel, memory_bytes, topology_devices
 
 #: Layouts of the 8-chip slice: (name, expert-axis size, tensor-axis size); "1chip" is the single-device layer.
 LAYOUTS = {"1chip": (1, 1), "ep8": (8, 1), "ep4xtp2": (4, 2)}
@@ -183,11 +183,9 @@ def run_mesh(request: dict[str, Any], emit: Any) -> int:
     from .worker import refuse
 
     try:
-        rd = load_package(request["ragged_dot"])
+        rd, shapes, geos = load_moe_kernel(request["ragged_dot"])
     except KernelHubError as exc:
         return refuse(exc, emit)
-    shapes = importlib.import_module(f"{rd.__name__}._vendor.moe_shapes")
-    geos = {g.model: g for g in shapes.MOE_MODELS}
     layers = request.get("layers") or {}
     phases = request.get("phases") or shapes.PHASES
     dtype = request.get("dtype", "bfloat16")

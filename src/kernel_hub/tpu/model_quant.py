@@ -83,17 +83,13 @@ def quant_rows(rd: Any, geo: Any, phase: str, tokens: int, generations: list[str
 def run_quant_model(request: dict[str, Any], emit: Any) -> int:
     """Request: {"mode": "quant_model", "ragged_dot": package, "generations", "moe_models"}; one "row" event per
     (model, phase, format, generation)."""
-    import importlib
-
     from ..errors import KernelHubError
-    from .worker import load_package, refuse
+    from .worker import load_moe_kernel, refuse
 
     try:
-        rd = load_package(request["ragged_dot"])
+        rd, shapes, geos = load_moe_kernel(request["ragged_dot"])
     except KernelHubError as exc:
         return refuse(exc, emit)
-    shapes = importlib.import_module(f"{rd.__name__}._vendor.moe_shapes")
-    geos = {g.model: g for g in shapes.MOE_MODELS}
     for name in request["moe_models"]:
         for phase, tokens in shapes.PHASES.items():
             for row in quant_rows(rd, geos[name], phase, tokens, list(request["generations"])):

@@ -18,7 +18,7 @@ import numpy as np
 
 from .chips import chip
 from .schedule import ScheduleCost, kernel_cost
-from .worker import load_package, on_device, tpu_target
+from .worker import load_moe_kernel, load_package, on_device, tpu_target
 
 
 def routing(tokens: int, experts: int, top_k: int, seed: int = 0) -> np.ndarray:
@@ -138,11 +138,9 @@ def run_model(request: dict[str, Any], emit: Any) -> int:
     gens = list(request["generations"])
     dtype = request.get("dtype", "bfloat16")
     try:
-        rd, fa = load_package(request["ragged_dot"]), load_package(request["flash_attention"])
+        (rd, moe_shapes, moe), fa = load_moe_kernel(request["ragged_dot"]), load_package(request["flash_attention"])
     except KernelHubError as exc:
         return refuse(exc, emit)
-    moe_shapes = importlib.import_module(f"{rd.__name__}._vendor.moe_shapes")
-    moe = {g.model: g for g in moe_shapes.MOE_MODELS}
     for name in request["moe_models"]:
         for phase, tokens in moe_shapes.PHASES.items():
             for row in moe_rows(rd, moe[name], phase, tokens, gens, dtype):

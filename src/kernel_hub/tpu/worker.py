@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 _NOISE = ("Traceback", "The above exception", "---", "For simplicity", "jax._src", "File ", "During handling")
 
@@ -51,6 +51,21 @@ def load_package(package: dict[str, Any] | str | Path, entry: str = "__init__.py
     from .package import from_request, import_verified, local_package
 
     return import_verified(from_request(package) if isinstance(package, dict) else local_package(Path(package), entry))
+
+
+class MoeKernel(NamedTuple):
+    """A request's ragged_dot package with the MoE geometries it vendors (the model workers' common start)."""
+
+    rd: Any  # the package, imported through the verified loader
+    shapes: Any  # its _vendor.moe_shapes module (MOE_MODELS, PHASES)
+    geos: dict[str, Any]  # model name -> geometry
+
+
+def load_moe_kernel(package: dict[str, Any] | str | Path) -> MoeKernel:
+    """load_package of a ragged_dot package, with its MoE geometries by model name; raises as load_package does."""
+    rd = load_package(package)
+    shapes = importlib.import_module(f"{rd.__name__}._vendor.moe_shapes")
+    return MoeKernel(rd, shapes, {g.model: g for g in shapes.MOE_MODELS})
 
 
 def compile_cases_of(package: Any) -> list[Any]:
