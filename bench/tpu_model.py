@@ -4,7 +4,8 @@
 
 Rows: one MoE layer (gate_up + down ragged dots) of Qwen3-30B-A3B and Gemma 4 26B-A4B at decode (64 tokens)
 and prefill (4096 tokens), a uniform top-k routing; attention prefill (4096, causal) and decode (batch 64,
-8192-long caches) at GPT-OSS-20B's head geometry (64 query / 8 kv heads of 64, sinks). Per chip:
+8192-long caches) at GPT-OSS-20B's head geometry (64 query / 8 kv heads of 64, sinks). Per JAX device (a
+v7x chip is two, one per TensorCore; kernel_hub.tpu.chips):
   modeled_s       kernel_hub.tpu.schedule: the kernels' grids walked with the real group metadata:
                   per call max(HBM bytes / bandwidth, MXU FLOPs / peak) + steps x 0.35 us
   ideal_s         max(bytes moved once / bandwidth, useful FLOPs / peak): each active expert's weights once

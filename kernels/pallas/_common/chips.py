@@ -2,6 +2,8 @@
 
 Kernels take these as arguments (chip facts are injected, never asked of the runtime while tracing:
 pltpu.get_tpu_info() breaks CPU interpret mode). Vendored into each kernel that sizes tiles by chip.
+Every figure is per JAX device, the one TensorCore (two as megacore on v4/v5p) a kernel runs on: a v7x chip is two
+devices, so its published per-chip figures are halved here.
 """
 
 from __future__ import annotations
@@ -15,16 +17,18 @@ DEFAULT_SCOPED_VMEM_BYTES = 16 * _MIB
 
 @dataclasses.dataclass(frozen=True)
 class ChipFacts:
-    """What a tile choice needs to know about one TPU core."""
+    """What a tile choice needs to know about the device (one TensorCore, or a megacore pair) a kernel runs on."""
 
     name: str
     vmem_bytes: int  # physical VMEM per TensorCore (jax._src.pallas.mosaic.tpu_info)
     scoped_vmem_bytes: int  # Mosaic's default scoped-VMEM limit (what a kernel gets without asking)
-    hbm_bytes_per_s: float
-    bf16_flops_per_s: float
+    hbm_bytes_per_s: float  # per device
+    bf16_flops_per_s: float  # per device
 
 
-#: Google Cloud's published per-chip HBM bandwidth and bf16 peak; VMEM per core from jax's tpu_info table.
+#: Google Cloud's published per-chip HBM bandwidth and bf16 peak over the JAX devices per chip (v7x: 2, one per
+#: TensorCore; megacore v4/v5p: 1), so per device as jax's tpu_info table gives them; VMEM per core from that table.
+_V7X_DEVICES_PER_CHIP = 2
 CHIPS: dict[str, ChipFacts] = {
     c.name: c
     for c in (
@@ -32,7 +36,7 @@ CHIPS: dict[str, ChipFacts] = {
         ChipFacts("v5e", 128 * _MIB, 16 * _MIB, 819e9, 197e12),
         ChipFacts("v5p", 64 * _MIB, 16 * _MIB, 2765e9, 459e12),
         ChipFacts("v6e", 128 * _MIB, 32 * _MIB, 1640e9, 918e12),
-        ChipFacts("v7x", 64 * _MIB, 32 * _MIB, 7370e9, 2307e12),
+        ChipFacts("v7x", 64 * _MIB, 32 * _MIB, 7370e9 / _V7X_DEVICES_PER_CHIP, 2307e12 / _V7X_DEVICES_PER_CHIP),
     )
 }
 #: Substrings of `device.device_kind` ("TPU v6 lite", "TPU v5 lite", "TPU v5", "TPU v4", "TPU7x"), most specific first.

@@ -16,9 +16,9 @@ every concrete argument), its collectives on big operands counted as ICI bytes. 
 that is the function's own argument costs XLA's copy of it (the argument is not donated). Anything the model cannot
 read is refused with one line naming the primitive (`Unmodeled`), never counted as zero.
 
-Modeled time on a chip = per call max(bytes / HBM bandwidth, FLOPs / peak, ICI bytes / ICI rate) + steps x
-STEP_OVERHEAD_S, plus the bytes of XLA ops outside the kernels that touch the big operands (pads, copies) at HBM
-bandwidth. Needs jax only (not libtpu): runs in the main environment too.
+Modeled time on one device (chips.py: a v7x chip is two) = per call max(bytes / HBM bandwidth, FLOPs / peak, ICI
+bytes / ICI rate) + steps x STEP_OVERHEAD_S, plus the bytes of XLA ops outside the kernels that touch the big
+operands (pads, copies) at HBM bandwidth. Needs jax only (not libtpu): runs in the main environment too.
 """
 
 from __future__ import annotations

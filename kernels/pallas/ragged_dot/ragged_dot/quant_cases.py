@@ -60,7 +60,7 @@ def moe_quant_builder(fmt: str, t: int = 24, h: int = 256, i: int = 128, e: int 
             import jax
             import jax.numpy as jnp
 
-            from .moe import moe_experts
+            from .moe.experts import moe_experts
             from .quant import scale_shape
 
             sds, wdt = jax.ShapeDtypeStruct, FORMATS[fmt]

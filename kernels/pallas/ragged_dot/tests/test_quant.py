@@ -133,3 +133,15 @@ def test_moe_experts_quantized_one_device(impl):
     with pytest.raises(ValueError, match="w_down_scale must be float32"):
         rd.moe_experts(jnp.asarray(x), ids, jnp.asarray(w), jnp.asarray(qg), jnp.asarray(qd),
                        w_gate_up_scale=jnp.asarray(sg), w_down_scale=jnp.asarray(sg), implementation=impl)
+
+
+def test_every_quantized_tpu_compile_case_traces_off_a_tpu():
+    """Each case the TPU gate compiles (`validate --tpu ... --tag quantized`) builds and traces to shapes here: its
+    imports resolve and its arguments fit the kernel, so a gate failure is the compiler's, never the case's."""
+    from ragged_dot.quant_cases import quant_compile_cases
+
+    cases = quant_compile_cases()
+    assert any("moe" in c.name for c in cases)
+    for case in cases:
+        fn, args = case.build()
+        assert jax.eval_shape(fn, *args) is not None, case.name
