@@ -160,7 +160,10 @@ def test_nan_and_inf_in_scales_reach_exactly_the_outputs_they_scale(rd, fmt, bad
         assert relative_error(out, np.zeros(out.shape)) == float("inf")  # NaN/Inf never passes
 
 
-def test_bad_scales_get_one_value_error_naming_the_argument(rd):
+@pytest.mark.parametrize("impl", ["torch", "jax"])
+def test_bad_scales_get_one_value_error_naming_the_argument(rd, impl):
+    """The same ValueError, naming the argument, whichever implementation would run (arguments are checked once,
+    before dispatch)."""
     q8, s8 = operands(rd, "int8", 3, 40, 24)
     qf, sf = operands(rd, "fp8", 3, 200, 130)
     lhs8, lhsf = torch.randn(4, 40), torch.randn(4, 200)
@@ -176,11 +179,11 @@ def test_bad_scales_get_one_value_error_naming_the_argument(rd):
         (lhs8, q8.to(torch.float32), s8, "rhs_scale is given, so rhs must be int8"),
         (lhs8.half(), q8, s8, "lhs must be bfloat16 or float32"),
         (lhs8, q8, s8.tolist(), "rhs_scale must be a torch.Tensor"),
-        (lhs8.requires_grad_(True), q8, s8.clone().requires_grad_(True), "rhs_scale requires grad"),
+        (lhs8.clone().requires_grad_(True), q8, s8.clone().requires_grad_(True), "rhs_scale requires grad"),
     ]
     for lhs, rhs, scale, message in cases:
         with pytest.raises(ValueError, match=message):
-            rd.ragged_dot(lhs, rhs, sizes, rhs_scale=scale)
+            rd.ragged_dot(lhs, rhs, sizes, rhs_scale=scale, implementation=impl)
 
 
 @pytest.mark.parametrize("fmt", list(DTYPES))
