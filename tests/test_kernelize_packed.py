@@ -101,6 +101,11 @@ def test_packed_logits_identical_to_unpacked(family, dtype, kernel, monkeypatch)
     spy = Spy(kernel)
     report = kh.kernelize(model, mapping={"moe_experts": spy})
     n = len(report.replaced)
+    if family == "gpt_oss" and not onednn_packs(kernel, dtype):  # transposed: oneDNN's route, missing here
+        assert n >= 1 and not expert_blocks(model)
+        assert all("not packed" in r.why and "oneDNN cannot pack" in r.why for r in report.replaced), str(report)
+        assert torch.equal(logits(model, x), expected)  # kernelized, unpacked, the same numbers
+        return
     assert n >= 1 and len(expert_blocks(model)) == n
     assert all(r.implementation.startswith("packed experts") and r.why.startswith("packed in place")
                for r in report.replaced)
@@ -113,8 +118,16 @@ def test_packed_logits_identical_to_unpacked(family, dtype, kernel, monkeypatch)
     assert torch.equal(gen, model.generate(x[:1, :4], max_new_tokens=6, do_sample=False))
 
 
+def onednn_packs(kernel, dtype: torch.dtype) -> bool:
+    """Whether oneDNN packs `dtype` here (the route of transposed stacks: bfloat16 needs AVX512 or AMX)."""
+    import sys
+
+    return sys.modules[kernel.PackedExperts.__module__].onednn_support(dtype)[0]
+
+
 def test_restore_gives_the_same_parameter_objects_bit_for_bit(kernel):
-    model = frozen("gpt_oss", torch.bfloat16)  # transposed, interleaved, with biases
+    dtype = torch.bfloat16 if onednn_packs(kernel, torch.bfloat16) else torch.float32
+    model = frozen("gpt_oss", dtype)  # transposed, interleaved, with biases
     snapshot = dense_snapshot(model)
     params = {name: p for name, p in model.named_parameters()}
     order = {name: list(m._parameters) for name, m in model.named_modules()}

@@ -143,14 +143,16 @@ def packing_support(dtype: torch.dtype) -> tuple[bool, str]:
     """(can this process pack `dtype` expert weights in place, why): by the native rows kernel (nn.Linear-style
     layouts) or oneDNN (every layout); each probed once."""
     native, native_why = native_rows.available(dtype)
-    onednn, onednn_why = _onednn_support(dtype)
+    onednn, onednn_why = onednn_support(dtype)
     if not (native or onednn):
         return False, f"{native_why}; {onednn_why}"
     return True, "; ".join(why for ok, why in ((native, native_why), (onednn, onednn_why)) if ok)
 
 
-def _onednn_support(dtype: torch.dtype) -> tuple[bool, str]:
-    """(can oneDNN pack `dtype` expert weights in place here, why). Probes oneDNN and the in-place route."""
+@functools.cache
+def onednn_support(dtype: torch.dtype) -> tuple[bool, str]:
+    """(can oneDNN pack `dtype` expert weights in place here, why): the route of transposed stacks, and of every stack
+    where the native kernel is missing. Probes oneDNN and the in-place route once."""
     name = str(dtype).replace("torch.", "")
     if dtype not in SUPPORTED_DTYPES:
         return False, f"{name} weights: packing covers float32 and bfloat16"
@@ -317,6 +319,9 @@ def pack_experts(weight: torch.Tensor, *, transposed: bool, check_rows: tuple[in
     if not transposed and native_rows.available(weight.dtype)[0]:
         holder = PackedExperts(weight, transposed, None, [weight[e] for e in range(weight.shape[0])])
     else:
+        onednn, why = onednn_support(weight.dtype)
+        if not onednn:  # e.g. bfloat16 on an AVX2 CPU: oneDNN would raise part way
+            raise PackingError(f"oneDNN cannot pack this {'transposed ' if transposed else ''}stack here: {why}")
         holder = _pack_onednn(weight, transposed=transposed, check_rows=check_rows)
     holder.huge_pages = advise_huge_pages(weight)
     return holder
