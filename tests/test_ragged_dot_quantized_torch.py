@@ -328,3 +328,63 @@ def test_int8_vnni_route_runs_for_bf16_lhs_and_leaves_nan_rows_to_the_float32_ro
     poisoned = rd.ragged_dot(lhs, q, torch.tensor(sizes), rhs_scale=s)
     assert not calls
     assert bool(poisoned[3].isnan().all()) and not bool(poisoned[[0, 1, 2, 4, 5, 6, 7]].isnan().any())
+
+
+def _require_x16_route(nq) -> None:
+    """Skip where this CPU has no int16-lhs route (no native kernel, or no VNNI on the AVX512 build); where it has
+    one, its self-test must pass (a broken C pass would otherwise only turn the route off)."""
+    if not nq.available(torch.int8)[0]:
+        pytest.skip(nq.available(torch.int8)[1])
+    if nq.x16_suffix(nq.isa(), nq._flags()) is None:
+        pytest.skip("this CPU has no int16-lhs route")
+    ok, why = nq.x16_available()
+    assert ok, why
+
+
+def _x16_steps(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The int16-lhs rows as whole-tensor torch steps (the route's definition, independent of its C pass): per row
+    amax |x|, scale amax / (2^XBITS - 1) (1 for a zero row), rows round-half-even(x * (1 / scale)) in float32."""
+    amax = x.abs().amax(dim=1).to(torch.float32)
+    scale = torch.where(amax > 0, amax / (2 ** 14 - 1), torch.ones_like(amax))
+    return x.to(torch.float32).mul_((1.0 / scale)[:, None]).round_().to(torch.int16), scale
+
+
+@pytest.mark.parametrize("k", [1, 15, 31, 32, 33, 1100])
+def test_x16_rows_native_pass_equals_the_torch_steps_bit_for_bit(nq, k):
+    """The C pass that turns bf16 rows into the int16-lhs route's rows and scales computes exactly the torch steps:
+    every K tail of both builds' vector loops, rows spanning six decades, a zero row, a subnormal, and a row holding
+    Inf or NaN sends the whole lhs back (None)."""
+    _require_x16_route(nq)
+    assert nq.XBITS == 14
+    g = torch.Generator().manual_seed(k)
+    x = (torch.randn(9, k, generator=g) * torch.logspace(-3, 3, 9)[:, None]).to(torch.bfloat16)
+    x[3] = 0.0
+    x[4, k // 2] = 1e-40  # subnormal in bf16
+    rows, scales = nq.x16_rows(x)
+    want_rows, want_scales = _x16_steps(x)
+    assert torch.equal(scales, want_scales) and torch.equal(rows, want_rows)
+    assert int(rows.abs().max()) == 2 ** 14 - 1 and not bool(rows[3].any())
+    for bad in (float("inf"), float("-inf"), float("nan")):
+        y = x.clone()
+        y[7, k - 1] = bad
+        assert nq.x16_rows(y) is None
+
+
+def test_int8_route_writes_bf16_exactly_as_torch_rounds_its_float32(rd, nq):
+    """The int16-lhs route writing bf16 itself (every product on the route, no float32 copy) gives the float32
+    output rounded by torch, bit for bit, over groups of 1..16 rows, K past one int32 span, N short of a group of 4."""
+    _require_x16_route(nq)
+    g = torch.Generator().manual_seed(5)
+    sizes = [1, 16, 5, 2, 7]
+    k, n = 1100, 139
+    q, s = operands(rd, "int8", len(sizes), k, n)
+    w, scale = q.transpose(1, 2), s.contiguous()  # [G, N, K] bytes, [G, 1, N]
+    x = nq.x16_rows(torch.randn(sum(sizes), k, generator=g).to(torch.bfloat16))
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    items = torch.tensor([(e, a, m) for e, (a, m) in enumerate(zip(starts, sizes, strict=True))], dtype=torch.int64)
+    f32 = torch.empty(sum(sizes), n)
+    bf16 = torch.empty(sum(sizes), n, dtype=torch.bfloat16)
+    nq.grouped_x16(x, w, scale, f32, items, torch.zeros(1, dtype=torch.int32))
+    nq.grouped_x16(x, w, scale, bf16, items, torch.zeros(1, dtype=torch.int32))
+    assert bool(torch.isfinite(f32).all()) and float(f32.abs().max()) > 0
+    assert torch.equal(bf16.view(torch.int16), f32.to(torch.bfloat16).view(torch.int16))

@@ -105,6 +105,15 @@ static inline float kh_bf16_f32(uint16_t h) {
     return f;
 }
 
+/* float32 -> bfloat16 bits, rounded to nearest even (as torch's .to(torch.bfloat16)); NaN stays NaN. */
+static inline uint16_t to_bf16(float f) {
+    uint32_t u;
+    __builtin_memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
 /* Many experts in one call: items[i] = (expert, first row, rows). Every thread that calls with the same `next`
    takes the next item (dynamic scheduling), so two workers share one layer without a return to Python per
    expert; the statement given runs one item `it`. The enclosing function has items, n and next. */
@@ -122,13 +131,6 @@ SOURCE = C_LOOPS + r"""
 
 /* out[m, n] = sum_k x[m, k] * w[n, k] for x [M, K], w [N, K] (rows contiguous), out [M, N]; float32 accumulation. */
 
-static inline uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* NaN stays NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);                                            /* round to nearest even */
-    return (uint16_t)(u >> 16);
-}
 
 #define BF16_BLOCK(MM, RR)                                                                                    \
     {                                                                                                         \

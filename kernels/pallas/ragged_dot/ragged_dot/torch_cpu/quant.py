@@ -160,28 +160,29 @@ def grouped_matmul_quantized(lhs: torch.Tensor, rhs: torch.Tensor, rhs_scale: to
     step = on_worker if cpu else (lambda fn: fn())
     covered = items[-1][2] if items else 0  # groups are contiguous: rows [0, covered) are all written below
 
-    def empty() -> torch.Tensor:
-        out = torch.empty((m, n), dtype=torch.float32, device=lhs.device)
+    def empty(dtype: torch.dtype) -> torch.Tensor:
+        out = torch.empty((m, n), dtype=dtype, device=lhs.device)
         out[covered:].zero_()
         return out
 
-    out = step(empty)
-    rest = items
     native = bool(items) and _native_ready(lhs, rhs)
     x16 = None
     if native and lhs.dtype == torch.bfloat16 and rhs.dtype == torch.int8 and native_quant.x16_available()[0]:
-        x16 = step(lambda: native_quant.x16_rows(lhs))  # the VNNI route (native_quant.py); None: NaN/Inf in lhs
-    x = None if x16 is not None and all(e - s <= native_quant.MAX_ROWS for _, s, e in items) else \
-        step(lambda: lhs.to(torch.float32).contiguous())
-    if native:
-        rest = _native_groups(x16 if x16 is not None else x, rhs, _expert_scales(rhs, rhs_scale), items, out)
+        x16 = native_quant.x16_rows(lhs)  # the int16-lhs route (one native pass); None: NaN/Inf in lhs
+    # Every product on the int16-lhs route: it writes lhs's dtype itself (no float32 copy to round afterwards)
+    direct = x16 is not None and all(e - s <= native_quant.MAX_ROWS for _, s, e in items)
+    out_dtype = lhs.dtype if direct else torch.float32
+    out = empty(out_dtype) if covered == m else step(lambda: empty(out_dtype))  # nothing to zero: no worker
+    x = None if direct else step(lambda: lhs.to(torch.float32).contiguous())
+    rest = _native_groups(x16 if x16 is not None else x, rhs, _expert_scales(rhs, rhs_scale), items, out) \
+        if native else items
 
     def one(g: int, s: int, e: int) -> None:
         assert x is not None
         torch.mm(x[s:e], dequantize(rhs[g], rhs_scale[g]), out=out[s:e])
 
     run_groups(rest, one, sum(e - s for _, s, e in rest) * k * n)
-    return step(lambda: out.to(lhs.dtype))
+    return out if direct else step(lambda: out.to(lhs.dtype))
 
 
 def _native_groups(x: Any, rhs: torch.Tensor, scales: torch.Tensor, items: list[tuple[int, int, int]],
