@@ -43,9 +43,9 @@ def counted(rd, monkeypatch):
     module = sys.modules[f"{rd.__name__}.torch_cpu.quant"]
     real = module.grouped_matmul_quantized
 
-    def spy(lhs, rhs, rhs_scale, sizes):
+    def spy(lhs, rhs, rhs_scale, sizes, **kwargs):
         calls.append(rhs.dtype)
-        return real(lhs, rhs, rhs_scale, sizes)
+        return real(lhs, rhs, rhs_scale, sizes, **kwargs)
 
     monkeypatch.setattr(module, "grouped_matmul_quantized", spy)
     return calls

@@ -388,3 +388,22 @@ def test_int8_route_writes_bf16_exactly_as_torch_rounds_its_float32(rd, nq):
     nq.grouped_x16(x, w, scale, bf16, items, torch.zeros(1, dtype=torch.int32))
     assert bool(torch.isfinite(f32).all()) and float(f32.abs().max()) > 0
     assert torch.equal(bf16.view(torch.int16), f32.to(torch.bfloat16).view(torch.int16))
+
+
+@pytest.mark.parametrize("sizes", [[3, 0, 5, 1], [2, 20, 1]], ids=["every_group_on_the_route", "a_group_past_it"])
+def test_gathered_rows_equal_the_gather_done_first(rd, nq, sizes):
+    """grouped_matmul_quantized(lhs, ..., rows=idx) (the routed gather folded into the int16-lhs route's pass) equals
+    the product of lhs[idx] bit for bit, whether every group takes the route or one runs past MAX_ROWS; an index out
+    of range is an IndexError, not a read outside lhs."""
+    _require_x16_route(nq)
+    quant = _module(rd, "torch_cpu.quant")
+    q, s = operands(rd, "int8", len(sizes), 300, 72)
+    g = torch.Generator().manual_seed(3)
+    lhs = torch.randn(7, 300, generator=g).to(torch.bfloat16)
+    idx = torch.randint(0, 7, (sum(sizes),), generator=g)
+    got = quant.grouped_matmul_quantized(lhs, q, s, sizes, rows=idx)
+    want = quant.grouped_matmul_quantized(lhs[idx].contiguous(), q, s, sizes)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+    assert bool(torch.isfinite(got).all()) and float(got.abs().max()) > 0
+    with pytest.raises(IndexError):
+        nq.x16_rows(lhs, torch.tensor([0, 7]))

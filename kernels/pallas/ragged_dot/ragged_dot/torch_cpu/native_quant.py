@@ -232,17 +232,18 @@ X16_FUNCS(TGTV, , VROWS, 4)
 /* bfloat16 rows [M, K] -> int16 rows q and float scales xs, as the int16-lhs route reads them (XBITS bits): per row
    amax = max |x| (in bfloat16: the largest of the magnitudes' bit patterns), xs = amax / (2^XBITS - 1) (1 for a zero
    row), q = round-half-even(x * (1 / xs)), all in float32: the steps and roundings of a torch reference, in one
-   pass over the rows instead of five whole-tensor ops. Returns the number of rows holding NaN or Inf (their q and xs
-   are not written); those leave the route. */
+   pass over the rows instead of five whole-tensor ops. Row m is x's row idx[m] (idx NULL: row m), so a gather of the
+   routed rows costs no extra pass. Returns the number of rows holding NaN or Inf (their q and xs are not written);
+   those leave the route. */
 #define XMAX ((float)((1 << XBITS) - 1))
 static inline float kh_x16_scale(uint16_t amax_bits) {
     float amax = kh_bf16_f32(amax_bits);
     return amax > 0.0f ? amax / XMAX : 1.0f;
 }
-TGT int kh_x16_rows(const uint16_t *x, int16_t *q, float *xs, int M, int K) {
+TGT int kh_x16_rows(const uint16_t *x, const int64_t *idx, int16_t *q, float *xs, int M, int K) {
     int bad = 0;
     for (int m = 0; m < M; m++) {
-        const uint16_t *row = x + (size_t)m * K;
+        const uint16_t *row = x + (size_t)(idx ? idx[m] : m) * K;
         int16_t *out = q + (size_t)m * K;
         __m512i mx = _mm512_setzero_si512();
         int k = 0;
@@ -357,10 +358,10 @@ QGROUPED(kh_q_grouped_i8_avx2, kh_q_rows_i8_avx2)
 QGROUPED(kh_q_grouped_f8_avx2, kh_q_rows_f8_avx2)
 
 /* kh_x16_rows on AVX2: the same steps, 8 lanes (VCVTPS2DQ rounds half to even, as torch.round). */
-T2Q int kh_x16_rows_avx2(const uint16_t *x, int16_t *q, float *xs, int M, int K) {
+T2Q int kh_x16_rows_avx2(const uint16_t *x, const int64_t *idx, int16_t *q, float *xs, int M, int K) {
     int bad = 0;
     for (int m = 0; m < M; m++) {
-        const uint16_t *row = x + (size_t)m * K;
+        const uint16_t *row = x + (size_t)(idx ? idx[m] : m) * K;
         int16_t *out = q + (size_t)m * K;
         __m256i mx = _mm256_setzero_si256();
         int k = 0;
@@ -466,7 +467,7 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
             signatures["kh_q_rows_i8_x16" + suffix + out] = [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32]
             signatures["kh_q_grouped_i8_x16" + suffix + out] = [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32,
                                                                 i64, ptr]
-        signatures["kh_x16_rows" + suffix] = [ptr, ptr, ptr, i32, i32]
+        signatures["kh_x16_rows" + suffix] = [ptr, ptr, ptr, ptr, i32, i32]
     lib, why = native_rows.load_native(SOURCE, signatures, "the native quantized kernel")
     if lib is not None:
         for _, suffix in native_rows.BUILDS:
@@ -528,18 +529,23 @@ def _expert_scale(dtype: torch.dtype, scale: torch.Tensor) -> torch.Tensor:
     return (scale.reshape(-1) if dtype == torch.int8 else scale).contiguous()
 
 
-def x16_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(int16 rows, float32 row scales) with x[m] ~ rows[m] * scales[m] (XBITS bits) for a bfloat16 x [M, K], or None
-    when x holds NaN or Inf (the float32 route keeps them). One native pass (kh_x16_rows)."""
+def x16_rows(x: torch.Tensor, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(int16 rows, float32 row scales) with x[m] ~ rows[m] * scales[m] (XBITS bits) for a bfloat16 x [M, K] (or for
+    x[rows], rows an index), or None when those rows hold NaN or Inf (the float32 route keeps them). One native pass
+    (kh_x16_rows), the gather included."""
     lib, _ = _library()
     assert lib is not None and x.dtype == torch.bfloat16
     x = x.contiguous()
-    rows = torch.empty(x.shape, dtype=torch.int16)
-    scales = torch.empty(x.shape[0], dtype=torch.float32)
+    index = None if rows is None else rows.to(torch.int64).contiguous()
+    m = x.shape[0] if index is None else index.shape[0]
+    if index is not None and index.numel() and not 0 <= int(index.min()) <= int(index.max()) < x.shape[0]:
+        raise IndexError(f"row index out of range for {x.shape[0]} rows")
+    q = torch.empty((m, x.shape[1]), dtype=torch.int16)
+    scales = torch.empty(m, dtype=torch.float32)
     fn = getattr(lib, "kh_x16_rows" + isa().suffix)
-    if fn(x.data_ptr(), rows.data_ptr(), scales.data_ptr(), x.shape[0], x.shape[1]):
+    if fn(x.data_ptr(), None if index is None else index.data_ptr(), q.data_ptr(), scales.data_ptr(), m, x.shape[1]):
         return None
-    return rows, scales
+    return q, scales
 
 
 @functools.cache

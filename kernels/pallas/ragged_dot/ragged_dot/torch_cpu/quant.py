@@ -149,10 +149,11 @@ def _expert_scales(rhs: torch.Tensor, rhs_scale: torch.Tensor) -> torch.Tensor:
 
 
 def grouped_matmul_quantized(lhs: torch.Tensor, rhs: torch.Tensor, rhs_scale: torch.Tensor,
-                             sizes: list[int]) -> torch.Tensor:
+                             sizes: list[int], rows: torch.Tensor | None = None) -> torch.Tensor:
     """out[rows of g] = lhs[rows of g] @ dequant(rhs[g]) in float32, rounded to lhs's dtype; rows past sum(sizes)
-    zero. No autograd."""
-    m, k = lhs.shape
+    zero. `rows`: take lhs[rows] as the lhs (a routed block's gather), gathered by the int16-lhs route's own pass
+    where it runs. No autograd."""
+    m, k = lhs.shape[0] if rows is None else rows.shape[0], lhs.shape[1]
     n = rhs.shape[2]
     items = nonempty_groups(sizes, m)
     cpu = lhs.device.type == "cpu"
@@ -168,12 +169,12 @@ def grouped_matmul_quantized(lhs: torch.Tensor, rhs: torch.Tensor, rhs_scale: to
     native = bool(items) and _native_ready(lhs, rhs)
     x16 = None
     if native and lhs.dtype == torch.bfloat16 and rhs.dtype == torch.int8 and native_quant.x16_available()[0]:
-        x16 = native_quant.x16_rows(lhs)  # the int16-lhs route (one native pass); None: NaN/Inf in lhs
+        x16 = native_quant.x16_rows(lhs, rows)  # the int16-lhs route (one native pass); None: NaN/Inf in lhs
     # Every product on the int16-lhs route: it writes lhs's dtype itself (no float32 copy to round afterwards)
     direct = x16 is not None and all(e - s <= native_quant.MAX_ROWS for _, s, e in items)
     out_dtype = lhs.dtype if direct else torch.float32
     out = empty(out_dtype) if covered == m else step(lambda: empty(out_dtype))  # nothing to zero: no worker
-    x = None if direct else step(lambda: lhs.to(torch.float32).contiguous())
+    x = None if direct else step(lambda: (lhs if rows is None else lhs[rows]).to(torch.float32).contiguous())
     rest = _native_groups(x16 if x16 is not None else x, rhs, _expert_scales(rhs, rhs_scale), items, out) \
         if native else items
 
@@ -298,8 +299,7 @@ def moe_experts_quantized(
         counts = [int(s) for s in sizes.tolist()]
         covered = min(sum(counts), rows)
         ids = sorted_ids[:covered]
-        x = on_worker(lambda: hidden_states[perm[:covered] // top_k].contiguous())
-        h = grouped_matmul_quantized(x, w_up, s_up, counts)
+        h = grouped_matmul_quantized(hidden_states, w_up, s_up, counts, rows=perm[:covered] // top_k)
 
         def middle() -> torch.Tensor:
             y = h if up_bias is None else h + up_bias[ids]
@@ -315,5 +315,8 @@ def moe_experts_quantized(
                 o = torch.cat([o, o.new_zeros((rows - covered, o.shape[1]))])
             return o if post_fn is None else post_fn(o)
 
-        result = on_worker(tail) if post_fn is None else tail()
+        if down_bias is None and covered == rows and post_fn is None:
+            result = out  # nothing to add: no round trip to a worker
+        else:
+            result = on_worker(tail) if post_fn is None else tail()
         return combine_experts(result, top_k_weights, perm, in_range, num_tokens, top_k, dtype)
