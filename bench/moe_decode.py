@@ -218,7 +218,7 @@ def spread(values: list[float]) -> dict[str, float]:
 
 
 def bench_dtype(name: str, dtype: torch.dtype, *, batch: int, reps: int, batched_reps: int,
-                floor: FloorCopy) -> dict[str, Any]:
+                floor: FloorCopy, calls: int = 1) -> dict[str, Any]:
     import kernel_hub as kh
     from kernel_hub.layers.packing import ENV
     from kernel_hub.numerics import relative_error
@@ -259,7 +259,7 @@ def bench_dtype(name: str, dtype: torch.dtype, *, batch: int, reps: int, batched
     out = kernelized()
     variants = {"eager": eager, "grouped_mm": grouped, "kernelized": kernelized, "kernelized_unpacked": unpacked,
                 "floor_pool": floor.pool_copy, "floor_threads": floor.threads_copy, "floor_read": floor.pool_read}
-    times = interleaved_samples(variants, repeats=reps, warmup=1, gap_s=GAP_S)
+    times = interleaved_samples(variants, repeats=reps, warmup=1, gap_s=GAP_S, calls=calls)
     if batched_reps:  # seconds per call: timed apart, after the others, so it never precedes them
         times.update(interleaved_samples({"batched_mm": batched}, repeats=batched_reps, warmup=0))
     scale = active_bytes(index, dtype) / (2 * FLOOR_COPY_BYTES)
@@ -327,11 +327,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out" / "moe_decode.json")
     parser.add_argument("--quantize", choices=("int8", "fp8"), default=None,
                         help="time the layer kernelized with quantized experts against kernelized bf16 instead")
+    parser.add_argument("--calls", type=int, default=None,
+                        help="back-to-back calls per timed sample, after the idle gap (default 4 with --quantize: a "
+                             "decode step runs its layers back to back; 1 otherwise: one call, wake-up included)")
     args = parser.parse_args(argv)
     names = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     unknown = [d for d in names if d not in DTYPES]
     if unknown:
         print(f"error: unknown dtype(s) {', '.join(unknown)}; choose from {', '.join(DTYPES)}", file=sys.stderr)
+        return 2
+    if args.calls is not None and args.calls < 1:
+        print(f"error: --calls must be at least 1, not {args.calls}", file=sys.stderr)
         return 2
     reps = args.reps or (3 if args.quick else 9)
     batched_reps = args.batched_reps if args.batched_reps is not None else (0 if args.quick else 1)
@@ -352,12 +358,13 @@ def main(argv: list[str] | None = None) -> int:
         from moe_quantized import main_quantized
 
         try:
-            return main_quantized(args.quantize, batch=args.batch, reps=reps, floor=floor,
+            return main_quantized(args.quantize, batch=args.batch, reps=reps, floor=floor, calls=args.calls or 4,
                                   out=args.out.with_name(f"moe_decode_{args.quantize}.json"))
         finally:
             floor.close()
     try:
-        results = [bench_dtype(n, DTYPES[n], batch=args.batch, reps=reps, batched_reps=batched_reps, floor=floor)
+        results = [bench_dtype(n, DTYPES[n], batch=args.batch, reps=reps, batched_reps=batched_reps, floor=floor,
+                               calls=args.calls or 1)
                    for n in names]
     finally:
         floor.close()

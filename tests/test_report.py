@@ -192,6 +192,24 @@ def test_interleaved_gap_idles_before_each_timed_call_and_is_not_timed():
     assert all(len(v) == 3 and max(v) < 0.03 for v in samples.values())  # the gap is outside the timed region
 
 
+def test_interleaved_calls_time_back_to_back_calls_and_report_their_mean():
+    import time
+
+    from kernel_hub.timing import interleaved_samples
+
+    order: list[str] = []
+
+    def slow() -> None:
+        order.append("s")
+        time.sleep(0.02)
+
+    samples = interleaved_samples({"s": slow, "f": lambda: order.append("f")}, repeats=2, warmup=0, calls=3)
+    assert order == ["s"] * 3 + ["f"] * 3 + ["f"] * 3 + ["s"] * 3  # three calls per sample, rounds rotated
+    assert all(0.02 <= t < 0.04 for t in samples["s"])  # the mean of three 20 ms calls, not their sum
+    with pytest.raises(ValueError, match="calls"):
+        interleaved_samples({"f": lambda: None}, calls=0)
+
+
 def test_validate_reports_seed_and_progress(toy_kernel):
     import kernel_hub as kh
 

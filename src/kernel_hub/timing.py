@@ -103,7 +103,7 @@ class Ratio:
 
 def interleaved_samples(
     fns: dict[str, Callable[[], Any]], *, repeats: int = 7, warmup: int = 1, settle: bool = False,
-    gap_s: float = 0.0,
+    gap_s: float = 0.0, calls: int = 1,
 ) -> dict[str, list[float]]:
     """Seconds of every run per callable, run round-robin with the order rotated each round, so machine
     noise and the cost of following another call (cold caches after a heavy one) hit all alike.
@@ -112,7 +112,11 @@ def interleaved_samples(
     the previous method's memory traffic (e.g. jax.lax.ragged_dot's dense G x M x N intermediate, whose
     freed pages the next call faults back in). Each method is then timed warm, still interleaved.
     gap_s: idle this long before each timed call, so that threads the previous call left spinning (OpenMP's
-    workers spin-wait for milliseconds after a parallel region) are asleep before the next one starts."""
+    workers spin-wait for milliseconds after a parallel region) are asleep before the next one starts.
+    calls: each sample is the mean of this many back-to-back calls (after the gap), the steady state of a loop such
+    as a decode step's layers, which never idle between calls; 1 times one call after the gap, wake-up included."""
+    if calls < 1:
+        raise ValueError(f"calls must be at least 1, not {calls}")
     for fn in fns.values():
         for _ in range(warmup):
             block(fn())
@@ -125,8 +129,9 @@ def interleaved_samples(
             if gap_s:
                 time.sleep(gap_s)
             start = time.perf_counter()
-            block(fns[name]())
-            samples[name].append(time.perf_counter() - start)
+            for _ in range(calls):
+                block(fns[name]())
+            samples[name].append((time.perf_counter() - start) / calls)
     return samples
 
 
