@@ -240,6 +240,13 @@ static inline float kh_x16_scale(uint16_t amax_bits) {
     float amax = kh_bf16_f32(amax_bits);
     return amax > 0.0f ? amax / XMAX : 1.0f;
 }
+/* A row's largest magnitude bits: the n vector lanes' maxima (over row[0, k)), then the scalar tail row[k, K). */
+static inline uint16_t kh_amax_bits(const uint16_t *lanes, int n, const uint16_t *row, int k, int K) {
+    uint16_t amax = 0;
+    for (int i = 0; i < n; i++) amax = lanes[i] > amax ? lanes[i] : amax;
+    for (; k < K; k++) { uint16_t a = row[k] & 0x7fff; amax = a > amax ? a : amax; }
+    return amax;
+}
 TGT int kh_x16_rows(const uint16_t *x, const int64_t *idx, int16_t *q, float *xs, int M, int K) {
     int bad = 0;
     for (int m = 0; m < M; m++) {
@@ -249,11 +256,9 @@ TGT int kh_x16_rows(const uint16_t *x, const int64_t *idx, int16_t *q, float *xs
         int k = 0;
         for (; k + 32 <= K; k += 32)
             mx = _mm512_max_epu16(mx, _mm512_and_si512(_mm512_loadu_si512(row + k), _mm512_set1_epi16(0x7fff)));
-        uint16_t amax = 0;
         uint16_t lanes[32];
         _mm512_storeu_si512(lanes, mx);
-        for (int i = 0; i < 32; i++) amax = lanes[i] > amax ? lanes[i] : amax;
-        for (; k < K; k++) { uint16_t a = row[k] & 0x7fff; amax = a > amax ? a : amax; }
+        uint16_t amax = kh_amax_bits(lanes, 32, row, k, K);
         if (amax >= 0x7f80) { bad++; continue; }
         float scale = kh_x16_scale(amax);
         __m512 inv = _mm512_set1_ps(1.0f / scale);
@@ -368,11 +373,9 @@ T2Q int kh_x16_rows_avx2(const uint16_t *x, const int64_t *idx, int16_t *q, floa
         for (; k + 16 <= K; k += 16)
             mx = _mm256_max_epu16(mx, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(row + k)),
                                                        _mm256_set1_epi16(0x7fff)));
-        uint16_t amax = 0;
         uint16_t lanes[16];
         _mm256_storeu_si256((__m256i *)lanes, mx);
-        for (int i = 0; i < 16; i++) amax = lanes[i] > amax ? lanes[i] : amax;
-        for (; k < K; k++) { uint16_t a = row[k] & 0x7fff; amax = a > amax ? a : amax; }
+        uint16_t amax = kh_amax_bits(lanes, 16, row, k, K);
         if (amax >= 0x7f80) { bad++; continue; }
         float scale = kh_x16_scale(amax);
         float inv = 1.0f / scale;
