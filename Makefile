@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The tested set, pinned. torch==2.13.0 is the CPU wheel: never leave torch unpinned.
 PKGS := -c constraints.txt torch==2.13.0 jax==0.10.2 jaxlib==0.10.2 tokamax==0.0.12 \
-        transformers==5.24.0 huggingface_hub==2.4.0 kernels==0.17.2 diffusers==0.42.1 accelerate==1.15.0 starlette \
+        transformers==5.25.0 huggingface_hub==2.4.0 kernels==0.19.1 diffusers==0.42.1 accelerate==1.15.0 starlette \
         uvicorn dulwich pydantic pytest pytest-xdist hypothesis ruff rich matplotlib
 
 # Local wheels of what kernel-hub[demo] needs (its dependencies, jax, torch, transformers; pinned by
@@ -19,7 +19,7 @@ WHEELS := $(WHEELHOUSE)/.complete
 TPU_VENV := .venv-tpu
 TPU_STAMP := $(TPU_VENV)/.installed
 TPU_PKGS := -c constraints-tpu.txt torch==2.13.0 jax==0.10.2 jaxlib==0.10.2 torch-tpu==0.2.0 libtpu==0.0.52 \
-        tokamax==0.0.12 transformers==5.24.0 huggingface_hub==2.4.0 kernels==0.17.2 starlette uvicorn \
+        tokamax==0.0.12 transformers==5.25.0 huggingface_hub==2.4.0 kernels==0.19.1 starlette uvicorn \
         pyyaml packaging numpy pydantic pytest
 
 .PHONY: setup setup-tpu demo test lint bench bench-tpu report chromium clean
