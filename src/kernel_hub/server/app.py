@@ -379,8 +379,13 @@ class HubApp:
         repo = self._repo(repo_type, repo_id)
         body = payloads.parse(payloads.BranchCreate, call.json("branch body"), "branch body")
         name = checks.ref_name(name, "branch")
+        expected = checks.commit_id(body.expectedCommit) if body.expectedCommit is not None else None
         with repo.write_lock:
-            repo.create_ref("branch", name, repo.resolve(body.startingPoint or "main"))
+            target = repo.resolve(body.startingPoint or "main")
+            if body.move:
+                repo.move_branch(name, target, expected)
+            else:
+                repo.create_ref("branch", name, target)
         return JSONResponse({})
 
     def create_tag(self, call: Call, repo_type: str, repo_id: str, revision: str) -> Response:
@@ -465,7 +470,7 @@ def build_app(store: Path | GitStore, token: str | None = None, read_token_requi
             response = from_error(exc)
         except Exception as exc:  # a bug: one line to the client, the trace to the log
             log.exception("unhandled error for %s %s", method, raw_path)
-            response = error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+            response = internal_error(exc)
         if unread:  # answered without reading the body: close rather than read or keep it
             response.headers["Connection"] = "close"
         return response
@@ -480,7 +485,13 @@ def _guarded(handler: Callable[[Call], Response], call: Call) -> Response:
         return from_error(exc)
     except Exception as exc:  # a bug or a broken store: one line to the client, the trace to the log
         log.exception("unhandled error for %s %s", call.method, call.raw_path)
-        return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+        return internal_error(exc)
+
+
+def internal_error(exc: BaseException) -> Response:
+    """A 500 for a bug or a broken store: the exception's type only. Its text often holds the store's paths
+    (dulwich's FileLocked, OSError), which are no client's business; the server's log has the whole trace."""
+    return error_response(500, f"internal error ({type(exc).__name__}); the server's log has the details")
 
 
 def serve(store: Path, host: str = "127.0.0.1", port: int = 8080, token: str | None = None,
@@ -493,7 +504,11 @@ def serve(store: Path, host: str = "127.0.0.1", port: int = 8080, token: str | N
     wrap: an ASGI middleware put around the app (request logging, instrumentation); None serves it bare.
     """
     limits = limits or Limits()
-    hub = build_app(store, token=token, read_token_required=read_token_required,
+    git_store = GitStore(Path(store))
+    cleared = git_store.recover()  # locks and temporary files a killed server left: before anything is served
+    if cleared:
+        log.warning("cleared %d lock/temporary files a stopped server left in %s", len(cleared), git_store.root)
+    hub = build_app(git_store, token=token, read_token_required=read_token_required,
                     trusted_orgs=trusted_orgs, limits=limits)
     app = wrap(hub) if wrap is not None else hub
     sock = bind(host, port)

@@ -14,6 +14,7 @@ import uuid
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ..names import check_commit
 from .errors import HubError
@@ -104,3 +105,43 @@ class BlobFiles:
         finally:
             tmp.unlink(missing_ok=True)
         return target
+
+
+#: Prefix of the temporary files write_loose makes inside objects/xx/ (git's own are `tmp_obj_*`).
+TMP_OBJECT_PREFIX = "tmp_obj_kh_"
+
+
+def write_loose(git_dir: Path, obj: Any) -> None:
+    """Write a git object (blob, tree, commit, tag) as a loose object through a unique temporary name, renamed
+    into place in one step.
+
+    dulwich writes through `<object>.lock` and refuses to write while that file exists, so a process killed
+    mid-write left that content unwritable for good; a unique name never blocks another writer, and a killed
+    write leaves only a temporary file that GitStore.recover removes at the next start. Two writers of the
+    same object rename identical bytes: the last rename wins, and either way the object is whole.
+    """
+    oid = obj.id.decode()
+    final = loose_object(git_dir, oid)
+    if final.is_file():
+        return
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f"{TMP_OBJECT_PREFIX}{uuid.uuid4().hex}"
+    try:
+        with open(tmp, "wb") as out:
+            out.write(obj.as_legacy_object())
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(tmp, 0o444)  # git's loose objects are read-only
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+class LooseWriter:
+    """What dulwich.index.commit_tree needs of an object store (add_object), writing through write_loose."""
+
+    def __init__(self, git_dir: Path):
+        self.git_dir = git_dir
+
+    def add_object(self, obj: Any) -> None:
+        write_loose(self.git_dir, obj)

@@ -74,6 +74,14 @@ class Revision:
     kind: str | None  # "commit" | "branch" | "tag" | None (either)
 
 
+def commit_id(value: object, what: str = "expectedCommit") -> str:
+    """A full 40-hex commit id (400 otherwise)."""
+    try:
+        return check_commit(value if isinstance(value, str) else "", what)
+    except UnsafeNameError as exc:
+        raise _refused(exc) from None
+
+
 def revision(value: str) -> Revision:
     """A revision from a URL: a 40-hex commit id, a full ref name, or a short branch/tag name."""
     try:

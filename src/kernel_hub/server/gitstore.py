@@ -8,6 +8,7 @@ and every ref update is a compare-and-swap, so a concurrent writer is refused, n
 
 from __future__ import annotations
 
+import os
 import stat
 import threading
 import time
@@ -28,13 +29,14 @@ from dulwich.walk import Walker
 
 from ..names import safe_rmtree
 from . import checks
-from .blobfiles import BlobFiles
+from .blobfiles import TMP_OBJECT_PREFIX, BlobFiles, LooseWriter, write_loose
 from .errors import HubError, StoreError, not_found
 
 REPO_TYPES = checks.REPO_TYPES
 IDENTITY = b"kernel-hub <kernel-hub@localhost>"
 _GITATTRIBUTES = b"# kernel-hub store: regular git blobs, no LFS\n"
 _FILE_MODE = 0o100644
+STORE_LOCK = ".kernel-hub-serve.lock"  # held by the serving process: see GitStore.recover
 LAST_COMMITS_BUDGET = 200_000  # commits + changed entries one `expand` may walk: well under a second here
 
 __all__ = ["REPO_TYPES", "CommitMeta", "Entry", "GitRepo", "GitStore", "StoreError"]
@@ -255,20 +257,10 @@ class GitRepo:
 
     # -- writes (callers hold write_lock, except for add_blob) ----------------------------------
     def add_blob(self, data: bytes) -> str:
-        """Store one file's content (a loose object) -> its git id. A commit that then fails leaves an
-        unreferenced object, which `git gc` prunes."""
+        """Store one file's content (a loose object, written through a unique temporary name) -> its git id.
+        A commit that then fails leaves an unreferenced object, which `git gc` prunes."""
         blob = Blob.from_string(data)
-        with self._open() as repo:
-            for _ in range(100):  # another upload writing the same content holds its lock file briefly
-                try:
-                    repo.object_store.add_object(blob)
-                    break
-                except FileLocked:
-                    time.sleep(0.05)
-                    if blob.id in repo.object_store:
-                        break
-            else:
-                raise HubError(503, "the store is busy writing this file; retry")
+        write_loose(self.path, blob)
         return blob.id.decode()
 
     def commit_changes(self, branch: str, message: str, description: str,
@@ -310,13 +302,13 @@ class GitRepo:
                 if oid.encode() not in store:
                     raise HubError(500, f"blob {oid} for {name} is not in the store")
                 flat[name] = (_FILE_MODE, oid.encode())
-            tree = commit_tree(store, [(p.encode(), sha, mode) for p, (mode, sha) in flat.items()])
+            tree = commit_tree(LooseWriter(self.path), [(p.encode(), sha, mode) for p, (mode, sha) in flat.items()])
             if tree == head_commit.tree:
                 return head.decode(), False
             text = message if not description else f"{message}\n\n{description}"
             commit = _new_commit(tree, [head], text)
-            store.add_object(commit)
-            if not repo.refs.set_if_equals(ref, head, commit.id):
+            write_loose(self.path, commit)
+            if not _ref_update(lambda: repo.refs.set_if_equals(ref, head, commit.id), f"branch {branch}"):
                 raise HubError(409, f"branch {branch} moved while this commit was written; retry")
             return commit.id.decode(), True
 
@@ -341,14 +333,37 @@ class GitRepo:
                 tag.tagger = IDENTITY
                 tag.tag_time, tag.tag_timezone = int(time.time()), 0
                 tag.message = message.encode()
-                repo.object_store.add_object(tag)
+                write_loose(self.path, tag)
                 target = tag.id
             try:
-                created = repo.refs.add_if_new(ref, target)
+                created = _ref_update(lambda: repo.refs.add_if_new(ref, target), f"{kind} {short}")
             except OSError:  # a file/folder clash with a ref written meanwhile
                 created = False
             if not created:
                 raise HubError(409, f"{kind} {short} already exists")
+
+    def move_branch(self, name: str, commit: str, expected: str | None) -> None:
+        """Point branch `name` at `commit` in one step, only where it is now at `expected` (None: where it does not
+        exist yet): a compare-and-swap, so the branch never disappears while it moves and a writer that read an
+        older state gets a 412 instead of overwriting a newer move."""
+        short = checks.ref_name(name, "branch")
+        ref = f"refs/heads/{short}".encode()
+        target = commit.encode()
+        with self._open() as repo:
+            if short in {n.decode() for n in repo.refs.keys(b"refs/tags/")}:
+                raise HubError(409, f"a tag named {short} exists")
+            current = repo.refs.get(ref)
+            if current == target:
+                return
+            if (current.decode() if current is not None else None) != expected:
+                raise HubError(412, f"branch {short} is at {current.decode() if current else 'nothing'}, "
+                                    f"not {expected or 'nothing'}: it moved meanwhile")
+            if current is None:
+                moved = _ref_update(lambda: repo.refs.add_if_new(ref, target), f"branch {short}")
+            else:
+                moved = _ref_update(lambda: repo.refs.set_if_equals(ref, current, target), f"branch {short}")
+            if not moved:
+                raise HubError(412, f"branch {short} moved meanwhile; read it again")
 
     def delete_ref(self, kind: str, name: str) -> None:
         short = checks.ref_name(name, kind)
@@ -358,8 +373,29 @@ class GitRepo:
                 raise not_found("RevisionNotFound", f"{kind} {short} does not exist")
             if kind == "branch" and short == "main":
                 raise HubError(403, "the main branch cannot be deleted")
-            if not repo.refs.remove_if_equals(ref, repo.refs[ref]):
+            if not _ref_update(lambda: repo.refs.remove_if_equals(ref, repo.refs[ref]), f"{kind} {short}"):
                 raise HubError(409, f"{kind} {short} changed while being deleted; retry")
+
+
+def _leftovers(git_dir: Path) -> Iterator[Path]:
+    """The files a killed writer can leave in one bare repository (see GitStore.recover)."""
+    for name in ("HEAD.lock", "packed-refs.lock", "config.lock"):
+        yield git_dir / name
+    yield from (git_dir / "objects").glob("[0-9a-f][0-9a-f]/*.lock")
+    yield from (git_dir / "objects").glob(f"[0-9a-f][0-9a-f]/{TMP_OBJECT_PREFIX}*")
+    yield from (p for p in (git_dir / "refs").rglob("*.lock"))
+    yield from (git_dir / "kernel-hub" / "blobs").glob(".*.tmp")
+
+
+def _ref_update(update: Callable[[], bool], what: str) -> bool:
+    """Run one compare-and-swap on a ref. dulwich holds `<ref>.lock` while it writes; the server writes one repo
+    at a time, so a lock found here is another program's or a killed server's (GitStore.recover clears those at
+    start): a 503 that names the ref, never the store's path."""
+    try:
+        return update()
+    except FileLocked:
+        raise HubError(503, f"{what} is locked by another writer; retry (a lock left by a killed server is "
+                            "cleared when the server restarts)") from None
 
 
 def _check_no_clash(flat: dict[str, tuple[int, bytes]], name: str) -> None:
@@ -442,6 +478,41 @@ class GitStore:
             trash = repo.path.with_name(f".{repo.path.name}.deleting-{uuid.uuid4().hex}")
             repo.path.rename(trash)
             safe_rmtree(self.root, trash)
+
+    def recover(self) -> list[Path] | None:
+        """Clear what a killed server left in this store, before serving: git lock files (`objects/xx/*.lock`,
+        `refs/**.lock`, `HEAD.lock`, `packed-refs.lock`, `config.lock`), our temporary object files and blob
+        copies. Only plain files with those names, only inside the store's own repositories, and only while
+        this process holds the store's lock (STORE/.kernel-hub-serve.lock, held until the process ends): a
+        second server on the same store never deletes the first one's locks (it gets None and clears nothing).
+        Returns what was removed."""
+        if not self._hold_store_lock():
+            return None
+        removed = []
+        for repo_type in REPO_TYPES:
+            for git_dir in sorted((self.root / f"{repo_type}s").glob("*/*.git")):
+                if git_dir.is_symlink() or not git_dir.is_dir():
+                    continue
+                for path in _leftovers(git_dir):
+                    if path.is_symlink() or not path.is_file() or self.root not in path.resolve().parents:
+                        continue
+                    path.unlink(missing_ok=True)
+                    removed.append(path)
+        return removed
+
+    def _hold_store_lock(self) -> bool:
+        import fcntl
+
+        if getattr(self, "_store_lock", None) is not None:
+            return True
+        fd = os.open(self.root / STORE_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        self._store_lock = fd  # released when the process ends, however it ends
+        return True
 
     def repo_ids(self, repo_type: str, author: str) -> list[str]:
         """Every `author/NAME` repo of `repo_type` in the store, sorted (names checked before they are returned)."""

@@ -55,6 +55,10 @@ class PathsInfo(Body):
 
 class BranchCreate(Body):
     startingPoint: str | None = None  # the Hub's field name
+    # kernel-hub's extension: move the branch in one step (compare-and-swap) where it is now at expectedCommit
+    # (null: where it does not exist); publish uses it so a branch never disappears while it moves.
+    move: bool = False
+    expectedCommit: str | None = None
 
 
 class TagCreate(Body):
