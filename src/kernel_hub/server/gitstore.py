@@ -352,7 +352,7 @@ class GitRepo:
         with self._open() as repo:
             if short in {n.decode() for n in repo.refs.keys(b"refs/tags/")}:
                 raise HubError(409, f"a tag named {short} exists")
-            current = repo.refs.get(ref)
+            current = repo.refs[ref] if ref in repo.refs else None  # noqa: SIM401 (no .get on dulwich refs)
             if current == target:
                 return
             if (current.decode() if current is not None else None) != expected:
