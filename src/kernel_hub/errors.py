@@ -41,3 +41,7 @@ class UnsafeNameError(KernelHubError):
 
 class TrustError(KernelHubError):
     """The repo a kernel would come from is not trusted (see trust.py): nothing of it was imported."""
+
+
+class RefMovedError(KernelHubError):
+    """A compare-and-swap on the Hub lost: the branch (or the commit's parent) moved since it was read (HTTP 412)."""

@@ -30,6 +30,7 @@ from .errors import (
     KernelHubError,
     KernelNotFoundError,
     MetadataError,
+    RefMovedError,
     UnsafeNameError,
     VersionSpecError,
 )
@@ -224,6 +225,9 @@ class HubSource:
         except hf_errors.HfHubHTTPError as exc:
             status = exc.response.status_code if exc.response is not None else "?"
             said = server_message(exc)
+            if status == 412:
+                raise RefMovedError(f"Hub at {self.endpoint}: {what} for {repo_id}: the branch moved meanwhile"
+                                    + (f" ({said})" if said else "")) from None
             raise KernelHubError(f"Hub at {self.endpoint}: {what} for {repo_id} failed with HTTP {status}"
                                  + (f": {said}" if said else "")) from None
         except KernelHubError:
@@ -279,15 +283,38 @@ class HubSource:
         entries = self._call(repo_id, f"listing {fmt.BUILD_DIR}/ at {revision[:12]}", listing)
         return {e.path: e.blob_id for e in entries if isinstance(e, RepoFile)}
 
-    def upload(self, repo_id: str, root: Path, add: list[str], delete: list[str], message: str) -> str:
-        """One commit on main adding `add` (paths under `root`, as in the repo) and deleting `delete`; its id."""
+    def upload(self, repo_id: str, root: Path, add: list[str], delete: list[str], message: str,
+               revision: str = "main", parent: str | None = None) -> str:
+        """One commit on `revision` adding `add` (paths under `root`, as in the repo) and deleting `delete`; its
+        id. parent: the commit the branch must still be at (RefMovedError where it moved)."""
         from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
         ops: list = [CommitOperationAdd(path_in_repo=p, path_or_fileobj=str(root / p)) for p in add]
         ops += [CommitOperationDelete(path_in_repo=p) for p in delete]
         info = self._call(repo_id, "uploading", lambda: self.api.create_commit(
-            repo_id, ops, commit_message=message, repo_type=REPO_TYPE, revision="main"))
+            repo_id, ops, commit_message=message, repo_type=REPO_TYPE, revision=revision, parent_commit=parent))
         return info.oid
+
+    def move_branch(self, repo_id: str, branch: str, commit: str, expected: str | None) -> bool:
+        """Point `branch` at `commit` in one compare-and-swap where it is at `expected` (None: absent), through
+        `kernel-hub serve`'s extension of the branch route. True when it moved; RefMovedError when it was not at
+        `expected`; False when the server has no such move (the Hub answers 409: the branch exists), so the
+        caller commits onto the branch instead."""
+        from urllib.parse import quote
+
+        from huggingface_hub.utils import get_session, hf_raise_for_status
+
+        url = f"{self.endpoint}/api/{REPO_TYPE}s/{check_repo_id(repo_id)}/branch/{quote(branch, safe='')}"
+        body = {"startingPoint": commit, "move": True, "expectedCommit": expected}
+
+        def post() -> bool:
+            response = get_session().post(url, json=body, headers=self.api._build_hf_headers())
+            if response.status_code == 409:
+                return False
+            hf_raise_for_status(response)
+            return True
+
+        return self._call(repo_id, f"moving branch {branch}", post)
 
     def create_tag(self, repo_id: str, tag: str, commit: str, message: str) -> None:
         self._call(repo_id, f"tagging {tag}", lambda: self.api.create_tag(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,7 @@ from packaging.version import Version
 
 from . import buildfmt as fmt
 from .api import load_local
-from .errors import IntegrityError, KernelHubError, MetadataError, ValidationFailedError
+from .errors import IntegrityError, KernelHubError, MetadataError, RefMovedError, ValidationFailedError
 from .hub import HubSource
 from .integrity import not_source_reason, sha256_file
 from .metadata import METADATA_FILE, KernelMetadata, load_metadata
@@ -62,8 +63,12 @@ class PublishResult:
     variants: list[str]
     unchanged: bool
     validated: bool
+    repaired: bool = False  # the release was there, its branch was not (a killed publish): the branch was moved
 
     def summary(self) -> str:
+        if self.repaired:
+            return (f"{self.repo_id} {self.tag} was already published at {self.commit[:12]}; branch {self.branch} "
+                    f"did not hold it and now does")
         if self.unchanged:
             return (f"{self.repo_id} {self.tag} is already published with this content at {self.commit[:12]}: "
                     "nothing to do")
@@ -270,9 +275,10 @@ def publish(kernel_dir: str | Path, *, repo_id: str | None = None, endpoint: str
         layout = write_layout(folder, Path(tmp), records)  # every file checked against what was read
         variants = [v.name for v in meta.variants]
         hub.create_repo(repo_id)
-        tags, branches = hub.ref_targets(repo_id)
+        tags, _ = hub.ref_targets(repo_id)
         local = layout.blob_ids(f"{fmt.BUILD_DIR}/")
-        if tag in tags:
+        unchanged = tag in tags
+        if unchanged:
             remote = hub.build_blob_ids(repo_id, tags[tag])
             if remote != local:
                 changed = sorted(set(remote) ^ set(local)) or sorted(p for p in local if remote[p] != local[p])
@@ -280,25 +286,90 @@ def publish(kernel_dir: str | Path, *, repo_id: str | None = None, endpoint: str
                     f"{repo_id} {tag} is already published with different content ({changed[0]} differs); "
                     f"bump the version in {folder.path / METADATA_FILE}"
                 )
-            return PublishResult(repo_id, meta.version, tags[tag], tag, branch, False, variants, True,
-                                 not skip_validation)
-        stale = [p for p in hub.build_blob_ids(repo_id, branches.get("main", "main")) if p not in local]
-        commit = hub.upload(repo_id, layout.root, layout.files, stale,
-                            message=f"Publish {meta.name} {meta.version}")
-    hub.create_tag(repo_id, tag, commit, message=f"{meta.name} {meta.version}")
-    moved = _move_branch(hub, repo_id, branch, commit, version, branches.get(branch), tags)
-    return PublishResult(repo_id, meta.version, commit, tag, branch, moved, variants, False, not skip_validation)
+            commit = tags[tag]
+        else:
+            commit = _commit_release(hub, repo_id, layout, version, f"Publish {meta.name} {meta.version}")
+            hub.create_tag(repo_id, tag, commit, message=f"{meta.name} {meta.version}")
+        # A re-run repairs a branch a killed publish left behind (or missing); never moves one backwards.
+        moved = _move_branch(hub, repo_id, branch, commit, version, layout)
+    return PublishResult(repo_id, meta.version, commit, tag, branch, moved is not False, variants,
+                         unchanged and moved is None, not skip_validation, repaired=unchanged and moved is True)
 
 
-def _move_branch(hub: HubSource, repo_id: str, branch: str, commit: str, version: Version, current: str | None,
-                 tags: dict[str, str]) -> bool:
-    """Point the major branch at `commit` unless it holds a newer release of that major."""
-    if current is not None:
-        held = [v for name, c in tags.items() if c == current and (v := tag_version(name)) is not None]
-        if held and max(held) > version:
-            return False
+_CAS_TRIES = 20  # compare-and-swap rounds against concurrent publishes before giving up
+
+
+def _held_version(hub: HubSource, repo_id: str, commit: str, tags: dict[str, str]) -> Version | None:
+    """The release a branch's commit holds: its newest `vX.Y.Z` tag, else the kernel.yaml it publishes (a branch
+    committed onto by a Hub without compare-and-swap, or a release committed but not yet tagged); None for a
+    commit that holds no release (a new repo's first commit)."""
+    held = [v for name, c in tags.items() if c == commit and (v := tag_version(name)) is not None]
+    if held:
+        return max(held)
+    published = hub.published_metadata(repo_id, commit)
+    try:
+        return Version(published.version) if published is not None else None
+    except ValueError:
+        return None
+
+
+def _stale(hub: HubSource, repo_id: str, revision: str, layout: Layout) -> list[str]:
+    """Files under build/ at `revision` that this release does not have (deleted by a commit of it)."""
+    local = set(layout.files)
+    return [p for p in hub.build_blob_ids(repo_id, revision) if p not in local]
+
+
+def _commit_release(hub: HubSource, repo_id: str, layout: Layout, version: Version, message: str) -> str:
+    """Commit the release -> its commit id. Onto main, by compare-and-swap on main's head, unless main holds a
+    newer release (a concurrent or earlier publish): then onto a short-lived branch made from main and deleted
+    once the commit exists (the tag keeps it), so main never goes back to an older release."""
+    for _ in range(_CAS_TRIES):
+        tags, branches = hub.ref_targets(repo_id)
+        head = branches["main"]
+        held = _held_version(hub, repo_id, head, tags)
+        if held is None or held <= version:
+            try:
+                return hub.upload(repo_id, layout.root, layout.files, _stale(hub, repo_id, head, layout), message,
+                                  parent=head)
+            except RefMovedError:
+                continue  # another publish committed first: decide again
+        staging = f"kernel-hub-publish-v{version}-{uuid.uuid4().hex[:8]}"
+        hub.create_branch(repo_id, staging, head)
+        try:
+            return hub.upload(repo_id, layout.root, layout.files, _stale(hub, repo_id, head, layout), message,
+                              revision=staging)
+        finally:
+            hub.delete_branch(repo_id, staging)
+    raise KernelHubError(f"{repo_id}: main kept moving while publishing {version}; publish again")
+
+
+def _move_branch(hub: HubSource, repo_id: str, branch: str, commit: str, version: Version,
+                 layout: Layout) -> bool | None:
+    """Point the major branch at the release `commit` unless it holds a newer release of that major -> True when
+    it moved, False when it was kept, None when it already held this release.
+
+    In one step: a compare-and-swap from the head just read (`kernel-hub serve`), so the branch never disappears
+    and a concurrent publish's newer move is never overwritten (the loser reads again and decides again). On a
+    Hub without it, the release is committed onto the branch (the same files, parent checked), which also moves
+    it in one step."""
+    for _ in range(_CAS_TRIES):
+        tags, branches = hub.ref_targets(repo_id)
+        current = branches.get(branch)
         if current == commit:
+            return None
+        if current is not None:
+            held = _held_version(hub, repo_id, current, tags)
+            if held is not None and held > version:
+                return False
+            if held == version and hub.build_blob_ids(repo_id, current) == layout.blob_ids(f"{fmt.BUILD_DIR}/"):
+                return None  # committed onto by an earlier run on a Hub without compare-and-swap
+        try:
+            if hub.move_branch(repo_id, branch, commit, current):
+                return True
+            assert current is not None  # a Hub creates a missing branch; only an existing one is refused
+            hub.upload(repo_id, layout.root, layout.files, _stale(hub, repo_id, current, layout),
+                       f"Move {branch} to v{version}", revision=branch, parent=current)
             return True
-        hub.delete_branch(repo_id, branch)
-    hub.create_branch(repo_id, branch, commit)
-    return True
+        except RefMovedError:
+            continue
+    raise KernelHubError(f"{repo_id}: branch {branch} kept moving while publishing {version}; publish again")
