@@ -15,6 +15,7 @@ of the cache (names.safe_join / names.safe_rmtree).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -34,6 +35,8 @@ from .errors import (
     UnsafeNameError,
     VersionSpecError,
 )
+from .http_limits import TIMEOUT_ENV as TIMEOUT_ENV
+from .http_limits import bounded_transport, request_timeout
 from .integrity import verify_tree
 from .metadata import KernelMetadata
 from .names import check_commit, check_ref_name, check_repo_id, check_variant_name, safe_join, safe_rmtree
@@ -42,7 +45,10 @@ from .variants import Variant
 from .versions import Ref
 
 REPO_TYPE = fmt.REPO_TYPE
-TIMEOUT_ENV = "KERNEL_HUB_HTTP_TIMEOUT"
+#: A cache file (refs.json, a listing) larger than this is neither written nor read.
+MAX_CACHED_JSON = 4 << 20
+#: Entries of one listing (refs, a build/ folder) the client reads; a server listing more is refused.
+MAX_LISTING_ENTRIES = 10_000
 #: A leftover .partial/.trash folder older than this is no unpack in progress (an unpack takes seconds).
 STALE_SECONDS = 3600.0
 _MAX_PUBLISHED_METADATA = 1 << 20  # bytes of a published kernel.yaml that `info` will parse
@@ -55,22 +61,44 @@ def write_json_atomic(path: Path, data: Any) -> None:
     """Readers see the old file or the new one, never a torn write."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+
+
+def note_json(path: Path, data: Any) -> bool:
+    """Cache bookkeeping (refs, listings): written where it fits under MAX_CACHED_JSON and the cache is writable,
+    else skipped. A read-only cache (a pre-baked image) loads what it holds; the next run asks the Hub again.
+    Returns whether it was written."""
+    if len(json.dumps(data)) > MAX_CACHED_JSON:
+        return False
+    try:
+        write_json_atomic(path, data)
+    except OSError:
+        return False
+    return True
 
 
 def read_json(path: Path) -> Any | None:
+    """A cache file's JSON, or None where it is missing, unreadable, not JSON or over MAX_CACHED_JSON."""
     try:
-        return json.loads(path.read_text())
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_CACHED_JSON + 1)
+        return json.loads(raw) if len(raw) <= MAX_CACHED_JSON else None
     except (OSError, ValueError):
         return None
 
 
 def _install_client_timeout() -> None:
-    """Give huggingface_hub's shared HTTP client a timeout, unless the user configured their own.
+    """Give huggingface_hub's shared HTTP client our bounds, unless the user configured their own client.
 
-    huggingface_hub's default client waits forever on API calls; a stalled server must become a
-    one-line error instead. KERNEL_HUB_HTTP_TIMEOUT (seconds, default 30) sets it.
+    huggingface_hub's default client waits forever and reads answers of any size; a stalled, trickling or endless
+    server must become a one-line error instead. http_limits.bounded_transport: an overall deadline per request
+    (KERNEL_HUB_HTTP_TIMEOUT, default 30 s, for API answers; KERNEL_HUB_DOWNLOAD_TIMEOUT for files) and a size cap
+    on every answer.
     """
     try:
         import httpx2
@@ -79,14 +107,11 @@ def _install_client_timeout() -> None:
         return
     if getattr(_http, "_GLOBAL_CLIENT_FACTORY", None) is not _http.default_client_factory:
         return
-    try:
-        seconds = float(os.environ.get(TIMEOUT_ENV) or 30)
-    except ValueError:
-        raise KernelHubError(f"{TIMEOUT_ENV} must be a number of seconds") from None
+    seconds = request_timeout()
 
     def factory() -> Any:
         return httpx2.Client(event_hooks={"request": [_http.hf_request_event_hook]}, follow_redirects=True,
-                             timeout=httpx2.Timeout(seconds))
+                             timeout=httpx2.Timeout(seconds), transport=bounded_transport())
 
     _http.set_client_factory(factory)
 
@@ -341,10 +366,13 @@ class HubSource:
                                  if isinstance(r, dict) and r.get("kind") in ("tag", "branch")])
         got = self._call(repo_id, "listing refs",
                          lambda: self.api.list_repo_refs(self.hub_repo(repo_id), repo_type=REPO_TYPE))
+        if len(got.branches) + len(got.tags) > MAX_LISTING_ENTRIES:
+            raise KernelHubError(f"Hub at {self.endpoint}: {repo_id} lists more than {MAX_LISTING_ENTRIES} refs; "
+                                 "refused")
         refs = checked_refs([(b.name, "branch", b.target_commit) for b in got.branches]
                             + [(t.name, "tag", t.target_commit) for t in got.tags])
-        write_json_atomic(saved, {"endpoint": self.endpoint,
-                                  "refs": [{"name": r.name, "kind": r.kind, "commit": r.commit} for r in refs]})
+        note_json(saved, {"endpoint": self.endpoint,
+                          "refs": [{"name": r.name, "kind": r.kind, "commit": r.commit} for r in refs]})
         return refs
 
     def listing(self, repo_id: str, commit: str) -> dict[str, str]:
@@ -361,16 +389,37 @@ class HubSource:
         else:
             if self.offline:
                 raise self._offline_error(repo_id, f"the build listing of commit {commit[:12]}")
-            from huggingface_hub.hf_api import RepoFile
-
-            entries = self._call(repo_id, f"listing builds at {commit[:12]}", lambda: list(
-                self.api.list_repo_tree(self.hub_repo(repo_id), path_in_repo=fmt.BUILD_DIR, repo_type=REPO_TYPE,
-                                        revision=commit)))
-            data = {name: e.blob_id for e in entries
-                    if isinstance(e, RepoFile) and (name := fmt.bundle_variant(e.path)) and fmt.is_blob_id(e.blob_id)}
-            write_json_atomic(saved, data)
+            data = self._list_builds(repo_id, commit)
+            note_json(saved, data)
         self._listings[key] = data
         return data
+
+    def _list_builds(self, repo_id: str, commit: str) -> dict[str, str]:
+        """variant name -> bundle blob id, from the Hub (1 request). A listing that names one path twice (or lists
+        more than MAX_LISTING_ENTRIES entries) is refused whole: which of two ids would be the bundle's?"""
+        from huggingface_hub.hf_api import RepoFile
+
+        def entries() -> list:
+            found = self.api.list_repo_tree(self.hub_repo(repo_id), path_in_repo=fmt.BUILD_DIR, repo_type=REPO_TYPE,
+                                            revision=commit)
+            return list(itertools.islice(found, MAX_LISTING_ENTRIES + 1))
+
+        listed = self._call(repo_id, f"listing builds at {commit[:12]}", entries)
+        if len(listed) > MAX_LISTING_ENTRIES:
+            raise IntegrityError(f"{repo_id}@{commit[:12]}: the Hub lists more than {MAX_LISTING_ENTRIES} entries "
+                                 f"under {fmt.BUILD_DIR}/; refused")
+        paths = [getattr(e, "path", None) for e in listed]
+        twice = sorted({p for p in paths if p is not None and paths.count(p) > 1})
+        if twice:
+            raise IntegrityError(f"{repo_id}@{commit[:12]}: the Hub's listing names {twice[0]} twice; refused")
+        return {name: e.blob_id for e in listed
+                if isinstance(e, RepoFile) and (name := fmt.bundle_variant(e.path)) and fmt.is_blob_id(e.blob_id)}
+
+    def _forget_listing(self, repo_id: str, commit: str) -> None:
+        """Drop a listing (memory and cache): the next use lists again."""
+        self._listings.pop((repo_id, commit), None)
+        with contextlib.suppress(OSError):
+            self._listing_file(repo_id, commit).unlink(missing_ok=True)
 
     def _cached_variant(self, repo_id: str, commit: str, name: str) -> Variant | None:
         folder = self.build_dir(repo_id, commit, name)
@@ -482,6 +531,10 @@ class HubSource:
                                      force_download=force))))
         listed = self._listings.get((repo_id, commit), {}).get(name) or (
             read_json(self._listing_file(repo_id, commit)) or {}).get(name)
+        if listed and fmt.git_blob_id(path) != listed and not self.offline:
+            # The listing may be the wrong one (a cached listing from a hostile answer): drop it, list again.
+            self._forget_listing(repo_id, commit)
+            listed = self.listing(repo_id, commit).get(name)
         if listed and fmt.git_blob_id(path) != listed:
             raise IntegrityError(f"{repo_id}@{commit[:12]}: {path_in_repo} does not match the Hub listing")
         blob = path.resolve().name  # the Hub cache stores a file under its ETag: the git blob id here
