@@ -497,6 +497,10 @@ class HubSource:
 
         Tries the unpacked build, then the bundle already in the Hub cache, then (online) a fresh
         download; a damaged step is removed before the next, so a tampered file is refetched.
+
+        Trust anchor: the unpacked build is checked against its own metadata.json, not against the Hub again, so
+        whoever can write the cache can rewrite both consistently; only `expected` (a lock's digests) pins the
+        files from outside the cache (README: "What anchors a cached build").
         """
         final = self.build_dir(repo_id, commit, variant.name)
         self.clean_stale(repo_id)

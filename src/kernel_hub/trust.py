@@ -6,6 +6,11 @@ organisation is on the trusted list (KERNEL_HUB_TRUSTED_ORGS adds to it), or the
 `trust_remote_code`: True trusts every repo; a list trusts what it names, as in HF `kernels`, an entry "org"
 every repo of that organisation and "org/name" that one repo. Digests are checked either way. The server's own
 claims about trusted publishers are never asked: a hostile server would say yes.
+
+The default organisations are trusted only at the default endpoint (https://huggingface.co), where those
+organisations are who they say. At any other endpoint (a mirror, `kernel-hub serve`) whoever holds that server's
+write token chooses what `kernel-hub/...` holds, so trust there is explicit: KERNEL_HUB_TRUSTED_ORGS or
+trust_remote_code, and the refusal names both.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from .names import check_repo_id
 from .sources import Origin
 
 TRUSTED_ORGS = ("kernel-hub", "kernels-community")
+DEFAULT_ENDPOINT = "https://huggingface.co"
 TRUST_ENV = "KERNEL_HUB_TRUSTED_ORGS"
 CLI_FLAG = "--trust-remote-code [REPO_OR_ORG ...]"
 
@@ -25,9 +31,20 @@ CLI_FLAG = "--trust-remote-code [REPO_OR_ORG ...]"
 TrustSetting = bool | str | Iterable[str] | None
 
 
-def trusted_orgs() -> tuple[str, ...]:
+def is_default_endpoint(location: str) -> bool:
+    return location.rstrip("/").lower() == DEFAULT_ENDPOINT
+
+
+def default_orgs_for(origin: Origin) -> tuple[str, ...]:
+    """The organisations trusted without being named: TRUSTED_ORGS at the default endpoint, none elsewhere."""
+    return TRUSTED_ORGS if origin.kind == "local" or is_default_endpoint(origin.location) else ()
+
+
+def trusted_orgs(origin: Origin | None = None) -> tuple[str, ...]:
+    """The default organisations (for `origin`'s endpoint; all of them when no origin is given) and
+    KERNEL_HUB_TRUSTED_ORGS."""
     extra = tuple(o.strip() for o in os.environ.get(TRUST_ENV, "").split(",") if o.strip())
-    return TRUSTED_ORGS + extra
+    return (TRUSTED_ORGS if origin is None else default_orgs_for(origin)) + extra
 
 
 def normalize_trust(value: TrustSetting) -> bool | tuple[str, ...]:
@@ -62,21 +79,26 @@ def trust_decision(origin: Origin, trust_remote_code: TrustSetting, orgs: tuple[
     setting = normalize_trust(trust_remote_code)
     if setting is True:
         return True, "trust_remote_code=True"
+    untrusted = f"organisation {org} is not trusted"
+    if org in TRUSTED_ORGS:
+        untrusted = (f"organisation {org} is trusted by default only at {DEFAULT_ENDPOINT}, not at "
+                     f"{origin.location} (whoever can write there chooses what it holds)")
     if setting is not False:
         if repo in setting:
             return True, f"trust_remote_code names {repo}"
         if org in setting:
             return True, f"trust_remote_code names organisation {org}"
-        return False, f"{repo} is not among trust_remote_code {list(setting)} and organisation {org} is not trusted"
-    return False, f"organisation {org} is not trusted"
+        return False, f"{repo} is not among trust_remote_code {list(setting)} and {untrusted}"
+    return False, untrusted
 
 
 def check_trust(origin: Origin, trust_remote_code: TrustSetting, asked_for: str | None = None) -> None:
     """Raise TrustError (one line, naming the ways to trust it) unless `origin` may run."""
-    allowed, reason = trust_decision(origin, trust_remote_code, trusted_orgs())
+    allowed, reason = trust_decision(origin, trust_remote_code, trusted_orgs(origin))
     if not allowed:
         alias = f" (registry alias {asked_for})" if asked_for and asked_for != origin.repo_id else ""
         raise TrustError(
             f"{origin.repo_id}{alias} from {origin.location}: {reason}; pass trust_remote_code=True or a list naming "
-            f"the repo or its organisation (CLI: {CLI_FLAG}), or add the organisation to {TRUST_ENV}"
+            f"the repo or its organisation (CLI: {CLI_FLAG}), or add the organisation to {TRUST_ENV} "
+            f"({TRUST_ENV}={origin.repo_id.split('/')[0]})"
         )
