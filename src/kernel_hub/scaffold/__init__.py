@@ -2,21 +2,25 @@
 
 Templates are package data (templates/<name>/ over templates/_shared/; `*.tmpl` files are rendered and lose the
 suffix, `__pkg__` becomes the package name). `plan_init` decides (pure, returns the refusal's reason); `init`
-writes the whole folder aside and renames it into place, so a refusal or a failure leaves nothing behind.
+writes the whole folder aside (`.NAME-init-<id>`, made with the user's umask like any folder) and renames it into
+place, so a refusal or a failure leaves nothing behind; a staging folder a killed init left is removed by the next
+init in that folder.
 """
 
 from __future__ import annotations
 
 import keyword
 import os
-import shutil
-import tempfile
+import re
+import sys
+import time
+import uuid
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 from ..errors import KernelHubError
-from ..names import check_python_name, check_repo_id
+from ..names import check_python_name, check_repo_id, safe_rmtree
 
 TEMPLATES = ("elementwise", "matmul", "attention")
 DEFAULT_TEMPLATE = "elementwise"
@@ -27,6 +31,10 @@ OPS = {"elementwise": ("axpy", "alpha * x + y, elementwise."),
                      "block.")}
 #: Names a kernel package must not take: they would shadow what it imports or what kernel-hub vendors into it.
 RESERVED = frozenset({"jax", "jaxlib", "torch", "numpy", "kernels", "kernel_hub", "tests", "test", "build"})
+#: A staging folder of init (this version's `.NAME-init-<32 hex>`, or an older mkdtemp one's 8 characters).
+_STAGING = re.compile(r"\.[A-Za-z][A-Za-z0-9_]*-init-(?:[0-9a-f]{32}|[a-z0-9_]{8})")
+#: A staging folder older than this is a killed init's (an init writes a few files in well under a second).
+STALE_STAGING_SECONDS = 60.0
 
 
 class InitError(KernelHubError):
@@ -52,6 +60,9 @@ def plan_init(name: str, directory: str | Path = ".", template: str = DEFAULT_TE
         why = "a Python keyword" if keyword.iskeyword(name) else (
             "private (leading _)" if name.startswith("_") else "a name its imports use")
         raise InitError(f"kernel name {name!r} is {why}; pick another")
+    if name in sys.stdlib_module_names or name.lower() in sys.stdlib_module_names:
+        raise InitError(f"kernel name {name!r} is a standard-library module: the kernel would shadow it for "
+                        "everything imported beside it; pick another")
     if template not in TEMPLATES:
         raise InitError(f"unknown template {template!r}; known: {', '.join(TEMPLATES)}")
     repo_id = repo_id or f"my-org/{name.replace('_', '-')}"
@@ -108,7 +119,9 @@ def init(name: str, directory: str | Path = ".", template: str = DEFAULT_TEMPLAT
     plan = plan_init(name, directory, template, repo_id)
     files = render(plan)
     plan.target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}-init-", dir=plan.target.parent))
+    clean_staging(plan.target.parent)
+    staging = plan.target.parent / f".{name}-init-{uuid.uuid4().hex}"
+    os.mkdir(staging)  # mode 0o777 less the umask, as the user's other folders (mkdtemp would make it 0700)
     try:
         for rel, text in files.items():
             dest = staging / rel
@@ -119,5 +132,22 @@ def init(name: str, directory: str | Path = ".", template: str = DEFAULT_TEMPLAT
         os.rename(staging, plan.target)
     finally:
         if staging.exists():
-            shutil.rmtree(staging)
+            safe_rmtree(plan.target.parent, staging)
     return plan.target
+
+
+def clean_staging(directory: Path, now: float | None = None) -> list[Path]:
+    """Remove the staging folders killed inits left in `directory`: only folders (never links) named as init
+    names them, older than STALE_STAGING_SECONDS, only inside `directory`. Returns what was removed."""
+    now = time.time() if now is None else now
+    removed = []
+    for entry in directory.iterdir():
+        if not _STAGING.fullmatch(entry.name) or entry.is_symlink() or not entry.is_dir():
+            continue
+        try:
+            if now - entry.lstat().st_mtime > STALE_STAGING_SECONDS:
+                safe_rmtree(directory, entry)
+                removed.append(entry)
+        except OSError:
+            continue
+    return removed
