@@ -131,17 +131,13 @@ for fam in FAMILIES:
         ref, gen_ref = run(load(path, base), ids, mask)
         exact, gen_exact = run(load(path, "reference-f64"), ids, mask)
         row = {"base": base, "base_vs_f64": error(ref, exact, real)}
-        if fam == "gpt_oss":
-            swapped = load(path, base)
-            swapped._compatible_flash_implementations = [REPO, *swapped._compatible_flash_implementations]
-            swapped.set_attn_implementation(REPO)
-            routes = {"from_pretrained": ours_listed(path), "set_attn_implementation": swapped}
-        else:
+        routes = {"from_pretrained": ours_listed(path) if fam == "gpt_oss" else load(path, REPO)}
+        if padding == "left":  # one route is enough for the unpadded call (flash_attn_func)
             switched = load(path, base)
+            if fam == "gpt_oss":  # the model's own list, read by set_attn_implementation on the top model
+                switched._compatible_flash_implementations = [REPO, *switched._compatible_flash_implementations]
             switched.set_attn_implementation(REPO)
-            routes = {"from_pretrained": load(path, REPO), "set_attn_implementation": switched}
-        if padding == "none":  # one route is enough for the unpadded call (flash_attn_func)
-            del routes["set_attn_implementation"]
+            routes["set_attn_implementation"] = switched
         for route, model in routes.items():
             before = dict(CALLS)
             logits, gen = run(model, ids, mask)
