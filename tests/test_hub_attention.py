@@ -147,8 +147,18 @@ for fam in FAMILIES:
                           "f64_generate_equal": bool(torch.equal(gen_exact, gen_ref)),
                           "calls": {k: CALLS[k] - before[k] for k in CALLS}}
         out["families"][f"{fam}/{padding}"] = row
-    if fam == "gpt_oss":  # what transformers does with the repo id alone
+    if fam == "gpt_oss":  # what transformers does with the repo id alone, and the warning that says so
+        import logging
+
+        said = []
+        handler = logging.Handler()
+        handler.emit = lambda record: said.append(record.getMessage())
+        transformers.logging.set_verbosity_warning()
+        transformers.logging.add_handler(handler)
         _, out["gpt_oss_swap"]["from_pretrained"] = attempt(lambda: load(path, REPO))
+        transformers.logging.remove_handler(handler)
+        transformers.logging.set_verbosity_error()
+        out["gpt_oss_swap"]["warning"] = [m for m in said if "falling back" in m]
         model = load(path, "eager")
         _, out["gpt_oss_swap"]["set_attn_implementation"] = attempt(lambda: model.set_attn_implementation(REPO))
         out["gpt_oss_swap"]["impl_after"] = model.config._attn_implementation
@@ -195,6 +205,8 @@ def test_transformers_hub_attention_by_repo_id_runs_our_flash_attn_functions(int
     for route in ("from_pretrained", "set_attn_implementation"):
         assert swap[route] is not None and "kernels-community/vllm-flash-attn3" in swap[route][1], swap
     assert swap["impl_after"] == "eager"
+    assert any(f"Automatically falling back to `kernels-community/vllm-flash-attn3` instead of `{REPO}`" in m
+               for m in swap["warning"]), swap["warning"]
     paths = [p for _, p, _ in interop_hub.requests()]
     assert "/api/organizations/kernels-community/overview" in paths
     assert not [p for p in paths if "/build/jax-" in p]
