@@ -100,13 +100,14 @@ __all__ = ["experts_forward", "experts_jax", "ragged_dot", "ragged_dot_jax"]
 _NAMESPACE = "kh_kbtest_ragged_tpu"
 
 
-def ragged_dot_jax(lhs, rhs, group_sizes):
+def ragged_dot_jax(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> jax.Array:
     """lhs [M,K] rows grouped in order, rhs [G,K,N], group_sizes [G] -> [M,N] (rows past the groups: zero)."""
     out = jax.lax.ragged_dot(lhs, rhs, group_sizes.astype(jnp.int32), preferred_element_type=jnp.float32)
     return out.astype(lhs.dtype)
 
 
-def experts_jax(hidden, top_k_index, top_k_weights, gate_up, down):
+def experts_jax(hidden: jax.Array, top_k_index: jax.Array, top_k_weights: jax.Array, gate_up: jax.Array,
+                down: jax.Array) -> jax.Array:
     """hidden [T,H], top_k_index/weights [T,K] (index == E: an expert of another rank, never computed),
     gate_up [E,2I,H] gate first, down [E,H,I] -> [T,H]: routing sort, both ragged dots, SiLU gate, combine."""
     tokens, k = top_k_index.shape
