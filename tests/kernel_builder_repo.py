@@ -44,7 +44,8 @@ def write_variant(repo_dir: Path, variant: str, name: str, files: dict[str, str]
     of the variant (beside metadata.json). Returns the variant folder."""
     folder = repo_dir / "build" / variant
     python_name = name.replace("-", "_")
-    kid = f"_{python_name}_{variant.replace('-', '_').replace('.', '_')}_test"
+    content = hashlib.sha256(json.dumps([layout, sorted(files.items())]).encode()).hexdigest()[:10]
+    kid = f"_{python_name}_{variant.replace('-', '_').replace('.', '_')}_{content}"  # unique per build, as HF wants
     folder.mkdir(parents=True)
     if layout == "zip":
         buf = io.BytesIO()

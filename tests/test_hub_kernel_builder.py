@@ -285,3 +285,71 @@ def test_cli_resolve_info_download_and_list_read_both_dialects(hub, tmp_path: Pa
     listed = _cli(hub, tmp_path, "list", "--hub", "acme", "--json")
     assert listed.returncode == 0, listed.stderr
     assert {"acme/kb-arch", "acme/kb-zip", "acme/kb-root"} <= {r["repo_id"] for r in json.loads(listed.stdout)["repos"]}
+
+
+def test_hf_kernels_loads_the_helpers_repos_and_picks_what_we_pick(hub, tmp_path: Path) -> None:
+    """The helper writes the real layout: HF kernels 0.19.1 loads every layout from the same server, and on the
+    arch repo chooses the variant kernel-hub chose."""
+    script = ("import json, sys\nfrom kernels import get_kernel\n"
+              "print(json.dumps({r: get_kernel(r, version=1, trust_remote_code=True).VARIANT for r in sys.argv[1:]}))")
+    repos = ["acme/kb-relu", "acme/kb-root", "acme/kb-zip", "acme/kb-arch"]
+    done = subprocess.run([sys.executable, "-c", script, *repos], capture_output=True, text=True, timeout=180,
+                          env=hub_env(hub, tmp_path / "hf"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {
+        "acme/kb-relu": "package", "acme/kb-root": "root", "acme/kb-zip": "zip", "acme/kb-arch": here_arch()}
+
+
+def test_hostile_trees_are_refused_naming_what(tmp_path: Path) -> None:
+    """A zip escaping its folder, native code, a malformed digest or name: one error each, nothing written."""
+    import io
+    import zipfile
+
+    from kernel_hub.errors import UnsafeNameError
+    from kernel_hub.hub_builder import missing_python_depends, parse_builder_metadata, unzip_package
+
+    def zipped(name: str) -> bytes:
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as archive:
+            archive.writestr("__init__.py", "")
+            archive.writestr(name, "x")
+        return buf.getvalue()
+
+    with pytest.raises(UnsafeNameError, match=r"\.\./evil\.py"):
+        unzip_package(zipped("../evil.py"), "t")
+    with pytest.raises(IntegrityError, match=r"_C\.abi3\.so is native code"):
+        unzip_package(zipped("_C.abi3.so"), "t")
+    assert set(unzip_package(zipped("sub/x.py"), "t")) == {"__init__.py", "sub/x.py"}
+    base = {"name": "kb-relu", "id": "x", "version": 1, "license": "MIT", "backend": {"type": "cpu"}}
+    with pytest.raises(IntegrityError, match="digest of file a.py is not a base64 sha256"):
+        parse_builder_metadata(json.dumps(base | {"digest": {"algorithm": "sha256", "files": {"a.py": "zz"}}})
+                               .encode(), "t")
+    with pytest.raises(UnsafeNameError):
+        parse_builder_metadata(json.dumps(base | {"digest": {"algorithm": "sha256", "files": {"../a": "A" * 44}}})
+                               .encode(), "t")
+    with pytest.raises(KernelHubError, match="is not a kernel name"):
+        parse_builder_metadata(json.dumps(base | {"name": "../x"}).encode(), "t")
+    with pytest.raises(KernelHubError, match="build-layout must be"):
+        parse_builder_metadata(json.dumps(base | {"build-layout": "tar"}).encode(), "t")
+    meta = parse_builder_metadata(json.dumps(base | {"kernel-depends": [{"repo-id": "a/b", "revision": "v2"}],
+                                                     "kernels-minver": "0.19.1"}).encode(), "t")
+    assert meta.kernel_depends == (("a/b", "revision", "v2"),) and meta.kernels_minver == "0.19.1"
+    assert meta.digest is None and meta.layout == "files" and meta.python_name == "kb_relu"
+    have = {"einops": "0.8.0"}.get
+    assert missing_python_depends(("einops>=0.7",), have) is None
+    assert missing_python_depends(("einops>=0.9",), have) == "needs einops>=0.9 (python-depends), have einops 0.8.0"
+    assert "pip install helion" in missing_python_depends(("einops", "helion"), have)
+
+
+def test_a_native_extension_in_an_arch_build_is_refused_before_import(hub, tmp_path: Path) -> None:
+    api = HfApi(endpoint=hub.url, token=TOKEN)
+    folder = write_variant(tmp_path / "native", here_arch(), "kb-relu", relu_files("native"))
+    (folder / "kb_relu" / "_ops.abi3.so").write_bytes(b"\x7fELF not really")
+    write_variant(tmp_path / "native", "torch-cpu", "kb-relu", relu_files("noarch"))
+    # the digest must cover the .so too (kernel-builder's would): rewrite the metadata
+    meta = json.loads((folder / "metadata.json").read_text())
+    meta["digest"]["files"] = kernel_digest(folder)
+    (folder / "metadata.json").write_text(json.dumps(meta))
+    publish(api, "acme/kb-native", tmp_path / "native")
+    with pytest.raises(IntegrityError, match=r"_ops\.abi3\.so is native code"):
+        _load(hub, tmp_path / "cache", "acme/kb-native")
