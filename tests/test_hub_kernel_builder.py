@@ -353,3 +353,37 @@ def test_a_native_extension_in_an_arch_build_is_refused_before_import(hub, tmp_p
     publish(api, "acme/kb-native", tmp_path / "native")
     with pytest.raises(IntegrityError, match=r"_ops\.abi3\.so is native code"):
         _load(hub, tmp_path / "cache", "acme/kb-native")
+
+
+@pytest.mark.parametrize("name", [
+    "torch-cpu", "torch-tpu", "torch-universal", "torch-cuda",
+    "torch-2.13-cxx11-cpu-cpython-3.11-abi3-x86_64-linux", "torch-2.13-cpu-cpython-3.12-abi3-aarch64-linux",
+    "torch-2.9-cxx11-cuda-12.8-cpython-3.9-abi3-x86_64-linux", "torch-2.10-cxx98-rocm-6.4-cpython-3.10-abi3-x86_64-"
+    "linux", "torch213-cxx11-cpu-x86_64-linux", "torch28-cxx11-cu128-x86_64-linux", "torch27-rocm63-x86_64-linux",
+    "torch29-rocm714-x86_64-linux", "torch27-xpu20251-x86_64-linux",
+])
+def test_names_read_as_hf_kernels_reads_them(name: str) -> None:
+    from kernels._internals.variants import ArchVariant, parse_variant
+
+    from kernel_hub.builder_names import parse_builder_name
+
+    ours, theirs = parse_builder_name(name), parse_variant(name)
+    assert ours is not None and (ours.kind == "noarch") == (not isinstance(theirs, ArchVariant))
+    if isinstance(theirs, ArchVariant):
+        assert ours.torch == (theirs.framework.version.major, theirs.framework.version.minor)
+        assert ours.cxx11 == theirs.framework.cxx11_abi and ours.abi == theirs.python.abi
+        assert ours.python == (theirs.python.version.major, theirs.python.version.minor)
+        assert (ours.cpu, ours.os) == (theirs.system.platform, theirs.system.os)
+        assert ours.backend == theirs.backend.name
+        version = getattr(theirs.backend, "version", None)
+        assert ours.backend_version == ((version.major, version.minor) if version else None)
+    else:
+        assert ours.backend == theirs.backend.backend_name
+
+
+@pytest.mark.parametrize("name", ["torch", "torch-2.13-cpu-x86_64-linux", "jax-cpu", "torch-2.13-cpu-cpython-3.11-abi9"
+                                  "-x86_64-linux", "sdk-cpu", "tvm-ffi01-cpu-x86_64-linux"])
+def test_names_outside_both_torch_schemes_are_not_read(name: str) -> None:
+    from kernel_hub.builder_names import parse_builder_name
+
+    assert parse_builder_name(name) is None

@@ -21,8 +21,9 @@ _NEW_TORCH = re.compile(r"^torch-(\d+)\.(\d+)$")
 _LEGACY_TORCH = re.compile(r"^torch(\d)(\d+)$")
 _PY = re.compile(r"^(\d+)\.(\d+)$")
 _DOTTED = re.compile(r"^(\d+)\.(\d+)$")
-#: legacy backends carry their version glued on: cu128, rocm63, xpu20251, cann80
-_LEGACY_BACKEND = re.compile(r"^(cu|rocm|xpu|cann)(\d)(\d+)$")
+#: legacy backends carry their version glued on, the last digit the minor: cu128 (12.8), rocm63, xpu20251 (2025.1);
+#: rocm714 is ROCm 7.14
+_LEGACY_BACKEND = re.compile(r"^(cu|rocm|xpu|cann)(\d+)(\d)$")
 _VERSIONED = {"cuda", "rocm", "xpu", "cann"}
 _PLAIN = {"cpu", "tpu", "metal", "neuron"}
 _ABIS = ("abi3", "abi3t")
@@ -51,6 +52,8 @@ def _backend(parts: list[str], legacy: bool) -> tuple[str, tuple[int, int] | Non
             return None
         if parts[0] in _PLAIN:
             return parts[0], None
+        if parts[0] == "rocm714":
+            return "rocm", (7, 14)
         m = _LEGACY_BACKEND.fullmatch(parts[0])
         if not m:
             return None
