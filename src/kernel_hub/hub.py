@@ -420,7 +420,8 @@ class HubSource:
         Fetching the first preferred name that exists (HEAD + GET) stands in for the listing, so a fresh
         load costs refs + HEAD + GET = 3 requests; a name not published at `commit` costs one HEAD.
         """
-        listed = (repo_id, commit) in self._listings or self._listing_file(repo_id, commit).is_file()
+        listed = (repo_id, commit) in self._listings or _checked_listing(
+            read_json(self._listing_file(repo_id, commit))) is not None  # a listing of an older client's: not one
         if listed:
             return self.variants(repo_id, commit)
         if self.offline:
