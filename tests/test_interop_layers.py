@@ -183,9 +183,10 @@ fa = kernels.get_kernel(REPO, version=1)
 res = {"error": error, "swapped": "forward" in module.__dict__, "doc": fa.layers.__doc__,
        "classes": [n for n, v in vars(fa.layers).items() if isinstance(v, type)], "families": {}}
 
-# transformers' hook for a hub attention function: `attn_implementation="<repo>:attention_forward"` makes transformers
-# get_kernel the repo and register the function with FlashAttention-2's masks. transformers 5.24 refuses that path with
-# kernels 0.17.2 (it wants >= 0.18.2), so the same two registrations are made here on the build HF kernels loaded.
+# `attention_forward` is an AttentionInterface function for registration by hand: transformers' hub attention by repo
+# id (`attn_implementation="kernel-hub/flash-attention-tpu"`) loads the build's flash_attn_* functions instead and never
+# reaches a function named after a colon in a flash-named repo (tests/test_hub_attention.py). So it is registered here,
+# with FlashAttention-2's mask function, under a name transformers does not read as flash attention.
 from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
@@ -234,8 +235,8 @@ print(json.dumps(res))
 def test_flash_attention_serves_transformers_attention_hook_and_no_layer(interop_hub) -> None:
     """transformers names no softmax-attention layer for the hub, so our build's `layers` holds no class and a mapping
     onto it fails with HF kernels' "not found" (never a swap); `attention_forward`, loaded through HF kernels and
-    registered as transformers' `attn_implementation="<repo>:attention_forward"` registers it, computes what sdpa did on
-    left-padded batches and in generation, and refuses calls it cannot express."""
+    registered by hand in transformers' AttentionInterface, computes what sdpa did on left-padded batches and in
+    generation, and refuses calls it cannot express."""
     res = interop_hub.run(ATTENTION_SCRIPT, REPO=ATTENTION_REPO)
     assert res["classes"] == [] and not res["swapped"]
     assert "MultiScaleDeformableAttention" in res["doc"]

@@ -112,16 +112,21 @@ def test_key_padding_mask_runs_on_kernel_other_masks_fall_back_exactly(fa):
     tail = torch.ones(2, seq, dtype=torch.bool)
     tail[1, 19:] = False  # key padding at the end of sequence 1: the kernel's kv_lengths
     holes = torch.ones(2, seq, dtype=torch.bool)
-    holes[0, 5:8] = False  # padded text tokens before the image tokens: not a prefix
-    refs = [run(model, inputs, joint_attention_kwargs={"attention_mask": m}) for m in (tail, holes)]
+    holes[0, 5:8] = False  # padded text tokens before the image tokens: kept keys moved first, then kv_lengths
+    per_head = torch.ones(2, 2, seq, seq, dtype=torch.bool)
+    per_head[0, 1, :, 3] = False  # differs across heads: not a key-padding mask
+    masks = (tail, holes, per_head)
+    refs = [run(model, inputs, joint_attention_kwargs={"attention_mask": m}) for m in masks]
     k = spy(fa)
     kh.kernelize(model, mapping={"attention": k})
 
     got = run(model, inputs, joint_attention_kwargs={"attention_mask": tail})
     assert k.calls == 2 + 2 and rel(got, refs[0]) <= 1e-4  # 2 validation calls + 2 layers
     got = run(model, inputs, joint_attention_kwargs={"attention_mask": holes})
-    assert torch.equal(got, refs[1]) and k.calls == 4  # both layers ran torch's sdpa with the same arguments
-    assert all(fb == (1, 1, "mask keeps keys that are not a prefix of the sequence")
+    assert k.calls == 2 + 4 and rel(got, refs[1]) <= 1e-4
+    got = run(model, inputs, joint_attention_kwargs={"attention_mask": per_head})
+    assert torch.equal(got, refs[2]) and k.calls == 6  # both layers ran torch's sdpa with the same arguments
+    assert all(fb == (2, 1, "mask differs across heads or query rows (not a key-padding mask)")
                for fb in dl.fallbacks(model).values())
 
 
@@ -250,6 +255,12 @@ def test_plan_sdpa_decisions_and_kernel_against_sdpa(fa):
         ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, **kw)
         assert rel(run_plan(fa.flash_attention, plan, q, k, v), ref) <= 1e-5, name
     assert plan_sdpa(q, k, v, attn_mask=keys[:, None, None, :])[0].kv_lengths.tolist() == [9, 5]
+    holes = keys.clone()
+    holes[0, 2:4] = False  # keys 2, 3 dropped in the middle; sequence 1 keeps its 5 first
+    plan, _ = plan_sdpa(q, k, v, attn_mask=holes[:, None, None, :])
+    assert plan.kv_lengths.tolist() == [7, 5] and plan.key_order[0, :7].tolist() == [0, 1, 4, 5, 6, 7, 8]
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=holes[:, None, None, :])
+    assert rel(run_plan(fa.flash_attention, plan, q, k, v), ref) <= 1e-5
     kv2 = k[:, :2]
     plan, _ = plan_sdpa(q, kv2, kv2, enable_gqa=True)
     ref = torch.nn.functional.scaled_dot_product_attention(q, kv2, kv2, enable_gqa=True)
@@ -263,7 +274,6 @@ def test_plan_sdpa_decisions_and_kernel_against_sdpa(fa):
         "additive mask with bias values": dict(attn_mask=torch.randn(2, 1, 9, 9)),
         "mask differs across heads or query rows (not a key-padding mask)": dict(
             attn_mask=torch.tril(torch.ones(9, 9, dtype=torch.bool))),
-        "mask keeps keys that are not a prefix of the sequence": dict(attn_mask=~keys[:, None, None, :]),
         "a sequence with no key to attend (sdpa gives NaN there)": dict(attn_mask=torch.zeros(9, dtype=torch.bool)),
     }
     for why, kw in refused.items():

@@ -6,7 +6,23 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what type checkers read (`x as x`: a re-export); at run time the names load lazily
+    from .api import get_kernel as get_kernel
+    from .api import get_local_kernel as get_local_kernel
+    from .api import has_kernel as has_kernel
+    from .api import plan_load as plan_load
+    from .api import validate as validate
+    from .errors import KernelHubError as KernelHubError
+    from .layers import KernelizeReport as KernelizeReport
+    from .layers import kernelize as kernelize
+    from .layers import restore as restore
+    from .lock import get_locked_kernel as get_locked_kernel
+    from .lock import lock as lock
+    from .registry import load_registry as load_registry
+    from .system import SystemFacts as SystemFacts
+    from .validation import ValidationReport as ValidationReport
 
 __version__ = "0.1.0"
 
@@ -30,13 +46,15 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'kernel_hub' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+if not TYPE_CHECKING:  # hidden from type checkers, so a misspelt name is an error there, not Any
+
+    def __getattr__(name: str) -> Any:
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module 'kernel_hub' has no attribute {name!r}")
+        value = getattr(importlib.import_module(f".{module}", __name__), name)
+        globals()[name] = value
+        return value
 
 
 def __dir__() -> list[str]:

@@ -32,7 +32,7 @@ from .compile_record import TpuCompileRecord, parse_record
 from .errors import IntegrityError, KernelHubError, MetadataError
 from .integrity import check_digests, combined_digest, not_source_reason, sha256_file
 from .names import check_entry_file, check_python_name, check_relative_path, check_variant_name, safe_join
-from .variants import Variant
+from .variants import DIALECTS, KERNEL_HUB, Variant
 
 REPO_TYPE = "kernel"
 BUILD_DIR = "build"
@@ -76,8 +76,11 @@ def variant_from_name(name: str) -> Variant | None:
 
 
 def variant_to_json(v: Variant) -> dict[str, Any]:
-    return {"name": v.name, "framework": v.framework, "backend": v.backend, "entry": v.entry,
-            "tpu_generations": list(v.tpu_generations), "requires": dict(v.requires)}
+    out = {"name": v.name, "framework": v.framework, "backend": v.backend, "entry": v.entry,
+           "tpu_generations": list(v.tpu_generations), "requires": dict(v.requires)}
+    if v.dialect != KERNEL_HUB:  # our own bundles' JSON stays as it was
+        out["dialect"] = v.dialect
+    return out
 
 
 def variant_from_json(d: object, what: str = "variant") -> Variant:
@@ -98,8 +101,11 @@ def variant_from_json(d: object, what: str = "variant") -> Variant:
     if not isinstance(requires, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in
                                                  requires.items()):
         raise MetadataError(f"{what} {name}: requires must map a distribution to a version spec")
+    dialect = d.get("dialect", KERNEL_HUB)
+    if dialect not in DIALECTS:
+        raise MetadataError(f"{what} {name}: dialect must be one of {', '.join(DIALECTS)}, got {str(dialect)[:40]!r}")
     return Variant(name=name, framework=framework, backend=backend, entry=entry, tpu_generations=tuple(gens),
-                   requires=tuple(requires.items()))
+                   requires=tuple(requires.items()), dialect=dialect)
 
 
 def hf_name(python_name: str) -> str:
@@ -108,6 +114,14 @@ def hf_name(python_name: str) -> str:
     if not name[:1].isalpha() or not name.replace("-", "").isalnum() or name != name.lower():
         raise MetadataError(f"python_name {python_name!r} cannot be an HF kernel name (lowercase, digits, _)")
     return name
+
+
+def git_blob_id_bytes(data: bytes) -> str:
+    """The id git gives these bytes as a file."""
+    h = hashlib.sha1(usedforsecurity=False)
+    h.update(f"blob {len(data)}\0".encode())
+    h.update(data)
+    return h.hexdigest()
 
 
 def git_blob_id(path: Path) -> str:
@@ -132,6 +146,11 @@ class BuildInfo:
     variant: Variant
     sha256: dict[str, str]   # variant-relative path ("<python_name>/ops.py") -> sha256
     tpu_compile: TpuCompileRecord | None = None  # TPU variants: the compile matrix the release recorded
+    #: how the fetched bytes were checked, for reports: kernel-builder builds say "metadata digest" or "no digest"
+    verified: str = "sha256 (bundle metadata)"
+    python_depends: tuple[str, ...] = ()          # kernel-builder metadata.json: PEP 508 requirements
+    kernel_depends: tuple[tuple[str, str, str], ...] = ()  # (repo id, "version" | "revision", value)
+    kernels_minver: str | None = None             # kernel-builder metadata.json: the HF kernels it needs (recorded)
 
     def package_digests(self) -> dict[str, str]:
         """Digests relative to the package folder, as the loader and lock files use them."""
@@ -201,7 +220,32 @@ def parse_build_info(data: object, label: str, expected_variant: str) -> BuildIn
             shown = str(version)[:40]
             raise IntegrityError(f"{label}: {VARIANT_METADATA} version {shown!r} is not a release") from None
     record = parse_record(kh.get("tpu_compile"), label)
-    return BuildInfo(python_name=python_name, version=version, variant=variant, sha256=sha, tpu_compile=record)
+    extras = parse_builder_extras(kh, label)
+    return BuildInfo(python_name=python_name, version=version, variant=variant, sha256=sha, tpu_compile=record,
+                     **extras)
+
+
+def parse_builder_extras(kh: dict[str, Any], label: str) -> dict[str, Any]:
+    """The fields a kernel-builder build's own record adds (hub_builder.py writes them), each checked."""
+    out: dict[str, Any] = {}
+    if "verified" in kh:
+        if not isinstance(kh["verified"], str) or len(kh["verified"]) > 200:
+            raise IntegrityError(f"{label}: {VARIANT_METADATA} {KH_KEY}.verified is not a short text")
+        out["verified"] = kh["verified"]
+    deps = kh.get("python_depends", [])
+    if not isinstance(deps, list) or not all(isinstance(d, str) and len(d) < 200 for d in deps):
+        raise IntegrityError(f"{label}: {VARIANT_METADATA} {KH_KEY}.python_depends is not a list of requirements")
+    out["python_depends"] = tuple(deps)
+    kdeps = kh.get("kernel_depends", [])
+    if not isinstance(kdeps, list) or not all(
+            isinstance(d, list) and len(d) == 3 and all(isinstance(x, str) for x in d) for d in kdeps):
+        raise IntegrityError(f"{label}: {VARIANT_METADATA} {KH_KEY}.kernel_depends is not a list of [repo, kind, ref]")
+    out["kernel_depends"] = tuple(tuple(d) for d in kdeps)
+    minver = kh.get("kernels_minver")
+    if minver is not None and (not isinstance(minver, str) or len(minver) > 40):
+        raise IntegrityError(f"{label}: {VARIANT_METADATA} {KH_KEY}.kernels_minver is not a version")
+    out["kernels_minver"] = minver
+    return out
 
 
 def read_build_info(folder: Path, label: str, expected_variant: str) -> BuildInfo:

@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from . import buildfmt as fmt
+from . import hub_builder as builder
+from .builder_names import parse_builder_name
 from .errors import (
     IntegrityError,
     KernelHubError,
@@ -37,18 +39,26 @@ from .errors import (
 )
 from .http_limits import TIMEOUT_ENV as TIMEOUT_ENV
 from .http_limits import bounded_transport, request_timeout
-from .integrity import verify_tree
+from .integrity import sha256_bytes, verify_tree
 from .metadata import KernelMetadata
-from .names import check_commit, check_ref_name, check_repo_id, check_variant_name, safe_join, safe_rmtree
+from .names import (
+    check_commit,
+    check_ref_name,
+    check_relative_path,
+    check_repo_id,
+    check_variant_name,
+    safe_join,
+    safe_rmtree,
+)
 from .sources import Build, Origin
-from .variants import Variant
+from .variants import KERNEL_BUILDER, Variant
 from .versions import Ref
 
 REPO_TYPE = fmt.REPO_TYPE
 #: A cache file (refs.json, a listing) larger than this is neither written nor read.
 MAX_CACHED_JSON = 4 << 20
 #: Entries of one listing (refs, a build/ folder) the client reads; a server listing more is refused.
-MAX_LISTING_ENTRIES = 10_000
+MAX_LISTING_ENTRIES = 50_000
 #: A leftover .partial/.trash folder older than this is no unpack in progress (an unpack takes seconds).
 STALE_SECONDS = 3600.0
 _MAX_PUBLISHED_METADATA = 1 << 20  # bytes of a published kernel.yaml that `info` will parse
@@ -375,18 +385,16 @@ class HubSource:
                           "refs": [{"name": r.name, "kind": r.kind, "commit": r.commit} for r in refs]})
         return refs
 
-    def listing(self, repo_id: str, commit: str) -> dict[str, str]:
-        """variant name -> git blob id of its bundle, at `commit` (1 request, then cached: commits are immutable).
-        Paths that are not `build/<safe variant name>.tar` are left out."""
+    def listing(self, repo_id: str, commit: str) -> dict[str, Any]:
+        """What `commit` publishes under build/, from ONE recursive tree listing (then cached: commits are
+        immutable): {"bundles": {variant: blob id of build/<variant>.tar}, "trees": {variant: {path in the
+        variant: blob id}}} (kernel-builder's `build/<variant>/` trees). Unsafe names are left out."""
         key = (repo_id, check_commit(commit))
         if key in self._listings:
             return self._listings[key]
         saved = self._listing_file(repo_id, commit)
-        data = read_json(saved)
-        if isinstance(data, dict):
-            data = {k: v for k, v in data.items() if fmt.bundle_variant(f"{fmt.BUILD_DIR}/{k}{fmt.BUNDLE_SUFFIX}")
-                    == k and fmt.is_blob_id(v)}
-        else:
+        data = _checked_listing(read_json(saved))
+        if data is None:
             if self.offline:
                 raise self._offline_error(repo_id, f"the build listing of commit {commit[:12]}")
             data = self._list_builds(repo_id, commit)
@@ -394,26 +402,39 @@ class HubSource:
         self._listings[key] = data
         return data
 
-    def _list_builds(self, repo_id: str, commit: str) -> dict[str, str]:
-        """variant name -> bundle blob id, from the Hub (1 request). A listing that names one path twice (or lists
-        more than MAX_LISTING_ENTRIES entries) is refused whole: which of two ids would be the bundle's?"""
+    def _list_builds(self, repo_id: str, commit: str) -> dict[str, Any]:
+        """The listing (see `listing`) from the Hub: ONE recursive tree listing of build/. A listing that names one
+        path twice (which of two ids would it be?) or lists more than MAX_LISTING_ENTRIES entries is refused
+        whole, and nothing of it is cached."""
+        from huggingface_hub.errors import RemoteEntryNotFoundError
         from huggingface_hub.hf_api import RepoFile
 
-        def entries() -> list:
-            found = self.api.list_repo_tree(self.hub_repo(repo_id), path_in_repo=fmt.BUILD_DIR, repo_type=REPO_TYPE,
-                                            revision=commit)
-            return list(itertools.islice(found, MAX_LISTING_ENTRIES + 1))
+        def tree() -> list:
+            try:
+                found = self.api.list_repo_tree(self.hub_repo(repo_id), path_in_repo=fmt.BUILD_DIR,
+                                                repo_type=REPO_TYPE, revision=commit, recursive=True)
+                return list(itertools.islice(found, MAX_LISTING_ENTRIES + 1))
+            except RemoteEntryNotFoundError:  # no build/ at all: nothing published
+                return []
 
-        listed = self._call(repo_id, f"listing builds at {commit[:12]}", entries)
-        if len(listed) > MAX_LISTING_ENTRIES:
+        entries = self._call(repo_id, f"listing builds at {commit[:12]}", tree)
+        if len(entries) > MAX_LISTING_ENTRIES:
             raise IntegrityError(f"{repo_id}@{commit[:12]}: the Hub lists more than {MAX_LISTING_ENTRIES} entries "
                                  f"under {fmt.BUILD_DIR}/; refused")
-        paths = [getattr(e, "path", None) for e in listed]
-        twice = sorted({p for p in paths if p is not None and paths.count(p) > 1})
-        if twice:
+        paths = [e.path for e in entries if isinstance(getattr(e, "path", None), str)]
+        if len(set(paths)) != len(paths):
+            twice = sorted(p for p in set(paths) if paths.count(p) > 1)
             raise IntegrityError(f"{repo_id}@{commit[:12]}: the Hub's listing names {twice[0]} twice; refused")
-        return {name: e.blob_id for e in listed
-                if isinstance(e, RepoFile) and (name := fmt.bundle_variant(e.path)) and fmt.is_blob_id(e.blob_id)}
+        raw: dict[str, Any] = {"bundles": {}, "trees": {}}
+        for e in entries:
+            if isinstance(e, RepoFile) and isinstance(e.path, str):
+                rel = e.path[len(fmt.BUILD_DIR) + 1:] if e.path.startswith(f"{fmt.BUILD_DIR}/") else ""
+                name, _, inner = rel.partition("/")
+                if inner:
+                    raw["trees"].setdefault(name, {})[inner] = e.blob_id
+                elif name.endswith(fmt.BUNDLE_SUFFIX):
+                    raw["bundles"][name[:-len(fmt.BUNDLE_SUFFIX)]] = e.blob_id
+        return _checked_listing(raw) or {"bundles": {}, "trees": {}}
 
     def _forget_listing(self, repo_id: str, commit: str) -> None:
         """Drop a listing (memory and cache): the next use lists again."""
@@ -456,12 +477,16 @@ class HubSource:
             return None
 
     def variants(self, repo_id: str, commit: str) -> list[Variant]:
-        """The variants at `commit`, with their full metadata where a build of that commit is cached."""
+        """The variants at `commit`, with their full metadata where a build of that commit is cached: our bundles,
+        and kernel-builder trees (a tree beside a bundle of the same name is the bundle's HF-kernels copy)."""
+        listed = self.listing(repo_id, commit)
         out = []
-        for name in sorted(self.listing(repo_id, commit)):
+        for name in sorted(listed["bundles"]):
             v = self._cached_variant(repo_id, commit, name) or fmt.variant_from_name(name)
             if v is not None:
                 out.append(v)
+        for name in sorted(set(listed["trees"]) - set(listed["bundles"])):
+            out.append(self._cached_variant(repo_id, commit, name) or builder_variant(name))
         return out
 
     def candidate_variants(self, repo_id: str, commit: str, names: list[str]) -> list[Variant]:
@@ -470,7 +495,8 @@ class HubSource:
         Fetching the first preferred name that exists (HEAD + GET) stands in for the listing, so a fresh
         load costs refs + HEAD + GET = 3 requests; a name not published at `commit` costs one HEAD.
         """
-        listed = (repo_id, commit) in self._listings or self._listing_file(repo_id, commit).is_file()
+        listed = (repo_id, commit) in self._listings or _checked_listing(
+            read_json(self._listing_file(repo_id, commit))) is not None  # a listing of an older client's: not one
         if listed:
             return self.variants(repo_id, commit)
         if self.offline:
@@ -506,13 +532,16 @@ class HubSource:
         self.clean_stale(repo_id)
         label = f"{repo_id}@{commit[:12]} [{variant.name}]"
         problem: KernelHubError | None = None
+        tree = variant.dialect == KERNEL_BUILDER
         for attempt in ("unpacked", "cached bundle", "download"):
             if attempt == "unpacked" and not (final.exists() or final.is_symlink()):
                 continue
             if attempt == "download" and self.offline:
                 break
             try:
-                if attempt != "unpacked":
+                if attempt != "unpacked" and tree:
+                    self._assemble_tree(repo_id, commit, variant, final, label, force=attempt == "download")
+                elif attempt != "unpacked":
                     bundle = self._download_bundle(repo_id, commit, variant.name, force=attempt == "download")
                     self._unpack(repo_id, bundle, final, label)
                 return self._checked_build(repo_id, commit, final, variant.name, expected, label)
@@ -526,6 +555,27 @@ class HubSource:
         assert problem is not None
         raise problem
 
+    def verification(self, repo_id: str, commit: str, variant: Variant) -> str:
+        """How a fetch of `variant` checks its bytes, for `resolve` and `info`: a kernel-builder tree's metadata.json
+        is read (one small download, nothing imported) to say whether it records a digest."""
+        if variant.dialect != KERNEL_BUILDER:
+            return "sha256 of every file (the bundle's metadata.json), bundle against the Hub listing"
+        folder = self.build_dir(repo_id, commit, variant.name)
+        if folder.is_dir():
+            with contextlib.suppress(KernelHubError):
+                return fmt.read_build_info(folder, repo_id, variant.name).verified + " (cached)"
+        files = self.listing(repo_id, commit)["trees"].get(variant.name) or {}
+        if fmt.VARIANT_METADATA not in files:
+            return f"unverifiable: no {fmt.VARIANT_METADATA} in build/{variant.name}/"
+        label = f"{repo_id}@{commit[:12]} [{variant.name}]"
+        try:
+            data = self._download_file(repo_id, commit, f"{fmt.BUILD_DIR}/{variant.name}/{fmt.VARIANT_METADATA}",
+                                       files[fmt.VARIANT_METADATA], force=False)
+            meta = builder.parse_builder_metadata(data, label)
+        except KernelHubError as exc:
+            return f"unverifiable: {one_line(str(exc), 200)}"
+        return builder.WITH_DIGEST if meta.digest is not None else builder.NO_DIGEST
+
     # -- internals --------------------------------------------------------------------------------
     def _download_bundle(self, repo_id: str, commit: str, name: str, force: bool) -> Path:
         path_in_repo = fmt.bundle_path(name)
@@ -533,18 +583,77 @@ class HubSource:
             self.api.hf_hub_download(self.hub_repo(repo_id), path_in_repo, repo_type=REPO_TYPE,
                                      revision=commit, cache_dir=self.cache_dir, local_files_only=self.offline,
                                      force_download=force))))
-        listed = self._listings.get((repo_id, commit), {}).get(name) or (
-            read_json(self._listing_file(repo_id, commit)) or {}).get(name)
+        listed = self._listed_bundles(repo_id, commit).get(name)
         if listed and fmt.git_blob_id(path) != listed and not self.offline:
             # The listing may be the wrong one (a cached listing from a hostile answer): drop it, list again.
             self._forget_listing(repo_id, commit)
-            listed = self.listing(repo_id, commit).get(name)
+            listed = self.listing(repo_id, commit)["bundles"].get(name)
         if listed and fmt.git_blob_id(path) != listed:
             raise IntegrityError(f"{repo_id}@{commit[:12]}: {path_in_repo} does not match the Hub listing")
         blob = path.resolve().name  # the Hub cache stores a file under its ETag: the git blob id here
         if not listed and len(blob) == 40 and fmt.git_blob_id(path) != blob:
             raise IntegrityError(f"{repo_id}@{commit[:12]}: {path_in_repo} does not match its ETag")
         return path
+
+    def _listed_bundles(self, repo_id: str, commit: str) -> dict[str, str]:
+        """The bundles a listing already fetched (or cached) names; {} where none is known yet (no request)."""
+        known = self._listings.get((repo_id, commit)) or _checked_listing(
+            read_json(self._listing_file(repo_id, commit)))
+        return known["bundles"] if known else {}
+
+    def _download_file(self, repo_id: str, commit: str, path_in_repo: str, blob: str, force: bool) -> bytes:
+        """One file of a tree at `commit`, its bytes checked against the git blob id the listing gave."""
+        path = Path(self._call(repo_id, f"downloading {path_in_repo} at {commit[:12]}", lambda: (
+            self.api.hf_hub_download(self.hub_repo(repo_id), path_in_repo, repo_type=REPO_TYPE, revision=commit,
+                                     cache_dir=self.cache_dir, local_files_only=self.offline,
+                                     force_download=force))))
+        if path.stat().st_size > fmt.MAX_BUNDLE_BYTES:
+            raise IntegrityError(f"{repo_id}@{commit[:12]}: {path_in_repo} is larger than "
+                                 f"{fmt.MAX_BUNDLE_BYTES >> 20} MiB")
+        data = path.read_bytes()
+        if fmt.git_blob_id_bytes(data) != blob:
+            raise IntegrityError(f"{repo_id}@{commit[:12]}: file {path_in_repo} does not match the Hub listing")
+        return data
+
+    def _assemble_tree(self, repo_id: str, commit: str, variant: Variant, final: Path, label: str,
+                       force: bool) -> None:
+        """A kernel-builder variant: its metadata.json, then every file, each checked against the metadata's
+        sha256 digest (or, with none, the listing's blob id) before anything is written where the loader looks;
+        then the import folder is renamed into place in one step."""
+        files = self.listing(repo_id, commit)["trees"].get(variant.name)
+        if not files or fmt.VARIANT_METADATA not in files:
+            raise KernelNotFoundError(f"{label}: the variant has no {fmt.VARIANT_METADATA} at this commit")
+        base = f"{fmt.BUILD_DIR}/{variant.name}"
+        meta = builder.parse_builder_metadata(self._download_file(
+            repo_id, commit, f"{base}/{fmt.VARIANT_METADATA}", files[fmt.VARIANT_METADATA], force), label)
+        builder.check_python_depends(meta.python_depends, label)
+        expected = builder.expected_files(meta, files, label)
+        kind, where = builder.package_files(meta, sorted(expected), label)
+        package: dict[str, bytes] = {}
+        for rel, (algorithm, value) in sorted(expected.items()):
+            data = self._download_file(repo_id, commit, f"{base}/{rel}", files[rel], force)
+            if algorithm == "sha256" and sha256_bytes(data) != value:
+                raise IntegrityError(f"{label}: file {rel} does not match metadata.json's digest (tampered or "
+                                     "corrupt); refused before any import")
+            if kind == "zip" and rel == where:
+                package = builder.unzip_package(data, label)
+            elif kind == "package" and rel.startswith(where):
+                package[rel[len(where):]] = data
+            elif kind == "root":
+                package[rel] = data
+        verified = builder.WITH_DIGEST if meta.digest is not None else builder.NO_DIGEST
+        tmp = safe_join(final.parent, f"{final.name}.{uuid.uuid4().hex}.partial")
+        try:
+            builder.write_build(tmp, meta, variant, package, verified, repo_id)
+            _check_unpacked(tmp, label, final.name)
+            try:
+                os.rename(tmp, final)
+            except OSError:
+                if not final.is_dir():
+                    raise
+        finally:
+            if tmp.exists():
+                safe_rmtree(final.parent, tmp)
 
     def _unpack(self, repo_id: str, bundle: Path, final: Path, label: str) -> None:
         """Unpack into a private folder beside `final`, check it, then rename it into place in one step."""
@@ -629,9 +738,44 @@ class HubSource:
             changed = sorted(set(expected) ^ set(digests)) or sorted(
                 k for k in expected if expected[k] != digests.get(k))
             raise IntegrityError(f"{label}: file {changed[0]} differs from the lock")
+        if info.python_depends:  # what is installed can change between loads of a cached build
+            builder.check_python_depends(info.python_depends, label)
         return Build(repo_id=repo_id, version=info.version, commit=commit, variant=info.variant,
                      package_dir=safe_join(folder, info.python_name), source=self.endpoint, digests=digests,
-                     metadata=None)
+                     metadata=None, verified=info.verified, kernel_depends=info.kernel_depends,
+                     kernels_minver=info.kernels_minver)
+
+
+def builder_variant(name: str) -> Variant:
+    """A kernel-builder tree as a variant: its name says framework and backend (builder_names.py); a name it
+    cannot read stays in the trace, rejected with that reason."""
+    named = parse_builder_name(name)
+    return Variant(name=name, framework="torch", backend=named.backend if named else "unknown",
+                   dialect=KERNEL_BUILDER)
+
+
+def _checked_listing(data: object) -> dict[str, Any] | None:
+    """A build listing from the server or the cache with only safe names and real blob ids kept (None: not a
+    listing of this format, e.g. an older cache entry)."""
+    if not isinstance(data, dict) or not isinstance(data.get("bundles"), dict) or not isinstance(
+            data.get("trees"), dict):
+        return None
+    bundles = {k: v for k, v in data["bundles"].items() if _is_variant_name(k) and fmt.is_blob_id(v)}
+    trees: dict[str, dict[str, str]] = {}
+    for name, files in data["trees"].items():
+        if not _is_variant_name(name) or not isinstance(files, dict) or len(files) > fmt.MAX_BUNDLE_FILES:
+            continue
+        kept = {}
+        for rel, blob in files.items():
+            try:
+                check_relative_path(rel)
+            except UnsafeNameError:
+                continue
+            if fmt.is_blob_id(blob):
+                kept[rel] = blob
+        if kept:
+            trees[name] = kept
+    return {"bundles": bundles, "trees": trees}
 
 
 def _is_variant_name(name: str) -> bool:

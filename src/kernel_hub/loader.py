@@ -40,6 +40,8 @@ class KernelInfo:
     backend: str
     source: str
     path: Path
+    verified: str = ""                     # how its bytes were checked ("no digest: ..." for such a build)
+    kernels_minver: str | None = None      # kernel-builder metadata: the HF kernels version it was built for
 
 
 @dataclass(frozen=True)
@@ -184,6 +186,8 @@ def import_build(build: Build) -> ModuleType:
             backend=build.variant.backend,
             source=build.source,
             path=Path(build.package_dir),
+            verified=build.verified,
+            kernels_minver=build.kernels_minver,
         )
         _loaded[key] = module
         return module

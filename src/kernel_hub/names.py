@@ -19,7 +19,9 @@ from .errors import UnsafeNameError
 #: One side of ORG/NAME, as the Hub allows it (letters, digits, '.', '_', '-'; no '--' or '..').
 _REPO_PART = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?$")
 #: A build variant: lowercase words joined by '-' ("jax-tpu", "torch-cpu", HF's "torch28-cxx11-cu128-x86_64-linux").
-_VARIANT = re.compile(r"^[a-z][a-z0-9_]{0,31}(?:-[a-z0-9_]{1,32}){0,7}$")
+#: Kernel-builder's arch names carry dotted versions in up to 11 further words
+#: (`torch-2.13-cxx11-cuda-12.8-cpython-3.11-abi3-x86_64-linux`): a dot only inside a word, never two in a row.
+_VARIANT = re.compile(r"^[a-z][a-z0-9_]{0,31}(?:-[a-z0-9_](?:[a-z0-9_]|\.(?!\.)){0,30}(?<!\.)){0,11}$")
 #: A Python package or module name.
 _PYTHON = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 #: One component of a relative file path inside a package or repo.

@@ -79,7 +79,19 @@ class Plan:
         ]
         chosen = self.choice.variant.name if self.choice.variant else "none fits"
         lines.append(f"chosen    {chosen}")
+        if self.choice.variant is not None:
+            lines.append(f"verify    {self.verification()}")
         return "\n".join(lines)
+
+    def verification(self) -> str:
+        """How the chosen build's bytes will be checked ("no digest" where its metadata records none)."""
+        ask = getattr(self.source, "verification", None)
+        if self.choice.variant is None or ask is None:
+            return "nothing chosen" if self.choice.variant is None else "as the source checks its files"
+        try:
+            return ask(self.repo_id, self.resolution.commit, self.choice.variant)
+        except KernelHubError as exc:
+            return f"unknown until fetched ({str(exc).splitlines()[0][:160]})"
 
 
 #: Which source serves a registry kernel: "auto" (the default: the registry's source path where it names one),

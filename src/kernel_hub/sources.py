@@ -28,6 +28,11 @@ class Build:
     source: str                       # where it came from, for reports: a path or an endpoint
     digests: dict[str, str] = field(default_factory=dict)  # relative path -> sha256, checked
     metadata: KernelMetadata | None = None
+    #: how the files were checked before import: "sha256 (bundle metadata)", "sha256 (metadata digest)", "no digest:
+    #: git blob ids of the tree listing", "local folder"
+    verified: str = "sha256 (bundle metadata)"
+    kernel_depends: tuple[tuple[str, str, str], ...] = ()  # kernel-builder: (repo id, "version"|"revision", value)
+    kernels_minver: str | None = None                      # kernel-builder: the HF kernels version it asks for
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,10 @@ class Source(Protocol):
 
     def fetch(self, repo_id: str, commit: str, variant: Variant) -> Build:
         """The variant's files on local disk, every digest checked."""
+        ...
+
+    def verification(self, repo_id: str, commit: str, variant: Variant) -> str:
+        """How a fetch of `variant` will check its bytes (for `resolve` and `info`; nothing is imported)."""
         ...
 
 
@@ -120,6 +129,9 @@ class LocalSource:
     def candidate_variants(self, repo_id: str, commit: str, names: list[str]) -> list[Variant]:
         return self.variants(repo_id, commit)  # all on disk already: nothing to save
 
+    def verification(self, repo_id: str, commit: str, variant: Variant) -> str:
+        return LOCAL_VERIFIED
+
     def fetch(self, repo_id: str, commit: str, variant: Variant) -> Build:
         """The folder's build of `variant`: kernel.yaml's own variant of that name, and only when `variant` (which may
         come from a lock file) says exactly what kernel.yaml says (its entry file above all)."""
@@ -133,7 +145,11 @@ class LocalSource:
             source=str(self.kernel_dir),
             digests=self.digests,
             metadata=self.metadata,
+            verified=LOCAL_VERIFIED,
         )
+
+
+LOCAL_VERIFIED = "local folder (sha256 of its files now)"
 
 
 def own_variant(known: list[Variant], asked: Variant, where: Path) -> Variant:
@@ -190,6 +206,9 @@ class HubOrLocal:
 
     def fetch(self, repo_id: str, commit: str, variant: Variant) -> Build:
         return self._source(repo_id).fetch(repo_id, commit, variant)
+
+    def verification(self, repo_id: str, commit: str, variant: Variant) -> str:
+        return self._source(repo_id).verification(repo_id, commit, variant)
 
     def describe(self) -> str:
         active = self.active or self.hub

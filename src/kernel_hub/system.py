@@ -11,6 +11,7 @@ import glob
 import os
 import platform
 import re
+import sys
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
@@ -28,6 +29,8 @@ class SystemFacts:
     torch_version: str | None = None
     python_version: str = platform.python_version()
     machine: str = platform.machine()
+    os_name: str = platform.system().lower()           # "linux", "darwin": kernel-builder arch names carry it
+    torch_cxx11_abi: bool | None = None                # torch's C++ ABI where torch was imported (None: unknown)
     packages: tuple[tuple[str, str], ...] = ()  # other distributions a build may require, e.g. tokamax
 
     def framework_version(self, dist: str) -> str | None:
@@ -108,7 +111,10 @@ def detect(framework: str = "jax") -> SystemFacts:
     generation = os.environ.get("KERNEL_HUB_TPU_GENERATION") or (
         tpu_generation_from_kind(kind) if kind else None
     )
+    torch = sys.modules.get("torch")  # asked only of a torch already imported: detection imports no framework
+    abi = getattr(torch, "compiled_with_cxx11_abi", None)
     return SystemFacts(
+        torch_cxx11_abi=bool(abi()) if callable(abi) else None,
         backend=backend,
         tpu_generation=generation if backend == "tpu" else None,
         device_kind=kind,

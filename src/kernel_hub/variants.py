@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from .builder_names import judge_builder, parse_builder_name, preference
 from .system import SystemFacts
 
 UNIVERSAL = "universal"
@@ -25,6 +26,13 @@ class Variant:
     entry: str = "__init__.py"                 # file that becomes the package __init__
     tpu_generations: tuple[str, ...] = ()      # empty: any generation
     requires: tuple[tuple[str, str], ...] = ()  # (distribution, PEP 440 spec)
+    #: "kernel-hub": our `build/<name>.tar` bundles; "kernel-builder": the Hub build tool's `build/<name>/` trees,
+    #: whose name says everything a choice needs (builder_names.py)
+    dialect: str = "kernel-hub"
+
+
+KERNEL_HUB, KERNEL_BUILDER = "kernel-hub", "kernel-builder"
+DIALECTS = (KERNEL_HUB, KERNEL_BUILDER)
 
 
 @dataclass(frozen=True)
@@ -45,7 +53,8 @@ class Choice:
         lines = []
         for d in self.trace:
             mark = "choose" if d.variant == chosen else marks[d.accepted]
-            lines.append(f"  {mark:<7}{d.variant:<14}{d.reason}")
+            lines.append(f"  {mark:<7}{d.variant:<14} {d.reason}" if len(d.variant) >= 14
+                         else f"  {mark:<7}{d.variant:<14}{d.reason}")
         return lines
 
 
@@ -62,6 +71,12 @@ def _requirement_problem(dist: str, spec: str, system: SystemFacts) -> str | Non
 
 def judge(variant: Variant, system: SystemFacts, framework: str) -> Decision:
     """Accept or reject one variant on `system` for tensors of `framework`, saying why."""
+    if variant.dialect == KERNEL_BUILDER:
+        named = parse_builder_name(variant.name)
+        if named is None:
+            return Decision(variant.name, False, "not a torch variant name kernel-builder writes (noarch or arch)")
+        accepted, reason = judge_builder(named, system, framework)
+        return Decision(variant.name, accepted, reason)
     if variant.framework != framework:
         return Decision(variant.name, False, f"framework {variant.framework}, asked for {framework}")
     if variant.backend not in (system.backend, UNIVERSAL):
@@ -83,11 +98,20 @@ def judge(variant: Variant, system: SystemFacts, framework: str) -> Decision:
     return Decision(variant.name, True, ", ".join(detail))
 
 
+def _preference(v: Variant) -> tuple[int, ...]:
+    """Sort key, best first: kernel-builder arch builds (HF kernels' order), then a build for this backend, then a
+    universal one."""
+    named = parse_builder_name(v.name) if v.dialect == KERNEL_BUILDER else None
+    if named is not None:
+        return preference(named)
+    return (1, int(v.backend == UNIVERSAL), 0, 0, 0, 0)
+
+
 def choose_variant(variants: list[Variant], system: SystemFacts, framework: str = "jax") -> Choice:
-    """The best accepted variant: one built for this backend before a universal one, then file order."""
+    """The best accepted variant (by _preference, then file order); the trace keeps every decision."""
     decisions = [judge(v, system, framework) for v in variants]
     accepted = [v for v, d in zip(variants, decisions, strict=True) if d.accepted]
-    accepted.sort(key=lambda v: v.backend == UNIVERSAL)
+    accepted.sort(key=_preference)
     return Choice(accepted[0] if accepted else None, tuple(decisions))
 
 

@@ -132,9 +132,29 @@ def major_hint(spec: str) -> str:
             f"int {major} (--version {major}, version={major}), or --revision v{major} for the branch itself")
 
 
+def _unconstrained(specifier: SpecifierSet) -> bool:
+    """A spec every release meets (">=0"): "the newest", whatever the repo's versions are called."""
+    return all(Version(v) in specifier for v in ("0", "0.0.1", "1", "99999"))
+
+
+def _major_branches(refs: list[Ref]) -> list[Ref]:
+    return sorted((r for r in refs if r.kind == "branch" and _BRANCH.match(r.name)), key=lambda r: int(r.name[1:]))
+
+
 def _resolve_spec(refs: list[Ref], spec: str) -> Resolution:
     specifier = parse_spec(spec)
     tagged = [(v, r) for r in refs if r.kind == "tag" and (v := tag_version(r.name)) is not None]
+    if not tagged:  # a repo without release tags (kernel-builder's: `v<N>` branches only)
+        majors = _major_branches(refs)
+        if majors and _unconstrained(specifier):
+            newest = majors[-1]
+            return Resolution(newest.commit, newest.name, None,
+                              f"version={spec!r}, no release tags -> newest major branch {newest.name}")
+        branches = ", ".join(sorted(r.name for r in refs if r.kind == "branch")) or "none"
+        hint = (f"pass an int major (version={int(majors[-1].name[1:])}) or revision=" if majors
+                else "pass revision=")
+        raise VersionSpecError(f"version {spec!r} is a PEP 440 spec over release tags, and this repo has none "
+                               f"(branches: {branches}); {hint}")
     matching = [(v, r) for v, r in tagged if v in specifier]
     if not matching:
         have = ", ".join(str(v) for v, _ in sorted(tagged, key=lambda p: p[0])) or "none"

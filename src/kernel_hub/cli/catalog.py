@@ -20,6 +20,7 @@ from ..planning import plan_load, source_for
 from ..registry import load_registry, registry_location
 from ..sources import LocalSource
 from ..system import SystemFacts, detect, installed_version
+from ..variants import KERNEL_BUILDER
 from ..versions import resolve
 from .common import one_line, print_json, simulated_backend, table, version_of, version_spec
 
@@ -89,7 +90,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         for v in data["variants"]:
             gens = f" tpu {','.join(v['tpu_generations'])}" if v["tpu_generations"] else ""
             reqs = " ".join(f"{d}{s}" for d, s in v["requires"])
-            print(f"  {v['name']:<12} {v['framework']:<6} {v['backend']:<5} entry {v['entry']}{gens}  {reqs}")
+            dialect = f"  [{v['dialect']}: {v['verification']}]" if v.get("dialect") == KERNEL_BUILDER else ""
+            print(f"  {v['name']:<12} {v['framework']:<6} {v['backend']:<5} entry {v['entry']}{gens}  {reqs}{dialect}")
         tpu = [v for v in data["variants"] if "tpu_compile" in v]
         if tpu:
             print("tpu compile (recorded in the release):")
@@ -129,7 +131,10 @@ def _info_data(repo_id: str) -> dict[str, Any]:
                      "tpu_generations": list(v.tpu_generations), "requires": [list(r) for r in v.requires]}
                     for v in found]
         for d, v in zip(variants, found, strict=True):
-            if v.backend == "tpu":
+            if v.dialect == KERNEL_BUILDER:  # a tree of the Hub's build tool: say how its bytes are checked
+                d["dialect"] = v.dialect
+                d["verification"] = source.verification(repo_id, res.commit, v)
+            elif v.backend == "tpu":
                 d["tpu_compile"] = _tpu_compile_lines(source, repo_id, res.commit, v)
     return {"repo_id": repo_id, "source": source.describe(), "metadata": metadata,
             "refs": [{"name": r.name, "kind": r.kind, "commit": r.commit} for r in refs],

@@ -13,6 +13,7 @@ from ..planning import plan_load
 from ..progress import progress
 from ..tpu.env import tpu_env
 from ..validation import CASE_COLUMNS, case_cells, new_seed
+from ..variants import KERNEL_BUILDER
 from .common import print_json, trust_setting, version_spec
 
 
@@ -78,13 +79,15 @@ def cmd_download(args: argparse.Namespace) -> int:
             live.phase(f"fetching [{plan.choice.variant.name}] and checking every sha256")
             build = plan.fetch(None)  # imports nothing: no trust needed
     data = {"repo_id": args.repo, "version": version, "commit": commit, "variant": build.variant.name,
-            "package_dir": str(build.package_dir), "files": len(build.digests), "verified": True}
+            "package_dir": str(build.package_dir), "files": len(build.digests), "verified": True,
+            "verification": build.verified}
     if args.json:
         print_json(data)
         return 0
     print(f"{args.repo} {version or commit[:12]} [{build.variant.name}]")
     print(f"package   {build.package_dir}")
-    print(f"files     {len(build.digests)} (sha256 checked)")
+    how = f"checked: {build.verified}" if build.variant.dialect == KERNEL_BUILDER else "sha256 checked"
+    print(f"files     {len(build.digests)} ({how})")
     return 0
 
 

@@ -40,41 +40,46 @@ class Plan:
 
     causal: bool
     scale: float | None
-    kv_lengths: torch.Tensor | None = None  # [B] keys each sequence attends (a prefix); None: all
+    kv_lengths: torch.Tensor | None = None  # [B] keys each sequence attends (a prefix, after key_order); None: all
     batched: bool = True
+    key_order: torch.Tensor | None = None  # [B, Skv] key positions, kept keys first; None: keys as they are
 
 
-def _key_lengths(mask: torch.Tensor, b: int, h: int, sq: int, skv: int) -> tuple[torch.Tensor | None, str]:
-    """Per-sequence key count for a mask that only drops a tail of keys (same for every head and query
-    row), or None and why the kernel cannot express it."""
+def _key_lengths(mask: torch.Tensor, b: int, h: int, sq: int, skv: int
+                 ) -> tuple[torch.Tensor | None, torch.Tensor | None, str]:
+    """(per-sequence key count, key order, "") for a key-padding mask (the same for every head and query row), or
+    (None, None, why the kernel cannot express it). Keys that are not a prefix (Qwen-Image pads its text tokens,
+    which sit before the image tokens) come with an order that moves the kept keys first: exact for the non-causal
+    attention such masks reach this with (no position of a key enters the softmax; only the summation order moves)."""
     if mask.dtype == torch.bool:
         keep = mask
     elif mask.dtype.is_floating_point:
         keep = mask == 0
         dropped = mask <= torch.finfo(mask.dtype).min / 2  # includes -inf
         if not bool((keep | dropped).all()):
-            return None, "additive mask with bias values"
+            return None, None, "additive mask with bias values"
     else:
-        return None, f"{mask.dtype} attention mask"
+        return None, None, f"{mask.dtype} attention mask"
     if keep.dim() > 4:
-        return None, f"{keep.dim()}-D attention mask"
+        return None, None, f"{keep.dim()}-D attention mask"
     keep = keep.reshape((1,) * (4 - keep.dim()) + tuple(keep.shape))
     try:
         keep = keep.expand(b, h, sq, skv)
     except RuntimeError:
-        return None, f"mask {tuple(mask.shape)} does not broadcast to attention ({b}, {h}, {sq}, {skv})"
+        return None, None, f"mask {tuple(mask.shape)} does not broadcast to attention ({b}, {h}, {sq}, {skv})"
     keys = keep[:, 0, 0, :]
     if not bool((keep == keys[:, None, None, :]).all()):
-        return None, "mask differs across heads or query rows (not a key-padding mask)"
+        return None, None, "mask differs across heads or query rows (not a key-padding mask)"
     lengths = keys.sum(-1)
-    prefix = torch.arange(skv, device=keys.device)[None, :] < lengths[:, None]
-    if not bool((keys == prefix).all()):
-        return None, "mask keeps keys that are not a prefix of the sequence"
     if not bool((lengths > 0).all()):
-        return None, "a sequence with no key to attend (sdpa gives NaN there)"
+        return None, None, "a sequence with no key to attend (sdpa gives NaN there)"
+    prefix = torch.arange(skv, device=keys.device)[None, :] < lengths[:, None]
+    order = None
+    if not bool((keys == prefix).all()):
+        order = torch.argsort((~keys).to(torch.int8), dim=-1, stable=True)  # kept keys first, in their order
     if bool((lengths == skv).all()):
-        return None, ""
-    return lengths.to(torch.int32), ""
+        return None, None, ""
+    return lengths.to(torch.int32), order, ""
 
 
 def plan_sdpa(
@@ -105,21 +110,24 @@ def plan_sdpa(
         return None, f"{hq} query heads over {hkv} key heads without enable_gqa"
     if is_causal and (attn_mask is not None or sq != skv):
         return None, "causal with a mask or fewer queries than keys (sdpa aligns top-left, the kernel bottom-right)"
-    lengths = None
-    if attn_mask is not None:
+    lengths = order = None
+    if attn_mask is not None:  # never with is_causal (refused above): reordering keys is exact here
         if not isinstance(attn_mask, torch.Tensor):
             return None, f"{type(attn_mask).__name__} attention mask"
-        lengths, why = _key_lengths(attn_mask, b, hq, sq, skv)
+        lengths, order, why = _key_lengths(attn_mask, b, hq, sq, skv)
         if why:
             return None, why
     return Plan(causal=bool(is_causal), scale=None if scale is None else float(scale), kv_lengths=lengths,
-                batched=batched), ""
+                batched=batched, key_order=order), ""
 
 
 def run_plan(flash: Callable[..., torch.Tensor], plan: Plan, query, key, value) -> torch.Tensor:
     """The kernel on one call under `plan`, in sdpa's output layout."""
     if not plan.batched:
         query, key, value = query[None], key[None], value[None]
+    if plan.key_order is not None:
+        index = plan.key_order[:, None, :, None].expand(-1, key.shape[1], -1, key.shape[3])
+        key, value = torch.gather(key, 2, index), torch.gather(value, 2, index)
     out = flash(query, key, value, causal=plan.causal, sm_scale=plan.scale, kv_lengths=plan.kv_lengths)
     return out if plan.batched else out[0]
 

@@ -1,7 +1,9 @@
-"""transformers' attention-function hook: `attn_implementation="kernel-hub/flash-attention-tpu:attention_forward"`.
+"""An AttentionInterface function for transformers, registered by hand under a name of your own.
 
-transformers loads the repo through HF kernels' `get_kernel`, registers `attention_forward` in its AttentionInterface
-and gives it the mask FlashAttention-2 gets: None when no token is padding, else the 2-D [batch, keys] padding mask.
+(transformers' hub attention by repo id, `attn_implementation="kernel-hub/flash-attention-tpu"`, loads
+flash_attn_api.py's functions instead; it never reaches a function named after a colon in a flash-named repo.)
+Registered with FlashAttention-2's mask function, it gets None when no token is padding, else the 2-D [batch, keys]
+padding mask.
 This function reads the calling attention module's own attributes and kwargs (`is_causal`, `scaling`,
 `sliding_window`, `softcap`, `s_aux` sinks) and runs this package's `flash_attention` (q/k/v [B, H, S, D], GQA
 without repeating K/V), returning ([B, S, H, D], None) like transformers' own functions.

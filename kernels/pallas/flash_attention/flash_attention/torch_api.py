@@ -9,9 +9,11 @@ jax is never imported, so the torch-cpu build runs where only torch is installed
 function first (torch_bridge.py): through DLPack on CUDA, as the TorchTPU ops
 `kernel_hub_flash_attention_<version, digest>::flash_attention` / `::decode_attention` on TPU tensors (the torch-tpu
 build's entry, torch_tpu_api.py, registers them). Prefill is differentiable on both; the JAX decode is forward
-only, so a decode call that needs gradients runs torch-native. `attention_forward` is transformers' attention-function
-hook (`attn_implementation="kernel-hub/flash-attention-tpu:attention_forward"`, hf_attention.py); `layers` is HF
-kernels' layer module: empty, and it says why (no transformers hub layer name is softmax attention).
+only, so a decode call that needs gradients runs torch-native. `flash_attn_func` / `flash_attn_varlen_func` are
+flash-attn's interface (flash_attn_api.py), what transformers' hub attention loads for
+`attn_implementation="kernel-hub/flash-attention-tpu"`; `attention_forward` is an AttentionInterface function for hand
+registration (hf_attention.py); `layers` is HF kernels' layer module: empty, and it says why (no transformers hub layer
+name is softmax attention).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from . import layers
 from ._vendor.shapes import check_attention
 from ._vendor.torch_dispatch import IMPLEMENTATIONS, ORDER, TorchDispatch
 from ._vendor.torch_tpu_ops import op_namespace, package_digest
+from .flash_attn_api import flash_attn_func, flash_attn_varlen_func
 from .hf_attention import UnsupportedAttentionCall, attention_forward
 from .release import VERSION
 from .torch_cpu import attention_torch
@@ -37,6 +40,8 @@ __all__ = [
     "decode_attention",
     "describe",
     "flash_attention",
+    "flash_attn_func",
+    "flash_attn_varlen_func",
     "implementations_for",
     "last_implementation",
     "layers",

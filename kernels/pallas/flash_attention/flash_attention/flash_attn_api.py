@@ -1,0 +1,155 @@
+"""flash-attn's interface on this kernel, `flash_attn_func` and `flash_attn_varlen_func`: transformers' hub attention.
+
+transformers loads a hub repo named in `attn_implementation="org/repo"` whose name says "flash" as a flash-attn
+package: it reads these two functions (their parameters decide which options it passes), unpads left- or right-padded
+batches into one packed sequence with `cu_seqlens`, and calls the varlen function (the plain one when nothing is
+padding). Both keep flash-attn 2's signatures and meaning and run this package's `flash_attention` (so the build's one
+dispatch runs them: torch-native on CPU, the Pallas kernel through the TorchTPU op on TPU tensors):
+- q [B, Sq, Hq, D], k/v [B, Skv, Hkv, D] (varlen: q [total_q, Hq, D], k/v [total_k, Hkv, D] with cu_seqlens_q/k
+  [batch + 1] int32 offsets), Hq a multiple of Hkv (GQA/MQA without repeating K/V); the output has q's shape.
+- causal masks bottom-right when Sq != Skv (flash-attn >= 2.1); window_size=(left, right), -1 unbounded: key j is seen
+  by query i when i + Skv - Sq - left <= j <= i + Skv - Sq + right; under causal `right` is 0 whatever is passed.
+- softcap: logits -> softcap * tanh(logits / softcap), 0 off; softmax_scale: default 1/sqrt(D).
+- s_aux: attention sinks [Hq] (GPT-OSS; vLLM's flash-attn 3 name, the one transformers 5.25 passes when the function
+  takes it): one extra logit per head in the softmax denominator with no value.
+- A query row with no key to attend comes out 0 (as flash-attn's).
+Refused with `UnsupportedAttentionCall` naming what to change (never computed approximately): dropout_p != 0,
+return_attn_probs=True, alibi_slopes, and a bounded right window without causal that is not 0 (the kernel masks
+keys on the left only).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .hf_attention import UnsupportedAttentionCall
+
+__all__ = ["flash_attn_func", "flash_attn_varlen_func"]
+
+_WHO = "kernel-hub/flash-attention-tpu"
+
+
+def _refuse(function: str, what: str) -> UnsupportedAttentionCall:
+    return UnsupportedAttentionCall(f"{_WHO} {function}: {what}")
+
+
+def mask_options(function: str, *, causal: bool, window_size: tuple[int, int], max_seqlen_q: int,
+                 dropout_p: float, alibi_slopes: Any, return_attn_probs: bool) -> tuple[bool, int | None]:
+    """flash-attn's (causal, window_size) as the kernel's (causal, sliding_window), or the refusal saying why not.
+
+    A right bound of 0 is the causal mask itself; a right bound of at least max_seqlen_q - 1 masks nothing."""
+    if dropout_p:
+        raise _refuse(function, f"dropout_p={dropout_p}: the kernel has no attention dropout; pass 0.0 (model.eval())")
+    if return_attn_probs:
+        raise _refuse(function, "return_attn_probs=True: the kernel never forms the attention matrix; pass False "
+                                "(or use attn_implementation='eager' to read attention weights)")
+    if alibi_slopes is not None:
+        raise _refuse(function, "alibi_slopes: the kernel has no ALiBi bias; pass None")
+    try:
+        left, right = (int(w) for w in window_size)
+    except (TypeError, ValueError):
+        raise _refuse(function, f"window_size={window_size!r}: expected a pair (left, right) of ints, -1 unbounded"
+                      ) from None
+    if not causal and right == 0:
+        causal = True
+    if not causal and 0 < right < max_seqlen_q - 1:
+        raise _refuse(function, f"window_size right={right} without causal: the kernel bounds keys on the left only; "
+                                "pass right=-1 or causal=True")
+    return causal, (None if left < 0 else left + 1)
+
+
+def _sinks(s_aux: torch.Tensor | None, heads: int, function: str) -> torch.Tensor | None:
+    if s_aux is None:
+        return None
+    if tuple(s_aux.shape) != (heads,):
+        raise _refuse(function, f"s_aux of shape {tuple(s_aux.shape)}: expected one sink logit per query head "
+                                f"({heads},)")
+    return s_aux.float()
+
+
+def _soft_cap(softcap: float | None) -> float | None:
+    return float(softcap) if softcap else None
+
+
+def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
+                    softmax_scale: float | None = None, causal: bool = False, window_size: tuple[int, int] = (-1, -1),
+                    softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None, deterministic: bool = False,
+                    return_attn_probs: bool = False, s_aux: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of q [B, Sq, Hq, D] over k/v [B, Skv, Hkv, D] -> [B, Sq, Hq, D] in q's dtype (flash-attn's meaning;
+    `deterministic` is accepted and moot: the forward is deterministic)."""
+    from . import flash_attention
+
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise _refuse("flash_attn_func", f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: expected "
+                                         "[batch, seqlen, heads, head_dim] each")
+    causal, window = mask_options("flash_attn_func", causal=bool(causal), window_size=window_size,
+                                  max_seqlen_q=q.shape[1], dropout_p=dropout_p, alibi_slopes=alibi_slopes,
+                                  return_attn_probs=return_attn_probs)
+    out = flash_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal,
+                          sm_scale=softmax_scale, sliding_window=window, logits_soft_cap=_soft_cap(softcap),
+                          sinks=_sinks(s_aux, q.shape[2], "flash_attn_func"))
+    return out.transpose(1, 2).contiguous()
+
+
+def _lengths(cu_seqlens: torch.Tensor, total: int, name: str) -> torch.Tensor:
+    """Per-sequence lengths from cumulative offsets, checked: int, 1-D, from 0, non-decreasing, within `total`."""
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or cu_seqlens.dtype.is_floating_point:
+        raise _refuse("flash_attn_varlen_func", f"{name} of shape {tuple(cu_seqlens.shape)} and dtype "
+                                                f"{cu_seqlens.dtype}: expected [batch + 1] integer offsets")
+    cu = cu_seqlens.long()
+    lengths = cu[1:] - cu[:-1]
+    if int(cu[0]) != 0 or bool((lengths < 0).any()) or int(cu[-1]) > total:
+        raise _refuse("flash_attn_varlen_func", f"{name}={cu.tolist()}: offsets must start at 0, never decrease "
+                                                f"and end within the {total} packed rows")
+    return lengths
+
+
+def _pad(packed: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, width: int) -> torch.Tensor:
+    """packed [total, H, D] -> [B, H, width, D], sequence b's rows first in its row, zeros after."""
+    pos = torch.arange(width, device=packed.device)
+    valid = pos[None] < lengths[:, None]  # [B, width]
+    index = torch.where(valid, starts[:, None] + pos[None], 0)
+    rows = packed[index.reshape(-1)].reshape(len(lengths), width, *packed.shape[1:])
+    rows = rows.masked_fill(~valid[:, :, None, None], 0)
+    return rows.transpose(1, 2)
+
+
+def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                           cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0,
+                           softmax_scale: float | None = None, causal: bool = False,
+                           window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                           alibi_slopes: torch.Tensor | None = None, deterministic: bool = False,
+                           return_attn_probs: bool = False, s_aux: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention per packed sequence: q [total_q, Hq, D], k/v [total_k, Hkv, D], sequence b's queries at rows
+    cu_seqlens_q[b]:cu_seqlens_q[b+1] and its keys at cu_seqlens_k[b]:cu_seqlens_k[b+1] -> [total_q, Hq, D] in q's
+    dtype (rows past cu_seqlens_q[-1] come out 0). The sequences run as one batch padded to max_seqlen_q/k with their
+    lengths, so no sequence sees another's keys."""
+    from . import flash_attention
+
+    name = "flash_attn_varlen_func"
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        raise _refuse(name, f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: expected packed "
+                            "[total_tokens, heads, head_dim] each")
+    lq, lk = _lengths(cu_seqlens_q, q.shape[0], "cu_seqlens_q"), _lengths(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
+    if lq.shape != lk.shape:
+        raise _refuse(name, f"cu_seqlens_q holds {len(lq)} sequences, cu_seqlens_k {len(lk)}")
+    width_q, width_k = int(max_seqlen_q), int(max_seqlen_k)
+    if int(lq.max()) > width_q or int(lk.max()) > width_k:
+        raise _refuse(name, f"max_seqlen_q={width_q}, max_seqlen_k={width_k} below the longest sequences "
+                            f"({int(lq.max())}, {int(lk.max())})")
+    causal, window = mask_options(name, causal=bool(causal), window_size=window_size, max_seqlen_q=width_q,
+                                  dropout_p=dropout_p, alibi_slopes=alibi_slopes, return_attn_probs=return_attn_probs)
+    starts_q, starts_k = cu_seqlens_q[:-1].long(), cu_seqlens_k[:-1].long()
+    padded = flash_attention(_pad(q, starts_q, lq, width_q), _pad(k, starts_k, lk, width_k),
+                             _pad(v, starts_k, lk, width_k), causal=causal, sm_scale=softmax_scale,
+                             sliding_window=window, logits_soft_cap=_soft_cap(softcap),
+                             sinks=_sinks(s_aux, q.shape[1], name), q_lengths=lq.to(torch.int32),
+                             kv_lengths=lk.to(torch.int32))  # [B, Hq, width_q, D]
+    pos = torch.arange(width_q, device=q.device)
+    valid = (pos[None] < lq[:, None]).reshape(-1)
+    rows = (starts_q[:, None] + pos[None]).reshape(-1)[valid]
+    out = q.new_zeros(q.shape)
+    out[rows] = padded.transpose(1, 2).reshape(-1, *q.shape[1:])[valid]
+    return out
