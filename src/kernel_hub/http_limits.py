@@ -99,8 +99,8 @@ _current = threading.local()  # the deadline of the request this thread is sendi
 
 def _expired(deadline: tuple[float, Bounds, str]) -> HubAnswerError:
     bounds, url = deadline[1], deadline[2]
-    return HubAnswerError(f"Hub answer from {url} took longer than {bounds.seconds:g}s (the whole request; "
-                          f"{bounds.timeout_env} sets it)")
+    return HubAnswerError(f"answer from {url} timed out: over {bounds.seconds:g}s for the whole request "
+                          f"({bounds.timeout_env} sets it)")
 
 
 def _bounded_timeout(timeout: float | None) -> float | None:
@@ -233,5 +233,5 @@ def bounded_transport(**transport_options: Any) -> Any:
 
 
 def _too_large(url: str, what: str, bounds: Bounds) -> HubAnswerError:
-    return HubAnswerError(f"Hub answer from {url} is too large ({what}; the cap is {bounds.max_bytes} bytes, "
+    return HubAnswerError(f"answer from {url} is too large ({what}; the cap is {bounds.max_bytes} bytes, "
                           f"{bounds.size_env} sets it)")

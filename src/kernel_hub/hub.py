@@ -38,7 +38,7 @@ from .errors import (
     VersionSpecError,
 )
 from .http_limits import TIMEOUT_ENV as TIMEOUT_ENV
-from .http_limits import bounded_transport, request_timeout
+from .http_limits import HubAnswerError, bounded_transport, request_timeout
 from .integrity import sha256_bytes, verify_tree
 from .metadata import KernelMetadata
 from .names import (
@@ -265,6 +265,8 @@ class HubSource:
                                     + (f" ({said})" if said else "")) from None
             raise KernelHubError(f"Hub at {self.endpoint}: {what} for {repo_id} failed with HTTP {status}"
                                  + (f": {said}" if said else "")) from None
+        except HubAnswerError as exc:  # over a size cap or past the deadline (http_limits)
+            raise HubAnswerError(f"Hub at {self.endpoint}: {what} for {repo_id} failed: {exc}") from None
         except KernelHubError:
             raise
         except Exception as exc:  # connection refused, timeouts, cut-off downloads: all one line
