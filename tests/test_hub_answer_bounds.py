@@ -208,3 +208,13 @@ def test_a_listing_naming_a_path_twice_is_refused_and_not_cached(small_caps, tmp
         with pytest.raises(IntegrityError, match="twice"):
             source.listing(REPO, COMMIT)
     assert not list((tmp_path / "cache").rglob("listings/*.json"))
+
+
+def test_api_answers_and_file_downloads_get_their_own_bounds() -> None:
+    from kernel_hub.http_limits import is_file_download
+
+    assert not is_file_download("/api/kernels/acme/x/refs")
+    assert not is_file_download("/mirror/api/kernels/acme/x/tree/main/build")
+    assert is_file_download("/kernels/acme/x/resolve/" + COMMIT + "/build/jax-cpu.tar")
+    assert is_file_download("/kernels/acme/x/resolve/main/build/api/jax-cpu.tar")  # a file named like the API
+    assert is_file_download("/repos/ab/cd/0123456789abcdef")  # where the Hub's resolve redirects (its CDN)

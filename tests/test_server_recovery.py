@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -74,8 +75,8 @@ def test_recover_only_while_holding_the_store(tmp_path: Path) -> None:
     # a second process on the same store (the first one still serving) clears nothing of the first one's
     code = ("import sys; from kernel_hub.server.gitstore import GitStore; "
             "print(GitStore(sys.argv[1]).recover() is None)")
-    out = subprocess.run([os.sys.executable, "-c", code, str(store)], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in os.sys.path if p)})
+    out = subprocess.run([sys.executable, "-c", code, str(store)], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
     assert out.stdout.strip() == "True", out.stderr
     assert all(p.exists() for p in planted)
 

@@ -5,8 +5,8 @@ a server that trickles one byte every few seconds must not hold a load for ever.
 bounds each read, so the client installs (hub._install_client_timeout) a transport with:
 
 - a deadline per request, checked at every socket read and write (headers and body alike): API answers
-  KERNEL_HUB_HTTP_TIMEOUT seconds (default 30), file downloads (`/resolve/`) KERNEL_HUB_DOWNLOAD_TIMEOUT (default
-  600), from the request's start to its last byte;
+  KERNEL_HUB_HTTP_TIMEOUT seconds (default 30), file downloads (`/resolve/` and the CDN it redirects to)
+  KERNEL_HUB_DOWNLOAD_TIMEOUT (default 600), from the request's start to its last byte;
 - a size cap: API answers (refs, listings, JSON) KERNEL_HUB_MAX_ANSWER_BYTES (default 16 MiB), file downloads
   KERNEL_HUB_MAX_DOWNLOAD_BYTES (default: a bundle's cap, 512 MiB). An answer whose announced size (Content-Length,
   or the Hub's X-Linked-Size on a HEAD) is over its cap is refused before its body is read; one that announces less
@@ -70,10 +70,16 @@ def request_timeout() -> float:
     return _number(TIMEOUT_ENV, DEFAULT_TIMEOUT)
 
 
+def is_file_download(path: str) -> bool:
+    """A file's bytes (`.../resolve/...`, or where a resolve redirects: a CDN path outside `/api/`), not an API
+    answer (`/api/...`: refs, listings, JSON)."""
+    return "/resolve/" in path or "/api/" not in path
+
+
 def bounds_for(method: str, path: str) -> Bounds:
-    """A file download (`.../resolve/...`) or an API answer: which deadline and cap apply (read from the
-    environment at each request, so a process can tighten them)."""
-    if "/resolve/" in path:
+    """A file download or an API answer (is_file_download): which deadline and cap apply (read from the environment
+    at each request, so a process can tighten them)."""
+    if is_file_download(path):
         return Bounds(_number(DOWNLOAD_TIMEOUT_ENV, DEFAULT_DOWNLOAD_TIMEOUT),
                       int(_number(MAX_DOWNLOAD_ENV, DEFAULT_MAX_DOWNLOAD)), DOWNLOAD_TIMEOUT_ENV, MAX_DOWNLOAD_ENV)
     return Bounds(request_timeout(), int(_number(MAX_ANSWER_ENV, DEFAULT_MAX_ANSWER)), TIMEOUT_ENV, MAX_ANSWER_ENV)
