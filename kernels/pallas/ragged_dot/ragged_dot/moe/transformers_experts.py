@@ -78,6 +78,11 @@ def experts_block(hidden: jax.Array, top_k_index: jax.Array, top_k_weights: jax.
     return jnp.zeros((t, hidden.shape[1]), jnp.float32).at[tok].add(rows).astype(hidden.dtype)
 
 
+#: experts_block compiled once per shapes and layout (every keyword is static).
+_block = jax.jit(experts_block, static_argnames=("is_transposed", "gate_kind", "concatenated", "activation", "alpha",
+                                                 "limit", "implementation", "interpret"))
+
+
 @functools.cache  # one function per option set: the torch bridge caches its backward by it
 def experts_function(bias: bool, implementation: Any, interpret: Any) -> Any:
     """experts_block with the contract's options fixed, annotated the way torch_tpu's jax_op reads a schema off:
@@ -87,7 +92,7 @@ def experts_function(bias: bool, implementation: Any, interpret: Any) -> Any:
                                  gate_up: jax.Array, down: jax.Array, up_bias: jax.Array, down_bias: jax.Array, *,
                                  is_transposed: bool, gate_kind: str, concatenated: bool, activation: str,
                                  alpha: float, limit: float) -> jax.Array:
-            return experts_block(hidden, top_k_index, top_k_weights, gate_up, down, up_bias, down_bias,
+            return _block(hidden, top_k_index, top_k_weights, gate_up, down, up_bias, down_bias,
                                  is_transposed=is_transposed, gate_kind=gate_kind, concatenated=concatenated,
                                  activation=activation, alpha=alpha, limit=limit, implementation=implementation,
                                  interpret=interpret)
@@ -97,7 +102,7 @@ def experts_function(bias: bool, implementation: Any, interpret: Any) -> Any:
     def experts_forward(hidden: jax.Array, top_k_index: jax.Array, top_k_weights: jax.Array, gate_up: jax.Array,
                         down: jax.Array, *, is_transposed: bool, gate_kind: str, concatenated: bool, activation: str,
                         alpha: float, limit: float) -> jax.Array:
-        return experts_block(hidden, top_k_index, top_k_weights, gate_up, down, is_transposed=is_transposed,
+        return _block(hidden, top_k_index, top_k_weights, gate_up, down, is_transposed=is_transposed,
                              gate_kind=gate_kind, concatenated=concatenated, activation=activation, alpha=alpha,
                              limit=limit, implementation=implementation, interpret=interpret)
 
