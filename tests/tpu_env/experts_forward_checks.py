@@ -81,7 +81,7 @@ def block_on_cpu(rd, monkeypatch):
     calls: list[str] = []
     kernels = {}
     for bias, entry in ((False, "experts_forward"), (True, "experts_forward_bias")):
-        forward = block.experts_function(bias, ("cpu",), False)
+        forward = block.experts_function(bias, ("xla",), False)  # XLA's ragged dot: the quickest compile here
         diff = block.DIFFERENTIABLE_BIAS if bias else block.DIFFERENTIABLE
         kernels[entry] = forward
         kernels[f"{entry}_backward"] = torch_jax.vjp_function(forward, diff)
@@ -99,7 +99,7 @@ def block_on_cpu(rd, monkeypatch):
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
-def test_a_model_makes_one_op_call_per_layer_and_its_gradients_flow(rd, block_on_cpu, family):
+def test_a_model_makes_one_op_call_per_layer(rd, block_on_cpu, family):
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
     ALL_EXPERTS_FUNCTIONS.register("kernel_hub_tpu_check", functools.partial(rd.experts_forward, implementation="jax"))
@@ -115,13 +115,16 @@ def test_a_model_makes_one_op_call_per_layer_and_its_gradients_flow(rd, block_on
     assert block_on_cpu == [entry] * layers  # the whole block, one op per layer: no ragged_dot op of its own
     err = ((out - ref).abs().max() / ref.abs().max()).item()
     assert err <= 1e-4, err
+    FACTS["errors"][family] = err
+    if family != "gpt_oss":  # the backward op once, on the form with every differentiable input
+        FACTS["calls"][family] = list(block_on_cpu)
+        return
     model.train()
     model(input_ids=ids).logits.square().mean().backward()
     assert block_on_cpu.count(f"{entry}_backward") == layers
     experts = [m for m in model.modules() if hasattr(m, "has_gate")]
     assert all(m.down_proj.grad is not None and m.down_proj.grad.abs().sum() > 0 for m in experts)
     FACTS["calls"][family] = list(block_on_cpu)
-    FACTS["errors"][family] = err
 
 
 def _callable(op):

@@ -174,11 +174,11 @@ def experts_function_fits(module: Any, site: ExpertsSite) -> str:
     function reads the module's transformers layout attributes and dense weights, nothing kernelize hands it."""
     missing = [a for a in TRANSFORMERS_LAYOUT if not isinstance(getattr(module, a, None), bool)]
     if missing:
-        return ("kept: an experts_forward kernel (transformers' experts-function convention) reads the layout "
+        return ("an experts_forward kernel (transformers' experts-function convention) reads the layout "
                 f"transformers' use_experts_implementation records, and {site.class_name} has no "
                 f"{', '.join(missing)}")
     if site.layout is not None and site.layout.weights != "dense":
-        return (f"kept: an experts_forward kernel gets the block's own weights, and these are {site.layout.weights} "
+        return (f"an experts_forward kernel gets the block's own weights, and these are {site.layout.weights} "
                 "(kernel-hub's moe_experts contract runs those)")
     return ""
 

@@ -1,4 +1,6 @@
-"""Layer kind `moe_experts`: a transformers Mixture-of-Experts expert block, served by the ragged dot.
+"""Layer kind `moe_experts`: a transformers Mixture-of-Experts expert block, served by the ragged dot, or by any kernel
+in transformers' experts-function convention (`experts_forward(self, hidden_states, top_k_index, top_k_weights)`;
+plan.experts_convention says which convention a kernel runs through, and every report row names it).
 
 The declaration, and the kind's flow over the jobs: find.find_experts (blocks and their layouts) -> load (the kernel)
 -> per block validate.validate_layer against the block's own implementation, plan.verdict -> swap: the transformers
