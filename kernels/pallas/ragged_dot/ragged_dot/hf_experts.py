@@ -97,7 +97,8 @@ def _weight(module: Any, name: str) -> torch.Tensor:
 
 
 def _probe(width: int) -> torch.Tensor:
-    """A fixed float32 probe spanning [-10, 10] (past GPT-OSS's clamp at 7), `width` columns."""
+    """A fixed float32 probe spanning [-10, 10] (past GPT-OSS's clamp at 7), `width` columns (the module's own up
+    projection width, so a gate written for its sizes runs on it)."""
     return torch.linspace(-10.0, 10.0, 4 * width, dtype=torch.float32).reshape(4, width)
 
 
@@ -128,11 +129,11 @@ def _form(h: torch.Tensor, kind: str, concatenated: bool, activation: str, alpha
     return (u + 1) * (g * torch.sigmoid(g * alpha))
 
 
-def _recognise_gate(module: Any, concatenated: bool) -> tuple[str, bool, str, float, float]:
+def _recognise_gate(module: Any, concatenated: bool, width: int) -> tuple[str, bool, str, float, float]:
     gate = getattr(module, "_apply_gate", None)
     if not callable(gate):
         raise _refuse(module, "has_gate is set but it has no _apply_gate")
-    probe = _probe(16)
+    probe = _probe(width)
     try:
         with torch.no_grad():
             got = gate(probe)
@@ -146,11 +147,11 @@ def _recognise_gate(module: Any, concatenated: bool) -> tuple[str, bool, str, fl
                           f"{type(getattr(module, 'act_fn', None)).__name__}) matches none of the known forms")
 
 
-def _recognise_activation(module: Any) -> str:
+def _recognise_activation(module: Any, width: int) -> str:
     act = getattr(module, "act_fn", None)
     if not callable(act):
         raise _refuse(module, "it is ungated (has_gate=False) but has no act_fn")
-    probe = _probe(16)
+    probe = _probe(width)
     try:
         with torch.no_grad():
             got = act(probe)
@@ -174,23 +175,26 @@ def _fingerprint(module: Any) -> tuple[Any, ...]:
 _KNOWN: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], BlockLayout]] = weakref.WeakKeyDictionary()
 
 
-def _check_shapes(module: Any, layout: BlockLayout, up: torch.Tensor, down: torch.Tensor) -> None:
+def _check_shapes(module: Any, flags: dict[str, bool], up: torch.Tensor, down: torch.Tensor) -> int:
+    """The up projection's output width, once the weights (and biases) fit one another; NotImplementedError else."""
+    gated, transposed = flags["has_gate"], flags["is_transposed"]
     e = up.shape[0]
-    up_in, up_out = (up.shape[1], up.shape[2]) if layout.is_transposed else (up.shape[2], up.shape[1])
-    down_in, down_out = (down.shape[1], down.shape[2]) if layout.is_transposed else (down.shape[2], down.shape[1])
-    inter = up_out // 2 if layout.has_gate else up_out
-    if down.shape[0] != e or down_out != up_in or down_in != inter or (layout.has_gate and up_out % 2) \
+    up_in, up_out = (up.shape[1], up.shape[2]) if transposed else (up.shape[2], up.shape[1])
+    down_in, down_out = (down.shape[1], down.shape[2]) if transposed else (down.shape[2], down.shape[1])
+    inter = up_out // 2 if gated else up_out
+    if down.shape[0] != e or down_out != up_in or down_in != inter or (gated and up_out % 2) \
             or down.dtype != up.dtype:
-        raise _refuse(module, f"its weights {layout.up} {tuple(up.shape)} and down_proj {tuple(down.shape)} "
-                              f"({up.dtype}, {down.dtype}) do not fit one another with is_transposed="
-                              f"{layout.is_transposed}, has_gate={layout.has_gate}")
-    if layout.has_bias:
-        name = "gate_up_proj_bias" if layout.has_gate else "up_proj_bias"
+        raise _refuse(module, f"its weights {'gate_up_proj' if gated else 'up_proj'} {tuple(up.shape)} and down_proj "
+                              f"{tuple(down.shape)} ({up.dtype}, {down.dtype}) do not fit one another with "
+                              f"is_transposed={transposed}, has_gate={gated}")
+    if flags["has_bias"]:
+        name = "gate_up_proj_bias" if gated else "up_proj_bias"
         ub, db = getattr(module, name, None), getattr(module, "down_proj_bias", None)
         if (not isinstance(ub, torch.Tensor) or tuple(ub.shape) != (e, up_out)
                 or not isinstance(db, torch.Tensor) or tuple(db.shape) != (e, down_out)):
             raise _refuse(module, f"has_bias is set but {name} / down_proj_bias are not [{e}, {up_out}] and "
                                   f"[{e}, {down_out}]")
+    return up_out
 
 
 def read_layout(module: Any) -> BlockLayout:
@@ -201,19 +205,19 @@ def read_layout(module: Any) -> BlockLayout:
         raise _refuse(module, f"it carries no use_experts_implementation layout ({', '.join(missing)} missing)")
     if getattr(module, "has_post_expert_norm", False):
         raise _refuse(module, "has_post_expert_norm=True (a norm after each expert)")
-    fingerprint = _fingerprint(module)
+    up = "gate_up_proj" if flags["has_gate"] else "up_proj"
+    width = _check_shapes(module, flags, _weight(module, up), _weight(module, "down_proj"))  # on every call
+    fingerprint = (*_fingerprint(module), width)
     known = _KNOWN.get(module)
     if known is None or known[0] != fingerprint:
         if flags["has_gate"]:
-            kind, concatenated, activation, alpha, limit = _recognise_gate(module, flags["is_concatenated"])
+            kind, concatenated, activation, alpha, limit = _recognise_gate(module, flags["is_concatenated"], width)
         else:
-            kind, concatenated, activation, alpha, limit = "none", True, _recognise_activation(module), 0.0, 0.0
-        layout = BlockLayout("gate_up_proj" if flags["has_gate"] else "up_proj", flags["is_transposed"],
-                             flags["has_gate"], flags["has_bias"], kind, concatenated, activation, alpha, limit)
-        _KNOWN[module] = (fingerprint, layout)
-    layout = _KNOWN[module][1]
-    _check_shapes(module, layout, _weight(module, layout.up), _weight(module, "down_proj"))
-    return layout
+            kind, concatenated, activation, alpha, limit = "none", True, _recognise_activation(module, width), 0.0, 0.0
+        layout = BlockLayout(up, flags["is_transposed"], flags["has_gate"], flags["has_bias"], kind, concatenated,
+                             activation, alpha, limit)
+        _KNOWN[module] = known = (fingerprint, layout)
+    return known[1]
 
 
 def _biases(module: Any, layout: BlockLayout) -> tuple[torch.Tensor | None, torch.Tensor | None]:
