@@ -152,3 +152,18 @@ def test_a_block_without_transformers_layout_is_kept_by_an_experts_function(tmp_
     report = kh.kernelize(model, mapping={"moe_experts": kernel, "attention": None, "rms_norm": None})
     assert not report.replaced and len(report.kept) == 2
     assert all("has no has_bias" in k.reason and "experts_forward" in k.reason for k in report.kept), report.kept
+
+
+def test_quantize_leaves_an_experts_function_block_unquantized_and_says_why(tmp_path) -> None:
+    """quantize= hands quantized copies to kernel-hub's moe_experts contract; an experts_forward kernel reads the
+    block's own weights, so each row says it was not quantized, and the numbers are the unquantized ones."""
+    kernel = kh.get_local_kernel(experts_kernel(tmp_path), framework="torch", backend="cpu")
+    model = tiny_model("qwen3_moe")
+    before = _logits(model)
+    report = kh.kernelize(model, mapping={"moe_experts": kernel, "attention": None, "rms_norm": None},
+                          quantize="int8")
+    assert len(report.replaced) == 2 and not report.kept
+    for row in report.replaced:
+        assert row.quantized is None and "not quantized: the kernel exports no quantize, moe_experts" in row.why
+    assert ((_logits(model) - before).abs().max() / before.abs().max()).item() <= 1e-4
+    kh.restore(model)
