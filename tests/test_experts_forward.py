@@ -242,3 +242,13 @@ def test_tiny_families_run_our_experts_function_through_kernelize(rd, family) ->
     kh.restore(model)
     with torch.no_grad():
         assert torch.equal(model(input_ids=ids).logits, before)
+
+
+def test_the_torch_build_exports_it_in_transformers_convention_and_kernelize_prefers_our_contract(rd) -> None:
+    from kernel_hub.contract import experts_function_problems
+    from kernel_hub.layers.plan import experts_convention
+
+    assert "experts_forward" in rd.__all__ and experts_function_problems(rd.experts_forward) == []
+    assert experts_convention(rd)[0] == "moe_experts"  # packing and quantized weights need kernel-hub's contract
+    assert experts_function_problems(lambda self, hidden_states: None)[0].startswith(
+        "experts_forward: cannot be called as fn(module, hidden_states, top_k_index, top_k_weights)")
