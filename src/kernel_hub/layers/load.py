@@ -12,7 +12,7 @@ from typing import Any
 
 from .. import api as hub
 from .find import device_type
-from .kinds import KindRun, kind_exports
+from .kinds import KindRun, kind_convention
 from .plan import RepoSpec, not_validated_reason
 
 
@@ -39,9 +39,9 @@ def load_or_reason(spec: Any, kind: str, backend: str) -> tuple[Any, str, str]:
         # a variant trace: its first line, and the line of the build kernelize wanted (torch-<backend>)
         wanted = [ln.strip() for ln in lines[1:] if ln.split()[1:2] == [f"torch-{backend}"]]
         return None, "", f"{spec} did not load: {type(exc).__name__}: {' '.join(lines[:1] + wanted[:1])}"
-    export = kind_exports()[kind]
-    if not hasattr(kernel, export):
-        return None, "", f"{repo_id} does not export {export} for {kind}"
+    convention, why = kind_convention(kind, kernel)
+    if convention is None:
+        return None, "", f"{repo_id} {why} for {kind}"
     return kernel, repo_id, ""
 
 
