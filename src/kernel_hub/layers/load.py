@@ -66,8 +66,15 @@ def kernel_info(kernel: Any, device: Any, default: str) -> dict[str, Any]:
     hub = getattr(kernel, "__kernel_hub__", None)
     return {"version": getattr(hub, "version", None) or getattr(kernel, "__version__", None),
             "commit": getattr(hub, "commit", None) or str(getattr(hub, "path", "") or "") or None,
-            "variant": getattr(hub, "variant", None),
+            "variant": _variant_label(hub),
             "implementation": _describe_impl(kernel, device, default)}
+
+
+def _variant_label(hub: Any) -> str | None:
+    """The variant, marked "(no digest)" for a kernel-builder build checked only against the listing's blob ids."""
+    variant = getattr(hub, "variant", None)
+    verified = str(getattr(hub, "verified", "") or "")
+    return f"{variant} (no digest)" if variant and verified.startswith("no digest") else variant
 
 
 def _describe_impl(kernel: Any, device: Any, default: str) -> str:
