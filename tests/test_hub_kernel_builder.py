@@ -184,6 +184,11 @@ def test_without_a_digest_the_git_blob_ids_check_and_it_says_so(hub, tmp_path: P
     plan, module = _load(hub, tmp_path, "acme/kb-nodigest")
     assert "verify    no digest" in plan.describe()
     assert module.__kernel_hub__.verified.startswith("no digest")
+    from kernel_hub.layers.load import kernel_info  # the kernelize report's row for this kernel says it too
+
+    assert kernel_info(module, "cpu", "torch")["variant"] == "torch-cpu (no digest)"
+    _, signed = _load(hub, tmp_path, "acme/kb-relu")
+    assert kernel_info(signed, "cpu", "torch")["variant"] == signed.__kernel_hub__.variant  # a digest: no mark
     # a corrupted copy in the Hub cache (the build unpacked from it gone): offline, refused naming the file
     shutil.rmtree(tmp_path / "kernels--acme--kb-nodigest" / "kernel-hub" / "builds")
     blob = next(p for p in (tmp_path / "kernels--acme--kb-nodigest" / "snapshots").rglob("_ops.py")).resolve()

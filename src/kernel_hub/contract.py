@@ -237,6 +237,16 @@ class ExpertsKernel(Protocol):
         ...
 
 
+class ExpertsFunctionKernel(Protocol):
+    """Layer kind `moe_experts` in transformers' experts-function convention (what `ALL_EXPERTS_FUNCTIONS.register(name,
+    fn)` takes): `experts_forward(module, hidden_states[T,H], top_k_index[T,K], top_k_weights[T,K]) -> [T,H]`, the
+    experts module first (its weights, layout flags, gate and activation are its attributes). A kernel exporting only
+    this serves the kind too (kernelize calls it positionally, as transformers does; `experts_function_problems`)."""
+
+    def experts_forward(self, module: Any, hidden_states: Any, top_k_index: Any, top_k_weights: Any) -> Any:
+        ...
+
+
 class PackedExpertsKernel(Protocol):
     """Optional beside ExpertsKernel, all three or none: expert weights prepared once for CPU inference (kernelize
     packs a frozen block's weights in place and runs `moe_experts_packed` on them, bit-identical to moe_experts)."""
@@ -343,6 +353,28 @@ def signature_problems(entry: str, fn: Any, declared: Any) -> list[str]:
             continue  # named differently: already said above
         problems.append(f"{entry}: requires parameter {p.name!r}, which the contract never passes")
     return problems
+
+
+def experts_function_problems(fn: Any) -> list[str]:
+    """Where `fn` cannot be called as transformers calls an experts function: four positional arguments (module,
+    hidden_states, top_k_index, top_k_weights), nothing else required (empty: it can)."""
+    import inspect
+
+    if not callable(fn):
+        return ["experts_forward: not callable"]
+    sig = _signature(fn)
+    if sig is None:
+        return ["experts_forward: has no readable signature"]
+    required_kw = [p.name for p in sig.parameters.values()
+                   if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is inspect.Parameter.empty]
+    if required_kw:
+        return [f"experts_forward: requires keyword parameter(s) {', '.join(required_kw)}, which transformers never "
+                "passes"]
+    try:
+        sig.bind(None, None, None, None)
+    except TypeError as exc:
+        return [f"experts_forward: cannot be called as fn(module, hidden_states, top_k_index, top_k_weights): {exc}"]
+    return []
 
 
 def layer_class_problems(name: str, cls: Any) -> list[str]:

@@ -117,7 +117,7 @@ SCHEMAS = {
 
 def test_every_entry_is_registered_with_its_schema(rd, fa):
     assert rd.__kernel_hub__.variant == fa.__kernel_hub__.variant == "torch-tpu"
-    assert set(rd.tpu_ops()) == {"ragged_dot", "ragged_dot_quantized"}
+    assert set(rd.tpu_ops()) == {"ragged_dot", "ragged_dot_quantized", "experts_forward", "experts_forward_bias"}
     assert set(fa.tpu_ops()) == {"flash_attention", "decode_attention"}
     custom_ops = importlib.import_module("torch._library.custom_ops")
     for (kernel, entry), args in SCHEMAS.items():

@@ -164,10 +164,43 @@ def _generic_moe(ragged_dot: Callable[..., torch.Tensor]) -> Callable[..., torch
     return moe_experts
 
 
-def make_call(kernel: Any, layout: ExpertsLayout) -> ExpertsCall:
+#: The layout attributes transformers' use_experts_implementation puts on an experts module: what a function in
+#: transformers' experts-function convention reads.
+TRANSFORMERS_LAYOUT = ("has_gate", "is_concatenated", "is_transposed", "has_bias")
+
+
+def experts_function_fits(module: Any, site: ExpertsSite) -> str:
+    """Why a kernel in transformers' experts-function convention cannot serve this block ("" if it can): such a
+    function reads the module's transformers layout attributes and dense weights, nothing kernelize hands it."""
+    missing = [a for a in TRANSFORMERS_LAYOUT if not isinstance(getattr(module, a, None), bool)]
+    if missing:
+        return ("an experts_forward kernel (transformers' experts-function convention) reads the layout "
+                f"transformers' use_experts_implementation records, and {site.class_name} has no "
+                f"{', '.join(missing)}")
+    if site.layout is not None and site.layout.weights != "dense":
+        return (f"an experts_forward kernel gets the block's own weights, and these are {site.layout.weights} "
+                "(kernel-hub's moe_experts contract runs those)")
+    return ""
+
+
+def experts_function_call(kernel: Any) -> ExpertsCall:
+    """The kernel path for a kernel in transformers' experts-function convention: its experts_forward on the block
+    itself, as transformers would call it."""
+    fn = kernel.experts_forward
+
+    def call(module: Any, hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        return fn(module, hidden, index, weights)
+
+    return call
+
+
+def make_call(kernel: Any, layout: ExpertsLayout, convention: str = "moe_experts") -> ExpertsCall:
     """The kernel path for one expert block: reads the block's weights at call time (so .to(), loading
     new weights and training updates are all seen) and its own gate / activation / post-norm. A block
-    whose weights kernelize packed (packing.py) runs the kernel's packed-weights entry instead."""
+    whose weights kernelize packed (packing.py) runs the kernel's packed-weights entry instead. convention:
+    plan.experts_convention's answer ("experts_forward": the kernel's transformers experts function)."""
+    if convention == "experts_forward":
+        return experts_function_call(kernel)
     moe = getattr(kernel, "moe_experts", None)
     if moe is None:
         moe = _generic_moe(kernel.ragged_dot)

@@ -12,7 +12,7 @@ from typing import Any
 
 from .. import api as hub
 from .find import device_type
-from .kinds import KindRun, kind_exports
+from .kinds import KindRun, kind_convention
 from .plan import RepoSpec, not_validated_reason
 
 
@@ -39,9 +39,9 @@ def load_or_reason(spec: Any, kind: str, backend: str) -> tuple[Any, str, str]:
         # a variant trace: its first line, and the line of the build kernelize wanted (torch-<backend>)
         wanted = [ln.strip() for ln in lines[1:] if ln.split()[1:2] == [f"torch-{backend}"]]
         return None, "", f"{spec} did not load: {type(exc).__name__}: {' '.join(lines[:1] + wanted[:1])}"
-    export = kind_exports()[kind]
-    if not hasattr(kernel, export):
-        return None, "", f"{repo_id} does not export {export} for {kind}"
+    convention, why = kind_convention(kind, kernel)
+    if convention is None:
+        return None, "", f"{repo_id} {why} for {kind}"
     return kernel, repo_id, ""
 
 
@@ -66,8 +66,15 @@ def kernel_info(kernel: Any, device: Any, default: str) -> dict[str, Any]:
     hub = getattr(kernel, "__kernel_hub__", None)
     return {"version": getattr(hub, "version", None) or getattr(kernel, "__version__", None),
             "commit": getattr(hub, "commit", None) or str(getattr(hub, "path", "") or "") or None,
-            "variant": getattr(hub, "variant", None),
+            "variant": _variant_label(hub),
             "implementation": _describe_impl(kernel, device, default)}
+
+
+def _variant_label(hub: Any) -> str | None:
+    """The variant, marked "(no digest)" for a kernel-builder build checked only against the listing's blob ids."""
+    variant = getattr(hub, "variant", None)
+    verified = str(getattr(hub, "verified", "") or "")
+    return f"{variant} (no digest)" if variant and verified.startswith("no digest") else variant
 
 
 def _describe_impl(kernel: Any, device: Any, default: str) -> str:

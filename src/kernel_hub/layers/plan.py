@@ -14,12 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..contract import PACKED_EXPERTS_ENTRIES
+from ..contract import PACKED_EXPERTS_ENTRIES, experts_function_problems
 from ..errors import KernelHubError
 from ..names import check_repo_id
 from ..numerics import relative_error
 from ..registry import load_registry
-from .kinds import kind_exports, kind_names
+from .kinds import kind_convention, kind_names
 from .swap import packed_placeholders
 
 MODES = ("inference", "training")
@@ -99,7 +99,7 @@ def repo_spec(value: str | dict[str, Any], kind: str, trust_remote_code: Any = F
 def kernel_specs(mapping: dict[str, Any] | None, backend: str, trust_remote_code: Any = False) -> dict[str, Any]:
     """kind -> repo id / RepoSpec / loaded kernel module / None, from the registry overridden by `mapping`; raises
     on a bad mapping (before kernelize changes anything)."""
-    kinds, exports = kind_names(), kind_exports()
+    kinds = kind_names()
     registry = load_registry()
     specs: dict[str, Any] = {k: registry.repo_for_layer(k, backend) for k in kinds}
     for kind, value in (mapping or {}).items():
@@ -109,13 +109,37 @@ def kernel_specs(mapping: dict[str, Any] | None, backend: str, trust_remote_code
             value = value.get(backend)  # {backend: repo id}
         if isinstance(value, str | dict):
             value = repo_spec(value, kind, trust_remote_code)
-        elif value is not None and not hasattr(value, exports[kind]):
+        elif value is not None and kind_convention(kind, value)[0] is None:
             raise KernelHubError(
                 f"mapping[{kind!r}] must be a repo id, {{'repo_id', 'version', 'revision'}}, a {{backend: repo id}} "
-                f"dict, a loaded kernel or None; got {type(value).__name__}"
+                f"dict, a loaded kernel or None; got {type(value).__name__} "
+                f"({kind_convention(kind, value)[1]})"
             )
         specs[kind] = value
     return specs
+
+
+# --- moe_experts: which convention a kernel serves it through -------------------------------------------------------
+
+#: The conventions a moe_experts kernel may keep, in the order kernelize prefers them: ours (contract.py ExpertsKernel:
+#: `moe_experts`, or a bare `ragged_dot` kernelize builds the block on), then transformers' experts functions.
+EXPERTS_CONVENTIONS = ("moe_experts", "ragged_dot", "experts_forward")
+
+
+def experts_convention(kernel: Any) -> tuple[str | None, str]:
+    """(the convention kernelize runs `kernel` through for moe_experts, why), or (None, why none): ours where the
+    kernel keeps it (it also carries packing and quantized weights), else transformers' `experts_forward(self,
+    hidden_states, top_k_index, top_k_weights)` when it can be called that way."""
+    for name in EXPERTS_CONVENTIONS[:2]:
+        if callable(getattr(kernel, name, None)):
+            return name, f"exports {name} (kernel-hub's moe_experts contract)"
+    fn = getattr(kernel, "experts_forward", None)
+    if fn is None:
+        return None, f"exports none of {', '.join(EXPERTS_CONVENTIONS)}"
+    problems = experts_function_problems(fn)
+    if problems:
+        return None, f"its experts_forward is not transformers' experts function: {'; '.join(problems)}"
+    return "experts_forward", "exports experts_forward (transformers' experts-function convention)"
 
 
 # --- whether a layer's numbers can be checked, and whether they pass ------------------------------------------------

@@ -27,6 +27,9 @@ class Replaced:
     quantized: str | None = None  # kernelize(quantize=): the weight format the block reads (layers/quantize.py)
     bytes_before: int | None = None  # its expert weights' bytes before quantizing (bfloat16 for an FP8 model)
     bytes_after: int | None = None  # and the bytes it reads now (quantized weights + scales)
+    # The convention the kernel ran through: "moe_experts" / "ragged_dot" (kernel-hub's contract) or
+    # "experts_forward" (transformers' experts functions); None for kinds with one convention.
+    convention: str | None = None
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,8 @@ class KernelizeReport:
                     err = f"not validated: {_short([r])}"
                 if r.max_error is not None and r.tolerance is not None:
                     err += f" (tol {r.tolerance:.0e})"
-                rows.append((r.layer, f"{r.repo_id}@{r.version or (r.commit or '?')[:12]}",
+                via = f" via {r.convention}" if r.convention else ""
+                rows.append((r.layer, f"{r.repo_id}@{r.version or (r.commit or '?')[:12]}{via}",
                              r.variant or "-", r.implementation, r.route, err))
             lines += _table(rows)
             whys = [(r.layer, r.why) for r in self.replaced if r.why]

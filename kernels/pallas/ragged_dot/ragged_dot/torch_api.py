@@ -3,8 +3,9 @@
 `ragged_dot(lhs, rhs, group_sizes)` has jax.lax.ragged_dot's contract on torch tensors: lhs[M,K]
 rows grouped contiguously by group, rhs[G,K,N], group_sizes[G] integer; out[M,N], rows past
 sum(group_sizes) zero. `moe_experts(...)` is a whole Mixture-of-Experts expert block (route, two
-grouped matmuls, gate, combine) with the weight layouts transformers uses. `layers` holds HF kernels' layer
-classes (`MegaBlocksMoeMLP`) built on it.
+grouped matmuls, gate, combine) with the weight layouts transformers uses; `experts_forward(self,
+hidden_states, top_k_index, top_k_weights)` is the same block in transformers' experts-function convention
+(hf_experts.py). `layers` holds HF kernels' layer classes (`MegaBlocksMoeMLP`) built on it.
 
 Where it runs (the kernel contract's `implementation=`, docs/kernel-contract.md): tensors on CPU take
 the torch-native path first (torch_cpu/; jax is never imported, so the torch-cpu build runs where
@@ -29,6 +30,8 @@ from ._vendor.group_sizes import check_group_sizes
 from ._vendor.shapes import check_ragged_dot_shapes
 from ._vendor.torch_dispatch import IMPLEMENTATIONS, ORDER, TorchDispatch
 from ._vendor.torch_tpu_ops import op_namespace, package_digest
+from .hf_experts import DISPATCH as _EXPERTS_DISPATCH
+from .hf_experts import experts_forward
 from .release import VERSION
 from .torch_cpu.grouped import activate, combine_experts, num_workers, ragged_dot_torch, route
 from .torch_cpu.huge_pages import advise_huge_pages
@@ -53,6 +56,7 @@ __all__ = [
     "advise_huge_pages",
     "dequantize",
     "describe",
+    "experts_forward",
     "implementations_for",
     "last_implementation",
     "layers",
@@ -77,7 +81,7 @@ _NAMESPACE = op_namespace("ragged_dot", VERSION, package_digest(Path(__file__).p
 _DISPATCH = TorchDispatch("ragged_dot", native=lambda: f"torch-native grouped loop ({num_workers()} workers)",
                           tpu_op=f"{_NAMESPACE}::ragged_dot")
 #: Every dispatch of this entry (the torch-tpu build's entry hooks its device notice into each).
-DISPATCHES = (_DISPATCH,)
+DISPATCHES = (_DISPATCH, _EXPERTS_DISPATCH)
 implementations_for, resolve_implementation, last_implementation, describe = _DISPATCH.exports()
 
 

@@ -71,7 +71,18 @@ def tpu_specs() -> list[OpSpec]:
     """What the torch-tpu build registers: each entry with the JAX package's TPU order, compiled by Mosaic."""
     order = jax_entry(__package__, "implementations_for")("tpu")
     return [OpSpec("ragged_dot", ragged_dot_function(order, False), DIFFERENTIABLE),
-            OpSpec("ragged_dot_quantized", ragged_dot_quantized_function(order, False), QUANTIZED_DIFFERENTIABLE)]
+            OpSpec("ragged_dot_quantized", ragged_dot_quantized_function(order, False), QUANTIZED_DIFFERENTIABLE),
+            *experts_forward_specs(order)]
+
+
+def experts_forward_specs(order: Any) -> list[OpSpec]:
+    """transformers' whole expert block (hf_experts.py experts_forward) as one op per call, with and without
+    biases: moe/transformers_experts.py on the TPU order, compiled by Mosaic."""
+    from .moe.transformers_experts import DIFFERENTIABLE as BLOCK
+    from .moe.transformers_experts import DIFFERENTIABLE_BIAS, experts_function
+
+    return [OpSpec("experts_forward", experts_function(False, order, False), BLOCK),
+            OpSpec("experts_forward_bias", experts_function(True, order, False), DIFFERENTIABLE_BIAS)]
 
 
 TPU_OPS = TpuOps("ragged_dot", VERSION, package_digest(Path(__file__).parent), tpu_specs)

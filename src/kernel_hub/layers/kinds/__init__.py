@@ -50,6 +50,9 @@ class LayerKind:
     #: On a Diffusers denoiser (layers/diffusers.py): None runs `apply` / `restore` as on any model (the kind finds its
     #: layers by structure); an (apply, restore) pair runs those instead; a string leaves the kind out, saying why.
     diffusers: tuple[Callable[[KindRun], None], Callable[[Any, Any], None]] | str | None = None
+    #: Which convention a loaded kernel serves the kind through: kernel -> (convention or None, why). None: the kind
+    #: has one, its `export`.
+    accepts: Callable[[Any], tuple[str | None, str]] | None = None
 
 
 @functools.cache
@@ -75,3 +78,13 @@ def kind_names() -> tuple[str, ...]:
 def kind_exports() -> dict[str, str]:
     """kind -> the function a kernel must export to serve it."""
     return {k.name: k.export for k in all_kinds()}
+
+
+def kind_convention(name: str, kernel: Any) -> tuple[str | None, str]:
+    """(the convention `kernel` serves kind `name` through, why), or (None, why it cannot serve it)."""
+    kind = next(k for k in all_kinds() if k.name == name)
+    if kind.accepts is not None:
+        return kind.accepts(kernel)
+    if hasattr(kernel, kind.export):
+        return kind.export, f"exports {kind.export}"
+    return None, f"does not export {kind.export}"

@@ -1,4 +1,6 @@
-"""Layer kind `moe_experts`: a transformers Mixture-of-Experts expert block, served by the ragged dot.
+"""Layer kind `moe_experts`: a transformers Mixture-of-Experts expert block, served by the ragged dot, or by any kernel
+in transformers' experts-function convention (`experts_forward(self, hidden_states, top_k_index, top_k_weights)`;
+plan.experts_convention says which convention a kernel runs through, and every report row names it).
 
 The declaration, and the kind's flow over the jobs: find.find_experts (blocks and their layouts) -> load (the kernel)
 -> per block validate.validate_layer against the block's own implementation, plan.verdict -> swap: the transformers
@@ -19,7 +21,7 @@ from .. import packing
 from .. import quantize as qz
 from ..find import ExpertsSite, device_type, find_experts, routes_through_interface, top_k_of
 from ..load import kernel_info, load_or_reason
-from ..plan import decide_packing, not_validated_reason, verdict
+from ..plan import decide_packing, experts_convention, not_validated_reason, verdict
 from ..report import Kept, KernelizeReport, Replaced
 from ..swap import KernelizeState, put_back_names
 from ..validate import experts_batch, tolerance_for, validate_layer
@@ -57,7 +59,9 @@ def _check(run: KindRun, i: int, module: Any, site: ExpertsSite, call: ex.Expert
 
 def _swap(run: KindRun, sites: list[ExpertsSite], kernel: Any, repo_id: str) -> None:
     model, state, report = run.model, run.state, run.report
-    info = kernel_info(kernel, run.device, "ragged_dot")
+    convention, _ = experts_convention(kernel)  # load_or_reason has checked there is one
+    assert convention is not None
+    info = kernel_info(kernel, run.device, "ragged_dot" if convention != "experts_forward" else convention)
     config = getattr(model, "config", None)
     hooks: list[tuple[Any, ExpertsSite, ex.ExpertsHook]] = []
     accepted: list[tuple[int, Any, ExpertsSite, ex.ExpertsCall, float | None, float, str | None]] = []
@@ -66,10 +70,11 @@ def _swap(run: KindRun, sites: list[ExpertsSite], kernel: Any, repo_id: str) -> 
         interface = site.route == "interface" or routes_through_interface(module)
         previous = module.config._experts_implementation if interface else None
         call = None
-        if not site.supported:
-            report.kept.append(Kept(site.path, NAME, site.reason))
+        unfit = ex.experts_function_fits(module, site) if convention == "experts_forward" else ""
+        if not site.supported or unfit:
+            report.kept.append(Kept(site.path, NAME, site.reason if not site.supported else unfit))
         else:
-            call = ex.make_call(kernel, site.layout)
+            call = ex.make_call(kernel, site.layout, convention)
             fp8_model = site.layout.weights == "fp8-model"  # the block's own float8 weights (quantize.py)
             if fp8_model:
                 qz.install(module, qz.fp8_model_record(module, site.layout))
@@ -100,7 +105,7 @@ def _swap(run: KindRun, sites: list[ExpertsSite], kernel: Any, repo_id: str) -> 
             if outcome.max_error is not None:
                 err, tol = outcome.max_error, outcome.bound
         else:
-            packed, why = _pack(run, module, site, call, kernel, top_k, seed=i)
+            packed, why = _pack(run, module, site, call, kernel, top_k, seed=i, convention=convention)
             why = why if outcome is None else f"{outcome.why}; {why}"
         implementation = info["implementation"]
         report.replaced.append(Replaced(
@@ -111,7 +116,7 @@ def _swap(run: KindRun, sites: list[ExpertsSite], kernel: Any, repo_id: str) -> 
             tolerance=tol if run.validate and unchecked is None else None, not_validated=unchecked, why=why,
             quantized=None if outcome is None else outcome.quantized,
             bytes_before=None if outcome is None else outcome.bytes_before,
-            bytes_after=None if outcome is None else outcome.bytes_after))
+            bytes_after=None if outcome is None else outcome.bytes_after, convention=convention))
 
 
 def _install(model: Any, hooks: list[tuple[Any, ExpertsSite, ex.ExpertsHook]], state: KernelizeState,
@@ -147,11 +152,12 @@ def _install(model: Any, hooks: list[tuple[Any, ExpertsSite, ex.ExpertsHook]], s
 
 
 def _pack(run: KindRun, module: Any, site: ExpertsSite, call: ex.ExpertsCall, kernel: Any, top_k: int,
-          seed: int) -> tuple[bool, str]:
+          seed: int, convention: str) -> tuple[bool, str]:
     """Pack one replaced block's expert weights where plan.decide_packing allows; with validation on, the packed
-    path must equal the unpacked one bit for bit on the validation batch, or the block is unpacked again."""
+    path must equal the unpacked one bit for bit on the validation batch, or the block is unpacked again. A kernel
+    run through transformers' experts functions reads the block's dense weights: never packed."""
     layout, dev = site.layout, run.device
-    exports = all(hasattr(kernel, name) for name in PACKED_EXPERTS_ENTRIES)
+    exports = convention != "experts_forward" and all(hasattr(kernel, name) for name in PACKED_EXPERTS_ENTRIES)
     dtype = getattr(torch, layout.dtype)
     ok, why = decide_packing(
         mode=run.mode, device_type=getattr(dev, "type", str(dev)), dtype=layout.dtype,
@@ -196,7 +202,7 @@ def _restore(model: Any, state: KernelizeState) -> None:
 
 KIND = LayerKind(
     name=NAME,
-    export="ragged_dot",
+    export="ragged_dot",  # or moe_experts, or transformers' experts_forward: plan.experts_convention (`accepts`)
     finds="expert blocks find.find_experts recognises (transformers' ExpertsInterface blocks and known layouts)",
     contract="(hidden[T,H], top_k_index[T,K], top_k_weights[T,K]) -> [T,H], the block's own weights and activation",
     validated_on="16 random tokens routed to random experts, in the block's dtype (training: and the gradients)",
@@ -204,4 +210,5 @@ KIND = LayerKind(
     restore=_restore,
     order=0,
     diffusers="Diffusers denoisers have no transformers expert blocks (ExpertsInterface) to find",
+    accepts=experts_convention,
 )
