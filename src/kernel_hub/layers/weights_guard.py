@@ -44,10 +44,10 @@ class WeightsModified(KernelRefused):
 
 def _named_tensors(module: Any, recurse: bool) -> Iterator[tuple[str, Any, str, str, torch.Tensor]]:
     """(qualified name, owning module, "_parameters" or "_buffers", local name, tensor) of every set entry."""
-    owners = module.named_modules() if recurse else [("", module)]
+    owners = module.named_modules() if recurse else (("", module),)
     for prefix, owner in owners:
         for store in ("_parameters", "_buffers"):
-            for name, t in getattr(owner, store, {}).items():
+            for name, t in owner.__dict__.get(store, {}).items():
                 if t is not None:
                     yield (f"{prefix}.{name}" if prefix else name), owner, store, name, t
 
@@ -56,9 +56,14 @@ def _has_bits(t: torch.Tensor) -> bool:
     return t.device.type != "meta" and t.layout == torch.strided and not t.is_quantized
 
 
+#: Integer dtypes by element size: bits compared as integers of the element's width (twice as fast as bytes).
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
 def _bits(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes as one uint8 row (NaN == NaN here, and -0.0 != 0.0: bit-identical means identical)."""
-    return t.detach().reshape(-1).view(torch.uint8)
+    """The tensor's bits as one integer row (NaN == NaN here, and -0.0 != 0.0: bit-identical means identical)."""
+    flat = t.detach().reshape(-1)
+    return flat.view(_INT_OF_SIZE.get(flat.element_size(), torch.uint8))
 
 
 @dataclass
@@ -146,9 +151,9 @@ def held_weights(module: Any, *, recurse: bool = True) -> Iterator[Snapshot]:
 
 
 def versions(module: Any, *, recurse: bool = False) -> tuple[tuple[Any, ...], ...]:
-    """(name, object id, version counter, shape, dtype, device, data pointer) of each parameter and buffer: what an
-    in-place op or a `.data =` changes, read without touching the data."""
-    return tuple((qual, id(t), -1 if t.is_inference() else t._version, *_meta(t))
+    """(name, object id, version counter, data pointer) of each parameter and buffer: what an in-place op or a
+    `.data =` changes, read without touching the data (well under a microsecond a tensor)."""
+    return tuple((qual, id(t), -1 if t.is_inference() else t._version, t.data_ptr())
                  for qual, _, _, _, t in _named_tensors(module, recurse))
 
 
