@@ -157,20 +157,32 @@ def versions(module: Any, *, recurse: bool = False) -> tuple[tuple[Any, ...], ..
                  for qual, _, _, _, t in _named_tensors(module, recurse))
 
 
-@contextlib.contextmanager
-def watched(module: Any, *, recurse: bool = False) -> Iterator[None]:
-    """Raise WeightsModified if the body changed `module`'s weights in place (version counters; run-time guard).
-    Outside torch.compile only: a traced graph does not see version counters (and the eager call was checked)."""
+class _Watch:
+    """The run-time guard's context: versions before, compared after (an exception in the body passes through)."""
+
+    __slots__ = ("before", "module", "recurse")
+
+    def __init__(self, module: Any, recurse: bool) -> None:
+        self.module, self.recurse = module, recurse
+
+    def __enter__(self) -> None:
+        self.before = versions(self.module, recurse=self.recurse)
+
+    def __exit__(self, *exc: Any) -> None:
+        after = versions(self.module, recurse=self.recurse)
+        if after != self.before:
+            old = {v[0]: v for v in self.before}
+            names = sorted({v[0] for v in after if old.get(v[0]) != v} | (set(old) - {v[0] for v in after}))
+            raise WeightsModified(modified_reason(names, " at run time (restore() cannot undo that: reload the "
+                                                         "weights)"))
+
+
+def watched(module: Any, *, recurse: bool = False) -> Any:
+    """A context that raises WeightsModified if its body changed `module`'s weights in place (version counters; the
+    run-time guard). Outside torch.compile only: a traced graph has no version counters to read (a no-op there)."""
     if torch.compiler.is_compiling():
-        yield
-        return
-    before = versions(module, recurse=recurse)
-    yield
-    after = versions(module, recurse=recurse)
-    if after != before:
-        old = {v[0]: v for v in before}
-        names = sorted({v[0] for v in after if old.get(v[0]) != v} | (set(old) - {v[0] for v in after}))
-        raise WeightsModified(modified_reason(names, " at run time (restore() cannot undo that: reload the weights)"))
+        return contextlib.nullcontext()
+    return _Watch(module, recurse)
 
 
 def guarded_call(call: Any) -> Any:
