@@ -338,8 +338,9 @@ def _reset_peak():
 
 
 def test_kernelize_peak_memory_grows_by_at_most_one_expert(kernel):
-    """Packing in place: kernelize's peak resident memory grows by less than one expert (out of place it would grow
-    by the whole layer, 8 experts here)."""
+    """Packing in place: kernelize's peak resident memory grows by less than one layer and one expert: the layer is
+    the copy validation holds its weights in while the kernel runs (weights_guard.py), freed before packing; packing
+    out of place would add a second whole layer (8 experts here) on top."""
     try:
         _reset_peak()
     except OSError:
@@ -368,7 +369,9 @@ def test_kernelize_peak_memory_grows_by_at_most_one_expert(kernel):
     report = kh.kernelize(block)
     peak = _status_kib("VmHWM")
     assert report.replaced[0].why.startswith("packed in place")
-    assert peak - before < expert_kib, f"peak grew {(peak - before) / 1024:.1f} MiB, one expert {expert_kib / 1024} MiB"
+    layer_kib = 8 * expert_kib  # validation's copy of the block (layers/weights_guard.py)
+    assert peak - before < layer_kib + expert_kib, (f"peak grew {(peak - before) / 1024:.1f} MiB, one layer and one "
+                                                    f"expert {(layer_kib + expert_kib) / 1024} MiB")
     _reset_peak()
     before = _status_kib("VmRSS")
     kh.restore(block)

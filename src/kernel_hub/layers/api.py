@@ -21,6 +21,7 @@ from .quantize import check_quantize
 from .report import KernelizeReport
 from .swap import STATE_ATTR, KernelizeState, give_back_configs, is_kernelized, take_own_configs
 from .validate import validate_layer
+from .weights_guard import check_loaded
 
 __all__ = ["KIND_EXPORTS", "SUPPORTED_KINDS", "is_kernelized", "kernelize", "restore", "validate_layer"]
 
@@ -63,6 +64,7 @@ def kernelize(
                                    trust_remote_code=trust_remote_code)
     if not hasattr(model, "named_modules"):
         raise KernelHubError(f"kernelize wants a torch.nn.Module, got {type(model).__name__}")
+    check_loaded(model)  # weights still on the meta device: one clear error before anything changes
     backend, dev = backend_of(model, device)
     specs = kernel_specs(mapping, backend, trust_remote_code)  # raises on bad mapping before anything changes
     if is_kernelized(model):

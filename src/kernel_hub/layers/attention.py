@@ -40,6 +40,7 @@ from ..errors import KernelHubError
 from ..numerics import relative_error
 from .swap import ATTENTION_HOOK_ATTR as HOOK_ATTR
 from .swap import IMPLEMENTATION_NAME, CallCounts
+from .weights_guard import KernelRefused, check_output, held_weights
 
 LAYER_KIND = "attention"
 #: kwargs the kernel cannot honour: a call carrying any of them (not None) runs the previous implementation.
@@ -563,7 +564,13 @@ def kernel_hub_attention(module: Any, query: torch.Tensor, key: torch.Tensor, va
         if sparse:
             probe.sparse.setdefault(key_id, sparse)
         try:
-            out, plan, why = _kernel_call(module, probe.flash, query, key, value, attention_mask, kwargs)
+            with held_weights(module):  # a kernel that wrote to the layer's weights is undone and refused
+                out, plan, why = _kernel_call(module, probe.flash, query, key, value, attention_mask, kwargs)
+            if out is not None:
+                check_output(out, ref[0], "the layer's attention")
+        except KernelRefused as exc:  # recorded; kernelize keeps the layer with this reason
+            probe.failures[key_id] = str(exc)
+            return ref
         except Exception as exc:  # recorded; kernelize keeps the layer with this reason
             probe.failures[key_id] = f"kernel raised in validation: {type(exc).__name__}: {exc}"
             return ref

@@ -36,6 +36,7 @@ from .plan import backend_of, kernel_specs, verdict
 from .report import Kept, KernelizeReport, Replaced
 from .swap import STATE_ATTR
 from .validate import TOLERANCE, diffusers_attention_call, dtype_device
+from .weights_guard import check_loaded
 
 __all__ = ["DiffusersState", "fallbacks", "is_denoiser", "is_diffusers_object", "is_pipeline", "kernelize_diffusers",
            "restore_diffusers"]
@@ -203,6 +204,8 @@ def kernelize_diffusers(obj: Any, *, mode: str, device: Any, mapping: dict[str, 
         raise KernelHubError(f"kernelize wants a Diffusers model or pipeline, got {type(obj).__name__}")
     report = KernelizeReport(model=type(obj).__name__, mode=mode, backend="cpu")
     models = _components(obj, report) if pipeline else [("", obj)]
+    for _, model in models:
+        check_loaded(model)  # weights still on the meta device: one clear error before anything changes
     dev = device
     if models:
         report.backend, dev = backend_of(models[0][1], device)

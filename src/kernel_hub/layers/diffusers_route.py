@@ -14,6 +14,7 @@ own with the same arguments. No Diffusers class is edited; restore puts the orig
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..numerics import relative_error
 from .swap import CallCounts
+from .weights_guard import KernelRefused, check_output, held_weights
 
 SDPA = torch.nn.functional.scaled_dot_product_attention
 _SDPA_SIGNATURE = inspect.Signature([
@@ -192,10 +194,10 @@ class AttentionRoute(CallCounts):
         return self._run(attn, args, kwargs)
 
     def _run(self, attn: Any, args: tuple, kwargs: dict) -> Any:
-        with _SdpaMode(self._sdpa):
+        with _SdpaMode(lambda a, k: self._sdpa(a, k, attn)):
             return self.original(attn, *args, **kwargs)
 
-    def _sdpa(self, args: tuple, kwargs: dict) -> torch.Tensor:
+    def _sdpa(self, args: tuple, kwargs: dict, attn: Any = None) -> torch.Tensor:
         try:
             bound = _SDPA_SIGNATURE.bind(*args, **kwargs)
         except TypeError as exc:  # an sdpa argument this decision does not know
@@ -212,7 +214,13 @@ class AttentionRoute(CallCounts):
             q, k = bound.arguments["query"], bound.arguments["key"]
             probe.shapes.append((tuple(q.shape), tuple(k.shape)))
             try:
-                out = run_plan(self.flash, plan, q, k, bound.arguments["value"])
+                # a kernel that wrote to the attention module's weights is undone and refused
+                with held_weights(attn) if attn is not None else contextlib.nullcontext():
+                    out = run_plan(self.flash, plan, q, k, bound.arguments["value"])
+                check_output(out, ref, "the layer's attention")
+            except KernelRefused as exc:
+                probe.failure = probe.failure or str(exc)
+                return ref
             except Exception as exc:  # kernelize keeps the layer with this reason
                 probe.failure = probe.failure or f"kernel raised in validation: {type(exc).__name__}: {exc}"
                 return ref

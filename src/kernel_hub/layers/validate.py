@@ -15,6 +15,7 @@ plan.verdict's. The inputs each kind is checked on:
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -25,6 +26,7 @@ from ..numerics import relative_error
 from .find import ExpertsLayout
 from .plan import FORMS
 from .sharded import local_parameters
+from .weights_guard import check_output, held_weights
 
 #: Relative error (numerics.relative_error of kernel vs default) allowed per dtype: numerics.TOLERANCE, by torch dtype.
 TOLERANCE = {getattr(torch, name): tol for name, tol in TOLERANCES_BY_NAME.items()}
@@ -78,7 +80,9 @@ def _validate_local(module: Any, layout: ExpertsLayout, call: ExpertsCall, refer
     if mode == "inference":
         with torch.no_grad():
             ref = reference(module, hidden, index, weights)
-            out = call(module, hidden, index, weights)
+            with held_weights(module):  # a kernel that wrote to the block's weights is undone and refused
+                out = call(module, hidden, index, weights)
+        check_output(out, ref, "the block")
         return rel_error(out, ref)
     params = [p for p in module.parameters(recurse=False) if p.requires_grad]
     g = torch.Generator().manual_seed(seed + 1)
@@ -87,13 +91,15 @@ def _validate_local(module: Any, layout: ExpertsLayout, call: ExpertsCall, refer
     for fn in (reference, call):
         h = hidden.clone().requires_grad_(True)
         w = weights.clone().requires_grad_(True)
-        with torch.enable_grad():
+        # the kernel's forward and backward run with the block's weights held (undone and refused if written)
+        with torch.enable_grad(), held_weights(module) if fn is call else contextlib.nullcontext():
             y = fn(module, h, index, w)
             if cotangent is None:
                 cotangent = torch.randn(y.shape, generator=g).to(y.device, y.dtype)
             inputs = [h, w, *params]
             grads.append((y, torch.autograd.grad((y * cotangent).sum(), inputs, allow_unused=True)))
     (ref, ref_grads), (out, out_grads) = grads
+    check_output(out, ref, "the block")
     errors = [rel_error(out, ref)] + [rel_error(a, b) for a, b in zip(out_grads, ref_grads, strict=True)]
     return max(errors)
 
@@ -107,8 +113,10 @@ def norm_form_errors(module: Any, kernel: Any, eps: float, mode: str, seed: int)
     if mode != "training":
         with torch.no_grad():
             ref = module.forward(x)
-            outs = [kernel.rms_norm(x, weight, eps=eps, zero_centered=zc, scale_after_cast=sac) for zc, sac in FORMS]
-        return [rel_error(o, ref) if o.dtype == ref.dtype else math.inf for o in outs]
+            with held_weights(module):  # a kernel that wrote to the norm's weight is undone and refused
+                outs = [kernel.rms_norm(x, weight, eps=eps, zero_centered=zc, scale_after_cast=sac)
+                        for zc, sac in FORMS]
+        return _form_scores(outs, ref, [rel_error(o, ref) if _fits(o, ref) else math.inf for o in outs])
     cot = torch.randn(NORM_ROWS, weight.shape[0], generator=g).to(weight.device, weight.dtype)
 
     def run(fn):
@@ -119,12 +127,28 @@ def norm_form_errors(module: Any, kernel: Any, eps: float, mode: str, seed: int)
         return y, grads
 
     ref, ref_grads = run(module.forward)
-    errors = []
+    errors, outs = [], []
     for zc, sac in FORMS:
-        out, grads = run(lambda t, zc=zc, sac=sac: kernel.rms_norm(t, weight, eps=eps, zero_centered=zc,
-                                                                  scale_after_cast=sac))
+        with held_weights(module):
+            out, grads = run(lambda t, zc=zc, sac=sac: kernel.rms_norm(t, weight, eps=eps, zero_centered=zc,
+                                                                      scale_after_cast=sac))
+        outs.append(out)
+        if not _fits(out, ref):
+            errors.append(math.inf)
+            continue
         errs = [rel_error(out, ref)] + [rel_error(a, b) for a, b in zip(grads, ref_grads, strict=True)]
-        errors.append(max(errs) if out.dtype == ref.dtype else math.inf)
+        errors.append(max(errs))
+    return _form_scores(outs, ref, errors)
+
+
+def _fits(out: Any, ref: torch.Tensor) -> bool:
+    return isinstance(out, torch.Tensor) and out.dtype == ref.dtype and out.shape == ref.shape
+
+
+def _form_scores(outs: list[Any], ref: torch.Tensor, errors: list[float]) -> list[float]:
+    """`errors`, or KernelRefused naming what the kernel returned when no form gives the layer's dtype and shape."""
+    if not any(_fits(o, ref) for o in outs):
+        check_output(outs[0], ref, "the layer")
     return errors
 
 

@@ -25,6 +25,7 @@ from ..plan import decide_packing, experts_convention, not_validated_reason, ver
 from ..report import Kept, KernelizeReport, Replaced
 from ..swap import KernelizeState, put_back_names
 from ..validate import experts_batch, tolerance_for, validate_layer
+from ..weights_guard import KernelRefused, guarded_call
 from . import KindRun, LayerKind
 
 NAME = ex.LAYER_KIND
@@ -52,6 +53,8 @@ def _check(run: KindRun, i: int, module: Any, site: ExpertsSite, call: ex.Expert
     try:
         err = validate_layer(module, site.layout, call, reference, mode=run.mode,
                              top_k=top_k_of(getattr(module, "config", config), site.layout.num_experts), seed=i)
+    except KernelRefused as exc:  # wrote to the block's weights (put back), or returned another dtype / shape
+        return err, tol, unchecked, str(exc)
     except Exception as exc:
         return err, tol, unchecked, f"kernel raised in validation: {type(exc).__name__}: {exc}"
     return err, tol, unchecked, verdict(err, tol)
@@ -74,7 +77,7 @@ def _swap(run: KindRun, sites: list[ExpertsSite], kernel: Any, repo_id: str) -> 
         if not site.supported or unfit:
             report.kept.append(Kept(site.path, NAME, site.reason if not site.supported else unfit))
         else:
-            call = ex.make_call(kernel, site.layout, convention)
+            call = guarded_call(ex.make_call(kernel, site.layout, convention))  # no weight writes at run time
             fp8_model = site.layout.weights == "fp8-model"  # the block's own float8 weights (quantize.py)
             if fp8_model:
                 qz.install(module, qz.fp8_model_record(module, site.layout))

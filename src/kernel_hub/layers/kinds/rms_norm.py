@@ -22,6 +22,7 @@ from ..plan import FORMS, choose_form, form_name
 from ..report import Kept, Replaced
 from ..swap import CallCounts, put_back_forward, swap_forward
 from ..validate import norm_form_errors, tolerance_for
+from ..weights_guard import KernelRefused, watched
 from . import KindRun, LayerKind
 
 NAME = "rms_norm"
@@ -46,8 +47,9 @@ class NormHook(CallCounts):
                            "weight's dtype)")
             return self.previous(hidden_states)
         self.served()
-        return self.kernel.rms_norm(hidden_states, weight, eps=norm_epsilon(self.module),
-                                    zero_centered=self.zero_centered, scale_after_cast=self.scale_after_cast)
+        with watched(self.module):  # the kernel never writes the norm's weight
+            return self.kernel.rms_norm(hidden_states, weight, eps=norm_epsilon(self.module),
+                                        zero_centered=self.zero_centered, scale_after_cast=self.scale_after_cast)
 
 
 @dataclass
@@ -72,6 +74,9 @@ def _apply(run: KindRun) -> None:
         tol = tolerance_for(module.weight.dtype)
         try:
             errors = norm_form_errors(module, kernel, norm_epsilon(module), run.mode, seed=i)
+        except KernelRefused as exc:  # wrote to the weight (put back), or returned another dtype / shape
+            run.report.kept.append(Kept(path, NAME, str(exc)))
+            continue
         except Exception as exc:  # a kernel (or layer) that raises keeps the layer as it is
             run.report.kept.append(Kept(path, NAME, f"kernel raised in validation: {type(exc).__name__}: {exc}"))
             continue

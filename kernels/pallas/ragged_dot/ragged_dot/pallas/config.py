@@ -12,12 +12,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._vendor.chips import ChipFacts
+from .._vendor.chips import DEFAULT_SCOPED_VMEM_BYTES, VMEM_BUDGET_FRACTION, ChipFacts, tile_budget_bytes
 from .._vendor.tiling import cdiv, round_up
 
-#: Scoped-VMEM budget the default tiles must fit in. 16 MiB is the smallest default among
-#: v4/v5e/v5p/v6e/v7x (v5e); pass a larger one for chips that have it.
-DEFAULT_VMEM_BUDGET_BYTES = 16 * 1024 * 1024
+#: Scoped-VMEM budget the backward's tiles must fit in: the 16 MiB every generation grants by default. (The forward
+#: sizes its tiles by chips.tile_budget_bytes instead; the backward keeps the budget its tiles were compiled with.)
+DEFAULT_VMEM_BUDGET_BYTES = DEFAULT_SCOPED_VMEM_BYTES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,7 +151,7 @@ def backward_config(m: int, k: int, n: int, g: int, dtype: object = "bfloat16") 
 
 
 #: When the chip is not known (CPU interpret, an unrecognised device): every generation's smallest scoped VMEM.
-UNKNOWN_CHIP = ChipFacts("unknown", DEFAULT_VMEM_BUDGET_BYTES, DEFAULT_VMEM_BUDGET_BYTES, 819e9, 197e12)
+UNKNOWN_CHIP = ChipFacts("unknown", DEFAULT_SCOPED_VMEM_BYTES, DEFAULT_SCOPED_VMEM_BYTES, 819e9, 197e12)
 #: Per grid step of a Pallas TPU pipeline (the Pallas TPU docs' ~0.35 us).
 STEP_SECONDS = 0.35e-6
 #: VMEM the compiler keeps for itself beyond a raised scoped limit.
@@ -212,8 +212,9 @@ def fastest_fitting(row_tiles: list[int], groups_per_step: list[int], k: int, n:
 
 def with_vmem_limit(cfg: RaggedDotConfig, need: int, itemsize: int, chip: ChipFacts) -> RaggedDotConfig:
     """cfg with a raised vmem_limit_bytes (the chip's VMEM less the compiler's reserve) when its blocks (`need`)
-    pass the default scoped VMEM, else cfg as it is."""
-    if need > usable_vmem(itemsize, chip.scoped_vmem_bytes):
+    pass the share of the default scoped VMEM they may fill (usable_vmem's for their operand size, at most
+    chips.VMEM_BUDGET_FRACTION: the rest is Mosaic's), else cfg as it is."""
+    if need > min(usable_vmem(itemsize, chip.scoped_vmem_bytes), chip.scoped_vmem_bytes * VMEM_BUDGET_FRACTION):
         return dataclasses.replace(cfg, vmem_limit_bytes=max(chip.scoped_vmem_bytes,
                                                              chip.vmem_bytes - _COMPILER_RESERVE))
     return cfg
@@ -251,9 +252,10 @@ def choose_config(
 
     Why each knob: a grid step costs ~0.35 us however little it moves, so decode (a few rows per expert) wants
     several experts' weights per step (experts_per_step) and prefill wants large row tiles; row windows keep a
-    large row tile from multiplying other experts' rows. The budget is 3/4 of the chip's physical VMEM (the
-    scoped limit is raised to fit, `vmem_limit_bytes`), or `vmem_budget_bytes` when given; an unknown chip gets
-    16 MiB, which every generation's default allows."""
+    large row tile from multiplying other experts' rows. The budget is chips.tile_budget_bytes, 3/4 of the chip's
+    physical VMEM on every generation (the scoped limit is raised to fit, `vmem_limit_bytes`; v4: 12 of its 16 MiB,
+    the rest is Mosaic's), or `vmem_budget_bytes` when given; an unknown chip gets 3/4 of 16 MiB, which every
+    generation's default allows."""
     chip = chip or UNKNOWN_CHIP
     itemsize = _itemsize(dtype)
     sublanes = 16 if itemsize == 2 else 8
@@ -262,8 +264,7 @@ def choose_config(
     else:
         row_tiles = [t for t in (128, 256, 512, 1024, 2048) if t < round_up(m, 128) * 2 and t <= round_up(m, 128)]
     groups_per_step = [e for e in (1, 2, 4, 8, 16, 32) if e <= g and g % e == 0]
-    physical = vmem_budget_bytes if vmem_budget_bytes is not None else (
-        chip.vmem_bytes * 3 // 4 if chip.vmem_bytes > chip.scoped_vmem_bytes else chip.vmem_bytes)
+    physical = vmem_budget_bytes if vmem_budget_bytes is not None else tile_budget_bytes(chip)
     budget = usable_vmem(itemsize, physical)
     found = fastest_fitting(row_tiles, groups_per_step, k, n, budget,
                             lambda cfg: vmem_bytes(cfg, itemsize, itemsize, cdiv(k, cfg.tk)),

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from .._vendor.chips import ChipFacts
+from .._vendor.chips import ChipFacts, tile_budget_bytes
 from .._vendor.tiling import cdiv, round_up
 from .config import (
     STEP_SECONDS,
@@ -87,9 +87,9 @@ def quant_estimated_seconds(cfg: RaggedDotConfig, m: int, k: int, n: int, g: int
 
 def choose_quant_config(m: int, k: int, n: int, g: int, lhs_dtype: object, block_scales: bool, *,
                         chip: ChipFacts | None = None) -> tuple[RaggedDotConfig, str]:
-    """The quantized forward's tiles and why: the fastest estimate whose blocks fit 3/4 of the chip's VMEM (an unknown
-    chip: 16 MiB), K and N tiles that need no padded weights when any fits. Block scales also need K and N tiles
-    that are multiples of 128 or whole dims (a scale block never straddles two tiles)."""
+    """The quantized forward's tiles and why: the fastest estimate whose blocks fit chips.tile_budget_bytes (3/4 of
+    the chip's VMEM; an unknown chip: 3/4 of 16 MiB), K and N tiles that need no padded weights when any fits. Block
+    scales also need K and N tiles that are multiples of 128 or whole dims (a scale block never straddles two tiles)."""
     chip = chip or UNKNOWN_CHIP
     item = jnp.dtype(lhs_dtype).itemsize
     sublanes = 16 if item == 2 else 8
@@ -98,8 +98,7 @@ def choose_quant_config(m: int, k: int, n: int, g: int, lhs_dtype: object, block
     else:
         row_tiles = [t for t in (128, 256, 512, 1024) if t <= round_up(m, 128)]
     groups_per_step = [e for e in (1, 2, 4, 8, 16, 32) if e <= g and g % e == 0]
-    physical = chip.vmem_bytes * 3 // 4 if chip.vmem_bytes > chip.scoped_vmem_bytes else chip.vmem_bytes
-    budget = usable_vmem(2, physical)
+    budget = usable_vmem(2, tile_budget_bytes(chip))
     found = fastest_fitting(row_tiles, groups_per_step, k, n, budget,
                             lambda cfg: quant_vmem_bytes(cfg, item, item, block_scales),
                             lambda cfg: quant_estimated_seconds(cfg, m, k, n, g, item, block_scales, chip))
