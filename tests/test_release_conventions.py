@@ -187,3 +187,62 @@ def test_kernels_verify_signature_on_our_unsigned_release(interop_hub) -> None:
     assert proc.returncode == 1
     said = proc.stdout + proc.stderr
     assert "requires the `sigstore` package" in said or "not signed" in said, said[-2000:]
+
+
+# -- signing: what `kernel-hub info` says -----------------------------------------------------------------------
+
+
+def test_signature_status_decisions() -> None:
+    from kernel_hub.signing import signature_status
+
+    status = signature_status(None, b"{}", verifier=None)
+    assert status.state == "not signed" and "Rekor" in status.reason and "identity" in status.reason
+    assert signature_status(b"{}", b"{}", verifier=None).state == "unverifiable"
+
+    def refuses(bundle: bytes, metadata: bytes) -> str:
+        raise ValueError("signature does not match\nsecond line")
+
+    bad = signature_status(b"{}", b"{}", verifier=refuses)
+    assert bad.state == "invalid" and bad.reason.endswith("signature does not match"), bad
+    seen = []
+
+    def accepts(bundle: bytes, metadata: bytes) -> str:
+        seen.append((bundle, metadata))
+        return "https://github.com/acme/kernels/.github/workflows/build.yaml@refs/heads/main"
+
+    good = signature_status(b"B", b"M", verifier=accepts)
+    assert good.state == "verified" and good.identity.startswith("https://github.com/acme/") and seen == [(b"B", b"M")]
+    assert signature_status(b"B", None, verifier=accepts).state == "invalid"  # nothing to verify it against
+    assert signature_status(b"x" * ((1 << 20) + 1), b"M", verifier=accepts).state == "invalid"
+
+
+def test_info_shows_each_variant_signed_or_not(tmp_path: Path) -> None:
+    """A release whose torch-cpu variant carries a metadata.json.sigstore and whose other variants do not: `info`
+    says which, and why ours are unsigned; the bundle here is not a valid Sigstore bundle, so with the sigstore
+    package installed it is "invalid", without it (this environment) "unverifiable", never "verified"."""
+    import importlib.util
+
+    from huggingface_hub import HfApi
+
+    from tests.hub_server import cli_command, running_server
+
+    token, repo = "sign-token", "acme/toy-signed"
+    layout = build_layout(Path(__file__).parent / "fixtures" / "toy_kernel", tmp_path / "out")
+    (layout.root / "build" / "torch-cpu" / "metadata.json.sigstore").write_text('{"mediaType": "not a bundle"}')
+    with running_server(tmp_path / "store", token=token) as srv:
+        api = HfApi(endpoint=srv.url, token=token)
+        api.create_repo(repo, repo_type="kernel")
+        commit = api.upload_folder(repo_id=repo, repo_type="kernel", folder_path=layout.root).oid
+        api.create_tag(repo, tag="v1.2.0", revision=commit, repo_type="kernel")
+        api.create_branch(repo, branch="v1", revision=commit, repo_type="kernel")
+        env = hub_env(srv, tmp_path / "cli-cache")
+        proc = subprocess.run([*cli_command(), "info", repo, "--json"], env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        states = {v["name"]: v["signature"]["state"] for v in json.loads(proc.stdout)["variants"]}
+        text = subprocess.run([*cli_command(), "info", repo], env=env, capture_output=True, text=True, timeout=300)
+    expected = "invalid" if importlib.util.find_spec("sigstore") else "unverifiable"
+    assert states.pop("torch-cpu") == expected
+    assert set(states.values()) == {"not signed"} and "jax-cpu" in states, states
+    assert text.returncode == 0, text.stderr[-2000:]
+    assert f"torch-cpu {expected}" in text.stdout and "kernel-hub publish does not sign" in text.stdout, text.stdout
