@@ -87,7 +87,7 @@ def _env(server, cache: Path, recorder: Recorder, **extra: str) -> dict[str, str
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
         env[name] = recorder.url
     env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1"  # the server is reached directly; nothing else is
-    env.pop("HF_HUB_DISABLE_TELEMETRY", None)  # HF kernels cannot download with telemetry off (DESIGN.md)
+    env["HF_HUB_DISABLE_TELEMETRY"] = "1"  # kernels 0.17.2 could not download with it (DESIGN.md); 0.19.1 can
     return env
 
 
