@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.hub_interop import KERNELS
 
 MOE_REPO = "kernel-hub/ragged-dot-tpu"
@@ -126,3 +128,24 @@ def test_rms_norm_zero_centered_reaches_our_layer(interop_hub) -> None:
         # the same float32 arithmetic and one final cast: f32 to rounding, bf16 within one bf16 step of the output
         bound = 1e-6 if dtype == "float32" else 2 ** -7
         assert row["err"] <= bound * row["scale"], (dtype, row)
+
+
+def test_the_layout_refuses_a_config_it_cannot_read() -> None:
+    """A config without the sizes or with an activation the kernel does not compute: one UnsupportedLayout naming
+    what is missing, at build time (never a model with uninitialised or wrong experts)."""
+    from types import SimpleNamespace
+
+    import kernel_hub as kh
+
+    layers = kh.get_local_kernel(KERNELS / "ragged_dot", framework="torch").layers
+    good = dict(num_experts=4, hidden_size=8, moe_intermediate_size=6, hidden_act="silu")
+    layout = layers.MoEExpertsLayout(SimpleNamespace(**good))
+    assert tuple(layout.gate_up_proj.shape) == (4, 12, 8) and tuple(layout.down_proj.shape) == (4, 8, 6)
+    with pytest.raises(layers.UnsupportedLayout, match=r"none of \['num_local_experts', 'num_experts'"):
+        layers.MoEExpertsLayout(SimpleNamespace(**{**good, "num_experts": None}))
+    with pytest.raises(layers.UnsupportedLayout, match="activation 'quick_gelu'"):
+        layers.MoEExpertsLayout(SimpleNamespace(**{**good, "hidden_act": "quick_gelu"}))
+    gpt = layers.MoEExpertsLayout(SimpleNamespace(num_local_experts=4, hidden_size=8, intermediate_size=6,
+                                                  swiglu_alpha=1.702, swiglu_limit=7.0))
+    assert tuple(gpt.gate_up_proj.shape) == (4, 8, 12) and tuple(gpt.down_proj_bias.shape) == (4, 8)
+    assert (gpt.is_transposed, gpt.is_concatenated, gpt.has_bias) == (True, False, True)
