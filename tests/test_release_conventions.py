@@ -246,3 +246,28 @@ def test_info_shows_each_variant_signed_or_not(tmp_path: Path) -> None:
     assert set(states.values()) == {"not signed"} and "jax-cpu" in states, states
     assert text.returncode == 0, text.stderr[-2000:]
     assert f"torch-cpu {expected}" in text.stdout and "kernel-hub publish does not sign" in text.stdout, text.stdout
+
+
+def test_symbols_of_a_hostile_package_fail_in_one_line_or_list_nothing_outside(tmp_path: Path) -> None:
+    """symbols.json is read from source, never run: a file that is not Python fails with one MetadataError naming
+    it; `from ..x import` reaching outside the package and names bound only outside it are left out."""
+    from kernel_hub.errors import MetadataError
+    from kernel_hub.symbols import build_symbols
+
+    files = {}
+    for rel, text in {"entry.py": "from .impl import *\nfrom ..outside import secret\nfrom os import path\n"
+                                  "__all__ = ['run', 'secret', 'path', 'CONST', 'Thing', 'made']\nCONST = 1\n"
+                                  "made = factory()\nclass Thing:\n    pass\n",
+                      "impl.py": "def run(x, *, scale: float = 1.0):\n    '''Scale x.'''\n    return x\n",
+                      "bad.py": "def broken(:\n"}.items():
+        files[rel] = tmp_path / rel
+        files[rel].write_text(text)
+    symbols = build_symbols(files, "entry.py")
+    assert symbols["functions"] == [
+        {"name": "made", "signature": None, "doc": None},
+        {"name": "run", "signature": "(x, *, scale: float=1.0)", "doc": "Scale x."}]
+    assert symbols["layers"] == []
+    files["entry.py"].write_text("from .bad import broken\n__all__ = ['broken']\n")
+    with pytest.raises(MetadataError, match=r"^bad.py: not valid Python") as exc:
+        build_symbols(files, "entry.py")
+    assert "\n" not in str(exc.value)

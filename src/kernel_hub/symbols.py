@@ -43,6 +43,9 @@ class _Package:
             except SyntaxError as exc:
                 raise MetadataError(f"{rel}: not valid Python ({exc.msg}, line {exc.lineno}); cannot list its "
                                     "symbols") from None
+            except (ValueError, RecursionError, MemoryError) as exc:  # null bytes, nesting too deep to parse
+                raise MetadataError(f"{rel}: cannot be parsed ({type(exc).__name__}); cannot list its symbols"
+                                    ) from None
         return self._trees[rel]
 
     def module_file(self, importer: str, level: int, module: str | None) -> str | None:
@@ -133,7 +136,11 @@ def _function(name: str, node: ast.FunctionDef | ast.AsyncFunctionDef | None) ->
     if node is None:
         return {"name": name, "signature": None, "doc": None}
     doc = ast.get_docstring(node)
-    return {"name": name, "signature": f"({ast.unparse(node.args)})",
+    try:
+        signature: str | None = f"({ast.unparse(node.args)})"
+    except (RecursionError, ValueError):  # defaults nested too deep to write back: the name alone
+        signature = None
+    return {"name": name, "signature": signature,
             "doc": doc.strip().splitlines()[0] if doc else None}
 
 
