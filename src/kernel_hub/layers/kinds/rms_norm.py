@@ -1,5 +1,5 @@
-"""Layer kind `rms_norm`: RMSNorm modules (transformers', Diffusers', torch.nn.RMSNorm), served by kernel-hub/rms-norm-
-tpu's `rms_norm`.
+"""Layer kind `rms_norm`: RMSNorm modules (transformers', Diffusers', torch.nn.RMSNorm), served by
+kernel-hub/rms-norm-tpu's `rms_norm`.
 
 The declaration, and the kind's flow over the jobs. Found by class name and structure (find.find_norms), whether or
 not HF kernels' `use_kernel_forward_from_hub` decorator marked the class (transformers 5.25 with kernels 0.19.1 marks
