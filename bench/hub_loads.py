@@ -10,6 +10,7 @@ outside the timed part). Writes bench/out/hub_loads.json (the rows and the envir
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import subprocess
 import sys
@@ -70,9 +71,10 @@ def run() -> dict:
                              "calls": [f"{m} {p} {s}" for m, p, s in reqs]})
 
             theirs, ours = tmp / "hf-cache", tmp / "kh-cache"
-            measure("HF kernels 0.17.2", "fresh, version=1", THEIRS.format(repo=REPO), theirs)
-            measure("HF kernels 0.17.2", "cached, version=1", THEIRS.format(repo=REPO), theirs)
-            measure("HF kernels 0.17.2", "cached, offline", THEIRS.format(repo=REPO), theirs, HF_HUB_OFFLINE="1")
+            hf = f"HF kernels {importlib.metadata.version('kernels')}"
+            measure(hf, "fresh, version=1", THEIRS.format(repo=REPO), theirs)
+            measure(hf, "cached, version=1", THEIRS.format(repo=REPO), theirs)
+            measure(hf, "cached, offline", THEIRS.format(repo=REPO), theirs, HF_HUB_OFFLINE="1")
             measure("kernel-hub", "fresh, version=1", OURS.format(repo=REPO, how="version=1"), ours)
             measure("kernel-hub", "fresh, version='>=1.0,<2'",
                     OURS.format(repo=REPO, how="version='>=1.0,<2'"), tmp / "kh-cache-2")

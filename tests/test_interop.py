@@ -1,4 +1,4 @@
-"""The test that matters most: PyPI's `kernels` 0.17.2 loads the ragged dot we published to `kernel-hub serve`
+"""The test that matters most: PyPI's `kernels` 0.19.1 loads the ragged dot we published to `kernel-hub serve`
 and computes the same numbers as our own loader (by major version and by range) and a plain reference."""
 
 from __future__ import annotations

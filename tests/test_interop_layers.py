@@ -1,4 +1,4 @@
-"""HF kernels' layer convention in our torch builds: PyPI `kernels` 0.17.2's `kernelize`, under a LayerRepository
+"""HF kernels' layer convention in our torch builds: PyPI `kernels` 0.19.1's `kernelize`, under a LayerRepository
 mapping "RMSNorm" to kernel-hub/rms-norm-tpu published to `kernel-hub serve` (loopback), replaces the forward of a
 class marked `use_kernel_forward_from_hub("RMSNorm")` with our `layers.RMSNorm`, which computes what the layer did; the
 same for "MegaBlocksMoeMLP" (transformers' GptOssMLP) onto kernel-hub/ragged-dot-tpu's `layers.MegaBlocksMoeMLP`,

@@ -412,3 +412,39 @@ def test_a_layers_class_outside_hf_kernels_convention_fails_naming_the_class():
     assert layer_kernel_problems(_without(rms, layers=layers), "rms_norm") == [
         "layers.RMSNorm: defines a constructor (a layer class must be stateless)",
         "layers.RMSNorm: members beyond has_backward, can_torch_compile: helper"]
+
+
+def test_a_layout_companion_is_held_to_what_transformers_does_with_it():
+    """transformers 5.25's `<X>Layout` beside layer class X may hold state, but it needs a forward of its own (else
+    transformers installs one returning None), forward parameters HF kernels accepts X's in place of, and a
+    constructor taking the model config; a stateful class with no X beside it is still a broken layer class."""
+    import torch
+
+    experts = _serving("moe_experts")
+    real = experts.layers.MoEExpertsLayout
+    assert layer_kernel_problems(experts, "moe_experts") == []  # the real companion beside MoEExperts
+
+    class NoForward(torch.nn.Module):
+        def __init__(self, config):
+            super().__init__()
+
+    class OtherForward(NoForward):
+        def forward(self, hidden_states, *, top_k_index=None):
+            return hidden_states
+
+    for companion, expected in ((NoForward, "defines no forward"), (OtherForward, "does not take the parameters"),
+                                (real, None)):
+        layers = types.ModuleType(experts.layers.__name__)
+        for cls, name in ((experts.layers.MoEExperts, "MoEExperts"), (companion, "MoEExpertsLayout")):
+            layers.__dict__[name] = cls
+        if companion is not real:
+            companion.__module__ = layers.__name__
+        problems = [p for p in layer_kernel_problems(_without(experts, layers=layers), "moe_experts")
+                    if p.startswith("layers.MoEExpertsLayout")]
+        assert (problems == [] if expected is None else len(problems) == 1 and expected in problems[0]), problems
+    orphan = types.ModuleType(experts.layers.__name__)
+    NoForward.__module__ = orphan.__name__
+    orphan.OrphanLayout = NoForward  # no `Orphan` layer class: judged as a layer class, and refused
+    assert layer_kernel_problems(_without(experts, layers=orphan), "moe_experts") == [
+        "layers.OrphanLayout: defines a constructor (a layer class must be stateless)",
+        "layers.OrphanLayout: defines no forward of its own"]

@@ -1,4 +1,4 @@
-"""kernelize across the transformers 5.24 MoE families that route experts through ExpertsInterface.
+"""kernelize across the transformers 5.25 MoE families that route experts through ExpertsInterface.
 
 Each family is its own config class shrunk to tiny sizes (kernel_hub.report.models.GENERIC_SHRINK) with
 random expert weights. Families left out here either need a non-text input (vision/omni models), do not

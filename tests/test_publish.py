@@ -137,4 +137,5 @@ def test_metadata_json_carries_the_release(tmp_path: Path) -> None:
     meta = json.loads((layout.root / "build" / "torch-cpu" / "metadata.json").read_text())
     assert meta["kernel-hub"]["version"] == "1.2.0"
     assert meta["kernel-hub"]["variant"]["entry"] == "__init__.py"
-    assert set(meta["kernel-hub"]["sha256"]) == set(meta["digest"]["files"])
+    # HF kernels' digest: the package's files (what kernel-hub verifies) plus symbols.json beside it
+    assert set(meta["digest"]["files"]) == {*meta["kernel-hub"]["sha256"], "symbols.json"}

@@ -1,5 +1,6 @@
-"""Real command-line clients against `kernel-hub serve`: HF `kernels versions` (PyPI kernels 0.17.2), which
-reads each version's build variants by its full ref name, and huggingface_hub's `hf repos delete-files`.
+"""Real command-line clients against `kernel-hub serve`: HF `kernels variants --all-versions` (PyPI kernels 0.19.1;
+it replaces the deprecated `kernels versions`), which reads each version's build variants by its full ref name, and
+huggingface_hub's `hf repos delete-files`.
 
 Each runs as a subprocess with HF_ENDPOINT on the server and every proxy variable on a local recorder:
 a request meant for any other host would reach the recorder (and fail there), never the network.
@@ -7,6 +8,7 @@ a request meant for any other host would reach the recorder (and fail there), ne
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -85,7 +87,7 @@ def _env(server, cache: Path, recorder: Recorder, **extra: str) -> dict[str, str
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
         env[name] = recorder.url
     env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1"  # the server is reached directly; nothing else is
-    env.pop("HF_HUB_DISABLE_TELEMETRY", None)  # HF kernels cannot download with telemetry off (DESIGN.md)
+    env["HF_HUB_DISABLE_TELEMETRY"] = "1"  # kernels 0.17.2 could not download with it (DESIGN.md); 0.19.1 can
     return env
 
 
@@ -93,13 +95,18 @@ def _bin(name: str) -> str:
     return str(Path(sys.executable).with_name(name))
 
 
-def test_hf_kernels_versions_lists_versions_and_variants(server, tmp_path: Path, proxy_recorder) -> None:
+def test_hf_kernels_variants_lists_versions_and_variants(server, tmp_path: Path, proxy_recorder) -> None:
     env = _env(server, tmp_path / "cache", proxy_recorder)
     server.reset()
-    proc = subprocess.run([_bin("kernels"), "versions", REPO], env=env, capture_output=True, text=True, timeout=180)
+    proc = subprocess.run([_bin("kernels"), "variants", REPO, "--all-versions", "--json"], env=env,
+                          capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.startswith("Version 1:")
-    assert "torch-cpu compatible" in proc.stdout
+    assert "deprecated" not in proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["repo_id"] == REPO
+    assert [(r["version"], r["revision"]) for r in doc["revisions"]] == [(1, "refs/heads/v1")]
+    [cpu] = [v for v in doc["revisions"][0]["variants"] if v["variant"] == "torch-cpu"]
+    assert cpu["compatible"] and cpu["preferred"] and cpu["reason"] is None, cpu
     paths = [(p, status) for _, p, status in server.requests()]
     # kernels asks for the variants of v1 by its full ref name (refs%2Fheads%2Fv1)
     assert (f"/api/kernels/{REPO}/tree/refs/heads/v1/build", 200) in paths

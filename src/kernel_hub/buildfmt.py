@@ -5,9 +5,11 @@ A published commit:
   kernel.yaml, README.md                      the source metadata and card
   build/<variant>.tar                         every variant, one file: what kernel-hub downloads
   build/<torch-variant>/metadata.json         torch-facing variants exploded, for HF `kernels`
+  build/<torch-variant>/symbols.json          their functions and layers (symbols.py), for `kernels describe-api`
   build/<torch-variant>/<python_name>/...     (entry file as the package __init__)
 A bundle (`build/<variant>.tar`, reproducible: same files, same bytes) holds `metadata.json` and
-`<python_name>/...`. metadata.json is HF kernels' format (name, id, version, backend, python-depends, digest)
+`<python_name>/...`. metadata.json is HF kernels' format (name, id, version, backend, kernels-minver,
+python-depends, digest: every file of the exploded folder, symbols.json included)
 plus a `kernel-hub` section: release version, python_name, the variant's full description, the sha256 of
 every file and, for a TPU variant, `tpu_compile`: the compile matrix publish's gate ran (compile_record.py).
 Everything read back from a bundle or its metadata is hostile: names are checked with kernel_hub.names before
@@ -158,13 +160,64 @@ class BuildInfo:
         return {k[len(prefix):]: v for k, v in self.sha256.items()}
 
 
+#: The oldest HF `kernels` our torch builds are tested with and written for: it picks the `tpu` backend under
+#: TorchTPU, reads symbols.json (`kernels describe-api`) and checks python-depends against its allowed list.
+KERNELS_MINVER = "0.19.1"
+#: The file in kernels' wheel that lists the python-depends it accepts (general and per backend).
+KERNELS_DEPENDS_FILE = "_internals/python_depends.json"
+
+
+def kernels_allowed_depends() -> dict[str, Any]:
+    """HF kernels' allowed python-depends (its wheel's python_depends.json, read without importing kernels), or
+    an empty list where kernels is not installed: then nothing is declared, which kernels always accepts."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("kernels")
+    origin = Path(spec.origin) if spec is not None and spec.origin else None
+    try:
+        data = json.loads((origin.parent / KERNELS_DEPENDS_FILE).read_text()) if origin is not None else {}
+    except (OSError, ValueError):
+        data = {}
+    return data if isinstance(data, dict) else {}
+
+
+def python_depends(requires: tuple[tuple[str, str], ...], backend: str,
+                   allowed: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(declared, undeclared): the variant's requirements HF kernels lets a build declare as python-depends (its
+    general list and its backend's, by dependency name or Python package name), and the rest, which metadata.json
+    cannot carry (kernels refuses a name outside its list: "uses unsupported kernel dependency"). torch is the
+    runtime itself, never a dependency."""
+    def names(table: object) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for dep, info in (table or {}).items() if isinstance(table, dict) else ():
+            out[str(dep)] = str(dep)
+            for pkg in (info or {}).get("python", []) if isinstance(info, dict) else []:
+                if isinstance(pkg, dict) and isinstance(pkg.get("pkg"), str):
+                    out[pkg["pkg"]] = str(dep)
+        return out
+
+    backends = allowed.get("backends")
+    known = {**names(allowed.get("general")),
+             **names(backends.get(backend) if isinstance(backends, dict) else None)}
+    declared, undeclared = [], []
+    for dist, _ in requires:
+        if dist == "torch":
+            continue
+        (declared if dist in known else undeclared).append(known.get(dist, dist))
+    return sorted(set(declared)), sorted(set(undeclared))
+
+
 def build_metadata(*, repo_id: str, version: str, python_name: str, license: str, variant: Variant,
-                   variant_dir: Path, tpu_compile: dict[str, Any] | None = None) -> dict[str, Any]:
-    """metadata.json for the variant folder `variant_dir` (its package already in place); `tpu_compile`: a TPU
-    variant's compile record (compile_record.py), checked against its schema before it is written."""
+                   variant_dir: Path, tpu_compile: dict[str, Any] | None = None,
+                   allowed_depends: dict[str, Any] | None = None) -> dict[str, Any]:
+    """metadata.json for the variant folder `variant_dir` (its package already in place, and symbols.json beside
+    it for a torch variant); `tpu_compile`: a TPU variant's compile record (compile_record.py), checked against its
+    schema before it is written. HF kernels' digest lists every file of the folder, symbols.json included; the
+    kernel-hub section's sha256 lists the package's files (what our client verifies and imports)."""
     files = {p.relative_to(variant_dir).as_posix(): p for p in sorted(variant_dir.rglob("*")) if p.is_file()}
-    sha = {rel: sha256_file(p) for rel, p in files.items()}
-    hf_digest = {rel: base64.b64encode(bytes.fromhex(h)).decode() for rel, h in sha.items()}
+    every = {rel: sha256_file(p) for rel, p in files.items()}
+    sha = {rel: h for rel, h in every.items() if rel.startswith(f"{python_name}/")}
+    hf_digest = {rel: base64.b64encode(bytes.fromhex(h)).decode() for rel, h in every.items()}
     backend = HF_BACKENDS.get(variant.backend)
     if backend is None:
         raise MetadataError(f"variant {variant.name}: backend {variant.backend!r} has no HF kernels equivalent")
@@ -179,13 +232,16 @@ def build_metadata(*, repo_id: str, version: str, python_name: str, license: str
     }
     if tpu_compile is not None:
         section["tpu_compile"] = parse_record(tpu_compile, f"{repo_id} [{variant.name}]").model_dump()
+    declared, _ = python_depends(variant.requires, backend,
+                                 kernels_allowed_depends() if allowed_depends is None else allowed_depends)
     return {
         "name": hf_name(python_name),
         "id": f"_{python_name}_{variant.name.replace('-', '_')}_{combined_digest(sha)[:10]}",
         "version": Version(version).major,
         "license": license or "unknown",
         "backend": {"type": backend},
-        "python-depends": [],
+        "kernels-minver": KERNELS_MINVER,
+        "python-depends": declared,
         "digest": {"algorithm": "sha256", "files": hf_digest},
         KH_KEY: section,
     }
@@ -259,11 +315,13 @@ def read_build_info(folder: Path, label: str, expected_variant: str) -> BuildInf
 # -- bundles ------------------------------------------------------------------------------------------------
 
 
-def write_bundle(variant_dir: Path, dest: Path) -> None:
-    """A byte-for-byte reproducible tar of the variant folder (same files -> same bundle -> no-op upload)."""
+def write_bundle(variant_dir: Path, dest: Path, exclude: frozenset[str] = frozenset()) -> None:
+    """A byte-for-byte reproducible tar of the variant folder (same files -> same bundle -> no-op upload);
+    `exclude`: top-level files left out (symbols.json: for HF kernels, beside the exploded folder only)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for path in sorted(p for p in variant_dir.rglob("*") if p.is_file()):
+        for path in sorted(p for p in variant_dir.rglob("*") if p.is_file()
+                           and p.relative_to(variant_dir).as_posix() not in exclude):
             data = path.read_bytes()
             info = tarfile.TarInfo(path.relative_to(variant_dir).as_posix())
             info.size, info.mtime, info.mode = len(data), 0, 0o644

@@ -394,8 +394,12 @@ def layer_class_problems(name: str, cls: Any) -> list[str]:
     return problems
 
 
-def layer_classes(module: Any) -> dict[str, Any]:
-    """The layer classes of an entry's `layers` module (HF kernels' convention): its classes that are torch modules."""
+#: transformers 5.25's companion of a layer class X: `XLayout` in the same module, a stateful module transformers
+#: builds in place of the model's class (integrations/hub_kernels.py), whose forward HF kernels then swaps for X's.
+LAYOUT_SUFFIX = "Layout"
+
+
+def _module_classes(module: Any) -> dict[str, Any]:
     import torch
 
     layers = getattr(module, "layers", None)
@@ -403,6 +407,38 @@ def layer_classes(module: Any) -> dict[str, Any]:
         return {}
     return {n: c for n, c in vars(layers).items() if isinstance(c, type) and issubclass(c, torch.nn.Module)
             and c.__module__ == layers.__name__}
+
+
+def layout_companions(module: Any) -> dict[str, Any]:
+    """The `<X>Layout` classes of an entry's `layers` module whose X is a class there too."""
+    classes = _module_classes(module)
+    return {n: c for n, c in classes.items()
+            if n.endswith(LAYOUT_SUFFIX) and n[:-len(LAYOUT_SUFFIX)] in classes}
+
+
+def layer_classes(module: Any) -> dict[str, Any]:
+    """The layer classes of an entry's `layers` module (HF kernels' convention): its classes that are torch modules,
+    less the layout companions."""
+    companions = layout_companions(module)
+    return {n: c for n, c in _module_classes(module).items() if n not in companions}
+
+
+def layout_companion_problems(name: str, cls: Any, layer: Any) -> list[str]:
+    """Where a layout companion breaks what transformers 5.25 and HF kernels do with it: without a forward of its
+    own transformers gives it one that returns None (a model built with it computes nothing until kernelized), and
+    HF kernels refuses the layer class unless their forwards take the same number and kinds of parameters."""
+    import inspect
+
+    if "forward" not in vars(cls):
+        return [f"layers.{name}: defines no forward (transformers 5.25 would give it one returning None)"]
+    mine, theirs = _signature(cls.forward), _signature(layer.forward)
+    if mine is None or theirs is None or [p.kind for p in mine.parameters.values()] != [
+            p.kind for p in theirs.parameters.values()]:
+        return [f"layers.{name}: forward{mine} does not take the parameters of {layer.__name__}.forward{theirs}"]
+    if not any(p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.POSITIONAL_ONLY)
+               and p.name != "self" for p in inspect.signature(cls.__init__).parameters.values()):
+        return [f"layers.{name}: its constructor takes no config (transformers builds it as the model's class)"]
+    return []
 
 
 def layer_kernel_problems(module: Any, kind: str) -> list[str]:
@@ -424,6 +460,9 @@ def layer_kernel_problems(module: Any, kind: str) -> list[str]:
                 problems.append(f"{e}: missing ({why}; {protocol.__name__}, layer kind {kind})")
             else:
                 problems += signature_problems(e, getattr(module, e), getattr(protocol, e))
-    for name, cls in layer_classes(module).items():
+    classes = layer_classes(module)
+    for name, cls in classes.items():
         problems += layer_class_problems(name, cls)
+    for name, cls in layout_companions(module).items():
+        problems += layout_companion_problems(name, cls, classes[name[:-len(LAYOUT_SUFFIX)]])
     return problems

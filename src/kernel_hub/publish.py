@@ -32,6 +32,7 @@ from .integrity import not_source_reason, sha256_file
 from .metadata import METADATA_FILE, KernelMetadata, load_metadata
 from .names import check_repo_id, safe_join, safe_rmtree
 from .sources import LocalSource
+from .symbols import SYMBOLS_FILE, build_symbols
 from .system import detect
 from .tpu.package import VerifiedPackage, from_build, tpu_variant
 from .tpu.release_gate import gate_environment, run_gate
@@ -164,11 +165,13 @@ def write_layout(folder: KernelFolder, out: Path, tpu_compile: Mapping[str, dict
         shutil.copyfile(entry, safe_join(pdir, "__init__.py"))  # the entry is the package root
         if sha256_file(safe_join(pdir, "__init__.py")) != folder.digests[variant.entry]:
             raise IntegrityError(f"{entry} changed while publishing {meta.repo_id}; publish again")
+        if variant.framework == "torch":
+            write_symbols(folder, variant.entry, vdir)
         data = fmt.build_metadata(repo_id=meta.repo_id, version=meta.version, python_name=meta.python_name,
                                   license=meta.license, variant=variant, variant_dir=vdir,
                                   tpu_compile=(tpu_compile or {}).get(variant.name))
         safe_join(vdir, fmt.VARIANT_METADATA).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-        fmt.write_bundle(vdir, safe_join(out, fmt.bundle_path(variant.name)))
+        fmt.write_bundle(vdir, safe_join(out, fmt.bundle_path(variant.name)), exclude=frozenset({SYMBOLS_FILE}))
         layout.files.append(fmt.bundle_path(variant.name))
         if variant.framework == "torch":
             layout.files += sorted(p.relative_to(out).as_posix() for p in vdir.rglob("*") if p.is_file())
@@ -182,6 +185,13 @@ def write_layout(folder: KernelFolder, out: Path, tpu_compile: Mapping[str, dict
     safe_join(out, CARD).write_text(card.read_text() if card is not None else _card(meta))
     layout.files.append(CARD)
     return layout
+
+
+def write_symbols(folder: KernelFolder, entry: str, variant_dir: Path) -> None:
+    """symbols.json beside a torch variant's package (HF kernels' `describe-api` reads it; its digest is listed in
+    metadata.json), from the source read at the start, nothing imported."""
+    data = build_symbols(folder.files, entry)
+    safe_join(variant_dir, SYMBOLS_FILE).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
 def _card(meta: KernelMetadata) -> str:

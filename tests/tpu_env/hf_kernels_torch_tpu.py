@@ -1,11 +1,12 @@
-"""HF `kernels` 0.17.2 loading our published kernels in the TPU environment (torch_tpu installed), from the
+"""HF `kernels` 0.19.1 loading our published kernels in the TPU environment (torch_tpu installed), from the
 `kernel-hub serve` that HF_ENDPOINT names. Run by tests/test_torch_tpu.py:
 `python hf_kernels_torch_tpu.py RAGGED_DOT_REPO FLASH_ATTENTION_REPO`; prints one JSON line.
 
-HF kernels takes the `tpu` backend when `torch.backends.tpu` exists, which it expects torch_tpu to set on a TPU
-host. torch_tpu 0.2 sets up its device only where it finds TPU hardware, so on a host without one HF kernels picks
-`cpu` (recorded first); the script then sets that attribute the way HF kernels reads it, standing in for the TPU
-host, and loads again.
+HF kernels 0.19 takes the `tpu` backend when torch's current accelerator is a TPU
+(`torch.accelerator.current_accelerator().type == "tpu"`, kernels' backends._backend), which torch_tpu makes so on a
+TPU host. torch_tpu 0.2 sets up its device only where it finds TPU hardware (here even `torch.device("tpu")` is
+refused), so on a host without one HF kernels picks `cpu` (recorded first); the script then makes torch's current
+accelerator answer "tpu", standing in for the TPU host, and loads again.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import warnings
 import numpy as np
 import torch
 import torch_tpu  # noqa: F401  (also imported by torch's backend autoload)
-from kernels.backends import _backend
+from kernels._internals.backends import _backend
 
 from kernels import get_kernel
 
@@ -35,7 +36,8 @@ def main(rd_repo: str, fa_repo: str) -> dict:
     facts: dict = {"backend_here": _backend().name}
     facts["file_here"] = get_kernel(rd_repo, version=1, trust_remote_code=True).__file__
 
-    torch.backends.tpu = types.ModuleType("torch.backends.tpu")  # what HF kernels reads as "a TPU host"
+    tpu = types.SimpleNamespace(type="tpu")
+    torch.accelerator.current_accelerator = lambda *a, **k: tpu  # what HF kernels reads as "a TPU host"
     facts["backend_tpu"] = _backend().name
     rd = get_kernel(rd_repo, version=1, trust_remote_code=True)
     fa = get_kernel(fa_repo, version=1, trust_remote_code=True)

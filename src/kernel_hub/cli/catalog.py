@@ -18,6 +18,7 @@ from ..metadata import load_metadata
 from ..names import check_repo_id
 from ..planning import plan_load, source_for
 from ..registry import load_registry, registry_location
+from ..signing import MAX_SIGNATURE_BYTES, SIGNATURE_FILE, SignatureStatus, signature_status, sigstore_verifier
 from ..sources import LocalSource
 from ..system import SystemFacts, detect, installed_version
 from ..variants import KERNEL_BUILDER
@@ -92,6 +93,10 @@ def cmd_info(args: argparse.Namespace) -> int:
             reqs = " ".join(f"{d}{s}" for d, s in v["requires"])
             dialect = f"  [{v['dialect']}: {v['verification']}]" if v.get("dialect") == KERNEL_BUILDER else ""
             print(f"  {v['name']:<12} {v['framework']:<6} {v['backend']:<5} entry {v['entry']}{gens}  {reqs}{dialect}")
+        print("signed    " + "; ".join(f"{v['name']} {v['signature']['state']}" for v in data["variants"]))
+        reasons = sorted({v["signature"]["reason"] for v in data["variants"]})
+        for reason in reasons:
+            print(f"  {reason}")
         tpu = [v for v in data["variants"] if "tpu_compile" in v]
         if tpu:
             print("tpu compile (recorded in the release):")
@@ -136,6 +141,8 @@ def _info_data(repo_id: str) -> dict[str, Any]:
                 d["verification"] = source.verification(repo_id, res.commit, v)
             elif v.backend == "tpu":
                 d["tpu_compile"] = _tpu_compile_lines(source, repo_id, res.commit, v)
+        for d, status in zip(variants, _signatures(source, repo_id, res.commit, found), strict=True):
+            d["signature"] = status.to_dict()
     return {"repo_id": repo_id, "source": source.describe(), "metadata": metadata,
             "refs": [{"name": r.name, "kind": r.kind, "commit": r.commit} for r in refs],
             "variants_commit": commit, "variants": variants}
@@ -155,6 +162,48 @@ def _tpu_compile_lines(source: Any, repo_id: str, commit: str, variant: Any) -> 
     if info.tpu_compile is None:
         return ["not compiled for TPU (the release records no compile matrix)"]
     return info.tpu_compile.lines()
+
+
+def _signatures(source: Any, repo_id: str, commit: str, variants: list[Any]) -> list[SignatureStatus]:
+    """Each variant's signing status (signing.py): a Hub release's `build/<variant>/metadata.json.sigstore`, fetched
+    with its metadata.json where the listing has it and checked offline; a source folder is not a release."""
+    hub = getattr(source, "active", None) or source
+    if not isinstance(hub, HubSource):
+        return [SignatureStatus("not signed", "a source folder, not a release") for _ in variants]
+    try:
+        listed = hub.build_blob_ids(hub.hub_repo(repo_id), commit)
+    except KernelHubError as exc:
+        return [SignatureStatus("unverifiable", f"the build listing is unreadable: {one_line(str(exc))[:200]}")
+                for _ in variants]
+    verifier = sigstore_verifier()
+    out = []
+    for v in variants:
+        base = f"{fmt.BUILD_DIR}/{v.name}"
+        if f"{base}/{SIGNATURE_FILE}" not in listed:
+            out.append(signature_status(None, None, verifier))
+            continue
+        try:
+            bundle, meta = (_small_file(hub, repo_id, commit, f"{base}/{name}")
+                            for name in (SIGNATURE_FILE, fmt.VARIANT_METADATA))
+        except Exception as exc:  # the server's refusal or a broken cache: one line, the other variants still shown
+            out.append(SignatureStatus("unverifiable", f"{SIGNATURE_FILE} is listed but unreadable: "
+                                                       f"{one_line(str(exc))[:200]}"))
+            continue
+        out.append(signature_status(bundle, meta, verifier))
+    return out
+
+
+def _small_file(hub: HubSource, repo_id: str, commit: str, path: str) -> bytes | None:
+    """One file of a release at `commit` (None where it is not there), read up to MAX_SIGNATURE_BYTES + 1."""
+    from huggingface_hub.errors import EntryNotFoundError
+
+    try:
+        local = hub.api.hf_hub_download(hub.hub_repo(repo_id), path, repo_type=fmt.REPO_TYPE, revision=commit,
+                                        cache_dir=hub.cache_dir, local_files_only=hub.offline)
+    except EntryNotFoundError:
+        return None
+    with open(local, "rb") as f:
+        return f.read(MAX_SIGNATURE_BYTES + 1)
 
 
 def cmd_resolve(args: argparse.Namespace) -> int:

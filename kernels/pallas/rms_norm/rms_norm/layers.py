@@ -5,7 +5,10 @@ with the forward of the class NAME found here, bound to the original module: so 
 module's own attributes (`weight`, `variance_epsilon` or `eps`), and the classes carry no constructor and no members
 beyond HF kernels' `has_backward` / `can_torch_compile` (it refuses others). Names follow transformers' layer names:
   RMSNorm        weight * x_normed, cast to the input dtype before scaling (Llama, Qwen, Mixtral, ...);
-  GemmaRMSNorm   (1 + weight) * x_normed, scaled in float32 (Gemma 1-3).
+  GemmaRMSNorm   (1 + weight) * x_normed, scaled in float32 (Gemma 1-3);
+  RMSNormZeroCentered  the same form under the name transformers 5.25 marks it with (Qwen3.5, Qwen3.5-MoE).
+transformers 5.25 still marks "RMSNorm" on its Llama-style norms (133 classes) and "RMSNormZeroCentered" on Qwen3.5's;
+GPT-OSS's and Gemma's norms carry no mark (kernel-hub's own kernelize finds them by structure).
 The arithmetic is the package's `rms_norm` (this build's dispatch: torch-native on CPU, the Pallas kernel on TPU).
 """
 
@@ -47,6 +50,17 @@ class RMSNorm(nn.Module):
 
 class GemmaRMSNorm(nn.Module):
     """transformers' Gemma RMSNorm: (1 + weight) * x_normed in float32, cast once."""
+
+    has_backward = True
+    can_torch_compile = False
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return normalize(self, hidden_states, zero_centered=True, scale_after_cast=False)
+
+
+class RMSNormZeroCentered(nn.Module):
+    """transformers 5.25's "RMSNormZeroCentered" (Qwen3_5RMSNorm, Qwen3_5MoeRMSNorm): (1 + weight) * x_normed in
+    float32, cast once (GemmaRMSNorm's form)."""
 
     has_backward = True
     can_torch_compile = False

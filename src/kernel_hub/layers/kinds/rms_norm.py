@@ -2,13 +2,14 @@
 kernel-hub/rms-norm-tpu's `rms_norm`.
 
 The declaration, and the kind's flow over the jobs. Found by class name and structure (find.find_norms), whether or
-not HF kernels' `use_kernel_forward_from_hub` decorator marked the class (with kernels 0.17.2 transformers 5.24 leaves
-it unmarked); Diffusers models reach this kind through the same declaration (layers/diffusers.py). The form is read
-from the layer's own outputs, not its name: on random inputs, the kernel's four variants (weight or 1 + weight; scale
-in float32 or after the cast to the input dtype) are compared with the layer's current forward
-(validate.norm_form_errors) and the closest one is taken if it is within the dtype's tolerance (plan.choose_form);
-otherwise the layer is kept with the errors. The swap is this instance's `forward` only (swap.swap_forward, never a
-class or a module-level function); restore puts back exactly what was there.
+not HF kernels' `use_kernel_forward_from_hub` decorator marked the class (transformers 5.25 with kernels 0.19.1 marks
+its Llama-style norms "RMSNorm" and Qwen3.5's "RMSNormZeroCentered", not GPT-OSS's or Gemma's); Diffusers models
+reach this kind through the same declaration (layers/diffusers.py). The form is read from the layer's own outputs,
+not its name: on random inputs, the kernel's four variants (weight or 1 + weight; scale in float32 or after the cast
+to the input dtype) are compared with the layer's current forward (validate.norm_form_errors) and the closest one is
+taken if it is within the dtype's tolerance (plan.choose_form); otherwise the layer is kept with the errors. The swap
+is this instance's `forward` only (swap.swap_forward, never a class or a module-level function); restore puts back
+exactly what was there.
 """
 
 from __future__ import annotations
