@@ -109,8 +109,41 @@ def model_row(row: dict[str, Any]) -> dict[str, Any]:
             "how": f"{calls}; {cost.steps} steps, {cost.hbm_bytes / 2**20:.1f} MiB, {cost.flops:.3g} FLOP"}
 
 
+def ours_at_hf_shapes(rd: Any, geo: Any, row: dict[str, Any]) -> dict[str, Any]:
+    """Our ragged dot (gate_up then down) modeled at an HF ragged-dot-tpu row's shapes: one EP rank holding
+    local_experts of the model's experts, every token's top-k rows given (rows routed elsewhere past the local
+    groups' sum, as an expert-parallel caller passes them), one uniform top-k routing."""
+    import jax
+
+    from .model_worker import routing
+
+    s = row["shapes"]
+    tokens, local = s["tokens"], s["local_experts"]
+    gs = routing(tokens, geo.experts, geo.top_k)[:local]
+    c = chip(row["chip"])
+    total, weights = 0.0, 0
+    for _proj, m, k, n, _g in geo.projections(tokens):
+        sds = jax.ShapeDtypeStruct
+        fn = lambda a, b, g: rd.ragged_dot(a, b, g, implementation="pallas", interpret=False)
+        total += kernel_cost(fn, sds((m, k), "bfloat16"), sds((local, k, n), "bfloat16"), gs,
+                             generation=row["chip"]).seconds(c)
+        weights += int(np.count_nonzero(gs)) * k * n * 2
+    return {"id": row["id"], "tokens": tokens, "local_rows": int(gs.sum()), "active_local_experts":
+            int(np.count_nonzero(gs)), "ours_device_s": total, "ideal_s": weights / c.stream_bytes_per_s,
+            "measured_s": row["measured_s"]}
+
+
 def run_calibration(request: dict[str, Any], emit: Any) -> int:
-    """Request: {"mode": "calibration", "rows": [table rows]}; one "row" event per row."""
+    """Request: {"mode": "calibration", "rows": [table rows], "ragged_dot": package | absent}; one "row" event per
+    row, and with our ragged dot package one "ours_hf" event per HF ragged-dot-tpu row (ours at its shapes)."""
     for row in request["rows"]:
         emit({"event": "row", **model_row(row)})
+    if request.get("ragged_dot"):
+        from .worker import load_moe_kernel
+
+        rd, _shapes, geos = load_moe_kernel(request["ragged_dot"])
+        for row in request["rows"]:
+            if row["kernel"] == "hf_ragged_dot_tpu":
+                with tpu_target(row["chip"]):
+                    emit({"event": "ours_hf", **ours_at_hf_shapes(rd, geos["qwen3_30b_a3b"], row)})
     return 0

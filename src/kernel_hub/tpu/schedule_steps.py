@@ -159,6 +159,7 @@ class Steps:
         self.dmas = np.zeros(n, np.float64)
         self.unevaluated: set[str] = set()  # scalar ops left unknown (named when something needs them)
         self.scale = 1.0  # trip count of the scans around the equations being run (when not iterated)
+        self._static_dma: dict[tuple[int, int], tuple[int, str] | None] = {}  # (equation, endpoint) -> bytes, space
 
     def _where(self, mask: np.ndarray | None) -> np.ndarray:
         return (np.ones(self.ids.shape[1]) if mask is None else mask.astype(np.float64)) * self.scale
@@ -267,17 +268,22 @@ class Steps:
 
         tree = eqn.params["tree"]
         src, dst, _dst_sem, _src_sem, device_id = tree_util.tree_unflatten(tree, eqn.invars)
-        vsrc, vdst, *_ = tree_util.tree_unflatten(tree, invals)
 
-        def endpoint(ref: Any, value: Any) -> tuple[Any, str]:
-            if isinstance(ref, TransformedRef):
+        def endpoint(i: int, ref: Any) -> tuple[Any, str]:
+            if not isinstance(ref, TransformedRef):
+                return _ref_bytes(ref, (), self.where)
+            key = (id(eqn), i)
+            if key not in self._static_dma:  # a static size is the same on every visit: read once per equation
                 try:
-                    return _ref_bytes(ref.ref, ref.transforms, self.where)
+                    self._static_dma[key] = _ref_bytes(ref.ref, ref.transforms, self.where)
                 except Unmodeled:
-                    return _dynamic_ref_bytes(ref.ref, value.transforms, self.where)
-            return _ref_bytes(ref, (), self.where)
+                    self._static_dma[key] = None
+            if self._static_dma[key] is not None:
+                return self._static_dma[key]
+            value = tree_util.tree_unflatten(tree, invals)[i]
+            return _dynamic_ref_bytes(ref.ref, value.transforms, self.where)
 
-        (src_bytes, src_space), (dst_bytes, dst_space) = endpoint(src, vsrc), endpoint(dst, vdst)
+        (src_bytes, src_space), (dst_bytes, dst_space) = endpoint(0, src), endpoint(1, dst)
         where = self._where(mask)
         self.dmas += where
         if src_space in _HBM_SPACES:
