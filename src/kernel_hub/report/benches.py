@@ -36,6 +36,10 @@ class BenchSpec:
     needs_tpu_env: bool = False
 
 
+_CALIBRATION_ROWS = ",".join(
+    [f"v5e-matmul-128-{n}" for n in (1024, 4096, 8192)] + [f"v5e-matmul-512x1024x1024-{n}" for n in (1024, 4096, 8192)]
+    + [f"v5e-xla-matmul-{n}" for n in (1024, 4096, 8192)])
+
 BENCHES = (
     BenchSpec("ragged_dot", "ragged_dot.py", ("--quick",), ("--quick", "--shapes", "pallas_small_e8")),
     BenchSpec("attention", "attention.py", ("--quick",), ("--quick", "--repeats", "3")),
@@ -46,6 +50,10 @@ BENCHES = (
     # the full table (3 generations, both models, both phases) is `python bench/tpu_peers.py`; the report's run
     # stays within TIMEOUT_S: Qwen3-30B-A3B decode and attention on v5e
     BenchSpec("tpu_peers", "tpu_peers.py", ("--quick",), ("--quick",), needs_tpu_env=True),
+    # the cost model against published measured TPU times (bench/records/tpu_calibration.json); the report runs
+    # the v5e rows (seconds); `python bench/tpu_calibration.py` runs every row (RPA v3 at 128/256 sequences: minutes)
+    BenchSpec("tpu_calibration", "tpu_calibration.py", ("--rows", _CALIBRATION_ROWS), ("--rows", _CALIBRATION_ROWS),
+              needs_tpu_env=True),
 )
 #: Benches in a quick report (the test's): the cheapest one with plots.
 QUICK_BENCHES = ("ragged_dot",)

@@ -29,7 +29,7 @@ def routing(tokens: int, experts: int, top_k: int, seed: int = 0) -> np.ndarray:
 
 
 def _ideal(bytes_: float, flops: float, c: Any) -> float:
-    return max(bytes_ / c.hbm_bytes_per_s, flops / c.bf16_flops_per_s)
+    return max(bytes_ / c.stream_bytes_per_s, flops / c.bf16_flops_per_s)
 
 
 def _xla_estimate(fn: Any, args: tuple[Any, ...], generation: str) -> float | None:

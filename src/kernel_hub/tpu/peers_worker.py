@@ -159,9 +159,28 @@ def ragged_peers(rd: Any, m: int, k: int, n: int, g: int, gs: np.ndarray, dtype:
         peers.append(Peer("megablox gmm (best of sweep)",
                           lambda a, b, s, t=best: gmm(a, b, s, preferred_element_type=out, tiling=t), args,
                           detail=f"tiling {best[0]}x{best[1]}x{best[2]} (best of {swept} legal)"))
+    peers.append(_tpu_inference_gmm_peer(args, out, m, k, n, vmem, generation))
     peers.append(_tokamax_peer(m, k, n, g, gs, dtype))
     peers.append(Peer("jax.lax.ragged_dot (XLA)", lambda a, b, s: jax.lax.ragged_dot(a, b, s), args, xla=True))
     return peers
+
+
+def _tpu_inference_gmm_peer(args: tuple[Any, ...], out: Any, m: int, k: int, n: int, vmem: int,
+                            generation: str) -> Peer:
+    """vLLM's megablox gmm (tpu-inference 0.32.0, installed) at the best legal tiling: its own tuned/default
+    tiling and the same sweep as jax's megablox, each read by the model, the fastest that compiles kept."""
+    from .tpu_inference_peers import PeerUnavailable, import_kernel
+
+    name = "tpu-inference megablox gmm"
+    try:
+        ti = import_kernel("megablox_gmm")
+    except PeerUnavailable as exc:
+        return Peer(name, None, refused=str(exc))
+    cands = [("its default tiling", lambda a, b, s: ti.gmm(a, b, s, preferred_element_type=out))]
+    cands += [(f"tiling {t[0]}x{t[1]}x{t[2]}",
+               lambda a, b, s, t=t: ti.gmm(a, b, s, preferred_element_type=out, tiling=t))
+              for t in megablox_tilings(m, k, n, vmem)]
+    return best_legal(name, cands, args, generation, tries=2)
 
 
 def _tokamax_peer(m: int, k: int, n: int, g: int, gs: np.ndarray, dtype: str) -> Peer:
@@ -191,7 +210,7 @@ def moe_rows(rd: Any, geo: Any, phase: str, tokens: int, generation: str, dtype:
         active = int(np.count_nonzero(gs))
         bytes_ = (active * k * n + m * k + m * n) * item
         flops = 2.0 * m * k * n
-        ideal = lambda c, b=bytes_, f=flops: max(b / c.hbm_bytes_per_s, f / c.bf16_flops_per_s)
+        ideal = lambda c, b=bytes_, f=flops: max(b / c.stream_bytes_per_s, f / c.bf16_flops_per_s)
         shape = f"{geo.model} {proj} {phase} {tokens} tok (m={m} k={k} n={n})"
         rows += rows_for("ragged_dot", shape, ragged_peers(rd, m, k, n, g, gs, dtype, generation), ideal,
                          generation)
@@ -357,7 +376,51 @@ def decode_peers(fa: Any, geo: Any, b: int, cache: int, dtype: str, generation: 
     best_rpa[1].detail = pad + best_rpa[1].detail + "; no sinks; explicit blocks (its tuned-table lookup asks " \
         "jax.devices()[0], the CPU host under a mock TPU: 'TPU version must be 4 or higher')"
     peers.append(best_rpa[1])
+    peers.append(_rpa_v3_peer(geo, b, cache, dtype, generation, scale))
     return peers
+
+
+def _rpa_v3_peer(geo: Any, b: int, cache: int, dtype: str, generation: str, scale: float) -> Peer:
+    """vLLM's ragged paged attention v3 (tpu-inference 0.32.0, installed) at decode, best legal decode blocks.
+    Its main kernel stores the cache with the head dim padded to 128; its head-dim-64 kernel (kernel_hd64.py)
+    imports tpu_inference.utils, which needs torchax and vllm (not installed): the row says so."""
+    import jax
+
+    from .tpu_inference_peers import PeerUnavailable, as_chip, import_kernel
+
+    name = "tpu-inference RPA v3"
+    try:
+        rpa = import_kernel("rpa_v3")
+    except PeerUnavailable as exc:
+        return Peer(name, None, refused=str(exc))
+    hd64 = ""
+    try:
+        import_kernel("rpa_v3_hd64")
+    except PeerUnavailable as exc:
+        hd64 = f"; head-dim-64 kernel not walked: {exc}"
+    sds = jax.ShapeDtypeStruct
+    hq, hkv, d = geo.hq, geo.hkv, geo.d
+    dp = -(-d // 128) * 128
+    packing = 4 // np.dtype(jax.numpy.dtype(dtype)).itemsize
+    page = 128
+    pages_per_seq = cache // page
+    args = (sds((b, hq, d), dtype), sds((b, hkv, d), dtype), sds((b, hkv, d), dtype),
+            sds((b * pages_per_seq, page, 2 * hkv // packing, packing, dp), dtype),
+            np.full((b,), cache, np.int32), np.arange(b * pages_per_seq, dtype=np.int32),
+            np.arange(b + 1, dtype=np.int32), np.array([b, b, b], np.int32))
+
+    def make(blocks: tuple[int, int, int, int] | None) -> Callable[..., Any]:
+        def call(q, k, v, c, lens, pi, cu, dist):
+            with as_chip(rpa, generation):
+                return rpa.ragged_paged_attention(q, k, v, c, lens, pi, cu, dist, sm_scale=scale,
+                                                  d_block_sizes=blocks)
+        return call
+
+    cands = [("its default decode blocks", make(None))]
+    cands += [(f"decode blocks bq 1, bkv {t}", make((1, t, 1, t))) for t in (1024, 2048, 4096, 8192) if t <= cache]
+    peer = best_legal(name, cands, args, generation, tries=2)
+    peer.detail += f"; cache head dim padded {d} -> {dp}; no sinks" + hd64
+    return peer
 
 
 def attention_rows(fa: Any, geo: Any, shapes: Any, generation: str, dtype: str) -> list[dict[str, Any]]:
@@ -370,7 +433,7 @@ def attention_rows(fa: Any, geo: Any, shapes: Any, generation: str, dtype: str) 
     pre_flops = 4.0 * hq * s * (s + 1) / 2 * d
     dec_bytes = (2 * b * hq * d + 2 * b * hkv * cache * d) * item
     dec_flops = 4.0 * b * hq * cache * d
-    ideal = lambda by, fl: lambda c: max(by / c.hbm_bytes_per_s, fl / c.bf16_flops_per_s)
+    ideal = lambda by, fl: lambda c: max(by / c.stream_bytes_per_s, fl / c.bf16_flops_per_s)
     return [*rows_for("flash_attention prefill", f"gqa {hq}/{hkv}x{d} prefill {s} causal",
                       prefill_peers(fa, geo, s, dtype, generation), ideal(pre_bytes, pre_flops), generation),
             *rows_for("flash_attention decode", f"gqa {hq}/{hkv}x{d} decode b{b} cache {cache}",

@@ -16,9 +16,11 @@ every concrete argument), its collectives on big operands counted as ICI bytes. 
 that is the function's own argument costs XLA's copy of it (the argument is not donated). Anything the model cannot
 read is refused with one line naming the primitive (`Unmodeled`), never counted as zero.
 
-Modeled time on one device (chips.py: a v7x chip is two) = per call max(bytes / HBM bandwidth, FLOPs / peak, ICI
-bytes / ICI rate) + steps x STEP_OVERHEAD_S, plus the bytes of XLA ops outside the kernels that touch the big
-operands (pads, copies) at HBM bandwidth. Needs jax only (not libtpu): runs in the main environment too.
+Modeled time on one device (chips.py: a v7x chip is two), calibrated against published TPU measurements
+(bench/records/tpu_calibration.json) = per call max(bytes / streamed-copy bandwidth, FLOPs / peak + steps x
+STEP_OVERHEAD_S) plus one step's worth of the shorter side (pipeline prologue/epilogue), plus the bytes of XLA ops
+outside the kernels that touch the big operands (pads, copies) at streamed-copy bandwidth.
+Needs jax only (not libtpu): runs in the main environment too.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ class ScheduleCost:
         return sum(c.steps for c in self.calls)
 
     def seconds(self, chip: Chip) -> float:
-        total = sum(c.seconds(chip) for c in self.calls) + self.outside_bytes / chip.hbm_bytes_per_s
+        total = sum(c.seconds(chip) for c in self.calls) + self.outside_bytes / chip.stream_bytes_per_s
         if self.ici_bytes:
             from .ici import interconnect
 
@@ -96,8 +98,8 @@ def tpu_dispatch(generation: str | None = None) -> Iterator[None]:
 
 # ------------------------------------------------------------------------------------ outer evaluation
 
-#: Layout-only ops: no HBM traffic of their own.
-_FREE = {"reshape", "squeeze", "expand_dims", "broadcast_in_dim"}
+#: Layout-only ops: no HBM traffic of their own (a memory-space constraint only pins where an array lives).
+_FREE = {"reshape", "squeeze", "expand_dims", "broadcast_in_dim", "with_memory_space_constraint"}
 
 
 def _padded(rows: int, cols: int) -> int:

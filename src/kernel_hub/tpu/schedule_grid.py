@@ -43,12 +43,19 @@ class CallCost:
         return self.read_bytes + self.write_bytes
 
     def seconds(self, chip: Chip) -> float:
-        bound = max(self.hbm_bytes / chip.hbm_bytes_per_s, self.mxu_flops / chip.bf16_flops_per_s)
+        """Calibrated device time (bench/records/tpu_calibration.json): the DMAs stream at the bandwidth a copy
+        reaches and run under the steps; each step's fixed cost adds to its MXU work (the scalar core issues the
+        step, then the MXU runs), not to its DMAs; one step's worth of the shorter side is exposed as the
+        pipeline's prologue/epilogue (the first fetch before any compute, the last write-back after it); the
+        pipeline's stages are its grid steps plus the DMAs its body starts itself (a kernel that streams inside one
+        step, as RPA v3 does, overlaps all but its first)."""
+        dma = self.hbm_bytes / chip.stream_bytes_per_s
+        compute = self.mxu_flops / chip.bf16_flops_per_s + self.steps * STEP_OVERHEAD_S
         if self.ici_bytes:
             from .ici import interconnect
 
-            bound = max(bound, self.ici_bytes / interconnect(chip.generation).ring_bytes_per_s)
-        return bound + self.steps * STEP_OVERHEAD_S
+            dma = max(dma, self.ici_bytes / interconnect(chip.generation).ring_bytes_per_s)
+        return max(dma, compute) + min(dma, compute) / max(self.steps + self.dmas, 1)
 
 
 def _block_sizes(block_shape: Sequence[Any], array_shape: Sequence[int], idx: np.ndarray) -> np.ndarray:

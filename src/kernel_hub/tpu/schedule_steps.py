@@ -111,6 +111,40 @@ def _ref_bytes(var: Any, transforms: Sequence[Any], where: str) -> tuple[int, st
     return int(math.prod(shape)) * np.dtype(aval.dtype).itemsize, space
 
 
+def _dynamic_ref_bytes(var: Any, transforms: Sequence[Any], where: str) -> tuple[Any, str]:
+    """Bytes a DMA endpoint covers when a slice's size is a computed scalar (one value per grid step): only plain
+    indexers (integer indices and slices) are followed; anything else, or a size the walk does not know, refuses."""
+    from jax._src.state.indexing import NDIndexer, Slice
+
+    aval = var.aval
+    dims: list[Any] = list(aval.shape)
+    for t in transforms:
+        if not isinstance(t, NDIndexer):
+            if any(np.ndim(d) for d in dims):  # a reshape or bitcast of a ref still at its static shape only
+                raise Unmodeled("dma_start", where, f"a DMA of dynamic size through {type(t).__name__}")
+            from jax._src import core as jax_core
+
+            dims = list(t.transform_type(jax_core.ShapedArray(tuple(int(d) for d in dims), aval.dtype)).shape)
+            continue
+        if len(t.indices) > len(dims):
+            raise Unmodeled("dma_start", where, "a DMA through an indexer of more dimensions than its ref")
+        out: list[Any] = []
+        for idx in t.indices:
+            if isinstance(idx, Slice):
+                if isinstance(idx.size, Unknown):
+                    raise Unmodeled("dma_start", where, "a DMA whose size depends on data the model does not have")
+                out.append(np.asarray(idx.size, np.int64))
+            elif isinstance(idx, Unknown) or np.ndim(idx) <= 1:
+                continue  # an integer index (a scalar, or one per step) drops the dimension
+            else:
+                raise Unmodeled("dma_start", where, "a DMA with a gathered (array) index")
+        dims = out + dims[len(t.indices):]
+    size = np.ones((), np.int64)
+    for d in dims:
+        size = size * np.asarray(d, np.int64)
+    return size * np.dtype(aval.dtype).itemsize, memory_space(aval)
+
+
 class Steps:
     """Evaluates a kernel body or an index map over all grid steps at once: scalars are arrays [S]."""
 
@@ -125,6 +159,7 @@ class Steps:
         self.dmas = np.zeros(n, np.float64)
         self.unevaluated: set[str] = set()  # scalar ops left unknown (named when something needs them)
         self.scale = 1.0  # trip count of the scans around the equations being run (when not iterated)
+        self._static_dma: dict[tuple[int, int], tuple[int, str] | None] = {}  # (equation, endpoint) -> bytes, space
 
     def _where(self, mask: np.ndarray | None) -> np.ndarray:
         return (np.ones(self.ids.shape[1]) if mask is None else mask.astype(np.float64)) * self.scale
@@ -153,7 +188,7 @@ class Steps:
             self._dot(eqn, mask)
             return unknown
         if name == "dma_start":
-            self._dma(eqn, mask)
+            self._dma(eqn, invals, mask)
             return unknown
         if name == "cond":
             return self._cond(eqn, invals, mask)
@@ -224,20 +259,31 @@ class Steps:
         self.flops += flops * where
         self.mxu += flops * (F32_HIGHEST_PASSES if f32 else 1) * where
 
-    def _dma(self, eqn: Any, mask: np.ndarray | None) -> None:
+    def _dma(self, eqn: Any, invals: list[Any], mask: np.ndarray | None) -> None:
         """A DMA the kernel starts: HBM bytes by the endpoints' memory spaces; a remote copy's bytes also on ICI.
-        Its wait moves nothing (counted once, at the start)."""
+        Its wait moves nothing (counted once, at the start). A slice whose size is a scalar the walk computed
+        (pl.ds(start, size) with a size read from the scalar-prefetch data) moves that many rows on each step."""
         from jax import tree_util
         from jax._src.state.types import TransformedRef
 
-        src, dst, _dst_sem, _src_sem, device_id = tree_util.tree_unflatten(eqn.params["tree"], eqn.invars)
+        tree = eqn.params["tree"]
+        src, dst, _dst_sem, _src_sem, device_id = tree_util.tree_unflatten(tree, eqn.invars)
 
-        def endpoint(ref: Any) -> tuple[int, str]:
-            if isinstance(ref, TransformedRef):
-                return _ref_bytes(ref.ref, ref.transforms, self.where)
-            return _ref_bytes(ref, (), self.where)
+        def endpoint(i: int, ref: Any) -> tuple[Any, str]:
+            if not isinstance(ref, TransformedRef):
+                return _ref_bytes(ref, (), self.where)
+            key = (id(eqn), i)
+            if key not in self._static_dma:  # a static size is the same on every visit: read once per equation
+                try:
+                    self._static_dma[key] = _ref_bytes(ref.ref, ref.transforms, self.where)
+                except Unmodeled:
+                    self._static_dma[key] = None
+            if self._static_dma[key] is not None:
+                return self._static_dma[key]
+            value = tree_util.tree_unflatten(tree, invals)[i]
+            return _dynamic_ref_bytes(ref.ref, value.transforms, self.where)
 
-        (src_bytes, src_space), (dst_bytes, dst_space) = endpoint(src), endpoint(dst)
+        (src_bytes, src_space), (dst_bytes, dst_space) = endpoint(0, src), endpoint(1, dst)
         where = self._where(mask)
         self.dmas += where
         if src_space in _HBM_SPACES:

@@ -213,6 +213,10 @@ def main(argv: list[str]) -> int:
         from .model_quant import run_quant_model
 
         status = run_quant_model(request, emit)
+    elif request["mode"] == "calibration":
+        from .calibration_worker import run_calibration
+
+        status = run_calibration(request, emit)
     elif request["mode"] == "peers":
         from .peers_worker import run_peers
 

@@ -220,9 +220,23 @@ def with_vmem_limit(cfg: RaggedDotConfig, need: int, itemsize: int, chip: ChipFa
     return cfg
 
 
+#: Calibrated against published measured TPU times (kernel-hub's bench/records/tpu_calibration.json): the bandwidth
+#: a streamed copy reaches (3.21 of 3.685 TB/s on a TPU7x core) and a grid step's fixed cost on top of its MXU work.
+STREAM_FRACTION = 3.21e12 / 3.685e12
+CALIBRATED_STEP_SECONDS = 0.3286e-6
+
+
+def pipeline_seconds(hbm_bytes: float, flops: float, steps: float, chip: ChipFacts) -> float:
+    """A pipelined kernel's time: its DMAs stream under the steps, each step's fixed cost adds to its MXU work, and
+    one step's worth of the shorter side is exposed (the first fetch, or the last step's compute)."""
+    dma = hbm_bytes / (chip.hbm_bytes_per_s * STREAM_FRACTION)
+    compute = flops / chip.bf16_flops_per_s + steps * CALIBRATED_STEP_SECONDS
+    return max(dma, compute) + min(dma, compute) / max(steps, 1.0)
+
+
 def estimated_seconds(cfg: RaggedDotConfig, m: int, k: int, n: int, g: int, itemsize: int, chip: ChipFacts) -> float:
     """The forward's time on `chip` for rows spread evenly over the groups (a uniform routing):
-    max(HBM bytes / bandwidth, MXU FLOPs / peak) + steps x STEP_SECONDS, counted as the kernel schedules them.
+    pipeline_seconds of its HBM bytes, MXU FLOPs and steps, counted as the kernel schedules them.
 
     Items are the (row tile, expert block) pairs with rows; a weight block is fetched when the block changes
     (every step when K takes several); an lhs tile when the tile changes (every step when K takes several);
@@ -234,7 +248,7 @@ def estimated_seconds(cfg: RaggedDotConfig, m: int, k: int, n: int, g: int, item
     hbm = (rhs + lhs + out) * itemsize
     passes = 6 if itemsize == 4 else 1  # an f32 dot at HIGHEST precision: six bf16 MXU passes
     flops = 2.0 * rows * kp * np_ * passes
-    return max(hbm / chip.hbm_bytes_per_s, flops / chip.bf16_flops_per_s) + items * nk * nn * STEP_SECONDS
+    return pipeline_seconds(hbm, flops, items * nk * nn, chip)
 
 
 def choose_config(

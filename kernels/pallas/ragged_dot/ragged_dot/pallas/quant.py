@@ -31,11 +31,11 @@ from jax.experimental.pallas import tpu as pltpu
 from .._vendor.chips import ChipFacts, tile_budget_bytes
 from .._vendor.tiling import cdiv, round_up
 from .config import (
-    STEP_SECONDS,
     UNKNOWN_CHIP,
     RaggedDotConfig,
     fastest_fitting,
     forward_schedule,
+    pipeline_seconds,
     usable_vmem,
     with_vmem_limit,
 )
@@ -82,7 +82,7 @@ def quant_estimated_seconds(cfg: RaggedDotConfig, m: int, k: int, n: int, g: int
     out = tiles * cfg.tm * np_ * lhs_itemsize
     passes = 6 if lhs_itemsize == 4 else 1
     flops = 2.0 * rows * kp * np_ * passes
-    return max((rhs + lhs + out) / chip.hbm_bytes_per_s, flops / chip.bf16_flops_per_s) + items * nk * nn * STEP_SECONDS
+    return pipeline_seconds(rhs + lhs + out, flops, items * nk * nn, chip)
 
 
 def choose_quant_config(m: int, k: int, n: int, g: int, lhs_dtype: object, block_scales: bool, *,

@@ -1,0 +1,106 @@
+"""The cost model against published measured TPU kernel times: bench/records/tpu_calibration.json, row by row.
+
+    python bench/tpu_calibration.py [--json] [--rows ID,ID...] [--out PATH]
+
+Each row's kernel is modeled at its shapes by our walker on the measured kernel's own code as installed in the TPU
+environment (jax's Pallas ops; tpu-inference 0.32.0 with --no-deps), kernel_hub.tpu.calibration_worker; a row the
+walker cannot read says which primitive or why. modeled = the calibrated model's device time, plus host dispatch
+(chips.HOST_DISPATCH_S) where the measurement is host-timed; error = modeled / measured - 1 (target: within 20%).
+`uncalibrated` is the model before calibration (spec bandwidth, steps added to the bound) at the same shapes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from kernel_hub.tpu import calibration  # noqa: E402
+from kernel_hub.tpu.env import tpu_env  # noqa: E402
+from kernel_hub.tpu.package import folder_package  # noqa: E402
+from kernel_hub.tpu.runner import run_worker  # noqa: E402
+
+
+def model_rows(rows: list[dict], hf: list[dict] | None = None) -> list[dict]:
+    """Each table row with its modeled time and error (one TPU-env worker for all); with a list `hf`, our ragged
+    dot modeled at the HF ragged-dot-tpu rows' shapes is appended to it."""
+    request = {"mode": "calibration", "rows": rows}
+    if hf is not None:
+        request["ragged_dot"] = folder_package(ROOT / "kernels/pallas/ragged_dot").request()
+    events, status, stderr = run_worker(tpu_env(), request, timeout=3600)
+    if status != 0 or not any(e.get("event") == "done" for e in events):
+        tail = [ln for ln in stderr.splitlines() if ln.strip()][-3:]
+        raise SystemExit(f"the TPU calibration worker failed (exit {status}): {' | '.join(tail)}")
+    modeled = {e["id"]: e for e in events if e.get("event") == "row"}
+    if hf is not None:
+        hf += [{k: v for k, v in e.items() if k != "event"} for e in events if e.get("event") == "ours_hf"]
+    out = []
+    for row in rows:
+        m = modeled[row["id"]]
+        before = m["uncalibrated_s"]  # device time only, as the model stated it before calibration
+        out.append({**row, **calibration.compare(row, m["device_s"]), "how": m["how"],
+                    "uncalibrated_error": None if before is None else before / row["measured_s"] - 1.0})
+    return out
+
+
+def _us(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1e6:.1f}"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v * 100:+.1f}%"
+
+
+def table(rows: list[dict]) -> str:
+    head = ("row", "chip", "use", "modeled us", "measured us", "error", "uncalibrated", "how / why not")
+    out = [head]
+    for r in rows:
+        measured = _us(r.get("measured_s")) if "measured_s" in r else f"{r['measured_bytes_per_s'] / 1e12:.2f} TB/s"
+        out.append((r["id"], r["chip"], r["use"], _us(r["modeled_s"]), measured, _pct(r["error"]),
+                    _pct(r["uncalibrated_error"]), r["how"][:150]))
+    widths = [max(len(row[i]) for row in out) for i in range(len(head))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in out)
+
+
+def hf_table(hf: list[dict]) -> str:
+    """Hugging Face's ragged-dot-tpu as measured on a v6e beside ours modeled at the same shapes."""
+    head = ("tokens (one EP8 rank, 16 local experts)", "HF ragged-dot-tpu measured ms", "ours modeled ms",
+            "ours ideal ms", "ours/HF")
+    out = [head]
+    for r in hf:
+        out.append((str(r["tokens"]), f"{r['measured_s'] * 1e3:.3f}", f"{r['ours_device_s'] * 1e3:.3f}",
+                    f"{r['ideal_s'] * 1e3:.3f}", f"{r['ours_device_s'] / r['measured_s']:.2f}"))
+    widths = [max(len(row[i]) for row in out) for i in range(len(head))]
+    note = ("HF: measured on a v6e, op by op (host-timed, a whole experts layer incl. routing); ours: the calibrated "
+            "model's device time of gate_up + down, measured vs modeled, not like for like")
+    return "\n".join(["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in out]
+                     + [note])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parser.add_argument("--rows", default="", help="only these row ids (comma-separated)")
+    parser.add_argument("--out", type=Path, help="also write the modeled rows as JSON here")
+    args = parser.parse_args(argv)
+    rows = calibration.load()["rows"]
+    wanted = [t.strip() for t in args.rows.split(",") if t.strip()]
+    unknown = sorted(set(wanted) - {r["id"] for r in rows})
+    if unknown:
+        raise SystemExit(f"unknown --rows {', '.join(unknown)}; see {calibration.TABLE}")
+    hf: list[dict] = []
+    rows = model_rows([r for r in rows if not wanted or r["id"] in wanted], hf)
+    print(json.dumps({"rows": rows, "hf_ragged_dot_tpu": hf}, indent=1) if args.json
+          else table(rows) + ("\n\n" + hf_table(hf) if hf else ""))
+    if args.out:
+        args.out.write_text(json.dumps({"benchmark": "tpu_calibration", "rows": rows, "hf_ragged_dot_tpu": hf},
+                                       indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""Each calibration row's kernel modeled at its shapes, in the TPU environment: our walker (schedule.py) on the
+measured kernel's own code as installed (jax's Pallas ops, tpu-inference 0.32.0), else the reason it cannot be.
+
+One "row" event per table row: device_s (the model's device time on the row's chip, or None) and how (the kernel's
+calls and steps, or the one line saying why it was not modeled). The modeled-vs-measured comparison happens in
+calibration.compare, so the host-dispatch term stays out of the model.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .chips import chip
+from .schedule import ScheduleCost, kernel_cost
+from .worker import first_meaningful_line, tpu_target
+
+
+def _matmul(row: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
+    import jax
+    from jax.experimental.pallas.ops.tpu.matmul import matmul
+
+    s = row["shapes"]
+    bm, bk, bn = s["bm"], s["bk"], s["bn"]
+    args = (jax.ShapeDtypeStruct((s["m"], s["k"]), row["dtypes"]["x"]),
+            jax.ShapeDtypeStruct((s["k"], s["n"]), row["dtypes"]["y"]))
+    return (lambda x, y: matmul(x, y, block_shape=(bm, bn), block_k=bk)), args
+
+
+def _rpa_v3(row: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
+    """tpu-inference's RPA v3 at decode: every sequence one new token over kv_len cached ones, pages in order."""
+    import jax
+
+    from .tpu_inference_peers import as_chip, import_kernel
+
+    rpa = import_kernel("rpa_v3")
+    s, dt = row["shapes"], row["dtypes"]["kv_cache"]
+    b, hq, hkv, d, page, kv_len = s["seqs"], s["q_heads"], s["kv_heads"], s["head_dim"], s["page_size"], s["kv_len"]
+    packing = 4 // np.dtype(jax.numpy.dtype(dt)).itemsize
+    pages_per_seq = -(-kv_len // page)
+    sds = jax.ShapeDtypeStruct
+    args = (sds((b, hq, d), dt), sds((b, hkv, d), dt), sds((b, hkv, d), dt),
+            sds((b * pages_per_seq, page, 2 * hkv // packing, packing, d), dt),
+            np.full((b,), kv_len, np.int32), np.arange(b * pages_per_seq, dtype=np.int32),
+            np.arange(b + 1, dtype=np.int32), np.array([b, b, b], np.int32))
+    scale = 1.0 / math.sqrt(d)
+
+    def call(q, k, v, c, lens, pi, cu, dist):
+        with as_chip(rpa, row["chip"]):
+            return rpa.ragged_paged_attention(q, k, v, c, lens, pi, cu, dist, sm_scale=scale)
+    return call, args
+
+
+def _not_modeled(row: dict[str, Any]) -> str | None:
+    """Why a row's kernel is not walked here (None: it is)."""
+    kind = row["kernel"]
+    if kind == "gmm_v2":
+        from .tpu_inference_peers import PeerUnavailable, import_kernel
+
+        reasons = []
+        for name in ("gmm_v2_gather_scatter", "gmm_v2_ag_rs", "gmm_v2_fused_rs"):
+            try:
+                import_kernel(name)
+            except PeerUnavailable as exc:
+                reasons.append(str(exc))
+        return ("tpu-inference 0.32.0 ships no megablox gmm_v2 (the issue's kernel is newer); its experimental "
+                "gmm_v2 variants: " + ("; ".join(reasons) if reasons else "import, but are expert-parallel fused "
+                                       "kernels with in-kernel all-to-all, not this single-device call"))
+    if kind == "hf_ragged_dot_tpu":
+        return ("tokamax 0.0.12 (the newest installable with jax 0.10.2) has no implementation='mosaic_tpu_v2'; "
+                "the measured time is op-by-op host timing of a whole experts layer")
+    if kind == "streamed_copy":
+        return "a bandwidth (STREAM_FRACTION is fitted on it), not a kernel time"
+    return None
+
+
+def uncalibrated_seconds(cost: ScheduleCost, c: Any) -> float:
+    """The model before calibration (spec bandwidth, steps added to the bound), kept only to show what changed."""
+    total = cost.outside_bytes / c.hbm_bytes_per_s
+    for k in cost.calls:
+        total += max(k.hbm_bytes / c.hbm_bytes_per_s, k.mxu_flops / c.bf16_flops_per_s) + k.steps * 0.35e-6
+    return total
+
+
+def model_row(row: dict[str, Any]) -> dict[str, Any]:
+    """One row modeled: device_s (the calibrated model's device time on the row's chip, None where it is not
+    modeled), uncalibrated_s, and how (the calls and their totals, or the one line saying why not)."""
+    out: dict[str, Any] = {"id": row["id"], "device_s": None, "uncalibrated_s": None}
+    why = _not_modeled(row)
+    if why is not None:
+        return {**out, "how": why}
+    c = chip(row["chip"])
+    if row["kernel"] == "xla_matmul":  # not a Pallas kernel: no schedule to walk; its FLOPs at peak
+        s = row["shapes"]
+        flops_s = 2.0 * s["m"] * s["k"] * s["n"] / c.bf16_flops_per_s
+        return {**out, "device_s": flops_s, "uncalibrated_s": flops_s, "how": "XLA op: FLOPs at peak (no schedule)"}
+    build = {"pallas_matmul": _matmul, "rpa_v3": _rpa_v3}[row["kernel"]]
+    try:
+        with tpu_target(row["chip"]):
+            fn, args = build(row)
+            cost = kernel_cost(fn, *args, generation=row["chip"])
+    except Exception as exc:  # Unmodeled names the primitive; an import failure names the module
+        return {**out, "how": first_meaningful_line(str(exc) or type(exc).__name__)}
+    calls = ", ".join(f"{k.name} grid={k.grid}" for k in cost.calls)
+    return {**out, "device_s": cost.seconds(c), "uncalibrated_s": uncalibrated_seconds(cost, c),
+            "hbm_bytes": cost.hbm_bytes, "flops": cost.flops, "steps": cost.steps,
+            "how": f"{calls}; {cost.steps} steps, {cost.hbm_bytes / 2**20:.1f} MiB, {cost.flops:.3g} FLOP"}
+
+
+def ours_at_hf_shapes(rd: Any, geo: Any, row: dict[str, Any]) -> dict[str, Any]:
+    """Our ragged dot (gate_up then down) modeled at an HF ragged-dot-tpu row's shapes: one EP rank holding
+    local_experts of the model's experts, every token's top-k rows given (rows routed elsewhere past the local
+    groups' sum, as an expert-parallel caller passes them), one uniform top-k routing."""
+    import jax
+
+    from .model_worker import routing
+
+    s = row["shapes"]
+    tokens, local = s["tokens"], s["local_experts"]
+    gs = routing(tokens, geo.experts, geo.top_k)[:local]
+    c = chip(row["chip"])
+    total, weights = 0.0, 0
+    for _proj, m, k, n, _g in geo.projections(tokens):
+        sds = jax.ShapeDtypeStruct
+        fn = lambda a, b, g: rd.ragged_dot(a, b, g, implementation="pallas", interpret=False)
+        total += kernel_cost(fn, sds((m, k), "bfloat16"), sds((local, k, n), "bfloat16"), gs,
+                             generation=row["chip"]).seconds(c)
+        weights += int(np.count_nonzero(gs)) * k * n * 2
+    return {"id": row["id"], "tokens": tokens, "local_rows": int(gs.sum()), "active_local_experts":
+            int(np.count_nonzero(gs)), "ours_device_s": total, "ideal_s": weights / c.stream_bytes_per_s,
+            "measured_s": row["measured_s"]}
+
+
+def run_calibration(request: dict[str, Any], emit: Any) -> int:
+    """Request: {"mode": "calibration", "rows": [table rows], "ragged_dot": package | absent}; one "row" event per
+    row, and with our ragged dot package one "ours_hf" event per HF ragged-dot-tpu row (ours at its shapes)."""
+    for row in request["rows"]:
+        emit({"event": "row", **model_row(row)})
+    if request.get("ragged_dot"):
+        from .worker import load_moe_kernel
+
+        rd, _shapes, geos = load_moe_kernel(request["ragged_dot"])
+        for row in request["rows"]:
+            if row["kernel"] == "hf_ragged_dot_tpu":
+                with tpu_target(row["chip"]):
+                    emit({"event": "ours_hf", **ours_at_hf_shapes(rd, geos["qwen3_30b_a3b"], row)})
+    return 0
