@@ -19,27 +19,27 @@
    x0, w, out0 (element types XT, WT, OT) and M, N, K. */
 #define FOR_ROW_BLOCKS(WT, XT, OT, SETUP, BLOCKS) FOR_ROW_BLOCKS_M(WT, XT, OT, SETUP, BLOCKS, 4)
 /* The same with blocks of up to MB rows of x (AVX2 has 16 vector registers: its blocks take 2 rows). */
-#define FOR_ROW_BLOCKS_M(WT, XT, OT, SETUP, BLOCKS, MB)                                                      \
-    int n0 = 0;                                                                                               \
-    for (; n0 + R <= N; n0 += R) {                                                                            \
-        const WT *wr = w + (size_t)n0 * K;                                                                    \
-        for (int m0 = 0; m0 < M; m0 += MB) {                                                                  \
-            int mm = M - m0 < MB ? M - m0 : MB;                                                               \
-            const XT *x = x0 + (size_t)m0 * K;                                                                \
-            OT *out = out0 + (size_t)m0 * N;                                                                  \
-            SETUP                                                                                             \
-            BLOCKS(R)                                                                                         \
-        }                                                                                                     \
-    }                                                                                                         \
-    for (; n0 < N; n0++) {                                                                                    \
-        const WT *wr = w + (size_t)n0 * K;                                                                    \
-        for (int m0 = 0; m0 < M; m0 += MB) {                                                                  \
-            int mm = M - m0 < MB ? M - m0 : MB;                                                               \
-            const XT *x = x0 + (size_t)m0 * K;                                                                \
-            OT *out = out0 + (size_t)m0 * N;                                                                  \
-            SETUP                                                                                             \
-            BLOCKS(1)                                                                                         \
-        }                                                                                                     \
+#define FOR_ROW_BLOCKS_M(WT, XT, OT, SETUP, BLOCKS, MB)                                                              \
+    int n0 = 0;                                                                                                      \
+    for (; n0 + R <= N; n0 += R) {                                                                                   \
+        const WT *wr = w + (size_t)n0 * (size_t)K;                                                                   \
+        for (int m0 = 0; m0 < M; m0 += MB) {                                                                         \
+            int mm = M - m0 < MB ? M - m0 : MB;                                                                      \
+            const XT *x = x0 + (size_t)m0 * (size_t)K;                                                               \
+            OT *out = out0 + (size_t)m0 * (size_t)N;                                                                 \
+            SETUP                                                                                                    \
+            BLOCKS(R)                                                                                                \
+        }                                                                                                            \
+    }                                                                                                                \
+    for (; n0 < N; n0++) {                                                                                           \
+        const WT *wr = w + (size_t)n0 * (size_t)K;                                                                   \
+        for (int m0 = 0; m0 < M; m0 += MB) {                                                                         \
+            int mm = M - m0 < MB ? M - m0 : MB;                                                                      \
+            const XT *x = x0 + (size_t)m0 * (size_t)K;                                                               \
+            OT *out = out0 + (size_t)m0 * (size_t)N;                                                                 \
+            SETUP                                                                                                    \
+            BLOCKS(1)                                                                                                \
+        }                                                                                                            \
     }
 
 /* AVX2: a fixed-order sum of 8 float lanes (the same tree for every output, so results do not depend on the call). */
@@ -70,12 +70,12 @@ static inline uint16_t to_bf16(float f) {
 /* Many experts in one call: items[i] = (expert, first row, rows). Every thread that calls with the same `next`
    takes the next item (dynamic scheduling), so two workers share one layer without a return to Python per
    expert; the statement given runs one item `it`. The enclosing function has items, n and next. */
-#define FOR_ITEMS(...)                                                                                        \
-    for (;;) {                                                                                                \
-        int i = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);                                                \
-        if (i >= n) break;                                                                                    \
-        const int64_t *it = items + 3 * (size_t)i;                                                            \
-        __VA_ARGS__;                                                                                          \
+#define FOR_ITEMS(...)                                                                                               \
+    for (;;) {                                                                                                       \
+        int i = __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);                                                       \
+        if (i >= n) break;                                                                                           \
+        const int64_t *it = items + 3 * (size_t)i;                                                                   \
+        __VA_ARGS__;                                                                                                 \
     }
 
 #endif /* KH_NATIVE_LOOPS_H */
