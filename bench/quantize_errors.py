@@ -34,7 +34,7 @@ def dequantized64(q: torch.Tensor, s: torch.Tensor) -> np.ndarray:
 def kernel_table(rd) -> list[str]:
     from kernel_hub.numerics import relative_error
 
-    tq = sys.modules[f"{rd.__name__}.torch_cpu.quant"]
+    tq = sys.modules[f"{rd.__name__}.torch_cpu.quantized_ragged_dot"]
     nq = sys.modules[f"{rd.__name__}.torch_cpu.native_quant"]
     gen = torch.Generator().manual_seed(0)
     decode_sizes = torch.bincount(torch.randint(0, 128, (512,), generator=gen), minlength=128).tolist()

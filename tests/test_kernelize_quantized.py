@@ -38,9 +38,9 @@ def rd():
 @pytest.fixture
 def counted(rd, monkeypatch):
     """Grouped products the kernel ran on quantized weights, by weight dtype (both of its routes go through
-    torch_cpu/quant.py grouped_matmul_quantized)."""
+    torch_cpu/quantized_ragged_dot.py grouped_matmul_quantized)."""
     calls: list[torch.dtype] = []
-    module = sys.modules[f"{rd.__name__}.torch_cpu.quant"]
+    module = sys.modules[f"{rd.__name__}.torch_cpu.quantized_ragged_dot"]
     real = module.grouped_matmul_quantized
 
     def spy(lhs, rhs, rhs_scale, sizes, **kwargs):

@@ -1,7 +1,7 @@
 """The ragged dot's native rows kernel (native_rows.py): numbers against float64 on fresh random inputs at every tail
 (rows past a block of four, weight rows short of a group, K not a multiple of the vector width), NaN kept where it
 belongs, one grouped call equal to per-group calls bit for bit, and the build's trust rules: compiled only from the
-verified module's own source in a private folder that is gone before the first call; no compiler, a failed compile,
+package's own verified C files in a private folder that is gone before the first call; no compiler, a failed compile,
 a failed self-test or KERNEL_HUB_CPU_NATIVE=0 each leave the kernel off with the reason, and the packed and unpacked
 paths then take oneDNN / torch.mm together."""
 
@@ -145,21 +145,26 @@ def test_one_grouped_call_equals_per_group_calls_bit_for_bit(kernel, build):
             assert torch.equal(out, kernel.ragged_dot(x, stack.transpose(1, 2), torch.tensor(sizes)))
 
 
-def test_build_uses_only_the_module_source_in_a_private_folder_it_removes(fresh, monkeypatch, tmp_path):
+def test_build_uses_only_the_packages_c_files_in_a_private_folder_it_removes(fresh, monkeypatch, tmp_path):
+    """The compiler gets the package's own native_rows.c (the last argument) with native_loops.h beside it, byte for
+    byte as the package holds them, in a 0700 folder under the temp dir that is gone afterwards."""
     seen = []
     real = subprocess.run
 
     def spy(args, **kwargs):
         source = Path(args[-1])
-        seen.append((source.parent, source.read_text(), oct(source.parent.stat().st_mode & 0o777)))
+        files = {p.name: p.read_bytes() for p in source.parent.iterdir()}
+        seen.append((source, files, oct(source.parent.stat().st_mode & 0o777)))
         return real(args, **kwargs)
 
     monkeypatch.setattr(subprocess, "run", spy)
     ok, why = fresh.available(torch.float32)
     assert ok, why
-    [(folder, text, mode)] = seen
-    assert folder.parent == tmp_path and text == fresh.SOURCE and mode == "0o700"
-    assert not folder.exists() and list(tmp_path.iterdir()) == []  # nothing left behind
+    [(source, files, mode)] = seen
+    package = Path(fresh.__file__).parent
+    assert source.name == "native_rows.c" and source.parent.parent == tmp_path and mode == "0o700"
+    assert files == {name: (package / name).read_bytes() for name in ("native_rows.c", "native_loops.h")}
+    assert not source.parent.exists() and list(tmp_path.iterdir()) == []  # nothing left behind
 
 
 def test_the_build_ignores_the_compilers_environment(native, monkeypatch, tmp_path):
@@ -181,7 +186,7 @@ def test_the_build_ignores_the_compilers_environment(native, monkeypatch, tmp_pa
     monkeypatch.setenv("TMPDIR", str(tmp_path / "outside-tmp"))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "private"))
     (tmp_path / "private").mkdir()
-    lib, why = native.compile_c(native.SOURCE)
+    lib, why = native.compile_c(native.read_sources(native.C_FILES))
     assert lib is not None, why
     assert not marker.exists()  # the planted header's constructor is not in the library
     assert sorted(p.name for p in tmp_path.iterdir()) == ["planted", "private"]  # nothing written outside

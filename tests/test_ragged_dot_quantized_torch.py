@@ -114,7 +114,7 @@ def test_the_native_kernel_runs_and_agrees_with_the_dequantize_route(rd, nq, mon
         lhs = torch.randn(12, 300, generator=torch.Generator().manual_seed(1))
         sizes = torch.tensor([3, 0, 4, 1, 4])
         native = rd.ragged_dot(lhs, q, sizes, rhs_scale=s)
-        monkeypatch.setattr(_module(rd, "torch_cpu.quant"), "_native_ready", lambda *a: False)
+        monkeypatch.setattr(_module(rd, "torch_cpu.quantized_ragged_dot"), "_native_ready", lambda *a: False)
         fallback = rd.ragged_dot(lhs, q, sizes, rhs_scale=s)
         monkeypatch.undo()
         monkeypatch.setattr(nq, "grouped", lambda *a: (calls.append(1), real(*a))[1])
@@ -278,9 +278,9 @@ def test_torch_compile_fullgraph_on_the_quantized_path(rd):
 
 @pytest.mark.parametrize("fmt", list(DTYPES))
 def test_moe_experts_inference_route_equals_the_differentiable_one(rd, fmt):
-    """At CPU inference moe_experts takes torch_cpu/quant.py moe_experts_quantized (glue on a pool worker); with
-    autograd on it runs the two ragged dots: the same computation, so the same bits. Biases and a sentinel id
-    included."""
+    """At CPU inference moe_experts takes torch_cpu/quantized_ragged_dot.py moe_experts_quantized (glue on a pool
+    worker); with autograd on it runs the two ragged dots: the same computation, so the same bits. Biases and a
+    sentinel id included."""
     e, h, i, t = 5, 96, 40, 11
     gen = torch.Generator().manual_seed(4)
     up, s_up = rd.quantize(torch.randn(e, h, 2 * i, generator=gen), DTYPES[fmt])
@@ -294,7 +294,7 @@ def test_moe_experts_inference_route_equals_the_differentiable_one(rd, fmt):
     args = (ids, weights, up, down)
     kwargs = {"is_transposed": True, "w_gate_up_scale": s_up, "w_down_scale": s_down, **biases}
     calls = []
-    module = _module(rd, "torch_cpu.quant")
+    module = _module(rd, "torch_cpu.quantized_ragged_dot")
     real = module.moe_experts_quantized
     module_api = sys.modules[rd.__name__]
     module_api.moe_experts_quantized, saved = (lambda *a, **k: (calls.append(1), real(*a, **k))[1]), real
@@ -396,7 +396,7 @@ def test_gathered_rows_equal_the_gather_done_first(rd, nq, sizes):
     the product of lhs[idx] bit for bit, whether every group takes the route or one runs past MAX_ROWS; an index out
     of range is an IndexError, not a read outside lhs."""
     _require_x16_route(nq)
-    quant = _module(rd, "torch_cpu.quant")
+    quant = _module(rd, "torch_cpu.quantized_ragged_dot")
     q, s = operands(rd, "int8", len(sizes), 300, 72)
     g = torch.Generator().manual_seed(3)
     lhs = torch.randn(7, 300, generator=g).to(torch.bfloat16)

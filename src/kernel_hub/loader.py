@@ -12,6 +12,7 @@ import hashlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os
 import re
 import sys
 import threading
@@ -62,10 +63,24 @@ class _VerifiedLoader(importlib.abc.Loader):
         self.path = tree.package_dir.joinpath(*rel.split("/"))
 
     def _source_bytes(self) -> bytes:
-        data = self.path.read_bytes()
-        if sha256_bytes(data) != self.tree.digests[self.rel]:
-            raise IntegrityError(f"{self.tree.label}: file {self.rel} changed after it was verified")
+        return self._checked_bytes(self.rel)
+
+    def _checked_bytes(self, rel: str) -> bytes:
+        data = self.tree.package_dir.joinpath(*rel.split("/")).read_bytes()
+        if sha256_bytes(data) != self.tree.digests[rel]:
+            raise IntegrityError(f"{self.tree.label}: file {rel} changed after it was verified")
         return data
+
+    def get_data(self, path: str) -> bytes:
+        """A data file of the build by its path (importlib's ResourceLoader: how a kernel reads its C sources):
+        only a file among the build's digests, its bytes checked against its sha256 as they are read. OSError for
+        any other path (outside the package, or not verified)."""
+        root = os.path.abspath(self.tree.package_dir)
+        full = os.path.abspath(path)
+        rel = os.path.relpath(full, root).replace(os.sep, "/") if full.startswith(root + os.sep) else None
+        if rel is None or rel not in self.tree.digests:
+            raise FileNotFoundError(f"{self.tree.label}: {path} is not among the build's verified files")
+        return self._checked_bytes(rel)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         return None  # the default module object

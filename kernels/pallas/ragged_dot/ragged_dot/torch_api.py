@@ -12,8 +12,8 @@ the torch-native path first (torch_cpu/; jax is never imported, so the torch-cpu
 only torch is installed); on CUDA or TPU the JAX package's ragged_dot first (torch_bridge.py): through
 DLPack on CUDA, as the TorchTPU op `kernel_hub_ragged_dot_<version, digest>::ragged_dot` on TPU tensors (the
 torch-tpu build's entry, torch_tpu_api.py, registers it). Both are differentiable through torch autograd.
-Quantized weights (rhs_scale) dispatch the same way: "torch" is torch_cpu/quant.py, "jax" the JAX kernel with
-rhs_scale (on TPU the op `<namespace>::ragged_dot_quantized`).
+Quantized weights (rhs_scale) dispatch the same way: "torch" is torch_cpu/quantized_ragged_dot.py, "jax" the JAX
+kernel with rhs_scale (on TPU the op `<namespace>::ragged_dot_quantized`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from .release import VERSION
 from .torch_cpu.grouped import activate, combine_experts, num_workers, ragged_dot_torch, route
 from .torch_cpu.huge_pages import advise_huge_pages
 from .torch_cpu.packed import PackedExperts, PackingError, moe_experts_packed, pack_experts, packing_support
-from .torch_cpu.quant import (
+from .torch_cpu.quantized_ragged_dot import (
     QUANTIZED_DTYPES,
     check_quantized,
     compute_dtype,
@@ -116,12 +116,13 @@ def ragged_dot(
 ) -> torch.Tensor:
     """Grouped matmul: out[r] = lhs[r] @ rhs[g(r)] with rows grouped contiguously by group_sizes.
 
-    rhs_scale: quantized weights (torch_cpu/quant.py): rhs int8 with [G, 1, N] per-channel scales, or float8_e4m3fn with
-    [G, ceil(K/128), ceil(N/128)] block scales, float32; lhs bfloat16/float32; the result in lhs's dtype unless
-    preferred_element_type names another; gradients in lhs only. Dispatched like unquantized weights: "torch" is
-    torch_cpu/quant.py (the native CPU kernel, else one expert dequantized at a time), "jax" the JAX ragged_dot with
-    rhs_scale through the bridge (on TPU the Pallas kernel that dequantizes in VMEM, so HBM moves the 1-byte
-    weights). Arguments are checked here first, so both raise the same ValueError naming the argument.
+    rhs_scale: quantized weights (torch_cpu/quantized_ragged_dot.py): rhs int8 with [G, 1, N] per-channel scales, or
+    float8_e4m3fn with [G, ceil(K/128), ceil(N/128)] block scales, float32; lhs bfloat16/float32; the result in lhs's
+    dtype unless preferred_element_type names another; gradients in lhs only. Dispatched like unquantized weights:
+    "torch" is torch_cpu/quantized_ragged_dot.py (the native CPU kernel, else one expert dequantized at a time), "jax"
+    the JAX ragged_dot with rhs_scale through the bridge (on TPU the Pallas kernel that dequantizes in VMEM, so HBM
+    moves the 1-byte weights). Arguments are checked here first, so both raise the same ValueError naming the
+    argument.
 
     The JAX entry's dtype policy: the result has `preferred_element_type`, else lhs's dtype; lhs and rhs of
     different dtypes are computed in their promoted dtype. implementation: "torch" (native) or "jax" (the
@@ -190,8 +191,8 @@ def moe_experts(
     their weights (ragged_dot's rhs_scale rule in the [E, K, N] orientation; transposed with nn.Linear-style weights:
     [E, N, 1] or transformers' weight_scale_inv [E, ceil(N/128), ceil(K/128)]); the block then computes in the
     hidden_states dtype. Quantized, both projections follow `implementation` like ragged_dot (on TPU the JAX kernel
-    through the bridge); CPU inference with "torch" chosen takes torch_cpu/quant.py moe_experts_quantized instead
-    (the same products, its glue on a pool worker).
+    through the bridge); CPU inference with "torch" chosen takes torch_cpu/quantized_ragged_dot.py
+    moe_experts_quantized instead (the same products, its glue on a pool worker).
     """
     num_experts = gate_up_proj.shape[0]
     num_tokens, top_k = top_k_index.shape
