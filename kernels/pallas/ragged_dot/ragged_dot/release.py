@@ -4,4 +4,4 @@ It names the torch ops the torch-tpu build registers (kernel_hub_<kernel>_v<X>_<
 loaded in one process register two ops. Bump it with kernel.yaml.
 """
 
-VERSION = "1.6.1"
+VERSION = "1.7.0"

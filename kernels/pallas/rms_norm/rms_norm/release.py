@@ -4,4 +4,4 @@ It names the torch ops the torch-tpu build registers (kernel_hub_rms_norm_v<X>_<
 loaded in one process register two ops. Bump it with kernel.yaml.
 """
 
-VERSION = "1.0.0"
+VERSION = "1.1.0"
