@@ -7,6 +7,7 @@ layer's own outputs; a norm no form matches is kept with the errors; mapping={"r
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 
@@ -18,9 +19,11 @@ from kernel_hub.errors import KernelHubError  # noqa: E402
 from kernel_hub.layers import api  # noqa: E402
 from kernel_hub.layers.kinds import all_kinds  # noqa: E402
 from kernel_hub.layers.kinds import rms_norm as kind  # noqa: E402
+from kernel_hub.metadata import load_metadata  # noqa: E402
 from tests import tiny_models as tiny  # noqa: E402
 
 REPO = "kernel-hub/rms-norm-tpu"
+VERSION = load_metadata(Path(__file__).parents[1] / "kernels" / "pallas" / "rms_norm").version  # the embedded one
 
 
 def _logits(model, x):
@@ -44,7 +47,7 @@ def test_families_replace_experts_attention_and_every_rms_norm(family):
     assert by_kind["moe_experts"] and by_kind["attention"]
     norms = by_kind["rms_norm"]
     assert sorted(r.layer for r in norms) == _norm_paths(model) and norms
-    assert all(r.repo_id == REPO and r.version == "1.0.0" and r.max_error is not None and r.max_error <= 1e-4
+    assert all(r.repo_id == REPO and r.version == VERSION and r.max_error is not None and r.max_error <= 1e-4
                for r in norms)
     kept = [k for k in report.kept if k.kind == "rms_norm"]
     assert all("no 1-D weight" in k.reason for k in kept)  # Gemma 4's with_scale=False norms, and nothing else
