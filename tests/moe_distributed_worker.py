@@ -57,6 +57,8 @@ def main() -> dict[str, Any]:
                                                      dtype=torch.float32).eval()
         experts = [m for m in model.modules() if hasattr(m, "gate_up_proj")]
         weight = experts[0].gate_up_proj
+        q_proj = next(m for name, m in model.named_modules() if name.endswith("self_attn.q_proj")).weight
+        q_rows = q_proj.to_local().shape[0] if hasattr(q_proj, "to_local") else q_proj.shape[0]
         sharded = logits(model)
         report = kh.kernelize(model, mapping={"attention": None, "rms_norm": None})  # pins the MoE path
         calls = count_kernel_calls(model)
@@ -72,6 +74,8 @@ def main() -> dict[str, Any]:
             "global_shape": list(weight.shape),
             "local_shape": list(weight.to_local().shape) if hasattr(weight, "to_local") else list(weight.shape),
             "num_experts_attr": getattr(experts[0], "num_experts", None),
+            "q_proj_local_rows": q_rows,  # attention's q projection on this rank: sharded under tensor parallelism
+            "q_proj_rows": model.config.num_attention_heads * model.config.head_dim,
             "replaced": [r.layer for r in report.replaced],
             "kept": [[k.layer, k.reason] for k in report.kept],
             "validation_errors": [r.max_error for r in report.replaced],

@@ -203,11 +203,12 @@ def test_tpu_tensors_take_the_registered_quantized_op(rd, bridge, monkeypatch):
 
 def test_the_torch_tpu_build_lists_the_quantized_op_with_rhs_scale(bridge):
     specs = {spec.entry: spec for spec in bridge.tpu_specs()}
-    assert set(specs) == {"ragged_dot", "ragged_dot_quantized"}
+    assert set(specs) == {"ragged_dot", "ragged_dot_quantized", "experts_forward", "experts_forward_bias"}
     quantized = specs["ragged_dot_quantized"]
     params = inspect.signature(quantized.forward, eval_str=True).parameters
     assert list(params) == ["lhs", "rhs", "rhs_scale", "group_sizes", "preferred_element_type"]
     assert params["preferred_element_type"].kind is inspect.Parameter.KEYWORD_ONLY
     assert 0 in quantized.differentiable and 1 not in quantized.differentiable  # lhs, never the quantized bytes
     assert bridge.TPU_OPS.name("ragged_dot_quantized") == f"{bridge.TPU_OPS.namespace}::ragged_dot_quantized"
-    assert len({bridge.TPU_OPS.name(e) for e in specs} | {bridge.TPU_OPS.name(f"{e}_backward") for e in specs}) == 4
+    names = {bridge.TPU_OPS.name(e) for e in specs} | {bridge.TPU_OPS.name(f"{e}_backward") for e in specs}
+    assert len(names) == 2 * len(specs)  # each entry and its backward, all distinct
