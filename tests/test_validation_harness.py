@@ -63,3 +63,10 @@ def test_relative_error_metric():
     assert relative_error(np.array([np.inf, 0, 0]), e) == float("inf")  # NaN/Inf never pass, on either side
     assert relative_error(e, np.array([np.nan, 0, 0])) == float("inf")
     assert relative_error(np.zeros(2), e) == float("inf")
+
+
+def test_a_validation_module_without_cases_is_one_error_naming_the_contract(toy_kernel):
+    """contract.ValidationModule is checked, not only declared: a validation.py without cases() is refused clearly."""
+    (toy_kernel / "toy_scale/validation.py").write_text("CASES = []  # no cases() function\n")
+    with pytest.raises(kh.KernelHubError, match=r"validation module has no cases\(backend, framework=\) function"):
+        kh.validate(kh.get_local_kernel(toy_kernel, backend="cpu"), backend="cpu", seed=5)

@@ -213,8 +213,3 @@ def verified_digests(module: ModuleType) -> dict[str, str] | None:
     subprocess that imports the same build (the TPU compile worker) must check it against again."""
     tree = _finder.trees.get(module.__name__)
     return dict(tree.digests) if tree is not None else None
-
-
-def public_names(module: ModuleType) -> list[str]:
-    """A kernel's public surface is its __all__."""
-    return list(getattr(module, "__all__", []))

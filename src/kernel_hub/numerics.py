@@ -54,8 +54,3 @@ def relative_error(actual: Any, expected: Any) -> float:
     if a.size == 0:
         return 0.0
     return float(np.max(np.abs(a - e)) / max(float(np.max(np.abs(e))), SCALE_FLOOR))
-
-
-def within_tolerance(actual: Any, expected: Any, dtype: Any) -> bool:
-    """The verdict: relative_error <= tolerance(dtype) (never true for NaN, Inf or a shape mismatch)."""
-    return relative_error(actual, expected) <= tolerance(dtype)

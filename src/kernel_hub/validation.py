@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .contract import REFERENCE_ATTR, SHAPES_ATTR, cases_from_reference
+from .contract import REFERENCE_ATTR, SHAPES_ATTR, VALIDATION_MODULE, ValidationModule, cases_from_reference
 from .errors import KernelHubError, ValidationFailedError
 from .numerics import relative_error, to_float64, tolerance
 from .system import cache_root, detect, installed_version
@@ -198,13 +198,16 @@ def run_case(case: Any, module: ModuleType, seed: int, *, warm_runs: int = WARM_
 def _cases_for(module: ModuleType, backend: str) -> list[Any]:
     info = module.__kernel_hub__
     try:
-        cases_module = importlib.import_module(f"{module.__name__}.validation")
+        cases_module = importlib.import_module(f"{module.__name__}.{VALIDATION_MODULE}")
     except ImportError as exc:
         if not (hasattr(module, REFERENCE_ATTR) and hasattr(module, SHAPES_ATTR)):
             raise KernelHubError(f"{info.repo_id}: the package has no validation module ({exc}) and no "
                                  f"{REFERENCE_ATTR} + {SHAPES_ATTR} to generate cases from") from None
         op, reference = getattr(module, REFERENCE_ATTR)
         return cases_from_reference(op, reference, getattr(module, SHAPES_ATTR), framework=info.framework)
+    if not isinstance(cases_module, ValidationModule) or not callable(cases_module.cases):
+        raise KernelHubError(f"{info.repo_id}: its {VALIDATION_MODULE} module has no cases(backend, framework=) "
+                             "function: see kernel_hub.contract.ValidationModule")
     cases = list(cases_module.cases(backend, framework=info.framework))
     if not cases:
         raise KernelHubError(f"{info.repo_id}: no validation cases for backend {backend}")

@@ -46,10 +46,6 @@ FORMATS: dict[str, str] = {"int8": "[G, 1, N] (per expert and output channel)",
 BLOCK = pallas_quant.BLOCK
 
 
-def is_quantized(dtype: Any) -> bool:
-    return jnp.dtype(dtype).name in FORMATS
-
-
 def scale_shape(rhs_shape: tuple[int, ...], rhs_dtype: Any) -> tuple[int, int, int]:
     """The rhs_scale shape a quantized rhs [G, K, N] of this dtype takes."""
     g, k, n = rhs_shape

@@ -129,11 +129,6 @@ def quantize(weight: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, to
     return q, scale
 
 
-def quantized_bytes(rhs: torch.Tensor, rhs_scale: torch.Tensor) -> int:
-    """Bytes a quantized weight occupies: its bytes plus its scales'."""
-    return rhs.numel() * rhs.element_size() + rhs_scale.numel() * rhs_scale.element_size()
-
-
 # --- the grouped product -----------------------------------------------------------------------------------------
 
 
