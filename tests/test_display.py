@@ -38,7 +38,8 @@ def test_info_prints_a_hostile_compile_record_and_metadata_defused(monkeypatch, 
                "refs": [{"name": "v1\u202e", "kind": "branch", "commit": "b" * 40}], "variants_commit": "c" * 40,
                "variants": [{"name": "jax-tpu", "framework": "jax", "backend": "tpu", "entry": "ops\x1b",
                              "tpu_generations": ["v5e"], "requires": [["jax", ">=0.10\r"]],
-                             "tpu_compile": [FORGED, "  v5e 8/8 compiled\x1b[0m"]}]}
+                             "tpu_compile": [FORGED, "  v5e 8/8 compiled\x1b[0m"],
+                             "signature": {"state": "verified\x1b[2K", "reason": "signed by\nforged"}}]}
     monkeypatch.setattr(catalog, "_info_data", lambda repo: hostile)
     assert cli.main(["info", "evil/k"]) == 0
     out = capsys.readouterr().out

@@ -93,10 +93,11 @@ def cmd_info(args: argparse.Namespace) -> int:
             reqs = " ".join(f"{d}{s}" for d, s in v["requires"])
             dialect = f"  [{v['dialect']}: {v['verification']}]" if v.get("dialect") == KERNEL_BUILDER else ""
             print(f"  {v['name']:<12} {v['framework']:<6} {v['backend']:<5} entry {v['entry']}{gens}  {reqs}{dialect}")
-        print("signed    " + "; ".join(f"{v['name']} {v['signature']['state']}" for v in data["variants"]))
-        reasons = sorted({v["signature"]["reason"] for v in data["variants"]})
-        for reason in reasons:
-            print(f"  {reason}")
+        signed = [(v["name"], v["signature"]) for v in data["variants"] if v.get("signature")]
+        if signed:
+            print("signed    " + "; ".join(f"{name} {sig['state']}" for name, sig in signed))
+            for reason in sorted({sig["reason"] for _, sig in signed}):
+                print(f"  {reason}")
         tpu = [v for v in data["variants"] if "tpu_compile" in v]
         if tpu:
             print("tpu compile (recorded in the release):")
