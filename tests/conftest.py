@@ -101,3 +101,15 @@ def interop_hub(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
 
     with published_hub(tmp_path_factory.mktemp("interop"), request.module.INTEROP_KERNELS) as hub:
         yield hub
+
+
+@pytest.fixture(scope="session")
+def tpu_environment():
+    """The TPU environment (.venv-tpu: libtpu, torch_tpu) from `make test`; skips, saying why, where it is absent
+    (outside `make test` only: CI always has it)."""
+    from kernel_hub.tpu.env import TpuEnvironmentError, tpu_env
+
+    try:
+        return tpu_env()
+    except TpuEnvironmentError as exc:
+        pytest.skip(str(exc))

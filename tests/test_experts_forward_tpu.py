@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from kernel_hub.tpu.env import TpuEnvironmentError, tpu_env
-
 ROOT = Path(__file__).resolve().parents[1]
 CHECKS = ROOT / "tests" / "tpu_env" / "experts_forward_checks.py"
 PASSED = {
@@ -27,11 +25,8 @@ PASSED = {
 
 
 @pytest.fixture(scope="module")
-def env():
-    try:
-        return tpu_env()
-    except TpuEnvironmentError as exc:
-        pytest.skip(str(exc))
+def env(tpu_environment):
+    return tpu_environment
 
 
 def test_experts_forward_is_one_torch_tpu_op_per_layer(env, tmp_path):

@@ -19,7 +19,6 @@ from huggingface_hub import HfApi
 from kernel_hub.api import load_plan, plan_load
 from kernel_hub.errors import KernelImportError
 from kernel_hub.hub import HubSource
-from kernel_hub.tpu.env import TpuEnvironmentError, tpu_env
 from tests.hub_server import hub_env, running_server
 from tests.kernel_builder_repo import RAGGED_TPU, publish, write_variant
 
@@ -48,11 +47,8 @@ def test_here_a_simulated_tpu_chooses_torch_tpu_and_the_import_says_why_not(hub,
         load_plan(plan, trust_remote_code=True)
 
 
-def test_get_kernel_imports_it_in_the_tpu_environment(hub, tmp_path: Path) -> None:
-    try:
-        env = tpu_env()
-    except TpuEnvironmentError as exc:
-        pytest.skip(str(exc))
+def test_get_kernel_imports_it_in_the_tpu_environment(hub, tmp_path: Path, tpu_environment) -> None:
+    env = tpu_environment
     child = hub_env(hub, tmp_path / "hf-cache", TF_CPP_MIN_LOG_LEVEL="3", ALLOW_MULTIPLE_LIBTPU_LOAD="1",
                     JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT / "src"), KERNEL_HUB_CACHE=str(tmp_path / "kh"))
     done = subprocess.run([str(env.python), str(SCRIPT), REPO], capture_output=True, text=True, timeout=300,

@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 
 from kernel_hub.metadata import load_metadata
-from kernel_hub.tpu.env import TpuEnvironmentError, tpu_env
 
 torch = pytest.importorskip("torch")
 
@@ -71,11 +70,8 @@ def _namespace(kernel: str, package_dir: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def env():
-    try:
-        return tpu_env()
-    except TpuEnvironmentError as exc:
-        pytest.skip(str(exc))
+def env(tpu_environment):
+    return tpu_environment
 
 
 def _child_env(**extra: str) -> dict[str, str]:

@@ -129,17 +129,22 @@ def _form(h: torch.Tensor, kind: str, concatenated: bool, activation: str, alpha
     return (u + 1) * (g * torch.sigmoid(g * alpha))
 
 
+def _run_probe(module: Any, fn: Any, what: str, probe: torch.Tensor) -> torch.Tensor:
+    """The module's own gate or activation on the probe; one refusal naming it when it cannot run there."""
+    try:
+        with torch.no_grad():
+            return fn(probe)
+    except Exception as exc:
+        raise _refuse(module, f"its {what} does not run on a float32 CPU probe ({type(exc).__name__}: {exc})") \
+            from None
+
+
 def _recognise_gate(module: Any, concatenated: bool, width: int) -> tuple[str, bool, str, float, float]:
     gate = getattr(module, "_apply_gate", None)
     if not callable(gate):
         raise _refuse(module, "has_gate is set but it has no _apply_gate")
     probe = _probe(width)
-    try:
-        with torch.no_grad():
-            got = gate(probe)
-    except Exception as exc:
-        raise _refuse(module, f"its _apply_gate does not run on a float32 CPU probe ({type(exc).__name__}: {exc})") \
-            from None
+    got = _run_probe(module, gate, "_apply_gate", probe)
     for form in _gate_forms(module, concatenated):
         if _close(got, _form(probe, *form)):
             return form
@@ -152,12 +157,7 @@ def _recognise_activation(module: Any, width: int) -> str:
     if not callable(act):
         raise _refuse(module, "it is ungated (has_gate=False) but has no act_fn")
     probe = _probe(width)
-    try:
-        with torch.no_grad():
-            got = act(probe)
-    except Exception as exc:
-        raise _refuse(module, f"its act_fn does not run on a float32 CPU probe ({type(exc).__name__}: {exc})") \
-            from None
+    got = _run_probe(module, act, "act_fn", probe)
     for name, fn in ACTIVATIONS.items():
         if _close(got, fn(probe)):
             return name
