@@ -1,7 +1,8 @@
 """torch.compile(fullgraph=True) on kernelized tiny models: forward (plain and left-padded) and a short greedy generate.
 
 The expert kernels run as torch custom ops with fake implementations under compile (ragged_dot/torch_cpu/grouped.py) and
-the attention's mask check is a torch.cond in the graph (layers/attention.py traced_plan), so dynamo traces the
+the attention's mask check picks the kernel or the previous implementation in the graph (layers/attention.py
+traced_plan), so dynamo traces the
 whole model without a graph break. The reference is always the uncompiled, unkernelized copy with the same weights.
 
 The graphs are compiled with the "aot_eager" backend: dynamo's full-graph trace and AOT autograd's fake-tensor pass
@@ -67,13 +68,44 @@ def test_compiled_forward_equals_unkernelized(family):
 def test_compiled_mask_the_kernel_cannot_express_runs_the_previous_implementation():
     m, ref = _model("qwen3_moe")
     x, mask = _batch()
-    mask[0, 2] = 0  # a hole in row 0: not one contiguous run, so torch.cond takes the previous implementation
+    mask[0, 2] = 0  # a hole in row 0: not one contiguous run, so the check picks the previous implementation
     c = _compiled(m)
     with torch.no_grad():
         got = c(input_ids=x, attention_mask=mask, use_cache=False).logits
         want = ref(input_ids=x, attention_mask=mask, use_cache=False).logits
     keep = mask.bool()
     assert (got[keep] - want[keep]).abs().max().item() <= TOL
+
+
+def test_compiled_call_leaves_the_context_variables_as_it_found_them():
+    """transformers' output capture (and kernels' use_kernelized_func) set a context variable before each forward
+    and reset it after; under compile they fall back to a plain global. A torch.cond between the two made dynamo
+    (torch 2.13) drop the reset: the next eager forward then collected no hidden states and every compiled call
+    recompiled. After a compiled, left-padded call (the mask check in the graph) both are back to rest, an eager
+    call returns every layer's hidden states equal to the unkernelized model's, and a second call reuses the graph."""
+    from transformers.utils.output_capturing import _active_collector
+
+    m, ref = _model("qwen3_moe")
+    x, mask = _batch()
+    c = _compiled(m)
+    with torch.no_grad():
+        c(input_ids=x, attention_mask=mask, use_cache=False)
+        assert _active_collector.global_var is None and not _active_collector.compiling
+        try:
+            from kernels._internals.layer.layer import _ACTIVE_KERNEL_FUNCS
+        except ImportError:  # a kernels without use_kernelized_func has no such variable
+            _ACTIVE_KERNEL_FUNCS = None
+        if _ACTIVE_KERNEL_FUNCS is not None:
+            assert _ACTIVE_KERNEL_FUNCS.global_var is None and not _ACTIVE_KERNEL_FUNCS.uses_global_var
+        got = m(input_ids=x, attention_mask=mask, use_cache=False, output_hidden_states=True).hidden_states
+        want = ref(input_ids=x, attention_mask=mask, use_cache=False, output_hidden_states=True).hidden_states
+        assert got is not None and len(got) == len(want) == m.config.num_hidden_layers + 1
+        keep = mask.bool()
+        for a, b in zip(got, want, strict=True):
+            assert (a[keep] - b[keep]).abs().max().item() <= TOL
+        with torch.compiler.set_stance("fail_on_recompile"):
+            again = c(input_ids=x, attention_mask=mask, use_cache=False).logits
+    assert torch.isfinite(again[keep]).all()
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])

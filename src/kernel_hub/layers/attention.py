@@ -404,7 +404,7 @@ def traced_plan(
     mask: torch.Tensor | None, sq: int, skv: int, *, causal: bool, window: int | None
 ) -> tuple[Plan | None, torch.Tensor | None, str]:
     """plan_call for torch.compile: every decision on shapes and static facts is taken here, every decision on the
-    mask's values is one bool tensor `ok` (None: the plan needs no check) for torch.cond to branch on in the graph.
+    mask's values is one bool tensor `ok` (None: the plan needs no check) that picks the branch in the graph.
     The plan is always the general one (shifts and lengths): with zero shifts and full lengths it computes exactly
     what the unshifted plan does. (None, None, why): the previous implementation runs, decided statically."""
     if mask is None or not isinstance(mask, torch.Tensor):
@@ -489,8 +489,8 @@ def _kernel_call(
 def _traced_kernel_call(module, flash, query, key, value, attention_mask, kwargs, *, pad: HeadPad, causal: bool,
                         window: int | None) -> tuple[Any, Plan | None, str]:
     """_kernel_call under torch.compile: no Python branch on tensor values. Where the mask's values decide, the graph
-    holds both the kernel and the previous implementation under torch.cond on the plan's check, so a mask the kernel
-    cannot express still runs the previous implementation, exactly as in eager mode."""
+    holds both the kernel and the previous implementation and keeps one by the plan's check (torch.where), so a mask the
+    kernel cannot express still gets the previous implementation's output, exactly as in eager mode."""
     plan, ok, why = traced_plan(attention_mask, query.shape[2], key.shape[2], causal=causal, window=window)
     if plan is None:
         return None, None, why
@@ -508,37 +508,13 @@ def _traced_kernel_call(module, flash, query, key, value, attention_mask, kwargs
     def previous(q, k, v):
         return prev_fn(module, q, k, v, attention_mask, **kwargs)[0]
 
-    # torch.cond wants both branches' outputs with equal strides; `.contiguous()` keeps whatever stride a size-1 dim
-    # had (a decode step's one query row, a sliced head size), so each branch returns a fresh row-major copy. The
-    # operands go in row-major too: inductor compiles each branch for row-major inputs and did not copy a transposed
-    # q/k/v view into that layout (DeepSeek-V3's generate failed its size/stride assert)
-    operands = tuple(row_major(t) for t in (query, key, value))
-    return torch.cond(ok, _row_major(kernel), _row_major(previous), operands), plan, ""
-
-
-@torch.library.custom_op("kernel_hub::row_major", mutates_args=())
-def row_major(x: torch.Tensor) -> torch.Tensor:
-    """A copy of x in canonical row-major strides. An op, not a Python copy: inductor may lay a copy it generates out
-    as it likes, while an op's output keeps its fake implementation's strides, which torch.cond's branches rely on."""
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
-
-
-@row_major.register_fake
-def _(x: torch.Tensor) -> torch.Tensor:
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
-
-
-row_major.register_autograd(lambda ctx, grad: grad, setup_context=lambda ctx, inputs, output: None)
-
-
-def _row_major(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """fn with its output in canonical row-major strides (torch.cond compares branch strides exactly)."""
-
-    def run(*args: Any) -> torch.Tensor:
-        return row_major(fn(*args))
-
-    return run
-
+    # torch.where, not torch.cond: torch 2.13's dynamo drops a store to an object attribute made after a torch.cond
+    # when the traced frame stored to the same attribute before it. transformers' output capture and kernels'
+    # use_kernelized_func set a context variable around every attention layer's forward and reset it after, so
+    # under torch.cond the reset was lost: after one compiled call the variable stayed in its compile-time global
+    # mode, the next eager forward collected no hidden states, and every compiled call recompiled. Both branches
+    # run here (the cost of a mask check under compile) and the check picks one; neither branch mutates anything.
+    return torch.where(ok, kernel(query, key, value), previous(query, key, value)), plan, ""
 
 
 def _rel_rows(out: torch.Tensor, ref: torch.Tensor, rows: torch.Tensor | None) -> float:
