@@ -203,17 +203,28 @@ def test_no_cycle_among_module_level_imports() -> None:
 
 def test_the_graph_covers_every_tree() -> None:
     """kernel_hub, _common and every kernel package are in the graph, and a kernel's `_vendor` imports land on
-    _common (ragged_dot's api uses _common's dispatch)."""
+    _common (ragged_dot's dispatch uses _common's)."""
     graph = _graph()
     roots = {m.split(".")[0] for m in graph.modules}
     assert {"kernel_hub", COMMON, "ragged_dot", "flash_attention", "rms_norm"} <= roots
-    assert "_common.dispatch" in graph.every["ragged_dot.api"]
+    assert "_common.dispatch" in graph.every["ragged_dot.dispatch"]
 
 
 @pytest.mark.parametrize(("folder", "forbidden"), [("validation.py", "tpu"), ("buildfmt.py", "tpu")])
 def test_numbers_and_the_build_format_need_no_tpu(folder: str, forbidden: str) -> None:
     name = "kernel_hub." + folder.removesuffix(".py")
     assert not {t for t in _graph().every[name] if t.startswith(f"kernel_hub.{forbidden}")}
+
+
+def test_the_tpu_sides_stay_apart() -> None:
+    """tpu/compile_gate and tpu/cost_model never import each other; what they share lives once in tpu/ and imports
+    neither side, but for worker.py, the subprocess entry that hands each request mode to its side."""
+    every = _graph().every
+    sides = ("kernel_hub.tpu.compile_gate", "kernel_hub.tpu.cost_model")
+    for side, other in (sides, sides[::-1]):
+        assert not {(m, t) for m, ts in every.items() if m.startswith(side) for t in ts if t.startswith(other)}
+    shared = [m for m in every if m.startswith("kernel_hub.tpu") and not m.startswith(sides)]
+    assert {m for m in shared for t in every[m] if t.startswith(sides)} == {"kernel_hub.tpu.worker"}
 
 
 def test_the_guard_sees_a_cycle() -> None:
