@@ -3,8 +3,8 @@
     python bench/tpu_calibration.py [--json] [--rows ID,ID...] [--out PATH]
 
 Each row's kernel is modeled at its shapes by our walker on the measured kernel's own code as installed in the TPU
-environment (jax's Pallas ops; tpu-inference 0.32.0 with --no-deps), kernel_hub.tpu.calibration_worker; a row the
-walker cannot read says which primitive or why. modeled = the calibrated model's device time, plus host dispatch
+environment (jax's Pallas ops; tpu-inference 0.32.0 with --no-deps), kernel_hub.tpu.cost_model.calibration_worker; a row
+the walker cannot read says which primitive or why. modeled = the calibrated model's device time, plus host dispatch
 (chips.HOST_DISPATCH_S) where the measurement is host-timed; error = modeled / measured - 1 (target: within 20%).
 `uncalibrated` is the model before calibration (spec bandwidth, steps added to the bound) at the same shapes.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from kernel_hub.tpu import calibration  # noqa: E402
+from kernel_hub.tpu.cost_model import calibration  # noqa: E402
 from kernel_hub.tpu.env import tpu_env  # noqa: E402
 from kernel_hub.tpu.package import folder_package  # noqa: E402
 from kernel_hub.tpu.runner import run_worker  # noqa: E402

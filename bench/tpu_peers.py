@@ -3,16 +3,16 @@
     python bench/tpu_peers.py [--json] [--generations v5e,v6e,v7x] [--kernels ragged_dot,attention] [--out PATH]
                               [--quick]
 
-Rows (kernel_hub.tpu.peers_worker): per seed MoE geometry (Qwen3-30B-A3B, Gemma 4 26B-A4B), gate_up and down, decode
-64 tokens and prefill 4096 (one uniform top-8 routing per row): our ragged dot, megablox gmm (default tiling and
+Rows (kernel_hub.tpu.cost_model.peers_worker): per seed MoE geometry (Qwen3-30B-A3B, Gemma 4 26B-A4B), gate_up and down,
+decode 64 tokens and prefill 4096 (one uniform top-8 routing per row): our ragged dot, megablox gmm (default tiling and
 the best of a sweep over legal tilings), vLLM's megablox gmm (tpu-inference 0.32.0, installed; best legal tiling),
 Tokamax 0.0.12's Mosaic ragged dot (or its refusal), jax.lax.ragged_dot (XLA's optimal_seconds); attention at
 GPT-OSS-20B heads (64/8 x 64, sinks), prefill 4096 causal and decode batch 64 over 8192-long caches: ours, jax
 flash_attention, splash_attention, paged_attention, ragged_paged_attention, vLLM's RPA v3 (tpu-inference).
-modeled_s: kernel_hub.tpu.schedule.kernel_cost, calibrated against measured TPU times (bench/tpu_calibration.py: per
-call max(HBM bytes / streamed-copy bandwidth, MXU FLOPs / peak + steps x 0.329 us) + pipeline prologue); ideal_s:
-bytes moved once at streamed-copy bandwidth or useful FLOPs / peak; compiled: libtpu for that generation ("yes" or
-the compiler's first line). One TPU-env worker per generation, run in parallel.
+modeled_s: kernel_hub.tpu.cost_model.schedule.kernel_cost, calibrated against measured TPU times
+(bench/tpu_calibration.py: per call max(HBM bytes / streamed-copy bandwidth, MXU FLOPs / peak + steps x 0.329 us) +
+pipeline prologue); ideal_s: bytes moved once at streamed-copy bandwidth or useful FLOPs / peak; compiled: libtpu for
+that generation ("yes" or the compiler's first line). One TPU-env worker per generation, run in parallel.
 """
 
 from __future__ import annotations

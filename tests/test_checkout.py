@@ -20,7 +20,8 @@ import json, subprocess, sys
 from pathlib import Path
 import kernel_hub
 from kernel_hub.checkout import checkout_decision
-from kernel_hub.tpu import env, mesh, runner
+from kernel_hub.tpu import env, runner
+from kernel_hub.tpu.cost_model import mesh
 from kernel_hub.report import benches, environment
 from kernel_hub.registry import registry_location
 

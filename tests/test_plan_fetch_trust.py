@@ -16,7 +16,7 @@ from kernel_hub.lock import lock_one
 from kernel_hub.planning import plan_load
 from kernel_hub.sources import Build, Origin
 from kernel_hub.system import SystemFacts
-from kernel_hub.tpu import gate
+from kernel_hub.tpu.compile_gate import gate
 from kernel_hub.variants import Variant
 from kernel_hub.versions import Ref
 

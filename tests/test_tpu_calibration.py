@@ -18,9 +18,9 @@ import jax.numpy as jnp
 import pytest
 from jax.experimental.pallas.ops.tpu.matmul import matmul
 
-from kernel_hub.tpu import calibration
 from kernel_hub.tpu.chips import HOST_DISPATCH_S, STEP_OVERHEAD_S, STREAM_FRACTION, chip
-from kernel_hub.tpu.schedule import kernel_cost
+from kernel_hub.tpu.cost_model import calibration
+from kernel_hub.tpu.cost_model.schedule import kernel_cost
 from tests.client_env import child_env
 from tests.tpu_toys import env_or_skip
 
@@ -98,11 +98,11 @@ def test_the_uncalibrated_model_missed_the_step_bound_regime():
 
 _WALK = r"""
 import json, sys
-from kernel_hub.tpu import calibration
-from kernel_hub.tpu.calibration_worker import _rpa_v3, model_row
-from kernel_hub.tpu.schedule import kernel_cost, Unmodeled
-from kernel_hub.tpu.tpu_inference_peers import PeerUnavailable, import_kernel, installed_version
-from kernel_hub.tpu.worker import tpu_target
+from kernel_hub.tpu.cost_model import calibration
+from kernel_hub.tpu.cost_model.calibration_worker import _rpa_v3, model_row
+from kernel_hub.tpu.cost_model.schedule import kernel_cost, Unmodeled
+from kernel_hub.tpu.cost_model.tpu_inference_peers import PeerUnavailable, import_kernel, installed_version
+from kernel_hub.tpu.target import tpu_target
 import jax, numpy as np
 out = {"version": installed_version()}
 rpa = import_kernel("rpa_v3")

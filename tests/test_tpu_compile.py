@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from kernel_hub.tpu import gate
+from kernel_hub.tpu.compile_gate import gate
+from kernel_hub.tpu.compile_gate.runner import compile_in_worker
 from kernel_hub.tpu.env import TpuEnvironmentError, find_tpu_python
 from kernel_hub.tpu.package import local_package
-from kernel_hub.tpu.runner import compile_in_worker
 from tests.tpu_toys import env_or_skip, write_package
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from kernel_hub.errors import IntegrityError
-from kernel_hub.tpu import gate, runner
-from kernel_hub.tpu.runner import compile_in_worker, refusal, run_worker
+from kernel_hub.tpu.compile_gate import gate, runner
+from kernel_hub.tpu.compile_gate.runner import compile_in_worker
+from kernel_hub.tpu.runner import refusal, run_worker
 from tests.tpu_toys import env_or_skip, write_package
 
 KERNEL_YAML = """\

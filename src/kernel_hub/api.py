@@ -21,8 +21,8 @@ from .lock import get_locked_kernel
 from .planning import Plan, plan_load, source_for, system_for
 from .sources import LocalSource
 from .tpu.chips import parse_generations
+from .tpu.compile_gate.gate import compile_matrix
 from .tpu.env import tpu_env
-from .tpu.gate import compile_matrix
 from .trust import TrustSetting, normalize_trust
 from .validation import ValidationReport, require_valid
 from .validation import validate as run_validation
@@ -185,7 +185,7 @@ def validate(kernel: ModuleType | str, *, backend: str | None = None, version: i
     with get_kernel first (trust check included). `options` go to kernel_hub.validation.validate.
 
     tpu=["v5e", "v6e"] (or "v5e,v6e") adds every TPU compile case of the kernel (those `tags`/`names` select),
-    compiled by the real TPU compiler for each generation (kernel_hub.tpu.gate; needs the TPU environment,
+    compiled by the real TPU compiler for each generation (kernel_hub.tpu.compile_gate.gate; needs the TPU environment,
     `make setup-tpu`). A missing TPU environment or an unknown generation is said before any case runs."""
     generations, environment = None, None
     if tpu:

@@ -34,8 +34,8 @@ from .names import check_repo_id, safe_join, safe_rmtree
 from .sources import LocalSource
 from .symbols import SYMBOLS_FILE, build_symbols
 from .system import detect
+from .tpu.compile_gate.release_gate import gate_environment, run_gate
 from .tpu.package import VerifiedPackage, from_build, tpu_variant
-from .tpu.release_gate import gate_environment, run_gate
 from .validation import validate
 from .variants import judge
 from .versions import tag_version
@@ -258,7 +258,7 @@ def tpu_package(folder: KernelFolder) -> VerifiedPackage:
 def publish(kernel_dir: str | Path, *, repo_id: str | None = None, endpoint: str | None = None,
             token: str | None = None, skip_validation: bool = False, skip_tpu_compile: bool = False,
             tpu_jobs: int | None = None, log: Callable[[str], None] = print) -> PublishResult:
-    """Validate, compile every TPU variant for its generations (tpu/release_gate.py), build, upload, tag
+    """Validate, compile every TPU variant for its generations (tpu/compile_gate/release_gate.py), build, upload, tag
     `v<version>` and move branch `v<major>` (never backwards). The TPU compile matrix goes into each TPU
     variant's metadata.json; `skip_tpu_compile` publishes them marked "not compiled" instead."""
     kernel_dir = Path(kernel_dir)

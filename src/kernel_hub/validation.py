@@ -47,7 +47,7 @@ class CaseResult:
     seconds: float  # numeric: warm median of the kernel call; compile: libtpu's compile time
     tags: tuple[str, ...] = ()
     error: str | None = None
-    # kind="compile": a case compiled by the real TPU compiler for `generation` (kernel_hub.tpu.gate)
+    # kind="compile": a case compiled by the real TPU compiler for `generation` (kernel_hub.tpu.compile_gate.gate)
     kind: str = "numeric"
     generation: str | None = None
     compile_seconds: float | None = None  # compile: libtpu's; numeric: first call minus the warm median

@@ -27,7 +27,7 @@ from jax.sharding import AbstractDevice, AbstractMesh, AxisType
 
 import kernel_hub as kh
 from kernel_hub.report.models import tiny_model
-from kernel_hub.tpu.worker import on_device, tpu_target
+from kernel_hub.tpu.target import on_device, tpu_target
 
 FACTS: dict = {"ops": {}, "calls": {}, "errors": {}, "compile": []}
 GENERATIONS = ("v6e",)  # the ragged dot alone compiles for v5e too (torch_tpu_checks.py)

@@ -41,7 +41,8 @@ sys.path.insert(0, str(ROOT / "kernels/pallas/ragged_dot/tests"))  # quant_testu
 import kernel_hub as kh  # noqa: E402
 from kernel_hub.metadata import load_metadata  # noqa: E402
 from kernel_hub.numerics import TOLERANCE, relative_error  # noqa: E402
-from kernel_hub.tpu.worker import load_package, on_device, tpu_target  # noqa: E402
+from kernel_hub.tpu.target import on_device, tpu_target  # noqa: E402
+from kernel_hub.tpu.worker_common import load_package  # noqa: E402
 
 FACTS: dict = {"ops": {}, "fake": [], "opcheck": {}, "compile": [], "moe": {}, "kernelize": {}, "cpu": {}}
 GENERATIONS = ("v5e", "v6e")

@@ -106,7 +106,7 @@ class Validation(_Model):
 
 
 class Compile(_Model):
-    """The TPU compile gate (kernel_hub.tpu.gate.compile_matrix) per kernel and generation."""
+    """The TPU compile gate (kernel_hub.tpu.compile_gate.gate.compile_matrix) per kernel and generation."""
 
     available: bool
     reason: str | None = Field(description="why it did not run (no TPU environment, ...)")

@@ -2,7 +2,7 @@
 
 Modes come from the kernels' own cases (validation.case_mode): on a CPU host the CPU paths, the Pallas kernels
 interpreted, the TPU simulator with race detection, and the torch-facing entries; with the TPU environment
-(.venv-tpu), every TPU case compiled by libtpu per generation (tpu.gate.compile_matrix).
+(.venv-tpu), every TPU case compiled by libtpu per generation (tpu.compile_gate.gate.compile_matrix).
 """
 
 from __future__ import annotations
@@ -120,8 +120,8 @@ def run_compile(kernel_dirs: dict[str, Any], generations: Sequence[str] | None, 
     one, ~60 a kernel, ~2 s each on 2 busy cores, cached per commit). Without the TPU environment, a section that
     says why."""
     from ..tpu.chips import CHIPS
+    from ..tpu.compile_gate.gate import compile_matrix
     from ..tpu.env import TpuEnvironmentError, tpu_env
-    from ..tpu.gate import compile_matrix
 
     gens = tuple(generations or (QUICK_GENERATIONS if quick else tuple(CHIPS)))
     try:

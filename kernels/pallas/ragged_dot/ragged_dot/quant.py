@@ -36,6 +36,8 @@ from ._vendor import cpu_gmm
 from ._vendor.groups import group_bounds
 from ._vendor.interpret import run_dispatch
 from ._vendor.tiling import cdiv, round_up
+from .dense import pad_to, run
+from .dispatch import DISPATCH, CallPath, target_chip
 from .pallas import gmm as pallas_gmm
 from .pallas import quant as pallas_quant
 from .pallas.metadata import make_group_metadata
@@ -103,13 +105,7 @@ def _row_channel_scales(scale: jax.Array, gs: jax.Array, m: int) -> jax.Array:
     return scale[group, 0, :]
 
 
-def _pad_to(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
-    if x.shape == shape:
-        return x
-    return jnp.pad(x, [(0, t - s) for s, t in zip(x.shape, shape, strict=True)])
-
-
-def _forward(path: Any, lhs: jax.Array, rhs: jax.Array, scale: jax.Array, gs: jax.Array) -> jax.Array:
+def _forward(path: CallPath, lhs: jax.Array, rhs: jax.Array, scale: jax.Array, gs: jax.Array) -> jax.Array:
     m, k = lhs.shape
     g, _, n = rhs.shape
     ct = _compute_dtype(lhs)
@@ -137,30 +133,28 @@ def _forward(path: Any, lhs: jax.Array, rhs: jax.Array, scale: jax.Array, gs: ja
     mp, kp, np_ = round_up(m, cfg.tm), round_up(k, cfg.tk), round_up(n, cfg.tn)
     meta = make_group_metadata(pallas_gmm.gmm_blocks(gs, cfg.experts_per_step), m_padded=mp, tm=cfg.tm, m=m)
     scale_p = (pallas_quant.arrange_block_scales(scale, kp, np_, cfg.tk, cfg.tn) if block
-               else _pad_to(scale, (g, 1, np_)))
+               else pad_to(scale, (g, 1, np_)))
     out = pallas_quant.gmm_quant(
-        _pad_to(lhs.astype(ct), (mp, kp)), _pad_to(rhs, (g, kp, np_)), scale_p, meta, cfg=cfg,
+        pad_to(lhs.astype(ct), (mp, kp)), pad_to(rhs, (g, kp, np_)), scale_p, meta, cfg=cfg,
         out_dtype=jnp.dtype(path.out_dtype), interpret=path.interpret or False, bounds=group_bounds(gs, m),
     )
     return out[:m, :n]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _quantized(path: Any, lhs: jax.Array, rhs: jax.Array, scale: jax.Array, gs: jax.Array) -> jax.Array:
+def _quantized(path: CallPath, lhs: jax.Array, rhs: jax.Array, scale: jax.Array, gs: jax.Array) -> jax.Array:
     return _forward(path, lhs, rhs, scale, gs)
 
 
-def _quantized_fwd(path: Any, lhs, rhs, scale, gs):
+def _quantized_fwd(path: CallPath, lhs, rhs, scale, gs):
     return _forward(path, lhs, rhs, scale, gs), (lhs, rhs, scale, gs)
 
 
-def _quantized_bwd(path: Any, res, dout):
-    from .api import _Path, _run
-
+def _quantized_bwd(path: CallPath, res, dout):
     lhs, rhs, scale, gs = res
     ct = _compute_dtype(lhs)
     w_t = jnp.swapaxes(dequantize(rhs, scale, ct), 1, 2)  # [G, N, K]
-    d_lhs = _run(_Path(path.name, lhs.dtype, None, path.interpret, path.chip), dout.astype(ct), w_t, gs)
+    d_lhs = run(CallPath(path.name, lhs.dtype, None, path.interpret, path.chip), dout.astype(ct), w_t, gs)
     return d_lhs, None, None, None  # None: a zero cotangent (weights and scales are frozen)
 
 
@@ -168,17 +162,15 @@ _quantized.defvjp(_quantized_fwd, _quantized_bwd)
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
-def _run_quantized(path: Any, lhs: jax.Array, rhs: jax.Array, scale: jax.Array, gs: jax.Array) -> jax.Array:
+def _run_quantized(path: CallPath, lhs: jax.Array, rhs: jax.Array, scale: jax.Array, gs: jax.Array) -> jax.Array:
     return _quantized(path, lhs, rhs, scale, gs)
 
 
 def quantized_ragged_dot(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, rhs_scale: jax.Array,
                          out_dtype: Any, implementation: Any, interpret: Any, config: Any) -> jax.Array:
     """The dispatch of ragged_dot(..., rhs_scale=) once the operands are checked (api.ragged_dot calls it)."""
-    from .api import _DISPATCH, _Path, target_chip
-
-    run = lambda name, mode: _run_quantized(
-        _Path(name, out_dtype, config, mode, target_chip(mode) if name == "pallas" else None),
+    call = lambda name, mode: _run_quantized(
+        CallPath(name, out_dtype, config, mode, target_chip(mode) if name == "pallas" else None),
         lhs, rhs, rhs_scale, group_sizes)
-    return run_dispatch(_DISPATCH, implementation, interpret, (lhs, rhs, group_sizes), run,
+    return run_dispatch(DISPATCH, implementation, interpret, (lhs, rhs, group_sizes), call,
                         "the quantized ragged_dot kernel")

@@ -36,15 +36,12 @@ from .release import VERSION
 from .torch_cpu.grouped import activate, combine_experts, num_workers, ragged_dot_torch, route
 from .torch_cpu.huge_pages import advise_huge_pages
 from .torch_cpu.packed import PackedExperts, PackingError, moe_experts_packed, pack_experts, packing_support
+from .torch_cpu.quant_format import QUANTIZED_DTYPES, check_quantized, dequantize, quantize
 from .torch_cpu.quantized_ragged_dot import (
-    QUANTIZED_DTYPES,
-    check_quantized,
     compute_dtype,
-    dequantize,
     inference_fast_path,
     moe_experts_quantized,
     oriented_scale,
-    quantize,
     ragged_dot_quantized,
 )
 

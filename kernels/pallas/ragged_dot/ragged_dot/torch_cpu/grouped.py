@@ -151,7 +151,7 @@ def nonempty_groups(sizes: list[int], m: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def _spread(tasks: list[Callable[[], None]]) -> None:
+def spread(tasks: list[Callable[[], None]]) -> None:
     """Run the tasks on the pool at once and wait for all. Every worker runs with one intra-op thread; the caller
     only waits (working itself, with its own multi-threaded BLAS, would oversubscribe the cores)."""
     pool = _get_pool(num_workers())
@@ -159,7 +159,8 @@ def _spread(tasks: list[Callable[[], None]]) -> None:
         f.result()
 
 
-def _inline(workers: int, macs: int) -> bool:
+def runs_inline(workers: int, macs: int) -> bool:
+    """Whether a grouped call runs in the caller: one worker, too little work to spread, or already on a worker."""
     return workers <= 1 or macs < MIN_PARALLEL_MACS or getattr(_in_worker, "flag", False)
 
 
@@ -170,7 +171,7 @@ def run_groups(items: list[tuple[int, int, int]], one: Callable[[int, int, int],
     another process only does fewer groups instead of holding up the call.
     """
     workers = min(num_workers(), len(items))
-    if _inline(workers, macs):
+    if runs_inline(workers, macs):
         with torch.no_grad():
             for item in items:
                 one(*item)
@@ -183,7 +184,7 @@ def run_groups(items: list[tuple[int, int, int]], one: Callable[[int, int, int],
             while (i := next(counter)) < len(order):
                 one(*order[i])
 
-    _spread([drain] * workers)
+    spread([drain] * workers)
 
 
 def native_groups(lhs: torch.Tensor, rhs: torch.Tensor, items: list[tuple[int, int, int]],
@@ -208,10 +209,10 @@ def native_groups(lhs: torch.Tensor, rhs: torch.Tensor, items: list[tuple[int, i
 
     workers = min(num_workers(), len(small))
     k, n = lhs.shape[1], w.shape[1]
-    if _inline(workers, sum(e - s for _, s, e in small) * k * n):
+    if runs_inline(workers, sum(e - s for _, s, e in small) * k * n):
         drain()
     else:
-        _spread([drain] * workers)
+        spread([drain] * workers)
     return [it for it in items if it[2] - it[1] > native_rows.MAX_ROWS]
 
 
@@ -412,5 +413,5 @@ def combine_experts(out: torch.Tensor, top_k_weights: torch.Tensor, perm: torch.
                 result[t0:t1] = tokens(t0, t1)
         return run
 
-    _spread([part(a, b) for a, b in itertools.pairwise(bounds) if b > a])
+    spread([part(a, b) for a, b in itertools.pairwise(bounds) if b > a])
     return result

@@ -5,7 +5,7 @@ bytes of bfloat16 only if they are read as bytes. This loop streams the quantize
 prefetched two groups ahead, like native_rows.py), widens each byte to float32 in registers and multiplies it into
 float32 accumulators; no dequantized copy of a weight is ever written.
 
-Formats (quantized_ragged_dot.py checks the scales before a call):
+Formats (quant_format.py; quantized_ragged_dot.py checks the scales before a call):
 - int8, one float32 scale per output channel: out[m, n] = scale[n] * sum_k x[m, k] * w[n, k]. The integer weights
   are exact in float32, so the only rounding is float32 accumulation and the final product.
 - float8_e4m3fn, one float32 scale per 128 x 128 block (transformers' fine-grained FP8 layout, here for a [N, K]
@@ -39,6 +39,7 @@ import functools
 import torch
 
 from . import native_rows
+from .quant_format import dequantize, quantize
 
 #: Products of at most this many rows run here; more rows take quantized_ragged_dot.py's dequantize-and-matmul route.
 MAX_ROWS = 16
@@ -109,8 +110,6 @@ def scale_strides(weight_dtype: torch.dtype, scale: torch.Tensor) -> tuple[int, 
 def _self_test(dtype: torch.dtype) -> str:
     """"" when the kernel matches float64 on shapes with every tail (rows past a block of 4, weight rows short of a
     group of 4, K and N not multiples of 16 or 128) and NaN in x stays in its row; else what went wrong."""
-    from .quantized_ragged_dot import dequantize, quantize
-
     g = torch.Generator().manual_seed(0)
     x = torch.randn(7, 301, generator=g)
     w = torch.randn(1, 301, 139, generator=g)  # rhs orientation [1, K, N]
@@ -161,8 +160,6 @@ def x16_available() -> tuple[bool, str]:
         return False, why
     if x16_suffix(isa(), _flags()) is None:
         return False, "this CPU lacks avx512_vnni for the int8 x bfloat16 route"
-    from .quantized_ragged_dot import dequantize, quantize
-
     g = torch.Generator().manual_seed(2)
     w = torch.randn(1, 1100, 139, generator=g)  # K past one int32 span, and not a multiple of 32
     q, s = quantize(w, torch.int8)

@@ -14,9 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from .chips import chip
-from .model_worker import _ideal, routing
+from ..chips import chip
+from ..worker_common import refuse
 from .schedule import ScheduleCost, kernel_cost
+from .workload import ideal_seconds, load_moe_kernel, routing
 
 #: Weight formats of the rows: (weight dtype, bytes a weight).
 FORMATS = {"bf16": ("bfloat16", 2), "int8": ("int8", 1), "fp8": ("float8_e4m3fn", 1)}
@@ -71,7 +72,7 @@ def quant_rows(rd: Any, geo: Any, phase: str, tokens: int, generations: list[str
         c = chip(gen)
         bf16_s = costs["bf16"][0].seconds(c)
         for fmt, (cost, ideal_bytes, flops) in costs.items():
-            modeled, ideal = cost.seconds(c), _ideal(ideal_bytes, flops, c)
+            modeled, ideal = cost.seconds(c), ideal_seconds(ideal_bytes, flops, c)
             rows.append({"kernel": "ragged_dot moe layer", "model": geo.model, "phase": phase, "tokens": tokens,
                          "format": fmt, "generation": gen, "modeled_s": modeled, "ideal_s": ideal,
                          "modeled_over_ideal": modeled / ideal, "over_bf16": modeled / bf16_s,
@@ -83,8 +84,7 @@ def quant_rows(rd: Any, geo: Any, phase: str, tokens: int, generations: list[str
 def run_quant_model(request: dict[str, Any], emit: Any) -> int:
     """Request: {"mode": "quant_model", "ragged_dot": package, "generations", "moe_models"}; one "row" event per
     (model, phase, format, generation)."""
-    from ..errors import KernelHubError
-    from .worker import load_moe_kernel, refuse
+    from ...errors import KernelHubError
 
     try:
         rd, shapes, geos = load_moe_kernel(request["ragged_dot"])

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .chips import F32_HIGHEST_PASSES
+from ..chips import F32_HIGHEST_PASSES
 
 #: Loops longer than this run their body once, scaled by the trip count (carries then unknown); a note says so.
 ITERATION_LIMIT = 4096

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .chips import STEP_OVERHEAD_S, Chip
+from ..chips import STEP_OVERHEAD_S, Chip
 from .schedule_steps import Steps, Unknown, Unmodeled, memory_space
 
 

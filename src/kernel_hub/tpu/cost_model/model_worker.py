@@ -16,20 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from .chips import chip
+from ..chips import chip
+from ..target import on_device, tpu_target
+from ..worker_common import load_package, refuse
 from .schedule import ScheduleCost, kernel_cost
-from .worker import load_moe_kernel, load_package, on_device, tpu_target
-
-
-def routing(tokens: int, experts: int, top_k: int, seed: int = 0) -> np.ndarray:
-    """Group sizes of a uniform top-k routing: each token picks top_k distinct experts."""
-    from .mesh_worker import topk_routing
-
-    return np.bincount(topk_routing(tokens, experts, top_k, seed).ravel(), minlength=experts).astype(np.int32)
-
-
-def _ideal(bytes_: float, flops: float, c: Any) -> float:
-    return max(bytes_ / c.stream_bytes_per_s, flops / c.bf16_flops_per_s)
+from .workload import ideal_seconds, load_moe_kernel, routing
 
 
 def _xla_estimate(fn: Any, args: tuple[Any, ...], generation: str) -> float | None:
@@ -81,7 +72,7 @@ def moe_rows(rd: Any, geo: Any, phase: str, tokens: int, generations: list[str],
         xla = [_xla_estimate(lambda a, b, s: jax.lax.ragged_dot(a, b, s), args, gen) for args in xla_args]
         xla_s = None if any(x is None for x in xla) else sum(xla)
         rows.append(_row("ragged_dot moe layer", f"{geo.model} {phase} {tokens} tok", gen, total,
-                         _ideal(ideal_bytes, flops, chip(gen)), xla_s,
+                         ideal_seconds(ideal_bytes, flops, chip(gen)), xla_s,
                          {"active_experts": int(np.count_nonzero(gs)), "tiles": tiles}))
     return rows
 
@@ -123,7 +114,7 @@ def attention_rows(fa: Any, geo: Any, phase: str, generations: list[str], dtype:
         shape = f"gqa {geo.hq}/{geo.hkv}x{geo.d} decode b{b} cache {s}"
     rows = []
     for gen in generations:
-        rows.append(_row(f"flash_attention {phase}", shape, gen, cost, _ideal(ideal_bytes, flops, chip(gen)),
+        rows.append(_row(f"flash_attention {phase}", shape, gen, cost, ideal_seconds(ideal_bytes, flops, chip(gen)),
                          _xla_estimate(xla_fn, xla_args, gen), {}))
     return rows
 
@@ -132,8 +123,7 @@ def run_model(request: dict[str, Any], emit: Any) -> int:
     """Request: {"mode": "model", "ragged_dot": package, "flash_attention": package, "generations", "moe_models",
     "attention_model", "dtype"} (packages as VerifiedPackage.request(): imported through the verified loader);
     one "row" event per (workload, generation)."""
-    from ..errors import KernelHubError
-    from .worker import refuse
+    from ...errors import KernelHubError
 
     gens = list(request["generations"])
     dtype = request.get("dtype", "bfloat16")

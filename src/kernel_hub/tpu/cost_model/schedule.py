@@ -25,19 +25,19 @@ Needs jax only (not libtpu): runs in the main environment too.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .chips import Chip
+from ..chips import Chip
+from ..target import tpu_dispatch
 from .schedule_grid import CallCost, walk_pallas_call
 from .schedule_steps import Unknown, Unmodeled, read, sub_jaxpr
 
-__all__ = ["CallCost", "ScheduleCost", "Unknown", "Unmodeled", "kernel_cost", "tpu_dispatch", "walk_pallas_call"]
+__all__ = ["CallCost", "ScheduleCost", "Unknown", "Unmodeled", "kernel_cost", "walk_pallas_call"]
 
 
 @dataclass
@@ -72,28 +72,6 @@ class ScheduleCost:
 def _nbytes(aval: Any) -> int:
     shape = getattr(aval, "shape", ())
     return int(math.prod(shape)) * np.dtype(aval.dtype).itemsize if hasattr(aval, "dtype") else 0
-
-
-@contextlib.contextmanager
-def tpu_dispatch(generation: str | None = None) -> Iterator[None]:
-    """Kernels that pick their path from jax.default_backend() pick the TPU one while tracing for a TPU; with a
-    generation, Pallas' own chip queries (tpu_info.get_device_kind, which pltpu.emit_pipeline asks while
-    tracing) answer for that chip, so the trace needs no TPU device (chip facts injected, not asked)."""
-    import jax
-    from jax._src.pallas.mosaic import tpu_info
-
-    from .chips import chip
-
-    saved = jax.default_backend, tpu_info.get_device_kind, tpu_info.get_num_device_cores
-    jax.default_backend = lambda: "tpu"
-    if generation is not None:
-        kind = chip(generation).device_kind
-        tpu_info.get_device_kind = lambda: kind
-        tpu_info.get_num_device_cores = lambda: 1
-    try:
-        yield
-    finally:
-        jax.default_backend, tpu_info.get_device_kind, tpu_info.get_num_device_cores = saved
 
 
 # ------------------------------------------------------------------------------------ outer evaluation

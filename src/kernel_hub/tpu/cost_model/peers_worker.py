@@ -21,10 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from .chips import chip
-from .model_worker import routing
+from ..chips import chip
+from ..target import on_device, topology_devices, tpu_target
+from ..worker_common import first_meaningful_line, load_package, refuse
 from .schedule import kernel_cost
-from .worker import first_meaningful_line, on_device, topology_devices, tpu_target
+from .workload import routing
 
 OURS = "kernel-hub"
 
@@ -445,8 +446,7 @@ def run_peers(request: dict[str, Any], emit: Any) -> int:
     """Request: {"mode": "peers", "ragged_dot": package, "flash_attention": package, "generations", "moe_models",
     "attention_model", "dtype", "phases": {"decode": 64, ...} | null, "kernels": ["ragged_dot", "attention"]};
     one "row" event per (workload, peer, generation)."""
-    from ..errors import KernelHubError
-    from .worker import load_package, refuse
+    from ...errors import KernelHubError
 
     dtype = request.get("dtype", "bfloat16")
     try:

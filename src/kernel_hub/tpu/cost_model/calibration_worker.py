@@ -13,9 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from .chips import chip
+from ..chips import chip
+from ..target import tpu_target
+from ..worker_common import first_meaningful_line
 from .schedule import ScheduleCost, kernel_cost
-from .worker import first_meaningful_line, tpu_target
+from .workload import load_moe_kernel, routing
 
 
 def _matmul(row: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
@@ -115,7 +117,6 @@ def ours_at_hf_shapes(rd: Any, geo: Any, row: dict[str, Any]) -> dict[str, Any]:
     groups' sum, as an expert-parallel caller passes them), one uniform top-k routing."""
     import jax
 
-    from .model_worker import routing
 
     s = row["shapes"]
     tokens, local = s["tokens"], s["local_experts"]
@@ -139,7 +140,6 @@ def run_calibration(request: dict[str, Any], emit: Any) -> int:
     for row in request["rows"]:
         emit({"event": "row", **model_row(row)})
     if request.get("ragged_dot"):
-        from .worker import load_moe_kernel
 
         rd, _shapes, geos = load_moe_kernel(request["ragged_dot"])
         for row in request["rows"]:

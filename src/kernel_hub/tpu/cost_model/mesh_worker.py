@@ -23,19 +23,15 @@ from typing import Any
 
 import numpy as np
 
-from .chips import chip
+from ..chips import chip
+from ..target import topology_devices
+from ..worker_common import first_meaningful_line, memory_bytes, refuse
 from .ici import collective_seconds, interconnect
 from .schedule import kernel_cost
-from .worker import first_meaningful_line, load_moe_kernel, memory_bytes, topology_devices
+from .workload import load_moe_kernel, topk_routing
 
 #: Layouts of the 8-chip slice: (name, expert-axis size, tensor-axis size); "1chip" is the single-device layer.
 LAYOUTS = {"1chip": (1, 1), "ep8": (8, 1), "ep4xtp2": (4, 2)}
-
-
-def topk_routing(tokens: int, experts: int, top_k: int, seed: int = 0) -> np.ndarray:
-    """ids [tokens, top_k] of a uniform routing: each token picks top_k distinct experts."""
-    rng = np.random.default_rng(seed)
-    return np.argsort(rng.random((tokens, experts)), axis=1)[:, :top_k].astype(np.int32)
 
 
 @contextlib.contextmanager
@@ -179,8 +175,7 @@ def run_mesh(request: dict[str, Any], emit: Any) -> int:
     "layouts" [names] | null, "capacity_factors" [null | float] | null, "layers" {model: n}, "dtype",
     "model_only": bool, "grad_layouts" [names] | null (also compile their backward)}. The model runs on the host
     CPU (schedule.py evaluates the routing concretely), the compile for the mock slice."""
-    from ..errors import KernelHubError
-    from .worker import refuse
+    from ...errors import KernelHubError
 
     try:
         rd, shapes, geos = load_moe_kernel(request["ragged_dot"])

@@ -14,12 +14,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..compile_record import not_compiled, record_from_cases
-from ..errors import KernelHubError
-from .chips import CHIPS
-from .env import TpuEnvironmentError, tpu_env
+from ...compile_record import not_compiled, record_from_cases
+from ...errors import KernelHubError
+from ..chips import CHIPS
+from ..env import TpuEnvironmentError, tpu_env
+from ..package import VerifiedPackage
 from .gate import compile_matrix
-from .package import VerifiedPackage
 
 SKIP_FLAG = "--skip-tpu-compile"
 

@@ -1,0 +1,53 @@
+"""What every mode of the TPU worker (worker.py) does the same way, whichever side it serves: import the kernel
+package through the verified loader, report a package it will not run, and read the compiler's message and memory.
+Runs in the TPU environment only.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+_NOISE = ("Traceback", "The above exception", "---", "For simplicity", "jax._src", "File ", "During handling")
+
+
+def first_meaningful_line(text: str) -> str:
+    """The compiler's message without the wrapping: first line that says something, common prefixes off."""
+    lines = [raw.strip() for raw in text.splitlines()]
+    lines = [ln for ln in lines if ln and not ln.startswith(_NOISE)]
+    for i, line in enumerate(lines):
+        line = re.sub(r"^(jaxlib\.\S+|jax\.errors\.\S+|XlaRuntimeError|JaxRuntimeError)[:]\s*", "", line)
+        line = re.sub(r"^(INTERNAL|INVALID_ARGUMENT|UNIMPLEMENTED|RESOURCE_EXHAUSTED|UNKNOWN):\s*", "", line)
+        if line.endswith(":") and i + 1 < len(lines):  # "E1001: CompileTimeScopedVmemOom:" + the detail line
+            line = f"{line} {lines[i + 1]}"
+        return line[:300]
+    return text.strip()[:300]
+
+
+def load_package(package: dict[str, Any] | str | Path, entry: str = "__init__.py") -> Any:
+    """Import a kernel package through kernel_hub's verified loader: a request's package (a dict: checked against
+    the digests the parent verified, so a file changed since, or not among them, is refused before any of the
+    package runs), or a package folder on this machine (hashed now, `entry` as its __init__)."""
+    from .package import from_request, import_verified, local_package
+
+    return import_verified(from_request(package) if isinstance(package, dict) else local_package(Path(package), entry))
+
+
+def memory_bytes(compiled: Any) -> dict[str, int]:
+    """The compiler's argument, output and temporary bytes of a compiled program (none when it reports none)."""
+    mem = compiled.memory_analysis()
+    if mem is None:
+        return {}
+    return {"argument_bytes": int(mem.argument_size_in_bytes), "output_bytes": int(mem.output_size_in_bytes),
+            "temp_bytes": int(mem.temp_size_in_bytes)}
+
+
+def refuse(exc: BaseException, emit: Any) -> int:
+    """Report a package the worker will not run (one line) and the exit status that ends the request."""
+    from ..errors import IntegrityError
+
+    kind = "integrity" if isinstance(exc, IntegrityError) else "import"
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    emit({"event": "refused", "kind": kind, "error": text[:400]})
+    return 3
