@@ -220,7 +220,7 @@ def spread(values: list[float]) -> dict[str, float]:
 def bench_dtype(name: str, dtype: torch.dtype, *, batch: int, reps: int, batched_reps: int,
                 floor: FloorCopy, calls: int = 1) -> dict[str, Any]:
     import kernel_hub as kh
-    from kernel_hub.layers.packing import ENV
+    from kernel_hub.layers.kinds.experts.packing import ENV
     from kernel_hub.numerics import relative_error
     from kernel_hub.timing import Ratio, bench_records, interleaved_samples
 

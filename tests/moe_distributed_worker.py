@@ -25,7 +25,7 @@ def logits(model: Any) -> torch.Tensor:
 
 def count_kernel_calls(model: Any) -> list[int]:
     """Wrap every kernelized expert block's kernel call with a counter (one list cell per block)."""
-    from kernel_hub.layers.experts import HOOK_ATTR
+    from kernel_hub.layers.kinds.experts.transformers import HOOK_ATTR
 
     counts: list[int] = []
     for module in model.modules():

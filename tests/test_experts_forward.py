@@ -245,8 +245,8 @@ def test_tiny_families_run_our_experts_function_through_kernelize(rd, family) ->
 
 
 def test_the_torch_build_exports_it_in_transformers_convention_and_kernelize_prefers_our_contract(rd) -> None:
-    from kernel_hub.contract import experts_function_problems
-    from kernel_hub.layers.plan import experts_convention
+    from kernel_hub.layers.kinds.experts.contract import experts_function_problems
+    from kernel_hub.layers.kinds.experts.plan import experts_convention
 
     assert "experts_forward" in rd.__all__ and experts_function_problems(rd.experts_forward) == []
     assert experts_convention(rd)[0] == "moe_experts"  # packing and quantized weights need kernel-hub's contract

@@ -26,15 +26,13 @@ import kernel_hub as kh
 from kernel_hub.contract import (
     CASE_DTYPES,
     ENTRY_NAMES,
-    LAYER_KIND_PROTOCOLS,
     PALLAS_NAMES,
     Case,
     KernelEntry,
     PallasEntry,
-    layer_kernel_problems,
     protocol_entries,
 )
-from kernel_hub.layers.kinds import kind_exports
+from kernel_hub.layers.kinds import BUILTIN_KINDS, layer_kernel_problems
 from kernel_hub.metadata import load_metadata
 from kernel_hub.numerics import relative_error, tolerance
 from kernel_hub.registry import load_registry
@@ -328,11 +326,16 @@ SERVING = [(e, kind) for e in KERNELS for kind in load_metadata(e.source).replac
            if "torch" in {v.framework for v in load_metadata(e.source).variants}]
 
 
+#: Layer kind -> the Protocols its kernel keeps, and the function kernelize asks for, as each kind declares them.
+LAYER_KIND_PROTOCOLS = {k.name: k.protocols for k in BUILTIN_KINDS}
+KIND_EXPORTS = {k.name: k.export for k in BUILTIN_KINDS}
+
+
 def test_every_declared_layer_kind_has_protocols_and_kernelize_asks_for_one_of_their_entries():
     declared = {kind for e in KERNELS for kind in load_metadata(e.source).replaces}
     assert declared <= set(LAYER_KIND_PROTOCOLS), declared - set(LAYER_KIND_PROTOCOLS)
-    assert SERVING and {kind for _, kind in SERVING} == set(kind_exports())  # every kind has a kernel checked here
-    for kind, export in kind_exports().items():
+    assert SERVING and {kind for _, kind in SERVING} == set(KIND_EXPORTS)  # every kind has a kernel checked here
+    for kind, export in KIND_EXPORTS.items():
         assert export in protocol_entries(LAYER_KIND_PROTOCOLS[kind][0]), (kind, export)
 
 

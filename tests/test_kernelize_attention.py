@@ -19,8 +19,8 @@ pytest.importorskip("transformers")
 
 import kernel_hub as kh  # noqa: E402
 from kernel_hub.errors import KernelHubError  # noqa: E402
-from kernel_hub.layers import attention as at  # noqa: E402
 from kernel_hub.layers import is_kernelized  # noqa: E402
+from kernel_hub.layers.kinds.attention import transformers as at  # noqa: E402
 from tests import tiny_models as tiny  # noqa: E402
 
 # These tests pin the attention path's whole report: RMSNorm stays on its default (test_kernelize_rms_norm.py).

@@ -16,8 +16,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import kernel_hub as kh  # noqa: E402
-from kernel_hub.layers import attention as at  # noqa: E402
-from kernel_hub.layers import experts as ex  # noqa: E402
+from kernel_hub.layers.kinds.attention import transformers as at  # noqa: E402
+from kernel_hub.layers.kinds.experts import transformers as ex  # noqa: E402
 from tests import tiny_models as tiny  # noqa: E402
 
 TOL = 1e-4

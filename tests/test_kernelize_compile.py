@@ -21,8 +21,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import kernel_hub as kh  # noqa: E402
-from kernel_hub.layers import attention as at  # noqa: E402
-from kernel_hub.layers import experts as ex  # noqa: E402
+from kernel_hub.layers.kinds.attention import transformers as at  # noqa: E402
+from kernel_hub.layers.kinds.experts import transformers as ex  # noqa: E402
 from tests import tiny_models as tiny  # noqa: E402
 
 TOL = 1e-4
@@ -150,7 +150,7 @@ def test_eager_static_cache_generate_equals_unkernelized(family):
 def test_compiled_frozen_model_runs_its_packed_experts(family):
     """A frozen model (requires_grad off, kernelize's default inference mode) gets its expert weights packed; the
     packed call is one custom op in the compiled graph (layers/packed_op.py), which runs the block's packed path."""
-    from kernel_hub.layers import packed_op, packing
+    from kernel_hub.layers.kinds.experts import packed_op, packing
 
     m = tiny.tiny_model(family, num_hidden_layers=1 if family == "qwen3_moe" else 2).requires_grad_(False)
     ref = copy.deepcopy(m)

@@ -22,7 +22,7 @@ import kernel_hub as kh  # noqa: E402
 from kernel_hub.errors import KernelHubError  # noqa: E402
 from kernel_hub.layers import diffusers as dl  # noqa: E402
 from kernel_hub.layers import is_kernelized  # noqa: E402
-from kernel_hub.layers.diffusers_route import AttentionRoute, plan_sdpa, run_plan  # noqa: E402
+from kernel_hub.layers.kinds.attention.diffusers_route import AttentionRoute, plan_sdpa, run_plan  # noqa: E402
 from kernel_hub.report import models  # noqa: E402
 
 #: These tests pin the attention path's whole report; RMSNorm on Diffusers: tests/test_kernelize_diffusers_kinds.py.

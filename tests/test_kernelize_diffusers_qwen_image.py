@@ -17,7 +17,7 @@ pytest.importorskip("diffusers")
 import kernel_hub as kh  # noqa: E402
 from kernel_hub.layers import diffusers as dl  # noqa: E402
 from kernel_hub.layers import is_kernelized  # noqa: E402
-from kernel_hub.layers.diffusers_route import AttentionRoute  # noqa: E402
+from kernel_hub.layers.kinds.attention.diffusers_route import AttentionRoute  # noqa: E402
 from kernel_hub.report import models  # noqa: E402
 
 ATTENTION_REPO, NORM_REPO = "kernel-hub/flash-attention-tpu", "kernel-hub/rms-norm-tpu"

@@ -14,7 +14,7 @@ import torch
 
 import kernel_hub as kh
 from kernel_hub.errors import KernelHubError
-from kernel_hub.layers.plan import experts_convention
+from kernel_hub.layers.kinds.experts.plan import experts_convention
 from tests.tiny_models import tiny_model
 
 #: A third party's experts function, written out here: a per-expert loop over the module's own weights, reading the

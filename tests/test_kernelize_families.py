@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import kernel_hub as kh  # noqa: E402
-from kernel_hub.layers.find import routes_through_interface  # noqa: E402
+from kernel_hub.layers.kinds.experts.find import routes_through_interface  # noqa: E402
 from tests import tiny_models as tiny  # noqa: E402
 
 # These tests pin the MoE path: attention stays on its default (test_kernelize_attention.py covers it).

@@ -22,8 +22,8 @@ pytest.importorskip("transformers")
 
 import kernel_hub as kh  # noqa: E402
 from kernel_hub.errors import KernelHubError  # noqa: E402
-from kernel_hub.layers import attention as at  # noqa: E402
-from kernel_hub.layers import plan  # noqa: E402
+from kernel_hub.layers.kinds.attention import plan  # noqa: E402
+from kernel_hub.layers.kinds.attention import transformers as at  # noqa: E402
 from kernel_hub.numerics import relative_error, tolerance  # noqa: E402
 from tests import tiny_models as tiny  # noqa: E402
 

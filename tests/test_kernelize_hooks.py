@@ -12,9 +12,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from kernel_hub.layers import attention as at  # noqa: E402
-from kernel_hub.layers.diffusers_route import AttentionRoute  # noqa: E402
-from kernel_hub.layers.kinds.rms_norm import NormHook  # noqa: E402
+from kernel_hub.layers.kinds.attention import transformers as at  # noqa: E402
+from kernel_hub.layers.kinds.attention.diffusers_route import AttentionRoute  # noqa: E402
+from kernel_hub.layers.kinds.rms_norm.flow import NormHook  # noqa: E402
 from kernel_hub.layers.swap import CallCounts  # noqa: E402
 
 SDPA = torch.nn.functional.scaled_dot_product_attention

@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import kernel_hub as kh  # noqa: E402
-from kernel_hub.layers import packing, plan  # noqa: E402
+from kernel_hub.layers.kinds.experts import packing, plan  # noqa: E402
 from tests import tiny_models as tiny  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("experts_only")

@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import kernel_hub as kh  # noqa: E402
-from kernel_hub.layers.packing import _pages  # noqa: E402
+from kernel_hub.layers.kinds.experts.packing import _pages  # noqa: E402
 from kernel_hub.numerics import TOLERANCE, relative_error  # noqa: E402
 
 MIB = 1 << 20

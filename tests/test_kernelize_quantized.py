@@ -21,8 +21,8 @@ pytest.importorskip("transformers")
 
 import kernel_hub as kh  # noqa: E402
 from kernel_hub.errors import KernelHubError  # noqa: E402
-from kernel_hub.layers import experts as ex  # noqa: E402
-from kernel_hub.layers import quantize as qz  # noqa: E402
+from kernel_hub.layers.kinds.experts import quantize as qz  # noqa: E402
+from kernel_hub.layers.kinds.experts import transformers as ex  # noqa: E402
 from kernel_hub.numerics import relative_error  # noqa: E402
 from tests import tiny_models as tiny  # noqa: E402
 

@@ -17,8 +17,9 @@ pytest.importorskip("transformers")
 import kernel_hub as kh  # noqa: E402
 from kernel_hub.errors import KernelHubError  # noqa: E402
 from kernel_hub.layers import api  # noqa: E402
-from kernel_hub.layers.kinds import all_kinds  # noqa: E402
-from kernel_hub.layers.kinds import rms_norm as kind  # noqa: E402
+from kernel_hub.layers.kinds import BUILTIN_KINDS  # noqa: E402
+from kernel_hub.layers.kinds.rms_norm import flow as kind  # noqa: E402
+from kernel_hub.layers.kinds.rms_norm.plan import choose_form  # noqa: E402
 from kernel_hub.metadata import load_metadata  # noqa: E402
 from tests import tiny_models as tiny  # noqa: E402
 
@@ -134,9 +135,10 @@ def test_mapping_none_skips_the_kind_and_an_instance_forward_is_restored_exactly
 
 
 def test_kinds_are_declared_once_and_drive_mapping_errors():
-    from kernel_hub.layers import attention, experts
+    from kernel_hub.layers.kinds.attention import transformers as attention
+    from kernel_hub.layers.kinds.experts import transformers as experts
 
-    names = [k.name for k in all_kinds()]
+    names = [k.name for k in BUILTIN_KINDS]
     assert names == ["moe_experts", "attention", "rms_norm"]
     assert tuple(names[:2]) == (experts.LAYER_KIND, attention.LAYER_KIND)  # the declarations name the same kinds
     assert tuple(names) == api.SUPPORTED_KINDS
@@ -148,10 +150,10 @@ def test_kinds_are_declared_once_and_drive_mapping_errors():
 
 
 def test_choose_form_is_a_pure_decision_with_its_reason():
-    index, why = kind.choose_form([3e-3, 0.0, 1.0, 1.0], 1e-4)
+    index, why = choose_form([3e-3, 0.0, 1.0, 1.0], 1e-4)
     assert index == 1 and "scaled in f32" in why
-    assert kind.choose_form([0.0, 0.0, 1.0, 1.0], 1e-4)[0] == 0  # a tie keeps the first (f32 cannot tell orders)
-    index, why = kind.choose_form([1.0, 2.0, 3.0, 4.0], 1e-2)
+    assert choose_form([0.0, 0.0, 1.0, 1.0], 1e-4)[0] == 0  # a tie keeps the first (f32 cannot tell orders)
+    index, why = choose_form([1.0, 2.0, 3.0, 4.0], 1e-2)
     assert index is None and "validation failed" in why and "1.0e+00" in why
 
 

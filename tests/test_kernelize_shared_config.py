@@ -15,9 +15,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import kernel_hub as kh  # noqa: E402
-from kernel_hub.layers import attention as at  # noqa: E402
-from kernel_hub.layers import experts as ex  # noqa: E402
 from kernel_hub.layers import is_kernelized  # noqa: E402
+from kernel_hub.layers.kinds.attention import transformers as at  # noqa: E402
+from kernel_hub.layers.kinds.experts import transformers as ex  # noqa: E402
 from kernel_hub.layers.swap import give_back_configs, take_own_configs  # noqa: E402
 from tests import tiny_models as tiny  # noqa: E402
 

@@ -1,6 +1,10 @@
-"""The report's family table has one "replaced / kept" column per layer kind, RMSNorm included."""
+"""The report's family table has one "replaced / kept" column per layer kind, RMSNorm included, titled as each kind
+declares."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 from kernel_hub.report.html import families_section, family_kinds
 from kernel_hub.report.schema import FamilyRow
@@ -23,3 +27,13 @@ def test_family_table_has_an_rms_norm_column_with_its_counts():
 def test_a_kind_the_table_does_not_know_gets_its_own_column():
     assert family_kinds([_row(rotary=3)])[-1] == "rotary"
     assert "<th>rotary replaced / kept</th>" in families_section([_row(rotary=3)])
+
+
+def test_the_titles_are_the_kinds_own_and_reading_them_imports_no_framework():
+    code = ("import sys; from kernel_hub.report.html import families_section; "
+            "from kernel_hub.layers.kinds import BUILTIN_KINDS; "
+            "print([k.title for k in BUILTIN_KINDS], sorted(m for m in ('torch', 'jax', 'transformers') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['experts', 'attention', 'RMSNorm'] []"

@@ -212,86 +212,15 @@ def cases_from_reference(op: str, reference: Callable[..., Any], shapes: Sequenc
 
 # -- the kernel side of kernelize: what a kernel serving a layer kind exports in its torch entry -------------------
 #
-# kernelize loads a kernel's torch-facing build and calls only these entries, with these parameters (positionally
-# where the Protocol's parameter is positional, by keyword otherwise). A kernel whose kernel.yaml `replaces` names a
-# layer kind holds to that kind's Protocols in its torch entry; `layer_kernel_problems` says, entry by entry, where
-# it does not (tests/test_kernel_contract.py runs it on every such kernel). At run time kernelize asks only for the
-# kind's first entry (a `mapping=` module may be a bare ragged_dot: kernelize then builds the expert block itself).
+# kernelize loads a kernel's torch-facing build and calls only the entries of the kind's Protocols (each layer kind
+# declares its own, in its folder's contract.py: layers/kinds/<kind>/), with these parameters (positionally where the
+# Protocol's parameter is positional, by keyword otherwise). A kernel whose kernel.yaml `replaces` names a layer kind
+# holds to that kind's Protocols in its torch entry; `protocol_problems` says, entry by entry, where it does not
+# (layers.kinds.layer_kernel_problems runs it for a kind by name; tests/test_kernel_contract.py on every such kernel).
+# At run time kernelize asks only for the kind's first entry (a `mapping=` module may be a bare ragged_dot: kernelize
+# then builds the expert block itself).
 
 
-class ExpertsKernel(Protocol):
-    """Layer kind `moe_experts`: transformers' expert block (`hidden[T,H], top_k_index[T,K], top_k_weights[T,K]` with
-    the block's stacked weights as transformers stores them) -> `[T,H]` in the hidden states' dtype."""
-
-    def ragged_dot(self, lhs: Any, rhs: Any, group_sizes: Any, *, preferred_element_type: Any = None,
-                   implementation: Implementation = None) -> Any:
-        """Grouped matmul lhs[M,K] x rhs[G,K,N] by group_sizes[G] -> [M,N]."""
-        ...
-
-    def moe_experts(self, hidden_states: Any, top_k_index: Any, top_k_weights: Any, gate_up_proj: Any,
-                    down_proj: Any, *, gate_up_proj_bias: Any = None, down_proj_bias: Any = None,
-                    is_transposed: bool = False, is_concatenated: bool = True, has_gate: bool = True,
-                    act: Any = None, gate_fn: Any = None, post_fn: Any = None) -> Any:
-        """A whole expert block: route, two ragged dots around the gate/activation, combine by the routing weights
-        (ids >= E are dropped: expert-parallel sentinels)."""
-        ...
-
-
-class ExpertsFunctionKernel(Protocol):
-    """Layer kind `moe_experts` in transformers' experts-function convention (what `ALL_EXPERTS_FUNCTIONS.register(name,
-    fn)` takes): `experts_forward(module, hidden_states[T,H], top_k_index[T,K], top_k_weights[T,K]) -> [T,H]`, the
-    experts module first (its weights, layout flags, gate and activation are its attributes). A kernel exporting only
-    this serves the kind too (kernelize calls it positionally, as transformers does; `experts_function_problems`)."""
-
-    def experts_forward(self, module: Any, hidden_states: Any, top_k_index: Any, top_k_weights: Any) -> Any:
-        ...
-
-
-class PackedExpertsKernel(Protocol):
-    """Optional beside ExpertsKernel, all three or none: expert weights prepared once for CPU inference (kernelize
-    packs a frozen block's weights in place and runs `moe_experts_packed` on them, bit-identical to moe_experts)."""
-
-    def pack_experts(self, weight: Any, *, transposed: bool) -> Any:
-        """Pack one stacked [E,·,·] weight in place; a holder with `.tensor`, `.dtype`, `.unpack()`, `.dense()`;
-        raises (leaving the weight as it was) where it cannot."""
-        ...
-
-    def moe_experts_packed(self, hidden_states: Any, top_k_index: Any, top_k_weights: Any, gate_up: Any, down: Any,
-                           *, gate_up_proj_bias: Any = None, down_proj_bias: Any = None, is_concatenated: bool = True,
-                           has_gate: bool = True, act: Any = None, gate_fn: Any = None, post_fn: Any = None) -> Any:
-        """moe_experts on two pack_experts holders (their layout is in the holders: no is_transposed)."""
-        ...
-
-    def packing_support(self, dtype: Any) -> tuple[bool, str]:
-        """(can this process pack `dtype` expert weights, why)."""
-        ...
-
-
-class AttentionKernel(Protocol):
-    """Layer kind `attention`: q[B,Hq,Sq,D], k/v[B,Hkv,Skv,D] -> [B,Hq,Sq,D]; causal bottom-right, per-sequence real
-    lengths (rows past a q length come out 0)."""
-
-    def flash_attention(self, q: Any, k: Any, v: Any, *, causal: bool = False, sm_scale: float | None = None,
-                        sliding_window: int | None = None, logits_soft_cap: float | None = None, sinks: Any = None,
-                        q_lengths: Any = None, kv_lengths: Any = None) -> Any:
-        ...
-
-
-class RMSNormKernel(Protocol):
-    """Layer kind `rms_norm`: x[..., H], weight[H] -> x's shape and dtype, weight * x_normed or (1 + weight) * x_normed,
-    scaled in f32 or after the cast to x's dtype."""
-
-    def rms_norm(self, x: Any, weight: Any, *, eps: float, zero_centered: bool = False,
-                 scale_after_cast: bool = False) -> Any:
-        ...
-
-
-#: Layer kind -> the Protocols its kernel keeps (every entry required), and the optional groups (all or none).
-LAYER_KIND_PROTOCOLS: dict[str, tuple[type, ...]] = {
-    "moe_experts": (ExpertsKernel,), "attention": (AttentionKernel,), "rms_norm": (RMSNormKernel,)}
-LAYER_KIND_OPTIONAL: dict[str, tuple[type, ...]] = {"moe_experts": (PackedExpertsKernel,)}
-#: What kernelize's CPU packing needs from a kernel (PackedExpertsKernel's entries).
-PACKED_EXPERTS_ENTRIES = ("pack_experts", "moe_experts_packed", "packing_support")
 #: HF kernels' `layers` convention (the torch build's `layers` module): the only class members a layer class may add
 #: to torch.nn.Module's, besides `forward` (HF kernels binds the class's forward to the module it replaces, so a
 #: layer class has no constructor and no state of its own).
@@ -303,7 +232,8 @@ def protocol_entries(protocol: type) -> tuple[str, ...]:
     return tuple(n for n, v in vars(protocol).items() if callable(v) and not n.startswith("_"))
 
 
-def _signature(fn: Any) -> Any:
+def readable_signature(fn: Any) -> Any:
+    """`fn`'s inspect.Signature, None where it has no readable one."""
     import inspect
 
     try:
@@ -319,7 +249,7 @@ def signature_problems(entry: str, fn: Any, declared: Any) -> list[str]:
     import inspect
 
     P = inspect.Parameter
-    sig, want = _signature(fn), _signature(declared)
+    sig, want = readable_signature(fn), readable_signature(declared)
     if sig is None:
         return [f"{entry}: has no readable signature"]
     wanted = [p for p in want.parameters.values() if p.name != "self"]
@@ -353,28 +283,6 @@ def signature_problems(entry: str, fn: Any, declared: Any) -> list[str]:
             continue  # named differently: already said above
         problems.append(f"{entry}: requires parameter {p.name!r}, which the contract never passes")
     return problems
-
-
-def experts_function_problems(fn: Any) -> list[str]:
-    """Where `fn` cannot be called as transformers calls an experts function: four positional arguments (module,
-    hidden_states, top_k_index, top_k_weights), nothing else required (empty: it can)."""
-    import inspect
-
-    if not callable(fn):
-        return ["experts_forward: not callable"]
-    sig = _signature(fn)
-    if sig is None:
-        return ["experts_forward: has no readable signature"]
-    required_kw = [p.name for p in sig.parameters.values()
-                   if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is inspect.Parameter.empty]
-    if required_kw:
-        return [f"experts_forward: requires keyword parameter(s) {', '.join(required_kw)}, which transformers never "
-                "passes"]
-    try:
-        sig.bind(None, None, None, None)
-    except TypeError as exc:
-        return [f"experts_forward: cannot be called as fn(module, hidden_states, top_k_index, top_k_weights): {exc}"]
-    return []
 
 
 def layer_class_problems(name: str, cls: Any) -> list[str]:
@@ -431,7 +339,7 @@ def layout_companion_problems(name: str, cls: Any, layer: Any) -> list[str]:
 
     if "forward" not in vars(cls):
         return [f"layers.{name}: defines no forward (transformers 5.25 would give it one returning None)"]
-    mine, theirs = _signature(cls.forward), _signature(layer.forward)
+    mine, theirs = readable_signature(cls.forward), readable_signature(layer.forward)
     if mine is None or theirs is None or [p.kind for p in mine.parameters.values()] != [
             p.kind for p in theirs.parameters.values()]:
         return [f"layers.{name}: forward{mine} does not take the parameters of {layer.__name__}.forward{theirs}"]
@@ -441,22 +349,21 @@ def layout_companion_problems(name: str, cls: Any, layer: Any) -> list[str]:
     return []
 
 
-def layer_kernel_problems(module: Any, kind: str) -> list[str]:
-    """Every way the torch entry `module` falls short of serving layer `kind` (empty: it keeps the contract): each
-    required entry missing or with parameters the calls do not fit, an optional group half there, a `layers` class
-    breaking HF kernels' convention. Each message starts with the entry it is about."""
-    if kind not in LAYER_KIND_PROTOCOLS:
-        return [f"{kind}: no such layer kind (known: {', '.join(LAYER_KIND_PROTOCOLS)})"]
+def protocol_problems(module: Any, kind: str, required: Sequence[type], optional: Sequence[type] = ()) -> list[str]:
+    """Every way the torch entry `module` falls short of serving layer `kind`, whose kernel keeps the `required`
+    Protocols (every entry) and the `optional` ones (each all or none): each required entry missing or with
+    parameters the calls do not fit, an optional group half there, a `layers` class breaking HF kernels' convention
+    (empty: it keeps the contract). Each message starts with the entry it is about."""
     problems: list[str] = []
-    groups = [(p, True) for p in LAYER_KIND_PROTOCOLS[kind]] + [(p, False) for p in LAYER_KIND_OPTIONAL.get(kind, ())]
-    for protocol, required in groups:
+    groups = [(p, True) for p in required] + [(p, False) for p in optional]
+    for protocol, is_required in groups:
         entries = protocol_entries(protocol)
         present = [e for e in entries if callable(getattr(module, e, None))]
-        if not required and not present:
+        if not is_required and not present:
             continue
         for e in entries:
             if e not in present:
-                why = "required" if required else f"the others of {protocol.__name__} are there"
+                why = "required" if is_required else f"the others of {protocol.__name__} are there"
                 problems.append(f"{e}: missing ({why}; {protocol.__name__}, layer kind {kind})")
             else:
                 problems += signature_problems(e, getattr(module, e), getattr(protocol, e))

@@ -1,27 +1,59 @@
 """Model layers on hub kernels: kernelize(model) swaps a model's layers, restore(model) undoes it. (Named `layers`,
 not `kernelize`, so that `kernel_hub.kernelize` stays the function.)
 
-One module per job: find.py (candidate layers per kind), plan.py (the decisions, with their reasons), load.py (the
-kernel a kind gets), validate.py (each layer's numbers against its own forward), swap.py (install / restore
-bookkeeping), report.py (the KernelizeReport); packing.py (CPU packed expert weights) and sharded.py (DTensor
-slices) beside them. The layer kinds (kinds/, one module each) sit on top and run the jobs; experts.py and
-attention.py adapt them to transformers, diffusers.py and diffusers_route.py to Diffusers; api.py is the flow.
+One module per job, shared by every kind: find.py (where a module's weights live, Diffusers objects), plan.py (the
+decisions every kind makes, with their reasons), load.py (the kernel a kind gets), validate.py (tolerances, errors),
+swap.py (install / restore bookkeeping), report.py (the KernelizeReport), weights_guard.py, sharded.py (DTensor
+slices). The layer kinds sit on top, one folder each in kinds/ (its own finding, decisions, validation, flow,
+transformers / Diffusers adapters and declaration); diffusers.py runs them on Diffusers models; api.py is the flow,
+handing the kinds down. The names below load on first use, so `kernel_hub.layers.kinds` can be read without torch.
 """
 
-from .api import is_kernelized, kernelize, restore, validate_layer
-from .find import ExpertsLayout, ExpertsSite, find_experts, read_experts
-from .report import Kept, KernelizeReport, Replaced
+from __future__ import annotations
 
-__all__ = [
-    "ExpertsLayout",
-    "ExpertsSite",
-    "Kept",
-    "KernelizeReport",
-    "Replaced",
-    "find_experts",
-    "is_kernelized",
-    "kernelize",
-    "read_experts",
-    "restore",
-    "validate_layer",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what type checkers read (`x as x`: a re-export); at run time the names load lazily
+    from .api import is_kernelized as is_kernelized
+    from .api import kernelize as kernelize
+    from .api import restore as restore
+    from .kinds.experts.find import ExpertsLayout as ExpertsLayout
+    from .kinds.experts.find import ExpertsSite as ExpertsSite
+    from .kinds.experts.find import find_experts as find_experts
+    from .kinds.experts.find import read_experts as read_experts
+    from .kinds.experts.validate import validate_layer as validate_layer
+    from .report import Kept as Kept
+    from .report import KernelizeReport as KernelizeReport
+    from .report import Replaced as Replaced
+
+_LAZY = {
+    "ExpertsLayout": "kinds.experts.find",
+    "ExpertsSite": "kinds.experts.find",
+    "Kept": "report",
+    "KernelizeReport": "report",
+    "Replaced": "report",
+    "find_experts": "kinds.experts.find",
+    "is_kernelized": "api",
+    "kernelize": "api",
+    "read_experts": "kinds.experts.find",
+    "restore": "api",
+    "validate_layer": "kinds.experts.validate",
+}
+
+__all__ = sorted(_LAZY)
+
+
+if not TYPE_CHECKING:  # hidden from type checkers, so a misspelt name is an error there, not Any
+
+    def __getattr__(name: str) -> Any:
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module 'kernel_hub.layers' has no attribute {name!r}")
+        value = getattr(importlib.import_module(f".{module}", __name__), name)
+        globals()[name] = value
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -2,33 +2,34 @@
 
 The flow, each step its own module: plan (mode, backend, which kernel each layer kind gets: registry.yaml `layers`
 overridden by `mapping=`; a bad mapping raises before anything changes) -> swap.take_own_configs (the model's
-private config copies) -> every layer kind in layers/kinds/, in apply order, each running its jobs (find -> load ->
-validate -> plan -> swap -> report rows) -> the KernelizeReport. Any exception on the way restores the model before
-it propagates, so a model is never left half patched; restore runs each kind's restore in reverse order, then gives
-the original configs back. Diffusers models and pipelines go to the Diffusers adapter (diffusers.py), through the
-same kinds.
+private config copies) -> every layer kind, in apply order, each running its jobs (find -> load -> validate -> plan ->
+swap -> report rows) -> the KernelizeReport. The kinds are the built-in ones (kinds.BUILTIN_KINDS) or `kinds=`, handed
+down from here: no job below looks kinds up. Any exception on the way restores the model before it propagates, so a
+model is never left half patched; restore runs the restore of each kind that ran, in reverse order, then gives the
+original configs back. Diffusers models and pipelines go to the Diffusers adapter (diffusers.py), through the same
+kinds.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ..errors import KernelHubError
 from .diffusers import is_diffusers_object, kernelize_diffusers, restore_diffusers
-from .kinds import KindRun, all_kinds, kind_exports, kind_names
+from .kinds import BUILTIN_KINDS, KindRun, LayerKind, in_order
+from .kinds.experts.quantize import check_quantize
 from .plan import backend_of, check_mode, kernel_specs
-from .quantize import check_quantize
 from .report import KernelizeReport
 from .swap import STATE_ATTR, KernelizeState, give_back_configs, is_kernelized, take_own_configs
-from .validate import validate_layer
 from .weights_guard import check_loaded
 
-__all__ = ["KIND_EXPORTS", "SUPPORTED_KINDS", "is_kernelized", "kernelize", "restore", "validate_layer"]
+__all__ = ["KIND_EXPORTS", "SUPPORTED_KINDS", "is_kernelized", "kernelize", "restore"]
 
-#: Every layer kind, declared once in layers/kinds/ (one module each).
-SUPPORTED_KINDS = kind_names()
-#: The function a loaded kernel must export to serve each layer kind.
-KIND_EXPORTS = kind_exports()
+#: The built-in layer kinds (kinds.BUILTIN_KINDS, one folder each), by name.
+SUPPORTED_KINDS = tuple(k.name for k in BUILTIN_KINDS)
+#: The function a loaded kernel must export to serve each built-in layer kind.
+KIND_EXPORTS = {k.name: k.export for k in BUILTIN_KINDS}
 
 
 def kernelize(
@@ -40,6 +41,7 @@ def kernelize(
     validate: bool = True,
     trust_remote_code: Any = False,
     quantize: str | None = None,
+    kinds: Sequence[LayerKind] | None = None,
 ) -> KernelizeReport:
     """Run `model`'s expert and attention layers on the hub kernels the registry (or `mapping`) names for
     this backend (attention: through transformers' AttentionInterface; `mapping={"attention": None}` skips it).
@@ -52,29 +54,33 @@ def kernelize(
     registry.yaml with neither gets its newest release. trust_remote_code: get_kernel's rule, for the repos
     `mapping` names. quantize: "int8" (per output channel) or "fp8" (128x128 blocks), inference only: the expert
     weights are read as quantized copies kept with each block, each checked against the block's own layer within
-    the bound quantize.error_bound derives; the model's parameters are untouched (quantize.py).
+    the bound quantize.error_bound derives; the model's parameters are untouched (kinds/experts/quantize.py). kinds:
+    the layer kinds to run (default: kinds.BUILTIN_KINDS); `(*BUILTIN_KINDS, my_kind)` adds a kind declared anywhere
+    (layers/kinds/__init__.py says what one needs), and restore(model) runs its restore too.
     """
     check_mode(mode)
+    kinds = in_order(BUILTIN_KINDS if kinds is None else kinds)
     quantize = check_quantize(quantize, mode)
     if is_diffusers_object(model):  # Diffusers models and pipelines: the same kinds, attention via the processor API
         if quantize is not None:
             raise KernelHubError("quantize= quantizes Mixture-of-Experts expert weights; Diffusers models have no "
                                  "expert layers kernelize serves: drop quantize=")
-        return kernelize_diffusers(model, mode=mode, device=device, mapping=mapping, validate=validate,
+        return kernelize_diffusers(model, kinds=kinds, mode=mode, device=device, mapping=mapping, validate=validate,
                                    trust_remote_code=trust_remote_code)
     if not hasattr(model, "named_modules"):
         raise KernelHubError(f"kernelize wants a torch.nn.Module, got {type(model).__name__}")
     check_loaded(model)  # weights still on the meta device: one clear error before anything changes
     backend, dev = backend_of(model, device)
-    specs = kernel_specs(mapping, backend, trust_remote_code)  # raises on bad mapping before anything changes
+    specs = kernel_specs(mapping, backend, trust_remote_code, kinds=kinds)  # raises on a bad mapping before any change
     if is_kernelized(model):
         restore(model)
     report = KernelizeReport(model=type(model).__name__, mode=mode, backend=backend)
-    state = KernelizeState(own_configs=take_own_configs(model), quantize=quantize)  # names switch on own copies
+    # names switch on the model's own config copies
+    state = KernelizeState(own_configs=take_own_configs(model), quantize=quantize, ran=kinds)
     model.__dict__[STATE_ATTR] = state
     try:
-        for kind in all_kinds():
-            kind.apply(KindRun(model, specs[kind.name], backend, dev, mode, validate, state, report))
+        for kind in kinds:
+            kind.apply(KindRun(kind, model, specs[kind.name], backend, dev, mode, validate, state, report))
     except BaseException:
         restore(model)
         raise
@@ -91,7 +97,7 @@ def restore(model: Any) -> bool:
     state: KernelizeState | None = model.__dict__.pop(STATE_ATTR, None)
     if state is None:
         return False
-    for kind in reversed(all_kinds()):
+    for kind in reversed(state.ran):
         kind.restore(model, state)
     give_back_configs(state.own_configs)  # after every kind has put its names back on the copies
     return True

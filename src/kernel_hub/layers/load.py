@@ -1,19 +1,22 @@
 """The load job: the kernel a layer kind gets, as a loaded torch-facing module, or the reason it gets none.
 
 Why one module: a mapping value (a repo id, a RepoSpec, an already loaded module, None) becomes a kernel through
-get_kernel's one path (trust, digests, variant choice) and is then held to the kind's entry in contract.py; a kernel
-that fails to load, or lacks the entry, leaves the model as it is with the reason in the report, never an exception
-halfway through a swap. `kernel_info` is what each report row says about the kernel that serves it.
+get_kernel's one path (trust, digests, variant choice) and is then held to the kind's declared convention (its
+`export`, or its `accepts`); a kernel that fails to load, or lacks the entry, leaves the model as it is with the reason
+in the report, never an exception halfway through a swap. `kernel_info` is what each report row says about the kernel
+that serves it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import api as hub
 from .find import device_type
-from .kinds import KindRun, kind_convention
 from .plan import RepoSpec, not_validated_reason
+
+if TYPE_CHECKING:
+    from .kinds.declaration import KindRun, LayerKind
 
 
 def load(spec: Any, backend: str) -> tuple[Any, str]:
@@ -28,10 +31,10 @@ def load(spec: Any, backend: str) -> tuple[Any, str]:
     return get_kernel(spec, framework="torch", backend=backend), spec
 
 
-def load_or_reason(spec: Any, kind: str, backend: str) -> tuple[Any, str, str]:
-    """(kernel, repo id, "") or (None, "", why not) for a mapping value."""
+def load_or_reason(spec: Any, kind: LayerKind, backend: str) -> tuple[Any, str, str]:
+    """(kernel, repo id, "") or (None, "", why not) for a mapping value, held to `kind`'s convention."""
     if spec is None:
-        return None, "", f"no kernel mapped to {kind} on {backend} (registry.yaml layers / mapping=)"
+        return None, "", f"no kernel mapped to {kind.name} on {backend} (registry.yaml layers / mapping=)"
     try:
         kernel, repo_id = load(spec, backend)
     except Exception as exc:  # a kernel that fails to load leaves the model as it is
@@ -39,22 +42,24 @@ def load_or_reason(spec: Any, kind: str, backend: str) -> tuple[Any, str, str]:
         # a variant trace: its first line, and the line of the build kernelize wanted (torch-<backend>)
         wanted = [ln.strip() for ln in lines[1:] if ln.split()[1:2] == [f"torch-{backend}"]]
         return None, "", f"{spec} did not load: {type(exc).__name__}: {' '.join(lines[:1] + wanted[:1])}"
-    convention, why = kind_convention(kind, kernel)
+    convention, why = kind.convention(kernel)
     if convention is None:
-        return None, "", f"{repo_id} {why} for {kind}"
+        return None, "", f"{repo_id} {why} for {kind.name}"
     return kernel, repo_id, ""
 
 
-def kernel_for(run: KindRun, kind: str, *, runs_the_model: bool) -> tuple[Any, str] | None:
-    """(kernel, repo id) for a kind's run, or None with a note "<kind> unchanged: why" in the report. A kind that reads
-    its layers by running them (`runs_the_model`: attention's forwards, rms_norm's form) needs the model where the
-    kernel's path runs: kernelizing for a TPU with the model elsewhere leaves the kind unchanged, saying so."""
+def kernel_for(run: KindRun, *, runs_the_model: bool) -> tuple[Any, str] | None:
+    """(kernel, repo id) for a kind's run (`run.kind`), or None with a note "<kind> unchanged: why" in the report. A
+    kind that reads its layers by running them (`runs_the_model`: attention's forwards, rms_norm's form) needs the
+    model where the kernel's path runs: kernelizing for a TPU with the model elsewhere leaves the kind unchanged,
+    saying so."""
+    kind = run.kind.name
     if runs_the_model:
         unchecked = not_validated_reason(run.backend, device_type(run.model))
         if unchecked is not None and run.spec is not None:
             run.report.notes.append(f"{kind} unchanged: {unchecked.removeprefix('not validated: ')}")
             return None
-    kernel, repo_id, reason = load_or_reason(run.spec, kind, run.backend)
+    kernel, repo_id, reason = load_or_reason(run.spec, run.kind, run.backend)
     if kernel is None:
         run.report.notes.append(f"{kind} unchanged: {reason}")
         return None

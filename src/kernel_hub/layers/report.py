@@ -24,7 +24,7 @@ class Replaced:
     # None when they were checked (max_error) or validate=False.
     not_validated: str | None = None
     why: str | None = None  # why this implementation (e.g. expert weights packed or not, and the reason)
-    quantized: str | None = None  # kernelize(quantize=): the weight format the block reads (layers/quantize.py)
+    quantized: str | None = None  # kernelize(quantize=): the weight format the block reads (kinds/experts/quantize.py)
     bytes_before: int | None = None  # its expert weights' bytes before quantizing (bfloat16 for an FP8 model)
     bytes_after: int | None = None  # and the bytes it reads now (quantized weights + scales)
     # The convention the kernel ran through: "moe_experts" / "ragged_dot" (kernel-hub's contract) or

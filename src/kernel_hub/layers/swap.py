@@ -46,7 +46,8 @@ class KernelizeState:
     switched: bool = False
     own_configs: OwnConfigs = field(default_factory=OwnConfigs)  # the model's private config copies
     kinds: dict[str, Any] = field(default_factory=dict)
-    quantize: str | None = None  # kernelize's quantize= (quantize.py)
+    quantize: str | None = None  # kernelize's quantize= (kinds/experts/quantize.py)
+    ran: tuple[Any, ...] = ()  # the LayerKinds kernelize ran, in apply order: restore runs theirs in reverse
 
     def empty(self) -> bool:
         return not (self.paths or self.kinds)

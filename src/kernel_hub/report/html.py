@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from html import escape
 
+from ..layers.kinds import BUILTIN_KINDS, LayerKind
 from ..timing import format_ratio
 from .plots import bench_svg, peers_svg, slug
 from .schema import Bench, Cell, Compile, FamilyRow, Report
@@ -150,15 +151,12 @@ def compile_section(c: Compile) -> str:
             f'cases.</p><table id="compile-matrix"><thead>{head}</thead><tbody>{body}</tbody></table>{fails}')
 
 
-#: Column titles of the layer kinds kernelize declares (layers/kinds/); a kind missing here shows its own name.
-KIND_TITLES = {"moe_experts": "experts", "attention": "attention", "rms_norm": "RMSNorm"}
-
-
-def family_kinds(rows: Sequence[FamilyRow]) -> list[str]:
-    """The layer kinds the table shows: the declared ones above, then any other kind a row reports (read off the
-    rows, so rendering a report imports no model code)."""
+def family_kinds(rows: Sequence[FamilyRow], kinds: Sequence[LayerKind] = BUILTIN_KINDS) -> list[str]:
+    """The layer kinds the table shows: the declared `kinds`, then any other kind a row reports (read off the rows;
+    the declarations import no model code)."""
+    declared = [k.name for k in kinds]
     seen = [k for r in rows for k in (*r.replaced, *r.kept)]
-    return [*KIND_TITLES, *dict.fromkeys(k for k in seen if k not in KIND_TITLES)]
+    return [*declared, *dict.fromkeys(k for k in seen if k not in declared)]
 
 
 def _family_row(r: FamilyRow, kinds: Sequence[str]) -> str:
@@ -171,15 +169,18 @@ def _family_row(r: FamilyRow, kinds: Sequence[str]) -> str:
             f'<td class="reasons">{"<br>".join(_e(x) for x in r.reasons)}</td></tr>')
 
 
-def families_section(rows: list[FamilyRow]) -> str:
+def families_section(rows: list[FamilyRow], kinds: Sequence[LayerKind] = BUILTIN_KINDS) -> str:
+    """The family table: one "<title> replaced / kept" column per kind (each kind's declared title; a kind only a row
+    reports shows its own name)."""
     counts: dict[str, int] = {}
     for r in rows:
         counts[r.status] = counts.get(r.status, 0) + 1
     summary = ", ".join(f"{n} {s}" for s, n in counts.items())
-    kinds = family_kinds(rows)
-    head = ("family", "library", "kind", "status", *(f"{KIND_TITLES.get(k, k)} replaced / kept" for k in kinds),
+    titles = {k.name: k.title for k in kinds}
+    columns = family_kinds(rows, kinds)
+    head = ("family", "library", "kind", "status", *(f"{titles.get(k, k)} replaced / kept" for k in columns),
             "max layer error", "output error", "restored", "kept because")
-    body = "".join(_family_row(r, kinds) for r in rows)
+    body = "".join(_family_row(r, columns) for r in rows)
     return (f'<h2 id="families">kernelize: model families</h2><p class=sub>A tiny model of each family (random '
             "weights, built from its config), kernelized with the registry's kernels: each layer validated on its "
             "own shapes before the swap, the output compared with the default, restore() checked bit-identical. "

@@ -1,90 +1,56 @@
-"""Layer kinds, declared once: one module per kind in this package, each defining `KIND = LayerKind(...)`.
+"""Layer kinds: one folder per kind, each declaring `KIND = LayerKind(...)` (declaration.py), and the one list of the
+built-in kinds, `BUILTIN_KINDS`.
 
-A declaration says where kernelize finds the layer in a model, the call contract a kernel is held to, the inputs it
-is validated on, which kernel export serves it, and the two functions that do the work (`apply` finds, validates,
-swaps and reports; `restore` puts back exactly what was there). kernelize, restore, `mapping=` and the report read
-the kinds from here, so adding a kind is one module here plus the serving kernel's kernel.yaml `replaces` (and its
-registry.yaml `layers` entry for a default). Diffusers models and pipelines go through the same kinds (each
-kind's `diffusers` says how). The kinds sit on top of layers/: each kind module runs its flow over the jobs (find,
-plan, load, validate, swap, report) and the transformers / Diffusers adapters, and nothing below imports a kind
-module. Importing this package itself imports neither torch nor jax; `all_kinds()` imports the kind modules (and
-so torch), which only kernelize and the contract test ask for.
+A kind's folder holds everything about it: where kernelize finds the layer in a model, the decisions, the inputs its
+layers are validated on, the flow that swaps and restores them, its transformers / Diffusers adapters where it has
+them, and its declaration (the Protocols its kernel keeps, its report title). The generic jobs below (layers/find,
+plan, load, validate, swap, report, weights_guard) know no kind: layers/api.py hands the kinds down to them, as an
+argument. Built in: experts/ (moe_experts), attention/, rms_norm/.
+
+What a kind needs (tests/test_layer_kind_toy.py declares a toy kind from a folder outside this package with exactly
+these, and holds this list to what it needed):
+
+- one folder (a package) of its own, anywhere importable, whose `__init__.py` declares `KIND = LayerKind(...)` with
+  - `name`: the kind's name in mapping=, registry.yaml `layers`, kernel.yaml `replaces` and the report's rows
+  - `title`: how the report's family table titles the kind's column
+  - `export`: the function a kernel must export to serve it
+  - `protocols`: the Protocols a serving kernel's torch entry keeps (`layer_kernel_problems` checks a kernel)
+  - `finds`: prose, where kernelize finds such layers in a model
+  - `contract`: prose, the call the kernel is held to
+  - `validated_on`: prose, the inputs each layer is checked on before the swap
+  - `apply`: fn(KindRun): finds the layers, loads the kernel (layers/load.kernel_for), validates each layer, swaps
+    it and appends report rows, recording in the run's state what restore needs
+  - `restore`: fn(model, state): puts back exactly what `apply` changed
+  - `order`: where it runs among the kinds (increasing; restore runs in reverse)
+  and, where it has them, `optional` (Protocols kept all or none), `diffusers` (how it runs on a Diffusers denoiser)
+  and `accepts` (a kind served through more than one convention);
+- the serving kernel's kernel.yaml `replaces: [<name>]` (and, for a default kernel, its registry.yaml `layers`
+  entry).
+
+A built-in kind is listed once, in `BUILTIN_KINDS` below; any other kind is used by handing it to kernelize:
+`kh.kernelize(model, kinds=(*BUILTIN_KINDS, MY_KIND), mapping={"my_kind": kernel})` (restore then runs its restore
+too; `mapping=` names any kernel for it, a repo id or a loaded module). Importing this package imports neither torch
+nor jax: each declaration imports its contract (and the experts' framework-free plan), and its flow only when it runs.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
-import pkgutil
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from ...contract import protocol_problems
+from . import attention, experts, rms_norm
+from .declaration import KindRun, LayerKind, in_order
 
-@dataclass
-class KindRun:
-    """What one kind's `apply` gets from kernelize: the model, the mapping value for the kind (a repo id, a loaded
-    kernel or None), the backend and device, the mode, whether to validate, kernelize's state (restore reads it)
-    and the report to append rows to."""
+#: The layer kinds kernelize runs unless told otherwise (kernelize(kinds=...)), in apply order.
+BUILTIN_KINDS: tuple[LayerKind, ...] = in_order((experts.KIND, attention.KIND, rms_norm.KIND))
 
-    model: Any
-    spec: Any
-    backend: str
-    device: Any
-    mode: str
-    validate: bool
-    state: Any
-    report: Any
+__all__ = ["BUILTIN_KINDS", "KindRun", "LayerKind", "in_order", "layer_kernel_problems"]
 
 
-@dataclass(frozen=True)
-class LayerKind:
-    name: str  # the kind's name in mapping=, registry.yaml `layers`, kernel.yaml `replaces`, report rows
-    export: str  # the function a kernel must export to serve it
-    finds: str  # where kernelize finds such layers in a model
-    contract: str  # the call the kernel is held to
-    validated_on: str  # the inputs each layer is checked on before the swap
-    apply: Callable[[KindRun], None]
-    restore: Callable[[Any, Any], None]  # (model, kernelize's state) -> None; runs in reverse kind order
-    order: int  # kernelize applies kinds in increasing order
-    #: On a Diffusers denoiser (layers/diffusers.py): None runs `apply` / `restore` as on any model (the kind finds its
-    #: layers by structure); an (apply, restore) pair runs those instead; a string leaves the kind out, saying why.
-    diffusers: tuple[Callable[[KindRun], None], Callable[[Any, Any], None]] | str | None = None
-    #: Which convention a loaded kernel serves the kind through: kernel -> (convention or None, why). None: the kind
-    #: has one, its `export`.
-    accepts: Callable[[Any], tuple[str | None, str]] | None = None
-
-
-@functools.cache
-def all_kinds() -> tuple[LayerKind, ...]:
-    """Every kind declared in this package, in apply order."""
-    kinds = []
-    for info in pkgutil.iter_modules(__path__):
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        kind = getattr(module, "KIND", None)
-        if not isinstance(kind, LayerKind):
-            raise TypeError(f"{module.__name__} declares no KIND = LayerKind(...)")
-        kinds.append(kind)
-    names = [k.name for k in kinds]
-    if len(set(names)) != len(names):
-        raise TypeError(f"two layer kinds share a name: {sorted(names)}")
-    return tuple(sorted(kinds, key=lambda k: (k.order, k.name)))
-
-
-def kind_names() -> tuple[str, ...]:
-    return tuple(k.name for k in all_kinds())
-
-
-def kind_exports() -> dict[str, str]:
-    """kind -> the function a kernel must export to serve it."""
-    return {k.name: k.export for k in all_kinds()}
-
-
-def kind_convention(name: str, kernel: Any) -> tuple[str | None, str]:
-    """(the convention `kernel` serves kind `name` through, why), or (None, why it cannot serve it)."""
-    kind = next(k for k in all_kinds() if k.name == name)
-    if kind.accepts is not None:
-        return kind.accepts(kernel)
-    if hasattr(kernel, kind.export):
-        return kind.export, f"exports {kind.export}"
-    return None, f"does not export {kind.export}"
+def layer_kernel_problems(module: Any, kind: str, kinds: tuple[LayerKind, ...] = BUILTIN_KINDS) -> list[str]:
+    """Every way the torch entry `module` falls short of serving the layer kind named `kind` (one of `kinds`): its
+    declaration's Protocols, entry by entry (contract.protocol_problems); empty: it keeps the contract."""
+    declared = {k.name: k for k in kinds}
+    if kind not in declared:
+        return [f"{kind}: no such layer kind (known: {', '.join(declared)})"]
+    return protocol_problems(module, kind, declared[kind].protocols, declared[kind].optional)

@@ -1,33 +1,21 @@
-"""Layer kind `rms_norm`: RMSNorm modules (transformers', Diffusers', torch.nn.RMSNorm), served by
-kernel-hub/rms-norm-tpu's `rms_norm`.
-
-The declaration, and the kind's flow over the jobs. Found by class name and structure (find.find_norms), whether or
-not HF kernels' `use_kernel_forward_from_hub` decorator marked the class (transformers 5.25 with kernels 0.19.1 marks
-its Llama-style norms "RMSNorm" and Qwen3.5's "RMSNormZeroCentered", not GPT-OSS's or Gemma's); Diffusers models
-reach this kind through the same declaration (layers/diffusers.py). The form is read from the layer's own outputs,
-not its name: on random inputs, the kernel's four variants (weight or 1 + weight; scale in float32 or after the cast
-to the input dtype) are compared with the layer's current forward (validate.norm_form_errors) and the closest one is
-taken if it is within the dtype's tolerance (plan.choose_form); otherwise the layer is kept with the errors. The swap
-is this instance's `forward` only (swap.swap_forward, never a class or a module-level function); restore puts back
-exactly what was there.
-"""
+"""The rms_norm kind's flow over the jobs: find.find_norms -> load (the kernel) -> per norm validate.norm_form_errors,
+plan.choose_form -> swap this instance's forward for a NormHook -> report rows; restore puts each forward back."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..find import find_norms, norm_epsilon
-from ..load import kernel_for, kernel_info
-from ..plan import FORMS, choose_form, form_name
-from ..report import Kept, Replaced
-from ..swap import CallCounts, put_back_forward, swap_forward
-from ..validate import norm_form_errors, tolerance_for
-from ..weights_guard import KernelRefused, watched
-from . import KindRun, LayerKind
-
-NAME = "rms_norm"
-__all__ = ["KIND", "NAME", "NormHook", "NormState", "choose_form"]
+from ...load import kernel_for, kernel_info
+from ...report import Kept, Replaced
+from ...swap import CallCounts, put_back_forward, swap_forward
+from ...validate import tolerance_for
+from ...weights_guard import KernelRefused, watched
+from ..declaration import KindRun
+from .contract import NAME
+from .find import find_norms, norm_epsilon
+from .plan import FORMS, choose_form, form_name
+from .validate import norm_form_errors
 
 
 @dataclass
@@ -60,11 +48,11 @@ class NormState:
     swapped: list[tuple[Any, Any]] = field(default_factory=list)
 
 
-def _apply(run: KindRun) -> None:
+def apply(run: KindRun) -> None:
     found, skipped = find_norms(run.model)
     if not found and not skipped:
         return
-    loaded = kernel_for(run, NAME, runs_the_model=True)  # the form is read off the layer's outputs
+    loaded = kernel_for(run, runs_the_model=True)  # the form is read off the layer's outputs
     if loaded is None:
         return
     kernel, repo_id = loaded
@@ -98,22 +86,9 @@ def _apply(run: KindRun) -> None:
         run.state.kinds.pop(NAME, None)
 
 
-def _restore(model: Any, state: Any) -> None:
+def restore(model: Any, state: Any) -> None:
     del model
     norms: NormState | None = state.kinds.get(NAME)
     for module, previous in reversed(norms.swapped if norms else []):
         put_back_forward(module, previous)
 
-
-KIND = LayerKind(
-    name=NAME,
-    export="rms_norm",
-    finds="modules whose class is named like an RMSNorm (or marked 'RMSNorm' by HF kernels), not gated, with a 1-D "
-          "weight, no bias and a numeric variance_epsilon or eps (transformers, Diffusers, torch.nn.RMSNorm)",
-    contract="forward(hidden_states[..., H]) -> same shape and dtype: weight * x_normed or (1 + weight) * x_normed",
-    validated_on="16 random rows (x 3) in the weight's dtype, each of the kernel's forms against the layer's forward "
-                 "(training: and the gradients of x and weight); the closest form within tolerance is taken",
-    apply=_apply,
-    restore=_restore,
-    order=2,
-)

@@ -20,12 +20,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ...swap import EXPERTS_HOOK_ATTR as HOOK_ATTR
+from ...swap import IMPLEMENTATION_NAME
 from . import packed_op, packing, quantize
+from .contract import NAME
 from .find import ExpertsLayout, ExpertsSite
-from .swap import EXPERTS_HOOK_ATTR as HOOK_ATTR
-from .swap import IMPLEMENTATION_NAME
 
-LAYER_KIND = "moe_experts"
+LAYER_KIND = NAME  # the kind's name, as its report rows give it
 
 ExpertsCall = Callable[[Any, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 

@@ -1,8 +1,5 @@
-"""Layer kind `attention`: transformers attention through AttentionInterface (and Diffusers attention processors),
-served by flash attention.
-
-The declaration, and the kind's flow on a transformers model over the jobs: find.can_switch_attention -> load (the
-kernel) -> register "kernel_hub" (the adapter, attention.py) -> remember every config's implementation -> two small
+"""The attention kind's flow on a transformers model over the jobs: find.can_switch_attention -> load (the kernel)
+-> register "kernel_hub" (the adapter, transformers.py) -> remember every config's implementation -> two small
 forwards (validate.model_forwards, one left-padded) on the model as it is -> one
 `model.set_attn_implementation("kernel_hub")` -> the same forwards in probe mode (every layer that calls the
 AttentionInterface runs its previous implementation and the kernel on its own q/k/v/mask and returns the previous
@@ -11,9 +8,9 @@ before the switch, else the model itself computes differently under another impl
 attention hands its top-k keys to the attention function instead of masking them) and every layer stays on its
 previous implementation -> hook each layer found: the kernel where it matched within the dtype tolerance, its
 previous implementation otherwise. The switched configs (the model's private copies) accept attention-weight
-requests from the switch on (attention.py). Nothing
-matched: switch back. `_restore` puts every config's implementation and class back exactly. On a Diffusers denoiser
-the kind runs through the processor API instead (diffusers.py, diffusers_route.py).
+requests from the switch on (transformers.py). Nothing matched: switch back. `restore` puts every config's
+implementation and class back exactly. On a Diffusers denoiser the kind runs through the processor API instead
+(diffusers.py, diffusers_route.py).
 """
 
 from __future__ import annotations
@@ -23,17 +20,17 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import attention as at
-from ..diffusers import kernelize_attention_processors, restore_attention_processors
-from ..find import attention_configs, can_switch_attention
-from ..load import kernel_for, kernel_info
-from ..plan import switch_check, verdict
-from ..report import Kept, Replaced
-from ..swap import KernelizeState, put_back_names
-from ..validate import dtype_device, model_forwards, tolerance_for
-from . import KindRun, LayerKind
-
-NAME = at.LAYER_KIND
+from ...load import kernel_for, kernel_info
+from ...plan import verdict
+from ...report import Kept, Replaced
+from ...swap import KernelizeState, put_back_names
+from ...validate import dtype_device, tolerance_for
+from ..declaration import KindRun
+from . import transformers as at
+from .contract import NAME
+from .find import attention_configs, can_switch_attention
+from .plan import switch_check
+from .validate import model_forwards
 
 
 @dataclass
@@ -47,11 +44,11 @@ class AttentionState:
     classes: list[tuple[Any, type]] = field(default_factory=list)
 
 
-def _apply(run: KindRun) -> None:
+def apply(run: KindRun) -> None:
     ok, _ = can_switch_attention(run.model)
     if not ok:
         return  # not a transformers attention model (e.g. a bare expert block): nothing to say
-    loaded = kernel_for(run, NAME, runs_the_model=True)  # attention layers are found by running the model
+    loaded = kernel_for(run, runs_the_model=True)  # attention layers are found by running the model
     if loaded is None:
         return
     kernel, repo_id = loaded
@@ -163,21 +160,8 @@ def _restore_state(model: Any, state: AttentionState) -> None:
     state.configs.clear()
 
 
-def _restore(model: Any, state: KernelizeState) -> None:
+def restore(model: Any, state: KernelizeState) -> None:
     attention: AttentionState | None = state.kinds.get(NAME)
     if attention is not None:
         _restore_state(model, attention)
 
-
-KIND = LayerKind(
-    name=NAME,
-    export="flash_attention",
-    finds="every module that calls transformers' attention function (found by running the model once)",
-    contract="transformers' attention call (module, query, key, value, attention_mask, ...) -> (out, None)",
-    validated_on="a padded random batch through the model, each layer against its previous implementation",
-    apply=_apply,
-    restore=_restore,
-    order=1,
-    # Diffusers: each attention processor wrapped (diffusers_route.py)
-    diffusers=(kernelize_attention_processors, restore_attention_processors),
-)

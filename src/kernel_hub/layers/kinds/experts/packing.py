@@ -27,11 +27,11 @@ from typing import Any
 
 import torch
 
-from ..errors import KernelHubError
+from ....errors import KernelHubError
+from ...swap import EXPERTS_HOOK_ATTR, IMPLEMENTATION_NAME, PACKED_ATTR, packed_placeholders
 from . import packed_op
 from .find import ExpertsLayout
 from .plan import PACK_ENV
-from .swap import EXPERTS_HOOK_ATTR, IMPLEMENTATION_NAME, PACKED_ATTR, packed_placeholders
 
 RECORD_ATTR = PACKED_ATTR
 DOWN = "down_proj"

@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..numerics import relative_error
-from .swap import CallCounts
-from .weights_guard import KernelRefused, check_output, held_weights
+from ....numerics import relative_error
+from ...swap import CallCounts
+from ...weights_guard import KernelRefused, check_output, held_weights
 
 SDPA = torch.nn.functional.scaled_dot_product_attention
 _SDPA_SIGNATURE = inspect.Signature([

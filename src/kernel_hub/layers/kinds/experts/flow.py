@@ -1,11 +1,9 @@
-"""Layer kind `moe_experts`: a transformers Mixture-of-Experts expert block, served by the ragged dot, or by any kernel
-in transformers' experts-function convention (`experts_forward(self, hidden_states, top_k_index, top_k_weights)`;
-plan.experts_convention says which convention a kernel runs through, and every report row names it).
-
-The declaration, and the kind's flow over the jobs: find.find_experts (blocks and their layouts) -> load (the kernel)
--> per block validate.validate_layer against the block's own implementation, plan.verdict -> swap: the transformers
-adapter's hooks (experts.py) and one `model.set_experts_implementation("kernel_hub")`, an instance forward where a
-block does not route through ExpertsInterface -> packing where plan.decide_packing allows -> report rows.
+"""The moe_experts kind's flow over the jobs: find.find_experts (blocks and their layouts) -> load (the kernel) -> per
+block validate.validate_layer against the block's own implementation, plan.verdict -> swap: the transformers adapter's
+hooks (transformers.py) and one `model.set_experts_implementation("kernel_hub")`, an instance forward where a block does
+not route through ExpertsInterface -> quantized copies (quantize.py) or packing (packing.py) where
+plan.decide_packing allows -> report rows; restore unpacks and unhooks each block and puts every config's
+implementation back.
 """
 
 from __future__ import annotations
@@ -15,28 +13,29 @@ from typing import Any
 
 import torch
 
-from ...contract import PACKED_EXPERTS_ENTRIES
-from .. import experts as ex
-from .. import packing
-from .. import quantize as qz
-from ..find import ExpertsSite, device_type, find_experts, routes_through_interface, top_k_of
-from ..load import kernel_info, load_or_reason
-from ..plan import decide_packing, experts_convention, not_validated_reason, verdict
-from ..report import Kept, KernelizeReport, Replaced
-from ..swap import KernelizeState, put_back_names
-from ..validate import experts_batch, tolerance_for, validate_layer
-from ..weights_guard import KernelRefused, guarded_call
-from . import KindRun, LayerKind
+from ...find import device_type
+from ...load import kernel_info, load_or_reason
+from ...plan import not_validated_reason, verdict
+from ...report import Kept, KernelizeReport, Replaced
+from ...swap import KernelizeState, put_back_names
+from ...validate import tolerance_for
+from ...weights_guard import KernelRefused, guarded_call
+from ..declaration import KindRun
+from . import packing
+from . import quantize as qz
+from . import transformers as ex
+from .contract import NAME, PACKED_EXPERTS_ENTRIES
+from .find import ExpertsSite, find_experts, routes_through_interface, top_k_of
+from .plan import decide_packing, experts_convention
+from .validate import experts_batch, validate_layer
 
-NAME = ex.LAYER_KIND
 
-
-def _apply(run: KindRun) -> None:
+def apply(run: KindRun) -> None:
     sites = find_experts(run.model)
     if not sites:
         run.report.notes.append("no Mixture-of-Experts expert layers found")
         return
-    kernel, repo_id, reason = load_or_reason(run.spec, NAME, run.backend)
+    kernel, repo_id, reason = load_or_reason(run.spec, run.kind, run.backend)
     if kernel is None:
         run.report.kept += [Kept(s.path, NAME, s.reason if not s.supported else reason) for s in sites]
         return
@@ -186,7 +185,7 @@ def _pack(run: KindRun, module: Any, site: ExpertsSite, call: ex.ExpertsCall, ke
                                     if run.validate else "")
 
 
-def _restore(model: Any, state: KernelizeState) -> None:
+def restore(model: Any, state: KernelizeState) -> None:
     """Unpack and unhook each block, put back every config's experts implementation."""
     ex.drop_user_switch(model)
     for path in state.paths:
@@ -202,16 +201,3 @@ def _restore(model: Any, state: KernelizeState) -> None:
             model.set_experts_implementation(state.previous)
     put_back_names(state.configs, "_experts_implementation")
 
-
-KIND = LayerKind(
-    name=NAME,
-    export="ragged_dot",  # or moe_experts, or transformers' experts_forward: plan.experts_convention (`accepts`)
-    finds="expert blocks find.find_experts recognises (transformers' ExpertsInterface blocks and known layouts)",
-    contract="(hidden[T,H], top_k_index[T,K], top_k_weights[T,K]) -> [T,H], the block's own weights and activation",
-    validated_on="16 random tokens routed to random experts, in the block's dtype (training: and the gradients)",
-    apply=_apply,
-    restore=_restore,
-    order=0,
-    diffusers="Diffusers denoisers have no transformers expert blocks (ExpertsInterface) to find",
-    accepts=experts_convention,
-)

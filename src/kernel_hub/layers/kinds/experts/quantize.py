@@ -40,10 +40,10 @@ from typing import Any
 
 import torch
 
-from ..errors import KernelHubError
+from ....errors import KernelHubError
+from ...sharded import local
 from .find import BLOCK, ExpertsLayout, fp8_scale, fp8_scale_names
 from .packing import weight_names
-from .sharded import local
 
 #: kernelize's quantize= choices -> the weight dtype.
 FORMATS = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}

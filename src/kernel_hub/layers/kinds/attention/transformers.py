@@ -36,13 +36,14 @@ from typing import Any
 
 import torch
 
-from ..errors import KernelHubError
-from ..numerics import relative_error
-from .swap import ATTENTION_HOOK_ATTR as HOOK_ATTR
-from .swap import IMPLEMENTATION_NAME, CallCounts
-from .weights_guard import KernelRefused, check_output, held_weights
+from ....errors import KernelHubError
+from ....numerics import relative_error
+from ...swap import ATTENTION_HOOK_ATTR as HOOK_ATTR
+from ...swap import IMPLEMENTATION_NAME, CallCounts
+from ...weights_guard import KernelRefused, check_output, held_weights
+from .contract import NAME
 
-LAYER_KIND = "attention"
+LAYER_KIND = NAME  # the kind's name, as its report rows give it
 #: kwargs the kernel cannot honour: a call carrying any of them (not None) runs the previous implementation.
 UNSUPPORTED_KWARGS = ("position_bias", "cu_seq_lens_q", "cu_seq_lens_k", "head_mask")
 #: kwargs carrying a sparse key selection a model masks only under "eager"/"sdpa" -> what they are.

@@ -1,0 +1,56 @@
+"""Layer kind `attention`: transformers attention through AttentionInterface (and Diffusers attention processors),
+served by flash attention.
+
+The kind's folder: contract.py (its name, its kernel's Protocol), find.py, plan.py (may the model switch),
+validate.py (the forwards its layers are checked on), flow.py (apply / restore on a transformers model),
+transformers.py (the adapter: the "kernel_hub" attention implementation and its mask function), diffusers.py +
+diffusers_route.py (the Diffusers adapter: attention processors); this declaration. It imports the contract only, so
+reading the kinds (the report's titles) imports no framework; the flow and adapters are imported when the kind runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..declaration import KindRun, LayerKind
+from .contract import NAME, AttentionKernel
+
+
+def _apply(run: KindRun) -> None:
+    from .flow import apply  # torch: imported when the kind runs, not when it is declared
+
+    apply(run)
+
+
+def _restore(model: Any, state: Any) -> None:
+    from .flow import restore
+
+    restore(model, state)
+
+
+def _apply_diffusers(run: KindRun) -> None:
+    from .diffusers import kernelize_attention_processors
+
+    kernelize_attention_processors(run)
+
+
+def _restore_diffusers(model: Any, state: Any) -> None:
+    from .diffusers import restore_attention_processors
+
+    restore_attention_processors(model, state)
+
+
+KIND = LayerKind(
+    name=NAME,
+    title="attention",
+    export="flash_attention",
+    protocols=(AttentionKernel,),
+    finds="every module that calls transformers' attention function (found by running the model once)",
+    contract="transformers' attention call (module, query, key, value, attention_mask, ...) -> (out, None)",
+    validated_on="a padded random batch through the model, each layer against its previous implementation",
+    apply=_apply,
+    restore=_restore,
+    order=1,
+    # Diffusers: each attention processor wrapped (diffusers.py, diffusers_route.py)
+    diffusers=(_apply_diffusers, _restore_diffusers),
+)

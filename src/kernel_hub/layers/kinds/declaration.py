@@ -1,0 +1,72 @@
+"""What a layer kind is: the `LayerKind` declaration kernelize reads, and the `KindRun` one kind's `apply` gets.
+
+Why its own module: the generic jobs (plan, load) and the entry point (api.py) read declarations handed to them,
+and a kind's folder declares one, so both import this module and neither imports the other. Torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import KernelHubError
+
+
+@dataclass
+class KindRun:
+    """What one kind's `apply` gets from kernelize: the kind's own declaration, the model, the mapping value for the
+    kind (a repo id, a loaded kernel or None), the backend and device, the mode, whether to validate, kernelize's
+    state (restore reads it) and the report to append rows to."""
+
+    kind: LayerKind
+    model: Any
+    spec: Any
+    backend: str
+    device: Any
+    mode: str
+    validate: bool
+    state: Any
+    report: Any
+
+
+@dataclass(frozen=True)
+class LayerKind:
+    name: str  # the kind's name in mapping=, registry.yaml `layers`, kernel.yaml `replaces`, report rows
+    title: str  # how the report's family table titles the kind's column
+    export: str  # the function a kernel must export to serve it
+    protocols: tuple[type, ...]  # the Protocols a serving kernel's torch entry keeps, every entry required
+    finds: str  # where kernelize finds such layers in a model
+    contract: str  # the call the kernel is held to
+    validated_on: str  # the inputs each layer is checked on before the swap
+    apply: Callable[[KindRun], None]
+    restore: Callable[[Any, Any], None]  # (model, kernelize's state) -> None; runs in reverse kind order
+    order: int  # kernelize applies kinds in increasing order
+    #: Protocols a serving kernel may keep, each all or none (the experts' packed weights).
+    optional: tuple[type, ...] = ()
+    #: On a Diffusers denoiser (layers/diffusers.py): None runs `apply` / `restore` as on any model (the kind finds its
+    #: layers by structure); an (apply, restore) pair runs those instead; a string leaves the kind out, saying why.
+    diffusers: tuple[Callable[[KindRun], None], Callable[[Any, Any], None]] | str | None = None
+    #: Which convention a loaded kernel serves the kind through: kernel -> (convention or None, why). None: the kind
+    #: has one, its `export`.
+    accepts: Callable[[Any], tuple[str | None, str]] | None = None
+
+    def convention(self, kernel: Any) -> tuple[str | None, str]:
+        """(the convention `kernel` serves this kind through, why), or (None, why it cannot serve it)."""
+        if self.accepts is not None:
+            return self.accepts(kernel)
+        if hasattr(kernel, self.export):
+            return self.export, f"exports {self.export}"
+        return None, f"does not export {self.export}"
+
+
+def in_order(kinds: Iterable[Any]) -> tuple[LayerKind, ...]:
+    """`kinds` in apply order; refused (before anything changes) unless each is a LayerKind and their names differ."""
+    kinds = tuple(kinds)
+    wrong = [type(k).__name__ for k in kinds if not isinstance(k, LayerKind)]
+    if wrong:
+        raise KernelHubError(f"kinds= takes LayerKind declarations, got {', '.join(wrong)}")
+    names = [k.name for k in kinds]
+    if len(set(names)) != len(names):
+        raise KernelHubError(f"two layer kinds share a name: {sorted(names)}")
+    return tuple(sorted(kinds, key=lambda k: (k.order, k.name)))
