@@ -3,7 +3,7 @@
 kernel.yaml is the one place a kernel's version is written. Assembly (kernel_hub.vendoring) copies it into the
 package as `<python_name>/kernel.yaml`, so a built package finds it beside its own files wherever it runs. A built
 package runs without kernel_hub and may lack PyYAML, so this reads the one top-level `version:` line itself;
-kernel_hub's loader has already checked the whole file (the version is X.Y.Z).
+kernel_hub checked the whole file when it assembled the package (the version is X.Y.Z).
 """
 
 from __future__ import annotations
