@@ -55,6 +55,9 @@ def test_assembly_copies_vendored_files_in_as_plain_files(tmp_path):
         assert shipped.is_file() and not shipped.is_symlink()
         assert shipped.read_bytes() == (COMMON / name).read_bytes()
     assert sorted(p.name for p in (package / "_vendor").iterdir()) == sorted(["__init__.py", *meta.vendor])
+    shipped = package / "kernel.yaml"  # the package carries its kernel.yaml: a release reads its version there
+    assert not shipped.is_symlink()
+    assert shipped.read_bytes() == (PALLAS / "tokamax_ragged_dot" / "kernel.yaml").read_bytes()
 
 
 def test_digests_and_commit_cover_vendored_files(pallas_copy):
@@ -116,6 +119,8 @@ def test_a_vendored_file_needs_its_sibling_imports_vendored_too(pallas_copy):
     ("damage", "message"),
     [
         (lambda k: (k / "tokamax_attention" / "_vendor").mkdir(), "_vendor is checked in"),
+        (lambda k: (k / "tokamax_attention" / "kernel.yaml").write_text("version: 0.0.1\n"),
+         "tokamax_attention/kernel.yaml is checked in"),
         (lambda k: (k / "tokamax_attention" / "shared.py").symlink_to(k.parent / "_common" / "dispatch.py"),
          "shared.py is a link to"),
         (lambda k: (k / "tokamax_attention" / "etc").symlink_to("/etc"), "etc is a link to /etc, outside"),
@@ -124,8 +129,8 @@ def test_a_vendored_file_needs_its_sibling_imports_vendored_too(pallas_copy):
         (lambda k: (k.parent / "_common" / "shapes.py").write_text("import kernel_hub\n"), "never imports kernel_hub"),
         (lambda k: (k.parent / "_common" / "shapes.py").write_text("from ..x import y\n"), "only import its siblings"),
     ],
-    ids=["checked-in-vendor", "link-to-common", "link-out", "missing-shared-file", "path-escape", "imports-kernel-hub",
-         "dotdot-import"],
+    ids=["checked-in-vendor", "checked-in-kernel-yaml", "link-to-common", "link-out", "missing-shared-file",
+         "path-escape", "imports-kernel-hub", "dotdot-import"],
 )
 def test_bad_vendoring_is_refused_with_one_line(pallas_copy, damage, message):
     kernel = pallas_copy / "tokamax_attention"

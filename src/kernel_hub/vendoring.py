@@ -7,6 +7,9 @@ kernel.yaml lists what it uses (`vendor: [dispatch.py, interpret.py]`); every as
 local source (LocalSource), `kernel-hub publish` and the kernel tests all assemble from it, so digests and commit
 ids cover vendored files exactly like the package's own. Source trees hold no links and no `_vendor/` folder: a
 checked-in copy would drift from `_common/` (a user's kernel folder may link inside itself; never out of it).
+An assembled package (one that vendors anything) also carries its kernel.yaml as `<python_name>/kernel.yaml` (never
+checked in there): kernel.yaml is the one place a version is written, and a built package reads its own from that
+copy (the vendored `_common/kernel_version.py`).
 """
 
 from __future__ import annotations
@@ -58,6 +61,9 @@ def _own_files(kernel_dir: Path, package: Path) -> dict[str, Path]:
     if os.path.lexists(package / VENDOR_DIR):
         raise MetadataError(f"{package / VENDOR_DIR} is checked in: {VENDOR_DIR}/ is assembled from kernel.yaml "
                             "`vendor`")
+    if os.path.lexists(package / METADATA_FILE):
+        raise MetadataError(f"{package / METADATA_FILE} is checked in: the package's {METADATA_FILE} is assembled "
+                            f"from {Path(kernel_dir) / METADATA_FILE}")
     try:
         files = package_files(package, within=kernel_dir)
     except IntegrityError as exc:
@@ -102,10 +108,14 @@ def vendored_files(kernel_dir: Path, meta: KernelMetadata) -> dict[str, Path]:
 
 
 def assembled_files(kernel_dir: Path, meta: KernelMetadata | None = None) -> dict[str, Path]:
-    """Every file of the assembled package: path inside the package (POSIX) -> the file it is copied from."""
+    """Every file of the assembled package: path inside the package (POSIX) -> the file it is copied from (its own
+    files; for a package that vendors shared code, the vendored files and the kernel folder's kernel.yaml)."""
     meta = meta or load_metadata(kernel_dir)
     package = safe_join(Path(kernel_dir), meta.python_name)  # the package folder may not lead out of the kernel's
-    return {**_own_files(kernel_dir, package), **vendored_files(kernel_dir, meta)}
+    files = {**_own_files(kernel_dir, package), **vendored_files(kernel_dir, meta)}
+    if meta.vendor:  # assembled anyway (a package vendoring nothing is imported in place, as it is)
+        files[METADATA_FILE] = Path(kernel_dir) / METADATA_FILE
+    return files
 
 
 def file_digests(files: dict[str, Path]) -> dict[str, str]:

@@ -5,13 +5,17 @@ order, and the first that can run wins. Unknown names raise ValueError naming th
 Two filters decide "can run", both kept in a trace that `resolve_implementation` returns and `last_implementation`
 remembers: a static one (`why_not(name, platform, interpret)`, e.g. Triton off GPU, jax not installed), and a dynamic
 one (the implementation raises NotImplementedError for a shape or dtype when called; the next name is tried).
+The remembered choice is per context (a ContextVar, where transformers keeps its per-forward state too): each thread
+and each asyncio task reads the trace of its own calls, never a concurrent caller's.
 
 Pure Python (no jax, no torch): torch-facing entries use it too.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -20,10 +24,19 @@ T = TypeVar("T")
 WhyNot = Callable[[str, str, Any], "str | None"]
 #: (name, platform, interpret) -> extra words for the trace of the chosen implementation (how it runs), or None.
 Remark = Callable[[str, str, Any], "str | None"]
+#: (name, trace) of a dispatch's most recent call.
+Last = tuple[str | None, str | None]
+
+
+def _torch_compiling() -> bool:
+    """Whether torch.compile is tracing this call (torch looked up, never imported): dynamo cannot set a ContextVar,
+    so a call traced into a compiled graph records nothing."""
+    compiler = getattr(sys.modules.get("torch"), "compiler", None)  # None too while torch is still importing
+    return compiler is not None and bool(compiler.is_compiling())
 
 
 class Dispatch:
-    """The implementations of one op, their order per platform, and the last choice made in this process."""
+    """The implementations of one op, their order per platform, and the last choice made in the current context."""
 
     def __init__(
         self,
@@ -45,7 +58,8 @@ class Dispatch:
                 raise ValueError(f"{op}: order names unknown implementation {unknown[0]!r}")
         self._why_not = why_not
         self._remark = remark
-        self._last: tuple[str | None, str | None] = (None, None)
+        # one ContextVar per Dispatch, made once: each op's entry module makes its Dispatch at import
+        self._last: ContextVar[Last] = ContextVar(f"{op}_last_implementation", default=(None, None))
 
     def exports(self) -> tuple[Callable[..., Any], ...]:
         """(implementations_for, resolve_implementation, last_implementation): the functions an entry exports."""
@@ -117,10 +131,12 @@ class Dispatch:
                 trace.append(f"{name}: skipped, refused at call: {first[:160]}")
                 continue
             chosen = self._chosen(name, source, backend, interpret)
-            self._last = (name, "; ".join([*trace, chosen + (f"; {note}" if note else "")]))
+            if not _torch_compiling():
+                self._last.set((name, "; ".join([*trace, chosen + (f"; {note}" if note else "")])))
             return out
         raise NotImplementedError(f"no {self.op} implementation ran: " + "; ".join(trace))
 
-    def last_implementation(self) -> tuple[str | None, str | None]:
-        """(name, reason) of the most recent call in this process (at trace time under jit)."""
-        return self._last
+    def last_implementation(self) -> Last:
+        """(name, reason) of the most recent call in this thread / asyncio task (at trace time under jit; calls
+        inside a torch.compile graph are not recorded)."""
+        return self._last.get()

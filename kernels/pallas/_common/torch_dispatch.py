@@ -80,7 +80,7 @@ class TorchDispatch:
         return self._dispatch.resolve_implementation(device_type(device), implementation, interpret=interpret)
 
     def last_implementation(self) -> tuple[str | None, str | None]:
-        """(name, reason) of the most recent call in this process."""
+        """(name, reason) of the most recent call in this thread / asyncio task (see Dispatch)."""
         return self._dispatch.last_implementation()
 
     def run(self, device: torch.device, implementation: str | Sequence[str] | None, call: Callable[[str], T], *,

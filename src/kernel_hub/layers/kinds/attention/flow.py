@@ -80,7 +80,7 @@ def _swap(run: KindRun, kernel: Any, repo_id: str, state: AttentionState) -> Non
             state.classes.append((cfg, original))
     model.set_attn_implementation(at.IMPLEMENTATION_NAME)
     probe = at.Probe(flash=kernel.flash_attention)
-    at.set_probe(probe)
+    at.set_probe([cfg for cfg, _ in state.configs], probe)
     try:
         after = model_forwards(model, run.device)
     except Exception as exc:  # the model could not run a plain token batch: keep its attention
@@ -88,7 +88,7 @@ def _swap(run: KindRun, kernel: Any, repo_id: str, state: AttentionState) -> Non
         report.notes.append(f"attention kept: validation forward failed: {type(exc).__name__}: {exc}")
         return
     finally:
-        at.set_probe(None)
+        at.set_probe([cfg for cfg, _ in state.configs], None)
     paths = {id(m): p for p, m in model.named_modules()}
     found = sorted(probe.modules, key=lambda k: list(paths).index(k) if k in paths else 1 << 30)
     # One implementation name per config: a model that is not itself under the switch keeps every layer.

@@ -29,8 +29,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,7 +98,11 @@ class Probe:
     sparse: dict[int, str] = field(default_factory=dict)  # layers whose calls carry a sparse selection: why
 
 
-_probe: Probe | None = None
+#: id(config) -> the probe of the kernelize run validating the model that holds that config. Per model, not per
+#: process: kernelize gives each model private config copies, so two models validated at once (two threads, two
+#: asyncio tasks) each feed their own probe, and another model's forward meanwhile is never probed. A dict keyed by
+#: config id, like _PREVIOUS, is also what torch.compile traces without a graph break (a ContextVar it cannot).
+_PROBES: dict[int, Probe] = {}
 _log = logging.getLogger(__name__)
 _weights_logged = False
 
@@ -209,8 +214,12 @@ def register() -> None:
 # class below, a subclass of its own class; every other config in the process (another model's, one never
 # kernelized) keeps transformers' rule, and restore puts the original class back.
 
-#: Subclasses made so far, reachable by name for pickle (`ACCEPTING.<module>_<class>`).
+#: Subclasses made so far, reachable by name for pickle (`ACCEPTING.<module>_<class>`). Process-wide by nature: pickle
+#: finds a class by its module path from any thread or task. _MAKING makes each one once, so two threads kernelizing
+#: models of one config class at once get the same class (a second one would replace the first under its name, and
+#: the first model's config would no longer pickle).
 ACCEPTING = types.SimpleNamespace()
+_MAKING = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -229,9 +238,15 @@ def _as_eager(config: Any):
 def accepting_class(cls: type) -> type:
     """`cls` with its output_attentions setter and validators taking "kernel_hub" as eager (made once per class)."""
     key = f"{cls.__module__}.{cls.__qualname__}".replace(".", "_").replace("<", "_").replace(">", "_")
-    made = getattr(ACCEPTING, key, None)
-    if made is not None and made.__bases__ == (cls,):
+    with _MAKING:
+        made = getattr(ACCEPTING, key, None)
+        if made is None or made.__bases__ != (cls,):
+            made = _make_accepting(cls, key)
+            setattr(ACCEPTING, key, made)
         return made
+
+
+def _make_accepting(cls: type, key: str) -> type:
     ns: dict[str, Any] = {"__module__": __name__, "__doc__": cls.__doc__, "_kernel_hub_original": cls,
                           # kept, not regenerated: transformers makes every config subclass a dataclass, which would
                           # write its own __init__ / __eq__ (and drop __hash__) over the class's
@@ -251,7 +266,6 @@ def accepting_class(cls: type) -> type:
             ns[name] = _eager_check(check)
     made = type(cls.__name__, (cls,), ns)
     made.__qualname__ = f"ACCEPTING.{key}"
-    setattr(ACCEPTING, key, made)
     return made
 
 
@@ -532,7 +546,7 @@ def kernel_hub_attention(module: Any, query: torch.Tensor, key: torch.Tensor, va
     hook: AttentionHook | None = module.__dict__.get(HOOK_ATTR)
     previous = hook.previous if hook is not None else _PREVIOUS.get(id(getattr(module, "config", None)))
     prev_fn = previous_function(module, previous)
-    probe = _probe
+    probe = _PROBES.get(id(getattr(module, "config", None))) if _PROBES else None
     if probe is not None:
         ref = prev_fn(module, query, key, value, attention_mask, **kwargs)
         key_id = id(module)
@@ -573,6 +587,10 @@ def kernel_hub_attention(module: Any, query: torch.Tensor, key: torch.Tensor, va
     return out, None
 
 
-def set_probe(probe: Probe | None) -> None:
-    global _probe
-    _probe = probe
+def set_probe(configs: Iterable[Any], probe: Probe | None) -> None:
+    """Validation mode for the model holding `configs`: its attention calls feed `probe` (None: off again)."""
+    for cfg in configs:
+        if probe is None:
+            _PROBES.pop(id(cfg), None)
+        else:
+            _PROBES[id(cfg)] = probe
