@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import kernel_hub as kh  # noqa: E402
-from kernel_hub.layers import attention as at  # noqa: E402
-from kernel_hub.layers.find import attention_configs  # noqa: E402
+from kernel_hub.layers.kinds.attention import transformers as at  # noqa: E402
+from kernel_hub.layers.kinds.attention.find import attention_configs  # noqa: E402
 from tests import tiny_models as tiny  # noqa: E402
 
 FLASH_REPO = "kernel-hub/flash-attention-tpu"
