@@ -1,0 +1,110 @@
+"""README's environment-variable table names every variable kernel-hub and its kernels read: a variable added in the
+code and not in the table fails here (a user cannot set what they cannot find)."""
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+#: read by the code only to pass on unchanged (the compiler's PATH) or set by kernel-hub for its own subprocesses
+NOT_SETTINGS = {"PATH"}
+OWN = re.compile(r"KERNEL_HUB_[A-Z0-9_]*[A-Z0-9]")
+
+
+def _string_constants(tree: ast.AST) -> dict[str, str]:
+    """NAME = "VALUE" module constants (the code names its variables once, e.g. CACHE_ENV = "KERNEL_HUB_CACHE")."""
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    out[target.id] = node.value.value
+    return out
+
+
+def _is_environ(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr == "environ") or (isinstance(node, ast.Name)
+                                                                             and node.id == "environ")
+
+
+def variables_read(path: Path) -> set[str]:
+    """Every variable name `path` reads through os.environ.get / os.environ[...] / os.getenv, literal or constant,
+    and every string that is a name in kernel-hub's own namespace (KERNEL_HUB_*: read through helpers too)."""
+    tree = ast.parse(path.read_text())
+    consts = _string_constants(tree)
+    names = set()
+    for node in ast.walk(tree):
+        arg = None
+        if isinstance(node, ast.Call) and node.args:
+            f = node.func
+            environ_get = isinstance(f, ast.Attribute) and f.attr == "get" and _is_environ(f.value)
+            if environ_get or (isinstance(f, ast.Attribute) and f.attr == "getenv"):
+                arg = node.args[0]
+        elif isinstance(node, ast.Subscript) and _is_environ(node.value) and isinstance(node.ctx, ast.Load):
+            arg = node.slice
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and OWN.fullmatch(node.value):
+            names.add(node.value)
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            names.add(arg.value)
+        elif isinstance(arg, ast.Name) and arg.id in consts:
+            names.add(consts[arg.id])
+    return names
+
+
+def readme_table() -> set[str]:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Cache, environment variables and trust"):]
+    section = section[:section.index("\n## ", 1)]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    return {name for row in rows for name in re.findall(r"`([A-Z][A-Z0-9_]+)`", row.split("|")[1])}
+
+
+def test_the_reader_finds_literals_and_constants(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text('import os\nX_ENV = "KH_A"\nos.environ.get(X_ENV)\nos.environ["KH_B"]\nos.getenv("KH_C", "1")\n'
+                   'os.environ["KH_SET"] = "1"\n'
+                   'def f(name=\"KERNEL_HUB_VIA_HELPER\"): return name\n')
+    assert variables_read(src) == {"KH_A", "KH_B", "KH_C", "KERNEL_HUB_VIA_HELPER"}
+
+
+def test_readme_lists_every_variable_the_code_reads():
+    files = [p for top in ("src/kernel_hub", "kernels/pallas") for p in (ROOT / top).rglob("*.py")
+             if "/tests/" not in p.as_posix()]
+    read = {name: p.relative_to(ROOT).as_posix() for p in files for name in variables_read(p)}
+    table = readme_table()
+    missing = {name: where for name, where in read.items() if name not in table and name not in NOT_SETTINGS}
+    assert not missing, f"README's environment-variable table lacks: {missing}"
+    assert {"CC", "KERNEL_HUB_CACHE", "KERNEL_HUB_CPU_WORKERS"} <= table
+
+
+#: files README names that a run writes, not the checkout: a build's metadata.json, `make report`'s output
+WRITTEN_BY_A_RUN = {"metadata.json", "report/report.json"}
+
+
+def test_readme_names_only_files_that_exist():
+    """Every file README's layout and text names (`x.py`, `dir/x.py`, `schedule*.py`) is in the checkout: a move
+    that leaves the README behind fails here."""
+    text = (ROOT / "README.md").read_text()
+    named = set(re.findall(r"`([A-Za-z0-9_./*-]+\.(?:py|c|h|yaml|md|json|tmpl))`", text)) - WRITTEN_BY_A_RUN
+    files = [p.relative_to(ROOT).as_posix() for top in ("src", "kernels", "tests", "bench", "docs", "examples")
+             for p in (ROOT / top).rglob("*") if p.is_file()]
+    files += [p.name for p in ROOT.iterdir() if p.is_file()]
+
+    def exists(name: str) -> bool:
+        pattern = re.compile(r"(^|/)" + re.escape(name).replace(r"\*", "[^/]*") + "$")
+        return any(pattern.search(f) for f in files)
+
+    assert len(named) > 50  # the layout section is there and was read
+    missing = sorted(n for n in named if not exists(n))
+    assert not missing, f"README names files that are not in the checkout: {missing}"
+
+
+def test_readme_layout_names_every_top_level_module():
+    """Each module and subpackage directly under src/kernel_hub has its line in README's layout."""
+    text = (ROOT / "README.md").read_text()
+    layout = text[text.index("## Layout"):]
+    top = ROOT / "src" / "kernel_hub"
+    names = [p.name for p in top.glob("*.py") if p.name != "__init__.py"]
+    names += [p.name + "/" for p in top.iterdir() if p.is_dir() and (p / "__init__.py").exists()]
+    missing = sorted(n for n in names if f"`{n}`" not in layout)
+    assert not missing, f"README's layout does not name: {missing}"
