@@ -5,8 +5,9 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .lazy import lazy_names
 
 if TYPE_CHECKING:  # what type checkers read (`x as x`: a re-export); at run time the names load lazily
     from .api import get_kernel as get_kernel
@@ -47,15 +48,4 @@ __all__ = sorted(_LAZY)
 
 
 if not TYPE_CHECKING:  # hidden from type checkers, so a misspelt name is an error there, not Any
-
-    def __getattr__(name: str) -> Any:
-        module = _LAZY.get(name)
-        if module is None:
-            raise AttributeError(f"module 'kernel_hub' has no attribute {name!r}")
-        value = getattr(importlib.import_module(f".{module}", __name__), name)
-        globals()[name] = value
-        return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    __getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())

@@ -6,6 +6,7 @@ and a kind's folder declares one, so both import this module and neither imports
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +59,18 @@ class LayerKind:
         if hasattr(kernel, self.export):
             return self.export, f"exports {self.export}"
         return None, f"does not export {self.export}"
+
+
+def deferred(module: str, name: str) -> Callable[..., Any]:
+    """`module`'s function `name`, imported on the first call: a kind's declaration names its flow and adapters (which
+    import torch, transformers or Diffusers) without importing them, so reading the kinds stays framework-free."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    call.__module__ = module
+    return call
 
 
 def in_order(kinds: Iterable[Any]) -> tuple[LayerKind, ...]:

@@ -10,35 +10,8 @@ reading the kinds (the report's titles) imports no framework; the flow and adapt
 
 from __future__ import annotations
 
-from typing import Any
-
-from ..declaration import KindRun, LayerKind
+from ..declaration import LayerKind, deferred
 from .contract import NAME, AttentionKernel
-
-
-def _apply(run: KindRun) -> None:
-    from .flow import apply  # torch: imported when the kind runs, not when it is declared
-
-    apply(run)
-
-
-def _restore(model: Any, state: Any) -> None:
-    from .flow import restore
-
-    restore(model, state)
-
-
-def _apply_diffusers(run: KindRun) -> None:
-    from .diffusers import kernelize_attention_processors
-
-    kernelize_attention_processors(run)
-
-
-def _restore_diffusers(model: Any, state: Any) -> None:
-    from .diffusers import restore_attention_processors
-
-    restore_attention_processors(model, state)
-
 
 KIND = LayerKind(
     name=NAME,
@@ -48,9 +21,10 @@ KIND = LayerKind(
     finds="every module that calls transformers' attention function (found by running the model once)",
     contract="transformers' attention call (module, query, key, value, attention_mask, ...) -> (out, None)",
     validated_on="a padded random batch through the model, each layer against its previous implementation",
-    apply=_apply,
-    restore=_restore,
+    apply=deferred(f"{__name__}.flow", "apply"),
+    restore=deferred(f"{__name__}.flow", "restore"),
     order=1,
     # Diffusers: each attention processor wrapped (diffusers.py, diffusers_route.py)
-    diffusers=(_apply_diffusers, _restore_diffusers),
+    diffusers=(deferred(f"{__name__}.diffusers", "kernelize_attention_processors"),
+               deferred(f"{__name__}.diffusers", "restore_attention_processors")),
 )

@@ -12,24 +12,9 @@ adapters are imported when the kind runs.
 
 from __future__ import annotations
 
-from typing import Any
-
-from ..declaration import KindRun, LayerKind
+from ..declaration import LayerKind, deferred
 from .contract import NAME, ExpertsKernel, PackedExpertsKernel
 from .plan import experts_convention
-
-
-def _apply(run: KindRun) -> None:
-    from .flow import apply  # torch: imported when the kind runs, not when it is declared
-
-    apply(run)
-
-
-def _restore(model: Any, state: Any) -> None:
-    from .flow import restore
-
-    restore(model, state)
-
 
 KIND = LayerKind(
     name=NAME,
@@ -40,8 +25,8 @@ KIND = LayerKind(
     finds="expert blocks find.find_experts recognises (transformers' ExpertsInterface blocks and known layouts)",
     contract="(hidden[T,H], top_k_index[T,K], top_k_weights[T,K]) -> [T,H], the block's own weights and activation",
     validated_on="16 random tokens routed to random experts, in the block's dtype (training: and the gradients)",
-    apply=_apply,
-    restore=_restore,
+    apply=deferred(f"{__name__}.flow", "apply"),
+    restore=deferred(f"{__name__}.flow", "restore"),
     order=0,
     diffusers="Diffusers denoisers have no transformers expert blocks (ExpertsInterface) to find",
     accepts=experts_convention,

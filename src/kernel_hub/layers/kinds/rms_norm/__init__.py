@@ -17,23 +17,8 @@ reading the kinds (the report's titles) imports no framework; the flow is import
 
 from __future__ import annotations
 
-from typing import Any
-
-from ..declaration import KindRun, LayerKind
+from ..declaration import LayerKind, deferred
 from .contract import NAME, RMSNormKernel
-
-
-def _apply(run: KindRun) -> None:
-    from .flow import apply  # torch: imported when the kind runs, not when it is declared
-
-    apply(run)
-
-
-def _restore(model: Any, state: Any) -> None:
-    from .flow import restore
-
-    restore(model, state)
-
 
 KIND = LayerKind(
     name=NAME,
@@ -45,7 +30,7 @@ KIND = LayerKind(
     contract="forward(hidden_states[..., H]) -> same shape and dtype: weight * x_normed or (1 + weight) * x_normed",
     validated_on="16 random rows (x 3) in the weight's dtype, each of the kernel's forms against the layer's forward "
                  "(training: and the gradients of x and weight); the closest form within tolerance is taken",
-    apply=_apply,
-    restore=_restore,
+    apply=deferred(f"{__name__}.flow", "apply"),
+    restore=deferred(f"{__name__}.flow", "restore"),
     order=2,
 )
