@@ -29,7 +29,7 @@ for fam in ("qwen3_moe", "gpt_oss", "gemma4"):
         default = cls.from_pretrained(folder, dtype=dtype).eval()
         ours = cls.from_pretrained(folder, dtype=dtype, experts_implementation="kernel_hub").eval()
         ids = torch.randint(3, tiny.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
-        k.hf_experts.DISPATCH._dispatch._last = (None, None)  # forget earlier calls: the next one must be ours
+        k.hf_experts.DISPATCH._dispatch._last.set((None, None))  # forget earlier calls (the trace is a ContextVar)
         with torch.no_grad():
             ref = default(input_ids=ids).logits.float()
             before = k.hf_experts.DISPATCH.last_implementation()[0]
