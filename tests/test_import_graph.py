@@ -102,10 +102,11 @@ def _static_string(node: ast.expr, name: str, path: Path) -> str | None:
 
 
 def _import_module_name(name: str, path: Path, node: ast.Call) -> str | None:
-    """The absolute module name of an `importlib.import_module(...)` / `import_module(...)` call, when static."""
+    """The absolute module name of an `importlib.import_module(...)` / `import_module(...)` call, or of a layer kind's
+    `deferred(module, name)` (its flow, imported on first call), when static."""
     func = node.func
     called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
-    if called != "import_module" or not node.args:
+    if called not in ("import_module", "deferred") or not node.args:
         return None
     wanted = _static_string(node.args[0], name, path)
     if wanted is None or not wanted.startswith("."):
@@ -250,6 +251,10 @@ def test_the_detector_sees_a_cycle_hidden_in_functions(tmp_path: Path) -> None:
     assert len(graph.in_functions) == 2
     (package / "c.py").write_text("from . import a, d\n")
     assert _cycles(build_graph([package]).every) == [["pkg.a", "pkg.b"], ["pkg.c", "pkg.d"]]
+    # a kind's declaration naming its flow with deferred(): an edge, and the flow importing the declaration back a cycle
+    (package / "kind.py").write_text('KIND = deferred(f"{__package__}.flow", "apply")\n')
+    (package / "flow.py").write_text("from .kind import KIND\n")
+    assert ["pkg.flow", "pkg.kind"] in _cycles(build_graph([package]).every)
 
 
 def test_only_the_hub_client_touches_its_internals() -> None:
