@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 METADATA_FILE = "kernel.yaml"
 _VERSION_LINE = re.compile(r"""version:[ \t]*(["']?)(\d+\.\d+\.\d+)\1[ \t]*(?:#.*)?""")
 
 
-def kernel_version(package_dir: str | Path) -> str:
-    """`version` in `package_dir`/kernel.yaml; ValueError unless exactly one top-level `version: X.Y.Z` line."""
+def kernel_version(package_dir: str | Path, loader: Any = None) -> str:
+    """`version` in `package_dir`/kernel.yaml; ValueError unless exactly one top-level `version: X.Y.Z` line. Pass
+    the package's `__spec__.loader`: kernel-hub's verified loader checks the file's bytes against the build's digests
+    as it hands them over (the read the native C sources use too); a plain import's loader reads the file as is."""
     path = Path(package_dir) / METADATA_FILE
-    found = [m.group(2) for line in path.read_text(encoding="utf-8").splitlines()
+    get_data = getattr(loader, "get_data", None)
+    text = get_data(str(path)).decode("utf-8") if get_data is not None else path.read_text(encoding="utf-8")
+    found = [m.group(2) for line in text.splitlines()
              if (m := _VERSION_LINE.fullmatch(line.rstrip()))]
     if len(found) != 1:
         raise ValueError(f"{path}: expected one top-level line `version: X.Y.Z`, found {len(found)}")

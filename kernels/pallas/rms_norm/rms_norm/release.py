@@ -9,4 +9,4 @@ from pathlib import Path
 
 from ._vendor.kernel_version import kernel_version
 
-VERSION = kernel_version(Path(__file__).parent)
+VERSION = kernel_version(Path(__file__).parent, __spec__.loader if __spec__ is not None else None)
