@@ -73,8 +73,9 @@ def run(*, dtype_name: str = "float32", tokens: int = 1024, text_tokens: int = 1
     models = {BASELINE: base, OURS[0]: copy.deepcopy(base), "routed, torch sdpa as kernel": copy.deepcopy(base)}
     # attention only: kernelize also swaps Flux's q/k RMSNorms by default, which this bench does not measure
     routed = {"attention": sdpa_as_kernel(fa), "rms_norm": None}
-    reports = {OURS[0]: kh.kernelize(models[OURS[0]], mapping={"rms_norm": None}),
-               "routed, torch sdpa as kernel": kh.kernelize(models["routed, torch sdpa as kernel"], mapping=routed)}
+    reports = {OURS[0]: kh.kernelize_report(kh.kernelize(models[OURS[0]], mapping={"rms_norm": None})),
+               "routed, torch sdpa as kernel": kh.kernelize_report(
+                   kh.kernelize(models["routed, torch sdpa as kernel"], mapping=routed))}
     log(str(reports[OURS[0]]))
 
     def forward(model):

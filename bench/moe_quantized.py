@@ -52,8 +52,8 @@ def bench_quantized(fmt: str, *, batch: int, reps: int, floor: Any, calls: int =
     with torch.no_grad():
         reference = type(experts).forward(experts, hidden, index, weights)  # grouped_mm, the block's own
     quantized = copy.deepcopy(container)
-    bf16_report = kh.kernelize(container)
-    q_report = kh.kernelize(quantized, quantize=fmt)
+    bf16_report = kh.kernelize_report(kh.kernelize(container))
+    q_report = kh.kernelize_report(kh.kernelize(quantized, quantize=fmt))
     row = q_report.replaced[0]
 
     def forward(block):

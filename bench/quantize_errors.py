@@ -83,7 +83,8 @@ def family_table() -> list[str]:
     for family in ("qwen3_moe", "mixtral", "gpt_oss"):
         for fmt in FORMATS:
             model = tiny.tiny_model(family, dtype=torch.bfloat16)
-            report = kh.kernelize(model, quantize=fmt, mapping={"attention": None, "rms_norm": None})
+            report = kh.kernelize_report(
+                kh.kernelize(model, quantize=fmt, mapping={"attention": None, "rms_norm": None}))
             for r in report.replaced:
                 rows.append((family, fmt, r.layer, f"{r.max_error:.2e}", f"{r.tolerance:.2e}",
                              f"{r.bytes_before:,} -> {r.bytes_after:,}" if r.quantized else r.why or ""))

@@ -38,7 +38,7 @@ def main() -> int:
 
     report = kh.validate(rd, names=QUICK_CASES)                  # all cases: kh.validate(rd) (a minute or two)
     print(report)
-    # With transformers: report = kh.kernelize(model); print(report); kh.restore(model)  (see README)
+    # With transformers: model = kh.kernelize(model); print(kh.kernelize_report(model)); kh.restore(model)  (see README)
     return 0 if report.passed and len(report.cases) == len(QUICK_CASES) and error < 1e-5 else 1
 
 

@@ -60,12 +60,14 @@ def main() -> dict[str, Any]:
         q_proj = next(m for name, m in model.named_modules() if name.endswith("self_attn.q_proj")).weight
         q_rows = q_proj.to_local().shape[0] if hasattr(q_proj, "to_local") else q_proj.shape[0]
         sharded = logits(model)
-        report = kh.kernelize(model, mapping={"attention": None, "rms_norm": None})  # pins the MoE path
+        report = kh.kernelize_report(
+            kh.kernelize(model, mapping={"attention": None, "rms_norm": None}))  # pins the MoE path
         calls = count_kernel_calls(model)
         kernelized = logits(model)
         restored = kh.restore(model)
         after = logits(model)
-        quantized = kh.kernelize(model, mapping={"attention": None, "rms_norm": None}, quantize="int8")
+        quantized = kh.kernelize_report(
+            kh.kernelize(model, mapping={"attention": None, "rms_norm": None}, quantize="int8"))
         int8_logits = logits(model)
         kh.restore(model)
         after_int8 = logits(model)

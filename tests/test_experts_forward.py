@@ -232,7 +232,8 @@ def test_tiny_families_run_our_experts_function_through_kernelize(rd, family) ->
     with torch.no_grad():
         before = model(input_ids=ids).logits
     only = types.SimpleNamespace(experts_forward=rd.experts_forward, __name__="ragged-dot experts_forward")
-    report = kh.kernelize(model, mapping={"moe_experts": only, "attention": None, "rms_norm": None})
+    report = kh.kernelize_report(
+        kh.kernelize(model, mapping={"moe_experts": only, "attention": None, "rms_norm": None}))
     assert report.replaced and not report.kept, str(report)
     assert all(r.convention == "experts_forward" and r.max_error <= 1e-4 for r in report.replaced)
     with torch.no_grad():

@@ -66,7 +66,7 @@ def test_family_f32_logits_generate_and_restore(family, kernel):
     impl_before = model.get_experts_implementation()
     spy = Spy(kernel)
 
-    report = kh.kernelize(model, mapping={"moe_experts": spy})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={"moe_experts": spy}))
     n_moe = sum(1 for _, m in model.named_modules() if type(m).__name__.endswith("Experts"))
     assert len(report.replaced) == n_moe >= 1 and not report.kept
     assert all(r.max_error is not None and r.max_error <= 1e-4 for r in report.replaced)
@@ -91,7 +91,7 @@ def test_family_bf16_logits(family):
     model = tiny.tiny_model(family, dtype=torch.bfloat16)
     x = ids(1)
     before = logits(model, x)
-    report = kh.kernelize(model)
+    report = kh.kernelize_report(kh.kernelize(model))
     assert report.replaced and all(r.max_error <= 2e-2 for r in report.replaced)
     assert rel(logits(model, x), before) <= 2e-2
     kh.restore(model)
@@ -99,15 +99,15 @@ def test_family_bf16_logits(family):
 
 
 def test_layouts_are_read_not_assumed():
-    report = kh.kernelize(tiny.tiny_model("gpt_oss"))
+    report = kh.kernelize_report(kh.kernelize(tiny.tiny_model("gpt_oss")))
     assert {r.layout for r in report.replaced} == {"[E,H,2I], gate/up interleaved, bias"}
-    report = kh.kernelize(tiny.tiny_model("mixtral"))
+    report = kh.kernelize_report(kh.kernelize(tiny.tiny_model("mixtral")))
     assert {r.layout for r in report.replaced} == {"[E,2I,H], gate/up concatenated"}
 
 
 def test_report_fields_json_and_table(kernel):
     model = tiny.tiny_model("qwen3_moe")
-    report = kh.kernelize(model)
+    report = kh.kernelize_report(kh.kernelize(model))
     r = report.replaced[0]
     assert r.layer == "model.layers.0.mlp.experts"
     assert r.repo_id == "kernel-hub/ragged-dot-tpu" and r.version == kernel.__kernel_hub__.version
@@ -134,7 +134,7 @@ def test_training_gradients_match_default(family):
 
     model = tiny.tiny_model(family)
     loss_ref, ref = grads(model)
-    report = kh.kernelize(model, mode="training")
+    report = kh.kernelize_report(kh.kernelize(model, mode="training"))
     assert report.mode == "training" and len(report.replaced) == 2 and not report.kept
     loss, got = grads(model)
     assert abs(loss.item() - loss_ref.item()) <= 1e-5 * abs(loss_ref.item())
@@ -153,7 +153,7 @@ def test_model_without_moe_is_unchanged():
     x = ids(3)
     x = x % 64
     before = logits(model, x)
-    report = kh.kernelize(model)
+    report = kh.kernelize_report(kh.kernelize(model))
     assert not report.replaced and not report.kept
     assert "no Mixture-of-Experts" in str(report)
     assert torch.equal(logits(model, x), before)
@@ -177,7 +177,7 @@ def test_kernel_failing_validation_is_kept(kernel):
         return kernel.moe_experts(*args, **kwargs) * 1.01  # 1% off: far outside f32 tolerance
 
     spy = Spy(kernel, moe=wrong)
-    report = kh.kernelize(model, mapping={"moe_experts": spy})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={"moe_experts": spy}))
     assert not report.replaced and len(report.kept) == 2
     assert all(k.reason.startswith("validation failed: max error 1.0") for k in report.kept)
     calls = spy.calls
@@ -196,7 +196,7 @@ def test_one_bad_layer_keeps_only_that_layer(kernel):
         out = kernel.moe_experts(hidden, index, weights, gate_up, *args, **kwargs)
         return out + 1.0 if gate_up is bad.gate_up_proj else out
 
-    report = kh.kernelize(model, mapping={"moe_experts": Spy(kernel, moe=sometimes_wrong)})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={"moe_experts": Spy(kernel, moe=sometimes_wrong)}))
     assert [r.layer for r in report.replaced] == ["model.layers.0.mlp.experts"]
     assert [k.layer for k in report.kept] == ["model.layers.1.mlp.experts"]
     assert rel(logits(model, x), before) <= 1e-4  # the kept layer runs its default (grouped_mm)
@@ -208,7 +208,7 @@ def test_kernel_that_does_not_load_leaves_defaults():
     model = tiny.tiny_model("qwen2_moe")
     x = ids(6)
     before = logits(model, x)
-    report = kh.kernelize(model, mapping={"moe_experts": "kernel-hub/no-such-kernel"})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={"moe_experts": "kernel-hub/no-such-kernel"}))
     assert not report.replaced and len(report.kept) == 2
     assert all("kernel-hub/no-such-kernel did not load" in k.reason for k in report.kept)
     assert torch.equal(logits(model, x), before)
@@ -219,7 +219,7 @@ def test_kernel_raising_in_validation_is_kept(kernel):
         raise RuntimeError("no luck")
 
     model = tiny.tiny_model("olmoe")
-    report = kh.kernelize(model, mapping={"moe_experts": Spy(kernel, moe=boom)})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={"moe_experts": Spy(kernel, moe=boom)}))
     assert not report.replaced
     assert all("kernel raised in validation: RuntimeError: no luck" in k.reason for k in report.kept)
 
@@ -249,7 +249,7 @@ def test_forward_route_when_model_does_not_switch(monkeypatch, kernel):
     before = logits(model, x)
     monkeypatch.setattr(type(model), "set_experts_implementation", lambda self, name: None)
     spy = Spy(kernel)
-    report = kh.kernelize(model, mapping={"moe_experts": spy})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={"moe_experts": spy}))
     experts = model.model.layers[0].mlp.experts
     assert "forward" in experts.__dict__
     calls = spy.calls
@@ -303,7 +303,7 @@ def test_plain_module_gets_checked_forward_replacement(kernel):
     with torch.no_grad():
         before = block(x, idx, w)
     spy = Spy(kernel)
-    report = kh.kernelize(block, mapping={"moe_experts": spy})
+    report = kh.kernelize_report(kh.kernelize(block, mapping={"moe_experts": spy}))
     assert [(r.layer, r.route) for r in report.replaced] == [("experts", "forward")]
     with torch.no_grad():
         after = block(x, top_k_index=idx, top_k_weights=w) if False else block(x, idx, w)
@@ -317,7 +317,7 @@ def test_plain_module_gets_checked_forward_replacement(kernel):
 
 
 def test_other_contract_is_kept_with_reason():
-    report = kh.kernelize(Block(SortedOnlyExperts()))
+    report = kh.kernelize_report(kh.kernelize(Block(SortedOnlyExperts())))
     assert not report.replaced
     assert report.kept[0].reason == "forward(hidden_states) does not take (hidden_states, top_k_index, top_k_weights)"
 
@@ -341,5 +341,22 @@ def test_bad_mode_and_mapping_value():
         kh.kernelize(model, mode="serving")
     with pytest.raises(KernelHubError, match="must be a repo id"):
         kh.kernelize(model, mapping={"moe_experts": 42})
-    report = kh.kernelize(model, mapping={"moe_experts": None})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={"moe_experts": None}))
     assert not report.replaced and all("no kernel mapped" in k.reason for k in report.kept)
+
+
+def test_kernelize_returns_the_model_and_keeps_its_report():
+    model = tiny.tiny_model("qwen3_moe")
+    with pytest.raises(kh.KernelHubError, match="never kernelized"):
+        kh.kernelize_report(model)
+    x = ids(1)
+    before = logits(model, x)
+    same = kh.kernelize(model)
+    assert same is model  # HF kernels' habit: model = kernelize(model)
+    report = kh.kernelize_report(model)
+    assert report.replaced and report.model == type(model).__name__
+    kh.restore(model)
+    assert kh.kernelize_report(model) is report  # still readable after restore
+    assert torch.equal(logits(model, x), before)
+    with pytest.raises(kh.KernelHubError, match="never kernelized"):
+        kh.kernelize_report(tiny.tiny_model("qwen3_moe"))

@@ -92,7 +92,7 @@ def test_logits_padding_report_and_restore(family, dtype, fa):
     before = [run(model, x), run(model, x, left), run(model, x, right)]
     impl_before = model.config._attn_implementation
     spy = Spy(fa)
-    report = kh.kernelize(model, mapping={"attention": spy})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={"attention": spy}))
 
     layers = attention_modules(model)
     attn = [r for r in report.replaced if r.kind == "attention"]
@@ -149,7 +149,8 @@ def test_failing_validation_keeps_default_with_reason(fa):
     model = llama()
     x = batch()[0]
     before = run(model, x)
-    report = kh.kernelize(model, mapping={"attention": Spy(fa, lambda *a, **k: fa.flash_attention(*a, **k) * 1.5)})
+    report = kh.kernelize_report(
+        kh.kernelize(model, mapping={"attention": Spy(fa, lambda *a, **k: fa.flash_attention(*a, **k) * 1.5)}))
     assert not report.replaced and len(report.kept) == 2
     assert all(k.reason.startswith("validation failed: max error") for k in report.kept)
     assert model.config._attn_implementation == "sdpa" and not is_kernelized(model)
@@ -161,9 +162,9 @@ def test_raising_kernel_is_kept_and_skip_and_unknown_kind(fa):
         raise RuntimeError("no luck")
 
     model = llama()
-    report = kh.kernelize(model, mapping={"attention": Spy(fa, boom)})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={"attention": Spy(fa, boom)}))
     assert all("kernel raised in validation: RuntimeError: no luck" in k.reason for k in report.kept)
-    report = kh.kernelize(model, mapping={"attention": None})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={"attention": None}))
     assert not report.replaced and any("attention unchanged: no kernel mapped" in n for n in report.notes)
     with pytest.raises(KernelHubError, match="unknown layer kind 'attn'"):
         kh.kernelize(model, mapping={"attn": REPO})
@@ -171,7 +172,7 @@ def test_raising_kernel_is_kept_and_skip_and_unknown_kind(fa):
 
 def test_unexpressible_mask_falls_back_exactly(fa):
     model = llama()
-    report = kh.kernelize(model, mapping={"attention": fa})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={"attention": fa}))
     assert len(report.replaced) == 2
     x = batch()[0]
     holes = torch.ones_like(x)

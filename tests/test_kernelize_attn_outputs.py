@@ -38,7 +38,7 @@ def test_output_attentions_returns_the_weights(implementation, caplog):
     m.set_attn_implementation(implementation)
     ref = copy.deepcopy(m)
     ref.set_attn_implementation("eager")
-    report = kh.kernelize(m)
+    report = kh.kernelize_report(kh.kernelize(m))
     assert any(r.kind == at.LAYER_KIND for r in report.replaced), str(report)
     x = _x()
     want = _out(ref, x, output_attentions=True)
@@ -91,7 +91,7 @@ def test_config_output_attentions_is_accepted_and_honoured():
     m = tiny.tiny_model("qwen3_moe")
     m.set_attn_implementation("eager")
     ref = copy.deepcopy(m)
-    report = kh.kernelize(m)
+    report = kh.kernelize_report(kh.kernelize(m))
     assert any(r.kind == at.LAYER_KIND for r in report.replaced), str(report)
     m.config.output_attentions = True  # raised "not supported ... kernel_hub" before
     m.config.validate_output_attentions()
@@ -123,7 +123,7 @@ def test_output_attentions_acceptance_is_the_kernelized_models_own():
 
     m, other = tiny.tiny_model("qwen3_moe"), tiny.tiny_model("qwen3_moe")
     cfg, cls = m.config, type(m.config)
-    report = kh.kernelize(m)
+    report = kh.kernelize_report(kh.kernelize(m))
     assert any(r.kind == at.LAYER_KIND for r in report.replaced), str(report)
     assert type(other.config) is cls  # the never-kernelized model: its class, transformers' setter and validator
     prop = PretrainedConfig.__dict__["output_attentions"]

@@ -33,7 +33,7 @@ pytestmark = pytest.mark.slow
 def _model(family):
     m = tiny.tiny_model(family, num_hidden_layers=1 if family == "qwen3_moe" else 2)
     ref = copy.deepcopy(m)
-    report = kh.kernelize(m)
+    report = kh.kernelize_report(kh.kernelize(m))
     assert {r.kind for r in report.replaced} == {ex.LAYER_KIND, at.LAYER_KIND, "rms_norm"}, str(report)
     return m, ref
 

@@ -84,7 +84,7 @@ def test_family_matches_default_report_and_restore(family, dtype, fa):
     model, inputs = build(family, dtype)
     before, procs = run(model, inputs), processors(model)
     k = spy(fa)
-    report = kh.kernelize(model, mapping={"attention": k})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={"attention": k}))
 
     assert [r.layer for r in report.replaced] == LAYERS[family] == list(procs) and not report.kept
     assert all(r.repo_id == REPO and r.variant == "torch-cpu" and r.route == "processor"
@@ -141,7 +141,7 @@ def test_training_mode_gradients_match_default(fa):
 
     ref = grads()
     k = spy(fa)
-    report = kh.kernelize(model, mode="training", mapping={"attention": k})
+    report = kh.kernelize_report(kh.kernelize(model, mode="training", mapping={"attention": k}))
     assert len(report.replaced) == 2 and any("backward is the kernel's autograd" in n for n in report.notes)
     k.calls = 0
     assert rel(grads(), ref) <= 1e-4 and k.calls == 2
@@ -154,7 +154,7 @@ def test_layer_on_another_backend_is_kept_with_reason(fa):
     model, inputs = build("flux")
     model.transformer_blocks[0].attn.set_attention_backend("flex")  # a backend that never calls sdpa
     before = run(model, inputs)
-    report = kh.kernelize(model, mapping={"attention": fa})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={"attention": fa}))
     assert [r.layer for r in report.replaced] == ["single_transformer_blocks.0.attn"]
     assert [(k.layer, k.reason) for k in report.kept] == [(
         "transformer_blocks.0.attn",
@@ -169,19 +169,20 @@ def test_layer_on_another_backend_is_kept_with_reason(fa):
 def test_failing_or_raising_kernel_keeps_every_layer_untouched(fa):
     model, inputs = build("wan")
     before, procs = run(model, inputs), processors(model)
-    report = kh.kernelize(model, mapping={"attention": spy(fa, lambda *a, **kw: fa.flash_attention(*a, **kw) * 1.5)})
+    report = kh.kernelize_report(
+        kh.kernelize(model, mapping={"attention": spy(fa, lambda *a, **kw: fa.flash_attention(*a, **kw) * 1.5)}))
     assert not report.replaced and [k.layer for k in report.kept] == LAYERS["wan"]
     assert all(k.reason.startswith("validation failed: max error") for k in report.kept)
 
     def boom(*a, **kw):
         raise RuntimeError("no luck")
 
-    report = kh.kernelize(model, mapping={"attention": spy(fa, boom)})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={"attention": spy(fa, boom)}))
     assert all(k.reason == "kernel raised in validation: RuntimeError: no luck" for k in report.kept)
     assert not is_kernelized(model) and all(processors(model)[p] is procs[p] for p in procs)
     assert torch.equal(run(model, inputs), before)
 
-    report = kh.kernelize(model, mapping={"attention": None})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={"attention": None}))
     assert not report.replaced and any("attention unchanged: no kernel mapped" in n for n in report.notes)
     with pytest.raises(KernelHubError, match="unknown layer kind 'attn'"):
         kh.kernelize(model, mapping={"attn": REPO})
@@ -227,7 +228,7 @@ def test_flux_pipeline_denoising_matches_default(fa):
 
     before = denoise()
     k = spy(fa)
-    report = kh.kernelize(pipe, mapping={"attention": k})
+    report = kh.kernelize_report(kh.kernelize(pipe, mapping={"attention": k}))
     assert [r.layer for r in report.replaced] == [f"transformer.{p}" for p in LAYERS["flux"]]
     assert any(n.startswith("untouched components") and "vae (AutoencoderKL)" in n for n in report.notes)
     k.calls = 0

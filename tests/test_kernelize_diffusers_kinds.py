@@ -82,7 +82,7 @@ def test_flux_rms_norms_and_attention_through_the_kinds(dtype, rn):
     before = run(model, inputs)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     k = spy(rn)
-    report = kh.kernelize(model, mapping={"rms_norm": k})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={"rms_norm": k}))
 
     rows = {r.layer: r for r in report.replaced}
     assert [r.layer for r in report.replaced if r.kind == "rms_norm"] == FLUX_NORMS == list(norms_of(model))
@@ -110,7 +110,7 @@ def test_diffusers_rms_norm_replaced_a_biased_one_kept_and_mapping_none_skips(rn
         model.get_submodule(biased).bias = torch.nn.Parameter(torch.full((8,), 0.5))
     before = run(model, inputs)
     k = spy(rn)
-    report = kh.kernelize(model, mapping={"rms_norm": k})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={"rms_norm": k}))
     assert [r.layer for r in report.replaced if r.kind == "rms_norm"] == norms[1:]
     assert [(r.layer, r.kind) for r in report.kept] == [(biased, "rms_norm")]
     assert "adds a bias" in report.kept[0].reason
@@ -120,7 +120,7 @@ def test_diffusers_rms_norm_replaced_a_biased_one_kept_and_mapping_none_skips(rn
     kh.restore(model)
     assert torch.equal(run(model, inputs), before)
 
-    report = kh.kernelize(model, mapping={"rms_norm": None})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={"rms_norm": None}))
     assert not [r for r in report.replaced + report.kept if r.kind == "rms_norm"]
     assert any(n.startswith("rms_norm unchanged: no kernel mapped") for n in report.notes)
     assert any(r.kind == "attention" for r in report.replaced)  # the other kinds still run
@@ -141,8 +141,9 @@ def test_trust_remote_code_reaches_the_repos_mapping_names_for_diffusers(rn, mon
     monkeypatch.setattr(api, "get_kernel", get_kernel)
     model, inputs = models.diffusers_model("flux")
     before = run(model, inputs)
-    report = kh.kernelize(model, mapping={"rms_norm": {"repo_id": "acme/rms-norm", "version": 1}, "attention": None},
-                          trust_remote_code=["acme"])
+    report = kh.kernelize_report(
+        kh.kernelize(model, mapping={"rms_norm": {"repo_id": "acme/rms-norm", "version": 1}, "attention": None},
+                          trust_remote_code=["acme"]))
     assert asked == [("acme/rms-norm", ["acme"])]
     assert [r.layer for r in report.replaced] == FLUX_NORMS and all(r.repo_id == "acme/rms-norm"
                                                                     for r in report.replaced)
@@ -164,7 +165,7 @@ def test_pipeline_rows_carry_the_component_and_restore_reaches_it(rn):
                         text_encoder_2=None, tokenizer_2=None, transformer=transformer)
     before = run(transformer, inputs)
     k = spy(rn)
-    report = kh.kernelize(pipe, mapping={"rms_norm": k})
+    report = kh.kernelize_report(kh.kernelize(pipe, mapping={"rms_norm": k}))
     assert [r.layer for r in report.replaced if r.kind == "rms_norm"] == [f"transformer.{p}" for p in FLUX_NORMS]
     assert [r.layer for r in report.replaced if r.kind == "attention"] == [f"transformer.{p}" for p in FLUX_ATTENTION]
     k.calls = 0

@@ -82,7 +82,7 @@ def test_qwen_image_attention_and_rms_norms_kernelized_restore_exact(dtype):
     fa = spy(kh.get_kernel(ATTENTION_REPO, framework="torch", backend="cpu"), "flash_attention")
     rn = spy(kh.get_kernel(NORM_REPO, framework="torch", backend="cpu"), "rms_norm")
 
-    report = kh.kernelize(model, mapping={"attention": fa, "rms_norm": rn})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={"attention": fa, "rms_norm": rn}))
     assert not report.kept, report
     assert [r.layer for r in report.replaced if r.kind == "attention"] == ATTENTION
     assert [r.layer for r in report.replaced if r.kind == "rms_norm"] == NORMS

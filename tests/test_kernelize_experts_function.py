@@ -85,7 +85,8 @@ def test_a_third_party_experts_function_replaces_every_block_and_restores_bit_fo
     assert experts_convention(kernel)[0] == "experts_forward"
     model = tiny_model(family)
     before, state, impl = _logits(model), _state(model), model.get_experts_implementation()
-    report = kh.kernelize(model, mapping={"moe_experts": kernel, "attention": None, "rms_norm": None})
+    report = kh.kernelize_report(
+        kh.kernelize(model, mapping={"moe_experts": kernel, "attention": None, "rms_norm": None}))
     assert not report.kept and len(report.replaced) == model.config.num_hidden_layers, str(report)
     for row in report.replaced:
         assert row.kind == "moe_experts" and row.convention == "experts_forward"
@@ -108,7 +109,8 @@ def test_a_plain_module_exporting_experts_forward_is_a_kernel_too() -> None:
     module = types.ModuleType("someones_experts")
     module.experts_forward = namespace["experts_forward"]
     model = tiny_model("mixtral")
-    report = kh.kernelize(model, mapping={"moe_experts": module, "attention": None, "rms_norm": None})
+    report = kh.kernelize_report(
+        kh.kernelize(model, mapping={"moe_experts": module, "attention": None, "rms_norm": None}))
     assert len(report.replaced) == 2 and not report.kept
     assert {r.repo_id for r in report.replaced} == {"someones_experts"}
     assert {r.convention for r in report.replaced} == {"experts_forward"}
@@ -120,7 +122,8 @@ def test_a_wrong_experts_function_is_kept_with_the_numeric_reason(tmp_path) -> N
                                  backend="cpu")
     model = tiny_model("qwen3_moe")
     before, impl = _logits(model), model.get_experts_implementation()
-    report = kh.kernelize(model, mapping={"moe_experts": kernel, "attention": None, "rms_norm": None})
+    report = kh.kernelize_report(
+        kh.kernelize(model, mapping={"moe_experts": kernel, "attention": None, "rms_norm": None}))
     assert not report.replaced and len(report.kept) == 2
     for row in report.kept:
         # 5% too large: relative error 0.05 of the block's largest output, over float32's 1e-4
@@ -149,7 +152,8 @@ def test_a_block_without_transformers_layout_is_kept_by_an_experts_function(tmp_
     model = tiny_model("qwen3_moe")
     for layer in model.model.layers:
         del layer.mlp.experts.has_bias  # as a hand-written experts class would lack it
-    report = kh.kernelize(model, mapping={"moe_experts": kernel, "attention": None, "rms_norm": None})
+    report = kh.kernelize_report(
+        kh.kernelize(model, mapping={"moe_experts": kernel, "attention": None, "rms_norm": None}))
     assert not report.replaced and len(report.kept) == 2
     assert all("has no has_bias" in k.reason and "experts_forward" in k.reason for k in report.kept), report.kept
 
@@ -160,8 +164,9 @@ def test_quantize_leaves_an_experts_function_block_unquantized_and_says_why(tmp_
     kernel = kh.get_local_kernel(experts_kernel(tmp_path), framework="torch", backend="cpu")
     model = tiny_model("qwen3_moe")
     before = _logits(model)
-    report = kh.kernelize(model, mapping={"moe_experts": kernel, "attention": None, "rms_norm": None},
-                          quantize="int8")
+    report = kh.kernelize_report(
+        kh.kernelize(model, mapping={"moe_experts": kernel, "attention": None, "rms_norm": None},
+                          quantize="int8"))
     assert len(report.replaced) == 2 and not report.kept
     for row in report.replaced:
         assert row.quantized is None and "not quantized: the kernel exports no quantize, moe_experts" in row.why

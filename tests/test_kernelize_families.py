@@ -51,7 +51,7 @@ def test_generic_family(family, kernel):
         "ragged_dot": staticmethod(kernel.ragged_dot),
         "moe_experts": staticmethod(lambda *a, **k: calls.append(1) or kernel.moe_experts(*a, **k)),
     })()
-    report = kh.kernelize(model, mapping={"moe_experts": spy})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={"moe_experts": spy}))
     interface_blocks = [n for n, m in model.named_modules() if routes_through_interface(m)]
     assert sorted(r.layer for r in report.replaced) == sorted(interface_blocks) and interface_blocks
     # Anything kept is a block with another call contract (e.g. shared experts taking extra inputs).
@@ -101,7 +101,7 @@ def test_hand_family(family, kernel):
         "ragged_dot": staticmethod(kernel.ragged_dot),
         "moe_experts": staticmethod(moe_experts),
     })()
-    report = kh.kernelize(model, mapping={"moe_experts": spy})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={"moe_experts": spy}))
     assert sorted(r.layer for r in report.replaced) == sorted(blocks) and not report.kept
     n = len(calls)
     after = _output(model, x)
@@ -116,10 +116,10 @@ def test_hand_family(family, kernel):
 
 
 def test_ungated_family_layout_is_read():
-    report = kh.kernelize(tiny.generic_tiny_model("nemotron_h"))
+    report = kh.kernelize_report(kh.kernelize(tiny.generic_tiny_model("nemotron_h")))
     assert {r.layout for r in report.replaced} == {"[E,2I,H], ungated"}
 
 
 def test_transposed_family_layout_is_read():
-    report = kh.kernelize(tiny.generic_tiny_model("aria"))
+    report = kh.kernelize_report(kh.kernelize(tiny.generic_tiny_model("aria")))
     assert {r.layout for r in report.replaced} == {"[E,H,2I], gate/up concatenated"}

@@ -108,7 +108,7 @@ def test_family_with_attention(kind, family, fa):
         before = output(model, x)
     layers = set(seen)
     spy = Spy(fa)
-    report = kh.kernelize(model, mapping={"attention": spy})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={"attention": spy}))
     replaced = {r.layer for r in report.replaced if r.kind == "attention"}
     kept = {k.layer: k.reason for k in report.kept if k.kind == "attention"}
     failed = [n for n in report.notes if n.startswith("attention kept: validation forward failed")]
@@ -138,7 +138,7 @@ def test_sparse_attention_keeps_the_model_on_its_own_attention(family, fa, monke
     x = tokens()
     before = output(model, x)
     previous = model.config._attn_implementation
-    report = kh.kernelize(model, mapping={"attention": Spy(fa), "moe_experts": None})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={"attention": Spy(fa), "moe_experts": None}))
     kept = [k for k in report.kept if k.kind == "attention"]
     assert len(kept) == 2 and not [r for r in report.replaced if r.kind == "attention"]
     assert all("top-k key indices (`indices`)" in k.reason for k in kept)
@@ -148,7 +148,7 @@ def test_sparse_attention_keeps_the_model_on_its_own_attention(family, fa, monke
 
     # Without the sparse-kwarg rule the whole-model switch check alone still keeps it (and says why).
     monkeypatch.setattr(at, "sparse_selection", lambda kwargs: "")
-    report = kh.kernelize(model, mapping={"attention": Spy(fa), "moe_experts": None})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={"attention": Spy(fa), "moe_experts": None}))
     kept = [k for k in report.kept if k.kind == "attention"]
     assert len(kept) == 2 and all("computes differently once its attention implementation" in k.reason
                                   for k in kept)
@@ -166,7 +166,7 @@ def test_latent_attention_head_sizes_run_on_the_kernel(dv, fa):
     mask[1, :2] = 0
     before = [output(model, x), output(model, x, mask)]
     spy = Spy(fa)
-    report = kh.kernelize(model, mapping={"attention": spy})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={"attention": spy}))
     attn = [r for r in report.replaced if r.kind == "attention"]
     assert len(attn) == 3 and not [k for k in report.kept if k.kind == "attention"]
     calls = spy.calls
@@ -237,6 +237,7 @@ def test_switch_check_is_not_fooled_by_dropout(fa):
         if hasattr(module, "attention_dropout"):
             module.attention_dropout = 0.2
     model.train()
-    report = kh.kernelize(model, mode="training", mapping={"attention": Spy(fa), "moe_experts": None})
+    report = kh.kernelize_report(
+        kh.kernelize(model, mode="training", mapping={"attention": Spy(fa), "moe_experts": None}))
     kept = [k.reason for k in report.kept if k.kind == "attention"]
     assert kept == ["validation call fell back: attention dropout"] * 2

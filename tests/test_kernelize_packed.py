@@ -68,7 +68,7 @@ def unpacked_logits(model, x, monkeypatch):
     """Logits of `model` kernelized without packing (then restored)."""
     with monkeypatch.context() as m:
         m.setenv(packing.ENV, "0")
-        report = kh.kernelize(model)
+        report = kh.kernelize_report(kh.kernelize(model))
     assert report.replaced and not any(packing.record_of(mod) for mod in model.modules())
     out = logits(model, x)
     kh.restore(model)
@@ -99,7 +99,7 @@ def test_packed_logits_identical_to_unpacked(family, dtype, kernel, monkeypatch)
     x = ids(3, batch=3, length=11)
     expected = unpacked_logits(model, x, monkeypatch)
     spy = Spy(kernel)
-    report = kh.kernelize(model, mapping={"moe_experts": spy})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={"moe_experts": spy}))
     n = len(report.replaced)
     if family == "gpt_oss" and not onednn_packs(kernel, dtype):  # transposed: oneDNN's route, missing here
         assert n >= 1 and not expert_blocks(model)
@@ -279,7 +279,7 @@ def test_blocks_that_are_not_packed_say_why(case, kernel, monkeypatch):
     snapshot = dense_snapshot(model)
     if case == "disabled":
         monkeypatch.setenv(packing.ENV, "0")
-    report = kh.kernelize(model, mode="training" if case == "training" else "inference")
+    report = kh.kernelize_report(kh.kernelize(model, mode="training" if case == "training" else "inference"))
     expected = {"training": "mode='training'", "requires_grad": "require grad", "shared": "shared with another",
                 "disabled": packing.ENV}[case]
     assert report.replaced and all(r.why.startswith("not packed") and expected in r.why for r in report.replaced)
@@ -293,7 +293,7 @@ def test_blocks_that_are_not_packed_say_why(case, kernel, monkeypatch):
 
 
 def test_report_json_has_the_reason(kernel):
-    report = kh.kernelize(frozen("qwen3_moe", torch.bfloat16))
+    report = kh.kernelize_report(kh.kernelize(frozen("qwen3_moe", torch.bfloat16)))
     data = json.loads(report.to_json())
     assert all("packed in place" in r["why"] and "bfloat16" in r["why"] for r in data["replaced"])
     # what backs the packed bytes, or why ordinary pages (this tiny model's experts hold no whole 2 MiB page)
@@ -366,7 +366,7 @@ def test_kernelize_peak_memory_grows_by_at_most_one_expert(kernel):
     snapshot = dense_snapshot(block)
     before = _status_kib("VmRSS")
     _reset_peak()
-    report = kh.kernelize(block)
+    report = kh.kernelize_report(kh.kernelize(block))
     peak = _status_kib("VmHWM")
     assert report.replaced[0].why.startswith("packed in place")
     layer_kib = 8 * expert_kib  # validation's copy of the block (layers/weights_guard.py)
@@ -392,9 +392,9 @@ def test_kernelize_again_on_a_packed_bare_block_repacks(kernel):
         for p in container.experts.parameters():
             p.normal_()
     snapshot = dense_snapshot(container)
-    assert kh.kernelize(container).replaced[0].why.startswith("packed in place")
+    assert kh.kernelize_report(kh.kernelize(container)).replaced[0].why.startswith("packed in place")
     for block in (container, copy.deepcopy(container)):
-        report = kh.kernelize(block)
+        report = kh.kernelize_report(kh.kernelize(block))
         assert report.backend == "cpu" and report.replaced[0].why.startswith("packed in place")
         kh.restore(block)
         assert_same_weights(block.state_dict(), snapshot)

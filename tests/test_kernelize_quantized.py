@@ -72,7 +72,7 @@ def test_quantized_experts_within_their_bound_and_the_model_given_back_bit_for_b
     state = {k: v.clone() for k, v in model.state_dict().items()}
     before = logits(model)
 
-    report = kh.kernelize(model, quantize=fmt)
+    report = kh.kernelize_report(kh.kernelize(model, quantize=fmt))
     rows = expert_rows(report)
     assert len(rows) == 2 and not report.kept, str(report)
     for row in rows:
@@ -133,7 +133,7 @@ def test_a_block_over_its_bound_keeps_the_unquantized_kernel(monkeypatch, counte
     plain = tiny.tiny_model("qwen3_moe", dtype=torch.bfloat16)
     kh.kernelize(plain)
     monkeypatch.setattr(qz, "error_bound", lambda *a, **k: 0.0)
-    report = kh.kernelize(model, quantize="fp8")
+    report = kh.kernelize_report(kh.kernelize(model, quantize="fp8"))
     rows = expert_rows(report)
     assert rows and all(r.quantized is None and r.why.startswith("not quantized: fp8 error") for r in rows)
     assert not any(qz.RECORD_ATTR in m.__dict__ for m in model.modules())
@@ -202,7 +202,7 @@ def test_a_fine_grained_fp8_model_runs_on_its_own_float8_weights(counted):
     model, reference = fp8_model()
     weights = {n: (p, p.clone()) for n, p in model.named_parameters() if p.dtype == torch.float8_e4m3fn}
     assert len(weights) == 4
-    report = kh.kernelize(model)
+    report = kh.kernelize_report(kh.kernelize(model))
     rows = expert_rows(report)
     assert len(rows) == 2 and not report.kept, str(report)
     for row in rows:

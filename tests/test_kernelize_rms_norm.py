@@ -43,7 +43,7 @@ def test_families_replace_experts_attention_and_every_rms_norm(family):
     model = tiny.tiny_model(family, dtype=torch.float32)
     x = torch.randint(3, 100, (2, 6), generator=torch.Generator().manual_seed(0))
     before = _logits(model, x)
-    report = kh.kernelize(model)
+    report = kh.kernelize_report(kh.kernelize(model))
     by_kind = {k: [r for r in report.replaced if r.kind == k] for k in ("moe_experts", "attention", "rms_norm")}
     assert by_kind["moe_experts"] and by_kind["attention"]
     norms = by_kind["rms_norm"]
@@ -86,7 +86,7 @@ def test_the_form_is_read_from_the_layers_outputs_not_its_name():
     model = _Pair([gemma, llama])
     x = torch.randn(5, 256, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
     before = model(x)
-    report = kh.kernelize(model)
+    report = kh.kernelize_report(kh.kernelize(model))
     rows = {r.layer: r for r in report.replaced}
     assert set(rows) == {"norms.0", "norms.1"}
     assert "(1 + weight) * x_normed, scaled in f32" in rows["norms.0"].layout
@@ -112,7 +112,7 @@ class OffsetRMSNorm(torch.nn.Module):
 
 def test_a_norm_no_form_matches_is_kept_with_the_errors():
     model = _Pair([OffsetRMSNorm(128)])
-    report = kh.kernelize(model)
+    report = kh.kernelize_report(kh.kernelize(model))
     assert not report.replaced
     (kept,) = report.kept
     assert kept.kind == "rms_norm" and kept.reason.startswith("validation failed: no form of the kernel matches")
@@ -121,7 +121,7 @@ def test_a_norm_no_form_matches_is_kept_with_the_errors():
 
 def test_mapping_none_skips_the_kind_and_an_instance_forward_is_restored_exactly():
     model = tiny.tiny_model("qwen3_moe", dtype=torch.float32)
-    report = kh.kernelize(model, mapping={"rms_norm": None, "attention": None})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={"rms_norm": None, "attention": None}))
     assert not [r for r in report.replaced if r.kind == "rms_norm"]
     assert any(n.startswith("rms_norm unchanged: no kernel mapped") for n in report.notes)
     kh.restore(model)
@@ -165,7 +165,7 @@ def test_training_mode_checks_gradients_and_the_swapped_norms_train():
     paths = _norm_paths(model)
     ref_grads = {p: model.get_submodule(p).weight.grad.clone() for p in paths}
     model.zero_grad()
-    report = kh.kernelize(model, mode="training", mapping={"attention": None, "moe_experts": None})
+    report = kh.kernelize_report(kh.kernelize(model, mode="training", mapping={"attention": None, "moe_experts": None}))
     rows = [r for r in report.replaced if r.kind == "rms_norm"]
     assert sorted(r.layer for r in rows) == paths and all(r.max_error <= 1e-4 for r in rows)
     model(input_ids=x, use_cache=False).logits.square().mean().backward()
@@ -180,7 +180,7 @@ def test_a_compiled_swapped_norm_does_not_recompile_on_each_call():
     smaller_length, GPT-OSS kernelized)."""
     model = tiny.tiny_model("qwen3_moe")
     ref = copy.deepcopy(model).model.norm  # same weights, its own forward
-    report = kh.kernelize(model, mapping={"attention": None, "moe_experts": None})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={"attention": None, "moe_experts": None}))
     assert any(r.kind == kind.NAME and r.layer == "model.norm" for r in report.replaced), str(report)
     norm = model.model.norm
     compiled = torch.compile(norm, backend="eager", fullgraph=True)

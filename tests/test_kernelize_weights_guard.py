@@ -100,7 +100,8 @@ def test_experts_kernel_touching_weights_or_dtype_is_kept_and_weights_bit_identi
     before, weights = logits(model.eval(), x), raw(model)
     if mode == "training":
         model.train()
-    report = kh.kernelize(model, mode=mode, mapping={**OFF, "moe_experts": experts_kernel(rd, make(rd))})
+    report = kh.kernelize_report(
+        kh.kernelize(model, mode=mode, mapping={**OFF, "moe_experts": experts_kernel(rd, make(rd))}))
     experts = [n for n, m in model.named_modules() if type(m).__name__.endswith("Experts")]
     assert not report.replaced and [k.layer for k in report.kept] == experts
     reason = reason.format(h=model.config.hidden_size)
@@ -121,7 +122,7 @@ def test_experts_kernel_writing_at_run_time_raises(rd):
                 down.mul_(0.5)
         return out
 
-    report = kh.kernelize(model, mapping={**OFF, "moe_experts": experts_kernel(rd, moe)})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={**OFF, "moe_experts": experts_kernel(rd, moe)}))
     assert report.replaced and not report.kept
     x = ids()
     logits(model, x)  # a well-behaved call passes the guard
@@ -135,7 +136,7 @@ def test_replaced_experts_restore_bit_identical(rd):
     model = tiny.tiny_model("qwen3_moe", dtype=torch.float32)
     x = ids()
     before, weights = logits(model, x), raw(model)
-    report = kh.kernelize(model, mapping={**OFF, "moe_experts": rd})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={**OFF, "moe_experts": rd}))
     assert report.replaced and not report.kept
     logits(model, x)
     assert kh.restore(model) is True
@@ -160,14 +161,14 @@ def test_rms_norm_kernel_touching_weight_or_dtype_is_kept(rn):
         weight.data.add_(1.0)
         return rn.rms_norm(x, weight, **kw)
 
-    report = kh.kernelize(model, mapping={**OFF, "rms_norm": norm_kernel(rn, writes)})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={**OFF, "rms_norm": norm_kernel(rn, writes)}))
     kept = [k for k in report.kept if k.kind == "rms_norm"]
     assert not report.replaced and len(kept) == len(norms(model))
     assert all(k.reason == "the kernel modified the layer's weights weight" for k in kept), kept
     assert same_raw(raw(model), weights) and torch.equal(logits(model, x), before)
 
     f64 = norm_kernel(rn, lambda x, weight, **kw: rn.rms_norm(x, weight, **kw).double())
-    report = kh.kernelize(model, mapping={**OFF, "rms_norm": f64})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={**OFF, "rms_norm": f64}))
     kept = [k for k in report.kept if k.kind == "rms_norm"]
     assert not report.replaced and len(kept) == len(norms(model))
     assert all(k.reason.startswith("the kernel returned float64 [16, ") and "the layer returns float32" in k.reason
@@ -185,7 +186,7 @@ def test_rms_norm_kernel_writing_at_run_time_raises(rn):
                 weight.add_(1.0)
         return rn.rms_norm(x, weight, **kw)
 
-    report = kh.kernelize(model, mapping={**OFF, "rms_norm": norm_kernel(rn, fn)})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={**OFF, "rms_norm": norm_kernel(rn, fn)}))
     assert report.replaced
     armed["on"] = True
     with pytest.raises(KernelHubError, match=r"weights weight at run time"):
@@ -208,13 +209,13 @@ def test_attention_kernel_touching_weights_or_dtype_is_kept(fa):
         calls["n"] += 1
         return fa.flash_attention(*a, **kw)
 
-    report = kh.kernelize(model, mapping={**OFF, "attention": attention_kernel(fa, writes)})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={**OFF, "attention": attention_kernel(fa, writes)}))
     assert calls["n"] >= len(layers) and not report.replaced and len(report.kept) == len(layers)
     assert all(k.reason == "the kernel modified the layer's weights o_proj.weight" for k in report.kept), report.kept
     assert same_raw(raw(model), weights) and torch.equal(logits(model, x), before)
 
     f64 = attention_kernel(fa, lambda *a, **kw: fa.flash_attention(*a, **kw).double())
-    report = kh.kernelize(model, mapping={**OFF, "attention": f64})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={**OFF, "attention": f64}))
     assert not report.replaced and len(report.kept) == len(layers)
     assert all(k.reason.startswith("the kernel returned float64 [") and "attention returns float32" in k.reason
                for k in report.kept), report.kept
@@ -238,11 +239,11 @@ def test_diffusers_attention_kernel_touching_weights_or_dtype_is_kept(fa):
         current["module"].to_q.weight.data.mul_(0.5)
         return fa.flash_attention(*a, **kw)
 
-    report = kh.kernelize(model, mapping={**OFF, "attention": attention_kernel(fa, writes)})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={**OFF, "attention": attention_kernel(fa, writes)}))
     assert not report.replaced and [k.layer for k in report.kept] == paths
     assert all(k.reason == "the kernel modified the layer's weights to_q.weight" for k in report.kept), report.kept
     f64 = attention_kernel(fa, lambda *a, **kw: fa.flash_attention(*a, **kw).double())
-    report = kh.kernelize(model, mapping={**OFF, "attention": f64})
+    report = kh.kernelize_report(kh.kernelize(model, mapping={**OFF, "attention": f64}))
     assert not report.replaced and all(k.reason.startswith("the kernel returned float64") for k in report.kept)
     assert same_raw(raw(model), weights)
     with torch.no_grad():

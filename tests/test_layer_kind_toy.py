@@ -57,7 +57,7 @@ def test_kernelize_swaps_a_kind_declared_outside_the_package_and_restore_gives_t
     with torch.no_grad():
         before = model(x)
     params = {k: v.clone() for k, v in model.state_dict().items()}
-    report = kh.kernelize(model, kinds=KINDS, mapping={"scale": _kernel()})
+    report = kh.kernelize_report(kh.kernelize(model, kinds=KINDS, mapping={"scale": _kernel()}))
 
     (row,) = report.replaced
     assert (row.layer, row.kind, row.repo_id, row.variant) == ("1", "scale", "test-org/scale-layer", "torch-cpu")
@@ -84,13 +84,13 @@ def test_kernelize_swaps_a_kind_declared_outside_the_package_and_restore_gives_t
 def test_a_toy_kernel_that_disagrees_leaves_the_layer_and_the_built_ins_never_run_the_toy():
     wrong = type("Wrong", (), {"scale_layer": staticmethod(lambda x, weight: x * (weight + 1))})()
     model = _model()
-    report = kh.kernelize(model, kinds=KINDS, mapping={"scale": wrong})
+    report = kh.kernelize_report(kh.kernelize(model, kinds=KINDS, mapping={"scale": wrong}))
     assert not report.replaced and [(k.layer, k.kind) for k in report.kept] == [("1", "scale")]
     assert report.kept[0].reason.startswith("validation failed: max error")
     assert "forward" not in model[1].__dict__ and not kh.layers.is_kernelized(model)
 
     assert toy.KIND.name not in {k.name for k in BUILTIN_KINDS}
-    report = kh.kernelize(model)  # the built-ins only: nothing here is a kind they know
+    report = kh.kernelize_report(kh.kernelize(model))  # the built-ins only: nothing here is a kind they know
     assert not report.replaced and not report.kept and "forward" not in model[1].__dict__
 
 

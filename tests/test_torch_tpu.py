@@ -143,7 +143,7 @@ def test_where_torch_tpu_is_absent_the_torch_tpu_build_is_not_chosen_and_kerneli
 
     model = tiny_model("qwen3_moe")
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    report = kh.kernelize(model, device="tpu")
+    report = kh.kernelize_report(kh.kernelize(model, device="tpu"))
     assert report.backend == "tpu" and not report.replaced and len(report.kept) == 2
     assert all("torch-tpu" in k.reason and "did not load" in k.reason for k in report.kept)
     assert not is_kernelized(model)

@@ -266,10 +266,12 @@ model = tiny_model("qwen3_moe")
 ids = torch.randint(3, 120, (2, 9), generator=torch.Generator().manual_seed(0))
 with torch.no_grad():
     before = model(ids).logits
-refused = kh.kernelize(model, mapping={"moe_experts": "acme/ragged-dot-tpu", "attention": None, "rms_norm": None})
+refused = kh.kernelize_report(
+    kh.kernelize(model, mapping={"moe_experts": "acme/ragged-dot-tpu", "attention": None, "rms_norm": None}))
 kh.restore(model)
-report = kh.kernelize(model, mapping={"moe_experts": {"repo_id": "acme/ragged-dot-tpu", "version": 1},
-                                      "attention": None, "rms_norm": None}, trust_remote_code=["acme"])
+report = kh.kernelize_report(
+    kh.kernelize(model, mapping={"moe_experts": {"repo_id": "acme/ragged-dot-tpu", "version": 1},
+                                      "attention": None, "rms_norm": None}, trust_remote_code=["acme"]))
 with torch.no_grad():
     after = model(ids).logits
 print(json.dumps({"refused": [k.reason for k in refused.kept], "replaced": [r.repo_id for r in report.replaced],

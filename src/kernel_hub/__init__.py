@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # what type checkers read (`x as x`: a re-export); at run tim
     from .errors import KernelHubError as KernelHubError
     from .layers import KernelizeReport as KernelizeReport
     from .layers import kernelize as kernelize
+    from .layers import kernelize_report as kernelize_report
     from .layers import restore as restore
     from .lock import get_locked_kernel as get_locked_kernel
     from .lock import lock as lock
@@ -35,6 +36,7 @@ _LAZY = {
     "validate": "api",
     "ValidationReport": "validation",
     "kernelize": "layers",
+    "kernelize_report": "layers",
     "restore": "layers",
     "KernelizeReport": "layers",
     "lock": "lock",

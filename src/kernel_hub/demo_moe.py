@@ -56,7 +56,7 @@ def run(
     with torch.no_grad():
         reference = model(prompt).logits
     default = copy.deepcopy(model)  # transformers' own implementations run on this copy
-    report = kh.kernelize(model)
+    report = kh.kernelize_report(kh.kernelize(model))
     print_fn(str(report))
     with torch.no_grad():
         after = model(prompt).logits

@@ -18,6 +18,7 @@ from ..lazy import lazy_names
 if TYPE_CHECKING:  # what type checkers read (`x as x`: a re-export); at run time the names load lazily
     from .api import is_kernelized as is_kernelized
     from .api import kernelize as kernelize
+    from .api import kernelize_report as kernelize_report
     from .api import restore as restore
     from .kinds.experts.find import ExpertsLayout as ExpertsLayout
     from .kinds.experts.find import ExpertsSite as ExpertsSite
@@ -37,6 +38,7 @@ _LAZY = {
     "find_experts": "kinds.experts.find",
     "is_kernelized": "api",
     "kernelize": "api",
+    "kernelize_report": "api",
     "read_experts": "kinds.experts.find",
     "restore": "api",
     "validate_layer": "kinds.experts.validate",

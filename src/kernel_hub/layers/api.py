@@ -12,8 +12,9 @@ kinds.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import KernelHubError
 from .diffusers import is_diffusers_object, kernelize_diffusers, restore_diffusers
@@ -24,16 +25,21 @@ from .report import KernelizeReport
 from .swap import STATE_ATTR, KernelizeState, give_back_configs, is_kernelized, take_own_configs
 from .weights_guard import check_loaded
 
-__all__ = ["KIND_EXPORTS", "SUPPORTED_KINDS", "is_kernelized", "kernelize", "restore"]
+__all__ = ["KIND_EXPORTS", "SUPPORTED_KINDS", "is_kernelized", "kernelize", "kernelize_report", "restore"]
 
 #: The built-in layer kinds (kinds.BUILTIN_KINDS, one folder each), by name.
 SUPPORTED_KINDS = tuple(k.name for k in BUILTIN_KINDS)
 #: The function a loaded kernel must export to serve each built-in layer kind.
 KIND_EXPORTS = {k.name: k.export for k in BUILTIN_KINDS}
 
+Model = TypeVar("Model")
+
+# The last report of each model kernelize saw; weak, so a report never keeps a dropped model alive.
+_REPORTS: weakref.WeakKeyDictionary[Any, KernelizeReport] = weakref.WeakKeyDictionary()
+
 
 def kernelize(
-    model: Any,
+    model: Model,
     *,
     mode: str = "inference",
     device: Any = None,
@@ -42,9 +48,12 @@ def kernelize(
     trust_remote_code: Any = False,
     quantize: str | None = None,
     kinds: Sequence[LayerKind] | None = None,
-) -> KernelizeReport:
+) -> Model:
     """Run `model`'s expert and attention layers on the hub kernels the registry (or `mapping`) names for
     this backend (attention: through transformers' AttentionInterface; `mapping={"attention": None}` skips it).
+
+    Returns the model itself, patched in place (`model = kh.kernelize(model)`, as HF `kernels` does);
+    `kernelize_report(model)` gives what was replaced and what was kept, and why.
 
     mode: "inference", or "training" (validation also compares gradients). device: the device the
     model runs on (default: where its parameters are) picks the backend. mapping: {layer kind: repo
@@ -65,8 +74,9 @@ def kernelize(
         if quantize is not None:
             raise KernelHubError("quantize= quantizes Mixture-of-Experts expert weights; Diffusers models have no "
                                  "expert layers kernelize serves: drop quantize=")
-        return kernelize_diffusers(model, kinds=kinds, mode=mode, device=device, mapping=mapping, validate=validate,
-                                   trust_remote_code=trust_remote_code)
+        report = kernelize_diffusers(model, kinds=kinds, mode=mode, device=device, mapping=mapping,
+                                     validate=validate, trust_remote_code=trust_remote_code)
+        return _remember(model, report)
     if not hasattr(model, "named_modules"):
         raise KernelHubError(f"kernelize wants a torch.nn.Module, got {type(model).__name__}")
     check_loaded(model)  # weights still on the meta device: one clear error before anything changes
@@ -87,7 +97,31 @@ def kernelize(
     if state.empty():
         model.__dict__.pop(STATE_ATTR, None)
         give_back_configs(state.own_configs)
-    return report
+    return _remember(model, report)
+
+
+def _remember(model: Model, report: KernelizeReport) -> Model:
+    _REPORTS[model] = report
+    return model
+
+
+def kernelize_report(model: Any) -> KernelizeReport:
+    """The report of the last `kernelize(model)`: `.replaced`, `.kept`, `.to_json()`, and `str()` is a table.
+
+    Args:
+        model: a model (or Diffusers pipeline) that `kernelize` returned.
+
+    Returns:
+        The KernelizeReport of its last kernelize; it stays readable after `restore(model)`.
+
+    Raises:
+        KernelHubError: the model was never kernelized in this process.
+    """
+    try:
+        return _REPORTS[model]
+    except (KeyError, TypeError):
+        raise KernelHubError(f"{type(model).__name__} was never kernelized in this process: call "
+                             "kh.kernelize(model) first") from None
 
 
 def restore(model: Any) -> bool:

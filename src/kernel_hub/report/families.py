@@ -103,7 +103,7 @@ def run_family(spec: FamilySpec) -> FamilyRow:
         stage = "default forward"
         before = forward(model)
         stage = "kernelize"
-        report = kh.kernelize(model)
+        report = kh.kernelize_report(kh.kernelize(model))
         stage = "kernelized forward"
         after = forward(model)
         stage = "restore"
