@@ -86,3 +86,23 @@ def test_anchor_follows_github():
     assert anchor("`kernel-hub init`: the templates") == "kernel-hub-init-the-templates"
     assert anchor("Calibration: the model against measured TPU times") == \
         "calibration-the-model-against-measured-tpu-times"
+
+
+def _serve_default_port() -> int:
+    from kernel_hub.cli.parser import build_parser
+
+    args = build_parser().parse_args(["serve", "--store", "unused"])
+    return args.port
+
+
+def test_recipes_use_the_port_serve_listens_on():
+    """Every local endpoint the README, docs and `kernel-hub init`'s templates show is the one `kernel-hub serve`
+    listens on by default: a recipe pointing at another port fails for whoever follows it."""
+    templates = ROOT / "src" / "kernel_hub" / "scaffold" / "templates"
+    texts = {p.relative_to(ROOT).as_posix(): p.read_text() for p in [*pages(), *templates.rglob("*")]
+             if p.is_file()}
+    ports = {(name, int(port)) for name, text in texts.items()
+             for port in re.findall(r"(?:127\.0\.0\.1|localhost):(\d+)", text)}
+    assert any(name == "README.md" for name, _ in ports)  # the recipes were read
+    port = _serve_default_port()
+    assert not {(name, p) for name, p in ports if p != port}, f"kernel-hub serve listens on {port}"
