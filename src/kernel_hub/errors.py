@@ -45,3 +45,7 @@ class TrustError(KernelHubError):
 
 class RefMovedError(KernelHubError):
     """A compare-and-swap on the Hub lost: the branch (or the commit's parent) moved since it was read (HTTP 412)."""
+
+
+class KernelizeStrictError(KernelHubError):
+    """kernelize(strict=True) would have kept a layer's own implementation; the model is left as it was."""
