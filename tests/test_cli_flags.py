@@ -161,3 +161,15 @@ def test_validate_and_lock_run_on_the_named_kernel(toy_registry: Path, tmp_path:
     out = tmp_path / "k.lock"
     assert cli.main(["lock", "--trust-remote-code", repo, "--backend", "cpu", "-o", str(out)]) == 0
     assert [k["repo_id"] for k in json.loads(out.read_text())["kernels"]] == [repo]
+
+
+def test_version_prints_the_package_version(capsys: pytest.CaptureFixture) -> None:
+    """`kernel-hub --version` (and -V): the version pyproject.toml declares; after a command --version stays the
+    kernel's version spec."""
+    import tomllib
+
+    declared = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["version"]
+    for flag in ("--version", "-V"):
+        assert cli.main([flag]) == 0
+        assert capsys.readouterr().out == f"kernel-hub {declared}\n"
+    assert cli.build_parser().parse_args(["validate", "--version", "1", REPO]).spec == "1"
