@@ -49,3 +49,7 @@ class RefMovedError(KernelHubError):
 
 class KernelizeStrictError(KernelHubError):
     """kernelize(strict=True) would have kept a layer's own implementation; the model is left as it was."""
+
+
+class FrameworkMismatchError(KernelHubError):
+    """Tensors of one framework handed to a build of the other (torch tensors to a JAX build)."""

@@ -14,11 +14,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from .errors import KernelHubError
-
-
-class FrameworkMismatchError(KernelHubError):
-    """Tensors of one framework handed to a build of the other."""
+from .errors import FrameworkMismatchError
 
 
 def is_torch_tensor(value: Any) -> bool:
