@@ -135,7 +135,8 @@ def add_trust_arg(p: argparse.ArgumentParser) -> None:
                    help="run code from any repo, also outside the trusted organisations (a switch: it takes no "
                         f"value; to trust only some, {TRUST_FLAG}=ORG,ORG/NAME or {TRUST_LIST_FLAG})")
     p.add_argument(TRUST_LIST_FLAG, dest="trust_remote_code", action=_TrustSome, metavar="ORG[,ORG/NAME...]",
-                   help="run code from these organisations (ORG) and repos (ORG/NAME) only; repeatable")
+                   help="also run code from these organisations (ORG) and repos (ORG/NAME) beside the trusted "
+                        "organisations; repeatable, commas allowed")
 
 
 def table(rows: Sequence[Sequence[str]]) -> str:
