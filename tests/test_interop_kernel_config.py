@@ -164,3 +164,36 @@ def test_the_layout_refuses_a_config_it_cannot_read() -> None:
                                                   swiglu_alpha=1.702, swiglu_limit=7.0))
     assert tuple(gpt.gate_up_proj.shape) == (4, 8, 12) and tuple(gpt.down_proj_bias.shape) == (4, 8)
     assert (gpt.is_transposed, gpt.is_concatenated, gpt.has_bias) == (True, False, True)
+
+
+def test_the_layout_serves_one_build_then_leaves_the_patch_mapping() -> None:
+    """transformers' process-wide registration (what KernelConfig does) serves the build in progress, every layer of
+    it, and is gone after it; a config the Layout refuses leaves nothing registered either."""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+    from transformers.monkey_patching import get_patch_mapping, register_patch_mapping, unregister_patch_mapping
+
+    import kernel_hub as kh
+
+    layers = kh.get_local_kernel(KERNELS / "ragged_dot", framework="torch").layers
+    cfg = Qwen3MoeConfig(vocab_size=64, hidden_size=16, num_hidden_layers=3, num_attention_heads=2,
+                         num_key_value_heads=1, head_dim=8, intermediate_size=24, moe_intermediate_size=8,
+                         num_experts=4, num_experts_per_tok=2)
+
+    def experts_classes(model) -> list[str]:
+        return [type(m).__name__ for n, m in model.named_modules() if n.endswith("mlp.experts")]
+
+    try:
+        register_patch_mapping({"Qwen3MoeExperts": layers.MoEExpertsLayout}, overwrite=True)
+        assert experts_classes(AutoModelForCausalLM.from_config(cfg)) == ["MoEExpertsLayout"] * 3
+        assert "Qwen3MoeExperts" not in get_patch_mapping()
+        assert experts_classes(AutoModelForCausalLM.from_config(cfg)) == ["Qwen3MoeExperts"] * 3
+        register_patch_mapping({"Qwen3MoeExperts": layers.MoEExpertsLayout}, overwrite=True)
+        with pytest.raises(layers.UnsupportedLayout):
+            layers.MoEExpertsLayout(SimpleNamespace(num_experts=4, hidden_size=8, moe_intermediate_size=6,
+                                                    hidden_act="quick_gelu"))
+        assert "Qwen3MoeExperts" not in get_patch_mapping()
+    finally:
+        if "Qwen3MoeExperts" in get_patch_mapping():
+            unregister_patch_mapping(["Qwen3MoeExperts"])
