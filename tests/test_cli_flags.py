@@ -35,10 +35,10 @@ def test_the_commands_that_take_repo_ids_are_the_ones_tested_below() -> None:
     assert set(_repo_commands()) == {"info", "resolve", "validate", "download", "lock", "bench"}
 
 
-@pytest.mark.parametrize("command", sorted(_repo_commands()))
+@pytest.mark.parametrize("command", sorted(_subparsers()))
 def test_no_option_takes_a_variable_number_of_words(command: str) -> None:
-    """An option with an optional or open-ended value (nargs ?, *, +) would take the repo id after it."""
-    loose = [a.option_strings for a in _repo_commands()[command]._actions
+    """An option with an optional or open-ended value (nargs ?, *, +) would take the positional after it."""
+    loose = [a.option_strings for a in _subparsers()[command]._actions
              if a.option_strings and a.nargs in ("?", "*", "+")]
     assert loose == []
 
