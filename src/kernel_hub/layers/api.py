@@ -76,8 +76,8 @@ def kernelize(
     """
     mode = check_mode(mode)
     strict = strict_from(strict, use_fallback)
-    skipped = explicit_skips(mapping, tuple(k.name for k in (BUILTIN_KINDS if kinds is None else kinds)))
     kinds = in_order(BUILTIN_KINDS if kinds is None else kinds)
+    skipped = explicit_skips(mapping, tuple(k.name for k in kinds))
     quantize = check_quantize(quantize, mode)
     if is_diffusers_object(model):  # Diffusers models and pipelines: the same kinds, attention via the processor API
         if quantize is not None:
