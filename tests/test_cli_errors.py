@@ -159,7 +159,7 @@ BAD = [
     (["validate", "--path", "{yaml_repo_id}"], "kernel.yaml"),
     (["validate", "--path", "{yaml_framework}"], "kernel.yaml"),
     (["validate", "--path", "{yaml_variant_climbing}"], "../../../tmp/victim"),
-    (["validate", "acme/x", "--version", "1", "--trust-remote-code", "../x"], "trust_remote_code entry"),
+    (["validate", "acme/x", "--version", "1", "--trust-remote-code=../x"], "trust_remote_code entry"),
     # bad lock files, through validate --lockfile
     (["validate", R, "--lockfile", "{lock_not_json}"], "not valid JSON"),
     (["validate", R, "--lockfile", "{lock_list}"], "not a kernel-hub lock file"),
@@ -182,7 +182,7 @@ BAD = [
     (["lock", R, "-o", "{empty_dir}"], "is a folder"),
     (["lock", R, "--version", ">=9", "-o", "{tmp}/x.lock"], "no release matches"),
     (["lock", R, "--version", "1", "--revision", "main", "-o", "{tmp}/x.lock"], "not both"),
-    (["lock", R, "-o", "{tmp}/x.lock", "--trust-remote-code", "a/b/c"], "trust_remote_code entry"),
+    (["lock", R, "-o", "{tmp}/x.lock", "--trust", "a/b/c"], "trust_remote_code entry"),
     # publish
     (["publish"], "required"),
     (["publish", "{missing}"], "not a kernel folder"),

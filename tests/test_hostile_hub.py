@@ -293,7 +293,7 @@ def test_pyc_planted_in_the_cache_never_runs(server, good_files, tmp_path: Path,
     args = [sys.executable, "-c", LOAD, repo] + ([str(tmp_path / "k.lock")] if locked else [])
     if locked:
         proc = subprocess.run([sys.executable, "-m", "kernel_hub.cli", "lock", repo, "--version", "1", "--backend",
-                               "cpu", "-o", str(tmp_path / "k.lock"), "--trust-remote-code", "evil"], env=env,
+                               "cpu", "-o", str(tmp_path / "k.lock"), "--trust", "evil"], env=env,
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
     first = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
@@ -378,7 +378,7 @@ def test_download_and_lock_by_commit_take_that_commit(two_commits, hostile_refs,
     repo, good, _ = two_commits
     assert cli.main(["download", repo, "--revision", good]) == 0
     assert "files     4 (sha256 checked)" in capsys.readouterr().out
-    assert cli.main(["lock", repo, "--revision", good, "-o", str(env.lockfile), "--trust-remote-code", "evil"]) == 0
+    assert cli.main(["lock", repo, "--revision", good, "-o", str(env.lockfile), "--trust", "evil"]) == 0
     assert json.loads(env.lockfile.read_text())["kernels"][0]["commit"] == good
     info = cli.main(["info", repo])
     out = capsys.readouterr().out

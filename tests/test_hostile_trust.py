@@ -61,6 +61,6 @@ def test_the_error_names_a_flag_every_loading_command_has(capsys: pytest.Capture
     for command in ("validate", "lock"):
         bare = parser.parse_args([command, "acme/ragged", flag])
         assert cli._trust(bare.trust_remote_code) is True
-        listed = parser.parse_args([command, "acme/ragged", flag, "acme", "kernel-hub/x"])
+        listed = parser.parse_args([command, "acme/ragged", f"{flag}=acme,kernel-hub/x"])
         assert cli._trust(listed.trust_remote_code) == ["acme", "kernel-hub/x"]
         assert cli._trust(parser.parse_args([command, "acme/ragged"]).trust_remote_code) is False

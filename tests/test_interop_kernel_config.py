@@ -4,9 +4,11 @@
 - `use_kernels=True` + `KernelConfig({"<Family>Experts": "kernel-hub/ragged-dot-tpu:MoEExperts"})`: transformers
   loads our `layers.MoEExperts`, finds its companion `MoEExpertsLayout` and registers it in place of the model's
   experts class; the model is then built with it and the checkpoint loads into it. On CPU the same call then stops
-  at transformers' device check ("Only devices in [...] supported, got: cpu"): that error is asserted, and the
-  rest of what it would do (HF kernels' `kernelize` swapping the Layout's forward for MoEExperts') is run here by
-  hand with `device="cpu"`. Logits against the unpatched model with the same weights, Qwen3-MoE and GPT-OSS.
+  at transformers' device check ("Only devices in [...] supported, got: cpu"): that error is asserted, then that a
+  plain load in the same process builds the model's own experts class (the Layout left transformers' process-wide
+  mapping when that build made it), and the rest of what the call would do (HF kernels' `kernelize` swapping the
+  Layout's forward for MoEExperts') is run here by hand with `device="cpu"`. Logits against the unpatched model
+  with the same weights, Qwen3-MoE and GPT-OSS.
 - The RMSNorm names transformers 5.25 still marks: "RMSNormZeroCentered" (Qwen3.5) onto our layer of that name.
 """
 
@@ -24,6 +26,7 @@ INTEROP_KERNELS = {MOE_REPO: KERNELS / "ragged_dot", NORM_REPO: KERNELS / "rms_n
 KERNEL_CONFIG_SCRIPT = """
 import json, sys, tempfile, torch
 from transformers import AutoModelForCausalLM, GptOssConfig, KernelConfig, Qwen3MoeConfig
+from transformers.monkey_patching import apply_patches, get_patch_mapping
 from kernels import LayerRepository, Mode, kernelize, use_kernel_mapping
 
 COMMON = dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -53,8 +56,17 @@ for family, (cfg, experts_class) in FAMILIES.items():
         row["use_kernels"] = "loaded"
     except ValueError as e:
         row["use_kernels"] = str(e)
-    # transformers registered the Layout before it refused the device: a model built now is built with it
-    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    # transformers registered the Layout process-wide before it refused the device; the Layout left that mapping
+    # when the refused call built it, so a plain load in this process builds the model's own experts class
+    plain = AutoModelForCausalLM.from_pretrained(path).eval()
+    row["plain_experts"] = sorted({type(m).__name__ for m in plain.modules() if type(m).__name__.endswith("Experts")
+                                   or type(m).__name__.endswith("Layout")})
+    row["left_registered"] = sorted(k for k, v in get_patch_mapping().items() if v.__name__ == "MoEExpertsLayout")
+    # what the call would do past the device check, by hand: the model built with the Layout in the experts' place
+    kernel_cls = LayerRepository(repo_id=REPO, layer_name="MoEExperts", version=1, trust_remote_code=True).load()
+    layout_cls = getattr(sys.modules[kernel_cls.__module__], "MoEExpertsLayout")
+    with apply_patches({experts_class: layout_cls}):
+        model = AutoModelForCausalLM.from_pretrained(path).eval()
     layouts = [m for m in model.modules() if type(m).__name__ == "MoEExpertsLayout"]
     row["layouts"] = len(layouts)
     row["layout_module"] = type(layouts[0]).__module__ if layouts else None
@@ -81,11 +93,14 @@ print(json.dumps(out))
 
 def test_kernel_config_builds_the_layout_and_kernelize_swaps_in_moe_experts(interop_hub) -> None:
     rows = interop_hub.run(KERNEL_CONFIG_SCRIPT, REPO=MOE_REPO)
-    assert set(rows) == {"qwen3_moe", "gpt_oss"}
+    experts_of = {"qwen3_moe": "Qwen3MoeExperts", "gpt_oss": "GptOssExperts"}
+    assert set(rows) == set(experts_of)
     for family, row in rows.items():
         # the device restriction, verbatim from transformers 5.25 (KernelConfig's supported device types)
         assert row["use_kernels"].startswith("Only devices in [") and row["use_kernels"].endswith("got: cpu"), row
         assert "'tpu'" in row["use_kernels"] and "'cpu'" not in row["use_kernels"].split("got:")[0]
+        # the failed call leaves no registration: a later plain load in the same process builds the model's class
+        assert row["plain_experts"] == [experts_of[family]] and row["left_registered"] == [], (family, row)
         assert row["layouts"] == 2, (family, row)  # one per decoder layer, in place of the experts class
         assert row["layout_module"].endswith(".layers") and "/build/torch-cpu/" in row["layout_file"], row
         assert row["kernel_layer_name"] == "MoEExperts", row
@@ -149,3 +164,36 @@ def test_the_layout_refuses_a_config_it_cannot_read() -> None:
                                                   swiglu_alpha=1.702, swiglu_limit=7.0))
     assert tuple(gpt.gate_up_proj.shape) == (4, 8, 12) and tuple(gpt.down_proj_bias.shape) == (4, 8)
     assert (gpt.is_transposed, gpt.is_concatenated, gpt.has_bias) == (True, False, True)
+
+
+def test_the_layout_serves_one_build_then_leaves_the_patch_mapping() -> None:
+    """transformers' process-wide registration (what KernelConfig does) serves the build in progress, every layer of
+    it, and is gone after it; a config the Layout refuses leaves nothing registered either."""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+    from transformers.monkey_patching import get_patch_mapping, register_patch_mapping, unregister_patch_mapping
+
+    import kernel_hub as kh
+
+    layers = kh.get_local_kernel(KERNELS / "ragged_dot", framework="torch").layers
+    cfg = Qwen3MoeConfig(vocab_size=64, hidden_size=16, num_hidden_layers=3, num_attention_heads=2,
+                         num_key_value_heads=1, head_dim=8, intermediate_size=24, moe_intermediate_size=8,
+                         num_experts=4, num_experts_per_tok=2)
+
+    def experts_classes(model) -> list[str]:
+        return [type(m).__name__ for n, m in model.named_modules() if n.endswith("mlp.experts")]
+
+    try:
+        register_patch_mapping({"Qwen3MoeExperts": layers.MoEExpertsLayout}, overwrite=True)
+        assert experts_classes(AutoModelForCausalLM.from_config(cfg)) == ["MoEExpertsLayout"] * 3
+        assert "Qwen3MoeExperts" not in get_patch_mapping()
+        assert experts_classes(AutoModelForCausalLM.from_config(cfg)) == ["Qwen3MoeExperts"] * 3
+        register_patch_mapping({"Qwen3MoeExperts": layers.MoEExpertsLayout}, overwrite=True)
+        with pytest.raises(layers.UnsupportedLayout):
+            layers.MoEExpertsLayout(SimpleNamespace(num_experts=4, hidden_size=8, moe_intermediate_size=6,
+                                                    hidden_act="quick_gelu"))
+        assert "Qwen3MoeExperts" not in get_patch_mapping()
+    finally:
+        if "Qwen3MoeExperts" in get_patch_mapping():
+            unregister_patch_mapping(["Qwen3MoeExperts"])

@@ -95,9 +95,10 @@ def test_a_third_party_experts_function_replaces_every_block_and_restores_bit_fo
         assert row.max_error is not None and row.max_error <= row.tolerance == 1e-4
         assert "not packed" in row.why  # the block's own dense weights: the function reads them
     assert "via experts_forward" in str(report)
+    assert model.get_experts_implementation() != impl  # the model dispatches to the kernel's function now
     after = _logits(model)
     err = ((after - before).abs().max() / before.abs().max()).item()
-    assert err <= 1e-4 and not torch.equal(after, before)  # its own loop: the same numbers, summed in another order
+    assert err <= 1e-4  # its own loop: the same numbers up to summation order (bit-equal on some CPUs)
     assert kh.restore(model)
     assert torch.equal(_logits(model), before) and model.get_experts_implementation() == impl
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())

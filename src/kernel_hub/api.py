@@ -194,7 +194,7 @@ def validate(kernel: ModuleType | str, *, backend: str | None = None, version: i
     if isinstance(kernel, str):
         kernel = get_kernel(kernel, version=version, revision=revision, backend=backend, framework=framework,
                             trust_remote_code=trust_remote_code, lockfile=lockfile)
-    report = run_validation(kernel, backend=backend, **options)
+    report = run_validation(kernel, backend=backend, other_cases=bool(generations), **options)
     if generations:
         compiled = compile_matrix(kernel, generations, tags=options.get("tags"), names=options.get("names"),
                                   env=environment)

@@ -45,3 +45,11 @@ class TrustError(KernelHubError):
 
 class RefMovedError(KernelHubError):
     """A compare-and-swap on the Hub lost: the branch (or the commit's parent) moved since it was read (HTTP 412)."""
+
+
+class KernelizeStrictError(KernelHubError):
+    """kernelize(strict=True) would have kept a layer's own implementation; the model is left as it was."""
+
+
+class FrameworkMismatchError(KernelHubError):
+    """Tensors of one framework handed to a build of the other (torch tensors to a JAX build)."""

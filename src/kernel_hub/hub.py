@@ -142,6 +142,16 @@ def _first_line(exc: BaseException) -> str:
     return one_line(lines[0]) if lines else type(exc).__name__
 
 
+def auth_hint(status: Any, token_sent: bool) -> str:
+    """What to do about a refused request: a 401 with no token sent means the server wants one, whatever its
+    message says about credentials."""
+    if status == 401 and not token_sent:
+        return " (no token was sent, and this endpoint wants one: set HF_TOKEN)"
+    if status in (401, 403):
+        return " (the token sent was refused: check HF_TOKEN or --token for this endpoint)"
+    return ""
+
+
 def server_message(exc: Any) -> str | None:
     """The error text the server sent with a failed response (X-Error-Message, or the JSON "error")."""
     message = getattr(exc, "server_message", None)
@@ -195,6 +205,13 @@ class HubSource:
 
     def describe(self) -> str:
         return f"Hub {self.endpoint}" + (" (offline: cache only)" if self.offline else "")
+
+    def token_sent(self) -> bool:
+        """Whether huggingface_hub sends a token with this source's requests (given, or HF_TOKEN / the login)."""
+        from huggingface_hub import get_token
+
+        token = self.api.token
+        return bool(token) if token is not None else bool(get_token())
 
     def origin(self, repo_id: str) -> Origin:
         return Origin("hub", self.hub_repo(repo_id), self.endpoint)
@@ -264,7 +281,7 @@ class HubSource:
                 raise RefMovedError(f"Hub at {self.endpoint}: {what} for {repo_id}: the branch moved meanwhile"
                                     + (f" ({said})" if said else "")) from None
             raise KernelHubError(f"Hub at {self.endpoint}: {what} for {repo_id} failed with HTTP {status}"
-                                 + (f": {said}" if said else "")) from None
+                                 + (f": {said}" if said else "") + auth_hint(status, self.token_sent())) from None
         except HubAnswerError as exc:  # over a size cap or past the deadline (http_limits)
             raise HubAnswerError(f"Hub at {self.endpoint}: {what} for {repo_id} failed: {exc}") from None
         except KernelHubError:

@@ -190,8 +190,11 @@ def import_build(build: Build) -> ModuleType:
             raise KernelImportError(f"{label}: import failed: {type(exc).__name__}: {detail}".rstrip(": ")
                                     ) from (exc if isinstance(exc, Exception) else None)
         from .contract import fill_defaults
+        from .framework_guard import guard_jax_exports
 
         fill_defaults(module)  # a kernel with one implementation needs no dispatch table
+        if build.variant.framework == "jax":
+            guard_jax_exports(module, label, build.repo_id)  # torch tensors: name the torch build instead
         module.__kernel_hub__ = KernelInfo(  # type: ignore[attr-defined]
             repo_id=build.repo_id,
             version=build.version,

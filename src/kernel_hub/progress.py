@@ -58,8 +58,9 @@ class RichProgress(Progress):
         from rich.progress import Progress as Bar
 
         self.console = Console(file=stream, highlight=False)
-        self.bar = Bar(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                       TimeElapsedColumn(), console=self.console, transient=True)
+        # markup off: a description such as "fetching [torch-cpu]" is text, not a style tag
+        self.bar = Bar(SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(),
+                       MofNCompleteColumn(), TimeElapsedColumn(), console=self.console, transient=True)
         self.task: Any = None
         self.bar.start()
 

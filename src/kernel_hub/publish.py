@@ -26,7 +26,14 @@ from packaging.version import Version
 
 from . import buildfmt as fmt
 from .api import load_local
-from .errors import IntegrityError, KernelHubError, MetadataError, RefMovedError, ValidationFailedError
+from .errors import (
+    IntegrityError,
+    KernelHubError,
+    KernelNotFoundError,
+    MetadataError,
+    RefMovedError,
+    ValidationFailedError,
+)
 from .hub import HubSource
 from .integrity import not_source_reason, sha256_file
 from .metadata import METADATA_FILE, KernelMetadata, load_metadata
@@ -272,9 +279,13 @@ def publish(kernel_dir: str | Path, *, repo_id: str | None = None, endpoint: str
     version, tag = Version(meta.version), f"v{meta.version}"
     branch = f"v{version.major}"
     # Fail fast: everything that takes a second to check is checked before the minutes of validating and compiling.
-    tpu = gate_environment(folder.path, meta, skip=skip_tpu_compile)
     hub = HubSource(endpoint=endpoint, token=token)
     check_access(hub, repo_id)
+    same = published_unchanged(hub, folder, repo_id, tag, branch)
+    if same is not None:  # the release is there with these files and its branch holds it: nothing to validate
+        return PublishResult(repo_id, meta.version, same, tag, branch, True, [v.name for v in meta.variants],
+                             unchanged=True, validated=False)
+    tpu = gate_environment(folder.path, meta, skip=skip_tpu_compile)
     if skip_validation:
         log("skipping validation (--skip-validation): publishing without checking the numbers")
     else:
@@ -304,6 +315,33 @@ def publish(kernel_dir: str | Path, *, repo_id: str | None = None, endpoint: str
         moved = _move_branch(hub, repo_id, branch, commit, version, layout)
     return PublishResult(repo_id, meta.version, commit, tag, branch, moved is not False, variants,
                          unchanged and moved is None, not skip_validation, repaired=unchanged and moved is True)
+
+
+def published_unchanged(hub: HubSource, folder: KernelFolder, repo_id: str, tag: str, branch: str) -> str | None:
+    """The release commit when `tag` already holds exactly this folder's files and `branch` points at it (None:
+    publish has work to do, or cannot tell before the gate). Compared without validating or compiling: every file
+    of the layout but those carrying the TPU compile record (TPU variants' bundle and metadata.json), provided the
+    package's files are among those compared."""
+    try:
+        tags, branches = hub.ref_targets(repo_id)
+    except KernelNotFoundError:  # a new repo: everything to do
+        return None
+    commit = tags.get(tag)
+    if commit is None or branches.get(branch) != commit:
+        return None
+    with tempfile.TemporaryDirectory(prefix="kernel-hub-publish-") as tmp:
+        layout = write_layout(folder, Path(tmp))
+        local = layout.blob_ids(f"{fmt.BUILD_DIR}/")
+    recorded = {p for v in folder.metadata.variants if v.backend == "tpu"
+                for p in (fmt.bundle_path(v.name), f"{fmt.BUILD_DIR}/{v.name}/{fmt.VARIANT_METADATA}")}
+    compared = {p: b for p, b in local.items() if p not in recorded}
+    package = f"/{folder.metadata.python_name}/"
+    if not any(package in p or p.endswith(fmt.BUNDLE_SUFFIX) for p in compared):
+        return None
+    remote = hub.build_blob_ids(repo_id, commit)
+    if set(remote) != set(local) or any(remote[p] != b for p, b in compared.items()):
+        return None
+    return commit
 
 
 _CAS_TRIES = 20  # compare-and-swap rounds against concurrent publishes before giving up

@@ -25,7 +25,7 @@ from .sources import Origin
 TRUSTED_ORGS = ("kernel-hub", "kernels-community")
 DEFAULT_ENDPOINT = "https://huggingface.co"
 TRUST_ENV = "KERNEL_HUB_TRUSTED_ORGS"
-CLI_FLAG = "--trust-remote-code [REPO_OR_ORG ...]"
+CLI_FLAG = "--trust-remote-code, or --trust ORG_OR_REPO"
 
 #: What `trust_remote_code` accepts: a bool, or repos ("org/name") and organisations ("org") to trust.
 TrustSetting = bool | str | Iterable[str] | None

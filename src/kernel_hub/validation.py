@@ -15,7 +15,7 @@ import json
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -233,9 +233,11 @@ def validate(
     on_start: Callable[[int], None] | None = None,
     on_case: Callable[[int, int, CaseResult], None] | None = None,
     select: Callable[[list[Any]], list[Any]] | None = None,
+    other_cases: bool = False,
 ) -> ValidationReport:
     """Run the kernel's cases for this backend; `tags`/`names` (or `select`, a function of the case list)
-    select a subset.
+    select a subset. A tag or name no case carries is refused, listing the valid ones, unless `other_cases` (TPU
+    compile cases run too and may carry it).
 
     seed: case i's inputs come from seed + i; None draws one, recorded in report.seed either way.
     on_start(total) is called once the cases are chosen, on_case(i, total, result) as each numeric case finishes
@@ -243,11 +245,9 @@ def validate(
     module = _resolve_module(kernel, backend)
     info = module.__kernel_hub__
     run_backend = backend or detect(info.framework).backend
-    cases = _cases_for(module, run_backend)
-    if tags:
-        cases = [c for c in cases if set(tags) & set(getattr(c, "tags", ()))]
-    if names:
-        cases = [c for c in cases if c.name in names]
+    cases, problem = pick_cases(_cases_for(module, run_backend), tags, names)
+    if problem and not other_cases:
+        raise KernelHubError(f"{info.repo_id} on {run_backend}: {problem}")
     if select is not None:
         cases = select(cases)
     rng_seed = seed if seed is not None else new_seed()
@@ -261,6 +261,27 @@ def validate(
         if on_case is not None:
             on_case(i, len(cases), result)
     return report
+
+
+def pick_cases(cases: list[Any], tags: Sequence[str] | None,
+               names: Sequence[str] | None) -> tuple[list[Any], str]:
+    """(the cases carrying one of `tags` and named in `names`, "" or what was asked that no case has, with the
+    valid choices)."""
+    known_tags = sorted({t for c in cases for t in getattr(c, "tags", ())})
+    known_names = [c.name for c in cases]
+    problems = []
+    unknown = [t for t in tags or () if t not in known_tags]
+    if unknown:
+        problems.append(f"no case has tag {', '.join(map(repr, unknown))} (tags: {', '.join(known_tags) or 'none'})")
+    missing = [n for n in names or () if n not in known_names]
+    if missing:
+        shown = ", ".join(known_names[:20]) + (f", ... ({len(known_names)} cases)" if len(known_names) > 20 else "")
+        problems.append(f"no case is named {', '.join(map(repr, missing))} (cases: {shown or 'none'})")
+    if tags:
+        cases = [c for c in cases if set(tags) & set(getattr(c, "tags", ()))]
+    if names:
+        cases = [c for c in cases if c.name in names]
+    return cases, "; ".join(problems)
 
 
 def new_seed() -> int:

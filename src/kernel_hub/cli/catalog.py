@@ -87,7 +87,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"replaces  {', '.join(m['replaces']) or '-'}")
     print("refs      " + (", ".join(f"{r['name']} ({r['kind']}) {r['commit'][:12]}" for r in data["refs"]) or "none"))
     if data["variants_commit"] is not None:
-        print("variants  at " + data["variants_commit"][:12] + ":")
+        note = f" ({data['variants_note']})" if data.get("variants_note") else ""
+        print("variants  at " + data["variants_commit"][:12] + note + ":")
         for v in data["variants"]:
             gens = f" tpu {','.join(v['tpu_generations'])}" if v["tpu_generations"] else ""
             reqs = " ".join(f"{d}{s}" for d, s in v["requires"])
@@ -123,11 +124,11 @@ def _info_data(repo_id: str) -> dict[str, Any]:
     entry = registry.get(repo_id)
     spec = entry.version if entry else None
     variants: list[dict[str, Any]] = []
-    commit = None
+    commit, from_cache = None, False
     if spec or refs:
         res = resolve(refs, version=version_spec(spec) if spec else None, revision=None if spec else refs[0].name)
         commit = res.commit
-        found = source.variants(repo_id, res.commit)
+        found, from_cache = _variants_here(source, repo_id, res.commit)
         published = getattr(getattr(source, "active", None) or source, "published_metadata", None)
         declared = published(repo_id, res.commit) if published is not None else None
         if declared is not None:  # a Hub release, cached or not: its kernel.yaml says what each variant requires
@@ -144,9 +145,24 @@ def _info_data(repo_id: str) -> dict[str, Any]:
                 d["tpu_compile"] = _tpu_compile_lines(source, repo_id, res.commit, v)
         for d, status in zip(variants, _signatures(source, repo_id, res.commit, found), strict=True):
             d["signature"] = status.to_dict()
-    return {"repo_id": repo_id, "source": source.describe(), "metadata": metadata,
+    data = {"repo_id": repo_id, "source": source.describe(), "metadata": metadata,
             "refs": [{"name": r.name, "kind": r.kind, "commit": r.commit} for r in refs],
             "variants_commit": commit, "variants": variants}
+    if commit is not None and from_cache:
+        data["variants_note"] = "offline: only the builds in the cache; the release's listing was never fetched"
+    return data
+
+
+def _variants_here(source: Any, repo_id: str, commit: str) -> tuple[list[Any], bool]:
+    """(the variants at `commit`, whether they are only the cached builds): offline with no cached listing, the
+    builds a download left in the cache (what an offline download uses) stand in for the release's listing."""
+    hub = getattr(source, "active", None) or source
+    try:
+        return source.variants(repo_id, commit), False
+    except KernelHubError:
+        if not (isinstance(hub, HubSource) and hub.offline):
+            raise
+    return hub.candidate_variants(repo_id, commit, []), True
 
 
 def _tpu_compile_lines(source: Any, repo_id: str, commit: str, variant: Any) -> list[str]:
@@ -171,6 +187,9 @@ def _signatures(source: Any, repo_id: str, commit: str, variants: list[Any]) -> 
     hub = getattr(source, "active", None) or source
     if not isinstance(hub, HubSource):
         return [SignatureStatus("not signed", "a source folder, not a release") for _ in variants]
+    if hub.offline:
+        return [SignatureStatus("unverifiable", "offline (HF_HUB_OFFLINE=1): signatures are checked online")
+                for _ in variants]
     try:
         listed = hub.build_blob_ids(hub.hub_repo(repo_id), commit)
     except KernelHubError as exc:

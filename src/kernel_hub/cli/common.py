@@ -20,13 +20,43 @@ from ..tpu.chips import parse_generations
 DEBUG_ENV = "KERNEL_HUB_DEBUG"
 
 
+TRUST_FLAG = "--trust-remote-code"
+TRUST_LIST_FLAG = "--trust"
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line on stderr (exit 2)."""
+    """argparse, but a usage error is one line on stderr (exit 2), and `--trust-remote-code=LIST` is read as
+    `--trust LIST` (the bare flag is a switch that never takes the next word, so it cannot swallow a repo id)."""
     commands: tuple[str, ...] = ()
+    trust_flag_seen = False
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
+        words = list(sys.argv[1:] if args is None else args)
+        if TRUST_FLAG in self._option_string_actions:
+            words = split_trust_values(words)
+        self.trust_flag_seen = any(w == TRUST_FLAG or w.startswith(f"{TRUST_FLAG}=") for w in words)
+        return super().parse_known_args(words, namespace)
 
     def error(self, message: str) -> NoReturn:
-        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        hint = ""
+        if message.startswith("unrecognized arguments") and self.trust_flag_seen:
+            hint = (f"; {TRUST_FLAG} takes no value: name repos/orgs as {TRUST_FLAG}=ORG,ORG/NAME or "
+                    f"{TRUST_LIST_FLAG} ORG")
+        print(f"{self.prog}: error: {message}{hint} (see {self.prog} --help)", file=sys.stderr)
         raise SystemExit(2)
+
+
+def split_trust_values(words: list[str]) -> list[str]:
+    """`--trust-remote-code=a,b` -> `--trust a,b`; words after `--` are left alone."""
+    out: list[str] = []
+    for i, word in enumerate(words):
+        if word == "--":
+            return out + words[i:]
+        if word.startswith(f"{TRUST_FLAG}="):
+            out += [TRUST_LIST_FLAG, word.split("=", 1)[1]]
+        else:
+            out.append(word)
+    return out
 
 
 def one_line(text: str) -> str:
@@ -38,11 +68,12 @@ def version_spec(value: str | None) -> int | str | None:
     return int(value) if value is not None and value.isdigit() else value
 
 
-def trust_setting(value: list[str] | None) -> bool | list[str]:
-    """--trust-remote-code: absent -> False, bare -> True, with values -> those repos/orgs."""
-    if value is None:
-        return False
-    return list(value) or True
+def trust_setting(value: bool | list[str] | None) -> bool | list[str]:
+    """The parsed trust flags: neither -> False, bare --trust-remote-code -> True (every repo), --trust /
+    --trust-remote-code=LIST -> those repos/orgs."""
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    return list(value)
 
 
 def print_json(data: Any) -> None:
@@ -74,10 +105,38 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--framework", choices=FRAMEWORKS, default="jax", help="tensors the build takes")
 
 
+class _TrustAll(argparse.Action):
+    """Bare --trust-remote-code: trust every repo (wins over any list)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, True)
+
+
+class _TrustSome(argparse.Action):
+    """--trust ORG[,ORG/NAME...] (repeatable): trust those repos and organisations."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        current = getattr(namespace, self.dest, None)
+        if current is True:
+            return
+        named = [v.strip() for v in str(values).split(",")]
+        if not all(named):
+            raise argparse.ArgumentError(self, f"expected ORG or ORG/NAME separated by commas, got {values!r}")
+        setattr(namespace, self.dest, [*(current or []), *named])
+
+
 def add_trust_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trust-remote-code", nargs="*", metavar="REPO_OR_ORG", default=None,
-                   help="run code from repos outside the trusted organisations: bare, any repo; with values, "
-                        "those repos (ORG/NAME) and organisations (ORG). Put it after the repo ids")
+    p.add_argument(TRUST_FLAG, dest="trust_remote_code", action=_TrustAll, default=None,
+                   help="run code from any repo, also outside the trusted organisations (a switch: it takes no "
+                        f"value; to trust only some, {TRUST_FLAG}=ORG,ORG/NAME or {TRUST_LIST_FLAG})")
+    p.add_argument(TRUST_LIST_FLAG, dest="trust_remote_code", action=_TrustSome, metavar="ORG[,ORG/NAME...]",
+                   help="also run code from these organisations (ORG) and repos (ORG/NAME) beside the trusted "
+                        "organisations; repeatable, commas allowed")
 
 
 def table(rows: Sequence[Sequence[str]]) -> str:

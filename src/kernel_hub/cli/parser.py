@@ -10,6 +10,7 @@ import importlib
 import os
 from dataclasses import dataclass
 
+from .. import __version__
 from ..scaffold import DEFAULT_TEMPLATE, TEMPLATES
 from .common import (
     Parser,
@@ -42,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--registry", help="registry.yaml to use (default: the embedded one, or $KERNEL_HUB_REGISTRY)")
+    parser.add_argument("-V", "--version", action="version", version=f"kernel-hub {__version__}",
+                        help="print kernel-hub's version and exit (after a command, --version is a kernel's version "
+                        "spec)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
     p = sub.add_parser("list", help="kernels in the registry", description="List the kernels the registry knows.")

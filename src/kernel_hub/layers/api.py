@@ -16,12 +16,13 @@ import weakref
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from ..errors import KernelHubError
+from ..errors import KernelHubError, KernelizeStrictError
 from .diffusers import is_diffusers_object, kernelize_diffusers, restore_diffusers
+from .hf_compat import explicit_skips, strict_from
 from .kinds import BUILTIN_KINDS, KindRun, LayerKind, in_order
 from .kinds.experts.quantize import check_quantize
 from .plan import backend_of, check_mode, kernel_specs
-from .report import KernelizeReport
+from .report import KernelizeReport, strict_failures
 from .swap import STATE_ATTR, KernelizeState, give_back_configs, is_kernelized, take_own_configs
 from .weights_guard import check_loaded
 
@@ -41,13 +42,15 @@ _REPORTS: weakref.WeakKeyDictionary[Any, KernelizeReport] = weakref.WeakKeyDicti
 def kernelize(
     model: Model,
     *,
-    mode: str = "inference",
+    mode: Any = "inference",
     device: Any = None,
     mapping: dict[str, Any] | None = None,
     validate: bool = True,
     trust_remote_code: Any = False,
     quantize: str | None = None,
     kinds: Sequence[LayerKind] | None = None,
+    strict: bool = False,
+    use_fallback: Any = None,
 ) -> Model:
     """Run `model`'s expert and attention layers on the hub kernels the registry (or `mapping`) names for
     this backend (attention: through transformers' AttentionInterface; `mapping={"attention": None}` skips it).
@@ -55,9 +58,11 @@ def kernelize(
     Returns the model itself, patched in place (`model = kh.kernelize(model)`, as HF `kernels` does);
     `kernelize_report(model)` gives what was replaced and what was kept, and why.
 
-    mode: "inference", or "training" (validation also compares gradients). device: the device the
-    model runs on (default: where its parameters are) picks the backend. mapping: {layer kind: repo
-    id | {backend: repo id} | loaded kernel | None} overrides registry.yaml's `layers`. validate: check
+    mode: "inference", or "training" (validation also compares gradients); HF's `kernels.Mode.INFERENCE` /
+    `Mode.TRAINING` mean the same (TORCH_COMPILE is refused). device: the device the model runs on (default: where
+    its parameters are) picks the backend. mapping: {layer kind: repo id | {backend: repo id} | loaded kernel |
+    None} overrides registry.yaml's `layers`; HF layer names ("RMSNorm", "MegaBlocksMoeMLP", "<Family>Experts") are
+    kinds too, and HF's LayerRepository / LocalLayerRepository (alone, per device, per Mode) are values. validate: check
     each layer against its current implementation first and keep that one where they disagree.
     `restore(model)` undoes everything. A repo is also {"repo_id", "version", "revision"}; one outside
     registry.yaml with neither gets its newest release. trust_remote_code: get_kernel's rule, for the repos
@@ -65,10 +70,14 @@ def kernelize(
     weights are read as quantized copies kept with each block, each checked against the block's own layer within
     the bound quantize.error_bound derives; the model's parameters are untouched (kinds/experts/quantize.py). kinds:
     the layer kinds to run (default: kinds.BUILTIN_KINDS); `(*BUILTIN_KINDS, my_kind)` adds a kind declared anywhere
-    (layers/kinds/__init__.py says what one needs), and restore(model) runs its restore too.
+    (layers/kinds/__init__.py says what one needs), and restore(model) runs its restore too. strict (or HF's
+    `use_fallback=False`): raise KernelizeStrictError naming each layer that would keep its own implementation and
+    why, with the model left as it was; a kind mapped to None is left alone without raising.
     """
-    check_mode(mode)
+    mode = check_mode(mode)
+    strict = strict_from(strict, use_fallback)
     kinds = in_order(BUILTIN_KINDS if kinds is None else kinds)
+    skipped = explicit_skips(mapping, tuple(k.name for k in kinds))
     quantize = check_quantize(quantize, mode)
     if is_diffusers_object(model):  # Diffusers models and pipelines: the same kinds, attention via the processor API
         if quantize is not None:
@@ -76,12 +85,13 @@ def kernelize(
                                  "expert layers kernelize serves: drop quantize=")
         report = kernelize_diffusers(model, kinds=kinds, mode=mode, device=device, mapping=mapping,
                                      validate=validate, trust_remote_code=trust_remote_code)
-        return _remember(model, report)
+        return _remember(model, _strict_check(model, report, strict, skipped))
     if not hasattr(model, "named_modules"):
         raise KernelHubError(f"kernelize wants a torch.nn.Module, got {type(model).__name__}")
     check_loaded(model)  # weights still on the meta device: one clear error before anything changes
     backend, dev = backend_of(model, device)
-    specs = kernel_specs(mapping, backend, trust_remote_code, kinds=kinds)  # raises on a bad mapping before any change
+    # raises on a bad mapping before any change
+    specs = kernel_specs(mapping, backend, trust_remote_code, kinds=kinds, mode=mode)
     if is_kernelized(model):
         restore(model)
     report = KernelizeReport(model=type(model).__name__, mode=mode, backend=backend)
@@ -97,7 +107,21 @@ def kernelize(
     if state.empty():
         model.__dict__.pop(STATE_ATTR, None)
         give_back_configs(state.own_configs)
-    return _remember(model, report)
+    return _remember(model, _strict_check(model, report, strict, skipped))
+
+
+def _strict_check(model: Any, report: KernelizeReport, strict: bool, skipped: frozenset[str]) -> KernelizeReport:
+    """Under strict, a layer kept on its own implementation undoes the whole kernelize and raises, naming it."""
+    failures = strict_failures(report, skipped) if strict else []
+    if not failures:
+        return report
+    restore(model)
+    _REPORTS[model] = report  # what was tried stays readable through kernelize_report
+    listed = "; ".join(f"{layer}: {why}" for layer, why in failures[:5])
+    more = f" (and {len(failures) - 5} more)" if len(failures) > 5 else ""
+    raise KernelizeStrictError(f"strict kernelize: {len(failures)} layer(s) would keep their own implementation, "
+                               f"so {type(model).__name__} is left unchanged: {listed}{more}; map a kind to None to "
+                               "leave it alone")
 
 
 def _remember(model: Model, report: KernelizeReport) -> Model:

@@ -81,7 +81,7 @@ def kernelize_diffusers(obj: Any, *, kinds: Sequence[LayerKind], mode: str, devi
     if models:
         report.backend, dev = backend_of(models[0][1], device)
     # raises on a bad mapping before any change
-    specs = kernel_specs(mapping, report.backend, trust_remote_code, kinds=kinds)
+    specs = kernel_specs(mapping, report.backend, trust_remote_code, kinds=kinds, mode=mode)
     if not models:
         report.notes.append(f"{type(obj).__name__} has no Diffusers transformer or UNet component")
         return report

@@ -1,10 +1,10 @@
 """The load job: the kernel a layer kind gets, as a loaded torch-facing module, or the reason it gets none.
 
-Why one module: a mapping value (a repo id, a RepoSpec, an already loaded module, None) becomes a kernel through
-get_kernel's one path (trust, digests, variant choice) and is then held to the kind's declared convention (its
-`export`, or its `accepts`); a kernel that fails to load, or lacks the entry, leaves the model as it is with the reason
-in the report, never an exception halfway through a swap. `kernel_info` is what each report row says about the kernel
-that serves it.
+Why one module: a mapping value (a repo id, a RepoSpec, a LocalSpec, an already loaded module, None) becomes a
+kernel through get_kernel's one path (trust, digests, variant choice) and is then held to the kind's declared
+convention (its `export`, or its `accepts`); a kernel that fails to load, or lacks the entry, leaves the model as it
+is with the reason in the report, never an exception halfway through a swap. `kernel_info` is what each report row
+says about the kernel that serves it.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import api as hub
 from .find import device_type
+from .hf_compat import LocalSpec
 from .plan import RepoSpec, not_validated_reason
 
 if TYPE_CHECKING:
@@ -25,6 +26,9 @@ def load(spec: Any, backend: str) -> tuple[Any, str]:
     if isinstance(spec, RepoSpec):
         return get_kernel(spec.repo_id, version=spec.version, revision=spec.revision, framework="torch",
                           backend=backend, trust_remote_code=spec.trust_remote_code), spec.repo_id
+    if isinstance(spec, LocalSpec):
+        kernel = hub.get_local_kernel(spec.path, framework="torch", backend=backend)
+        return kernel, getattr(kernel.__kernel_hub__, "repo_id", None) or str(spec.path)
     if not isinstance(spec, str):
         info = getattr(spec, "__kernel_hub__", None)
         return spec, getattr(info, "repo_id", None) or getattr(spec, "__name__", type(spec).__name__)

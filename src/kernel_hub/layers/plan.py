@@ -17,14 +17,16 @@ from typing import TYPE_CHECKING, Any
 from ..errors import KernelHubError
 from ..names import check_repo_id
 from ..registry import load_registry
+from .hf_compat import LocalSpec, check_mode_arg, normalize_mapping
 from .swap import packed_placeholders
 
 if TYPE_CHECKING:
     from .kinds.declaration import LayerKind
 
 MODES = ("inference", "training")
-#: Keys of a mapping value that names a repo ({"repo_id": ..., "version": ..., "revision": ...}).
-REPO_KEYS = frozenset({"repo_id", "version", "revision"})
+#: Keys of a mapping value that names a repo ({"repo_id": ..., "version": ..., "revision": ...}; trust_remote_code
+#: for that repo alone, as HF's LayerRepository carries it).
+REPO_KEYS = frozenset({"repo_id", "version", "revision", "trust_remote_code"})
 #: The version a repo outside registry.yaml gets when the mapping names none: its newest release tag.
 NEWEST_RELEASE = ">=0"
 
@@ -32,9 +34,9 @@ NEWEST_RELEASE = ">=0"
 # --- which kernel, on which backend ---------------------------------------------------------------------------------
 
 
-def check_mode(mode: str) -> None:
-    if mode not in MODES:
-        raise KernelHubError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+def check_mode(mode: Any) -> str:
+    """kernelize's mode name for `mode=`: "inference" / "training", or HF `kernels.Mode` meaning one of them."""
+    return check_mode_arg(mode)
 
 
 def backend_of(model: Any, device: Any) -> tuple[str, Any]:
@@ -91,28 +93,30 @@ def repo_spec(value: str | dict[str, Any], kind: str, trust_remote_code: Any = F
     entry = load_registry().get(repo_id)
     if version is None and revision is None and (entry is None or not entry.version):
         version = NEWEST_RELEASE
-    return RepoSpec(repo_id, version, revision, trust_remote_code)
+    return RepoSpec(repo_id, version, revision, fields.get("trust_remote_code") or trust_remote_code)
 
 
 def kernel_specs(mapping: dict[str, Any] | None, backend: str, trust_remote_code: Any = False, *,
-                 kinds: Sequence[LayerKind]) -> dict[str, Any]:
-    """kind -> repo id / RepoSpec / loaded kernel module / None for each of `kinds`, from the registry overridden by
-    `mapping`; raises on a bad mapping (before kernelize changes anything)."""
+                 kinds: Sequence[LayerKind], mode: str = "inference") -> dict[str, Any]:
+    """kind -> repo id / RepoSpec / LocalSpec / loaded kernel module / None for each of `kinds`, from the registry
+    overridden by `mapping` (HF `kernels` keys and values read as ours: hf_compat); raises on a bad mapping (before
+    kernelize changes anything)."""
     declared = {k.name: k for k in kinds}
     names = tuple(declared)
     registry = load_registry()
     specs: dict[str, Any] = {k: registry.repo_for_layer(k, backend) for k in names}
-    for kind, value in (mapping or {}).items():
-        if kind not in declared:
-            raise KernelHubError(f"unknown layer kind {kind!r} in mapping; kernelize knows: {', '.join(names)}")
-        if isinstance(value, dict) and not (REPO_KEYS & set(value)):
-            value = value.get(backend)  # {backend: repo id}
+    translated, _ = normalize_mapping(mapping, names, backend, mode)
+    for kind, value in translated.items():
         if isinstance(value, str | dict):
             value = repo_spec(value, kind, trust_remote_code)
+        elif isinstance(value, LocalSpec):
+            if not (value.path / "kernel.yaml").is_file():
+                raise KernelHubError(f"mapping[{kind!r}]: {value.path} holds no kernel.yaml; kernelize loads a local "
+                                     "kernel from its source folder (kernel.yaml + package)")
         elif value is not None and declared[kind].convention(value)[0] is None:
             raise KernelHubError(
                 f"mapping[{kind!r}] must be a repo id, {{'repo_id', 'version', 'revision'}}, a {{backend: repo id}} "
-                f"dict, a loaded kernel or None; got {type(value).__name__} "
+                f"dict, a LayerRepository, a loaded kernel or None; got {type(value).__name__} "
                 f"({declared[kind].convention(value)[1]})"
             )
         specs[kind] = value

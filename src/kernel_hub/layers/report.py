@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -94,6 +95,21 @@ class KernelizeReport:
             lines += _table([("layer", "reason")] + [(k.layer, k.reason) for k in self.kept])
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+#: A note that a whole kind kept its layers: "<kind> unchanged: why" / "<kind> kept: why" (load.py, the kinds' flows).
+_KIND_KEPT = re.compile(r"^(\w+) (?:unchanged|kept): (.+)$", re.S)
+
+
+def strict_failures(report: KernelizeReport, skipped: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
+    """(layer, why) for every layer a strict kernelize may not keep: each kept row, and each kind that kept all of
+    its layers (its note), except kinds the caller left alone on purpose (`skipped`: mapping value None)."""
+    out = [(k.layer, k.reason) for k in report.kept if k.kind not in skipped]
+    for note in report.notes:
+        match = _KIND_KEPT.match(note)
+        if match and match.group(1) not in skipped:
+            out.append((f"every {match.group(1)} layer", match.group(2)))
+    return out
 
 
 def _short(rows: list[Replaced]) -> str:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 from typing import Any
 
 import torch
@@ -198,6 +199,18 @@ def _config_int(config: Any, names: tuple[str, ...]) -> int:
                             "integer; this model's experts are not in a layout MoEExperts computes")
 
 
+def leave_patch_mapping(cls: type) -> list[str]:
+    """Remove every entry of transformers' patch mapping (`register_patch_mapping`) that names `cls`, returning
+    their keys. The build in progress keeps the class: transformers' `apply_patches` read the mapping on entry."""
+    patching = sys.modules.get("transformers.monkey_patching")
+    if patching is None:
+        return []
+    keys = [k for k, v in patching.get_patch_mapping().items() if v is cls]
+    if keys:
+        patching.unregister_patch_mapping(keys)
+    return keys
+
+
 def clamped_swiglu(gate_up: torch.Tensor, *, alpha: float, limit: float) -> torch.Tensor:
     """GPT-OSS's gate on interleaved (gate, up) columns: gate clamped above at `limit`, up to [-limit, limit],
     (up + 1) * gate * sigmoid(alpha * gate)."""
@@ -217,10 +230,15 @@ class MoEExpertsLayout(nn.Module):
     the config's activation (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE, DeepSeek-V3, Gemma 4's text experts); GPT-OSS's
     layout where the config has `swiglu_limit` (`gate_up_proj[E, H, 2I]` interleaved with biases, `down_proj[E, I, H]`,
     the clamped SwiGLU). Its own forward is MoEExperts' computation, so the model is right before kernelize runs and
-    wherever HF kernels keeps the original forward. A config it cannot read raises UnsupportedLayout at build."""
+    wherever HF kernels keeps the original forward. A config it cannot read raises UnsupportedLayout at build.
+
+    Its registration serves the one model build that asked for it: the first instance takes the class out of
+    transformers' process-wide patch mapping (`leave_patch_mapping`), so a later plain `from_pretrained` builds the
+    model's own experts class even where that KernelConfig call then failed (on CPU, its device check)."""
 
     def __init__(self, config: Any, *args: Any, **kwargs: Any):
         super().__init__()
+        leave_patch_mapping(type(self))  # first: a config refused below leaves nothing registered either
         experts, hidden = _config_int(config, _NUM_EXPERTS), _config_int(config, ("hidden_size",))
         inter = _config_int(config, _INTERMEDIATE)
         self.num_experts, self.hidden_dim, self.intermediate_dim = experts, hidden, inter
