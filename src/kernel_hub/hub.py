@@ -38,7 +38,7 @@ from .errors import (
     VersionSpecError,
 )
 from .http_limits import TIMEOUT_ENV as TIMEOUT_ENV
-from .http_limits import HubAnswerError, bounded_transport, request_timeout
+from .http_limits import HubAnswerError, bounded_transport, build_byte_cap, check_limits, operation, request_timeout
 from .integrity import sha256_bytes, verify_tree
 from .metadata import KernelMetadata
 from .names import (
@@ -179,6 +179,7 @@ class HubSource:
                  aliases: dict[str, str] | None = None):
         from huggingface_hub import HfApi, constants
 
+        check_limits()  # a bad limit variable fails here, naming it, before any request
         _install_client_timeout()
         self.api = HfApi(endpoint=endpoint or None, token=token)
         self.endpoint = self.api.endpoint.rstrip("/")
@@ -236,13 +237,19 @@ class HubSource:
         )
 
     # -- Hub calls --------------------------------------------------------------------------------
-    def _call(self, repo_id: str, what: str, fn: Callable[[], T]) -> T:
+    def _call(self, repo_id: str, what: str, fn: Callable[[], T], *, bounded: str | None = None,
+              max_bytes: int | None = None) -> T:
         """Run one huggingface_hub call; every failure becomes one line naming the endpoint (and what the
-        server said)."""
+        server said). bounded: "api" or "download" runs it as one http_limits.operation (one deadline through its
+        retries, redirects and pages; `max_bytes`: what its downloads may bring together); None: each request on
+        its own bounds (publishing's calls)."""
         from huggingface_hub import errors as hf_errors
 
         try:
-            return fn()
+            if bounded is None:
+                return fn()
+            with operation(f"{what} for {repo_id}", download=bounded == "download", max_bytes=max_bytes):
+                return fn()
         except hf_errors.RepositoryNotFoundError:
             raise KernelNotFoundError(f"{repo_id}: no such kernel repo at {self.endpoint}") from None
         except hf_errors.RevisionNotFoundError:
@@ -302,7 +309,8 @@ class HubSource:
 
     def ref_targets(self, repo_id: str) -> tuple[dict[str, str], dict[str, str]]:
         """(tag -> commit, branch -> commit) as the server lists them (1 request, nothing cached)."""
-        refs = self._call(repo_id, "listing refs", lambda: self.api.list_repo_refs(repo_id, repo_type=REPO_TYPE))
+        refs = self._call(repo_id, "listing refs", lambda: self.api.list_repo_refs(repo_id, repo_type=REPO_TYPE),
+                          bounded="api")
         return ({t.name: t.target_commit for t in refs.tags}, {b.name: b.target_commit for b in refs.branches})
 
     def build_blob_ids(self, repo_id: str, revision: str) -> dict[str, str]:
@@ -317,7 +325,7 @@ class HubSource:
             except RemoteEntryNotFoundError:  # no build/ folder yet on a fresh repo
                 return []
 
-        entries = self._call(repo_id, f"listing {fmt.BUILD_DIR}/ at {revision[:12]}", listing)
+        entries = self._call(repo_id, f"listing {fmt.BUILD_DIR}/ at {revision[:12]}", listing, bounded="api")
         return {e.path: e.blob_id for e in entries if isinstance(e, RepoFile)}
 
     def upload(self, repo_id: str, root: Path, add: list[str], delete: list[str], message: str,
@@ -377,7 +385,7 @@ class HubSource:
             return checked_refs([(r.get("name"), r.get("kind"), r.get("commit")) for r in data["refs"]
                                  if isinstance(r, dict) and r.get("kind") in ("tag", "branch")])
         got = self._call(repo_id, "listing refs",
-                         lambda: self.api.list_repo_refs(self.hub_repo(repo_id), repo_type=REPO_TYPE))
+                         lambda: self.api.list_repo_refs(self.hub_repo(repo_id), repo_type=REPO_TYPE), bounded="api")
         if len(got.branches) + len(got.tags) > MAX_LISTING_ENTRIES:
             raise KernelHubError(f"Hub at {self.endpoint}: {repo_id} lists more than {MAX_LISTING_ENTRIES} refs; "
                                  "refused")
@@ -419,7 +427,7 @@ class HubSource:
             except RemoteEntryNotFoundError:  # no build/ at all: nothing published
                 return []
 
-        entries = self._call(repo_id, f"listing builds at {commit[:12]}", tree)
+        entries = self._call(repo_id, f"listing builds at {commit[:12]}", tree, bounded="api")
         if len(entries) > MAX_LISTING_ENTRIES:
             raise IntegrityError(f"{repo_id}@{commit[:12]}: the Hub lists more than {MAX_LISTING_ENTRIES} entries "
                                  f"under {fmt.BUILD_DIR}/; refused")
@@ -466,12 +474,13 @@ class HubSource:
 
                 url = hf_hub_url(repo, METADATA_FILE, repo_type=REPO_TYPE, revision=revision, endpoint=self.endpoint)
                 head = self._call(repo_id, f"checking {METADATA_FILE} at {commit[:12]}",
-                                  lambda: self.api.get_hf_file_metadata(url=url))
+                                  lambda: self.api.get_hf_file_metadata(url=url), bounded="api")
                 if head.size is None or head.size > _MAX_PUBLISHED_METADATA:
                     return None
             path = Path(self._call(repo_id, f"downloading {METADATA_FILE} at {commit[:12]}", lambda: (
                 self.api.hf_hub_download(repo, METADATA_FILE, repo_type=REPO_TYPE, revision=revision,
-                                         cache_dir=self.cache_dir, local_files_only=self.offline))))
+                                         cache_dir=self.cache_dir, local_files_only=self.offline)),
+                bounded="download", max_bytes=_MAX_PUBLISHED_METADATA))
             if path.stat().st_size > _MAX_PUBLISHED_METADATA:  # a cached copy (offline) is checked as well
                 return None
             return parse_metadata(read_yaml(path), f"{repo_id}@{commit[:12]} {METADATA_FILE}")
