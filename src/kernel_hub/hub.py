@@ -37,8 +37,16 @@ from .errors import (
     UnsafeNameError,
     VersionSpecError,
 )
+from .http_limits import (
+    MAX_DOWNLOAD_ENV,
+    HubAnswerError,
+    bounded_transport,
+    build_byte_cap,
+    check_limits,
+    operation,
+    request_timeout,
+)
 from .http_limits import TIMEOUT_ENV as TIMEOUT_ENV
-from .http_limits import HubAnswerError, bounded_transport, build_byte_cap, check_limits, operation, request_timeout
 from .integrity import sha256_bytes, verify_tree
 from .metadata import KernelMetadata
 from .names import (
@@ -435,16 +443,19 @@ class HubSource:
         if len(set(paths)) != len(paths):
             twice = sorted(p for p in set(paths) if paths.count(p) > 1)
             raise IntegrityError(f"{repo_id}@{commit[:12]}: the Hub's listing names {twice[0]} twice; refused")
-        raw: dict[str, Any] = {"bundles": {}, "trees": {}}
+        raw: dict[str, Any] = {"bundles": {}, "trees": {}, "sizes": {}}
         for e in entries:
             if isinstance(e, RepoFile) and isinstance(e.path, str):
                 rel = e.path[len(fmt.BUILD_DIR) + 1:] if e.path.startswith(f"{fmt.BUILD_DIR}/") else ""
                 name, _, inner = rel.partition("/")
+                size = e.lfs.size if e.lfs is not None else e.size
+                if isinstance(size, int) and not isinstance(size, bool) and size >= 0:
+                    raw["sizes"][rel] = size
                 if inner:
                     raw["trees"].setdefault(name, {})[inner] = e.blob_id
                 elif name.endswith(fmt.BUNDLE_SUFFIX):
                     raw["bundles"][name[:-len(fmt.BUNDLE_SUFFIX)]] = e.blob_id
-        return _checked_listing(raw) or {"bundles": {}, "trees": {}}
+        return _checked_listing(raw) or {"bundles": {}, "trees": {}, "sizes": {}}
 
     def _forget_listing(self, repo_id: str, commit: str) -> None:
         """Drop a listing (memory and cache): the next use lists again."""
@@ -590,10 +601,18 @@ class HubSource:
     # -- internals --------------------------------------------------------------------------------
     def _download_bundle(self, repo_id: str, commit: str, name: str, force: bool) -> Path:
         path_in_repo = fmt.bundle_path(name)
+        cap = build_byte_cap()
+        listed_size = self._listed_sizes(repo_id, commit).get(f"{name}{fmt.BUNDLE_SUFFIX}")
+        if listed_size is not None and listed_size > cap:
+            raise IntegrityError(f"{repo_id}@{commit[:12]}: {path_in_repo} is {listed_size} bytes, over the "
+                                 f"{cap}-byte cap on one build ({MAX_DOWNLOAD_ENV} sets it); not downloaded")
         path = Path(self._call(repo_id, f"downloading {path_in_repo} at {commit[:12]}", lambda: (
             self.api.hf_hub_download(self.hub_repo(repo_id), path_in_repo, repo_type=REPO_TYPE,
                                      revision=commit, cache_dir=self.cache_dir, local_files_only=self.offline,
-                                     force_download=force))))
+                                     force_download=force)), bounded="download", max_bytes=cap))
+        if path.stat().st_size > cap:
+            raise IntegrityError(f"{repo_id}@{commit[:12]}: {path_in_repo} is over the {cap}-byte cap on one build "
+                                 f"({MAX_DOWNLOAD_ENV} sets it)")
         listed = self._listed_bundles(repo_id, commit).get(name)
         if listed and fmt.git_blob_id(path) != listed and not self.offline:
             # The listing may be the wrong one (a cached listing from a hostile answer): drop it, list again.
@@ -606,22 +625,36 @@ class HubSource:
             raise IntegrityError(f"{repo_id}@{commit[:12]}: {path_in_repo} does not match its ETag")
         return path
 
+    def _listed_sizes(self, repo_id: str, commit: str) -> dict[str, int]:
+        """Sizes (path under build/ -> bytes) a listing already fetched (or cached) gives; {} where none is known."""
+        known = self._listings.get((repo_id, commit)) or _checked_listing(
+            read_json(self._listing_file(repo_id, commit)))
+        return known.get("sizes", {}) if known else {}
+
     def _listed_bundles(self, repo_id: str, commit: str) -> dict[str, str]:
         """The bundles a listing already fetched (or cached) names; {} where none is known yet (no request)."""
         known = self._listings.get((repo_id, commit)) or _checked_listing(
             read_json(self._listing_file(repo_id, commit)))
         return known["bundles"] if known else {}
 
-    def _download_file(self, repo_id: str, commit: str, path_in_repo: str, blob: str, force: bool) -> bytes:
-        """One file of a tree at `commit`, its bytes checked against the git blob id the listing gave."""
+    def _download_file(self, repo_id: str, commit: str, path_in_repo: str, blob: str, force: bool,
+                       max_bytes: int | None = None) -> bytes:
+        """One file of a tree at `commit`, its bytes checked against the git blob id the listing gave. At most
+        `max_bytes` (default: the build cap): refused from the listing's size before any request, cut while it
+        streams, and never read past the bound from the cache."""
+        cap = build_byte_cap() if max_bytes is None else max_bytes
+        listed_size = self._listed_sizes(repo_id, commit).get(path_in_repo[len(fmt.BUILD_DIR) + 1:])
+        if listed_size is not None and listed_size > cap:
+            raise IntegrityError(f"{repo_id}@{commit[:12]}: {path_in_repo} is {listed_size} bytes, over its "
+                                 f"{cap}-byte bound; not downloaded")
         path = Path(self._call(repo_id, f"downloading {path_in_repo} at {commit[:12]}", lambda: (
             self.api.hf_hub_download(self.hub_repo(repo_id), path_in_repo, repo_type=REPO_TYPE, revision=commit,
                                      cache_dir=self.cache_dir, local_files_only=self.offline,
-                                     force_download=force))))
-        if path.stat().st_size > fmt.MAX_BUNDLE_BYTES:
-            raise IntegrityError(f"{repo_id}@{commit[:12]}: {path_in_repo} is larger than "
-                                 f"{fmt.MAX_BUNDLE_BYTES >> 20} MiB")
-        data = path.read_bytes()
+                                     force_download=force)), bounded="download", max_bytes=max_bytes))
+        with open(path, "rb") as handle:
+            data = handle.read(cap + 1)
+        if len(data) > cap:
+            raise IntegrityError(f"{repo_id}@{commit[:12]}: {path_in_repo} is larger than its {cap}-byte bound")
         if fmt.git_blob_id_bytes(data) != blob:
             raise IntegrityError(f"{repo_id}@{commit[:12]}: file {path_in_repo} does not match the Hub listing")
         return data
@@ -636,26 +669,40 @@ class HubSource:
             raise KernelNotFoundError(f"{label}: the variant has no {fmt.VARIANT_METADATA} at this commit")
         base = f"{fmt.BUILD_DIR}/{variant.name}"
         meta = builder.parse_builder_metadata(self._download_file(
-            repo_id, commit, f"{base}/{fmt.VARIANT_METADATA}", files[fmt.VARIANT_METADATA], force), label)
+            repo_id, commit, f"{base}/{fmt.VARIANT_METADATA}", files[fmt.VARIANT_METADATA], force,
+            max_bytes=builder.MAX_METADATA_BYTES), label)
         builder.check_python_depends(meta.python_depends, label)
         expected = builder.expected_files(meta, files, label)
         kind, where = builder.package_files(meta, sorted(expected), label)
-        package: dict[str, bytes] = {}
-        for rel, (algorithm, value) in sorted(expected.items()):
-            data = self._download_file(repo_id, commit, f"{base}/{rel}", files[rel], force)
-            if algorithm == "sha256" and sha256_bytes(data) != value:
-                raise IntegrityError(f"{label}: file {rel} does not match metadata.json's digest (tampered or "
-                                     "corrupt); refused before any import")
-            if kind == "zip" and rel == where:
-                package = builder.unzip_package(data, label)
-            elif kind == "package" and rel.startswith(where):
-                package[rel[len(where):]] = data
-            elif kind == "root":
-                package[rel] = data
+        cap = build_byte_cap()
+        sizes = self._listed_sizes(repo_id, commit)
+        listed = sum(sizes.get(f"{variant.name}/{rel}", 0) for rel in expected)
+        if listed > cap:
+            raise IntegrityError(f"{label}: the build's files are {listed} bytes in the Hub listing, over the "
+                                 f"{cap}-byte cap on one build ({MAX_DOWNLOAD_ENV} sets it); nothing downloaded")
         verified = builder.WITH_DIGEST if meta.digest is not None else builder.NO_DIGEST
         tmp = safe_join(final.parent, f"{final.name}.{uuid.uuid4().hex}.partial")
         try:
-            builder.write_build(tmp, meta, variant, package, verified, repo_id)
+            writer = builder.BuildWriter(tmp, meta, label)
+            fetched = written = 0
+            with operation(f"fetching {label}", download=True, max_bytes=cap):
+                for rel, (algorithm, value) in sorted(expected.items()):
+                    data = self._download_file(repo_id, commit, f"{base}/{rel}", files[rel], force,
+                                               max_bytes=cap - fetched)
+                    fetched += len(data)
+                    if algorithm == "sha256" and sha256_bytes(data) != value:
+                        raise IntegrityError(f"{label}: file {rel} does not match metadata.json's digest (tampered "
+                                             "or corrupt); refused before any import")
+                    if kind == "zip" and rel == where:
+                        written += builder.unzip_to(data, writer.add, label, cap - written)
+                    elif (kind == "package" and rel.startswith(where)) or kind == "root":
+                        written += len(data)
+                        if written > cap:
+                            raise IntegrityError(f"{label}: the build is over the {cap}-byte cap on one build "
+                                                 f"({MAX_DOWNLOAD_ENV} sets it)")
+                        writer.add(rel[len(where):] if kind == "package" else rel, [data])
+                    del data  # memory: one file at a time
+            writer.finish(variant, verified, repo_id)
             _check_unpacked(tmp, label, final.name)
             try:
                 os.rename(tmp, final)
@@ -670,7 +717,7 @@ class HubSource:
         """Unpack into a private folder beside `final`, check it, then rename it into place in one step."""
         tmp = safe_join(final.parent, f"{final.name}.{uuid.uuid4().hex}.partial")
         try:
-            fmt.unpack_bundle(bundle, tmp, label)
+            fmt.unpack_bundle(bundle, tmp, label, build_byte_cap())
             _check_unpacked(tmp, label, final.name)
             try:
                 os.rename(tmp, final)
@@ -786,7 +833,10 @@ def _checked_listing(data: object) -> dict[str, Any] | None:
                 kept[rel] = blob
         if kept:
             trees[name] = kept
-    return {"bundles": bundles, "trees": trees}
+    raw_sizes = data.get("sizes")
+    sizes = {k: v for k, v in raw_sizes.items() if isinstance(k, str) and isinstance(v, int)
+             and not isinstance(v, bool) and v >= 0} if isinstance(raw_sizes, dict) else {}
+    return {"bundles": bundles, "trees": trees, "sizes": sizes}
 
 
 def _is_variant_name(name: str) -> bool:
