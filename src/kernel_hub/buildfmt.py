@@ -411,6 +411,22 @@ def check_member_name(name: str, label: str) -> str:
     return rel
 
 
+def bundle_metadata_blob(bundle: Path) -> str | None:
+    """The git blob id of a bundle's metadata.json (read with a bound), or None where it has none or is damaged (its
+    unpacking then says what is wrong)."""
+    try:
+        with tarfile.open(bundle) as tar:
+            for count, member in enumerate(tar, start=1):
+                if count > MAX_BUNDLE_FILES:
+                    return None
+                if member.name == VARIANT_METADATA and member.isfile() and member.size <= MAX_CACHED_METADATA:
+                    source = tar.extractfile(member)
+                    return git_blob_id_bytes(source.read(MAX_CACHED_METADATA + 1)) if source is not None else None
+    except (tarfile.TarError, EOFError, OSError):
+        return None
+    return None
+
+
 def unpack_bundle(bundle: Path, dest: Path, label: str, max_bytes: int = MAX_BUNDLE_BYTES) -> None:
     """Unpack into `dest` (a new folder) member by member: plain files and folders only, every name checked,
     nothing written outside `dest`, no native code (by name or content), at most `max_bytes` in all and

@@ -561,11 +561,21 @@ class HubSource:
             if attempt == "download" and self.offline:
                 break
             try:
+                cached = self._cached_variant(repo_id, commit, variant.name) if attempt == "unpacked" else None
+                if cached is not None and cached.dialect == KERNEL_BUILDER:
+                    tree, variant = True, cached  # unpacked from the tree at this commit (HF kernels' choice)
+                if attempt == "unpacked" and not tree and self._bundle_superseded(
+                        repo_id, commit, variant.name, _file_blob(final / fmt.VARIANT_METADATA), listed_only=True):
+                    raise IntegrityError(f"{label}: the cached build is the bundle, but build/{variant.name}/ at this "
+                                         "commit (what HF kernels loads) is another build")
+                if attempt != "unpacked" and not tree:
+                    bundle = self._download_bundle(repo_id, commit, variant.name, force=attempt == "download")
+                    if self._bundle_superseded(repo_id, commit, variant.name, fmt.bundle_metadata_blob(bundle)):
+                        tree, variant = True, builder_variant(variant.name)  # HF kernels' choice: the tree
+                    else:
+                        self._unpack(repo_id, bundle, final, label)
                 if attempt != "unpacked" and tree:
                     self._assemble_tree(repo_id, commit, variant, final, label, force=attempt == "download")
-                elif attempt != "unpacked":
-                    bundle = self._download_bundle(repo_id, commit, variant.name, force=attempt == "download")
-                    self._unpack(repo_id, bundle, final, label)
                 return self._checked_build(repo_id, commit, final, variant.name, expected, label)
             except _DAMAGED as exc:
                 problem = exc
@@ -576,6 +586,23 @@ class HubSource:
                 raise IntegrityError(f"{problem}; offline, and no clean copy is cached to restore it") from None
         assert problem is not None
         raise problem
+
+    def _bundle_superseded(self, repo_id: str, commit: str, name: str, bundle_metadata: str | None,
+                           listed_only: bool = False) -> bool:
+        """One rule for a commit that holds both `build/<name>.tar` and a `build/<name>/` tree: where HF kernels reads
+        that tree (a torch variant name it parses), kernel-hub loads what HF kernels loads. The bundle stands only
+        when it is the same build: its metadata.json is the tree's (git blob id `bundle_metadata`), as our publish
+        writes them; otherwise the tree wins. listed_only: decide from a listing already at hand (no request)."""
+        if parse_builder_name(name) is None:
+            return False
+        known = self._listings.get((repo_id, commit)) or _checked_listing(read_json(self._listing_file(repo_id,
+                                                                                                      commit)))
+        if known is None:
+            if listed_only or self.offline:
+                return False
+            known = self.listing(repo_id, commit)
+        tree_metadata = known["trees"].get(name, {}).get(fmt.VARIANT_METADATA)
+        return tree_metadata is not None and tree_metadata != bundle_metadata
 
     def verification(self, repo_id: str, commit: str, variant: Variant) -> str:
         """How a fetch of `variant` checks its bytes, for `resolve` and `info`: a kernel-builder tree's metadata.json
@@ -845,6 +872,14 @@ def _is_variant_name(name: str) -> bool:
     except UnsafeNameError:
         return False
     return True
+
+
+def _file_blob(path: Path) -> str | None:
+    """The git blob id of a file, or None where it cannot be read."""
+    try:
+        return fmt.git_blob_id(path)
+    except OSError:
+        return None
 
 
 def _check_unpacked(folder: Path, label: str, name: str) -> fmt.BuildInfo:
