@@ -410,7 +410,7 @@ def test_a_tree_beside_an_older_bundle_loads_what_hf_kernels_loads(hub, tmp_path
     write_variant(mixed, "torch-cpu", "kb-relu", relu_files("tree-v2"), version=2)
     shutil.copy(ours / "build" / "torch-cpu.tar", mixed / "build" / "torch-cpu.tar")
     publish(api, "acme/kb-mixed", mixed, branches=("v2",))
-    plan, module = _load(hub, tmp_path / "cache", "acme/kb-mixed", version=2)
+    _, module = _load(hub, tmp_path / "cache", "acme/kb-mixed", version=2)
     assert module.VARIANT == "tree-v2" and module.__kernel_hub__.verified == "sha256 (metadata.json digest)"
     x = torch.linspace(-1, 1, 5)
     assert module.relu(x).numpy().tolist() == np.maximum(np.linspace(-1, 1, 5, dtype=np.float32), 0).tolist()

@@ -242,10 +242,15 @@ def unzip_to(data: bytes, write: Callable[[str, Iterable[bytes]], None], label: 
                 claims.file(rel)
                 seen_init = seen_init or rel == "__init__.py"
 
-                def pieces(entry: zipfile.ZipInfo = info) -> Iterator[bytes]:
+                def pieces(entry: zipfile.ZipInfo = info, rel: str = rel) -> Iterator[bytes]:
                     nonlocal total
+                    first = True
                     with archive.open(entry) as source:
                         while piece := source.read(_ZIP_PIECE):
+                            if first and (reason := native_code_reason(piece[:1024])) is not None:
+                                raise IntegrityError(f"{label}: zip entry {rel} is {reason}; builds hold Python "
+                                                     "source only")
+                            first = False
                             total += len(piece)
                             if total > limit:
                                 raise IntegrityError(
