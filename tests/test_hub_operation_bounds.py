@@ -131,12 +131,26 @@ def test_a_download_is_capped_on_its_decoded_size_while_it_streams(small_caps, t
     assert all(p.stat().st_size <= 256 << 10 for p in kept), [(p.name, p.stat().st_size) for p in kept]
 
 
-def test_retry_after_never_waits_past_the_deadline(small_caps, tmp_path: Path) -> None:
-    answer = {"/tree/": lambda h: _send(h, 503, b"busy", {"Retry-After": "100000"})}
+@pytest.mark.parametrize(("status", "headers"), [(503, {"Retry-After": "100000"}),
+                                                 (429, {"RateLimit": '"api";r=0;t=100000'})],
+                         ids=["retry-after", "ratelimit"])
+def test_retry_after_never_waits_past_the_deadline(small_caps, tmp_path: Path, status: int, headers) -> None:
+    answer = {"/tree/": lambda h: _send(h, status, b"busy", headers)}
     with hostile(answer) as (url, seen, _):
         got = ends(lambda: _source(url, tmp_path / "cache").listing(REPO, COMMIT))
     assert isinstance(got, KernelHubError) and "KERNEL_HUB_HTTP_TIMEOUT" in str(got), got
     assert len(seen) == 1  # even the capped wait (10 s) ends past the 4 s deadline: no retry at all
+
+
+def test_a_download_keeps_one_deadline_through_its_retries(small_caps, tmp_path: Path) -> None:
+    """A 3 s wait fits the 6 s download deadline once, not twice: the download fails at its deadline or its retry
+    cap, whichever comes first, instead of huggingface_hub's five retries of 4 s each (HEAD and GET alike)."""
+    with hostile({"/resolve/": lambda h: _send(h, 503, b"busy", {"Retry-After": "3"})}) as (url, seen, _):
+        got = ends(lambda: _source(url, tmp_path / "cache")._download_bundle(REPO, COMMIT, "jax-cpu", force=False))
+    assert isinstance(got, http_limits.HubAnswerError), got
+    said = str(got)
+    assert "past the operation's 6s deadline (KERNEL_HUB_DOWNLOAD_TIMEOUT" in said or "at most 3 retries" in said
+    assert len(seen) <= http_limits.MAX_RETRIES + 1
 
 
 def test_retries_are_counted_per_operation(small_caps, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -297,8 +297,9 @@ class HubSource:
         gave it (a list; untrusted, the caller checks every entry). Failures are raised as they come."""
         from huggingface_hub.utils import get_session, hf_raise_for_status
 
-        response = get_session().get(f"{self.endpoint}/api/kernels", params={"author": org},
-                                     headers=self.api._build_hf_headers())
+        with operation(f"listing the kernel repos of {org}"):
+            response = get_session().get(f"{self.endpoint}/api/kernels", params={"author": org},
+                                         headers=self.api._build_hf_headers())
         hf_raise_for_status(response)
         found = response.json()
         if not isinstance(found, list):
@@ -619,7 +620,7 @@ class HubSource:
         label = f"{repo_id}@{commit[:12]} [{variant.name}]"
         try:
             data = self._download_file(repo_id, commit, f"{fmt.BUILD_DIR}/{variant.name}/{fmt.VARIANT_METADATA}",
-                                       files[fmt.VARIANT_METADATA], force=False)
+                                       files[fmt.VARIANT_METADATA], force=False, max_bytes=builder.MAX_METADATA_BYTES)
             meta = builder.parse_builder_metadata(data, label)
         except KernelHubError as exc:
             return f"unverifiable: {one_line(str(exc), 200)}"
