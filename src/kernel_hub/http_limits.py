@@ -12,11 +12,12 @@ huggingface_hub's HTTP client only bounds each read and retries as the server as
   deadline and the bounds of the request it came from (an API request redirected anywhere stays an API request);
 - a deadline per operation (`operation`: a refs or tree listing, a download with its HEAD), through every retry,
   redirect and page of it: the same variables, counted from the operation's start;
-- a size cap counted on the bytes an answer decodes to (gzip, deflate, stacked: http_decode.py), checked while it
-  streams: API answers (refs, listings, JSON) KERNEL_HUB_MAX_ANSWER_BYTES (default 16 MiB), file downloads
-  KERNEL_HUB_MAX_DOWNLOAD_BYTES (default 512 MiB), which also caps one build's files together (`operation`'s
-  max_bytes). An answer whose announced size (Content-Length, or the Hub's X-Linked-Size on a HEAD) is over its
-  cap is refused before its body is read;
+- a size cap counted on the bytes an answer decodes to (gzip and deflate, stacked up to MAX_LAYERS, undone here in
+  pieces of at most PIECE bytes; any other encoding refused), checked while it streams: API answers (refs,
+  listings, JSON) KERNEL_HUB_MAX_ANSWER_BYTES (default 16 MiB), file downloads KERNEL_HUB_MAX_DOWNLOAD_BYTES
+  (default 512 MiB), which also caps one build's files together (`operation`'s max_bytes). An answer whose
+  announced size (Content-Length, or the Hub's X-Linked-Size on a HEAD) is over its cap is refused before its body
+  is read;
 - retries: an answer huggingface_hub would retry (408, 429, 5xx) has its Retry-After replaced by one of at most
   MAX_RETRY_WAIT seconds; inside an operation at most MAX_RETRIES retries, and none whose wait would end past the
   deadline: the operation fails at once instead;
@@ -34,12 +35,12 @@ import math
 import os
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .errors import KernelHubError
-from .http_decode import ACCEPT_ENCODING, DecodeError, decoded, encodings
 
 TIMEOUT_ENV = "KERNEL_HUB_HTTP_TIMEOUT"
 DOWNLOAD_TIMEOUT_ENV = "KERNEL_HUB_DOWNLOAD_TIMEOUT"
@@ -163,6 +164,70 @@ def retry_wait(headers: Any) -> float:
         if key.strip() == "t" and value.strip().isdigit():
             return float(value.strip()[:12])
     return 0.0
+
+
+# -- Content-Encoding undone piece by piece: caps count what an answer inflates to -------------------------------
+#: The most bytes one decoding step yields: memory per answer stays near this, whatever the compression ratio.
+PIECE = 1 << 20
+#: The most Content-Encoding layers an answer may stack.
+MAX_LAYERS = 3
+ACCEPTED = ("gzip", "x-gzip", "deflate", "identity")
+#: What the client asks for: only what it can decode with a bound.
+ACCEPT_ENCODING = "gzip, deflate"
+
+
+class DecodeError(ValueError):
+    """An answer whose Content-Encoding is not accepted or whose compressed bytes are damaged."""
+
+
+def encodings(header: str | None) -> list[str]:
+    """The layers of a Content-Encoding header that do something, in the order they were applied.
+
+    Raises DecodeError for an encoding not in ACCEPTED or more than MAX_LAYERS layers."""
+    layers = [part.strip().lower() for part in (header or "").split(",") if part.strip()]
+    unknown = [layer for layer in layers if layer not in ACCEPTED]
+    if unknown:
+        raise DecodeError(f"Content-Encoding {unknown[0][:20]!r} is not accepted (only {', '.join(ACCEPTED[:3])})")
+    layers = [layer for layer in layers if layer != "identity"]
+    if len(layers) > MAX_LAYERS:
+        raise DecodeError(f"{len(layers)} Content-Encoding layers (at most {MAX_LAYERS})")
+    return layers
+
+
+def _inflate(chunks: Iterable[bytes], layer: str) -> Iterator[bytes]:
+    """One layer undone, each yielded piece at most PIECE bytes long."""
+    wbits = 16 + zlib.MAX_WBITS if layer in ("gzip", "x-gzip") else zlib.MAX_WBITS
+    decoder = zlib.decompressobj(wbits)
+    first = True
+    try:
+        for chunk in chunks:
+            data = chunk
+            while data:
+                try:
+                    out = decoder.decompress(data, PIECE)
+                except zlib.error:
+                    if not (first and layer == "deflate"):
+                        raise
+                    decoder = zlib.decompressobj(-zlib.MAX_WBITS)  # deflate without its zlib header, as servers send
+                    out = decoder.decompress(data, PIECE)
+                first = False
+                data = decoder.unconsumed_tail
+                if out:
+                    yield out
+                if decoder.eof:
+                    break
+        while not decoder.eof and (out := decoder.decompress(b"", PIECE)):
+            yield out
+    except zlib.error as exc:
+        raise DecodeError(f"damaged {layer} data ({exc})") from None
+
+
+def decoded(chunks: Iterable[bytes], layers: list[str]) -> Iterator[bytes]:
+    """`chunks` with every layer undone, last applied first."""
+    stream: Iterable[bytes] = chunks
+    for layer in reversed(layers):
+        stream = _inflate(stream, layer)
+    yield from stream
 
 
 # -- operations: one deadline and one budget through every request of a Hub call --------------------------------
