@@ -21,7 +21,7 @@ pytest.importorskip("huggingface_hub")
 from kernel_hub import http_limits
 from kernel_hub.errors import KernelHubError
 from kernel_hub.hub import HubSource
-from tests.test_hub_answer_bounds import BLOB, COMMIT, REPO, hostile
+from tests.test_hub_answer_bounds import BLOB, COMMIT, REPO, hostile, lying_file
 
 REFS = {"branches": [], "tags": [], "converts": []}
 
@@ -131,6 +131,21 @@ def test_a_download_is_capped_on_its_decoded_size_while_it_streams(small_caps, t
     assert all(p.stat().st_size <= 256 << 10 for p in kept), [(p.name, p.stat().st_size) for p in kept]
 
 
+def test_a_build_budget_holds_while_its_files_stream(monkeypatch, tmp_path: Path) -> None:
+    """A file whose HEAD announces 1000 bytes and whose body never ends, fetched as part of a build with 100 KiB
+    left: cut at the build's budget (well under the 64 MiB per-file cap), nothing over it written."""
+    monkeypatch.setenv("KERNEL_HUB_MAX_DOWNLOAD_BYTES", str(64 << 20))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with hostile({"/resolve/": lying_file}) as (url, _, sent):
+        source = _source(url, tmp_path / "cache")
+        with http_limits.operation("fetching a build", download=True, max_bytes=100 << 10), \
+                pytest.raises(KernelHubError, match="more than 102400 bytes for one build"):
+            source._download_file(REPO, COMMIT, "build/torch-cpu/x/_ops.py", BLOB, force=False)
+    assert sent[0] < 32 << 20
+    kept = [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+    assert all(p.stat().st_size <= 100 << 10 for p in kept), [(p.name, p.stat().st_size) for p in kept]
+
+
 @pytest.mark.parametrize(("status", "headers"), [(503, {"Retry-After": "100000"}),
                                                  (429, {"RateLimit": '"api";r=0;t=100000'})],
                          ids=["retry-after", "ratelimit"])
@@ -174,6 +189,7 @@ def _pages(empty: bool) -> Callable[[Any], None]:
 @pytest.mark.parametrize("empty", [True, False], ids=["empty-pages", "endless-pages"])
 def test_a_listing_that_pages_for_ever_is_refused(small_caps, monkeypatch, tmp_path: Path, empty: bool) -> None:
     monkeypatch.setenv("KERNEL_HUB_HTTP_TIMEOUT", "60")
+    monkeypatch.setattr(http_limits, "MAX_PAGES", 30)  # the bound is read at each page: a smaller one, a faster test
     with hostile({"/tree/": _pages(empty)}) as (url, seen, _):
         got = ends(lambda: _source(url, tmp_path / "cache").listing(REPO, COMMIT))
     assert isinstance(got, KernelHubError) and ("empty pages" if empty else "pages on past") in str(got), got

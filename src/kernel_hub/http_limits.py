@@ -513,9 +513,7 @@ def bounded_transport(**transport_options: Any) -> Any:
                 for name in ("content-encoding", "content-length"):
                     if name in response.headers:
                         del response.headers[name]
-            capped = Bounds(bounds.seconds, cap, bounds.timeout_env, bounds.size_env) if cap < bounds.max_bytes \
-                else bounds
-            response.stream = BoundedStream(response.stream, capped, deadline, layers, op, download)
+            response.stream = BoundedStream(response.stream, bounds, deadline, layers, op, download)
             if op is not None and "next" in response.links and response.status_code < 300:
                 self._bound_page(response, op, url)
             return response
