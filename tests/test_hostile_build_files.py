@@ -108,7 +108,7 @@ def test_a_zip_bomb_is_refused_in_bounded_memory() -> None:
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert peak < 64 << 20, peak  # the old whole-entry read took 500 MiB
+    assert peak < 64 << 20, peak  # a whole-entry read would take 500 MiB
 
 
 def _tar(members: list[tuple[str, bytes | None]]) -> bytes:
