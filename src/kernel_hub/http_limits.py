@@ -285,7 +285,7 @@ def operation(what: str, *, download: bool = False, max_bytes: int | None = None
 
 def _expired(deadline: tuple[float, Bounds, str]) -> HubAnswerError:
     bounds, url = deadline[1], deadline[2]
-    return HubAnswerError(f"answer from {url} timed out: over {bounds.seconds:g}s for the whole request "
+    return HubAnswerError(f"answer from {url} timed out: past its {bounds.seconds:g}s deadline "
                           f"({bounds.timeout_env} sets it)")
 
 
@@ -475,8 +475,9 @@ def bounded_transport(**transport_options: Any) -> Any:
             else:
                 bounds = api_bounds() if op is not None and op.api else bounds_for(request.method, request.url.path)
                 deadline = (time.monotonic() + bounds.seconds, bounds, url)
-            if op is not None and op.deadline < deadline[0]:
-                deadline = (op.deadline, Bounds(op.seconds, bounds.max_bytes, op.timeout_env, bounds.size_env), url)
+            if op is not None and op.deadline < deadline[0]:  # the operation's deadline comes first: say so
+                deadline = (op.deadline, Bounds(op.seconds, bounds.max_bytes, op.timeout_env, bounds.size_env),
+                            f"{url} ({op.what})")
             download = bounds.size_env == MAX_DOWNLOAD_ENV
             cap = bounds.max_bytes
             if download and op is not None and op.max_bytes is not None:
