@@ -154,6 +154,10 @@ def test_strict_json_bounds_before_parsing() -> None:
     with pytest.raises(IntegrityError, match="larger than 10 bytes"):
         strict_json(b"[" + b" " * 20 + b"]", "t", 10)
     assert strict_json(b'{"a": [{"b": "[[[["}]}', "t", 100) == {"a": [{"b": "[[[["}]}  # brackets in strings: text
+    escaped = b'{"a": "\\"' + b"[" * 40 + b'", "b": "\\\\"}'  # an escaped quote, then an escaped backslash
+    assert strict_json(escaped, "t", 200) == {"a": '"' + "[" * 40, "b": "\\"}
+    with pytest.raises(IntegrityError, match="nested 33 levels"):
+        strict_json(b'{"a": "\\\\", "b": ' + b"[" * 32 + b"]" * 32 + b"}", "t", 200)
 
 
 def test_python_depends_markers_are_honoured() -> None:

@@ -340,8 +340,12 @@ def strict_json(data: bytes, what: str, max_bytes: int) -> Any:
     in_string = escaped = False
     for byte in data:  # nesting measured before parsing: the parser itself recurses
         if in_string:
-            escaped = not escaped and byte == 0x5C
-            in_string = escaped or byte != 0x22
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
         elif byte == 0x22:
             in_string = True
         elif byte in (0x5B, 0x7B):
