@@ -414,9 +414,11 @@ def test_a_tree_beside_an_older_bundle_loads_what_hf_kernels_loads(hub, tmp_path
     assert module.VARIANT == "tree-v2" and module.__kernel_hub__.verified == "sha256 (metadata.json digest)"
     x = torch.linspace(-1, 1, 5)
     assert module.relu(x).numpy().tolist() == np.maximum(np.linspace(-1, 1, 5, dtype=np.float32), 0).tolist()
-    again = plan_load("acme/kb-mixed", version=2, framework="torch", backend="cpu",
-                      source=_source(hub, tmp_path / "cache")).fetch(True)  # from the cache: still the tree
+    replan = plan_load("acme/kb-mixed", version=2, framework="torch", backend="cpu",
+                       source=_source(hub, tmp_path / "cache"))
+    again = replan.fetch(True)  # from the cache: still the tree, and `resolve` says so
     assert again.verified == "sha256 (metadata.json digest)" and (Path(again.package_dir) / "_ops.py").is_file()
+    assert "verify    sha256 (metadata.json digest) (cached)" in replan.describe()
     script = ("import json, sys\nfrom kernels import get_kernel\n"
               "print(json.dumps(get_kernel('acme/kb-mixed', version=2, trust_remote_code=True).VARIANT))")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180,

@@ -609,7 +609,10 @@ class HubSource:
         """How a fetch of `variant` checks its bytes, for `resolve` and `info`: a kernel-builder tree's metadata.json
         is read (one small download, nothing imported) to say whether it records a digest."""
         if variant.dialect != KERNEL_BUILDER:
-            return "sha256 of every file (the bundle's metadata.json), bundle against the Hub listing"
+            cached = self._cached_variant(repo_id, commit, variant.name)
+            if cached is None or cached.dialect != KERNEL_BUILDER:
+                return "sha256 of every file (the bundle's metadata.json), bundle against the Hub listing"
+            variant = cached  # the bundle was another build than the tree beside it: the tree was fetched
         folder = self.build_dir(repo_id, commit, variant.name)
         if folder.is_dir():
             with contextlib.suppress(KernelHubError):
