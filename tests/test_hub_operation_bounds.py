@@ -233,3 +233,26 @@ def test_every_limit_variable_refuses_non_finite_and_non_positive_values(monkeyp
     monkeypatch.setenv(name, value)
     with pytest.raises(KernelHubError, match=name):
         _source("http://127.0.0.1:9", tmp_path)
+
+
+def test_the_cli_says_an_inflating_answer_in_one_line(tmp_path: Path) -> None:
+    """`kernel-hub list --hub` against an endpoint whose 32 KB gzip answer inflates to 32 MiB: exit 1, one line
+    naming the variable, no traceback."""
+    import os
+    import subprocess
+
+    from tests.hub_server import cli_command
+
+    body = gzip.compress(json.dumps([{"id": "acme/x", "pad": " " * (32 << 20)}]).encode(), 9)
+    answer = {"/api/kernels": lambda h: _send(h, 200, body, {"Content-Encoding": "gzip",
+                                                             "Content-Type": "application/json"})}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "KERNEL_HUB_"))}
+    env.update(HF_HUB_CACHE=str(tmp_path / "cache"), HF_HUB_DISABLE_UPDATE_CHECK="1",
+               HF_HUB_DISABLE_TELEMETRY="1", KERNEL_HUB_MAX_ANSWER_BYTES=str(64 << 10),
+               PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
+    with hostile(answer) as (url, _, _):
+        done = subprocess.run([*cli_command(), "list", "--hub", "acme", "--endpoint", url], capture_output=True,
+                              text=True, timeout=120, env=env)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "KERNEL_HUB_MAX_ANSWER_BYTES" in lines[0] and "decoded" in lines[0], lines[0]
