@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import itertools
 import json
 import re
 import tarfile
@@ -50,6 +51,8 @@ MAX_JSON_DEPTH = 32
 #: The most bytes of a cached build's metadata.json read back (the published one, at most 1 MiB, plus our section).
 MAX_CACHED_METADATA = 4 << 20
 _PIECE = 1 << 20
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 _WORD = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 _BLOB_ID = re.compile(r"^[0-9a-f]{40}$")
 
@@ -336,23 +339,8 @@ def strict_json(data: bytes, what: str, max_bytes: int) -> Any:
             out[key] = value
         return out
 
-    depth = level = 0
-    in_string = escaped = False
-    for byte in data:  # nesting measured before parsing: the parser itself recurses
-        if in_string:
-            if escaped:
-                escaped = False
-            elif byte == 0x5C:
-                escaped = True
-            elif byte == 0x22:
-                in_string = False
-        elif byte == 0x22:
-            in_string = True
-        elif byte in (0x5B, 0x7B):
-            level += 1
-            depth = max(depth, level)
-        elif byte in (0x5D, 0x7D):
-            level -= 1
+    brackets = _JSON_STRING.sub(b"", data).translate(None, _NOT_BRACKETS)  # nesting measured before parsing
+    depth = max(itertools.accumulate(1 if c in b"[{" else -1 for c in brackets), default=0)
     if depth > MAX_JSON_DEPTH:
         raise IntegrityError(f"{what} is nested {depth} levels deep (at most {MAX_JSON_DEPTH})")
     try:
