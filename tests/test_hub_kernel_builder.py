@@ -392,3 +392,70 @@ def test_names_outside_both_torch_schemes_are_not_read(name: str) -> None:
     from kernel_hub.builder_names import parse_builder_name
 
     assert parse_builder_name(name) is None
+
+
+TOY = ROOT / "tests" / "fixtures" / "toy_kernel"
+
+
+def test_a_tree_beside_an_older_bundle_loads_what_hf_kernels_loads(hub, tmp_path: Path) -> None:
+    """One commit holds a stale `build/torch-cpu.tar` (kernel-hub's toy 1.2.0) and a kernel-builder `build/torch-cpu/`
+    tree (v2): HF kernels 0.19.1 reads the tree, and so does get_kernel(version=2). Our own publish's bundle and
+    tree of one build still load from the bundle."""
+    from kernel_hub.publish import build_layout
+
+    api = HfApi(endpoint=hub.url, token=TOKEN)
+    ours = tmp_path / "ours"
+    build_layout(TOY, ours)
+    mixed = tmp_path / "mixed"
+    write_variant(mixed, "torch-cpu", "kb-relu", relu_files("tree-v2"), version=2)
+    shutil.copy(ours / "build" / "torch-cpu.tar", mixed / "build" / "torch-cpu.tar")
+    publish(api, "acme/kb-mixed", mixed, branches=("v2",))
+    _, module = _load(hub, tmp_path / "cache", "acme/kb-mixed", version=2)
+    assert module.VARIANT == "tree-v2" and module.__kernel_hub__.verified == "sha256 (metadata.json digest)"
+    x = torch.linspace(-1, 1, 5)
+    assert module.relu(x).numpy().tolist() == np.maximum(np.linspace(-1, 1, 5, dtype=np.float32), 0).tolist()
+    replan = plan_load("acme/kb-mixed", version=2, framework="torch", backend="cpu",
+                       source=_source(hub, tmp_path / "cache"))
+    again = replan.fetch(True)  # from the cache: still the tree, and `resolve` says so
+    assert again.verified == "sha256 (metadata.json digest)" and (Path(again.package_dir) / "_ops.py").is_file()
+    assert "verify    sha256 (metadata.json digest) (cached)" in replan.describe()
+    script = ("import json, sys\nfrom kernels import get_kernel\n"
+              "print(json.dumps(get_kernel('acme/kb-mixed', version=2, trust_remote_code=True).VARIANT))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180,
+                          env=hub_env(hub, tmp_path / "hf"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == module.VARIANT
+    publish(api, "acme/kb-ours", ours)  # bundle and tree of one build, as kernel-hub publishes them
+    _, toy = _load(hub, tmp_path / "cache", "acme/kb-ours")
+    assert toy.__kernel_hub__.verified == "sha256 (bundle metadata)" and toy.__kernel_hub__.version == "1.2.0"
+
+
+def test_a_tree_build_over_the_cap_is_refused_from_the_listing(hub, tmp_path: Path, monkeypatch) -> None:
+    """Four 96 KiB files under a 256 KiB cap per build: each file fits, the build does not; refused from the
+    listing's sizes, before any of them is downloaded, with nothing left in the cache's builds."""
+    import os
+
+    api = HfApi(endpoint=hub.url, token=TOKEN)
+    files = relu_files("big") | {f"blob{i}.py": "#" + os.urandom(48 << 10).hex() + "\n" for i in range(4)}
+    write_variant(tmp_path / "big", "torch-cpu", "kb-relu", files)
+    publish(api, "acme/kb-big", tmp_path / "big")
+    monkeypatch.setenv("KERNEL_HUB_MAX_DOWNLOAD_BYTES", str(256 << 10))
+    hub.reset()
+    with pytest.raises(IntegrityError, match=r"over the 262144-byte cap on one build \(KERNEL_HUB_MAX_DOWNLOAD_BYTES"):
+        _load(hub, tmp_path / "cache", "acme/kb-big")
+    fetched = [p for m, p, _ in hub_requests(hub) if m == "GET" and "/resolve/" in p]
+    assert fetched and all(p.endswith("/metadata.json") for p in fetched), fetched
+    builds = tmp_path / "cache" / "kernels--acme--kb-big" / "kernel-hub" / "builds"
+    assert not [p for p in builds.rglob("*") if p.is_file()] if builds.exists() else True
+
+
+def test_an_oversized_metadata_json_is_never_downloaded(hub, tmp_path: Path) -> None:
+    api = HfApi(endpoint=hub.url, token=TOKEN)
+    folder = write_variant(tmp_path / "fat", "torch-cpu", "kb-relu", relu_files("fat"))
+    meta = json.loads((folder / "metadata.json").read_text())
+    (folder / "metadata.json").write_text(json.dumps(meta | {"padding": " " * (2 << 20)}))
+    publish(api, "acme/kb-fatmeta", tmp_path / "fat")
+    hub.reset()
+    with pytest.raises(IntegrityError, match="metadata.json is 2"):
+        _load(hub, tmp_path / "cache", "acme/kb-fatmeta")
+    assert not [p for m, p, _ in hub_requests(hub) if m == "GET" and p.endswith("/metadata.json")]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import itertools
 import json
 import re
 import tarfile
@@ -32,7 +33,7 @@ from packaging.version import InvalidVersion, Version
 
 from .compile_record import TpuCompileRecord, parse_record
 from .errors import IntegrityError, KernelHubError, MetadataError
-from .integrity import check_digests, combined_digest, not_source_reason, sha256_file
+from .integrity import check_digests, combined_digest, native_code_reason, not_source_reason, sha256_file
 from .names import check_entry_file, check_python_name, check_relative_path, check_variant_name, safe_join
 from .variants import DIALECTS, KERNEL_HUB, Variant
 
@@ -45,6 +46,13 @@ FRAMEWORKS = ("jax", "torch")
 HF_BACKENDS = {"cpu": "cpu", "cuda": "cuda", "rocm": "rocm", "tpu": "tpu", "xpu": "xpu"}
 MAX_BUNDLE_FILES = 4096
 MAX_BUNDLE_BYTES = 512 << 20
+#: The deepest nesting a metadata.json may have (a kernel's metadata needs 4 or 5 levels).
+MAX_JSON_DEPTH = 32
+#: The most bytes of a cached build's metadata.json read back (the published one, at most 1 MiB, plus our section).
+MAX_CACHED_METADATA = 4 << 20
+_PIECE = 1 << 20
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 _WORD = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 _BLOB_ID = re.compile(r"^[0-9a-f]{40}$")
 
@@ -306,10 +314,65 @@ def parse_builder_extras(kh: dict[str, Any], label: str) -> dict[str, Any]:
 
 def read_build_info(folder: Path, label: str, expected_variant: str) -> BuildInfo:
     try:
-        data = json.loads((folder / VARIANT_METADATA).read_text())
-    except (OSError, ValueError):
+        with open(folder / VARIANT_METADATA, "rb") as handle:
+            raw = handle.read(MAX_CACHED_METADATA + 1)
+    except OSError:
+        raw = b""
+    try:
+        data = strict_json(raw, f"{label}: {VARIANT_METADATA}", MAX_CACHED_METADATA)
+    except IntegrityError:
         data = None
     return parse_build_info(data, label, expected_variant)
+
+
+def strict_json(data: bytes, what: str, max_bytes: int) -> Any:
+    """JSON from anywhere untrusted: at most `max_bytes`, no key twice in one object, at most MAX_JSON_DEPTH
+    levels deep. One IntegrityError naming `what` otherwise."""
+    if len(data) > max_bytes:
+        raise IntegrityError(f"{what} is larger than {max_bytes} bytes")
+
+    def no_twice(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise IntegrityError(f"{what} names the key {key[:40]!r} twice in one object")
+            out[key] = value
+        return out
+
+    brackets = _JSON_STRING.sub(b"", data).translate(None, _NOT_BRACKETS)  # nesting measured before parsing
+    depth = max(itertools.accumulate(1 if c in b"[{" else -1 for c in brackets), default=0)
+    if depth > MAX_JSON_DEPTH:
+        raise IntegrityError(f"{what} is nested {depth} levels deep (at most {MAX_JSON_DEPTH})")
+    try:
+        return json.loads(data, object_pairs_hook=no_twice)
+    except (ValueError, RecursionError):
+        raise IntegrityError(f"{what} is not JSON") from None
+
+
+class PathClaims:
+    """The names an unpacking has written: refuses a name twice, or one name as both a file and a folder."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self.files: set[str] = set()
+        self.folders: set[str] = set()
+
+    def folder(self, rel: str) -> None:
+        parts = rel.split("/")
+        for i in range(1, len(parts) + 1):
+            prefix = "/".join(parts[:i])
+            if prefix in self.files:
+                raise IntegrityError(f"{self.what} holds {prefix} both as a file and a folder")
+            self.folders.add(prefix)
+
+    def file(self, rel: str) -> None:
+        if rel in self.files:
+            raise IntegrityError(f"{self.what} holds {rel} twice")
+        if rel in self.folders:
+            raise IntegrityError(f"{self.what} holds {rel} both as a file and a folder")
+        if "/" in rel:
+            self.folder(rel.rsplit("/", 1)[0])
+        self.files.add(rel)
 
 
 # -- bundles ------------------------------------------------------------------------------------------------
@@ -340,11 +403,29 @@ def check_member_name(name: str, label: str) -> str:
     return rel
 
 
-def unpack_bundle(bundle: Path, dest: Path, label: str) -> None:
+def bundle_metadata_blob(bundle: Path) -> str | None:
+    """The git blob id of a bundle's metadata.json (read with a bound), or None where it has none or is damaged (its
+    unpacking then says what is wrong)."""
+    try:
+        with tarfile.open(bundle) as tar:
+            for count, member in enumerate(tar, start=1):
+                if count > MAX_BUNDLE_FILES:
+                    return None
+                if member.name == VARIANT_METADATA and member.isfile() and member.size <= MAX_CACHED_METADATA:
+                    source = tar.extractfile(member)
+                    return git_blob_id_bytes(source.read(MAX_CACHED_METADATA + 1)) if source is not None else None
+    except (tarfile.TarError, EOFError, OSError):
+        return None
+    return None
+
+
+def unpack_bundle(bundle: Path, dest: Path, label: str, max_bytes: int = MAX_BUNDLE_BYTES) -> None:
     """Unpack into `dest` (a new folder) member by member: plain files and folders only, every name checked,
-    nothing written outside `dest`, size and count bounded."""
+    nothing written outside `dest`, no native code (by name or content), at most `max_bytes` in all and
+    MAX_BUNDLE_FILES entries; memory stays near one piece whatever the member's size."""
     dest.mkdir(parents=True)
     total = 0
+    claims = PathClaims(f"{label}: bundle")
     try:
         with tarfile.open(bundle) as tar:
             for count, member in enumerate(tar, start=1):
@@ -355,20 +436,26 @@ def unpack_bundle(bundle: Path, dest: Path, label: str) -> None:
                 rel = check_member_name(member.name, label)
                 target = safe_join(dest, rel)
                 if member.isdir():
+                    claims.folder(rel)
                     target.mkdir(parents=True, exist_ok=True)
                     continue
+                claims.file(rel)
                 total += member.size
-                if total > MAX_BUNDLE_BYTES:
-                    raise IntegrityError(f"{label}: bundle unpacks to more than {MAX_BUNDLE_BYTES >> 20} MiB")
+                if total > max_bytes:
+                    raise IntegrityError(f"{label}: bundle unpacks to more than {max_bytes} bytes "
+                                         "(KERNEL_HUB_MAX_DOWNLOAD_BYTES sets the cap)")
                 source = tar.extractfile(member)
                 if source is None:
                     raise IntegrityError(f"{label}: bundle entry {rel} cannot be read")
                 target.parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    with open(target, "xb") as out:  # a second member of the same name is refused
-                        out.write(source.read())
-                except FileExistsError:
-                    raise IntegrityError(f"{label}: bundle holds {rel} twice") from None
+                with open(target, "xb") as out:
+                    first = True
+                    while piece := source.read(_PIECE):
+                        if first and (reason := native_code_reason(piece[:1024])) is not None:
+                            raise IntegrityError(f"{label}: bundle entry {rel} is {reason}; builds hold Python "
+                                                 "source only")
+                        first = False
+                        out.write(piece)
     except (tarfile.TarError, EOFError) as exc:
         raise IntegrityError(f"{label}: bundle is damaged ({str(exc).splitlines()[0][:200] if str(exc) else exc!r})"
                              ) from None

@@ -37,8 +37,16 @@ from .errors import (
     UnsafeNameError,
     VersionSpecError,
 )
+from .http_limits import (
+    MAX_DOWNLOAD_ENV,
+    HubAnswerError,
+    bounded_transport,
+    build_byte_cap,
+    check_limits,
+    operation,
+    request_timeout,
+)
 from .http_limits import TIMEOUT_ENV as TIMEOUT_ENV
-from .http_limits import HubAnswerError, bounded_transport, request_timeout
 from .integrity import sha256_bytes, verify_tree
 from .metadata import KernelMetadata
 from .names import (
@@ -189,6 +197,7 @@ class HubSource:
                  aliases: dict[str, str] | None = None):
         from huggingface_hub import HfApi, constants
 
+        check_limits()  # a bad limit variable fails here, naming it, before any request
         _install_client_timeout()
         self.api = HfApi(endpoint=endpoint or None, token=token)
         self.endpoint = self.api.endpoint.rstrip("/")
@@ -253,13 +262,19 @@ class HubSource:
         )
 
     # -- Hub calls --------------------------------------------------------------------------------
-    def _call(self, repo_id: str, what: str, fn: Callable[[], T]) -> T:
+    def _call(self, repo_id: str, what: str, fn: Callable[[], T], *, bounded: str | None = None,
+              max_bytes: int | None = None) -> T:
         """Run one huggingface_hub call; every failure becomes one line naming the endpoint (and what the
-        server said)."""
+        server said). bounded: "api" or "download" runs it as one http_limits.operation (one deadline through its
+        retries, redirects and pages; `max_bytes`: what its downloads may bring together); None: each request on
+        its own bounds (publishing's calls)."""
         from huggingface_hub import errors as hf_errors
 
         try:
-            return fn()
+            if bounded is None:
+                return fn()
+            with operation(f"{what} for {repo_id}", download=bounded == "download", max_bytes=max_bytes):
+                return fn()
         except hf_errors.RepositoryNotFoundError:
             raise KernelNotFoundError(f"{repo_id}: no such kernel repo at {self.endpoint}") from None
         except hf_errors.RevisionNotFoundError:
@@ -299,8 +314,9 @@ class HubSource:
         gave it (a list; untrusted, the caller checks every entry). Failures are raised as they come."""
         from huggingface_hub.utils import get_session, hf_raise_for_status
 
-        response = get_session().get(f"{self.endpoint}/api/kernels", params={"author": org},
-                                     headers=self.api._build_hf_headers())
+        with operation(f"listing the kernel repos of {org}"):
+            response = get_session().get(f"{self.endpoint}/api/kernels", params={"author": org},
+                                         headers=self.api._build_hf_headers())
         hf_raise_for_status(response)
         found = response.json()
         if not isinstance(found, list):
@@ -319,7 +335,8 @@ class HubSource:
 
     def ref_targets(self, repo_id: str) -> tuple[dict[str, str], dict[str, str]]:
         """(tag -> commit, branch -> commit) as the server lists them (1 request, nothing cached)."""
-        refs = self._call(repo_id, "listing refs", lambda: self.api.list_repo_refs(repo_id, repo_type=REPO_TYPE))
+        refs = self._call(repo_id, "listing refs", lambda: self.api.list_repo_refs(repo_id, repo_type=REPO_TYPE),
+                          bounded="api")
         return ({t.name: t.target_commit for t in refs.tags}, {b.name: b.target_commit for b in refs.branches})
 
     def build_blob_ids(self, repo_id: str, revision: str) -> dict[str, str]:
@@ -334,7 +351,7 @@ class HubSource:
             except RemoteEntryNotFoundError:  # no build/ folder yet on a fresh repo
                 return []
 
-        entries = self._call(repo_id, f"listing {fmt.BUILD_DIR}/ at {revision[:12]}", listing)
+        entries = self._call(repo_id, f"listing {fmt.BUILD_DIR}/ at {revision[:12]}", listing, bounded="api")
         return {e.path: e.blob_id for e in entries if isinstance(e, RepoFile)}
 
     def upload(self, repo_id: str, root: Path, add: list[str], delete: list[str], message: str,
@@ -394,7 +411,7 @@ class HubSource:
             return checked_refs([(r.get("name"), r.get("kind"), r.get("commit")) for r in data["refs"]
                                  if isinstance(r, dict) and r.get("kind") in ("tag", "branch")])
         got = self._call(repo_id, "listing refs",
-                         lambda: self.api.list_repo_refs(self.hub_repo(repo_id), repo_type=REPO_TYPE))
+                         lambda: self.api.list_repo_refs(self.hub_repo(repo_id), repo_type=REPO_TYPE), bounded="api")
         if len(got.branches) + len(got.tags) > MAX_LISTING_ENTRIES:
             raise KernelHubError(f"Hub at {self.endpoint}: {repo_id} lists more than {MAX_LISTING_ENTRIES} refs; "
                                  "refused")
@@ -436,7 +453,7 @@ class HubSource:
             except RemoteEntryNotFoundError:  # no build/ at all: nothing published
                 return []
 
-        entries = self._call(repo_id, f"listing builds at {commit[:12]}", tree)
+        entries = self._call(repo_id, f"listing builds at {commit[:12]}", tree, bounded="api")
         if len(entries) > MAX_LISTING_ENTRIES:
             raise IntegrityError(f"{repo_id}@{commit[:12]}: the Hub lists more than {MAX_LISTING_ENTRIES} entries "
                                  f"under {fmt.BUILD_DIR}/; refused")
@@ -444,16 +461,19 @@ class HubSource:
         if len(set(paths)) != len(paths):
             twice = sorted(p for p in set(paths) if paths.count(p) > 1)
             raise IntegrityError(f"{repo_id}@{commit[:12]}: the Hub's listing names {twice[0]} twice; refused")
-        raw: dict[str, Any] = {"bundles": {}, "trees": {}}
+        raw: dict[str, Any] = {"bundles": {}, "trees": {}, "sizes": {}}
         for e in entries:
             if isinstance(e, RepoFile) and isinstance(e.path, str):
                 rel = e.path[len(fmt.BUILD_DIR) + 1:] if e.path.startswith(f"{fmt.BUILD_DIR}/") else ""
                 name, _, inner = rel.partition("/")
+                size = e.lfs.size if e.lfs is not None else e.size
+                if isinstance(size, int) and not isinstance(size, bool) and size >= 0:
+                    raw["sizes"][rel] = size
                 if inner:
                     raw["trees"].setdefault(name, {})[inner] = e.blob_id
                 elif name.endswith(fmt.BUNDLE_SUFFIX):
                     raw["bundles"][name[:-len(fmt.BUNDLE_SUFFIX)]] = e.blob_id
-        return _checked_listing(raw) or {"bundles": {}, "trees": {}}
+        return _checked_listing(raw) or {"bundles": {}, "trees": {}, "sizes": {}}
 
     def _forget_listing(self, repo_id: str, commit: str) -> None:
         """Drop a listing (memory and cache): the next use lists again."""
@@ -483,12 +503,13 @@ class HubSource:
 
                 url = hf_hub_url(repo, METADATA_FILE, repo_type=REPO_TYPE, revision=revision, endpoint=self.endpoint)
                 head = self._call(repo_id, f"checking {METADATA_FILE} at {commit[:12]}",
-                                  lambda: self.api.get_hf_file_metadata(url=url))
+                                  lambda: self.api.get_hf_file_metadata(url=url), bounded="api")
                 if head.size is None or head.size > _MAX_PUBLISHED_METADATA:
                     return None
             path = Path(self._call(repo_id, f"downloading {METADATA_FILE} at {commit[:12]}", lambda: (
                 self.api.hf_hub_download(repo, METADATA_FILE, repo_type=REPO_TYPE, revision=revision,
-                                         cache_dir=self.cache_dir, local_files_only=self.offline))))
+                                         cache_dir=self.cache_dir, local_files_only=self.offline)),
+                bounded="download", max_bytes=_MAX_PUBLISHED_METADATA))
             if path.stat().st_size > _MAX_PUBLISHED_METADATA:  # a cached copy (offline) is checked as well
                 return None
             return parse_metadata(read_yaml(path), f"{repo_id}@{commit[:12]} {METADATA_FILE}")
@@ -558,11 +579,21 @@ class HubSource:
             if attempt == "download" and self.offline:
                 break
             try:
+                cached = self._cached_variant(repo_id, commit, variant.name) if attempt == "unpacked" else None
+                if cached is not None and cached.dialect == KERNEL_BUILDER:
+                    tree, variant = True, cached  # unpacked from the tree at this commit (HF kernels' choice)
+                if attempt == "unpacked" and not tree and self._bundle_superseded(
+                        repo_id, commit, variant.name, _file_blob(final / fmt.VARIANT_METADATA), listed_only=True):
+                    raise IntegrityError(f"{label}: the cached build is the bundle, but build/{variant.name}/ at this "
+                                         "commit (what HF kernels loads) is another build")
+                if attempt != "unpacked" and not tree:
+                    bundle = self._download_bundle(repo_id, commit, variant.name, force=attempt == "download")
+                    if self._bundle_superseded(repo_id, commit, variant.name, fmt.bundle_metadata_blob(bundle)):
+                        tree, variant = True, builder_variant(variant.name)  # HF kernels' choice: the tree
+                    else:
+                        self._unpack(repo_id, bundle, final, label)
                 if attempt != "unpacked" and tree:
                     self._assemble_tree(repo_id, commit, variant, final, label, force=attempt == "download")
-                elif attempt != "unpacked":
-                    bundle = self._download_bundle(repo_id, commit, variant.name, force=attempt == "download")
-                    self._unpack(repo_id, bundle, final, label)
                 return self._checked_build(repo_id, commit, final, variant.name, expected, label)
             except _DAMAGED as exc:
                 problem = exc
@@ -574,11 +605,31 @@ class HubSource:
         assert problem is not None
         raise problem
 
+    def _bundle_superseded(self, repo_id: str, commit: str, name: str, bundle_metadata: str | None,
+                           listed_only: bool = False) -> bool:
+        """One rule for a commit that holds both `build/<name>.tar` and a `build/<name>/` tree: where HF kernels reads
+        that tree (a torch variant name it parses), kernel-hub loads what HF kernels loads. The bundle stands only
+        when it is the same build: its metadata.json is the tree's (git blob id `bundle_metadata`), as our publish
+        writes them; otherwise the tree wins. listed_only: decide from a listing already at hand (no request)."""
+        if parse_builder_name(name) is None:
+            return False
+        known = self._listings.get((repo_id, commit)) or _checked_listing(read_json(self._listing_file(repo_id,
+                                                                                                      commit)))
+        if known is None:
+            if listed_only or self.offline:
+                return False
+            known = self.listing(repo_id, commit)
+        tree_metadata = known["trees"].get(name, {}).get(fmt.VARIANT_METADATA)
+        return tree_metadata is not None and tree_metadata != bundle_metadata
+
     def verification(self, repo_id: str, commit: str, variant: Variant) -> str:
         """How a fetch of `variant` checks its bytes, for `resolve` and `info`: a kernel-builder tree's metadata.json
         is read (one small download, nothing imported) to say whether it records a digest."""
         if variant.dialect != KERNEL_BUILDER:
-            return "sha256 of every file (the bundle's metadata.json), bundle against the Hub listing"
+            cached = self._cached_variant(repo_id, commit, variant.name)
+            if cached is None or cached.dialect != KERNEL_BUILDER:
+                return "sha256 of every file (the bundle's metadata.json), bundle against the Hub listing"
+            variant = cached  # the bundle was another build than the tree beside it: the tree was fetched
         folder = self.build_dir(repo_id, commit, variant.name)
         if folder.is_dir():
             with contextlib.suppress(KernelHubError):
@@ -589,7 +640,7 @@ class HubSource:
         label = f"{repo_id}@{commit[:12]} [{variant.name}]"
         try:
             data = self._download_file(repo_id, commit, f"{fmt.BUILD_DIR}/{variant.name}/{fmt.VARIANT_METADATA}",
-                                       files[fmt.VARIANT_METADATA], force=False)
+                                       files[fmt.VARIANT_METADATA], force=False, max_bytes=builder.MAX_METADATA_BYTES)
             meta = builder.parse_builder_metadata(data, label)
         except KernelHubError as exc:
             return f"unverifiable: {one_line(str(exc), 200)}"
@@ -598,10 +649,18 @@ class HubSource:
     # -- internals --------------------------------------------------------------------------------
     def _download_bundle(self, repo_id: str, commit: str, name: str, force: bool) -> Path:
         path_in_repo = fmt.bundle_path(name)
+        cap = build_byte_cap()
+        listed_size = self._listed_sizes(repo_id, commit).get(f"{name}{fmt.BUNDLE_SUFFIX}")
+        if listed_size is not None and listed_size > cap:
+            raise IntegrityError(f"{repo_id}@{commit[:12]}: {path_in_repo} is {listed_size} bytes, over the "
+                                 f"{cap}-byte cap on one build ({MAX_DOWNLOAD_ENV} sets it); not downloaded")
         path = Path(self._call(repo_id, f"downloading {path_in_repo} at {commit[:12]}", lambda: (
             self.api.hf_hub_download(self.hub_repo(repo_id), path_in_repo, repo_type=REPO_TYPE,
                                      revision=commit, cache_dir=self.cache_dir, local_files_only=self.offline,
-                                     force_download=force))))
+                                     force_download=force)), bounded="download", max_bytes=cap))
+        if path.stat().st_size > cap:
+            raise IntegrityError(f"{repo_id}@{commit[:12]}: {path_in_repo} is over the {cap}-byte cap on one build "
+                                 f"({MAX_DOWNLOAD_ENV} sets it)")
         listed = self._listed_bundles(repo_id, commit).get(name)
         if listed and fmt.git_blob_id(path) != listed and not self.offline:
             # The listing may be the wrong one (a cached listing from a hostile answer): drop it, list again.
@@ -614,22 +673,36 @@ class HubSource:
             raise IntegrityError(f"{repo_id}@{commit[:12]}: {path_in_repo} does not match its ETag")
         return path
 
+    def _listed_sizes(self, repo_id: str, commit: str) -> dict[str, int]:
+        """Sizes (path under build/ -> bytes) a listing already fetched (or cached) gives; {} where none is known."""
+        known = self._listings.get((repo_id, commit)) or _checked_listing(
+            read_json(self._listing_file(repo_id, commit)))
+        return known.get("sizes", {}) if known else {}
+
     def _listed_bundles(self, repo_id: str, commit: str) -> dict[str, str]:
         """The bundles a listing already fetched (or cached) names; {} where none is known yet (no request)."""
         known = self._listings.get((repo_id, commit)) or _checked_listing(
             read_json(self._listing_file(repo_id, commit)))
         return known["bundles"] if known else {}
 
-    def _download_file(self, repo_id: str, commit: str, path_in_repo: str, blob: str, force: bool) -> bytes:
-        """One file of a tree at `commit`, its bytes checked against the git blob id the listing gave."""
+    def _download_file(self, repo_id: str, commit: str, path_in_repo: str, blob: str, force: bool,
+                       max_bytes: int | None = None) -> bytes:
+        """One file of a tree at `commit`, its bytes checked against the git blob id the listing gave. At most
+        `max_bytes` (default: the build cap): refused from the listing's size before any request, cut while it
+        streams, and never read past the bound from the cache."""
+        cap = build_byte_cap() if max_bytes is None else max_bytes
+        listed_size = self._listed_sizes(repo_id, commit).get(path_in_repo[len(fmt.BUILD_DIR) + 1:])
+        if listed_size is not None and listed_size > cap:
+            raise IntegrityError(f"{repo_id}@{commit[:12]}: {path_in_repo} is {listed_size} bytes, over its "
+                                 f"{cap}-byte bound; not downloaded")
         path = Path(self._call(repo_id, f"downloading {path_in_repo} at {commit[:12]}", lambda: (
             self.api.hf_hub_download(self.hub_repo(repo_id), path_in_repo, repo_type=REPO_TYPE, revision=commit,
                                      cache_dir=self.cache_dir, local_files_only=self.offline,
-                                     force_download=force))))
-        if path.stat().st_size > fmt.MAX_BUNDLE_BYTES:
-            raise IntegrityError(f"{repo_id}@{commit[:12]}: {path_in_repo} is larger than "
-                                 f"{fmt.MAX_BUNDLE_BYTES >> 20} MiB")
-        data = path.read_bytes()
+                                     force_download=force)), bounded="download", max_bytes=max_bytes))
+        with open(path, "rb") as handle:
+            data = handle.read(cap + 1)
+        if len(data) > cap:
+            raise IntegrityError(f"{repo_id}@{commit[:12]}: {path_in_repo} is larger than its {cap}-byte bound")
         if fmt.git_blob_id_bytes(data) != blob:
             raise IntegrityError(f"{repo_id}@{commit[:12]}: file {path_in_repo} does not match the Hub listing")
         return data
@@ -644,26 +717,40 @@ class HubSource:
             raise KernelNotFoundError(f"{label}: the variant has no {fmt.VARIANT_METADATA} at this commit")
         base = f"{fmt.BUILD_DIR}/{variant.name}"
         meta = builder.parse_builder_metadata(self._download_file(
-            repo_id, commit, f"{base}/{fmt.VARIANT_METADATA}", files[fmt.VARIANT_METADATA], force), label)
+            repo_id, commit, f"{base}/{fmt.VARIANT_METADATA}", files[fmt.VARIANT_METADATA], force,
+            max_bytes=builder.MAX_METADATA_BYTES), label)
         builder.check_python_depends(meta.python_depends, label)
         expected = builder.expected_files(meta, files, label)
         kind, where = builder.package_files(meta, sorted(expected), label)
-        package: dict[str, bytes] = {}
-        for rel, (algorithm, value) in sorted(expected.items()):
-            data = self._download_file(repo_id, commit, f"{base}/{rel}", files[rel], force)
-            if algorithm == "sha256" and sha256_bytes(data) != value:
-                raise IntegrityError(f"{label}: file {rel} does not match metadata.json's digest (tampered or "
-                                     "corrupt); refused before any import")
-            if kind == "zip" and rel == where:
-                package = builder.unzip_package(data, label)
-            elif kind == "package" and rel.startswith(where):
-                package[rel[len(where):]] = data
-            elif kind == "root":
-                package[rel] = data
+        cap = build_byte_cap()
+        sizes = self._listed_sizes(repo_id, commit)
+        listed = sum(sizes.get(f"{variant.name}/{rel}", 0) for rel in expected)
+        if listed > cap:
+            raise IntegrityError(f"{label}: the build's files are {listed} bytes in the Hub listing, over the "
+                                 f"{cap}-byte cap on one build ({MAX_DOWNLOAD_ENV} sets it); nothing downloaded")
         verified = builder.WITH_DIGEST if meta.digest is not None else builder.NO_DIGEST
         tmp = safe_join(final.parent, f"{final.name}.{uuid.uuid4().hex}.partial")
         try:
-            builder.write_build(tmp, meta, variant, package, verified, repo_id)
+            writer = builder.BuildWriter(tmp, meta, label)
+            fetched = written = 0
+            with operation(f"fetching {label}", download=True, max_bytes=cap):
+                for rel, (algorithm, value) in sorted(expected.items()):
+                    data = self._download_file(repo_id, commit, f"{base}/{rel}", files[rel], force,
+                                               max_bytes=cap - fetched)
+                    fetched += len(data)
+                    if algorithm == "sha256" and sha256_bytes(data) != value:
+                        raise IntegrityError(f"{label}: file {rel} does not match metadata.json's digest (tampered "
+                                             "or corrupt); refused before any import")
+                    if kind == "zip" and rel == where:
+                        written += builder.unzip_to(data, writer.add, label, cap - written)
+                    elif (kind == "package" and rel.startswith(where)) or kind == "root":
+                        written += len(data)
+                        if written > cap:
+                            raise IntegrityError(f"{label}: the build is over the {cap}-byte cap on one build "
+                                                 f"({MAX_DOWNLOAD_ENV} sets it)")
+                        writer.add(rel[len(where):] if kind == "package" else rel, [data])
+                    del data  # memory: one file at a time
+            writer.finish(variant, verified, repo_id)
             _check_unpacked(tmp, label, final.name)
             try:
                 os.rename(tmp, final)
@@ -678,7 +765,7 @@ class HubSource:
         """Unpack into a private folder beside `final`, check it, then rename it into place in one step."""
         tmp = safe_join(final.parent, f"{final.name}.{uuid.uuid4().hex}.partial")
         try:
-            fmt.unpack_bundle(bundle, tmp, label)
+            fmt.unpack_bundle(bundle, tmp, label, build_byte_cap())
             _check_unpacked(tmp, label, final.name)
             try:
                 os.rename(tmp, final)
@@ -794,7 +881,10 @@ def _checked_listing(data: object) -> dict[str, Any] | None:
                 kept[rel] = blob
         if kept:
             trees[name] = kept
-    return {"bundles": bundles, "trees": trees}
+    raw_sizes = data.get("sizes")
+    sizes = {k: v for k, v in raw_sizes.items() if isinstance(k, str) and isinstance(v, int)
+             and not isinstance(v, bool) and v >= 0} if isinstance(raw_sizes, dict) else {}
+    return {"bundles": bundles, "trees": trees, "sizes": sizes}
 
 
 def _is_variant_name(name: str) -> bool:
@@ -803,6 +893,14 @@ def _is_variant_name(name: str) -> bool:
     except UnsafeNameError:
         return False
     return True
+
+
+def _file_blob(path: Path) -> str | None:
+    """The git blob id of a file, or None where it cannot be read."""
+    try:
+        return fmt.git_blob_id(path)
+    except OSError:
+        return None
 
 
 def _check_unpacked(folder: Path, label: str, name: str) -> fmt.BuildInfo:

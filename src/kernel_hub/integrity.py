@@ -54,6 +54,29 @@ def not_source_reason(rel: str) -> str | None:
     return None
 
 
+_MACHO = (b"\xfe\xed\xfa\xce", b"\xce\xfa\xed\xfe", b"\xfe\xed\xfa\xcf", b"\xcf\xfa\xed\xfe", b"\xca\xfe\xba\xbe",
+          b"\xbe\xba\xfe\xca")
+
+
+def native_code_reason(head: bytes) -> str | None:
+    """Why a file whose first bytes are `head` (1 KiB is enough) is native code the dynamic loader would run,
+    whatever its name: an ELF, Mach-O (fat included) or PE image; None for anything else."""
+    if head.startswith(b"\x7fELF"):
+        return "native code (an ELF image)"
+    if head[:4] in _MACHO:
+        return "native code (a Mach-O image)"
+    if head.startswith(b"MZ") and len(head) >= 0x40:
+        offset = int.from_bytes(head[0x3C:0x40], "little")
+        if head[offset:offset + 4] == b"PE\0\0":
+            return "native code (a PE image)"
+    return None
+
+
+def file_head(path: Path, size: int = 1024) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(size)
+
+
 def package_files(root: Path, *, within: Path | None = None) -> list[Path]:
     """The files of a local package tree that ship, in a stable order: every file but Python's caches and
     hidden (dot) files.
@@ -137,6 +160,8 @@ def verify_tree(root: Path, expected: dict[str, str], what: str, *, ignore: froz
         sorted(p.relative_to(root).as_posix() for p in package_files(root)) if root.is_dir() else [])
     for name in present:
         reason = not_source_reason(name)
+        if reason is None and strict:
+            reason = native_code_reason(file_head(root.joinpath(*name.split("/"))))
         if reason is not None and name not in ignore:
             raise IntegrityError(f"{what}: {name} is {reason}; only digest-checked source may run")
     for name, digest in sorted(expected.items()):

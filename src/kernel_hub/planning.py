@@ -18,6 +18,9 @@ from .trust import TrustSetting, check_trust, normalize_trust
 from .variants import Choice, choose_variant, preferred_names
 from .versions import Resolution, resolve
 
+#: Rejected variants a "no build fits" error shows; the rest are counted (`kernel-hub resolve` prints them all).
+MAX_TRACE_LINES = 10
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -43,7 +46,11 @@ class Plan:
         where = f"{self.repo_id}@{self.resolution.version or self.resolution.commit[:12]}"
         if not self.choice.trace:
             return NoVariantError(f"no build of {where} fits this system: it publishes no usable build variant")
-        return NoVariantError(f"no build of {where} fits this system:\n" + "\n".join(self.choice.trace_lines()))
+        lines = self.choice.trace_lines()
+        more = len(lines) - MAX_TRACE_LINES
+        shown = lines[:MAX_TRACE_LINES] + ([f"  ... and {more} more variants rejected (kernel-hub resolve lists them "
+                                             "all)"] if more > 0 else [])
+        return NoVariantError(f"no build of {where} fits this system ({len(lines)} variants):\n" + "\n".join(shown))
 
     def fetch(self, trust_remote_code: TrustSetting | None) -> Build:
         """The planned build on local disk, every digest checked, its version filled in from the resolution
