@@ -13,6 +13,10 @@
 3. SIGKILL mid-publish: `publish` of 1.1.0 over 1.0.0, the server killed the moment tag v1.1.0 exists (before v1
    moves: the window where a delete+create move lost v1). Reports whether v1 still resolved after the restart, and
    where a re-run of publish left v1.
+4. A second `serve --token` on the live store: its exit code and the line it printed (refused: one writer per
+   store), and whether the first server still commits afterwards.
+5. Two publishes of one version with different content, started together, ROUNDS times: how many rounds had one
+   winner and one refusal, and in how many main, tag vX.Y.Z and branch v<N> all held the winner's commit.
 Prints one table and (with --json) writes the figures.
 """
 
@@ -238,11 +242,69 @@ def kill_mid_publish(server: Server, work: Path) -> dict[str, Any]:
             "v1_after_rerun": str(resolve(refs, version=1).version)}
 
 
+def second_server(server: Server) -> dict[str, Any]:
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    cmd = [sys.executable, "-m", "kernel_hub.cli", "serve", "--store", str(server.store), "--host", "127.0.0.1",
+           "--port", "0", "--token", "another"]
+    try:
+        second = subprocess.run(cmd, capture_output=True, text=True, timeout=60,
+                                env={**os.environ, "HF_HUB_DISABLE_UPDATE_CHECK": "1"})
+        outcome = {"exit_code": second.returncode, "said": second.stderr.strip()[-200:]}
+    except subprocess.TimeoutExpired:
+        outcome = {"exit_code": None, "said": "still serving after 60 s (started read-write beside the first)"}
+    info = HfApi(endpoint=server.url, token=TOKEN).create_commit(
+        REPO, [CommitOperationAdd("after-second.txt", b"x")], commit_message="after", repo_type="kernel")
+    return {**outcome, "first_still_commits": bool(info.oid)}
+
+
+def racing_publishes(server: Server, work: Path, rounds: int) -> dict[str, Any]:
+    from huggingface_hub import HfApi
+
+    from kernel_hub.errors import KernelHubError
+    from kernel_hub.publish import publish
+    from kernel_hub.scaffold import init
+
+    one_winner = agree = 0
+    for r in range(rounds):
+        repo = f"bench/race-{r}"
+        folders = []
+        for side in ("a", "b"):
+            folder = init("bench_race", work / f"race{r}{side}", repo_id=repo)
+            meta = folder / "kernel.yaml"
+            meta.write_text(re.sub(r"(?m)^version: .*$", "version: 1.0.0", meta.read_text()))
+            kernel = folder / "bench_race" / "kernel.py"
+            kernel.write_text(kernel.read_text() + f"\n# content {side}\n")
+            folders.append(folder)
+        results: list[Any] = []
+        refused: list[str] = []
+
+        def run(folder: Path, repo: str = repo, results: list = results, refused: list = refused) -> None:
+            try:
+                results.append(publish(folder, repo_id=repo, endpoint=server.url, token=TOKEN, skip_validation=True,
+                                       skip_tpu_compile=True, log=lambda _: None))
+            except KernelHubError as exc:
+                refused.append(str(exc))
+
+        pool = [threading.Thread(target=run, args=(f,)) for f in folders]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+        refs = HfApi(endpoint=server.url, token=TOKEN).list_repo_refs(repo, repo_type="kernel")
+        tags = {t.name: t.target_commit for t in refs.tags}
+        branches = {b.name: b.target_commit for b in refs.branches}
+        one_winner += len(results) == 1 and len(refused) == 1
+        agree += bool(results) and branches.get("main") == branches.get("v1") == tags.get("v1.0.0") == results[0].commit
+    return {"rounds": rounds, "one_winner_one_refused": one_winner, "main_tag_v1_agree": agree}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--requests", type=int, default=50)
     parser.add_argument("--writers", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="kh-server-load-") as tmp:
@@ -252,7 +314,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             figures = {"load": load(server, args.threads, args.requests, args.writers),
                        "sigkill_mid_commit": kill_mid_commit(server),
-                       "sigkill_mid_publish": kill_mid_publish(server, work)}
+                       "sigkill_mid_publish": kill_mid_publish(server, work),
+                       "second_serve": second_server(server),
+                       "racing_publish": racing_publishes(server, work, args.rounds)}
             assert server.proc is not None
             figures["rss_end_mib"] = round(rss_kib(server.proc.pid) / 1024, 1)
         finally:

@@ -295,3 +295,99 @@ def test_run_time_watch_sees_in_place_writes_and_swaps():
         m.bias.add_(1.0)
     with pytest.raises(WeightsModified, match="weights weight at run time"), watched(m):
         m.weight.data = torch.zeros(3, 4)
+
+
+def _outside_writes(model, how):
+    """A moe kernel that, on its first call of each validation, writes to a weight outside the block it serves (the
+    shared-expert gate of layer 0 and the final norm) in place or through `.data`, then computes honestly."""
+    targets = [model.model.layers[0].mlp.shared_expert_gate.weight, model.model.norm.weight]
+
+    def write():
+        for t in targets:
+            if how == "in-place":
+                with torch.no_grad():
+                    t.mul_(0.5)
+            else:
+                t.data.add_(1.0)
+    return write
+
+
+@pytest.mark.parametrize("how", ["in-place", "data"])
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_experts_kernel_writing_outside_its_block_is_kept_and_model_bit_identical(rd, how, mode):
+    model = tiny.tiny_model("qwen2_moe", dtype=torch.float32)
+    x = ids()
+    before, weights = logits(model, x), raw(model)
+    write = _outside_writes(model, how)
+
+    def moe(h, i, w, up, down, **kw):
+        write()
+        return rd.moe_experts(h, i, w, up, down, **kw)
+
+    if mode == "training":
+        model.train()
+    report = kh.kernelize_report(
+        kh.kernelize(model, mode=mode, mapping={**OFF, "moe_experts": experts_kernel(rd, moe)}))
+    experts = [n for n, m in model.named_modules() if type(m).__name__.endswith("Experts")]
+    assert not report.replaced and [k.layer for k in report.kept] == experts
+    want = ("the kernel modified weights outside the layer model.layers.0.mlp.shared_expert_gate.weight, "
+            "model.norm.weight")
+    assert all(k.reason == want for k in report.kept), report.kept
+    assert same_raw(raw(model), weights)
+    assert torch.equal(logits(model.eval(), x), before)
+
+
+def test_experts_kernel_overwriting_its_hidden_states_is_kept(rd):
+    model = tiny.tiny_model("qwen2_moe", dtype=torch.float32)
+    x = ids()
+    before, weights = logits(model, x), raw(model)
+
+    def moe(h, i, w, up, down, **kw):
+        out = rd.moe_experts(h, i, w, up, down, **kw)
+        h.mul_(0.0)  # the shared-expert gate reads the hidden states after the experts ran
+        return out
+
+    report = kh.kernelize_report(kh.kernelize(model, mapping={**OFF, "moe_experts": experts_kernel(rd, moe)}))
+    assert not report.replaced and report.kept
+    assert all(k.reason == "the kernel modified its input hidden_states (a kernel writes only its output)"
+               for k in report.kept), report.kept
+    assert same_raw(raw(model), weights) and torch.equal(logits(model, x), before)
+
+
+def test_version_bump_without_changed_bits_is_no_false_alarm(rd):
+    model = tiny.tiny_model("qwen2_moe", dtype=torch.float32)
+    gate = model.model.layers[0].mlp.shared_expert_gate.weight
+
+    def moe(h, i, w, up, down, **kw):
+        with torch.no_grad():
+            up.add_(0.0)  # the block's own weight: version moves, bits do not
+            gate.mul_(1.0)  # a weight outside the block: the same
+        return rd.moe_experts(h, i, w, up, down, **kw)
+
+    v = gate._version
+    report = kh.kernelize_report(kh.kernelize(model, mapping={**OFF, "moe_experts": experts_kernel(rd, moe)}))
+    assert gate._version > v  # the kernel did run its no-op writes
+    assert report.replaced and not report.kept, report.kept
+
+
+def test_attention_kernel_writing_its_query_or_another_layer_is_kept(fa):
+    model = tiny.llama(torch.float32)
+    x = ids()
+    before, weights = logits(model, x), raw(model)
+    other = model.model.embed_tokens.weight
+
+    def writes_query(q, *a, **kw):
+        out = fa.flash_attention(q, *a, **kw)
+        q.mul_(2.0)
+        return out
+
+    def writes_embedding(*a, **kw):
+        other.data[0].add_(1.0)
+        return fa.flash_attention(*a, **kw)
+
+    for fn, want in [(writes_query, "the kernel modified its input query (a kernel writes only its output)"),
+                     (writes_embedding, "the kernel modified weights outside the layer model.embed_tokens.weight")]:
+        report = kh.kernelize_report(kh.kernelize(model, mapping={**OFF, "attention": attention_kernel(fa, fn)}))
+        assert not report.replaced and report.kept
+        assert all(k.reason == want for k in report.kept), report.kept
+        assert same_raw(raw(model), weights) and torch.equal(logits(model, x), before)

@@ -6,15 +6,13 @@ fetched, before anything is downloaded or imported.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import importlib.util
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from .depends import Graph, hf_kernel_deps, load_dependency, walk
 from .errors import KernelHubError, VersionSpecError
 from .loader import import_build
 from .lock import get_locked_kernel
@@ -35,18 +33,17 @@ __all__ = ["Plan", "get_kernel", "get_local_kernel", "has_kernel", "load_plan", 
            "validate"]
 
 
-_loading: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("kernel_hub_loading", default=())
-
-
 def load_plan(plan: Plan, *, validate: bool = False, trust_remote_code: TrustSetting = False) -> ModuleType:
     """Check trust, fetch, verify and import the planned build (Plan.fetch); optionally validate it here.
 
     A kernel-builder build's `kernel-depends` load first, each through this same path (plan, trust, fetch,
-    verify, import) on the same source; the kernel finds them as `__kernel_deps__` and, where HF `kernels` is
-    installed, through its `get_kernel_dep` while it imports."""
+    verify, import) on the same source, each once per graph and at most depends.MAX_DEPENDS_DEPTH levels deep; the
+    kernel finds them as `__kernel_deps__` and, where HF `kernels` is installed, through its `get_kernel_dep` while
+    it imports."""
     build = plan.fetch(normalize_trust(trust_remote_code))  # normalized: None here means "trust nothing extra"
-    deps = _load_kernel_depends(plan, build.kernel_depends, trust_remote_code)
-    with _hf_kernel_deps(deps):
+    with walk(plan.repo_id) as graph:
+        deps = _load_kernel_depends(graph, plan, build.kernel_depends, trust_remote_code)
+    with hf_kernel_deps(deps):
         module = import_build(build)
     if deps:
         module.__kernel_deps__ = deps  # type: ignore[attr-defined]
@@ -60,45 +57,21 @@ def load_plan(plan: Plan, *, validate: bool = False, trust_remote_code: TrustSet
     return module
 
 
-def _load_kernel_depends(plan: Plan, depends: tuple[tuple[str, str, str], ...],
+def _load_kernel_depends(graph: Graph, plan: Plan, depends: tuple[tuple[str, str, str], ...],
                          trust_remote_code: TrustSetting) -> dict[str, ModuleType]:
-    """Every kernel a build depends on, loaded as get_kernel loads it, from the same source; one error naming the
-    dependency that failed (a cycle included)."""
+    """Every kernel a build depends on, loaded as get_kernel loads it, from the same source, once per graph."""
     out: dict[str, ModuleType] = {}
-    stack = _loading.get()
+    hub_like = plan.origin.kind == "hub"
     for repo, kind, value in depends:
-        if repo in stack or repo == plan.repo_id:
-            raise KernelHubError(f"{plan.repo_id}: kernel-depends cycle {' -> '.join([*stack, plan.repo_id, repo])}")
-        hub_like = plan.origin.kind == "hub"
-        token = _loading.set((*stack, plan.repo_id))
-        try:
+        def load(repo: str = repo, kind: str = kind, value: str = value) -> ModuleType:
             dep_plan = plan_load(repo, version=int(value) if kind == "version" else None,
                                  revision=value if kind == "revision" else None, framework=plan.framework,
                                  system=plan.system, source=plan.source if hub_like else None,
                                  trust_remote_code=trust_remote_code)
-            out[repo] = load_plan(dep_plan, trust_remote_code=trust_remote_code)
-        except KernelHubError as exc:
-            raise type(exc)(f"{plan.repo_id}: kernel-depends {repo} ({kind} {value}) did not load: {exc}") from None
-        finally:
-            _loading.reset(token)
+            return load_plan(dep_plan, trust_remote_code=trust_remote_code)
+
+        out[repo] = load_dependency(graph, repo, (repo, kind, str(value), plan.framework), f"{kind} {value}", load)
     return out
-
-
-@contextlib.contextmanager
-def _hf_kernel_deps(deps: dict[str, ModuleType]) -> Iterator[None]:
-    """While a kernel-builder kernel imports, HF kernels' `get_kernel_dep(repo)` answers with `deps` (kernels
-    written for HF kernels ask for their dependencies that way); nothing where there are none or HF kernels is
-    not installed."""
-    if not deps or importlib.util.find_spec("kernels") is None:
-        yield
-        return
-    try:
-        from kernels._internals.deps import use_kernel_deps
-    except ImportError:
-        yield
-        return
-    with use_kernel_deps(deps):
-        yield
 
 
 def get_kernel(

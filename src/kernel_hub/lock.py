@@ -22,6 +22,7 @@ from types import ModuleType
 from typing import Any
 
 from .buildfmt import variant_from_json, variant_to_json
+from .depends import hf_kernel_deps, load_dependency, walk
 from .errors import IntegrityError, KernelHubError, KernelNotFoundError, MetadataError
 from .integrity import check_digests
 from .loader import import_build
@@ -35,6 +36,7 @@ LOCK_FILE = "kernel-hub.lock"
 LOCK_ENV = "KERNEL_HUB_LOCK"
 LOCK_FORMAT = 1
 MAX_LOCK_BYTES = 16 << 20
+MAX_PINNED = 256  # kernel-depends one entry may pin
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class LockedKernel:
     source: str                 # "hub" (an endpoint) or "local" (a kernel folder)
     location: str               # the endpoint, or the kernel folder
     hub_repo: str | None = None  # the repo fetched where it is not repo_id (a registry entry's `hub:`)
+    depends: dict[str, str] = field(default_factory=dict)  # kernel-depends: repo id -> the commit pinned
 
     @property
     def origin(self) -> Origin:
@@ -57,6 +60,16 @@ class LockedKernel:
 @dataclass
 class LockFile:
     kernels: list[LockedKernel] = field(default_factory=list)
+    dependencies: list[LockedKernel] = field(default_factory=list)  # what `depends` pins, once each
+
+    def dependency(self, repo_id: str, commit: str, framework: str | None, needed_by: str) -> LockedKernel:
+        """The pinned dependency `repo_id` at `commit` (for the kernel `needed_by`)."""
+        for k in self.dependencies:
+            if k.repo_id == repo_id and k.commit == commit and (framework is None
+                                                                 or k.variant.get("framework") == framework):
+                return k
+        raise KernelNotFoundError(f"{needed_by}: the lock file pins kernel-depends {repo_id} at {commit[:12]} but "
+                                  "holds no entry for it; re-run kernel-hub lock")
 
     def find(self, repo_id: str, framework: str | None = None) -> LockedKernel:
         found = [k for k in self.kernels if k.repo_id == repo_id
@@ -67,8 +80,10 @@ class LockFile:
         return found[0]
 
     def to_json(self) -> str:
-        return json.dumps({"kernel-hub-lock": LOCK_FORMAT, "kernels": [asdict(k) for k in self.kernels]},
-                          indent=2, sort_keys=True) + "\n"
+        data: dict[str, Any] = {"kernel-hub-lock": LOCK_FORMAT, "kernels": [_entry_json(k) for k in self.kernels]}
+        if self.dependencies:
+            data["dependencies"] = [_entry_json(k) for k in self.dependencies]
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
     def write(self, path: Path) -> None:
         """Write beside `path` and rename into place: a reader sees the old lock or the new one."""
@@ -82,6 +97,13 @@ class LockFile:
             raise KernelHubError(f"cannot write the lock file {path}: {exc.strerror or exc}") from None
 
 
+def _entry_json(entry: LockedKernel) -> dict[str, Any]:
+    out = asdict(entry)
+    if not out["depends"]:
+        del out["depends"]  # a lock without kernel-depends reads as before
+    return out
+
+
 def default_lock_path() -> Path:
     return Path(os.environ.get(LOCK_ENV) or LOCK_FILE)
 
@@ -91,7 +113,7 @@ def parse_entry(raw: object, where: str) -> LockedKernel:
     if not isinstance(raw, dict):
         raise MetadataError(f"{where}: expected a mapping, got {type(raw).__name__}")
     known = set(LockedKernel.__dataclass_fields__)
-    missing = sorted(k for k in known - {"hub_repo"} if k not in raw)
+    missing = sorted(k for k in known - {"hub_repo", "depends"} if k not in raw)
     extra = sorted(str(k) for k in raw if k not in known)
     if missing or extra:
         problem = f"missing field {missing[0]!r}" if missing else f"unknown field {extra[0]!r}"
@@ -111,10 +133,14 @@ def parse_entry(raw: object, where: str) -> LockedKernel:
     if hub_repo is not None:
         check_repo_id(hub_repo, f"{where} hub_repo")
     variant = variant_from_json(raw["variant"], f"{where} variant")
+    depends = raw.get("depends", {})
+    if not isinstance(depends, dict) or len(depends) > MAX_PINNED:
+        raise MetadataError(f"{where}: depends must be a mapping of at most {MAX_PINNED} repo ids to commits")
+    pinned = {check_repo_id(r, f"{where} depends"): check_commit(c, f"{where} depends {r}") for r, c in depends.items()}
     return LockedKernel(repo_id=repo_id, spec=dict(raw["spec"]), version=version,
                         commit=check_commit(raw["commit"], f"{where} commit"), variant=variant_to_json(variant),
                         files=check_digests(raw["files"], where), source=source, location=location,
-                        hub_repo=hub_repo)
+                        hub_repo=hub_repo, depends=pinned)
 
 
 def read_lock(path: str | Path | None = None) -> LockFile:
@@ -136,30 +162,53 @@ def read_lock(path: str | Path | None = None) -> LockFile:
         raise MetadataError(f"{path}: not valid JSON ({getattr(exc, 'msg', exc)} at line {line})") from None
     if not isinstance(data, dict) or data.get("kernel-hub-lock") != LOCK_FORMAT:
         raise MetadataError(f"{path}: not a kernel-hub lock file (format {LOCK_FORMAT})")
-    kernels = data.get("kernels", [])
-    if not isinstance(kernels, list):
-        raise MetadataError(f"{path}: 'kernels' must be a list")
-    return LockFile([parse_entry(k, f"{path}: kernels[{i}]") for i, k in enumerate(kernels)])
+    kernels, deps = data.get("kernels", []), data.get("dependencies", [])
+    if not isinstance(kernels, list) or not isinstance(deps, list):
+        raise MetadataError(f"{path}: 'kernels' and 'dependencies' must be lists")
+    return LockFile([parse_entry(k, f"{path}: kernels[{i}]") for i, k in enumerate(kernels)],
+                    [parse_entry(k, f"{path}: dependencies[{i}]") for i, k in enumerate(deps)])
 
 
 def lock_one(repo_id: str, *, version: int | str | None = None, revision: str | None = None,
              framework: str = "jax", backend: str | None = None, source: Source | None = None,
-             trust_remote_code: TrustSetting = False) -> LockedKernel:
+             trust_remote_code: TrustSetting = False,
+             dependencies: dict[tuple[str, str, str | None], LockedKernel] | None = None) -> LockedKernel:
     """Resolve and fetch one kernel as get_kernel would (trust check included), and record exactly what was
-    fetched and where it came from."""
+    fetched and where it came from; its kernel-depends (each once per graph, depends.MAX_DEPENDS_DEPTH deep at
+    most) are locked too, pinned by commit in `depends` and added to `dependencies`."""
     trust = normalize_trust(trust_remote_code)  # None would mean "no check": a lock always checks
     plan = plan_load(repo_id, version=version, revision=revision, backend=backend, framework=framework,
                      source=source, trust_remote_code=trust)
-    origin = plan.origin
-    build = plan.fetch(trust)
     if revision is not None:
         spec: dict[str, Any] = {"revision": revision}
     else:
         spec = {"version": version if version is not None else plan.resolution.reason}
-    return LockedKernel(repo_id=repo_id, spec=spec, version=build.version,
+    found = dependencies if dependencies is not None else {}
+    return _lock_plan(plan, spec, trust, found)
+
+
+def _lock_plan(plan: Any, spec: dict[str, Any], trust: Any, found: dict[tuple[str, str, str | None], LockedKernel]
+               ) -> LockedKernel:
+    origin = plan.origin
+    build = plan.fetch(trust)
+    pinned: dict[str, str] = {}
+    with walk(plan.repo_id) as graph:
+        for repo, kind, value in build.kernel_depends:
+            def lock_dep(repo: str = repo, kind: str = kind, value: str = value) -> LockedKernel:
+                dep_plan = plan_load(repo, version=int(value) if kind == "version" else None,
+                                     revision=value if kind == "revision" else None, framework=plan.framework,
+                                     system=plan.system, source=plan.source if origin.kind == "hub" else None,
+                                     trust_remote_code=trust)
+                entry = _lock_plan(dep_plan, {"version" if kind == "version" else "revision": value}, trust, found)
+                found[(entry.repo_id, entry.commit, entry.variant.get("framework"))] = entry
+                return entry
+
+            key = (repo, kind, str(value), plan.framework)
+            pinned[repo] = load_dependency(graph, repo, key, f"{kind} {value}", lock_dep).commit
+    return LockedKernel(repo_id=plan.repo_id, spec=spec, version=build.version,
                         commit=plan.resolution.commit, variant=variant_to_json(build.variant),
                         files=dict(build.digests), source=origin.kind, location=origin.location,
-                        hub_repo=origin.repo_id if origin.repo_id != repo_id else None)
+                        hub_repo=origin.repo_id if origin.repo_id != plan.repo_id else None, depends=pinned)
 
 
 def lock(repo_ids: list[str] | None = None, *, version: int | str | None = None, revision: str | None = None,
@@ -176,8 +225,11 @@ def lock(repo_ids: list[str] | None = None, *, version: int | str | None = None,
         raise KernelHubError(f"lock file {target} is a folder; name a file (-o FILE)")
     if not target.parent.is_dir():
         raise KernelHubError(f"cannot write the lock file {target}: folder {target.parent} does not exist")
+    found: dict[tuple[str, str, str | None], LockedKernel] = {}
     locked = LockFile([lock_one(r, version=version, revision=revision, framework=framework, backend=backend,
-                                source=source, trust_remote_code=trust_remote_code) for r in repo_ids])
+                                source=source, trust_remote_code=trust_remote_code, dependencies=found)
+                       for r in repo_ids])
+    locked.dependencies = [found[k] for k in sorted(found, key=lambda k: (k[0], k[1], str(k[2])))]
     locked.write(target)
     return locked
 
@@ -241,9 +293,34 @@ def fetch_entry(entry: LockedKernel, source: Any = None) -> Build:
 def get_locked_kernel(repo_id: str, *, lockfile: str | Path | None = None, framework: str | None = None,
                       source: Any = None, trust_remote_code: TrustSetting = False) -> ModuleType:
     """Load exactly the locked commit and variant, trust checked first, every file checked against the lock
-    before import."""
-    entry = read_lock(lockfile).find(repo_id, framework)
-    check_trust(entry.origin, trust_remote_code, asked_for=repo_id)
-    module = import_build(fetch_entry(entry, source))
+    before import; its kernel-depends load from the commits the lock pins (never a branch's newer head)."""
+    locked = read_lock(lockfile)
+    entry = locked.find(repo_id, framework)
+    with walk(entry.repo_id) as graph:
+        module = _load_entry(locked, entry, graph, source, trust_remote_code, asked_for=repo_id)
     module.__kernel_hub_source__ = served_by(entry, source)  # type: ignore[attr-defined]
+    return module
+
+
+def _load_entry(locked: LockFile, entry: LockedKernel, graph: Any, source: Any, trust_remote_code: TrustSetting,
+                asked_for: str) -> ModuleType:
+    check_trust(entry.origin, trust_remote_code, asked_for=asked_for)
+    build = fetch_entry(entry, source)
+    unpinned = sorted({repo for repo, _, _ in build.kernel_depends} - set(entry.depends))
+    if unpinned:
+        raise KernelHubError(f"{entry.repo_id}@{entry.commit[:12]} depends on {', '.join(unpinned)}, which the lock "
+                             "file does not pin; re-run kernel-hub lock")
+    deps: dict[str, ModuleType] = {}
+    framework = entry.variant.get("framework")
+    for repo, commit in entry.depends.items():
+        def load(repo: str = repo, commit: str = commit) -> ModuleType:
+            dep = locked.dependency(repo, commit, framework, entry.repo_id)
+            with walk(repo) as g:
+                return _load_entry(locked, dep, g, source, trust_remote_code, asked_for=repo)
+
+        deps[repo] = load_dependency(graph, repo, (repo, commit, framework), f"commit {commit[:12]}", load)
+    with hf_kernel_deps(deps):
+        module = import_build(build)
+    if deps:
+        module.__kernel_deps__ = deps  # type: ignore[attr-defined]
     return module

@@ -297,20 +297,12 @@ def publish(kernel_dir: str | Path, *, repo_id: str | None = None, endpoint: str
         variants = [v.name for v in meta.variants]
         hub.create_repo(repo_id)
         tags, _ = hub.ref_targets(repo_id)
-        local = layout.blob_ids(f"{fmt.BUILD_DIR}/")
         unchanged = tag in tags
         if unchanged:
-            remote = hub.build_blob_ids(repo_id, tags[tag])
-            if remote != local:
-                changed = sorted(set(remote) ^ set(local)) or sorted(p for p in local if remote[p] != local[p])
-                raise KernelHubError(
-                    f"{repo_id} {tag} is already published with different content ({changed[0]} differs); "
-                    f"bump the version in {folder.path / METADATA_FILE}"
-                )
-            commit = tags[tag]
+            commit = _same_release(hub, repo_id, tags[tag], layout, tag, folder.path)
         else:
-            commit = _commit_release(hub, repo_id, layout, version, f"Publish {meta.name} {meta.version}")
-            hub.create_tag(repo_id, tag, commit, message=f"{meta.name} {meta.version}")
+            commit = _commit_release(hub, repo_id, layout, version, f"Publish {meta.name} {meta.version}", folder.path)
+            unchanged = not _tag(hub, repo_id, tag, commit, layout, folder.path, f"{meta.name} {meta.version}")
         # A re-run repairs a branch a killed publish left behind (or missing); never moves one backwards.
         moved = _move_branch(hub, repo_id, branch, commit, version, layout)
     return PublishResult(repo_id, meta.version, commit, tag, branch, moved is not False, variants,
@@ -367,15 +359,50 @@ def _stale(hub: HubSource, repo_id: str, revision: str, layout: Layout) -> list[
     return [p for p in hub.build_blob_ids(repo_id, revision) if p not in local]
 
 
-def _commit_release(hub: HubSource, repo_id: str, layout: Layout, version: Version, message: str) -> str:
+def _same_release(hub: HubSource, repo_id: str, commit: str, layout: Layout, tag: str, folder: Path) -> str:
+    """`commit` when it holds this very release (its build/ files are ours); else the refusal: a version is
+    immutable, and a second publish of it with other content moves nothing."""
+    remote, local = hub.build_blob_ids(repo_id, commit), layout.blob_ids(f"{fmt.BUILD_DIR}/")
+    if remote != local:
+        changed = sorted(set(remote) ^ set(local)) or sorted(p for p in local if remote[p] != local[p])
+        raise KernelHubError(f"{repo_id} {tag} is already published with different content ({changed[0]} differs); "
+                             f"bump the version in {folder / METADATA_FILE}")
+    return commit
+
+
+def _tag(hub: HubSource, repo_id: str, tag: str, commit: str, layout: Layout, folder: Path, message: str) -> bool:
+    """Tag the release -> True; False when a concurrent publish of the same content tagged it first (the tag is
+    create-only on the Hub); a tag made meanwhile on other content refuses this publish."""
+    try:
+        hub.create_tag(repo_id, tag, commit, message=message)
+        return True
+    except KernelHubError:
+        tags, _ = hub.ref_targets(repo_id)
+        if tag not in tags:
+            raise
+        if _same_release(hub, repo_id, tags[tag], layout, tag, folder) != commit:
+            raise KernelHubError(f"{repo_id} {tag} was published by another publish meanwhile at "
+                                 f"{tags[tag][:12]}; this one's commit {commit[:12]} is left untagged") from None
+        return False
+
+
+def _commit_release(hub: HubSource, repo_id: str, layout: Layout, version: Version, message: str,
+                    folder: Path) -> str:
     """Commit the release -> its commit id. Onto main, by compare-and-swap on main's head, unless main holds a
     newer release (a concurrent or earlier publish): then onto a short-lived branch made from main and deleted
-    once the commit exists (the tag keeps it), so main never goes back to an older release."""
+    once the commit exists (the tag keeps it), so main never goes back to an older release. A tag or main already
+    holding this version is the release itself when its content is ours, and a refusal when it is not (decided
+    again after every lost compare-and-swap, so two racing publishes of one version never both commit)."""
+    tag = f"v{version}"
     for _ in range(_CAS_TRIES):
         tags, branches = hub.ref_targets(repo_id)
+        if tag in tags:
+            return _same_release(hub, repo_id, tags[tag], layout, tag, folder)
         head = branches["main"]
         held = _held_version(hub, repo_id, head, tags)
-        if held is None or held <= version:
+        if held == version:  # committed by a publish that has not tagged it yet
+            return _same_release(hub, repo_id, head, layout, tag, folder)
+        if held is None or held < version:
             try:
                 return hub.upload(repo_id, layout.root, layout.files, _stale(hub, repo_id, head, layout), message,
                                   parent=head)

@@ -25,6 +25,7 @@ from .plan import backend_of, check_mode, kernel_specs
 from .report import KernelizeReport, strict_failures
 from .swap import STATE_ATTR, KernelizeState, give_back_configs, is_kernelized, take_own_configs
 from .weights_guard import check_loaded
+from .write_watch import guarding
 
 __all__ = ["KIND_EXPORTS", "SUPPORTED_KINDS", "is_kernelized", "kernelize", "kernelize_report", "restore"]
 
@@ -99,8 +100,9 @@ def kernelize(
     state = KernelizeState(own_configs=take_own_configs(model), quantize=quantize, ran=kinds)
     model.__dict__[STATE_ATTR] = state
     try:
-        for kind in kinds:
-            kind.apply(KindRun(kind, model, specs[kind.name], backend, dev, mode, validate, state, report))
+        with guarding(model):  # validation watches every tensor of the model, not only the layer's
+            for kind in kinds:
+                kind.apply(KindRun(kind, model, specs[kind.name], backend, dev, mode, validate, state, report))
     except BaseException:
         restore(model)
         raise

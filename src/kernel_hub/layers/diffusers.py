@@ -25,6 +25,7 @@ from .plan import backend_of, kernel_specs
 from .report import KernelizeReport
 from .swap import STATE_ATTR
 from .weights_guard import check_loaded
+from .write_watch import guarding
 
 __all__ = ["DiffusersState", "fallbacks", "is_denoiser", "is_diffusers_object", "is_pipeline", "kernelize_diffusers",
            "restore_diffusers"]
@@ -96,9 +97,11 @@ def kernelize_diffusers(obj: Any, *, kinds: Sequence[LayerKind], mode: str, devi
                 target = model.__dict__[STATE_ATTR] = DiffusersState(ran=kinds)
                 state.components.append(name)
             start = (len(report.replaced), len(report.kept))
-            for kind in kinds:
-                apply = kind.diffusers[0] if kind.diffusers else kind.apply
-                apply(KindRun(kind, model, specs[kind.name], report.backend, dev, mode, validate, target, report))
+            with guarding(model):  # validation watches every tensor of this model, not only the layer's
+                for kind in kinds:
+                    apply = kind.diffusers[0] if kind.diffusers else kind.apply
+                    apply(KindRun(kind, model, specs[kind.name], report.backend, dev, mode, validate, target,
+                                  report))
             if pipeline:
                 _prefixed(report, start, name)
                 if target.empty():

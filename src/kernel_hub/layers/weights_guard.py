@@ -9,11 +9,15 @@ Two guards, by cost:
   compares bits, identity, shape, dtype and device after the kernel ran; anything touched is put back bit for bit
   and the kernel is refused (KernelRefused, the reason a kept row shows). Cost: one transient copy of one layer's
   weights, one pass to compare; content is compared, so writes through `.data`, numpy or DLPack views are caught too.
+  The rest of the model kernelize works on is watched copy-on-write (write_watch.ModelWatch: only what a kernel
+  wrote is copied and compared), and the inputs the kernel was handed are copied and compared: a kernel writes its
+  output and nothing else. A write that left the bits as they were (a version counter moved) is no alarm there.
 - run time (every call of a swapped layer): `watched` compares each parameter's and buffer's identity, autograd
   version counter and data pointer before and after the call: any in-place op through the tensor or a view of it
   (`mul_`, `copy_`, an out= argument) and any `param.data = ...` is caught, for a few microseconds per call and no
   memory. Not caught there: writes through `.data` or foreign views, which bypass the version counter (validation
-  compares content, so a kernel doing that on every call never gets swapped in). What it finds raises
+  compares content, so a kernel doing that on every call never gets swapped in). With no copy to compare, an
+  in-place op that left the bits as they were still counts as a write at run time. What it finds raises
   WeightsModified: the weights were changed by that call and no copy was kept to undo it (reload them).
 
 `check_loaded` is the other weights question: a model still on the meta device has none to validate against.
@@ -23,12 +27,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ..errors import KernelHubError
+from .write_watch import InputsWatch, ModelWatch, scope_model
+from .write_watch import bits as _bits
 
 #: The start of the reason a kept layer shows when its kernel wrote to the layer's weights.
 WEIGHTS_MODIFIED = "the kernel modified the layer's weights"
@@ -54,16 +61,6 @@ def _named_tensors(module: Any, recurse: bool) -> Iterator[tuple[str, Any, str, 
 
 def _has_bits(t: torch.Tensor) -> bool:
     return t.device.type != "meta" and t.layout == torch.strided and not t.is_quantized
-
-
-#: Integer dtypes by element size: bits compared as integers of the element's width (twice as fast as bytes).
-_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bits as one integer row (NaN == NaN here, and -0.0 != 0.0: bit-identical means identical)."""
-    flat = t.detach().reshape(-1)
-    return flat.view(_INT_OF_SIZE.get(flat.element_size(), torch.uint8))
 
 
 @dataclass
@@ -127,27 +124,63 @@ class Snapshot:
 
 
 def modified_reason(names: list[str], when: str = "") -> str:
-    shown = ", ".join(names[:4]) + (f" (+{len(names) - 4} more)" if len(names) > 4 else "")
-    return f"{WEIGHTS_MODIFIED} {shown}{when}"
+    return f"{WEIGHTS_MODIFIED} {_shown(names)}{when}"
+
+
+#: The start of the reason a kept layer shows when its kernel wrote to a tensor of the model outside that layer.
+OUTSIDE_MODIFIED = "the kernel modified weights outside the layer"
+#: The start of the reason a kept layer shows when its kernel wrote to the inputs it was handed.
+INPUTS_MODIFIED = "the kernel modified its input"
+
+_HELD: ContextVar[bool] = ContextVar("kernel_hub_weights_held", default=False)
+
+
+def _shown(names: list[str]) -> str:
+    return ", ".join(names[:4]) + (f" (+{len(names) - 4} more)" if len(names) > 4 else "")
+
+
+def _refusal(layer: list[str], outside: list[str], inputs: list[str]) -> str:
+    parts = [modified_reason(layer)] if layer else []
+    if outside:
+        parts.append(f"{OUTSIDE_MODIFIED} {_shown(outside)}")
+    if inputs:
+        parts.append(f"{INPUTS_MODIFIED}{'s' if len(inputs) > 1 else ''} {_shown(inputs)} "
+                     "(a kernel writes only its output)")
+    return "; ".join(parts)
 
 
 @contextlib.contextmanager
-def held_weights(module: Any, *, recurse: bool = True) -> Iterator[Snapshot]:
-    """Run the body (kernel calls in validation) with `module`'s weights held: whatever the body changed is put back
-    bit for bit and WeightsModified raised, also when the body raised (the weights are the first thing to say)."""
+def held_weights(module: Any, *, recurse: bool = True, inputs: dict[str, Any] | None = None) -> Iterator[Snapshot]:
+    """Run the body (kernel calls in validation) with `module`'s weights held, the rest of the model kernelize is
+    working on watched (write_watch.ModelWatch) and `inputs` (name -> tensor handed to the kernel) copied: whatever
+    the body changed in any of them is put back bit for bit and WeightsModified raised naming it, also when the body
+    raised (the writes are the first thing to say)."""
     snap = Snapshot.take(module, recurse=recurse)
+    model = scope_model()
+    outside = ModelWatch(model, module) if model is not None and model is not module else None
+    args = InputsWatch.take(inputs or {})
+    token = _HELD.set(True)
     try:
-        yield snap
+        with outside.mode if outside is not None else contextlib.nullcontext():
+            yield snap
     except BaseException as exc:
-        names = snap.changed()
-        if names:
-            snap.put_back()
-            raise WeightsModified(modified_reason(names)) from exc
+        _HELD.reset(token)
+        _settle(snap, outside, args, exc)
         raise
-    names = snap.changed()
-    if names:
-        snap.put_back()
-        raise WeightsModified(modified_reason(names))
+    _HELD.reset(token)
+    _settle(snap, outside, args, None)
+
+
+def _settle(snap: Snapshot, outside: ModelWatch | None, args: InputsWatch, exc: BaseException | None) -> None:
+    """Put back whatever the body wrote and raise WeightsModified naming it (nothing written: return)."""
+    layer, beyond, inputs = snap.changed(), outside.changed() if outside is not None else [], args.changed()
+    if not (layer or beyond or inputs):
+        return
+    snap.put_back()
+    if outside is not None:
+        outside.put_back()
+    args.put_back()
+    raise WeightsModified(_refusal(layer, beyond, inputs)) from exc
 
 
 def versions(module: Any, *, recurse: bool = False) -> tuple[tuple[Any, ...], ...]:
@@ -180,7 +213,7 @@ class _Watch:
 def watched(module: Any, *, recurse: bool = False) -> Any:
     """A context that raises WeightsModified if its body changed `module`'s weights in place (version counters; the
     run-time guard). Outside torch.compile only: a traced graph has no version counters to read (a no-op there)."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or _HELD.get():  # in validation, held_weights compares the bits themselves
         return contextlib.nullcontext()
     return _Watch(module, recurse)
 

@@ -31,6 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
+from ..errors import KernelHubError
 from . import checks, payloads
 from .errors import HubError, error_response, from_error
 from .gitstore import Entry, GitRepo, GitStore
@@ -505,14 +506,22 @@ def serve(store: Path, host: str = "127.0.0.1", port: int = 8080, token: str | N
     """
     limits = limits or Limits()
     git_store = GitStore(Path(store))
-    cleared = git_store.recover()  # locks and temporary files a killed server left: before anything is served
-    if cleared:
-        log.warning("cleared %d lock/temporary files a stopped server left in %s", len(cleared), git_store.root)
+    writer = git_store.lock_owner() if not token else git_store.lock_for_writes()
+    if token and writer is not None:
+        raise KernelHubError(f"{git_store.root} is served read-write by another process"
+                             f"{f' (pid {writer})' if writer else ''}: stop it first, or serve the store read-only "
+                             "(without --token)")
+    if token:
+        cleared = git_store.recover()  # locks and temporary files a killed server left: before anything is served
+        if cleared:
+            log.warning("cleared %d lock/temporary files a stopped server left in %s", len(cleared), git_store.root)
     hub = build_app(git_store, token=token, read_token_required=read_token_required,
                     trusted_orgs=trusted_orgs, limits=limits)
     app = wrap(hub) if wrap is not None else hub
     sock = bind(host, port)
-    mode = "read-write with --token" if token else "read-only (no --token)"
+    mode = ("read-write with --token" if token else "read-only (no --token"
+            + (f"; {f'pid {writer}' if writer else 'another process'} serves this store read-write"
+               if writer is not None else "") + ")")
     print(f"kernel-hub serve: {Path(store).resolve()} at {url_of(sock)} ({mode}; {time.strftime('%H:%M:%S')})",
           flush=True)
     # uvicorn's graceful shutdown would wait for in-flight requests without end: give them

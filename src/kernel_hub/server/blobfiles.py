@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import uuid
 import zlib
 from collections.abc import Callable
@@ -94,7 +95,7 @@ class BlobFiles:
             return target
         self.dir.mkdir(parents=True, exist_ok=True)
         loose = loose_object(self.git_dir, oid)
-        tmp = self.dir / f".{oid}.{uuid.uuid4().hex}.tmp"
+        tmp = self.dir / f".{oid}.{temp_tag()}.tmp"
         try:
             with open(tmp, "wb") as out:
                 if loose.is_file():
@@ -111,6 +112,21 @@ class BlobFiles:
 TMP_OBJECT_PREFIX = "tmp_obj_kh_"
 
 
+def temp_tag() -> str:
+    """The unique part of a temporary file's name: `p<owner pid>-<random>`, so recovery can tell a live writer's
+    file (left alone) from a dead one's (removed)."""
+    return f"p{os.getpid()}-{uuid.uuid4().hex}"
+
+
+_OWNED = re.compile(rf"(?:{TMP_OBJECT_PREFIX}|\.[0-9a-f]+\.)p([0-9]{{1,10}})-[0-9a-f]+(?:\.tmp)?")
+
+
+def temp_owner(name: str) -> int | None:
+    """The pid in a temporary file's name (temp_tag), or None for a name without one."""
+    found = _OWNED.fullmatch(name)
+    return int(found.group(1)) if found else None
+
+
 def write_loose(git_dir: Path, obj: Any) -> None:
     """Write a git object (blob, tree, commit, tag) as a loose object through a unique temporary name, renamed
     into place in one step.
@@ -125,7 +141,7 @@ def write_loose(git_dir: Path, obj: Any) -> None:
     if final.is_file():
         return
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f"{TMP_OBJECT_PREFIX}{uuid.uuid4().hex}"
+    tmp = final.parent / f"{TMP_OBJECT_PREFIX}{temp_tag()}"
     try:
         with open(tmp, "wb") as out:
             out.write(obj.as_legacy_object())

@@ -29,7 +29,7 @@ from dulwich.walk import Walker
 
 from ..names import safe_rmtree
 from . import checks
-from .blobfiles import TMP_OBJECT_PREFIX, BlobFiles, LooseWriter, write_loose
+from .blobfiles import TMP_OBJECT_PREFIX, BlobFiles, LooseWriter, temp_owner, write_loose
 from .errors import HubError, StoreError, not_found
 
 REPO_TYPES = checks.REPO_TYPES
@@ -387,6 +387,17 @@ def _leftovers(git_dir: Path) -> Iterator[Path]:
     yield from (git_dir / "kernel-hub" / "blobs").glob(".*.tmp")
 
 
+def _running(pid: int) -> bool:
+    """Whether process `pid` exists (this one included: its writes may be in flight on another thread)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
 def _ref_update(update: Callable[[], bool], what: str) -> bool:
     """Run one compare-and-swap on a ref. dulwich holds `<ref>.lock` while it writes; the server writes one repo
     at a time, so a lock found here is another program's or a killed server's (GitStore.recover clears those at
@@ -482,11 +493,11 @@ class GitStore:
     def recover(self) -> list[Path] | None:
         """Clear what a killed server left in this store, before serving: git lock files (`objects/xx/*.lock`,
         `refs/**.lock`, `HEAD.lock`, `packed-refs.lock`, `config.lock`), our temporary object files and blob
-        copies. Only plain files with those names, only inside the store's own repositories, and only while
-        this process holds the store's lock (STORE/.kernel-hub-serve.lock, held until the process ends): a
-        second server on the same store never deletes the first one's locks (it gets None and clears nothing).
-        Returns what was removed."""
-        if not self._hold_store_lock():
+        copies. Only plain files with those names, only inside the store's own repositories, only while this
+        process holds the store's lock (STORE/.kernel-hub-serve.lock, held until the process ends: a second server
+        on the same store gets None and clears nothing), and never a temporary file whose owner (the pid in its
+        name) is still running. Returns what was removed."""
+        if self.lock_for_writes() is not None:
             return None
         removed = []
         for repo_type in REPO_TYPES:
@@ -496,23 +507,50 @@ class GitStore:
                 for path in _leftovers(git_dir):
                     if path.is_symlink() or not path.is_file() or self.root not in path.resolve().parents:
                         continue
+                    owner = temp_owner(path.name)
+                    if owner is not None and _running(owner):
+                        continue  # a live writer's file in flight (an in-process app, another tool)
                     path.unlink(missing_ok=True)
                     removed.append(path)
         return removed
 
-    def _hold_store_lock(self) -> bool:
+    def lock_for_writes(self) -> int | None:
+        """Hold the store's lock for this process's lifetime -> None, or the pid of the live process holding it
+        (0 when it cannot be read). Exclusive: one writing server per store; released when the process ends,
+        however it ends (a kernel flock, so a killed server never leaves the store locked)."""
         import fcntl
 
         if getattr(self, "_store_lock", None) is not None:
-            return True
+            return None
         fd = os.open(self.root / STORE_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(fd)
-            return False
-        self._store_lock = fd  # released when the process ends, however it ends
-        return True
+            return self.lock_owner() or 0
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._store_lock = fd
+        return None
+
+    def lock_owner(self) -> int | None:
+        """The pid of the live process holding the store's lock, None when no process holds it (read-only look)."""
+        import fcntl
+
+        try:
+            fd = os.open(self.root / STORE_LOCK, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError:
+                text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+                return int(text) if text.isdigit() else 0
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            os.close(fd)
 
     def repo_ids(self, repo_type: str, author: str) -> list[str]:
         """Every `author/NAME` repo of `repo_type` in the store, sorted (names checked before they are returned)."""

@@ -214,9 +214,11 @@ class AttentionRoute(CallCounts):
             q, k = bound.arguments["query"], bound.arguments["key"]
             probe.shapes.append((tuple(q.shape), tuple(k.shape)))
             try:
-                # a kernel that wrote to the attention module's weights is undone and refused
-                with held_weights(attn) if attn is not None else contextlib.nullcontext():
-                    out = run_plan(self.flash, plan, q, k, bound.arguments["value"])
+                # a kernel that wrote to the model's weights or its inputs is undone and refused
+                v = bound.arguments["value"]
+                with (held_weights(attn, inputs={"query": q, "key": k, "value": v}) if attn is not None
+                      else contextlib.nullcontext()):
+                    out = run_plan(self.flash, plan, q, k, v)
                 check_output(out, ref, "the layer's attention")
             except KernelRefused as exc:
                 probe.failure = probe.failure or str(exc)

@@ -555,7 +555,8 @@ def kernel_hub_attention(module: Any, query: torch.Tensor, key: torch.Tensor, va
         if sparse:
             probe.sparse.setdefault(key_id, sparse)
         try:
-            with held_weights(module):  # a kernel that wrote to the layer's weights is undone and refused
+            # a kernel that wrote to the model's weights or its inputs is undone and refused
+            with held_weights(module, inputs={"query": query, "key": key, "value": value}):
                 out, plan, why = _kernel_call(module, probe.flash, query, key, value, attention_mask, kwargs)
             if out is not None:
                 check_output(out, ref[0], "the layer's attention")

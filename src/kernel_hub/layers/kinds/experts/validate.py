@@ -32,6 +32,10 @@ def experts_batch(layout: ExpertsLayout, top_k: int, dtype: torch.dtype, device:
     return hidden, index, weights
 
 
+def _named_inputs(hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {"hidden_states": hidden, "top_k_index": index, "top_k_weights": weights}
+
+
 def validate_layer(
     module: Any, layout: ExpertsLayout, call: ExpertsCall, reference: Any, *, mode: str, top_k: int,
     seed: int = 0,
@@ -50,7 +54,8 @@ def _validate_local(module: Any, layout: ExpertsLayout, call: ExpertsCall, refer
     if mode == "inference":
         with torch.no_grad():
             ref = reference(module, hidden, index, weights)
-            with held_weights(module):  # a kernel that wrote to the block's weights is undone and refused
+            # a kernel that wrote to any weight of the model or to its inputs is undone and refused
+            with held_weights(module, inputs=_named_inputs(hidden, index, weights)):
                 out = call(module, hidden, index, weights)
         check_output(out, ref, "the block")
         return rel_error(out, ref)
@@ -62,7 +67,8 @@ def _validate_local(module: Any, layout: ExpertsLayout, call: ExpertsCall, refer
         h = hidden.clone().requires_grad_(True)
         w = weights.clone().requires_grad_(True)
         # the kernel's forward and backward run with the block's weights held (undone and refused if written)
-        with torch.enable_grad(), held_weights(module) if fn is call else contextlib.nullcontext():
+        with torch.enable_grad(), (held_weights(module, inputs=_named_inputs(h, index, w)) if fn is call
+                                   else contextlib.nullcontext()):
             y = fn(module, h, index, w)
             if cotangent is None:
                 cotangent = torch.randn(y.shape, generator=g).to(y.device, y.dtype)

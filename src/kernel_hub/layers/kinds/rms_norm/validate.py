@@ -25,7 +25,7 @@ def norm_form_errors(module: Any, kernel: Any, eps: float, mode: str, seed: int)
     if mode != "training":
         with torch.no_grad():
             ref = module.forward(x)
-            with held_weights(module):  # a kernel that wrote to the norm's weight is undone and refused
+            with held_weights(module, inputs={"x": x}):  # a kernel that wrote anything but its output is refused
                 outs = [kernel.rms_norm(x, weight, eps=eps, zero_centered=zc, scale_after_cast=sac)
                         for zc, sac in FORMS]
         return _form_scores(outs, ref, [rel_error(o, ref) if _fits(o, ref) else math.inf for o in outs])
