@@ -191,7 +191,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="token that writes must present (default: $KERNEL_HUB_SERVE_TOKEN; none: read-only)")
     p.add_argument("--read-token-required", action="store_true", help="reads need the token too")
     p.add_argument("--trusted-org", action="append", default=None, metavar="ORG",
-                   help="report ORG as a trusted kernel publisher (repeatable; default: every org in the store)")
+                   help="report ORG as a trusted kernel publisher to HF kernels (repeatable; default: the orgs "
+                        "$KERNEL_HUB_TRUSTED_ORGS names, none if unset; docs/trust.md)")
     p.add_argument("--max-commit-size", type=byte_size, default=512 << 20, metavar="SIZE",
                    help="largest commit body (default 512M; K/M/G suffixes)")
     p.add_argument("--max-json-size", type=byte_size, default=2 << 20, metavar="SIZE",
