@@ -13,10 +13,10 @@ from .common import print_json
 
 def cmd_init(args: argparse.Namespace) -> int:
     target = init(args.name, args.dir, args.template, args.repo)
-    print(f"wrote {target} ({args.template} template). Next:")
+    print(f"wrote {target} ({args.template} op). Next:")
     print(f"  kernel-hub validate --path {target}")
     print(f"  kernel-hub validate --path {target} --tpu v5e,v6e")
-    print(f"  kernel-hub publish {target} --repo ORG/NAME --endpoint URL")
+    print(f"  kernel-hub publish {target} --repo ORG/NAME --endpoint http://127.0.0.1:8080  # kernel-hub serve's port")
     return 0
 
 

@@ -57,7 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "folder needs nothing beside it. Refuses a bad name or an existing folder, writing nothing.")
     p.add_argument("name", help="kernel and package name (a Python name, e.g. my_kernel)")
     p.add_argument("--dir", default=".", help="where to create NAME/ (default: the current folder)")
-    p.add_argument("--template", choices=TEMPLATES, default=DEFAULT_TEMPLATE, help="which kernel to start from")
+    p.add_argument("--op", "--template", dest="template", default=DEFAULT_TEMPLATE, metavar="|".join(TEMPLATES),
+                   help="which op to start from: unary (silu(x)), binary (axpy(x, y, alpha)), matmul, attention "
+                        f"(default: {DEFAULT_TEMPLATE})")
     p.add_argument("--repo", help="repo id written to kernel.yaml (default: my-org/NAME)")
     p.set_defaults(func=Command("authoring", "cmd_init"))
 
