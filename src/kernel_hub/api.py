@@ -186,7 +186,7 @@ def validate(kernel: ModuleType | str, *, backend: str | None = None, version: i
 
     tpu=["v5e", "v6e"] (or "v5e,v6e") adds every TPU compile case of the kernel (those `tags`/`names` select),
     compiled by the real TPU compiler for each generation (kernel_hub.tpu.compile_gate.gate; needs the TPU environment,
-    `make setup-tpu`). A missing TPU environment or an unknown generation is said before any case runs."""
+    `kernel-hub setup-tpu`). A missing TPU environment or an unknown generation is said before any case runs."""
     generations, environment = None, None
     if tpu:
         generations = parse_generations(tpu)

@@ -26,11 +26,20 @@ from packaging.version import Version
 
 from . import buildfmt as fmt
 from .api import load_local
-from .errors import IntegrityError, KernelHubError, MetadataError, RefMovedError, ValidationFailedError
+from .errors import (
+    IntegrityError,
+    KernelHubError,
+    KernelNotFoundError,
+    MetadataError,
+    RefMovedError,
+    ValidationFailedError,
+)
 from .hub import HubSource
 from .integrity import not_source_reason, sha256_file
 from .metadata import METADATA_FILE, KernelMetadata, load_metadata
 from .names import check_repo_id, safe_join, safe_rmtree
+from .progress import Progress
+from .release_identity import identical_release, record_paths
 from .sources import LocalSource
 from .symbols import SYMBOLS_FILE, build_symbols
 from .system import detect
@@ -221,9 +230,10 @@ def check_access(hub: HubSource, repo_id: str) -> None:
     hub.whoami(repo_id)
 
 
-def validate_local(folder: KernelFolder, log: Callable[[str], None]) -> list[str]:
+def validate_local(folder: KernelFolder, log: Callable[[str], None], live: Progress | None = None) -> list[str]:
     """Validate every variant that runs on this machine, loaded from what was read; raise when one fails or none
-    can run."""
+    can run. `live` shows each case as it finishes."""
+    live = live or Progress()
     meta = folder.metadata
     ran = []
     for framework in sorted({v.framework for v in meta.variants}):
@@ -231,8 +241,11 @@ def validate_local(folder: KernelFolder, log: Callable[[str], None]) -> list[str
         fitting = [v for v in meta.variants if v.framework == framework and judge(v, facts, framework).accepted]
         if not fitting:
             continue
+        live.phase(f"loading {fitting[0].name} to validate it", announce=False)
         module = load_local(folder.source, framework=framework, backend=facts.backend)
-        report = validate(module, backend=facts.backend)
+        report = validate(module, backend=facts.backend,
+                          on_start=lambda n, name=fitting[0].name: live.phase(f"validating {name}", n),
+                          on_case=lambda i, n, result: live.advance())
         failed = [c.name for c in report.cases if not c.passed]
         if failed:
             raise ValidationFailedError(
@@ -255,12 +268,43 @@ def tpu_package(folder: KernelFolder) -> VerifiedPackage:
     return from_build(folder.source.fetch(meta.repo_id, folder.source.commit, variant))
 
 
+def early_unchanged(hub: HubSource, folder: KernelFolder, repo_id: str, tag: str, branch: str,
+                    version: Version) -> PublishResult | None:
+    """Before any validating or compiling: the "nothing to do" result when `tag` already holds this content and
+    its branch needs nothing; KernelHubError (bump the version) when `tag` holds other content; None otherwise
+    (a new release, or a branch a killed publish left behind: the full path repairs it)."""
+    try:
+        tags, branches = hub.ref_targets(repo_id)
+    except KernelNotFoundError:  # a new repo
+        return None
+    if tag not in tags:
+        return None
+    commit = tags[tag]
+    with tempfile.TemporaryDirectory(prefix="kernel-hub-publish-") as tmp:
+        local = write_layout(folder, Path(tmp)).blob_ids(f"{fmt.BUILD_DIR}/")
+    same, reason = identical_release(local, hub.build_blob_ids(repo_id, commit), record_paths(folder.metadata.variants))
+    if not same:
+        raise KernelHubError(f"{repo_id} {tag} is already published with different content ({reason}); bump the "
+                             f"version in {folder.path / METADATA_FILE}")
+    current = branches.get(branch)
+    held = _held_version(hub, repo_id, current, tags) if current not in (None, commit) else None
+    if current != commit and (held is None or held <= version):
+        return None
+    variants = [v.name for v in folder.metadata.variants]
+    return PublishResult(repo_id, str(version), commit, tag, branch, current == commit, variants, True, False)
+
+
 def publish(kernel_dir: str | Path, *, repo_id: str | None = None, endpoint: str | None = None,
             token: str | None = None, skip_validation: bool = False, skip_tpu_compile: bool = False,
-            tpu_jobs: int | None = None, log: Callable[[str], None] = print) -> PublishResult:
+            tpu_jobs: int | None = None, log: Callable[[str], None] = print,
+            progress: Progress | None = None) -> PublishResult:
     """Validate, compile every TPU variant for its generations (tpu/compile_gate/release_gate.py), build, upload, tag
     `v<version>` and move branch `v<major>` (never backwards). The TPU compile matrix goes into each TPU
-    variant's metadata.json; `skip_tpu_compile` publishes them marked "not compiled" instead."""
+    variant's metadata.json; `skip_tpu_compile` publishes them marked "not compiled" instead.
+
+    A release already published with this content is found before validating (early_unchanged) and left as it
+    is. `progress`: a live display (kernel_hub.progress) told each stage as it starts and each case as it ends."""
+    live = progress or Progress()
     kernel_dir = Path(kernel_dir)
     if not kernel_dir.is_dir():
         raise KernelHubError(f"{kernel_dir} is not a kernel folder (a folder holding {METADATA_FILE})")
@@ -274,13 +318,19 @@ def publish(kernel_dir: str | Path, *, repo_id: str | None = None, endpoint: str
     # Fail fast: everything that takes a second to check is checked before the minutes of validating and compiling.
     tpu = gate_environment(folder.path, meta, skip=skip_tpu_compile)
     hub = HubSource(endpoint=endpoint, token=token)
+    live.phase(f"checking {repo_id} at {hub.endpoint}", announce=False)
     check_access(hub, repo_id)
+    done = early_unchanged(hub, folder, repo_id, tag, branch, version)
+    if done is not None:
+        log(f"{repo_id} {tag} is already published with this content: not validating or compiling again")
+        return done
     if skip_validation:
         log("skipping validation (--skip-validation): publishing without checking the numbers")
     else:
-        validate_local(folder, log)
+        validate_local(folder, log, live)
     records = run_gate(folder.path, meta, skip=skip_tpu_compile, log=log, env=tpu, jobs=tpu_jobs,
-                       package=tpu_package(folder) if tpu is not None else None)
+                       package=tpu_package(folder) if tpu is not None else None, live=live)
+    live.phase(f"uploading {repo_id} {tag}")
     with tempfile.TemporaryDirectory(prefix="kernel-hub-publish-") as tmp:
         layout = write_layout(folder, Path(tmp), records)  # every file checked against what was read
         variants = [v.name for v in meta.variants]

@@ -21,13 +21,11 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-
-
     with progress(json_output=args.json) as live:
         live.phase(f"publishing {args.path}")
         result = publish(args.path, repo_id=args.repo, endpoint=args.endpoint, token=args.token,
                          skip_validation=args.skip_validation, skip_tpu_compile=args.skip_tpu_compile,
-                         log=live.row)
+                         log=live.row, progress=live)
     if args.json:
         print_json({**asdict(result), "summary": result.summary()})
     else:

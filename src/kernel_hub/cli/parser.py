@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 
 from ..scaffold import DEFAULT_TEMPLATE, TEMPLATES
+from . import setup_tpu
 from .common import (
     Parser,
     add_json_arg,
@@ -95,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "the JSON, so a run can be repeated)")
     p.add_argument("--tpu", metavar="GENS", type=tpu_generations,
                    help="also compile every TPU case with the real TPU compiler for these generations, e.g. "
-                   "v5e,v6e (also v4, v5p, v7x); needs the TPU environment (make setup-tpu)")
+                   "v5e,v6e (also v4, v5p, v7x); needs the TPU environment (kernel-hub setup-tpu)")
     add_json_arg(p, "the report")
     p.set_defaults(func=Command("loading", "cmd_validate"))
 
@@ -123,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("publish", help="build, validate and upload a kernel folder to the Hub",
                        description="Build the HF kernels-compatible layout of a kernel folder (build/<variant>/ ...), "
                        "validate it on this machine, compile every TPU case for each generation its TPU variants "
-                       "declare (the real TPU compiler in the TPU environment, make setup-tpu; the matrix is "
+                       "declare (the real TPU compiler in the TPU environment, kernel-hub setup-tpu; the matrix is "
                        "recorded in the release), upload it through huggingface_hub, tag v<version> and move "
                        "branch v<major>. An existing version with different content is refused; the same content "
                        "is a no-op.")
@@ -155,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="validation dashboard: report.json and a static index.html",
                        description="Validate every registry kernel on every mode this machine offers (CPU paths, "
                        "Pallas interpreted, the TPU simulator with race detection, torch entries), compile TPU cases "
-                       "per generation when the TPU environment is there (make setup-tpu), kernelize a tiny "
+                       "per generation when the TPU environment is there (kernel-hub setup-tpu), kernelize a tiny "
                        "model of every covered family (transformers MoE and attention, Diffusers), run the benches, "
                        "and write OUT/report.json (schema: docs/report-schema.json) and OUT/index.html (open it in "
                        "a browser; no server). A full report takes several minutes, --quick about one.")
@@ -175,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=Command("tools", "cmd_report"))
 
     _add_serve(sub)
+    setup_tpu.add_parser(sub, Command)
     parser.commands = tuple(sub.choices)
     return parser
 
