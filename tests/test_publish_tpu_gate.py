@@ -174,6 +174,10 @@ def test_publish_records_the_compile_matrix_and_info_shows_it(env, server, compi
            f"libtpu {env.libtpu_version}" in proc.stdout, proc.stdout
     assert "v5e  2/2 compiled" in proc.stdout and "v6e  2/2 compiled" in proc.stdout
 
+    def no_compiler(*args, **kwargs):
+        raise AssertionError("compiled again although the package content is unchanged")
+
+    monkeypatch.setattr(gate, "compile_in_worker", no_compiler)
     # the same release again from a fresh compile cache: found published before anything is compiled
     monkeypatch.setenv("KERNEL_HUB_CACHE", str(tmp_path / "fresh-cache"))
     same = publish(toy_pallas(tmp_path / "same"), repo_id="acme/toy-good", endpoint=server.url, token=TOKEN,
@@ -181,10 +185,7 @@ def test_publish_records_the_compile_matrix_and_info_shows_it(env, server, compi
     assert same.unchanged and same.commit == result.commit
 
     # the same kernel code again (a new version): served from the compile cache, no compiler started
-    def no_compiler(*args, **kwargs):
-        raise AssertionError("compiled again although the package content is unchanged")
-
-    monkeypatch.setattr(gate, "compile_in_worker", no_compiler)
+    monkeypatch.setenv("KERNEL_HUB_CACHE", str(compile_cache))
     again = toy_pallas(tmp_path / "again", version="1.0.1")
     lines.clear()
     publish(again, repo_id="acme/toy-good", endpoint=server.url, token=TOKEN, skip_validation=True, log=lines.append)
