@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 
 from ..scaffold import DEFAULT_TEMPLATE, TEMPLATES
-from . import setup_tpu
+from . import cache, setup_tpu
 from .common import (
     Parser,
     add_json_arg,
@@ -177,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_serve(sub)
     setup_tpu.add_parser(sub, Command)
+    cache.add_parser(sub, Command)
     parser.commands = tuple(sub.choices)
     return parser
 
