@@ -530,7 +530,7 @@ class HubSource:
 
         Trust anchor: the unpacked build is checked against its own metadata.json, not against the Hub again, so
         whoever can write the cache can rewrite both consistently; only `expected` (a lock's digests) pins the
-        files from outside the cache (README: "What anchors a cached build").
+        files from outside the cache (docs/trust.md: "What anchors a cached build").
         """
         final = self.build_dir(repo_id, commit, variant.name)
         self.clean_stale(repo_id)

@@ -5,7 +5,7 @@ A single median hides how noisy a shared 2-core machine is (one quick run saw 59
 method), so every time is kept as a `Spread` (median, quartiles, min, max of the samples) and every
 comparison as a `Ratio` with the interquartile range of the per-round ratios.
 
-The one ratio convention (demo, benches, report, README): RATIO_CONVENTION. `format_ratio` writes it, and
+The one ratio convention (demo, benches, report, docs): RATIO_CONVENTION. `format_ratio` writes it, and
 `ratio_disagreement` says when the median of the per-round ratios and the ratio of the medians printed beside it
 tell different stories (a noisy machine: one round of 0.35 among 3.25 and 2.74); the formatted ratio then carries
 both, with the reason, so a table never shows a ratio that contradicts its own medians unexplained.

@@ -130,5 +130,5 @@ def refusal(events: list[dict[str, Any]]) -> KernelHubError | None:
 
 def default_jobs(generations: int) -> int:
     """Compiler processes at once: one per generation, at most one per CPU (libtpu compiles a case on one
-    thread; measured in the README's compile-gate table)."""
+    thread)."""
     return max(1, min(generations, os.cpu_count() or 1))
