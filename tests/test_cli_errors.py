@@ -218,6 +218,10 @@ BAD = [
     (["init", "ok_name", "--dir", "{tmp}", "--op", "ternary"], "known: unary, binary, matmul, attention"),
     # setup-tpu (refused before anything is built)
     (["setup-tpu", "--dir", "{a_file}"], "is a file"),
+    # cache (nothing removed)
+    (["cache", "prune"], "needs repo ids"),
+    (["cache", "prune", "a/b", "--all"], "not both"),
+    (["cache", "prune", "../x"], "not in the cache"),
     (["init", "ok_name", "--dir", "{tmp}", "--repo", "nope"], "ORG/NAME"),
     # list --hub
     (["list", "--hub", "../x"], "--hub"),
