@@ -221,7 +221,7 @@ BAD = [
     # cache (nothing removed)
     (["cache", "prune"], "needs repo ids"),
     (["cache", "prune", "a/b", "--all"], "not both"),
-    (["cache", "prune", "../x"], "not in the cache"),
+    (["cache", "prune", "../x"], "repo id '../x'"),
     (["init", "ok_name", "--dir", "{tmp}", "--repo", "nope"], "ORG/NAME"),
     # list --hub
     (["list", "--hub", "../x"], "--hub"),
