@@ -112,7 +112,9 @@ def test_identical_release_compares_everything_but_the_compile_record() -> None:
     assert not same and reason == "build/jax-cpu.tar differs"
     same, reason = identical_release(local, {"build/jax-cpu.tar": "a", "build/x": "c"}, ignore)
     assert not same and reason == "build/x is only in the published release"
-    assert not identical_release(local, {}, ignore)[0]
+    assert identical_release(local, {}, ignore)[0] is False
+    only_tpu = {publish_module.fmt.bundle_path("jax-tpu"): "record-1"}  # nothing left to compare: cannot tell
+    assert identical_release(only_tpu, {publish_module.fmt.bundle_path("jax-tpu"): "record-2"}, ignore)[0] is None
 
 
 @pytest.fixture(scope="module")
@@ -153,8 +155,10 @@ def test_republishing_stops_before_validating_and_progress_starts_at_once(server
     monkeypatch.setattr(publish_module, "run_gate", no_work)
     server.reset()
     lines: list[str] = []
+    # no TPU environment and no --skip-tpu-compile: an unchanged release needs neither
+    monkeypatch.setenv("KERNEL_HUB_TPU_PYTHON", str(tmp_path / "no-python"))
     same = publish_module.publish(_toy(tmp_path / "b"), repo_id=repo, endpoint=server.url, token=TOKEN,
-                                  skip_tpu_compile=True, log=lines.append)
+                                  log=lines.append)
     assert same.unchanged and same.commit == first.commit and not same.validated
     assert "nothing to do" in same.summary() and any("not validating or compiling again" in ln for ln in lines)
     assert not [r for r in server.requests() if r[0] == "POST"]  # nothing written

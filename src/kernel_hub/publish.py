@@ -283,6 +283,8 @@ def early_unchanged(hub: HubSource, folder: KernelFolder, repo_id: str, tag: str
     with tempfile.TemporaryDirectory(prefix="kernel-hub-publish-") as tmp:
         local = write_layout(folder, Path(tmp)).blob_ids(f"{fmt.BUILD_DIR}/")
     same, reason = identical_release(local, hub.build_blob_ids(repo_id, commit), record_paths(folder.metadata.variants))
+    if same is None:  # cannot tell before the gate: the full path decides
+        return None
     if not same:
         raise KernelHubError(f"{repo_id} {tag} is already published with different content ({reason}); bump the "
                              f"version in {folder.path / METADATA_FILE}")
@@ -316,14 +318,14 @@ def publish(kernel_dir: str | Path, *, repo_id: str | None = None, endpoint: str
     version, tag = Version(meta.version), f"v{meta.version}"
     branch = f"v{version.major}"
     # Fail fast: everything that takes a second to check is checked before the minutes of validating and compiling.
-    tpu = gate_environment(folder.path, meta, skip=skip_tpu_compile)
     hub = HubSource(endpoint=endpoint, token=token)
     live.phase(f"checking {repo_id} at {hub.endpoint}", announce=False)
     check_access(hub, repo_id)
-    done = early_unchanged(hub, folder, repo_id, tag, branch, version)
+    done = early_unchanged(hub, folder, repo_id, tag, branch, version)  # needs no TPU environment
     if done is not None:
         log(f"{repo_id} {tag} is already published with this content: not validating or compiling again")
         return done
+    tpu = gate_environment(folder.path, meta, skip=skip_tpu_compile)
     if skip_validation:
         log("skipping validation (--skip-validation): publishing without checking the numbers")
     else:

@@ -27,11 +27,14 @@ def record_paths(variants: Iterable[object]) -> frozenset[str]:
 
 
 def identical_release(local: Mapping[str, str], remote: Mapping[str, str],
-                      ignore: frozenset[str] = frozenset()) -> tuple[bool, str]:
+                      ignore: frozenset[str] = frozenset()) -> tuple[bool | None, str]:
     """(same, reason): whether two build/ listings (path -> blob id) hold the same files apart from `ignore`;
-    the reason names the first path that differs. Pure."""
+    None when nothing is left to compare (every build carries a compile record: only the gate can tell). The
+    reason names the first path that differs. Pure."""
     mine = {p: b for p, b in local.items() if p not in ignore}
     theirs = {p: b for p, b in remote.items() if p not in ignore}
+    if not mine:
+        return None, "every build file carries a TPU compile record: nothing to compare before the gate"
     if not theirs:
         return False, "the published release has no build/ files"
     only = sorted(set(mine) ^ set(theirs))
