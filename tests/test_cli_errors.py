@@ -214,7 +214,14 @@ BAD = [
     (["init", "torch", "--dir", "{tmp}"], "imports use"),
     (["init", "toy_scale", "--dir", "{toy}"], "already exists"),
     (["init", "ok_name", "--dir", "{a_file}"], "is a file"),
-    (["init", "ok_name", "--dir", "{tmp}", "--template", "conv"], "invalid choice"),
+    (["init", "ok_name", "--dir", "{tmp}", "--template", "conv"], "unknown --op"),
+    (["init", "ok_name", "--dir", "{tmp}", "--op", "ternary"], "known: unary, binary, matmul, attention"),
+    # setup-tpu (refused before anything is built)
+    (["setup-tpu", "--dir", "{a_file}"], "is a file"),
+    # cache (nothing removed)
+    (["cache", "prune"], "needs repo ids"),
+    (["cache", "prune", "a/b", "--all"], "not both"),
+    (["cache", "prune", "../x"], "repo id '../x'"),
     (["init", "ok_name", "--dir", "{tmp}", "--repo", "nope"], "ORG/NAME"),
     # list --hub
     (["list", "--hub", "../x"], "--hub"),

@@ -47,7 +47,7 @@ BAD = [
     ("class", {}, "kernel name"),
     ("_hidden", {}, "private"),
     ("kernels", {}, "imports use"),
-    ("ok", {"template": "conv"}, "unknown template"),
+    ("ok", {"template": "conv"}, "unknown --op"),
     ("ok", {"repo_id": "no-slash"}, "ORG/NAME"),
     ("exists", {}, "already exists"),
     ("ok", {"directory": "a_file"}, "is a file"),

@@ -174,17 +174,18 @@ def test_publish_records_the_compile_matrix_and_info_shows_it(env, server, compi
            f"libtpu {env.libtpu_version}" in proc.stdout, proc.stdout
     assert "v5e  2/2 compiled" in proc.stdout and "v6e  2/2 compiled" in proc.stdout
 
-    # the same release again from a fresh compile cache: compiled anew, the same record, so nothing to upload
+    def no_compiler(*args, **kwargs):
+        raise AssertionError("compiled again although the package content is unchanged")
+
+    monkeypatch.setattr(gate, "compile_in_worker", no_compiler)
+    # the same release again from a fresh compile cache: found published before anything is compiled
     monkeypatch.setenv("KERNEL_HUB_CACHE", str(tmp_path / "fresh-cache"))
     same = publish(toy_pallas(tmp_path / "same"), repo_id="acme/toy-good", endpoint=server.url, token=TOKEN,
                    skip_validation=True, log=lambda _: None)
     assert same.unchanged and same.commit == result.commit
 
     # the same kernel code again (a new version): served from the compile cache, no compiler started
-    def no_compiler(*args, **kwargs):
-        raise AssertionError("compiled again although the package content is unchanged")
-
-    monkeypatch.setattr(gate, "compile_in_worker", no_compiler)
+    monkeypatch.setenv("KERNEL_HUB_CACHE", str(compile_cache))
     again = toy_pallas(tmp_path / "again", version="1.0.1")
     lines.clear()
     publish(again, repo_id="acme/toy-good", endpoint=server.url, token=TOKEN, skip_validation=True, log=lines.append)
@@ -200,11 +201,11 @@ def test_missing_tpu_environment_refuses_tpu_variants_in_one_line(server, tmp_pa
                 log=lambda _: None)
     message = str(exc.value)
     assert "\n" not in message and "jax-tpu must compile for TPU" in message
-    assert "make setup-tpu" in message and "--skip-tpu-compile" in message
+    assert "kernel-hub setup-tpu" in message and "--skip-tpu-compile" in message
     proc = cli(server, tmp_path, "publish", str(kernel), "--repo", "acme/toy-noenv", "--skip-validation",
                KERNEL_HUB_TPU_PYTHON=str(tmp_path / "no-python"))
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1 and "make setup-tpu" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "kernel-hub setup-tpu" in proc.stderr, proc.stderr
     assert not (server.store / "kernels" / "acme" / "toy-noenv.git").exists()
 
 

@@ -90,7 +90,7 @@ def test_tpu_compile_section(quick_report):
     report, _, _ = quick_report
     c = report.compile
     if not c.available:
-        assert "make setup-tpu" in c.reason
+        assert "kernel-hub setup-tpu" in c.reason
         pytest.skip(f"no TPU environment: {c.reason}")
     assert c.generations == ["v5e"] and c.libtpu == report.environment.versions["libtpu"]
     assert {m.kernel for m in c.matrix} == {"kernel-hub/ragged-dot-tpu", "kernel-hub/flash-attention-tpu",

@@ -37,7 +37,7 @@ TOKEN = "test-token"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
-    with running_server(tmp_path_factory.mktemp("store"), token=TOKEN) as srv:
+    with running_server(tmp_path_factory.mktemp("store"), token=TOKEN, extra_args=("--trusted-org", "acme")) as srv:
         yield srv
 
 

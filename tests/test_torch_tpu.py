@@ -210,7 +210,7 @@ def test_hf_kernels_loads_the_torch_tpu_builds_from_serve(env, tmp_path):
     from tests.hub_server import hub_env, running_server
 
     repos = {"ragged_dot": "acme/ragged-dot-tpu", "flash_attention": "acme/flash-attention-tpu"}
-    with running_server(tmp_path / "store", token=TOKEN) as server:
+    with running_server(tmp_path / "store", token=TOKEN, extra_args=("--trusted-org", "acme")) as server:
         for kernel, repo in repos.items():  # numbers are the kernels' own tests' business; this is about loading
             result = publish(ROOT / "kernels/pallas" / kernel, repo_id=repo, endpoint=server.url, token=TOKEN,
                              skip_validation=True, skip_tpu_compile=True, log=lambda _: None)

@@ -116,8 +116,8 @@ def test_compiler_refusal_and_crash_are_failed_cases_not_errors(env, tmp_path):
 
 
 def test_missing_environment_is_one_clear_error(tmp_path):
-    with pytest.raises(TpuEnvironmentError, match="make setup-tpu"):
-        find_tpu_python({}, checkout=tmp_path)
+    with pytest.raises(TpuEnvironmentError, match="kernel-hub setup-tpu"):
+        find_tpu_python({}, checkout=tmp_path, built=tmp_path / "no-tpu-env")
     with pytest.raises(TpuEnvironmentError, match="KERNEL_HUB_TPU_PYTHON"):
         find_tpu_python({"KERNEL_HUB_TPU_PYTHON": str(tmp_path / "nope")}, checkout=tmp_path)
 

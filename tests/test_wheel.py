@@ -320,7 +320,7 @@ def test_open_hub_flow_from_the_wheel(installed: Installed, tmp_path: Path) -> N
         assert "PASSED" in out and "FAIL" not in out, out
 
         store = tmp_path / "store"
-        with running_server(store, token=TOKEN) as server:
+        with running_server(store, token=TOKEN, extra_args=("--trusted-org", "acme")) as server:
             publish_env = {**(tpu_env or installed.env), "HF_ENDPOINT": server.url}
             # validated just above; the compile gate still runs (its cache holds the cases compiled above)
             gate = [] if tpu_env is not None else ["--skip-tpu-compile"]

@@ -14,6 +14,8 @@ from typing import Any
 
 from .depends import Graph, hf_kernel_deps, load_dependency, walk
 from .errors import KernelHubError, VersionSpecError
+from .hf_lock import find as find_hf_lock
+from .hf_lock import is_hf_lock, read_hf_lock
 from .loader import import_build
 from .lock import get_locked_kernel
 from .planning import Plan, plan_load, source_for, system_for
@@ -93,7 +95,8 @@ def get_kernel(
     framework: "jax" for JAX-facing builds, "torch" for the torch-facing ones.
     trust_remote_code: True, or a list of repos ("org/name") and organisations ("org") to trust beyond the
         trusted organisations (see kernel_hub.trust).
-    lockfile: load exactly the commit and variant a `kernel-hub lock` file records, every digest checked.
+    lockfile: load exactly the commit and variant a `kernel-hub lock` file records, every digest checked; an HF
+        kernels `kernels.lock` (kernel_hub.hf_lock) pins the commit, loaded as revision= would be.
     source: "hub" loads from the Hub at HF_ENDPOINT even where the registry names a source path (the checkout's
         copy), "local" only from that path, "auto"/None the registry's choice ($KERNEL_HUB_SOURCE sets the default).
         The module's `__kernel_hub_source__` (and an INFO log line on the "kernel_hub" logger) says which served it.
@@ -102,6 +105,11 @@ def get_kernel(
     if lockfile is not None:
         if version is not None or revision is not None:
             raise VersionSpecError("a lock file fixes the version: drop version=/revision= or lockfile=")
+        if is_hf_lock(Path(lockfile)):  # HF kernels' kernels.lock: a commit per repo, loaded as revision=
+            entry = find_hf_lock(read_hf_lock(Path(lockfile)), repo_id, Path(lockfile))
+            plan = plan_load(repo_id, revision=entry.commit, backend=backend, framework=framework,
+                             trust_remote_code=trust_remote_code, where=source)
+            return load_plan(plan, validate=validate, trust_remote_code=trust_remote_code)
         module = get_locked_kernel(repo_id, lockfile=lockfile, framework=framework,
                                    trust_remote_code=trust_remote_code)
         if validate:
@@ -159,7 +167,7 @@ def validate(kernel: ModuleType | str, *, backend: str | None = None, version: i
 
     tpu=["v5e", "v6e"] (or "v5e,v6e") adds every TPU compile case of the kernel (those `tags`/`names` select),
     compiled by the real TPU compiler for each generation (kernel_hub.tpu.compile_gate.gate; needs the TPU environment,
-    `make setup-tpu`). A missing TPU environment or an unknown generation is said before any case runs."""
+    `kernel-hub setup-tpu`). A missing TPU environment or an unknown generation is said before any case runs."""
     generations, environment = None, None
     if tpu:
         generations = parse_generations(tpu)

@@ -37,6 +37,7 @@ from .errors import (
     UnsafeNameError,
     VersionSpecError,
 )
+from .hf_conventions import kernels_cache
 from .http_limits import (
     MAX_DOWNLOAD_ENV,
     HubAnswerError,
@@ -188,7 +189,8 @@ def checked_refs(raw: list[tuple[str, str, str]]) -> list[Ref]:
 
 
 class HubSource:
-    """Kernel repos behind a Hub endpoint (HF_ENDPOINT), cached in the Hub cache (HF_HUB_CACHE)."""
+    """Kernel repos behind a Hub endpoint (HF_ENDPOINT), cached in KERNELS_CACHE (HF kernels' cache root) or else
+    the Hub cache (HF_HUB_CACHE)."""
 
     kind = "hub"
 
@@ -201,7 +203,7 @@ class HubSource:
         _install_client_timeout()
         self.api = HfApi(endpoint=endpoint or None, token=token)
         self.endpoint = self.api.endpoint.rstrip("/")
-        self.cache_dir = Path(cache_dir or constants.HF_HUB_CACHE)
+        self.cache_dir = Path(cache_dir or kernels_cache() or constants.HF_HUB_CACHE)
         self.offline = constants.HF_HUB_OFFLINE if offline is None else offline
         self.aliases = {check_repo_id(k): check_repo_id(v, "registry 'hub' repo") for k, v in (aliases or {}).items()}
         self._listings: dict[tuple[str, str], dict[str, str]] = {}

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import ModuleType
 
 from .errors import IntegrityError, KernelImportError
+from .hf_conventions import minver_decision
 from .integrity import check_digests, sha256_bytes, verify_tree
 from .names import check_entry_file, check_variant_name
 from .sources import Build
@@ -164,6 +165,9 @@ def import_build(build: Build) -> ModuleType:
     check_variant_name(build.variant.name)
     key = (str(build.package_dir), build.commit, build.variant.name)
     label = f"{build.repo_id}@{(build.version or build.commit[:12])} [{build.variant.name}]"
+    loadable, why = minver_decision(build.kernels_minver)
+    if not loadable:
+        raise KernelImportError(f"{label}: not loaded: {why}")
     with _lock:
         if key in _loaded:
             return _loaded[key]

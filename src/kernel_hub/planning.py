@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from .buildfmt import FRAMEWORKS
 from .errors import KernelHubError, KernelNotFoundError, NoVariantError, VersionSpecError
+from .hf_conventions import local_override
 from .names import check_repo_id
 from .registry import Registry, load_registry
 from .sources import Build, HubOrLocal, LocalSource, Origin, Source
@@ -117,11 +118,14 @@ def source_choice(where: str | None) -> str:
 
 
 def source_for(repo_id: str, registry: Registry, where: str | None = None) -> Source:
-    """Where a kernel comes from: the registry's source path, or the Hub (through huggingface_hub);
-    an entry naming both uses the Hub when it answers and the source path when it does not. `where`
-    (source_choice) forces the Hub or the source path."""
+    """Where a kernel comes from: a folder LOCAL_KERNELS maps it to, the registry's source path, or the Hub
+    (through huggingface_hub); an entry naming both uses the Hub when it answers and the source path when it does
+    not. `where` (source_choice) forces the Hub or the source path (LOCAL_KERNELS still comes first)."""
     check_repo_id(repo_id)
     where = source_choice(where)
+    mapped = local_override(repo_id)  # LOCAL_KERNELS, HF kernels' meaning: this repo from this folder
+    if mapped is not None:
+        return LocalSource(mapped)
     entry = registry.get(repo_id)
     local = entry is not None and entry.source is not None and entry.source.is_dir()
     if where == "local":

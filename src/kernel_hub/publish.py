@@ -38,6 +38,8 @@ from .hub import HubSource
 from .integrity import not_source_reason, sha256_file
 from .metadata import METADATA_FILE, KernelMetadata, load_metadata
 from .names import check_repo_id, safe_join, safe_rmtree
+from .progress import Progress
+from .release_identity import identical_release, record_paths
 from .sources import LocalSource
 from .symbols import SYMBOLS_FILE, build_symbols
 from .system import detect
@@ -228,9 +230,10 @@ def check_access(hub: HubSource, repo_id: str) -> None:
     hub.whoami(repo_id)
 
 
-def validate_local(folder: KernelFolder, log: Callable[[str], None]) -> list[str]:
+def validate_local(folder: KernelFolder, log: Callable[[str], None], live: Progress | None = None) -> list[str]:
     """Validate every variant that runs on this machine, loaded from what was read; raise when one fails or none
-    can run."""
+    can run. `live` shows each case as it finishes."""
+    live = live or Progress()
     meta = folder.metadata
     ran = []
     for framework in sorted({v.framework for v in meta.variants}):
@@ -238,8 +241,11 @@ def validate_local(folder: KernelFolder, log: Callable[[str], None]) -> list[str
         fitting = [v for v in meta.variants if v.framework == framework and judge(v, facts, framework).accepted]
         if not fitting:
             continue
+        live.phase(f"loading {fitting[0].name} to validate it", announce=False)
         module = load_local(folder.source, framework=framework, backend=facts.backend)
-        report = validate(module, backend=facts.backend)
+        report = validate(module, backend=facts.backend,
+                          on_start=lambda n, name=fitting[0].name: live.phase(f"validating {name}", n),
+                          on_case=lambda i, n, result: live.advance())
         failed = [c.name for c in report.cases if not c.passed]
         if failed:
             raise ValidationFailedError(
@@ -262,12 +268,45 @@ def tpu_package(folder: KernelFolder) -> VerifiedPackage:
     return from_build(folder.source.fetch(meta.repo_id, folder.source.commit, variant))
 
 
+def early_unchanged(hub: HubSource, folder: KernelFolder, repo_id: str, tag: str, branch: str,
+                    version: Version) -> PublishResult | None:
+    """Before any validating or compiling: the "nothing to do" result when `tag` already holds this content and
+    its branch needs nothing; KernelHubError (bump the version) when `tag` holds other content; None otherwise
+    (a new release, or a branch a killed publish left behind: the full path repairs it)."""
+    try:
+        tags, branches = hub.ref_targets(repo_id)
+    except KernelNotFoundError:  # a new repo
+        return None
+    if tag not in tags:
+        return None
+    commit = tags[tag]
+    with tempfile.TemporaryDirectory(prefix="kernel-hub-publish-") as tmp:
+        local = write_layout(folder, Path(tmp)).blob_ids(f"{fmt.BUILD_DIR}/")
+    same, reason = identical_release(local, hub.build_blob_ids(repo_id, commit), record_paths(folder.metadata.variants))
+    if same is None:  # cannot tell before the gate: the full path decides
+        return None
+    if not same:
+        raise KernelHubError(f"{repo_id} {tag} is already published with different content ({reason}); bump the "
+                             f"version in {folder.path / METADATA_FILE}")
+    current = branches.get(branch)
+    held = _held_version(hub, repo_id, current, tags) if current not in (None, commit) else None
+    if current != commit and (held is None or held <= version):
+        return None
+    variants = [v.name for v in folder.metadata.variants]
+    return PublishResult(repo_id, str(version), commit, tag, branch, current == commit, variants, True, False)
+
+
 def publish(kernel_dir: str | Path, *, repo_id: str | None = None, endpoint: str | None = None,
             token: str | None = None, skip_validation: bool = False, skip_tpu_compile: bool = False,
-            tpu_jobs: int | None = None, log: Callable[[str], None] = print) -> PublishResult:
+            tpu_jobs: int | None = None, log: Callable[[str], None] = print,
+            progress: Progress | None = None) -> PublishResult:
     """Validate, compile every TPU variant for its generations (tpu/compile_gate/release_gate.py), build, upload, tag
     `v<version>` and move branch `v<major>` (never backwards). The TPU compile matrix goes into each TPU
-    variant's metadata.json; `skip_tpu_compile` publishes them marked "not compiled" instead."""
+    variant's metadata.json; `skip_tpu_compile` publishes them marked "not compiled" instead.
+
+    A release already published with this content is found before validating (early_unchanged) and left as it
+    is. `progress`: a live display (kernel_hub.progress) told each stage as it starts and each case as it ends."""
+    live = progress or Progress()
     kernel_dir = Path(kernel_dir)
     if not kernel_dir.is_dir():
         raise KernelHubError(f"{kernel_dir} is not a kernel folder (a folder holding {METADATA_FILE})")
@@ -280,18 +319,20 @@ def publish(kernel_dir: str | Path, *, repo_id: str | None = None, endpoint: str
     branch = f"v{version.major}"
     # Fail fast: everything that takes a second to check is checked before the minutes of validating and compiling.
     hub = HubSource(endpoint=endpoint, token=token)
+    live.phase(f"checking {repo_id} at {hub.endpoint}", announce=False)
     check_access(hub, repo_id)
-    same = published_unchanged(hub, folder, repo_id, tag, branch)
-    if same is not None:  # the release is there with these files and its branch holds it: nothing to validate
-        return PublishResult(repo_id, meta.version, same, tag, branch, True, [v.name for v in meta.variants],
-                             unchanged=True, validated=False)
+    done = early_unchanged(hub, folder, repo_id, tag, branch, version)  # needs no TPU environment
+    if done is not None:
+        log(f"{repo_id} {tag} is already published with this content: not validating or compiling again")
+        return done
     tpu = gate_environment(folder.path, meta, skip=skip_tpu_compile)
     if skip_validation:
         log("skipping validation (--skip-validation): publishing without checking the numbers")
     else:
-        validate_local(folder, log)
+        validate_local(folder, log, live)
     records = run_gate(folder.path, meta, skip=skip_tpu_compile, log=log, env=tpu, jobs=tpu_jobs,
-                       package=tpu_package(folder) if tpu is not None else None)
+                       package=tpu_package(folder) if tpu is not None else None, live=live)
+    live.phase(f"uploading {repo_id} {tag}")
     with tempfile.TemporaryDirectory(prefix="kernel-hub-publish-") as tmp:
         layout = write_layout(folder, Path(tmp), records)  # every file checked against what was read
         variants = [v.name for v in meta.variants]
@@ -307,33 +348,6 @@ def publish(kernel_dir: str | Path, *, repo_id: str | None = None, endpoint: str
         moved = _move_branch(hub, repo_id, branch, commit, version, layout)
     return PublishResult(repo_id, meta.version, commit, tag, branch, moved is not False, variants,
                          unchanged and moved is None, not skip_validation, repaired=unchanged and moved is True)
-
-
-def published_unchanged(hub: HubSource, folder: KernelFolder, repo_id: str, tag: str, branch: str) -> str | None:
-    """The release commit when `tag` already holds exactly this folder's files and `branch` points at it (None:
-    publish has work to do, or cannot tell before the gate). Compared without validating or compiling: every file
-    of the layout but those carrying the TPU compile record (TPU variants' bundle and metadata.json), provided the
-    package's files are among those compared."""
-    try:
-        tags, branches = hub.ref_targets(repo_id)
-    except KernelNotFoundError:  # a new repo: everything to do
-        return None
-    commit = tags.get(tag)
-    if commit is None or branches.get(branch) != commit:
-        return None
-    with tempfile.TemporaryDirectory(prefix="kernel-hub-publish-") as tmp:
-        layout = write_layout(folder, Path(tmp))
-        local = layout.blob_ids(f"{fmt.BUILD_DIR}/")
-    recorded = {p for v in folder.metadata.variants if v.backend == "tpu"
-                for p in (fmt.bundle_path(v.name), f"{fmt.BUILD_DIR}/{v.name}/{fmt.VARIANT_METADATA}")}
-    compared = {p: b for p, b in local.items() if p not in recorded}
-    package = f"/{folder.metadata.python_name}/"
-    if not any(package in p or p.endswith(fmt.BUNDLE_SUFFIX) for p in compared):
-        return None
-    remote = hub.build_blob_ids(repo_id, commit)
-    if set(remote) != set(local) or any(remote[p] != b for p, b in compared.items()):
-        return None
-    return commit
 
 
 _CAS_TRIES = 20  # compare-and-swap rounds against concurrent publishes before giving up

@@ -7,6 +7,10 @@ organisation is on the trusted list (KERNEL_HUB_TRUSTED_ORGS adds to it), or the
 every repo of that organisation and "org/name" that one repo. Digests are checked either way. The server's own
 claims about trusted publishers are never asked: a hostile server would say yes.
 
+`kernel-hub serve` answers HF `kernels`' question (is this org a trusted publisher?) from the same setting: by
+default the orgs KERNEL_HUB_TRUSTED_ORGS names where it runs, and no other, so both clients reach one decision for
+one server (docs/trust.md).
+
 The default organisations are trusted only at the default endpoint (https://huggingface.co), where those
 organisations are who they say. At any other endpoint (a mirror, `kernel-hub serve`) whoever holds that server's
 write token chooses what `kernel-hub/...` holds, so trust there is explicit: KERNEL_HUB_TRUSTED_ORGS or
@@ -40,11 +44,15 @@ def default_orgs_for(origin: Origin) -> tuple[str, ...]:
     return TRUSTED_ORGS if origin.kind == "local" or is_default_endpoint(origin.location) else ()
 
 
+def env_trusted_orgs() -> tuple[str, ...]:
+    """The organisations KERNEL_HUB_TRUSTED_ORGS names (comma-separated), in order."""
+    return tuple(o.strip() for o in os.environ.get(TRUST_ENV, "").split(",") if o.strip())
+
+
 def trusted_orgs(origin: Origin | None = None) -> tuple[str, ...]:
     """The default organisations (for `origin`'s endpoint; all of them when no origin is given) and
     KERNEL_HUB_TRUSTED_ORGS."""
-    extra = tuple(o.strip() for o in os.environ.get(TRUST_ENV, "").split(",") if o.strip())
-    return (TRUSTED_ORGS if origin is None else default_orgs_for(origin)) + extra
+    return (TRUSTED_ORGS if origin is None else default_orgs_for(origin)) + env_trusted_orgs()
 
 
 def normalize_trust(value: TrustSetting) -> bool | tuple[str, ...]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from .. import __version__
 from ..scaffold import DEFAULT_TEMPLATE, TEMPLATES
+from . import cache, setup_tpu
 from .common import (
     Parser,
     add_json_arg,
@@ -61,7 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "folder needs nothing beside it. Refuses a bad name or an existing folder, writing nothing.")
     p.add_argument("name", help="kernel and package name (a Python name, e.g. my_kernel)")
     p.add_argument("--dir", default=".", help="where to create NAME/ (default: the current folder)")
-    p.add_argument("--template", choices=TEMPLATES, default=DEFAULT_TEMPLATE, help="which kernel to start from")
+    p.add_argument("--op", "--template", dest="template", default=DEFAULT_TEMPLATE, metavar="|".join(TEMPLATES),
+                   help="which op to start from: unary (silu(x)), binary (axpy(x, y, alpha)), matmul, attention "
+                        f"(default: {DEFAULT_TEMPLATE})")
     p.add_argument("--repo", help="repo id written to kernel.yaml (default: my-org/NAME)")
     p.set_defaults(func=Command("authoring", "cmd_init"))
 
@@ -97,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "the JSON, so a run can be repeated)")
     p.add_argument("--tpu", metavar="GENS", type=tpu_generations,
                    help="also compile every TPU case with the real TPU compiler for these generations, e.g. "
-                   "v5e,v6e (also v4, v5p, v7x); needs the TPU environment (make setup-tpu)")
+                   "v5e,v6e (also v4, v5p, v7x); needs the TPU environment (kernel-hub setup-tpu)")
     add_json_arg(p, "the report")
     p.set_defaults(func=Command("loading", "cmd_validate"))
 
@@ -125,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("publish", help="build, validate and upload a kernel folder to the Hub",
                        description="Build the HF kernels-compatible layout of a kernel folder (build/<variant>/ ...), "
                        "validate it on this machine, compile every TPU case for each generation its TPU variants "
-                       "declare (the real TPU compiler in the TPU environment, make setup-tpu; the matrix is "
+                       "declare (the real TPU compiler in the TPU environment, kernel-hub setup-tpu; the matrix is "
                        "recorded in the release), upload it through huggingface_hub, tag v<version> and move "
                        "branch v<major>. An existing version with different content is refused; the same content "
                        "is a no-op.")
@@ -157,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="validation dashboard: report.json and a static index.html",
                        description="Validate every registry kernel on every mode this machine offers (CPU paths, "
                        "Pallas interpreted, the TPU simulator with race detection, torch entries), compile TPU cases "
-                       "per generation when the TPU environment is there (make setup-tpu), kernelize a tiny "
+                       "per generation when the TPU environment is there (kernel-hub setup-tpu), kernelize a tiny "
                        "model of every covered family (transformers MoE and attention, Diffusers), run the benches, "
                        "and write OUT/report.json (schema: docs/report-schema.json) and OUT/index.html (open it in "
                        "a browser; no server). A full report takes several minutes, --quick about one.")
@@ -177,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=Command("tools", "cmd_report"))
 
     _add_serve(sub)
+    setup_tpu.add_parser(sub, Command)
+    cache.add_parser(sub, Command)
     parser.commands = tuple(sub.choices)
     return parser
 
@@ -195,7 +200,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="token that writes must present (default: $KERNEL_HUB_SERVE_TOKEN; none: read-only)")
     p.add_argument("--read-token-required", action="store_true", help="reads need the token too")
     p.add_argument("--trusted-org", action="append", default=None, metavar="ORG",
-                   help="report ORG as a trusted kernel publisher (repeatable; default: every org in the store)")
+                   help="report ORG as a trusted kernel publisher to HF kernels (repeatable; default: the orgs "
+                        "$KERNEL_HUB_TRUSTED_ORGS names, none if unset; docs/trust.md)")
     p.add_argument("--max-commit-size", type=byte_size, default=512 << 20, metavar="SIZE",
                    help="largest commit body (default 512M; K/M/G suffixes)")
     p.add_argument("--max-json-size", type=byte_size, default=2 << 20, metavar="SIZE",

@@ -8,7 +8,9 @@ import ipaddress
 from pathlib import Path
 from typing import Any
 
-from ..errors import KernelHubError
+from ..errors import KernelHubError, TrustError
+from ..names import check_repo_id
+from ..trust import TRUST_ENV, env_trusted_orgs
 
 _MISSING = ""
 try:
@@ -44,7 +46,20 @@ def serve_options(args: argparse.Namespace) -> dict[str, Any]:
     limits = Limits(max_commit_bytes=args.max_commit_size, max_json_bytes=args.max_json_size,
                     header_timeout=args.header_timeout, body_timeout=args.body_timeout)
     return dict(store=store, host=args.host, port=args.port, token=token, read_token_required=args.read_token_required,
-                trusted_orgs=args.trusted_org, log_level=args.log_level, limits=limits)
+                trusted_orgs=reported_trusted_orgs(args.trusted_org), log_level=args.log_level, limits=limits)
+
+
+def reported_trusted_orgs(flag: list[str] | None) -> tuple[str, ...]:
+    """The orgs serve tells HF `kernels` are trusted publishers: --trusted-org when given, else the ones
+    KERNEL_HUB_TRUSTED_ORGS names, which is what kernel-hub's own client trusts at this server."""
+    orgs = tuple(flag) if flag is not None else env_trusted_orgs()
+    for org in orgs:
+        try:
+            check_repo_id(f"{org}/x")
+        except KernelHubError:
+            source = "--trusted-org" if flag is not None else TRUST_ENV
+            raise TrustError(f"{source}: {org!r} is not an organisation name") from None
+    return orgs
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

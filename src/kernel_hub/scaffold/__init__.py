@@ -22,13 +22,19 @@ from pathlib import Path
 from ..errors import KernelHubError
 from ..names import check_python_name, check_repo_id, safe_rmtree
 
-TEMPLATES = ("elementwise", "matmul", "attention")
-DEFAULT_TEMPLATE = "elementwise"
+#: The ops `init --op` writes, each a template folder: one input, two inputs, a matmul, attention.
+TEMPLATES = ("unary", "binary", "matmul", "attention")
+DEFAULT_TEMPLATE = "binary"
+#: Older template names still accepted.
+ALIASES = {"elementwise": "binary"}
 #: What each template's op is called and what it computes (the card and kernel.yaml's description).
-OPS = {"elementwise": ("axpy", "alpha * x + y, elementwise."),
+OPS = {"unary": ("silu", "x * sigmoid(x) (SiLU), elementwise."),
+       "binary": ("axpy", "alpha * x + y, elementwise."),
        "matmul": ("matmul", "A tiled matmul (a @ b) with float32 accumulation."),
        "attention": ("attention", "Scaled dot-product attention (optionally causal), one softmax pass per query "
                      "block.")}
+#: Longest kernel name: the rendered files keep within the 120-column lines of kernel-hub's ruff config.
+MAX_NAME = 40
 #: Names a kernel package must not take: they would shadow what it imports or what kernel-hub vendors into it.
 RESERVED = frozenset({"jax", "jaxlib", "torch", "numpy", "kernels", "kernel_hub", "tests", "test", "build"})
 #: A staging folder of init (this version's `.NAME-init-<32 hex>`, or an older mkdtemp one's 8 characters).
@@ -63,8 +69,11 @@ def plan_init(name: str, directory: str | Path = ".", template: str = DEFAULT_TE
     if name in sys.stdlib_module_names or name.lower() in sys.stdlib_module_names:
         raise InitError(f"kernel name {name!r} is a standard-library module: the kernel would shadow it for "
                         "everything imported beside it; pick another")
+    if len(name) > MAX_NAME:
+        raise InitError(f"kernel name {name!r} is {len(name)} characters; keep it to {MAX_NAME}")
+    template = ALIASES.get(template, template)
     if template not in TEMPLATES:
-        raise InitError(f"unknown template {template!r}; known: {', '.join(TEMPLATES)}")
+        raise InitError(f"unknown --op {template!r}; known: {', '.join(TEMPLATES)}")
     repo_id = repo_id or f"my-org/{name.replace('_', '-')}"
     try:
         check_repo_id(repo_id, "--repo")

@@ -49,7 +49,7 @@ class ServerState:
     store: GitStore
     token: str | None
     read_token_required: bool
-    trusted_orgs: tuple[str, ...] | None
+    trusted_orgs: tuple[str, ...]
     limits: Limits = field(default_factory=Limits)
     stopping: threading.Event = field(default_factory=threading.Event)  # set on SIGTERM/SIGINT: long walks end
 
@@ -301,7 +301,7 @@ class HubApp:
     def org_overview(self, call: Call, org: str) -> Response:
         if org not in self.state.store.namespaces():
             raise HubError(404, f"organization {org} not found")
-        trusted = self.state.trusted_orgs is None or org in self.state.trusted_orgs
+        trusted = org in self.state.trusted_orgs
         return JSONResponse({
             "name": org, "fullname": org, "avatarUrl": "", "isVerified": False, "type": "org",
             "trustedKernelPublisher": trusted,
@@ -435,18 +435,19 @@ class HubASGI:
 
 
 def build_app(store: Path | GitStore, token: str | None = None, read_token_required: bool = False,
-              trusted_orgs: Sequence[str] | None = None, limits: Limits | None = None) -> HubASGI:
+              trusted_orgs: Sequence[str] = (), limits: Limits | None = None) -> HubASGI:
     """The ASGI app over `store`.
 
     trusted_orgs: organisations reported as trusted kernel publishers (what HF `kernels` asks before
-    loading). None trusts every namespace in the store: only the token holder can publish there.
+    loading); no other is. kernel-hub's client never asks (at a mirror it trusts what KERNEL_HUB_TRUSTED_ORGS or
+    trust_remote_code names), so the same list on both sides gives both clients one answer.
     """
     if read_token_required and not token:
         raise ValueError("read_token_required needs a token")
     state = ServerState(
         store=store if isinstance(store, GitStore) else GitStore(Path(store)),
         token=token, read_token_required=read_token_required,
-        trusted_orgs=tuple(trusted_orgs) if trusted_orgs is not None else None, limits=limits or Limits(),
+        trusted_orgs=tuple(trusted_orgs), limits=limits or Limits(),
     )
     hub = HubApp(state)
 
@@ -496,7 +497,7 @@ def internal_error(exc: BaseException) -> Response:
 
 
 def serve(store: Path, host: str = "127.0.0.1", port: int = 8080, token: str | None = None,
-          read_token_required: bool = False, trusted_orgs: Sequence[str] | None = None,
+          read_token_required: bool = False, trusted_orgs: Sequence[str] = (),
           log_level: str = "warning", limits: Limits | None = None,
           wrap: Callable[[HubASGI], Any] | None = None) -> None:
     """Bind host:port (0: a free port), print the URL, and serve until interrupted (blocking).
@@ -522,8 +523,9 @@ def serve(store: Path, host: str = "127.0.0.1", port: int = 8080, token: str | N
     mode = ("read-write with --token" if token else "read-only (no --token"
             + (f"; {f'pid {writer}' if writer else 'another process'} serves this store read-write"
                if writer is not None else "") + ")")
-    print(f"kernel-hub serve: {Path(store).resolve()} at {url_of(sock)} ({mode}; {time.strftime('%H:%M:%S')})",
-          flush=True)
+    trust = f"trusted publishers: {', '.join(trusted_orgs)}" if trusted_orgs else "no org reported trusted"
+    print(f"kernel-hub serve: {Path(store).resolve()} at {url_of(sock)} ({mode}; {trust}; "
+          f"{time.strftime('%H:%M:%S')})", flush=True)
     # uvicorn's graceful shutdown would wait for in-flight requests without end: give them
     # SHUTDOWN_GRACE seconds, and tell handlers in worker threads (which no task cancel reaches) to stop.
     config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off",

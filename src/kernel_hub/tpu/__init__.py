@@ -8,8 +8,8 @@ figures), env.py (where the TPU environment is), package.py (the verified packag
 side), worker_common.py and target.py (inside the worker: the verified import, the refusal, the mock device).
 Neither side imports the other, and nothing here imports either side but worker.py's mode table.
 
-libtpu lives in its own environment (`make setup-tpu`: .venv-tpu) and runs in a subprocess (worker.py);
-this package stays light to import.
+libtpu lives in its own environment (`kernel-hub setup-tpu`, or `make setup-tpu` in a checkout: .venv-tpu) and
+runs in a subprocess (worker.py); this package stays light to import.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 libtpu stays out of the main environment (it prints TPU-init errors in any process that loads it), so the
 compile gate and the cost model run in a subprocess of that Python. Found, in order: $KERNEL_HUB_TPU_PYTHON,
 then the checkout's .venv-tpu (what `make setup-tpu` creates), only when kernel_hub runs from a checkout
-(kernel_hub.checkout: an installed package never takes a .venv-tpu found near it).
+(kernel_hub.checkout: an installed package never takes a .venv-tpu found near it), then the environment
+`kernel-hub setup-tpu` builds for an installed kernel-hub (setup_env.default_dir: $KERNEL_HUB_CACHE/tpu-env).
 """
 
 from __future__ import annotations
@@ -18,11 +19,20 @@ from pathlib import Path
 
 from ..checkout import checkout_root
 from ..errors import KernelHubError
+from ..system import cache_root
 
 ENV_VAR = "KERNEL_HUB_TPU_PYTHON"
 #: The checkout kernel_hub runs from (an editable install), or None when it runs installed.
 CHECKOUT: Path | None = checkout_root()
-SETUP_HINT = "run `make setup-tpu` in the kernel-hub checkout (creates .venv-tpu), or set KERNEL_HUB_TPU_PYTHON"
+SETUP_HINT = ("run `kernel-hub setup-tpu` (builds it once, ~700 MB, in $KERNEL_HUB_CACHE/tpu-env), or set "
+              "KERNEL_HUB_TPU_PYTHON to a Python that has jax and libtpu")
+#: Where `kernel-hub setup-tpu` builds the TPU environment unless told otherwise.
+SETUP_DIR_NAME = "tpu-env"
+
+
+def setup_dir() -> Path:
+    """The folder `kernel-hub setup-tpu` builds by default (beside kernel-hub's other caches)."""
+    return cache_root(SETUP_DIR_NAME)
 
 
 class TpuEnvironmentError(KernelHubError):
@@ -36,8 +46,10 @@ class TpuEnv:
     libtpu_version: str
 
 
-def find_tpu_python(environ: Mapping[str, str] | None = None, checkout: Path | None = CHECKOUT) -> Path:
-    """The TPU environment's Python, or TpuEnvironmentError saying how to create one."""
+def find_tpu_python(environ: Mapping[str, str] | None = None, checkout: Path | None = CHECKOUT,
+                    built: Path | None = None) -> Path:
+    """The TPU environment's Python, or TpuEnvironmentError saying how to create one. `built`: the folder
+    `kernel-hub setup-tpu` builds (None: setup_dir())."""
     environ = os.environ if environ is None else environ
     given = environ.get(ENV_VAR)
     if given:
@@ -48,6 +60,9 @@ def find_tpu_python(environ: Mapping[str, str] | None = None, checkout: Path | N
     local = checkout / ".venv-tpu" / "bin" / "python" if checkout is not None else None
     if local is not None and local.is_file() and os.access(local, os.X_OK):
         return local
+    made = (built if built is not None else setup_dir()) / "bin" / "python"
+    if made.is_file() and os.access(made, os.X_OK):
+        return made
     raise TpuEnvironmentError(f"no TPU environment (a Python with jax and libtpu): {SETUP_HINT}")
 
 
@@ -70,9 +85,10 @@ def _probe(python: str) -> tuple[str | None, str | None]:
     return found.get("jax"), found.get("libtpu")
 
 
-def tpu_env(environ: Mapping[str, str] | None = None, checkout: Path | None = CHECKOUT) -> TpuEnv:
+def tpu_env(environ: Mapping[str, str] | None = None, checkout: Path | None = CHECKOUT,
+            built: Path | None = None) -> TpuEnv:
     """The TPU environment and its versions (read from package metadata: no jax import, ~50 ms)."""
-    python = find_tpu_python(environ, checkout)
+    python = find_tpu_python(environ, checkout, built)
     jax_version, libtpu_version = _probe(str(python))
     if not jax_version or not libtpu_version:
         missing = " and ".join(n for n, v in (("jax", jax_version), ("libtpu", libtpu_version)) if not v)

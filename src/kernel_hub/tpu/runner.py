@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,8 +39,40 @@ def last_line(text: str) -> str:
 Runner = Callable[..., tuple[list[dict[str, Any]], int, str]]
 
 
-def run_worker(env: TpuEnv, request: dict[str, Any], *, timeout: float = 1800) -> tuple[list[dict[str, Any]], int, str]:
-    """(events, exit status, stderr) of one worker run for `request`."""
+def _follow(proc: subprocess.Popen, events_path: Path, on_event: Callable[[dict[str, Any]], None],
+            timeout: float) -> bool:
+    """Hand each event to `on_event` as the worker writes it (whole lines only); False when `timeout` passed
+    (the worker is killed)."""
+    deadline = time.monotonic() + timeout
+    offset, pending = 0, b""
+    while True:
+        try:
+            proc.wait(timeout=0.25)
+            finished = True
+        except subprocess.TimeoutExpired:
+            finished = False
+        with events_path.open("rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+        offset += len(chunk)
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            try:
+                on_event(json.loads(line))
+            except ValueError:
+                continue
+        if finished:
+            return True
+        if time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            return False
+
+
+def run_worker(env: TpuEnv, request: dict[str, Any], *, timeout: float = 1800,
+               on_event: Callable[[dict[str, Any]], None] | None = None) -> tuple[list[dict[str, Any]], int, str]:
+    """(events, exit status, stderr) of one worker run for `request`; `on_event` (live progress) gets each event
+    as it is written."""
     with tempfile.TemporaryDirectory(prefix="kernel_hub_tpu_") as tmp:
         req_path, events_path = Path(tmp) / "request.json", Path(tmp) / "events.jsonl"
         req_path.write_text(json.dumps(request))
@@ -52,6 +85,9 @@ def run_worker(env: TpuEnv, request: dict[str, Any], *, timeout: float = 1800) -
         # libtpu takes a machine-wide lock (/tmp/libtpu_lockfile) meant for real chips; compiling for mock
         # ones needs no exclusivity, so two validations (or a test and a bench) may run at once
         child_env.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+        command = [str(env.python), "-m", "kernel_hub.tpu.worker", str(req_path), str(events_path)]
+        if on_event is not None:
+            return _run_following(command, child_env, tmp, events_path, on_event, timeout, env)
         try:
             done = subprocess.run(
                 [str(env.python), "-m", "kernel_hub.tpu.worker", str(req_path), str(events_path)],
@@ -63,6 +99,24 @@ def run_worker(env: TpuEnv, request: dict[str, Any], *, timeout: float = 1800) -
         except OSError as exc:
             raise TpuEnvironmentError(f"cannot run the TPU environment's Python {env.python}: {exc}") from None
         return _read_events(events_path), done.returncode, done.stderr
+
+
+def _run_following(command: list[str], child_env: dict[str, str], cwd: str, events_path: Path,
+                   on_event: Callable[[dict[str, Any]], None], timeout: float,
+                   env: TpuEnv) -> tuple[list[dict[str, Any]], int, str]:
+    """run_worker's streaming path: the worker's stderr goes to a file (a pipe could fill and block it)."""
+    stderr_path = Path(cwd) / "stderr.txt"
+    with stderr_path.open("w") as err:
+        try:
+            proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, text=True, env=child_env,
+                                    cwd=cwd)
+        except OSError as exc:
+            raise TpuEnvironmentError(f"cannot run the TPU environment's Python {env.python}: {exc}") from None
+        finished = _follow(proc, events_path, on_event, timeout)
+    stderr = stderr_path.read_text(errors="replace")
+    if not finished:
+        return _read_events(events_path), -1, stderr + f"\ntimed out after {timeout:.0f} s"
+    return _read_events(events_path), proc.returncode, stderr
 
 
 def refusal(events: list[dict[str, Any]]) -> KernelHubError | None:

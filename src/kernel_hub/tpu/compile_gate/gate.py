@@ -8,7 +8,7 @@ content, variant, jax, libtpu, generation). `compile_record(report)` is the summ
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -102,13 +102,15 @@ def compile_matrix(
     env: TpuEnv | None = None,
     trust_remote_code: TrustSetting = False,
     jobs: int | None = None,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
 ) -> ValidationReport:
     """Compile the kernel's TPU cases (all, or those named / carrying one of `tags`) for each generation.
 
     Returns a ValidationReport (backend "tpu"); `.passed` is False if any case failed to compile or none was
     selected. Cases the cache holds for this (commit, variant, jax, libtpu, generation) are not compiled
     again. A repo id is trust-checked as get_kernel does (`trust_remote_code`); the worker imports only the
-    verified files. `jobs`: compiler processes at once (default: one per generation, up to the CPU count)."""
+    verified files. `jobs`: compiler processes at once (default: one per generation, up to the CPU count).
+    `on_event`: each compile worker event as it happens (live progress); cached cases send none."""
     gens = parse_generations(generations)
     target = target_for(kernel, trust_remote_code)
     env = env or tpu_env()
@@ -126,7 +128,8 @@ def compile_matrix(
     if missing:
         ask = None if order is None else sorted({n for g in missing for n in order if n not in known[g]})
         fresh = compile_in_worker(env, target, tuple(missing), names=ask,
-                                  tags=None if names is not None else (list(tags) if tags else None), jobs=jobs)
+                                  tags=None if names is not None else (list(tags) if tags else None), jobs=jobs,
+                                  on_event=on_event)
         if order is None:
             order = list(dict.fromkeys(r["name"] for r in fresh))
         for g in missing:

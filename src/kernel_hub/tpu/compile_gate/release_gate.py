@@ -3,19 +3,21 @@ kernel compiles, with the real TPU compiler, for every generation the variant de
 (`tpu_generations`; none declared means every generation kernel-hub knows). The matrix is recorded in the
 release (compile_record.py), per variant.
 
-Without a TPU environment the TPU variants are refused with one line naming `make setup-tpu`, unless the caller
+Without a TPU environment the TPU variants are refused with one line naming `kernel-hub setup-tpu`, unless the caller
 skips the gate (--skip-tpu-compile), which is announced and recorded as "not compiled". Compile results are
 cached (cache.py), so publishing the same kernel content again compiles nothing.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from ...compile_record import not_compiled, record_from_cases
 from ...errors import KernelHubError
+from ...progress import Progress
 from ..chips import CHIPS
 from ..env import TpuEnvironmentError, tpu_env
 from ..package import VerifiedPackage
@@ -70,12 +72,32 @@ def gate_environment(kernel_dir: Path, meta: Any, *, skip: bool) -> Any:
                                   f"or pass {SKIP_FLAG} to publish them marked 'not compiled'") from None
 
 
+class _GateProgress:
+    """The compile worker's events as live progress: the total once the first worker lists its cases (every
+    worker lists the same ones), one step per compiled case. Workers of several generations report at once."""
+
+    def __init__(self, live: Progress, label: str, generations: int) -> None:
+        self.live, self.label, self.generations = live, label, generations
+        self.lock = threading.Lock()
+        self.counted = False
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        with self.lock:
+            if event.get("event") == "cases" and not self.counted:
+                self.counted = True
+                self.live.phase(f"{self.label}: compiling", len(event.get("names") or ()) * self.generations)
+            elif event.get("event") == "result":
+                self.live.advance()
+
+
 def run_gate(kernel_dir: Path, meta: Any, *, skip: bool, log: Callable[[str], None], env: Any = None,
-             jobs: int | None = None, package: VerifiedPackage | None = None) -> dict[str, dict[str, Any]]:
+             jobs: int | None = None, package: VerifiedPackage | None = None,
+             live: Progress | None = None) -> dict[str, dict[str, Any]]:
     """Variant name -> compile record for every TPU variant of the kernel folder (none: {}), or
     CompileGateError / TpuEnvironmentError (one line) when a TPU variant may not be published.
     `env`: the TPU environment gate_environment found (None: found here). `package`: the folder's TPU build as the
-    caller already read and hashed it (None: read here)."""
+    caller already read and hashed it (None: read here). `live`: progress, told when the compiler starts and as
+    each case compiles (cases the cache holds take no time and are not counted)."""
     generations, per_variant = gate_plan(meta.variants)
     if not per_variant:
         return {}
@@ -84,7 +106,11 @@ def run_gate(kernel_dir: Path, meta: Any, *, skip: bool, log: Callable[[str], No
         log(f"skipping the TPU compile gate ({SKIP_FLAG}): {names} published marked 'not compiled for TPU'")
         return {name: not_compiled(f"published with {SKIP_FLAG}") for name in per_variant}
     env = env or gate_environment(kernel_dir, meta, skip=skip)
-    report = compile_matrix(package if package is not None else kernel_dir, generations, env=env, jobs=jobs)
+    label = f"TPU compile gate ({', '.join(generations)})"
+    live = live or Progress()
+    live.phase(f"{label}: starting the TPU compiler")
+    report = compile_matrix(package if package is not None else kernel_dir, generations, env=env, jobs=jobs,
+                            on_event=_GateProgress(live, label, len(generations)))
     records: dict[str, dict[str, Any]] = {}
     for name, gens in per_variant.items():
         mine = [c for c in report.cases if c.generation in gens]

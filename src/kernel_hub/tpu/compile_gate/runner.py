@@ -8,6 +8,8 @@ the kernel package (a file differs from the digests the parent verified) stops t
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -69,11 +71,15 @@ def compile_in_worker(
     tags: list[str] | None = None,
     jobs: int | None = None,
     run: Runner = run_worker,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Result records ({"generation", "name", "passed", ...}) for every (generation, case) selected by
     `names` / `tags` (None: all), in generation then case order. The generations are split over `jobs`
     worker processes run at once; each worker imports only `package`'s verified files (IntegrityError or
-    KernelImportError, one line, when it refuses them)."""
+    KernelImportError, one line, when it refuses them). `on_event`: each worker event as it is written (live
+    progress; `run` must take it as a keyword)."""
+    if on_event is not None:
+        run = functools.partial(run, on_event=on_event)
     jobs = default_jobs(len(generations)) if jobs is None else max(1, min(jobs, len(generations)))
     chunks = [tuple(generations[i::jobs]) for i in range(jobs)]
     if jobs == 1:
