@@ -80,7 +80,9 @@ def published(tmp_path_factory: pytest.TempPathFactory):
 
 def test_no_token_sent_is_said_naming_hf_token(tmp_path: Path, published) -> None:
     server, _, _ = published
-    with running_server(server.store, token=TOKEN, read_token_required=True) as locked:
+    store = tmp_path / "store"  # a copy: one read-write server per store
+    shutil.copytree(server.store, store)
+    with running_server(store, token=TOKEN, read_token_required=True) as locked:
         env = hub_env(locked, tmp_path / "cache")
         out = run("info", "acme/toy-scale", env=env)
         assert out.returncode == 1 and "HTTP 401" in out.stderr
@@ -125,8 +127,8 @@ def test_republishing_identical_content_validates_nothing(published, monkeypatch
     assert result.validated is False
 
 
-def test_changed_content_still_goes_through_validation(published, tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_changed_content_under_a_published_version_is_refused_before_validation(
+        published, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from kernel_hub import publish as pub
 
     server, toy, _ = published
@@ -139,7 +141,7 @@ def test_changed_content_still_goes_through_validation(published, tmp_path: Path
     with pytest.raises(KernelHubError, match="already published with different content"):
         pub.publish(changed, repo_id="acme/toy-scale", endpoint=server.url, token=TOKEN, skip_tpu_compile=True,
                     log=lambda _line: None)
-    assert ran == ["validate"]
+    assert ran == []  # a version is immutable: refused in seconds, nothing validated or uploaded
 
 
 # -- torch tensors handed to a jax build ---------------------------------------------------------------------------
