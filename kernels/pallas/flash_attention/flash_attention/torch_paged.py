@@ -1,0 +1,189 @@
+"""Ragged paged attention in torch: the torch-native path of `ragged_paged_attention` and of flash-attn's paged calls.
+
+Layout (the flash_attn_with_kvcache / transformers paged layout, the JAX contract's): queries [T, Hq, D] of many
+sequences packed back to back (sequence s owns rows cu_q_lens[s]:cu_q_lens[s+1]); k_cache / v_cache
+[num_pages, page_size, Hkv, D]; page_indices [S, pages_per_seq] (sequence s's position p lives in page
+page_indices[s, p // page_size], row p % page_size); kv_lens [S] each sequence's length including its new tokens.
+Query i of sequence s sits at position kv_lens[s] - q_len_s + i (bottom-right causal). New K/V rows, when given, are
+written into their pages first (in place, as flash-attn does), then attention reads the pages.
+
+The pages are walked a few at a time (`chunk_tokens` keys per step) with an online softmax in float32, so no step
+holds more than one chunk of keys per sequence: the cache is never copied into one contiguous tensor. Imports torch
+only (the torch-cpu build runs where jax is absent).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+#: Keys gathered per step of the page walk (rounded to whole pages).
+CHUNK_TOKENS = 256
+
+
+class PagedCacheError(ValueError):
+    """A page table, length or cache that does not describe a valid paged call; the message names what to fix."""
+
+
+@dataclass(frozen=True)
+class PagedCall:
+    """A checked ragged paged call: per-sequence query counts and starts, kv lengths, pages each sequence reads."""
+
+    q_lens: torch.Tensor  # [S] int64
+    q_starts: torch.Tensor  # [S] int64
+    kv_lens: torch.Tensor  # [S] int64
+    pages_needed: int  # max over sequences of ceil(kv_len / page_size)
+
+
+def check_paged_call(queries: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_lens: torch.Tensor,
+                     page_indices: torch.Tensor, cu_q_lens: torch.Tensor, num_seqs: int | None = None,
+                     *, who: str = "ragged_paged_attention") -> PagedCall:
+    """Check every shape, length and page index a call will touch; PagedCacheError naming the first bad one.
+
+    Only the pages a sequence needs (ceil(kv_len / page_size) of them) are checked and read: transformers fills the
+    rest of a page-table row with -1."""
+    def bad(what: str) -> PagedCacheError:
+        return PagedCacheError(f"{who}: {what}")
+
+    if queries.dim() != 3:
+        raise bad(f"queries of shape {tuple(queries.shape)}: expected packed [tokens, q_heads, head_dim]")
+    if k_cache.dim() != 4 or tuple(k_cache.shape) != tuple(v_cache.shape):
+        raise bad(f"k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}: expected two caches of one shape "
+                  "[num_pages, page_size, kv_heads, head_dim]")
+    num_pages, page_size, hkv, d = k_cache.shape
+    if queries.shape[2] != d or queries.shape[1] % hkv:
+        raise bad(f"queries {tuple(queries.shape)} against caches with {hkv} kv heads of size {d}: the head sizes must "
+                  "match and the query heads be a multiple of the kv heads")
+    for name, t, dims in (("kv_lens", kv_lens, 1), ("page_indices", page_indices, 2), ("cu_q_lens", cu_q_lens, 1)):
+        if t.dim() != dims or t.dtype.is_floating_point or t.dtype == torch.bool:
+            raise bad(f"{name} of shape {tuple(t.shape)} and dtype {t.dtype}: expected a {dims}-D integer tensor")
+    slots = kv_lens.shape[0]
+    if page_indices.shape[0] != slots or cu_q_lens.shape[0] != slots + 1:
+        raise bad(f"kv_lens [{slots}], page_indices {tuple(page_indices.shape)}, cu_q_lens [{cu_q_lens.shape[0]}]: "
+                  "expected [S], [S, pages_per_seq] and [S + 1]")
+    s = slots if num_seqs is None else int(num_seqs)
+    if not 0 <= s <= slots:
+        raise bad(f"num_seqs={s} outside 0..{slots} (the sequence slots given)")
+    cu = cu_q_lens[: s + 1].long()
+    q_lens = cu[1:] - cu[:-1]
+    lens = kv_lens[:s].long()
+    if s and (int(cu[0]) != 0 or bool((q_lens < 0).any()) or int(cu[-1]) > queries.shape[0]):
+        raise bad(f"cu_q_lens={cu.tolist()}: offsets must start at 0, never decrease and end within the "
+                  f"{queries.shape[0]} query rows")
+    if bool((lens < q_lens).any()):
+        raise bad(f"kv_lens={lens.tolist()} below the new tokens per sequence {q_lens.tolist()} (kv_lens count them)")
+    capacity = page_indices.shape[1] * page_size
+    if s and int(lens.max()) > capacity:
+        raise bad(f"kv_lens={lens.tolist()}: a sequence longer than its {page_indices.shape[1]} pages of {page_size} "
+                  f"rows ({capacity}); give more pages per sequence")
+    needed = (lens + page_size - 1) // page_size
+    pages_needed = int(needed.max()) if s else 0
+    used = torch.arange(page_indices.shape[1], device=page_indices.device)[None] < needed[:, None].to(
+        page_indices.device)
+    pages = page_indices[:s].long()
+    out_of_range = used & ((pages < 0) | (pages >= num_pages))
+    if bool(out_of_range.any()):
+        seq, col = (int(x) for x in out_of_range.nonzero()[0])
+        raise bad(f"page_indices[{seq}, {col}] = {int(pages[seq, col])} outside the cache's {num_pages} pages")
+    return PagedCall(q_lens=q_lens, q_starts=cu[:-1], kv_lens=lens, pages_needed=pages_needed)
+
+
+def write_new_rows(k_cache: torch.Tensor, v_cache: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                   page_indices: torch.Tensor, call: PagedCall) -> None:
+    """Write each sequence's new K/V rows (packed like the queries) at its positions kv_len - q_len .. kv_len - 1, in
+    place (whatever the caches' strides: transformers hands over views of one shared tensor)."""
+    s = call.q_lens.shape[0]
+    if not s or int(call.q_lens.sum()) == 0:
+        return
+    seq = torch.repeat_interleave(torch.arange(s, device=keys.device), call.q_lens.to(keys.device))
+    rows = torch.repeat_interleave(call.q_starts.to(keys.device), call.q_lens.to(keys.device))
+    within = torch.arange(seq.shape[0], device=keys.device) - torch.repeat_interleave(
+        torch.cumsum(call.q_lens.to(keys.device), 0) - call.q_lens.to(keys.device), call.q_lens.to(keys.device))
+    rows = rows + within
+    pos = (call.kv_lens.to(keys.device) - call.q_lens.to(keys.device))[seq] + within
+    page_size = k_cache.shape[1]
+    page = page_indices.long().to(keys.device)[seq, pos // page_size]
+    k_cache[page, pos % page_size] = keys[rows].to(k_cache.dtype)
+    v_cache[page, pos % page_size] = values[rows].to(v_cache.dtype)
+
+
+def paged_attention(queries: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_indices: torch.Tensor,
+                    call: PagedCall, *, causal: bool, sm_scale: float, sliding_window: int | None,
+                    soft_cap: float | None, sinks: torch.Tensor | None,
+                    chunk_tokens: int = CHUNK_TOKENS) -> torch.Tensor:
+    """Attention of packed queries [T, Hq, D] over each sequence's pages -> [T, Hq, D] in the queries' dtype; rows past
+    the last sequence's queries are 0, as is a row with nothing to attend."""
+    t, hq, d = queries.shape
+    page_size, hkv = k_cache.shape[1], k_cache.shape[2]
+    g = hq // hkv
+    s = call.q_lens.shape[0]
+    out = queries.new_zeros(queries.shape)
+    if not s or t == 0 or int(call.q_lens.sum()) == 0:
+        return out
+    dev = queries.device
+    q_lens, q_starts, kv_lens = (x.to(dev) for x in (call.q_lens, call.q_starts, call.kv_lens))
+    width = int(q_lens.max())
+    i = torch.arange(width, device=dev)
+    q_valid = i[None] < q_lens[:, None]  # [S, W]
+    rows = torch.where(q_valid, q_starts[:, None] + i[None], 0)
+    q = queries[rows.reshape(-1)].reshape(s, width, hkv, g, d).float() * sm_scale  # [S, W, Hkv, G, D]
+    q_pos = (kv_lens - q_lens)[:, None] + i[None]  # [S, W]
+    m = torch.full((s, width, hkv, g), float("-inf"), device=dev)
+    denom = torch.zeros((s, width, hkv, g), device=dev)
+    acc = torch.zeros((s, width, hkv, g, d), device=dev)
+    step = max(1, chunk_tokens // page_size)
+    table = page_indices[:s].long().to(dev)
+    for first in range(0, call.pages_needed, step):
+        cols = torch.arange(first, min(first + step, call.pages_needed), device=dev)
+        k_pos = (cols[:, None] * page_size + torch.arange(page_size, device=dev)[None]).reshape(-1)  # [C]
+        in_seq = k_pos[None] < kv_lens[:, None]  # [S, C]
+        pages = torch.where(cols[None] * page_size < kv_lens[:, None], table[:, cols], 0)  # unneeded pages: read page 0
+        k = k_cache[pages].reshape(s, -1, hkv, d).float()  # [S, C, Hkv, D]: this chunk of keys only
+        v = v_cache[pages].reshape(s, -1, hkv, d).float()
+        logits = torch.einsum("swhgd,schd->swhgc", q, k)
+        if soft_cap is not None:
+            logits = soft_cap * torch.tanh(logits / soft_cap)
+        keep = in_seq[:, None, :] & q_valid[:, :, None]  # [S, W, C]
+        if causal:
+            keep = keep & (k_pos[None, None] <= q_pos[:, :, None])
+        if sliding_window is not None:
+            keep = keep & (k_pos[None, None] > q_pos[:, :, None] - sliding_window)
+        logits = logits.masked_fill(~keep[:, :, None, None, :], float("-inf"))
+        m_new = torch.maximum(m, logits.amax(-1))
+        safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
+        scale_old = torch.exp(m - safe)  # 0 where m was -inf
+        p = torch.exp(logits - safe[..., None])
+        denom = denom * scale_old + p.sum(-1)
+        acc = acc * scale_old[..., None] + torch.einsum("swhgc,schd->swhgd", p, v)
+        m = m_new
+    if sinks is not None:  # one extra logit per query head in the denominator, no value
+        sink = sinks.float().to(dev).reshape(1, 1, hkv, g)
+        m_new = torch.maximum(m, sink)
+        scale_old = torch.exp(m - m_new)
+        denom = denom * scale_old + torch.exp(sink - m_new)
+        acc = acc * scale_old[..., None]
+    result = acc / torch.where(denom > 0, denom, torch.ones_like(denom))[..., None]
+    result = result.reshape(s * width, hq, d)[q_valid.reshape(-1)]
+    out[rows[q_valid]] = result.to(out.dtype)
+    return out
+
+
+def ragged_paged_attention_torch(queries: torch.Tensor, keys: torch.Tensor | None, values: torch.Tensor | None,
+                                 k_cache: torch.Tensor, v_cache: torch.Tensor, kv_lens: torch.Tensor,
+                                 page_indices: torch.Tensor, cu_q_lens: torch.Tensor, num_seqs: int | None = None, *,
+                                 causal: bool = True, sm_scale: float, sliding_window: int | None = None,
+                                 soft_cap: float | None = None, sinks: torch.Tensor | None = None,
+                                 who: str = "ragged_paged_attention") -> torch.Tensor:
+    """Checks the call, writes the new rows (keys/values None: the caches already hold them), attends; -> out."""
+    call = check_paged_call(queries, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, num_seqs, who=who)
+    if (keys is None) != (values is None):
+        raise PagedCacheError(f"{who}: pass both keys and values, or neither")
+    if keys is not None:
+        want = (queries.shape[0], k_cache.shape[2], k_cache.shape[3])
+        if tuple(keys.shape) != want or tuple(values.shape) != want:
+            raise PagedCacheError(f"{who}: keys {tuple(keys.shape)}, values {tuple(values.shape)}: expected {want} "
+                                  "(packed like the queries)")
+        write_new_rows(k_cache, v_cache, keys, values, page_indices, call)
+    return paged_attention(queries, k_cache, v_cache, page_indices, call, causal=causal, sm_scale=sm_scale,
+                           sliding_window=sliding_window, soft_cap=soft_cap, sinks=sinks)
