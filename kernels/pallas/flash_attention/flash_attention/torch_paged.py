@@ -89,23 +89,39 @@ def check_paged_call(queries: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     return PagedCall(q_lens=q_lens, q_starts=cu[:-1], kv_lens=lens, pages_needed=pages_needed)
 
 
+def new_row_slots(page_indices: torch.Tensor, call: PagedCall, page_size: int,
+                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(packed row, page, row within the page) of every new token: sequence s's new rows sit at positions
+    kv_len - q_len .. kv_len - 1."""
+    q_lens = call.q_lens.to(device)
+    seq = torch.repeat_interleave(torch.arange(q_lens.shape[0], device=device), q_lens)
+    within = torch.arange(seq.shape[0], device=device) - torch.repeat_interleave(torch.cumsum(q_lens, 0) - q_lens,
+                                                                                 q_lens)
+    rows = call.q_starts.to(device)[seq] + within
+    pos = (call.kv_lens.to(device) - q_lens)[seq] + within
+    page = page_indices.long().to(device)[seq, pos // page_size]
+    return rows, page, pos % page_size
+
+
 def write_new_rows(k_cache: torch.Tensor, v_cache: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                    page_indices: torch.Tensor, call: PagedCall) -> None:
-    """Write each sequence's new K/V rows (packed like the queries) at its positions kv_len - q_len .. kv_len - 1, in
-    place (whatever the caches' strides: transformers hands over views of one shared tensor)."""
-    s = call.q_lens.shape[0]
-    if not s or int(call.q_lens.sum()) == 0:
+    """Write each sequence's new K/V rows (packed like the queries) into their pages, in place (whatever the caches'
+    strides: transformers hands over views of one shared tensor)."""
+    if not call.q_lens.shape[0] or int(call.q_lens.sum()) == 0:
         return
-    seq = torch.repeat_interleave(torch.arange(s, device=keys.device), call.q_lens.to(keys.device))
-    rows = torch.repeat_interleave(call.q_starts.to(keys.device), call.q_lens.to(keys.device))
-    within = torch.arange(seq.shape[0], device=keys.device) - torch.repeat_interleave(
-        torch.cumsum(call.q_lens.to(keys.device), 0) - call.q_lens.to(keys.device), call.q_lens.to(keys.device))
-    rows = rows + within
-    pos = (call.kv_lens.to(keys.device) - call.q_lens.to(keys.device))[seq] + within
-    page_size = k_cache.shape[1]
-    page = page_indices.long().to(keys.device)[seq, pos // page_size]
-    k_cache[page, pos % page_size] = keys[rows].to(k_cache.dtype)
-    v_cache[page, pos % page_size] = values[rows].to(v_cache.dtype)
+    rows, page, offset = new_row_slots(page_indices, call, k_cache.shape[1], keys.device)
+    k_cache[page, offset] = keys[rows].to(k_cache.dtype)
+    v_cache[page, offset] = values[rows].to(v_cache.dtype)
+
+
+def read_new_rows(cache: torch.Tensor, page_indices: torch.Tensor, call: PagedCall, tokens: int) -> torch.Tensor:
+    """The rows the new tokens occupy in `cache`, packed like the queries ([tokens, Hkv, D], zeros elsewhere): what a
+    kernel that always writes its new rows gets when the cache already holds them."""
+    out = cache.new_zeros((tokens, *cache.shape[2:]))
+    if call.q_lens.shape[0] and int(call.q_lens.sum()):
+        rows, page, offset = new_row_slots(page_indices, call, cache.shape[1], cache.device)
+        out[rows] = cache[page, offset]
+    return out
 
 
 def paged_attention(queries: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_indices: torch.Tensor,

@@ -252,3 +252,47 @@ def test_refused_flash_attn_with_kvcache_options_name_what_to_change(fa):
         fa.flash_attn_with_kvcache(q, cache, cache, return_softmax_lse=True)
     with pytest.raises(fa.UnsupportedAttentionCall, match="cache_seqlens"):
         fa.flash_attn_with_kvcache(q, cache, cache, q[:, :, :2], q[:, :, :2])
+
+
+def test_the_jax_implementation_hands_the_contract_arguments_over(fa, monkeypatch):
+    """implementation="jax" on CPU: the call crosses to the JAX package's ragged_paged_attention (the contract's
+    argument order) through DLPack. Where this build's JAX package has no such entry yet, a stand-in written here from
+    the contract (NumPy float64) takes its place, so the hand-over itself is what is checked."""
+    pytest.importorskip("jax")
+    import importlib
+
+    import jax.numpy as jnp
+
+    api = importlib.import_module(".api", fa.__name__)
+    seen = {}
+    if not hasattr(api, "ragged_paged_attention"):
+        def stand_in(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, num_seqs=None, *,
+                     sinks=None, sm_scale=None, sliding_window=None, soft_cap=None, causal=True,
+                     implementation=None, interpret=None):
+            q, kc, vc = (np.asarray(x, dtype=np.float64) for x in (queries, k_cache, v_cache))
+            lens, table, cu = np.asarray(kv_lens), np.asarray(page_indices), np.asarray(cu_q_lens)
+            n = int(num_seqs)
+            seen.update(num_seqs=n, sinks=sinks is not None, keys=np.asarray(keys), window=sliding_window)
+            out = np.zeros_like(q)
+            page = kc.shape[1]
+            for s in range(n):
+                rows = slice(cu[s], cu[s + 1])
+                pos = np.arange(lens[s])
+                k_seq = kc[table[s, pos // page], pos % page]
+                v_seq = vc[table[s, pos // page], pos % page]
+                out[rows] = reference(q[rows], k_seq, v_seq, causal=causal, window=sliding_window, scale=sm_scale,
+                                      cap=soft_cap, sinks=None if sinks is None else np.asarray(sinks))
+            return jnp.asarray(out, dtype=queries.dtype), k_cache, v_cache
+
+        monkeypatch.setattr(api, "ragged_paged_attention", stand_in, raising=False)
+    case = build(21, q_lens=[4, 1, 1], kv_lens=[4, 7, 10], hq=4, hkv=2, slots=5)
+    sinks = torch.randn(4, generator=torch.Generator().manual_seed(1))
+    out, _, _ = fa.ragged_paged_attention(case["q"], case["keys"], case["values"], case["k_cache"], case["v_cache"],
+                                          case["kv_lens"], case["table"], case["cu"], num_seqs=3, sinks=sinks,
+                                          sliding_window=5, implementation="jax")
+    assert fa.last_implementation()[0] == "jax"
+    want = expected(case, window=5, scale=16 ** -0.5, sinks=sinks.numpy())
+    assert rel_error(out, torch.from_numpy(want).float()) <= TOL["float32"]
+    if seen:  # the stand-in saw the contract's arguments: 3 live sequences, sinks, the new rows as keys
+        assert seen["num_seqs"] == 3 and seen["sinks"] and seen["window"] == 5
+        assert np.array_equal(seen["keys"][:6], case["keys"][:6].numpy())
