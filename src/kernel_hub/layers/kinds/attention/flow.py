@@ -29,6 +29,7 @@ from ..declaration import KindRun
 from . import transformers as at
 from .contract import NAME
 from .find import attention_configs, can_switch_attention
+from .packed import PackedKernel
 from .plan import switch_check
 from .validate import model_forwards
 
@@ -64,6 +65,7 @@ def _swap(run: KindRun, kernel: Any, repo_id: str, state: AttentionState) -> Non
     """Hook every attention layer of the model onto `kernel` (or its previous implementation), filling the report."""
     model, report, validate = run.model, run.report, run.validate
     info = kernel_info(kernel, run.device, "flash_attention")
+    packed_kernel = PackedKernel.of(kernel)
     at.register()
     state.previous = model.config._attn_implementation
     try:
@@ -78,7 +80,8 @@ def _swap(run: KindRun, kernel: Any, repo_id: str, state: AttentionState) -> Non
         original = at.accept_weight_requests(cfg)  # a private copy (swap.take_own_configs): no other model's config
         if original is not None:
             state.classes.append((cfg, original))
-    model.set_attn_implementation(at.IMPLEMENTATION_NAME)
+    model.set_attn_implementation(at.SETTABLE_NAME)  # transformers' own switch, then the flash-named name (at.NAMES)
+    at.switch_configs([cfg for cfg, _ in state.configs], at.IMPLEMENTATION_NAME)
     probe = at.Probe(flash=kernel.flash_attention)
     at.set_probe([cfg for cfg, _ in state.configs], probe)
     try:
@@ -114,7 +117,8 @@ def _swap(run: KindRun, kernel: Any, repo_id: str, state: AttentionState) -> Non
             layer=path, kind=NAME, repo_id=repo_id, version=info["version"], commit=info["commit"],
             variant=info["variant"], implementation=info["implementation"], route="interface",
             layout=_layout(module), max_error=err if validate else None, tolerance=tol if validate else None))
-        hooks.append((module, path, at.AttentionHook(flash=kernel.flash_attention, previous=previous)))
+        hooks.append((module, path, at.AttentionHook(flash=kernel.flash_attention, previous=previous,
+                                                     packed=packed_kernel)))
     if not any(h.flash is not None for _, _, h in hooks):
         _restore_state(model, state)
         if not found:
