@@ -7,8 +7,8 @@ page_indices[s, p // page_size], row p % page_size); kv_lens [S] each sequence's
 Query i of sequence s sits at position kv_lens[s] - q_len_s + i (bottom-right causal). New K/V rows, when given, are
 written into their pages first (in place, as flash-attn does), then attention reads the pages.
 
-The pages are walked a few at a time (`chunk_tokens` keys per step) with an online softmax in float32, so no step
-holds more than one chunk of keys per sequence: the cache is never copied into one contiguous tensor. Imports torch
+The pages are walked a few at a time (CHUNK_BYTES of keys per step) with an online softmax in float32, so no step
+holds more than one chunk of pages: the cache is never copied into one contiguous tensor. Imports torch
 only (the torch-cpu build runs where jax is absent).
 """
 
@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-#: Keys gathered per step of the page walk (rounded to whole pages).
-CHUNK_TOKENS = 256
+#: Bytes of float32 keys gathered per step of the page walk, across the sequences (rounded down to whole pages, at
+#: least one page per sequence): what bounds the walk's memory, whatever the cache holds.
+CHUNK_BYTES = 8 << 20
 
 
 class PagedCacheError(ValueError):
@@ -94,9 +95,13 @@ def new_row_slots(page_indices: torch.Tensor, call: PagedCall, page_size: int,
     """(packed row, page, row within the page) of every new token: sequence s's new rows sit at positions
     kv_len - q_len .. kv_len - 1."""
     q_lens = call.q_lens.to(device)
-    seq = torch.repeat_interleave(torch.arange(q_lens.shape[0], device=device), q_lens)
-    within = torch.arange(seq.shape[0], device=device) - torch.repeat_interleave(torch.cumsum(q_lens, 0) - q_lens,
-                                                                                 q_lens)
+    if bool((q_lens == 1).all()):  # a decode step: one new row per sequence
+        seq = torch.arange(q_lens.shape[0], device=device)
+        within = torch.zeros_like(seq)
+    else:
+        seq = torch.repeat_interleave(torch.arange(q_lens.shape[0], device=device), q_lens)
+        within = torch.arange(seq.shape[0], device=device) - torch.repeat_interleave(torch.cumsum(q_lens, 0) - q_lens,
+                                                                                     q_lens)
     rows = call.q_starts.to(device)[seq] + within
     pos = (call.kv_lens.to(device) - q_lens)[seq] + within
     page = page_indices.long().to(device)[seq, pos // page_size]
@@ -127,9 +132,10 @@ def read_new_rows(cache: torch.Tensor, page_indices: torch.Tensor, call: PagedCa
 def paged_attention(queries: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_indices: torch.Tensor,
                     call: PagedCall, *, causal: bool, sm_scale: float, sliding_window: int | None,
                     soft_cap: float | None, sinks: torch.Tensor | None,
-                    chunk_tokens: int = CHUNK_TOKENS) -> torch.Tensor:
+                    chunk_bytes: int | None = None) -> torch.Tensor:
     """Attention of packed queries [T, Hq, D] over each sequence's pages -> [T, Hq, D] in the queries' dtype; rows past
-    the last sequence's queries are 0, as is a row with nothing to attend."""
+    the last sequence's queries are 0, as is a row with nothing to attend. Each step gathers whole pages, at most
+    `chunk_bytes` (default CHUNK_BYTES) of float32 keys across the sequences (at least one page)."""
     t, hq, d = queries.shape
     page_size, hkv = k_cache.shape[1], k_cache.shape[2]
     g = hq // hkv
@@ -143,45 +149,48 @@ def paged_attention(queries: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     i = torch.arange(width, device=dev)
     q_valid = i[None] < q_lens[:, None]  # [S, W]
     rows = torch.where(q_valid, q_starts[:, None] + i[None], 0)
-    q = queries[rows.reshape(-1)].reshape(s, width, hkv, g, d).float() * sm_scale  # [S, W, Hkv, G, D]
+    # [S, Hkv, W*G, D]: each kv head's query rows (position-major, then the heads sharing it)
+    q = (queries[rows.reshape(-1)].reshape(s, width, hkv, g, d).float() * sm_scale).permute(0, 2, 1, 3, 4)
+    q = q.reshape(s, hkv, width * g, d)
     q_pos = (kv_lens - q_lens)[:, None] + i[None]  # [S, W]
-    m = torch.full((s, width, hkv, g), float("-inf"), device=dev)
-    denom = torch.zeros((s, width, hkv, g), device=dev)
-    acc = torch.zeros((s, width, hkv, g, d), device=dev)
-    step = max(1, chunk_tokens // page_size)
+    m = torch.full((s, hkv, width * g, 1), float("-inf"), device=dev)
+    denom = torch.zeros((s, hkv, width * g, 1), device=dev)
+    acc = torch.zeros((s, hkv, width * g, d), device=dev)
+    budget = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+    step = max(1, budget // (s * page_size * hkv * d * 4))
     table = page_indices[:s].long().to(dev)
     for first in range(0, call.pages_needed, step):
         cols = torch.arange(first, min(first + step, call.pages_needed), device=dev)
         k_pos = (cols[:, None] * page_size + torch.arange(page_size, device=dev)[None]).reshape(-1)  # [C]
-        in_seq = k_pos[None] < kv_lens[:, None]  # [S, C]
         pages = torch.where(cols[None] * page_size < kv_lens[:, None], table[:, cols], 0)  # unneeded pages: read page 0
-        k = k_cache[pages].reshape(s, -1, hkv, d).float()  # [S, C, Hkv, D]: this chunk of keys only
-        v = v_cache[pages].reshape(s, -1, hkv, d).float()
-        logits = torch.einsum("swhgd,schd->swhgc", q, k)
+        k = k_cache[pages].reshape(s, -1, hkv, d).transpose(1, 2).float()  # [S, Hkv, C, D]: this chunk of keys only
+        v = v_cache[pages].reshape(s, -1, hkv, d).transpose(1, 2).float()
+        logits = torch.matmul(q, k.transpose(-1, -2))  # [S, Hkv, W*G, C]
         if soft_cap is not None:
             logits = soft_cap * torch.tanh(logits / soft_cap)
-        keep = in_seq[:, None, :] & q_valid[:, :, None]  # [S, W, C]
+        keep = (k_pos[None, None] < kv_lens[:, None, None]) & q_valid[:, :, None]  # [S, W, C]
         if causal:
             keep = keep & (k_pos[None, None] <= q_pos[:, :, None])
         if sliding_window is not None:
             keep = keep & (k_pos[None, None] > q_pos[:, :, None] - sliding_window)
-        logits = logits.masked_fill(~keep[:, :, None, None, :], float("-inf"))
-        m_new = torch.maximum(m, logits.amax(-1))
+        keep = keep[:, None, :, None, :].expand(s, 1, width, g, keep.shape[-1]).reshape(s, 1, width * g, -1)
+        logits = logits.masked_fill(~keep, float("-inf"))
+        m_new = torch.maximum(m, logits.amax(-1, keepdim=True))
         safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
         scale_old = torch.exp(m - safe)  # 0 where m was -inf
-        p = torch.exp(logits - safe[..., None])
-        denom = denom * scale_old + p.sum(-1)
-        acc = acc * scale_old[..., None] + torch.einsum("swhgc,schd->swhgd", p, v)
+        p = torch.exp(logits - safe)
+        denom = denom * scale_old + p.sum(-1, keepdim=True)
+        acc = acc * scale_old + torch.matmul(p, v)
         m = m_new
     if sinks is not None:  # one extra logit per query head in the denominator, no value
-        sink = sinks.float().to(dev).reshape(1, 1, hkv, g)
+        sink = sinks.float().to(dev).reshape(1, hkv, 1, g).expand(1, hkv, width, g).reshape(1, hkv, width * g, 1)
         m_new = torch.maximum(m, sink)
         scale_old = torch.exp(m - m_new)
         denom = denom * scale_old + torch.exp(sink - m_new)
-        acc = acc * scale_old[..., None]
-    result = acc / torch.where(denom > 0, denom, torch.ones_like(denom))[..., None]
-    result = result.reshape(s * width, hq, d)[q_valid.reshape(-1)]
-    out[rows[q_valid]] = result.to(out.dtype)
+        acc = acc * scale_old
+    result = acc / torch.where(denom > 0, denom, torch.ones_like(denom))  # [S, Hkv, W*G, D]
+    result = result.reshape(s, hkv, width, g, d).permute(0, 2, 1, 3, 4).reshape(s * width, hq, d)
+    out[rows[q_valid]] = result[q_valid.reshape(-1)].to(out.dtype)
     return out
 
 

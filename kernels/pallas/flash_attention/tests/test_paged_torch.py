@@ -182,27 +182,27 @@ def test_flash_attn_varlen_func_with_block_table_reads_the_cache_in_place(fa):
 
 
 def test_the_page_walk_never_holds_the_whole_cache(fa, monkeypatch):
-    """Each step of the walk gathers at most CHUNK_TOKENS keys per sequence, whatever the cache holds."""
+    """Each step of the walk gathers at most CHUNK_BYTES of keys (whole pages), whatever the cache holds."""
     from importlib import import_module
 
     paged = import_module(fa.__name__ + ".torch_paged")
-    monkeypatch.setattr(paged, "CHUNK_TOKENS", 8)
     seen = []
-    real = paged.torch.einsum
+    real = paged.torch.matmul
 
-    def spy(eq, *ops):
-        if eq.startswith("swhgd,schd"):
-            seen.append(ops[1].shape[1])
-        return real(eq, *ops)
+    def spy(a, b):  # each step: logits (q @ keys [S, Hkv, D, C]), then probabilities @ values [S, Hkv, C, D]
+        seen.append(b.shape)
+        return real(a, b)
 
-    monkeypatch.setattr(paged.torch, "einsum", spy)
+    monkeypatch.setattr(paged.torch, "matmul", spy)
     case = build(5, q_lens=[1, 2], kv_lens=[30, 21], hq=2, hkv=1)
     call = paged.check_paged_call(case["q"], case["k_cache"], case["v_cache"], case["kv_lens"], case["table"],
                                   case["cu"])
     paged.write_new_rows(case["k_cache"], case["v_cache"], case["keys"], case["values"], case["table"], call)
+    chunk = 2 * 8 * 1 * 16 * 4  # two sequences x 8 keys (two pages of 4) x 1 kv head x d16 x f32
     got = paged.paged_attention(case["q"], case["k_cache"], case["v_cache"], case["table"], call, causal=True,
-                                sm_scale=0.25, sliding_window=None, soft_cap=None, sinks=None, chunk_tokens=8)
-    assert seen and max(seen) == 8 and len(seen) == 4  # 30 keys in 8-key steps
+                                sm_scale=0.25, sliding_window=None, soft_cap=None, sinks=None, chunk_bytes=chunk)
+    assert [shape[-1] for shape in seen[0::2]] == [8, 8, 8, 8]  # 30 keys in 8-key steps, never more
+    assert [shape[-2] for shape in seen[1::2]] == [8, 8, 8, 8]
     assert rel_error(got, torch.from_numpy(expected(case, scale=0.25)).float()) <= TOL["float32"]
 
 
