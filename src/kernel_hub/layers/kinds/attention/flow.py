@@ -1,16 +1,17 @@
-"""The attention kind's flow on a transformers model over the jobs: find.can_switch_attention -> load (the kernel)
--> register "kernel_hub" (the adapter, transformers.py) -> remember every config's implementation -> two small
-forwards (validate.model_forwards, one left-padded) on the model as it is -> one
-`model.set_attn_implementation("kernel_hub")` -> the same forwards in probe mode (every layer that calls the
-AttentionInterface runs its previous implementation and the kernel on its own q/k/v/mask and returns the previous
-output) -> plan.switch_check: with every layer returning its previous output the model must give the outputs it gave
-before the switch, else the model itself computes differently under another implementation name (DeepSeek sparse
-attention hands its top-k keys to the attention function instead of masking them) and every layer stays on its
-previous implementation -> hook each layer found: the kernel where it matched within the dtype tolerance, its
-previous implementation otherwise. The switched configs (the model's private copies) accept attention-weight
-requests from the switch on (transformers.py). Nothing matched: switch back. `restore` puts every config's
-implementation and class back exactly. On a Diffusers denoiser the kind runs through the processor API instead
-(diffusers.py, diffusers_route.py).
+"""The attention kind's flow on a transformers model over the jobs: find.can_switch_attention -> load (the kernel) ->
+register "kernel_hub_flash" and "kernel_hub" (the adapter, transformers.py) -> remember every config's
+implementation -> two small forwards (validate.model_forwards, one left-padded) on the model as it is -> one
+`model.set_attn_implementation("kernel_hub")`, then the configs renamed "kernel_hub_flash" (the name continuous
+batching accepts; transformers would try to load a flash-attn package if asked to switch to it) -> the same forwards
+in probe mode (every layer that calls the AttentionInterface runs its previous implementation and the kernel on its
+own q/k/v/mask and returns the previous output) -> plan.switch_check: with every layer returning its previous output
+the model must give the outputs it gave before the switch, else the model itself computes differently under another
+implementation name (DeepSeek sparse attention hands its top-k keys to the attention function instead of masking
+them) and every layer stays on its previous implementation -> hook each layer found: the kernel where it matched
+within the dtype tolerance, its previous implementation otherwise. The switched configs (the model's private copies)
+accept attention-weight requests from the switch on (transformers.py). Nothing matched: switch back. `restore` puts
+every config's implementation and class back exactly. On a Diffusers denoiser the kind runs through the processor
+API instead (diffusers.py, diffusers_route.py).
 """
 
 from __future__ import annotations
