@@ -20,7 +20,7 @@ import torch
 
 #: Bytes of float32 keys gathered per step of the page walk, across the sequences (rounded down to whole pages, at
 #: least one page per sequence): what bounds the walk's memory, whatever the cache holds.
-CHUNK_BYTES = 8 << 20
+CHUNK_BYTES = 32 << 20
 
 
 class PagedCacheError(ValueError):
@@ -129,6 +129,31 @@ def read_new_rows(cache: torch.Tensor, page_indices: torch.Tensor, call: PagedCa
     return out
 
 
+def _fused_cpu() -> bool:
+    return hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+
+
+def _attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor, soft_cap: float | None,
+                  has: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention of pre-scaled q [S, H, R, D] over one chunk k/v [S, H, C, D] with keep [S, 1, R, C] ->
+    (output normalised within the chunk, its log-sum-exp [S, H, R, 1]; -inf and 0 output where a row keeps nothing).
+    On CPU torch's fused flash kernel (it returns the log-sum-exp the merge needs) where no soft cap applies. `has`
+    [S, 1, R, 1]: whether each row keeps any key here, when the caller knows it (else read from keep)."""
+    has = keep.any(-1, keepdim=True) if has is None else has
+    if soft_cap is None and q.device.type == "cpu" and _fused_cpu():
+        bias = torch.where(keep, 0.0, float("-inf"))
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=bias,
+                                                                             scale=1.0)
+        return out, torch.where(has, lse[..., None], float("-inf"))  # a row with no key: output 0, lse reads 0
+    logits = torch.matmul(q, k.transpose(-1, -2))  # [S, H, R, C]
+    if soft_cap is not None:
+        logits = soft_cap * torch.tanh(logits / soft_cap)
+    logits = logits.masked_fill(~keep, float("-inf"))
+    lse = torch.logsumexp(logits, -1, keepdim=True)
+    safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+    return torch.matmul(torch.exp(logits - safe), v), lse
+
+
 def paged_attention(queries: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_indices: torch.Tensor,
                     call: PagedCall, *, causal: bool, sm_scale: float, sliding_window: int | None,
                     soft_cap: float | None, sinks: torch.Tensor | None,
@@ -150,12 +175,11 @@ def paged_attention(queries: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     q_valid = i[None] < q_lens[:, None]  # [S, W]
     rows = torch.where(q_valid, q_starts[:, None] + i[None], 0)
     # [S, Hkv, W*G, D]: each kv head's query rows (position-major, then the heads sharing it)
-    q = (queries[rows.reshape(-1)].reshape(s, width, hkv, g, d).float() * sm_scale).permute(0, 2, 1, 3, 4)
+    q = queries[rows.reshape(-1)].reshape(s, width, hkv, g, d).float().permute(0, 2, 1, 3, 4) * sm_scale
     q = q.reshape(s, hkv, width * g, d)
     q_pos = (kv_lens - q_lens)[:, None] + i[None]  # [S, W]
-    m = torch.full((s, hkv, width * g, 1), float("-inf"), device=dev)
-    denom = torch.zeros((s, hkv, width * g, 1), device=dev)
-    acc = torch.zeros((s, hkv, width * g, d), device=dev)
+    lse = torch.full((s, hkv, width * g, 1), float("-inf"), device=dev)  # running log-sum-exp of each row
+    acc = torch.zeros((s, hkv, width * g, d), device=dev)  # running output, normalised by exp(lse)
     budget = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
     step = max(1, budget // (s * page_size * hkv * d * 4))
     table = page_indices[:s].long().to(dev)
@@ -165,31 +189,26 @@ def paged_attention(queries: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         pages = torch.where(cols[None] * page_size < kv_lens[:, None], table[:, cols], 0)  # unneeded pages: read page 0
         k = k_cache[pages].reshape(s, -1, hkv, d).transpose(1, 2).float()  # [S, Hkv, C, D]: this chunk of keys only
         v = v_cache[pages].reshape(s, -1, hkv, d).transpose(1, 2).float()
-        logits = torch.matmul(q, k.transpose(-1, -2))  # [S, Hkv, W*G, C]
-        if soft_cap is not None:
-            logits = soft_cap * torch.tanh(logits / soft_cap)
         keep = (k_pos[None, None] < kv_lens[:, None, None]) & q_valid[:, :, None]  # [S, W, C]
         if causal:
             keep = keep & (k_pos[None, None] <= q_pos[:, :, None])
         if sliding_window is not None:
             keep = keep & (k_pos[None, None] > q_pos[:, :, None] - sliding_window)
         keep = keep[:, None, :, None, :].expand(s, 1, width, g, keep.shape[-1]).reshape(s, 1, width * g, -1)
-        logits = logits.masked_fill(~keep, float("-inf"))
-        m_new = torch.maximum(m, logits.amax(-1, keepdim=True))
-        safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
-        scale_old = torch.exp(m - safe)  # 0 where m was -inf
-        p = torch.exp(logits - safe)
-        denom = denom * scale_old + p.sum(-1, keepdim=True)
-        acc = acc * scale_old + torch.matmul(p, v)
-        m = m_new
+        # which rows keep any key of this chunk, from positions alone: [lo, hi] is the row's visible range here
+        hi = torch.clamp(kv_lens[:, None] - 1, max=int(k_pos[-1]))
+        hi = torch.minimum(hi, q_pos) if causal else hi
+        lo = int(k_pos[0]) if sliding_window is None else torch.clamp(q_pos - sliding_window + 1, min=int(k_pos[0]))
+        has = (q_valid & (hi >= lo))[:, None, :, None].expand(s, 1, width, g).reshape(s, 1, width * g, 1)
+        out_c, lse_c = _attend_chunk(q, k, v, keep, soft_cap, has)
+        new = torch.logaddexp(lse, lse_c)
+        safe = torch.where(torch.isfinite(new), new, torch.zeros_like(new))
+        acc = acc * torch.exp(lse - safe) + out_c * torch.exp(lse_c - safe)  # exp(-inf) = 0 for an empty side
+        lse = new
     if sinks is not None:  # one extra logit per query head in the denominator, no value
         sink = sinks.float().to(dev).reshape(1, hkv, 1, g).expand(1, hkv, width, g).reshape(1, hkv, width * g, 1)
-        m_new = torch.maximum(m, sink)
-        scale_old = torch.exp(m - m_new)
-        denom = denom * scale_old + torch.exp(sink - m_new)
-        acc = acc * scale_old
-    result = acc / torch.where(denom > 0, denom, torch.ones_like(denom))  # [S, Hkv, W*G, D]
-    result = result.reshape(s, hkv, width, g, d).permute(0, 2, 1, 3, 4).reshape(s * width, hq, d)
+        acc = acc * torch.exp(lse - torch.logaddexp(lse, sink))
+    result = acc.reshape(s, hkv, width, g, d).permute(0, 2, 1, 3, 4).reshape(s * width, hq, d)
     out[rows[q_valid]] = result[q_valid.reshape(-1)].to(out.dtype)
     return out
 

@@ -187,13 +187,13 @@ def test_the_page_walk_never_holds_the_whole_cache(fa, monkeypatch):
 
     paged = import_module(fa.__name__ + ".torch_paged")
     seen = []
-    real = paged.torch.matmul
+    real = paged._attend_chunk
 
-    def spy(a, b):  # each step: logits (q @ keys [S, Hkv, D, C]), then probabilities @ values [S, Hkv, C, D]
-        seen.append(b.shape)
-        return real(a, b)
+    def spy(q, k, v, keep, soft_cap, has=None):  # one step: the queries against one chunk of keys [S, Hkv, C, D]
+        seen.append(k.shape[-2])
+        return real(q, k, v, keep, soft_cap, has)
 
-    monkeypatch.setattr(paged.torch, "matmul", spy)
+    monkeypatch.setattr(paged, "_attend_chunk", spy)
     case = build(5, q_lens=[1, 2], kv_lens=[30, 21], hq=2, hkv=1)
     call = paged.check_paged_call(case["q"], case["k_cache"], case["v_cache"], case["kv_lens"], case["table"],
                                   case["cu"])
@@ -201,9 +201,25 @@ def test_the_page_walk_never_holds_the_whole_cache(fa, monkeypatch):
     chunk = 2 * 8 * 1 * 16 * 4  # two sequences x 8 keys (two pages of 4) x 1 kv head x d16 x f32
     got = paged.paged_attention(case["q"], case["k_cache"], case["v_cache"], case["table"], call, causal=True,
                                 sm_scale=0.25, sliding_window=None, soft_cap=None, sinks=None, chunk_bytes=chunk)
-    assert [shape[-1] for shape in seen[0::2]] == [8, 8, 8, 8]  # 30 keys in 8-key steps, never more
-    assert [shape[-2] for shape in seen[1::2]] == [8, 8, 8, 8]
+    assert seen == [8, 8, 8, 8]  # 30 keys in 8-key steps, never more
     assert rel_error(got, torch.from_numpy(expected(case, scale=0.25)).float()) <= TOL["float32"]
+
+
+def test_the_fused_and_the_plain_chunk_agree(fa):
+    """The two ways a step attends one chunk (torch's fused CPU kernel, a plain masked softmax) give the same output
+    and log-sum-exp, rows that keep no key included."""
+    from importlib import import_module
+
+    paged = import_module(fa.__name__ + ".torch_paged")
+    g = torch.Generator().manual_seed(3)
+    q, k, v = torch.randn(3, 2, 5, 16, generator=g), torch.randn(3, 2, 7, 16, generator=g), torch.randn(3, 2, 7, 16,
+                                                                                                        generator=g)
+    keep = torch.rand(3, 1, 5, 7, generator=g) > 0.4
+    keep[0, 0, 2] = False
+    fused, lse_fused = paged._attend_chunk(q, k, v, keep, None)
+    plain, lse_plain = paged._attend_chunk(q, k, v, keep, 1e9)  # a soft cap that changes nothing takes the plain way
+    assert torch.allclose(fused, plain, atol=1e-5) and torch.allclose(lse_fused, lse_plain, atol=1e-5)
+    assert torch.isneginf(lse_fused[0, :, 2]).all() and not fused[0, :, 2].any()
 
 
 @pytest.mark.parametrize("bad,match", [
