@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # The tested set, pinned. torch==2.13.0 is the CPU wheel: never leave torch unpinned.
 PKGS := -c constraints.txt torch==2.13.0 jax==0.10.2 jaxlib==0.10.2 tokamax==0.0.12 \
         transformers==5.25.0 huggingface_hub==2.4.0 kernels==0.19.1 diffusers==0.42.1 accelerate==1.15.0 starlette \
-        uvicorn dulwich pydantic pytest pytest-xdist hypothesis ruff mypy rich matplotlib
+        uvicorn dulwich pydantic pytest pytest-xdist hypothesis ruff mypy rich matplotlib fastapi openai
 
 # Local wheels of what kernel-hub[demo] needs (its dependencies, jax, torch, transformers; pinned by
 # constraints.txt): tests/test_wheel.py installs the built kernel-hub wheel from here into a fresh venv, offline.

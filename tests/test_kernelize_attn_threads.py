@@ -55,7 +55,7 @@ def test_each_model_validated_at_once_feeds_its_own_probe():
 
     def validate(model, probe):
         def run():
-            model.set_attn_implementation(at.IMPLEMENTATION_NAME)
+            model.set_attn_implementation(at.SETTABLE_NAME)  # the name set_attn_implementation takes
             configs = attention_configs(model)
             at.set_probe(configs, probe)
             try:

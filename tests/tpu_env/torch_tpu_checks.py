@@ -119,7 +119,10 @@ SCHEMAS = {
 def test_every_entry_is_registered_with_its_schema(rd, fa):
     assert rd.__kernel_hub__.variant == fa.__kernel_hub__.variant == "torch-tpu"
     assert set(rd.tpu_ops()) == {"ragged_dot", "ragged_dot_quantized", "experts_forward", "experts_forward_bias"}
-    assert set(fa.tpu_ops()) == {"flash_attention", "decode_attention"}
+    # ragged_paged_attention: registered where the flash-attention JAX package has that entry
+    paged = {"ragged_paged_attention"} if importlib.import_module(".torch_bridge", fa.__name__).has_ragged_paged() \
+        else set()
+    assert set(fa.tpu_ops()) == {"flash_attention", "decode_attention", *paged}
     custom_ops = importlib.import_module("torch._library.custom_ops")
     for (kernel, entry), args in SCHEMAS.items():
         name = f"{namespace(kernel)}::{entry}"

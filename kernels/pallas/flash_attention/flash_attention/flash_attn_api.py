@@ -1,4 +1,5 @@
-"""flash-attn's interface on this kernel, `flash_attn_func` and `flash_attn_varlen_func`: transformers' hub attention.
+"""flash-attn's interface on this kernel, `flash_attn_func`, `flash_attn_varlen_func` and `flash_attn_with_kvcache`:
+transformers' hub attention, and its continuous batching's paged KV cache.
 
 transformers loads a hub repo named in `attn_implementation="org/repo"` whose name says "flash" as a flash-attn
 package: it reads these two functions (their parameters decide which options it passes), unpads left- or right-padded
@@ -13,6 +14,12 @@ dispatch runs them: torch-native on CPU, the Pallas kernel through the TorchTPU 
 - s_aux: attention sinks [Hq] (GPT-OSS; vLLM's flash-attn 3 name, the one transformers 5.25 passes when the function
   takes it): one extra logit per head in the softmax denominator with no value.
 - A query row with no key to attend comes out 0 (as flash-attn's).
+- Paged KV cache (flash-attn >= 2.5; transformers' continuous batching): `flash_attn_with_kvcache(q, k_cache, v_cache,
+  k, v, cache_seqlens=, block_table=)` writes the new k/v rows into their pages (in place) and attends; with
+  `block_table` (or vLLM's name `page_table`) `flash_attn_varlen_func` takes k/v as the caches [num_pages, page_size,
+  Hkv, D] and cu_seqlens_k (or `seqused_k`) as each sequence's cached length. Both walk the pages (torch_paged.py): the
+  cache is never gathered into one contiguous copy. On TPU tensors the torch-tpu build runs the JAX ragged paged
+  attention kernel.
 Refused with `UnsupportedAttentionCall` naming what to change (never computed approximately): dropout_p != 0,
 return_attn_probs=True, alibi_slopes, and a bounded right window without causal that is not 0 (the kernel masks
 keys on the left only).
@@ -26,7 +33,7 @@ import torch
 
 from .hf_attention import UnsupportedAttentionCall
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
 
 _WHO = "kernel-hub/flash-attention-tpu"
 
@@ -121,14 +128,26 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                            softmax_scale: float | None = None, causal: bool = False,
                            window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                            alibi_slopes: torch.Tensor | None = None, deterministic: bool = False,
-                           return_attn_probs: bool = False, s_aux: torch.Tensor | None = None) -> torch.Tensor:
+                           return_attn_probs: bool = False, s_aux: torch.Tensor | None = None,
+                           block_table: torch.Tensor | None = None, page_table: torch.Tensor | None = None,
+                           seqused_k: torch.Tensor | None = None) -> torch.Tensor:
     """Attention per packed sequence: q [total_q, Hq, D], k/v [total_k, Hkv, D], sequence b's queries at rows
     cu_seqlens_q[b]:cu_seqlens_q[b+1] and its keys at cu_seqlens_k[b]:cu_seqlens_k[b+1] -> [total_q, Hq, D] in q's
     dtype (rows past cu_seqlens_q[-1] come out 0). The sequences run as one batch padded to max_seqlen_q/k with their
-    lengths, so no sequence sees another's keys."""
+    lengths, so no sequence sees another's keys.
+
+    Paged (block_table or page_table [batch, pages_per_seq] given): k/v are the caches [num_pages, page_size, Hkv, D]
+    holding every key already, sequence b's length is cu_seqlens_k[b+1] - cu_seqlens_k[b] (or seqused_k[b]), and its
+    queries are its last positions (bottom-right causal)."""
     from . import flash_attention
 
     name = "flash_attn_varlen_func"
+    if block_table is not None or page_table is not None:
+        return _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                             block_table if block_table is not None else page_table, dropout_p=dropout_p,
+                             softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+                             alibi_slopes=alibi_slopes, return_attn_probs=return_attn_probs, s_aux=s_aux,
+                             max_seqlen_q=int(max_seqlen_q))
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         raise _refuse(name, f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: expected packed "
                             "[total_tokens, heads, head_dim] each")
@@ -153,3 +172,108 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     out = q.new_zeros(q.shape)
     out[rows] = padded.transpose(1, 2).reshape(-1, *q.shape[1:])[valid]
     return out
+
+
+def _scale(softmax_scale: float | None, head_dim: int) -> float:
+    return float(softmax_scale) if softmax_scale is not None else head_dim ** -0.5
+
+
+def _paged_varlen(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                  cu_seqlens_k: torch.Tensor | None, seqused_k: torch.Tensor | None, table: torch.Tensor, *,
+                  max_seqlen_q: int, **options: Any) -> torch.Tensor:
+    """flash_attn_varlen_func over a paged cache that already holds every key (nothing is written)."""
+    from . import ragged_paged_attention
+
+    name = "flash_attn_varlen_func"
+    if q.dim() != 3 or k_cache.dim() != 4:
+        raise _refuse(name, f"q {tuple(q.shape)}, k {tuple(k_cache.shape)}: with a block table expected packed q "
+                            "[total_q, heads, head_dim] and caches [num_pages, page_size, kv_heads, head_dim]")
+    if seqused_k is not None:
+        kv_lens = seqused_k
+    elif cu_seqlens_k is not None:
+        if cu_seqlens_k.dim() != 1 or cu_seqlens_k.numel() < 1:
+            raise _refuse(name, f"cu_seqlens_k of shape {tuple(cu_seqlens_k.shape)}: expected [batch + 1] offsets")
+        kv_lens = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+    else:
+        raise _refuse(name, "a block table needs each sequence's cached length: pass cu_seqlens_k or seqused_k")
+    causal, window = mask_options(name, causal=bool(options["causal"]), window_size=options["window_size"],
+                                  max_seqlen_q=max_seqlen_q, dropout_p=options["dropout_p"],
+                                  alibi_slopes=options["alibi_slopes"], return_attn_probs=options["return_attn_probs"])
+    out, _, _ = ragged_paged_attention(q, None, None, k_cache, v_cache, kv_lens.to(torch.int32), table,
+                                       cu_seqlens_q.to(torch.int32), num_seqs=int(table.shape[0]),
+                                       sinks=_sinks(options["s_aux"], q.shape[1], name),
+                                       sm_scale=_scale(options["softmax_scale"], q.shape[-1]), sliding_window=window,
+                                       soft_cap=_soft_cap(options["softcap"]), causal=causal)
+    return out
+
+
+def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            k: torch.Tensor | None = None, v: torch.Tensor | None = None,
+                            rotary_cos: torch.Tensor | None = None, rotary_sin: torch.Tensor | None = None,
+                            cache_seqlens: int | torch.Tensor | None = None,
+                            cache_batch_idx: torch.Tensor | None = None, cache_leftpad: torch.Tensor | None = None,
+                            block_table: torch.Tensor | None = None, softmax_scale: float | None = None,
+                            causal: bool = False, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                            rotary_interleaved: bool = True, alibi_slopes: torch.Tensor | None = None,
+                            num_splits: int = 0, return_softmax_lse: bool = False,
+                            s_aux: torch.Tensor | None = None) -> torch.Tensor:
+    """flash-attn's decode-with-cache call: q [B, Sq, Hq, D] against a KV cache, the new k/v [B, Sq, Hkv, D] written
+    into it first (in place) at positions cache_seqlens[b] .. cache_seqlens[b] + Sq - 1 -> [B, Sq, Hq, D].
+
+    The cache is paged with block_table [B, pages_per_seq] (k_cache/v_cache [num_pages, page_size, Hkv, D]), else one
+    row per sequence ([B, max_len, Hkv, D]). cache_seqlens: the cached length before the new tokens (an int or [B];
+    None: the whole cache, no new k/v). The queries are each sequence's last Sq positions (bottom-right causal).
+    `num_splits` is a CUDA tuning knob, accepted and moot; rotary embedding, cache_batch_idx, cache_leftpad,
+    alibi_slopes and the softmax LSE are refused (UnsupportedAttentionCall)."""
+    from . import ragged_paged_attention
+
+    name = "flash_attn_with_kvcache"
+    unsupported = {"rotary_cos": rotary_cos, "rotary_sin": rotary_sin, "cache_batch_idx": cache_batch_idx,
+                   "cache_leftpad": cache_leftpad}
+    for arg, value in unsupported.items():
+        if value is not None:
+            raise _refuse(name, f"{arg}: not supported by this kernel; apply it before the call and pass None")
+    if return_softmax_lse:
+        raise _refuse(name, "return_softmax_lse=True: the kernel does not return the softmax log-sum-exp; pass False")
+    if q.dim() != 4 or k_cache.dim() != 4:
+        raise _refuse(name, f"q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}: expected [batch, seqlen, heads, "
+                            "head_dim] and a 4-D cache")
+    if (k is None) != (v is None):
+        raise _refuse(name, "pass both k and v (the new tokens), or neither")
+    b, sq = q.shape[0], q.shape[1]
+    if k is not None and (k.dim() != 4 or tuple(k.shape[:2]) != (b, sq) or tuple(v.shape) != tuple(k.shape)):
+        raise _refuse(name, f"k {tuple(k.shape)}, v {tuple(v.shape)}: expected [batch, seqlen_q, kv_heads, head_dim] "
+                            f"with q's batch and seqlen ({b}, {sq})")
+    device = q.device
+    if block_table is None:
+        table = torch.arange(b, dtype=torch.int32, device=device)[:, None]
+        if k_cache.shape[0] != b:
+            raise _refuse(name, f"k_cache {tuple(k_cache.shape)} without block_table: expected one cache row per "
+                                f"sequence ({b})")
+    else:
+        table = block_table
+        if table.dim() != 2 or table.shape[0] != b:
+            raise _refuse(name, f"block_table of shape {tuple(table.shape)}: expected [batch={b}, pages_per_seq]")
+    new = 0 if k is None else sq
+    if cache_seqlens is None:
+        if k is not None:
+            raise _refuse(name, "new k/v without cache_seqlens: pass each sequence's cached length before them")
+        lens = torch.full((b,), table.shape[1] * k_cache.shape[1], dtype=torch.int32, device=device)
+    elif isinstance(cache_seqlens, int):
+        lens = torch.full((b,), cache_seqlens + new, dtype=torch.int32, device=device)
+    else:
+        lens = cache_seqlens.reshape(-1).to(torch.int32) + new
+    causal, window = mask_options(name, causal=bool(causal), window_size=window_size, max_seqlen_q=sq,
+                                  dropout_p=0.0, alibi_slopes=alibi_slopes, return_attn_probs=False)
+    cu_q = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32, device=device)
+    queries = q.reshape(b * sq, *q.shape[2:])
+    keys = None if k is None else k.reshape(b * sq, *k.shape[2:])
+    values = None if v is None else v.reshape(b * sq, *v.shape[2:])
+    caches = (k_cache, v_cache)
+    if block_table is None:  # one page of max_len rows per sequence: the same pages, viewed
+        caches = tuple(c.reshape(b, c.shape[1], *c.shape[2:]) for c in caches)
+    out, _, _ = ragged_paged_attention(queries, keys, values, *caches, lens, table, cu_q, num_seqs=b,
+                                       sinks=_sinks(s_aux, q.shape[2], name),
+                                       sm_scale=_scale(softmax_scale, q.shape[-1]), sliding_window=window,
+                                       soft_cap=_soft_cap(softcap), causal=causal)
+    return out.reshape(q.shape)

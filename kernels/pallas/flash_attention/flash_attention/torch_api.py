@@ -11,7 +11,10 @@ function first (torch_bridge.py): through DLPack on CUDA, as the TorchTPU ops
 build's entry, torch_tpu_api.py, registers them). Prefill is differentiable on both; the JAX decode is forward
 only, so a decode call that needs gradients runs torch-native. `flash_attn_func` / `flash_attn_varlen_func` are
 flash-attn's interface (flash_attn_api.py), what transformers' hub attention loads for
-`attn_implementation="kernel-hub/flash-attention-tpu"`; `attention_forward` is an AttentionInterface function for hand
+`attn_implementation="kernel-hub/flash-attention-tpu"`, with `flash_attn_with_kvcache` and `block_table` for a paged KV
+cache (transformers' continuous batching); `ragged_paged_attention(queries, keys, values, k_cache, v_cache, kv_lens,
+page_indices, cu_q_lens, ...)` is the JAX contract's paged entry on torch tensors (torch_paged.py natively, the JAX
+kernel through the bridge); `attention_forward` is an AttentionInterface function for hand
 registration (hf_attention.py); `layers` is HF kernels' layer module: empty, and it says why (no transformers hub layer
 name is softmax attention).
 """
@@ -24,17 +27,19 @@ from pathlib import Path
 import torch
 
 from . import layers
-from ._vendor.shapes import check_attention
+from ._vendor.shapes import check_attention, check_window
 from ._vendor.torch_dispatch import IMPLEMENTATIONS, ORDER, TorchDispatch
 from ._vendor.torch_tpu_ops import op_namespace, package_digest
-from .flash_attn_api import flash_attn_func, flash_attn_varlen_func
+from .flash_attn_api import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 from .hf_attention import UnsupportedAttentionCall, attention_forward
 from .release import VERSION
 from .torch_cpu import attention_torch
+from .torch_paged import PagedCacheError, ragged_paged_attention_torch
 
 __all__ = [
     "IMPLEMENTATIONS",
     "ORDER",
+    "PagedCacheError",
     "UnsupportedAttentionCall",
     "attention_forward",
     "decode_attention",
@@ -42,9 +47,11 @@ __all__ = [
     "flash_attention",
     "flash_attn_func",
     "flash_attn_varlen_func",
+    "flash_attn_with_kvcache",
     "implementations_for",
     "last_implementation",
     "layers",
+    "ragged_paged_attention",
     "resolve_implementation",
 ]
 
@@ -120,3 +127,49 @@ def decode_attention(
                           logits_soft_cap=cap)
 
     return _DISPATCH.run(q.device, implementation, call, entry="decode_attention")
+
+
+def ragged_paged_attention(
+    queries: torch.Tensor,
+    keys: torch.Tensor | None,
+    values: torch.Tensor | None,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    kv_lens: torch.Tensor,
+    page_indices: torch.Tensor,
+    cu_q_lens: torch.Tensor,
+    num_seqs: int | None = None,
+    *,
+    sinks: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    causal: bool = True,
+    implementation: str | Sequence[str] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The JAX entry's ragged paged attention on torch tensors -> (out [T, Hq, D], k_cache, v_cache).
+
+    queries [T, Hq, D] and keys/values [T, Hkv, D] packed per sequence by cu_q_lens [S+1]; k_cache/v_cache
+    [num_pages, page_size, Hkv, D]; kv_lens [S] include the new tokens; page_indices [S, pages_per_seq]. The new rows
+    are written into their pages in place (keys/values None: the caches hold them already), and the same cache
+    tensors are returned. Bad page tables or lengths raise PagedCacheError before anything is written.
+    """
+    if queries.dim() != 3:
+        raise PagedCacheError(f"ragged_paged_attention: queries of shape {tuple(queries.shape)}: expected packed "
+                              "[tokens, q_heads, head_dim]")
+    window = check_window(sliding_window)
+    scale = float(sm_scale) if sm_scale is not None else queries.shape[-1] ** -0.5
+    cap = None if soft_cap is None else float(soft_cap)
+
+    def call(name: str) -> torch.Tensor:
+        if name == "torch":
+            return ragged_paged_attention_torch(queries, keys, values, k_cache, v_cache, kv_lens, page_indices,
+                                                cu_q_lens, num_seqs, causal=bool(causal), sm_scale=scale,
+                                                sliding_window=window, soft_cap=cap, sinks=sinks)
+        from .torch_bridge import ragged_paged_jax
+
+        return ragged_paged_jax(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, num_seqs,
+                                causal=bool(causal), sm_scale=scale, sliding_window=window, soft_cap=cap, sinks=sinks)
+
+    out = _DISPATCH.run(queries.device, implementation, call, entry="ragged_paged_attention")
+    return out, k_cache, v_cache

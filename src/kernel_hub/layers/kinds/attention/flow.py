@@ -1,16 +1,17 @@
-"""The attention kind's flow on a transformers model over the jobs: find.can_switch_attention -> load (the kernel)
--> register "kernel_hub" (the adapter, transformers.py) -> remember every config's implementation -> two small
-forwards (validate.model_forwards, one left-padded) on the model as it is -> one
-`model.set_attn_implementation("kernel_hub")` -> the same forwards in probe mode (every layer that calls the
-AttentionInterface runs its previous implementation and the kernel on its own q/k/v/mask and returns the previous
-output) -> plan.switch_check: with every layer returning its previous output the model must give the outputs it gave
-before the switch, else the model itself computes differently under another implementation name (DeepSeek sparse
-attention hands its top-k keys to the attention function instead of masking them) and every layer stays on its
-previous implementation -> hook each layer found: the kernel where it matched within the dtype tolerance, its
-previous implementation otherwise. The switched configs (the model's private copies) accept attention-weight
-requests from the switch on (transformers.py). Nothing matched: switch back. `restore` puts every config's
-implementation and class back exactly. On a Diffusers denoiser the kind runs through the processor API instead
-(diffusers.py, diffusers_route.py).
+"""The attention kind's flow on a transformers model over the jobs: find.can_switch_attention -> load (the kernel) ->
+register "kernel_hub_flash" and "kernel_hub" (the adapter, transformers.py) -> remember every config's
+implementation -> two small forwards (validate.model_forwards, one left-padded) on the model as it is -> one
+`model.set_attn_implementation("kernel_hub")`, then the configs renamed "kernel_hub_flash" (the name continuous
+batching accepts; transformers would try to load a flash-attn package if asked to switch to it) -> the same forwards
+in probe mode (every layer that calls the AttentionInterface runs its previous implementation and the kernel on its
+own q/k/v/mask and returns the previous output) -> plan.switch_check: with every layer returning its previous output
+the model must give the outputs it gave before the switch, else the model itself computes differently under another
+implementation name (DeepSeek sparse attention hands its top-k keys to the attention function instead of masking
+them) and every layer stays on its previous implementation -> hook each layer found: the kernel where it matched
+within the dtype tolerance, its previous implementation otherwise. The switched configs (the model's private copies)
+accept attention-weight requests from the switch on (transformers.py). Nothing matched: switch back. `restore` puts
+every config's implementation and class back exactly. On a Diffusers denoiser the kind runs through the processor
+API instead (diffusers.py, diffusers_route.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ..declaration import KindRun
 from . import transformers as at
 from .contract import NAME
 from .find import attention_configs, can_switch_attention
+from .packed import PackedKernel
 from .plan import switch_check
 from .validate import model_forwards
 
@@ -64,6 +66,7 @@ def _swap(run: KindRun, kernel: Any, repo_id: str, state: AttentionState) -> Non
     """Hook every attention layer of the model onto `kernel` (or its previous implementation), filling the report."""
     model, report, validate = run.model, run.report, run.validate
     info = kernel_info(kernel, run.device, "flash_attention")
+    packed_kernel = PackedKernel.of(kernel)
     at.register()
     state.previous = model.config._attn_implementation
     try:
@@ -78,7 +81,8 @@ def _swap(run: KindRun, kernel: Any, repo_id: str, state: AttentionState) -> Non
         original = at.accept_weight_requests(cfg)  # a private copy (swap.take_own_configs): no other model's config
         if original is not None:
             state.classes.append((cfg, original))
-    model.set_attn_implementation(at.IMPLEMENTATION_NAME)
+    model.set_attn_implementation(at.SETTABLE_NAME)  # transformers' own switch, then the flash-named name (at.NAMES)
+    at.switch_configs([cfg for cfg, _ in state.configs], at.IMPLEMENTATION_NAME)
     probe = at.Probe(flash=kernel.flash_attention)
     at.set_probe([cfg for cfg, _ in state.configs], probe)
     try:
@@ -114,7 +118,8 @@ def _swap(run: KindRun, kernel: Any, repo_id: str, state: AttentionState) -> Non
             layer=path, kind=NAME, repo_id=repo_id, version=info["version"], commit=info["commit"],
             variant=info["variant"], implementation=info["implementation"], route="interface",
             layout=_layout(module), max_error=err if validate else None, tolerance=tol if validate else None))
-        hooks.append((module, path, at.AttentionHook(flash=kernel.flash_attention, previous=previous)))
+        hooks.append((module, path, at.AttentionHook(flash=kernel.flash_attention, previous=previous,
+                                                     packed=packed_kernel)))
     if not any(h.flash is not None for _, _, h in hooks):
         _restore_state(model, state)
         if not found:

@@ -2,8 +2,12 @@
 transformers, its mask function, the pure decision that turns the mask a layer receives into kernel arguments, and
 the per-model config class that lets a kernelized model's config ask for attention weights.
 
-"kernel_hub" is registered in transformers' AttentionInterface, and in AttentionMaskInterface with a
-mask function that delegates to the model's previous implementation's mask function: every layer
+"kernel_hub_flash" is registered in transformers' AttentionInterface, and in AttentionMaskInterface with a
+mask function that delegates to the model's previous implementation's mask function (and "kernel_hub", the same
+functions under a name `model.set_attn_implementation` accepts: transformers loads a flash-attn package for any
+flash-named implementation it is asked to switch to, so kernelize sets the flash name on the configs itself). The name
+says "flash" because transformers' continuous batching accepts no other custom implementation; its packed calls
+(`cu_seq_lens_q/k`, no mask) and paged calls (`block_table`) are read in packed.py: every layer
 gets exactly the mask its previous implementation would get, so a kept layer (or a call whose mask
 the kernel cannot express) runs the previous implementation unchanged. For a hooked layer the mask is
 read as: keys in one contiguous run per sequence, queries whose own token is a real key (or, under a static cache,
@@ -40,10 +44,16 @@ import torch
 from ....errors import KernelHubError
 from ....numerics import relative_error
 from ...swap import ATTENTION_HOOK_ATTR as HOOK_ATTR
-from ...swap import IMPLEMENTATION_NAME, CallCounts
+from ...swap import IMPLEMENTATION_NAME as SETTABLE_NAME
+from ...swap import CallCounts
 from ...weights_guard import KernelRefused, check_output, held_weights
+from . import packed
 from .contract import NAME
 
+#: The implementation name kernelize switches a model's attention configs to (flash-named: continuous batching
+#: accepts it); SETTABLE_NAME ("kernel_hub") runs the same functions and is the name set_attn_implementation takes.
+IMPLEMENTATION_NAME = "kernel_hub_flash"
+NAMES = (IMPLEMENTATION_NAME, SETTABLE_NAME)
 LAYER_KIND = NAME  # the kind's name, as its report rows give it
 #: kwargs the kernel cannot honour: a call carrying any of them (not None) runs the previous implementation.
 UNSUPPORTED_KWARGS = ("position_bias", "cu_seq_lens_q", "cu_seq_lens_k", "head_mask")
@@ -62,6 +72,7 @@ class AttentionHook(CallCounts):
 
     flash: Callable[..., torch.Tensor] | None  # the kernel's torch flash_attention; None: layer kept
     previous: str | None
+    packed: packed.PackedKernel | None = None  # its flash-attn functions for packed calls; None: layer kept
 
 
 @dataclass(frozen=True)
@@ -177,7 +188,7 @@ def previous_function(module: Any, previous: str | None) -> Callable[..., Any]:
     eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
     if eager is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward as eager
-    if previous in (None, "eager", IMPLEMENTATION_NAME):
+    if previous in (None, "eager", *NAMES):
         return eager
     return ALL_ATTENTION_FUNCTIONS.get_interface(previous, eager)
 
@@ -194,15 +205,24 @@ def kernel_hub_mask(*args: Any, config: Any = None, **kwargs: Any) -> Any:
 
 
 def register() -> None:
-    """Register "kernel_hub" in AttentionInterface and AttentionMaskInterface (idempotent; adds names, edits no
+    """Register both names in AttentionInterface and AttentionMaskInterface (idempotent; adds names, edits no
     class)."""
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
-    if ALL_ATTENTION_FUNCTIONS._global_mapping.get(IMPLEMENTATION_NAME) is not kernel_hub_attention:
-        AttentionInterface.register(IMPLEMENTATION_NAME, kernel_hub_attention)
-    if ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(IMPLEMENTATION_NAME) is not kernel_hub_mask:
-        AttentionMaskInterface.register(IMPLEMENTATION_NAME, kernel_hub_mask)
+    for name in NAMES:
+        if ALL_ATTENTION_FUNCTIONS._global_mapping.get(name) is not kernel_hub_attention:
+            AttentionInterface.register(name, kernel_hub_attention)
+        if ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(name) is not kernel_hub_mask:
+            AttentionMaskInterface.register(name, kernel_hub_mask)
+
+
+def switch_configs(configs: Iterable[Any], name: str) -> None:
+    """Set `name` on configs already switched to SETTABLE_NAME by set_attn_implementation (what it does for a
+    registered name, without the flash-attn package load it would attempt for a flash-named one)."""
+    for cfg in configs:
+        if cfg._attn_implementation in NAMES:
+            cfg._attn_implementation_internal = name
 
 
 # --- a kernelized model's config may ask for attention weights ------------------------------------------------------
@@ -224,15 +244,16 @@ _MAKING = threading.Lock()
 
 @contextlib.contextmanager
 def _as_eager(config: Any):
-    """While inside, a config under "kernel_hub" reads as eager (transformers' checks pass as they would there)."""
-    if config._attn_implementation != IMPLEMENTATION_NAME:
+    """While inside, a config under kernelize's names reads as eager (transformers' checks pass as they would there)."""
+    name = config._attn_implementation
+    if name not in NAMES:
         yield
         return
     config._attn_implementation_internal = "eager"
     try:
         yield
     finally:
-        config._attn_implementation_internal = IMPLEMENTATION_NAME
+        config._attn_implementation_internal = name
 
 
 def accepting_class(cls: type) -> type:
@@ -575,6 +596,8 @@ def kernel_hub_attention(module: Any, query: torch.Tensor, key: torch.Tensor, va
     if sparse:  # kernelize keeps such models off "kernel_hub": the previous implementation here would drop them too
         raise KernelHubError(f"{type(module).__name__} passed {sparse}; neither can run under 'kernel_hub': "
                              "call kh.restore(model) (kernelize keeps such models on their own attention)")
+    if packed.is_packed(kwargs):
+        return _packed_call(module, hook, prev_fn, previous, query, key, value, kwargs)
     if attention_weights_requested(kwargs):
         return _weights_call(module)(module, query, key, value, eager_mask(module, query, key, attention_mask, kwargs),
                                      **kwargs)
@@ -586,6 +609,23 @@ def kernel_hub_attention(module: Any, query: torch.Tensor, key: torch.Tensor, va
         return prev_fn(module, query, key, value, attention_mask, **kwargs)
     hook.served()
     return out, None
+
+
+def _packed_call(module: Any, hook: AttentionHook | None, prev_fn: Callable[..., Any], previous: str | None,
+                 query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kwargs: dict[str, Any]) -> Any:
+    """A packed call (continuous batching, padding-free): the kernel's flash-attn functions, or the previous
+    implementation with the block-diagonal mask transformers builds for it only under eager/sdpa."""
+    kernel = hook.packed if hook is not None and hook.flash is not None else None
+    why = packed.plan_packed(kernel, kwargs, training=bool(module.training))
+    if not why:
+        out = packed.kernel_packed(kernel, module, query, key, value, kwargs)
+        hook.served()
+        return out, None
+    if hook is not None:
+        hook.fell_back(why)
+    fn = _weights_call(module) if attention_weights_requested(kwargs) else prev_fn
+    eager = fn is not prev_fn or previous in (None, "eager", *NAMES)
+    return packed.previous_packed(fn, module, query, key, value, kwargs, additive=eager)
 
 
 def set_probe(configs: Iterable[Any], probe: Probe | None) -> None:
