@@ -102,7 +102,7 @@ def test_recipes_use_the_port_serve_listens_on():
     texts = {p.relative_to(ROOT).as_posix(): p.read_text() for p in [*pages(), *templates.rglob("*")]
              if p.is_file()}
     ports = {(name, int(port)) for name, text in texts.items()
-             for port in re.findall(r"(?:127\.0\.0\.1|localhost):(\d+)", text)}
+             for port in re.findall(r"(?:127\.0\.0\.1|localhost):(\d+)\b(?!/v1/)", text)}  # /v1/: OpenAI API
     assert any(name == "README.md" for name, _ in ports)  # the recipes were read
     port = _serve_default_port()
     assert not {(name, p) for name, p in ports if p != port}, f"kernel-hub serve listens on {port}"
