@@ -89,7 +89,7 @@ def cpu_paged(q_work, qpos, work: Work, k_cache, v_cache, meta: Meta, sh: PagedS
 def xla_paged(q_work, qpos, work: Work, k_cache, v_cache, meta: Meta, sh: PagedShapes, *, causal: bool,
               sinks_rows) -> jax.Array:
     """[W, Hkv, R, D] f32: every page of each work item's sequence gathered, then one masked softmax."""
-    w_count, hkv, r, d = q_work.shape
+    w_count, hkv, _, d = q_work.shape
     length = sh.pages_per_seq * sh.page_size
     pages = meta.read_table[work.seq]
     kv_len = meta.kv_len[work.seq]
