@@ -123,7 +123,7 @@ def ragged_paged_attention(
 
     def run(impl: str, mode: Any):
         if impl == "pallas":
-            why = layout_ok(sh.kv_heads, sh.page_size, queries.dtype)
+            why = layout_ok(sh.head_dim, sh.page_size, queries.dtype)
             if why:
                 raise NotImplementedError(f"the paged attention kernel cannot take this cache: {why}")
         return _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, num, sinks,

@@ -107,11 +107,11 @@ class PagedCase(Case):
 
 #: Small problems for CPU (interpreted kernel included): every feature, page boundaries, an empty sequence, padding.
 SMALL = (
-    PagedScenario("mixed_gqa_window", ((1, 37), (9, 9), (0, 5), (20, 48)), hq=4, hkv=2, d=128, page_size=16,
-                  pages_per_seq=4, pad=3, empty_slots=1, window=24),
+    PagedScenario("mixed_gqa_window", ((1, 1), (3, 17), (16, 16), (0, 9), (9, 9), (5, 60), (1, 50)), hq=4, hkv=2,
+                  d=128, page_size=16, pages_per_seq=4, pad=3, empty_slots=1, window=24),
     PagedScenario("decode_mqa_softcap_sinks", ((1, 16), (1, 17), (1, 1), (1, 64)), hq=4, hkv=1, d=128,
                   page_size=16, pages_per_seq=4, soft_cap=15.0, sinks=True),
-    PagedScenario("prefill_gqa4_noncausal", ((12, 30), (5, 5)), hq=8, hkv=4, d=64, page_size=8, pages_per_seq=4,
+    PagedScenario("prefill_mha_noncausal", ((12, 30), (5, 5)), hq=8, hkv=8, d=128, page_size=16, pages_per_seq=2,
                   causal=False),
 )
 

@@ -4,9 +4,10 @@ Grid (work items, kv blocks). The scalar-prefetched metadata (each item's sequen
 flattened page table) drives manual DMAs: a step copies `pages_per_block` pages of K and of V, every kv head at once,
 from HBM into VMEM, so each page is read once per work item whatever the number of heads; the step after prefetches
 the next block's pages while this one computes (double buffering across the kv axis of one work item). Steps past an
-item's range issue no DMA and do no work. Each kv head's rows are a strided load of the page buffer (token-major,
-head-minor rows; 16-bit caches read as 32-bit words holding two heads), the G query heads of that kv head and the
-item's tokens are the rows of one [block_q * G, D] matrix, and an online softmax folds the blocks in.
+item's range issue no DMA and do no work. The kernel sees each cache as [pages, page_size, Hkv * D] (heads side by
+side in the lanes), so kv head h is the lane-aligned column block h*D:(h+1)*D of the page buffer; the G query heads
+of that kv head and the item's tokens are the rows of one [block_q * G, D] matrix, and an online softmax folds the
+blocks in.
 
 Page reads are clamped: a slot past the sequence's last page re-reads its last page, a page id outside the cache
 reads page 0 or the last one; the mask keeps such columns out, and values past a sequence's end are zeroed before
@@ -49,35 +50,21 @@ class PagedStatic:
         return self.pages_per_block * self.page_size
 
 
-def layout_ok(kv_heads: int, page_size: int, dtype: Any) -> str | None:
-    """Why the kernel cannot take this cache layout, or None: page rows (page_size x kv_heads) must fill whole
-    sublane tiles, and a 16-bit cache needs an even number of kv heads (or one) to split its 32-bit words."""
-    packing = 4 // jnp.dtype(dtype).itemsize
-    if (page_size * kv_heads) % (8 * packing):
-        return (f"page_size x kv_heads = {page_size * kv_heads} is not a multiple of {8 * packing} (whole "
-                f"{jnp.dtype(dtype).name} sublane tiles per page)")
-    if packing == 2 and kv_heads > 1 and kv_heads % 2:
-        return f"{kv_heads} kv heads in a 16-bit cache (an even number, or one, splits its 32-bit words)"
+def layout_ok(head_dim: int, page_size: int, dtype: Any) -> str | None:
+    """Why the kernel cannot take this cache, or None: a page must fill whole sublane tiles (8 rows of 32 bits) and
+    each head whole 128-lane columns."""
+    rows = 8 * (4 // jnp.dtype(dtype).itemsize)
+    if page_size % rows:
+        return f"page_size {page_size} is not a multiple of {rows} (whole {jnp.dtype(dtype).name} sublane tiles)"
+    if head_dim % LANES:
+        return f"head_dim {head_dim} is not a multiple of {LANES} (each head whole lane columns)"
     return None
-
-
-def _head(buf: Any, h: int, heads: int, n: int) -> jax.Array:
-    """Kv head h's [n, D] rows of a [n * heads, D] buffer (row = token * heads + head)."""
-    if heads == 1:
-        return buf[...]
-    if jnp.dtype(buf.dtype).itemsize == 4:
-        return buf[pl.ds(h, n, stride=heads), :]
-    words = buf.bitcast(jnp.uint32)  # two 16-bit rows per word: the even row in the low half
-    w = words[...] if heads == 2 else words[pl.ds(h // 2, n, stride=heads // 2), :]
-    bits = w << 16 if h % 2 == 0 else w & jnp.uint32(0xFFFF0000)
-    return pltpu.bitcast(bits, jnp.float32).astype(buf.dtype)
 
 
 def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, q_ref, qpos_ref, sinks_ref, k_hbm, v_hbm, o_ref,
             kbuf, vbuf, sems, m_scr, l_scr, acc_scr, *, st: PagedStatic):
     w, kj = pl.program_id(0), pl.program_id(1)
     n, ps, ppb, hkv = st.block_kv, st.page_size, st.pages_per_block, st.kv_heads
-    rows_per_page = ps * hkv
 
     def block_of(step):
         return jnp.maximum(lo_ref[w], 0) // n + step
@@ -93,7 +80,7 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, q_ref, qpos_ref, sink
         for j in range(ppb):
             page_slot = jnp.minimum(block_of(step) * ppb + j, last)
             page = jnp.clip(table_ref[seq * st.pages_per_seq + page_slot], 0, st.num_pages - 1)
-            dst = pl.ds(j * rows_per_page, rows_per_page)
+            dst = pl.ds(j * ps, ps)
             out.append(pltpu.make_async_copy(k_hbm.at[page], kbuf.at[slot, dst], sems.at[0, slot]))
             out.append(pltpu.make_async_copy(v_hbm.at[page], vbuf.at[slot, dst], sems.at[1, slot]))
         return out
@@ -132,8 +119,8 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, q_ref, qpos_ref, sink
         d = q_ref.shape[2]
         value_rows = block_of(kj) * n + jax.lax.broadcasted_iota(jnp.int32, (n, d), 0)
         for h in range(hkv):
-            k = _head(kbuf.at[slot], h, hkv, n)
-            v = _head(vbuf.at[slot], h, hkv, n)
+            k = kbuf[slot, :, pl.ds(h * d, d)]
+            v = vbuf[slot, :, pl.ds(h * d, d)]
             v = jnp.where(value_rows < kv_len, v, jnp.zeros_like(v))
             s = _dot(q_ref[h], k, (1, 1)) * st.sm_scale  # [R, n]
             if st.soft_cap is not None:
@@ -160,13 +147,12 @@ def paged_forward(q_work, qpos_rows, sinks_rows, k_cache, v_cache, seq, lo, hi, 
     seq/lo/hi [W], kv_len [S], table [S, pages_per_seq] int32 -> [W, Hkv, R, D] in the queries' dtype."""
     w_count, hkv, r, d = q_work.shape
     p = k_cache.shape[0]
-    rows_per_page = st.page_size * hkv
-    k_flat = k_cache.reshape(p, rows_per_page, d)
-    v_flat = v_cache.reshape(p, rows_per_page, d)
+    k_flat = k_cache.reshape(p, st.page_size, hkv * d)
+    v_flat = v_cache.reshape(p, st.page_size, hkv * d)
     qpos_wide = jnp.broadcast_to(qpos_rows[:, :, None], (w_count, r, LANES))
     sinks_wide = jnp.broadcast_to(sinks_rows[:, :, None], (hkv, r, LANES))
     any_ = pl.BlockSpec(memory_space=pl.ANY)
-    buf = pltpu.VMEM((2, st.pages_per_block * rows_per_page, d), k_cache.dtype)
+    buf = pltpu.VMEM((2, st.block_kv, hkv * d), k_cache.dtype)
     return pl.pallas_call(
         functools.partial(_kernel, st=st),
         out_shape=jax.ShapeDtypeStruct(q_work.shape, q_work.dtype),
