@@ -23,6 +23,7 @@ from .api import (
 from .config import AttentionConfig, default_config
 from .paged import ragged_paged_attention
 from .paged_reference import reference_ragged_paged_attention
+from .paged_v3 import ragged_paged_attention_v3
 
 __all__ = [
     "IMPLEMENTATIONS",
@@ -37,6 +38,7 @@ __all__ = [
     "race_checking_params",
     "races_found",
     "ragged_paged_attention",
+    "ragged_paged_attention_v3",
     "reference_attention",
     "reference_decode_attention",
     "reference_ragged_paged_attention",
