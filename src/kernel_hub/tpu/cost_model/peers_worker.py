@@ -444,7 +444,8 @@ def attention_rows(fa: Any, geo: Any, shapes: Any, generation: str, dtype: str) 
 
 def run_peers(request: dict[str, Any], emit: Any) -> int:
     """Request: {"mode": "peers", "ragged_dot": package, "flash_attention": package, "generations", "moe_models",
-    "attention_model", "dtype", "phases": {"decode": 64, ...} | null, "kernels": ["ragged_dot", "attention"]};
+    "attention_model", "dtype", "phases": {"decode": 64, ...} | null, "kernels": ["ragged_dot", "attention",
+    "paged_attention"]};
     one "row" event per (workload, peer, generation)."""
     from ...errors import KernelHubError
 
@@ -474,6 +475,11 @@ def _generation_rows(rd: Any, fa: Any, moe: dict[str, Any], phases: dict[str, in
                 for phase, tokens in phases.items():
                     for row in moe_rows(rd, moe[name], phase, int(tokens), gen, dtype):
                         emit({"event": "row", **row})
+        if "paged_attention" in kernels:
+            from .paged_peers import paged_attention_rows
+
+            for row in paged_attention_rows(fa, shapes, gen, dtype):
+                emit({"event": "row", **row})
         if "attention" in kernels:
             geo = {g.model: g for g in shapes.ATTENTION_MODELS}[request["attention_model"]]
             override = request.get("attention_shapes_override")
