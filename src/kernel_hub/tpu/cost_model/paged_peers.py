@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .peers_worker import OURS, Peer, best_legal, rows_for
+from .peer_rows import OURS, Peer, best_legal, rows_for
 
 PAGED_MODELS = ("qwen3_30b_a3b", "gemma4_26b_a4b_sliding", "gemma4_26b_a4b_global")
 PAGE, BATCH, CACHE = 128, 64, 8192
@@ -129,7 +129,7 @@ def _jax_paged(geo: Any, meta: dict[str, np.ndarray], dtype: str, generation: st
 
 
 def paged_attention_rows(fa: Any, shapes: Any, generation: str, dtype: str) -> list[dict[str, Any]]:
-    """Every geometry x phase: ours and the peers, with ours / best peer (peers_worker.rows_for)."""
+    """Every geometry x phase: ours and the peers, with ours / best peer (peer_rows.rows_for)."""
     import jax.numpy as jnp
 
     item = np.dtype(jnp.dtype(dtype)).itemsize
