@@ -4,8 +4,8 @@ the TPU env (peers_worker's rows).
 Per geometry (Qwen3-30B-A3B, Gemma 4 26B-A4B's sliding and global layers) and phase (decode: 64 sequences of one
 new token over 8192 positions; mixed: 60 such decode steps beside 4 prefill chunks of 496 tokens over 4096), pages of
 128 tokens: ours (flash-attention-tpu's ragged_paged_attention), vLLM's RPA v3 (tpu-inference 0.32.0: its default
-blocks and a sweep, the best by the model that compiles) and, at decode, jax's paged_attention (best of a sweep over
-pages per compute block; it has no sliding window, so on Gemma's sliding layers it reads the whole 8k).
+blocks and one alternative, the faster by the model if it compiles) and, at decode, jax's paged_attention (16 or 32
+pages per compute block, likewise; it has no sliding window, so on Gemma's sliding layers it reads the whole 8k).
 """
 
 from __future__ import annotations
@@ -100,11 +100,11 @@ def _rpa_v3(geo: Any, seqs: list[tuple[int, int]], meta: dict[str, np.ndarray], 
         return call
 
     cands = [("its default blocks", make({}))]
-    cands += [(f"decode blocks bq 1, bkv {t}", make({"d_block_sizes": (1, t, 1, t)})) for t in (1024, 2048, 4096)]
-    if decodes < b:
-        cands += [(f"prefill blocks bq {q}, bkv {t}", make({"p_block_sizes": (q, t, q, t)}))
-                  for q, t in ((128, 1024), (256, 512))]
-    peer = best_legal(name, cands, args, generation, tries=2)
+    if decodes == b:
+        cands.append(("decode blocks bq 1, bkv 2048", make({"d_block_sizes": (1, 2048, 1, 2048)})))
+    else:
+        cands.append(("prefill blocks bq 128, bkv 1024", make({"p_block_sizes": (128, 1024, 128, 1024)})))
+    peer = best_legal(name, cands, args, generation, tries=1)
     peer.detail += "; fused K/V cache (its layout), no sinks"
     return peer
 
@@ -118,11 +118,11 @@ def _jax_paged(geo: Any, meta: dict[str, np.ndarray], dtype: str, generation: st
     pages = sds((geo.hkv, b * (CACHE // PAGE), PAGE, geo.d), dtype)
     args = (sds((b, geo.hq, geo.d), dtype), pages, pages, meta["kv_lens"], meta["table"])
     cands = []
-    for per_block in (8, 16, 32):
+    for per_block in (16, 32):
         fn = lambda q_, k_, v_, l_, t_, n=per_block: paged_attention(q_ * scale, k_, v_, l_, t_,
                                                                      pages_per_compute_block=n)
         cands.append((f"{per_block} pages per compute block", fn))
-    peer = best_legal("jax paged_attention", cands, args, generation, tries=2)
+    peer = best_legal("jax paged_attention", cands, args, generation, tries=1)
     peer.detail += "; decode only, no cache update, head-major pages" + (
         ", no sliding window (reads all 8k)" if geo.window else "")
     return peer
