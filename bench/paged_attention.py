@@ -12,6 +12,7 @@ faster) with the quartiles of the per-round ratios. Outputs are checked against 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -38,7 +39,8 @@ SHAPES = [
 
 
 def main(argv: list[str] | None = None) -> int:
-    from flash_attention.paged_cases import PagedScenario, paged_inputs
+    cases = importlib.import_module(f"{fa.__name__}.paged_cases")  # the loaded package's own scenario helpers
+    PagedScenario, paged_inputs = cases.PagedScenario, cases.paged_inputs
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)

@@ -37,7 +37,28 @@ def _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_
            sh: PagedShapes, causal, block_q, ppb, interpret, vmem_limit):
     meta = metadata(kv_lens, page_indices, cu_q_lens, num_seqs, sh)
     k_cache, v_cache = write_new_tokens(k_cache, v_cache, keys, values, meta, sh)
-    work = work_items(meta, sh, block_q, causal)
+    out = jnp.zeros(queries.shape, queries.dtype)
+    for bq, select, count in _passes(meta, sh, block_q):
+        work = work_items(meta, sh, bq, causal, select, count)
+        out_work = _attend(impl, queries, work, k_cache, v_cache, meta, sinks, sh=sh, causal=causal, block_q=bq,
+                           ppb=ppb, interpret=interpret, vmem_limit=vmem_limit)
+        out = out + scatter_outputs(out_work.astype(queries.dtype), meta, sh, bq, select)
+    return out, k_cache, v_cache
+
+
+def _passes(meta, sh: PagedShapes, block_q: int):
+    """(tokens per work item, sequences, work items) per pass: decode steps (one new token) in items of one token,
+    at most one per sequence, so their G heads are the rows and no row is padding; every other sequence in items of
+    block_q tokens. One pass when block_q is 1."""
+    if block_q == 1:
+        return [(1, None, None)]
+    one = meta.q_len == 1
+    return [(1, one, min(sh.tokens, sh.max_seqs)), (block_q, ~one, None)]
+
+
+def _attend(impl, queries, work, k_cache, v_cache, meta, sinks, *, sh: PagedShapes, causal, block_q, ppb,
+            interpret, vmem_limit):
+    """[W, Hkv, block_q * G, D]: one pass's work items attended by implementation `impl`."""
     q_work = gather_queries(queries, work, sh)
     qpos = row_positions(work, sh)
     sinks_rows = None
@@ -45,20 +66,17 @@ def _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_
         sinks_rows = jnp.tile(jnp.asarray(sinks, jnp.float32).reshape(sh.kv_heads, sh.group), (1, block_q))
     steps = _steps(sh, block_q, ppb)
     if impl == "cpu":
-        out = cpu_paged(q_work, qpos, work, k_cache, v_cache, meta, sh, causal=causal, sinks_rows=sinks_rows,
-                        pages_per_block=ppb, steps=steps)
-    elif impl == "xla":
-        out = xla_paged(q_work, qpos, work, k_cache, v_cache, meta, sh, causal=causal, sinks_rows=sinks_rows)
-    else:
-        st = PagedStatic(sm_scale=sh.sm_scale, window=sh.window, soft_cap=sh.soft_cap, has_sinks=sinks is not None,
-                         causal=causal, page_size=sh.page_size, pages_per_block=ppb, pages_per_seq=sh.pages_per_seq,
-                         num_pages=sh.num_pages, kv_heads=sh.kv_heads, steps=steps, interpret=interpret,
-                         vmem_limit_bytes=vmem_limit)
-        rows = block_q * sh.group
-        snk = sinks_rows if sinks_rows is not None else jnp.zeros((sh.kv_heads, rows), jnp.float32)
-        out = paged_forward(q_work, qpos, snk, k_cache, v_cache, work.seq, work.lo, work.hi, meta.kv_len,
-                            meta.read_table, st)
-    return scatter_outputs(out.astype(queries.dtype), meta, sh, block_q), k_cache, v_cache
+        return cpu_paged(q_work, qpos, work, k_cache, v_cache, meta, sh, causal=causal, sinks_rows=sinks_rows,
+                         pages_per_block=ppb, steps=steps)
+    if impl == "xla":
+        return xla_paged(q_work, qpos, work, k_cache, v_cache, meta, sh, causal=causal, sinks_rows=sinks_rows)
+    st = PagedStatic(sm_scale=sh.sm_scale, window=sh.window, soft_cap=sh.soft_cap, has_sinks=sinks is not None,
+                     causal=causal, page_size=sh.page_size, pages_per_block=ppb, pages_per_seq=sh.pages_per_seq,
+                     num_pages=sh.num_pages, kv_heads=sh.kv_heads, steps=steps, interpret=interpret,
+                     vmem_limit_bytes=vmem_limit)
+    snk = sinks_rows if sinks_rows is not None else jnp.zeros((sh.kv_heads, block_q * sh.group), jnp.float32)
+    return paged_forward(q_work, qpos, snk, k_cache, v_cache, work.seq, work.lo, work.hi, meta.kv_len,
+                         meta.read_table, st)
 
 
 def ragged_paged_attention(
@@ -120,6 +138,8 @@ def ragged_paged_attention(
                         jnp.dtype(queries.dtype).itemsize, sh.window, vmem["vmem_budget_bytes"])
     block_q = cfg.paged_block_q or auto.block_q
     ppb = min(cfg.paged_pages_per_block or auto.pages_per_block, sh.pages_per_seq)
+    # the CPU walk holds a block of pages per work item at once: 256 positions keep that a small slice of the cache
+    cpu_ppb = min(cfg.paged_pages_per_block or max(1, 256 // sh.page_size), sh.pages_per_seq)
 
     def run(impl: str, mode: Any):
         if impl == "pallas":
@@ -127,7 +147,8 @@ def ragged_paged_attention(
             if why:
                 raise NotImplementedError(f"the paged attention kernel cannot take this cache: {why}")
         return _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, num, sinks,
-                      impl=impl, sh=sh, causal=bool(causal), block_q=block_q, ppb=ppb, interpret=mode,
+                      impl=impl, sh=sh, causal=bool(causal), block_q=block_q,
+                      ppb=cpu_ppb if impl == "cpu" else ppb, interpret=mode,
                       vmem_limit=vmem["vmem_limit_bytes"])
 
     return run_dispatch(_DISPATCH, implementation, interpret, (queries, k_cache, v_cache), run,

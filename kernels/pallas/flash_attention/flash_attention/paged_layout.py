@@ -81,9 +81,17 @@ class Work:
     token: jax.Array  # [W, block_q] packed row of each token (clipped)
 
 
-def work_items(meta: Meta, sh: PagedShapes, block_q: int, causal: bool) -> Work:
-    w_count = num_work_items(sh, block_q)
+def _blocks(meta: Meta, block_q: int, select: jax.Array | None) -> jax.Array:
     blocks = (meta.q_len + block_q - 1) // block_q
+    return blocks if select is None else jnp.where(select, blocks, 0)
+
+
+def work_items(meta: Meta, sh: PagedShapes, block_q: int, causal: bool, select: jax.Array | None = None,
+               count: int | None = None) -> Work:
+    """The work items of the sequences `select` [S] marks (all when None); `count` of them (static; default
+    num_work_items, enough for any batch)."""
+    w_count = count or num_work_items(sh, block_q)
+    blocks = _blocks(meta, block_q, select)
     ends = jnp.cumsum(blocks)
     starts = ends - blocks
     w = jnp.arange(w_count, dtype=jnp.int32)
@@ -106,8 +114,7 @@ def work_items(meta: Meta, sh: PagedShapes, block_q: int, causal: bool) -> Work:
 def gather_queries(queries, work: Work, sh: PagedShapes) -> jax.Array:
     """[W, Hkv, block_q * G, D]: each work item's queries, rows token-major then query head within the group."""
     w_count, bq = work.token.shape
-    q = queries[work.token]  # [W, bq, Hq, D]
-    q = jnp.where((work.qpos >= 0)[:, :, None, None], q, 0)
+    q = queries[work.token]  # [W, bq, Hq, D]; rows of no token hold some other token's query, and see no key
     q = q.reshape(w_count, bq, sh.kv_heads, sh.group, sh.head_dim).transpose(0, 2, 1, 3, 4)
     return q.reshape(w_count, sh.kv_heads, bq * sh.group, sh.head_dim)
 
@@ -117,13 +124,16 @@ def row_positions(work: Work, sh: PagedShapes) -> jax.Array:
     return jnp.repeat(work.qpos, sh.group, axis=1)
 
 
-def scatter_outputs(out_work: jax.Array, meta: Meta, sh: PagedShapes, block_q: int) -> jax.Array:
-    """[T, Hq, D] from the work items' [W, Hkv, block_q * G, D]; padding rows 0."""
+def scatter_outputs(out_work: jax.Array, meta: Meta, sh: PagedShapes, block_q: int,
+                    select: jax.Array | None = None) -> jax.Array:
+    """[T, Hq, D] from the work items' [W, Hkv, block_q * G, D]; padding rows and unselected sequences' rows 0."""
     w_count = out_work.shape[0]
     out = out_work.reshape(w_count, sh.kv_heads, block_q, sh.group, sh.head_dim).transpose(0, 2, 1, 3, 4)
     out = out.reshape(w_count * block_q, sh.q_heads, sh.head_dim)
     seq, row, valid = token_slots(meta, sh)
-    blocks = (meta.q_len + block_q - 1) // block_q
+    if select is not None:
+        valid &= select[seq]
+    blocks = _blocks(meta, block_q, select)
     first_item = jnp.cumsum(blocks) - blocks
     flat = (first_item[seq] + row // block_q) * block_q + row % block_q
     got = out[jnp.clip(flat, 0, w_count * block_q - 1)]
