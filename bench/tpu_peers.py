@@ -8,7 +8,9 @@ decode 64 tokens and prefill 4096 (one uniform top-8 routing per row): our ragge
 the best of a sweep over legal tilings), vLLM's megablox gmm (tpu-inference 0.32.0, installed; best legal tiling),
 Tokamax 0.0.12's Mosaic ragged dot (or its refusal), jax.lax.ragged_dot (XLA's optimal_seconds); attention at
 GPT-OSS-20B heads (64/8 x 64, sinks), prefill 4096 causal and decode batch 64 over 8192-long caches: ours, jax
-flash_attention, splash_attention, paged_attention, ragged_paged_attention, vLLM's RPA v3 (tpu-inference).
+flash_attention, splash_attention, paged_attention, ragged_paged_attention, vLLM's RPA v3 (tpu-inference); ragged
+paged attention (cost_model/paged_peers.py) at Qwen3-30B-A3B and Gemma 4 26B-A4B heads, decode 64 x 8k and a mixed
+prefill + decode batch: ours, vLLM's RPA v3, jax paged_attention (decode).
 modeled_s: kernel_hub.tpu.cost_model.schedule.kernel_cost, calibrated against measured TPU times
 (bench/tpu_calibration.py: per call max(HBM bytes / streamed-copy bandwidth, MXU FLOPs / peak + steps x 0.329 us) +
 pipeline prologue); ideal_s: bytes moved once at streamed-copy bandwidth or useful FLOPs / peak; compiled: libtpu for
@@ -83,7 +85,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in out)
 
 
-KERNELS = ("ragged_dot", "attention")
+KERNELS = ("ragged_dot", "attention", "paged_attention")
 
 
 def kernel_selection(text: str) -> list[str]:
@@ -96,7 +98,10 @@ def kernel_selection(text: str) -> list[str]:
 
 
 def _family(row: dict) -> str:
-    return "ragged_dot" if row.get("kernel") == "ragged_dot" else "attention"
+    kernel = row.get("kernel")
+    if kernel == "ragged_dot":
+        return "ragged_dot"
+    return "paged_attention" if kernel == "ragged_paged_attention" else "attention"
 
 
 def kept_rows(path: Path, kernels: list[str]) -> list[dict]:
@@ -112,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.add_argument("--generations", default="v5e,v6e,v7x", help="TPU generations (default v5e,v6e,v7x)")
-    parser.add_argument("--kernels", default="ragged_dot,attention",
-                        help="which rows: ragged_dot, attention or both (default both)")
+    parser.add_argument("--kernels", default="ragged_dot,attention,paged_attention",
+                        help="which rows: ragged_dot, attention, paged_attention (default all)")
     parser.add_argument("--out", type=Path, help="also write the rows and the environment as JSON here; with --kernels "
                         "naming one, the other kernel's rows already in that file are kept")
     parser.add_argument("--quick", action="store_true", help="Qwen3-30B-A3B decode only, one generation")

@@ -39,6 +39,8 @@ class AttentionConfig:
       chunks its causal band / window reaches. The kernel takes the largest multiple of 128 up to each that
       divides the block (or the block).
     bwd_block_q, bwd_block_kv: the backward kernels' blocks (0: the forward's), taken the same way.
+    paged_block_q, paged_pages_per_block: ragged paged attention's tokens per work item and cache pages per kv step
+      (0: paged_blocks picks them).
     cpu_block_q: query rows per chunk in the "cpu" path; each chunk only reads the keys its causal or
       sliding-window band can reach (static skipping), and bounds the score buffer.
     vmem_limit_bytes: scoped-VMEM limit handed to Mosaic; None keeps the compiler default.
@@ -55,13 +57,15 @@ class AttentionConfig:
     chunk_kv: int = 0
     bwd_block_q: int = 0
     bwd_block_kv: int = 0
+    paged_block_q: int = 0
+    paged_pages_per_block: int = 0
 
     def __post_init__(self) -> None:
         for name in ("block_q", "block_kv", "decode_block_kv", "cpu_block_q", "heads_per_block"):
             value = getattr(self, name)
             if value <= 0:
                 raise ValueError(f"AttentionConfig.{name} must be positive, got {value}")
-        for name in ("chunk_q", "chunk_kv", "bwd_block_q", "bwd_block_kv"):
+        for name in ("chunk_q", "chunk_kv", "bwd_block_q", "bwd_block_kv", "paged_block_q", "paged_pages_per_block"):
             value = getattr(self, name)
             if value < 0:
                 raise ValueError(f"AttentionConfig.{name} must be 0 (the block) or positive, got {value}")
@@ -261,3 +265,42 @@ def default_config(
                            cpu_block_q=cpu_bq, heads_per_block=tiles.heads, chunk_q=tiles.chunk, chunk_kv=tiles.chunk,
                            bwd_block_q=tiles.bwd_block_q, bwd_block_kv=tiles.bwd_block_kv,
                            vmem_limit_bytes=vmem_limit_bytes)
+
+
+@dataclasses.dataclass(frozen=True)
+class PagedBlocks:
+    block_q: int  # tokens of one sequence per work item
+    pages_per_block: int  # cache pages per kv step
+    reason: str
+
+
+def paged_vmem_bytes(rows: int, block_kv: int, kv_heads: int, head_dim: int, itemsize: int) -> int:
+    """VMEM of one ragged paged attention step: double-buffered K and V page buffers, double-buffered q/o blocks,
+    the m/l/acc scratch and three f32 [rows, block_kv] temporaries."""
+    pages = 2 * 2 * tile_bytes(block_kv, kv_heads * head_dim, itemsize)
+    blocks = 2 * 2 * kv_heads * tile_bytes(rows, head_dim, itemsize) + 2 * tile_bytes(rows, LANES, 4)
+    scratch = kv_heads * (2 * tile_bytes(rows, LANES, 4) + tile_bytes(rows, head_dim, 4))
+    return pages + blocks + scratch + 3 * tile_bytes(rows, block_kv, 4)
+
+
+def paged_blocks(tokens: int, seqs: int, group: int, page_size: int, pages_per_seq: int, kv_heads: int,
+                 head_dim: int, itemsize: int, window: int | None, vmem_budget_bytes: int) -> PagedBlocks:
+    """Tokens per work item: the mean new tokens per sequence rounded up to a power of two, at most 256 rows of
+    block_q x G (decode: one token, its G heads as rows). Pages per step: the most that keep a step at or under 2048
+    positions, inside the pages a sequence (or a window) can use, and within 5/8 of the VMEM budget: a step costs
+    ~0.35 us, so it should move a megabyte or more of cache."""
+    mean = cdiv(max(tokens, 1), max(seqs, 1))
+    block_q = 1
+    while block_q < mean and block_q * 2 * group <= 256:
+        block_q *= 2
+    rows = block_q * group
+    cap = pages_per_seq
+    if window is not None:
+        cap = min(cap, cdiv(window + block_q - 1, page_size) + 1)
+    ppb = max(1, min(cap, 2048 // page_size))
+    while ppb > 1 and paged_vmem_bytes(rows, ppb * page_size, kv_heads, head_dim,
+                                       itemsize) > vmem_budget_bytes * 5 // 8:
+        ppb -= 1
+    why = (f"{block_q} token(s) x {group} heads per work item, {ppb} pages of {page_size} per step "
+           f"(within 5/8 of {vmem_budget_bytes >> 20} MiB of VMEM)")
+    return PagedBlocks(block_q, ppb, why)

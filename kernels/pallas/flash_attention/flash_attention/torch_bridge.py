@@ -61,7 +61,7 @@ def decode_attention_function(implementation: Any, interpret: Any) -> Any:
 
 def has_ragged_paged() -> bool:
     """Whether this build's JAX package has the ragged paged attention entry."""
-    return hasattr(importlib.import_module(".api", __package__), "ragged_paged_attention")
+    return hasattr(importlib.import_module(".paged", __package__), "ragged_paged_attention")
 
 
 @functools.cache  # one function per option pair
@@ -69,7 +69,7 @@ def ragged_paged_function(implementation: Any, interpret: Any) -> Any:
     """The JAX ragged_paged_attention annotated for jax_op (forward only). It returns the attention output alone: the
     torch side has written the new rows into the caches already (they are views transformers shares), and passes those
     rows again so the kernel's own write stores what is there. num_seqs is a [1] int32 tensor."""
-    entry = jax_entry(__package__, "ragged_paged_attention")
+    entry = importlib.import_module(".paged", __package__).ragged_paged_attention
 
     def ragged_paged_attention(queries: jax.Array, keys: jax.Array, values: jax.Array, k_cache: jax.Array,
                                v_cache: jax.Array, kv_lens: jax.Array, page_indices: jax.Array, cu_q_lens: jax.Array,

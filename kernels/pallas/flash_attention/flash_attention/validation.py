@@ -4,7 +4,8 @@ Each case (AttentionCase, _vendor/attention_cases.py) makes fresh random inputs,
 computes the independent NumPy float64 reference; the harness owns the verdict. On CPU the "pallas" cases run the
 kernels interpreted (small shapes, 128-wide blocks so several blocks and the block-skipping index maps are
 exercised); cases tagged tpu_interpret run the TPU simulator with race detection, which raises on a race.
-framework="torch": the prefill scenarios through the torch-facing entry (torch_api.py).
+framework="torch": the prefill scenarios through the torch-facing entry (torch_api.py). Ragged paged attention's
+cases (paged_cases.PagedCase) check the output and both updated caches against the float64 reference.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any
 
 from ._vendor.attention_cases import AttentionCase, Scenario
 from ._vendor.cases import DTYPES, SHORT
+from .paged_cases import SMALL as PAGED_SMALL
+from .paged_cases import PagedCase
 
 #: Small problems for CPU: interpreted kernels cost per grid step in proportion to operand bytes.
 _SMALL = (
@@ -45,6 +48,24 @@ def _case(sc: Scenario, dtype: str, impl: str, *tags: str, **kw: Any) -> Attenti
     return AttentionCase(name=name, dtype=dtype, implementation=impl, tags=(kind, impl, *tags), scenario=sc, **kw)
 
 
+def _paged_cases(backend: str) -> list[PagedCase]:
+    """CPU: the page walk on each small problem (dtypes alternating), the interpreted kernel, the gather path and
+    the TPU simulator with race detection on one each. TPU / GPU: every small problem on each implementation."""
+    def case(sc, dtype, impl, *tags, **kw):
+        mode = ":tpu-interpret" if kw.get("interpret") else ""
+        return PagedCase(name=f"paged:{sc.name}:{impl}{mode}:{SHORT[dtype]}", dtype=dtype, implementation=impl,
+                         tags=("paged", impl, *tags), scenario=sc, **kw)
+
+    if backend == "cpu":
+        out = [case(sc, DTYPES[i % 2], "cpu", DTYPES[i % 2]) for i, sc in enumerate(PAGED_SMALL)]
+        out.append(case(PAGED_SMALL[0], "bfloat16", "pallas", "interpret"))
+        out.append(case(PAGED_SMALL[0], "float32", "xla", "float32"))
+        out.append(case(PAGED_SMALL[1], "float32", "pallas", "tpu_interpret", interpret="tpu"))
+        return out
+    impls = ("pallas", "xla") if backend == "tpu" else ("xla",)
+    return [case(sc, dtype, impl, dtype) for sc in PAGED_SMALL for impl in impls for dtype in DTYPES]
+
+
 def _torch_cases() -> list[AttentionCase]:
     """The prefill scenarios (GQA, MQA + window, softcap + sinks, ragged lengths) through the torch entry."""
     return [AttentionCase(name=f"torch:{sc.name}:{dtype}", dtype=dtype, implementation=None,
@@ -69,10 +90,10 @@ def cases(backend: str, framework: str = "jax") -> list[AttentionCase]:
         tiny = dataclasses.replace(_SMALL[4], b=2, hq=2, hkv=1, sq=130, skv=260)
         out.append(_case(tiny, "float32", "pallas", "tpu_interpret", interpret="tpu", config=_SMALL_BLOCKS))
         out.append(_case(_SMALL[5], "float32", "pallas", "tpu_interpret", interpret="tpu", config=_SMALL_BLOCKS))
-        return out
+        return out + _paged_cases(backend)
     impls = ("pallas", "xla") if backend == "tpu" else ("xla",)
     for sc in _LARGE:
         for impl in impls:
             for dtype in DTYPES:
                 out.append(_case(sc, dtype, impl, dtype))
-    return out
+    return out + _paged_cases(backend)

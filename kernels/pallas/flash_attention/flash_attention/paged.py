@@ -1,0 +1,155 @@
+"""Ragged paged attention: the JAX entry (one dispatch with flash_attention and decode_attention).
+
+Implementations: "pallas" (pallas_paged.py: compiled on a TPU, interpreted elsewhere), "cpu" (paged_cpu.cpu_paged:
+XLA walking the page table a block at a time, the fast path on CPU) and "xla" (paged_cpu.xla_paged: gather every
+page, then attend; portable). All three write the new tokens' K/V into their pages first (paged_layout).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ._vendor.interpret import run_dispatch
+from .api import _DISPATCH, _vmem
+from .config import AttentionConfig, cdiv, paged_blocks
+from .paged_checks import PagedShapes, check_num_seqs, check_paged_shapes, check_paged_values
+from .paged_cpu import cpu_paged, xla_paged
+from .paged_layout import gather_queries, metadata, row_positions, scatter_outputs, work_items, write_new_tokens
+from .pallas_paged import PagedStatic, layout_ok, paged_forward
+
+
+def _steps(sh: PagedShapes, block_q: int, ppb: int) -> int:
+    """kv steps per work item: every block of a sequence's pages, or as many as a window (plus the item's own
+    tokens) can touch."""
+    steps = cdiv(sh.pages_per_seq, ppb)
+    if sh.window is not None:
+        steps = min(steps, cdiv(sh.window + block_q - 1, ppb * sh.page_size) + 1)
+    return steps
+
+
+@functools.partial(jax.jit, static_argnames=("impl", "sh", "causal", "block_q", "ppb", "interpret", "vmem_limit"))
+def _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, num_seqs, sinks, *, impl,
+           sh: PagedShapes, causal, block_q, ppb, interpret, vmem_limit):
+    meta = metadata(kv_lens, page_indices, cu_q_lens, num_seqs, sh)
+    k_cache, v_cache = write_new_tokens(k_cache, v_cache, keys, values, meta, sh)
+    out = jnp.zeros(queries.shape, queries.dtype)
+    for bq, select, count in _passes(meta, sh, block_q):
+        work = work_items(meta, sh, bq, causal, select, count)
+        out_work = _attend(impl, queries, work, k_cache, v_cache, meta, sinks, sh=sh, causal=causal, block_q=bq,
+                           ppb=ppb, interpret=interpret, vmem_limit=vmem_limit)
+        out = out + scatter_outputs(out_work.astype(queries.dtype), meta, sh, bq, select)
+    return out, k_cache, v_cache
+
+
+def _passes(meta, sh: PagedShapes, block_q: int):
+    """(tokens per work item, sequences, work items) per pass: decode steps (one new token) in items of one token,
+    at most one per sequence, so their G heads are the rows and no row is padding; every other sequence in items of
+    block_q tokens. One pass when block_q is 1."""
+    if block_q == 1:
+        return [(1, None, None)]
+    one = meta.q_len == 1
+    return [(1, one, min(sh.tokens, sh.max_seqs)), (block_q, ~one, None)]
+
+
+def _attend(impl, queries, work, k_cache, v_cache, meta, sinks, *, sh: PagedShapes, causal, block_q, ppb,
+            interpret, vmem_limit):
+    """[W, Hkv, block_q * G, D]: one pass's work items attended by implementation `impl`."""
+    q_work = gather_queries(queries, work, sh)
+    qpos = row_positions(work, sh)
+    sinks_rows = None
+    if sinks is not None:
+        sinks_rows = jnp.tile(jnp.asarray(sinks, jnp.float32).reshape(sh.kv_heads, sh.group), (1, block_q))
+    steps = _steps(sh, block_q, ppb)
+    if impl == "cpu":
+        return cpu_paged(q_work, qpos, work, k_cache, v_cache, meta, sh, causal=causal, sinks_rows=sinks_rows,
+                         pages_per_block=ppb, steps=steps)
+    if impl == "xla":
+        return xla_paged(q_work, qpos, work, k_cache, v_cache, meta, sh, causal=causal, sinks_rows=sinks_rows)
+    st = PagedStatic(sm_scale=sh.sm_scale, window=sh.window, soft_cap=sh.soft_cap, has_sinks=sinks is not None,
+                     causal=causal, page_size=sh.page_size, pages_per_block=ppb, pages_per_seq=sh.pages_per_seq,
+                     num_pages=sh.num_pages, kv_heads=sh.kv_heads, steps=steps, interpret=interpret,
+                     vmem_limit_bytes=vmem_limit)
+    snk = sinks_rows if sinks_rows is not None else jnp.zeros((sh.kv_heads, block_q * sh.group), jnp.float32)
+    return paged_forward(q_work, qpos, snk, k_cache, v_cache, work.seq, work.lo, work.hi, meta.kv_len,
+                         meta.read_table, st)
+
+
+def ragged_paged_attention(
+    queries: jax.Array,
+    keys: jax.Array,
+    values: jax.Array,
+    k_cache: jax.Array,
+    v_cache: jax.Array,
+    kv_lens: jax.Array,
+    page_indices: jax.Array,
+    cu_q_lens: jax.Array,
+    num_seqs: int | jax.Array | None = None,
+    *,
+    sinks: jax.Array | None = None,
+    sm_scale: float | None = None,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    causal: bool = True,
+    implementation: str | Sequence[str] | None = None,
+    interpret: Any = None,
+    config: AttentionConfig | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Attention of many sequences' new tokens, packed ragged, over a paged KV cache; prefill chunks and decode steps
+    mix in one call, and the new tokens' K/V are written into their pages as part of it.
+
+    Args:
+      queries: [T, Hq, D]; keys, values: [T, Hkv, D]. Sequence i owns rows cu_q_lens[i]:cu_q_lens[i+1]; rows past
+        cu_q_lens[num_seqs] are padding (their output is 0, their K/V are not written).
+      k_cache, v_cache: [num_pages, page_size, Hkv, D], same dtype as queries (float32 or bfloat16).
+      kv_lens: int32 [S], each sequence's length including its new tokens.
+      page_indices: int32 [S, pages_per_seq]; position p of sequence i lives at page page_indices[i, p // page_size],
+        slot p % page_size.
+      cu_q_lens: int32 [S + 1]; num_seqs: sequences in use (int or int32 scalar; default S).
+      sinks: optional [Hq] f32 logits that join each head's softmax denominator; sm_scale: default 1/sqrt(D);
+        sliding_window: query at position p sees positions > p - window; soft_cap: tanh cap on the logits; causal:
+        query j of sequence i sits at position kv_lens[i] - q_len + j and sees positions up to its own.
+      implementation / interpret / config: the kernel contract (docs/kernel-contract.md); config's paged_* fields
+        override the block choice.
+
+    Returns:
+      (out [T, Hq, D] in queries.dtype, k_cache, v_cache) with the new rows written.
+
+    Concrete metadata is checked (one ValueError: a page id outside the cache, kv_lens past the pages given, more
+    new tokens than kv_lens, cu_q_lens decreasing); traced metadata is clamped so nothing is read or written outside
+    the cache.
+    """
+    queries, keys, values = jnp.asarray(queries), jnp.asarray(keys), jnp.asarray(values)
+    k_cache, v_cache = jnp.asarray(k_cache), jnp.asarray(v_cache)
+    meta_in = (kv_lens, page_indices, cu_q_lens)
+    kv_lens, page_indices, cu_q_lens = (x if isinstance(x, jax.core.Tracer) else jnp.asarray(x) for x in meta_in)
+    sh = check_paged_shapes(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, sinks,
+                            sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
+    check_num_seqs(num_seqs, sh.max_seqs)
+    check_paged_values(kv_lens, page_indices, cu_q_lens, num_seqs, sh)
+    num = jnp.asarray(sh.max_seqs if num_seqs is None else num_seqs, jnp.int32)
+    cfg = config or AttentionConfig()
+    vmem = _vmem(k_cache)
+    auto = paged_blocks(sh.tokens, sh.max_seqs, sh.group, sh.page_size, sh.pages_per_seq, sh.kv_heads, sh.head_dim,
+                        jnp.dtype(queries.dtype).itemsize, sh.window, vmem["vmem_budget_bytes"])
+    block_q = cfg.paged_block_q or auto.block_q
+    ppb = min(cfg.paged_pages_per_block or auto.pages_per_block, sh.pages_per_seq)
+    # the CPU walk holds a block of pages per work item at once: 256 positions keep that a small slice of the cache
+    cpu_ppb = min(cfg.paged_pages_per_block or max(1, 256 // sh.page_size), sh.pages_per_seq)
+
+    def run(impl: str, mode: Any):
+        if impl == "pallas":
+            why = layout_ok(sh.head_dim, sh.page_size, queries.dtype)
+            if why:
+                raise NotImplementedError(f"the paged attention kernel cannot take this cache: {why}")
+        return _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, num, sinks,
+                      impl=impl, sh=sh, causal=bool(causal), block_q=block_q,
+                      ppb=cpu_ppb if impl == "cpu" else ppb, interpret=mode,
+                      vmem_limit=vmem["vmem_limit_bytes"])
+
+    return run_dispatch(_DISPATCH, implementation, interpret, (queries, k_cache, v_cache), run,
+                        "the ragged paged attention kernel")

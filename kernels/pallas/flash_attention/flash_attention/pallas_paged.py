@@ -1,0 +1,185 @@
+"""Pallas TPU ragged paged attention: the work items of paged_layout against a paged KV cache.
+
+Grid (work items, kv blocks). The scalar-prefetched metadata (each item's sequence and cache range, the lengths, the
+flattened page table) drives manual DMAs: a step copies `pages_per_block` pages of K and of V, every kv head at once,
+from HBM into VMEM, so each page is read once per work item whatever the number of heads; the step after prefetches
+the next block's pages while this one computes (double buffering across the kv axis of one work item). Steps past an
+item's range issue no DMA and do no work. The kernel sees each cache as [pages, page_size, Hkv * D] (heads side by
+side in the lanes), so kv head h is the lane-aligned column block h*D:(h+1)*D of the page buffer; the G query heads
+of that kv head and the item's tokens are the rows of one [block_q * G, D] matrix, and an online softmax folds the
+blocks in.
+
+Page reads are clamped: a slot past the sequence's last page re-reads its last page, a page id outside the cache
+reads page 0 or the last one; the mask keeps such columns out, and values past a sequence's end are zeroed before
+they meet the probabilities, so stale or NaN cache contents never reach the output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from .config import LANES
+from .pallas_flash import MASKED, _dot, online_softmax_step
+
+
+@dataclasses.dataclass(frozen=True)
+class PagedStatic:
+    sm_scale: float
+    window: int | None
+    soft_cap: float | None
+    has_sinks: bool
+    causal: bool
+    page_size: int
+    pages_per_block: int
+    pages_per_seq: int
+    num_pages: int
+    kv_heads: int
+    steps: int
+    interpret: Any = False
+    vmem_limit_bytes: int | None = None
+
+    @property
+    def block_kv(self) -> int:
+        return self.pages_per_block * self.page_size
+
+
+def layout_ok(head_dim: int, page_size: int, dtype: Any) -> str | None:
+    """Why the kernel cannot take this cache, or None: a page must fill whole sublane tiles (8 rows of 32 bits) and
+    each head whole 128-lane columns."""
+    rows = 8 * (4 // jnp.dtype(dtype).itemsize)
+    if page_size % rows:
+        return f"page_size {page_size} is not a multiple of {rows} (whole {jnp.dtype(dtype).name} sublane tiles)"
+    if head_dim % LANES:
+        return f"head_dim {head_dim} is not a multiple of {LANES} (each head whole lane columns)"
+    return None
+
+
+def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, q_ref, qpos_ref, sinks_ref, k_hbm, v_hbm, o_ref,
+            kbuf, vbuf, sems, m_scr, l_scr, acc_scr, *, st: PagedStatic):
+    w, kj = pl.program_id(0), pl.program_id(1)
+    n, ps, ppb, hkv = st.block_kv, st.page_size, st.pages_per_block, st.kv_heads
+
+    def block_of(step):
+        return jnp.maximum(lo_ref[w], 0) // n + step
+
+    def active(step):
+        return (hi_ref[w] >= lo_ref[w]) & (block_of(step) * n <= hi_ref[w]) & (step < st.steps)
+
+    def copies(step, slot):
+        seq = seq_ref[w]
+        kv_len = kvlen_ref[seq]
+        last = jnp.maximum((kv_len + ps - 1) // ps - 1, 0)
+        out = []
+        for j in range(ppb):
+            page_slot = jnp.minimum(block_of(step) * ppb + j, last)
+            page = jnp.clip(table_ref[seq * st.pages_per_seq + page_slot], 0, st.num_pages - 1)
+            dst = pl.ds(j * ps, ps)
+            out.append(pltpu.make_async_copy(k_hbm.at[page], kbuf.at[slot, dst], sems.at[0, slot]))
+            out.append(pltpu.make_async_copy(v_hbm.at[page], vbuf.at[slot, dst], sems.at[1, slot]))
+        return out
+
+    slot = kj % 2
+
+    @pl.when(kj == 0)
+    def _init():
+        m_scr[...] = jnp.full(m_scr.shape, MASKED, jnp.float32)
+        l_scr[...] = jnp.zeros(l_scr.shape, jnp.float32)
+        acc_scr[...] = jnp.zeros(acc_scr.shape, jnp.float32)
+
+        @pl.when(active(0))
+        def _first():
+            for c in copies(0, 0):
+                c.start()
+
+    @pl.when(active(kj))
+    def _step():
+        @pl.when(active(kj + 1))
+        def _prefetch():
+            for c in copies(kj + 1, 1 - slot):
+                c.start()
+
+        for c in copies(kj, slot):
+            c.wait()
+        kv_len = kvlen_ref[seq_ref[w]]
+        qpos = qpos_ref[...][:, :1]  # [R, 1]
+        r = q_ref.shape[1]
+        cols = block_of(kj) * n + jax.lax.broadcasted_iota(jnp.int32, (r, n), 1)
+        mask = (qpos >= 0) & (cols < kv_len)
+        if st.causal:
+            mask &= cols <= qpos
+        if st.window is not None:
+            mask &= cols > qpos - st.window
+        d = q_ref.shape[2]
+        value_rows = block_of(kj) * n + jax.lax.broadcasted_iota(jnp.int32, (n, d), 0)
+        for h in range(hkv):
+            k = kbuf[slot, :, pl.ds(h * d, d)]
+            v = vbuf[slot, :, pl.ds(h * d, d)]
+            v = jnp.where(value_rows < kv_len, v, jnp.zeros_like(v))
+            s = _dot(q_ref[h], k, (1, 1)) * st.sm_scale  # [R, n]
+            if st.soft_cap is not None:
+                s = st.soft_cap * jnp.tanh(s / st.soft_cap)
+            online_softmax_step(s, mask, v, m_scr.at[h], l_scr.at[h], acc_scr.at[h])
+
+    @pl.when(kj == pl.num_programs(1) - 1)
+    def _finish():
+        for h in range(hkv):
+            m, denom, acc = m_scr[h], l_scr[h], acc_scr[h]
+            if st.has_sinks:
+                sink = sinks_ref[h]
+                m_fin = jnp.maximum(m, sink)
+                rescale = jnp.exp(m - m_fin)
+                denom = denom * rescale + jnp.exp(sink - m_fin)
+                acc = acc * rescale[:, :1]
+            safe = jnp.where(denom > 0, denom, 1.0)
+            o_ref[h] = (acc / safe[:, :1]).astype(o_ref.dtype)
+
+
+def paged_forward(q_work, qpos_rows, sinks_rows, k_cache, v_cache, seq, lo, hi, kv_len, table,
+                  st: PagedStatic) -> jax.Array:
+    """q_work [W, Hkv, R, D]; qpos_rows [W, R] int32; sinks_rows [Hkv, R] f32; caches [P, page, Hkv, D];
+    seq/lo/hi [W], kv_len [S], table [S, pages_per_seq] int32 -> [W, Hkv, R, D] in the queries' dtype."""
+    w_count, hkv, r, d = q_work.shape
+    p = k_cache.shape[0]
+    k_flat = k_cache.reshape(p, st.page_size, hkv * d)
+    v_flat = v_cache.reshape(p, st.page_size, hkv * d)
+    qpos_wide = jnp.broadcast_to(qpos_rows[:, :, None], (w_count, r, LANES))
+    sinks_wide = jnp.broadcast_to(sinks_rows[:, :, None], (hkv, r, LANES))
+    any_ = pl.BlockSpec(memory_space=pl.ANY)
+    buf = pltpu.VMEM((2, st.block_kv, hkv * d), k_cache.dtype)
+    return pl.pallas_call(
+        functools.partial(_kernel, st=st),
+        out_shape=jax.ShapeDtypeStruct(q_work.shape, q_work.dtype),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=5,
+            grid=(w_count, st.steps),
+            in_specs=[
+                pl.BlockSpec((None, hkv, r, d), lambda wi, kj, *_: (wi, 0, 0, 0)),
+                pl.BlockSpec((None, r, LANES), lambda wi, kj, *_: (wi, 0, 0)),
+                pl.BlockSpec((hkv, r, LANES), lambda wi, kj, *_: (0, 0, 0)),
+                any_,
+                any_,
+            ],
+            out_specs=pl.BlockSpec((None, hkv, r, d), lambda wi, kj, *_: (wi, 0, 0, 0)),
+            scratch_shapes=[
+                buf,
+                buf,
+                pltpu.SemaphoreType.DMA((2, 2)),
+                pltpu.VMEM((hkv, r, LANES), jnp.float32),
+                pltpu.VMEM((hkv, r, LANES), jnp.float32),
+                pltpu.VMEM((hkv, r, d), jnp.float32),
+            ],
+        ),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "arbitrary"),
+            vmem_limit_bytes=st.vmem_limit_bytes,
+        ),
+        interpret=st.interpret,
+        name="ragged_paged_attention",
+    )(seq, lo, hi, kv_len, table.reshape(-1), q_work, qpos_wide, sinks_wide, k_flat, v_flat)

@@ -1,0 +1,127 @@
+"""The rows every peer table is made of: a peer (a callable and its abstract arguments, or why it was refused),
+compiled by libtpu for the generation and read by the cost model, and the best legal configuration of a peer;
+shared by peers_worker (ragged dot, attention) and paged_peers (ragged paged attention). Runs in the TPU env.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..chips import chip
+from ..target import on_device, topology_devices
+from ..worker_common import first_meaningful_line
+from .schedule import kernel_cost
+
+OURS = "kernel-hub"
+
+
+@dataclass
+class Peer:
+    name: str
+    fn: Callable[..., Any] | None  # None: refused before it could be called (`refused` says why)
+    args: tuple[Any, ...] = ()  # ShapeDtypeStructs stay abstract; numpy arrays are the routing / lengths
+    xla: bool = False  # an XLA op: modeled by XLA's own estimate
+    refused: str | None = None
+    detail: str = ""
+
+
+def _abstract(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    import jax
+
+    return tuple(a if isinstance(a, jax.ShapeDtypeStruct) else jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype)
+                 for a in args)
+
+
+def _compile(peer: Peer, device: Any) -> tuple[str, Any]:
+    import jax
+
+    try:
+        return "yes", jax.jit(peer.fn).lower(*on_device(_abstract(peer.args), device)).compile()
+    except Exception as exc:  # the compiler's refusal is the result
+        return first_meaningful_line(str(exc) or type(exc).__name__), None
+
+
+def _modeled(peer: Peer, compiled: Any, generation: str) -> tuple[float | None, str]:
+    if peer.xla:
+        if compiled is None:
+            return None, "not compiled"
+        cost = compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, list) else cost
+        value = (cost or {}).get("optimal_seconds")
+        return (float(value) if value is not None else None), "XLA optimal_seconds"
+    try:
+        cost = kernel_cost(peer.fn, *peer.args, generation=generation)
+    except Exception as exc:  # Unmodeled (one line naming the primitive) or the kernel's own refusal at trace
+        return None, first_meaningful_line(str(exc) or type(exc).__name__)
+    return cost.seconds(chip(generation)), f"{len(cost.calls)} call(s), {cost.steps} steps"
+
+
+def tpu_target_device(generation: str) -> Any:
+    return topology_devices(chip(generation).topology)[0]
+
+
+def rows_for(kernel: str, shape: str, peers: list[Peer], ideal: Callable[[Any], float],
+             generation: str) -> list[dict[str, Any]]:
+    """One row per peer of one workload on one chip, with the best peer's time beside ours."""
+    rows = []
+    device = tpu_target_device(generation)
+    if True:
+        for peer in peers:
+            if peer.fn is None:
+                compiled, modeled, how = peer.refused or "refused", None, peer.refused or ""
+            else:
+                compiled, exe = _compile(peer, device)
+                modeled, how = _modeled(peer, exe, generation)
+            ideal_s = ideal(chip(generation))
+            rows.append({"kernel": kernel, "peer": peer.name, "shape": shape, "generation": generation, "xla": peer.xla,
+                         "modeled_s": modeled, "ideal_s": ideal_s,
+                         "ratio_to_ideal": None if modeled is None else modeled / ideal_s,
+                         "compiled": compiled, "how": how, "detail": peer.detail})
+    # the best peer: the fastest kernel that compiled, read by the same model. XLA's optimal_seconds is shown
+    # beside but not a schedule (it comes out below the ideal of moving each active expert's weights once)
+    others = [r for r in rows if r["peer"] != OURS and r["modeled_s"] is not None and r["compiled"] == "yes"
+              and not r["xla"]]
+    best = min(others, key=lambda r: r["modeled_s"], default=None)
+    ours = next((r for r in rows if r["peer"] == OURS), None)
+    for r in rows:
+        r["best_peer"] = None if best is None else best["peer"]
+        r["best_peer_s"] = None if best is None else best["modeled_s"]
+        r["ours_over_best_peer"] = (None if best is None or ours is None or ours["modeled_s"] is None
+                                    else ours["modeled_s"] / best["modeled_s"])
+    return rows
+
+
+
+def best_legal(name: str, candidates: list[tuple[str, Callable[..., Any]]], args: tuple[Any, ...],
+               generation: str, *, tries: int = 4) -> Peer:
+    """A peer at its best legal configuration: every candidate (label, fn) read by the cost model, then compiled for
+    the chip in order of modeled time until one compiles (legal = the compiler takes it). The detail names it."""
+    modeled = []
+    for label, fn in candidates:
+        try:
+            modeled.append((kernel_cost(fn, *args, generation=generation).seconds(chip(generation)), label, fn))
+        except Exception:  # a configuration the kernel itself refuses at trace
+            continue
+    modeled.sort(key=lambda t: t[0])
+    device = tpu_target_device(generation)
+    for _, label, fn in modeled[:tries]:
+        if _compile(Peer(name, fn, args), device)[0] == "yes":
+            return Peer(name, fn, args, detail=f"{label} (best of {len(modeled)} by the model that compiles)")
+    if modeled:  # none compiled: the fastest, whose compile error the row shows
+        return Peer(name, modeled[0][2], args, detail=f"{modeled[0][1]} (none of the {tries} fastest compiled)")
+    return Peer(name, None, refused="every configuration refused at trace")
+
+
+def _seconds(peer: Peer, args: tuple[Any, ...], generation: str) -> float:
+    """A peer's modeled time; infinity when it has no callable or the model refuses it."""
+    if peer.fn is None:
+        return math.inf
+    try:
+        return kernel_cost(peer.fn, *args, generation=generation).seconds(chip(generation))
+    except Exception:
+        return math.inf
