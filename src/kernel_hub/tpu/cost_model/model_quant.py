@@ -57,8 +57,7 @@ def layer_cost(rd: Any, geo: Any, tokens: int, fmt: str, generation: str, dtype:
                                                                  interpret=False), lhs, rhs, scale, gs,
                                generation=generation)
         total.calls += cost.calls
-        total.outside_bytes += cost.outside_bytes
-        total.outside_ops += cost.outside_ops
+        total.xla += cost.xla
         ideal_bytes += active * (k * n * wbytes + _scale_elems(k, n, fmt) * 4) + (m * k + m * n) * act
         flops += 2.0 * m * k * n
     return total, ideal_bytes, flops
