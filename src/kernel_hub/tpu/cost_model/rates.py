@@ -52,24 +52,25 @@ class Rates:
     stream_fraction: float  # of spec HBM bandwidth, what a streamed copy reaches
     step_overhead_s: float  # per grid step of a Pallas pipeline, on top of its MXU work
     xla_efficiency: float  # of MXU peak, what an XLA dot reaches on its passes
-    xla_fixed_s: float  # per XLA op (one HLO the op becomes), its fixed device cost
-    vpu_ops_per_cycle: float  # element operations per cycle of the vector unit (over all its ALU slots)
+    op_fixed_s: float  # per op the device runs (an XLA op, or a kernel's custom call), its fixed cost
+    vpu_ops_per_cycle: float  # vector element operations per cycle, as the walker counts them (jaxpr ops)
     eup_ops_per_cycle: float  # transcendental element operations per cycle (exp, log, tanh, ...)
-    vector_overlap: float  # 1: vector work hides under the MXU's; 0: it adds to it
 
 
 _V5E_DOCS = "row v5e-matmul-128-8192 (jax docs Pallas matmul tutorial, v5e)"
-_V7X_COPY = "row tpu7x-streamed-copy (vllm-project/tpu-inference issue 3520)"
 _XLA_EFF = "row v5e-xla-matmul-8192 (jax docs Pallas matmul tutorial, XLA's own matmul, v5e)"
 _XLA_FIXED = "row tpu7x-xla-matmul-1024 (pytorch/helion PR 2632, JAX's matmul device time on TPU v7)"
 _ATTN = "row tpu7x-rpa_v3-prefill-32-32-8k (heavyball-research/flywheel-tpu README_v7x.md)"
+_DECODE = "row tpu7x-rpa_v3-decode-128seq (heavyball-research/flywheel-tpu README_v7x.md)"
 
 #: Fitted figures, each recomputed in tests/test_tpu_calibration.py from its row's published numbers.
-STREAM_FRACTION_V7X = 3.21e12 / 3.685e12
+#: v7x's streamed fraction: the one that puts RPA v3's 128-sequence decode (7693.6 MiB streamed, 18.6 us of other
+#: work) on its measured 2.574 ms; the published streamed copy (3.21 TB/s, row tpu7x-streamed-copy) checks it.
+STREAM_FRACTION_V7X = 0.8562
 STEP_OVERHEAD_V5E_S = 0.3286e-6
-XLA_EFFICIENCY_V5E = 0.9457
-XLA_FIXED_V7X_S = 3.64e-6
-VECTOR_OVERLAP_V7X = 0.0
+XLA_EFFICIENCY_V5E = 0.9402
+OP_FIXED_V7X_S = 3.353e-6
+VPU_OPS_PER_CYCLE_V7X = 9296.0
 
 _GENERATIONS = ("v4", "v5e", "v5p", "v6e", "v7x")
 
@@ -78,7 +79,7 @@ def _table() -> dict[str, dict[str, Constant]]:
     out: dict[str, dict[str, Constant]] = {}
     for g in _GENERATIONS:
         out[g] = {
-            "stream_fraction": (Constant.measured(STREAM_FRACTION_V7X, _V7X_COPY) if g == "v7x" else
+            "stream_fraction": (Constant.measured(STREAM_FRACTION_V7X, _DECODE) if g == "v7x" else
                                 Constant.unmeasured(0.75, 0.95, "no published streamed copy on this generation: "
                                                     "a band around v7x's 0.87")),
             "step_overhead_s": (Constant.measured(STEP_OVERHEAD_V5E_S, _V5E_DOCS) if g == "v5e" else
@@ -87,16 +88,14 @@ def _table() -> dict[str, dict[str, Constant]]:
             "xla_efficiency": (Constant.measured(XLA_EFFICIENCY_V5E, _XLA_EFF) if g == "v5e" else
                                Constant.unmeasured(0.65, 1.0, "XLA's dot efficiency is measured on v5e only "
                                                    "(0.95): a band from 65% of peak up to peak")),
-            "xla_fixed_s": (Constant.measured(XLA_FIXED_V7X_S, _XLA_FIXED) if g == "v7x" else
-                            Constant.unmeasured(1.0e-6, 6.0e-6, "no device-timed small XLA op on this generation: "
-                                                "a band around v7x's 3.6 us")),
-            "vpu_ops_per_cycle": Constant.unmeasured(2048.0, 4096.0, "not published: 2 to 4 vector ALU slots of "
-                                                     "8 x 128 lanes"),
+            "op_fixed_s": (Constant.measured(OP_FIXED_V7X_S, _XLA_FIXED) if g == "v7x" else
+                           Constant.unmeasured(1.0e-6, 6.0e-6, "no device-timed small op on this generation: "
+                                               "a band around v7x's 3.6 us")),
+            "vpu_ops_per_cycle": (Constant.measured(VPU_OPS_PER_CYCLE_V7X, _ATTN) if g == "v7x" else
+                                  Constant.unmeasured(4096.0, 11600.0, "fitted on v7x only (9296 jaxpr element ops "
+                                                      "a cycle): a band from 4 ALU slots of 8 x 128 lanes up")),
             "eup_ops_per_cycle": Constant.unmeasured(512.0, 1024.0, "not published: one transcendental slot, "
                                                      "a half to a whole 8 x 128 vreg a cycle"),
-            "vector_overlap": (Constant.measured(VECTOR_OVERLAP_V7X, _ATTN) if g == "v7x" else
-                               Constant.unmeasured(0.0, 1.0, "how much softmax work hides under the MXU is "
-                                                   "fitted on v7x only")),
         }
     return out
 
@@ -105,8 +104,7 @@ TABLE = _table()
 
 #: For each constant, whether a larger value makes a kernel slower (its "slow" end is its high end).
 _SLOWER_WHEN_HIGH = {"stream_fraction": False, "step_overhead_s": True, "xla_efficiency": False,
-                     "xla_fixed_s": True, "vpu_ops_per_cycle": False, "eup_ops_per_cycle": False,
-                     "vector_overlap": False}
+                     "op_fixed_s": True, "vpu_ops_per_cycle": False, "eup_ops_per_cycle": False}
 
 
 def constants(generation: str) -> dict[str, Constant]:

@@ -134,7 +134,7 @@ _OUTER_CONTROL = {"cond", "while", "scan"}
 class Transposed(Unknown):
     """A transpose's result, its charge held until something other than a transpose undoing it reads it."""
 
-    __slots__ = ("source", "perm", "op", "undone")
+    __slots__ = ("op", "perm", "source", "undone")
 
     def __init__(self, aval: Any, source: Any, perm: tuple[int, ...], op: XlaOp):
         super().__init__(aval)

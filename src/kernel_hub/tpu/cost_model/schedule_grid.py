@@ -59,20 +59,23 @@ class CallCost:
         (rates.rates(generation), the band's points, by default): the DMAs stream at the bandwidth a copy reaches
         and run under the steps; each step's fixed cost adds to its compute (the scalar core issues the step, then
         the MXU runs), not to its DMAs; the compute is the MXU's passes plus the vector work (VPU elements and EUP
-        transcendentals) the MXU does not hide (r.vector_overlap); one step's worth of the shorter side is exposed
+        transcendentals, at rates fitted with the two in series); one step's worth of the shorter side is exposed
         as the pipeline's prologue/epilogue (the first fetch before any compute, the last write-back after it); the
         pipeline's stages are its grid steps plus the DMAs its body starts itself (a kernel that streams inside one
-        step, as RPA v3 does, overlaps all but its first)."""
+        step, as RPA v3 does, overlaps all but its first); the call is one op on the device: its fixed cost
+        (r.op_fixed_s) is added once."""
         r = r or rates(chip.generation)
         dma = self.hbm_bytes / (chip.hbm_bytes_per_s * r.stream_fraction)
         mxu = self.mxu_flops_on(chip.generation) / chip.bf16_flops_per_s
         vec = vector_seconds(self.vpu_elems, self.eup_elems, chip.generation, chip.bf16_flops_per_s, r)
-        compute = mxu + vec - r.vector_overlap * min(mxu, vec) + self.steps * r.step_overhead_s
+        compute = mxu + vec + self.steps * r.step_overhead_s
         if self.ici_bytes:
             from .ici import interconnect
 
             dma = max(dma, self.ici_bytes / interconnect(chip.generation).ring_bytes_per_s)
-        return max(dma, compute) + min(dma, compute) / max(self.steps + self.dmas, 1)
+        if self.steps == 0:
+            return 0.0
+        return max(dma, compute) + min(dma, compute) / max(self.steps + self.dmas, 1) + r.op_fixed_s
 
 
 def _block_sizes(block_shape: Sequence[Any], array_shape: Sequence[int], idx: np.ndarray) -> np.ndarray:

@@ -3,7 +3,7 @@
 The rule for one XLA op (an HLO the jaxpr equation becomes) on a generation with constants r (rates.py):
 
     seconds = max(MXU FLOPs in bf16 passes / (peak x r.xla_efficiency), bytes / streamed-copy bandwidth)
-              + r.xla_fixed_s
+              + r.op_fixed_s
 
 Fitted on a third of the measured XLA rows of bench/records/tpu_calibration.json (the efficiency on v5e's 8192
 matmul, the fixed cost on v7x's 1024 matmul), checked on the rest (tests/test_tpu_calibration.py).
@@ -43,7 +43,7 @@ class XlaOp:
             return 0.0
         r = r or rates(chip.generation)
         mxu = self.mxu_flops_on(chip.generation) / (chip.bf16_flops_per_s * r.xla_efficiency)
-        return max(mxu, self.bytes / (chip.hbm_bytes_per_s * r.stream_fraction)) + r.xla_fixed_s
+        return max(mxu, self.bytes / (chip.hbm_bytes_per_s * r.stream_fraction)) + r.op_fixed_s
 
     def line(self) -> str:
         what = f"{self.name} {self.bytes / 2**20:.1f} MiB"
