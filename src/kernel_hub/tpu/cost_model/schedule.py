@@ -324,7 +324,8 @@ def kernel_cost(fn: Any, *args: Any, generation: str | None = None) -> ScheduleC
 def explain(fn: Any, *args: Any, generation: str | None = None, hlo: bool = False) -> str:
     """The program the model reads (the jaxpr of `fn(*args)`) and what it charges: each kernel's grid, bytes and
     FLOPs, each XLA op outside the kernels charged or removed (with why), the modeled time and its band; with
-    `hlo`, also the StableHLO jax lowers the function to (what XLA compiles).
+    `hlo`, also the StableHLO jax lowers the function to for TPU (what XLA compiles; the two transposes the model
+    drops are still there: XLA's simplifier folds them after this point).
 
     Args:
         fn, args: as for kernel_cost.
@@ -354,5 +355,7 @@ def explain(fn: Any, *args: Any, generation: str | None = None, hlo: bool = Fals
         lines.append(f"modeled on {generation}: {cost.seconds(c) * 1e6:.2f} us (band {fast * 1e6:.2f} .. "
                      f"{slow * 1e6:.2f} us)")
     if hlo:
-        lines += ["# the lowered StableHLO", jax.jit(fn).lower(*abstract).as_text()]
+        with tpu_dispatch(generation):  # lowered for TPU whatever the host is (Pallas lowers only there)
+            text = jax.jit(fn).trace(*abstract).lower(lowering_platforms=("tpu",)).as_text()
+        lines += ["# the lowered StableHLO (for TPU)", text]
     return "\n".join(lines)
