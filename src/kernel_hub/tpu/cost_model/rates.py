@@ -13,7 +13,7 @@ operand dtypes) and the vector/transcendental rates of the softmax-heavy kernels
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -129,10 +129,6 @@ def rates(generation: str, end: str = "point") -> Rates:
     return Rates(generation, **values)
 
 
-def with_rates(r: Rates, **changes: float) -> Rates:
-    return replace(r, **changes)
-
-
 # ------------------------------------------------------------------------------------------------ MXU passes
 
 #: Generations whose MXU multiplies int8 at twice the bf16 rate (Google's per-chip specs: v5e 394 int8 TOPS vs 197
@@ -145,7 +141,7 @@ F32_PASSES = {"DEFAULT": 1, "HIGH": 3, "HIGHEST": 6}
 _FP8 = {"float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e4m3b11fnuz"}
 
 
-def _precision_name(precision: Any) -> str:
+def precision_name(precision: Any) -> str:
     """The stronger of a dot's operand precisions as a name: DEFAULT, HIGH or HIGHEST (None is DEFAULT)."""
     if precision is None:
         return "DEFAULT"
@@ -167,7 +163,7 @@ def mxu_passes(lhs_dtype: Any, rhs_dtype: Any, precision: Any, generation: str |
     type a generation upcasts) one pass."""
     lhs, rhs = np.dtype(lhs_dtype).name, np.dtype(rhs_dtype).name
     if "float32" in (lhs, rhs) or "float64" in (lhs, rhs):
-        name = _precision_name(precision)
+        name = precision_name(precision)
         return float(F32_PASSES[name]), f"f32 at {name}: {F32_PASSES[name]} bf16 pass(es)"
     if lhs == rhs == "int8":
         if generation in _INT8_DOUBLE:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .rates import EUP_PRIMITIVES, VPU_PRIMITIVES, _precision_name
+from .rates import EUP_PRIMITIVES, VPU_PRIMITIVES, precision_name
 
 #: Loops longer than this run their body once, scaled by the trip count (carries then unknown); a note says so.
 ITERATION_LIMIT = 4096
@@ -262,7 +262,7 @@ class Steps:
         flops = 2.0 * b * m * n * k
         where = self._where(mask)
         self.flops += flops * where
-        key = (np.dtype(lhs.dtype).name, np.dtype(rhs.dtype).name, _precision_name(eqn.params.get("precision")))
+        key = (np.dtype(lhs.dtype).name, np.dtype(rhs.dtype).name, precision_name(eqn.params.get("precision")))
         self.dots[key] = self.dots.get(key, 0.0) + flops * float(where.sum())
 
     def _vector(self, eqn: Any, mask: np.ndarray | None) -> None:

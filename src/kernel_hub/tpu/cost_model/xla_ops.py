@@ -69,7 +69,7 @@ def cancels(first: tuple[int, ...], second: tuple[int, ...]) -> bool:
 
 def dot_flops(eqn: Any) -> dict[tuple[str, str, str], float]:
     """A dot_general's FLOPs keyed by its operand dtypes and precision (the MXU pass rule's inputs)."""
-    from .rates import _precision_name
+    from .rates import precision_name
 
     (contract, _), (batch, _) = eqn.params["dimension_numbers"]
     lhs, rhs = (v.aval for v in eqn.invars)
@@ -77,5 +77,5 @@ def dot_flops(eqn: Any) -> dict[tuple[str, str, str], float]:
     b = math.prod(lhs.shape[d] for d in batch)
     m = math.prod(lhs.shape) // max(k * b, 1)
     n = math.prod(rhs.shape) // max(k * b, 1)
-    key = (np.dtype(lhs.dtype).name, np.dtype(rhs.dtype).name, _precision_name(eqn.params.get("precision")))
+    key = (np.dtype(lhs.dtype).name, np.dtype(rhs.dtype).name, precision_name(eqn.params.get("precision")))
     return {key: 2.0 * b * m * n * k}
