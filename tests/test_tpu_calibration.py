@@ -245,7 +245,7 @@ def test_rpa_v3_decode_row_is_the_stream_fraction_fit(walked):
     result = calibration.compare(row, walked["row"]["device_s"])
     assert abs(result["error"]) < 0.005, result
     assert walked["row"]["hbm_bytes"] >= 128 * 15360 * 4 * 256 * 2 * 2
-    copy = calibration.compare_bandwidth(ROWS["tpu7x-streamed-copy"], chip("v7x").stream_bytes_per_s)
+    copy = calibration.compare_bandwidth(ROWS["tpu7x-streamed-copy"], rates_mod.stream_bytes_per_s(chip("v7x")))
     assert copy["within"] and copy["error"] < 0, copy
 
 

@@ -49,14 +49,6 @@ class Chip:
         return self.chip_hbm_bytes_per_s / self.devices_per_chip
 
     @property
-    def stream_bytes_per_s(self) -> float:
-        """What a streamed copy reaches on one device at the point of its generation's band (cost_model/rates.py:
-        measured on v7x, a band elsewhere)."""
-        from .cost_model.rates import rates
-
-        return self.hbm_bytes_per_s * rates(self.generation).stream_fraction
-
-    @property
     def bf16_flops_per_s(self) -> float:
         """Peak bf16 dense FLOP/s of one device (its own MXUs; the other device's are out of a kernel's reach)."""
         return self.chip_bf16_flops_per_s / self.devices_per_chip

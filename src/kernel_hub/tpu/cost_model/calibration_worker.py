@@ -19,6 +19,7 @@ import numpy as np
 from ..chips import chip
 from ..target import tpu_target
 from ..worker_common import first_meaningful_line
+from .rates import stream_bytes_per_s
 from .schedule import ScheduleCost, kernel_cost
 from .workload import load_moe_kernel, routing
 
@@ -123,10 +124,8 @@ def model_row(row: dict[str, Any]) -> dict[str, Any]:
         return {**out, "how": why}
     c = chip(row["chip"])
     if row["kernel"] == "streamed_copy":  # a bandwidth: the model's streamed-copy bandwidth on the chip
-        from .rates import rates
-
-        lo, hi = (c.hbm_bytes_per_s * rates(c.generation, end).stream_fraction for end in ("slow", "fast"))
-        return {**out, "modeled_bytes_per_s": c.stream_bytes_per_s, "band_bytes_per_s": [lo, hi],
+        lo, hi = (stream_bytes_per_s(c, end) for end in ("slow", "fast"))
+        return {**out, "modeled_bytes_per_s": stream_bytes_per_s(c), "band_bytes_per_s": [lo, hi],
                 "how": "the model's streamed-copy bandwidth (spec HBM x its stream fraction)"}
     build = {"pallas_matmul": _matmul, "rpa_v3": _rpa_v3, "xla_matmul": _xla_matmul}[row["kernel"]]
     try:
@@ -166,7 +165,7 @@ def ours_at_hf_shapes(rd: Any, geo: Any, row: dict[str, Any]) -> dict[str, Any]:
                              generation=row["chip"]).seconds(c)
         weights += int(np.count_nonzero(gs)) * k * n * 2
     return {"id": row["id"], "tokens": tokens, "local_rows": int(gs.sum()), "active_local_experts":
-            int(np.count_nonzero(gs)), "ours_device_s": total, "ideal_s": weights / c.stream_bytes_per_s,
+            int(np.count_nonzero(gs)), "ours_device_s": total, "ideal_s": weights / stream_bytes_per_s(c),
             "measured_s": row["measured_s"]}
 
 

@@ -114,6 +114,12 @@ def constants(generation: str) -> dict[str, Constant]:
     return TABLE[generation]
 
 
+def stream_bytes_per_s(c: Any, end: str = "point") -> float:
+    """What a streamed copy reaches on one device of chip `c`: spec HBM bandwidth x the generation's stream
+    fraction (measured on v7x, a band elsewhere)."""
+    return c.hbm_bytes_per_s * rates(c.generation, end).stream_fraction
+
+
 def rates(generation: str, end: str = "point") -> Rates:
     """The constants at one end of their bands: "point", "fast" (every kernel as fast as the band allows) or
     "slow"."""
