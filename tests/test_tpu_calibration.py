@@ -10,6 +10,7 @@ tpu-inference kernels as installed in the TPU environment (no copy of them in th
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import subprocess
 from pathlib import Path
@@ -266,3 +267,18 @@ def test_no_copy_of_tpu_inference_kernels_in_the_tree():
             text = path.read_text(errors="replace")
             hits = [m for m in markers if m in text]
             assert not hits, (path, hits)
+
+
+def test_the_bench_shows_what_the_model_reads_for_a_row(capsys):
+    """bench/tpu_calibration.py --show ID --hlo: the jaxpr, each charge (the two cancelling swaps removed), the
+    modeled time with its band, and the StableHLO lowered for TPU, from the TPU environment's worker."""
+    env_or_skip()
+    spec = importlib.util.spec_from_file_location("tpu_calibration_bench", ROOT / "bench/tpu_calibration.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--show", "v5e-matmul-transpose-rhs-128-1024", "--hlo"]) == 0
+    text = capsys.readouterr().out
+    assert "== v5e-matmul-transpose-rhs-128-1024" in text and "grid=(8, 8, 8)" in text
+    assert text.count("removed transpose") == 2 and "modeled on v5e" in text and "tpu_custom_call" in text
+    with pytest.raises(SystemExit, match="unknown row ids"):
+        bench.main(["--show", "no-such-row"])
