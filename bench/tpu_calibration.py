@@ -1,12 +1,16 @@
 """The cost model against published measured TPU kernel times: bench/records/tpu_calibration.json, row by row.
 
-    python bench/tpu_calibration.py [--json] [--rows ID,ID...] [--out PATH]
+    python bench/tpu_calibration.py [--json] [--rows ID,ID...] [--out PATH] [--held-out PATH]
+    python bench/tpu_calibration.py --show ID [--hlo]
 
 Each row's kernel is modeled at its shapes by our walker on the measured kernel's own code as installed in the TPU
 environment (jax's Pallas ops; tpu-inference 0.32.0 with --no-deps), kernel_hub.tpu.cost_model.calibration_worker; a row
-the walker cannot read says which primitive or why. modeled = the calibrated model's device time, plus host dispatch
-(chips.HOST_DISPATCH_S) where the measurement is host-timed; error = modeled / measured - 1 (target: within 20%).
-`uncalibrated` is the model before calibration (spec bandwidth, steps added to the bound) at the same shapes.
+the walker cannot read says which primitive or why. modeled = the model's device time at the points of its
+constants' bands, plus the dispatch of the row's harness where the measurement is host-timed (calibration.HARNESSES);
+band = the same at both ends of the bands; error = modeled / measured - 1 (target: within 20%). `uncalibrated` is
+the model before calibration (spec bandwidth, steps added to the bound, f32 dots at six passes) at the same shapes.
+--held-out writes the error per kind on the rows no constant was fitted on (calibration.held_out). --show prints
+the program the model reads for a row and what it charges for each op (--hlo: and the lowered StableHLO).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from kernel_hub.tpu.runner import run_worker  # noqa: E402
 def model_rows(rows: list[dict], hf: list[dict] | None = None) -> list[dict]:
     """Each table row with its modeled time and error (one TPU-env worker for all); with a list `hf`, our ragged
     dot modeled at the HF ragged-dot-tpu rows' shapes is appended to it."""
-    request = {"mode": "calibration", "rows": rows}
+    request: dict = {"mode": "calibration", "rows": rows}
     if hf is not None:
         request["ragged_dot"] = folder_package(ROOT / "kernels/pallas/ragged_dot").request()
     events, status, stderr = run_worker(tpu_env(), request, timeout=3600)
@@ -41,10 +45,25 @@ def model_rows(rows: list[dict], hf: list[dict] | None = None) -> list[dict]:
     out = []
     for row in rows:
         m = modeled[row["id"]]
+        if "measured_bytes_per_s" in row:
+            out.append({**row, **calibration.compare_bandwidth(row, m.get("modeled_bytes_per_s")), "modeled_s": None,
+                        "band_bytes_per_s": m.get("band_bytes_per_s"), "how": m["how"], "uncalibrated_error": None})
+            continue
         before = m["uncalibrated_s"]  # device time only, as the model stated it before calibration
-        out.append({**row, **calibration.compare(row, m["device_s"]), "how": m["how"],
+        out.append({**row, **calibration.compare(row, m["device_s"], m.get("band_s")), "how": m["how"],
                     "uncalibrated_error": None if before is None else before / row["measured_s"] - 1.0})
     return out
+
+
+def show(rows: list[dict], hlo: bool) -> str:
+    """The program the model reads for each row and what it charges (one TPU-env worker)."""
+    events, status, stderr = run_worker(tpu_env(), {"mode": "calibration", "rows": rows, "show": True, "hlo": hlo},
+                                        timeout=3600)
+    texts = [f"== {e['id']}\n{e['text']}" for e in events if e.get("event") == "show"]
+    if status != 0 or not texts:
+        tail = [ln for ln in stderr.splitlines() if ln.strip()][-3:]
+        raise SystemExit(f"the TPU calibration worker failed (exit {status}): {' | '.join(tail)}")
+    return "\n".join(texts)
 
 
 def _us(v: float | None) -> str:
@@ -55,13 +74,33 @@ def _pct(v: float | None) -> str:
     return "-" if v is None else f"{v * 100:+.1f}%"
 
 
+def _band(r: dict) -> str:
+    if r.get("band_bytes_per_s"):
+        lo, hi = r["band_bytes_per_s"]
+        return f"{lo / 1e12:.2f}..{hi / 1e12:.2f} TB/s"
+    if not r.get("band_s"):
+        return "-"
+    lo, hi = r["band_s"]
+    return f"{lo * 1e6:.1f}..{hi * 1e6:.1f}" + ("" if r.get("in_band") else " (outside)")
+
+
+def _source(r: dict) -> str:
+    url = r["source"].split(" ")[0]
+    return url.replace("https://", "").replace("github.com/", "gh:")[:48]
+
+
 def table(rows: list[dict]) -> str:
-    head = ("row", "chip", "use", "modeled us", "measured us", "error", "uncalibrated", "how / why not")
+    head = ("row", "source", "timing", "use", "modeled us", "measured us", "error", "band us", "uncalibrated",
+            "how / why not")
     out = [head]
     for r in rows:
-        measured = _us(r.get("measured_s")) if "measured_s" in r else f"{r['measured_bytes_per_s'] / 1e12:.2f} TB/s"
-        out.append((r["id"], r["chip"], r["use"], _us(r["modeled_s"]), measured, _pct(r["error"]),
-                    _pct(r["uncalibrated_error"]), r["how"][:150]))
+        if "measured_s" in r:
+            measured, modeled = _us(r.get("measured_s")), _us(r["modeled_s"])
+        else:
+            measured = f"{r['measured_bytes_per_s'] / 1e12:.2f} TB/s"
+            modeled = "-" if r.get("modeled_bytes_per_s") is None else f"{r['modeled_bytes_per_s'] / 1e12:.2f} TB/s"
+        out.append((r["id"], _source(r), f"{r['includes']}/{r['harness']}", r["use"], modeled, measured,
+                    _pct(r["error"]), _band(r), _pct(r["uncalibrated_error"]), r["how"][:110]))
     widths = [max(len(row[i]) for row in out) for i in range(len(head))]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in out)
 
@@ -86,12 +125,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.add_argument("--rows", default="", help="only these row ids (comma-separated)")
     parser.add_argument("--out", type=Path, help="also write the modeled rows as JSON here")
+    parser.add_argument("--held-out", type=Path, help="also write the held-out error per kind as JSON here (and "
+                        "its table beside it, .txt)")
+    parser.add_argument("--show", default="", help="print what the model reads and charges for these row ids")
+    parser.add_argument("--hlo", action="store_true", help="with --show: also the lowered StableHLO")
     args = parser.parse_args(argv)
     rows = calibration.load()["rows"]
-    wanted = [t.strip() for t in args.rows.split(",") if t.strip()]
+    wanted = [t.strip() for t in (args.show or args.rows).split(",") if t.strip()]
     unknown = sorted(set(wanted) - {r["id"] for r in rows})
     if unknown:
-        raise SystemExit(f"unknown --rows {', '.join(unknown)}; see {calibration.TABLE}")
+        raise SystemExit(f"unknown row ids {', '.join(unknown)}; see {calibration.TABLE}")
+    if args.show:
+        print(show([r for r in rows if r["id"] in wanted], args.hlo))
+        return 0
     hf: list[dict] = []
     rows = model_rows([r for r in rows if not wanted or r["id"] in wanted], hf)
     print(json.dumps({"rows": rows, "hf_ragged_dot_tpu": hf}, indent=1) if args.json
@@ -99,7 +145,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.write_text(json.dumps({"benchmark": "tpu_calibration", "rows": rows, "hf_ragged_dot_tpu": hf},
                                        indent=1))
+    if args.held_out:
+        errors = calibration.held_out(rows)
+        args.held_out.write_text(json.dumps({"benchmark": "tpu_held_out", "target": calibration.TARGET,
+                                             "kinds": errors}, indent=1) + "\n")
+        args.held_out.with_suffix(".txt").write_text(held_out_table(errors) + "\n")
+        print("\n" + held_out_table(errors))
     return 0
+
+
+def held_out_table(errors: dict) -> str:
+    """The held-out error per kind, one line each."""
+    head = ("kind", "check rows", "modeled", "median |error|", "max |error|", "past 20%", "not modeled", "fitted on")
+    out = [head]
+    for kind, e in errors.items():
+        out.append((kind, str(e["check_rows"]), str(e["modeled"]),
+                    "-" if e["median_abs_error"] is None else f"{e['median_abs_error'] * 100:.1f}%",
+                    "-" if e["max_abs_error"] is None else f"{e['max_abs_error'] * 100:.1f}%",
+                    ", ".join(e["outside_target"]) or "-", str(len(e["not_modeled"])), ", ".join(e["fit_rows"]) or "-"))
+    widths = [max(len(row[i]) for row in out) for i in range(len(head))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in out)
 
 
 if __name__ == "__main__":

@@ -74,16 +74,19 @@ def quant_rows(generations: tuple[str, ...]) -> list[dict]:
 
 
 def quant_table(rows: list[dict]) -> str:
-    head = ("model", "phase", "format", "chip", "ours ms", "ideal ms", "ours/ideal", "ours/bf16", "steps", "HBM MiB")
+    head = ("model", "phase", "format", "chip", "ours ms", "ideal ms", "ours/ideal", "ours/bf16",
+            "ours/bf16 fast..slow", "steps", "HBM MiB")
     out = [head]
     for r in rows:
+        lo, hi = r["over_bf16_band"]
         out.append((r["model"], f"{r['phase']} {r['tokens']}", r["format"], r["generation"],
                     f"{r['modeled_s'] * 1e3:.3f}", f"{r['ideal_s'] * 1e3:.3f}", f"{r['modeled_over_ideal']:.3f}",
-                    f"{r['over_bf16']:.3f}", str(r["steps"]), f"{r['hbm_bytes'] / 2**20:.0f}"))
+                    f"{r['over_bf16']:.3f}", f"{lo:.3f}..{hi:.3f}", str(r["steps"]), f"{r['hbm_bytes'] / 2**20:.0f}"))
     widths = [max(len(row[i]) for row in out) for i in range(len(head))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in out]
     lines.append("decode targets (issue 25): quantized ours/bf16 <= 0.55, ours/ideal <= 1.15 (ideal: quantized "
-                 "weights + scales of active experts once, bf16 activations)")
+                 "weights + scales of active experts once, bf16 activations); fast..slow: the ratio at both ends of "
+                 "the constants' bands (docs/tpu-cost-model.md)")
     return "\n".join(lines)
 
 

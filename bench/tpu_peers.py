@@ -12,8 +12,10 @@ flash_attention, splash_attention, paged_attention, ragged_paged_attention, vLLM
 paged attention (cost_model/paged_peers.py) at Qwen3-30B-A3B and Gemma 4 26B-A4B heads, decode 64 x 8k and a mixed
 prefill + decode batch: ours, vLLM's RPA v3, jax paged_attention (decode).
 modeled_s: kernel_hub.tpu.cost_model.schedule.kernel_cost, calibrated against measured TPU times
-(bench/tpu_calibration.py: per call max(HBM bytes / streamed-copy bandwidth, MXU FLOPs / peak + steps x 0.329 us) +
-pipeline prologue); ideal_s: bytes moved once at streamed-copy bandwidth or useful FLOPs / peak; compiled: libtpu for
+(bench/tpu_calibration.py, docs/tpu-cost-model.md), at the points of its per-generation constants; band_s: the same at
+both ends of their bands; ours<=best across band: whether ours is no slower than the best peer at the point and at
+both ends (each evaluated with the same constants); ideal_s: bytes moved once at streamed-copy bandwidth or useful
+FLOPs / peak; compiled: libtpu for
 that generation ("yes" or the compiler's first line). One TPU-env worker per generation, run in parallel.
 """
 
@@ -34,8 +36,8 @@ from kernel_hub.tpu.env import tpu_env  # noqa: E402
 from kernel_hub.tpu.package import folder_package  # noqa: E402
 from kernel_hub.tpu.runner import default_jobs, refusal, run_worker  # noqa: E402
 
-KEYS = ("kernel", "peer", "shape", "generation", "modeled_s", "ideal_s", "ratio_to_ideal", "best_peer",
-        "best_peer_s", "ours_over_best_peer", "compiled")
+KEYS = ("kernel", "peer", "shape", "generation", "modeled_s", "band_s", "ideal_s", "ratio_to_ideal", "best_peer",
+        "best_peer_s", "ours_over_best_peer", "ours_le_best_across_band", "compiled")
 
 
 def request(generation: str, *, moe_models: list[str], phases: dict[str, int] | None = None,
@@ -74,13 +76,17 @@ def _f(v: float | None, scale: float = 1.0, fmt: str = ".3f") -> str:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("kernel", "shape", "chip", "peer", "modeled ms", "ideal ms", "x ideal", "best peer", "ours/best",
-            "compiled")
+    head = ("kernel", "shape", "chip", "peer", "modeled ms", "band ms", "ideal ms", "x ideal", "best peer",
+            "ours/best", "ours<=best across band", "compiled")
     out = [head]
     for r in rows:
+        band = r.get("band_s")
+        held = r.get("ours_le_best_across_band")
         out.append((r["kernel"], r["shape"], r["generation"], r["peer"], _f(r["modeled_s"], 1e3),
+                    "-" if not band else f"{band[0] * 1e3:.3f}..{band[1] * 1e3:.3f}",
                     _f(r["ideal_s"], 1e3), _f(r["ratio_to_ideal"], 1, ".2f"), r["best_peer"] or "-",
-                    _f(r["ours_over_best_peer"], 1, ".2f"), str(r["compiled"])[:60]))
+                    _f(r["ours_over_best_peer"], 1, ".2f"), "-" if held is None else ("yes" if held else "no"),
+                    str(r["compiled"])[:60]))
     widths = [max(len(row[i]) for row in out) for i in range(len(head))]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in out)
 

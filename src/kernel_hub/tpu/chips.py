@@ -14,23 +14,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: Per grid step of a Pallas TPU pipeline, on top of the step's MXU work (its DMAs run under it): fitted on row
+#: Per grid step of a Pallas TPU pipeline on v5e, on top of the step's MXU work (its DMAs run under it): fitted on row
 #: "v5e-matmul-128-8192" of bench/records/tpu_calibration.json, (91.836 ms measured - HOST_DISPATCH_S - 5.581 ms of
-#: MXU work at peak) / 262144 steps = 0.3286 us; the Pallas TPU docs quote ~0.35 us.
-STEP_OVERHEAD_S = 0.3286e-6
+#: MXU work at peak - the kernel's vector work and fixed cost) / 262144 steps = 0.3258 us; the Pallas TPU docs quote
+#: ~0.35 us. Other generations carry a band (cost_model/rates.py), not this figure.
+STEP_OVERHEAD_S = 0.3258e-6
 
-#: The fraction of spec HBM bandwidth a streamed copy reaches: 3.21 of 3.685 TB/s on one TPU7x core (fitted on
-#: row "tpu7x-streamed-copy"; checked on the RPA v3 decode rows). No other generation's copy is published: the
-#: same fraction is carried to them, and the v5e rows check it only where they are not step-bound.
+#: The fraction of spec HBM bandwidth the published streamed copy reaches on v7x: 3.21 of 3.685 TB/s on one TPU7x
+#: core (row "tpu7x-streamed-copy", a check of the model's fraction, which cost_model/rates.py fits on a decode
+#: row). No other generation's copy is published: they carry a band.
 STREAM_FRACTION = 3.21e12 / 3.685e12
 
-#: Host dispatch in a host-timed measurement (timeit around jit call + block_until_ready): fitted on row
-#: "v5e-xla-matmul-1024" (119.4 us measured, 10.9 us of MXU work at peak). Added only to rows whose time is
-#: host-timed, never to a kernel's device time.
-HOST_DISPATCH_S = 108.53e-6
-
-#: An f32 dot at Precision.HIGHEST runs as 6 bf16 MXU passes on TPU (XLA's bf16_6x decomposition).
-F32_HIGHEST_PASSES = 6
+#: Host dispatch of one harness only, the jax docs' Pallas matmul tutorial on its v5e (timeit of jit call +
+#: block_until_ready): fitted on row "v5e-matmul-512x1024x1024-1024" (127.09 us measured - 19.75 us of modeled
+#: device time). Each calibration row names its harness; other harnesses carry their own figure or a band
+#: (cost_model/calibration.py HARNESSES), never this one.
+HOST_DISPATCH_S = 107.33e-6
 
 
 @dataclass(frozen=True)
@@ -48,11 +47,6 @@ class Chip:
     def hbm_bytes_per_s(self) -> float:
         """HBM bandwidth of one device: a kernel runs on one, and each of v7x's two has its own half of the HBM."""
         return self.chip_hbm_bytes_per_s / self.devices_per_chip
-
-    @property
-    def stream_bytes_per_s(self) -> float:
-        """What a streamed copy reaches on one device (STREAM_FRACTION of spec): the calibrated bandwidth."""
-        return self.hbm_bytes_per_s * STREAM_FRACTION
 
     @property
     def bf16_flops_per_s(self) -> float:

@@ -1,10 +1,12 @@
 """The TPU cost model: a kernel's time on a TPU generation read from its own schedule (schedule.py walks the
 Pallas grid), without a TPU.
 
-schedule.py `kernel_cost` (the entry; schedule_grid.py and schedule_steps.py walk one pallas_call), ici.py (an
-8-chip slice's interconnect), workload.py (routing and ideal time of the rows), the worker modes run in the TPU
-environment (model_worker.py, model_quant.py, mesh_worker.py, peers_worker.py, calibration_worker.py; the peers'
-kernels through tpu_inference_peers.py and stand_ins/), and their parents in the main process (mesh.py,
+schedule.py `kernel_cost` and `explain` (the entries; schedule_grid.py and schedule_steps.py walk one pallas_call,
+xla_ops.py prices the ops outside the kernels and decides what XLA removes, rates.py holds the per-generation
+constants with their bands and the MXU pass rule), ici.py (an 8-chip slice's interconnect), tutorial_matmul.py (the
+jax docs tutorial's measured matmul variants), workload.py (routing and ideal time of the rows), the worker modes
+run in the TPU environment (model_worker.py, model_quant.py, mesh_worker.py, peers_worker.py, calibration_worker.py;
+the peers' kernels through tpu_inference_peers.py and stand_ins/), and their parents in the main process (mesh.py,
 calibration.py; the rest are driven by bench/). Shared with the compile gate, one level up: chips, env, package,
 runner, target, worker, worker_common. Nothing here imports the compile gate.
 """

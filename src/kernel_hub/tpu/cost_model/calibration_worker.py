@@ -1,9 +1,12 @@
 """Each calibration row's kernel modeled at its shapes, in the TPU environment: our walker (schedule.py) on the
-measured kernel's own code as installed (jax's Pallas ops, tpu-inference 0.32.0), else the reason it cannot be.
+measured kernel's own code as installed (jax's Pallas ops, tpu-inference 0.32.0; the tutorial's matmul variants
+rewritten in tutorial_matmul.py; XLA's own matmul read from its jaxpr by the XLA op rule), else the reason it cannot
+be.
 
-One "row" event per table row: device_s (the model's device time on the row's chip, or None) and how (the kernel's
-calls and steps, or the one line saying why it was not modeled). The modeled-vs-measured comparison happens in
-calibration.compare, so the host-dispatch term stays out of the model.
+One "row" event per table row: device_s (the model's device time on the row's chip at the points of its constants'
+bands, or None), band_s (fast, slow) and how (the kernel's calls and steps, or the one line saying why it was not
+modeled). A row whose measurement is the kernel alone (scope "kernel") is modeled by its pallas_calls only. The
+modeled-vs-measured comparison happens in calibration.compare, so the harness's dispatch stays out of the model.
 """
 
 from __future__ import annotations
@@ -16,23 +19,45 @@ import numpy as np
 from ..chips import chip
 from ..target import tpu_target
 from ..worker_common import first_meaningful_line
+from .rates import stream_bytes_per_s
 from .schedule import ScheduleCost, kernel_cost
 from .workload import load_moe_kernel, routing
 
 
 def _matmul(row: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
+    """jax's Pallas matmul at the row's tiles, or the tutorial variant the row names (transpose_rhs: y given as
+    [n, k])."""
     import jax
     from jax.experimental.pallas.ops.tpu.matmul import matmul
 
+    from .tutorial_matmul import timed
+
     s = row["shapes"]
     bm, bk, bn = s["bm"], s["bk"], s["bn"]
+    variant = s.get("variant")
+    y_shape = (s["n"], s["k"]) if variant == "transpose_rhs" else (s["k"], s["n"])
     args = (jax.ShapeDtypeStruct((s["m"], s["k"]), row["dtypes"]["x"]),
-            jax.ShapeDtypeStruct((s["k"], s["n"]), row["dtypes"]["y"]))
+            jax.ShapeDtypeStruct(y_shape, row["dtypes"]["y"]))
+    if variant:
+        return timed(variant, bm, bk, bn), args
     return (lambda x, y: matmul(x, y, block_shape=(bm, bn), block_k=bk)), args
 
 
+def _xla_matmul(row: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
+    """XLA's own matmul (jnp.matmul) at the row's shapes, dtypes and precision."""
+    import jax
+    import jax.numpy as jnp
+
+    s, dt = row["shapes"], row["dtypes"]
+    precision = s.get("precision")
+    args = (jax.ShapeDtypeStruct((s["m"], s["k"]), dt["x"]), jax.ShapeDtypeStruct((s["k"], s["n"]), dt["y"]))
+    return (lambda x, y: jnp.matmul(x, y, precision=precision)), args
+
+
 def _rpa_v3(row: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
-    """tpu-inference's RPA v3 at decode: every sequence one new token over kv_len cached ones, pages in order."""
+    """tpu-inference's RPA v3, pages in order. Decode (q_len 1): every sequence one new token over kv_len cached
+    ones. Prefill (q_len = kv_len): each sequence's q_len tokens attend causally to themselves, sent as vLLM's TPU
+    runner sends them (mixed), at the row's block sizes."""
     import jax
 
     from .tpu_inference_peers import as_chip, import_kernel
@@ -40,18 +65,22 @@ def _rpa_v3(row: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
     rpa = import_kernel("rpa_v3")
     s, dt = row["shapes"], row["dtypes"]["kv_cache"]
     b, hq, hkv, d, page, kv_len = s["seqs"], s["q_heads"], s["kv_heads"], s["head_dim"], s["page_size"], s["kv_len"]
+    q_len = s.get("q_len", 1)
     packing = 4 // np.dtype(jax.numpy.dtype(dt)).itemsize
     pages_per_seq = -(-kv_len // page)
     sds = jax.ShapeDtypeStruct
-    args = (sds((b, hq, d), dt), sds((b, hkv, d), dt), sds((b, hkv, d), dt),
+    tokens = b * q_len
+    dist = np.array([b, b, b] if q_len == 1 else [0, 0, b], np.int32)
+    args = (sds((tokens, hq, d), dt), sds((tokens, hkv, d), dt), sds((tokens, hkv, d), dt),
             sds((b * pages_per_seq, page, 2 * hkv // packing, packing, d), dt),
             np.full((b,), kv_len, np.int32), np.arange(b * pages_per_seq, dtype=np.int32),
-            np.arange(b + 1, dtype=np.int32), np.array([b, b, b], np.int32))
+            np.arange(b + 1, dtype=np.int32) * q_len, dist)
     scale = 1.0 / math.sqrt(d)
+    blocks = {"m_block_sizes": tuple(s["blocks"])} if s.get("blocks") else {}
 
     def call(q, k, v, c, lens, pi, cu, dist):
         with as_chip(rpa, row["chip"]):
-            return rpa.ragged_paged_attention(q, k, v, c, lens, pi, cu, dist, sm_scale=scale)
+            return rpa.ragged_paged_attention(q, k, v, c, lens, pi, cu, dist, sm_scale=scale, **blocks)
     return call, args
 
 
@@ -73,16 +102,16 @@ def _not_modeled(row: dict[str, Any]) -> str | None:
     if kind == "hf_ragged_dot_tpu":
         return ("tokamax 0.0.12 (the newest installable with jax 0.10.2) has no implementation='mosaic_tpu_v2'; "
                 "the measured time is op-by-op host timing of a whole experts layer")
-    if kind == "streamed_copy":
-        return "a bandwidth (STREAM_FRACTION is fitted on it), not a kernel time"
     return None
 
 
 def uncalibrated_seconds(cost: ScheduleCost, c: Any) -> float:
-    """The model before calibration (spec bandwidth, steps added to the bound), kept only to show what changed."""
-    total = cost.outside_bytes / c.hbm_bytes_per_s
+    """The model before calibration (spec bandwidth, steps added to the bound, every f32 dot at six passes, XLA ops
+    as their bytes or FLOPs at peak, nothing removed), kept only to show what changed."""
+    total = sum(max(op.bytes / c.hbm_bytes_per_s, sum(op.dots.values()) / c.bf16_flops_per_s) for op in cost.xla)
     for k in cost.calls:
-        total += max(k.hbm_bytes / c.hbm_bytes_per_s, k.mxu_flops / c.bf16_flops_per_s) + k.steps * 0.35e-6
+        six = sum(f * (6 if "float32" in key[:2] else 1) for key, f in k.dots.items())
+        total += max(k.hbm_bytes / c.hbm_bytes_per_s, six / c.bf16_flops_per_s) + k.steps * 0.35e-6
     return total
 
 
@@ -94,21 +123,27 @@ def model_row(row: dict[str, Any]) -> dict[str, Any]:
     if why is not None:
         return {**out, "how": why}
     c = chip(row["chip"])
-    if row["kernel"] == "xla_matmul":  # not a Pallas kernel: no schedule to walk; its FLOPs at peak
-        s = row["shapes"]
-        flops_s = 2.0 * s["m"] * s["k"] * s["n"] / c.bf16_flops_per_s
-        return {**out, "device_s": flops_s, "uncalibrated_s": flops_s, "how": "XLA op: FLOPs at peak (no schedule)"}
-    build = {"pallas_matmul": _matmul, "rpa_v3": _rpa_v3}[row["kernel"]]
+    if row["kernel"] == "streamed_copy":  # a bandwidth: the model's streamed-copy bandwidth on the chip
+        lo, hi = (stream_bytes_per_s(c, end) for end in ("slow", "fast"))
+        return {**out, "modeled_bytes_per_s": stream_bytes_per_s(c), "band_bytes_per_s": [lo, hi],
+                "how": "the model's streamed-copy bandwidth (spec HBM x its stream fraction)"}
+    build = {"pallas_matmul": _matmul, "rpa_v3": _rpa_v3, "xla_matmul": _xla_matmul}[row["kernel"]]
     try:
         with tpu_target(row["chip"]):
             fn, args = build(row)
             cost = kernel_cost(fn, *args, generation=row["chip"])
     except Exception as exc:  # Unmodeled names the primitive; an import failure names the module
         return {**out, "how": first_meaningful_line(str(exc) or type(exc).__name__)}
+    if row.get("scope") == "kernel":  # the measurement is the kernel alone: XLA's ops around it are not in it
+        cost = ScheduleCost(calls=cost.calls, notes=cost.notes)
     calls = ", ".join(f"{k.name} grid={k.grid}" for k in cost.calls)
-    return {**out, "device_s": cost.seconds(c), "uncalibrated_s": uncalibrated_seconds(cost, c),
-            "hbm_bytes": cost.hbm_bytes, "flops": cost.flops, "steps": cost.steps,
-            "how": f"{calls}; {cost.steps} steps, {cost.hbm_bytes / 2**20:.1f} MiB, {cost.flops:.3g} FLOP"}
+    xla = "; ".join(cost.outside_ops)
+    removed = "; ".join(cost.removed_ops)
+    how = (f"{calls + '; ' if calls else ''}{cost.steps} steps, {cost.hbm_bytes / 2**20:.1f} MiB, {cost.flops:.3g} FLOP"
+           + (f"; xla: {xla}" if xla else "") + (f"; removed: {removed}" if removed else ""))
+    return {**out, "device_s": cost.seconds(c), "band_s": list(cost.band(c)),
+            "uncalibrated_s": uncalibrated_seconds(cost, c), "hbm_bytes": cost.hbm_bytes, "flops": cost.flops,
+            "steps": cost.steps, "how": how}
 
 
 def ours_at_hf_shapes(rd: Any, geo: Any, row: dict[str, Any]) -> dict[str, Any]:
@@ -130,13 +165,31 @@ def ours_at_hf_shapes(rd: Any, geo: Any, row: dict[str, Any]) -> dict[str, Any]:
                              generation=row["chip"]).seconds(c)
         weights += int(np.count_nonzero(gs)) * k * n * 2
     return {"id": row["id"], "tokens": tokens, "local_rows": int(gs.sum()), "active_local_experts":
-            int(np.count_nonzero(gs)), "ours_device_s": total, "ideal_s": weights / c.stream_bytes_per_s,
+            int(np.count_nonzero(gs)), "ours_device_s": total, "ideal_s": weights / stream_bytes_per_s(c),
             "measured_s": row["measured_s"]}
 
 
+def show_row(row: dict[str, Any], hlo: bool = False) -> str:
+    """What the model reads and charges for one row's kernel (schedule.explain), or why it is not modeled."""
+    from .schedule import explain
+
+    why = _not_modeled(row)
+    if why is not None or row["kernel"] == "streamed_copy":
+        return why or "a bandwidth, not a program"
+    build = {"pallas_matmul": _matmul, "rpa_v3": _rpa_v3, "xla_matmul": _xla_matmul}[row["kernel"]]
+    with tpu_target(row["chip"]):
+        fn, args = build(row)
+        return explain(fn, *args, generation=row["chip"], hlo=hlo)
+
+
 def run_calibration(request: dict[str, Any], emit: Any) -> int:
-    """Request: {"mode": "calibration", "rows": [table rows], "ragged_dot": package | absent}; one "row" event per
-    row, and with our ragged dot package one "ours_hf" event per HF ragged-dot-tpu row (ours at its shapes)."""
+    """Request: {"mode": "calibration", "rows": [table rows], "ragged_dot": package | absent, "show": bool,
+    "hlo": bool}; one "row" event per row (with "show", one "show" event per row: the program the model reads and
+    what it charges), and with our ragged dot package one "ours_hf" event per HF ragged-dot-tpu row."""
+    if request.get("show"):
+        for row in request["rows"]:
+            emit({"event": "show", "id": row["id"], "text": show_row(row, bool(request.get("hlo")))})
+        return 0
     for row in request["rows"]:
         emit({"event": "row", **model_row(row)})
     if request.get("ragged_dot"):

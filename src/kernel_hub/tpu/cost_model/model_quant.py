@@ -57,8 +57,7 @@ def layer_cost(rd: Any, geo: Any, tokens: int, fmt: str, generation: str, dtype:
                                                                  interpret=False), lhs, rhs, scale, gs,
                                generation=generation)
         total.calls += cost.calls
-        total.outside_bytes += cost.outside_bytes
-        total.outside_ops += cost.outside_ops
+        total.xla += cost.xla
         ideal_bytes += active * (k * n * wbytes + _scale_elems(k, n, fmt) * 4) + (m * k + m * n) * act
         flops += 2.0 * m * k * n
     return total, ideal_bytes, flops
@@ -71,11 +70,15 @@ def quant_rows(rd: Any, geo: Any, phase: str, tokens: int, generations: list[str
         costs = {fmt: layer_cost(rd, geo, tokens, fmt, gen) for fmt in FORMATS}
         c = chip(gen)
         bf16_s = costs["bf16"][0].seconds(c)
+        bf16_band = costs["bf16"][0].band(c)
         for fmt, (cost, ideal_bytes, flops) in costs.items():
             modeled, ideal = cost.seconds(c), ideal_seconds(ideal_bytes, flops, c)
+            fast, slow = cost.band(c)
             rows.append({"kernel": "ragged_dot moe layer", "model": geo.model, "phase": phase, "tokens": tokens,
-                         "format": fmt, "generation": gen, "modeled_s": modeled, "ideal_s": ideal,
-                         "modeled_over_ideal": modeled / ideal, "over_bf16": modeled / bf16_s,
+                         "format": fmt, "generation": gen, "modeled_s": modeled, "band_s": [fast, slow],
+                         "ideal_s": ideal, "modeled_over_ideal": modeled / ideal, "over_bf16": modeled / bf16_s,
+                         # the ratio at each end of the band, both layers with the same constants
+                         "over_bf16_band": [fast / bf16_band[0], slow / bf16_band[1]],
                          "hbm_bytes": cost.hbm_bytes, "outside_bytes": cost.outside_bytes, "flops": cost.flops,
                          "steps": cost.steps, "calls": [f"{x.name} grid={x.grid}" for x in cost.calls]})
     return rows

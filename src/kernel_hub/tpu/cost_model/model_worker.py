@@ -61,7 +61,7 @@ def moe_rows(rd: Any, geo: Any, phase: str, tokens: int, generations: list[str],
         call = lambda a, b, s: rd.ragged_dot(a, b, s, implementation="pallas", interpret=False)
         cost = kernel_cost(call, lhs, rhs, gs)
         total.calls += cost.calls
-        total.outside_bytes += cost.outside_bytes
+        total.xla += cost.xla
         ideal_bytes += (int(np.count_nonzero(gs)) * k * n + m * k + m * n) * item
         flops += 2.0 * m * k * n
         xla_args.append((lhs, rhs, jax.ShapeDtypeStruct((g,), jnp.int32)))

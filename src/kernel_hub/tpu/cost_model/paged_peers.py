@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .peer_rows import OURS, Peer, best_legal, rows_for
+from .rates import stream_bytes_per_s
 
 PAGED_MODELS = ("qwen3_30b_a3b", "gemma4_26b_a4b_sliding", "gemma4_26b_a4b_global")
 PAGE, BATCH, CACHE = 128, 64, 8192
@@ -140,7 +141,7 @@ def paged_attention_rows(fa: Any, shapes: Any, generation: str, dtype: str) -> l
         for phase in ("decode", "mixed"):
             seqs = batch(phase)
             nbytes, flops = ideal_cost(geo, seqs, item)
-            ideal = lambda c, by=nbytes, fl=flops: max(by / c.stream_bytes_per_s, fl / c.bf16_flops_per_s)
+            ideal = lambda c, by=nbytes, fl=flops: max(by / stream_bytes_per_s(c), fl / c.bf16_flops_per_s)
             label = (f"{model} {geo.hq}/{geo.hkv}x{geo.d} " +
                      ("decode b64 8k" if phase == "decode" else f"mixed {PREFILLS}x{CHUNK} prefill + 60 decode"))
             rows += rows_for("ragged_paged_attention", label, paged_peers(fa, geo, phase, dtype, generation), ideal,

@@ -46,19 +46,30 @@ def _compile(peer: Peer, device: Any) -> tuple[str, Any]:
         return first_meaningful_line(str(exc) or type(exc).__name__), None
 
 
-def _modeled(peer: Peer, compiled: Any, generation: str) -> tuple[float | None, str]:
+def _modeled(peer: Peer, compiled: Any, generation: str) -> tuple[float | None, tuple[float, float] | None, str]:
+    """(modeled seconds at the constants' points, (fast, slow) at both ends of their bands, how)."""
     if peer.xla:
         if compiled is None:
-            return None, "not compiled"
+            return None, None, "not compiled"
         cost = compiled.cost_analysis()
         cost = cost[0] if isinstance(cost, list) else cost
         value = (cost or {}).get("optimal_seconds")
-        return (float(value) if value is not None else None), "XLA optimal_seconds"
+        return (float(value) if value is not None else None), None, "XLA optimal_seconds"
     try:
         cost = kernel_cost(peer.fn, *peer.args, generation=generation)
     except Exception as exc:  # Unmodeled (one line naming the primitive) or the kernel's own refusal at trace
-        return None, first_meaningful_line(str(exc) or type(exc).__name__)
-    return cost.seconds(chip(generation)), f"{len(cost.calls)} call(s), {cost.steps} steps"
+        return None, None, first_meaningful_line(str(exc) or type(exc).__name__)
+    c = chip(generation)
+    return cost.seconds(c), cost.band(c), f"{len(cost.calls)} call(s), {cost.steps} steps"
+
+
+def holds_across_band(ours: tuple[float, float, float], peer: tuple[float, float, float]) -> tuple[bool, str]:
+    """Whether "ours <= peer" holds at the point and at both ends of the constants' bands (ours and the peer
+    evaluated with the same constants at each), and where it first fails."""
+    for i, end in ((1, "point"), (0, "fast end"), (2, "slow end")):
+        if ours[i] > peer[i]:
+            return False, f"not at the {end} of the band"
+    return True, "at both ends of the band"
 
 
 def tpu_target_device(generation: str) -> Any:
@@ -73,13 +84,13 @@ def rows_for(kernel: str, shape: str, peers: list[Peer], ideal: Callable[[Any], 
     if True:
         for peer in peers:
             if peer.fn is None:
-                compiled, modeled, how = peer.refused or "refused", None, peer.refused or ""
+                compiled, modeled, band, how = peer.refused or "refused", None, None, peer.refused or ""
             else:
                 compiled, exe = _compile(peer, device)
-                modeled, how = _modeled(peer, exe, generation)
+                modeled, band, how = _modeled(peer, exe, generation)
             ideal_s = ideal(chip(generation))
             rows.append({"kernel": kernel, "peer": peer.name, "shape": shape, "generation": generation, "xla": peer.xla,
-                         "modeled_s": modeled, "ideal_s": ideal_s,
+                         "modeled_s": modeled, "band_s": None if band is None else list(band), "ideal_s": ideal_s,
                          "ratio_to_ideal": None if modeled is None else modeled / ideal_s,
                          "compiled": compiled, "how": how, "detail": peer.detail})
     # the best peer: the fastest kernel that compiled, read by the same model. XLA's optimal_seconds is shown
@@ -93,8 +104,13 @@ def rows_for(kernel: str, shape: str, peers: list[Peer], ideal: Callable[[Any], 
         r["best_peer_s"] = None if best is None else best["modeled_s"]
         r["ours_over_best_peer"] = (None if best is None or ours is None or ours["modeled_s"] is None
                                     else ours["modeled_s"] / best["modeled_s"])
+        r["ours_le_best_across_band"] = None
+        if best is not None and ours is not None and ours.get("band_s") and best.get("band_s"):
+            held, why = holds_across_band((ours["band_s"][0], ours["modeled_s"], ours["band_s"][1]),
+                                          (best["band_s"][0], best["modeled_s"], best["band_s"][1]))
+            r["ours_le_best_across_band"] = held
+            r["ours_le_best_why"] = why
     return rows
-
 
 
 def best_legal(name: str, candidates: list[tuple[str, Callable[..., Any]]], args: tuple[Any, ...],

@@ -24,7 +24,8 @@ import numpy as np
 from ..chips import chip
 from ..target import tpu_target
 from ..worker_common import first_meaningful_line, load_package, refuse
-from .peer_rows import OURS, Peer, _seconds, best_legal, rows_for
+from .peer_rows import OURS, Peer, _seconds, best_legal, holds_across_band, rows_for  # noqa: F401 (holds_across_band: public here)
+from .rates import stream_bytes_per_s
 from .schedule import kernel_cost
 from .workload import routing
 
@@ -133,7 +134,7 @@ def moe_rows(rd: Any, geo: Any, phase: str, tokens: int, generation: str, dtype:
         active = int(np.count_nonzero(gs))
         bytes_ = (active * k * n + m * k + m * n) * item
         flops = 2.0 * m * k * n
-        ideal = lambda c, b=bytes_, f=flops: max(b / c.stream_bytes_per_s, f / c.bf16_flops_per_s)
+        ideal = lambda c, b=bytes_, f=flops: max(b / stream_bytes_per_s(c), f / c.bf16_flops_per_s)
         shape = f"{geo.model} {proj} {phase} {tokens} tok (m={m} k={k} n={n})"
         rows += rows_for("ragged_dot", shape, ragged_peers(rd, m, k, n, g, gs, dtype, generation), ideal,
                          generation)
@@ -327,7 +328,7 @@ def attention_rows(fa: Any, geo: Any, shapes: Any, generation: str, dtype: str) 
     pre_flops = 4.0 * hq * s * (s + 1) / 2 * d
     dec_bytes = (2 * b * hq * d + 2 * b * hkv * cache * d) * item
     dec_flops = 4.0 * b * hq * cache * d
-    ideal = lambda by, fl: lambda c: max(by / c.stream_bytes_per_s, fl / c.bf16_flops_per_s)
+    ideal = lambda by, fl: lambda c: max(by / stream_bytes_per_s(c), fl / c.bf16_flops_per_s)
     return [*rows_for("flash_attention prefill", f"gqa {hq}/{hkv}x{d} prefill {s} causal",
                       prefill_peers(fa, geo, s, dtype, generation), ideal(pre_bytes, pre_flops), generation),
             *rows_for("flash_attention decode", f"gqa {hq}/{hkv}x{d} decode b{b} cache {cache}",

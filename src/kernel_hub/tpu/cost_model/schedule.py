@@ -13,14 +13,16 @@ order with the real scalar-prefetch values and concrete grid bounds (schedule_gr
 
 Several pallas_calls in one function are summed; a shard_map body is costed for one device (device 0's shard of
 every concrete argument), its collectives on big operands counted as ICI bytes. An operand aliased to an output
-that is the function's own argument costs XLA's copy of it (the argument is not donated). Anything the model cannot
-read is refused with one line naming the primitive (`Unmodeled`), never counted as zero.
+that is the function's own argument costs XLA's copy of it unless the argument is donated (a jit's donated_invars).
+Anything the model cannot read is refused with one line naming the primitive (`Unmodeled`), never counted as zero.
 
 Modeled time on one device (chips.py: a v7x chip is two), calibrated against published TPU measurements
-(bench/records/tpu_calibration.json) = per call max(bytes / streamed-copy bandwidth, FLOPs / peak + steps x
-STEP_OVERHEAD_S) plus one step's worth of the shorter side (pipeline prologue/epilogue), plus the bytes of XLA ops
-outside the kernels that touch the big operands (pads, copies) at streamed-copy bandwidth.
-Needs jax only (not libtpu): runs in the main environment too.
+(bench/records/tpu_calibration.json) = per call max(bytes / streamed-copy bandwidth, MXU passes / peak + vector
+work + steps x step overhead) plus one step's worth of the shorter side (pipeline prologue/epilogue)
+(schedule_grid.CallCost.seconds), plus each XLA op outside the kernels on the big operands by the XLA op rule
+(xla_ops.py) after dropping what XLA removes (zero-width pads, transposes the next one undoes, copies of donated
+buffers). The constants are per generation with a band (rates.py): `seconds` at the points, `band` at both ends.
+`explain` shows the program the model reads and what it charges for each op. Needs jax only (not libtpu).
 """
 
 from __future__ import annotations
@@ -34,19 +36,35 @@ import numpy as np
 
 from ..chips import Chip
 from ..target import tpu_dispatch
+from .rates import Rates, rates
 from .schedule_grid import CallCost, walk_pallas_call
 from .schedule_steps import Unknown, Unmodeled, read, sub_jaxpr
+from .xla_ops import XlaOp, cancels, dot_flops, zero_width_pad
 
-__all__ = ["CallCost", "ScheduleCost", "Unknown", "Unmodeled", "kernel_cost", "walk_pallas_call"]
+__all__ = ["CallCost", "ScheduleCost", "Unknown", "Unmodeled", "XlaOp", "explain", "kernel_cost", "walk_pallas_call"]
 
 
 @dataclass
 class ScheduleCost:
     calls: list[CallCost] = field(default_factory=list)
-    outside_bytes: int = 0  # XLA ops outside the kernels on the big operands (read + written)
-    outside_ops: list[str] = field(default_factory=list)
+    xla: list[XlaOp] = field(default_factory=list)  # ops outside the kernels on big operands, charged or removed
     ici_bytes: int = 0  # collectives outside the kernels (inside a shard_map), bytes one device sends
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def outside_bytes(self) -> int:
+        """Bytes the charged XLA ops outside the kernels read and write."""
+        return sum(op.bytes for op in self.xla if op.free is None)
+
+    @property
+    def outside_ops(self) -> list[str]:
+        """The charged XLA ops outside the kernels, one line each."""
+        return [op.line() for op in self.xla if op.free is None]
+
+    @property
+    def removed_ops(self) -> list[str]:
+        """The XLA ops the model does not charge because XLA removes them, one line each with the reason."""
+        return [op.line() for op in self.xla if op.free is not None]
 
     @property
     def hbm_bytes(self) -> int:
@@ -60,13 +78,20 @@ class ScheduleCost:
     def steps(self) -> int:
         return sum(c.steps for c in self.calls)
 
-    def seconds(self, chip: Chip) -> float:
-        total = sum(c.seconds(chip) for c in self.calls) + self.outside_bytes / chip.stream_bytes_per_s
+    def seconds(self, chip: Chip, r: Rates | None = None) -> float:
+        """Modeled device time with the generation's constants `r` (the points of their bands by default)."""
+        r = r or rates(chip.generation)
+        total = sum(c.seconds(chip, r) for c in self.calls) + sum(op.seconds(chip, r) for op in self.xla)
         if self.ici_bytes:
             from .ici import interconnect
 
             total += self.ici_bytes / interconnect(chip.generation).ring_bytes_per_s
         return total
+
+    def band(self, chip: Chip) -> tuple[float, float]:
+        """(fast, slow): the modeled time at both ends of the generation's constant bands (equal where every
+        constant the time depends on is measured on that generation)."""
+        return self.seconds(chip, rates(chip.generation, "fast")), self.seconds(chip, rates(chip.generation, "slow"))
 
 
 def _nbytes(aval: Any) -> int:
@@ -106,6 +131,25 @@ _COLLECTIVES = {"psum", "psum2", "all_gather", "all_to_all", "ppermute", "reduce
 _OUTER_CONTROL = {"cond", "while", "scan"}
 
 
+class Transposed(Unknown):
+    """A transpose's result, its charge held until something other than a transpose undoing it reads it."""
+
+    __slots__ = ("op", "perm", "source", "undone")
+
+    def __init__(self, aval: Any, source: Any, perm: tuple[int, ...], op: XlaOp):
+        super().__init__(aval)
+        self.source, self.perm, self.op, self.undone = source, perm, op, False
+
+
+_PENDING = "pending"
+
+
+def _settle(value: Any) -> None:
+    """Something reads a transposed value as it is: XLA materializes the transpose, so it is charged."""
+    if isinstance(value, Transposed) and value.op.free == _PENDING:
+        value.op.free = None
+
+
 def _has_pallas(jaxpr: Any) -> bool:
     from jax._src import core as jax_core
 
@@ -138,6 +182,14 @@ class _Outer:
         prim = eqn.primitive
         name = prim.name
         unknown = [Unknown(v.aval) for v in eqn.outvars]
+        if name == "transpose" and isinstance(invals[0], Unknown):
+            return [self.transpose(eqn, invals[0])]
+        if any(isinstance(x, Unknown) for x in invals) and (
+                sub := sub_jaxpr(eqn) or _call_like(eqn, len(invals))) is not None:
+            self.donate(eqn, invals)
+            return self.run(sub[0], sub[1], invals)
+        for value in invals:
+            _settle(value)
         if name == "pallas_call":
             self.pallas_call(eqn, invals)
             return unknown
@@ -149,22 +201,53 @@ class _Outer:
             if self.per_device:
                 moved = sum(_nbytes(v.aval) for v in eqn.invars)
                 self.acc.ici_bytes += moved
-                self.acc.outside_ops.append(f"{name} {moved / 2**20:.2f} MiB over ICI")
+                self.acc.notes.append(f"{name} {moved / 2**20:.2f} MiB over ICI")
             return unknown
         if not any(isinstance(x, Unknown) for x in invals):
             out = prim.bind(*invals, **prim.get_bind_params(eqn.params))
             return list(out) if prim.multiple_results else [out]
-        if (sub := sub_jaxpr(eqn) or _call_like(eqn, len(invals))) is not None:
-            return self.run(sub[0], sub[1], invals)
         if any(_has_pallas(j) for j in _inner(eqn)):  # never a kernel's bytes counted as one XLA op's
             why = ("a pallas_call inside outer control flow on unknown data" if name in _OUTER_CONTROL
                    else "a pallas_call inside a primitive whose body the model does not run")
             raise Unmodeled(name, "the function around the kernels", why)
-        if name not in _FREE and not _layout_only(eqn):  # arrays only: scalars live in registers
+        if name not in _FREE:  # arrays only: scalars live in registers
             moved = sum(_nbytes(v.aval) for v in [*eqn.invars, *eqn.outvars] if getattr(v.aval, "shape", ()))
-            self.acc.outside_bytes += moved
-            self.acc.outside_ops.append(f"{name} {moved / 2**20:.1f} MiB")
+            dots = dot_flops(eqn) if name == "dot_general" else {}
+            self.acc.xla.append(XlaOp(name, moved, dots, zero_width_pad(eqn)))
         return unknown
+
+    def transpose(self, eqn: Any, value: Unknown) -> Unknown:
+        """A transpose on a big operand: a bitcast where XLA's TPU layout already holds the swapped order; the
+        identity when it undoes the transpose that made its operand (both free then, unless something else reads
+        the middle value); otherwise charged once something reads its result."""
+        perm = tuple(int(p) for p in eqn.params["permutation"])
+        moved = 2 * _nbytes(eqn.invars[0].aval)
+        if isinstance(value, Transposed) and cancels(value.perm, perm):
+            value.undone = True
+            self.acc.xla.append(XlaOp("transpose", moved, free="undoes the transpose before it"))
+            return value.source
+        _settle(value)
+        if _layout_only(eqn):
+            self.acc.xla.append(XlaOp("transpose", moved, free="a bitcast in XLA's TPU layout"))
+            return Unknown(eqn.outvars[0].aval)
+        op = XlaOp("transpose", moved, free=_PENDING)
+        self.acc.xla.append(op)
+        return Transposed(eqn.outvars[0].aval, value, perm, op)
+
+    def donate(self, eqn: Any, invals: list[Any]) -> None:
+        """A jit's donated arguments: XLA may write an aliased output into them, so no copy is charged."""
+        for value, donated in zip(invals, eqn.params.get("donated_invars", ()), strict=False):
+            if donated and isinstance(value, Unknown):
+                self.arguments.discard(id(value))
+
+    def finish(self, outs: Sequence[Any]) -> None:
+        """Transposes still waiting: a function result is materialized (charged); one only a transpose undoing
+        it read, or nothing read, XLA removes."""
+        for value in outs:
+            _settle(value)
+        for op in self.acc.xla:
+            if op.free == _PENDING:
+                op.free = "undone by the transpose after it, or unused"
 
     def pallas_call(self, eqn: Any, invals: list[Any]) -> None:
         cost = walk_pallas_call(eqn, invals)
@@ -173,10 +256,11 @@ class _Outer:
         n_dyn = eqn.params["grid_mapping"].num_dynamic_grid_bounds
         for operand, _out in cost.aliases:
             value = invals[n_dyn + operand]
-            if isinstance(value, Unknown) and id(value) in self.arguments:
+            if isinstance(value, Unknown) and not isinstance(value, Transposed):
                 moved = 2 * _nbytes(value.aval)
-                self.acc.outside_bytes += moved
-                self.acc.outside_ops.append(f"copy of aliased argument {moved / 2**20:.1f} MiB")
+                kept = id(value) in self.arguments
+                self.acc.xla.append(XlaOp("copy of aliased argument", moved,
+                                          free=None if kept else "aliased to a donated or temporary buffer"))
         self.acc.calls.append(cost)
 
     def shard_map(self, eqn: Any, invals: list[Any]) -> list[Any]:
@@ -232,5 +316,46 @@ def kernel_cost(fn: Any, *args: Any, generation: str | None = None) -> ScheduleC
         closed = jax.make_jaxpr(fn)(*abstract)
     acc = ScheduleCost()
     with jax.default_device(jax.devices("cpu")[0]):  # concrete values (the routing's metadata) computed on the host
-        _Outer(acc, values).run(closed.jaxpr, closed.consts, values)
+        outer = _Outer(acc, values)
+        outer.finish(outer.run(closed.jaxpr, closed.consts, values))
     return acc
+
+
+def explain(fn: Any, *args: Any, generation: str | None = None, hlo: bool = False) -> str:
+    """The program the model reads (the jaxpr of `fn(*args)`) and what it charges: each kernel's grid, bytes and
+    FLOPs, each XLA op outside the kernels charged or removed (with why), the modeled time and its band; with
+    `hlo`, also the StableHLO jax lowers the function to for TPU (what XLA compiles; the two transposes the model
+    drops are still there: XLA's simplifier folds them after this point).
+
+    Args:
+        fn, args: as for kernel_cost.
+        generation: the TPU generation to trace and time for ("v6e"); None traces as the host does, times nothing.
+        hlo: append the lowered StableHLO text.
+    Returns:
+        The text, one item a line.
+    """
+    import jax
+
+    from ..chips import chip
+
+    abstract = [a if isinstance(a, jax.ShapeDtypeStruct) else jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype)
+                for a in args]
+    with tpu_dispatch(generation):
+        closed = jax.make_jaxpr(fn)(*abstract)
+    cost = kernel_cost(fn, *args, generation=generation)
+    lines = ["# the program the model reads (jaxpr)", str(closed), "# what the model charges"]
+    for c in cost.calls:
+        lines.append(f"kernel {c.name} grid={c.grid}: {c.steps} steps, {c.hbm_bytes / 2**20:.2f} MiB, "
+                     f"{c.flops:.3g} FLOP, {c.vpu_elems:.3g} vector and {c.eup_elems:.3g} transcendental elements")
+    lines += [f"xla {line}" for line in cost.outside_ops]
+    lines += [f"removed {line}" for line in cost.removed_ops]
+    if generation is not None:
+        c = chip(generation)
+        fast, slow = cost.band(c)
+        lines.append(f"modeled on {generation}: {cost.seconds(c) * 1e6:.2f} us (band {fast * 1e6:.2f} .. "
+                     f"{slow * 1e6:.2f} us)")
+    if hlo:
+        with tpu_dispatch(generation):  # lowered for TPU whatever the host is (Pallas lowers only there)
+            text = jax.jit(fn).trace(*abstract).lower(lowering_platforms=("tpu",)).as_text()
+        lines += ["# the lowered StableHLO (for TPU)", text]
+    return "\n".join(lines)

@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ..chips import STEP_OVERHEAD_S, Chip
+from ..chips import Chip
+from .rates import Rates, mxu_passes, rates, vector_seconds
 from .schedule_steps import Steps, Unknown, Unmodeled, memory_space
 
 
@@ -30,32 +31,51 @@ class CallCost:
     read_bytes: int
     write_bytes: int
     flops: int  # MXU FLOPs at block shapes on the steps that reach each dot
-    mxu_flops: float  # flops weighted by MXU passes (an f32 dot is F32_HIGHEST_PASSES bf16 passes)
+    dots: dict[tuple[str, str, str], float] = field(default_factory=dict)  # (lhs, rhs dtype, precision) -> FLOPs
     fetches: dict[str, int] = field(default_factory=dict)  # operand -> block transfers
     notes: list[str] = field(default_factory=list)
     dma_bytes: int = 0  # of read/write bytes, those moved by DMAs the kernel starts itself
     dmas: int = 0  # DMAs the kernel starts itself
     ici_bytes: int = 0  # sent to other chips by remote copies
     aliases: tuple[tuple[int, int], ...] = ()  # (operand, output) pairs written in place
+    vpu_elems: float = 0.0  # vector element operations (element-wise, reductions) on all steps
+    eup_elems: float = 0.0  # transcendental element operations (exp, ...) on all steps
 
     @property
     def hbm_bytes(self) -> int:
         return self.read_bytes + self.write_bytes
 
-    def seconds(self, chip: Chip) -> float:
-        """Calibrated device time (bench/records/tpu_calibration.json): the DMAs stream at the bandwidth a copy
-        reaches and run under the steps; each step's fixed cost adds to its MXU work (the scalar core issues the
-        step, then the MXU runs), not to its DMAs; one step's worth of the shorter side is exposed as the
-        pipeline's prologue/epilogue (the first fetch before any compute, the last write-back after it); the
+    def mxu_flops_on(self, generation: str | None) -> float:
+        """The dots' FLOPs in bf16-pass equivalents on a generation (rates.mxu_passes per dtype and precision)."""
+        return sum(f * mxu_passes(lhs, rhs, prec, generation)[0] for (lhs, rhs, prec), f in self.dots.items())
+
+    @property
+    def mxu_flops(self) -> float:
+        """mxu_flops_on with no generation named (int8 and fp8 at one pass)."""
+        return self.mxu_flops_on(None)
+
+    def seconds(self, chip: Chip, r: Rates | None = None) -> float:
+        """Calibrated device time (bench/records/tpu_calibration.json) with the generation's constants `r`
+        (rates.rates(generation), the band's points, by default): the DMAs stream at the bandwidth a copy reaches
+        and run under the steps; each step's fixed cost adds to its compute (the scalar core issues the step, then
+        the MXU runs), not to its DMAs; the compute is the MXU's passes plus the vector work (VPU elements and EUP
+        transcendentals, at rates fitted with the two in series); one step's worth of the shorter side is exposed
+        as the pipeline's prologue/epilogue (the first fetch before any compute, the last write-back after it); the
         pipeline's stages are its grid steps plus the DMAs its body starts itself (a kernel that streams inside one
-        step, as RPA v3 does, overlaps all but its first)."""
-        dma = self.hbm_bytes / chip.stream_bytes_per_s
-        compute = self.mxu_flops / chip.bf16_flops_per_s + self.steps * STEP_OVERHEAD_S
+        step, as RPA v3 does, overlaps all but its first); the call is one op on the device: its fixed cost
+        (r.op_fixed_s) is added once."""
+        r = r or rates(chip.generation)
+        dma = self.hbm_bytes / (chip.hbm_bytes_per_s * r.stream_fraction)
+        mxu = self.mxu_flops_on(chip.generation) / chip.bf16_flops_per_s
+        vec = vector_seconds(self.vpu_elems, self.eup_elems, chip.generation, chip.bf16_flops_per_s, r)
+        compute = mxu + vec + self.steps * r.step_overhead_s
         if self.ici_bytes:
             from .ici import interconnect
 
             dma = max(dma, self.ici_bytes / interconnect(chip.generation).ring_bytes_per_s)
-        return max(dma, compute) + min(dma, compute) / max(self.steps + self.dmas, 1)
+        if self.steps == 0:
+            return 0.0
+        return max(dma, compute) + min(dma, compute) / max(self.steps + self.dmas, 1) + r.op_fixed_s
 
 
 def _block_sizes(block_shape: Sequence[Any], array_shape: Sequence[int], idx: np.ndarray) -> np.ndarray:
@@ -116,7 +136,7 @@ def walk_pallas_call(eqn: Any, invals: Sequence[Any]) -> CallCost:
     read, write = sum(int(s.nbytes) for s in scalars), 0  # scalar prefetch: once into SMEM
     if steps == 0:
         notes.append("empty grid: the kernel does not run")
-        return CallCost(name, grid, 0, read, 0, 0, 0.0, {}, notes)
+        return CallCost(name, grid, 0, read, 0, 0, {}, {}, notes)
     ids = np.indices(grid, dtype=np.int64).reshape(len(grid), -1) if grid else np.zeros((0, 1), np.int64)
     walker = Steps(ids, grid, notes, where=f"pallas_call {name}")
     fetches: dict[str, int] = {}
@@ -146,5 +166,5 @@ def walk_pallas_call(eqn: Any, invals: Sequence[Any]) -> CallCost:
     dma_read, dma_write = int(walker.dma_read.sum()), int(walker.dma_write.sum())
     aliases = tuple((int(a), int(b)) for a, b in params.get("input_output_aliases", ()))
     return CallCost(name, grid, steps, read + dma_read, write + dma_write, int(walker.flops.sum()),
-                    float(walker.mxu.sum()), fetches, notes, dma_read + dma_write, int(walker.dmas.sum()),
-                    int(walker.ici.sum()), aliases)
+                    dict(walker.dots), fetches, notes, dma_read + dma_write, int(walker.dmas.sum()),
+                    int(walker.ici.sum()), aliases, walker.vpu, walker.eup)

@@ -4,8 +4,10 @@ Scalars are numpy arrays [S] (one value per grid step), so `pl.when` / `lax.cond
 refs select the steps a branch runs on. Loops run with their real carries (a fori_loop's counter, a while loop's
 condition per step), so DMAs a kernel issues itself (`pltpu.make_async_copy` / `async_copy`, what
 `pltpu.emit_pipeline` expands to) are counted on exactly the steps and iterations that reach them. Vectors in VMEM
-stay `Unknown` (only their type is known): vector compute is not modeled, MXU dots and data movement are. A primitive
-whose data movement or compute cannot be read is refused with one line naming it (`Unmodeled`), never a silent zero.
+stay `Unknown` (only their type is known); their work is counted by kind: each dot's FLOPs under its operand dtypes and
+precision (the MXU passes are a per-generation rule, rates.mxu_passes), each element-wise or reducing vector op's
+elements (VPU) and each transcendental's (EUP). A primitive whose data movement or compute cannot be read is refused
+with one line naming it (`Unmodeled`), never a silent zero.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..chips import F32_HIGHEST_PASSES
+from .rates import EUP_PRIMITIVES, VPU_PRIMITIVES, precision_name
 
 #: Loops longer than this run their body once, scaled by the trip count (carries then unknown); a note says so.
 ITERATION_LIMIT = 4096
@@ -152,7 +154,9 @@ class Steps:
         self.ids, self.grid, self.notes, self.where = ids, grid, notes, where
         n = ids.shape[1]
         self.flops = np.zeros(n, np.float64)
-        self.mxu = np.zeros(n, np.float64)
+        self.dots: dict[tuple[str, str, str], float] = {}  # (lhs dtype, rhs dtype, precision) -> FLOPs on all steps
+        self.vpu = 0.0  # vector element operations on all steps
+        self.eup = 0.0  # transcendental element operations on all steps
         self.dma_read = np.zeros(n, np.float64)  # HBM bytes read by DMAs the kernel issues
         self.dma_write = np.zeros(n, np.float64)
         self.ici = np.zeros(n, np.float64)  # bytes sent to other chips (remote copies)
@@ -202,6 +206,8 @@ class Steps:
             return unknown
         if (sub := sub_jaxpr(eqn)) is not None:
             return self.run(sub[0], sub[1], invals, mask)
+        if name in VPU_PRIMITIVES or name in EUP_PRIMITIVES:
+            self._vector(eqn, mask)
         if any(isinstance(x, Unknown) for x in invals) or any(getattr(v.aval, "shape", ()) for v in eqn.outvars):
             return unknown
         if not eqn.outvars:
@@ -254,10 +260,23 @@ class Steps:
         m = math.prod(lhs.shape) // max(k * b, 1)
         n = math.prod(rhs.shape) // max(k * b, 1)
         flops = 2.0 * b * m * n * k
-        f32 = any(np.dtype(a.dtype) == np.float32 for a in (lhs, rhs))
         where = self._where(mask)
         self.flops += flops * where
-        self.mxu += flops * (F32_HIGHEST_PASSES if f32 else 1) * where
+        key = (np.dtype(lhs.dtype).name, np.dtype(rhs.dtype).name, precision_name(eqn.params.get("precision")))
+        self.dots[key] = self.dots.get(key, 0.0) + flops * float(where.sum())
+
+    def _vector(self, eqn: Any, mask: np.ndarray | None) -> None:
+        """A vector op on VMEM values: its elements (the larger of its operands and results) on the steps that
+        reach it; scalar ops (index arithmetic on the scalar core) are not vector work."""
+        sizes = [math.prod(v.aval.shape) for v in [*eqn.invars, *eqn.outvars]
+                 if hasattr(v, "aval") and getattr(v.aval, "shape", ())]
+        if not sizes:
+            return
+        elems = float(max(sizes)) * float(self._where(mask).sum())
+        if eqn.primitive.name in EUP_PRIMITIVES:
+            self.eup += elems
+        else:
+            self.vpu += elems
 
     def _dma(self, eqn: Any, invals: list[Any], mask: np.ndarray | None) -> None:
         """A DMA the kernel starts: HBM bytes by the endpoints' memory spaces; a remote copy's bytes also on ICI.

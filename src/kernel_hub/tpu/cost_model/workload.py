@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..worker_common import load_package
+from .rates import stream_bytes_per_s
 
 
 class MoeKernel(NamedTuple):
@@ -41,4 +42,4 @@ def routing(tokens: int, experts: int, top_k: int, seed: int = 0) -> np.ndarray:
 
 def ideal_seconds(bytes_: float, flops: float, c: Any) -> float:
     """The ideal time of a workload on chip `c`: its bytes once at HBM bandwidth, or its FLOPs at peak if longer."""
-    return max(bytes_ / c.stream_bytes_per_s, flops / c.bf16_flops_per_s)
+    return max(bytes_ / stream_bytes_per_s(c), flops / c.bf16_flops_per_s)

@@ -1,0 +1,221 @@
+"""What the cost model assumes per TPU generation beyond the spec sheet: each constant a point and a band.
+
+A constant measured on a generation (bench/records/tpu_calibration.json, the row named in `source`) is a point whose
+band is the point itself. A constant no measurement pins for a generation is never borrowed from another one as a
+point: it is a band (low, high) of plausible values, and its point is the band's middle. `rates(generation, end)`
+gives the set the model runs with: "point", or the band's "fast" or "slow" end (every constant at the end that
+makes a kernel faster or slower), so every modeled time has a band (ScheduleCost.band) and a comparison can say
+whether it holds at both ends.
+
+Also here, because they are per generation too: the MXU pass count of a dot (`mxu_passes`, from its precision and
+operand dtypes) and the vector/transcendental rates of the softmax-heavy kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+#: What each end of a band means for the time: the "fast" end makes every kernel at least as fast as the point.
+ENDS = ("point", "fast", "slow")
+
+
+@dataclass(frozen=True)
+class Constant:
+    """One assumed figure: its point, its band and where it comes from."""
+
+    point: float
+    low: float
+    high: float
+    source: str
+
+    @staticmethod
+    def measured(value: float, source: str) -> Constant:
+        return Constant(value, value, value, source)
+
+    @staticmethod
+    def unmeasured(low: float, high: float, source: str) -> Constant:
+        return Constant((low + high) / 2, low, high, source)
+
+    @property
+    def is_band(self) -> bool:
+        return self.low != self.high
+
+
+@dataclass(frozen=True)
+class Rates:
+    """The constants the model runs with on one generation (one end of each band, or the points)."""
+
+    generation: str
+    stream_fraction: float  # of spec HBM bandwidth, what a streamed copy reaches
+    step_overhead_s: float  # per grid step of a Pallas pipeline, on top of its MXU work
+    xla_efficiency: float  # of MXU peak, what an XLA dot reaches on its passes
+    op_fixed_s: float  # per op the device runs (an XLA op, or a kernel's custom call), its fixed cost
+    vpu_ops_per_cycle: float  # vector element operations per cycle, as the walker counts them (jaxpr ops)
+    eup_ops_per_cycle: float  # transcendental element operations per cycle (exp, log, tanh, ...)
+
+
+_V5E_DOCS = "row v5e-matmul-128-8192 (jax docs Pallas matmul tutorial, v5e)"
+_XLA_EFF = "row v5e-xla-matmul-8192 (jax docs Pallas matmul tutorial, XLA's own matmul, v5e)"
+_XLA_FIXED = "row tpu7x-xla-matmul-1024 (pytorch/helion PR 2632, JAX's matmul device time on TPU v7)"
+_ATTN = "row tpu7x-rpa_v3-prefill-32-32-8k (heavyball-research/flywheel-tpu README_v7x.md)"
+_DECODE = "row tpu7x-rpa_v3-decode-128seq (heavyball-research/flywheel-tpu README_v7x.md)"
+
+#: Fitted figures, each recomputed in tests/test_tpu_calibration.py from its row's published numbers.
+#: v7x's streamed fraction: the one that puts RPA v3's 128-sequence decode (7693.6 MiB streamed, 18.6 us of other
+#: work) on its measured 2.574 ms; the published streamed copy (3.21 TB/s, row tpu7x-streamed-copy) checks it.
+STREAM_FRACTION_V7X = 0.8562
+STEP_OVERHEAD_V5E_S = 0.3258e-6
+XLA_EFFICIENCY_V5E = 0.9402
+OP_FIXED_V7X_S = 3.353e-6
+VPU_OPS_PER_CYCLE_V7X = 9296.0
+
+_GENERATIONS = ("v4", "v5e", "v5p", "v6e", "v7x")
+
+
+def _table() -> dict[str, dict[str, Constant]]:
+    out: dict[str, dict[str, Constant]] = {}
+    for g in _GENERATIONS:
+        out[g] = {
+            "stream_fraction": (Constant.measured(STREAM_FRACTION_V7X, _DECODE) if g == "v7x" else
+                                Constant.unmeasured(0.75, 0.95, "no published streamed copy on this generation: "
+                                                    "a band around v7x's 0.87")),
+            "step_overhead_s": (Constant.measured(STEP_OVERHEAD_V5E_S, _V5E_DOCS) if g == "v5e" else
+                                Constant.unmeasured(0.25e-6, 0.45e-6, "not measured on this generation: the Pallas "
+                                                    "TPU docs quote ~0.35 us a step")),
+            "xla_efficiency": (Constant.measured(XLA_EFFICIENCY_V5E, _XLA_EFF) if g == "v5e" else
+                               Constant.unmeasured(0.65, 1.0, "XLA's dot efficiency is measured on v5e only "
+                                                   "(0.95): a band from 65% of peak up to peak")),
+            "op_fixed_s": (Constant.measured(OP_FIXED_V7X_S, _XLA_FIXED) if g == "v7x" else
+                           Constant.unmeasured(1.0e-6, 6.0e-6, "no device-timed small op on this generation: "
+                                               "a band around v7x's 3.6 us")),
+            "vpu_ops_per_cycle": (Constant.measured(VPU_OPS_PER_CYCLE_V7X, _ATTN) if g == "v7x" else
+                                  Constant.unmeasured(4096.0, 11600.0, "fitted on v7x only (9296 jaxpr element ops "
+                                                      "a cycle): a band from 4 ALU slots of 8 x 128 lanes up")),
+            "eup_ops_per_cycle": Constant.unmeasured(512.0, 1024.0, "not published: one transcendental slot, "
+                                                     "a half to a whole 8 x 128 vreg a cycle"),
+        }
+    return out
+
+
+TABLE = _table()
+
+#: For each constant, whether a larger value makes a kernel slower (its "slow" end is its high end).
+_SLOWER_WHEN_HIGH = {"stream_fraction": False, "step_overhead_s": True, "xla_efficiency": False,
+                     "op_fixed_s": True, "vpu_ops_per_cycle": False, "eup_ops_per_cycle": False}
+
+
+def constants(generation: str) -> dict[str, Constant]:
+    """Every assumed constant of a generation, with its band and source; ValueError for an unknown generation."""
+    if generation not in TABLE:
+        raise ValueError(f"no cost-model constants for TPU generation {generation!r}; known: {', '.join(TABLE)}")
+    return TABLE[generation]
+
+
+def stream_bytes_per_s(c: Any, end: str = "point") -> float:
+    """What a streamed copy reaches on one device of chip `c`: spec HBM bandwidth x the generation's stream
+    fraction (measured on v7x, a band elsewhere)."""
+    return c.hbm_bytes_per_s * rates(c.generation, end).stream_fraction
+
+
+def rates(generation: str, end: str = "point") -> Rates:
+    """The constants at one end of their bands: "point", "fast" (every kernel as fast as the band allows) or
+    "slow"."""
+    if end not in ENDS:
+        raise ValueError(f"end must be one of {', '.join(ENDS)}, not {end!r}")
+    values: dict[str, Any] = {}
+    for name, c in constants(generation).items():
+        if end == "point":
+            values[name] = c.point
+        else:
+            slow_high = _SLOWER_WHEN_HIGH[name]
+            values[name] = c.high if (end == "slow") == slow_high else c.low
+    return Rates(generation, **values)
+
+
+# ------------------------------------------------------------------------------------------------ MXU passes
+
+#: Generations whose MXU multiplies int8 at twice the bf16 rate (Google's per-chip specs: v5e 394 int8 TOPS vs 197
+#: bf16 TFLOPS, v5p 918 vs 459, v6e 1836 vs 918); v4 and v7x publish no faster int8 rate.
+_INT8_DOUBLE = {"v5e", "v5p", "v6e"}
+#: Generations whose MXU multiplies fp8 natively at twice the bf16 rate (v7x: 4614 FP8 vs 2307 bf16 TFLOPS a chip).
+_FP8_DOUBLE = {"v7x"}
+#: XLA's f32 dot on TPU: DEFAULT one bf16 pass, HIGH three (bf16_3x), HIGHEST six (bf16_6x).
+F32_PASSES = {"DEFAULT": 1, "HIGH": 3, "HIGHEST": 6}
+_FP8 = {"float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e4m3b11fnuz"}
+
+
+def precision_name(precision: Any) -> str:
+    """The stronger of a dot's operand precisions as a name: DEFAULT, HIGH or HIGHEST (None is DEFAULT)."""
+    if precision is None:
+        return "DEFAULT"
+    items = precision if isinstance(precision, (tuple, list)) else (precision,)
+    order = ("DEFAULT", "HIGH", "HIGHEST")
+    best = "DEFAULT"
+    for p in items:
+        name = getattr(p, "name", None) or str(p).rsplit(".", 1)[-1].upper()
+        name = {"FASTEST": "DEFAULT", "BFLOAT16": "DEFAULT", "TENSORFLOAT32": "HIGH", "FLOAT32": "HIGHEST"}.get(name,
+                                                                                                               name)
+        if name in order and order.index(name) > order.index(best):
+            best = name
+    return best
+
+
+def mxu_passes(lhs_dtype: Any, rhs_dtype: Any, precision: Any, generation: str | None) -> tuple[float, str]:
+    """bf16-pass equivalents of one dot on the MXU, and why: f32 by precision (1 / 3 / 6), int8 and fp8 at half a
+    pass where the generation multiplies them at twice the bf16 rate, anything else (bf16, mixed widths, a narrow
+    type a generation upcasts) one pass."""
+    lhs, rhs = np.dtype(lhs_dtype).name, np.dtype(rhs_dtype).name
+    if "float32" in (lhs, rhs) or "float64" in (lhs, rhs):
+        name = precision_name(precision)
+        return float(F32_PASSES[name]), f"f32 at {name}: {F32_PASSES[name]} bf16 pass(es)"
+    if lhs == rhs == "int8":
+        if generation in _INT8_DOUBLE:
+            return 0.5, f"int8 x int8 on {generation}: twice the bf16 rate"
+        return 1.0, f"int8 x int8 on {generation or 'an unnamed generation'}: no faster int8 rate published"
+    if lhs in _FP8 and rhs in _FP8:
+        if generation in _FP8_DOUBLE:
+            return 0.5, f"fp8 x fp8 on {generation}: twice the bf16 rate"
+        return 1.0, f"fp8 x fp8 on {generation or 'an unnamed generation'}: upcast to bf16, one pass"
+    if lhs != rhs:
+        return 1.0, f"{lhs} x {rhs}: the wider operand's pass"
+    return 1.0, f"{lhs} x {rhs}: one pass"
+
+
+# --------------------------------------------------------------------------------------------- vector work
+
+#: Transcendentals: the EUP's work, one per element.
+EUP_PRIMITIVES = {"exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "rsqrt", "sqrt", "erf", "erf_inv",
+                  "sin", "cos", "tan", "atan2", "pow", "cbrt"}
+#: Element-wise and reducing vector ops: the VPU's work, one per element (of the larger of input and output).
+VPU_PRIMITIVES = {"add", "sub", "mul", "div", "max", "min", "neg", "abs", "select_n", "eq", "ne", "lt", "le", "gt",
+                  "ge", "and", "or", "not", "xor", "convert_element_type", "reduce_max", "reduce_min", "reduce_sum",
+                  "argmax", "argmin", "integer_pow", "square", "sign", "floor", "ceil", "round", "clamp",
+                  "nextafter", "rem", "shift_left", "shift_right_logical", "shift_right_arithmetic",
+                  "cumsum", "cummax", "reduce_and", "reduce_or", "iota", "broadcasted_iota"}
+
+#: MXU geometry of one device: (systolic arrays, their side), from Google's TPU system-architecture pages (4 MXUs
+#: per TensorCore; 128 x 128 through v5, 256 x 256 from v6e; v4 and v5p run two TensorCores as one device).
+#: With the published peak it gives the clock: peak / (arrays x side^2 x 2).
+MXU_GEOMETRY = {"v4": (8, 128), "v5e": (4, 128), "v5p": (8, 128), "v6e": (4, 256), "v7x": (4, 256)}
+#: Vector lanes of one device: 8 sublanes x 128 lanes per TensorCore.
+VECTOR_LANES = {"v4": 2048, "v5e": 1024, "v5p": 2048, "v6e": 1024, "v7x": 1024}
+
+
+def clock_hz(generation: str, bf16_flops_per_s: float) -> float:
+    """The device's clock implied by its peak and MXU geometry (v5e: 197 TFLOP/s / (4 x 128^2 x 2) = 1.5 GHz)."""
+    arrays, side = MXU_GEOMETRY[generation]
+    return bf16_flops_per_s / (arrays * side * side * 2)
+
+
+def vector_seconds(vpu_elems: float, eup_elems: float, generation: str, bf16_flops_per_s: float, r: Rates) -> float:
+    """Time of a kernel's vector work: VPU element ops and EUP transcendentals at the generation's rates (the two
+    units issue in the same bundles, so the longer of the two)."""
+    if not vpu_elems and not eup_elems:
+        return 0.0
+    lanes_scale = VECTOR_LANES[generation] / 1024
+    hz = clock_hz(generation, bf16_flops_per_s)
+    return max(vpu_elems / (r.vpu_ops_per_cycle * lanes_scale * hz), eup_elems / (r.eup_ops_per_cycle * lanes_scale
+                                                                                     * hz))
