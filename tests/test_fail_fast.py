@@ -27,9 +27,12 @@ def no_validation(monkeypatch):
 
 
 def test_publish_says_the_tpu_environment_is_missing_before_validating(monkeypatch, tmp_path, no_validation):
+    from tests.hub_server import running_server
+
     monkeypatch.setenv(ENV_VAR, str(tmp_path / "no-such-python"))
-    with pytest.raises(TpuEnvironmentError, match=ENV_VAR):
-        publish_mod.publish(RAGGED, endpoint="http://127.0.0.1:9", token="t")
+    # the endpoint is asked first (a release already there needs no gate), then the environment, before any case
+    with running_server(tmp_path / "store", token="t") as srv, pytest.raises(TpuEnvironmentError, match=ENV_VAR):
+        publish_mod.publish(RAGGED, endpoint=srv.url, token="t")
 
 
 def test_publish_says_the_endpoint_is_unreachable_before_validating(no_validation):

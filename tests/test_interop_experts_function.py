@@ -52,8 +52,8 @@ def test_hf_recipe_registers_our_experts_forward_and_from_pretrained_runs_it(int
         assert row["impl"] == "kernel_hub" and row["default"] != "kernel_hub", (case, row)
         assert row["ran_before"] is None and row["ran"] == "torch", (case, row)  # our experts_forward served it
         assert not row["nan"], (case, row)
-        if case.endswith("float32"):  # grouped sums in another order than transformers' grouped_mm
-            assert not row["same"] and row["err"] <= 1e-4, (case, row)
+        if case.endswith("float32"):  # grouped sums in another order (bit-equal on some CPUs): within f32 rounding
+            assert row["err"] <= 1e-4, (case, row)
         else:  # bf16: each op rounds to bf16 as transformers' does; the logits may agree bit for bit
             assert row["err"] <= 1e-2, (case, row)
     print({case: f"{row['err']:.2e}" for case, row in rows.items()})
