@@ -7,7 +7,7 @@ kernel), timed interleaved with the order rotated each round (kernel_hub.timing)
 counts measured in the same rounds (moe_decode.FloorCopy). Each sample is the mean of --calls back-to-back calls
 (default 4) after a 50 ms idle: a decode step runs its layers back to back, and one call alone after an idle also
 times the cores waking (a few ms on these VMs, the same for both, so a larger share of the shorter int8 call);
---calls 1 times that. Per round: quantized time / bf16 time (the issue's target
+--calls 1 times that. Per round: quantized time / bf16 time (the target
 for int8: <= 0.6), and each one's time / its own floor. Medians with interquartile ranges; every sample in the JSON.
 Writes bench/out/moe_decode_<fmt>.json.
 """
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-#: The issue's target: kernelized int8 time <= this x kernelized bf16 time.
+#: The target: kernelized int8 time <= this x kernelized bf16 time.
 TARGET = {"int8": 0.6, "fp8": 0.6}
 
 

@@ -34,7 +34,7 @@ from kernel_hub.tpu.env import tpu_env  # noqa: E402
 from kernel_hub.tpu.package import folder_package  # noqa: E402
 from kernel_hub.tpu.runner import refusal, run_worker  # noqa: E402
 
-#: Decode rows must stay within this of the ideal (the issue's target).
+#: Decode rows must stay within this of the ideal (the decode target).
 DECODE_TARGET = 1.15
 
 
@@ -84,7 +84,7 @@ def quant_table(rows: list[dict]) -> str:
                     f"{r['over_bf16']:.3f}", f"{lo:.3f}..{hi:.3f}", str(r["steps"]), f"{r['hbm_bytes'] / 2**20:.0f}"))
     widths = [max(len(row[i]) for row in out) for i in range(len(head))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in out]
-    lines.append("decode targets (issue 25): quantized ours/bf16 <= 0.55, ours/ideal <= 1.15 (ideal: quantized "
+    lines.append("decode targets: quantized ours/bf16 <= 0.55, ours/ideal <= 1.15 (ideal: quantized "
                  "weights + scales of active experts once, bf16 activations); fast..slow: the ratio at both ends of "
                  "the constants' bands (docs/tpu-cost-model.md)")
     return "\n".join(lines)

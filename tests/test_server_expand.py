@@ -29,7 +29,7 @@ from kernel_hub.server.gitstore import GitStore
 from tests.hub_server import running_server
 
 REPO = "acme/big"
-FOLDERS, PER_FOLDER, COMMITS = 20, 100, 302  # 2000 files, 302 commits (the repo)
+FOLDERS, PER_FOLDER, COMMITS = 20, 100, 302  # 2000 files, 302 commits (a large real-world repo's size)
 
 
 def _commit(tree: bytes, parents: list[bytes], message: str, when: int) -> Commit:

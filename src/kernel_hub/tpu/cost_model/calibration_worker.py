@@ -96,7 +96,7 @@ def _not_modeled(row: dict[str, Any]) -> str | None:
                 import_kernel(name)
             except PeerUnavailable as exc:
                 reasons.append(str(exc))
-        return ("tpu-inference 0.32.0 ships no megablox gmm_v2 (the issue's kernel is newer); its experimental "
+        return ("tpu-inference 0.32.0 ships no megablox gmm_v2 (the measured kernel is newer); its experimental "
                 "gmm_v2 variants: " + ("; ".join(reasons) if reasons else "import, but are expert-parallel fused "
                                        "kernels with in-kernel all-to-all, not this single-device call"))
     if kind == "hf_ragged_dot_tpu":

@@ -5,7 +5,7 @@ Per (model, phase, format, chip), every format's tiles chosen for that chip (the
 differ from the main table's, which traces once with the conservative 16 MiB tiles): modeled_s; ideal_s =
 max(bytes once / HBM bandwidth, useful FLOPs / peak), the bytes being each active expert's weights at their own
 width (1 byte quantized) plus their scales, read once, plus the bf16 activations in and out; over_bf16 = modeled_s /
-the bf16 layer's modeled_s. Decode targets (issue 25): over_bf16 <= 0.55 and modeled / ideal <= 1.15.
+the bf16 layer's modeled_s. Decode targets: over_bf16 <= 0.55 and modeled / ideal <= 1.15.
 """
 
 from __future__ import annotations
