@@ -228,6 +228,7 @@ def test_hf_kernels_loads_the_torch_tpu_builds_from_serve(env, tmp_path):
     assert {"ragged_dot", "moe_experts", "flash_attention", "decode_attention", "tpu_ops"} <= set(facts["exports"])
     for op, (kernel, entry) in zip(facts["ops"], [("flash_attention", "decode_attention"),
                                                   ("flash_attention", "flash_attention"),
+                                                  ("flash_attention", "ragged_paged_attention"),
                                                   ("ragged_dot", "experts_forward"),
                                                   ("ragged_dot", "experts_forward_bias"),
                                                   ("ragged_dot", "ragged_dot"),
