@@ -119,8 +119,8 @@ def find(entries: list[HfLockEntry], repo_id: str, path: Path) -> HfLockEntry:
         if entry.repo_id == repo_id:
             return entry
     locked = ", ".join(sorted(e.repo_id for e in entries)) or "nothing"
-    raise KernelHubError(f"{repo_id} is not in {path} (it locks: {locked}); run kernel-hub lock_project or "
-                         "`kernels lock`")
+    raise KernelHubError(f"{repo_id} is not in {path} (it locks: {locked}); lock it with "
+                         "kernel_hub.hf_lock.lock_project(project_dir) or `kernels lock`")
 
 
 def write_hf_lock(entries: list[HfLockEntry], path: Path) -> None:

@@ -163,8 +163,9 @@ def read_lock(path: str | Path | None = None) -> LockFile:
     if not isinstance(data, dict) or data.get("kernel-hub-lock") != LOCK_FORMAT:
         raise MetadataError(f"{path}: not a kernel-hub lock file (format {LOCK_FORMAT})")
     kernels, deps = data.get("kernels", []), data.get("dependencies", [])
-    if not isinstance(kernels, list) or not isinstance(deps, list):
-        raise MetadataError(f"{path}: 'kernels' and 'dependencies' must be lists")
+    for key, value in (("kernels", kernels), ("dependencies", deps)):
+        if not isinstance(value, list):
+            raise MetadataError(f"{path}: '{key}' must be a list, not {type(value).__name__}")
     return LockFile([parse_entry(k, f"{path}: kernels[{i}]") for i, k in enumerate(kernels)],
                     [parse_entry(k, f"{path}: dependencies[{i}]") for i, k in enumerate(deps)])
 
