@@ -68,7 +68,9 @@ def test_hf_kernels_and_kernel_hub_compute_the_same_numbers(interop_hub) -> None
     assert by_major["out"] == by_range["out"]
     diff = max(abs(a - b) for a, b in zip(theirs["out"], by_major["out"], strict=True))
     assert diff <= 1e-6
-    # Fresh load: refs, one bundle (HEAD + GET) = 3; the range load reuses all but the refs.
-    assert [m for m, _, _ in our_requests] == ["GET", "HEAD", "GET", "GET"], our_requests
-    assert our_requests[0][1] == our_requests[3][1] == f"/api/kernels/{REPO}/refs"
+    # Fresh load: refs, one bundle (HEAD + GET), the build/ listing (a tree beside the bundle would win, as in HF
+    # kernels) = 4; the range load reuses all but the refs.
+    assert [m for m, _, _ in our_requests] == ["GET", "HEAD", "GET", "GET", "GET"], our_requests
+    assert our_requests[0][1] == our_requests[4][1] == f"/api/kernels/{REPO}/refs"
+    assert "/tree/" in our_requests[3][1] and our_requests[3][1].endswith("/build")
     assert len(our_requests) < len(hf_requests)
