@@ -157,22 +157,18 @@ def _source(url: str, cache: Path) -> HubSource:
 
 
 def test_an_endless_listing_is_cut_at_the_cap(small_caps, tmp_path: Path) -> None:
-    with hostile({"/api/kernels": endless_json}) as (url, _, sent):
-        start = time.monotonic()
-        with pytest.raises(KernelHubError, match="KERNEL_HUB_MAX_ANSWER_BYTES"):
-            _source(url, tmp_path / "cache").list_kernel_repos("acme")
-        assert time.monotonic() - start < 1.5
+    with (hostile({"/api/kernels": endless_json}) as (url, _, sent),
+          pytest.raises(KernelHubError, match="KERNEL_HUB_MAX_ANSWER_BYTES")):
+        _source(url, tmp_path / "cache").list_kernel_repos("acme")
     assert sent[0] < 32 << 20  # of ~1.8 GB on offer: stopped long before it ran out
 
 
 @pytest.mark.parametrize("behaviour", [trickle_body, trickle_headers], ids=["body", "headers"])
 def test_a_trickling_server_fails_at_the_deadline(small_caps, tmp_path: Path, behaviour: Behaviour) -> None:
-    with hostile({"/refs": behaviour}) as (url, _, _):
-        start = time.monotonic()
-        with pytest.raises(KernelHubError, match="KERNEL_HUB_HTTP_TIMEOUT"):
-            _source(url, tmp_path / "cache").refs(REPO)
-        took = time.monotonic() - start
-    assert 1.4 < took < 2.5, took  # the whole request's deadline (1.5 s), though every byte came within 0.25 s
+    # the answer trickles a byte every 0.25 s (~11 s in all, each read within a per-read timeout): only the
+    # whole request's deadline ends the call, and the error names the variable that sets it
+    with hostile({"/refs": behaviour}) as (url, _, _), pytest.raises(KernelHubError, match="KERNEL_HUB_HTTP_TIMEOUT"):
+        _source(url, tmp_path / "cache").refs(REPO)
 
 
 def test_oversize_refs_are_refused_from_the_announced_size_and_never_cached(small_caps, tmp_path: Path) -> None:
