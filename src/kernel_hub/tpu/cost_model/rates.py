@@ -13,6 +13,7 @@ operand dtypes) and the vector/transcendental rates of the softmax-heavy kernels
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -219,3 +220,15 @@ def vector_seconds(vpu_elems: float, eup_elems: float, generation: str, bf16_flo
     hz = clock_hz(generation, bf16_flops_per_s)
     return max(vpu_elems / (r.vpu_ops_per_cycle * lanes_scale * hz), eup_elems / (r.eup_ops_per_cycle * lanes_scale
                                                                                      * hz))
+
+
+def dot_key_flops(eqn: Any) -> tuple[tuple[str, str, str], float]:
+    """A dot_general's (operand dtypes and precision, FLOPs): the MXU pass rule's inputs, for XLA ops and kernels."""
+    (contract, _), (batch, _) = eqn.params["dimension_numbers"]
+    lhs, rhs = (v.aval for v in eqn.invars)
+    k = math.prod(lhs.shape[d] for d in contract)
+    b = math.prod(lhs.shape[d] for d in batch)
+    m = math.prod(lhs.shape) // max(k * b, 1)
+    n = math.prod(rhs.shape) // max(k * b, 1)
+    key = (np.dtype(lhs.dtype).name, np.dtype(rhs.dtype).name, precision_name(eqn.params.get("precision")))
+    return key, 2.0 * b * m * n * k

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .rates import EUP_PRIMITIVES, VPU_PRIMITIVES, precision_name
+from .rates import EUP_PRIMITIVES, VPU_PRIMITIVES, dot_key_flops
 
 #: Loops longer than this run their body once, scaled by the trip count (carries then unknown); a note says so.
 ITERATION_LIMIT = 4096
@@ -253,16 +253,9 @@ class Steps:
         return value
 
     def _dot(self, eqn: Any, mask: np.ndarray | None) -> None:
-        (contract, _), (batch, _) = eqn.params["dimension_numbers"]
-        lhs, rhs = (v.aval for v in eqn.invars)
-        k = math.prod(lhs.shape[d] for d in contract)
-        b = math.prod(lhs.shape[d] for d in batch)
-        m = math.prod(lhs.shape) // max(k * b, 1)
-        n = math.prod(rhs.shape) // max(k * b, 1)
-        flops = 2.0 * b * m * n * k
+        key, flops = dot_key_flops(eqn)
         where = self._where(mask)
         self.flops += flops * where
-        key = (np.dtype(lhs.dtype).name, np.dtype(rhs.dtype).name, precision_name(eqn.params.get("precision")))
         self.dots[key] = self.dots.get(key, 0.0) + flops * float(where.sum())
 
     def _vector(self, eqn: Any, mask: np.ndarray | None) -> None:

@@ -15,14 +15,11 @@ outer evaluation (schedule.py), which calls `cancels`.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from ..chips import Chip
-from .rates import Rates, mxu_passes, rates
+from .rates import Rates, dot_key_flops, mxu_passes, rates
 
 
 @dataclass
@@ -69,13 +66,5 @@ def cancels(first: tuple[int, ...], second: tuple[int, ...]) -> bool:
 
 def dot_flops(eqn: Any) -> dict[tuple[str, str, str], float]:
     """A dot_general's FLOPs keyed by its operand dtypes and precision (the MXU pass rule's inputs)."""
-    from .rates import precision_name
-
-    (contract, _), (batch, _) = eqn.params["dimension_numbers"]
-    lhs, rhs = (v.aval for v in eqn.invars)
-    k = math.prod(lhs.shape[d] for d in contract)
-    b = math.prod(lhs.shape[d] for d in batch)
-    m = math.prod(lhs.shape) // max(k * b, 1)
-    n = math.prod(rhs.shape) // max(k * b, 1)
-    key = (np.dtype(lhs.dtype).name, np.dtype(rhs.dtype).name, precision_name(eqn.params.get("precision")))
-    return {key: 2.0 * b * m * n * k}
+    key, flops = dot_key_flops(eqn)
+    return {key: flops}
