@@ -6,7 +6,7 @@ there, `_common/` included, minus each folder's `tests/`, caches and bytecode; s
 they point at) into `kernel_hub/_embedded/` inside the wheel. The registry's `source:` paths are relative
 to registry.yaml, so they resolve the same inside the package as in the checkout. The benchmarks (`bench/`)
 are checkout tools and do not ship. An editable install (`pip install -e .`) embeds nothing: it reads the
-checkout's own files (kernel_hub.registry.registry_location).
+checkout's own files (kernel_hub.load.registry.registry_location).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
-EMBEDDED = Path("kernel_hub", "_embedded")  # inside the package; kernel_hub.registry.registry_location reads it
+EMBEDDED = Path("kernel_hub", "_embedded")  # inside the package; kernel_hub.load.registry.registry_location reads it
 KERNELS = Path("kernels", "pallas")
 
 

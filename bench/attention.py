@@ -24,9 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import kernel_hub as kh
-from kernel_hub.numerics import relative_error, tolerance
 from kernel_hub.report.environment import environment
-from kernel_hub.timing import bench_records, format_ratio, interleaved_samples
+from kernel_hub.verify.numerics import relative_error, tolerance
+from kernel_hub.verify.timing import bench_records, format_ratio, interleaved_samples
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The kernel package as it is in this checkout (its source plus the shared code it vendors, assembled).

@@ -29,7 +29,7 @@ import torch
 import kernel_hub as kh
 from kernel_hub.report.environment import environment
 from kernel_hub.report.models import tiny_model
-from kernel_hub.timing import bench_records, format_ratio, interleaved_samples
+from kernel_hub.verify.timing import bench_records, format_ratio, interleaved_samples
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = "transformers"

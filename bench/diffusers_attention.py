@@ -4,7 +4,7 @@ attention, torch-facing build), and against a model routed through kernelize's p
 sdpa as the "kernel" (what the routing alone costs).
 
 Three copies of one model; each is checked against the default before timing. Runs are interleaved with the
-order rotated each round (kernel_hub.timing.interleaved_samples); the table gives medians with their
+order rotated each round (kernel_hub.verify.timing.interleaved_samples); the table gives medians with their
 interquartile range and the ratio to the default (>1: faster than it) with the quartiles of the per-round ratios;
 the JSON has every sample and the environment.
 
@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 import kernel_hub as kh  # noqa: E402
-from kernel_hub.numerics import relative_error  # noqa: E402
 from kernel_hub.report.environment import environment  # noqa: E402
-from kernel_hub.timing import bench_records, format_ratio, interleaved_samples  # noqa: E402
+from kernel_hub.verify.numerics import relative_error  # noqa: E402
+from kernel_hub.verify.timing import bench_records, format_ratio, interleaved_samples  # noqa: E402
 
 BASELINE = "diffusers default (sdpa)"
 OURS = ("kernelized (hub flash attention)",)

@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the test server harness (tests/hub_server.py) is checkout gear, like bench/
 
-from kernel_hub.publish import publish  # noqa: E402
+from kernel_hub.publish.release import publish  # noqa: E402
 from kernel_hub.report.environment import environment  # noqa: E402
 from tests.hub_server import hub_env, hub_requests, running_server  # noqa: E402
 

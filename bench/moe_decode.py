@@ -212,7 +212,7 @@ def spread(values: list[float]) -> dict[str, float]:
     """Median, quartiles, min and max of per-round values (timing.Spread's summary, as plain JSON)."""
     from dataclasses import asdict
 
-    from kernel_hub.timing import Spread
+    from kernel_hub.verify.timing import Spread
 
     return {k: v for k, v in asdict(Spread.of(values)).items() if k != "n"}
 
@@ -221,8 +221,8 @@ def bench_dtype(name: str, dtype: torch.dtype, *, batch: int, reps: int, batched
                 floor: FloorCopy, calls: int = 1) -> dict[str, Any]:
     import kernel_hub as kh
     from kernel_hub.layers.kinds.experts.packing import ENV
-    from kernel_hub.numerics import relative_error
-    from kernel_hub.timing import Ratio, bench_records, interleaved_samples
+    from kernel_hub.verify.numerics import relative_error
+    from kernel_hub.verify.timing import Ratio, bench_records, interleaved_samples
 
     container, config = build_layer(dtype)
     packed_container = copy.deepcopy(container)  # packs in place: the other one keeps dense weights for the rest
@@ -299,7 +299,7 @@ def _ratio(s: dict[str, float]) -> str:
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    from kernel_hub.timing import RATIO_CONVENTION, format_ratio
+    from kernel_hub.verify.timing import RATIO_CONVENTION, format_ratio
 
     cols = ["eager", "grouped_mm", "batched_mm", "kernelized_unpacked", "kernelized", "floor"]
     heads = ["eager", "grouped_mm", "batched_mm", "unpacked", "kernelized", "floor"]

@@ -6,7 +6,7 @@ and compiled memory.
 Part 1, simulated devices (a subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=8): moe_experts on one
 device, expert-parallel over 8 devices and over a 4x2 (expert x tensor) mesh, every dispatch scheme, at a scaled-down
 geometry (decode 64 tokens and prefill 1024, f32, the "cpu" ragged dot). Medians of interleaved runs with their
-spread (kernel_hub.timing). Honest caveat: the 8 "devices" are threads of one process sharing this machine's cores,
+spread (verify.timing). Honest caveat: the 8 "devices" are threads of one process sharing this machine's cores,
 so the collectives cost memcpys and the 8 shards compete for the same 2 cores: these numbers rank the schemes'
 local work and glue, not a TPU slice's time.
 
@@ -43,7 +43,7 @@ def _simulated_worker(repeats: int) -> list[dict]:
     from jax.sharding import Mesh
 
     import kernel_hub as kh
-    from kernel_hub.timing import interleaved_samples
+    from kernel_hub.verify.timing import interleaved_samples
 
     rd = kh.get_local_kernel(ROOT / "kernels/pallas/ragged_dot")
     devices = np.array(jax.devices())

@@ -3,7 +3,7 @@ quantized expert weights against the same layer kernelized in bf16, side by side
 
 Both are kh.kernelize'd copies of one bf16 block on the same routing (the bf16 one with its usual CPU path: the native
 rows kernel on the original weights; the quantized one reading int8 / float8 copies through the native quantized rows
-kernel), timed interleaved with the order rotated each round (kernel_hub.timing), with the memory floors of both byte
+kernel), timed interleaved with the order rotated each round (verify.timing), with the memory floors of both byte
 counts measured in the same rounds (moe_decode.FloorCopy). Each sample is the mean of --calls back-to-back calls
 (default 4) after a 50 ms idle: a decode step runs its layers back to back, and one call alone after an idle also
 times the cores waking (a few ms on these VMs, the same for both, so a larger share of the shorter int8 call);
@@ -31,7 +31,7 @@ TARGET = {"int8": 0.6, "fp8": 0.6}
 def _spread(values: list[float]) -> dict[str, float]:
     from dataclasses import asdict
 
-    from kernel_hub.timing import Spread
+    from kernel_hub.verify.timing import Spread
 
     return {k: v for k, v in asdict(Spread.of(values)).items() if k != "n"}
 
@@ -42,8 +42,8 @@ def bench_quantized(fmt: str, *, batch: int, reps: int, floor: Any, calls: int =
     from moe_decode import FLOOR_COPY_BYTES, FLOOR_KINDS, GAP_S, active_bytes, build_layer, routing
 
     import kernel_hub as kh
-    from kernel_hub.numerics import relative_error
-    from kernel_hub.timing import interleaved_samples
+    from kernel_hub.verify.numerics import relative_error
+    from kernel_hub.verify.timing import interleaved_samples
 
     dtype = torch.bfloat16
     container, _ = build_layer(dtype)

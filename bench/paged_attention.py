@@ -3,7 +3,7 @@ page of every sequence gathered into a contiguous copy, then attention: the "xla
 on a decode batch and a mixed prefill + decode batch; plus each path's peak temporary memory from XLA's own memory
 analysis of the compiled call, beside the size of one cache.
 
-Runs are interleaved (kernel_hub.timing); medians with their interquartile range, ratio vs the baseline (>1: ours
+Runs are interleaved (kernel_hub.verify.timing); medians with their interquartile range, ratio vs the baseline (>1: ours
 faster) with the quartiles of the per-round ratios. Outputs are checked against each other before timing.
 
   python bench/paged_attention.py [--repeats N] [--out bench/out/paged_attention.json]
@@ -22,9 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import kernel_hub as kh
-from kernel_hub.numerics import relative_error, tolerance
 from kernel_hub.report.environment import environment
-from kernel_hub.timing import bench_records, format_ratio, interleaved_samples
+from kernel_hub.verify.numerics import relative_error, tolerance
+from kernel_hub.verify.timing import bench_records, format_ratio, interleaved_samples
 
 ROOT = Path(__file__).resolve().parents[1]
 fa = kh.get_local_kernel(ROOT / "kernels" / "pallas" / "flash_attention")

@@ -6,7 +6,7 @@ shapes (empty groups, one-row groups, one group holding every row, rows past the
     python bench/quant_errors.py [--json]
 
 Columns: max |out - ref| over all shapes and the relative error max|out - ref| / max|ref| (the harness's metric,
-kernel_hub.numerics) with the contract's tolerance for the dtype. "pallas" runs interpreted on CPU.
+kernel_hub.verify.numerics) with the contract's tolerance for the dtype. "pallas" runs interpreted on CPU.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import kernel_hub as kh
-from kernel_hub.numerics import TOLERANCE, relative_error
+from kernel_hub.verify.numerics import TOLERANCE, relative_error
 
 ROOT = Path(__file__).resolve().parents[1]
 rd = kh.get_local_kernel(ROOT / "kernels" / "pallas" / "ragged_dot")

@@ -32,7 +32,7 @@ def dequantized64(q: torch.Tensor, s: torch.Tensor) -> np.ndarray:
 
 
 def kernel_table(rd) -> list[str]:
-    from kernel_hub.numerics import relative_error
+    from kernel_hub.verify.numerics import relative_error
 
     tq = sys.modules[f"{rd.__name__}.torch_cpu.quantized_ragged_dot"]
     nq = sys.modules[f"{rd.__name__}.torch_cpu.native_quant"]

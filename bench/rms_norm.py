@@ -34,8 +34,8 @@ def cpu_rows(repeats: int, dtypes: list[str]) -> list[dict]:
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeRMSNorm
 
     import kernel_hub as kh
-    from kernel_hub.numerics import relative_error
-    from kernel_hub.timing import Ratio, Spread, interleaved_samples
+    from kernel_hub.verify.numerics import relative_error
+    from kernel_hub.verify.timing import Ratio, Spread, interleaved_samples
 
     tk = kh.get_local_kernel(KERNEL, framework="torch", backend="cpu")
     rows = []
@@ -67,7 +67,7 @@ def jax_rows(repeats: int, dtypes: list[str]) -> list[dict]:
     import numpy as np
 
     import kernel_hub as kh
-    from kernel_hub.timing import Spread, interleaved_samples
+    from kernel_hub.verify.timing import Spread, interleaved_samples
 
     jk = kh.get_local_kernel(KERNEL, framework="jax", backend="cpu")
     rows = []

@@ -194,11 +194,11 @@ def kill_mid_commit(server: Server) -> dict[str, Any]:
 
 
 def kill_mid_publish(server: Server, work: Path) -> dict[str, Any]:
+    from kernel_hub.decide.versions import resolve
     from kernel_hub.errors import KernelHubError
-    from kernel_hub.hub import HubSource
-    from kernel_hub.publish import publish
+    from kernel_hub.publish.release import publish
     from kernel_hub.scaffold import init
-    from kernel_hub.versions import resolve
+    from kernel_hub.sources.hub import HubSource
 
     folder = init("bench_toy", work / "src", repo_id=KERNEL_REPO)
     meta = folder / "kernel.yaml"
@@ -262,7 +262,7 @@ def racing_publishes(server: Server, work: Path, rounds: int) -> dict[str, Any]:
     from huggingface_hub import HfApi
 
     from kernel_hub.errors import KernelHubError
-    from kernel_hub.publish import publish
+    from kernel_hub.publish.release import publish
     from kernel_hub.scaffold import init
 
     one_winner = agree = 0

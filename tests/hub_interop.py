@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernel_hub.publish import publish
+from kernel_hub.publish.release import publish
 from tests.hub_server import hub_env, hub_requests, running_server
 
 TOKEN = "test-token"

@@ -62,7 +62,7 @@ def main() -> dict:
     from moe_reference_grads import moe_grads
 
     import kernel_hub as kh
-    from kernel_hub.numerics import relative_error
+    from kernel_hub.verify.numerics import relative_error
 
     rd = kh.get_local_kernel(HERE.parent / "kernels/pallas/ragged_dot")
     devices = np.array(jax.devices())

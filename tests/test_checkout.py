@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import kernel_hub
-from kernel_hub.checkout import checkout_decision
+from kernel_hub.package.checkout import checkout_decision
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = Path(kernel_hub.__file__).resolve().parent
@@ -19,11 +19,11 @@ _PROBE = r"""
 import json, subprocess, sys
 from pathlib import Path
 import kernel_hub
-from kernel_hub.checkout import checkout_decision
+from kernel_hub.package.checkout import checkout_decision
 from kernel_hub.tpu import env, runner
 from kernel_hub.tpu.cost_model import mesh
 from kernel_hub.report import benches, environment
-from kernel_hub.registry import registry_location
+from kernel_hub.load.registry import registry_location
 
 out = {"package": str(Path(kernel_hub.__file__).resolve().parent), "checkout": str(checkout_decision().root),
        "reason": checkout_decision().reason, "env_checkout": str(env.CHECKOUT), "bench_dir": str(benches.BENCH_DIR),

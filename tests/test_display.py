@@ -1,4 +1,4 @@
-"""Strings from a server or metadata pass one sanitizer (kernel_hub.display) before the CLI prints them."""
+"""Strings from a server or metadata pass one sanitizer (kernel_hub.ui.display) before the CLI prints them."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from kernel_hub import cli
 from kernel_hub.cli import catalog
-from kernel_hub.display import clean, clean_data, clean_lines
+from kernel_hub.ui.display import clean, clean_data, clean_lines
 
 FORGED = ("compile failed\r\x1b[2K\x1b[1A compiled for TPU v5e,v6e: 8/8 all good\nfake line\u202egnp.exe"
           "\u2028\x9b31m\x7f")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import kernel_hub as kh
-from kernel_hub.registry import load_registry
+from kernel_hub.load.registry import load_registry
 
 RAGGED = "kernel-hub/ragged-dot-tpu"
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 import kernel_hub as kh
-from kernel_hub import publish as publish_mod
-from kernel_hub import validation
 from kernel_hub.errors import KernelHubError
+from kernel_hub.publish import release as publish_mod
 from kernel_hub.tpu.env import ENV_VAR, TpuEnvironmentError
+from kernel_hub.verify import validation
 
 ROOT = Path(__file__).resolve().parents[1]
 RAGGED = ROOT / "kernels/pallas/ragged_dot"  # declares jax-tpu and torch-tpu variants

@@ -16,14 +16,14 @@ import pytest
 
 import kernel_hub as kh
 from kernel_hub import cli
-from kernel_hub.cache_admin import cache_entries, prune, prune_plan, repo_from_folder
+from kernel_hub.decide.hf_conventions import kernels_cache, local_override, minver_decision, parse_local_kernels
+from kernel_hub.decide.variants import Variant
 from kernel_hub.errors import KernelHubError, KernelImportError, MetadataError
-from kernel_hub.hf_conventions import kernels_cache, local_override, minver_decision, parse_local_kernels
-from kernel_hub.hf_lock import HfLockEntry, is_hf_lock, read_hf_lock, tool_kernels, write_hf_lock
-from kernel_hub.loader import import_build
+from kernel_hub.load.cache_admin import cache_entries, prune, prune_plan, repo_from_folder
+from kernel_hub.load.hf_lock import HfLockEntry, is_hf_lock, read_hf_lock, tool_kernels, write_hf_lock
+from kernel_hub.load.loader import import_build
 from kernel_hub.scaffold import init
-from kernel_hub.sources import Build
-from kernel_hub.variants import Variant
+from kernel_hub.sources.base import Build
 
 TOY = Path(__file__).parent / "fixtures" / "toy_kernel"
 TOKEN = "hf-conv-token"
@@ -57,7 +57,7 @@ def test_local_kernels_loads_the_mapped_folder_without_a_hub(tmp_path: Path, mon
 # -- KERNELS_CACHE ------------------------------------------------------------------------------------------------
 def test_kernels_cache_is_the_hub_cache_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("huggingface_hub")
-    from kernel_hub.hub import HubSource
+    from kernel_hub.sources.hub import HubSource
 
     assert kernels_cache({}) is None
     monkeypatch.setenv("KERNELS_CACHE", str(tmp_path / "kc"))
@@ -171,7 +171,7 @@ _PROJECT = """
 import json
 from kernels._rust import KernelLocks
 import kernel_hub as kh
-from kernel_hub.hf_lock import lock_project
+from kernel_hub.load.hf_lock import lock_project
 entries = lock_project(PROJECT, trust_remote_code=["acme"])
 hf = KernelLocks.from_json(open(PROJECT + "/kernels.lock").read())
 ours = json.load(open(PROJECT + "/kernel-hub.lock"))
@@ -185,7 +185,7 @@ print(json.dumps({"hf": {d.repo_id: str(hf[d].commit) for d in hf}, "entries": [
 def test_lock_project_writes_both_locks_and_kernels_lock_loads(tmp_path: Path) -> None:
     pytest.importorskip("starlette")
     pytest.importorskip("kernels")
-    from kernel_hub.publish import publish
+    from kernel_hub.publish.release import publish
     from tests.hub_server import hub_env, running_server
 
     kernel = tmp_path / "toy"

@@ -15,16 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from kernel_hub.buildfmt import strict_json, unpack_bundle
 from kernel_hub.errors import IntegrityError, KernelHubError, MetadataError
-from kernel_hub.hub_builder import (
+from kernel_hub.package.buildfmt import strict_json, unpack_bundle
+from kernel_hub.package.integrity import native_code_reason
+from kernel_hub.sources.hub_builder import (
     MAX_PYTHON_DEPENDS,
     MAX_ZIP_RATIO,
     missing_python_depends,
     parse_builder_metadata,
     unzip_package,
 )
-from kernel_hub.integrity import native_code_reason
 
 BASE = {"name": "kb-relu", "id": "x", "version": 1, "license": "MIT", "backend": {"type": "cpu"}}
 ELF = b"\x7fELF\x02\x01\x01" + b"\x00" * 57
@@ -182,10 +182,10 @@ def test_python_source_is_not_native_code(text: bytes) -> None:
 
 
 def test_thousands_of_rejected_variants_make_a_short_error() -> None:
-    from kernel_hub.planning import MAX_TRACE_LINES, Plan
-    from kernel_hub.system import SystemFacts
-    from kernel_hub.variants import Choice, Decision
-    from kernel_hub.versions import Resolution
+    from kernel_hub.decide.system import SystemFacts
+    from kernel_hub.decide.variants import Choice, Decision
+    from kernel_hub.decide.versions import Resolution
+    from kernel_hub.load.planning import MAX_TRACE_LINES, Plan
 
     trace = tuple(Decision(f"torch-cpu-{i}", False, "built for another torch") for i in range(3000))
     plan = Plan(repo_id="acme/many", source=None, resolution=Resolution(commit="a" * 40, version="1.0.0", ref="v1",

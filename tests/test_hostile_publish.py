@@ -12,7 +12,7 @@ import pytest
 
 from kernel_hub import cli
 from kernel_hub.errors import KernelHubError
-from kernel_hub.publish import build_layout, publish
+from kernel_hub.publish.release import build_layout, publish
 
 TOY = Path(__file__).parent / "fixtures" / "toy_kernel"
 SENTINEL = "sentinel: must survive"

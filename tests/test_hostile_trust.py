@@ -7,8 +7,8 @@ import pytest
 
 from kernel_hub import cli
 from kernel_hub.errors import TrustError
-from kernel_hub.sources import Origin
-from kernel_hub.trust import check_trust, trust_decision
+from kernel_hub.load.trust import check_trust, trust_decision
+from kernel_hub.sources.base import Origin
 
 ORGS = ("kernel-hub", "kernels-community")
 HUB = Origin("hub", "acme/ragged", "http://127.0.0.1:8080")

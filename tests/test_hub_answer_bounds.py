@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("huggingface_hub")
 
 from kernel_hub.errors import IntegrityError, KernelHubError
-from kernel_hub.hub import HubSource
+from kernel_hub.sources.hub import HubSource
 
 REPO = "acme/hostile"
 COMMIT = "a" * 40
@@ -207,7 +207,7 @@ def test_a_listing_naming_a_path_twice_is_refused_and_not_cached(small_caps, tmp
 
 
 def test_api_answers_and_file_downloads_get_their_own_bounds() -> None:
-    from kernel_hub.http_limits import is_file_download
+    from kernel_hub.sources.http_limits import is_file_download
 
     assert not is_file_download("/api/kernels/acme/x/refs")
     assert not is_file_download("/mirror/api/kernels/acme/x/tree/main/build")

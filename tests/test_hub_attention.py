@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kernel_hub.numerics import TOLERANCE as TOL
+from kernel_hub.verify.numerics import TOLERANCE as TOL
 from tests.hub_interop import KERNELS
 
 REPO = "kernel-hub/flash-attention-tpu"

@@ -22,7 +22,7 @@ from huggingface_hub import HfApi  # noqa: E402
 
 from kernel_hub.api import load_plan, plan_load  # noqa: E402
 from kernel_hub.errors import IntegrityError, KernelHubError, VersionSpecError  # noqa: E402
-from kernel_hub.hub import HubSource  # noqa: E402
+from kernel_hub.sources.hub import HubSource  # noqa: E402
 from tests.hub_server import cli_command, hub_env, hub_requests, running_server  # noqa: E402
 from tests.kernel_builder_repo import (  # noqa: E402
     arch_repo,
@@ -145,9 +145,9 @@ def test_our_order_is_hf_kernels_order(hub) -> None:
     from kernels._internals.variants import _resolve_variant_for_system, parse_variant
     from packaging.version import Version
 
-    from kernel_hub.hub import builder_variant
-    from kernel_hub.system import SystemFacts
-    from kernel_hub.variants import choose_variant
+    from kernel_hub.decide.system import SystemFacts
+    from kernel_hub.decide.variants import choose_variant
+    from kernel_hub.sources.hub import builder_variant
 
     names = [here_arch(), here_arch(legacy=True), here_arch(-1), "torch-cpu", "torch-universal", "torch-tpu",
              here_arch().replace("cpython-3.11", "cpython-3.10"), here_arch().replace("-cxx11", ""),
@@ -243,7 +243,7 @@ def test_kernel_depends_load_through_the_same_path(hub, tmp_path: Path) -> None:
 
 
 def test_lock_records_commit_variant_and_sha256_and_loads_offline(hub, tmp_path: Path) -> None:
-    from kernel_hub.lock import LockFile, fetch_entry, lock_one
+    from kernel_hub.load.lock import LockFile, fetch_entry, lock_one
 
     entry = lock_one("acme/kb-zip", version=1, framework="torch", backend="cpu", source=_source(hub, tmp_path),
                      trust_remote_code=True)
@@ -251,7 +251,7 @@ def test_lock_records_commit_variant_and_sha256_and_loads_offline(hub, tmp_path:
     assert set(entry.files) == {"__init__.py", "_ops.py"} and len(entry.commit) == 40
     path = tmp_path / "kernels.lock"
     LockFile([entry]).write(path)
-    from kernel_hub.lock import read_lock
+    from kernel_hub.load.lock import read_lock
 
     back = read_lock(path).find("acme/kb-zip")
     build = fetch_entry(back, _source(hub, tmp_path, offline=True))
@@ -311,7 +311,7 @@ def test_hostile_trees_are_refused_naming_what(tmp_path: Path) -> None:
     import zipfile
 
     from kernel_hub.errors import UnsafeNameError
-    from kernel_hub.hub_builder import missing_python_depends, parse_builder_metadata, unzip_package
+    from kernel_hub.sources.hub_builder import missing_python_depends, parse_builder_metadata, unzip_package
 
     def zipped(name: str) -> bytes:
         buf = io.BytesIO()
@@ -370,7 +370,7 @@ def test_a_native_extension_in_an_arch_build_is_refused_before_import(hub, tmp_p
 def test_names_read_as_hf_kernels_reads_them(name: str) -> None:
     from kernels._internals.variants import ArchVariant, parse_variant
 
-    from kernel_hub.builder_names import parse_builder_name
+    from kernel_hub.decide.builder_names import parse_builder_name
 
     ours, theirs = parse_builder_name(name), parse_variant(name)
     assert ours is not None and (ours.kind == "noarch") == (not isinstance(theirs, ArchVariant))
@@ -389,7 +389,7 @@ def test_names_read_as_hf_kernels_reads_them(name: str) -> None:
 @pytest.mark.parametrize("name", ["torch", "torch-2.13-cpu-x86_64-linux", "jax-cpu", "torch-2.13-cpu-cpython-3.11-abi9"
                                   "-x86_64-linux", "sdk-cpu", "tvm-ffi01-cpu-x86_64-linux"])
 def test_names_outside_both_torch_schemes_are_not_read(name: str) -> None:
-    from kernel_hub.builder_names import parse_builder_name
+    from kernel_hub.decide.builder_names import parse_builder_name
 
     assert parse_builder_name(name) is None
 
@@ -401,7 +401,7 @@ def test_a_tree_beside_an_older_bundle_loads_what_hf_kernels_loads(hub, tmp_path
     """One commit holds a stale `build/torch-cpu.tar` (kernel-hub's toy 1.2.0) and a kernel-builder `build/torch-cpu/`
     tree (v2): HF kernels 0.19.1 reads the tree, and so does get_kernel(version=2). Our own publish's bundle and
     tree of one build still load from the bundle."""
-    from kernel_hub.publish import build_layout
+    from kernel_hub.publish.release import build_layout
 
     api = HfApi(endpoint=hub.url, token=TOKEN)
     ours = tmp_path / "ours"

@@ -18,9 +18,9 @@ import pytest
 
 pytest.importorskip("huggingface_hub")
 
-from kernel_hub import http_limits
 from kernel_hub.errors import KernelHubError
-from kernel_hub.hub import HubSource
+from kernel_hub.sources import http_limits
+from kernel_hub.sources.hub import HubSource
 from tests.test_hub_answer_bounds import BLOB, COMMIT, REPO, hostile, lying_file
 
 REFS = {"branches": [], "tags": [], "converts": []}

@@ -9,7 +9,7 @@ import pytest
 
 import kernel_hub as kh
 from kernel_hub import cli
-from kernel_hub.metadata import load_metadata
+from kernel_hub.package.metadata import load_metadata
 from kernel_hub.scaffold import TEMPLATES, InitError, init, plan_init, render
 
 

@@ -23,7 +23,11 @@ import numpy as np
 import pytest
 
 import kernel_hub as kh
-from kernel_hub.contract import (
+from kernel_hub.layers.kinds import BUILTIN_KINDS, layer_kernel_problems
+from kernel_hub.load.registry import load_registry
+from kernel_hub.package.metadata import load_metadata
+from kernel_hub.scaffold import TEMPLATES, init
+from kernel_hub.verify.contract import (
     CASE_DTYPES,
     ENTRY_NAMES,
     PALLAS_NAMES,
@@ -32,12 +36,8 @@ from kernel_hub.contract import (
     PallasEntry,
     protocol_entries,
 )
-from kernel_hub.layers.kinds import BUILTIN_KINDS, layer_kernel_problems
-from kernel_hub.metadata import load_metadata
-from kernel_hub.numerics import relative_error, tolerance
-from kernel_hub.registry import load_registry
-from kernel_hub.scaffold import TEMPLATES, init
-from kernel_hub.validation import run_case
+from kernel_hub.verify.numerics import relative_error, tolerance
+from kernel_hub.verify.validation import run_case
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -22,7 +22,7 @@ REPO = "kernel-hub/toy-scale"  # a trusted organisation, as the checkout's kerne
 @pytest.fixture
 def hub_and_checkout(tmp_path, toy_kernel, monkeypatch):
     """A registry naming only a source path for REPO (as the embedded one does), and a server holding REPO 2.0.0."""
-    from kernel_hub.publish import publish
+    from kernel_hub.publish.release import publish
 
     meta = toy_kernel / "kernel.yaml"
     meta.write_text(meta.read_text().replace("repo_id: test-org/toy-scale", f"repo_id: {REPO}"))

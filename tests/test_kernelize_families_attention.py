@@ -24,7 +24,7 @@ import kernel_hub as kh  # noqa: E402
 from kernel_hub.errors import KernelHubError  # noqa: E402
 from kernel_hub.layers.kinds.attention import plan  # noqa: E402
 from kernel_hub.layers.kinds.attention import transformers as at  # noqa: E402
-from kernel_hub.numerics import relative_error, tolerance  # noqa: E402
+from kernel_hub.verify.numerics import relative_error, tolerance  # noqa: E402
 from tests import tiny_models as tiny  # noqa: E402
 
 REPO = "kernel-hub/flash-attention-tpu"

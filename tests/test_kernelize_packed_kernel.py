@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 
 import kernel_hub as kh  # noqa: E402
 from kernel_hub.layers.kinds.experts.packing import _pages  # noqa: E402
-from kernel_hub.numerics import TOLERANCE, relative_error  # noqa: E402
+from kernel_hub.verify.numerics import TOLERANCE, relative_error  # noqa: E402
 
 MIB = 1 << 20
 

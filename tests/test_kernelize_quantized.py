@@ -23,7 +23,7 @@ import kernel_hub as kh  # noqa: E402
 from kernel_hub.errors import KernelHubError  # noqa: E402
 from kernel_hub.layers.kinds.experts import quantize as qz  # noqa: E402
 from kernel_hub.layers.kinds.experts import transformers as ex  # noqa: E402
-from kernel_hub.numerics import relative_error  # noqa: E402
+from kernel_hub.verify.numerics import relative_error  # noqa: E402
 from tests import tiny_models as tiny  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("experts_only")

@@ -20,7 +20,7 @@ from kernel_hub.layers import api  # noqa: E402
 from kernel_hub.layers.kinds import BUILTIN_KINDS  # noqa: E402
 from kernel_hub.layers.kinds.rms_norm import flow as kind  # noqa: E402
 from kernel_hub.layers.kinds.rms_norm.plan import choose_form  # noqa: E402
-from kernel_hub.metadata import load_metadata  # noqa: E402
+from kernel_hub.package.metadata import load_metadata  # noqa: E402
 from tests import tiny_models as tiny  # noqa: E402
 
 REPO = "kernel-hub/rms-norm-tpu"

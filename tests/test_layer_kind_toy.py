@@ -18,10 +18,10 @@ torch = pytest.importorskip("torch")
 import kernel_hub as kh  # noqa: E402
 from kernel_hub.layers import kinds  # noqa: E402
 from kernel_hub.layers.kinds import BUILTIN_KINDS, LayerKind, layer_kernel_problems  # noqa: E402
-from kernel_hub.metadata import load_metadata  # noqa: E402
-from kernel_hub.numerics import relative_error  # noqa: E402
+from kernel_hub.package.metadata import load_metadata  # noqa: E402
 from kernel_hub.report.html import families_section  # noqa: E402
 from kernel_hub.report.schema import FamilyRow  # noqa: E402
+from kernel_hub.verify.numerics import relative_error  # noqa: E402
 from tests import layer_kind_scale as toy  # noqa: E402
 from tests.layer_kind_scale.flow import ScaleHook  # noqa: E402
 

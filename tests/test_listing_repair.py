@@ -11,10 +11,10 @@ import pytest
 pytest.importorskip("huggingface_hub")
 pytest.importorskip("starlette")
 
-from kernel_hub import buildfmt as fmt
-from kernel_hub.hub import HubSource
-from kernel_hub.publish import publish
-from kernel_hub.versions import resolve
+from kernel_hub.decide.versions import resolve
+from kernel_hub.package import buildfmt as fmt
+from kernel_hub.publish.release import publish
+from kernel_hub.sources.hub import HubSource
 from tests.hub_server import running_server
 from tests.test_publish import toy
 

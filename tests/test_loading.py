@@ -17,8 +17,8 @@ from kernel_hub.errors import (
     UnsafeNameError,
     VersionSpecError,
 )
-from kernel_hub.loader import import_build
-from kernel_hub.sources import LocalSource
+from kernel_hub.load.loader import import_build
+from kernel_hub.sources.base import LocalSource
 from tests.conftest import set_version
 
 
@@ -140,7 +140,7 @@ def test_lazy_import_keeps_frameworks_out():
 
 
 def test_get_kernel_through_a_lock_file(toy_registry, toy_kernel, tmp_path):
-    from kernel_hub.lock import lock
+    from kernel_hub.load.lock import lock
 
     lockfile = tmp_path / "kernel-hub.lock"
     lock(["test-org/toy-scale"], backend="cpu", path=lockfile)
@@ -258,7 +258,7 @@ def test_no_import_cycle_among_the_client_modules():
     without a cycle, function-level imports included. (Subpackages keep their own structure.)"""
     top = {m: {d for d in deps if d.count(".") == 1} for m, deps in _import_graph().items() if m.count(".") <= 1}
     graph = top
-    assert {"kernel_hub.lock", "kernel_hub.planning"} <= graph["kernel_hub.api"]  # the graph sees real edges
+    assert {"kernel_hub.load.lock", "kernel_hub.load.planning"} <= graph["kernel_hub.api"]  # the graph sees real edges
     state: dict[str, int] = {}
 
     def visit(node: str, path: list[str]) -> None:

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from kernel_hub.decide.system import _TPU_KINDS
 from kernel_hub.errors import MetadataError
-from kernel_hub.metadata import TPU_GENERATIONS, load_metadata, parse_metadata, read_yaml
-from kernel_hub.publish import build_layout
-from kernel_hub.registry import load_registry, parse_registry
-from kernel_hub.system import _TPU_KINDS
+from kernel_hub.load.registry import load_registry, parse_registry
+from kernel_hub.package.metadata import TPU_GENERATIONS, load_metadata, parse_metadata, read_yaml
+from kernel_hub.publish.release import build_layout
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNEL_DIRS = sorted(p.parent for p in (ROOT / "kernels" / "pallas").glob("*/kernel.yaml"))

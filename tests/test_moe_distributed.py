@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel_hub.numerics import TOLERANCE
+from kernel_hub.verify.numerics import TOLERANCE
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

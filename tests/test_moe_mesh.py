@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 
 import kernel_hub as kh
-from kernel_hub.numerics import relative_error
 from kernel_hub.tpu.cost_model.ici import STEP_LATENCY_S, collective_seconds, interconnect, ring_hops
+from kernel_hub.verify.numerics import relative_error
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

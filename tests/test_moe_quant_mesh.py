@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from kernel_hub import get_local_kernel
-from kernel_hub.numerics import TOLERANCE
+from kernel_hub.verify.numerics import TOLERANCE
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

@@ -17,7 +17,7 @@ import pytest
 
 import kernel_hub as kh
 from kernel_hub.errors import IntegrityError
-from kernel_hub.loader import verified_digests
+from kernel_hub.load.loader import verified_digests
 
 torch = pytest.importorskip("torch")
 

@@ -9,10 +9,10 @@ import json
 import pytest
 
 from kernel_hub import cli
+from kernel_hub.decide.versions import resolve
 from kernel_hub.errors import KernelHubError, MetadataError, VersionSpecError
-from kernel_hub.metadata import parse_metadata
-from kernel_hub.sources import Ref
-from kernel_hub.versions import resolve
+from kernel_hub.package.metadata import parse_metadata
+from kernel_hub.sources.base import Ref
 from tests.client_env import point_at
 from tests.hub_server import running_server
 
@@ -21,7 +21,7 @@ TOKEN = "test-token"
 
 def test_info_on_a_hub_repo_shows_requirements_before_the_build_is_cached(tmp_path, toy_kernel, monkeypatch,
                                                                             capsys):
-    from kernel_hub.publish import publish
+    from kernel_hub.publish.release import publish
 
     with running_server(tmp_path / "store", token=TOKEN) as srv:
         publish(toy_kernel, repo_id="test-org/toy-scale", endpoint=srv.url, token=TOKEN, skip_validation=True,

@@ -14,7 +14,7 @@ import pytest
 import kernel_hub as kh
 from kernel_hub import cli
 from kernel_hub.errors import KernelHubError
-from kernel_hub.hub import auth_hint
+from kernel_hub.sources.hub import auth_hint
 from tests.hub_server import cli_command, hub_env, running_server
 
 TOY = Path(__file__).parent / "fixtures" / "toy_kernel"
@@ -49,7 +49,7 @@ def test_a_typod_case_name_lists_the_cases() -> None:
 
 def test_the_progress_line_keeps_square_brackets() -> None:
     pytest.importorskip("rich")
-    from kernel_hub.progress import RichProgress
+    from kernel_hub.ui.progress import RichProgress
 
     live = RichProgress(io.StringIO())
     try:
@@ -115,7 +115,7 @@ def test_offline_info_works_where_offline_download_does(tmp_path: Path, publishe
 
 
 def test_republishing_identical_content_validates_nothing(published, monkeypatch: pytest.MonkeyPatch) -> None:
-    from kernel_hub import publish as pub
+    from kernel_hub.publish import release as pub
 
     server, toy, _ = published
     ran: list[str] = []
@@ -129,7 +129,7 @@ def test_republishing_identical_content_validates_nothing(published, monkeypatch
 
 def test_changed_content_under_a_published_version_is_refused_before_validation(
         published, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from kernel_hub import publish as pub
+    from kernel_hub.publish import release as pub
 
     server, toy, _ = published
     changed = tmp_path / "toy"
@@ -151,7 +151,7 @@ def test_torch_tensors_to_a_jax_build_name_the_torch_build() -> None:
     torch = pytest.importorskip("torch")
     import numpy as np
 
-    from kernel_hub.framework_guard import FrameworkMismatchError
+    from kernel_hub.load.framework_guard import FrameworkMismatchError
 
     jax_build = kh.get_local_kernel(TOY, backend="cpu")  # framework defaults to "jax"
     assert jax_build.__kernel_hub__.framework == "jax"

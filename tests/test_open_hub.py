@@ -12,9 +12,9 @@ import pytest
 
 from kernel_hub import cli
 from kernel_hub.errors import KernelHubError, MetadataError
-from kernel_hub.metadata import load_metadata
-from kernel_hub.publish import build_layout
-from kernel_hub.vendoring import assembled_files, common_dir, file_digests, shipped_common
+from kernel_hub.package.metadata import load_metadata
+from kernel_hub.package.vendoring import assembled_files, common_dir, file_digests, shipped_common
+from kernel_hub.publish.release import build_layout
 
 ROOT = Path(__file__).resolve().parents[1]
 PALLAS = ROOT / "kernels" / "pallas"
@@ -149,7 +149,7 @@ def _minimal(root: Path, bug: str = "") -> Path:
 
 def test_a_kernel_with_one_implementation_and_no_cases_module_gets_the_defaults(tmp_path, monkeypatch):
     import kernel_hub as kh
-    from kernel_hub.contract import KernelEntry
+    from kernel_hub.verify.contract import KernelEntry
 
     monkeypatch.setenv("KERNEL_HUB_CACHE", str(tmp_path / "cache"))
     module = kh.get_local_kernel(_minimal(tmp_path / "ok"), backend="cpu")

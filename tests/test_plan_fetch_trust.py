@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from kernel_hub import planning
 from kernel_hub.api import load_plan
+from kernel_hub.decide.system import SystemFacts
+from kernel_hub.decide.variants import Variant
+from kernel_hub.decide.versions import Ref
 from kernel_hub.errors import NoVariantError, TrustError
-from kernel_hub.lock import lock_one
-from kernel_hub.planning import plan_load
-from kernel_hub.sources import Build, Origin
-from kernel_hub.system import SystemFacts
+from kernel_hub.load import planning
+from kernel_hub.load.lock import lock_one
+from kernel_hub.load.planning import plan_load
+from kernel_hub.sources.base import Build, Origin
 from kernel_hub.tpu.compile_gate import gate
-from kernel_hub.variants import Variant
-from kernel_hub.versions import Ref
 
 COMMIT = "ab" * 20
 REPO = "acme/ragged"  # an organisation outside the trusted ones

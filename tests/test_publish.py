@@ -16,7 +16,7 @@ pytest.importorskip("starlette")
 from huggingface_hub import HfApi
 
 from kernel_hub.errors import KernelHubError, ValidationFailedError
-from kernel_hub.publish import build_layout, publish
+from kernel_hub.publish.release import build_layout, publish
 from tests.hub_server import cli_command, hub_env, running_server
 
 TOKEN = "test-token"

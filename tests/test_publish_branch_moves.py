@@ -14,10 +14,10 @@ pytest.importorskip("starlette")
 
 from huggingface_hub import HfApi
 
+from kernel_hub.decide.versions import resolve
 from kernel_hub.errors import KernelHubError
-from kernel_hub.hub import HubSource
-from kernel_hub.publish import publish
-from kernel_hub.versions import resolve
+from kernel_hub.publish.release import publish
+from kernel_hub.sources.hub import HubSource
 from tests.hub_server import running_server
 from tests.test_publish import toy
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from kernel_hub.errors import IntegrityError
-from kernel_hub.integrity import sha256_file
-from kernel_hub.publish import read_kernel_folder, write_layout
+from kernel_hub.package.integrity import sha256_file
+from kernel_hub.publish.release import read_kernel_folder, write_layout
 
 
 def test_the_folder_is_read_once_into_files_and_digests(toy_kernel: Path) -> None:
@@ -34,7 +34,7 @@ def test_a_file_changed_after_reading_is_refused(toy_kernel: Path, tmp_path: Pat
 
 
 def test_an_unchanged_folder_writes_the_same_layout_as_build_layout(toy_kernel: Path, tmp_path: Path) -> None:
-    from kernel_hub.publish import build_layout
+    from kernel_hub.publish.release import build_layout
 
     once = write_layout(read_kernel_folder(toy_kernel), tmp_path / "a")
     again = build_layout(toy_kernel, tmp_path / "b")

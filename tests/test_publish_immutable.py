@@ -18,7 +18,7 @@ pytest.importorskip("huggingface_hub")
 pytest.importorskip("starlette")
 
 from kernel_hub.errors import KernelHubError
-from kernel_hub.hub import HubSource
+from kernel_hub.sources.hub import HubSource
 from tests.hub_server import running_server
 from tests.test_publish import toy
 from tests.test_publish_branch_moves import TOKEN, _publish, _refs

@@ -18,13 +18,13 @@ pytest.importorskip("starlette")
 
 from huggingface_hub import HfApi
 
-from kernel_hub import buildfmt as fmt
+from kernel_hub.decide.variants import Variant
 from kernel_hub.errors import IntegrityError
-from kernel_hub.publish import build_layout, publish
+from kernel_hub.package import buildfmt as fmt
+from kernel_hub.publish.release import build_layout, publish
 from kernel_hub.tpu.compile_gate import gate
 from kernel_hub.tpu.compile_gate.release_gate import CompileGateError, gate_plan
 from kernel_hub.tpu.env import TpuEnvironmentError
-from kernel_hub.variants import Variant
 from tests.hub_server import cli_command, hub_env, running_server
 from tests.tpu_toys import env_or_skip, write_package
 

@@ -19,7 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import kernel_hub as kh  # noqa: E402
-from kernel_hub.numerics import relative_error, tolerance  # noqa: E402
+from kernel_hub.verify.numerics import relative_error, tolerance  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels/pallas/ragged_dot/tests"))
 from quant_testutil import dequantize64  # noqa: E402

@@ -15,7 +15,7 @@ pytest.importorskip("huggingface_hub")
 pytest.importorskip("starlette")
 
 import kernel_hub as kh
-from kernel_hub.publish import publish
+from kernel_hub.publish.release import publish
 from tests.client_env import point_at
 from tests.hub_server import running_server
 from tests.test_publish import toy

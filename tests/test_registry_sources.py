@@ -40,7 +40,7 @@ def test_unreachable_hub_falls_back_to_the_source_path(tmp_path, toy_kernel, mon
 
 
 def test_reachable_hub_serves_before_the_source_path(tmp_path, toy_kernel):
-    from kernel_hub.publish import publish
+    from kernel_hub.publish.release import publish
     from tests.hub_server import hub_env
 
     published = tmp_path / "published"
@@ -70,7 +70,7 @@ def test_entry_without_hub_never_asks_the_hub(tmp_path, toy_kernel, monkeypatch,
 
 
 def test_lock_while_the_hub_is_down_records_the_source_path_it_used(tmp_path, toy_kernel, monkeypatch):
-    from kernel_hub.lock import get_locked_kernel, lock, read_lock
+    from kernel_hub.load.lock import get_locked_kernel, lock, read_lock
 
     monkeypatch.setenv("KERNEL_HUB_REGISTRY", str(_registry(tmp_path, toy_kernel, "test-org/toy-scale")))
     lockfile = tmp_path / "kernel-hub.lock"
@@ -86,7 +86,7 @@ def test_a_lock_cannot_point_the_loader_at_another_folder(tmp_path, toy_kernel, 
     import json
 
     from kernel_hub.errors import KernelHubError
-    from kernel_hub.lock import get_locked_kernel, lock
+    from kernel_hub.load.lock import get_locked_kernel, lock
 
     lockfile = tmp_path / "kernel-hub.lock"
     lock(["test-org/toy-scale"], backend="cpu", path=lockfile)
@@ -107,7 +107,7 @@ def test_a_local_lock_entry_must_say_what_kernel_yaml_says(tmp_path, toy_kernel,
     import json
 
     from kernel_hub.errors import IntegrityError
-    from kernel_hub.lock import get_locked_kernel, lock
+    from kernel_hub.load.lock import get_locked_kernel, lock
 
     lockfile = tmp_path / "kernel-hub.lock"
     lock(["test-org/toy-scale"], backend="cpu", path=lockfile)
@@ -123,8 +123,8 @@ def test_a_local_lock_entry_must_say_what_kernel_yaml_says(tmp_path, toy_kernel,
 
 def test_an_alias_is_trusted_by_the_repo_it_fetches(tmp_path, toy_kernel, monkeypatch):
     from kernel_hub.errors import TrustError
-    from kernel_hub.lock import get_locked_kernel, lock, read_lock
-    from kernel_hub.publish import publish
+    from kernel_hub.load.lock import get_locked_kernel, lock, read_lock
+    from kernel_hub.publish.release import publish
     from tests.client_env import point_at
 
     registry = tmp_path / "registry.yaml"

@@ -14,8 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from kernel_hub import buildfmt as fmt
-from kernel_hub.publish import build_layout
+from kernel_hub.package import buildfmt as fmt
+from kernel_hub.publish.release import build_layout
 from tests.hub_interop import KERNELS
 from tests.hub_server import hub_env
 
@@ -193,7 +193,7 @@ def test_kernels_verify_signature_on_our_unsigned_release(interop_hub) -> None:
 
 
 def test_signature_status_decisions() -> None:
-    from kernel_hub.signing import signature_status
+    from kernel_hub.package.signing import signature_status
 
     status = signature_status(None, b"{}", verifier=None)
     assert status.state == "not signed" and "Rekor" in status.reason and "identity" in status.reason
@@ -252,7 +252,7 @@ def test_symbols_of_a_hostile_package_fail_in_one_line_or_list_nothing_outside(t
     """symbols.json is read from source, never run: a file that is not Python fails with one MetadataError naming
     it; `from ..x import` reaching outside the package and names bound only outside it are left out."""
     from kernel_hub.errors import MetadataError
-    from kernel_hub.symbols import build_symbols
+    from kernel_hub.package.symbols import build_symbols
 
     files = {}
     for rel, text in {"entry.py": "from .impl import *\nfrom ..outside import secret\nfrom os import path\n"

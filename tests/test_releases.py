@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kernel_hub.errors import KernelHubError
-from kernel_hub.releases import RECORD_COMMAND, check, current, record
+from kernel_hub.package.releases import RECORD_COMMAND, check, current, record
 from tests.conftest import set_version
 
 PALLAS = Path(__file__).resolve().parents[1] / "kernels" / "pallas"

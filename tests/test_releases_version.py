@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import kernel_hub as kh
-from kernel_hub.metadata import load_metadata
-from kernel_hub.vendoring import assemble
+from kernel_hub.package.metadata import load_metadata
+from kernel_hub.package.vendoring import assemble
 
 ROOT = Path(__file__).resolve().parents[1]
 PALLAS = ROOT / "kernels" / "pallas"

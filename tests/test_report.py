@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kernel_hub.decide.system import installed_version
 from kernel_hub.report import schema
 from kernel_hub.report.html import render
 from kernel_hub.report.schema import Report
-from kernel_hub.system import installed_version
-from kernel_hub.timing import Ratio, Spread, bench_records, first_and_warm
+from kernel_hub.verify.timing import Ratio, Spread, bench_records, first_and_warm
 from tests.hub_server import cli_command
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -180,7 +180,7 @@ def test_first_and_warm_counts_calls():
 def test_interleaved_gap_idles_before_each_timed_call_and_is_not_timed():
     import time
 
-    from kernel_hub.timing import interleaved_samples
+    from kernel_hub.verify.timing import interleaved_samples
 
     order: list[str] = []
     start = time.perf_counter()
@@ -195,7 +195,7 @@ def test_interleaved_gap_idles_before_each_timed_call_and_is_not_timed():
 def test_interleaved_calls_time_back_to_back_calls_and_report_their_mean():
     import time
 
-    from kernel_hub.timing import interleaved_samples
+    from kernel_hub.verify.timing import interleaved_samples
 
     order: list[str] = []
 
@@ -225,7 +225,7 @@ def test_validate_reports_seed_and_progress(toy_kernel):
 def test_quick_selection_keeps_one_case_per_mode_and_dtype():
     import kernel_hub as kh
     from kernel_hub.report.validation import quick_selection
-    from kernel_hub.validation import case_mode
+    from kernel_hub.verify.validation import case_mode
 
     module = kh.get_kernel("kernel-hub/ragged-dot-tpu", backend="cpu")
     import importlib

@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from kernel_hub.timing import RATIO_CONVENTION, Ratio, format_ratio, ratio_disagreement
+from kernel_hub.verify.timing import RATIO_CONVENTION, Ratio, format_ratio, ratio_disagreement
 
 
 def test_the_convention_is_baseline_over_ours():

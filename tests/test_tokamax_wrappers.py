@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 import kernel_hub as kh
-from kernel_hub.metadata import load_metadata
-from kernel_hub.publish import build_layout
-from kernel_hub.system import SystemFacts
-from kernel_hub.validation import run_case
-from kernel_hub.variants import choose_variant
+from kernel_hub.decide.system import SystemFacts
+from kernel_hub.decide.variants import choose_variant
+from kernel_hub.package.metadata import load_metadata
+from kernel_hub.publish.release import build_layout
+from kernel_hub.verify.validation import run_case
 
 ROOT = Path(__file__).resolve().parents[1]
 RAGGED = ROOT / "kernels/pallas/tokamax_ragged_dot"

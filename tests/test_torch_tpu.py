@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel_hub.metadata import load_metadata
+from kernel_hub.package.metadata import load_metadata
 
 torch = pytest.importorskip("torch")
 
@@ -206,7 +206,7 @@ def test_torch_tpu_checks_pass_in_the_tpu_environment(env, tmp_path):
 
 def test_hf_kernels_loads_the_torch_tpu_builds_from_serve(env, tmp_path):
     pytest.importorskip("starlette")
-    from kernel_hub.publish import publish
+    from kernel_hub.publish.release import publish
     from tests.hub_server import hub_env, running_server
 
     repos = {"ragged_dot": "acme/ragged-dot-tpu", "flash_attention": "acme/flash-attention-tpu"}

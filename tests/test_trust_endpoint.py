@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from kernel_hub.errors import TrustError
-from kernel_hub.sources import Origin
-from kernel_hub.trust import TRUST_ENV, check_trust, default_orgs_for, trust_decision, trusted_orgs
+from kernel_hub.load.trust import TRUST_ENV, check_trust, default_orgs_for, trust_decision, trusted_orgs
+from kernel_hub.sources.base import Origin
 
 MIRROR = "https://hub-mirror.example.internal"
 

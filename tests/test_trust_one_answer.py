@@ -20,7 +20,7 @@ from huggingface_hub import HfApi  # noqa: E402
 
 from kernel_hub.cli.serve import reported_trusted_orgs  # noqa: E402
 from kernel_hub.errors import TrustError  # noqa: E402
-from kernel_hub.trust import TRUST_ENV  # noqa: E402
+from kernel_hub.load.trust import TRUST_ENV  # noqa: E402
 from tests.hub_server import hf_kernels_toy, hub_env, running_server  # noqa: E402
 
 TOKEN = "trust-token"

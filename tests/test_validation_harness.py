@@ -9,7 +9,7 @@ import pytest
 
 import kernel_hub as kh
 from kernel_hub.errors import ValidationFailedError
-from kernel_hub.validation import relative_error
+from kernel_hub.verify.validation import relative_error
 
 
 def test_passing_kernel_reports_every_case(toy_kernel):

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from kernel_hub.metadata import parse_metadata, read_yaml
-from kernel_hub.system import SystemFacts, tpu_generation_from_kind
-from kernel_hub.variants import Variant, choose_variant
+from kernel_hub.decide.system import SystemFacts, tpu_generation_from_kind
+from kernel_hub.decide.variants import Variant, choose_variant
+from kernel_hub.package.metadata import parse_metadata, read_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 _META = ROOT / "kernels/pallas/ragged_dot/kernel.yaml"

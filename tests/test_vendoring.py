@@ -14,10 +14,10 @@ import pytest
 
 import kernel_hub as kh
 from kernel_hub.errors import MetadataError
-from kernel_hub.metadata import load_metadata
-from kernel_hub.publish import build_layout
-from kernel_hub.sources import LocalSource
-from kernel_hub.vendoring import assemble, assembled_files, cache_root
+from kernel_hub.package.metadata import load_metadata
+from kernel_hub.package.vendoring import assemble, assembled_files, cache_root
+from kernel_hub.publish.release import build_layout
+from kernel_hub.sources.base import LocalSource
 
 ROOT = Path(__file__).resolve().parents[1]
 PALLAS = ROOT / "kernels" / "pallas"

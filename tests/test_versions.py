@@ -4,8 +4,8 @@ import hashlib
 
 import pytest
 
+from kernel_hub.decide.versions import Ref, parse_spec, resolve
 from kernel_hub.errors import VersionSpecError
-from kernel_hub.versions import Ref, parse_spec, resolve
 
 C = {n: hashlib.sha1(str(n).encode()).hexdigest() for n in range(1, 10)}
 REFS = [

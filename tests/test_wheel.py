@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kernel_hub.registry import REGISTRY_ENV, registry_location
+from kernel_hub.load.registry import REGISTRY_ENV, registry_location
 from tests.client_env import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -290,7 +290,7 @@ def _repo_blob_ids(store: Path, repo_id: str) -> dict[str, str]:
 def test_open_hub_flow_from_the_wheel(installed: Installed, tmp_path: Path) -> None:
     import json
 
-    from kernel_hub.publish import build_layout
+    from kernel_hub.publish.release import build_layout
     from tests.hub_server import hub_env, running_server
 
     steps = Steps([])

@@ -15,16 +15,16 @@ if TYPE_CHECKING:  # what type checkers read (`x as x`: a re-export); at run tim
     from .api import has_kernel as has_kernel
     from .api import plan_load as plan_load
     from .api import validate as validate
+    from .decide.system import SystemFacts as SystemFacts
     from .errors import KernelHubError as KernelHubError
     from .layers import KernelizeReport as KernelizeReport
     from .layers import kernelize as kernelize
     from .layers import kernelize_report as kernelize_report
     from .layers import restore as restore
-    from .lock import get_locked_kernel as get_locked_kernel
-    from .lock import lock as lock
-    from .registry import load_registry as load_registry
-    from .system import SystemFacts as SystemFacts
-    from .validation import ValidationReport as ValidationReport
+    from .load.lock import get_locked_kernel as get_locked_kernel
+    from .load.lock import lock as lock
+    from .load.registry import load_registry as load_registry
+    from .verify.validation import ValidationReport as ValidationReport
 
 __version__ = "0.1.0"
 

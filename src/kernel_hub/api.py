@@ -12,22 +12,22 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .depends import Graph, hf_kernel_deps, load_dependency, walk
+from .decide.variants import choose_variant
+from .decide.versions import Resolution
 from .errors import KernelHubError, VersionSpecError
-from .hf_lock import find as find_hf_lock
-from .hf_lock import is_hf_lock, read_hf_lock
-from .loader import import_build
-from .lock import get_locked_kernel
-from .planning import Plan, plan_load, source_for, system_for
-from .sources import LocalSource
+from .load.depends import Graph, hf_kernel_deps, load_dependency, walk
+from .load.hf_lock import find as find_hf_lock
+from .load.hf_lock import is_hf_lock, read_hf_lock
+from .load.loader import import_build
+from .load.lock import get_locked_kernel
+from .load.planning import Plan, plan_load, source_for, system_for
+from .load.trust import TrustSetting, normalize_trust
+from .sources.base import LocalSource
 from .tpu.chips import parse_generations
 from .tpu.compile_gate.gate import compile_matrix
 from .tpu.env import tpu_env
-from .trust import TrustSetting, normalize_trust
-from .validation import ValidationReport, require_valid
-from .validation import validate as run_validation
-from .variants import choose_variant
-from .versions import Resolution
+from .verify.validation import ValidationReport, require_valid
+from .verify.validation import validate as run_validation
 
 _log = logging.getLogger("kernel_hub")
 
@@ -94,9 +94,9 @@ def get_kernel(
     revision: any branch, tag or commit. Neither: the registry's default spec for the repo.
     framework: "jax" for JAX-facing builds, "torch" for the torch-facing ones.
     trust_remote_code: True, or a list of repos ("org/name") and organisations ("org") to trust beyond the
-        trusted organisations (see kernel_hub.trust).
+        trusted organisations (see kernel_hub.load.trust).
     lockfile: load exactly the commit and variant a `kernel-hub lock` file records, every digest checked; an HF
-        kernels `kernels.lock` (kernel_hub.hf_lock) pins the commit, loaded as revision= would be.
+        kernels `kernels.lock` (kernel_hub.load.hf_lock) pins the commit, loaded as revision= would be.
     source: "hub" loads from the Hub at HF_ENDPOINT even where the registry names a source path (the checkout's
         copy), "local" only from that path, "auto"/None the registry's choice ($KERNEL_HUB_SOURCE sets the default).
         The module's `__kernel_hub_source__` (and an INFO log line on the "kernel_hub" logger) says which served it.
@@ -163,7 +163,7 @@ def validate(kernel: ModuleType | str, *, backend: str | None = None, version: i
              lockfile: str | Path | None = None, tpu: str | Sequence[str] | None = None,
              **options: Any) -> ValidationReport:
     """Check a kernel's numbers against its reference on this device: a loaded kernel, or a repo id loaded
-    with get_kernel first (trust check included). `options` go to kernel_hub.validation.validate.
+    with get_kernel first (trust check included). `options` go to kernel_hub.verify.validation.validate.
 
     tpu=["v5e", "v6e"] (or "v5e,v6e") adds every TPU compile case of the kernel (those `tags`/`names` select),
     compiled by the real TPU compiler for each generation (kernel_hub.tpu.compile_gate.gate; needs the TPU environment,

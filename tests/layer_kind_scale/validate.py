@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from kernel_hub.layers.weights_guard import held_weights
-from kernel_hub.numerics import relative_error
+from kernel_hub.verify.numerics import relative_error
 
 ROWS = 8
 

@@ -39,10 +39,10 @@ sys.path.insert(0, str(ROOT / "tests"))  # tiny_models, test_bridge's NumPy MoE
 sys.path.insert(0, str(ROOT / "kernels/pallas/ragged_dot/tests"))  # quant_testutil's float64 dequantized weights
 
 import kernel_hub as kh  # noqa: E402
-from kernel_hub.metadata import load_metadata  # noqa: E402
-from kernel_hub.numerics import TOLERANCE, relative_error  # noqa: E402
+from kernel_hub.package.metadata import load_metadata  # noqa: E402
 from kernel_hub.tpu.target import on_device, tpu_target  # noqa: E402
 from kernel_hub.tpu.worker_common import load_package  # noqa: E402
+from kernel_hub.verify.numerics import TOLERANCE, relative_error  # noqa: E402
 
 FACTS: dict = {"ops": {}, "fake": [], "opcheck": {}, "compile": [], "moe": {}, "kernelize": {}, "cpu": {}}
 GENERATIONS = ("v5e", "v6e")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import KernelHubError
-from ..registry import REGISTRY_ENV
+from ..load.registry import REGISTRY_ENV
 from .common import DEBUG_ENV, one_line, simulated_backend, table, trust_setting
 from .parser import build_parser
 

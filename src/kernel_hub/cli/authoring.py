@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import asdict
 
-from ..progress import progress
-from ..publish import publish
+from ..publish.release import publish
 from ..scaffold import init
+from ..ui.progress import progress
 from .common import print_json
 
 

@@ -1,4 +1,4 @@
-"""`kernel-hub cache ls` and `kernel-hub cache prune` (kernel_hub.cache_admin). Light parser; the roots are read
+"""`kernel-hub cache ls` and `kernel-hub cache prune` (kernel_hub.load.cache_admin). Light parser; the roots are read
 when the command runs: KERNELS_CACHE (else HF_HUB_CACHE) and KERNEL_HUB_CACHE."""
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ def _roots() -> tuple[Any, Any]:
 
     from huggingface_hub import constants
 
-    from ..hf_conventions import kernels_cache
-    from ..system import cache_root
+    from ..decide.hf_conventions import kernels_cache
+    from ..decide.system import cache_root
 
     return kernels_cache() or Path(constants.HF_HUB_CACHE), cache_root()
 
 
 def cmd_cache_ls(args: argparse.Namespace) -> int:
-    from ..cache_admin import cache_entries, human
+    from ..load.cache_admin import cache_entries, human
     from .common import print_json
 
     hub_root, kh_root = _roots()
@@ -55,7 +55,7 @@ def cmd_cache_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_prune(args: argparse.Namespace) -> int:
-    from ..cache_admin import cache_entries, human, prune, prune_plan
+    from ..load.cache_admin import cache_entries, human, prune, prune_plan
 
     hub_root, kh_root = _roots()
     chosen, why = prune_plan(cache_entries(hub_root, kh_root), args.repos, args.all)

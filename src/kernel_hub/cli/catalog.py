@@ -10,19 +10,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .. import buildfmt as fmt
-from ..display import clean, clean_data, clean_lines
+from ..decide.system import SystemFacts, detect, installed_version
+from ..decide.variants import KERNEL_BUILDER
+from ..decide.versions import resolve
 from ..errors import KernelHubError
-from ..hub import HubSource
-from ..metadata import load_metadata
+from ..load.planning import plan_load, source_for
+from ..load.registry import load_registry, registry_location
 from ..names import check_repo_id
-from ..planning import plan_load, source_for
-from ..registry import load_registry, registry_location
-from ..signing import MAX_SIGNATURE_BYTES, SIGNATURE_FILE, SignatureStatus, signature_status, sigstore_verifier
-from ..sources import LocalSource
-from ..system import SystemFacts, detect, installed_version
-from ..variants import KERNEL_BUILDER
-from ..versions import resolve
+from ..package import buildfmt as fmt
+from ..package.metadata import load_metadata
+from ..package.signing import MAX_SIGNATURE_BYTES, SIGNATURE_FILE, SignatureStatus, signature_status, sigstore_verifier
+from ..sources.base import LocalSource
+from ..sources.hub import HubSource
+from ..ui.display import clean, clean_data, clean_lines
 from .common import one_line, print_json, simulated_backend, table, version_of, version_spec
 
 _TPU_GENERATION = re.compile(r"^v\d+[a-z]?$")

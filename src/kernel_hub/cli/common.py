@@ -11,11 +11,11 @@ from typing import Any, NoReturn
 
 from packaging.version import InvalidVersion, Version
 
-from ..buildfmt import FRAMEWORKS
-from ..display import clean
+from ..decide.system import BACKENDS
 from ..errors import KernelHubError
-from ..system import BACKENDS
+from ..package.buildfmt import FRAMEWORKS
 from ..tpu.chips import parse_generations
+from ..ui.display import clean
 
 DEBUG_ENV = "KERNEL_HUB_DEBUG"
 

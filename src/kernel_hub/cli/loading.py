@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import Any
 
 from ..api import get_kernel, get_local_kernel, validate
+from ..decide.variants import KERNEL_BUILDER
 from ..errors import VersionSpecError
-from ..lock import fetch_locked, lock
-from ..planning import plan_load
-from ..progress import progress
+from ..load.lock import fetch_locked, lock
+from ..load.planning import plan_load
 from ..tpu.env import tpu_env
-from ..validation import CASE_COLUMNS, case_cells, new_seed
-from ..variants import KERNEL_BUILDER
+from ..ui.progress import progress
+from ..verify.validation import CASE_COLUMNS, case_cells, new_seed
 from .common import print_json, trust_setting, version_spec
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import KernelHubError, TrustError
+from ..load.trust import TRUST_ENV, env_trusted_orgs
 from ..names import check_repo_id
-from ..trust import TRUST_ENV, env_trusted_orgs
 
 _MISSING = ""
 try:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import KernelHubError
+from ..load.registry import load_registry
 from ..names import check_repo_id
-from ..registry import load_registry
 from .hf_compat import LocalSpec, check_mode_arg, normalize_mapping
 from .swap import packed_placeholders
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from ..numerics import TOLERANCE as TOLERANCES_BY_NAME
-from ..numerics import relative_error
+from ..verify.numerics import TOLERANCE as TOLERANCES_BY_NAME
+from ..verify.numerics import relative_error
 
 #: Relative error (numerics.relative_error of kernel vs default) allowed per dtype: numerics.TOLERANCE, by torch dtype.
 TOLERANCE = {getattr(torch, name): tol for name, tol in TOLERANCES_BY_NAME.items()}

@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..checkout import checkout_root
-from ..progress import Progress
-from ..timing import format_ratio
+from ..package.checkout import checkout_root
+from ..ui.progress import Progress
+from ..verify.timing import format_ratio
 from .schema import Bench, BenchRecord
 
 #: The checkout's bench/ folder; None when kernel_hub runs installed (benches ship with a checkout only).

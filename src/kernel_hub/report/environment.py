@@ -12,14 +12,14 @@ import platform
 import subprocess
 from pathlib import Path
 
-from ..checkout import checkout_root
-from ..system import installed_version
+from ..decide.system import installed_version
+from ..package.checkout import checkout_root
 from .schema import Environment
 
 #: Distributions whose versions decide the numbers.
 PACKAGES = ("kernel-hub", "jax", "jaxlib", "torch", "transformers", "diffusers", "tokamax", "huggingface_hub",
             "kernels", "numpy")
-#: The checkout kernel_hub runs from (kernel_hub.checkout), or None when it runs installed.
+#: The checkout kernel_hub runs from (kernel_hub.package.checkout), or None when it runs installed.
 CHECKOUT: Path | None = checkout_root()
 
 

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..numerics import TOLERANCE, relative_error
-from ..progress import Progress
+from ..ui.progress import Progress
+from ..verify.numerics import TOLERANCE, relative_error
 from . import models
 from .schema import FamilyRow
 

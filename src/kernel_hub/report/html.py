@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from html import escape
 
 from ..layers.kinds import BUILTIN_KINDS, LayerKind
-from ..timing import format_ratio
+from ..verify.timing import format_ratio
 from .plots import bench_svg, peers_svg, slug
 from .schema import Bench, Cell, Compile, FamilyRow, Report
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import re
 
-from ..timing import Ratio, format_ratio
+from ..verify.timing import Ratio, format_ratio
 from .schema import Bench, BenchRecord
 
 OURS_COLOUR = "#d9480f"

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..progress import Progress
+from ..ui.progress import Progress
 from .schema import Compile, Headline, Report, Validation
 
 
@@ -85,8 +85,8 @@ def _quiet_libraries() -> Iterator[None]:
 
 
 def build_report(options: Options, progress: Progress) -> Report:
-    from ..registry import load_registry
-    from ..validation import new_seed
+    from ..load.registry import load_registry
+    from ..verify.validation import new_seed
     from .benches import run_benches
     from .environment import environment
     from .families import run_families

@@ -192,7 +192,7 @@ def schema_text() -> str:
 
 
 def main() -> int:
-    from ..checkout import checkout_decision
+    from ..package.checkout import checkout_decision
 
     found = checkout_decision()
     if found.root is None:

@@ -11,9 +11,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..buildfmt import FRAMEWORKS
-from ..progress import Progress
-from ..validation import CaseResult, case_cells
+from ..package.buildfmt import FRAMEWORKS
+from ..ui.progress import Progress
+from ..verify.validation import CaseResult, case_cells
 from .schema import CaseRow, Cell, Compile, KernelRun, Validation, finite
 
 #: TPU generations compiled for in a full report (all that tpu.chips knows) and in a quick one.
@@ -22,7 +22,7 @@ QUICK_GENERATIONS = ("v5e",)
 
 def quick_selection(cases: list[Any]) -> list[Any]:
     """One case per (mode, dtype): every matrix cell of the full run, a fraction of its time."""
-    from ..validation import case_mode
+    from ..verify.validation import case_mode
 
     seen: set[tuple[str, str]] = set()
     out = []

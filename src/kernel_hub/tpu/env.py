@@ -3,7 +3,7 @@
 libtpu stays out of the main environment (it prints TPU-init errors in any process that loads it), so the
 compile gate and the cost model run in a subprocess of that Python. Found, in order: $KERNEL_HUB_TPU_PYTHON,
 then the checkout's .venv-tpu (what `make setup-tpu` creates), only when kernel_hub runs from a checkout
-(kernel_hub.checkout: an installed package never takes a .venv-tpu found near it), then the environment
+(kernel_hub.package.checkout: an installed package never takes a .venv-tpu found near it), then the environment
 `kernel-hub setup-tpu` builds for an installed kernel-hub (setup_env.default_dir: $KERNEL_HUB_CACHE/tpu-env).
 """
 
@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..checkout import checkout_root
+from ..decide.system import cache_root
 from ..errors import KernelHubError
-from ..system import cache_root
+from ..package.checkout import checkout_root
 
 ENV_VAR = "KERNEL_HUB_TPU_PYTHON"
 #: The checkout kernel_hub runs from (an editable install), or None when it runs installed.

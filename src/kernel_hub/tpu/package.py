@@ -3,7 +3,7 @@
 The compile gate and the cost model run kernel code in a subprocess (the TPU environment). That import is one
 more path that runs kernel code, so it passes the same checks as get_kernel: the parent resolves, trust-checks,
 fetches and verifies the build, then hands the worker the package folder *and the digests it verified*; the
-worker imports through kernel_hub.loader (each file read once, checked against its sha256, compiled from those
+worker imports through kernel_hub.load.loader (each file read once, checked against its sha256, compiled from those
 bytes, no bytecode). A file changed on disk between the parent's verification and the worker's import, or a file
 the digests do not list, is refused before anything of the package runs.
 """
@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import IntegrityError
-from ..integrity import check_digests, combined_digest, tree_digests
 from ..names import check_commit, check_entry_file, check_repo_id, check_variant_name
+from ..package.integrity import check_digests, combined_digest, tree_digests
 
 
 @dataclass(frozen=True)
@@ -71,9 +71,9 @@ def from_request(spec: Any) -> VerifiedPackage:
 def import_verified(package: VerifiedPackage) -> Any:
     """Import `package` through the client's verified loader (worker side): IntegrityError if any file differs
     from the digests the parent verified, KernelImportError if the import itself fails."""
-    from ..loader import import_build
-    from ..sources import Build
-    from ..variants import Variant
+    from ..decide.variants import Variant
+    from ..load.loader import import_build
+    from ..sources.base import Build
 
     variant = Variant(name=package.variant, framework=package.framework, backend="tpu", entry=package.entry)
     return import_build(Build(repo_id=package.repo_id, version=package.version, commit=package.commit,
@@ -93,7 +93,7 @@ def tpu_variant(variants: Any, label: str) -> Any:
 
 def folder_package(kernel_dir: Path) -> VerifiedPackage:
     """A kernel folder's TPU build (its vendored files assembled, every file hashed now)."""
-    from ..sources import LocalSource
+    from ..sources.base import LocalSource
 
     source = LocalSource(Path(kernel_dir))
     meta = source.metadata

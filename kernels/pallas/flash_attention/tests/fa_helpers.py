@@ -1,5 +1,5 @@
 """Shared test helpers: random inputs and a dense f32 JAX oracle for gradients. The error metric and tolerances
-are kernel-hub's own (kernel_hub.numerics; NaN or Inf never passes): tests are not shipped, so they may import it."""
+are kernel-hub's own (verify.numerics; NaN or Inf never passes): tests are not shipped, so they may import it."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from flash_attention.config import (
 )
 from jax.experimental.pallas import tpu as pltpu
 
-from kernel_hub.numerics import relative_error as rel_error
+from kernel_hub.verify.numerics import relative_error as rel_error
 
 
 def test_config_is_frozen_and_checked():

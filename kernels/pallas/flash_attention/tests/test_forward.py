@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from fa_helpers import make_inputs
 
-from kernel_hub.numerics import TOLERANCE as TOL
-from kernel_hub.numerics import relative_error as rel_error
+from kernel_hub.verify.numerics import TOLERANCE as TOL
+from kernel_hub.verify.numerics import relative_error as rel_error
 
 # heads_per_block 4: the forward takes gcd(4, group) query heads per step (1, 2 and 4 across the scenarios)
 BLOCKS = fa.AttentionConfig(block_q=128, block_kv=128, cpu_block_q=64, heads_per_block=4)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from fa_helpers import dense_oracle, make_inputs
 
-from kernel_hub.numerics import relative_error as rel_error
+from kernel_hub.verify.numerics import relative_error as rel_error
 
 BLOCKS = fa.AttentionConfig(block_q=128, block_kv=128, cpu_block_q=64)
 # the forward in 128-chunks of 256-blocks, the backward in blocks of its own (128 x 128)

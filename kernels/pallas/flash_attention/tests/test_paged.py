@@ -13,7 +13,7 @@ import pytest
 from flash_attention.paged_cases import SMALL, PagedScenario, features, flat, paged_inputs
 from jax.experimental.pallas import tpu as pltpu
 
-from kernel_hub.numerics import relative_error, tolerance
+from kernel_hub.verify.numerics import relative_error, tolerance
 
 ARGS = ("queries", "keys", "values", "k_cache", "v_cache", "kv_lens", "page_indices", "cu_q_lens", "num_seqs")
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernel_hub.numerics import TOLERANCE as TOL
-from kernel_hub.numerics import relative_error as rel_error
+from kernel_hub.verify.numerics import TOLERANCE as TOL
+from kernel_hub.verify.numerics import relative_error as rel_error
 
 torch = pytest.importorskip("torch")
 

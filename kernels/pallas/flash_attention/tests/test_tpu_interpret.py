@@ -14,7 +14,7 @@ from fa_helpers import dense_oracle, make_inputs
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernel_hub.numerics import relative_error as rel_error
+from kernel_hub.verify.numerics import relative_error as rel_error
 
 BLOCKS = fa.AttentionConfig(block_q=128, block_kv=128, decode_block_kv=128, heads_per_block=2)
 

@@ -1,5 +1,5 @@
 """Shared test helpers: inputs and a dense differentiable reference. The error metric and tolerances are
-kernel-hub's own (kernel_hub.numerics): tests are not shipped, so they may import the client."""
+kernel-hub's own (kernel_hub.verify.numerics): tests are not shipped, so they may import the client."""
 
 from __future__ import annotations
 

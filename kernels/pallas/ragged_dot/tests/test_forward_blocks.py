@@ -20,8 +20,8 @@ from ragged_dot.pallas.config import (
 )
 from ragged_dot_testutil import make_inputs
 
-from kernel_hub.numerics import TOLERANCE as TOL
-from kernel_hub.numerics import relative_error as rel_error
+from kernel_hub.verify.numerics import TOLERANCE as TOL
+from kernel_hub.verify.numerics import relative_error as rel_error
 
 
 def _numpy_reference(lhs, rhs, sizes) -> np.ndarray:

@@ -12,8 +12,8 @@ import pytest
 import ragged_dot as rd
 from quant_testutil import quantize, quantized_inputs, reference
 
-from kernel_hub.numerics import TOLERANCE as TOL
-from kernel_hub.numerics import relative_error
+from kernel_hub.verify.numerics import TOLERANCE as TOL
+from kernel_hub.verify.numerics import relative_error
 
 # (name, M, K, N, group sizes)
 SHAPES = [

@@ -11,8 +11,8 @@ import pytest
 import ragged_dot as rd
 from ragged_dot_testutil import dense_reference, make_inputs
 
-from kernel_hub.numerics import TOLERANCE as TOL
-from kernel_hub.numerics import relative_error as rel_error
+from kernel_hub.verify.numerics import TOLERANCE as TOL
+from kernel_hub.verify.numerics import relative_error as rel_error
 
 # (name, M, K, N, group sizes): the edge cases every path must handle.
 SHAPES = [

@@ -13,9 +13,9 @@ from ragged_dot._vendor import interpret as interpret_mod
 from ragged_dot._vendor.interpret import RaceDetectedError, race_checking_params, races_found, run_race_checked
 from ragged_dot_testutil import make_inputs
 
-from kernel_hub.numerics import TOLERANCE as TOL
-from kernel_hub.numerics import relative_error as rel_error
-from kernel_hub.validation import run_case
+from kernel_hub.verify.numerics import TOLERANCE as TOL
+from kernel_hub.verify.numerics import relative_error as rel_error
+from kernel_hub.verify.validation import run_case
 
 CFG = rd.RaggedDotConfig(tm=16, tk=128, tn=128)
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import rms_norm as rn
 
-from kernel_hub.numerics import relative_error, tolerance
+from kernel_hub.verify.numerics import relative_error, tolerance
 
 TILES = rn.RMSNormConfig(block_rows=16)
 #: (implementation, shape, zero_centered): rows past the 16-row tile, hidden not a multiple of 128, leading axes, one

@@ -13,9 +13,9 @@ import tokamax_attention as ta
 from tokamax_attention._vendor.attention_reference import reference_mask
 from tokamax_attention.masks import plan_mask
 
-from kernel_hub.metadata import load_metadata
-from kernel_hub.numerics import TOLERANCE as TOL
-from kernel_hub.numerics import relative_error as rel_error
+from kernel_hub.package.metadata import load_metadata
+from kernel_hub.verify.numerics import TOLERANCE as TOL
+from kernel_hub.verify.numerics import relative_error as rel_error
 
 KERNEL_DIR = Path(__file__).resolve().parents[1]
 

@@ -12,9 +12,9 @@ import pytest
 import tokamax_ragged_dot as trd
 from tokamax_ragged_dot._vendor.ragged_reference import reference_ragged_dot_grads
 
-from kernel_hub.metadata import load_metadata
-from kernel_hub.numerics import TOLERANCE as TOL
-from kernel_hub.numerics import relative_error as rel_error
+from kernel_hub.package.metadata import load_metadata
+from kernel_hub.verify.numerics import TOLERANCE as TOL
+from kernel_hub.verify.numerics import relative_error as rel_error
 
 KERNEL_DIR = Path(__file__).resolve().parents[1]
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...contract import protocol_problems
+from ...verify.contract import protocol_problems
 from . import attention, experts, rms_norm
 from .declaration import KindRun, LayerKind, in_order
 

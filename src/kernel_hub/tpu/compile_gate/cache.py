@@ -12,9 +12,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ...compile_record import VERSION_PATTERN
+from ...decide.system import cache_root as system_cache_root
 from ...names import check_commit, check_variant_name
-from ...system import cache_root as system_cache_root
+from ...package.compile_record import VERSION_PATTERN
 
 _FIELDS = {"passed": bool, "error": (str, type(None)), "compile_seconds": (int, float, type(None))}
 

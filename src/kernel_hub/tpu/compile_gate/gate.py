@@ -13,13 +13,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ...compile_record import TpuCompileRecord, record_from_cases
 from ...errors import KernelHubError
-from ...integrity import combined_digest
-from ...loader import verified_digests
-from ...planning import plan_load
-from ...trust import TrustSetting
-from ...validation import CaseResult, ValidationReport
+from ...load.loader import verified_digests
+from ...load.planning import plan_load
+from ...load.trust import TrustSetting
+from ...package.compile_record import TpuCompileRecord, record_from_cases
+from ...package.integrity import combined_digest
+from ...verify.validation import CaseResult, ValidationReport
 from ..chips import parse_generations
 from ..env import TpuEnv, tpu_env
 from ..package import VerifiedPackage, folder_package, from_build

@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...compile_record import not_compiled, record_from_cases
 from ...errors import KernelHubError
-from ...progress import Progress
+from ...package.compile_record import not_compiled, record_from_cases
+from ...ui.progress import Progress
 from ..chips import CHIPS
 from ..env import TpuEnvironmentError, tpu_env
 from ..package import VerifiedPackage

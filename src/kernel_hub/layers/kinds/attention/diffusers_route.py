@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ....numerics import relative_error
+from ....verify.numerics import relative_error
 from ...swap import CallCounts
 from ...weights_guard import KernelRefused, check_output, held_weights
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ....numerics import relative_error
+from ....verify.numerics import relative_error
 
 
 def switch_check(before: list[Any], after: list[Any], tol: float, previous: str | None) -> str:

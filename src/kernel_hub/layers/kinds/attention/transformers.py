@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from ....errors import KernelHubError
-from ....numerics import relative_error
+from ....verify.numerics import relative_error
 from ...swap import ATTENTION_HOOK_ATTR as HOOK_ATTR
 from ...swap import IMPLEMENTATION_NAME as SETTABLE_NAME
 from ...swap import CallCounts

@@ -8,7 +8,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Protocol
 
-from ....contract import Implementation, readable_signature
+from ....verify.contract import Implementation, readable_signature
 
 NAME = "moe_experts"
 

@@ -1,0 +1,209 @@
+"""The decisions before anything is fetched: which source serves a repo, which commit the asked version names,
+which build variant fits this system. get_kernel, lock, download and `kernel-hub resolve` all start here.
+Callers that import or lock pass their trust setting, so an untrusted repo is refused before any download; then
+Plan.fetch is the one way from a plan to a build on disk (get_kernel, lock, download, the TPU compile gate)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+
+from ..decide.hf_conventions import local_override
+from ..decide.system import BACKENDS, SystemFacts, detect
+from ..decide.variants import Choice, choose_variant, preferred_names
+from ..decide.versions import Resolution, resolve
+from ..errors import KernelHubError, KernelNotFoundError, NoVariantError, VersionSpecError
+from ..names import check_repo_id
+from ..package.buildfmt import FRAMEWORKS
+from ..sources.base import Build, HubOrLocal, LocalSource, Origin, Source
+from .registry import Registry, load_registry
+from .trust import TrustSetting, check_trust, normalize_trust
+
+#: Rejected variants a "no build fits" error shows; the rest are counted (`kernel-hub resolve` prints them all).
+MAX_TRACE_LINES = 10
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every decision get_kernel makes, before it fetches or imports anything."""
+
+    repo_id: str
+    source: Source
+    resolution: Resolution
+    choice: Choice
+    system: SystemFacts
+    framework: str
+    #: The origin and trust setting plan_load already checked (None: not checked), so fetch checks once.
+    trust_checked: tuple[Origin, TrustSetting] | None = field(default=None, compare=False)
+
+    @property
+    def origin(self) -> Origin:
+        """Where the code comes from (the repo actually fetched): what the trust check judges."""
+        return self.source.origin(self.repo_id)
+
+    def no_fit(self) -> NoVariantError:
+        """The error for a plan that chose nothing: the trace of every variant's rejection, or one line when the
+        commit publishes none."""
+        where = f"{self.repo_id}@{self.resolution.version or self.resolution.commit[:12]}"
+        if not self.choice.trace:
+            return NoVariantError(f"no build of {where} fits this system: it publishes no usable build variant")
+        lines = self.choice.trace_lines()
+        more = len(lines) - MAX_TRACE_LINES
+        shown = lines[:MAX_TRACE_LINES] + ([f"  ... and {more} more variants rejected (kernel-hub resolve lists them "
+                                             "all)"] if more > 0 else [])
+        return NoVariantError(f"no build of {where} fits this system ({len(lines)} variants):\n" + "\n".join(shown))
+
+    def fetch(self, trust_remote_code: TrustSetting | None) -> Build:
+        """The planned build on local disk, every digest checked, its version filled in from the resolution
+        where the build names none. `trust_remote_code`: the caller's setting, for a build it will import or lock;
+        the origin is checked against it here unless plan_load checked this very setting (once is enough).
+        None only for a fetch that imports nothing (`kernel-hub download`)."""
+        if self.choice.variant is None:
+            raise self.no_fit()
+        if trust_remote_code is not None and not self._checked(trust_remote_code):
+            check_trust(self.origin, trust_remote_code, asked_for=self.repo_id)
+        build = self.source.fetch(self.repo_id, self.resolution.commit, self.choice.variant)
+        if build.version is None and self.resolution.version is not None:
+            build = replace(build, version=self.resolution.version)
+        return build
+
+    def _checked(self, trust_remote_code: TrustSetting) -> bool:
+        if self.trust_checked is None:
+            return False
+        origin, setting = self.trust_checked
+        return origin == self.origin and normalize_trust(setting) == normalize_trust(trust_remote_code)
+
+    def describe(self) -> str:
+        r = self.resolution
+        lines = [
+            f"repo      {self.repo_id}",
+            f"source    {self.source.describe()}",
+            f"resolve   {r.reason}",
+            f"commit    {r.commit}" + (f"  (version {r.version})" if r.version else ""),
+            f"system    backend={self.system.backend} tpu={self.system.tpu_generation or '-'} "
+            f"jax={self.system.jax_version or '-'} torch={self.system.torch_version or '-'}",
+            f"variants  for framework {self.framework}:",
+            *self.choice.trace_lines(),
+        ]
+        chosen = self.choice.variant.name if self.choice.variant else "none fits"
+        lines.append(f"chosen    {chosen}")
+        if self.choice.variant is not None:
+            lines.append(f"verify    {self.verification()}")
+        return "\n".join(lines)
+
+    def verification(self) -> str:
+        """How the chosen build's bytes will be checked ("no digest" where its metadata records none)."""
+        ask = getattr(self.source, "verification", None)
+        if self.choice.variant is None or ask is None:
+            return "nothing chosen" if self.choice.variant is None else "as the source checks its files"
+        try:
+            return ask(self.repo_id, self.resolution.commit, self.choice.variant)
+        except KernelHubError as exc:
+            return f"unknown until fetched ({str(exc).splitlines()[0][:160]})"
+
+
+#: Which source serves a registry kernel: "auto" (the default: the registry's source path where it names one),
+#: "hub" (always the Hub at HF_ENDPOINT, over the checkout's copy) or "local" (only the source path).
+SOURCE_ENV = "KERNEL_HUB_SOURCE"
+SOURCE_CHOICES = ("auto", "hub", "local")
+
+
+def source_choice(where: str | None) -> str:
+    """get_kernel's `source=` argument, else $KERNEL_HUB_SOURCE, else "auto"; one error naming both otherwise."""
+    chosen = where if where is not None else (os.environ.get(SOURCE_ENV) or "auto")
+    if chosen not in SOURCE_CHOICES:
+        named = "source=" if where is not None else SOURCE_ENV
+        raise KernelHubError(f"{named} must be one of {', '.join(SOURCE_CHOICES)}, got {chosen!r}")
+    return chosen
+
+
+def source_for(repo_id: str, registry: Registry, where: str | None = None) -> Source:
+    """Where a kernel comes from: a folder LOCAL_KERNELS maps it to, the registry's source path, or the Hub
+    (through huggingface_hub); an entry naming both uses the Hub when it answers and the source path when it does
+    not. `where` (source_choice) forces the Hub or the source path (LOCAL_KERNELS still comes first)."""
+    check_repo_id(repo_id)
+    where = source_choice(where)
+    mapped = local_override(repo_id)  # LOCAL_KERNELS, HF kernels' meaning: this repo from this folder
+    if mapped is not None:
+        return LocalSource(mapped)
+    entry = registry.get(repo_id)
+    local = entry is not None and entry.source is not None and entry.source.is_dir()
+    if where == "local":
+        if not local:
+            raise KernelNotFoundError(f"{repo_id}: source='local' but the registry names no source path for it")
+        return LocalSource(entry.source)
+    if where == "hub":
+        from ..sources.hub import HubSource
+
+        return HubSource.for_repo(repo_id, registry_entry=entry)
+    if local and entry.hub_repo is None:
+        return LocalSource(entry.source)
+    try:
+        from ..sources.hub import HubSource
+    except ImportError:
+        if local:
+            return LocalSource(entry.source)
+        raise KernelNotFoundError(
+            f"unknown kernel repo {repo_id!r}: not in the registry and the Hub client is unavailable"
+        ) from None
+    hub = HubSource.for_repo(repo_id, registry_entry=entry)
+    return HubOrLocal(hub, LocalSource(entry.source)) if local else hub
+
+
+def check_target(framework: str, backend: str | None) -> None:
+    """The framework and backend a caller asked for are ones variants can name."""
+    if framework not in FRAMEWORKS:
+        raise KernelHubError(f"framework must be one of {', '.join(FRAMEWORKS)}, got {framework!r}")
+    if backend is not None and backend not in BACKENDS:
+        raise KernelHubError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+
+
+def system_for(system: SystemFacts | None, framework: str, backend: str | None) -> SystemFacts:
+    """This machine's facts (or the given ones), with `backend` forced where asked."""
+    check_target(framework, backend)
+    facts = system or detect(framework)
+    if backend is not None and backend != facts.backend:
+        facts = replace(facts, backend=backend, tpu_generation=facts.tpu_generation if backend == "tpu" else None)
+    return facts
+
+
+def plan_load(
+    repo_id: str,
+    *,
+    version: int | str | None = None,
+    revision: str | None = None,
+    backend: str | None = None,
+    framework: str = "jax",
+    system: SystemFacts | None = None,
+    registry: Registry | None = None,
+    source: Source | None = None,
+    trust_remote_code: TrustSetting | None = None,
+    where: str | None = None,
+) -> Plan:
+    """Resolve the version and choose the variant; the plan says which and why (nothing is imported).
+
+    trust_remote_code: given (by callers that will import or lock), the trust check runs as soon as the source
+    is known, before anything is downloaded; None (resolve, download) skips it.
+    where: "hub", "local" or "auto" (source_choice; None: $KERNEL_HUB_SOURCE, else auto).
+    """
+    check_repo_id(repo_id)
+    check_target(framework, backend)
+    registry = registry if registry is not None else load_registry()
+    if version is None and revision is None:
+        entry = registry.get(repo_id)
+        if entry is None or entry.version is None:
+            raise VersionSpecError(
+                f"{repo_id} is not in the registry with a default version: pass version= or revision="
+            )
+        version = entry.version
+    source = source or source_for(repo_id, registry, where)
+    resolution = resolve(source.refs(repo_id), version=version, revision=revision)
+    checked = None
+    if trust_remote_code is not None:
+        origin = source.origin(repo_id)
+        check_trust(origin, trust_remote_code, asked_for=repo_id)
+        checked = (origin, trust_remote_code)
+    facts = system_for(system, framework, backend)
+    variants = source.candidate_variants(repo_id, resolution.commit, preferred_names(facts, framework))
+    choice = choose_variant(variants, facts, framework)
+    return Plan(repo_id, source, resolution, choice, facts, framework, trust_checked=checked)

@@ -1,0 +1,1 @@
+"""What a person sees: tables, progress lines, and the demos the checkout runs."""
