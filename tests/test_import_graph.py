@@ -211,7 +211,7 @@ def test_the_graph_covers_every_tree() -> None:
     assert "_common.dispatch" in graph.every["ragged_dot.dispatch"]
 
 
-@pytest.mark.parametrize(("folder", "forbidden"), [("validation.py", "tpu"), ("buildfmt.py", "tpu")])
+@pytest.mark.parametrize(("folder", "forbidden"), [("verify.validation", "tpu"), ("package.buildfmt", "tpu")])
 def test_numbers_and_the_build_format_need_no_tpu(folder: str, forbidden: str) -> None:
     name = "kernel_hub." + folder.removesuffix(".py")
     assert not {t for t in _graph().every[name] if t.startswith(f"kernel_hub.{forbidden}")}
@@ -272,3 +272,38 @@ def test_no_cycle_inside_layers() -> None:
     inside = {m: {t for t in targets if t.startswith("kernel_hub.layers")}
               for m, targets in graph.every.items() if m.startswith("kernel_hub.layers")}
     assert _cycles(inside) == [], "import cycles inside layers/ (imports inside functions included)"
+
+
+#: src/kernel_hub's folders from the ground up: a folder imports only folders on a lower floor (never sideways or
+#: up); `kernel_hub` itself (its __init__) is the public surface the demo, the dashboard and the CLI build on.
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("errors",),
+    ("names", "lazy"),
+    ("decide", "ui"),
+    ("package",),
+    ("sources", "verify"),
+    ("load",),
+    ("tpu",),
+    ("api", "publish"),
+    ("layers", "scaffold", "server"),
+    ("__init__",),
+    ("demo", "report"),
+    ("cli",),
+)
+
+
+def _floor_group(module: str) -> str | None:
+    parts = module.split(".")
+    return None if parts[0] != "kernel_hub" else parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_the_floors_stack() -> None:
+    """Every top-level entry of src/kernel_hub sits on one floor, and no import (inside functions included) reaches a
+    folder on the same floor or above."""
+    floor = {group: level for level, groups in enumerate(FLOORS) for group in groups}
+    entries = {p.stem if p.suffix == ".py" else p.name for p in PACKAGE.iterdir()
+               if (p.suffix == ".py" or (p / "__init__.py").is_file())}
+    assert entries == set(floor), f"on no floor: {entries - set(floor)}; gone: {set(floor) - entries}"
+    wrong = sorted(f"{m} -> {t}" for m, targets in _graph().every.items() if (a := _floor_group(m))
+                   for t in targets if (b := _floor_group(t)) and a != b and floor[b] >= floor[a])
+    assert wrong == []

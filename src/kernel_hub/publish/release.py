@@ -24,7 +24,6 @@ from urllib.parse import urlparse
 
 from packaging.version import Version
 
-from ..api import load_local
 from ..decide.system import detect
 from ..decide.variants import judge
 from ..decide.versions import tag_version
@@ -36,6 +35,7 @@ from ..errors import (
     RefMovedError,
     ValidationFailedError,
 )
+from ..load.pipeline import load_local
 from ..names import check_repo_id, safe_join, safe_rmtree
 from ..package import buildfmt as fmt
 from ..package.integrity import not_source_reason, sha256_file

@@ -73,7 +73,7 @@ def run_demo(quick: bool = False, print_fn=print) -> int:
     status = 0 if agree else 1
 
     try:
-        from kernel_hub.ui import demo_moe
+        from kernel_hub.demo import moe as demo_moe
     except ImportError:
         demo_moe = None
     if demo_moe is not None:
