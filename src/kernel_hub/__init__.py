@@ -34,16 +34,16 @@ _LAZY = {
     "has_kernel": "api",
     "plan_load": "api",
     "validate": "api",
-    "ValidationReport": "validation",
+    "ValidationReport": "verify.validation",
     "kernelize": "layers",
     "kernelize_report": "layers",
     "restore": "layers",
     "KernelizeReport": "layers",
-    "lock": "lock",
-    "get_locked_kernel": "lock",
-    "load_registry": "registry",
+    "lock": "load.lock",
+    "get_locked_kernel": "load.lock",
+    "load_registry": "load.registry",
     "KernelHubError": "errors",
-    "SystemFacts": "system",
+    "SystemFacts": "decide.system",
 }
 
 __all__ = sorted(_LAZY)
