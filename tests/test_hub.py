@@ -18,7 +18,7 @@ from kernel_hub.api import load_plan, plan_load
 from kernel_hub.errors import KernelHubError, KernelNotFoundError
 from kernel_hub.package.buildfmt import bundle_path
 from kernel_hub.publish.release import publish
-from kernel_hub.sources.hub import HubSource
+from kernel_hub.sources.hub.source import HubSource
 from tests.hub_server import cli_command, hub_env, hub_requests, running_server
 
 TOKEN = "test-token"
@@ -175,7 +175,7 @@ def test_timeout_is_one_line_naming_the_endpoint(server, tmp_path: Path) -> None
 CONCURRENT = """
 import sys
 from kernel_hub.api import load_plan, plan_load
-from kernel_hub.sources.hub import HubSource
+from kernel_hub.sources.hub.source import HubSource
 from kernel_hub.decide.system import SystemFacts
 src = HubSource(endpoint=sys.argv[1], cache_dir=sys.argv[2])
 facts = SystemFacts(backend="cpu", jax_version="0.10.2")  # decided without importing jax: the toy is NumPy
@@ -217,7 +217,7 @@ def test_leftovers_of_killed_processes_are_cleaned_on_the_next_fetch(server, tmp
     import os
     import time
 
-    from kernel_hub.sources.hub import STALE_SECONDS
+    from kernel_hub.sources.hub.cache import STALE_SECONDS
 
     cache = tmp_path / "cache"
     plan, _ = load(source(server, cache), version="==1.2.0")
