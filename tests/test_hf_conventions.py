@@ -63,7 +63,7 @@ def test_kernels_cache_is_the_hub_cache_root(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setenv("KERNELS_CACHE", str(tmp_path / "kc"))
     hub = HubSource(endpoint="http://127.0.0.1:9")
     assert hub.cache_dir == tmp_path / "kc"
-    assert hub.repo_dir("acme/relu") == tmp_path / "kc" / "kernels--acme--relu"  # HF kernels' folder name
+    assert hub.cache.repo_dir("acme/relu") == tmp_path / "kc" / "kernels--acme--relu"  # HF kernels' folder name
     monkeypatch.delenv("KERNELS_CACHE")
     assert HubSource(endpoint="http://127.0.0.1:9").cache_dir != tmp_path / "kc"
 

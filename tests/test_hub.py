@@ -151,7 +151,7 @@ def test_cut_off_download_leaves_nothing_that_loads(server, tmp_path: Path) -> N
     repo_dir = tmp_path / "kernels--acme--toy-scale"
     plan = plan_load(REPO, version="==1.2.0", source=source(server, tmp_path / "other"), framework="jax",
                      backend="cpu")
-    assert not src.build_dir(REPO, plan.resolution.commit, "jax-cpu").exists()
+    assert not src.cache.build_dir(REPO, plan.resolution.commit, "jax-cpu").exists()
     assert not [p for p in (repo_dir / "blobs").glob("*") if not p.name.endswith(".incomplete")]
     assert not list((repo_dir / "snapshots").rglob("*.tar"))
     module = load_plan(plan_load(REPO, version="==1.2.0", source=src, framework="jax", backend="cpu"),
@@ -223,7 +223,7 @@ def test_leftovers_of_killed_processes_are_cleaned_on_the_next_fetch(server, tmp
     plan, _ = load(source(server, cache), version="==1.2.0")
     commit = plan.resolution.commit
     src = source(server, cache)
-    commit_dir = src.build_dir(REPO, commit, "jax-cpu").parent
+    commit_dir = src.cache.build_dir(REPO, commit, "jax-cpu").parent
     old = time.time() - STALE_SECONDS - 60
     stale = [commit_dir / "jax-cpu.0123abcd.partial", commit_dir / "jax-cpu.4567ef01.trash"]
     fresh = commit_dir / "jax-cpu.89abcdef.partial"   # an unpack in progress right now

@@ -159,7 +159,7 @@ def _source(url: str, cache: Path) -> HubSource:
 def test_an_endless_listing_is_cut_at_the_cap(small_caps, tmp_path: Path) -> None:
     with (hostile({"/api/kernels": endless_json}) as (url, _, sent),
           pytest.raises(KernelHubError, match="KERNEL_HUB_MAX_ANSWER_BYTES")):
-        _source(url, tmp_path / "cache").list_kernel_repos("acme")
+        _source(url, tmp_path / "cache").client.list_kernel_repos("acme")
     assert sent[0] < 32 << 20  # of ~1.8 GB on offer: stopped long before it ran out
 
 
