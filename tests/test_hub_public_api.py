@@ -70,3 +70,26 @@ def test_src_uses_no_private_huggingface_hub_name() -> None:
     ours = set().union(*(_defined(tree) for tree in trees.values()))
     found = [f"{path.relative_to(SRC)}:{use}" for path in trees for use in private_hub_uses(path.read_text(), ours)]
     assert found == []
+
+
+def test_the_bounded_client_replaces_only_huggingface_hubs_default() -> None:
+    """install_client_timeout swaps in the bounded client for huggingface_hub's default (no timeout), keeping its
+    request hooks (offline mode, request ids), and leaves a client the user configured as it is."""
+    import httpx2
+    from huggingface_hub.utils import _http, get_session, set_client_factory
+
+    from kernel_hub.sources.http_limits import request_timeout
+    from kernel_hub.sources.hub.client import install_client_timeout
+
+    saved = _http._GLOBAL_CLIENT_FACTORY
+    try:
+        set_client_factory(_http.default_client_factory)
+        install_client_timeout()
+        ours = get_session()
+        assert ours.timeout == httpx2.Timeout(request_timeout())
+        assert ours.event_hooks["request"] == [_http.hf_request_event_hook]
+        set_client_factory(lambda: httpx2.Client(timeout=7.0))
+        install_client_timeout()
+        assert get_session().timeout == httpx2.Timeout(7.0)
+    finally:
+        set_client_factory(saved)
