@@ -198,7 +198,7 @@ def kill_mid_publish(server: Server, work: Path) -> dict[str, Any]:
     from kernel_hub.errors import KernelHubError
     from kernel_hub.publish.release import publish
     from kernel_hub.scaffold import init
-    from kernel_hub.sources.hub import HubSource
+    from kernel_hub.sources.hub.source import HubSource
 
     folder = init("bench_toy", work / "src", repo_id=KERNEL_REPO)
     meta = folder / "kernel.yaml"

@@ -25,7 +25,7 @@ TOKEN = "bench-token"
 FETCH = """
 import json
 from kernel_hub.api import plan_load
-from kernel_hub.sources.hub import HubSource
+from kernel_hub.sources.hub.source import HubSource
 
 def kib(key):
     for line in open("/proc/self/status"):

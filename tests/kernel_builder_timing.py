@@ -17,7 +17,7 @@ from pathlib import Path
 from huggingface_hub import HfApi
 
 from kernel_hub.api import plan_load
-from kernel_hub.sources.hub import HubSource
+from kernel_hub.sources.hub.source import HubSource
 from tests.hub_server import hub_env, running_server
 from tests.kernel_builder_repo import arch_repo, publish, relu_files, write_variant
 

@@ -57,13 +57,13 @@ def test_local_kernels_loads_the_mapped_folder_without_a_hub(tmp_path: Path, mon
 # -- KERNELS_CACHE ------------------------------------------------------------------------------------------------
 def test_kernels_cache_is_the_hub_cache_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("huggingface_hub")
-    from kernel_hub.sources.hub import HubSource
+    from kernel_hub.sources.hub.source import HubSource
 
     assert kernels_cache({}) is None
     monkeypatch.setenv("KERNELS_CACHE", str(tmp_path / "kc"))
     hub = HubSource(endpoint="http://127.0.0.1:9")
     assert hub.cache_dir == tmp_path / "kc"
-    assert hub.repo_dir("acme/relu") == tmp_path / "kc" / "kernels--acme--relu"  # HF kernels' folder name
+    assert hub.cache.repo_dir("acme/relu") == tmp_path / "kc" / "kernels--acme--relu"  # HF kernels' folder name
     monkeypatch.delenv("KERNELS_CACHE")
     assert HubSource(endpoint="http://127.0.0.1:9").cache_dir != tmp_path / "kc"
 

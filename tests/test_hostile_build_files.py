@@ -18,7 +18,7 @@ import pytest
 from kernel_hub.errors import IntegrityError, KernelHubError, MetadataError
 from kernel_hub.package.buildfmt import strict_json, unpack_bundle
 from kernel_hub.package.integrity import native_code_reason
-from kernel_hub.sources.hub_builder import (
+from kernel_hub.sources.hub.builder import (
     MAX_PYTHON_DEPENDS,
     MAX_ZIP_RATIO,
     missing_python_depends,

@@ -417,7 +417,7 @@ def test_untrusted_repo_is_refused_before_any_download(server, good_files, env, 
 def test_an_oversized_published_kernel_yaml_is_never_downloaded(server, good_files, tmp_path: Path) -> None:
     """`info` reads a release's root kernel.yaml before any build is cached; one over 1 MiB is skipped on its
     size alone (one HEAD), not downloaded and then measured."""
-    from kernel_hub.sources.hub import HubSource
+    from kernel_hub.sources.hub.source import HubSource
 
     repo = "evil/huge-yaml"
     commit = push(server, repo, {**bundle(good_files), "kernel.yaml": b"# padding\n" * (120 << 10)})

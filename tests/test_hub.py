@@ -18,7 +18,7 @@ from kernel_hub.api import load_plan, plan_load
 from kernel_hub.errors import KernelHubError, KernelNotFoundError
 from kernel_hub.package.buildfmt import bundle_path
 from kernel_hub.publish.release import publish
-from kernel_hub.sources.hub import HubSource
+from kernel_hub.sources.hub.source import HubSource
 from tests.hub_server import cli_command, hub_env, hub_requests, running_server
 
 TOKEN = "test-token"
@@ -151,7 +151,7 @@ def test_cut_off_download_leaves_nothing_that_loads(server, tmp_path: Path) -> N
     repo_dir = tmp_path / "kernels--acme--toy-scale"
     plan = plan_load(REPO, version="==1.2.0", source=source(server, tmp_path / "other"), framework="jax",
                      backend="cpu")
-    assert not src.build_dir(REPO, plan.resolution.commit, "jax-cpu").exists()
+    assert not src.cache.build_dir(REPO, plan.resolution.commit, "jax-cpu").exists()
     assert not [p for p in (repo_dir / "blobs").glob("*") if not p.name.endswith(".incomplete")]
     assert not list((repo_dir / "snapshots").rglob("*.tar"))
     module = load_plan(plan_load(REPO, version="==1.2.0", source=src, framework="jax", backend="cpu"),
@@ -175,7 +175,7 @@ def test_timeout_is_one_line_naming_the_endpoint(server, tmp_path: Path) -> None
 CONCURRENT = """
 import sys
 from kernel_hub.api import load_plan, plan_load
-from kernel_hub.sources.hub import HubSource
+from kernel_hub.sources.hub.source import HubSource
 from kernel_hub.decide.system import SystemFacts
 src = HubSource(endpoint=sys.argv[1], cache_dir=sys.argv[2])
 facts = SystemFacts(backend="cpu", jax_version="0.10.2")  # decided without importing jax: the toy is NumPy
@@ -217,13 +217,13 @@ def test_leftovers_of_killed_processes_are_cleaned_on_the_next_fetch(server, tmp
     import os
     import time
 
-    from kernel_hub.sources.hub import STALE_SECONDS
+    from kernel_hub.sources.hub.cache import STALE_SECONDS
 
     cache = tmp_path / "cache"
     plan, _ = load(source(server, cache), version="==1.2.0")
     commit = plan.resolution.commit
     src = source(server, cache)
-    commit_dir = src.build_dir(REPO, commit, "jax-cpu").parent
+    commit_dir = src.cache.build_dir(REPO, commit, "jax-cpu").parent
     old = time.time() - STALE_SECONDS - 60
     stale = [commit_dir / "jax-cpu.0123abcd.partial", commit_dir / "jax-cpu.4567ef01.trash"]
     fresh = commit_dir / "jax-cpu.89abcdef.partial"   # an unpack in progress right now

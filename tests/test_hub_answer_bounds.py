@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("huggingface_hub")
 
 from kernel_hub.errors import IntegrityError, KernelHubError
-from kernel_hub.sources.hub import HubSource
+from kernel_hub.sources.hub.source import HubSource
 
 REPO = "acme/hostile"
 COMMIT = "a" * 40
@@ -159,7 +159,7 @@ def _source(url: str, cache: Path) -> HubSource:
 def test_an_endless_listing_is_cut_at_the_cap(small_caps, tmp_path: Path) -> None:
     with (hostile({"/api/kernels": endless_json}) as (url, _, sent),
           pytest.raises(KernelHubError, match="KERNEL_HUB_MAX_ANSWER_BYTES")):
-        _source(url, tmp_path / "cache").list_kernel_repos("acme")
+        _source(url, tmp_path / "cache").client.list_kernel_repos("acme")
     assert sent[0] < 32 << 20  # of ~1.8 GB on offer: stopped long before it ran out
 
 
@@ -183,7 +183,7 @@ def test_oversize_refs_are_refused_from_the_announced_size_and_never_cached(smal
 def test_a_bundle_announced_over_the_cap_is_never_downloaded(small_caps, tmp_path: Path) -> None:
     with hostile({"/resolve/": file_head(20 << 30)}) as (url, seen, sent), \
             pytest.raises(KernelHubError, match="KERNEL_HUB_MAX_DOWNLOAD_BYTES"):
-        _source(url, tmp_path / "cache")._download_bundle(REPO, COMMIT, "jax-cpu", force=False)
+        _source(url, tmp_path / "cache").fetcher.download_bundle(REPO, COMMIT, "jax-cpu", force=False)
     assert not [r for r in seen if r[0] == "GET"]  # refused from the HEAD
     assert sent[0] == 0
 
@@ -191,7 +191,7 @@ def test_a_bundle_announced_over_the_cap_is_never_downloaded(small_caps, tmp_pat
 def test_a_bundle_that_lies_about_its_size_is_cut_at_the_cap_once(small_caps, tmp_path: Path) -> None:
     with hostile({"/resolve/": lying_file}) as (url, seen, sent), \
             pytest.raises(KernelHubError, match="KERNEL_HUB_MAX_DOWNLOAD_BYTES"):
-        _source(url, tmp_path / "cache")._download_bundle(REPO, COMMIT, "jax-cpu", force=False)
+        _source(url, tmp_path / "cache").fetcher.download_bundle(REPO, COMMIT, "jax-cpu", force=False)
     assert len([r for r in seen if r[0] == "GET"]) == 1  # not fetched again
     assert sent[0] < 32 << 20  # of 640 MiB on offer (loopback socket buffers hold a few MiB more than read)
     kept = [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]

@@ -22,7 +22,7 @@ from huggingface_hub import HfApi  # noqa: E402
 
 from kernel_hub.api import load_plan, plan_load  # noqa: E402
 from kernel_hub.errors import IntegrityError, KernelHubError, VersionSpecError  # noqa: E402
-from kernel_hub.sources.hub import HubSource  # noqa: E402
+from kernel_hub.sources.hub.source import HubSource  # noqa: E402
 from tests.hub_server import cli_command, hub_env, hub_requests, running_server  # noqa: E402
 from tests.kernel_builder_repo import (  # noqa: E402
     arch_repo,
@@ -147,7 +147,7 @@ def test_our_order_is_hf_kernels_order(hub) -> None:
 
     from kernel_hub.decide.system import SystemFacts
     from kernel_hub.decide.variants import choose_variant
-    from kernel_hub.sources.hub import builder_variant
+    from kernel_hub.sources.hub.builder import builder_variant
 
     names = [here_arch(), here_arch(legacy=True), here_arch(-1), "torch-cpu", "torch-universal", "torch-tpu",
              here_arch().replace("cpython-3.11", "cpython-3.10"), here_arch().replace("-cxx11", ""),
@@ -311,7 +311,7 @@ def test_hostile_trees_are_refused_naming_what(tmp_path: Path) -> None:
     import zipfile
 
     from kernel_hub.errors import UnsafeNameError
-    from kernel_hub.sources.hub_builder import missing_python_depends, parse_builder_metadata, unzip_package
+    from kernel_hub.sources.hub.builder import missing_python_depends, parse_builder_metadata, unzip_package
 
     def zipped(name: str) -> bytes:
         buf = io.BytesIO()

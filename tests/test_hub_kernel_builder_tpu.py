@@ -18,7 +18,7 @@ from huggingface_hub import HfApi
 
 from kernel_hub.api import load_plan, plan_load
 from kernel_hub.errors import KernelImportError
-from kernel_hub.sources.hub import HubSource
+from kernel_hub.sources.hub.source import HubSource
 from tests.hub_server import hub_env, running_server
 from tests.kernel_builder_repo import RAGGED_TPU, publish, write_variant
 

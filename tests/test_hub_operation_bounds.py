@@ -20,7 +20,7 @@ pytest.importorskip("huggingface_hub")
 
 from kernel_hub.errors import KernelHubError
 from kernel_hub.sources import http_limits
-from kernel_hub.sources.hub import HubSource
+from kernel_hub.sources.hub.source import HubSource
 from tests.test_hub_answer_bounds import BLOB, COMMIT, REPO, hostile, lying_file
 
 REFS = {"branches": [], "tags": [], "converts": []}
@@ -126,7 +126,7 @@ def test_a_download_is_capped_on_its_decoded_size_while_it_streams(small_caps, t
     assert len(_GZIP_64MIB) < 256 << 10
     with hostile({"/resolve/": _gzip_download}) as (url, _, _), \
             pytest.raises(KernelHubError, match="KERNEL_HUB_MAX_DOWNLOAD_BYTES"):
-        _source(url, tmp_path / "cache")._download_bundle(REPO, COMMIT, "jax-cpu", force=False)
+        _source(url, tmp_path / "cache").fetcher.download_bundle(REPO, COMMIT, "jax-cpu", force=False)
     kept = [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
     assert all(p.stat().st_size <= 256 << 10 for p in kept), [(p.name, p.stat().st_size) for p in kept]
 
@@ -140,7 +140,7 @@ def test_a_build_budget_holds_while_its_files_stream(monkeypatch, tmp_path: Path
         source = _source(url, tmp_path / "cache")
         with http_limits.operation("fetching a build", download=True, max_bytes=100 << 10), \
                 pytest.raises(KernelHubError, match="more than 102400 bytes for one build"):
-            source._download_file(REPO, COMMIT, "build/torch-cpu/x/_ops.py", BLOB, force=False)
+            source.fetcher.download_file(REPO, COMMIT, "build/torch-cpu/x/_ops.py", BLOB, force=False)
     assert sent[0] < 32 << 20
     kept = [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
     assert all(p.stat().st_size <= 100 << 10 for p in kept), [(p.name, p.stat().st_size) for p in kept]
@@ -161,7 +161,8 @@ def test_a_download_keeps_one_deadline_through_its_retries(small_caps, tmp_path:
     """A 3 s wait fits the 6 s download deadline once, not twice: the download fails at its deadline or its retry
     cap, whichever comes first, instead of huggingface_hub's five retries of 4 s each (HEAD and GET alike)."""
     with hostile({"/resolve/": lambda h: _send(h, 503, b"busy", {"Retry-After": "3"})}) as (url, seen, _):
-        got = ends(lambda: _source(url, tmp_path / "cache")._download_bundle(REPO, COMMIT, "jax-cpu", force=False))
+        fetcher = _source(url, tmp_path / "cache").fetcher
+        got = ends(lambda: fetcher.download_bundle(REPO, COMMIT, "jax-cpu", force=False))
     assert isinstance(got, http_limits.HubAnswerError), got
     said = str(got)
     assert "past the operation's 6s deadline (KERNEL_HUB_DOWNLOAD_TIMEOUT" in said or "at most 3 retries" in said

@@ -14,7 +14,7 @@ pytest.importorskip("starlette")
 from kernel_hub.decide.versions import resolve
 from kernel_hub.package import buildfmt as fmt
 from kernel_hub.publish.release import publish
-from kernel_hub.sources.hub import HubSource
+from kernel_hub.sources.hub.source import HubSource
 from tests.hub_server import running_server
 from tests.test_publish import toy
 
@@ -31,8 +31,8 @@ def test_a_poisoned_cached_listing_is_listed_again(tmp_path: Path) -> None:
         honest = source.listing(REPO, commit)
         # what a listing naming build/jax-cpu.tar twice left before: the other id for the bundle
         poisoned = {**honest, "bundles": {**honest["bundles"], "jax-cpu": "f" * 40}}
-        source._listing_file(REPO, commit).write_text(json.dumps(poisoned))
+        source.cache.listing_file(REPO, commit).write_text(json.dumps(poisoned))
         fresh = HubSource(endpoint=server.url, token=False, cache_dir=tmp_path / "cache", offline=False)
         build = fresh.fetch(REPO, commit, fmt.variant_from_name("jax-cpu"))
         assert build.commit == commit and build.package_dir.is_dir()
-        assert json.loads(fresh._listing_file(REPO, commit).read_text()) == honest
+        assert json.loads(fresh.cache.listing_file(REPO, commit).read_text()) == honest

@@ -228,7 +228,8 @@ def test_keyboard_interrupt_at_import_still_interrupts(toy_kernel):
 # -- structure ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("module", ["api", "load.lock", "verify.validation", "load.planning", "sources.hub", "cli"])
+@pytest.mark.parametrize("module", ["api", "load.lock", "verify.validation", "load.planning", "sources.hub.source",
+                                    "cli"])
 def test_each_module_imports_alone_in_a_fresh_interpreter(module):
     import subprocess
 

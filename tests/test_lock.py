@@ -18,7 +18,7 @@ pytest.importorskip("starlette")
 from kernel_hub.errors import IntegrityError, KernelNotFoundError
 from kernel_hub.load.lock import get_locked_kernel, lock, read_lock
 from kernel_hub.publish.release import publish
-from kernel_hub.sources.hub import HubSource
+from kernel_hub.sources.hub.source import HubSource
 from tests.hub_server import cli_command, hub_env, hub_requests, running_server
 
 TOKEN = "test-token"

@@ -14,7 +14,7 @@ import pytest
 import kernel_hub as kh
 from kernel_hub import cli
 from kernel_hub.errors import KernelHubError
-from kernel_hub.sources.hub import auth_hint
+from kernel_hub.sources.hub.client import auth_hint
 from tests.hub_server import cli_command, hub_env, running_server
 
 TOY = Path(__file__).parent / "fixtures" / "toy_kernel"

@@ -17,7 +17,8 @@ from huggingface_hub import HfApi
 from kernel_hub.decide.versions import resolve
 from kernel_hub.errors import KernelHubError
 from kernel_hub.publish.release import publish
-from kernel_hub.sources.hub import HubSource
+from kernel_hub.sources.hub.client import HubClient
+from kernel_hub.sources.hub.source import HubSource
 from tests.hub_server import running_server
 from tests.test_publish import toy
 
@@ -47,9 +48,9 @@ def _kill_on_branch_write(monkeypatch: pytest.MonkeyPatch, branch: str) -> None:
             raise KernelHubError("killed")
         return real_create(self, repo_id, name, *args, **kwargs)
 
-    real_create = HubSource.create_branch
-    monkeypatch.setattr(HubSource, "create_branch", killed)
-    monkeypatch.setattr(HubSource, "move_branch", killed, raising=False)
+    real_create = HubClient.create_branch
+    monkeypatch.setattr(HubClient, "create_branch", killed)
+    monkeypatch.setattr(HubClient, "move_branch", killed, raising=False)
 
 
 def test_a_publish_killed_while_moving_the_branch_keeps_v1_and_a_rerun_repairs_it(server, tmp_path: Path,
@@ -75,14 +76,14 @@ def test_concurrent_publishes_leave_v1_and_main_on_the_newest(server, tmp_path: 
     repo = "acme/race"
     _publish(server, toy(tmp_path / "base", "1.0.0"), repo)
     newer_done = threading.Event()
-    real_upload = HubSource.upload
+    real_upload = HubClient.upload
 
     def upload(self, repo_id, root, add, delete, message, *args, **kwargs):
         if "1.0.1" in message:
             assert newer_done.wait(120)
         return real_upload(self, repo_id, root, add, delete, message, *args, **kwargs)
 
-    monkeypatch.setattr(HubSource, "upload", upload)
+    monkeypatch.setattr(HubClient, "upload", upload)
     errors: list[BaseException] = []
 
     def older() -> None:
@@ -103,7 +104,7 @@ def test_concurrent_publishes_leave_v1_and_main_on_the_newest(server, tmp_path: 
     assert {"v1.0.0", "v1.0.1", "v1.2.0"} <= set(tags)
     assert branches["v1"] == branches["main"] == newest.commit == tags["v1.2.0"]
     assert not [b for b in branches if b.startswith("kernel-hub-publish-")]  # no staging branch left
-    hub = HubSource(endpoint=server.url, token=TOKEN)
+    hub = HubClient(endpoint=server.url, token=TOKEN)
     older_files = hub.build_blob_ids(repo, tags["v1.0.1"])
     assert older_files and older_files != hub.build_blob_ids(repo, "main")  # 1.0.1's content is its own commit
 
@@ -147,10 +148,10 @@ def test_a_hub_without_compare_and_swap_gets_the_release_committed_onto_the_bran
             return True
         return False
 
-    monkeypatch.setattr(HubSource, "move_branch", no_cas)
+    monkeypatch.setattr(HubClient, "move_branch", no_cas)
     newer = _publish(server, toy(tmp_path / "b", "1.1.0", "\n# 1.1.0\n"), repo)
     _, branches = _refs(server, repo)
-    hub = HubSource(endpoint=server.url, token=TOKEN)
+    hub = HubClient(endpoint=server.url, token=TOKEN)
     assert branches["v1"] != newer.commit  # a commit of its own on v1 ...
     assert hub.build_blob_ids(repo, branches["v1"]) == hub.build_blob_ids(repo, newer.commit)  # ... with 1.1.0
     assert _publish(server, toy(tmp_path / "c", "1.1.0", "\n# 1.1.0\n"), repo).unchanged  # a re-run: nothing

@@ -18,7 +18,7 @@ pytest.importorskip("huggingface_hub")
 pytest.importorskip("starlette")
 
 from kernel_hub.errors import KernelHubError
-from kernel_hub.sources.hub import HubSource
+from kernel_hub.sources.hub.client import HubClient
 from tests.hub_server import running_server
 from tests.test_publish import toy
 from tests.test_publish_branch_moves import TOKEN, _publish, _refs
@@ -53,7 +53,7 @@ def _race(server, folders: list[Path], repo: str) -> tuple[list, list]:
 
 def _barrier_before_first_upload(monkeypatch) -> None:
     """Each publisher's first upload waits for the other's: both have read the refs before either commits."""
-    barrier, local, real = threading.Barrier(2, timeout=60), threading.local(), HubSource.upload
+    barrier, local, real = threading.Barrier(2, timeout=60), threading.local(), HubClient.upload
 
     def upload(self, *args, **kwargs):
         if not getattr(local, "waited", False):
@@ -61,12 +61,12 @@ def _barrier_before_first_upload(monkeypatch) -> None:
             barrier.wait()
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(HubSource, "upload", upload)
+    monkeypatch.setattr(HubClient, "upload", upload)
 
 
 def _agree(server, repo: str, winner, version: str) -> None:
     tags, branches = _refs(server, repo)
-    hub = HubSource(endpoint=server.url, token=TOKEN)
+    hub = HubClient(endpoint=server.url, token=TOKEN)
     assert hub.build_blob_ids(repo, tags[f"v{version}"]) == hub.build_blob_ids(repo, winner.commit)
     assert tags[f"v{version}"] == winner.commit
     assert not [b for b in branches if b.startswith("kernel-hub-publish-")]
@@ -89,24 +89,24 @@ def test_two_racing_publishes_of_one_version_one_wins_main_tag_and_branch_agree(
 def test_a_publish_between_the_others_commit_and_tag_is_refused(server, tmp_path, monkeypatch):
     repo = "acme/immutable-untagged"
     first, second = toy(tmp_path / "a", "1.0.0", "\n# a\n"), toy(tmp_path / "b", "1.0.0", "\n# b\n")
-    real_tag, second_done = HubSource.create_tag, threading.Event()
+    real_tag, second_done = HubClient.create_tag, threading.Event()
 
     def create_tag(self, repo_id, tag, commit, message):
         if threading.current_thread() is not threading.main_thread():  # the first publisher: tags last
             assert second_done.wait(120)
         return real_tag(self, repo_id, tag, commit, message)
 
-    monkeypatch.setattr(HubSource, "create_tag", create_tag)
+    monkeypatch.setattr(HubClient, "create_tag", create_tag)
     results: list = []
     thread = threading.Thread(target=lambda: results.append(_publish(server, first, repo)))
-    committed, real_upload = threading.Event(), HubSource.upload
+    committed, real_upload = threading.Event(), HubClient.upload
 
     def upload(self, *args, **kwargs):
         out = real_upload(self, *args, **kwargs)
         committed.set()
         return out
 
-    monkeypatch.setattr(HubSource, "upload", upload)
+    monkeypatch.setattr(HubClient, "upload", upload)
     thread.start()
     assert committed.wait(120)
     try:

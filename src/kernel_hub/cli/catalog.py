@@ -21,7 +21,8 @@ from ..package import buildfmt as fmt
 from ..package.metadata import load_metadata
 from ..package.signing import MAX_SIGNATURE_BYTES, SIGNATURE_FILE, SignatureStatus, signature_status, sigstore_verifier
 from ..sources.base import LocalSource
-from ..sources.hub import HubSource
+from ..sources.hub.client import HubClient
+from ..sources.hub.source import HubSource
 from ..ui.display import clean, clean_data, clean_lines
 from .common import one_line, print_json, simulated_backend, table, version_of, version_spec
 
@@ -54,7 +55,7 @@ def _list_hub(args: argparse.Namespace) -> int:
     if "/" in args.hub:
         raise KernelHubError(f"--hub takes an organisation (ORG, e.g. acme), got {args.hub!r}")
     org = check_repo_id(f"{args.hub}/x", "--hub organisation").split("/")[0]
-    hub = HubSource(args.endpoint)
+    hub = HubClient(args.endpoint)
     try:
         repos = [{"repo_id": check_repo_id(str(r.get("id")), "a listed repo id"), "sha": r.get("sha"),
                   "last_modified": r.get("lastModified")} for r in hub.list_kernel_repos(org)]
@@ -191,7 +192,7 @@ def _signatures(source: Any, repo_id: str, commit: str, variants: list[Any]) -> 
         return [SignatureStatus("unverifiable", "offline (HF_HUB_OFFLINE=1): signatures are checked online")
                 for _ in variants]
     try:
-        listed = hub.build_blob_ids(hub.hub_repo(repo_id), commit)
+        listed = hub.client.build_blob_ids(hub.hub_repo(repo_id), commit)
     except KernelHubError as exc:
         return [SignatureStatus("unverifiable", f"the build listing is unreadable: {one_line(str(exc))[:200]}")
                 for _ in variants]
@@ -215,15 +216,7 @@ def _signatures(source: Any, repo_id: str, commit: str, variants: list[Any]) -> 
 
 def _small_file(hub: HubSource, repo_id: str, commit: str, path: str) -> bytes | None:
     """One file of a release at `commit` (None where it is not there), read up to MAX_SIGNATURE_BYTES + 1."""
-    from huggingface_hub.errors import EntryNotFoundError
-
-    try:
-        local = hub.api.hf_hub_download(hub.hub_repo(repo_id), path, repo_type=fmt.REPO_TYPE, revision=commit,
-                                        cache_dir=hub.cache_dir, local_files_only=hub.offline)
-    except EntryNotFoundError:
-        return None
-    with open(local, "rb") as f:
-        return f.read(MAX_SIGNATURE_BYTES + 1)
+    return hub.client.read_small_file(hub.hub_repo(repo_id), path, commit, MAX_SIGNATURE_BYTES + 1)
 
 
 def cmd_resolve(args: argparse.Namespace) -> int:

@@ -266,7 +266,7 @@ def served_by(entry: LockedKernel, source: Any = None) -> str:
 
 def _hub(source: Any) -> Any:
     """The Hub source a hub entry is fetched from: the one handed in, else the default (HF_ENDPOINT)."""
-    from ..sources.hub import HubSource
+    from ..sources.hub.source import HubSource
 
     return source if source is not None else HubSource()
 

@@ -133,13 +133,13 @@ def source_for(repo_id: str, registry: Registry, where: str | None = None) -> So
             raise KernelNotFoundError(f"{repo_id}: source='local' but the registry names no source path for it")
         return LocalSource(entry.source)
     if where == "hub":
-        from ..sources.hub import HubSource
+        from ..sources.hub.source import HubSource
 
         return HubSource.for_repo(repo_id, registry_entry=entry)
     if local and entry.hub_repo is None:
         return LocalSource(entry.source)
     try:
-        from ..sources.hub import HubSource
+        from ..sources.hub.source import HubSource
     except ImportError:
         if local:
             return LocalSource(entry.source)

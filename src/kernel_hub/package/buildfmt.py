@@ -1,5 +1,5 @@
 """The build layout, in one place: what a published commit holds, what one build (variant) bundle holds, and
-how metadata.json describes it. publish.py writes it, hub.py reads it back.
+how metadata.json describes it. publish.py writes it, sources/hub/ reads it back.
 
 A published commit:
   kernel.yaml, README.md                      the source metadata and card
@@ -290,7 +290,7 @@ def parse_build_info(data: object, label: str, expected_variant: str) -> BuildIn
 
 
 def parse_builder_extras(kh: dict[str, Any], label: str) -> dict[str, Any]:
-    """The fields a kernel-builder build's own record adds (hub_builder.py writes them), each checked."""
+    """The fields a kernel-builder build's own record adds (sources/hub/builder.py writes them), each checked."""
     out: dict[str, Any] = {}
     if "verified" in kh:
         if not isinstance(kh["verified"], str) or len(kh["verified"]) > 200:

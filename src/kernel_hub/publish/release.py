@@ -4,7 +4,7 @@ layout (with the compile matrix in each TPU variant's metadata.json) -> upload -
 The folder is read once (read_kernel_folder: kernel.yaml, every file the package ships and its sha256) into a
 KernelFolder that every later stage takes: validation loads it, the TPU gate compiles it, the layout copies it
 and checks each copy against the digest read at the start, so what was validated is what is uploaded. The Hub
-is reached through HubSource's public publishing methods only. The layout (bundles, metadata.json) is
+is reached through HubClient (sources/hub/client.py) only. The layout (bundles, metadata.json) is
 buildfmt.py's. A kernel folder is untrusted input too: every name
 kernel.yaml gives is checked before it is joined into a path, everything is written under the build's own
 temporary folder, and a link leading out of the kernel folder is refused, all before any network call.
@@ -42,7 +42,8 @@ from ..package.integrity import not_source_reason, sha256_file
 from ..package.metadata import METADATA_FILE, KernelMetadata, load_metadata
 from ..package.symbols import SYMBOLS_FILE, build_symbols
 from ..sources.base import LocalSource
-from ..sources.hub import HubSource
+from ..sources.hub.client import HubClient
+from ..sources.hub.source import published_metadata
 from ..tpu.compile_gate.release_gate import gate_environment, run_gate
 from ..tpu.package import VerifiedPackage, from_build, tpu_variant
 from ..ui.progress import Progress
@@ -220,7 +221,7 @@ def check_endpoint(endpoint: str | None) -> None:
         raise KernelHubError(f"--endpoint must be an http(s) URL like http://127.0.0.1:8080, got {endpoint!r}")
 
 
-def check_access(hub: HubSource, repo_id: str) -> None:
+def check_access(hub: HubClient, repo_id: str) -> None:
     """The endpoint answers and accepts the token (one whoami request), or one line saying which is wrong."""
     from huggingface_hub import get_token
 
@@ -268,7 +269,7 @@ def tpu_package(folder: KernelFolder) -> VerifiedPackage:
     return from_build(folder.source.fetch(meta.repo_id, folder.source.commit, variant))
 
 
-def early_unchanged(hub: HubSource, folder: KernelFolder, repo_id: str, tag: str, branch: str,
+def early_unchanged(hub: HubClient, folder: KernelFolder, repo_id: str, tag: str, branch: str,
                     version: Version) -> PublishResult | None:
     """Before any validating or compiling: the "nothing to do" result when `tag` already holds this content and
     its branch needs nothing; KernelHubError (bump the version) when `tag` holds other content; None otherwise
@@ -318,7 +319,7 @@ def publish(kernel_dir: str | Path, *, repo_id: str | None = None, endpoint: str
     version, tag = Version(meta.version), f"v{meta.version}"
     branch = f"v{version.major}"
     # Fail fast: everything that takes a second to check is checked before the minutes of validating and compiling.
-    hub = HubSource(endpoint=endpoint, token=token)
+    hub = HubClient(endpoint=endpoint, token=token)
     live.phase(f"checking {repo_id} at {hub.endpoint}", announce=False)
     check_access(hub, repo_id)
     done = early_unchanged(hub, folder, repo_id, tag, branch, version)  # needs no TPU environment
@@ -353,27 +354,27 @@ def publish(kernel_dir: str | Path, *, repo_id: str | None = None, endpoint: str
 _CAS_TRIES = 20  # compare-and-swap rounds against concurrent publishes before giving up
 
 
-def _held_version(hub: HubSource, repo_id: str, commit: str, tags: dict[str, str]) -> Version | None:
+def _held_version(hub: HubClient, repo_id: str, commit: str, tags: dict[str, str]) -> Version | None:
     """The release a branch's commit holds: its newest `vX.Y.Z` tag, else the kernel.yaml it publishes (a branch
     committed onto by a Hub without compare-and-swap, or a release committed but not yet tagged); None for a
     commit that holds no release (a new repo's first commit)."""
     held = [v for name, c in tags.items() if c == commit and (v := tag_version(name)) is not None]
     if held:
         return max(held)
-    published = hub.published_metadata(repo_id, commit)
+    published = published_metadata(hub, repo_id, commit)
     try:
         return Version(published.version) if published is not None else None
     except ValueError:
         return None
 
 
-def _stale(hub: HubSource, repo_id: str, revision: str, layout: Layout) -> list[str]:
+def _stale(hub: HubClient, repo_id: str, revision: str, layout: Layout) -> list[str]:
     """Files under build/ at `revision` that this release does not have (deleted by a commit of it)."""
     local = set(layout.files)
     return [p for p in hub.build_blob_ids(repo_id, revision) if p not in local]
 
 
-def _same_release(hub: HubSource, repo_id: str, commit: str, layout: Layout, tag: str, folder: Path) -> str:
+def _same_release(hub: HubClient, repo_id: str, commit: str, layout: Layout, tag: str, folder: Path) -> str:
     """`commit` when it holds this very release (its build/ files are ours); else the refusal: a version is
     immutable, and a second publish of it with other content moves nothing."""
     remote, local = hub.build_blob_ids(repo_id, commit), layout.blob_ids(f"{fmt.BUILD_DIR}/")
@@ -384,7 +385,7 @@ def _same_release(hub: HubSource, repo_id: str, commit: str, layout: Layout, tag
     return commit
 
 
-def _tag(hub: HubSource, repo_id: str, tag: str, commit: str, layout: Layout, folder: Path, message: str) -> bool:
+def _tag(hub: HubClient, repo_id: str, tag: str, commit: str, layout: Layout, folder: Path, message: str) -> bool:
     """Tag the release -> True; False when a concurrent publish of the same content tagged it first (the tag is
     create-only on the Hub); a tag made meanwhile on other content refuses this publish."""
     try:
@@ -400,7 +401,7 @@ def _tag(hub: HubSource, repo_id: str, tag: str, commit: str, layout: Layout, fo
         return False
 
 
-def _commit_release(hub: HubSource, repo_id: str, layout: Layout, version: Version, message: str,
+def _commit_release(hub: HubClient, repo_id: str, layout: Layout, version: Version, message: str,
                     folder: Path) -> str:
     """Commit the release -> its commit id. Onto main, by compare-and-swap on main's head, unless main holds a
     newer release (a concurrent or earlier publish): then onto a short-lived branch made from main and deleted
@@ -432,7 +433,7 @@ def _commit_release(hub: HubSource, repo_id: str, layout: Layout, version: Versi
     raise KernelHubError(f"{repo_id}: main kept moving while publishing {version}; publish again")
 
 
-def _move_branch(hub: HubSource, repo_id: str, branch: str, commit: str, version: Version,
+def _move_branch(hub: HubClient, repo_id: str, branch: str, commit: str, version: Version,
                  layout: Layout) -> bool | None:
     """Point the major branch at the release `commit` unless it holds a newer release of that major -> True when
     it moved, False when it was kept, None when it already held this release.

@@ -1,6 +1,6 @@
 """Where kernels come from. A source lists a repo's refs, the variants at a commit, and fetches one
 variant's files to local disk. The embedded registry and get_local_kernel use `LocalSource`; the Hub
-source lives in hub.py and follows the same protocol; `HubOrLocal` serves a registry entry that names both."""
+source lives in sources/hub/ and follows the same protocol; `HubOrLocal` serves a registry entry that names both."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ and a cap on retries, waits and pages.
 A Hub (or anything at HF_ENDPOINT) is untrusted: an endless, huge or hugely inflating answer must not take the process's
 memory, and a server that trickles, redirects, pages or asks to be retried for ever must not hold a load for ever.
 huggingface_hub's HTTP client only bounds each read and retries as the server asks, so the client installs
-(hub._install_client_timeout) a transport with:
+(hub.client.install_client_timeout) a transport with:
 
 - a deadline per request, checked at every socket read and write (headers and body alike): API answers
   KERNEL_HUB_HTTP_TIMEOUT seconds (default 30), file downloads (`/resolve/` and the CDN it redirects to)

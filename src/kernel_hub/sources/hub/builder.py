@@ -25,11 +25,12 @@ from typing import Any
 from packaging.markers import UndefinedComparison, UndefinedEnvironmentName
 from packaging.requirements import InvalidRequirement, Requirement
 
-from ..decide.system import installed_version
-from ..decide.variants import Variant
-from ..errors import IntegrityError, KernelHubError, MetadataError
-from ..names import check_python_name, check_relative_path, check_repo_id, safe_join
-from ..package.buildfmt import (
+from ...decide.builder_names import parse_builder_name
+from ...decide.system import installed_version
+from ...decide.variants import KERNEL_BUILDER, Variant
+from ...errors import IntegrityError, KernelHubError, MetadataError
+from ...names import check_python_name, check_relative_path, check_repo_id, safe_join
+from ...package.buildfmt import (
     KH_KEY,
     MAX_BUNDLE_FILES,
     VARIANT_METADATA,
@@ -38,7 +39,7 @@ from ..package.buildfmt import (
     strict_json,
     variant_to_json,
 )
-from ..package.integrity import native_code_reason
+from ...package.integrity import native_code_reason
 
 SIGNATURE = "metadata.json.sigstore"   # kernel-builder's signature bundle: not code, not in the digest
 NOT_IN_DIGEST = frozenset({VARIANT_METADATA, SIGNATURE})
@@ -320,3 +321,11 @@ class BuildWriter:
                           "kernel_depends": [list(d) for d in self.meta.kernel_depends],
                           "kernels_minver": self.meta.kernels_minver}
         (self.dest / VARIANT_METADATA).write_text(json.dumps(record, indent=1, sort_keys=True))
+
+
+def builder_variant(name: str) -> Variant:
+    """A kernel-builder tree as a variant: its name says framework and backend (builder_names.py); a name it
+    cannot read stays in the trace, rejected with that reason."""
+    named = parse_builder_name(name)
+    return Variant(name=name, framework="torch", backend=named.backend if named else "unknown",
+                   dialect=KERNEL_BUILDER)
