@@ -216,10 +216,11 @@ def test_kernelize_loads_a_repo_named_without_a_version_through_its_loader(hub, 
     """layers/load.py (kernelize's loader) on a mapping value with no version: the newest major branch."""
     from kernel_hub.layers.load import load
     from kernel_hub.layers.plan import repo_spec
+    from kernel_hub.load.trust import TrustPolicy
 
     monkeypatch.setattr(HubSource, "for_repo", classmethod(lambda cls, repo_id, registry_entry=None: cls(
         endpoint=hub.url, cache_dir=tmp_path)))
-    module, repo = load(repo_spec("acme/kb-majors", "moe_experts", trust_remote_code=True), "cpu")
+    module, repo = load(repo_spec("acme/kb-majors", "moe_experts", TrustPolicy(everything=True)), "cpu")
     assert repo == "acme/kb-majors" and module.VARIANT == "v2" and module.__kernel_hub__.variant == "torch-cpu"
 
 

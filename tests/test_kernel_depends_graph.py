@@ -16,7 +16,7 @@ pytest.importorskip("kernels")
 
 from huggingface_hub import HfApi
 
-import kernel_hub.api as kh_api
+import kernel_hub.load.pipeline as kh_pipeline
 from kernel_hub.api import load_plan, plan_load
 from kernel_hub.errors import KernelHubError
 from kernel_hub.load.depends import MAX_DEPENDS_DEPTH
@@ -73,13 +73,13 @@ def _load(hub, cache: Path, repo: str):
 
 def test_a_diamond_loads_each_dependency_once(hub, tmp_path: Path, monkeypatch) -> None:
     imported: list[str] = []
-    real = kh_api.import_build
+    real = kh_pipeline.import_build
 
     def counting(build, *args, **kwargs):
         imported.append(build.repo_id)
         return real(build, *args, **kwargs)
 
-    monkeypatch.setattr(kh_api, "import_build", counting)
+    monkeypatch.setattr(kh_pipeline, "import_build", counting)
     top = _load(hub, tmp_path, "acme/kd-top")
     every = ["acme/kd-top", "acme/kd-leaf"] + [r for level in range(1, LEVELS + 1) for r in _diamond(level)]
     assert sorted(imported) == sorted(every)  # each once: 2^LEVELS paths reach the leaf

@@ -32,11 +32,6 @@ DEFAULT_ENDPOINT = "https://huggingface.co"
 TRUST_ENV = "KERNEL_HUB_TRUSTED_ORGS"
 CLI_FLAG = "--trust-remote-code, or --trust ORG_OR_REPO"
 
-#: What `trust_remote_code` accepts at the public edge: a bool, or repos ("org/name") and organisations ("org") to
-#: trust; None is the default (nothing beyond the trusted organisations).
-TrustSetting = bool | str | Iterable[str] | None
-
-
 @dataclass(frozen=True)
 class TrustPolicy:
     """What a caller trusts beyond the trusted organisations, checked once at the public edge (trust_policy) so the
@@ -63,17 +58,24 @@ class TrustPolicy:
 #: The default: nothing beyond the trusted organisations (and KERNEL_HUB_TRUSTED_ORGS).
 NOTHING_EXTRA = TrustPolicy()
 
+#: What `trust_remote_code` accepts at the public edge: a bool, or repos ("org/name") and organisations ("org") to
+#: trust; None is the default (nothing beyond the trusted organisations); a TrustPolicy already read passes as it is.
+TrustSetting = bool | str | Iterable[str] | TrustPolicy | None
+
 
 def trust_policy(value: TrustSetting) -> TrustPolicy:
     """The policy a public `trust_remote_code` value asks for; the one place a raw setting is read.
 
     Args:
-        value: True (every repo), False/None (none beyond the trusted organisations), or repos/organisations.
+        value: True (every repo), False/None (none beyond the trusted organisations), repos/organisations, or a
+            TrustPolicy (an edge handing its caller's policy to another public function).
     Returns:
         The TrustPolicy, each named entry checked.
     Raises:
         TrustError: a value of another type, or an entry that is not ORG or ORG/NAME.
     """
+    if isinstance(value, TrustPolicy):
+        return value
     if value is None or isinstance(value, bool):
         return TrustPolicy(everything=bool(value))
     items = (value,) if isinstance(value, str) else value
