@@ -77,7 +77,7 @@ def get_kernel(
         if is_hf_lock(Path(lockfile)):  # HF kernels' kernels.lock: a commit per repo, loaded as revision=
             entry = find_hf_lock(read_hf_lock(Path(lockfile)), repo_id, Path(lockfile))
             plan = planning.plan_load(repo_id, revision=entry.commit, backend=backend, framework=framework,
-                                      trust=trust, where=source)
+                                      trust=trust, source_choice=source)
             return pipeline.load_plan(plan, validate=validate)
         module = load_locked(repo_id, lockfile=lockfile, framework=framework, trust=trust)
         if validate:
@@ -85,7 +85,7 @@ def get_kernel(
         return module
 
     plan = planning.plan_load(repo_id, version=version, revision=revision, backend=backend, framework=framework,
-                              trust=trust, where=source)
+                              trust=trust, source_choice=source)
     return pipeline.load_plan(plan, validate=validate)
 
 
@@ -142,7 +142,7 @@ def plan_load(
     registry: Registry | None = None,
     source: Source | None = None,
     trust_remote_code: TrustSetting = None,
-    where: str | None = None,
+    source_choice: str | None = None,
 ) -> Plan:
     """Every decision get_kernel makes (source, commit, variant, each with its reason), nothing imported.
 
@@ -153,7 +153,7 @@ def plan_load(
         source: a Source to plan from instead of the registry's choice.
         trust_remote_code: given (even False), the repo is trust-checked before anything is downloaded and the plan
             can be loaded under that setting; None (the default): no check, for a plan that is only read.
-        where: get_kernel's `source=` choice, "hub", "local" or "auto".
+        source_choice: get_kernel's `source=` ("hub", "local" or "auto"), where `source` is not given.
     Returns:
         The Plan (`describe()` says why each choice was made).
     Raises:
@@ -161,7 +161,8 @@ def plan_load(
     """
     trust = None if trust_remote_code is None else trust_policy(trust_remote_code)
     return planning.plan_load(repo_id, version=version, revision=revision, backend=backend, framework=framework,
-                              system=system, registry=registry, source=source, trust=trust, where=where)
+                              system=system, registry=registry, source=source, trust=trust,
+                              source_choice=source_choice)
 
 
 def load_plan(plan: Plan, *, validate: bool = False, trust_remote_code: TrustSetting = False) -> ModuleType:

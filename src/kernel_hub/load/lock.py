@@ -26,7 +26,7 @@ from ..names import check_commit, check_repo_id
 from ..package.buildfmt import variant_from_json, variant_to_json
 from ..package.integrity import check_digests
 from ..sources.base import Build, LocalSource, Origin, Source
-from .depends import hf_kernel_deps, load_dependency, walk
+from .depends import Graph, hf_kernel_deps, load_dependency, walk
 from .loader import import_build
 from .planning import Plan, plan_load
 from .registry import load_registry
@@ -193,9 +193,9 @@ def _lock_plan(plan: Plan, spec: dict[str, Any], found: dict[tuple[str, str, str
     build = plan.fetch()
     pinned: dict[str, str] = {}
     with walk(plan.repo_id) as graph:
-        for repo, kind, value in build.kernel_depends:
-            def lock_dep(repo: str = repo, kind: str = kind, value: str = value) -> LockedKernel:
-                dep_plan = plan_load(repo, version=int(value) if kind == "version" else None,
+        for repo_id, kind, value in build.kernel_depends:
+            def lock_dep(repo_id: str = repo_id, kind: str = kind, value: str = value) -> LockedKernel:
+                dep_plan = plan_load(repo_id, version=int(value) if kind == "version" else None,
                                      revision=value if kind == "revision" else None, framework=plan.framework,
                                      system=plan.system, source=plan.source if origin.kind == "hub" else None,
                                      trust=plan.trust)
@@ -203,8 +203,8 @@ def _lock_plan(plan: Plan, spec: dict[str, Any], found: dict[tuple[str, str, str
                 found[(entry.repo_id, entry.commit, entry.variant.get("framework"))] = entry
                 return entry
 
-            key = (repo, kind, str(value), plan.framework)
-            pinned[repo] = load_dependency(graph, repo, key, f"{kind} {value}", lock_dep).commit
+            key = (repo_id, kind, str(value), plan.framework)
+            pinned[repo_id] = load_dependency(graph, repo_id, key, f"{kind} {value}", lock_dep).commit
     return LockedKernel(repo_id=plan.repo_id, spec=spec, version=build.version,
                         commit=plan.resolution.commit, variant=variant_to_json(build.variant),
                         files=dict(build.digests), source=origin.kind, location=origin.location,
@@ -332,23 +332,23 @@ def load_locked(repo_id: str, *, lockfile: str | Path | None = None, framework: 
     return module
 
 
-def _load_entry(locked: LockFile, entry: LockedKernel, graph: Any, source: Any, trust: TrustPolicy,
+def _load_entry(locked: LockFile, entry: LockedKernel, graph: Graph, source: Any, trust: TrustPolicy,
                 asked_for: str) -> ModuleType:
     check_trust(entry.origin, trust, asked_for=asked_for)
     build = fetch_entry(entry, source)
-    unpinned = sorted({repo for repo, _, _ in build.kernel_depends} - set(entry.depends))
+    unpinned = sorted({repo_id for repo_id, _, _ in build.kernel_depends} - set(entry.depends))
     if unpinned:
         raise KernelHubError(f"{entry.repo_id}@{entry.commit[:12]} depends on {', '.join(unpinned)}, which the lock "
                              "file does not pin; re-run kernel-hub lock")
     deps: dict[str, ModuleType] = {}
     framework = entry.variant.get("framework")
-    for repo, commit in entry.depends.items():
-        def load(repo: str = repo, commit: str = commit) -> ModuleType:
-            dep = locked.dependency(repo, commit, framework, entry.repo_id)
-            with walk(repo) as g:
-                return _load_entry(locked, dep, g, source, trust, asked_for=repo)
+    for repo_id, commit in entry.depends.items():
+        def load(repo_id: str = repo_id, commit: str = commit) -> ModuleType:
+            dep = locked.dependency(repo_id, commit, framework, entry.repo_id)
+            with walk(repo_id) as g:
+                return _load_entry(locked, dep, g, source, trust, asked_for=repo_id)
 
-        deps[repo] = load_dependency(graph, repo, (repo, commit, framework), f"commit {commit[:12]}", load)
+        deps[repo_id] = load_dependency(graph, repo_id, (repo_id, commit, framework), f"commit {commit[:12]}", load)
     with hf_kernel_deps(deps):
         module = import_build(build)
     if deps:

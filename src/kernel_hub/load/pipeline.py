@@ -48,15 +48,16 @@ def _load_kernel_depends(graph: Graph, plan: Plan, depends: tuple[tuple[str, str
     """Every kernel a build depends on, loaded as get_kernel loads it, from the same source, once per graph."""
     out: dict[str, ModuleType] = {}
     hub_like = plan.origin.kind == "hub"
-    for repo, kind, value in depends:
-        def load(repo: str = repo, kind: str = kind, value: str = value) -> ModuleType:
-            dep_plan = plan_load(repo, version=int(value) if kind == "version" else None,
+    for repo_id, kind, value in depends:
+        def load(repo_id: str = repo_id, kind: str = kind, value: str = value) -> ModuleType:
+            dep_plan = plan_load(repo_id, version=int(value) if kind == "version" else None,
                                  revision=value if kind == "revision" else None, framework=plan.framework,
                                  system=plan.system, source=plan.source if hub_like else None,
                                  trust=plan.trust)
             return load_plan(dep_plan)
 
-        out[repo] = load_dependency(graph, repo, (repo, kind, str(value), plan.framework), f"{kind} {value}", load)
+        key = (repo_id, kind, str(value), plan.framework)
+        out[repo_id] = load_dependency(graph, repo_id, key, f"{kind} {value}", load)
     return out
 
 
@@ -64,8 +65,8 @@ def load_local(source: LocalSource, *, backend: str | None = None, framework: st
                validate: bool = False) -> ModuleType:
     """Load a kernel folder already read (publish reads its folder once and loads what it read)."""
     meta = source.metadata
-    facts = system_for(None, framework, backend)
+    system = system_for(None, framework, backend)
     resolution = Resolution(source.commit, f"v{meta.version}", meta.version, f"local folder {source.kernel_dir}")
-    choice = choose_variant(list(meta.variants), facts, framework)
-    plan = Plan(meta.repo_id, source, resolution, choice, facts, framework)
+    choice = choose_variant(list(meta.variants), system, framework)
+    plan = Plan(meta.repo_id, source, resolution, choice, system, framework)
     return load_plan(plan.trusted(NOTHING_EXTRA), validate=validate)  # a local folder: trusted as the user's own

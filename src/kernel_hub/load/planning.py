@@ -125,31 +125,32 @@ SOURCE_ENV = "KERNEL_HUB_SOURCE"
 SOURCE_CHOICES = ("auto", "hub", "local")
 
 
-def source_choice(where: str | None) -> str:
-    """get_kernel's `source=` argument, else $KERNEL_HUB_SOURCE, else "auto"; one error naming both otherwise."""
-    chosen = where if where is not None else (os.environ.get(SOURCE_ENV) or "auto")
+def read_source_choice(source_choice: str | None) -> str:
+    """get_kernel's `source=` choice, else $KERNEL_HUB_SOURCE, else "auto"; one error naming both otherwise."""
+    chosen = source_choice if source_choice is not None else (os.environ.get(SOURCE_ENV) or "auto")
     if chosen not in SOURCE_CHOICES:
-        named = "source=" if where is not None else SOURCE_ENV
+        named = "source=" if source_choice is not None else SOURCE_ENV
         raise KernelHubError(f"{named} must be one of {', '.join(SOURCE_CHOICES)}, got {chosen!r}")
     return chosen
 
 
-def source_for(repo_id: str, registry: Registry, where: str | None = None) -> Source:
+def source_for(repo_id: str, registry: Registry, source_choice: str | None = None) -> Source:
     """Where a kernel comes from: a folder LOCAL_KERNELS maps it to, the registry's source path, or the Hub
     (through huggingface_hub); an entry naming both uses the Hub when it answers and the source path when it does
-    not. `where` (source_choice) forces the Hub or the source path (LOCAL_KERNELS still comes first)."""
+    not. `source_choice` (read_source_choice) forces the Hub or the source path (LOCAL_KERNELS still comes
+    first)."""
     check_repo_id(repo_id)
-    where = source_choice(where)
+    chosen = read_source_choice(source_choice)
     mapped = local_override(repo_id)  # LOCAL_KERNELS, HF kernels' meaning: this repo from this folder
     if mapped is not None:
         return LocalSource(mapped)
     entry = registry.get(repo_id)
     local = entry is not None and entry.source is not None and entry.source.is_dir()
-    if where == "local":
+    if chosen == "local":
         if not local:
             raise KernelNotFoundError(f"{repo_id}: source='local' but the registry names no source path for it")
         return LocalSource(entry.source)
-    if where == "hub":
+    if chosen == "hub":
         from ..sources.hub import HubSource
 
         return HubSource.for_repo(repo_id, registry_entry=entry)
@@ -178,10 +179,10 @@ def check_target(framework: str, backend: str | None) -> None:
 def system_for(system: SystemFacts | None, framework: str, backend: str | None) -> SystemFacts:
     """This machine's facts (or the given ones), with `backend` forced where asked."""
     check_target(framework, backend)
-    facts = system or detect(framework)
-    if backend is not None and backend != facts.backend:
-        facts = replace(facts, backend=backend, tpu_generation=facts.tpu_generation if backend == "tpu" else None)
-    return facts
+    system = system or detect(framework)
+    if backend is not None and backend != system.backend:
+        system = replace(system, backend=backend, tpu_generation=system.tpu_generation if backend == "tpu" else None)
+    return system
 
 
 def plan_load(
@@ -195,13 +196,14 @@ def plan_load(
     registry: Registry | None = None,
     source: Source | None = None,
     trust: TrustPolicy | None = None,
-    where: str | None = None,
+    source_choice: str | None = None,
 ) -> Plan:
     """Resolve the version and choose the variant; the plan says which and why (nothing is imported).
 
     trust: given (by callers that will import or lock), the origin is checked as soon as the source is known,
     before anything is downloaded, and the plan records it; None (resolve, download) checks nothing.
-    where: "hub", "local" or "auto" (source_choice; None: $KERNEL_HUB_SOURCE, else auto).
+    source_choice: get_kernel's `source=`, "hub", "local" or "auto" (None: $KERNEL_HUB_SOURCE, else auto); used
+    only where `source` is not given.
     """
     check_repo_id(repo_id)
     check_target(framework, backend)
@@ -213,11 +215,11 @@ def plan_load(
                 f"{repo_id} is not in the registry with a default version: pass version= or revision="
             )
         version = entry.version
-    source = source or source_for(repo_id, registry, where)
+    source = source or source_for(repo_id, registry, source_choice)
     resolution = resolve(source.refs(repo_id), version=version, revision=revision)
     if trust is not None:
         check_trust(source.origin(repo_id), trust, asked_for=repo_id)
-    facts = system_for(system, framework, backend)
-    variants = source.candidate_variants(repo_id, resolution.commit, preferred_names(facts, framework))
-    choice = choose_variant(variants, facts, framework)
-    return Plan(repo_id, source, resolution, choice, facts, framework, trust)
+    system = system_for(system, framework, backend)
+    variants = source.candidate_variants(repo_id, resolution.commit, preferred_names(system, framework))
+    choice = choose_variant(variants, system, framework)
+    return Plan(repo_id, source, resolution, choice, system, framework, trust)
