@@ -245,9 +245,10 @@ def test_kernel_depends_load_through_the_same_path(hub, tmp_path: Path) -> None:
 
 def test_lock_records_commit_variant_and_sha256_and_loads_offline(hub, tmp_path: Path) -> None:
     from kernel_hub.load.lock import LockFile, fetch_entry, lock_one
+    from kernel_hub.load.trust import TrustPolicy
 
     entry = lock_one("acme/kb-zip", version=1, framework="torch", backend="cpu", source=_source(hub, tmp_path),
-                     trust_remote_code=True)
+                     trust=TrustPolicy(everything=True))
     assert entry.variant["name"] == "torch-cpu" and entry.variant["dialect"] == "kernel-builder"
     assert set(entry.files) == {"__init__.py", "_ops.py"} and len(entry.commit) == 40
     path = tmp_path / "kernels.lock"
