@@ -35,7 +35,7 @@ def kib(key):
 plan = plan_load("acme/big-tree", version=1, framework="torch", backend="cpu", source=HubSource())
 before = kib("VmRSS")
 open("/proc/self/clear_refs", "w").write("5")
-plan.fetch(True)
+plan.download()
 print(json.dumps({"rss_before_mib": before / 1024, "peak_growth_mib": (kib("VmHWM") - before) / 1024}))
 """
 

@@ -117,7 +117,7 @@ def test_each_layout_loads_then_loads_offline_from_the_cache(hub, tmp_path: Path
     assert module.__kernel_hub__.variant == variant and module.__kernel_hub__.commit == plan.resolution.commit
     hub.reset()
     again = plan_load(repo, version=1, framework="torch", backend="cpu", source=_source(hub, tmp_path, True))
-    build = again.fetch(True)
+    build = again.download()
     assert hub_requests(hub) == [] and build.variant.name == variant and build.commit == plan.resolution.commit
     assert sorted(build.digests) == sorted(p.relative_to(build.package_dir).as_posix()
                                            for p in Path(build.package_dir).rglob("*") if p.is_file())
@@ -195,7 +195,7 @@ def test_without_a_digest_the_git_blob_ids_check_and_it_says_so(hub, tmp_path: P
     blob.write_text(blob.read_text() + "\nraise SystemExit('ran')\n")
     with pytest.raises(IntegrityError, match=r"file build/torch-cpu/kb_relu/_ops\.py does not match the Hub listing"):
         plan_load("acme/kb-nodigest", version=1, framework="torch", backend="cpu",
-                  source=_source(hub, tmp_path, True)).fetch(True)
+                  source=_source(hub, tmp_path, True)).download()
 
 
 def test_versions_are_branches_and_a_spec_names_them(hub, tmp_path: Path) -> None:
@@ -216,10 +216,11 @@ def test_kernelize_loads_a_repo_named_without_a_version_through_its_loader(hub, 
     """layers/load.py (kernelize's loader) on a mapping value with no version: the newest major branch."""
     from kernel_hub.layers.load import load
     from kernel_hub.layers.plan import repo_spec
+    from kernel_hub.load.trust import TrustPolicy
 
     monkeypatch.setattr(HubSource, "for_repo", classmethod(lambda cls, repo_id, registry_entry=None: cls(
         endpoint=hub.url, cache_dir=tmp_path)))
-    module, repo = load(repo_spec("acme/kb-majors", "moe_experts", trust_remote_code=True), "cpu")
+    module, repo = load(repo_spec("acme/kb-majors", "moe_experts", TrustPolicy(everything=True)), "cpu")
     assert repo == "acme/kb-majors" and module.VARIANT == "v2" and module.__kernel_hub__.variant == "torch-cpu"
 
 
@@ -244,9 +245,10 @@ def test_kernel_depends_load_through_the_same_path(hub, tmp_path: Path) -> None:
 
 def test_lock_records_commit_variant_and_sha256_and_loads_offline(hub, tmp_path: Path) -> None:
     from kernel_hub.load.lock import LockFile, fetch_entry, lock_one
+    from kernel_hub.load.trust import TrustPolicy
 
     entry = lock_one("acme/kb-zip", version=1, framework="torch", backend="cpu", source=_source(hub, tmp_path),
-                     trust_remote_code=True)
+                     trust=TrustPolicy(everything=True))
     assert entry.variant["name"] == "torch-cpu" and entry.variant["dialect"] == "kernel-builder"
     assert set(entry.files) == {"__init__.py", "_ops.py"} and len(entry.commit) == 40
     path = tmp_path / "kernels.lock"
@@ -416,7 +418,7 @@ def test_a_tree_beside_an_older_bundle_loads_what_hf_kernels_loads(hub, tmp_path
     assert module.relu(x).numpy().tolist() == np.maximum(np.linspace(-1, 1, 5, dtype=np.float32), 0).tolist()
     replan = plan_load("acme/kb-mixed", version=2, framework="torch", backend="cpu",
                        source=_source(hub, tmp_path / "cache"))
-    again = replan.fetch(True)  # from the cache: still the tree, and `resolve` says so
+    again = replan.download()  # from the cache: still the tree, and `resolve` says so
     assert again.verified == "sha256 (metadata.json digest)" and (Path(again.package_dir) / "_ops.py").is_file()
     assert "verify    sha256 (metadata.json digest) (cached)" in replan.describe()
     script = ("import json, sys\nfrom kernels import get_kernel\n"

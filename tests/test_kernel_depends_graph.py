@@ -16,12 +16,12 @@ pytest.importorskip("kernels")
 
 from huggingface_hub import HfApi
 
-import kernel_hub.load.pipeline as load_pipeline
+import kernel_hub.load.pipeline as kh_pipeline
 from kernel_hub.api import load_plan, plan_load
 from kernel_hub.errors import KernelHubError
 from kernel_hub.load.depends import MAX_DEPENDS_DEPTH
 from kernel_hub.load.lock import get_locked_kernel, lock, read_lock
-from kernel_hub.sources.hub.source import HubSource
+from kernel_hub.sources.hub import HubSource
 from tests.hub_server import running_server
 from tests.kernel_builder_repo import publish, write_variant
 
@@ -73,13 +73,13 @@ def _load(hub, cache: Path, repo: str):
 
 def test_a_diamond_loads_each_dependency_once(hub, tmp_path: Path, monkeypatch) -> None:
     imported: list[str] = []
-    real = load_pipeline.import_build
+    real = kh_pipeline.import_build
 
     def counting(build, *args, **kwargs):
         imported.append(build.repo_id)
         return real(build, *args, **kwargs)
 
-    monkeypatch.setattr(load_pipeline, "import_build", counting)
+    monkeypatch.setattr(kh_pipeline, "import_build", counting)
     top = _load(hub, tmp_path, "acme/kd-top")
     every = ["acme/kd-top", "acme/kd-leaf"] + [r for level in range(1, LEVELS + 1) for r in _diamond(level)]
     assert sorted(imported) == sorted(every)  # each once: 2^LEVELS paths reach the leaf

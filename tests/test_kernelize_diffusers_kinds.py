@@ -15,6 +15,7 @@ pytest.importorskip("diffusers")
 
 import kernel_hub as kh  # noqa: E402
 from kernel_hub.layers import is_kernelized  # noqa: E402
+from kernel_hub.load.trust import TrustPolicy  # noqa: E402
 from kernel_hub.report import models  # noqa: E402
 
 NORM_REPO = "kernel-hub/rms-norm-tpu"
@@ -144,7 +145,7 @@ def test_trust_remote_code_reaches_the_repos_mapping_names_for_diffusers(rn, mon
     report = kh.kernelize_report(
         kh.kernelize(model, mapping={"rms_norm": {"repo_id": "acme/rms-norm", "version": 1}, "attention": None},
                           trust_remote_code=["acme"]))
-    assert asked == [("acme/rms-norm", ["acme"])]
+    assert asked == [("acme/rms-norm", TrustPolicy(named=("acme",)))]  # read once by kernelize, handed down
     assert [r.layer for r in report.replaced] == FLUX_NORMS and all(r.repo_id == "acme/rms-norm"
                                                                     for r in report.replaced)
     assert rel(run(model, inputs), before) <= 1e-4

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kernel_hub import cli
-from kernel_hub.errors import KernelHubError, MetadataError
+from kernel_hub.errors import KernelHubError, MetadataError, TrustError
 from kernel_hub.package.metadata import load_metadata
 from kernel_hub.package.vendoring import assembled_files, common_dir, file_digests, shipped_common
 from kernel_hub.publish.release import build_layout
@@ -59,22 +59,28 @@ def test_the_wheel_layout_wins_over_a_checkout(tmp_path):
 def test_mapping_values_name_any_repo():
     from kernel_hub.layers.kinds import BUILTIN_KINDS
     from kernel_hub.layers.plan import NEWEST_RELEASE, RepoSpec, kernel_specs, repo_spec
+    from kernel_hub.load.trust import TrustPolicy
 
     def _kernel_spec(*args):  # the mapping checked against the built-in kinds, as kernelize hands them down
         return kernel_specs(*args, kinds=BUILTIN_KINDS)
 
     assert repo_spec("acme/ragged-dot-tpu", "moe_experts") == RepoSpec("acme/ragged-dot-tpu", NEWEST_RELEASE)
     assert repo_spec("kernel-hub/ragged-dot-tpu", "moe_experts").version is None  # the registry's default spec
-    spec = repo_spec({"repo_id": "acme/x", "revision": "v2"}, "moe_experts", ["acme"])
-    assert spec == RepoSpec("acme/x", None, "v2", ["acme"])
+    acme, everything = TrustPolicy(named=("acme",)), TrustPolicy(everything=True)
+    spec = repo_spec({"repo_id": "acme/x", "revision": "v2"}, "moe_experts", acme)
+    assert spec == RepoSpec("acme/x", None, "v2", acme)
+    own = repo_spec({"repo_id": "acme/x", "version": 1, "trust_remote_code": ["acme/x"]}, "moe_experts", everything)
+    assert own.trust == TrustPolicy(named=("acme/x",))  # a value's own setting wins over kernelize's
     specs = _kernel_spec({"moe_experts": {"repo_id": "acme/x", "version": 1}, "attention": {"cpu": "acme/y"}}, "cpu",
-                         True)
-    assert specs["moe_experts"] == RepoSpec("acme/x", 1, None, True)
-    assert specs["attention"] == RepoSpec("acme/y", NEWEST_RELEASE, None, True)
+                         everything)
+    assert specs["moe_experts"] == RepoSpec("acme/x", 1, None, everything)
+    assert specs["attention"] == RepoSpec("acme/y", NEWEST_RELEASE, None, everything)
     with pytest.raises(KernelHubError, match="repo_id"):
         _kernel_spec({"moe_experts": {"repo_id": "acme/x", "tag": "v1"}}, "cpu")
     with pytest.raises(KernelHubError, match="ORG/NAME"):
         _kernel_spec({"moe_experts": "not a repo"}, "cpu")
+    with pytest.raises(TrustError, match="trust_remote_code entry"):  # refused with the mapping, before any load
+        _kernel_spec({"moe_experts": {"repo_id": "acme/x", "version": 1, "trust_remote_code": ["../x"]}}, "cpu")
 
 
 def test_kernelize_keeps_the_layers_when_a_mapped_repo_cannot_load():

@@ -77,7 +77,7 @@ def cmd_download(args: argparse.Namespace) -> int:
             version, commit = plan.resolution.version, plan.resolution.commit
             live.row(f"resolved  {plan.resolution.reason}")
             live.phase(f"fetching [{plan.choice.variant.name}] and checking every sha256")
-            build = plan.fetch(None)  # imports nothing: no trust needed
+            build = plan.download()  # imports nothing: no trust needed
     data = {"repo_id": args.repo, "version": version, "commit": commit, "variant": build.variant.name,
             "package_dir": str(build.package_dir), "files": len(build.digests), "verified": True,
             "verification": build.verified}

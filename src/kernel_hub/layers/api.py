@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from ..errors import KernelHubError, KernelizeStrictError
+from ..load.trust import TrustSetting, trust_policy
 from .diffusers import is_diffusers_object, kernelize_diffusers, restore_diffusers
 from .hf_compat import explicit_skips, strict_from
 from .kinds import BUILTIN_KINDS, KindRun, LayerKind, in_order
@@ -47,7 +48,7 @@ def kernelize(
     device: Any = None,
     mapping: dict[str, Any] | None = None,
     validate: bool = True,
-    trust_remote_code: Any = False,
+    trust_remote_code: TrustSetting = False,
     quantize: str | None = None,
     kinds: Sequence[LayerKind] | None = None,
     strict: bool = False,
@@ -76,6 +77,7 @@ def kernelize(
     why, with the model left as it was; a kind mapped to None is left alone without raising.
     """
     mode = check_mode(mode)
+    trust = trust_policy(trust_remote_code)
     strict = strict_from(strict, use_fallback)
     kinds = in_order(BUILTIN_KINDS if kinds is None else kinds)
     skipped = explicit_skips(mapping, tuple(k.name for k in kinds))
@@ -85,14 +87,14 @@ def kernelize(
             raise KernelHubError("quantize= quantizes Mixture-of-Experts expert weights; Diffusers models have no "
                                  "expert layers kernelize serves: drop quantize=")
         report = kernelize_diffusers(model, kinds=kinds, mode=mode, device=device, mapping=mapping,
-                                     validate=validate, trust_remote_code=trust_remote_code)
+                                     validate=validate, trust=trust)
         return _remember(model, _strict_check(model, report, strict, skipped))
     if not hasattr(model, "named_modules"):
         raise KernelHubError(f"kernelize wants a torch.nn.Module, got {type(model).__name__}")
     check_loaded(model)  # weights still on the meta device: one clear error before anything changes
     backend, dev = backend_of(model, device)
     # raises on a bad mapping before any change
-    specs = kernel_specs(mapping, backend, trust_remote_code, kinds=kinds, mode=mode)
+    specs = kernel_specs(mapping, backend, trust, kinds=kinds, mode=mode)
     if is_kernelized(model):
         restore(model)
     report = KernelizeReport(model=type(model).__name__, mode=mode, backend=backend)

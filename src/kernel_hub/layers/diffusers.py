@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import KernelHubError
+from ..load.trust import NOTHING_EXTRA, TrustPolicy
 from .find import is_denoiser, is_diffusers_object, is_pipeline
 from .kinds.declaration import KindRun, LayerKind
 from .plan import backend_of, kernel_specs
@@ -67,7 +68,7 @@ def _components(pipeline: Any, report: KernelizeReport) -> list[tuple[str, Any]]
 
 
 def kernelize_diffusers(obj: Any, *, kinds: Sequence[LayerKind], mode: str, device: Any,
-                        mapping: dict[str, Any] | None, validate: bool, trust_remote_code: Any = False
+                        mapping: dict[str, Any] | None, validate: bool, trust: TrustPolicy = NOTHING_EXTRA
                         ) -> KernelizeReport:
     """kernelize for a Diffusers model or pipeline (layers.api.kernelize hands these over, with the kinds in apply
     order, after its mode check): every layer kind on each denoiser, as the kind's `diffusers` declares."""
@@ -82,7 +83,7 @@ def kernelize_diffusers(obj: Any, *, kinds: Sequence[LayerKind], mode: str, devi
     if models:
         report.backend, dev = backend_of(models[0][1], device)
     # raises on a bad mapping before any change
-    specs = kernel_specs(mapping, report.backend, trust_remote_code, kinds=kinds, mode=mode)
+    specs = kernel_specs(mapping, report.backend, trust, kinds=kinds, mode=mode)
     if not models:
         report.notes.append(f"{type(obj).__name__} has no Diffusers transformer or UNet component")
         return report

@@ -25,7 +25,7 @@ def load(spec: Any, backend: str) -> tuple[Any, str]:
     get_kernel = hub.get_kernel
     if isinstance(spec, RepoSpec):
         return get_kernel(spec.repo_id, version=spec.version, revision=spec.revision, framework="torch",
-                          backend=backend, trust_remote_code=spec.trust_remote_code), spec.repo_id
+                          backend=backend, trust_remote_code=spec.trust), spec.repo_id
     if isinstance(spec, LocalSpec):
         kernel = hub.get_local_kernel(spec.path, framework="torch", backend=backend)
         return kernel, getattr(kernel.__kernel_hub__, "repo_id", None) or str(spec.path)

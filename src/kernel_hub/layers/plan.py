@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import KernelHubError
 from ..load.registry import load_registry
+from ..load.trust import NOTHING_EXTRA, TrustPolicy, trust_policy
 from ..names import check_repo_id
 from .hf_compat import LocalSpec, check_mode_arg, normalize_mapping
 from .swap import packed_placeholders
@@ -69,18 +70,19 @@ def backend_for(device_type: str, *, hip: bool = False) -> str:
 
 @dataclass(frozen=True)
 class RepoSpec:
-    """A mapping value naming a repo: what get_kernel is asked for, with kernelize's trust setting."""
+    """A mapping value naming a repo: what get_kernel is asked for, with the trust policy it loads under (the
+    value's own trust_remote_code, else kernelize's)."""
 
     repo_id: str
     version: int | str | None = None
     revision: str | None = None
-    trust_remote_code: Any = False
+    trust: TrustPolicy = NOTHING_EXTRA
 
     def __str__(self) -> str:
         return self.repo_id
 
 
-def repo_spec(value: str | dict[str, Any], kind: str, trust_remote_code: Any = False) -> RepoSpec:
+def repo_spec(value: str | dict[str, Any], kind: str, trust: TrustPolicy = NOTHING_EXTRA) -> RepoSpec:
     """A mapping value ("org/repo" or {"repo_id", "version", "revision"}) as a RepoSpec; a repo outside
     registry.yaml with neither version nor revision gets its newest release (NEWEST_RELEASE)."""
     fields = {"repo_id": value} if isinstance(value, str) else dict(value)
@@ -93,10 +95,11 @@ def repo_spec(value: str | dict[str, Any], kind: str, trust_remote_code: Any = F
     entry = load_registry().get(repo_id)
     if version is None and revision is None and (entry is None or not entry.version):
         version = NEWEST_RELEASE
-    return RepoSpec(repo_id, version, revision, fields.get("trust_remote_code") or trust_remote_code)
+    own = fields.get("trust_remote_code")  # a mapping value is input too: its own setting is read here, once
+    return RepoSpec(repo_id, version, revision, trust_policy(own) if own else trust)
 
 
-def kernel_specs(mapping: dict[str, Any] | None, backend: str, trust_remote_code: Any = False, *,
+def kernel_specs(mapping: dict[str, Any] | None, backend: str, trust: TrustPolicy = NOTHING_EXTRA, *,
                  kinds: Sequence[LayerKind], mode: str = "inference") -> dict[str, Any]:
     """kind -> repo id / RepoSpec / LocalSpec / loaded kernel module / None for each of `kinds`, from the registry
     overridden by `mapping` (HF `kernels` keys and values read as ours: hf_compat); raises on a bad mapping (before
@@ -108,7 +111,7 @@ def kernel_specs(mapping: dict[str, Any] | None, backend: str, trust_remote_code
     translated, _ = normalize_mapping(mapping, names, backend, mode)
     for kind, value in translated.items():
         if isinstance(value, str | dict):
-            value = repo_spec(value, kind, trust_remote_code)
+            value = repo_spec(value, kind, trust)
         elif isinstance(value, LocalSpec):
             if not (value.path / "kernel.yaml").is_file():
                 raise KernelHubError(f"mapping[{kind!r}]: {value.path} holds no kernel.yaml; kernelize loads a local "

@@ -68,24 +68,24 @@ def _mark(exc: KernelHubError) -> KernelHubError:
     return exc
 
 
-def load_dependency(graph: Graph, repo: str, key: Any, what: str, load: Callable[[], Any]) -> Any:
-    """`load()` for dependency `repo` of the kernel on top of the chain, once per `key` in this graph; a cycle, a
+def load_dependency(graph: Graph, repo_id: str, key: Any, what: str, load: Callable[[], Any]) -> Any:
+    """`load()` for dependency `repo_id` of the kernel on top of the chain, once per `key` in this graph; a cycle, a
     chain deeper than MAX_DEPENDS_DEPTH, or a failure below -> one KernelHubError naming the chain (a failure
     further down passes up unchanged, already named)."""
     chain = _CHAIN.get()
-    if repo in chain:
-        raise _mark(KernelHubError(f"kernel-depends cycle {chain_text((*chain, repo))}"))
+    if repo_id in chain:
+        raise _mark(KernelHubError(f"kernel-depends cycle {chain_text((*chain, repo_id))}"))
     if key in graph.loaded:
         return graph.loaded[key]
     if len(chain) > MAX_DEPENDS_DEPTH:
         raise _mark(KernelHubError(
-            f"kernel-depends deeper than {MAX_DEPENDS_DEPTH} levels: {chain_text((*chain, repo))}"))
+            f"kernel-depends deeper than {MAX_DEPENDS_DEPTH} levels: {chain_text((*chain, repo_id))}"))
     try:
         got = load()
     except KernelHubError as exc:
         if getattr(exc, "__kernel_depends__", False):
             raise
-        raise _mark(type(exc)(f"{chain_text(chain)}: kernel-depends {repo} ({what}) did not load: {exc}")) from None
+        raise _mark(type(exc)(f"{chain_text(chain)}: kernel-depends {repo_id} ({what}) did not load: {exc}")) from None
     graph.loaded[key] = got
     return got
 

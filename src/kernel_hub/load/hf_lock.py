@@ -20,6 +20,7 @@ from typing import Any
 
 from ..errors import KernelHubError, MetadataError, UnsafeNameError
 from ..names import check_commit, check_ref_name, check_repo_id
+from .trust import TrustSetting, trust_policy
 
 HF_LOCK_FILE = "kernels.lock"
 MAX_BYTES = 4 << 20
@@ -129,7 +130,7 @@ def write_hf_lock(entries: list[HfLockEntry], path: Path) -> None:
 
 
 def lock_project(project_dir: str | Path, *, framework: str = "jax", backend: str | None = None,
-                 trust_remote_code: Any = False) -> list[HfLockEntry]:
+                 trust_remote_code: TrustSetting = False) -> list[HfLockEntry]:
     """Lock every kernel `[tool.kernels.dependencies]` names (as get_kernel resolves it, trust check included) and
     write DIR/kernels.lock (HF's format) and DIR/kernel-hub.lock (kernel-hub's, with every file's sha256).
 
@@ -142,8 +143,9 @@ def lock_project(project_dir: str | Path, *, framework: str = "jax", backend: st
     from .lock import LOCK_FILE, LockFile, lock_one
 
     project = Path(project_dir)
+    trust = trust_policy(trust_remote_code)
     wanted = tool_kernels(project / "pyproject.toml")
-    ours = [lock_one(repo, version=major, framework=framework, backend=backend, trust_remote_code=trust_remote_code)
+    ours = [lock_one(repo, version=major, framework=framework, backend=backend, trust=trust)
             for repo, major in wanted.items()]
     entries = [HfLockEntry(k.repo_id, wanted[k.repo_id], None, k.commit) for k in ours]
     write_hf_lock(entries, project / HF_LOCK_FILE)

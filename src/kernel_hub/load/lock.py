@@ -26,11 +26,11 @@ from ..names import check_commit, check_repo_id
 from ..package.buildfmt import variant_from_json, variant_to_json
 from ..package.integrity import check_digests
 from ..sources.base import Build, LocalSource, Origin, Source
-from .depends import hf_kernel_deps, load_dependency, walk
+from .depends import Graph, hf_kernel_deps, load_dependency, walk
 from .loader import import_build
-from .planning import plan_load
+from .planning import Plan, plan_load
 from .registry import load_registry
-from .trust import TrustSetting, check_trust, normalize_trust
+from .trust import TrustPolicy, TrustSetting, check_trust, trust_policy
 
 LOCK_FILE = "kernel-hub.lock"
 LOCK_ENV = "KERNEL_HUB_LOCK"
@@ -172,40 +172,39 @@ def read_lock(path: str | Path | None = None) -> LockFile:
 
 def lock_one(repo_id: str, *, version: int | str | None = None, revision: str | None = None,
              framework: str = "jax", backend: str | None = None, source: Source | None = None,
-             trust_remote_code: TrustSetting = False,
+             trust: TrustPolicy,
              dependencies: dict[tuple[str, str, str | None], LockedKernel] | None = None) -> LockedKernel:
     """Resolve and fetch one kernel as get_kernel would (trust check included), and record exactly what was
     fetched and where it came from; its kernel-depends (each once per graph, depends.MAX_DEPENDS_DEPTH deep at
     most) are locked too, pinned by commit in `depends` and added to `dependencies`."""
-    trust = normalize_trust(trust_remote_code)  # None would mean "no check": a lock always checks
     plan = plan_load(repo_id, version=version, revision=revision, backend=backend, framework=framework,
-                     source=source, trust_remote_code=trust)
+                     source=source, trust=trust)
     if revision is not None:
         spec: dict[str, Any] = {"revision": revision}
     else:
         spec = {"version": version if version is not None else plan.resolution.reason}
     found = dependencies if dependencies is not None else {}
-    return _lock_plan(plan, spec, trust, found)
+    return _lock_plan(plan, spec, found)
 
 
-def _lock_plan(plan: Any, spec: dict[str, Any], trust: Any, found: dict[tuple[str, str, str | None], LockedKernel]
+def _lock_plan(plan: Plan, spec: dict[str, Any], found: dict[tuple[str, str, str | None], LockedKernel]
                ) -> LockedKernel:
     origin = plan.origin
-    build = plan.fetch(trust)
+    build = plan.fetch()
     pinned: dict[str, str] = {}
     with walk(plan.repo_id) as graph:
-        for repo, kind, value in build.kernel_depends:
-            def lock_dep(repo: str = repo, kind: str = kind, value: str = value) -> LockedKernel:
-                dep_plan = plan_load(repo, version=int(value) if kind == "version" else None,
+        for repo_id, kind, value in build.kernel_depends:
+            def lock_dep(repo_id: str = repo_id, kind: str = kind, value: str = value) -> LockedKernel:
+                dep_plan = plan_load(repo_id, version=int(value) if kind == "version" else None,
                                      revision=value if kind == "revision" else None, framework=plan.framework,
                                      system=plan.system, source=plan.source if origin.kind == "hub" else None,
-                                     trust_remote_code=trust)
-                entry = _lock_plan(dep_plan, {"version" if kind == "version" else "revision": value}, trust, found)
+                                     trust=plan.trust)
+                entry = _lock_plan(dep_plan, {"version" if kind == "version" else "revision": value}, found)
                 found[(entry.repo_id, entry.commit, entry.variant.get("framework"))] = entry
                 return entry
 
-            key = (repo, kind, str(value), plan.framework)
-            pinned[repo] = load_dependency(graph, repo, key, f"{kind} {value}", lock_dep).commit
+            key = (repo_id, kind, str(value), plan.framework)
+            pinned[repo_id] = load_dependency(graph, repo_id, key, f"{kind} {value}", lock_dep).commit
     return LockedKernel(repo_id=plan.repo_id, spec=spec, version=build.version,
                         commit=plan.resolution.commit, variant=variant_to_json(build.variant),
                         files=dict(build.digests), source=origin.kind, location=origin.location,
@@ -215,8 +214,19 @@ def _lock_plan(plan: Any, spec: dict[str, Any], trust: Any, found: dict[tuple[st
 def lock(repo_ids: list[str] | None = None, *, version: int | str | None = None, revision: str | None = None,
          framework: str = "jax", backend: str | None = None, path: str | Path | None = None,
          source: Source | None = None, trust_remote_code: TrustSetting = False) -> LockFile:
-    """Lock `repo_ids` (default: every kernel in the registry) and write the lock file."""
-    normalize_trust(trust_remote_code)
+    """Lock `repo_ids` (default: every kernel in the registry) and write the lock file.
+
+    Args:
+        repo_ids: the repos to lock; None or empty: every kernel registry.yaml names.
+        version, revision, framework, backend, trust_remote_code: as for get_kernel.
+        path: the lock file (default: kernel-hub.lock here, or $KERNEL_HUB_LOCK).
+        source: a Source to resolve and fetch from instead of the registry's choice.
+    Returns:
+        The LockFile written.
+    Raises:
+        TrustError: a malformed trust_remote_code (before any work) or an untrusted repo.
+    """
+    trust = trust_policy(trust_remote_code)
     if not repo_ids:
         repo_ids = [e.repo_id for e in load_registry().entries]
     if not repo_ids:
@@ -228,7 +238,7 @@ def lock(repo_ids: list[str] | None = None, *, version: int | str | None = None,
         raise KernelHubError(f"cannot write the lock file {target}: folder {target.parent} does not exist")
     found: dict[tuple[str, str, str | None], LockedKernel] = {}
     locked = LockFile([lock_one(r, version=version, revision=revision, framework=framework, backend=backend,
-                                source=source, trust_remote_code=trust_remote_code, dependencies=found)
+                                source=source, trust=trust, dependencies=found)
                        for r in repo_ids])
     locked.dependencies = [found[k] for k in sorted(found, key=lambda k: (k[0], k[1], str(k[2])))]
     locked.write(target)
@@ -294,32 +304,51 @@ def fetch_entry(entry: LockedKernel, source: Any = None) -> Build:
 def get_locked_kernel(repo_id: str, *, lockfile: str | Path | None = None, framework: str | None = None,
                       source: Any = None, trust_remote_code: TrustSetting = False) -> ModuleType:
     """Load exactly the locked commit and variant, trust checked first, every file checked against the lock
-    before import; its kernel-depends load from the commits the lock pins (never a branch's newer head)."""
+    before import; its kernel-depends load from the commits the lock pins (never a branch's newer head).
+
+    Args:
+        repo_id: the repo as the lock file names it.
+        lockfile: the lock file (default: kernel-hub.lock here, or $KERNEL_HUB_LOCK).
+        framework: which of the repo's locked entries ("jax", "torch"; None: the only one).
+        source: a Hub source to fetch from instead of HF_ENDPOINT's.
+        trust_remote_code: as for get_kernel.
+    Returns:
+        The imported kernel module.
+    Raises:
+        TrustError: a malformed setting or an untrusted repo. IntegrityError: a file differs from the lock.
+    """
+    return load_locked(repo_id, lockfile=lockfile, framework=framework, source=source,
+                       trust=trust_policy(trust_remote_code))
+
+
+def load_locked(repo_id: str, *, lockfile: str | Path | None = None, framework: str | None = None,
+                source: Any = None, trust: TrustPolicy) -> ModuleType:
+    """get_locked_kernel below the public edge: the trust policy already read."""
     locked = read_lock(lockfile)
     entry = locked.find(repo_id, framework)
     with walk(entry.repo_id) as graph:
-        module = _load_entry(locked, entry, graph, source, trust_remote_code, asked_for=repo_id)
+        module = _load_entry(locked, entry, graph, source, trust, asked_for=repo_id)
     module.__kernel_hub_source__ = served_by(entry, source)  # type: ignore[attr-defined]
     return module
 
 
-def _load_entry(locked: LockFile, entry: LockedKernel, graph: Any, source: Any, trust_remote_code: TrustSetting,
+def _load_entry(locked: LockFile, entry: LockedKernel, graph: Graph, source: Any, trust: TrustPolicy,
                 asked_for: str) -> ModuleType:
-    check_trust(entry.origin, trust_remote_code, asked_for=asked_for)
+    check_trust(entry.origin, trust, asked_for=asked_for)
     build = fetch_entry(entry, source)
-    unpinned = sorted({repo for repo, _, _ in build.kernel_depends} - set(entry.depends))
+    unpinned = sorted({repo_id for repo_id, _, _ in build.kernel_depends} - set(entry.depends))
     if unpinned:
         raise KernelHubError(f"{entry.repo_id}@{entry.commit[:12]} depends on {', '.join(unpinned)}, which the lock "
                              "file does not pin; re-run kernel-hub lock")
     deps: dict[str, ModuleType] = {}
     framework = entry.variant.get("framework")
-    for repo, commit in entry.depends.items():
-        def load(repo: str = repo, commit: str = commit) -> ModuleType:
-            dep = locked.dependency(repo, commit, framework, entry.repo_id)
-            with walk(repo) as g:
-                return _load_entry(locked, dep, g, source, trust_remote_code, asked_for=repo)
+    for repo_id, commit in entry.depends.items():
+        def load(repo_id: str = repo_id, commit: str = commit) -> ModuleType:
+            dep = locked.dependency(repo_id, commit, framework, entry.repo_id)
+            with walk(repo_id) as g:
+                return _load_entry(locked, dep, g, source, trust, asked_for=repo_id)
 
-        deps[repo] = load_dependency(graph, repo, (repo, commit, framework), f"commit {commit[:12]}", load)
+        deps[repo_id] = load_dependency(graph, repo_id, (repo_id, commit, framework), f"commit {commit[:12]}", load)
     with hf_kernel_deps(deps):
         module = import_build(build)
     if deps:

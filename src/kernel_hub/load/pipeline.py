@@ -13,21 +13,22 @@ from ..verify.validation import require_valid
 from .depends import Graph, hf_kernel_deps, load_dependency, walk
 from .loader import import_build
 from .planning import Plan, plan_load, system_for
-from .trust import TrustSetting, normalize_trust
+from .trust import NOTHING_EXTRA
 
 _log = logging.getLogger("kernel_hub")
 
 
-def load_plan(plan: Plan, *, validate: bool = False, trust_remote_code: TrustSetting = False) -> ModuleType:
-    """Check trust, fetch, verify and import the planned build (Plan.fetch); optionally validate it here.
+def load_plan(plan: Plan, *, validate: bool = False) -> ModuleType:
+    """Fetch, verify and import the planned build (Plan.fetch: only a plan whose origin passed a trust policy);
+    optionally validate it here.
 
-    A kernel-builder build's `kernel-depends` load first, each through this same path (plan, trust, fetch,
-    verify, import) on the same source, each once per graph and at most depends.MAX_DEPENDS_DEPTH levels deep; the
-    kernel finds them as `__kernel_deps__` and, where HF `kernels` is installed, through its `get_kernel_dep` while
-    it imports."""
-    build = plan.fetch(normalize_trust(trust_remote_code))  # normalized: None here means "trust nothing extra"
+    A kernel-builder build's `kernel-depends` load first, each through this same path (plan under the same policy,
+    trust, fetch, verify, import) on the same source, each once per graph and at most depends.MAX_DEPENDS_DEPTH
+    levels deep; the kernel finds them as `__kernel_deps__` and, where HF `kernels` is installed, through its
+    `get_kernel_dep` while it imports."""
+    build = plan.fetch()
     with walk(plan.repo_id) as graph:
-        deps = _load_kernel_depends(graph, plan, build.kernel_depends, trust_remote_code)
+        deps = _load_kernel_depends(graph, plan, build.kernel_depends)
     with hf_kernel_deps(deps):
         module = import_build(build)
     if deps:
@@ -42,20 +43,21 @@ def load_plan(plan: Plan, *, validate: bool = False, trust_remote_code: TrustSet
     return module
 
 
-def _load_kernel_depends(graph: Graph, plan: Plan, depends: tuple[tuple[str, str, str], ...],
-                         trust_remote_code: TrustSetting) -> dict[str, ModuleType]:
+def _load_kernel_depends(graph: Graph, plan: Plan, depends: tuple[tuple[str, str, str], ...]
+                         ) -> dict[str, ModuleType]:
     """Every kernel a build depends on, loaded as get_kernel loads it, from the same source, once per graph."""
     out: dict[str, ModuleType] = {}
     hub_like = plan.origin.kind == "hub"
-    for repo, kind, value in depends:
-        def load(repo: str = repo, kind: str = kind, value: str = value) -> ModuleType:
-            dep_plan = plan_load(repo, version=int(value) if kind == "version" else None,
+    for repo_id, kind, value in depends:
+        def load(repo_id: str = repo_id, kind: str = kind, value: str = value) -> ModuleType:
+            dep_plan = plan_load(repo_id, version=int(value) if kind == "version" else None,
                                  revision=value if kind == "revision" else None, framework=plan.framework,
                                  system=plan.system, source=plan.source if hub_like else None,
-                                 trust_remote_code=trust_remote_code)
-            return load_plan(dep_plan, trust_remote_code=trust_remote_code)
+                                 trust=plan.trust)
+            return load_plan(dep_plan)
 
-        out[repo] = load_dependency(graph, repo, (repo, kind, str(value), plan.framework), f"{kind} {value}", load)
+        key = (repo_id, kind, str(value), plan.framework)
+        out[repo_id] = load_dependency(graph, repo_id, key, f"{kind} {value}", load)
     return out
 
 
@@ -63,8 +65,8 @@ def load_local(source: LocalSource, *, backend: str | None = None, framework: st
                validate: bool = False) -> ModuleType:
     """Load a kernel folder already read (publish reads its folder once and loads what it read)."""
     meta = source.metadata
-    facts = system_for(None, framework, backend)
+    system = system_for(None, framework, backend)
     resolution = Resolution(source.commit, f"v{meta.version}", meta.version, f"local folder {source.kernel_dir}")
-    choice = choose_variant(list(meta.variants), facts, framework)
-    plan = Plan(meta.repo_id, source, resolution, choice, facts, framework)
-    return load_plan(plan, validate=validate)
+    choice = choose_variant(list(meta.variants), system, framework)
+    plan = Plan(meta.repo_id, source, resolution, choice, system, framework)
+    return load_plan(plan.trusted(NOTHING_EXTRA), validate=validate)  # a local folder: trusted as the user's own

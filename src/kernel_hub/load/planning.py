@@ -1,23 +1,24 @@
 """The decisions before anything is fetched: which source serves a repo, which commit the asked version names,
 which build variant fits this system. get_kernel, lock, download and `kernel-hub resolve` all start here.
-Callers that import or lock pass their trust setting, so an untrusted repo is refused before any download; then
-Plan.fetch is the one way from a plan to a build on disk (get_kernel, lock, download, the TPU compile gate)."""
+Callers that import or lock pass their TrustPolicy, so an untrusted repo is refused before any download, and the
+plan records the policy its origin passed; Plan.fetch hands over a build only from such a plan (get_kernel, lock,
+the TPU compile gate), Plan.download from any plan (`kernel-hub download` imports nothing)."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from ..decide.hf_conventions import local_override
 from ..decide.system import BACKENDS, SystemFacts, detect
 from ..decide.variants import Choice, choose_variant, preferred_names
 from ..decide.versions import Resolution, resolve
-from ..errors import KernelHubError, KernelNotFoundError, NoVariantError, VersionSpecError
+from ..errors import KernelHubError, KernelNotFoundError, NoVariantError, TrustError, VersionSpecError
 from ..names import check_repo_id
 from ..package.buildfmt import FRAMEWORKS
 from ..sources.base import Build, HubOrLocal, LocalSource, Origin, Source
 from .registry import Registry, load_registry
-from .trust import TrustSetting, check_trust, normalize_trust
+from .trust import TrustPolicy, check_trust
 
 #: Rejected variants a "no build fits" error shows; the rest are counted (`kernel-hub resolve` prints them all).
 MAX_TRACE_LINES = 10
@@ -33,8 +34,9 @@ class Plan:
     choice: Choice
     system: SystemFacts
     framework: str
-    #: The origin and trust setting plan_load already checked (None: not checked), so fetch checks once.
-    trust_checked: tuple[Origin, TrustSetting] | None = field(default=None, compare=False)
+    #: The trust policy this plan's origin passed (plan_load or trusted() checked it); None: planned to resolve or
+    #: download only, so fetch refuses it.
+    trust: TrustPolicy | None = None
 
     @property
     def origin(self) -> Origin:
@@ -53,25 +55,40 @@ class Plan:
                                              "all)"] if more > 0 else [])
         return NoVariantError(f"no build of {where} fits this system ({len(lines)} variants):\n" + "\n".join(shown))
 
-    def fetch(self, trust_remote_code: TrustSetting | None) -> Build:
-        """The planned build on local disk, every digest checked, its version filled in from the resolution
-        where the build names none. `trust_remote_code`: the caller's setting, for a build it will import or lock;
-        the origin is checked against it here unless plan_load checked this very setting (once is enough).
-        None only for a fetch that imports nothing (`kernel-hub download`)."""
+    def trusted(self, policy: TrustPolicy) -> Plan:
+        """This plan, its origin checked against `policy` (for a plan made without one, or with another).
+
+        Raises:
+            TrustError: the origin is not trusted under `policy`.
+        """
+        if self.trust == policy:
+            return self
+        check_trust(self.origin, policy, asked_for=self.repo_id)
+        return replace(self, trust=policy)
+
+    def fetch(self) -> Build:
+        """The planned build on local disk for a caller that imports or locks it: only from a plan whose origin
+        passed a trust policy (plan_load(trust=...) or trusted()).
+
+        Raises:
+            NoVariantError: the plan chose no variant. TrustError: the plan was made without a trust policy.
+        """
         if self.choice.variant is None:
             raise self.no_fit()
-        if trust_remote_code is not None and not self._checked(trust_remote_code):
-            check_trust(self.origin, trust_remote_code, asked_for=self.repo_id)
+        if self.trust is None:
+            raise TrustError(f"{self.repo_id}: this plan was made without a trust policy, so it is not fetched to be "
+                             "imported; plan it with one (plan_load trust_remote_code=) or pass it to load_plan")
+        return self.download()
+
+    def download(self) -> Build:
+        """The planned build on local disk, every digest checked, its version filled in from the resolution where
+        the build names none. Checks no trust: for a caller that imports nothing (`kernel-hub download`)."""
+        if self.choice.variant is None:
+            raise self.no_fit()
         build = self.source.fetch(self.repo_id, self.resolution.commit, self.choice.variant)
         if build.version is None and self.resolution.version is not None:
             build = replace(build, version=self.resolution.version)
         return build
-
-    def _checked(self, trust_remote_code: TrustSetting) -> bool:
-        if self.trust_checked is None:
-            return False
-        origin, setting = self.trust_checked
-        return origin == self.origin and normalize_trust(setting) == normalize_trust(trust_remote_code)
 
     def describe(self) -> str:
         r = self.resolution
@@ -108,31 +125,32 @@ SOURCE_ENV = "KERNEL_HUB_SOURCE"
 SOURCE_CHOICES = ("auto", "hub", "local")
 
 
-def source_choice(where: str | None) -> str:
-    """get_kernel's `source=` argument, else $KERNEL_HUB_SOURCE, else "auto"; one error naming both otherwise."""
-    chosen = where if where is not None else (os.environ.get(SOURCE_ENV) or "auto")
+def read_source_choice(source_choice: str | None) -> str:
+    """get_kernel's `source=` choice, else $KERNEL_HUB_SOURCE, else "auto"; one error naming both otherwise."""
+    chosen = source_choice if source_choice is not None else (os.environ.get(SOURCE_ENV) or "auto")
     if chosen not in SOURCE_CHOICES:
-        named = "source=" if where is not None else SOURCE_ENV
+        named = "source=" if source_choice is not None else SOURCE_ENV
         raise KernelHubError(f"{named} must be one of {', '.join(SOURCE_CHOICES)}, got {chosen!r}")
     return chosen
 
 
-def source_for(repo_id: str, registry: Registry, where: str | None = None) -> Source:
+def source_for(repo_id: str, registry: Registry, source_choice: str | None = None) -> Source:
     """Where a kernel comes from: a folder LOCAL_KERNELS maps it to, the registry's source path, or the Hub
     (through huggingface_hub); an entry naming both uses the Hub when it answers and the source path when it does
-    not. `where` (source_choice) forces the Hub or the source path (LOCAL_KERNELS still comes first)."""
+    not. `source_choice` (read_source_choice) forces the Hub or the source path (LOCAL_KERNELS still comes
+    first)."""
     check_repo_id(repo_id)
-    where = source_choice(where)
+    chosen = read_source_choice(source_choice)
     mapped = local_override(repo_id)  # LOCAL_KERNELS, HF kernels' meaning: this repo from this folder
     if mapped is not None:
         return LocalSource(mapped)
     entry = registry.get(repo_id)
     local = entry is not None and entry.source is not None and entry.source.is_dir()
-    if where == "local":
+    if chosen == "local":
         if not local:
             raise KernelNotFoundError(f"{repo_id}: source='local' but the registry names no source path for it")
         return LocalSource(entry.source)
-    if where == "hub":
+    if chosen == "hub":
         from ..sources.hub.source import HubSource
 
         return HubSource.for_repo(repo_id, registry_entry=entry)
@@ -161,10 +179,10 @@ def check_target(framework: str, backend: str | None) -> None:
 def system_for(system: SystemFacts | None, framework: str, backend: str | None) -> SystemFacts:
     """This machine's facts (or the given ones), with `backend` forced where asked."""
     check_target(framework, backend)
-    facts = system or detect(framework)
-    if backend is not None and backend != facts.backend:
-        facts = replace(facts, backend=backend, tpu_generation=facts.tpu_generation if backend == "tpu" else None)
-    return facts
+    system = system or detect(framework)
+    if backend is not None and backend != system.backend:
+        system = replace(system, backend=backend, tpu_generation=system.tpu_generation if backend == "tpu" else None)
+    return system
 
 
 def plan_load(
@@ -177,14 +195,15 @@ def plan_load(
     system: SystemFacts | None = None,
     registry: Registry | None = None,
     source: Source | None = None,
-    trust_remote_code: TrustSetting | None = None,
-    where: str | None = None,
+    trust: TrustPolicy | None = None,
+    source_choice: str | None = None,
 ) -> Plan:
     """Resolve the version and choose the variant; the plan says which and why (nothing is imported).
 
-    trust_remote_code: given (by callers that will import or lock), the trust check runs as soon as the source
-    is known, before anything is downloaded; None (resolve, download) skips it.
-    where: "hub", "local" or "auto" (source_choice; None: $KERNEL_HUB_SOURCE, else auto).
+    trust: given (by callers that will import or lock), the origin is checked as soon as the source is known,
+    before anything is downloaded, and the plan records it; None (resolve, download) checks nothing.
+    source_choice: get_kernel's `source=`, "hub", "local" or "auto" (None: $KERNEL_HUB_SOURCE, else auto); used
+    only where `source` is not given.
     """
     check_repo_id(repo_id)
     check_target(framework, backend)
@@ -196,14 +215,11 @@ def plan_load(
                 f"{repo_id} is not in the registry with a default version: pass version= or revision="
             )
         version = entry.version
-    source = source or source_for(repo_id, registry, where)
+    source = source or source_for(repo_id, registry, source_choice)
     resolution = resolve(source.refs(repo_id), version=version, revision=revision)
-    checked = None
-    if trust_remote_code is not None:
-        origin = source.origin(repo_id)
-        check_trust(origin, trust_remote_code, asked_for=repo_id)
-        checked = (origin, trust_remote_code)
-    facts = system_for(system, framework, backend)
-    variants = source.candidate_variants(repo_id, resolution.commit, preferred_names(facts, framework))
-    choice = choose_variant(variants, facts, framework)
-    return Plan(repo_id, source, resolution, choice, facts, framework, trust_checked=checked)
+    if trust is not None:
+        check_trust(source.origin(repo_id), trust, asked_for=repo_id)
+    system = system_for(system, framework, backend)
+    variants = source.candidate_variants(repo_id, resolution.commit, preferred_names(system, framework))
+    choice = choose_variant(variants, system, framework)
+    return Plan(repo_id, source, resolution, choice, system, framework, trust)

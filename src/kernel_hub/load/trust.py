@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from ..errors import TrustError, UnsafeNameError
 from ..names import check_repo_id
@@ -31,8 +32,67 @@ DEFAULT_ENDPOINT = "https://huggingface.co"
 TRUST_ENV = "KERNEL_HUB_TRUSTED_ORGS"
 CLI_FLAG = "--trust-remote-code, or --trust ORG_OR_REPO"
 
-#: What `trust_remote_code` accepts: a bool, or repos ("org/name") and organisations ("org") to trust.
-TrustSetting = bool | str | Iterable[str] | None
+@dataclass(frozen=True)
+class TrustPolicy:
+    """What a caller trusts beyond the trusted organisations, checked once at the public edge (trust_policy) so the
+    loading code below never reads the raw setting.
+
+    everything: every repo (trust_remote_code=True). named: repos ("org/name") and organisations ("org"), each checked.
+    """
+
+    everything: bool = False
+    named: tuple[str, ...] = ()
+
+    def grant(self, repo_id: str) -> str | None:
+        """Why this policy trusts `repo_id` (None: it does not)."""
+        org = repo_id.split("/")[0]
+        if self.everything:
+            return "trust_remote_code=True"
+        if repo_id in self.named:
+            return f"trust_remote_code names {repo_id}"
+        if org in self.named:
+            return f"trust_remote_code names organisation {org}"
+        return None
+
+
+#: The default: nothing beyond the trusted organisations (and KERNEL_HUB_TRUSTED_ORGS).
+NOTHING_EXTRA = TrustPolicy()
+
+#: What `trust_remote_code` accepts at the public edge: a bool, or repos ("org/name") and organisations ("org") to
+#: trust; None is the default (nothing beyond the trusted organisations); a TrustPolicy already read passes as it is.
+TrustSetting = bool | str | Iterable[str] | TrustPolicy | None
+
+
+def trust_policy(value: TrustSetting) -> TrustPolicy:
+    """The policy a public `trust_remote_code` value asks for; the one place a raw setting is read.
+
+    Args:
+        value: True (every repo), False/None (none beyond the trusted organisations), repos/organisations, or a
+            TrustPolicy (an edge handing its caller's policy to another public function).
+    Returns:
+        The TrustPolicy, each named entry checked.
+    Raises:
+        TrustError: a value of another type, or an entry that is not ORG or ORG/NAME.
+    """
+    if isinstance(value, TrustPolicy):
+        return value
+    if value is None or isinstance(value, bool):
+        return TrustPolicy(everything=bool(value))
+    items = (value,) if isinstance(value, str) else value
+    try:
+        entries = tuple(items)
+    except TypeError:
+        raise TrustError(f"trust_remote_code must be True/False or a list of repos/orgs, not {type(value).__name__}"
+                         ) from None
+    for entry in entries:
+        try:
+            check_repo_id(entry if isinstance(entry, str) and "/" in entry else f"{entry}/x")
+        except UnsafeNameError:
+            raise TrustError(f"trust_remote_code entry {entry!r} is not a repo (ORG/NAME) or an organisation (ORG)"
+                             ) from None
+        if not isinstance(entry, str):
+            raise TrustError(f"trust_remote_code entries must be 'org' or 'org/name' strings, got {entry!r}")
+    return TrustPolicy(named=entries)
 
 
 def is_default_endpoint(location: str) -> bool:
@@ -55,28 +115,7 @@ def trusted_orgs(origin: Origin | None = None) -> tuple[str, ...]:
     return (TRUSTED_ORGS if origin is None else default_orgs_for(origin)) + env_trusted_orgs()
 
 
-def normalize_trust(value: TrustSetting) -> bool | tuple[str, ...]:
-    """True/False, or the tuple of repos and organisations a list names (each checked)."""
-    if value is None or isinstance(value, bool):
-        return bool(value)
-    items = (value,) if isinstance(value, str) else value
-    try:
-        entries = tuple(items)
-    except TypeError:
-        raise TrustError(f"trust_remote_code must be True/False or a list of repos/orgs, not {type(value).__name__}"
-                         ) from None
-    for entry in entries:
-        try:
-            check_repo_id(entry if isinstance(entry, str) and "/" in entry else f"{entry}/x")
-        except UnsafeNameError:
-            raise TrustError(f"trust_remote_code entry {entry!r} is not a repo (ORG/NAME) or an organisation (ORG)"
-                             ) from None
-        if not isinstance(entry, str):
-            raise TrustError(f"trust_remote_code entries must be 'org' or 'org/name' strings, got {entry!r}")
-    return entries
-
-
-def trust_decision(origin: Origin, trust_remote_code: TrustSetting, orgs: tuple[str, ...]) -> tuple[bool, str]:
+def trust_decision(origin: Origin, policy: TrustPolicy, orgs: tuple[str, ...]) -> tuple[bool, str]:
     """(allowed, reason) for loading code from `origin`. Pure: the trusted organisations are an argument."""
     if origin.kind == "local":
         return True, f"local folder {origin.location}"
@@ -84,25 +123,22 @@ def trust_decision(origin: Origin, trust_remote_code: TrustSetting, orgs: tuple[
     org = repo.split("/")[0]
     if org in orgs:
         return True, f"organisation {org} is trusted"
-    setting = normalize_trust(trust_remote_code)
-    if setting is True:
-        return True, "trust_remote_code=True"
+    granted = policy.grant(repo)
+    if granted is not None:
+        return True, granted
     untrusted = f"organisation {org} is not trusted"
     if org in TRUSTED_ORGS:
         untrusted = (f"organisation {org} is trusted by default only at {DEFAULT_ENDPOINT}, not at "
                      f"{origin.location} (whoever can write there chooses what it holds)")
-    if setting is not False:
-        if repo in setting:
-            return True, f"trust_remote_code names {repo}"
-        if org in setting:
-            return True, f"trust_remote_code names organisation {org}"
-        return False, f"{repo} is not among trust_remote_code {list(setting)} and {untrusted}"
+    if policy.named:
+        return False, f"{repo} is not among trust_remote_code {list(policy.named)} and {untrusted}"
     return False, untrusted
 
 
-def check_trust(origin: Origin, trust_remote_code: TrustSetting, asked_for: str | None = None) -> None:
-    """Raise TrustError (one line, naming the ways to trust it) unless `origin` may run."""
-    allowed, reason = trust_decision(origin, trust_remote_code, trusted_orgs(origin))
+def check_trust(origin: Origin, policy: TrustPolicy, asked_for: str | None = None) -> None:
+    """Raise TrustError (one line, naming the ways to trust it) unless `origin` may run; every path that imports
+    or locks a kernel calls this on the repo it fetches."""
+    allowed, reason = trust_decision(origin, policy, trusted_orgs(origin))
     if not allowed:
         alias = f" (registry alias {asked_for})" if asked_for and asked_for != origin.repo_id else ""
         raise TrustError(

@@ -16,7 +16,7 @@ from typing import Any
 from ...errors import KernelHubError
 from ...load.loader import verified_digests
 from ...load.planning import plan_load
-from ...load.trust import TrustSetting
+from ...load.trust import TrustPolicy, TrustSetting, trust_policy
 from ...package.compile_record import TpuCompileRecord, record_from_cases
 from ...package.integrity import combined_digest
 from ...verify.validation import CaseResult, ValidationReport
@@ -29,13 +29,13 @@ from .runner import compile_in_worker
 #: What the worker loads: one verified build (see package.py).
 
 
-def _from_repo(repo_id: str, revision: str | None = None, trust_remote_code: TrustSetting = False) -> VerifiedPackage:
-    """The TPU build of a repo, as get_kernel would load it: the same trust check (Plan.fetch), fetched and
+def _from_repo(repo_id: str, trust: TrustPolicy, revision: str | None = None) -> VerifiedPackage:
+    """The TPU build of a repo, as get_kernel would load it: the same trust check (plan_load), fetched and
     verified."""
-    plan = plan_load(repo_id, revision=revision, backend="tpu", framework="jax", trust_remote_code=trust_remote_code)
+    plan = plan_load(repo_id, revision=revision, backend="tpu", framework="jax", trust=trust)
     if plan.choice.variant is None:
         raise KernelHubError(f"{repo_id} has no jax-tpu build: nothing to compile for a TPU")
-    return from_build(plan.fetch(trust_remote_code))
+    return from_build(plan.fetch())
 
 
 def target_for(kernel: ModuleType | str | Path | VerifiedPackage,
@@ -50,7 +50,7 @@ def target_for(kernel: ModuleType | str | Path | VerifiedPackage,
     if isinstance(kernel, Path) or (isinstance(kernel, str) and Path(kernel).is_dir()):
         return folder_package(Path(kernel))
     if isinstance(kernel, str):
-        return _from_repo(kernel, trust_remote_code=trust_remote_code)
+        return _from_repo(kernel, trust_policy(trust_remote_code))
     info = getattr(kernel, "__kernel_hub__", None)
     if info is None:
         raise KernelHubError("compile_matrix() takes a kernel folder, a repo id or a module from get_kernel")
@@ -64,7 +64,7 @@ def target_for(kernel: ModuleType | str | Path | VerifiedPackage,
             target = folder_package(folder)
             if target.commit == info.commit:
                 return target
-    return _from_repo(info.repo_id, revision=info.commit, trust_remote_code=[info.repo_id])
+    return _from_repo(info.repo_id, TrustPolicy(named=(info.repo_id,)), revision=info.commit)
 
 
 def content_key(target: VerifiedPackage) -> str:
