@@ -21,7 +21,7 @@ from kernel_hub.api import load_plan, plan_load
 from kernel_hub.errors import KernelHubError
 from kernel_hub.load.depends import MAX_DEPENDS_DEPTH
 from kernel_hub.load.lock import get_locked_kernel, lock, read_lock
-from kernel_hub.sources.hub import HubSource
+from kernel_hub.sources.hub.source import HubSource
 from tests.hub_server import running_server
 from tests.kernel_builder_repo import publish, write_variant
 
