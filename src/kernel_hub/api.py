@@ -23,7 +23,8 @@ from .sources.base import LocalSource
 from .tpu.chips import parse_generations
 from .tpu.compile_gate.gate import compile_matrix
 from .tpu.env import tpu_env
-from .verify.validation import ValidationReport, require_valid
+from .verify.results import ValidationReport
+from .verify.validation import require_valid
 from .verify.validation import validate as run_validation
 
 _log = logging.getLogger("kernel_hub")

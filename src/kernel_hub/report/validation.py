@@ -13,7 +13,7 @@ from typing import Any
 
 from ..package.buildfmt import FRAMEWORKS
 from ..ui.progress import Progress
-from ..verify.validation import CaseResult, case_cells
+from ..verify.results import AnyCaseResult, CompileResult, NumericResult, case_cells
 from .schema import CaseRow, Cell, Compile, KernelRun, Validation, finite
 
 #: TPU generations compiled for in a full report (all that tpu.chips knows) and in a quick one.
@@ -34,14 +34,17 @@ def quick_selection(cases: list[Any]) -> list[Any]:
     return out
 
 
-def case_row(kernel: str, framework: str, c: CaseResult) -> CaseRow:
-    compiled = c.kind == "compile"
-    return CaseRow(
-        kernel=kernel, framework=framework, mode="tpu-compile" if compiled else (c.mode or "auto"),
-        generation=c.generation, name=c.name, dtype=c.dtype, implementation=c.implementation, passed=c.passed,
-        max_error=finite(c.max_error), tolerance=c.tolerance, run_seconds=None if compiled else c.seconds,
-        first_call_seconds=c.first_call_seconds, compile_seconds=c.compile_seconds, warm_runs=c.warm_runs,
-        cached=c.cached, error=c.error)
+def case_row(kernel: str, framework: str, c: AnyCaseResult) -> CaseRow:
+    """The dashboard's row of a case of either kind; the other kind's columns empty."""
+    common = dict(kernel=kernel, framework=framework, name=c.name, dtype=c.dtype, implementation=c.implementation,
+                  passed=c.passed, error=c.error)
+    if isinstance(c, CompileResult):
+        return CaseRow(**common, mode="tpu-compile", generation=c.generation, max_error=0.0 if c.passed else None,
+                       tolerance=0.0, run_seconds=None, first_call_seconds=None, compile_seconds=c.compile_seconds,
+                       warm_runs=0, cached=c.cached)
+    return CaseRow(**common, mode=c.mode or "auto", generation=None, max_error=finite(c.max_error),
+                   tolerance=c.tolerance, run_seconds=c.seconds, first_call_seconds=c.first_call_seconds,
+                   compile_seconds=c.compile_seconds, warm_runs=c.warm_runs, cached=False)
 
 
 def matrix(rows: Sequence[CaseRow], column: str, *, by_dtype: bool) -> list[Cell]:
@@ -58,7 +61,7 @@ def matrix(rows: Sequence[CaseRow], column: str, *, by_dtype: bool) -> list[Cell
     return list(cells.values())
 
 
-def live_row(kernel: str, c: CaseResult) -> str:
+def live_row(kernel: str, c: NumericResult) -> str:
     cells = case_cells(c)
     verdict = "pass" if c.passed else "FAIL"
     name, dtype, mode, _impl, err, _tol, first, warm = cells[:8]
@@ -94,7 +97,7 @@ def run_validation(repo_ids: Sequence[str], *, seed: int, quick: bool, progress:
             def started(total: int, repo_id: str = repo_id, variant: str = info.variant) -> None:
                 progress.phase(f"validate {repo_id} [{variant}]", total)
 
-            def finished(i: int, total: int, c: CaseResult, repo_id: str = repo_id) -> None:
+            def finished(i: int, total: int, c: NumericResult, repo_id: str = repo_id) -> None:
                 progress.row(live_row(repo_id, c), ok=c.passed)
                 progress.advance()
 

@@ -7,7 +7,6 @@ content, variant, jax, libtpu, generation). `compile_record(report)` is the summ
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -19,7 +18,7 @@ from ...load.planning import plan_load
 from ...load.trust import TrustSetting
 from ...package.compile_record import TpuCompileRecord, record_from_cases
 from ...package.integrity import combined_digest
-from ...verify.validation import CaseResult, ValidationReport
+from ...verify.results import CompileResult, ValidationReport
 from ..chips import parse_generations
 from ..env import TpuEnv, tpu_env
 from ..package import VerifiedPackage, folder_package, from_build
@@ -73,16 +72,13 @@ def content_key(target: VerifiedPackage) -> str:
     return combined_digest(dict(target.digests))[:40] if target.digests else target.commit
 
 
-def _case_result(record: dict[str, Any], cached: bool) -> CaseResult:
-    passed = bool(record.get("passed"))
-    seconds = record.get("compile_seconds")
-    return CaseResult(
+def _case_result(record: dict[str, Any], cached: bool) -> CompileResult:
+    return CompileResult(
         name=record["name"], dtype=record.get("dtype", ""), implementation=record.get("implementation"),
-        passed=passed,
-        max_error=0.0 if passed else math.nan, tolerance=0.0, seconds=float(seconds or 0.0),
-        tags=tuple(record.get("tags", ())), error=record.get("error"), kind="compile",
-        generation=record["generation"], compile_seconds=seconds, argument_bytes=record.get("argument_bytes"),
-        output_bytes=record.get("output_bytes"), temp_bytes=record.get("temp_bytes"), cached=cached,
+        passed=bool(record.get("passed")), tags=tuple(record.get("tags", ())), error=record.get("error"),
+        generation=record["generation"], compile_seconds=record.get("compile_seconds"),
+        argument_bytes=record.get("argument_bytes"), output_bytes=record.get("output_bytes"),
+        temp_bytes=record.get("temp_bytes"), cached=cached,
     )
 
 
