@@ -21,7 +21,7 @@ from .load.planning import Plan, plan_load, source_for, system_for
 from .load.trust import TrustSetting, normalize_trust
 from .sources.base import LocalSource
 from .tpu.chips import parse_generations
-from .tpu.compile_gate.gate import compile_matrix
+from .tpu.compile_gate.gate import compile_matrix, module_package
 from .tpu.env import tpu_env
 from .verify.results import ValidationReport
 from .verify.validation import require_valid
@@ -123,8 +123,8 @@ def validate(kernel: ModuleType | str, *, backend: str | None = None, version: i
                             trust_remote_code=trust_remote_code, lockfile=lockfile)
     report = run_validation(kernel, backend=backend, other_cases=bool(generations), **options)
     if generations:
-        compiled = compile_matrix(kernel, generations, tags=options.get("tags"), names=options.get("names"),
-                                  env=environment)
+        compiled = compile_matrix(module_package(kernel), generations, tags=options.get("tags"),
+                                  names=options.get("names"), env=environment)
         report.cases.extend(compiled.cases)
         report.libtpu_version, report.generations = compiled.libtpu_version, compiled.generations
     return report

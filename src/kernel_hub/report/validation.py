@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from ..package.buildfmt import FRAMEWORKS
@@ -116,7 +117,7 @@ def run_validation(repo_ids: Sequence[str], *, seed: int, quick: bool, progress:
     return Validation(seed=seed, runs=runs, cases=rows, matrix=matrix(rows, "mode", by_dtype=True))
 
 
-def run_compile(kernel_dirs: dict[str, Any], generations: Sequence[str] | None, *, quick: bool, cases: str,
+def run_compile(kernel_dirs: dict[str, Path], generations: Sequence[str] | None, *, quick: bool, cases: str,
                 progress: Progress) -> Compile:
     """compile_matrix for each kernel folder over `generations` (None: every known one; quick: v5e) and `cases`
     ("smoke": the cases tagged smoke, the first forward and backward validation case of each kernel; "all": every
@@ -125,6 +126,7 @@ def run_compile(kernel_dirs: dict[str, Any], generations: Sequence[str] | None, 
     from ..tpu.chips import CHIPS
     from ..tpu.compile_gate.gate import compile_matrix
     from ..tpu.env import TpuEnvironmentError, tpu_env
+    from ..tpu.package import folder_package
 
     gens = tuple(generations or (QUICK_GENERATIONS if quick else tuple(CHIPS)))
     try:
@@ -135,7 +137,7 @@ def run_compile(kernel_dirs: dict[str, Any], generations: Sequence[str] | None, 
     rows: list[CaseRow] = []
     progress.phase(f"TPU compile for {', '.join(gens)}", len(kernel_dirs))
     for repo_id, folder in kernel_dirs.items():
-        report = compile_matrix(folder, gens, tags=["smoke"] if cases == "smoke" else None, env=env)
+        report = compile_matrix(folder_package(folder), gens, tags=["smoke"] if cases == "smoke" else None, env=env)
         mine = [case_row(repo_id, "jax", c) for c in report.cases]
         rows += mine
         ok = sum(r.passed for r in mine)

@@ -1,8 +1,10 @@
 """The TPU compile gate: every TPU case of a kernel compiled by the real TPU compiler, per generation.
 
-`compile_matrix(kernel, ["v5e", "v6e"])` -> ValidationReport whose cases have kind="compile", a generation,
-the compile seconds and the compiled memory (argument/output/temp bytes). Results are cached per (package
-content, variant, jax, libtpu, generation). `compile_record(report)` is the summary a release records.
+`compile_matrix(package, ["v5e", "v6e"])` -> ValidationReport of CompileResult cases: a generation, the compile
+seconds and the compiled memory (argument/output/temp bytes). It takes one kind of input, a VerifiedPackage; callers
+convert first (tpu.package.folder_package for a kernel folder, repo_package for a repo id, module_package for a
+loaded kernel). Results are cached per (package content, variant, jax, libtpu, generation).
+`compile_record(report)` is the summary a release records.
 """
 
 from __future__ import annotations
@@ -25,34 +27,33 @@ from ..package import VerifiedPackage, folder_package, from_build
 from . import cache
 from .runner import compile_in_worker
 
-#: What the worker loads: one verified build (see package.py).
 
+def repo_package(repo_id: str, revision: str | None = None,
+                 trust_remote_code: TrustSetting = False) -> VerifiedPackage:
+    """The TPU build of a repo, as get_kernel would load it: the same trust check (Plan.fetch), fetched and verified.
 
-def _from_repo(repo_id: str, revision: str | None = None, trust_remote_code: TrustSetting = False) -> VerifiedPackage:
-    """The TPU build of a repo, as get_kernel would load it: the same trust check (Plan.fetch), fetched and
-    verified."""
+    Args:
+        repo_id: the Hub repo.
+        revision: a commit or ref (None: the newest release).
+        trust_remote_code: as get_kernel takes it.
+
+    Returns:
+        The jax-tpu build, fetched and hashed; KernelHubError when the repo has none."""
     plan = plan_load(repo_id, revision=revision, backend="tpu", framework="jax", trust_remote_code=trust_remote_code)
     if plan.choice.variant is None:
         raise KernelHubError(f"{repo_id} has no jax-tpu build: nothing to compile for a TPU")
     return from_build(plan.fetch(trust_remote_code))
 
 
-def target_for(kernel: ModuleType | str | Path | VerifiedPackage,
-               trust_remote_code: TrustSetting = False) -> VerifiedPackage:
-    """A kernel folder (kernel.yaml + package), a repo id, or a loaded kernel module -> its TPU build, verified.
+def module_package(kernel: ModuleType) -> VerifiedPackage:
+    """The TPU build of a loaded kernel module, verified.
 
-    A repo id passes the trust check get_kernel applies (`trust_remote_code` as there). A module loaded for
-    another backend (jax-cpu on this host) is compiled from the jax-tpu build of the same commit: from its own
-    folder when it came from one, else fetched from the repo it was loaded from (trusted: it was loaded)."""
-    if isinstance(kernel, VerifiedPackage):  # already read and hashed (publish's kernel folder)
-        return kernel
-    if isinstance(kernel, Path) or (isinstance(kernel, str) and Path(kernel).is_dir()):
-        return folder_package(Path(kernel))
-    if isinstance(kernel, str):
-        return _from_repo(kernel, trust_remote_code=trust_remote_code)
+    A module loaded for another backend (jax-cpu on this host) is compiled from the jax-tpu build of the same
+    commit: from its own folder when it came from one, else fetched from the repo it was loaded from (trusted: it
+    was loaded)."""
     info = getattr(kernel, "__kernel_hub__", None)
     if info is None:
-        raise KernelHubError("compile_matrix() takes a kernel folder, a repo id or a module from get_kernel")
+        raise KernelHubError("the compile gate takes a module from get_kernel/get_local_kernel")
     digests = verified_digests(kernel)
     if info.backend == "tpu" and digests is not None:
         return VerifiedPackage(info.repo_id, info.version, info.commit, info.variant, Path(info.path), "__init__.py",
@@ -63,7 +64,7 @@ def target_for(kernel: ModuleType | str | Path | VerifiedPackage,
             target = folder_package(folder)
             if target.commit == info.commit:
                 return target
-    return _from_repo(info.repo_id, revision=info.commit, trust_remote_code=[info.repo_id])
+    return repo_package(info.repo_id, revision=info.commit, trust_remote_code=[info.repo_id])
 
 
 def content_key(target: VerifiedPackage) -> str:
@@ -89,26 +90,35 @@ def _selection_key(names: Sequence[str] | None, tags: Sequence[str] | None) -> s
 
 
 def compile_matrix(
-    kernel: ModuleType | str | Path | VerifiedPackage,
+    target: VerifiedPackage,
     generations: str | Sequence[str] = ("v5e", "v6e"),
     *,
     names: Sequence[str] | None = None,
     tags: Sequence[str] | None = None,
     use_cache: bool = True,
     env: TpuEnv | None = None,
-    trust_remote_code: TrustSetting = False,
     jobs: int | None = None,
     on_event: Callable[[dict[str, Any]], None] | None = None,
 ) -> ValidationReport:
-    """Compile the kernel's TPU cases (all, or those named / carrying one of `tags`) for each generation.
+    """Compile a verified TPU build's cases (all, or those named / carrying one of `tags`) for each generation.
 
-    Returns a ValidationReport (backend "tpu"); `.passed` is False if any case failed to compile or none was
-    selected. Cases the cache holds for this (commit, variant, jax, libtpu, generation) are not compiled
-    again. A repo id is trust-checked as get_kernel does (`trust_remote_code`); the worker imports only the
-    verified files. `jobs`: compiler processes at once (default: one per generation, up to the CPU count).
-    `on_event`: each compile worker event as it happens (live progress); cached cases send none."""
+    Cases the cache holds for this (package content, variant, jax, libtpu, generation) are not compiled again; the
+    worker imports only the verified files.
+
+    Args:
+        target: the build, already verified: folder_package (a kernel folder), repo_package (a repo id, trust
+            checked), module_package (a loaded kernel).
+        generations: TPU generations, a list or "v5e,v6e".
+        names, tags: the cases to compile (None: all).
+        use_cache: serve cached results.
+        env: the TPU environment (None: found here).
+        jobs: compiler processes at once (default: one per generation, up to the CPU count).
+        on_event: each compile worker event as it happens (live progress); cached cases send none.
+
+    Returns:
+        A ValidationReport (backend "tpu") of CompileResult cases; `.passed` is False if any case failed to
+        compile or none was selected."""
     gens = parse_generations(generations)
-    target = target_for(kernel, trust_remote_code)
     env = env or tpu_env()
     selection = _selection_key(names, tags)
     key = content_key(target)
@@ -147,7 +157,7 @@ def compile_matrix(
     return report
 
 
-def compile_record(report: Any, generations: Sequence[str] | None = None) -> dict[str, Any]:
+def compile_record(report: ValidationReport, generations: Sequence[str] | None = None) -> dict[str, Any]:
     """What a release records about its TPU compile gate (JSON-ready, compile_record.py's schema) for `generations`
     (default: all of the report's), plus "passed"."""
     gens = list(report.generations if generations is None else generations)
