@@ -118,6 +118,10 @@ def compile_matrix(
     Returns:
         A ValidationReport (backend "tpu") of CompileResult cases; `.passed` is False if any case failed to
         compile or none was selected."""
+    if not isinstance(target, VerifiedPackage):
+        raise KernelHubError(f"compile_matrix takes a VerifiedPackage, not {type(target).__name__}: convert a kernel "
+                             "folder with tpu.package.folder_package, a repo id with repo_package, a loaded kernel "
+                             "with module_package")
     gens = parse_generations(generations)
     env = env or tpu_env()
     selection = _selection_key(names, tags)
