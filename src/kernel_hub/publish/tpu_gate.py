@@ -138,7 +138,7 @@ def run_gate(folder: KernelFolder, *, skip: bool, log: Callable[[str], None], en
         if failed:
             raise CompileGateError(f"{meta.repo_id} {meta.version}: {_failure_line(name, failed, len(mine))}; "
                                    f"not publishing ({SKIP_FLAG} overrides)")
-        records[name] = record_from_cases(report.cases, gens, report.jax_version, report.libtpu_version)
+        records[name] = record_from_cases(report.compiled, gens, report.jax_version, report.libtpu_version)
     seconds = sum(c.compile_seconds or 0.0 for c in report.compiled if not c.cached)
     cached = sum(c.cached for c in report.compiled)
     cases = len({c.name for c in report.cases})

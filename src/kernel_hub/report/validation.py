@@ -10,10 +10,10 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from ..package.buildfmt import FRAMEWORKS
 from ..ui.progress import Progress
+from ..verify.contract import Case
 from ..verify.results import AnyCaseResult, CompileResult, NumericResult, case_cells
 from .schema import CaseRow, Cell, Compile, KernelRun, Validation, finite
 
@@ -21,7 +21,7 @@ from .schema import CaseRow, Cell, Compile, KernelRun, Validation, finite
 QUICK_GENERATIONS = ("v5e",)
 
 
-def quick_selection(cases: list[Any]) -> list[Any]:
+def quick_selection(cases: list[Case]) -> list[Case]:
     """One case per (mode, dtype): every matrix cell of the full run, a fraction of its time."""
     from ..verify.validation import case_mode
 
@@ -37,15 +37,15 @@ def quick_selection(cases: list[Any]) -> list[Any]:
 
 def case_row(kernel: str, framework: str, c: AnyCaseResult) -> CaseRow:
     """The dashboard's row of a case of either kind; the other kind's columns empty."""
-    common = dict(kernel=kernel, framework=framework, name=c.name, dtype=c.dtype, implementation=c.implementation,
-                  passed=c.passed, error=c.error)
     if isinstance(c, CompileResult):
-        return CaseRow(**common, mode="tpu-compile", generation=c.generation, max_error=0.0 if c.passed else None,
-                       tolerance=0.0, run_seconds=None, first_call_seconds=None, compile_seconds=c.compile_seconds,
-                       warm_runs=0, cached=c.cached)
-    return CaseRow(**common, mode=c.mode or "auto", generation=None, max_error=finite(c.max_error),
+        return CaseRow(kernel=kernel, framework=framework, mode="tpu-compile", generation=c.generation, name=c.name,
+                       dtype=c.dtype, implementation=c.implementation, passed=c.passed,
+                       max_error=0.0 if c.passed else None, tolerance=0.0, run_seconds=None, first_call_seconds=None,
+                       compile_seconds=c.compile_seconds, warm_runs=0, cached=c.cached, error=c.error)
+    return CaseRow(kernel=kernel, framework=framework, mode=c.mode or "auto", generation=None, name=c.name,
+                   dtype=c.dtype, implementation=c.implementation, passed=c.passed, max_error=finite(c.max_error),
                    tolerance=c.tolerance, run_seconds=c.seconds, first_call_seconds=c.first_call_seconds,
-                   compile_seconds=c.compile_seconds, warm_runs=c.warm_runs, cached=False)
+                   compile_seconds=c.compile_seconds, warm_runs=c.warm_runs, cached=False, error=c.error)
 
 
 def matrix(rows: Sequence[CaseRow], column: str, *, by_dtype: bool) -> list[Cell]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
@@ -170,7 +171,7 @@ def _mib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**20:.1f}"
 
 
-def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
+def _aligned(rows: Sequence[tuple[str, ...]]) -> list[str]:
     """Rows as columns padded to width; the last column (the verdict) is left ragged."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     return ["  ".join(v.ljust(w) for v, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows]

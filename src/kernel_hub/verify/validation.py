@@ -24,7 +24,7 @@ import numpy as np
 
 from ..decide.system import cache_root, detect, installed_version
 from ..errors import KernelHubError, ValidationFailedError
-from .contract import REFERENCE_ATTR, SHAPES_ATTR, VALIDATION_MODULE, ValidationModule, cases_from_reference
+from .contract import REFERENCE_ATTR, SHAPES_ATTR, VALIDATION_MODULE, Case, ValidationModule, cases_from_reference
 from .numerics import relative_error, to_float64, tolerance
 from .results import NumericResult, ValidationReport
 from .timing import first_and_warm
@@ -36,7 +36,7 @@ WARM_RUNS = 3
 WARM_BUDGET_S = 0.5
 
 
-def case_mode(case: Any) -> str:
+def case_mode(case: Case) -> str:
     """How a case runs, for the report's matrix: tpu-interpret (the TPU simulator with race detection),
     pallas-interpret, torch (the torch-facing entry), else its implementation (cpu, xla, ...; "auto": the
     entry's own order)."""
@@ -52,7 +52,7 @@ def case_mode(case: Any) -> str:
     return "/".join(impl) if isinstance(impl, tuple) else (impl or "auto")
 
 
-def run_case(case: Any, module: ModuleType, seed: int, *, warm_runs: int = WARM_RUNS,
+def run_case(case: Case, module: ModuleType, seed: int, *, warm_runs: int = WARM_RUNS,
              warm_budget_s: float = WARM_BUDGET_S) -> NumericResult:
     """One case: fresh inputs, the kernel call timed cold (first call) and warm (median of up to `warm_runs`
     more), reference, verdict. Exceptions fail the case."""
@@ -123,7 +123,7 @@ def validate(
     seed: int | None = None,
     on_start: Callable[[int], None] | None = None,
     on_case: Callable[[int, int, NumericResult], None] | None = None,
-    select: Callable[[list[Any]], list[Any]] | None = None,
+    select: Callable[[list[Case]], list[Case]] | None = None,
     other_cases: bool = False,
 ) -> ValidationReport:
     """Run the kernel's cases for this backend; `tags`/`names` (or `select`, a function of the case list)
@@ -154,8 +154,8 @@ def validate(
     return report
 
 
-def pick_cases(cases: list[Any], tags: Sequence[str] | None,
-               names: Sequence[str] | None) -> tuple[list[Any], str]:
+def pick_cases(cases: list[Case], tags: Sequence[str] | None,
+               names: Sequence[str] | None) -> tuple[list[Case], str]:
     """(the cases carrying one of `tags` and named in `names`, "" or what was asked that no case has, with the
     valid choices)."""
     known_tags = sorted({t for c in cases for t in getattr(c, "tags", ())})

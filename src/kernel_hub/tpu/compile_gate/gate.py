@@ -165,5 +165,5 @@ def compile_record(report: ValidationReport, generations: Sequence[str] | None =
     """What a release records about its TPU compile gate (JSON-ready, compile_record.py's schema) for `generations`
     (default: all of the report's), plus "passed"."""
     gens = list(report.generations if generations is None else generations)
-    record = record_from_cases(report.cases, gens, report.jax_version, report.libtpu_version)
+    record = record_from_cases(report.compiled, gens, report.jax_version, report.libtpu_version)
     return {**record, "passed": TpuCompileRecord.model_validate(record).passed}
