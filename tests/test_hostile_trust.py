@@ -78,7 +78,6 @@ def test_the_error_names_a_flag_every_loading_command_has(capsys: pytest.Capture
 def _edges(tmp_path):
     import kernel_hub as kh
     from kernel_hub.load.hf_lock import lock_project
-    from kernel_hub.tpu.compile_gate.gate import target_for
 
     missing = str(tmp_path / "missing")
     return {
@@ -88,12 +87,12 @@ def _edges(tmp_path):
         "get_locked_kernel": lambda t: kh.get_locked_kernel("acme/none", lockfile=missing, trust_remote_code=t),
         "lock_project": lambda t: lock_project(missing, trust_remote_code=t),
         "kernelize": lambda t: kh.kernelize(object(), trust_remote_code=t),
-        "compile_gate": lambda t: target_for("acme/none", t),
+        "validate": lambda t: kh.validate("acme/none", trust_remote_code=t),
     }
 
 
 @pytest.mark.parametrize("edge", ["get_kernel", "plan_load", "lock", "get_locked_kernel", "lock_project", "kernelize",
-                                  "compile_gate"])
+                                  "validate"])
 def test_every_public_edge_refuses_a_malformed_setting_before_any_work(edge: str, tmp_path) -> None:
     """Each edge reads the setting first: the error is the setting's, not the missing repo, file or model's."""
     with pytest.raises(TrustError, match="trust_remote_code must be True/False or a list"):

@@ -141,9 +141,9 @@ def test_tpu_gate_refuses_an_untrusted_repo_before_fetching(tmp_path: Path, monk
 
     monkeypatch.setattr(gate, "plan_load", plan_from_fake)
     with pytest.raises(TrustError):
-        gate.target_for(REPO)
+        gate.repo_package(REPO, NOTHING_EXTRA)
     assert hub.fetched == []
-    target = gate.target_for(REPO, trust_remote_code=[REPO])
+    target = gate.repo_package(REPO, TrustPolicy(named=(REPO,)))
     assert hub.fetched == ["jax-tpu"] and target.variant == "jax-tpu" and target.version == "1.2.0"
 
 

@@ -9,7 +9,8 @@ import pytest
 
 from kernel_hub.errors import IntegrityError
 from kernel_hub.package.integrity import sha256_file
-from kernel_hub.publish.release import read_kernel_folder, write_layout
+from kernel_hub.publish.folder import read_kernel_folder
+from kernel_hub.publish.release import write_layout
 
 
 def test_the_folder_is_read_once_into_files_and_digests(toy_kernel: Path) -> None:

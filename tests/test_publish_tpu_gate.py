@@ -22,8 +22,8 @@ from kernel_hub.decide.variants import Variant
 from kernel_hub.errors import IntegrityError
 from kernel_hub.package import buildfmt as fmt
 from kernel_hub.publish.release import build_layout, publish
+from kernel_hub.publish.tpu_gate import CompileGateError, gate_plan
 from kernel_hub.tpu.compile_gate import gate
-from kernel_hub.tpu.compile_gate.release_gate import CompileGateError, gate_plan
 from kernel_hub.tpu.env import TpuEnvironmentError
 from tests.hub_server import cli_command, hub_env, running_server
 from tests.tpu_toys import env_or_skip, write_package

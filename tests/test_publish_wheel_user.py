@@ -19,9 +19,9 @@ from kernel_hub.decide.variants import Variant
 from kernel_hub.errors import KernelHubError
 from kernel_hub.publish import release as publish_module
 from kernel_hub.publish.identity import identical_release, record_paths
+from kernel_hub.publish.tpu_gate import _GateProgress
 from kernel_hub.tpu import runner
 from kernel_hub.tpu import setup_env as setup
-from kernel_hub.tpu.compile_gate.release_gate import _GateProgress
 from kernel_hub.tpu.env import TpuEnvironmentError, find_tpu_python
 from kernel_hub.ui.progress import Progress
 from tests.client_env import child_env

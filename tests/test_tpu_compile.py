@@ -13,7 +13,7 @@ import pytest
 from kernel_hub.tpu.compile_gate import gate
 from kernel_hub.tpu.compile_gate.runner import compile_in_worker
 from kernel_hub.tpu.env import TpuEnvironmentError, find_tpu_python
-from kernel_hub.tpu.package import local_package
+from kernel_hub.tpu.package import folder_package, local_package
 from tests.tpu_toys import env_or_skip, write_package
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +32,8 @@ def env():
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_smoke_cases_compile_for_v5e_and_v6e(env, kernel, tmp_path, monkeypatch):
     monkeypatch.setenv("KERNEL_HUB_CACHE", str(tmp_path))
-    report = gate.compile_matrix(ROOT / "kernels/pallas" / kernel, ["v5e", "v6e"], tags=["smoke"], env=env)
+    package = folder_package(ROOT / "kernels/pallas" / kernel)
+    report = gate.compile_matrix(package, ["v5e", "v6e"], tags=["smoke"], env=env)
     assert report.passed, str(report)
     assert report.backend == "tpu" and report.libtpu_version == env.libtpu_version
     assert {c.generation for c in report.cases} == {"v5e", "v6e"}
@@ -55,21 +56,22 @@ def test_smoke_cases_compile_for_v5e_and_v6e(env, kernel, tmp_path, monkeypatch)
 
 def test_second_run_is_served_from_the_cache(env, tmp_path, monkeypatch):
     monkeypatch.setenv("KERNEL_HUB_CACHE", str(tmp_path))
-    first = gate.compile_matrix(ROOT / "kernels/pallas/ragged_dot", ["v5e"], tags=["smoke"], env=env)
+    ragged_dot = folder_package(ROOT / "kernels/pallas/ragged_dot")
+    first = gate.compile_matrix(ragged_dot, ["v5e"], tags=["smoke"], env=env)
     assert first.passed and not any(c.cached for c in first.cases)
 
     def no_compiler(*args, **kwargs):
         raise AssertionError("compiled again although every case was cached")
 
     monkeypatch.setattr(gate, "compile_in_worker", no_compiler)
-    second = gate.compile_matrix(ROOT / "kernels/pallas/ragged_dot", ["v5e"], tags=["smoke"], env=env)
+    second = gate.compile_matrix(ragged_dot, ["v5e"], tags=["smoke"], env=env)
     assert [c.name for c in second.cases] == [c.name for c in first.cases]
     assert all(c.cached and c.passed for c in second.cases)
     assert "cached" in str(second)
     # another libtpu is another key: that one is not served from this cache
     other = type(env)(env.python, env.jax_version, env.libtpu_version + ".post1")
     with pytest.raises(AssertionError, match="compiled again"):
-        gate.compile_matrix(ROOT / "kernels/pallas/ragged_dot", ["v5e"], tags=["smoke"], env=other)
+        gate.compile_matrix(ragged_dot, ["v5e"], tags=["smoke"], env=other)
 
 
 _BAD_PACKAGE = '''

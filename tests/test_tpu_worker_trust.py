@@ -12,6 +12,7 @@ import pytest
 from kernel_hub.errors import IntegrityError
 from kernel_hub.tpu.compile_gate import gate, runner
 from kernel_hub.tpu.compile_gate.runner import compile_in_worker
+from kernel_hub.tpu.package import folder_package
 from kernel_hub.tpu.runner import refusal, run_worker
 from tests.tpu_toys import env_or_skip, write_package
 
@@ -77,14 +78,14 @@ def _plant(path: Path, marker: Path) -> None:
 
 
 def test_verified_package_compiles_without_bytecode(env, kernel: Path) -> None:
-    package = gate.target_for(kernel)
+    package = folder_package(kernel)
     records = compile_in_worker(env, package, ("v5e",))
     assert [(r["name"], r["passed"]) for r in records] == [("add_one", True)]
     assert not list(kernel.rglob("__pycache__")) and not list(kernel.rglob("*.pyc"))  # source compiled in memory
 
 
 def test_file_changed_after_the_parent_verified_is_refused_and_never_runs(env, kernel: Path, tmp_path: Path) -> None:
-    package = gate.target_for(kernel)  # the parent hashes every file: these digests go to the worker
+    package = folder_package(kernel)  # the parent hashes every file: these digests go to the worker
     marker = tmp_path / "ran"
     _plant(kernel / "trusty" / "tpu_cases.py", marker)  # imported last by the worker: verification comes first
     with pytest.raises(IntegrityError) as exc:
@@ -95,7 +96,7 @@ def test_file_changed_after_the_parent_verified_is_refused_and_never_runs(env, k
 
 
 def test_file_not_among_the_digests_is_refused(env, kernel: Path, tmp_path: Path) -> None:
-    package = gate.target_for(kernel)
+    package = folder_package(kernel)
     marker = tmp_path / "ran"
     (kernel / "trusty" / "extra.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
     with pytest.raises(IntegrityError, match="unexpected file extra.py not in the recorded digests"):
@@ -113,13 +114,13 @@ def test_compile_matrix_refuses_a_change_between_verification_and_the_worker(env
 
     monkeypatch.setattr(gate, "compile_in_worker", change_then_compile)
     with pytest.raises(IntegrityError, match="ops.py has sha256"):
-        gate.compile_matrix(kernel, ["v5e"], env=env)
+        gate.compile_matrix(folder_package(kernel), ["v5e"], env=env)
     assert not marker.exists()
     assert not list((tmp_path / "kh-cache").rglob("tpu_compile/*.json"))  # nothing cached from a refused run
 
 
 def test_cost_model_worker_uses_the_same_check(env, kernel: Path, tmp_path: Path) -> None:
-    package = gate.target_for(kernel)
+    package = folder_package(kernel)
     marker = tmp_path / "ran"
     _plant(kernel / "trusty" / "__init__.py", marker)
     request = {"mode": "model", "ragged_dot": package.request(), "flash_attention": package.request(),

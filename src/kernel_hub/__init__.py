@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # what type checkers read (`x as x`: a re-export); at run tim
     from .load.lock import get_locked_kernel as get_locked_kernel
     from .load.lock import lock as lock
     from .load.registry import load_registry as load_registry
-    from .verify.validation import ValidationReport as ValidationReport
+    from .verify.results import ValidationReport as ValidationReport
 
 __version__ = "0.1.0"
 
@@ -34,7 +34,7 @@ _LAZY = {
     "has_kernel": "api",
     "plan_load": "api",
     "validate": "api",
-    "ValidationReport": "verify.validation",
+    "ValidationReport": "verify.results",
     "kernelize": "layers",
     "kernelize_report": "layers",
     "restore": "layers",

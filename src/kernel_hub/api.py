@@ -24,9 +24,10 @@ from .load.registry import Registry
 from .load.trust import TrustSetting, trust_policy
 from .sources.base import LocalSource, Source
 from .tpu.chips import parse_generations
-from .tpu.compile_gate.gate import compile_matrix
+from .tpu.compile_gate.gate import compile_matrix, module_package
 from .tpu.env import tpu_env
-from .verify.validation import ValidationReport, require_valid
+from .verify.results import ValidationReport
+from .verify.validation import require_valid
 from .verify.validation import validate as run_validation
 
 _log = logging.getLogger("kernel_hub")
@@ -213,8 +214,8 @@ def validate(kernel: ModuleType | str, *, backend: str | None = None, version: i
                             trust_remote_code=trust_remote_code, lockfile=lockfile)
     report = run_validation(kernel, backend=backend, other_cases=bool(generations), **options)
     if generations:
-        compiled = compile_matrix(kernel, generations, tags=options.get("tags"), names=options.get("names"),
-                                  env=environment)
+        compiled = compile_matrix(module_package(kernel), generations, tags=options.get("tags"),
+                                  names=options.get("names"), env=environment)
         report.cases.extend(compiled.cases)
         report.libtpu_version, report.generations = compiled.libtpu_version, compiled.generations
     return report

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
 
@@ -103,10 +103,23 @@ def not_compiled(reason: str) -> dict[str, Any]:
     return TpuCompileRecord(status=NOT_COMPILED, reason=reason).model_dump()
 
 
-def record_from_cases(cases: Sequence[Any], generations: Sequence[str], jax_version: str | None,
+class CompiledCase(Protocol):
+    """What a record needs of a compile case (verify.results.CompileResult; the other kind has no generation)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def passed(self) -> bool: ...
+    @property
+    def implementation(self) -> str | None: ...
+    @property
+    def generation(self) -> str: ...
+
+
+def record_from_cases(cases: Sequence[CompiledCase], generations: Sequence[str], jax_version: str | None,
                       libtpu_version: str | None) -> dict[str, Any]:
-    """The record for `generations` from compile CaseResults (kind "compile") of a gate report (JSON-ready)."""
-    mine = [c for c in cases if getattr(c, "kind", None) == "compile" and c.generation in generations]
+    """The record for `generations` from the compile cases of a gate report (JSON-ready)."""
+    mine = [c for c in cases if c.generation in generations]
     per: dict[str, GenerationSummary] = {}
     for gen in generations:
         rows = [c for c in mine if c.generation == gen]

@@ -1,1 +1,2 @@
-"""Publishing a kernel folder to a Hub repo: the release layout, tags and branches, identical-release detection."""
+"""Publishing a kernel folder to a Hub repo: the folder read once, the TPU compile gate, the release layout, tags and
+branches, identical-release detection."""

@@ -1,7 +1,7 @@
 """`kernel-hub publish`: kernel folder -> checks -> validate -> TPU compile gate -> HF kernels-compatible repo
 layout (with the compile matrix in each TPU variant's metadata.json) -> upload -> tag.
 
-The folder is read once (read_kernel_folder: kernel.yaml, every file the package ships and its sha256) into a
+The folder is read once (folder.read_kernel_folder: kernel.yaml, every file the package ships and its sha256) into a
 KernelFolder that every later stage takes: validation loads it, the TPU gate compiles it, the layout copies it
 and checks each copy against the digest read at the start, so what was validated is what is uploaded. The Hub
 is reached through HubClient (sources/hub/client.py) only. The layout (bundles, metadata.json) is
@@ -31,26 +31,22 @@ from ..errors import (
     IntegrityError,
     KernelHubError,
     KernelNotFoundError,
-    MetadataError,
     RefMovedError,
     ValidationFailedError,
 )
 from ..load.pipeline import load_local
 from ..names import check_repo_id, safe_join, safe_rmtree
 from ..package import buildfmt as fmt
-from ..package.integrity import not_source_reason, sha256_file
-from ..package.metadata import METADATA_FILE, KernelMetadata, load_metadata
+from ..package.integrity import sha256_file
+from ..package.metadata import METADATA_FILE, KernelMetadata
 from ..package.symbols import SYMBOLS_FILE, build_symbols
-from ..sources.base import LocalSource
 from ..sources.hub.client import HubClient
 from ..sources.hub.source import published_metadata
-from ..tpu.compile_gate.release_gate import gate_environment, run_gate
-from ..tpu.package import VerifiedPackage, from_build, tpu_variant
 from ..ui.progress import Progress
 from ..verify.validation import validate
+from .folder import CARD, KernelFolder, read_kernel_folder
 from .identity import identical_release, record_paths
-
-CARD = "README.md"
+from .tpu_gate import gate_environment, run_gate
 
 
 @dataclass
@@ -87,67 +83,6 @@ class PublishResult:
                   else f"branch {self.branch} kept (it holds a newer release)")
         return (f"published {self.repo_id} {self.tag} at {self.commit[:12]} "
                 f"(variants: {', '.join(self.variants)}); tag {self.tag}; {branch}")
-
-
-def kernel_file(kernel_dir: Path, name: str) -> Path | None:
-    """A file of the kernel folder publish reads (kernel.yaml, the card), refused where it is a link that leads
-    out of the folder: nothing outside it may be uploaded."""
-    path = kernel_dir / name
-    if not path.is_file():
-        return None
-    target = path.resolve()
-    if kernel_dir not in target.parents:
-        raise IntegrityError(f"{kernel_dir}: {name} is a link to {target}, outside the kernel folder")
-    return path
-
-
-@dataclass(frozen=True)
-class KernelFolder:
-    """A kernel folder read once, before any of its code runs: kernel.yaml (schema-checked: every name publish
-    joins into a path), every file the package ships with its sha256 and the content commit (`source`, a
-    LocalSource, which validation loads), and the card."""
-
-    source: LocalSource
-    card: Path | None
-
-    @property
-    def path(self) -> Path:
-        return self.source.kernel_dir
-
-    @property
-    def metadata(self) -> KernelMetadata:
-        return self.source.metadata
-
-    @property
-    def files(self) -> dict[str, Path]:
-        """Path inside the package -> the file it is copied from."""
-        return self.source.files
-
-    @property
-    def digests(self) -> dict[str, str]:
-        return self.source.digests
-
-
-def read_kernel_folder(kernel_dir: str | Path) -> KernelFolder:
-    """Read and check a kernel folder, before any of the kernel's code runs and before any network call:
-    kernel.yaml a plain file inside the folder (metadata.KernelSchema checks every name as it loads), the card
-    likewise, the package as a local load assembles it (vendoring.assembled_files, links out of the folder
-    refused) holding nothing that runs without its source (bytecode, native code, .pth), and every variant's
-    entry among its files."""
-    kernel_dir = Path(kernel_dir).resolve()
-    kernel_file(kernel_dir, METADATA_FILE)
-    meta = load_metadata(kernel_dir)
-    card = kernel_file(kernel_dir, CARD)
-    source = LocalSource(kernel_dir, meta)
-    for rel in source.files:
-        reason = not_source_reason(rel)
-        if reason is not None:
-            raise IntegrityError(f"{kernel_dir / meta.python_name}: {rel} is {reason}; a build ships Python source "
-                                 "only")
-    for variant in meta.variants:
-        if variant.entry not in source.files:
-            raise MetadataError(f"variant {variant.name}: entry {variant.entry} not found in {meta.python_name}/")
-    return KernelFolder(source, card)
 
 
 def build_layout(kernel_dir: Path, out: Path, tpu_compile: Mapping[str, dict[str, Any]] | None = None) -> Layout:
@@ -262,13 +197,6 @@ def validate_local(folder: KernelFolder, log: Callable[[str], None], live: Progr
     return ran
 
 
-def tpu_package(folder: KernelFolder) -> VerifiedPackage:
-    """The folder's TPU build as the compile gate takes it, from the files and digests already read."""
-    meta = folder.metadata
-    variant = tpu_variant(meta.variants, meta.repo_id)
-    return from_build(folder.source.fetch(meta.repo_id, folder.source.commit, variant))
-
-
 def early_unchanged(hub: HubClient, folder: KernelFolder, repo_id: str, tag: str, branch: str,
                     version: Version) -> PublishResult | None:
     """Before any validating or compiling: the "nothing to do" result when `tag` already holds this content and
@@ -301,7 +229,7 @@ def publish(kernel_dir: str | Path, *, repo_id: str | None = None, endpoint: str
             token: str | None = None, skip_validation: bool = False, skip_tpu_compile: bool = False,
             tpu_jobs: int | None = None, log: Callable[[str], None] = print,
             progress: Progress | None = None) -> PublishResult:
-    """Validate, compile every TPU variant for its generations (tpu/compile_gate/release_gate.py), build, upload, tag
+    """Validate, compile every TPU variant for its generations (publish/tpu_gate.py), build, upload, tag
     `v<version>` and move branch `v<major>` (never backwards). The TPU compile matrix goes into each TPU
     variant's metadata.json; `skip_tpu_compile` publishes them marked "not compiled" instead.
 
@@ -326,13 +254,12 @@ def publish(kernel_dir: str | Path, *, repo_id: str | None = None, endpoint: str
     if done is not None:
         log(f"{repo_id} {tag} is already published with this content: not validating or compiling again")
         return done
-    tpu = gate_environment(folder.path, meta, skip=skip_tpu_compile)
+    tpu = gate_environment(folder, skip=skip_tpu_compile)
     if skip_validation:
         log("skipping validation (--skip-validation): publishing without checking the numbers")
     else:
         validate_local(folder, log, live)
-    records = run_gate(folder.path, meta, skip=skip_tpu_compile, log=log, env=tpu, jobs=tpu_jobs,
-                       package=tpu_package(folder) if tpu is not None else None, live=live)
+    records = run_gate(folder, skip=skip_tpu_compile, log=log, env=tpu, jobs=tpu_jobs, live=live)
     live.phase(f"uploading {repo_id} {tag}")
     with tempfile.TemporaryDirectory(prefix="kernel-hub-publish-") as tmp:
         layout = write_layout(folder, Path(tmp), records)  # every file checked against what was read

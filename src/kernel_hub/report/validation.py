@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
 
 from ..package.buildfmt import FRAMEWORKS
 from ..ui.progress import Progress
-from ..verify.validation import CaseResult, case_cells
+from ..verify.contract import Case
+from ..verify.results import AnyCaseResult, CompileResult, NumericResult, case_cells
 from .schema import CaseRow, Cell, Compile, KernelRun, Validation, finite
 
 #: TPU generations compiled for in a full report (all that tpu.chips knows) and in a quick one.
 QUICK_GENERATIONS = ("v5e",)
 
 
-def quick_selection(cases: list[Any]) -> list[Any]:
+def quick_selection(cases: list[Case]) -> list[Case]:
     """One case per (mode, dtype): every matrix cell of the full run, a fraction of its time."""
     from ..verify.validation import case_mode
 
@@ -34,14 +35,17 @@ def quick_selection(cases: list[Any]) -> list[Any]:
     return out
 
 
-def case_row(kernel: str, framework: str, c: CaseResult) -> CaseRow:
-    compiled = c.kind == "compile"
-    return CaseRow(
-        kernel=kernel, framework=framework, mode="tpu-compile" if compiled else (c.mode or "auto"),
-        generation=c.generation, name=c.name, dtype=c.dtype, implementation=c.implementation, passed=c.passed,
-        max_error=finite(c.max_error), tolerance=c.tolerance, run_seconds=None if compiled else c.seconds,
-        first_call_seconds=c.first_call_seconds, compile_seconds=c.compile_seconds, warm_runs=c.warm_runs,
-        cached=c.cached, error=c.error)
+def case_row(kernel: str, framework: str, c: AnyCaseResult) -> CaseRow:
+    """The dashboard's row of a case of either kind; the other kind's columns empty."""
+    if isinstance(c, CompileResult):
+        return CaseRow(kernel=kernel, framework=framework, mode="tpu-compile", generation=c.generation, name=c.name,
+                       dtype=c.dtype, implementation=c.implementation, passed=c.passed,
+                       max_error=0.0 if c.passed else None, tolerance=0.0, run_seconds=None, first_call_seconds=None,
+                       compile_seconds=c.compile_seconds, warm_runs=0, cached=c.cached, error=c.error)
+    return CaseRow(kernel=kernel, framework=framework, mode=c.mode or "auto", generation=None, name=c.name,
+                   dtype=c.dtype, implementation=c.implementation, passed=c.passed, max_error=finite(c.max_error),
+                   tolerance=c.tolerance, run_seconds=c.seconds, first_call_seconds=c.first_call_seconds,
+                   compile_seconds=c.compile_seconds, warm_runs=c.warm_runs, cached=False, error=c.error)
 
 
 def matrix(rows: Sequence[CaseRow], column: str, *, by_dtype: bool) -> list[Cell]:
@@ -58,7 +62,7 @@ def matrix(rows: Sequence[CaseRow], column: str, *, by_dtype: bool) -> list[Cell
     return list(cells.values())
 
 
-def live_row(kernel: str, c: CaseResult) -> str:
+def live_row(kernel: str, c: NumericResult) -> str:
     cells = case_cells(c)
     verdict = "pass" if c.passed else "FAIL"
     name, dtype, mode, _impl, err, _tol, first, warm = cells[:8]
@@ -94,7 +98,7 @@ def run_validation(repo_ids: Sequence[str], *, seed: int, quick: bool, progress:
             def started(total: int, repo_id: str = repo_id, variant: str = info.variant) -> None:
                 progress.phase(f"validate {repo_id} [{variant}]", total)
 
-            def finished(i: int, total: int, c: CaseResult, repo_id: str = repo_id) -> None:
+            def finished(i: int, total: int, c: NumericResult, repo_id: str = repo_id) -> None:
                 progress.row(live_row(repo_id, c), ok=c.passed)
                 progress.advance()
 
@@ -113,7 +117,7 @@ def run_validation(repo_ids: Sequence[str], *, seed: int, quick: bool, progress:
     return Validation(seed=seed, runs=runs, cases=rows, matrix=matrix(rows, "mode", by_dtype=True))
 
 
-def run_compile(kernel_dirs: dict[str, Any], generations: Sequence[str] | None, *, quick: bool, cases: str,
+def run_compile(kernel_dirs: dict[str, Path], generations: Sequence[str] | None, *, quick: bool, cases: str,
                 progress: Progress) -> Compile:
     """compile_matrix for each kernel folder over `generations` (None: every known one; quick: v5e) and `cases`
     ("smoke": the cases tagged smoke, the first forward and backward validation case of each kernel; "all": every
@@ -122,6 +126,7 @@ def run_compile(kernel_dirs: dict[str, Any], generations: Sequence[str] | None, 
     from ..tpu.chips import CHIPS
     from ..tpu.compile_gate.gate import compile_matrix
     from ..tpu.env import TpuEnvironmentError, tpu_env
+    from ..tpu.package import folder_package
 
     gens = tuple(generations or (QUICK_GENERATIONS if quick else tuple(CHIPS)))
     try:
@@ -132,7 +137,7 @@ def run_compile(kernel_dirs: dict[str, Any], generations: Sequence[str] | None, 
     rows: list[CaseRow] = []
     progress.phase(f"TPU compile for {', '.join(gens)}", len(kernel_dirs))
     for repo_id, folder in kernel_dirs.items():
-        report = compile_matrix(folder, gens, tags=["smoke"] if cases == "smoke" else None, env=env)
+        report = compile_matrix(folder_package(folder), gens, tags=["smoke"] if cases == "smoke" else None, env=env)
         mine = [case_row(repo_id, "jax", c) for c in report.cases]
         rows += mine
         ok = sum(r.passed for r in mine)

@@ -11,14 +11,18 @@ the digests do not list, is refused before anything of the package runs.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import IntegrityError
 from ..names import check_commit, check_entry_file, check_repo_id, check_variant_name
 from ..package.integrity import check_digests, combined_digest, tree_digests
+
+if TYPE_CHECKING:
+    from ..decide.variants import Variant
+    from ..sources.base import Build
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,7 @@ class VerifiedPackage:
                 "digests": dict(self.digests)}
 
 
-def from_build(build: Any) -> VerifiedPackage:
+def from_build(build: Build) -> VerifiedPackage:
     """A sources.Build (fetched and digest-checked) as a VerifiedPackage."""
     return VerifiedPackage(build.repo_id, build.version, build.commit, build.variant.name, Path(build.package_dir),
                            build.variant.entry, dict(build.digests), build.variant.framework)
@@ -81,7 +85,7 @@ def import_verified(package: VerifiedPackage) -> Any:
                               digests=dict(package.digests)))
 
 
-def tpu_variant(variants: Any, label: str) -> Any:
+def tpu_variant(variants: Sequence[Variant], label: str) -> Variant:
     """The variant the compile cases load through: jax-tpu, else torch-tpu (same package files)."""
     from ..errors import KernelHubError
 

@@ -16,7 +16,6 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -25,127 +24,19 @@ import numpy as np
 
 from ..decide.system import cache_root, detect, installed_version
 from ..errors import KernelHubError, ValidationFailedError
-from .contract import REFERENCE_ATTR, SHAPES_ATTR, VALIDATION_MODULE, ValidationModule, cases_from_reference
+from .contract import REFERENCE_ATTR, SHAPES_ATTR, VALIDATION_MODULE, Case, ValidationModule, cases_from_reference
 from .numerics import relative_error, to_float64, tolerance
+from .results import NumericResult, ValidationReport
 from .timing import first_and_warm
 
-__all__ = ["CaseResult", "ValidationReport", "case_mode", "relative_error", "require_valid", "run_case", "validate"]
+__all__ = ["case_mode", "relative_error", "require_valid", "run_case", "validate"]
 
 #: Warm calls per case after the first (fewer when they pass WARM_BUDGET_S together).
 WARM_RUNS = 3
 WARM_BUDGET_S = 0.5
 
 
-@dataclass(frozen=True)
-class CaseResult:
-    name: str
-    dtype: str
-    implementation: str | None
-    passed: bool
-    max_error: float
-    tolerance: float
-    seconds: float  # numeric: warm median of the kernel call; compile: libtpu's compile time
-    tags: tuple[str, ...] = ()
-    error: str | None = None
-    # kind="compile": a case compiled by the real TPU compiler for `generation` (kernel_hub.tpu.compile_gate.gate)
-    kind: str = "numeric"
-    generation: str | None = None
-    compile_seconds: float | None = None  # compile: libtpu's; numeric: first call minus the warm median
-    argument_bytes: int | None = None
-    output_bytes: int | None = None
-    temp_bytes: int | None = None
-    cached: bool = False
-    mode: str = ""  # how the case ran: case_mode() (numeric), "tpu-compile" (compile)
-    first_call_seconds: float | None = None  # numeric: the first call, trace + compile + run
-    warm_runs: int = 0  # numeric: warm calls behind `seconds`
-
-
-@dataclass
-class ValidationReport:
-    repo_id: str
-    version: str | None
-    commit: str
-    variant: str
-    backend: str
-    jax_version: str | None
-    cases: list[CaseResult] = field(default_factory=list)
-    libtpu_version: str | None = None  # set when TPU compile cases are in the report
-    generations: tuple[str, ...] = ()
-    seed: int | None = None  # case i's inputs came from seed + i
-
-    @property
-    def passed(self) -> bool:
-        return bool(self.cases) and all(c.passed for c in self.cases)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: a case that raised has max_error NaN, which JSON cannot carry; it becomes null."""
-        data = asdict(self)
-        data["passed"] = self.passed
-        for case in data["cases"]:
-            if isinstance(case["max_error"], float) and not np.isfinite(case["max_error"]):
-                case["max_error"] = None
-        return data
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, allow_nan=False)
-
-    def __str__(self) -> str:
-        numeric = [c for c in self.cases if c.kind != "compile"]
-        lines = [self.header()]
-        if numeric:
-            rows = [CASE_COLUMNS] + [case_cells(c) for c in numeric]
-            lines += _aligned(rows)
-        lines += self.compile_lines()
-        lines.append(self.summary())
-        return "\n".join(lines)
-
-    def compile_lines(self) -> list[str]:
-        """The TPU compile cases as a table (none: no lines)."""
-        compiled = [c for c in self.cases if c.kind == "compile"]
-        if not compiled:
-            return []
-        rows = [("generation", "case", "impl", "compile s", "args MiB", "out MiB", "temp MiB", "result")]
-        for c in compiled:
-            sec = "cached" if c.cached else (f"{c.compile_seconds:.2f}" if c.compile_seconds is not None else "-")
-            rows.append((c.generation or "", c.name, c.implementation or "-", sec, _mib(c.argument_bytes),
-                         _mib(c.output_bytes), _mib(c.temp_bytes), _verdict(c)))
-        return [f"TPU compile (jax {self.jax_version}, libtpu {self.libtpu_version}):", *_aligned(rows)]
-
-    def header(self) -> str:
-        seed = f", seed {self.seed}" if self.seed is not None else ""
-        return f"{self.repo_id} {self.version or self.commit[:12]} [{self.variant}] on {self.backend}{seed}"
-
-    def summary(self) -> str:
-        n_pass = sum(c.passed for c in self.cases)
-        return f"{n_pass}/{len(self.cases)} cases passed: {'PASSED' if self.passed else 'FAILED'}"
-
-
-#: The columns of a numeric case, in the table and in live rows (case_cells).
-CASE_COLUMNS = ("case", "dtype", "mode", "impl", "max error", "tol", "first s", "warm s", "result")
-
-
-def case_cells(c: CaseResult) -> tuple[str, ...]:
-    """A numeric case's row: first call (trace + compile + run) and the warm median apart."""
-    first = "-" if c.first_call_seconds is None else f"{c.first_call_seconds:.3f}"
-    return (c.name, c.dtype, c.mode or "-", c.implementation or "auto", f"{c.max_error:.2e}", f"{c.tolerance:.0e}",
-            first, f"{c.seconds:.4f}", _verdict(c))
-
-
-def _verdict(c: CaseResult) -> str:
-    return "pass" if c.passed else f"FAIL{': ' + c.error if c.error else ''}"
-
-
-def _mib(n: int | None) -> str:
-    return "-" if n is None else f"{n / 2**20:.1f}"
-
-
-def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
-    """Rows as columns padded to width; the last column (the verdict) is left ragged."""
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    return ["  ".join(v.ljust(w) for v, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows]
-
-
-def case_mode(case: Any) -> str:
+def case_mode(case: Case) -> str:
     """How a case runs, for the report's matrix: tpu-interpret (the TPU simulator with race detection),
     pallas-interpret, torch (the torch-facing entry), else its implementation (cpu, xla, ...; "auto": the
     entry's own order)."""
@@ -161,8 +52,8 @@ def case_mode(case: Any) -> str:
     return "/".join(impl) if isinstance(impl, tuple) else (impl or "auto")
 
 
-def run_case(case: Any, module: ModuleType, seed: int, *, warm_runs: int = WARM_RUNS,
-             warm_budget_s: float = WARM_BUDGET_S) -> CaseResult:
+def run_case(case: Case, module: ModuleType, seed: int, *, warm_runs: int = WARM_RUNS,
+             warm_budget_s: float = WARM_BUDGET_S) -> NumericResult:
     """One case: fresh inputs, the kernel call timed cold (first call) and warm (median of up to `warm_runs`
     more), reference, verdict. Exceptions fail the case."""
     tol = case.tolerance if getattr(case, "tolerance", None) is not None else tolerance(case.dtype)
@@ -178,7 +69,7 @@ def run_case(case: Any, module: ModuleType, seed: int, *, warm_runs: int = WARM_
         expected = to_float64(case.reference(inputs))
     except Exception as exc:  # a kernel that raises fails its case, with the reason
         message = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        return CaseResult(passed=False, max_error=float("nan"), seconds=time.perf_counter() - start,
+        return NumericResult(passed=False, max_error=float("nan"), seconds=time.perf_counter() - start,
                           error=message[:200], **common)
     seconds = statistics.median(warm)
     timing = dict(seconds=seconds, first_call_seconds=first, compile_seconds=max(first - seconds, 0.0),
@@ -192,7 +83,7 @@ def run_case(case: Any, module: ModuleType, seed: int, *, warm_runs: int = WARM_
     elif not np.isfinite(expected).all():
         problem = "NaN or Inf in the reference"
     passed = problem is None and err <= tol
-    return CaseResult(passed=passed, max_error=err, error=problem, **timing, **common)
+    return NumericResult(passed=passed, max_error=err, error=problem, **timing, **common)
 
 
 def _cases_for(module: ModuleType, backend: str) -> list[Any]:
@@ -231,8 +122,8 @@ def validate(
     names: tuple[str, ...] | None = None,
     seed: int | None = None,
     on_start: Callable[[int], None] | None = None,
-    on_case: Callable[[int, int, CaseResult], None] | None = None,
-    select: Callable[[list[Any]], list[Any]] | None = None,
+    on_case: Callable[[int, int, NumericResult], None] | None = None,
+    select: Callable[[list[Case]], list[Case]] | None = None,
     other_cases: bool = False,
 ) -> ValidationReport:
     """Run the kernel's cases for this backend; `tags`/`names` (or `select`, a function of the case list)
@@ -263,8 +154,8 @@ def validate(
     return report
 
 
-def pick_cases(cases: list[Any], tags: Sequence[str] | None,
-               names: Sequence[str] | None) -> tuple[list[Any], str]:
+def pick_cases(cases: list[Case], tags: Sequence[str] | None,
+               names: Sequence[str] | None) -> tuple[list[Case], str]:
     """(the cases carrying one of `tags` and named in `names`, "" or what was asked that no case has, with the
     valid choices)."""
     known_tags = sorted({t for c in cases for t in getattr(c, "tags", ())})

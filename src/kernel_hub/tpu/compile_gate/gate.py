@@ -1,13 +1,14 @@
 """The TPU compile gate: every TPU case of a kernel compiled by the real TPU compiler, per generation.
 
-`compile_matrix(kernel, ["v5e", "v6e"])` -> ValidationReport whose cases have kind="compile", a generation,
-the compile seconds and the compiled memory (argument/output/temp bytes). Results are cached per (package
-content, variant, jax, libtpu, generation). `compile_record(report)` is the summary a release records.
+`compile_matrix(package, ["v5e", "v6e"])` -> ValidationReport of CompileResult cases: a generation, the compile
+seconds and the compiled memory (argument/output/temp bytes). It takes one kind of input, a VerifiedPackage; callers
+convert first (tpu.package.folder_package for a kernel folder, repo_package for a repo id, module_package for a
+loaded kernel). Results are cached per (package content, variant, jax, libtpu, generation).
+`compile_record(report)` is the summary a release records.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -16,44 +17,42 @@ from typing import Any
 from ...errors import KernelHubError
 from ...load.loader import verified_digests
 from ...load.planning import plan_load
-from ...load.trust import TrustPolicy, TrustSetting, trust_policy
+from ...load.trust import TrustPolicy
 from ...package.compile_record import TpuCompileRecord, record_from_cases
 from ...package.integrity import combined_digest
-from ...verify.validation import CaseResult, ValidationReport
+from ...verify.results import CompileResult, ValidationReport
 from ..chips import parse_generations
 from ..env import TpuEnv, tpu_env
 from ..package import VerifiedPackage, folder_package, from_build
 from . import cache
 from .runner import compile_in_worker
 
-#: What the worker loads: one verified build (see package.py).
 
+def repo_package(repo_id: str, trust: TrustPolicy, revision: str | None = None) -> VerifiedPackage:
+    """The TPU build of a repo, as get_kernel would load it: the same trust check (plan_load), fetched and verified.
 
-def _from_repo(repo_id: str, trust: TrustPolicy, revision: str | None = None) -> VerifiedPackage:
-    """The TPU build of a repo, as get_kernel would load it: the same trust check (plan_load), fetched and
-    verified."""
+    Args:
+        repo_id: the Hub repo.
+        trust: the policy the caller read once at its public edge (trust.trust_policy).
+        revision: a commit or ref (None: the newest release).
+
+    Returns:
+        The jax-tpu build, fetched and hashed; KernelHubError when the repo has none."""
     plan = plan_load(repo_id, revision=revision, backend="tpu", framework="jax", trust=trust)
     if plan.choice.variant is None:
         raise KernelHubError(f"{repo_id} has no jax-tpu build: nothing to compile for a TPU")
     return from_build(plan.fetch())
 
 
-def target_for(kernel: ModuleType | str | Path | VerifiedPackage,
-               trust_remote_code: TrustSetting = False) -> VerifiedPackage:
-    """A kernel folder (kernel.yaml + package), a repo id, or a loaded kernel module -> its TPU build, verified.
+def module_package(kernel: ModuleType) -> VerifiedPackage:
+    """The TPU build of a loaded kernel module, verified.
 
-    A repo id passes the trust check get_kernel applies (`trust_remote_code` as there). A module loaded for
-    another backend (jax-cpu on this host) is compiled from the jax-tpu build of the same commit: from its own
-    folder when it came from one, else fetched from the repo it was loaded from (trusted: it was loaded)."""
-    if isinstance(kernel, VerifiedPackage):  # already read and hashed (publish's kernel folder)
-        return kernel
-    if isinstance(kernel, Path) or (isinstance(kernel, str) and Path(kernel).is_dir()):
-        return folder_package(Path(kernel))
-    if isinstance(kernel, str):
-        return _from_repo(kernel, trust_policy(trust_remote_code))
+    A module loaded for another backend (jax-cpu on this host) is compiled from the jax-tpu build of the same
+    commit: from its own folder when it came from one, else fetched from the repo it was loaded from (trusted: it
+    was loaded)."""
     info = getattr(kernel, "__kernel_hub__", None)
     if info is None:
-        raise KernelHubError("compile_matrix() takes a kernel folder, a repo id or a module from get_kernel")
+        raise KernelHubError("the compile gate takes a module from get_kernel/get_local_kernel")
     digests = verified_digests(kernel)
     if info.backend == "tpu" and digests is not None:
         return VerifiedPackage(info.repo_id, info.version, info.commit, info.variant, Path(info.path), "__init__.py",
@@ -64,7 +63,7 @@ def target_for(kernel: ModuleType | str | Path | VerifiedPackage,
             target = folder_package(folder)
             if target.commit == info.commit:
                 return target
-    return _from_repo(info.repo_id, TrustPolicy(named=(info.repo_id,)), revision=info.commit)
+    return repo_package(info.repo_id, TrustPolicy(named=(info.repo_id,)), revision=info.commit)
 
 
 def content_key(target: VerifiedPackage) -> str:
@@ -73,16 +72,13 @@ def content_key(target: VerifiedPackage) -> str:
     return combined_digest(dict(target.digests))[:40] if target.digests else target.commit
 
 
-def _case_result(record: dict[str, Any], cached: bool) -> CaseResult:
-    passed = bool(record.get("passed"))
-    seconds = record.get("compile_seconds")
-    return CaseResult(
+def _case_result(record: dict[str, Any], cached: bool) -> CompileResult:
+    return CompileResult(
         name=record["name"], dtype=record.get("dtype", ""), implementation=record.get("implementation"),
-        passed=passed,
-        max_error=0.0 if passed else math.nan, tolerance=0.0, seconds=float(seconds or 0.0),
-        tags=tuple(record.get("tags", ())), error=record.get("error"), kind="compile",
-        generation=record["generation"], compile_seconds=seconds, argument_bytes=record.get("argument_bytes"),
-        output_bytes=record.get("output_bytes"), temp_bytes=record.get("temp_bytes"), cached=cached,
+        passed=bool(record.get("passed")), tags=tuple(record.get("tags", ())), error=record.get("error"),
+        generation=record["generation"], compile_seconds=record.get("compile_seconds"),
+        argument_bytes=record.get("argument_bytes"), output_bytes=record.get("output_bytes"),
+        temp_bytes=record.get("temp_bytes"), cached=cached,
     )
 
 
@@ -93,26 +89,39 @@ def _selection_key(names: Sequence[str] | None, tags: Sequence[str] | None) -> s
 
 
 def compile_matrix(
-    kernel: ModuleType | str | Path | VerifiedPackage,
+    target: VerifiedPackage,
     generations: str | Sequence[str] = ("v5e", "v6e"),
     *,
     names: Sequence[str] | None = None,
     tags: Sequence[str] | None = None,
     use_cache: bool = True,
     env: TpuEnv | None = None,
-    trust_remote_code: TrustSetting = False,
     jobs: int | None = None,
     on_event: Callable[[dict[str, Any]], None] | None = None,
 ) -> ValidationReport:
-    """Compile the kernel's TPU cases (all, or those named / carrying one of `tags`) for each generation.
+    """Compile a verified TPU build's cases (all, or those named / carrying one of `tags`) for each generation.
 
-    Returns a ValidationReport (backend "tpu"); `.passed` is False if any case failed to compile or none was
-    selected. Cases the cache holds for this (commit, variant, jax, libtpu, generation) are not compiled
-    again. A repo id is trust-checked as get_kernel does (`trust_remote_code`); the worker imports only the
-    verified files. `jobs`: compiler processes at once (default: one per generation, up to the CPU count).
-    `on_event`: each compile worker event as it happens (live progress); cached cases send none."""
+    Cases the cache holds for this (package content, variant, jax, libtpu, generation) are not compiled again; the
+    worker imports only the verified files.
+
+    Args:
+        target: the build, already verified: folder_package (a kernel folder), repo_package (a repo id, trust
+            checked), module_package (a loaded kernel).
+        generations: TPU generations, a list or "v5e,v6e".
+        names, tags: the cases to compile (None: all).
+        use_cache: serve cached results.
+        env: the TPU environment (None: found here).
+        jobs: compiler processes at once (default: one per generation, up to the CPU count).
+        on_event: each compile worker event as it happens (live progress); cached cases send none.
+
+    Returns:
+        A ValidationReport (backend "tpu") of CompileResult cases; `.passed` is False if any case failed to
+        compile or none was selected."""
+    if not isinstance(target, VerifiedPackage):
+        raise KernelHubError(f"compile_matrix takes a VerifiedPackage, not {type(target).__name__}: convert a kernel "
+                             "folder with tpu.package.folder_package, a repo id with repo_package, a loaded kernel "
+                             "with module_package")
     gens = parse_generations(generations)
-    target = target_for(kernel, trust_remote_code)
     env = env or tpu_env()
     selection = _selection_key(names, tags)
     key = content_key(target)
@@ -151,9 +160,9 @@ def compile_matrix(
     return report
 
 
-def compile_record(report: Any, generations: Sequence[str] | None = None) -> dict[str, Any]:
+def compile_record(report: ValidationReport, generations: Sequence[str] | None = None) -> dict[str, Any]:
     """What a release records about its TPU compile gate (JSON-ready, compile_record.py's schema) for `generations`
     (default: all of the report's), plus "passed"."""
     gens = list(report.generations if generations is None else generations)
-    record = record_from_cases(report.cases, gens, report.jax_version, report.libtpu_version)
+    record = record_from_cases(report.compiled, gens, report.jax_version, report.libtpu_version)
     return {**record, "passed": TpuCompileRecord.model_validate(record).passed}
