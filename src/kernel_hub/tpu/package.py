@@ -14,11 +14,14 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import IntegrityError
 from ..names import check_commit, check_entry_file, check_repo_id, check_variant_name
 from ..package.integrity import check_digests, combined_digest, tree_digests
+
+if TYPE_CHECKING:
+    from ..json_types import JsonDict
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,7 @@ class VerifiedPackage:
     def label(self) -> str:
         return f"{self.repo_id}@{self.version or self.commit[:12]} [{self.variant}]"
 
-    def request(self) -> dict[str, Any]:
+    def request(self) -> JsonDict:
         """JSON for the worker's request."""
         return {"repo_id": self.repo_id, "version": self.version, "commit": self.commit, "variant": self.variant,
                 "framework": self.framework, "dir": str(self.package_dir), "entry": self.entry,

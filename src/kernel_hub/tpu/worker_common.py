@@ -7,7 +7,15 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ..json_types import JsonDict
+
+#: Where a worker mode writes its events: one JSON object per event, in order.
+Emit: TypeAlias = "Callable[[JsonDict], None]"
 
 _NOISE = ("Traceback", "The above exception", "---", "For simplicity", "jax._src", "File ", "During handling")
 
@@ -25,7 +33,7 @@ def first_meaningful_line(text: str) -> str:
     return text.strip()[:300]
 
 
-def load_package(package: dict[str, Any] | str | Path, entry: str = "__init__.py") -> Any:
+def load_package(package: JsonDict | str | Path, entry: str = "__init__.py") -> Any:
     """Import a kernel package through kernel_hub's verified loader: a request's package (a dict: checked against
     the digests the parent verified, so a file changed since, or not among them, is refused before any of the
     package runs), or a package folder on this machine (hashed now, `entry` as its __init__)."""
@@ -43,7 +51,7 @@ def memory_bytes(compiled: Any) -> dict[str, int]:
             "temp_bytes": int(mem.temp_size_in_bytes)}
 
 
-def refuse(exc: BaseException, emit: Any) -> int:
+def refuse(exc: BaseException, emit: Emit) -> int:
     """Report a package the worker will not run (one line) and the exit status that ends the request."""
     from ..errors import IntegrityError
 

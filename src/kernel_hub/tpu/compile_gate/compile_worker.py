@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import importlib
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..target import on_device, tpu_target
 from ..worker_common import first_meaningful_line, load_package, memory_bytes, refuse
+
+if TYPE_CHECKING:
+    from ...json_types import JsonDict
+    from ..worker_common import Emit
 
 
 def compile_cases_of(package: Any) -> list[Any]:
@@ -34,7 +38,7 @@ def implementation_of(package: Any) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def compile_one(case: Any, device: Any, package: Any = None) -> dict[str, Any]:
+def compile_one(case: Any, device: Any, package: Any = None) -> JsonDict:
     """Lower and compile one case; the compiler's refusal is a failed result, never an exception."""
     import jax
 
@@ -52,7 +56,7 @@ def compile_one(case: Any, device: Any, package: Any = None) -> dict[str, Any]:
             "cpu_seconds": time.process_time() - cpu, "implementation": implementation, **memory_bytes(compiled)}
 
 
-def run_compile(request: dict[str, Any], emit: Any) -> int:
+def run_compile(request: JsonDict, emit: Emit) -> int:
     """Request: {"mode": "compile", "package": VerifiedPackage.request(), "generations": [...],
     "cases": [names] | null, "tags": [tags] | null}; a "cases" event, then "start" and "result" per case."""
     from ...errors import KernelHubError

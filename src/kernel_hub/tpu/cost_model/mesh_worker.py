@@ -19,7 +19,7 @@ import functools
 import importlib
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,6 +29,13 @@ from ..worker_common import first_meaningful_line, memory_bytes, refuse
 from .ici import collective_seconds, interconnect
 from .schedule import kernel_cost
 from .workload import load_moe_kernel, topk_routing
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from ...json_types import JsonDict
+    from ..worker_common import Emit
+    from .workload import MoeGeometry
 
 #: Layouts of the 8-chip slice: (name, expert-axis size, tensor-axis size); "1chip" is the single-device layer.
 LAYOUTS = {"1chip": (1, 1), "ep8": (8, 1), "ep4xtp2": (4, 2)}
@@ -45,8 +52,8 @@ def slice_target(generation: str) -> Iterator[list[Any]]:
         yield devices
 
 
-def compile_layer(rd: Any, geo: Any, tokens: int, layout: str, dtype: str, devices: list[Any],
-                  capacity_factor: float | None, grad: bool = False) -> dict[str, Any]:
+def compile_layer(rd: ModuleType, geo: MoeGeometry, tokens: int, layout: str, dtype: str, devices: list[Any],
+                  capacity_factor: float | None, grad: bool = False) -> JsonDict:
     """Lower and compile one MoE layer for `layout` (grad: its backward, the gradients in x, topk_weights and the
     weights, as training runs it); per-chip memory from the compiler, or its refusal."""
     import jax
@@ -92,20 +99,20 @@ def compile_layer(rd: Any, geo: Any, tokens: int, layout: str, dtype: str, devic
             **memory_bytes(compiled)}
 
 
-def weight_bytes(geo: Any, layout: str, dtype: str) -> int:
+def weight_bytes(geo: MoeGeometry, layout: str, dtype: str) -> int:
     """Expert weights one chip holds: E/e experts' [H, 2I/t] and [I/t, H] slices."""
     e, t = LAYOUTS[layout]
     itemsize = np.dtype(dtype).itemsize if dtype != "bfloat16" else 2
     return geo.experts // e * 3 * geo.hidden * geo.intermediate // t * itemsize
 
 
-def geo_activation(geo: Any) -> str:
+def geo_activation(geo: MoeGeometry) -> str:
     """Gemma's experts are GELU-gated (tanh approximation), the others SiLU-gated."""
     return "gelu" if geo.model.startswith("gemma") else "silu"
 
 
 @functools.cache
-def device_costs(rd: Any, geo: Any, tokens: int, layout: str, dtype: str,
+def device_costs(rd: ModuleType, geo: MoeGeometry, tokens: int, layout: str, dtype: str,
                  capacity_factor: float | None) -> tuple[str, int, str, tuple[Any, ...]]:
     """(scheme, rows, why, each device's ScheduleCost) of one layer: the schedule walk depends on no chip, so each
     (layer, layout) is walked once however many generations are modeled."""
@@ -139,8 +146,8 @@ def device_costs(rd: Any, geo: Any, tokens: int, layout: str, dtype: str,
     return scheme, rows, why, tuple(costs)
 
 
-def modeled_layer(rd: Any, geo: Any, tokens: int, layout: str, dtype: str, generation: str,
-                  capacity_factor: float | None) -> dict[str, Any]:
+def modeled_layer(rd: ModuleType, geo: MoeGeometry, tokens: int, layout: str, dtype: str, generation: str,
+                  capacity_factor: float | None) -> JsonDict:
     """Modeled seconds of one layer on `generation`: the busiest device's kernels and glue, plus the collectives."""
     import jax.numpy as jnp
 
@@ -169,7 +176,7 @@ def modeled_layer(rd: Any, geo: Any, tokens: int, layout: str, dtype: str, gener
     }
 
 
-def run_mesh(request: dict[str, Any], emit: Any) -> int:
+def run_mesh(request: JsonDict, emit: Emit) -> int:
     """Request: {"mode": "mesh", "ragged_dot" (a VerifiedPackage.request()), "generations", "models",
     "phases" {name: tokens} | null,
     "layouts" [names] | null, "capacity_factors" [null | float] | null, "layers" {model: n}, "dtype",
@@ -194,7 +201,7 @@ def run_mesh(request: dict[str, Any], emit: Any) -> int:
                         if cf is not None and layout == "1chip":
                             continue
                         emit({"event": "start", "generation": generation, "name": f"{model}:{phase}:{layout}:{cf}"})
-                        row: dict[str, Any] = {"generation": generation, "model": model, "phase": phase,
+                        row: JsonDict = {"generation": generation, "model": model, "phase": phase,
                                                "tokens": tokens, "layout": layout, "capacity_factor": cf,
                                                "dtype": dtype, "hbm_bytes": ici.hbm_bytes,
                                                "layers": layers.get(model),

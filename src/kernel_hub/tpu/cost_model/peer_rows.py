@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -16,6 +16,9 @@ from ..chips import chip
 from ..target import on_device, topology_devices
 from ..worker_common import first_meaningful_line
 from .schedule import kernel_cost
+
+if TYPE_CHECKING:
+    from ...json_types import JsonDict
 
 OURS = "kernel-hub"
 
@@ -77,7 +80,7 @@ def tpu_target_device(generation: str) -> Any:
 
 
 def rows_for(kernel: str, shape: str, peers: list[Peer], ideal: Callable[[Any], float],
-             generation: str) -> list[dict[str, Any]]:
+             generation: str) -> list[JsonDict]:
     """One row per peer of one workload on one chip, with the best peer's time beside ours."""
     rows = []
     device = tpu_target_device(generation)
