@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ...decide.system import cache_root as system_cache_root
 from ...names import check_commit, check_variant_name
 from ...package.compile_record import VERSION_PATTERN
 
 if TYPE_CHECKING:
-    from ...json_types import JsonDict
+    from ...json_types import JsonDict, JsonValue
 
 _FIELDS = {"passed": bool, "error": (str, type(None)), "compile_seconds": (int, float, type(None))}
 
@@ -40,7 +40,7 @@ def entry_path(commit: str, variant: str, jax_version: str, libtpu_version: str,
     return (root or cache_root()) / name
 
 
-def _valid(record: Any) -> bool:
+def _valid(record: JsonValue) -> bool:
     return isinstance(record, dict) and all(isinstance(record.get(k), t) for k, t in _FIELDS.items())
 
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..chips import CHIPS, HOST_DISPATCH_S
 
 if TYPE_CHECKING:
-    from ...json_types import JsonDict
+    from ...json_types import JsonDict, JsonValue
 
 TABLE = Path(__file__).resolve().parents[4] / "bench" / "records" / "tpu_calibration.json"
 HELD_OUT = TABLE.with_name("tpu_held_out.json")
@@ -61,7 +61,7 @@ def load(path: Path | None = None) -> JsonDict:
     return data
 
 
-def check_table(data: Any) -> list[str]:
+def check_table(data: JsonValue) -> list[str]:
     """Every schema problem of the table, one line each (empty: valid)."""
     if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
         return ["the table must be an object with a list 'rows'"]

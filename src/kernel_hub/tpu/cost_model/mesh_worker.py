@@ -19,7 +19,7 @@ import functools
 import importlib
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,11 +27,15 @@ from ..chips import chip
 from ..target import topology_devices
 from ..worker_common import first_meaningful_line, memory_bytes, refuse
 from .ici import collective_seconds, interconnect
-from .schedule import kernel_cost
+from .schedule import ScheduleCost, kernel_cost
 from .workload import load_moe_kernel, topk_routing
 
 if TYPE_CHECKING:
     from types import ModuleType
+
+    import jax
+    import numpy.typing as npt
+    from jax.sharding import PartitionSpec
 
     from ...json_types import JsonDict
     from ..worker_common import Emit
@@ -42,7 +46,7 @@ LAYOUTS = {"1chip": (1, 1), "ep8": (8, 1), "ep4xtp2": (4, 2)}
 
 
 @contextlib.contextmanager
-def slice_target(generation: str) -> Iterator[list[Any]]:
+def slice_target(generation: str) -> Iterator[list[jax.Device]]:
     """The 8 devices of a mock TPU slice of `generation`, with the first as jax's default device (Pallas' TPU
     lowering reads its kind; the kernels' dispatch reads the platform from it or from the mesh)."""
     import jax
@@ -52,7 +56,7 @@ def slice_target(generation: str) -> Iterator[list[Any]]:
         yield devices
 
 
-def compile_layer(rd: ModuleType, geo: MoeGeometry, tokens: int, layout: str, dtype: str, devices: list[Any],
+def compile_layer(rd: ModuleType, geo: MoeGeometry, tokens: int, layout: str, dtype: str, devices: list[jax.Device],
                   capacity_factor: float | None, grad: bool = False) -> JsonDict:
     """Lower and compile one MoE layer for `layout` (grad: its backward, the gradients in x, topk_weights and the
     weights, as training runs it); per-chip memory from the compiler, or its refusal."""
@@ -72,7 +76,7 @@ def compile_layer(rd: ModuleType, geo: MoeGeometry, tokens: int, layout: str, dt
                                   itemsize=np.dtype(jnp.dtype(dtype)).itemsize, capacity_factor=capacity_factor)[0]
         specs = list(rd.partition_specs("expert", kw["tensor_axis"], scheme)[0])
 
-    def place(shape: tuple[int, ...], d: Any, spec: Any) -> Any:
+    def place(shape: tuple[int, ...], d: npt.DTypeLike, spec: PartitionSpec | None) -> jax.ShapeDtypeStruct:
         sharding = SingleDeviceSharding(devices[0]) if mesh is None else NamedSharding(mesh, spec)
         return jax.ShapeDtypeStruct(shape, d, sharding=sharding)
 
@@ -113,7 +117,7 @@ def geo_activation(geo: MoeGeometry) -> str:
 
 @functools.cache
 def device_costs(rd: ModuleType, geo: MoeGeometry, tokens: int, layout: str, dtype: str,
-                 capacity_factor: float | None) -> tuple[str, int, str, tuple[Any, ...]]:
+                 capacity_factor: float | None) -> tuple[str, int, str, tuple[ScheduleCost, ...]]:
     """(scheme, rows, why, each device's ScheduleCost) of one layer: the schedule walk depends on no chip, so each
     (layer, layout) is walked once however many generations are modeled."""
     import jax

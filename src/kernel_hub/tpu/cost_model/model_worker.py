@@ -12,7 +12,7 @@ jax.lax.ragged_dot / jax.nn.dot_product_attention compiled for that chip).
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,14 +23,16 @@ from .schedule import ScheduleCost, kernel_cost
 from .workload import ideal_seconds, load_moe_kernel, routing
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from types import ModuleType
 
     from ...json_types import JsonDict
     from ..worker_common import Emit
+    from .peer_rows import PeerArg
     from .workload import HeadGeometry, MoeGeometry
 
 
-def _xla_estimate(fn: Any, args: tuple[Any, ...], generation: str) -> float | None:
+def _xla_estimate(fn: Callable[..., object], args: tuple[PeerArg, ...], generation: str) -> float | None:
     import jax
 
     with tpu_target(generation) as device:

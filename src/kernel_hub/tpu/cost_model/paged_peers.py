@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -99,7 +99,7 @@ def _rpa_v3(geo: HeadGeometry, seqs: list[tuple[int, int]], meta: dict[str, np.n
             sds((tokens, geo.hkv, geo.d), dtype), sds(cache_shape, dtype), meta["kv_lens"], meta["table"].reshape(-1),
             meta["cu"], np.array([decodes, b, b], np.int32))
 
-    def make(blocks: JsonDict) -> Callable[..., Any]:
+    def make(blocks: dict[str, int]) -> Callable[..., object]:
         def call(q, k, v, c, lens, pi, cu, dist):
             with as_chip(rpa, generation):
                 return rpa.ragged_paged_attention(q, k, v, c, lens, pi, cu, dist, sm_scale=scale,

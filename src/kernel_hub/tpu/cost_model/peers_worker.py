@@ -17,7 +17,7 @@ import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
     from ...json_types import JsonDict
     from ..worker_common import Emit
+    from .peer_rows import PeerArg
     from .workload import AttentionShapes, HeadGeometry, MoeGeometry
 
 # ------------------------------------------------------------------------------------------ ragged dot peers
@@ -96,7 +97,7 @@ def ragged_peers(rd: ModuleType, m: int, k: int, n: int, g: int, gs: np.ndarray,
     return peers
 
 
-def _tpu_inference_gmm_peer(args: tuple[Any, ...], out: Any, m: int, k: int, n: int, vmem: int,
+def _tpu_inference_gmm_peer(args: tuple[PeerArg, ...], out: np.dtype, m: int, k: int, n: int, vmem: int,
                             generation: str) -> Peer:
     """vLLM's megablox gmm (tpu-inference 0.32.0, installed) at the best legal tiling: its own tuned/default
     tiling and the same sweep as jax's megablox, each read by the model, the fastest that compiles kept."""
@@ -311,7 +312,7 @@ def _rpa_v3_peer(geo: HeadGeometry, b: int, cache: int, dtype: str, generation: 
             np.full((b,), cache, np.int32), np.arange(b * pages_per_seq, dtype=np.int32),
             np.arange(b + 1, dtype=np.int32), np.array([b, b, b], np.int32))
 
-    def make(blocks: tuple[int, int, int, int] | None) -> Callable[..., Any]:
+    def make(blocks: tuple[int, int, int, int] | None) -> Callable[..., object]:
         def call(q, k, v, c, lens, pi, cu, dist):
             with as_chip(rpa, generation):
                 return rpa.ragged_paged_attention(q, k, v, c, lens, pi, cu, dist, sm_scale=scale,
