@@ -14,7 +14,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 from ..errors import IntegrityError, KernelHubError, KernelImportError
 from .env import CHECKOUT, TpuEnv, TpuEnvironmentError
@@ -39,7 +39,7 @@ def last_line(text: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
-Runner = Callable[..., tuple[list[JsonDict], int, str]]
+Runner: TypeAlias = "Callable[..., tuple[list[JsonDict], int, str]]"
 
 
 def _follow(proc: subprocess.Popen, events_path: Path, on_event: Callable[[JsonDict], None],
