@@ -9,18 +9,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..package.buildfmt import FRAMEWORKS
 from ..ui.progress import Progress
 from ..verify.validation import CaseResult, case_cells
 from .schema import CaseRow, Cell, Compile, KernelRun, Validation, finite
 
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from ..verify.contract import Case
+
 #: TPU generations compiled for in a full report (all that tpu.chips knows) and in a quick one.
 QUICK_GENERATIONS = ("v5e",)
 
 
-def quick_selection(cases: list[Any]) -> list[Any]:
+def quick_selection(cases: list[Case]) -> list[Case]:
     """One case per (mode, dtype): every matrix cell of the full run, a fraction of its time."""
     from ..verify.validation import case_mode
 
@@ -113,7 +118,7 @@ def run_validation(repo_ids: Sequence[str], *, seed: int, quick: bool, progress:
     return Validation(seed=seed, runs=runs, cases=rows, matrix=matrix(rows, "mode", by_dtype=True))
 
 
-def run_compile(kernel_dirs: dict[str, Any], generations: Sequence[str] | None, *, quick: bool, cases: str,
+def run_compile(kernel_dirs: dict[str, Path], generations: Sequence[str] | None, *, quick: bool, cases: str,
                 progress: Progress) -> Compile:
     """compile_matrix for each kernel folder over `generations` (None: every known one; quick: v5e) and `cases`
     ("smoke": the cases tagged smoke, the first forward and backward validation case of each kernel; "all": every
