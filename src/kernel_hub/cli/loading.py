@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from ..api import get_kernel, get_local_kernel, validate
 from ..decide.variants import KERNEL_BUILDER
@@ -13,7 +12,7 @@ from ..load.lock import fetch_locked, lock
 from ..load.planning import plan_load
 from ..tpu.env import tpu_env
 from ..ui.progress import progress
-from ..verify.validation import CASE_COLUMNS, case_cells, new_seed
+from ..verify.validation import CASE_COLUMNS, CaseResult, case_cells, new_seed
 from .common import print_json, trust_setting, version_spec
 
 
@@ -41,7 +40,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             live.row(f"{info.repo_id} {info.version or info.commit[:12]} [{info.variant}], seed {seed}: {total} cases")
             live.row(row(CASE_COLUMNS))
 
-        def finished(_i: int, _total: int, case: Any) -> None:
+        def finished(_i: int, _total: int, case: CaseResult) -> None:
             live.row(row(case_cells(case)), ok=case.passed)
             live.advance()
 
