@@ -6,6 +6,6 @@ from __future__ import annotations
 from typing import TypeAlias
 
 #: One parsed JSON value.
-JsonValue: TypeAlias = "str | int | float | bool | None | list[JsonValue] | dict[str, JsonValue]"
+JsonValue: TypeAlias = "str | int | float | bool | list[JsonValue] | dict[str, JsonValue] | None"
 #: A parsed JSON object.
 JsonDict: TypeAlias = "dict[str, JsonValue]"

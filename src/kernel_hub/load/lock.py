@@ -215,7 +215,23 @@ def _lock_plan(plan: Any, spec: dict[str, Any], trust: Any, found: dict[tuple[st
 def lock(repo_ids: list[str] | None = None, *, version: int | str | None = None, revision: str | None = None,
          framework: str = "jax", backend: str | None = None, path: str | Path | None = None,
          source: Source | None = None, trust_remote_code: TrustSetting = False) -> LockFile:
-    """Lock `repo_ids` (default: every kernel in the registry) and write the lock file."""
+    """Pin each kernel to one commit and variant, with the sha256 of every file, so later loads
+    (`get_locked_kernel`) get exactly these bytes.
+
+    Args:
+        repo_ids: the kernels to lock (default: every kernel in the registry).
+        version, revision: which release to lock (as for get_kernel); default: the registry's.
+        framework, backend: the build variant to lock (backend default: this machine's).
+        path: the lock file to write (default: $KERNEL_HUB_LOCK, else kernel-hub.lock here).
+        source: where kernels come from (default: the registry's source for each).
+        trust_remote_code: get_kernel's rule; checked before anything is fetched.
+
+    Returns:
+        The LockFile written, its kernel-depends pinned too.
+
+    Raises:
+        KernelHubError: nothing to lock, a path that cannot be written, or a kernel that cannot be resolved.
+    """
     normalize_trust(trust_remote_code)
     if not repo_ids:
         repo_ids = [e.repo_id for e in load_registry().entries]
@@ -293,8 +309,22 @@ def fetch_entry(entry: LockedKernel, source: Any = None) -> Build:
 
 def get_locked_kernel(repo_id: str, *, lockfile: str | Path | None = None, framework: str | None = None,
                       source: Any = None, trust_remote_code: TrustSetting = False) -> ModuleType:
-    """Load exactly the locked commit and variant, trust checked first, every file checked against the lock
-    before import; its kernel-depends load from the commits the lock pins (never a branch's newer head)."""
+    """Load exactly the locked commit and variant of `repo_id`: a lock only pins what it can re-check, so every
+    file is checked against the lock before import and its kernel-depends load at the commits the lock pins.
+
+    Args:
+        repo_id: the kernel, as the lock file names it.
+        lockfile: the lock file (default: $KERNEL_HUB_LOCK, else kernel-hub.lock here).
+        framework: which locked variant ("jax", "torch"); default: the first the lock holds for `repo_id`.
+        source: where the locked build is fetched from (default: the registry's source).
+        trust_remote_code: get_kernel's rule; checked before anything is fetched.
+
+    Returns:
+        The imported kernel module.
+
+    Raises:
+        KernelHubError: the kernel is not locked, a file differs from the lock (IntegrityError), or trust is refused.
+    """
     locked = read_lock(lockfile)
     entry = locked.find(repo_id, framework)
     with walk(entry.repo_id) as graph:
