@@ -100,7 +100,7 @@ def test_ragged_dot_gradients_match_numpy(kernel, impl):
 
 def test_jax_bridge_builds_its_forward_and_backward_once(kernel):
     """Training through the JAX bridge: the second differentiable call reuses the first call's forward and vjp
-    function (they used to be rebuilt, signature inspection included, on every call)."""
+    function instead of rebuilding them (signature inspection included) on every call."""
     import sys
 
     bridge = next(m for n, m in sys.modules.items() if n.endswith(".torch_bridge") and hasattr(m, "ragged_dot_jax"))

@@ -148,7 +148,7 @@ def test_tpu_gate_refuses_an_untrusted_repo_before_fetching(tmp_path: Path, monk
 
 
 @pytest.mark.parametrize("function", [planning.plan_load, pipeline.load_plan, lock.lock_one, lock.load_locked,
-                                      gate._from_repo])
+                                      gate.repo_package])
 def test_below_the_edge_trust_is_a_policy(function) -> None:
     params = inspect.signature(function).parameters
     assert "trust_remote_code" not in params

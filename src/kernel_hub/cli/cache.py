@@ -4,10 +4,15 @@ when the command runs: KERNELS_CACHE (else HF_HUB_CACHE) and KERNEL_HUB_CACHE.""
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
 
 
-def add_parser(sub: argparse._SubParsersAction, command: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction, command: Callable[[str, str], Callable[[argparse.Namespace], int]]
+               ) -> None:
     p = sub.add_parser("cache", help="list or prune the kernel caches (cache ls, cache prune)",
                        description="What the kernel caches hold: each kernel repo in the Hub cache (KERNELS_CACHE, "
                        "else HF_HUB_CACHE) and each part of kernel-hub's cache (KERNEL_HUB_CACHE), with sizes. "
@@ -23,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction, command: Any) -> None:
     prune.set_defaults(func=command("cache", "cmd_cache_prune"))
 
 
-def _roots() -> tuple[Any, Any]:
+def _roots() -> tuple[Path, Path]:
     from pathlib import Path
 
     from huggingface_hub import constants

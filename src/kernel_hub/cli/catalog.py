@@ -8,7 +8,7 @@ import re
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..decide.system import SystemFacts, detect, installed_version
 from ..decide.variants import KERNEL_BUILDER
@@ -25,6 +25,10 @@ from ..sources.hub.client import HubClient
 from ..sources.hub.source import HubSource
 from ..ui.display import clean, clean_data, clean_lines
 from .common import one_line, print_json, simulated_backend, table, version_of, version_spec
+
+if TYPE_CHECKING:
+    from ..decide.variants import Variant
+    from ..sources.base import Source
 
 _TPU_GENERATION = re.compile(r"^v\d+[a-z]?$")
 
@@ -154,7 +158,7 @@ def _info_data(repo_id: str) -> dict[str, Any]:
     return data
 
 
-def _variants_here(source: Any, repo_id: str, commit: str) -> tuple[list[Any], bool]:
+def _variants_here(source: Source, repo_id: str, commit: str) -> tuple[list[Variant], bool]:
     """(the variants at `commit`, whether they are only the cached builds): offline with no cached listing, the
     builds a download left in the cache (what an offline download uses) stand in for the release's listing."""
     hub = getattr(source, "active", None) or source
@@ -166,7 +170,7 @@ def _variants_here(source: Any, repo_id: str, commit: str) -> tuple[list[Any], b
     return hub.candidate_variants(repo_id, commit, []), True
 
 
-def _tpu_compile_lines(source: Any, repo_id: str, commit: str, variant: Any) -> list[str]:
+def _tpu_compile_lines(source: Source, repo_id: str, commit: str, variant: Variant) -> list[str]:
     """What a published TPU variant's metadata.json records about the compile gate (its bundle is fetched and
     verified; nothing is imported). A source folder is not a release: it records nothing."""
     if isinstance(getattr(source, "active", None) or source, LocalSource):
@@ -182,7 +186,7 @@ def _tpu_compile_lines(source: Any, repo_id: str, commit: str, variant: Any) -> 
     return info.tpu_compile.lines()
 
 
-def _signatures(source: Any, repo_id: str, commit: str, variants: list[Any]) -> list[SignatureStatus]:
+def _signatures(source: Source, repo_id: str, commit: str, variants: list[Variant]) -> list[SignatureStatus]:
     """Each variant's signing status (signing.py): a Hub release's `build/<variant>/metadata.json.sigstore`, fetched
     with its metadata.json where the listing has it and checked offline; a source folder is not a release."""
     hub = getattr(source, "active", None) or source

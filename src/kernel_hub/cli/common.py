@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from packaging.version import InvalidVersion, Version
 
@@ -16,6 +16,9 @@ from ..errors import KernelHubError
 from ..package.buildfmt import FRAMEWORKS
 from ..tpu.chips import parse_generations
 from ..ui.display import clean
+
+if TYPE_CHECKING:
+    from ..json_types import JsonValue
 
 DEBUG_ENV = "KERNEL_HUB_DEBUG"
 
@@ -76,7 +79,7 @@ def trust_setting(value: bool | list[str] | None) -> bool | list[str]:
     return list(value)
 
 
-def print_json(data: Any) -> None:
+def print_json(data: JsonValue) -> None:
     print(json.dumps(data, indent=2))
 
 
@@ -111,16 +114,16 @@ class _TrustAll(argparse.Action):
     def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
         super().__init__(option_strings, dest, nargs=0, **kwargs)
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: str | Sequence[str] | None, option_string: str | None = None) -> None:
         setattr(namespace, self.dest, True)
 
 
 class _TrustSome(argparse.Action):
     """--trust ORG[,ORG/NAME...] (repeatable): trust those repos and organisations."""
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: str | Sequence[str] | None, option_string: str | None = None) -> None:
         current = getattr(namespace, self.dest, None)
         if current is True:
             return

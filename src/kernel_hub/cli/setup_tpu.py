@@ -5,10 +5,14 @@ until the command runs."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
-def add_parser(sub: argparse._SubParsersAction, command: Any) -> None:
+def add_parser(sub: argparse._SubParsersAction, command: Callable[[str, str], Callable[[argparse.Namespace], int]]
+               ) -> None:
     p = sub.add_parser("setup-tpu", help="build the TPU environment the publish gate and validate --tpu need",
                        description="Create a virtual environment with jax[tpu] (the real TPU compiler, libtpu, "
                        "~700 MB) and what kernel-hub's TPU worker imports, link this kernel-hub into it, and check "

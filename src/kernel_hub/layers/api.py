@@ -54,27 +54,28 @@ def kernelize(
     strict: bool = False,
     use_fallback: Any = None,
 ) -> Model:
-    """Run `model`'s expert and attention layers on the hub kernels the registry (or `mapping`) names for
-    this backend (attention: through transformers' AttentionInterface; `mapping={"attention": None}` skips it).
+    """Run `model`'s layers (experts, attention, ...) on the hub kernels the registry or `mapping` names for this
+    backend, each checked against the layer it replaces first, so a kernel that disagrees is never swapped in.
 
-    Returns the model itself, patched in place (`model = kh.kernelize(model)`, as HF `kernels` does);
-    `kernelize_report(model)` gives what was replaced and what was kept, and why.
+    Args:
+        model: a transformers model or Diffusers pipeline/model; patched in place, `restore(model)` undoes it.
+        mode: "inference", or "training" (validation also compares gradients); HF's `kernels.Mode` values work.
+        device: the device the model runs on, which picks the backend (default: where its parameters are).
+        mapping: {layer kind: repo id | {backend: repo id} | loaded kernel | None} over registry.yaml's `layers`;
+            HF layer names and LayerRepository values are accepted; None leaves that kind alone.
+        validate: compare each layer with its own implementation first and keep that one where they disagree.
+        trust_remote_code: get_kernel's rule, for the repos `mapping` names.
+        quantize: "int8" or "fp8" expert weights (inference only), each block checked within its error bound.
+        kinds: the layer kinds to run (default: kinds.BUILTIN_KINDS); add your own kind to extend it.
+        strict: raise instead of keeping any layer's own implementation (HF's `use_fallback=False` means the same).
+        use_fallback: HF's spelling of `not strict`.
 
-    mode: "inference", or "training" (validation also compares gradients); HF's `kernels.Mode.INFERENCE` /
-    `Mode.TRAINING` mean the same (TORCH_COMPILE is refused). device: the device the model runs on (default: where
-    its parameters are) picks the backend. mapping: {layer kind: repo id | {backend: repo id} | loaded kernel |
-    None} overrides registry.yaml's `layers`; HF layer names ("RMSNorm", "MegaBlocksMoeMLP", "<Family>Experts") are
-    kinds too, and HF's LayerRepository / LocalLayerRepository (alone, per device, per Mode) are values. validate: check
-    each layer against its current implementation first and keep that one where they disagree.
-    `restore(model)` undoes everything. A repo is also {"repo_id", "version", "revision"}; one outside
-    registry.yaml with neither gets its newest release. trust_remote_code: get_kernel's rule, for the repos
-    `mapping` names. quantize: "int8" (per output channel) or "fp8" (128x128 blocks), inference only: the expert
-    weights are read as quantized copies kept with each block, each checked against the block's own layer within
-    the bound quantize.error_bound derives; the model's parameters are untouched (kinds/experts/quantize.py). kinds:
-    the layer kinds to run (default: kinds.BUILTIN_KINDS); `(*BUILTIN_KINDS, my_kind)` adds a kind declared anywhere
-    (layers/kinds/__init__.py says what one needs), and restore(model) runs its restore too. strict (or HF's
-    `use_fallback=False`): raise KernelizeStrictError naming each layer that would keep its own implementation and
-    why, with the model left as it was; a kind mapped to None is left alone without raising.
+    Returns:
+        The same model; `kernelize_report(model)` says what was replaced, what was kept and why.
+
+    Raises:
+        KernelizeStrictError: with `strict`, naming each layer that would be kept (the model is left as it was).
+        KernelHubError: a bad argument or a kernel that cannot be loaded, with what to fix.
     """
     mode = check_mode(mode)
     trust = trust_policy(trust_remote_code)
@@ -153,7 +154,15 @@ def kernelize_report(model: Any) -> KernelizeReport:
 
 
 def restore(model: Any) -> bool:
-    """Put back exactly what `model` ran before kernelize; False if it was not kernelized."""
+    """Put back exactly what `model` ran before kernelize, so a kernelized model can be compared with its own
+    layers or handed on unpatched.
+
+    Args:
+        model: a model (or Diffusers pipeline) `kernelize` patched.
+
+    Returns:
+        True when something was restored, False if the model was not kernelized.
+    """
     if is_diffusers_object(model):
         return restore_diffusers(model)
     state: KernelizeState | None = model.__dict__.pop(STATE_ATTR, None)

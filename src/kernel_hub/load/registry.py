@@ -165,7 +165,17 @@ def _load(path: Path, mtime: float) -> Registry:
 
 
 def load_registry(path: Path | str | None = None) -> Registry:
-    """The registry at `path` (default: see default_registry_path); empty if that file is absent."""
+    """Read registry.yaml: which kernels exist, where they come from and which layers they serve.
+
+    Args:
+        path: the registry file (default: default_registry_path, which KERNEL_HUB_REGISTRY can set).
+
+    Returns:
+        The Registry; empty when no path was asked for and the default file is absent.
+
+    Raises:
+        MetadataError: an asked-for file is missing or the file does not hold to the schema.
+    """
     target = Path(path) if path is not None else default_registry_path()
     if not target.is_file():
         if path is not None or os.environ.get(REGISTRY_ENV):

@@ -229,12 +229,27 @@ def publish(kernel_dir: str | Path, *, repo_id: str | None = None, endpoint: str
             token: str | None = None, skip_validation: bool = False, skip_tpu_compile: bool = False,
             tpu_jobs: int | None = None, log: Callable[[str], None] = print,
             progress: Progress | None = None) -> PublishResult:
-    """Validate, compile every TPU variant for its generations (publish/tpu_gate.py), build, upload, tag
-    `v<version>` and move branch `v<major>` (never backwards). The TPU compile matrix goes into each TPU
-    variant's metadata.json; `skip_tpu_compile` publishes them marked "not compiled" instead.
+    """Release a kernel folder: validate it, compile every TPU variant for its generations, build, upload, tag
+    `v<version>` and move branch `v<major>` (never backwards), so nothing unvalidated or uncompiled is published.
+    A release already published with the same content is left as it is.
 
-    A release already published with this content is found before validating (early_unchanged) and left as it
-    is. `progress`: a live display (kernel_hub.ui.progress) told each stage as it starts and each case as it ends."""
+    Args:
+        kernel_dir: the kernel folder (its kernel.yaml names the repo and version).
+        repo_id: publish under this repo instead of kernel.yaml's.
+        endpoint: an http(s) Hub or kernel-hub server URL; default: the configured Hub.
+        token: a write token (default: huggingface_hub's, e.g. HF_TOKEN).
+        skip_validation: publish without running the validation cases.
+        skip_tpu_compile: publish TPU variants marked "not compiled" instead of compiling them.
+        tpu_jobs: compiler processes at once (default: one per generation, at most one per CPU).
+        log: where each line of progress goes.
+        progress: a live display told each stage as it starts and each case as it ends.
+
+    Returns:
+        The PublishResult: commit, tag, branch, variants, and whether anything changed.
+
+    Raises:
+        KernelHubError: a bad folder, a failing validation or compile, or a refused upload, with what to fix.
+    """
     live = progress or Progress()
     kernel_dir = Path(kernel_dir)
     if not kernel_dir.is_dir():

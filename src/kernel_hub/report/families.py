@@ -11,14 +11,24 @@ from __future__ import annotations
 
 import importlib.util
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from ..ui.progress import Progress
 from ..verify.numerics import TOLERANCE, relative_error
 from . import models
 from .schema import FamilyRow
+
+if TYPE_CHECKING:
+    import torch
+
+#: A family's tiny model and the forward whose output the page compares before and after kernelize.
+Built: TypeAlias = "tuple[torch.nn.Module, Callable[[torch.nn.Module], torch.Tensor]]"
+
+
+class _Kinded(Protocol):
+    kind: str  # the layer kind a kernelize report line is about
 
 #: Output error allowed after kernelize (f32 models; the per-layer validation uses the same bar).
 OUTPUT_TOLERANCE = TOLERANCE["float32"]
@@ -32,10 +42,10 @@ class FamilySpec:
     library: str  # "transformers" | "diffusers"
     kind: str  # "moe" | "attention" | "diffusion"
     module: str  # the transformers/diffusers module that must exist for the family to run
-    build: Callable[[], tuple[Any, Callable[[Any], Any]]]  # -> (model, forward(model) -> output tensor)
+    build: Callable[[], Built]
 
 
-def _text_forward(model: Any) -> Any:
+def _text_forward(model: torch.nn.Module) -> torch.Tensor:
     import torch
 
     x = torch.randint(3, 100, (2, 6), generator=torch.Generator().manual_seed(0))
@@ -45,17 +55,17 @@ def _text_forward(model: Any) -> Any:
     return (logits if logits is not None else out.last_hidden_state).float()
 
 
-def _text(build: Callable[[], Any]) -> Callable[[], tuple[Any, Callable[[Any], Any]]]:
+def _text(build: Callable[[], torch.nn.Module]) -> Callable[[], Built]:
     return lambda: (build(), _text_forward)
 
 
-def _diffusion(family: str) -> Callable[[], tuple[Any, Callable[[Any], Any]]]:
-    def build() -> tuple[Any, Callable[[Any], Any]]:
+def _diffusion(family: str) -> Callable[[], Built]:
+    def build() -> Built:
         import torch
 
         model, inputs = models.diffusers_model(family)
 
-        def forward(m: Any) -> Any:
+        def forward(m: torch.nn.Module) -> torch.Tensor:
             with torch.no_grad():
                 return m(**inputs, return_dict=False)[0].float()
 
@@ -78,7 +88,7 @@ def family_specs() -> list[FamilySpec]:
     return specs
 
 
-def _count(items: list[Any]) -> dict[str, int]:
+def _count(items: Sequence[_Kinded]) -> dict[str, int]:
     out: dict[str, int] = {}
     for item in items:
         out[item.kind] = out.get(item.kind, 0) + 1

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PretrainedConfig
+
+#: A Diffusers family's tiny transformer and the keyword inputs of one forward.
+ModelInputs: TypeAlias = "tuple[torch.nn.Module, dict[str, torch.Tensor]]"
 
 _COMMON: dict[str, Any] = dict(
     vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -53,7 +57,7 @@ def family_names() -> list[str]:
     return list(FAMILIES)
 
 
-def tiny_config(family: str, **overrides: Any) -> Any:
+def tiny_config(family: str, **overrides: Any) -> PretrainedConfig:
     module, _, config_name, extra = FAMILIES[family]
     cfg_mod = importlib.import_module(f"transformers.models.{module}.configuration_{module}")
     cfg_cls = getattr(cfg_mod, config_name)
@@ -61,7 +65,7 @@ def tiny_config(family: str, **overrides: Any) -> Any:
     return cfg_cls(**kwargs)
 
 
-def tiny_model(family: str, *, dtype: torch.dtype | None = None, seed: int = 0, **overrides: Any) -> Any:
+def tiny_model(family: str, *, dtype: torch.dtype | None = None, seed: int = 0, **overrides: Any) -> torch.nn.Module:
     """A random-weight causal LM of `family`, in eval mode, on CPU (float32 unless `dtype`)."""
     import torch
 
@@ -75,7 +79,7 @@ def tiny_model(family: str, *, dtype: torch.dtype | None = None, seed: int = 0, 
     return model.to(dtype or torch.float32).eval()
 
 
-def _randomize_experts(model: Any, seed: int) -> None:
+def _randomize_experts(model: torch.nn.Module, seed: int) -> None:
     """Some families initialise expert weights (and biases) to zero or constants; give every 3-D
     expert weight and bias real random values so a wrong layout cannot hide."""
     import torch
@@ -102,7 +106,7 @@ GENERIC_SHRINK: dict[str, Any] = dict(
 )
 
 
-def generic_tiny_model(family: str, *, dtype: torch.dtype | None = None, seed: int = 0) -> Any:
+def generic_tiny_model(family: str, *, dtype: torch.dtype | None = None, seed: int = 0) -> torch.nn.Module:
     """Any transformers MoE family shrunk by GENERIC_SHRINK (its first *ForCausalLM class)."""
     import torch
 
@@ -171,7 +175,7 @@ HAND_FAMILIES: dict[str, tuple[str, str, str, dict[str, Any]]] = {
 }
 
 
-def _config_has(config: Any, name: str) -> bool:
+def _config_has(config: PretrainedConfig, name: str) -> bool:
     """hasattr, except that heterogeneous (per-layer) configs raise on a per-layer name: it exists."""
     try:
         return hasattr(config, name)
@@ -183,7 +187,7 @@ def hand_family_names() -> list[str]:
     return list(HAND_FAMILIES)
 
 
-def hand_tiny_model(family: str, *, dtype: torch.dtype | None = None, seed: int = 0) -> Any:
+def hand_tiny_model(family: str, *, dtype: torch.dtype | None = None, seed: int = 0) -> torch.nn.Module:
     """A family from HAND_FAMILIES: GENERIC_SHRINK (names its config has) plus the family's overrides.
     Text models (no LM head) return last_hidden_state instead of logits."""
     import torch
@@ -212,7 +216,7 @@ GENERIC_FAMILIES = [
 ]
 
 
-def llama(dtype: torch.dtype | None = None) -> Any:
+def llama(dtype: torch.dtype | None = None) -> torch.nn.Module:
     """A tiny Llama causal LM: the dense-attention family (no experts)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -227,7 +231,7 @@ def llama(dtype: torch.dtype | None = None) -> Any:
 # -- Diffusers ---------------------------------------------------------------------------------------------------
 
 
-def _seeded(build: Callable[[], Any]) -> Any:
+def _seeded(build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
     import torch
 
     with torch.random.fork_rng(devices=[]):
@@ -235,7 +239,7 @@ def _seeded(build: Callable[[], Any]) -> Any:
         return build()
 
 
-def flux(dtype: Any = None, in_channels: int = 4) -> tuple[Any, dict[str, Any]]:
+def flux(dtype: torch.dtype | None = None, in_channels: int = 4) -> ModelInputs:
     """A one-block (+ one single block) Flux transformer and a batch of 2 for it."""
     import torch
     from diffusers import FluxTransformer2DModel
@@ -250,7 +254,7 @@ def flux(dtype: Any = None, in_channels: int = 4) -> tuple[Any, dict[str, Any]]:
     return model, inputs
 
 
-def sd3(dtype: Any = None) -> tuple[Any, dict[str, Any]]:
+def sd3(dtype: torch.dtype | None = None) -> ModelInputs:
     """A two-block SD3.5-style transformer (block 0 has a second self-attention, attn2) and a batch of 2."""
     import torch
     from diffusers import SD3Transformer2DModel
@@ -265,7 +269,7 @@ def sd3(dtype: Any = None) -> tuple[Any, dict[str, Any]]:
     return model, inputs
 
 
-def wan(dtype: Any = None) -> tuple[Any, dict[str, Any]]:
+def wan(dtype: torch.dtype | None = None) -> ModelInputs:
     """A two-block Wan video transformer (self + cross attention) and one 3-frame batch."""
     import torch
     from diffusers import WanTransformer3DModel
@@ -281,10 +285,10 @@ def wan(dtype: Any = None) -> tuple[Any, dict[str, Any]]:
 
 
 #: Diffusers family -> builder of (model, inputs).
-DIFFUSERS_FAMILIES: dict[str, Callable[..., tuple[Any, dict[str, Any]]]] = {"flux": flux, "sd3": sd3, "wan": wan}
+DIFFUSERS_FAMILIES: dict[str, Callable[..., ModelInputs]] = {"flux": flux, "sd3": sd3, "wan": wan}
 
 
-def diffusers_model(family: str, dtype: Any = None) -> tuple[Any, dict[str, Any]]:
+def diffusers_model(family: str, dtype: torch.dtype | None = None) -> ModelInputs:
     """A Diffusers family's tiny transformer in `dtype` (float32 default), eval mode, and its inputs in that dtype
     (the timestep stays as built)."""
     import torch

@@ -69,7 +69,7 @@ class CaseRow(_Model):
 
     @field_validator("max_error", mode="before")
     @classmethod
-    def _finite(cls, v: Any) -> Any:
+    def _finite(cls, v: object) -> object:
         return finite(v) if isinstance(v, float) else v
 
 

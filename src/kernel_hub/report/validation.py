@@ -10,12 +10,18 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..package.buildfmt import FRAMEWORKS
 from ..ui.progress import Progress
 from ..verify.contract import Case
 from ..verify.results import AnyCaseResult, CompileResult, NumericResult, case_cells
 from .schema import CaseRow, Cell, Compile, KernelRun, Validation, finite
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from ..verify.contract import Case
 
 #: TPU generations compiled for in a full report (all that tpu.chips knows) and in a quick one.
 QUICK_GENERATIONS = ("v5e",)

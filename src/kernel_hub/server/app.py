@@ -17,25 +17,32 @@ import html
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING
 from urllib.parse import unquote, urlencode
 
 import uvicorn
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import KernelHubError
 from . import checks, payloads
 from .errors import HubError, error_response, from_error
 from .gitstore import Entry, GitRepo, GitStore
 from .transport import FileResponse, Limits, bind, body_pending, guarded_h11, parse_range, read_body, url_of
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+    from starlette.datastructures import QueryParams
+
+    from ..json_types import JsonDict, JsonValue
 
 _TYPE_PLURALS = {f"{t}s": t for t in checks.REPO_TYPES}
 _URL_PREFIX = {"model": "", "kernel": "kernels/", "dataset": "datasets/"}
@@ -66,10 +73,10 @@ class Call:
     body: bytes | IO[bytes] = b""
 
     @property
-    def query(self) -> Any:
+    def query(self) -> QueryParams:
         return self.request.query_params
 
-    def json(self, what: str) -> Any:
+    def json(self, what: str) -> JsonValue:
         assert isinstance(self.body, bytes)
         if self.request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
             return payloads.load_form(self.body)
@@ -113,8 +120,8 @@ def _int_param(call: Call, name: str, default: int, lo: int, hi: int) -> int:
     return value
 
 
-def _entry_json(entry: Entry, last_commit: dict[str, str] | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {"type": entry.kind, "oid": entry.oid, "size": entry.size, "path": entry.path}
+def _entry_json(entry: Entry, last_commit: dict[str, str] | None = None) -> JsonDict:
+    out: JsonDict = {"type": entry.kind, "oid": entry.oid, "size": entry.size, "path": entry.path}
     if last_commit is not None:
         out["lastCommit"] = last_commit
     return out
@@ -239,7 +246,7 @@ class HubApp:
         found, more = repo.commits(commit, page * limit, limit)
         items = []
         for meta in found:
-            item: dict[str, Any] = {"id": meta.oid, "title": meta.title, "message": meta.message,
+            item: JsonDict = {"id": meta.oid, "title": meta.title, "message": meta.message,
                                     "authors": [{"user": meta.author}], "date": meta.date}
             if formatted:
                 item["formatted"] = {"title": html.escape(meta.title), "message": html.escape(meta.message)}
@@ -250,7 +257,7 @@ class HubApp:
             headers["Link"] = f'<{call.base_url}{call.raw_path}?{urlencode(query)}>; rel="next"'
         return JSONResponse(items, headers=headers)
 
-    def _with_last_commits(self, repo: GitRepo, commit: str, entries: list[Entry]) -> list[dict[str, Any]]:
+    def _with_last_commits(self, repo: GitRepo, commit: str, entries: list[Entry]) -> list[JsonDict]:
         last = repo.last_commits(commit, [e.path for e in entries], cancelled=self.state.stopping.is_set)
         return [_entry_json(e, {"id": last[e.path].oid, "title": last[e.path].title, "date": last[e.path].date}
                             if e.path in last else None) for e in entries]
@@ -415,7 +422,7 @@ class HubASGI:
     """The ASGI app: every HTTP request goes to one dispatcher. No path pattern routes it first: a
     pattern's `.*` stops at a newline, and a path holding one would get a bare 404 instead of the Hub's."""
 
-    def __init__(self, state: ServerState, dispatch: Callable[[Request], Any]):
+    def __init__(self, state: ServerState, dispatch: Callable[[Request], Awaitable[Response]]):
         self.state = SimpleNamespace(hub=state)
         self._dispatch = dispatch
 
@@ -499,7 +506,7 @@ def internal_error(exc: BaseException) -> Response:
 def serve(store: Path, host: str = "127.0.0.1", port: int = 8080, token: str | None = None,
           read_token_required: bool = False, trusted_orgs: Sequence[str] = (),
           log_level: str = "warning", limits: Limits | None = None,
-          wrap: Callable[[HubASGI], Any] | None = None) -> None:
+          wrap: Callable[[HubASGI], ASGIApp] | None = None) -> None:
     """Bind host:port (0: a free port), print the URL, and serve until interrupted (blocking).
 
     OSError when the address cannot be bound (port in use, permission denied), before anything is printed.
@@ -544,6 +551,6 @@ class _StoppingServer(uvicorn.Server):
         super().__init__(config)
         self._stopping = stopping
 
-    def handle_exit(self, sig: int, frame: Any) -> None:
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self._stopping.set()
         super().handle_exit(sig, frame)

@@ -15,10 +15,13 @@ import uuid
 import zlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..names import check_commit
 from .errors import HubError
+
+if TYPE_CHECKING:
+    from dulwich.objects import ShaFile
 
 _CHUNK = 1 << 18
 
@@ -127,7 +130,7 @@ def temp_owner(name: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def write_loose(git_dir: Path, obj: Any) -> None:
+def write_loose(git_dir: Path, obj: ShaFile) -> None:
     """Write a git object (blob, tree, commit, tag) as a loose object through a unique temporary name, renamed
     into place in one step.
 
@@ -159,5 +162,5 @@ class LooseWriter:
     def __init__(self, git_dir: Path):
         self.git_dir = git_dir
 
-    def add_object(self, obj: Any) -> None:
+    def add_object(self, obj: ShaFile) -> None:
         write_loose(self.git_dir, obj)

@@ -9,13 +9,16 @@ import binascii
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qs
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from . import checks
 from .errors import HubError
+
+if TYPE_CHECKING:
+    from ..json_types import JsonDict, JsonValue
 
 _MAX_FILES = 10_000
 
@@ -104,7 +107,7 @@ def _first_problem(exc: ValidationError) -> str:
     return f"{where}: {err['msg']}"
 
 
-def parse(model: type[M], data: Any, what: str) -> M:
+def parse(model: type[M], data: JsonValue, what: str) -> M:
     """`data` (parsed JSON) as `model`, or a 400 naming the first problem."""
     if not isinstance(data, dict):
         raise HubError(400, f"{what} must be a JSON object, got {type(data).__name__}")
@@ -114,7 +117,7 @@ def parse(model: type[M], data: Any, what: str) -> M:
         raise HubError(400, f"{what}: {_first_problem(exc)}") from None
 
 
-def load_json(raw: bytes, what: str) -> Any:
+def load_json(raw: bytes, what: str) -> JsonValue:
     """Parse a JSON document; an empty body is {} (clients send none where every field is optional)."""
     if not raw.strip():
         return {}
@@ -124,10 +127,10 @@ def load_json(raw: bytes, what: str) -> Any:
         raise HubError(400, f"{what} is not valid JSON") from None
 
 
-def load_form(raw: bytes) -> dict[str, Any]:
+def load_form(raw: bytes) -> JsonDict:
     """An x-www-form-urlencoded body (huggingface_hub's paths-info) as a JSON-like dict."""
     form = parse_qs(raw.decode("utf-8", "replace"), keep_blank_values=True)
-    out: dict[str, Any] = {"paths": form.get("paths", [])}
+    out: JsonDict = {"paths": form.get("paths", [])}
     if "expand" in form:
         out["expand"] = form["expand"][-1].lower() in ("1", "true", "yes")
     return out

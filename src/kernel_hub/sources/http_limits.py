@@ -38,9 +38,15 @@ import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import KernelHubError
+
+if TYPE_CHECKING:
+    import ssl
+
+    import httpcore2
+    import httpx2
 
 TIMEOUT_ENV = "KERNEL_HUB_HTTP_TIMEOUT"
 DOWNLOAD_TIMEOUT_ENV = "KERNEL_HUB_DOWNLOAD_TIMEOUT"
@@ -138,7 +144,7 @@ def bounds_for(method: str, path: str) -> Bounds:
     return api_bounds()
 
 
-def announced_size(headers: Any) -> int | None:
+def announced_size(headers: httpx2.Headers) -> int | None:
     """The largest size an answer's headers announce (Content-Length; X-Linked-Size for a file the Hub keeps
     in LFS), or None."""
     sizes = []
@@ -152,7 +158,7 @@ def announced_size(headers: Any) -> int | None:
     return max(sizes) if sizes else None
 
 
-def retry_wait(headers: Any) -> float:
+def retry_wait(headers: httpx2.Headers) -> float:
     """The wait (seconds) a retryable answer asks for: Retry-After in seconds, or a RateLimit header's `t=`; 0 when
     it asks for none. An HTTP-date Retry-After counts as 0 (huggingface_hub ignores it too)."""
     raw = headers.get("retry-after")
@@ -313,7 +319,7 @@ def _io(call: Callable[[float | None], T], timeout: float | None) -> T:
 class _DeadlineStream:
     """A network stream whose every read and write waits no longer than the current request's deadline."""
 
-    def __init__(self, inner: Any):
+    def __init__(self, inner: httpcore2.NetworkStream):
         self._inner = inner
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
@@ -325,26 +331,27 @@ class _DeadlineStream:
     def close(self) -> None:
         self._inner.close()
 
-    def start_tls(self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None) -> Any:
+    def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
+                  timeout: float | None = None) -> _DeadlineStream:
         return _DeadlineStream(self._inner.start_tls(ssl_context, server_hostname, _bounded_timeout(timeout)))
 
-    def get_extra_info(self, info: str) -> Any:
+    def get_extra_info(self, info: str) -> object:
         return self._inner.get_extra_info(info)
 
 
 class _DeadlineBackend:
     """httpcore's network backend, with every stream it opens under the current request's deadline."""
 
-    def __init__(self, inner: Any):
+    def __init__(self, inner: httpcore2.NetworkBackend):
         self._inner = inner
 
     def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
-                    socket_options: Iterable[Any] | None = None) -> _DeadlineStream:
+                    socket_options: Iterable[httpcore2.SOCKET_OPTION] | None = None) -> _DeadlineStream:
         return _DeadlineStream(self._inner.connect_tcp(host, port, _bounded_timeout(timeout), local_address,
                                                        socket_options))
 
     def connect_unix_socket(self, path: str, timeout: float | None = None,
-                            socket_options: Iterable[Any] | None = None) -> _DeadlineStream:
+                            socket_options: Iterable[httpcore2.SOCKET_OPTION] | None = None) -> _DeadlineStream:
         return _DeadlineStream(self._inner.connect_unix_socket(path, _bounded_timeout(timeout), socket_options))
 
     def sleep(self, seconds: float) -> None:
@@ -407,7 +414,7 @@ def _estimated_backoff(op: Operation | None) -> float:
 
 
 # -- the transport ------------------------------------------------------------------------------------------------
-def bounded_transport(**transport_options: Any) -> Any:
+def bounded_transport(**transport_options: Any) -> httpx2.BaseTransport:
     """An httpx2 transport that keeps every answer to its Bounds (see the module docstring)."""
     import httpx2
 
@@ -421,8 +428,8 @@ def bounded_transport(**transport_options: Any) -> Any:
     class BoundedStream(httpx2.SyncByteStream):
         """The body, decoded here (so the cap counts decoded bytes), cut at the cap and the deadline."""
 
-        def __init__(self, stream: Any, bounds: Bounds, deadline: tuple[float, Bounds, str], layers: list[str],
-                     op: Operation | None, download: bool):
+        def __init__(self, stream: httpx2.SyncByteStream, bounds: Bounds, deadline: tuple[float, Bounds, str],
+                     layers: list[str], op: Operation | None, download: bool):
             self._stream, self._bounds, self._deadline, self._layers = stream, bounds, deadline, layers
             self._op = op if download and op is not None and op.max_bytes is not None else None
 
@@ -465,7 +472,7 @@ def bounded_transport(**transport_options: Any) -> Any:
             self._stream.close()
 
     class BoundedTransport(httpx2.BaseTransport):
-        def handle_request(self, request: Any) -> Any:
+        def handle_request(self, request: httpx2.Request) -> httpx2.Response:
             op = current_operation()
             url = f"{request.url.scheme}://{request.url.netloc.decode('ascii', 'replace')}{request.url.path}"
             carried = getattr(_current, "redirect", None)
@@ -520,7 +527,7 @@ def bounded_transport(**transport_options: Any) -> Any:
             return response
 
         @staticmethod
-        def _bound_retry(response: Any, op: Operation | None, url: str) -> None:
+        def _bound_retry(response: httpx2.Response, op: Operation | None, url: str) -> None:
             """A retryable answer: the wait huggingface_hub will take is set here, within the bounds."""
             wait = min(retry_wait(response.headers), MAX_RETRY_WAIT)
             refusal = retry_refusal(op, response.status_code, wait, url)
@@ -532,7 +539,7 @@ def bounded_transport(**transport_options: Any) -> Any:
             response.headers["Retry-After"] = str(int(wait))
 
         @staticmethod
-        def _bound_page(response: Any, op: Operation, url: str) -> None:
+        def _bound_page(response: httpx2.Response, op: Operation, url: str) -> None:
             """A page with a next link: read now (within its cap) to count it, empty or not."""
             body = response.read()
             refusal = page_refusal(op, body.strip() in (b"[]", b"{}", b""), url)

@@ -11,17 +11,21 @@ the digests do not list, is refused before anything of the package runs.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import IntegrityError
 from ..names import check_commit, check_entry_file, check_repo_id, check_variant_name
 from ..package.integrity import check_digests, combined_digest, tree_digests
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from types import ModuleType
+
     from ..decide.variants import Variant
+    from ..json_types import JsonDict, JsonValue
     from ..sources.base import Build
 
 
@@ -42,7 +46,7 @@ class VerifiedPackage:
     def label(self) -> str:
         return f"{self.repo_id}@{self.version or self.commit[:12]} [{self.variant}]"
 
-    def request(self) -> dict[str, Any]:
+    def request(self) -> JsonDict:
         """JSON for the worker's request."""
         return {"repo_id": self.repo_id, "version": self.version, "commit": self.commit, "variant": self.variant,
                 "framework": self.framework, "dir": str(self.package_dir), "entry": self.entry,
@@ -55,7 +59,7 @@ def from_build(build: Build) -> VerifiedPackage:
                            build.variant.entry, dict(build.digests), build.variant.framework)
 
 
-def from_request(spec: Any) -> VerifiedPackage:
+def from_request(spec: JsonValue) -> VerifiedPackage:
     """The worker side: the request's package, every name and digest checked again (the request is a file)."""
     if not isinstance(spec, dict):
         raise IntegrityError("the worker request names no package")
@@ -72,7 +76,7 @@ def from_request(spec: Any) -> VerifiedPackage:
         raise IntegrityError(f"{label}: no {exc.args[0]!r}") from None
 
 
-def import_verified(package: VerifiedPackage) -> Any:
+def import_verified(package: VerifiedPackage) -> ModuleType:
     """Import `package` through the client's verified loader (worker side): IntegrityError if any file differs
     from the digests the parent verified, KernelImportError if the import itself fails."""
     from ..decide.variants import Variant
@@ -85,7 +89,7 @@ def import_verified(package: VerifiedPackage) -> Any:
                               digests=dict(package.digests)))
 
 
-def tpu_variant(variants: Sequence[Variant], label: str) -> Variant:
+def tpu_variant(variants: Iterable[Variant], label: str) -> Variant:
     """The variant the compile cases load through: jax-tpu, else torch-tpu (same package files)."""
     from ..errors import KernelHubError
 

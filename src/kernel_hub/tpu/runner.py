@@ -14,13 +14,16 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 from ..errors import IntegrityError, KernelHubError, KernelImportError
 from .env import CHECKOUT, TpuEnv, TpuEnvironmentError
 
+if TYPE_CHECKING:
+    from ..json_types import JsonDict
 
-def _read_events(path: Path) -> list[dict[str, Any]]:
+
+def _read_events(path: Path) -> list[JsonDict]:
     events = []
     for line in path.read_text().splitlines():
         try:
@@ -36,10 +39,10 @@ def last_line(text: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
-Runner = Callable[..., tuple[list[dict[str, Any]], int, str]]
+Runner: TypeAlias = "Callable[..., tuple[list[JsonDict], int, str]]"
 
 
-def _follow(proc: subprocess.Popen, events_path: Path, on_event: Callable[[dict[str, Any]], None],
+def _follow(proc: subprocess.Popen, events_path: Path, on_event: Callable[[JsonDict], None],
             timeout: float) -> bool:
     """Hand each event to `on_event` as the worker writes it (whole lines only); False when `timeout` passed
     (the worker is killed)."""
@@ -69,8 +72,8 @@ def _follow(proc: subprocess.Popen, events_path: Path, on_event: Callable[[dict[
             return False
 
 
-def run_worker(env: TpuEnv, request: dict[str, Any], *, timeout: float = 1800,
-               on_event: Callable[[dict[str, Any]], None] | None = None) -> tuple[list[dict[str, Any]], int, str]:
+def run_worker(env: TpuEnv, request: JsonDict, *, timeout: float = 1800,
+               on_event: Callable[[JsonDict], None] | None = None) -> tuple[list[JsonDict], int, str]:
     """(events, exit status, stderr) of one worker run for `request`; `on_event` (live progress) gets each event
     as it is written."""
     with tempfile.TemporaryDirectory(prefix="kernel_hub_tpu_") as tmp:
@@ -102,8 +105,8 @@ def run_worker(env: TpuEnv, request: dict[str, Any], *, timeout: float = 1800,
 
 
 def _run_following(command: list[str], child_env: dict[str, str], cwd: str, events_path: Path,
-                   on_event: Callable[[dict[str, Any]], None], timeout: float,
-                   env: TpuEnv) -> tuple[list[dict[str, Any]], int, str]:
+                   on_event: Callable[[JsonDict], None], timeout: float,
+                   env: TpuEnv) -> tuple[list[JsonDict], int, str]:
     """run_worker's streaming path: the worker's stderr goes to a file (a pipe could fill and block it)."""
     stderr_path = Path(cwd) / "stderr.txt"
     with stderr_path.open("w") as err:
@@ -119,7 +122,7 @@ def _run_following(command: list[str], child_env: dict[str, str], cwd: str, even
     return _read_events(events_path), proc.returncode, stderr
 
 
-def refusal(events: list[dict[str, Any]]) -> KernelHubError | None:
+def refusal(events: list[JsonDict]) -> KernelHubError | None:
     """The error a worker reported for a package it refused to run (tampered files, a failing import)."""
     for e in events:
         if e.get("event") == "refused":

@@ -9,9 +9,14 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 from .chips import chip
+
+if TYPE_CHECKING:
+    import jax
+
+T = TypeVar("T")
 
 
 @contextlib.contextmanager
@@ -35,7 +40,7 @@ def tpu_dispatch(generation: str | None = None) -> Iterator[None]:
 
 
 @functools.cache
-def topology_devices(name: str) -> tuple[Any, ...]:
+def topology_devices(name: str) -> tuple[jax.Device, ...]:
     """The devices of a mock TPU topology, made once per process (every case of a generation compiles for it)."""
     from jax.experimental import topologies
 
@@ -43,7 +48,7 @@ def topology_devices(name: str) -> tuple[Any, ...]:
 
 
 @contextlib.contextmanager
-def tpu_target(generation: str) -> Iterator[Any]:
+def tpu_target(generation: str) -> Iterator[jax.Device]:
     """Make the mock TPU device of `generation` the place everything lowers for; yields the device.
 
     Pallas' TPU lowering reads the default device's kind, and the kernels' dispatch asks
@@ -57,7 +62,7 @@ def tpu_target(generation: str) -> Iterator[Any]:
         yield device
 
 
-def on_device(args: Any, device: Any) -> Any:
+def on_device(args: T, device: jax.Device) -> T:
     """Abstract arguments placed on `device` (ShapeDtypeStructs keep shape and dtype)."""
     import jax
     from jax.sharding import SingleDeviceSharding

@@ -14,7 +14,10 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..json_types import JsonDict
 
 
 def versions() -> dict[str, str | None]:
@@ -34,7 +37,7 @@ def main(argv: list[str]) -> int:
     request = json.loads(Path(argv[1]).read_text())
     events_path = Path(argv[2])
 
-    def emit(record: dict[str, Any]) -> None:  # one line per event, flushed: a crash loses nothing written
+    def emit(record: JsonDict) -> None:  # one line per event, flushed: a crash loses nothing written
         with events_path.open("a") as events:
             events.write(json.dumps(record) + "\n")
 

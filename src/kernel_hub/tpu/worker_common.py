@@ -7,7 +7,18 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import ModuleType
+
+    import jax
+
+    from ..json_types import JsonDict
+
+#: Where a worker mode writes its events: one JSON object per event, in order.
+Emit: TypeAlias = "Callable[[JsonDict], None]"
 
 _NOISE = ("Traceback", "The above exception", "---", "For simplicity", "jax._src", "File ", "During handling")
 
@@ -25,7 +36,7 @@ def first_meaningful_line(text: str) -> str:
     return text.strip()[:300]
 
 
-def load_package(package: dict[str, Any] | str | Path, entry: str = "__init__.py") -> Any:
+def load_package(package: JsonDict | str | Path, entry: str = "__init__.py") -> ModuleType:
     """Import a kernel package through kernel_hub's verified loader: a request's package (a dict: checked against
     the digests the parent verified, so a file changed since, or not among them, is refused before any of the
     package runs), or a package folder on this machine (hashed now, `entry` as its __init__)."""
@@ -34,7 +45,7 @@ def load_package(package: dict[str, Any] | str | Path, entry: str = "__init__.py
     return import_verified(from_request(package) if isinstance(package, dict) else local_package(Path(package), entry))
 
 
-def memory_bytes(compiled: Any) -> dict[str, int]:
+def memory_bytes(compiled: jax.stages.Compiled) -> dict[str, int]:
     """The compiler's argument, output and temporary bytes of a compiled program (none when it reports none)."""
     mem = compiled.memory_analysis()
     if mem is None:
@@ -43,7 +54,7 @@ def memory_bytes(compiled: Any) -> dict[str, int]:
             "temp_bytes": int(mem.temp_size_in_bytes)}
 
 
-def refuse(exc: BaseException, emit: Any) -> int:
+def refuse(exc: BaseException, emit: Emit) -> int:
     """Report a package the worker will not run (one line) and the exit status that ends the request."""
     from ..errors import IntegrityError
 

@@ -7,12 +7,33 @@ module imports no framework.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from types import ModuleType
+from typing import TYPE_CHECKING, ParamSpec, Protocol, TypeAlias, TypeVar, runtime_checkable
+
+if TYPE_CHECKING:
+    import jax
+    import numpy as np
+    import torch
+    from jax.experimental.pallas import tpu as pltpu
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 #: `implementation=`: None (the platform's default order), a name, or names tried in order.
 Implementation = str | Sequence[str] | None
+#: An array an entry takes or returns: NumPy, JAX or torch.
+Array: TypeAlias = "np.ndarray | jax.Array | torch.Tensor"
+#: One argument of a case's call: an array, a group of arrays (a weight pair), or a scalar option.
+InputValue: TypeAlias = "Array | tuple[Array, ...] | int | float | bool | str | None"
+#: A case's inputs by argument name.
+Inputs: TypeAlias = "dict[str, InputValue]"
+#: A platform name ("cpu", "tpu"); torch entries also take a torch.device.
+Backend: TypeAlias = "str | torch.device"
+#: A JAX entry's `interpret=`: None (by platform), a bool, or the TPU simulator's parameters.
+Interpret: TypeAlias = "bool | pltpu.InterpretParams | None"
 #: What a validation case's `dtype` may be.
 CASE_DTYPES = ("float32", "bfloat16", "float16")
 #: Names every entry module (JAX or torch) exports, besides its op functions.
@@ -35,15 +56,15 @@ class Case(Protocol):
     tags: tuple[str, ...]  # "decode", "prefill", "edge", "oracle", "interpret", "tpu_interpret", ...
     tolerance: float | None  # None: the harness's table for dtype
 
-    def inputs(self, seed: int) -> dict[str, Any]:
+    def inputs(self, seed: int) -> Inputs:
         """Fresh random inputs, deterministic in `seed`."""
         ...
 
-    def call(self, module: Any, inputs: dict[str, Any]) -> Any:
+    def call(self, module: ModuleType, inputs: Inputs) -> Array:
         """The loaded module's entry on `inputs` (the actual result, any array type)."""
         ...
 
-    def reference(self, inputs: dict[str, Any]) -> Any:
+    def reference(self, inputs: Inputs) -> Array:
         """The independent reference (NumPy float64 or f32 JAX at HIGHEST precision): the expected result."""
         ...
 
@@ -73,12 +94,12 @@ class KernelEntry(Protocol):
     IMPLEMENTATIONS: tuple[str, ...]  # every name implementation= accepts
     ORDER: Mapping[str, tuple[str, ...]]  # platform -> names tried when none is given, best first
 
-    def implementations_for(self, backend: Any) -> tuple[str, ...]:
+    def implementations_for(self, backend: Backend) -> tuple[str, ...]:
         """The default order for a platform name (torch entries: also a torch.device), best first."""
         ...
 
-    def resolve_implementation(self, backend: Any, implementation: Implementation = None, *,
-                               interpret: Any = None) -> tuple[str, str]:
+    def resolve_implementation(self, backend: Backend, implementation: Implementation = None, *,
+                               interpret: Interpret = None) -> tuple[str, str]:
         """(the name that would run, the trace of why), calling nothing; ValueError for an unknown name,
         NotImplementedError (with the trace) when none can run."""
         ...
@@ -97,12 +118,12 @@ class PallasEntry(KernelEntry, Protocol):
         record cannot be read: a check that never ran is never reported clean."""
         ...
 
-    def race_checking_params(self, seed: int | None = 0, num_cores: int = 2) -> Any:
+    def race_checking_params(self, seed: int | None = 0, num_cores: int = 2) -> pltpu.InterpretParams:
         """pltpu.InterpretParams for the TPU simulator with race detection and NaN-filled fresh memory; an entry
         called eagerly with them raises RaceDetectedError on a race."""
         ...
 
-    def run_race_checked(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def run_race_checked(self, fn: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
         """fn(*args, **kwargs) on a fresh simulator, waited for; RaceDetectedError on a race (for jit/grad)."""
         ...
 
@@ -116,7 +137,7 @@ DEFAULT_IMPLEMENTATION = "default"
 REFERENCE_ATTR, SHAPES_ATTR = "REFERENCE", "CASE_SHAPES"
 
 
-def fill_defaults(module: Any) -> tuple[str, ...]:
+def fill_defaults(module: ModuleType) -> tuple[str, ...]:
     """A kernel without a dispatch table has one implementation: give it the contract's names for that
     (IMPLEMENTATIONS, ORDER, implementations_for, resolve_implementation, last_implementation). Returns the names
     set (none when the kernel defines IMPLEMENTATIONS itself: then it owns the whole contract)."""
@@ -125,11 +146,11 @@ def fill_defaults(module: Any) -> tuple[str, ...]:
     name = DEFAULT_IMPLEMENTATION
     reason = f"{name}: chosen (the kernel's only implementation)"
 
-    def implementations_for(backend: Any) -> tuple[str, ...]:
+    def implementations_for(backend: Backend) -> tuple[str, ...]:
         return (name,)
 
-    def resolve_implementation(backend: Any, implementation: Implementation = None, *,
-                               interpret: Any = None) -> tuple[str, str]:
+    def resolve_implementation(backend: Backend, implementation: Implementation = None, *,
+                               interpret: Interpret = None) -> tuple[str, str]:
         asked = (implementation,) if isinstance(implementation, str) else tuple(implementation or ())
         if implementation is not None and not asked:
             raise ValueError(f"the implementation sequence is empty; known: {name}")
@@ -145,7 +166,7 @@ def fill_defaults(module: Any) -> tuple[str, ...]:
     return tuple(defaults)
 
 
-def _as_float64(x: Any) -> Any:
+def _as_float64(x: Array) -> np.ndarray:
     import numpy as np
 
     if hasattr(x, "detach"):  # torch, bfloat16 included
@@ -165,14 +186,14 @@ class ReferenceCase:
     tolerance: float | None
     op: str
     shapes: tuple[tuple[str, tuple[int, ...]], ...]
-    reference_fn: Callable[..., Any]
+    reference_fn: Callable[..., Array]
     framework: str = "jax"
 
-    def inputs(self, seed: int) -> dict[str, Any]:
+    def inputs(self, seed: int) -> Inputs:
         import numpy as np
 
         rng = np.random.default_rng(seed)
-        out: dict[str, Any] = {}
+        out: Inputs = {}
         for arg, shape in self.shapes:
             x = rng.standard_normal(shape).astype(np.float32)
             if self.framework == "torch":
@@ -185,15 +206,15 @@ class ReferenceCase:
                 out[arg] = jnp.asarray(x, dtype=self.dtype)
         return out
 
-    def call(self, module: Any, inputs: dict[str, Any]) -> Any:
+    def call(self, module: ModuleType, inputs: Inputs) -> Array:
         kw = {} if self.implementation is None else {"implementation": self.implementation}
         return getattr(module, self.op)(*(inputs[arg] for arg, _ in self.shapes), **kw)
 
-    def reference(self, inputs: dict[str, Any]) -> Any:
+    def reference(self, inputs: Inputs) -> Array:
         return self.reference_fn(*(_as_float64(inputs[arg]) for arg, _ in self.shapes))
 
 
-def cases_from_reference(op: str, reference: Callable[..., Any], shapes: Sequence[Mapping[str, Sequence[int]]],
+def cases_from_reference(op: str, reference: Callable[..., Array], shapes: Sequence[Mapping[str, Sequence[int]]],
                          dtypes: Sequence[str] = ("float32", "bfloat16"), framework: str = "jax"
                          ) -> list[ReferenceCase]:
     """One case per (shapes, dtype): what the harness runs for a package that exports REFERENCE and CASE_SHAPES
@@ -232,24 +253,20 @@ def protocol_entries(protocol: type) -> tuple[str, ...]:
     return tuple(n for n, v in vars(protocol).items() if callable(v) and not n.startswith("_"))
 
 
-def readable_signature(fn: Any) -> Any:
+def readable_signature(fn: Callable[..., object]) -> inspect.Signature | None:
     """`fn`'s inspect.Signature, None where it has no readable one."""
-    import inspect
-
     try:
         return inspect.signature(fn)
     except (TypeError, ValueError):
         return None
 
 
-def signature_problems(entry: str, fn: Any, declared: Any) -> list[str]:
+def signature_problems(entry: str, fn: Callable[..., object], declared: Callable[..., object]) -> list[str]:
     """Where `fn`'s parameters do not take the calls `declared` (a Protocol method) describes: its positional
     parameters by name and in order, each keyword parameter by name, a default wherever the declaration has one (a
     caller may leave it out), and no required parameter the declaration does not know (a caller never passes it)."""
-    import inspect
-
     P = inspect.Parameter
-    sig, want = readable_signature(fn), readable_signature(declared)
+    sig, want = readable_signature(fn), inspect.signature(declared)
     if sig is None:
         return [f"{entry}: has no readable signature"]
     wanted = [p for p in want.parameters.values() if p.name != "self"]
@@ -285,7 +302,7 @@ def signature_problems(entry: str, fn: Any, declared: Any) -> list[str]:
     return problems
 
 
-def layer_class_problems(name: str, cls: Any) -> list[str]:
+def layer_class_problems(name: str, cls: object) -> list[str]:
     """Where a class of a torch build's `layers` module breaks HF kernels' layer convention."""
     import torch
 
@@ -307,7 +324,7 @@ def layer_class_problems(name: str, cls: Any) -> list[str]:
 LAYOUT_SUFFIX = "Layout"
 
 
-def _module_classes(module: Any) -> dict[str, Any]:
+def _module_classes(module: ModuleType) -> dict[str, type[torch.nn.Module]]:
     import torch
 
     layers = getattr(module, "layers", None)
@@ -317,26 +334,24 @@ def _module_classes(module: Any) -> dict[str, Any]:
             and c.__module__ == layers.__name__}
 
 
-def layout_companions(module: Any) -> dict[str, Any]:
+def layout_companions(module: ModuleType) -> dict[str, type[torch.nn.Module]]:
     """The `<X>Layout` classes of an entry's `layers` module whose X is a class there too."""
     classes = _module_classes(module)
     return {n: c for n, c in classes.items()
             if n.endswith(LAYOUT_SUFFIX) and n[:-len(LAYOUT_SUFFIX)] in classes}
 
 
-def layer_classes(module: Any) -> dict[str, Any]:
+def layer_classes(module: ModuleType) -> dict[str, type[torch.nn.Module]]:
     """The layer classes of an entry's `layers` module (HF kernels' convention): its classes that are torch modules,
     less the layout companions."""
     companions = layout_companions(module)
     return {n: c for n, c in _module_classes(module).items() if n not in companions}
 
 
-def layout_companion_problems(name: str, cls: Any, layer: Any) -> list[str]:
+def layout_companion_problems(name: str, cls: type[torch.nn.Module], layer: type[torch.nn.Module]) -> list[str]:
     """Where a layout companion breaks what transformers 5.25 and HF kernels do with it: without a forward of its
     own transformers gives it one that returns None (a model built with it computes nothing until kernelized), and
     HF kernels refuses the layer class unless their forwards take the same number and kinds of parameters."""
-    import inspect
-
     if "forward" not in vars(cls):
         return [f"layers.{name}: defines no forward (transformers 5.25 would give it one returning None)"]
     mine, theirs = readable_signature(cls.forward), readable_signature(layer.forward)
@@ -349,7 +364,8 @@ def layout_companion_problems(name: str, cls: Any, layer: Any) -> list[str]:
     return []
 
 
-def protocol_problems(module: Any, kind: str, required: Sequence[type], optional: Sequence[type] = ()) -> list[str]:
+def protocol_problems(module: ModuleType, kind: str, required: Sequence[type], optional: Sequence[type] = ()
+                      ) -> list[str]:
     """Every way the torch entry `module` falls short of serving layer `kind`, whose kernel keeps the `required`
     Protocols (every entry) and the `optional` ones (each all or none): each required entry missing or with
     parameters the calls do not fit, an optional group half there, a `layers` class breaking HF kernels' convention

@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ...decide.system import cache_root as system_cache_root
 from ...names import check_commit, check_variant_name
 from ...package.compile_record import VERSION_PATTERN
+
+if TYPE_CHECKING:
+    from ...json_types import JsonDict, JsonValue
 
 _FIELDS = {"passed": bool, "error": (str, type(None)), "compile_seconds": (int, float, type(None))}
 
@@ -37,11 +40,11 @@ def entry_path(commit: str, variant: str, jax_version: str, libtpu_version: str,
     return (root or cache_root()) / name
 
 
-def _valid(record: Any) -> bool:
+def _valid(record: JsonValue) -> bool:
     return isinstance(record, dict) and all(isinstance(record.get(k), t) for k, t in _FIELDS.items())
 
 
-def load(path: Path) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]]]:
+def load(path: Path) -> tuple[dict[str, JsonDict], dict[str, list[str]]]:
     """(case name -> result record, selection -> case names); empty when missing or malformed."""
     try:
         data = json.loads(path.read_text())
@@ -57,7 +60,7 @@ def load(path: Path) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]]]:
     return cases, selections
 
 
-def store(path: Path, records: dict[str, dict[str, Any]], selections: dict[str, list[str]] | None = None) -> None:
+def store(path: Path, records: dict[str, JsonDict], selections: dict[str, list[str]] | None = None) -> None:
     """Merge `records` (and the case lists of `selections`) into the file (atomic replace)."""
     old_cases, old_selections = load(path)
     data = {"cases": {**old_cases, **records}, "selections": {**old_selections, **(selections or {})}}

@@ -13,17 +13,35 @@ from __future__ import annotations
 
 import importlib
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from ..target import on_device, tpu_target
 from ..worker_common import first_meaningful_line, load_package, memory_bytes, refuse
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import ModuleType
 
-def compile_cases_of(package: Any) -> list[Any]:
+    import jax
+
+    from ...json_types import JsonDict
+    from ..worker_common import Emit
+
+
+class CompileCase(Protocol):
+    """One case a kernel package's `tpu_cases.compile_cases()` lists: `build()` gives (function, abstract args)."""
+
+    name: str
+    dtype: str
+    tags: tuple[str, ...]
+    build: Callable[[], tuple[Callable[..., object], tuple[jax.ShapeDtypeStruct | jax.Array, ...]]]
+
+
+def compile_cases_of(package: ModuleType) -> list[CompileCase]:
     return list(importlib.import_module(f"{package.__name__}.tpu_cases").compile_cases())
 
 
-def implementation_of(package: Any) -> str | None:
+def implementation_of(package: ModuleType | None) -> str | None:
     """The implementation the last call through the kernel's dispatch ran (the kernel contract's
     `last_implementation()`): what a case that lets the wrapper choose actually compiled."""
     last = getattr(package, "last_implementation", None)
@@ -34,7 +52,7 @@ def implementation_of(package: Any) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def compile_one(case: Any, device: Any, package: Any = None) -> dict[str, Any]:
+def compile_one(case: CompileCase, device: jax.Device, package: ModuleType | None = None) -> JsonDict:
     """Lower and compile one case; the compiler's refusal is a failed result, never an exception."""
     import jax
 
@@ -52,7 +70,7 @@ def compile_one(case: Any, device: Any, package: Any = None) -> dict[str, Any]:
             "cpu_seconds": time.process_time() - cpu, "implementation": implementation, **memory_bytes(compiled)}
 
 
-def run_compile(request: dict[str, Any], emit: Any) -> int:
+def run_compile(request: JsonDict, emit: Emit) -> int:
     """Request: {"mode": "compile", "package": VerifiedPackage.request(), "generations": [...],
     "cases": [names] | null, "tags": [tags] | null}; a "cases" event, then "start" and "result" per case."""
     from ...errors import KernelHubError

@@ -11,11 +11,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..env import TpuEnv, TpuEnvironmentError
 from ..package import VerifiedPackage
 from ..runner import Runner, default_jobs, last_line, refusal, run_worker
+
+if TYPE_CHECKING:
+    from ...json_types import JsonDict
 
 #: Restarts after a crash before the rest of the request is given up (each costs one case).
 MAX_RESTARTS = 8
@@ -26,7 +29,7 @@ def _compile_generations(env: TpuEnv, package: VerifiedPackage, generations: tup
                                                                                                dict]:
     """(case order, (generation, name) -> result) of one worker chain over `generations`, restarting after a crash
     with the cases left (a crash costs only the case it hit)."""
-    results: dict[tuple[str, str], dict[str, Any]] = {}
+    results: dict[tuple[str, str], JsonDict] = {}
     order = list(names) if names is not None else None
     for _ in range(MAX_RESTARTS + 1):
         todo: dict[tuple[str, ...] | None, list[str]] = {}
@@ -71,8 +74,8 @@ def compile_in_worker(
     tags: list[str] | None = None,
     jobs: int | None = None,
     run: Runner = run_worker,
-    on_event: Callable[[dict[str, Any]], None] | None = None,
-) -> list[dict[str, Any]]:
+    on_event: Callable[[JsonDict], None] | None = None,
+) -> list[JsonDict]:
     """Result records ({"generation", "name", "passed", ...}) for every (generation, case) selected by
     `names` / `tags` (None: all), in generation then case order. The generations are split over `jobs`
     worker processes run at once; each worker imports only `package`'s verified files (IntegrityError or

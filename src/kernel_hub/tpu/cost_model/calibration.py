@@ -12,9 +12,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..chips import CHIPS, HOST_DISPATCH_S
+
+if TYPE_CHECKING:
+    from ...json_types import JsonDict, JsonValue
 
 TABLE = Path(__file__).resolve().parents[4] / "bench" / "records" / "tpu_calibration.json"
 HELD_OUT = TABLE.with_name("tpu_held_out.json")
@@ -50,7 +53,7 @@ HARNESSES = {
 }
 
 
-def load(path: Path | None = None) -> dict[str, Any]:
+def load(path: Path | None = None) -> JsonDict:
     data = json.loads(Path(path or TABLE).read_text())
     problems = check_table(data)
     if problems:
@@ -58,7 +61,7 @@ def load(path: Path | None = None) -> dict[str, Any]:
     return data
 
 
-def check_table(data: Any) -> list[str]:
+def check_table(data: JsonValue) -> list[str]:
     """Every schema problem of the table, one line each (empty: valid)."""
     if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
         return ["the table must be an object with a list 'rows'"]
@@ -103,8 +106,8 @@ def check_table(data: Any) -> list[str]:
     return problems
 
 
-def compare(row: dict[str, Any], device_s: float | None,
-            band_s: tuple[float, float] | list[float] | None = None) -> dict[str, Any]:
+def compare(row: JsonDict, device_s: float | None,
+            band_s: tuple[float, float] | list[float] | None = None) -> JsonDict:
     """The row's modeled time (the model's device time, plus its harness's dispatch where the measurement is
     host-timed) against its measured time: modeled_s, error (modeled / measured - 1), within (|error| <= TARGET),
     and with the device time's band (fast, slow): band_s (the harness's dispatch band added) and in_band (the
@@ -121,7 +124,7 @@ def compare(row: dict[str, Any], device_s: float | None,
     return out
 
 
-def compare_bandwidth(row: dict[str, Any], modeled_bps: float | None) -> dict[str, Any]:
+def compare_bandwidth(row: JsonDict, modeled_bps: float | None) -> JsonDict:
     """A bandwidth row: the model's bandwidth against the measured one (error: modeled / measured - 1)."""
     if modeled_bps is None or "measured_bytes_per_s" not in row:
         return {"modeled_bytes_per_s": None, "error": None, "within": None}
@@ -129,10 +132,10 @@ def compare_bandwidth(row: dict[str, Any], modeled_bps: float | None) -> dict[st
     return {"modeled_bytes_per_s": modeled_bps, "error": error, "within": abs(error) <= TARGET}
 
 
-def held_out(results: list[dict[str, Any]]) -> dict[str, Any]:
+def held_out(results: list[JsonDict]) -> JsonDict:
     """The error per kind (GROUPS) on the held-out ("check") rows the model times: rows, modeled, median and largest
     |error|, the rows past TARGET, and the rows not modeled (their ids: the reason is in the table)."""
-    out: dict[str, Any] = {}
+    out: JsonDict = {}
     for group in dict.fromkeys(GROUPS.values()):
         checks = [r for r in results if GROUPS.get(r["kernel"]) == group and r["use"] == "check"]
         errors = sorted(abs(r["error"]) for r in checks if r.get("error") is not None)

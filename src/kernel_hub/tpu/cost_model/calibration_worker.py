@@ -12,7 +12,7 @@ modeled-vs-measured comparison happens in calibration.compare, so the harness's 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,8 +23,16 @@ from .rates import stream_bytes_per_s
 from .schedule import ScheduleCost, kernel_cost
 from .workload import load_moe_kernel, routing
 
+if TYPE_CHECKING:
+    from types import ModuleType
 
-def _matmul(row: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
+    from ...json_types import JsonDict
+    from ..chips import Chip
+    from ..worker_common import Emit
+    from .workload import MoeGeometry
+
+
+def _matmul(row: JsonDict) -> tuple[Any, tuple[Any, ...]]:
     """jax's Pallas matmul at the row's tiles, or the tutorial variant the row names (transpose_rhs: y given as
     [n, k])."""
     import jax
@@ -43,7 +51,7 @@ def _matmul(row: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
     return (lambda x, y: matmul(x, y, block_shape=(bm, bn), block_k=bk)), args
 
 
-def _xla_matmul(row: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
+def _xla_matmul(row: JsonDict) -> tuple[Any, tuple[Any, ...]]:
     """XLA's own matmul (jnp.matmul) at the row's shapes, dtypes and precision."""
     import jax
     import jax.numpy as jnp
@@ -54,7 +62,7 @@ def _xla_matmul(row: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
     return (lambda x, y: jnp.matmul(x, y, precision=precision)), args
 
 
-def _rpa_v3(row: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
+def _rpa_v3(row: JsonDict) -> tuple[Any, tuple[Any, ...]]:
     """tpu-inference's RPA v3, pages in order. Decode (q_len 1): every sequence one new token over kv_len cached
     ones. Prefill (q_len = kv_len): each sequence's q_len tokens attend causally to themselves, sent as vLLM's TPU
     runner sends them (mixed), at the row's block sizes."""
@@ -84,7 +92,7 @@ def _rpa_v3(row: dict[str, Any]) -> tuple[Any, tuple[Any, ...]]:
     return call, args
 
 
-def _not_modeled(row: dict[str, Any]) -> str | None:
+def _not_modeled(row: JsonDict) -> str | None:
     """Why a row's kernel is not walked here (None: it is)."""
     kind = row["kernel"]
     if kind == "gmm_v2":
@@ -105,7 +113,7 @@ def _not_modeled(row: dict[str, Any]) -> str | None:
     return None
 
 
-def uncalibrated_seconds(cost: ScheduleCost, c: Any) -> float:
+def uncalibrated_seconds(cost: ScheduleCost, c: Chip) -> float:
     """The model before calibration (spec bandwidth, steps added to the bound, every f32 dot at six passes, XLA ops
     as their bytes or FLOPs at peak, nothing removed), kept only to show what changed."""
     total = sum(max(op.bytes / c.hbm_bytes_per_s, sum(op.dots.values()) / c.bf16_flops_per_s) for op in cost.xla)
@@ -115,10 +123,10 @@ def uncalibrated_seconds(cost: ScheduleCost, c: Any) -> float:
     return total
 
 
-def model_row(row: dict[str, Any]) -> dict[str, Any]:
+def model_row(row: JsonDict) -> JsonDict:
     """One row modeled: device_s (the calibrated model's device time on the row's chip, None where it is not
     modeled), uncalibrated_s, and how (the calls and their totals, or the one line saying why not)."""
-    out: dict[str, Any] = {"id": row["id"], "device_s": None, "uncalibrated_s": None}
+    out: JsonDict = {"id": row["id"], "device_s": None, "uncalibrated_s": None}
     why = _not_modeled(row)
     if why is not None:
         return {**out, "how": why}
@@ -146,7 +154,7 @@ def model_row(row: dict[str, Any]) -> dict[str, Any]:
             "steps": cost.steps, "how": how}
 
 
-def ours_at_hf_shapes(rd: Any, geo: Any, row: dict[str, Any]) -> dict[str, Any]:
+def ours_at_hf_shapes(rd: ModuleType, geo: MoeGeometry, row: JsonDict) -> JsonDict:
     """Our ragged dot (gate_up then down) modeled at an HF ragged-dot-tpu row's shapes: one EP rank holding
     local_experts of the model's experts, every token's top-k rows given (rows routed elsewhere past the local
     groups' sum, as an expert-parallel caller passes them), one uniform top-k routing."""
@@ -169,7 +177,7 @@ def ours_at_hf_shapes(rd: Any, geo: Any, row: dict[str, Any]) -> dict[str, Any]:
             "measured_s": row["measured_s"]}
 
 
-def show_row(row: dict[str, Any], hlo: bool = False) -> str:
+def show_row(row: JsonDict, hlo: bool = False) -> str:
     """What the model reads and charges for one row's kernel (schedule.explain), or why it is not modeled."""
     from .schedule import explain
 
@@ -182,7 +190,7 @@ def show_row(row: dict[str, Any], hlo: bool = False) -> str:
         return explain(fn, *args, generation=row["chip"], hlo=hlo)
 
 
-def run_calibration(request: dict[str, Any], emit: Any) -> int:
+def run_calibration(request: JsonDict, emit: Emit) -> int:
     """Request: {"mode": "calibration", "rows": [table rows], "ragged_dot": package | absent, "show": bool,
     "hlo": bool}; one "row" event per row (with "show", one "show" event per row: the program the model reads and
     what it charges), and with our ragged dot package one "ours_hf" event per HF ragged-dot-tpu row."""

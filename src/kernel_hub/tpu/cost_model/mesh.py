@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..env import CHECKOUT, TpuEnv, TpuEnvironmentError, tpu_env
 from ..package import folder_package
 from ..runner import run_worker
+
+if TYPE_CHECKING:
+    from ...json_types import JsonDict
 
 #: MoE layers per model (every layer of both is an MoE layer; the models' config.json `num_hidden_layers`).
 MOE_LAYERS = {"qwen3_30b_a3b": 48, "gemma4_26b_a4b": 30}
@@ -23,8 +26,8 @@ def mesh_rows(generations: tuple[str, ...], models: tuple[str, ...], *, phases: 
               layouts: tuple[str, ...] | None = None, capacity_factors: tuple[float | None, ...] | None = None,
               model_only: bool = False, grad_layouts: tuple[str, ...] = (), env: TpuEnv | None = None,
               kernel_dir: Path | None = RAGGED_DOT_DIR,
-              run: Callable[..., tuple[list[dict[str, Any]], int, str]] = run_worker,
-              timeout: float = 1800) -> list[dict[str, Any]]:
+              run: Callable[..., tuple[list[JsonDict], int, str]] = run_worker,
+              timeout: float = 1800) -> list[JsonDict]:
     """One row per (generation, model, phase, layout, capacity factor): modeled seconds and, unless `model_only`,
     the compiled per-chip memory (for `grad_layouts`, also the backward's, as bwd_*). Raises TpuEnvironmentError
     when the worker fails."""
@@ -46,7 +49,7 @@ def mesh_rows(generations: tuple[str, ...], models: tuple[str, ...], *, phases: 
     return [{**r, **whole_model(r)} for r in rows]
 
 
-def whole_model(row: dict[str, Any]) -> dict[str, Any]:
+def whole_model(row: JsonDict) -> JsonDict:
     """Per-chip bytes of all the model's MoE layers: every layer's expert weights stay resident, one layer's
     activations, temporaries and output exist at a time (layers run one after another)."""
     if not row.get("compiled") or row.get("layers") is None or "argument_bytes" not in row:

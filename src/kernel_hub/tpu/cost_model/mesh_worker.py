@@ -19,7 +19,7 @@ import functools
 import importlib
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,15 +27,26 @@ from ..chips import chip
 from ..target import topology_devices
 from ..worker_common import first_meaningful_line, memory_bytes, refuse
 from .ici import collective_seconds, interconnect
-from .schedule import kernel_cost
+from .schedule import ScheduleCost, kernel_cost
 from .workload import load_moe_kernel, topk_routing
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    import jax
+    import numpy.typing as npt
+    from jax.sharding import PartitionSpec
+
+    from ...json_types import JsonDict
+    from ..worker_common import Emit
+    from .workload import MoeGeometry
 
 #: Layouts of the 8-chip slice: (name, expert-axis size, tensor-axis size); "1chip" is the single-device layer.
 LAYOUTS = {"1chip": (1, 1), "ep8": (8, 1), "ep4xtp2": (4, 2)}
 
 
 @contextlib.contextmanager
-def slice_target(generation: str) -> Iterator[list[Any]]:
+def slice_target(generation: str) -> Iterator[list[jax.Device]]:
     """The 8 devices of a mock TPU slice of `generation`, with the first as jax's default device (Pallas' TPU
     lowering reads its kind; the kernels' dispatch reads the platform from it or from the mesh)."""
     import jax
@@ -45,8 +56,8 @@ def slice_target(generation: str) -> Iterator[list[Any]]:
         yield devices
 
 
-def compile_layer(rd: Any, geo: Any, tokens: int, layout: str, dtype: str, devices: list[Any],
-                  capacity_factor: float | None, grad: bool = False) -> dict[str, Any]:
+def compile_layer(rd: ModuleType, geo: MoeGeometry, tokens: int, layout: str, dtype: str, devices: list[jax.Device],
+                  capacity_factor: float | None, grad: bool = False) -> JsonDict:
     """Lower and compile one MoE layer for `layout` (grad: its backward, the gradients in x, topk_weights and the
     weights, as training runs it); per-chip memory from the compiler, or its refusal."""
     import jax
@@ -65,7 +76,7 @@ def compile_layer(rd: Any, geo: Any, tokens: int, layout: str, dtype: str, devic
                                   itemsize=np.dtype(jnp.dtype(dtype)).itemsize, capacity_factor=capacity_factor)[0]
         specs = list(rd.partition_specs("expert", kw["tensor_axis"], scheme)[0])
 
-    def place(shape: tuple[int, ...], d: Any, spec: Any) -> Any:
+    def place(shape: tuple[int, ...], d: npt.DTypeLike, spec: PartitionSpec | None) -> jax.ShapeDtypeStruct:
         sharding = SingleDeviceSharding(devices[0]) if mesh is None else NamedSharding(mesh, spec)
         return jax.ShapeDtypeStruct(shape, d, sharding=sharding)
 
@@ -92,21 +103,21 @@ def compile_layer(rd: Any, geo: Any, tokens: int, layout: str, dtype: str, devic
             **memory_bytes(compiled)}
 
 
-def weight_bytes(geo: Any, layout: str, dtype: str) -> int:
+def weight_bytes(geo: MoeGeometry, layout: str, dtype: str) -> int:
     """Expert weights one chip holds: E/e experts' [H, 2I/t] and [I/t, H] slices."""
     e, t = LAYOUTS[layout]
     itemsize = np.dtype(dtype).itemsize if dtype != "bfloat16" else 2
     return geo.experts // e * 3 * geo.hidden * geo.intermediate // t * itemsize
 
 
-def geo_activation(geo: Any) -> str:
+def geo_activation(geo: MoeGeometry) -> str:
     """Gemma's experts are GELU-gated (tanh approximation), the others SiLU-gated."""
     return "gelu" if geo.model.startswith("gemma") else "silu"
 
 
 @functools.cache
-def device_costs(rd: Any, geo: Any, tokens: int, layout: str, dtype: str,
-                 capacity_factor: float | None) -> tuple[str, int, str, tuple[Any, ...]]:
+def device_costs(rd: ModuleType, geo: MoeGeometry, tokens: int, layout: str, dtype: str,
+                 capacity_factor: float | None) -> tuple[str, int, str, tuple[ScheduleCost, ...]]:
     """(scheme, rows, why, each device's ScheduleCost) of one layer: the schedule walk depends on no chip, so each
     (layer, layout) is walked once however many generations are modeled."""
     import jax
@@ -139,8 +150,8 @@ def device_costs(rd: Any, geo: Any, tokens: int, layout: str, dtype: str,
     return scheme, rows, why, tuple(costs)
 
 
-def modeled_layer(rd: Any, geo: Any, tokens: int, layout: str, dtype: str, generation: str,
-                  capacity_factor: float | None) -> dict[str, Any]:
+def modeled_layer(rd: ModuleType, geo: MoeGeometry, tokens: int, layout: str, dtype: str, generation: str,
+                  capacity_factor: float | None) -> JsonDict:
     """Modeled seconds of one layer on `generation`: the busiest device's kernels and glue, plus the collectives."""
     import jax.numpy as jnp
 
@@ -169,7 +180,7 @@ def modeled_layer(rd: Any, geo: Any, tokens: int, layout: str, dtype: str, gener
     }
 
 
-def run_mesh(request: dict[str, Any], emit: Any) -> int:
+def run_mesh(request: JsonDict, emit: Emit) -> int:
     """Request: {"mode": "mesh", "ragged_dot" (a VerifiedPackage.request()), "generations", "models",
     "phases" {name: tokens} | null,
     "layouts" [names] | null, "capacity_factors" [null | float] | null, "layers" {model: n}, "dtype",
@@ -194,7 +205,7 @@ def run_mesh(request: dict[str, Any], emit: Any) -> int:
                         if cf is not None and layout == "1chip":
                             continue
                         emit({"event": "start", "generation": generation, "name": f"{model}:{phase}:{layout}:{cf}"})
-                        row: dict[str, Any] = {"generation": generation, "model": model, "phase": phase,
+                        row: JsonDict = {"generation": generation, "model": model, "phase": phase,
                                                "tokens": tokens, "layout": layout, "capacity_factor": cf,
                                                "dtype": dtype, "hbm_bytes": ici.hbm_bytes,
                                                "layers": layers.get(model),

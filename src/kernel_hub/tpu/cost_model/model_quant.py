@@ -10,7 +10,7 @@ the bf16 layer's modeled_s. Decode targets: over_bf16 <= 0.55 and modeled / idea
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,6 +18,13 @@ from ..chips import chip
 from ..worker_common import refuse
 from .schedule import ScheduleCost, kernel_cost
 from .workload import ideal_seconds, load_moe_kernel, routing
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from ...json_types import JsonDict
+    from ..worker_common import Emit
+    from .workload import MoeGeometry
 
 #: Weight formats of the rows: (weight dtype, bytes a weight).
 FORMATS = {"bf16": ("bfloat16", 2), "int8": ("int8", 1), "fp8": ("float8_e4m3fn", 1)}
@@ -33,7 +40,7 @@ def _scale_elems(k: int, n: int, fmt: str) -> int:
     return 0
 
 
-def layer_cost(rd: Any, geo: Any, tokens: int, fmt: str, generation: str, dtype: str = "bfloat16"
+def layer_cost(rd: ModuleType, geo: MoeGeometry, tokens: int, fmt: str, generation: str, dtype: str = "bfloat16"
                ) -> tuple[ScheduleCost, float, float]:
     """(schedule cost, ideal bytes, useful FLOPs) of one MoE layer of `geo` over `tokens` tokens in `fmt`, traced
     for `generation` (the kernels' default tiles are chosen for that chip's VMEM, as on the chip itself)."""
@@ -63,7 +70,7 @@ def layer_cost(rd: Any, geo: Any, tokens: int, fmt: str, generation: str, dtype:
     return total, ideal_bytes, flops
 
 
-def quant_rows(rd: Any, geo: Any, phase: str, tokens: int, generations: list[str]) -> list[dict[str, Any]]:
+def quant_rows(rd: ModuleType, geo: MoeGeometry, phase: str, tokens: int, generations: list[str]) -> list[JsonDict]:
     """bf16, int8 and fp8 rows of one MoE layer, each with its ratio to the bf16 layer and to its own ideal."""
     rows = []
     for gen in generations:
@@ -84,7 +91,7 @@ def quant_rows(rd: Any, geo: Any, phase: str, tokens: int, generations: list[str
     return rows
 
 
-def run_quant_model(request: dict[str, Any], emit: Any) -> int:
+def run_quant_model(request: JsonDict, emit: Emit) -> int:
     """Request: {"mode": "quant_model", "ragged_dot": package, "generations", "moe_models"}; one "row" event per
     (model, phase, format, generation)."""
     from ...errors import KernelHubError

@@ -12,7 +12,7 @@ jax.lax.ragged_dot / jax.nn.dot_product_attention compiled for that chip).
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -22,8 +22,17 @@ from ..worker_common import load_package, refuse
 from .schedule import ScheduleCost, kernel_cost
 from .workload import ideal_seconds, load_moe_kernel, routing
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import ModuleType
 
-def _xla_estimate(fn: Any, args: tuple[Any, ...], generation: str) -> float | None:
+    from ...json_types import JsonDict
+    from ..worker_common import Emit
+    from .peer_rows import PeerArg
+    from .workload import HeadGeometry, MoeGeometry
+
+
+def _xla_estimate(fn: Callable[..., object], args: tuple[PeerArg, ...], generation: str) -> float | None:
     import jax
 
     with tpu_target(generation) as device:
@@ -35,7 +44,7 @@ def _xla_estimate(fn: Any, args: tuple[Any, ...], generation: str) -> float | No
 
 
 def _row(kernel: str, shape: str, generation: str, cost: ScheduleCost, ideal_s: float, xla_s: float | None,
-         extra: dict[str, Any]) -> dict[str, Any]:
+         extra: JsonDict) -> JsonDict:
     modeled = cost.seconds(chip(generation))
     return {
         "kernel": kernel, "shape": shape, "generation": generation, "modeled_s": modeled, "ideal_s": ideal_s,
@@ -45,7 +54,8 @@ def _row(kernel: str, shape: str, generation: str, cost: ScheduleCost, ideal_s: 
     }
 
 
-def moe_rows(rd: Any, geo: Any, phase: str, tokens: int, generations: list[str], dtype: str) -> list[dict]:
+def moe_rows(rd: ModuleType, geo: MoeGeometry, phase: str, tokens: int, generations: list[str], dtype: str
+             ) -> list[JsonDict]:
     """One MoE layer (gate_up then down) of `geo` over `tokens` tokens."""
     import jax
     import jax.numpy as jnp
@@ -77,7 +87,7 @@ def moe_rows(rd: Any, geo: Any, phase: str, tokens: int, generations: list[str],
     return rows
 
 
-def attention_rows(fa: Any, geo: Any, phase: str, generations: list[str], dtype: str, *, tokens: int,
+def attention_rows(fa: ModuleType, geo: HeadGeometry, phase: str, generations: list[str], dtype: str, *, tokens: int,
                    batch: int, cache: int) -> list[dict]:
     import jax
     import jax.numpy as jnp
@@ -119,7 +129,7 @@ def attention_rows(fa: Any, geo: Any, phase: str, generations: list[str], dtype:
     return rows
 
 
-def run_model(request: dict[str, Any], emit: Any) -> int:
+def run_model(request: JsonDict, emit: Emit) -> int:
     """Request: {"mode": "model", "ragged_dot": package, "flash_attention": package, "generations", "moe_models",
     "attention_model", "dtype"} (packages as VerifiedPackage.request(): imported through the verified loader);
     one "row" event per (workload, generation)."""

@@ -12,12 +12,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .peer_rows import OURS, Peer, best_legal, rows_for
 from .rates import stream_bytes_per_s
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from ...json_types import JsonDict
+    from .workload import AttentionShapes, HeadGeometry
 
 PAGED_MODELS = ("qwen3_30b_a3b", "gemma4_26b_a4b_sliding", "gemma4_26b_a4b_global")
 PAGE, BATCH, CACHE = 128, 64, 8192
@@ -38,7 +44,7 @@ def _metadata(seqs: list[tuple[int, int]]) -> dict[str, np.ndarray]:
             "cu": np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)}
 
 
-def ideal_cost(geo: Any, seqs: list[tuple[int, int]], itemsize: int) -> tuple[float, float]:
+def ideal_cost(geo: HeadGeometry, seqs: list[tuple[int, int]], itemsize: int) -> tuple[float, float]:
     """(bytes, flops): each sequence's visible K/V read once, queries read and outputs written once; 4 flops per
     query-key pair per head dim (q.k and p.v), over the keys each query sees (causal, windowed)."""
     kv_bytes = flops = 0.0
@@ -52,7 +58,7 @@ def ideal_cost(geo: Any, seqs: list[tuple[int, int]], itemsize: int) -> tuple[fl
     return kv_bytes + 2 * tokens * geo.hq * geo.d * itemsize, flops
 
 
-def paged_peers(fa: Any, geo: Any, phase: str, dtype: str, generation: str) -> list[Peer]:
+def paged_peers(fa: ModuleType, geo: HeadGeometry, phase: str, dtype: str, generation: str) -> list[Peer]:
     import jax
 
     sds = jax.ShapeDtypeStruct
@@ -74,7 +80,7 @@ def paged_peers(fa: Any, geo: Any, phase: str, dtype: str, generation: str) -> l
     return peers
 
 
-def _rpa_v3(geo: Any, seqs: list[tuple[int, int]], meta: dict[str, np.ndarray], dtype: str, generation: str,
+def _rpa_v3(geo: HeadGeometry, seqs: list[tuple[int, int]], meta: dict[str, np.ndarray], dtype: str, generation: str,
             scale: float) -> Peer:
     import jax
 
@@ -93,7 +99,7 @@ def _rpa_v3(geo: Any, seqs: list[tuple[int, int]], meta: dict[str, np.ndarray], 
             sds((tokens, geo.hkv, geo.d), dtype), sds(cache_shape, dtype), meta["kv_lens"], meta["table"].reshape(-1),
             meta["cu"], np.array([decodes, b, b], np.int32))
 
-    def make(blocks: dict[str, Any]) -> Callable[..., Any]:
+    def make(blocks: dict[str, int]) -> Callable[..., object]:
         def call(q, k, v, c, lens, pi, cu, dist):
             with as_chip(rpa, generation):
                 return rpa.ragged_paged_attention(q, k, v, c, lens, pi, cu, dist, sm_scale=scale,
@@ -110,7 +116,7 @@ def _rpa_v3(geo: Any, seqs: list[tuple[int, int]], meta: dict[str, np.ndarray], 
     return peer
 
 
-def _jax_paged(geo: Any, meta: dict[str, np.ndarray], dtype: str, generation: str, scale: float) -> Peer:
+def _jax_paged(geo: HeadGeometry, meta: dict[str, np.ndarray], dtype: str, generation: str, scale: float) -> Peer:
     import jax
     from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
 
@@ -129,7 +135,7 @@ def _jax_paged(geo: Any, meta: dict[str, np.ndarray], dtype: str, generation: st
     return peer
 
 
-def paged_attention_rows(fa: Any, shapes: Any, generation: str, dtype: str) -> list[dict[str, Any]]:
+def paged_attention_rows(fa: ModuleType, shapes: AttentionShapes, generation: str, dtype: str) -> list[JsonDict]:
     """Every geometry x phase: ours and the peers, with ours / best peer (peer_rows.rows_for)."""
     import jax.numpy as jnp
 

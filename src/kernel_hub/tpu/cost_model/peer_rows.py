@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 
@@ -17,27 +17,35 @@ from ..target import on_device, topology_devices
 from ..worker_common import first_meaningful_line
 from .schedule import kernel_cost
 
+if TYPE_CHECKING:
+    import jax
+
+    from ...json_types import JsonDict
+    from ..chips import Chip
+
 OURS = "kernel-hub"
+#: A peer's argument: a ShapeDtypeStruct stays abstract; a NumPy array (the routing, the lengths) is used as given.
+PeerArg: TypeAlias = "jax.ShapeDtypeStruct | np.ndarray"
 
 
 @dataclass
 class Peer:
     name: str
-    fn: Callable[..., Any] | None  # None: refused before it could be called (`refused` says why)
-    args: tuple[Any, ...] = ()  # ShapeDtypeStructs stay abstract; numpy arrays are the routing / lengths
+    fn: Callable[..., object] | None  # None: refused before it could be called (`refused` says why)
+    args: tuple[PeerArg, ...] = ()  # ShapeDtypeStructs stay abstract; numpy arrays are the routing / lengths
     xla: bool = False  # an XLA op: modeled by XLA's own estimate
     refused: str | None = None
     detail: str = ""
 
 
-def _abstract(args: tuple[Any, ...]) -> tuple[Any, ...]:
+def _abstract(args: tuple[PeerArg, ...]) -> tuple[jax.ShapeDtypeStruct, ...]:
     import jax
 
     return tuple(a if isinstance(a, jax.ShapeDtypeStruct) else jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype)
                  for a in args)
 
 
-def _compile(peer: Peer, device: Any) -> tuple[str, Any]:
+def _compile(peer: Peer, device: jax.Device) -> tuple[str, jax.stages.Compiled | None]:
     import jax
 
     try:
@@ -46,7 +54,8 @@ def _compile(peer: Peer, device: Any) -> tuple[str, Any]:
         return first_meaningful_line(str(exc) or type(exc).__name__), None
 
 
-def _modeled(peer: Peer, compiled: Any, generation: str) -> tuple[float | None, tuple[float, float] | None, str]:
+def _modeled(peer: Peer, compiled: jax.stages.Compiled | None, generation: str
+             ) -> tuple[float | None, tuple[float, float] | None, str]:
     """(modeled seconds at the constants' points, (fast, slow) at both ends of their bands, how)."""
     if peer.xla:
         if compiled is None:
@@ -72,12 +81,12 @@ def holds_across_band(ours: tuple[float, float, float], peer: tuple[float, float
     return True, "at both ends of the band"
 
 
-def tpu_target_device(generation: str) -> Any:
+def tpu_target_device(generation: str) -> jax.Device:
     return topology_devices(chip(generation).topology)[0]
 
 
-def rows_for(kernel: str, shape: str, peers: list[Peer], ideal: Callable[[Any], float],
-             generation: str) -> list[dict[str, Any]]:
+def rows_for(kernel: str, shape: str, peers: list[Peer], ideal: Callable[[Chip], float],
+             generation: str) -> list[JsonDict]:
     """One row per peer of one workload on one chip, with the best peer's time beside ours."""
     rows = []
     device = tpu_target_device(generation)
@@ -113,7 +122,7 @@ def rows_for(kernel: str, shape: str, peers: list[Peer], ideal: Callable[[Any], 
     return rows
 
 
-def best_legal(name: str, candidates: list[tuple[str, Callable[..., Any]]], args: tuple[Any, ...],
+def best_legal(name: str, candidates: list[tuple[str, Callable[..., object]]], args: tuple[PeerArg, ...],
                generation: str, *, tries: int = 4) -> Peer:
     """A peer at its best legal configuration: every candidate (label, fn) read by the cost model, then compiled for
     the chip in order of modeled time until one compiles (legal = the compiler takes it). The detail names it."""
@@ -133,7 +142,7 @@ def best_legal(name: str, candidates: list[tuple[str, Callable[..., Any]]], args
     return Peer(name, None, refused="every configuration refused at trace")
 
 
-def _seconds(peer: Peer, args: tuple[Any, ...], generation: str) -> float:
+def _seconds(peer: Peer, args: tuple[PeerArg, ...], generation: str) -> float:
     """A peer's modeled time; infinity when it has no callable or the model refuses it."""
     if peer.fn is None:
         return math.inf

@@ -17,7 +17,7 @@ import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,6 +28,14 @@ from .peer_rows import OURS, Peer, _seconds, best_legal, holds_across_band, rows
 from .rates import stream_bytes_per_s
 from .schedule import kernel_cost
 from .workload import routing
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from ...json_types import JsonDict
+    from ..worker_common import Emit
+    from .peer_rows import PeerArg
+    from .workload import AttentionShapes, HeadGeometry, MoeGeometry
 
 # ------------------------------------------------------------------------------------------ ragged dot peers
 
@@ -47,7 +55,7 @@ def megablox_tilings(m: int, k: int, n: int, vmem_bytes: int) -> list[tuple[int,
     return legal
 
 
-def ragged_peers(rd: Any, m: int, k: int, n: int, g: int, gs: np.ndarray, dtype: str,
+def ragged_peers(rd: ModuleType, m: int, k: int, n: int, g: int, gs: np.ndarray, dtype: str,
                  generation: str) -> list[Peer]:
     import jax
     import jax.numpy as jnp
@@ -89,7 +97,7 @@ def ragged_peers(rd: Any, m: int, k: int, n: int, g: int, gs: np.ndarray, dtype:
     return peers
 
 
-def _tpu_inference_gmm_peer(args: tuple[Any, ...], out: Any, m: int, k: int, n: int, vmem: int,
+def _tpu_inference_gmm_peer(args: tuple[PeerArg, ...], out: np.dtype, m: int, k: int, n: int, vmem: int,
                             generation: str) -> Peer:
     """vLLM's megablox gmm (tpu-inference 0.32.0, installed) at the best legal tiling: its own tuned/default
     tiling and the same sweep as jax's megablox, each read by the model, the fastest that compiles kept."""
@@ -124,7 +132,7 @@ def _tokamax_peer(m: int, k: int, n: int, g: int, gs: np.ndarray, dtype: str) ->
     return Peer(name, fn, (sds((m, k), dtype), sds((g, k, n), dtype), gs))
 
 
-def moe_rows(rd: Any, geo: Any, phase: str, tokens: int, generation: str, dtype: str) -> list[dict[str, Any]]:
+def moe_rows(rd: ModuleType, geo: MoeGeometry, phase: str, tokens: int, generation: str, dtype: str) -> list[JsonDict]:
     import jax.numpy as jnp
 
     gs = routing(tokens, geo.experts, geo.top_k)
@@ -149,7 +157,7 @@ def _prefill_blocks(s: int) -> list[int]:
     return [t for t in (256, 512, 1024, 2048, 4096) if t <= s and s % t == 0]
 
 
-def prefill_peers(fa: Any, geo: Any, s: int, dtype: str, generation: str) -> list[Peer]:
+def prefill_peers(fa: ModuleType, geo: HeadGeometry, s: int, dtype: str, generation: str) -> list[Peer]:
     """Ours at its default tiles; jax's flash_attention and splash_attention each at the best of a sweep over
     their block sizes (the default 128-blocks put them at tens of thousands of grid steps)."""
     import jax
@@ -211,7 +219,7 @@ def prefill_peers(fa: Any, geo: Any, s: int, dtype: str, generation: str) -> lis
     return [ours, flash, splash]
 
 
-def decode_peers(fa: Any, geo: Any, b: int, cache: int, dtype: str, generation: str) -> list[Peer]:
+def decode_peers(fa: ModuleType, geo: HeadGeometry, b: int, cache: int, dtype: str, generation: str) -> list[Peer]:
     """Ours; jax's paged_attention and ragged_paged_attention each at the best of a sweep over page size and
     pages (and queries) per block."""
     import jax
@@ -275,7 +283,7 @@ def decode_peers(fa: Any, geo: Any, b: int, cache: int, dtype: str, generation: 
     return peers
 
 
-def _rpa_v3_peer(geo: Any, b: int, cache: int, dtype: str, generation: str, scale: float) -> Peer:
+def _rpa_v3_peer(geo: HeadGeometry, b: int, cache: int, dtype: str, generation: str, scale: float) -> Peer:
     """vLLM's ragged paged attention v3 (tpu-inference 0.32.0, installed) at decode, best legal decode blocks.
     Its main kernel stores the cache with the head dim padded to 128; its head-dim-64 kernel (kernel_hd64.py)
     imports tpu_inference.utils, which needs torchax and vllm (not installed): the row says so."""
@@ -304,7 +312,7 @@ def _rpa_v3_peer(geo: Any, b: int, cache: int, dtype: str, generation: str, scal
             np.full((b,), cache, np.int32), np.arange(b * pages_per_seq, dtype=np.int32),
             np.arange(b + 1, dtype=np.int32), np.array([b, b, b], np.int32))
 
-    def make(blocks: tuple[int, int, int, int] | None) -> Callable[..., Any]:
+    def make(blocks: tuple[int, int, int, int] | None) -> Callable[..., object]:
         def call(q, k, v, c, lens, pi, cu, dist):
             with as_chip(rpa, generation):
                 return rpa.ragged_paged_attention(q, k, v, c, lens, pi, cu, dist, sm_scale=scale,
@@ -318,7 +326,8 @@ def _rpa_v3_peer(geo: Any, b: int, cache: int, dtype: str, generation: str, scal
     return peer
 
 
-def attention_rows(fa: Any, geo: Any, shapes: Any, generation: str, dtype: str) -> list[dict[str, Any]]:
+def attention_rows(fa: ModuleType, geo: HeadGeometry, shapes: AttentionShapes, generation: str, dtype: str
+                   ) -> list[JsonDict]:
     import jax.numpy as jnp
 
     item = np.dtype(jnp.dtype(dtype)).itemsize
@@ -336,7 +345,7 @@ def attention_rows(fa: Any, geo: Any, shapes: Any, generation: str, dtype: str) 
                       generation)]
 
 
-def run_peers(request: dict[str, Any], emit: Any) -> int:
+def run_peers(request: JsonDict, emit: Emit) -> int:
     """Request: {"mode": "peers", "ragged_dot": package, "flash_attention": package, "generations", "moe_models",
     "attention_model", "dtype", "phases": {"decode": 64, ...} | null, "kernels": ["ragged_dot", "attention",
     "paged_attention"]};
@@ -361,8 +370,8 @@ def run_peers(request: dict[str, Any], emit: Any) -> int:
     return 0
 
 
-def _generation_rows(rd: Any, fa: Any, moe: dict[str, Any], phases: dict[str, int], kernels: list[str],
-                     shapes: Any, request: dict[str, Any], gen: str, dtype: str, emit: Any) -> None:
+def _generation_rows(rd: ModuleType, fa: ModuleType, moe: JsonDict, phases: dict[str, int], kernels: list[str],
+                     shapes: AttentionShapes, request: JsonDict, gen: str, dtype: str, emit: Emit) -> None:
     if True:
         if "ragged_dot" in kernels:
             for name in request["moe_models"]:

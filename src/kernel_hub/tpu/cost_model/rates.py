@@ -15,9 +15,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    from jax.extend.core import JaxprEqn
+    from jax.lax import PrecisionLike
+
+    from ..chips import Chip
 
 #: What each end of a band means for the time: the "fast" end makes every kernel at least as fast as the point.
 ENDS = ("point", "fast", "slow")
@@ -115,7 +122,7 @@ def constants(generation: str) -> dict[str, Constant]:
     return TABLE[generation]
 
 
-def stream_bytes_per_s(c: Any, end: str = "point") -> float:
+def stream_bytes_per_s(c: Chip, end: str = "point") -> float:
     """What a streamed copy reaches on one device of chip `c`: spec HBM bandwidth x the generation's stream
     fraction (measured on v7x, a band elsewhere)."""
     return c.hbm_bytes_per_s * rates(c.generation, end).stream_fraction
@@ -126,7 +133,7 @@ def rates(generation: str, end: str = "point") -> Rates:
     "slow"."""
     if end not in ENDS:
         raise ValueError(f"end must be one of {', '.join(ENDS)}, not {end!r}")
-    values: dict[str, Any] = {}
+    values: dict[str, float] = {}
     for name, c in constants(generation).items():
         if end == "point":
             values[name] = c.point
@@ -148,7 +155,7 @@ F32_PASSES = {"DEFAULT": 1, "HIGH": 3, "HIGHEST": 6}
 _FP8 = {"float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e4m3b11fnuz"}
 
 
-def precision_name(precision: Any) -> str:
+def precision_name(precision: PrecisionLike) -> str:
     """The stronger of a dot's operand precisions as a name: DEFAULT, HIGH or HIGHEST (None is DEFAULT)."""
     if precision is None:
         return "DEFAULT"
@@ -164,7 +171,8 @@ def precision_name(precision: Any) -> str:
     return best
 
 
-def mxu_passes(lhs_dtype: Any, rhs_dtype: Any, precision: Any, generation: str | None) -> tuple[float, str]:
+def mxu_passes(lhs_dtype: npt.DTypeLike, rhs_dtype: npt.DTypeLike, precision: PrecisionLike, generation: str | None
+               ) -> tuple[float, str]:
     """bf16-pass equivalents of one dot on the MXU, and why: f32 by precision (1 / 3 / 6), int8 and fp8 at half a
     pass where the generation multiplies them at twice the bf16 rate, anything else (bf16, mixed widths, a narrow
     type a generation upcasts) one pass."""
@@ -222,7 +230,7 @@ def vector_seconds(vpu_elems: float, eup_elems: float, generation: str, bf16_flo
                                                                                      * hz))
 
 
-def dot_key_flops(eqn: Any) -> tuple[tuple[str, str, str], float]:
+def dot_key_flops(eqn: JaxprEqn) -> tuple[tuple[str, str, str], float]:
     """A dot_general's (operand dtypes and precision, FLOPs): the MXU pass rule's inputs, for XLA ops and kernels."""
     (contract, _), (batch, _) = eqn.params["dimension_numbers"]
     lhs, rhs = (v.aval for v in eqn.invars)

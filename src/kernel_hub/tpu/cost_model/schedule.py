@@ -28,9 +28,9 @@ buffers). The constants are per generation with a band (rates.py): `seconds` at 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -38,8 +38,14 @@ from ..chips import Chip
 from ..target import tpu_dispatch
 from .rates import Rates, rates
 from .schedule_grid import CallCost, walk_pallas_call
-from .schedule_steps import Unknown, Unmodeled, read, sub_jaxpr
+from .schedule_steps import Env, Unknown, Unmodeled, Value, read, sub_jaxpr
 from .xla_ops import XlaOp, cancels, dot_flops, zero_width_pad
+
+if TYPE_CHECKING:
+    import jax
+    import numpy.typing as npt
+    from jax.core import AbstractValue
+    from jax.extend.core import Jaxpr, JaxprEqn
 
 __all__ = ["CallCost", "ScheduleCost", "Unknown", "Unmodeled", "XlaOp", "explain", "kernel_cost", "walk_pallas_call"]
 
@@ -94,7 +100,7 @@ class ScheduleCost:
         return self.seconds(chip, rates(chip.generation, "fast")), self.seconds(chip, rates(chip.generation, "slow"))
 
 
-def _nbytes(aval: Any) -> int:
+def _nbytes(aval: AbstractValue | None) -> int:
     shape = getattr(aval, "shape", ())
     return int(math.prod(shape)) * np.dtype(aval.dtype).itemsize if hasattr(aval, "dtype") else 0
 
@@ -109,7 +115,7 @@ def _padded(rows: int, cols: int) -> int:
     return -(-rows // 8) * 8 * (-(-cols // 128) * 128)
 
 
-def _layout_only(eqn: Any) -> bool:
+def _layout_only(eqn: JaxprEqn) -> bool:
     """A transpose of the two minor axes of an array that XLA's TPU layout already stores with those axes swapped
     is a bitcast: XLA picks, per array, the minor-axis order that pads (8, 128) tiles less (a [.., 8192, 64] KV
     cache is kept with its 8192 positions in the lanes). Checked against compiled memory: no copy, no temp."""
@@ -136,7 +142,7 @@ class Transposed(Unknown):
 
     __slots__ = ("op", "perm", "source", "undone")
 
-    def __init__(self, aval: Any, source: Any, perm: tuple[int, ...], op: XlaOp):
+    def __init__(self, aval: AbstractValue | None, source: Unknown, perm: tuple[int, ...], op: XlaOp):
         super().__init__(aval)
         self.source, self.perm, self.op, self.undone = source, perm, op, False
 
@@ -144,13 +150,13 @@ class Transposed(Unknown):
 _PENDING = "pending"
 
 
-def _settle(value: Any) -> None:
+def _settle(value: Value) -> None:
     """Something reads a transposed value as it is: XLA materializes the transpose, so it is charged."""
     if isinstance(value, Transposed) and value.op.free == _PENDING:
         value.op.free = None
 
 
-def _has_pallas(jaxpr: Any) -> bool:
+def _has_pallas(jaxpr: Jaxpr) -> bool:
     from jax._src import core as jax_core
 
     for eqn in jaxpr.eqns:
@@ -165,20 +171,20 @@ def _has_pallas(jaxpr: Any) -> bool:
 class _Outer:
     """The evaluation outside the kernels: concrete where it can be, abstract for big operands."""
 
-    def __init__(self, acc: ScheduleCost, arguments: Sequence[Any]):
+    def __init__(self, acc: ScheduleCost, arguments: Sequence[Value]):
         self.acc = acc
         self.arguments = {id(a) for a in arguments if isinstance(a, Unknown)}  # the function's own (not donated)
         self.per_device = False
 
-    def run(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
-        env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts, strict=True))
+    def run(self, jaxpr: Jaxpr, consts: Sequence[Value], args: Sequence[Value]) -> list[Value]:
+        env: Env = dict(zip(jaxpr.constvars, consts, strict=True))
         env.update(zip(jaxpr.invars, args, strict=True))
         for eqn in jaxpr.eqns:
             outs = self.eqn(eqn, [read(env, v) for v in eqn.invars])
             env.update(zip(eqn.outvars, outs, strict=True))
         return [read(env, v) for v in jaxpr.outvars]
 
-    def eqn(self, eqn: Any, invals: list[Any]) -> list[Any]:
+    def eqn(self, eqn: JaxprEqn, invals: list[Value]) -> list[Value]:
         prim = eqn.primitive
         name = prim.name
         unknown = [Unknown(v.aval) for v in eqn.outvars]
@@ -216,7 +222,7 @@ class _Outer:
             self.acc.xla.append(XlaOp(name, moved, dots, zero_width_pad(eqn)))
         return unknown
 
-    def transpose(self, eqn: Any, value: Unknown) -> Unknown:
+    def transpose(self, eqn: JaxprEqn, value: Unknown) -> Unknown:
         """A transpose on a big operand: a bitcast where XLA's TPU layout already holds the swapped order; the
         identity when it undoes the transpose that made its operand (both free then, unless something else reads
         the middle value); otherwise charged once something reads its result."""
@@ -234,13 +240,13 @@ class _Outer:
         self.acc.xla.append(op)
         return Transposed(eqn.outvars[0].aval, value, perm, op)
 
-    def donate(self, eqn: Any, invals: list[Any]) -> None:
+    def donate(self, eqn: JaxprEqn, invals: list[Value]) -> None:
         """A jit's donated arguments: XLA may write an aliased output into them, so no copy is charged."""
         for value, donated in zip(invals, eqn.params.get("donated_invars", ()), strict=False):
             if donated and isinstance(value, Unknown):
                 self.arguments.discard(id(value))
 
-    def finish(self, outs: Sequence[Any]) -> None:
+    def finish(self, outs: Sequence[Value]) -> None:
         """Transposes still waiting: a function result is materialized (charged); one only a transpose undoing
         it read, or nothing read, XLA removes."""
         for value in outs:
@@ -249,7 +255,7 @@ class _Outer:
             if op.free == _PENDING:
                 op.free = "undone by the transpose after it, or unused"
 
-    def pallas_call(self, eqn: Any, invals: list[Any]) -> None:
+    def pallas_call(self, eqn: JaxprEqn, invals: list[Value]) -> None:
         cost = walk_pallas_call(eqn, invals)
         if self.per_device:
             cost.notes.append("per device (inside a shard_map)")
@@ -263,12 +269,12 @@ class _Outer:
                                           free=None if kept else "aliased to a donated or temporary buffer"))
         self.acc.calls.append(cost)
 
-    def shard_map(self, eqn: Any, invals: list[Any]) -> list[Any]:
+    def shard_map(self, eqn: JaxprEqn, invals: list[Value]) -> list[Value]:
         """One device's share: each concrete argument sliced to device 0's block, abstract ones at block shape."""
         inner = eqn.params["jaxpr"]
         inner = getattr(inner, "jaxpr", inner)
         consts = list(getattr(eqn.params["jaxpr"], "consts", []))
-        args = []
+        args: list[Value] = []
         for var, value in zip(inner.invars, invals, strict=True):
             shape = tuple(var.aval.shape)
             if isinstance(value, Unknown):
@@ -286,7 +292,7 @@ class _Outer:
         return [Unknown(v.aval) for v in eqn.outvars]
 
 
-def _call_like(eqn: Any, n_args: int) -> tuple[Any, list[Any]] | None:
+def _call_like(eqn: JaxprEqn, n_args: int) -> tuple[Jaxpr, list[Value]] | None:
     """A call-like primitive (custom_vmap_call, ...) that holds one closed jaxpr taking exactly its operands."""
     if eqn.primitive.name in _OUTER_CONTROL or eqn.primitive.name in ("shard_map", "pallas_call"):
         return None
@@ -296,13 +302,14 @@ def _call_like(eqn: Any, n_args: int) -> tuple[Any, list[Any]] | None:
     return None
 
 
-def _inner(eqn: Any) -> list[Any]:
+def _inner(eqn: JaxprEqn) -> list[Jaxpr]:
     from jax._src import core as jax_core
 
     return list(jax_core.jaxprs_in_params(eqn.params))
 
 
-def kernel_cost(fn: Any, *args: Any, generation: str | None = None) -> ScheduleCost:
+def kernel_cost(fn: Callable[..., object], *args: jax.ShapeDtypeStruct | npt.ArrayLike,
+                generation: str | None = None) -> ScheduleCost:
     """The schedule cost of `fn(*args)`. Concrete arrays (e.g. group sizes) are used as given; arguments
     given as jax.ShapeDtypeStruct stay abstract (the weights and activations never need to exist).
     `generation` ("v6e"): trace as for that chip where a kernel asks Pallas which chip it runs on.
@@ -321,7 +328,8 @@ def kernel_cost(fn: Any, *args: Any, generation: str | None = None) -> ScheduleC
     return acc
 
 
-def explain(fn: Any, *args: Any, generation: str | None = None, hlo: bool = False) -> str:
+def explain(fn: Callable[..., object], *args: jax.ShapeDtypeStruct | npt.ArrayLike,
+            generation: str | None = None, hlo: bool = False) -> str:
     """The program the model reads (the jaxpr of `fn(*args)`) and what it charges: each kernel's grid, bytes and
     FLOPs, each XLA op outside the kernels charged or removed (with why), the modeled time and its band; with
     `hlo`, also the StableHLO jax lowers the function to for TPU (what XLA compiles; the two transposes the model

@@ -12,13 +12,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..chips import Chip
 from .rates import Rates, mxu_passes, rates, vector_seconds
-from .schedule_steps import Steps, Unknown, Unmodeled, memory_space
+from .schedule_steps import Steps, Unknown, Unmodeled, Value, memory_space
+
+if TYPE_CHECKING:
+    from jax._src.pallas.core import BlockDim, GridMapping
+    from jax.extend.core import JaxprEqn
 
 
 @dataclass
@@ -78,7 +82,8 @@ class CallCost:
         return max(dma, compute) + min(dma, compute) / max(self.steps + self.dmas, 1) + r.op_fixed_s
 
 
-def _block_sizes(block_shape: Sequence[Any], array_shape: Sequence[int], idx: np.ndarray) -> np.ndarray:
+def _block_sizes(block_shape: Sequence[BlockDim | int | None], array_shape: Sequence[int], idx: np.ndarray
+                 ) -> np.ndarray:
     """Elements moved per step for a block at indices idx [S, ndim] (clipped at the array's edge)."""
     from jax._src.pallas import core as pallas_core
 
@@ -92,7 +97,7 @@ def _block_sizes(block_shape: Sequence[Any], array_shape: Sequence[int], idx: np
     return size
 
 
-def call_name(params: dict[str, Any]) -> str:
+def call_name(params: dict[str, object]) -> str:
     """The kernel's name: the pallas_call's `name`, else its body function's."""
     name = params.get("name_and_src_info") or params.get("name")
     if name is None:
@@ -101,7 +106,7 @@ def call_name(params: dict[str, Any]) -> str:
     return str(name).split(" ")[0]
 
 
-def concrete_grid(gm: Any, bounds: Sequence[Any], name: str) -> tuple[int, ...]:
+def concrete_grid(gm: GridMapping, bounds: Sequence[Value], name: str) -> tuple[int, ...]:
     """The grid with each dynamic bound replaced by its concrete value; refused when a bound is not known."""
     from jax._src.pallas import core as pallas_core
 
@@ -118,7 +123,7 @@ def concrete_grid(gm: Any, bounds: Sequence[Any], name: str) -> tuple[int, ...]:
     return tuple(grid)
 
 
-def walk_pallas_call(eqn: Any, invals: Sequence[Any]) -> CallCost:
+def walk_pallas_call(eqn: JaxprEqn, invals: Sequence[Value]) -> CallCost:
     """Walk one pallas_call's grid with the real scalar-prefetch values (see the module docstring)."""
     params = eqn.params
     gm = params["grid_mapping"]
@@ -161,7 +166,7 @@ def walk_pallas_call(eqn: Any, invals: Sequence[Any]) -> CallCost:
         else:  # written back when the index changes: once per run of equal indices
             write += moved
     body = params["jaxpr"]
-    refs: list[Any] = [*scalars, *[Unknown(v.aval) for v in body.invars[n_idx:]]]
+    refs: list[Value] = [*scalars, *[Unknown(v.aval) for v in body.invars[n_idx:]]]
     walker.run(body, getattr(body, "consts", []) if hasattr(body, "consts") else [], refs, None)
     dma_read, dma_write = int(walker.dma_read.sum()), int(walker.dma_write.sum())
     aliases = tuple((int(a), int(b)) for a, b in params.get("input_output_aliases", ()))

@@ -13,12 +13,26 @@ with one line naming it (`Unmodeled`), never a silent zero.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 
 from .rates import EUP_PRIMITIVES, VPU_PRIMITIVES, dot_key_flops
+
+if TYPE_CHECKING:
+    import jax
+    from jax._src.state.types import Transform
+    from jax.core import AbstractValue
+    from jax.extend.core import Jaxpr, JaxprEqn, Literal, Var
+
+#: What a jaxpr variable holds while the model runs a program: a value it computes (NumPy; one per grid step inside
+#: a kernel), a constant, or an Unknown standing for a big operand or a vector in VMEM.
+Value: TypeAlias = "np.ndarray | np.generic | jax.Array | int | float | bool | Unknown"
+#: What an equation reads: a variable, or a literal carrying its value.
+Atom: TypeAlias = "Var | Literal"
+#: Where the program's variables stand while it runs.
+Env: TypeAlias = "dict[Var, Value]"
 
 #: Loops longer than this run their body once, scaled by the trip count (carries then unknown); a note says so.
 ITERATION_LIMIT = 4096
@@ -55,17 +69,17 @@ class Unknown:
 
     __slots__ = ("aval",)
 
-    def __init__(self, aval: Any):
+    def __init__(self, aval: AbstractValue | None):
         self.aval = aval
 
 
-def read(env: dict[Any, Any], var: Any) -> Any:
+def read(env: Env, var: Atom) -> Value:
     from jax.extend.core import Literal
 
     return var.val if isinstance(var, Literal) else env[var]
 
 
-def sub_jaxpr(eqn: Any) -> tuple[Any, list[Any]] | None:
+def sub_jaxpr(eqn: JaxprEqn) -> tuple[Jaxpr, list[Value]] | None:
     """The one inner jaxpr of a call-like equation (jit, custom_jvp/vjp, remat), with its consts."""
     for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
         sub = eqn.params.get(key)
@@ -78,7 +92,7 @@ def sub_jaxpr(eqn: Any) -> tuple[Any, list[Any]] | None:
     return None
 
 
-def memory_space(aval: Any) -> str:
+def memory_space(aval: AbstractValue) -> str:
     space = getattr(aval, "memory_space", None)
     return str(getattr(space, "value", space)).lower()
 
@@ -89,7 +103,7 @@ def _int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where((a < 0) ^ (b < 0), -q, q)
 
 
-_NUMPY_OPS: dict[str, Any] = {
+_NUMPY_OPS: dict[str, Callable[..., np.ndarray]] = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "max": np.maximum, "min": np.minimum,
     "neg": np.negative, "abs": np.abs, "sign": np.sign, "rem": np.fmod,
     "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
@@ -98,7 +112,7 @@ _NUMPY_OPS: dict[str, Any] = {
 }
 
 
-def _ref_bytes(var: Any, transforms: Sequence[Any], where: str) -> tuple[int, str]:
+def _ref_bytes(var: Var, transforms: Sequence[Transform], where: str) -> tuple[int, str]:
     """Bytes a DMA endpoint covers (the ref after its slices) and the ref's memory space."""
     aval = var.aval
     space = memory_space(aval)
@@ -113,13 +127,13 @@ def _ref_bytes(var: Any, transforms: Sequence[Any], where: str) -> tuple[int, st
     return int(math.prod(shape)) * np.dtype(aval.dtype).itemsize, space
 
 
-def _dynamic_ref_bytes(var: Any, transforms: Sequence[Any], where: str) -> tuple[Any, str]:
+def _dynamic_ref_bytes(var: Var, transforms: Sequence[Transform], where: str) -> tuple[np.ndarray, str]:
     """Bytes a DMA endpoint covers when a slice's size is a computed scalar (one value per grid step): only plain
     indexers (integer indices and slices) are followed; anything else, or a size the walk does not know, refuses."""
     from jax._src.state.indexing import NDIndexer, Slice
 
     aval = var.aval
-    dims: list[Any] = list(aval.shape)
+    dims: list[int | np.ndarray] = list(aval.shape)
     for t in transforms:
         if not isinstance(t, NDIndexer):
             if any(np.ndim(d) for d in dims):  # a reshape or bitcast of a ref still at its static shape only
@@ -130,7 +144,7 @@ def _dynamic_ref_bytes(var: Any, transforms: Sequence[Any], where: str) -> tuple
             continue
         if len(t.indices) > len(dims):
             raise Unmodeled("dma_start", where, "a DMA through an indexer of more dimensions than its ref")
-        out: list[Any] = []
+        out: list[int | np.ndarray] = []
         for idx in t.indices:
             if isinstance(idx, Slice):
                 if isinstance(idx.size, Unknown):
@@ -168,8 +182,9 @@ class Steps:
     def _where(self, mask: np.ndarray | None) -> np.ndarray:
         return (np.ones(self.ids.shape[1]) if mask is None else mask.astype(np.float64)) * self.scale
 
-    def run(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], mask: np.ndarray | None) -> list[Any]:
-        env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts, strict=True))
+    def run(self, jaxpr: Jaxpr, consts: Sequence[Value], args: Sequence[Value], mask: np.ndarray | None
+            ) -> list[Value]:
+        env: Env = dict(zip(jaxpr.constvars, consts, strict=True))
         env.update(zip(jaxpr.invars, args, strict=True))
         for eqn in jaxpr.eqns:
             invals = [read(env, v) for v in eqn.invars]
@@ -177,7 +192,7 @@ class Steps:
             env.update(zip(eqn.outvars, outs, strict=True))
         return [read(env, v) for v in jaxpr.outvars]
 
-    def eqn(self, eqn: Any, invals: list[Any], mask: np.ndarray | None) -> list[Any]:
+    def eqn(self, eqn: JaxprEqn, invals: list[Value], mask: np.ndarray | None) -> list[Value]:
         name, params = eqn.primitive.name, eqn.params
         unknown = [Unknown(v.aval) for v in eqn.outvars]
         if name in REFUSED:
@@ -218,7 +233,7 @@ class Steps:
             self.unevaluated.add(name)
             return unknown
 
-    def _scalar(self, name: str, params: dict[str, Any], invals: list[Any]) -> Any:
+    def _scalar(self, name: str, params: dict[str, object], invals: list[Value]) -> np.ndarray:
         vals = [np.asarray(x) for x in invals]
         if name in _NUMPY_OPS:
             return _NUMPY_OPS[name](*vals)
@@ -236,7 +251,7 @@ class Steps:
             return vals[0]
         raise Unmodeled(name, self.where, "a scalar op the model does not evaluate")
 
-    def _get(self, invals: list[Any], params: dict[str, Any]) -> Any:
+    def _get(self, invals: list[Value], params: dict[str, object]) -> Value:
         from jax import tree_util
         from jax._src.state.indexing import NDIndexer, Slice
 
@@ -252,13 +267,13 @@ class Steps:
                                 for i, n in zip(t.indices, value.shape, strict=False))]
         return value
 
-    def _dot(self, eqn: Any, mask: np.ndarray | None) -> None:
+    def _dot(self, eqn: JaxprEqn, mask: np.ndarray | None) -> None:
         key, flops = dot_key_flops(eqn)
         where = self._where(mask)
         self.flops += flops * where
         self.dots[key] = self.dots.get(key, 0.0) + flops * float(where.sum())
 
-    def _vector(self, eqn: Any, mask: np.ndarray | None) -> None:
+    def _vector(self, eqn: JaxprEqn, mask: np.ndarray | None) -> None:
         """A vector op on VMEM values: its elements (the larger of its operands and results) on the steps that
         reach it; scalar ops (index arithmetic on the scalar core) are not vector work."""
         sizes = [math.prod(v.aval.shape) for v in [*eqn.invars, *eqn.outvars]
@@ -271,7 +286,7 @@ class Steps:
         else:
             self.vpu += elems
 
-    def _dma(self, eqn: Any, invals: list[Any], mask: np.ndarray | None) -> None:
+    def _dma(self, eqn: JaxprEqn, invals: list[Value], mask: np.ndarray | None) -> None:
         """A DMA the kernel starts: HBM bytes by the endpoints' memory spaces; a remote copy's bytes also on ICI.
         Its wait moves nothing (counted once, at the start). A slice whose size is a scalar the walk computed
         (pl.ds(start, size) with a size read from the scalar-prefetch data) moves that many rows on each step."""
@@ -281,7 +296,7 @@ class Steps:
         tree = eqn.params["tree"]
         src, dst, _dst_sem, _src_sem, device_id = tree_util.tree_unflatten(tree, eqn.invars)
 
-        def endpoint(i: int, ref: Any) -> tuple[Any, str]:
+        def endpoint(i: int, ref: Var | TransformedRef) -> tuple[int | np.ndarray, str]:
             if not isinstance(ref, TransformedRef):
                 return _ref_bytes(ref, (), self.where)
             key = (id(eqn), i)
@@ -305,7 +320,7 @@ class Steps:
         if device_id is not None:
             self.ici += dst_bytes * where
 
-    def _cond(self, eqn: Any, invals: list[Any], mask: np.ndarray | None) -> list[Any]:
+    def _cond(self, eqn: JaxprEqn, invals: list[Value], mask: np.ndarray | None) -> list[Value]:
         index, operands = invals[0], invals[1:]
         branches = eqn.params["branches"]
         full = np.ones(self.ids.shape[1], bool) if mask is None else mask
@@ -323,7 +338,7 @@ class Steps:
             outs.append(np.choose(index, [np.asarray(p) for p in picks]) if known else Unknown(v.aval))
         return outs
 
-    def _scan(self, eqn: Any, invals: list[Any], mask: np.ndarray | None) -> list[Any]:
+    def _scan(self, eqn: JaxprEqn, invals: list[Value], mask: np.ndarray | None) -> list[Value]:
         """A fori_loop / scan: iterated with its real carries (a counter that DMAs or pl.when read), or, past
         ITERATION_LIMIT, its body once scaled by the trip count."""
         p = eqn.params
@@ -344,7 +359,7 @@ class Steps:
             carry = outs[:n_carry]
         return [*carry, *[Unknown(v.aval) for v in eqn.outvars[n_carry:]]]
 
-    def _while(self, eqn: Any, invals: list[Any], mask: np.ndarray | None) -> list[Any]:
+    def _while(self, eqn: JaxprEqn, invals: list[Value], mask: np.ndarray | None) -> list[Value]:
         """A while loop, run per step until its condition is false on every step that reached it."""
         p = eqn.params
         nc, nb = p["cond_nconsts"], p["body_nconsts"]

@@ -20,7 +20,10 @@ import sys
 import types
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 STAND_INS = Path(__file__).parent / "stand_ins"
 
@@ -73,7 +76,7 @@ _TPU_VERSION = {"v4": 4, "v5e": 5, "v5p": 5, "v6e": 6, "v7x": 7}
 
 
 @contextlib.contextmanager
-def as_chip(module: Any, generation: str) -> Iterator[None]:
+def as_chip(module: ModuleType, generation: str) -> Iterator[None]:
     """The kernel module's own chip query (`get_tpu_version`, which reads jax.devices()[0]: the CPU host under a
     mock TPU, so -1) answers for `generation` while a call is traced: chip facts injected, not asked."""
     saved = getattr(module, "get_tpu_version", None)

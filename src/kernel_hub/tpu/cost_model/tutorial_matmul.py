@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import jax
 
 
-def _kernel(x_ref: Any, y_ref: Any, z_ref: Any, acc_ref: Any, *, nsteps: int, transpose_rhs: bool,
-            activation: Callable[[Any], Any]) -> None:
+def _kernel(x_ref: jax.Ref, y_ref: jax.Ref, z_ref: jax.Ref, acc_ref: jax.Ref, *, nsteps: int, transpose_rhs: bool,
+            activation: Callable[[jax.Array], jax.Array]) -> None:
     import jax
     import jax.numpy as jnp
     from jax.experimental import pallas as pl
@@ -35,8 +38,8 @@ def _kernel(x_ref: Any, y_ref: Any, z_ref: Any, acc_ref: Any, *, nsteps: int, tr
         z_ref[...] = activation(acc_ref[...]).astype(z_ref.dtype)
 
 
-def matmul(x: Any, y: Any, *, bm: int, bk: int, bn: int, transpose_rhs: bool = False,
-           activation: Callable[[Any], Any] = lambda a: a) -> Any:
+def matmul(x: jax.Array, y: jax.Array, *, bm: int, bk: int, bn: int, transpose_rhs: bool = False,
+           activation: Callable[[jax.Array], jax.Array] = lambda a: a) -> jax.Array:
     """x [m, k] @ y [k, n]; with transpose_rhs the kernel reads y as [n, k] (the wrapper swaps it)."""
     import jax
     import jax.numpy as jnp
@@ -64,7 +67,7 @@ def matmul(x: Any, y: Any, *, bm: int, bk: int, bn: int, transpose_rhs: bool = F
     )(x, y)
 
 
-def timed(variant: str, bm: int, bk: int, bn: int) -> Callable[[Any, Any], Any]:
+def timed(variant: str, bm: int, bk: int, bn: int) -> Callable[[jax.Array, jax.Array], jax.Array]:
     """The function the tutorial times for a variant: "transpose_rhs" takes y as [n, k] and swaps it before the
     kernel wrapper swaps it back; "relu" fuses jax.nn.relu."""
     import jax

@@ -6,23 +6,61 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Any, NamedTuple
+from types import ModuleType
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
+from ...json_types import JsonDict
 from ..worker_common import load_package
 from .rates import stream_bytes_per_s
+
+if TYPE_CHECKING:
+    from ..chips import Chip
+
+
+class MoeGeometry(Protocol):
+    """A MoE model's layer shapes, as a ragged_dot package vendors them (`_vendor.moe_shapes.MoeGeometry`)."""
+
+    model: str
+    hidden: int
+    intermediate: int
+    experts: int
+    top_k: int
+
+    def projections(self, tokens: int) -> tuple[tuple[str, int, int, int, int], ...]:
+        """(projection, m, k, n, groups) of each ragged dot a layer runs for `tokens` tokens."""
+        ...
+
+
+class HeadGeometry(Protocol):
+    """A model's attention heads, as an attention package vendors them (`_vendor.attention_shapes.HeadGeometry`)."""
+
+    model: str
+    hq: int
+    hkv: int
+    d: int
+    window: int | None
+    sinks: bool
+
+
+class AttentionShapes(Protocol):
+    """The attention workloads a peer table runs: `_vendor.attention_shapes`, or smaller ones for a quick check."""
+
+    PREFILL_TOKENS: int
+    DECODE_BATCH: int
+    DECODE_CACHE: int
 
 
 class MoeKernel(NamedTuple):
     """A request's ragged_dot package with the MoE geometries it vendors (the model workers' common start)."""
 
-    rd: Any  # the package, imported through the verified loader
-    shapes: Any  # its _vendor.moe_shapes module (MOE_MODELS, PHASES)
-    geos: dict[str, Any]  # model name -> geometry
+    rd: ModuleType  # the package, imported through the verified loader
+    shapes: ModuleType  # its _vendor.moe_shapes module (MOE_MODELS, PHASES)
+    geos: dict[str, MoeGeometry]  # model name -> geometry
 
 
-def load_moe_kernel(package: dict[str, Any] | str | Path) -> MoeKernel:
+def load_moe_kernel(package: JsonDict | str | Path) -> MoeKernel:
     """load_package of a ragged_dot package, with its MoE geometries by model name; raises as load_package does."""
     rd = load_package(package)
     shapes = importlib.import_module(f"{rd.__name__}._vendor.moe_shapes")
@@ -40,6 +78,6 @@ def routing(tokens: int, experts: int, top_k: int, seed: int = 0) -> np.ndarray:
     return np.bincount(topk_routing(tokens, experts, top_k, seed).ravel(), minlength=experts).astype(np.int32)
 
 
-def ideal_seconds(bytes_: float, flops: float, c: Any) -> float:
+def ideal_seconds(bytes_: float, flops: float, c: Chip) -> float:
     """The ideal time of a workload on chip `c`: its bytes once at HBM bandwidth, or its FLOPs at peak if longer."""
     return max(bytes_ / stream_bytes_per_s(c), flops / c.bf16_flops_per_s)

@@ -16,10 +16,13 @@ outer evaluation (schedule.py), which calls `cancels`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..chips import Chip
 from .rates import Rates, dot_key_flops, mxu_passes, rates
+
+if TYPE_CHECKING:
+    from jax.extend.core import JaxprEqn
 
 
 @dataclass
@@ -49,7 +52,7 @@ class XlaOp:
         return what if self.free is None else f"{what} (free: {self.free})"
 
 
-def zero_width_pad(eqn: Any) -> str | None:
+def zero_width_pad(eqn: JaxprEqn) -> str | None:
     """A pad adding nothing on any side or inside: XLA's simplifier drops it."""
     if eqn.primitive.name != "pad":
         return None
@@ -64,7 +67,7 @@ def cancels(first: tuple[int, ...], second: tuple[int, ...]) -> bool:
     return len(first) == len(second) and all(first[second[i]] == i for i in range(len(first)))
 
 
-def dot_flops(eqn: Any) -> dict[tuple[str, str, str], float]:
+def dot_flops(eqn: JaxprEqn) -> dict[tuple[str, str, str], float]:
     """A dot_general's FLOPs keyed by its operand dtypes and precision (the MXU pass rule's inputs)."""
     key, flops = dot_key_flops(eqn)
     return {key: flops}
