@@ -6,7 +6,7 @@ Rows: one MoE layer (gate_up + down ragged dots) of Qwen3-30B-A3B and Gemma 4 26
 and prefill (4096 tokens), a uniform top-k routing; attention prefill (4096, causal) and decode (batch 64,
 8192-long caches) at GPT-OSS-20B's head geometry (64 query / 8 kv heads of 64, sinks). Per JAX device (a
 v7x chip is two, one per TensorCore; kernel_hub.tpu.chips):
-  modeled_s       kernel_hub.tpu.cost_model.schedule: the kernels' grids walked with the real group metadata:
+  modeled_s       tpu_cost_model.schedule: the kernels' grids walked with the real group metadata:
                   per call max(HBM bytes / bandwidth, MXU FLOPs / peak) + steps x 0.35 us
   ideal_s         max(bytes moved once / bandwidth, useful FLOPs / peak): each active expert's weights once
                   plus the activations; attention q, k, v, o once
@@ -14,7 +14,7 @@ v7x chip is two, one per TensorCore; kernel_hub.tpu.chips):
                   compiled for that chip by libtpu
 Runs the model in the TPU environment (make setup-tpu); bf16 throughout. --quantized: instead, the MoE layer on
 int8 (per-channel scales) and fp8 (128x128 block scales) expert weights beside bf16
-(kernel_hub.tpu.cost_model.model_quant): each format's modeled time over the bf16 layer's and over its own ideal
+(tpu_cost_model.model_quant): each format's modeled time over the bf16 layer's and over its own ideal
 (quantized bytes + scales read once).
 """
 

@@ -3,7 +3,7 @@
     python bench/tpu_peers.py [--json] [--generations v5e,v6e,v7x] [--kernels ragged_dot,attention] [--out PATH]
                               [--quick]
 
-Rows (kernel_hub.tpu.cost_model.peers_worker): per seed MoE geometry (Qwen3-30B-A3B, Gemma 4 26B-A4B), gate_up and down,
+Rows (tpu_cost_model.peers_worker): per seed MoE geometry (Qwen3-30B-A3B, Gemma 4 26B-A4B), gate_up and down,
 decode 64 tokens and prefill 4096 (one uniform top-8 routing per row): our ragged dot, megablox gmm (default tiling and
 the best of a sweep over legal tilings), vLLM's megablox gmm (tpu-inference 0.32.0, installed; best legal tiling),
 Tokamax 0.0.12's Mosaic ragged dot (or its refusal), jax.lax.ragged_dot (XLA's optimal_seconds); attention at
@@ -11,7 +11,7 @@ GPT-OSS-20B heads (64/8 x 64, sinks), prefill 4096 causal and decode batch 64 ov
 flash_attention, splash_attention, paged_attention, ragged_paged_attention, vLLM's RPA v3 (tpu-inference); ragged
 paged attention (cost_model/paged_peers.py) at Qwen3-30B-A3B and Gemma 4 26B-A4B heads, decode 64 x 8k and a mixed
 prefill + decode batch: ours, vLLM's RPA v3, jax paged_attention (decode).
-modeled_s: kernel_hub.tpu.cost_model.schedule.kernel_cost, calibrated against measured TPU times
+modeled_s: tpu_cost_model.schedule.kernel_cost, calibrated against measured TPU times
 (bench/tpu_calibration.py, docs/tpu-cost-model.md), at the points of its per-generation constants; band_s: the same at
 both ends of their bands; ours<=best across band: whether ours is no slower than the best peer at the point and at
 both ends (each evaluated with the same constants); ideal_s: bytes moved once at streamed-copy bandwidth or useful

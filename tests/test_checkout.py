@@ -21,7 +21,7 @@ from pathlib import Path
 import kernel_hub
 from kernel_hub.package.checkout import checkout_decision
 from kernel_hub.tpu import env, runner
-from kernel_hub.tpu.cost_model import mesh
+from tpu_cost_model import mesh
 from kernel_hub.report import benches, environment
 from kernel_hub.load.registry import registry_location
 

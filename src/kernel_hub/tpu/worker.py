@@ -44,23 +44,23 @@ def main(argv: list[str]) -> int:
 
         status = run_compile(request, emit)
     elif request["mode"] == "model":
-        from .cost_model.model_worker import run_model
+        from tpu_cost_model.model_worker import run_model
 
         status = run_model(request, emit)
     elif request["mode"] == "quant_model":
-        from .cost_model.model_quant import run_quant_model
+        from tpu_cost_model.model_quant import run_quant_model
 
         status = run_quant_model(request, emit)
     elif request["mode"] == "calibration":
-        from .cost_model.calibration_worker import run_calibration
+        from tpu_cost_model.calibration_worker import run_calibration
 
         status = run_calibration(request, emit)
     elif request["mode"] == "peers":
-        from .cost_model.peers_worker import run_peers
+        from tpu_cost_model.peers_worker import run_peers
 
         status = run_peers(request, emit)
     elif request["mode"] == "mesh":
-        from .cost_model.mesh_worker import run_mesh
+        from tpu_cost_model.mesh_worker import run_mesh
 
         status = run_mesh(request, emit)
     else:

@@ -12,9 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from ..chips import chip
-from ..target import on_device, topology_devices
-from ..worker_common import first_meaningful_line
+from kernel_hub.tpu.chips import chip
+from kernel_hub.tpu.target import on_device, topology_devices
+from kernel_hub.tpu.worker_common import first_meaningful_line
+
 from .schedule import kernel_cost
 
 OURS = "kernel-hub"

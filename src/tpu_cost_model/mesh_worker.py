@@ -23,9 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from ..chips import chip
-from ..target import topology_devices
-from ..worker_common import first_meaningful_line, memory_bytes, refuse
+from kernel_hub.tpu.chips import chip
+from kernel_hub.tpu.target import topology_devices
+from kernel_hub.tpu.worker_common import first_meaningful_line, memory_bytes, refuse
+
 from .ici import collective_seconds, interconnect
 from .schedule import kernel_cost
 from .workload import load_moe_kernel, topk_routing
@@ -175,7 +176,7 @@ def run_mesh(request: dict[str, Any], emit: Any) -> int:
     "layouts" [names] | null, "capacity_factors" [null | float] | null, "layers" {model: n}, "dtype",
     "model_only": bool, "grad_layouts" [names] | null (also compile their backward)}. The model runs on the host
     CPU (schedule.py evaluates the routing concretely), the compile for the mock slice."""
-    from ...errors import KernelHubError
+    from kernel_hub.errors import KernelHubError
 
     try:
         rd, shapes, geos = load_moe_kernel(request["ragged_dot"])

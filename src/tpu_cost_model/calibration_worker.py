@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from ..chips import chip
-from ..target import tpu_target
-from ..worker_common import first_meaningful_line
+from kernel_hub.tpu.chips import chip
+from kernel_hub.tpu.target import tpu_target
+from kernel_hub.tpu.worker_common import first_meaningful_line
+
 from .rates import stream_bytes_per_s
 from .schedule import ScheduleCost, kernel_cost
 from .workload import load_moe_kernel, routing

@@ -10,7 +10,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..worker_common import load_package
+from kernel_hub.tpu.worker_common import load_package
+
 from .rates import stream_bytes_per_s
 
 

@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from ..chips import chip
-from ..worker_common import refuse
+from kernel_hub.tpu.chips import chip
+from kernel_hub.tpu.worker_common import refuse
+
 from .schedule import ScheduleCost, kernel_cost
 from .workload import ideal_seconds, load_moe_kernel, routing
 
@@ -87,7 +88,7 @@ def quant_rows(rd: Any, geo: Any, phase: str, tokens: int, generations: list[str
 def run_quant_model(request: dict[str, Any], emit: Any) -> int:
     """Request: {"mode": "quant_model", "ragged_dot": package, "generations", "moe_models"}; one "row" event per
     (model, phase, format, generation)."""
-    from ...errors import KernelHubError
+    from kernel_hub.errors import KernelHubError
 
     try:
         rd, shapes, geos = load_moe_kernel(request["ragged_dot"])

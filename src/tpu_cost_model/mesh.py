@@ -9,9 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..env import CHECKOUT, TpuEnv, TpuEnvironmentError, tpu_env
-from ..package import folder_package
-from ..runner import run_worker
+from kernel_hub.tpu.env import CHECKOUT, TpuEnv, TpuEnvironmentError, tpu_env
+from kernel_hub.tpu.package import folder_package
+from kernel_hub.tpu.runner import run_worker
 
 #: MoE layers per model (every layer of both is an MoE layer; the models' config.json `num_hidden_layers`).
 MOE_LAYERS = {"qwen3_30b_a3b": 48, "gemma4_26b_a4b": 30}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..chips import CHIPS, HOST_DISPATCH_S
+from kernel_hub.tpu.chips import CHIPS, HOST_DISPATCH_S
 
 TABLE = Path(__file__).resolve().parents[4] / "bench" / "records" / "tpu_calibration.json"
 HELD_OUT = TABLE.with_name("tpu_held_out.json")

@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from ..chips import chip
-from ..target import on_device, tpu_target
-from ..worker_common import load_package, refuse
+from kernel_hub.tpu.chips import chip
+from kernel_hub.tpu.target import on_device, tpu_target
+from kernel_hub.tpu.worker_common import load_package, refuse
+
 from .schedule import ScheduleCost, kernel_cost
 from .workload import ideal_seconds, load_moe_kernel, routing
 
@@ -123,7 +124,7 @@ def run_model(request: dict[str, Any], emit: Any) -> int:
     """Request: {"mode": "model", "ragged_dot": package, "flash_attention": package, "generations", "moe_models",
     "attention_model", "dtype"} (packages as VerifiedPackage.request(): imported through the verified loader);
     one "row" event per (workload, generation)."""
-    from ...errors import KernelHubError
+    from kernel_hub.errors import KernelHubError
 
     gens = list(request["generations"])
     dtype = request.get("dtype", "bfloat16")
