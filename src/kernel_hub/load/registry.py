@@ -72,7 +72,7 @@ def registry_location(environ: Mapping[str, str] | None = None, package_dir: Pat
     env = (os.environ if environ is None else environ).get(REGISTRY_ENV)
     if env:
         return RegistryLocation(Path(env), f"${REGISTRY_ENV}")
-    package = (package_dir or Path(__file__).resolve().parent).resolve()
+    package = (package_dir or Path(__file__).resolve().parents[1]).resolve()
     root = checkout_root(package)
     if root is not None and (root / "registry.yaml").is_file():
         return RegistryLocation(root / "registry.yaml", "checkout")

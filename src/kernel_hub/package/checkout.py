@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PROJECT = "kernel-hub"
-PACKAGE_DIR = Path(__file__).resolve().parent  # the kernel_hub package being run
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the kernel_hub package being run
 
 __all__ = ["CheckoutDecision", "checkout_decision", "checkout_root"]
 

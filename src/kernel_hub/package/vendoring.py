@@ -32,7 +32,7 @@ VENDOR_DIR = "_vendor"
 
 #: This package's folder: the wheel embeds kernels/pallas/ under `_embedded/` (setup.py); a checkout holds it two
 #: levels above src/kernel_hub.
-_PACKAGE = Path(__file__).resolve().parent
+_PACKAGE = Path(__file__).resolve().parents[1]  # the kernel_hub package
 
 
 def shipped_common(package_dir: Path = _PACKAGE) -> Path | None:
