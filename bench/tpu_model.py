@@ -32,7 +32,8 @@ from kernel_hub.report.environment import environment  # noqa: E402
 from kernel_hub.tpu.chips import STEP_OVERHEAD_S, parse_generations  # noqa: E402
 from kernel_hub.tpu.env import tpu_env  # noqa: E402
 from kernel_hub.tpu.package import folder_package  # noqa: E402
-from kernel_hub.tpu.runner import refusal, run_worker  # noqa: E402
+from kernel_hub.tpu.runner import refusal  # noqa: E402
+from tpu_cost_model.worker import run_in_worker  # noqa: E402
 
 #: Decode rows must stay within this of the ideal (the decode target).
 DECODE_TARGET = 1.15
@@ -49,7 +50,7 @@ def model_rows(generations: tuple[str, ...]) -> list[dict]:
         "attention_model": "gpt_oss_20b",
         "dtype": "bfloat16",
     }
-    events, status, stderr = run_worker(tpu_env(), request)
+    events, status, stderr = run_in_worker(tpu_env(), request)
     refused = refusal(events)
     if refused is not None:
         raise SystemExit(f"the TPU model worker refused a kernel: {refused}")
@@ -63,7 +64,7 @@ def model_rows(generations: tuple[str, ...]) -> list[dict]:
 def quant_rows(generations: tuple[str, ...]) -> list[dict]:
     request = {"mode": "quant_model", "ragged_dot": folder_package(ROOT / "kernels/pallas/ragged_dot").request(),
                "generations": list(generations), "moe_models": ["qwen3_30b_a3b", "gemma4_26b_a4b"]}
-    events, status, stderr = run_worker(tpu_env(), request)
+    events, status, stderr = run_in_worker(tpu_env(), request)
     refused = refusal(events)
     if refused is not None:
         raise SystemExit(f"the TPU model worker refused a kernel: {refused}")

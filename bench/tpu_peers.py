@@ -34,7 +34,8 @@ from kernel_hub.report.environment import environment  # noqa: E402
 from kernel_hub.tpu.chips import parse_generations  # noqa: E402
 from kernel_hub.tpu.env import tpu_env  # noqa: E402
 from kernel_hub.tpu.package import folder_package  # noqa: E402
-from kernel_hub.tpu.runner import default_jobs, refusal, run_worker  # noqa: E402
+from kernel_hub.tpu.runner import default_jobs, refusal  # noqa: E402
+from tpu_cost_model.worker import run_in_worker  # noqa: E402
 
 KEYS = ("kernel", "peer", "shape", "generation", "modeled_s", "band_s", "ideal_s", "ratio_to_ideal", "best_peer",
         "best_peer_s", "ours_over_best_peer", "ours_le_best_across_band", "compiled")
@@ -54,7 +55,7 @@ def request(generation: str, *, moe_models: list[str], phases: dict[str, int] | 
 
 
 def _one(req: dict) -> list[dict]:
-    events, status, stderr = run_worker(tpu_env(), req, timeout=3600)
+    events, status, stderr = run_in_worker(tpu_env(), req, timeout=3600)
     refused = refusal(events)
     if refused is not None:
         raise SystemExit(f"the TPU peers worker refused a kernel: {refused}")
