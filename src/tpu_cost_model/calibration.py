@@ -16,7 +16,7 @@ from typing import Any
 
 from kernel_hub.tpu.chips import CHIPS, HOST_DISPATCH_S
 
-TABLE = Path(__file__).resolve().parents[4] / "bench" / "records" / "tpu_calibration.json"
+TABLE = Path(__file__).resolve().parents[2] / "bench" / "records" / "tpu_calibration.json"
 HELD_OUT = TABLE.with_name("tpu_held_out.json")
 #: Every row's modeled time should be within this of its measured time.
 TARGET = 0.20
