@@ -9,7 +9,7 @@ the best of a sweep over legal tilings), vLLM's megablox gmm (tpu-inference 0.32
 Tokamax 0.0.12's Mosaic ragged dot (or its refusal), jax.lax.ragged_dot (XLA's optimal_seconds); attention at
 GPT-OSS-20B heads (64/8 x 64, sinks), prefill 4096 causal and decode batch 64 over 8192-long caches: ours, jax
 flash_attention, splash_attention, paged_attention, ragged_paged_attention, vLLM's RPA v3 (tpu-inference); ragged
-paged attention (cost_model/paged_peers.py) at Qwen3-30B-A3B and Gemma 4 26B-A4B heads, decode 64 x 8k and a mixed
+paged attention (tpu_cost_model/paged_peers.py) at Qwen3-30B-A3B and Gemma 4 26B-A4B heads, decode 64 x 8k and a mixed
 prefill + decode batch: ours, vLLM's RPA v3, jax paged_attention (decode).
 modeled_s: tpu_cost_model.schedule.kernel_cost, calibrated against measured TPU times
 (bench/tpu_calibration.py, docs/tpu-cost-model.md), at the points of its per-generation constants; band_s: the same at
