@@ -29,10 +29,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from kernel_hub.report.environment import environment  # noqa: E402
-from kernel_hub.tpu.chips import STEP_OVERHEAD_S, parse_generations  # noqa: E402
+from kernel_hub.tpu.chips import parse_generations  # noqa: E402
 from kernel_hub.tpu.env import tpu_env  # noqa: E402
 from kernel_hub.tpu.package import folder_package  # noqa: E402
 from kernel_hub.tpu.runner import refusal  # noqa: E402
+from tpu_cost_model.calibration import STEP_OVERHEAD_S  # noqa: E402
 from tpu_cost_model.worker import run_in_worker  # noqa: E402
 
 #: Decode rows must stay within this of the ideal (the decode target).

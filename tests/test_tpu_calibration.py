@@ -20,11 +20,12 @@ import jax.numpy as jnp
 import pytest
 from jax.experimental.pallas.ops.tpu.matmul import matmul
 
-from kernel_hub.tpu.chips import HOST_DISPATCH_S, STEP_OVERHEAD_S, STREAM_FRACTION, chip
+from kernel_hub.tpu.chips import chip
 from tests.client_env import child_env
 from tests.tpu_toys import env_or_skip
 from tpu_cost_model import calibration
 from tpu_cost_model import rates as rates_mod
+from tpu_cost_model.calibration import HOST_DISPATCH_S, STEP_OVERHEAD_S, STREAM_FRACTION
 from tpu_cost_model.calibration_worker import _matmul, _xla_matmul
 from tpu_cost_model.rates import rates
 from tpu_cost_model.schedule import kernel_cost

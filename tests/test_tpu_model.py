@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 import kernel_hub as kh
-from kernel_hub.tpu.chips import CHIPS, STEP_OVERHEAD_S, STREAM_FRACTION, chip, parse_generations
+from kernel_hub.tpu.chips import CHIPS, chip, parse_generations
 from kernel_hub.tpu.env import TpuEnvironmentError, tpu_env
+from tpu_cost_model.calibration import STEP_OVERHEAD_S, STREAM_FRACTION
 from tpu_cost_model.rates import rates
 from tpu_cost_model.schedule import kernel_cost
 

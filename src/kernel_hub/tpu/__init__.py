@@ -15,6 +15,6 @@ runs in a subprocess (worker.py); this package stays light to import.
 
 from __future__ import annotations
 
-from .chips import CHIPS, STEP_OVERHEAD_S, Chip, chip, parse_generations
+from .chips import CHIPS, Chip, chip, parse_generations
 
-__all__ = ["CHIPS", "STEP_OVERHEAD_S", "Chip", "chip", "parse_generations"]
+__all__ = ["CHIPS", "Chip", "chip", "parse_generations"]
