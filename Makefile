@@ -17,7 +17,7 @@ WHEELS := $(WHEELHOUSE)/.complete
 # .venv because a process with libtpu prints TPU-init errors even for CPU work. jax without its [tpu] extra
 # (that pins libtpu 0.0.42.*); torch-tpu 0.2.0 brings libtpu 0.0.52. Everything pinned in constraints-tpu.txt.
 # tpu-inference (vLLM's TPU kernels, the cost model's peers) goes in with --no-deps: it pins jax 0.11.2 and vllm;
-# its kernels are imported through kernel_hub.tpu.cost_model.tpu_inference_peers (a vllm.logger stand-in on that path only).
+# its kernels are imported through tpu_cost_model.tpu_inference_peers (a vllm.logger stand-in on that path only).
 TPU_VENV := .venv-tpu
 TPU_STAMP := $(TPU_VENV)/.installed
 TPU_PKGS := -c constraints-tpu.txt torch==2.13.0 jax==0.10.2 jaxlib==0.10.2 torch-tpu==0.2.0 libtpu==0.0.52 \

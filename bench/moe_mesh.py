@@ -10,7 +10,7 @@ spread (verify.timing). Honest caveat: the 8 "devices" are threads of one proces
 so the collectives cost memcpys and the 8 shards compete for the same 2 cores: these numbers rank the schemes'
 local work and glue, not a TPU slice's time.
 
-Part 2, TPU (kernel_hub.tpu.cost_model.mesh, in the TPU environment): each layer compiled by libtpu for a mock
+Part 2, TPU (tpu_cost_model.mesh, in the TPU environment): each layer compiled by libtpu for a mock
 8-chip slice (per-chip memory from the compiler; the whole model's MoE layers against HBM) and modeled (the busiest
 chip's kernels walked by schedule.py, XLA's glue as schedule.py counts it unfused, the collectives over ICI by ici.py),
 beside the same layer on one chip. Qwen3-30B-A3B and Gemma 4 26B-A4B, decode 64 and prefill 4096, bf16; the
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         out["simulated"] = simulated_rows(args.repeats)
     if not args.skip_tpu:
         from kernel_hub.tpu.chips import parse_generations
-        from kernel_hub.tpu.cost_model.mesh import mesh_rows
+        from tpu_cost_model.mesh import mesh_rows
 
         out["tpu"] = mesh_rows(parse_generations(args.generations), ("qwen3_30b_a3b", "gemma4_26b_a4b"),
                                capacity_factors=(None, 1.25), grad_layouts=("ep8",))

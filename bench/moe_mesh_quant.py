@@ -36,10 +36,10 @@ def compile_rows(generations: list[str]) -> None:
     import numpy as np
     from jax.sharding import Mesh, NamedSharding
 
-    from kernel_hub.tpu.cost_model.mesh_worker import slice_target
     from kernel_hub.tpu.package import folder_package
     from kernel_hub.tpu.target import tpu_dispatch
     from kernel_hub.tpu.worker_common import load_package
+    from tpu_cost_model.mesh_worker import slice_target
 
     sds = jax.ShapeDtypeStruct
     rd = load_package(folder_package(ROOT / "kernels/pallas/ragged_dot").request())

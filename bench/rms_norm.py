@@ -7,7 +7,7 @@ Qwen3MoeRMSNorm.forward (the baseline) and the kernel's torch-cpu build as kerne
 matched Llama form), timed round-robin (timing.interleaved_samples, 20 ms idle before each call so torch's spinning
 OpenMP workers are asleep); ratio = baseline time / our time, per round, median and quartiles. The JAX entry's
 "xla" path (jit, jax-cpu build) is timed on its own afterwards (torch and JAX thread pools contend when mixed).
-TPU rows (bf16, forward and backward, v5e and v6e by default): kernel_hub.tpu.cost_model.schedule.kernel_cost of the
+TPU rows (bf16, forward and backward, v5e and v6e by default): tpu_cost_model.schedule.kernel_cost of the
 Pallas kernels' grids (max(HBM bytes / bandwidth, MXU FLOPs / peak) + steps x 0.35 us) against the ideal: the bytes each
 pass must move once (forward: x and weight in, y out; backward, the custom VJP's kernel alone: x, weight, dy in, dx and
 the f32 dw out) at HBM bandwidth.
@@ -87,7 +87,7 @@ def tpu_rows(generations: tuple[str, ...]) -> list[dict]:
 
     import kernel_hub as kh
     from kernel_hub.tpu.chips import chip
-    from kernel_hub.tpu.cost_model.schedule import kernel_cost
+    from tpu_cost_model.schedule import kernel_cost
 
     jk = kh.get_local_kernel(KERNEL, framework="jax", backend="cpu")
     pallas = importlib.import_module(f"{jk.__name__}.pallas_rms")

@@ -4,7 +4,7 @@
     python bench/tpu_calibration.py --show ID [--hlo]
 
 Each row's kernel is modeled at its shapes by our walker on the measured kernel's own code as installed in the TPU
-environment (jax's Pallas ops; tpu-inference 0.32.0 with --no-deps), kernel_hub.tpu.cost_model.calibration_worker; a row
+environment (jax's Pallas ops; tpu-inference 0.32.0 with --no-deps), tpu_cost_model.calibration_worker; a row
 the walker cannot read says which primitive or why. modeled = the model's device time at the points of its
 constants' bands, plus the dispatch of the row's harness where the measurement is host-timed (calibration.HARNESSES);
 band = the same at both ends of the bands; error = modeled / measured - 1 (target: within 20%). `uncalibrated` is
@@ -23,10 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from kernel_hub.tpu.cost_model import calibration  # noqa: E402
 from kernel_hub.tpu.env import tpu_env  # noqa: E402
 from kernel_hub.tpu.package import folder_package  # noqa: E402
-from kernel_hub.tpu.runner import run_worker  # noqa: E402
+from tpu_cost_model import calibration  # noqa: E402
+from tpu_cost_model.worker import run_in_worker  # noqa: E402
 
 
 def model_rows(rows: list[dict], hf: list[dict] | None = None) -> list[dict]:
@@ -35,7 +35,7 @@ def model_rows(rows: list[dict], hf: list[dict] | None = None) -> list[dict]:
     request: dict = {"mode": "calibration", "rows": rows}
     if hf is not None:
         request["ragged_dot"] = folder_package(ROOT / "kernels/pallas/ragged_dot").request()
-    events, status, stderr = run_worker(tpu_env(), request, timeout=3600)
+    events, status, stderr = run_in_worker(tpu_env(), request, timeout=3600)
     if status != 0 or not any(e.get("event") == "done" for e in events):
         tail = [ln for ln in stderr.splitlines() if ln.strip()][-3:]
         raise SystemExit(f"the TPU calibration worker failed (exit {status}): {' | '.join(tail)}")
@@ -57,7 +57,7 @@ def model_rows(rows: list[dict], hf: list[dict] | None = None) -> list[dict]:
 
 def show(rows: list[dict], hlo: bool) -> str:
     """The program the model reads for each row and what it charges (one TPU-env worker)."""
-    events, status, stderr = run_worker(tpu_env(), {"mode": "calibration", "rows": rows, "show": True, "hlo": hlo},
+    events, status, stderr = run_in_worker(tpu_env(), {"mode": "calibration", "rows": rows, "show": True, "hlo": hlo},
                                         timeout=3600)
     texts = [f"== {e['id']}\n{e['text']}" for e in events if e.get("event") == "show"]
     if status != 0 or not texts:

@@ -6,7 +6,7 @@ Rows: one MoE layer (gate_up + down ragged dots) of Qwen3-30B-A3B and Gemma 4 26
 and prefill (4096 tokens), a uniform top-k routing; attention prefill (4096, causal) and decode (batch 64,
 8192-long caches) at GPT-OSS-20B's head geometry (64 query / 8 kv heads of 64, sinks). Per JAX device (a
 v7x chip is two, one per TensorCore; kernel_hub.tpu.chips):
-  modeled_s       kernel_hub.tpu.cost_model.schedule: the kernels' grids walked with the real group metadata:
+  modeled_s       tpu_cost_model.schedule: the kernels' grids walked with the real group metadata:
                   per call max(HBM bytes / bandwidth, MXU FLOPs / peak) + steps x 0.35 us
   ideal_s         max(bytes moved once / bandwidth, useful FLOPs / peak): each active expert's weights once
                   plus the activations; attention q, k, v, o once
@@ -14,7 +14,7 @@ v7x chip is two, one per TensorCore; kernel_hub.tpu.chips):
                   compiled for that chip by libtpu
 Runs the model in the TPU environment (make setup-tpu); bf16 throughout. --quantized: instead, the MoE layer on
 int8 (per-channel scales) and fp8 (128x128 block scales) expert weights beside bf16
-(kernel_hub.tpu.cost_model.model_quant): each format's modeled time over the bf16 layer's and over its own ideal
+(tpu_cost_model.model_quant): each format's modeled time over the bf16 layer's and over its own ideal
 (quantized bytes + scales read once).
 """
 
@@ -29,10 +29,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from kernel_hub.report.environment import environment  # noqa: E402
-from kernel_hub.tpu.chips import STEP_OVERHEAD_S, parse_generations  # noqa: E402
+from kernel_hub.tpu.chips import parse_generations  # noqa: E402
 from kernel_hub.tpu.env import tpu_env  # noqa: E402
 from kernel_hub.tpu.package import folder_package  # noqa: E402
-from kernel_hub.tpu.runner import refusal, run_worker  # noqa: E402
+from kernel_hub.tpu.runner import refusal  # noqa: E402
+from tpu_cost_model.calibration import STEP_OVERHEAD_S  # noqa: E402
+from tpu_cost_model.worker import run_in_worker  # noqa: E402
 
 #: Decode rows must stay within this of the ideal (the decode target).
 DECODE_TARGET = 1.15
@@ -49,7 +51,7 @@ def model_rows(generations: tuple[str, ...]) -> list[dict]:
         "attention_model": "gpt_oss_20b",
         "dtype": "bfloat16",
     }
-    events, status, stderr = run_worker(tpu_env(), request)
+    events, status, stderr = run_in_worker(tpu_env(), request)
     refused = refusal(events)
     if refused is not None:
         raise SystemExit(f"the TPU model worker refused a kernel: {refused}")
@@ -63,7 +65,7 @@ def model_rows(generations: tuple[str, ...]) -> list[dict]:
 def quant_rows(generations: tuple[str, ...]) -> list[dict]:
     request = {"mode": "quant_model", "ragged_dot": folder_package(ROOT / "kernels/pallas/ragged_dot").request(),
                "generations": list(generations), "moe_models": ["qwen3_30b_a3b", "gemma4_26b_a4b"]}
-    events, status, stderr = run_worker(tpu_env(), request)
+    events, status, stderr = run_in_worker(tpu_env(), request)
     refused = refusal(events)
     if refused is not None:
         raise SystemExit(f"the TPU model worker refused a kernel: {refused}")

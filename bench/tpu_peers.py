@@ -3,15 +3,15 @@
     python bench/tpu_peers.py [--json] [--generations v5e,v6e,v7x] [--kernels ragged_dot,attention] [--out PATH]
                               [--quick]
 
-Rows (kernel_hub.tpu.cost_model.peers_worker): per seed MoE geometry (Qwen3-30B-A3B, Gemma 4 26B-A4B), gate_up and down,
+Rows (tpu_cost_model.peers_worker): per seed MoE geometry (Qwen3-30B-A3B, Gemma 4 26B-A4B), gate_up and down,
 decode 64 tokens and prefill 4096 (one uniform top-8 routing per row): our ragged dot, megablox gmm (default tiling and
 the best of a sweep over legal tilings), vLLM's megablox gmm (tpu-inference 0.32.0, installed; best legal tiling),
 Tokamax 0.0.12's Mosaic ragged dot (or its refusal), jax.lax.ragged_dot (XLA's optimal_seconds); attention at
 GPT-OSS-20B heads (64/8 x 64, sinks), prefill 4096 causal and decode batch 64 over 8192-long caches: ours, jax
 flash_attention, splash_attention, paged_attention, ragged_paged_attention, vLLM's RPA v3 (tpu-inference); ragged
-paged attention (cost_model/paged_peers.py) at Qwen3-30B-A3B and Gemma 4 26B-A4B heads, decode 64 x 8k and a mixed
+paged attention (tpu_cost_model/paged_peers.py) at Qwen3-30B-A3B and Gemma 4 26B-A4B heads, decode 64 x 8k and a mixed
 prefill + decode batch: ours, vLLM's RPA v3, jax paged_attention (decode).
-modeled_s: kernel_hub.tpu.cost_model.schedule.kernel_cost, calibrated against measured TPU times
+modeled_s: tpu_cost_model.schedule.kernel_cost, calibrated against measured TPU times
 (bench/tpu_calibration.py, docs/tpu-cost-model.md), at the points of its per-generation constants; band_s: the same at
 both ends of their bands; ours<=best across band: whether ours is no slower than the best peer at the point and at
 both ends (each evaluated with the same constants); ideal_s: bytes moved once at streamed-copy bandwidth or useful
@@ -34,7 +34,8 @@ from kernel_hub.report.environment import environment  # noqa: E402
 from kernel_hub.tpu.chips import parse_generations  # noqa: E402
 from kernel_hub.tpu.env import tpu_env  # noqa: E402
 from kernel_hub.tpu.package import folder_package  # noqa: E402
-from kernel_hub.tpu.runner import default_jobs, refusal, run_worker  # noqa: E402
+from kernel_hub.tpu.runner import default_jobs, refusal  # noqa: E402
+from tpu_cost_model.worker import run_in_worker  # noqa: E402
 
 KEYS = ("kernel", "peer", "shape", "generation", "modeled_s", "band_s", "ideal_s", "ratio_to_ideal", "best_peer",
         "best_peer_s", "ours_over_best_peer", "ours_le_best_across_band", "compiled")
@@ -54,7 +55,7 @@ def request(generation: str, *, moe_models: list[str], phases: dict[str, int] | 
 
 
 def _one(req: dict) -> list[dict]:
-    events, status, stderr = run_worker(tpu_env(), req, timeout=3600)
+    events, status, stderr = run_in_worker(tpu_env(), req, timeout=3600)
     refused = refusal(events)
     if refused is not None:
         raise SystemExit(f"the TPU peers worker refused a kernel: {refused}")

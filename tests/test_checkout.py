@@ -21,13 +21,12 @@ from pathlib import Path
 import kernel_hub
 from kernel_hub.package.checkout import checkout_decision
 from kernel_hub.tpu import env, runner
-from kernel_hub.tpu.cost_model import mesh
 from kernel_hub.report import benches, environment
 from kernel_hub.load.registry import registry_location
 
 out = {"package": str(Path(kernel_hub.__file__).resolve().parent), "checkout": str(checkout_decision().root),
        "reason": checkout_decision().reason, "env_checkout": str(env.CHECKOUT), "bench_dir": str(benches.BENCH_DIR),
-       "mesh_dir": str(mesh.RAGGED_DOT_DIR), "git": list(environment.git_commit()),
+       "git": list(environment.git_commit()),
        "registry": registry_location({}).origin}
 try:
     out["tpu_python"] = str(env.find_tpu_python({}))
@@ -75,7 +74,7 @@ def test_an_install_with_target_never_uses_a_planted_checkout_beside_it(tmp_path
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["package"] == str((site / "kernel_hub").resolve())  # the copy ran, not this tree
     assert out["checkout"] == "None" and out["env_checkout"] == "None", out
-    assert out["bench_dir"] == "None" and out["mesh_dir"] == "None"
+    assert out["bench_dir"] == "None"
     assert out["tpu_python"] is None  # the planted .venv-tpu/bin/python is not found
     assert out["git"] == [None, None]
     assert out["registry"] == "embedded"

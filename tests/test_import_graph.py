@@ -1,6 +1,7 @@
-"""No import cycle anywhere: not in src/kernel_hub, not in any kernel package under kernels/pallas/, not in
-kernels/pallas/_common. Imports inside functions count (an import hidden in a function to dodge a cycle is still
-a cycle), and so does `importlib.import_module` of a name known statically (a literal, `__package__`, `__name__`).
+"""No import cycle anywhere: not in src/kernel_hub, not in the checkout's cost model (src/tpu_cost_model), not in
+any kernel package under kernels/pallas/, not in kernels/pallas/_common. Imports inside functions count (an import
+hidden in a function to dodge a cycle is still a cycle), and so does `importlib.import_module` of a name known
+statically (a literal, `__package__`, `__name__`), or a TPU worker's mode table entry (`WorkerMode(module, name)`).
 Each kernel package and _common are their own module trees; a kernel's `._vendor.x` is _common's `x` (kernel-hub
 vendors _common into the package). Static (ast): nothing is imported."""
 
@@ -17,17 +18,18 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 PACKAGE = SRC / "kernel_hub"
+COST_MODEL = SRC / "tpu_cost_model"
 PALLAS = ROOT / "kernels" / "pallas"
 COMMON = "_common"
 VENDOR = "_vendor"
 
 
 def _trees() -> list[Path]:
-    """Every module tree the graph covers: kernel_hub, _common, and each kernel's package (kernel.yaml
-    python_name)."""
+    """Every module tree the graph covers: kernel_hub, the cost model, _common, and each kernel's package
+    (kernel.yaml python_name)."""
     kernels = sorted(k / yaml.safe_load((k / "kernel.yaml").read_text())["python_name"]
                      for k in PALLAS.iterdir() if (k / "kernel.yaml").is_file())
-    return [PACKAGE, PALLAS / COMMON, *kernels]
+    return [PACKAGE, COST_MODEL, PALLAS / COMMON, *kernels]
 
 
 def _modules(trees: list[Path]) -> dict[str, Path]:
@@ -102,11 +104,12 @@ def _static_string(node: ast.expr, name: str, path: Path) -> str | None:
 
 
 def _import_module_name(name: str, path: Path, node: ast.Call) -> str | None:
-    """The absolute module name of an `importlib.import_module(...)` / `import_module(...)` call, or of a layer kind's
-    `deferred(module, name)` (its flow, imported on first call), when static."""
+    """The absolute module name of an `importlib.import_module(...)` / `import_module(...)` call, of a layer kind's
+    `deferred(module, name)` (its flow, imported on first call), or of a TPU worker's `WorkerMode(module, name)` (a
+    mode's function, imported when a request asks for it), when static."""
     func = node.func
     called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
-    if called not in ("import_module", "deferred") or not node.args:
+    if called not in ("import_module", "deferred", "WorkerMode") or not node.args:
         return None
     wanted = _static_string(node.args[0], name, path)
     if wanted is None or not wanted.startswith("."):
@@ -207,7 +210,7 @@ def test_the_graph_covers_every_tree() -> None:
     _common (ragged_dot's dispatch uses _common's)."""
     graph = _graph()
     roots = {m.split(".")[0] for m in graph.modules}
-    assert {"kernel_hub", COMMON, "ragged_dot", "flash_attention", "rms_norm"} <= roots
+    assert {"kernel_hub", "tpu_cost_model", COMMON, "ragged_dot", "flash_attention", "rms_norm"} <= roots
     assert "_common.dispatch" in graph.every["ragged_dot.dispatch"]
 
 
@@ -218,14 +221,26 @@ def test_numbers_and_the_build_format_need_no_tpu(folder: str, forbidden: str) -
 
 
 def test_the_tpu_sides_stay_apart() -> None:
-    """tpu/compile_gate and tpu/cost_model never import each other; what they share lives once in tpu/ and imports
-    neither side, but for worker.py, the subprocess entry that hands each request mode to its side."""
+    """The compile gate (tpu/compile_gate) and the cost model (tpu_cost_model) never import each other; what they
+    share lives once in tpu/ and imports neither, but for worker.py, whose mode table names the compile gate's."""
     every = _graph().every
-    sides = ("kernel_hub.tpu.compile_gate", "kernel_hub.tpu.cost_model")
+    sides = ("kernel_hub.tpu.compile_gate", "tpu_cost_model")
     for side, other in (sides, sides[::-1]):
         assert not {(m, t) for m, ts in every.items() if m.startswith(side) for t in ts if t.startswith(other)}
     shared = [m for m in every if m.startswith("kernel_hub.tpu") and not m.startswith(sides)]
     assert {m for m in shared for t in every[m] if t.startswith(sides)} == {"kernel_hub.tpu.worker"}
+    assert "kernel_hub.tpu.compile_gate.compile_worker" in every["kernel_hub.tpu.worker"]
+
+
+def test_the_cost_model_sits_on_kernel_hub_and_never_under_it() -> None:
+    """tpu_cost_model imports kernel_hub (its TPU environment, runner, worker table); nothing in kernel_hub imports
+    it (imports inside functions and mode tables included), so the client wheel works without it."""
+    every = _graph().every
+    assert [f"{m} -> {t}" for m, ts in every.items() if m.startswith("kernel_hub") for t in ts
+            if t.split(".")[0] == "tpu_cost_model"] == []
+    assert "kernel_hub.tpu.worker" in every["tpu_cost_model.worker"]
+    assert {f"tpu_cost_model.{m}" for m in ("model_worker", "model_quant", "calibration_worker", "peers_worker",
+                                             "mesh_worker")} <= every["tpu_cost_model.worker"]
 
 
 def test_the_guard_sees_a_cycle() -> None:
@@ -255,6 +270,9 @@ def test_the_detector_sees_a_cycle_hidden_in_functions(tmp_path: Path) -> None:
     (package / "kind.py").write_text('KIND = deferred(f"{__package__}.flow", "apply")\n')
     (package / "flow.py").write_text("from .kind import KIND\n")
     assert ["pkg.flow", "pkg.kind"] in _cycles(build_graph([package]).every)
+    # a TPU worker's mode table: each WorkerMode entry is an edge to the module it names
+    (package / "modes.py").write_text('MODES = {"x": WorkerMode("pkg.flow", "run")}\n')
+    assert build_graph([package]).every["pkg.modes"] == {"pkg.flow"}
 
 
 def test_only_the_hub_client_touches_its_internals() -> None:

@@ -6,7 +6,7 @@
 * One device, in this process: every implementation (cpu, xla, the Pallas kernel interpreted) forward and gradients
   against the float64 references; bad input gets one clear error.
 * The Pallas path on one device's share of a routing: the kernel fetches the weights of the experts that have rows
-  and of no other (kernel_hub.tpu.cost_model.schedule walks its grid with the real group metadata).
+  and of no other (tpu_cost_model.schedule walks its grid with the real group metadata).
 * 8 simulated CPU devices (a subprocess, tests/moe_mesh_worker.py): 1 device, expert-parallel 8 and 4x2 (expert x
   tensor), every dispatch scheme, f32 and bf16, forward and the gradients in x, topk_weights, w_gate_up and w_down,
   experts with no token, one place holding every row, T not a multiple of the device count: against the float64
@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 
 import kernel_hub as kh
-from kernel_hub.tpu.cost_model.ici import STEP_LATENCY_S, collective_seconds, interconnect, ring_hops
 from kernel_hub.verify.numerics import relative_error
+from tpu_cost_model.ici import STEP_LATENCY_S, collective_seconds, interconnect, ring_hops
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -169,7 +169,7 @@ def test_pallas_reads_only_the_weight_blocks_of_experts_with_rows(rd):
     fewer steps, chosen by config.choose_config for an even routing."""
     import sys
 
-    from kernel_hub.tpu.cost_model.schedule import kernel_cost
+    from tpu_cost_model.schedule import kernel_cost
 
     t, h, i, k, el, first = 64, 2048, 768, 8, 16, 16
     rng = np.random.default_rng(0)

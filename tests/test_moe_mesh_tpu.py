@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from kernel_hub.tpu.cost_model.mesh import mesh_rows, whole_model
 from kernel_hub.tpu.env import TpuEnvironmentError, tpu_env
+from tpu_cost_model.mesh import mesh_rows, whole_model
 
 H, INTER, E, K, T, LAYERS = 2048, 768, 128, 8, 64, 48  # Qwen3-30B-A3B, decode 64
 LAYER_WEIGHTS = 3 * H * INTER * E * 2  # gate, up and down of every expert, bf16: 1.21 GB

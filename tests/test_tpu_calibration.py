@@ -20,14 +20,15 @@ import jax.numpy as jnp
 import pytest
 from jax.experimental.pallas.ops.tpu.matmul import matmul
 
-from kernel_hub.tpu.chips import HOST_DISPATCH_S, STEP_OVERHEAD_S, STREAM_FRACTION, chip
-from kernel_hub.tpu.cost_model import calibration
-from kernel_hub.tpu.cost_model import rates as rates_mod
-from kernel_hub.tpu.cost_model.calibration_worker import _matmul, _xla_matmul
-from kernel_hub.tpu.cost_model.rates import rates
-from kernel_hub.tpu.cost_model.schedule import kernel_cost
+from kernel_hub.tpu.chips import chip
 from tests.client_env import child_env
 from tests.tpu_toys import env_or_skip
+from tpu_cost_model import calibration
+from tpu_cost_model import rates as rates_mod
+from tpu_cost_model.calibration import HOST_DISPATCH_S, STEP_OVERHEAD_S, STREAM_FRACTION
+from tpu_cost_model.calibration_worker import _matmul, _xla_matmul
+from tpu_cost_model.rates import rates
+from tpu_cost_model.schedule import kernel_cost
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = {r["id"]: r for r in calibration.load()["rows"]}
@@ -163,10 +164,10 @@ def test_the_uncalibrated_model_missed_the_step_bound_regime():
 
 _WALK = r"""
 import json, sys
-from kernel_hub.tpu.cost_model import calibration
-from kernel_hub.tpu.cost_model.calibration_worker import _rpa_v3, model_row
-from kernel_hub.tpu.cost_model.schedule import kernel_cost, Unmodeled
-from kernel_hub.tpu.cost_model.tpu_inference_peers import PeerUnavailable, import_kernel, installed_version
+from tpu_cost_model import calibration
+from tpu_cost_model.calibration_worker import _rpa_v3, model_row
+from tpu_cost_model.schedule import kernel_cost, Unmodeled
+from tpu_cost_model.tpu_inference_peers import PeerUnavailable, import_kernel, installed_version
 from kernel_hub.tpu.target import tpu_target
 import jax, numpy as np
 out = {"version": installed_version()}

@@ -1,4 +1,4 @@
-"""The TPU cost model (kernel_hub.tpu.cost_model.schedule) against hand counts of small grids.
+"""The TPU cost model (tpu_cost_model.schedule) against hand counts of small grids.
 
 The walker reads the kernels' own grids, index maps and bodies; the numbers below were counted by hand from
 the kernels' documented schedules (metadata.py's work items, pallas_decode.py's clamped cache blocks), not
@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 
 import kernel_hub as kh
-from kernel_hub.tpu.chips import CHIPS, STEP_OVERHEAD_S, STREAM_FRACTION, chip, parse_generations
-from kernel_hub.tpu.cost_model.rates import rates
-from kernel_hub.tpu.cost_model.schedule import kernel_cost
+from kernel_hub.tpu.chips import CHIPS, chip, parse_generations
 from kernel_hub.tpu.env import TpuEnvironmentError, tpu_env
+from tpu_cost_model.calibration import STEP_OVERHEAD_S, STREAM_FRACTION
+from tpu_cost_model.rates import rates
+from tpu_cost_model.schedule import kernel_cost
 
 ROOT = Path(__file__).resolve().parents[1]
 SDS = jax.ShapeDtypeStruct
@@ -255,7 +256,7 @@ def test_the_kernels_tile_chooser_sees_the_same_per_device_figures(rd):
 from jax.experimental import pallas as pl  # noqa: E402
 from jax.experimental.pallas import tpu as pltpu  # noqa: E402
 
-from kernel_hub.tpu.cost_model.schedule import Unmodeled  # noqa: E402
+from tpu_cost_model.schedule import Unmodeled  # noqa: E402
 
 
 def test_megablox_gmm_dynamic_grid_from_the_routing():

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import kernel_hub as kh
-from kernel_hub.tpu.cost_model.schedule import kernel_cost
+from tpu_cost_model.schedule import kernel_cost
 
 ROOT = Path(__file__).resolve().parents[1]
 SDS = jax.ShapeDtypeStruct
@@ -60,7 +60,7 @@ def test_fp8_reads_one_byte_a_weight_and_its_block_scales(rd):
 def test_quantized_decode_models_about_half_the_bf16_layer(rd):
     """Qwen3-30B-A3B's gate_up at decode (64 tokens x top-8, a uniform routing) on v6e: the quantized kernel's
     modeled HBM bytes are about half the bf16 kernel's (weights dominate; scales add 4/K or 4/128^2 a weight)."""
-    from kernel_hub.tpu.cost_model.workload import routing
+    from tpu_cost_model.workload import routing
 
     gs = routing(64, 128, 8)
     m, k, n = 512, 2048, 1536

@@ -13,11 +13,11 @@ import pytest
 from jax.experimental import pallas as pl
 
 from kernel_hub.tpu.chips import chip
-from kernel_hub.tpu.cost_model import rates as rates_mod
-from kernel_hub.tpu.cost_model.peers_worker import holds_across_band
-from kernel_hub.tpu.cost_model.rates import mxu_passes, rates
-from kernel_hub.tpu.cost_model.schedule import explain, kernel_cost
-from kernel_hub.tpu.cost_model.tutorial_matmul import timed
+from tpu_cost_model import rates as rates_mod
+from tpu_cost_model.peers_worker import holds_across_band
+from tpu_cost_model.rates import mxu_passes, rates
+from tpu_cost_model.schedule import explain, kernel_cost
+from tpu_cost_model.tutorial_matmul import timed
 
 SDS = jax.ShapeDtypeStruct
 P = jax.lax.Precision

@@ -13,8 +13,9 @@ from kernel_hub.errors import IntegrityError
 from kernel_hub.tpu.compile_gate import gate, runner
 from kernel_hub.tpu.compile_gate.runner import compile_in_worker
 from kernel_hub.tpu.package import folder_package
-from kernel_hub.tpu.runner import refusal, run_worker
+from kernel_hub.tpu.runner import refusal
 from tests.tpu_toys import env_or_skip, write_package
+from tpu_cost_model.worker import run_in_worker
 
 KERNEL_YAML = """\
 name: trusty
@@ -125,7 +126,7 @@ def test_cost_model_worker_uses_the_same_check(env, kernel: Path, tmp_path: Path
     _plant(kernel / "trusty" / "__init__.py", marker)
     request = {"mode": "model", "ragged_dot": package.request(), "flash_attention": package.request(),
                "generations": ["v5e"], "moe_models": [], "attention_model": "none"}
-    events, status, _ = run_worker(env, request)
+    events, status, _ = run_in_worker(env, request)
     refused = refusal(events)
     assert status == 3 and isinstance(refused, IntegrityError) and "__init__.py" in str(refused)
     assert not any(e.get("event") == "row" for e in events) and not marker.exists()

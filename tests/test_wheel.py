@@ -130,6 +130,21 @@ def test_wheel_embeds_the_registry_and_every_kernel_folder(wheel: Path) -> None:
         assert not any("/bench/" in n or n.endswith((".pyc", ".pyo")) for n in infos)
 
 
+def test_the_wheel_holds_the_client_and_not_the_cost_model(wheel: Path) -> None:
+    """The cost model (src/tpu_cost_model, with its stand_ins/) is checkout tooling: the wheel's only package is
+    kernel_hub, and no file of the model is in it under any folder."""
+    model = ROOT / "src" / "tpu_cost_model"
+    model_files = {p.read_bytes(): p.relative_to(model).as_posix() for p in model.rglob("*.py")
+                   if "__pycache__" not in p.parts and p.stat().st_size}
+    assert {"schedule.py", "stand_ins/vllm/logger.py"} <= set(model_files.values())
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        copies = [f"{n} = {model_files[zf.read(n)]}" for n in names if zf.read(n) in model_files]
+    assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"kernel_hub"}
+    assert not [n for n in names if "cost_model" in n or "stand_ins" in n]
+    assert copies == [], "cost-model files in the wheel"
+
+
 def test_list_from_the_wheel_reads_the_embedded_registry(installed: Installed) -> None:
     out = _check(installed.run("list", timeout=120), "kernel-hub list")
     embedded = installed.site / "kernel_hub" / "_embedded" / "registry.yaml"

@@ -26,8 +26,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import kernel_hub as kh
-from kernel_hub.tpu.cost_model.tpu_inference_peers import as_chip, import_kernel
 from kernel_hub.verify.numerics import relative_error
+from tpu_cost_model.tpu_inference_peers import as_chip, import_kernel
 
 ROOT = Path(__file__).resolve().parents[2]
 SEQS = ((1, 40), (12, 12), (1, 70), (5, 33), (1, 1))  # (new tokens, length including them)

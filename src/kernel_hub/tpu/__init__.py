@@ -1,12 +1,13 @@
 """TPU without a TPU: every kernel case compiled by the real TPU compiler (libtpu, ahead of time, for mock
-TPUs of chosen generations), and a cost model read from the kernels' own schedules.
+TPUs of chosen generations).
 
-Two sides, each its own subpackage: compile_gate/ (entry `compile_matrix`, compile_gate/gate.py) and cost_model/
-(entry `kernel_cost`, cost_model/schedule.py). What both use lives here once: chips.py (the generations and their
-figures), env.py (where the TPU environment is), package.py (the verified package a worker imports), runner.py
-(one worker subprocess per request), worker.py (that subprocess's entry, which hands each request mode to its
-side), worker_common.py and target.py (inside the worker: the verified import, the refusal, the mock device).
-Neither side imports the other, and nothing here imports either side but worker.py's mode table.
+compile_gate/ (entry `compile_matrix`, compile_gate/gate.py) is what `validate --tpu` and the publish gate run. What
+it shares with the checkout's cost model (src/tpu_cost_model, not shipped in the wheel, built on this package) lives
+here once: chips.py (the generations and their figures), env.py (where the TPU environment is), package.py (the
+verified package a worker imports), runner.py (one worker subprocess per request), worker.py (that subprocess's
+entry: a table from request mode to the function that serves it, and `serve`, which the cost model's worker reuses
+with its own table), worker_common.py and target.py (inside the worker: the verified import, the refusal, the mock
+device). Nothing here imports the cost model, and nothing here imports the compile gate but worker.py's table.
 
 libtpu lives in its own environment (`kernel-hub setup-tpu`, or `make setup-tpu` in a checkout: .venv-tpu) and
 runs in a subprocess (worker.py); this package stays light to import.
@@ -14,6 +15,6 @@ runs in a subprocess (worker.py); this package stays light to import.
 
 from __future__ import annotations
 
-from .chips import CHIPS, STEP_OVERHEAD_S, Chip, chip, parse_generations
+from .chips import CHIPS, Chip, chip, parse_generations
 
-__all__ = ["CHIPS", "STEP_OVERHEAD_S", "Chip", "chip", "parse_generations"]
+__all__ = ["CHIPS", "Chip", "chip", "parse_generations"]

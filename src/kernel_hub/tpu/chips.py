@@ -14,23 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: Per grid step of a Pallas TPU pipeline on v5e, on top of the step's MXU work (its DMAs run under it): fitted on row
-#: "v5e-matmul-128-8192" of bench/records/tpu_calibration.json, (91.836 ms measured - HOST_DISPATCH_S - 5.581 ms of
-#: MXU work at peak - the kernel's vector work and fixed cost) / 262144 steps = 0.3258 us; the Pallas TPU docs quote
-#: ~0.35 us. Other generations carry a band (cost_model/rates.py), not this figure.
-STEP_OVERHEAD_S = 0.3258e-6
-
-#: The fraction of spec HBM bandwidth the published streamed copy reaches on v7x: 3.21 of 3.685 TB/s on one TPU7x
-#: core (row "tpu7x-streamed-copy", a check of the model's fraction, which cost_model/rates.py fits on a decode
-#: row). No other generation's copy is published: they carry a band.
-STREAM_FRACTION = 3.21e12 / 3.685e12
-
-#: Host dispatch of one harness only, the jax docs' Pallas matmul tutorial on its v5e (timeit of jit call +
-#: block_until_ready): fitted on row "v5e-matmul-512x1024x1024-1024" (127.09 us measured - 19.75 us of modeled
-#: device time). Each calibration row names its harness; other harnesses carry their own figure or a band
-#: (cost_model/calibration.py HARNESSES), never this one.
-HOST_DISPATCH_S = 107.33e-6
-
 
 @dataclass(frozen=True)
 class Chip:

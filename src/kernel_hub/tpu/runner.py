@@ -1,5 +1,6 @@
-"""Drive the worker (worker.py) in the TPU environment's Python and read its events back: one subprocess per
-request, for the compile gate (compile_gate/runner.py) and the cost model (cost_model/mesh.py, the benches) alike.
+"""Drive a worker (worker.py, or one built on its `serve`) in the TPU environment's Python and read its events
+back: one subprocess per request, for the compile gate (compile_gate/runner.py) and the checkout's cost model
+(tpu_cost_model/worker.py) alike.
 
 A worker that refuses the kernel package (a file differs from the digests the parent verified) reports it as one
 "refused" event; `refusal` turns it back into the error.
@@ -72,10 +73,15 @@ def _follow(proc: subprocess.Popen, events_path: Path, on_event: Callable[[JsonD
             return False
 
 
+#: The worker module run_worker starts unless told another.
+WORKER = "kernel_hub.tpu.worker"
+
+
 def run_worker(env: TpuEnv, request: JsonDict, *, timeout: float = 1800,
-               on_event: Callable[[JsonDict], None] | None = None) -> tuple[list[JsonDict], int, str]:
+               on_event: Callable[[JsonDict], None] | None = None,
+               worker: str = WORKER) -> tuple[list[JsonDict], int, str]:
     """(events, exit status, stderr) of one worker run for `request`; `on_event` (live progress) gets each event
-    as it is written."""
+    as it is written; `worker` is the module run with `python -m` (one whose modes include the request's)."""
     with tempfile.TemporaryDirectory(prefix="kernel_hub_tpu_") as tmp:
         req_path, events_path = Path(tmp) / "request.json", Path(tmp) / "events.jsonl"
         req_path.write_text(json.dumps(request))
@@ -88,13 +94,12 @@ def run_worker(env: TpuEnv, request: JsonDict, *, timeout: float = 1800,
         # libtpu takes a machine-wide lock (/tmp/libtpu_lockfile) meant for real chips; compiling for mock
         # ones needs no exclusivity, so two validations (or a test and a bench) may run at once
         child_env.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-        command = [str(env.python), "-m", "kernel_hub.tpu.worker", str(req_path), str(events_path)]
+        command = [str(env.python), "-m", worker, str(req_path), str(events_path)]
         if on_event is not None:
             return _run_following(command, child_env, tmp, events_path, on_event, timeout, env)
         try:
             done = subprocess.run(
-                [str(env.python), "-m", "kernel_hub.tpu.worker", str(req_path), str(events_path)],
-                capture_output=True, text=True, timeout=timeout, env=child_env, cwd=tmp,
+                command, capture_output=True, text=True, timeout=timeout, env=child_env, cwd=tmp,
             )
         except subprocess.TimeoutExpired as exc:
             stderr = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")

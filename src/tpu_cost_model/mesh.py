@@ -9,12 +9,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..env import CHECKOUT, TpuEnv, TpuEnvironmentError, tpu_env
-from ..package import folder_package
-from ..runner import run_worker
+from kernel_hub.tpu.env import CHECKOUT, TpuEnv, TpuEnvironmentError, tpu_env
+from kernel_hub.tpu.package import folder_package
+
+from .worker import run_in_worker
 
 if TYPE_CHECKING:
-    from ...json_types import JsonDict
+    from kernel_hub.json_types import JsonDict
 
 #: MoE layers per model (every layer of both is an MoE layer; the models' config.json `num_hidden_layers`).
 MOE_LAYERS = {"qwen3_30b_a3b": 48, "gemma4_26b_a4b": 30}
@@ -26,7 +27,7 @@ def mesh_rows(generations: tuple[str, ...], models: tuple[str, ...], *, phases: 
               layouts: tuple[str, ...] | None = None, capacity_factors: tuple[float | None, ...] | None = None,
               model_only: bool = False, grad_layouts: tuple[str, ...] = (), env: TpuEnv | None = None,
               kernel_dir: Path | None = RAGGED_DOT_DIR,
-              run: Callable[..., tuple[list[JsonDict], int, str]] = run_worker,
+              run: Callable[..., tuple[list[JsonDict], int, str]] = run_in_worker,
               timeout: float = 1800) -> list[JsonDict]:
     """One row per (generation, model, phase, layout, capacity factor): modeled seconds and, unless `model_only`,
     the compiled per-chip memory (for `grad_layouts`, also the backward's, as bwd_*). Raises TpuEnvironmentError

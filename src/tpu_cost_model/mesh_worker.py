@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..chips import chip
-from ..target import topology_devices
-from ..worker_common import first_meaningful_line, memory_bytes, refuse
+from kernel_hub.tpu.chips import chip
+from kernel_hub.tpu.target import topology_devices
+from kernel_hub.tpu.worker_common import first_meaningful_line, memory_bytes, refuse
+
 from .ici import collective_seconds, interconnect
 from .schedule import ScheduleCost, kernel_cost
 from .workload import load_moe_kernel, topk_routing
@@ -37,8 +38,9 @@ if TYPE_CHECKING:
     import numpy.typing as npt
     from jax.sharding import PartitionSpec
 
-    from ...json_types import JsonDict
-    from ..worker_common import Emit
+    from kernel_hub.json_types import JsonDict
+    from kernel_hub.tpu.worker_common import Emit
+
     from .workload import MoeGeometry
 
 #: Layouts of the 8-chip slice: (name, expert-axis size, tensor-axis size); "1chip" is the single-device layer.
@@ -186,7 +188,7 @@ def run_mesh(request: JsonDict, emit: Emit) -> int:
     "layouts" [names] | null, "capacity_factors" [null | float] | null, "layers" {model: n}, "dtype",
     "model_only": bool, "grad_layouts" [names] | null (also compile their backward)}. The model runs on the host
     CPU (schedule.py evaluates the routing concretely), the compile for the mock slice."""
-    from ...errors import KernelHubError
+    from kernel_hub.errors import KernelHubError
 
     try:
         rd, shapes, geos = load_moe_kernel(request["ragged_dot"])

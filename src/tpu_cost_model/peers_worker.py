@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..chips import chip
-from ..target import tpu_target
-from ..worker_common import first_meaningful_line, load_package, refuse
+from kernel_hub.tpu.chips import chip
+from kernel_hub.tpu.target import tpu_target
+from kernel_hub.tpu.worker_common import first_meaningful_line, load_package, refuse
+
 from .peer_rows import OURS, Peer, _seconds, best_legal, holds_across_band, rows_for  # noqa: F401 (holds_across_band: public here)
 from .rates import stream_bytes_per_s
 from .schedule import kernel_cost
@@ -32,8 +33,9 @@ from .workload import routing
 if TYPE_CHECKING:
     from types import ModuleType
 
-    from ...json_types import JsonDict
-    from ..worker_common import Emit
+    from kernel_hub.json_types import JsonDict
+    from kernel_hub.tpu.worker_common import Emit
+
     from .peer_rows import PeerArg
     from .workload import AttentionShapes, HeadGeometry, MoeGeometry
 
@@ -350,7 +352,7 @@ def run_peers(request: JsonDict, emit: Emit) -> int:
     "attention_model", "dtype", "phases": {"decode": 64, ...} | null, "kernels": ["ragged_dot", "attention",
     "paged_attention"]};
     one "row" event per (workload, peer, generation)."""
-    from ...errors import KernelHubError
+    from kernel_hub.errors import KernelHubError
 
     dtype = request.get("dtype", "bfloat16")
     try:

@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..chips import chip
-from ..target import on_device, tpu_target
-from ..worker_common import load_package, refuse
+from kernel_hub.tpu.chips import chip
+from kernel_hub.tpu.target import on_device, tpu_target
+from kernel_hub.tpu.worker_common import load_package, refuse
+
 from .schedule import ScheduleCost, kernel_cost
 from .workload import ideal_seconds, load_moe_kernel, routing
 
@@ -26,8 +27,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from types import ModuleType
 
-    from ...json_types import JsonDict
-    from ..worker_common import Emit
+    from kernel_hub.json_types import JsonDict
+    from kernel_hub.tpu.worker_common import Emit
+
     from .peer_rows import PeerArg
     from .workload import HeadGeometry, MoeGeometry
 
@@ -133,7 +135,7 @@ def run_model(request: JsonDict, emit: Emit) -> int:
     """Request: {"mode": "model", "ragged_dot": package, "flash_attention": package, "generations", "moe_models",
     "attention_model", "dtype"} (packages as VerifiedPackage.request(): imported through the verified loader);
     one "row" event per (workload, generation)."""
-    from ...errors import KernelHubError
+    from kernel_hub.errors import KernelHubError
 
     gens = list(request["generations"])
     dtype = request.get("dtype", "bfloat16")

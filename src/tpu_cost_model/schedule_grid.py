@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..chips import Chip
+from kernel_hub.tpu.chips import Chip
+
 from .rates import Rates, mxu_passes, rates, vector_seconds
 from .schedule_steps import Steps, Unknown, Unmodeled, Value, memory_space
 

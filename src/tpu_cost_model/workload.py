@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
-from ...json_types import JsonDict
-from ..worker_common import load_package
+from kernel_hub.json_types import JsonDict
+from kernel_hub.tpu.worker_common import load_package
+
 from .rates import stream_bytes_per_s
 
 if TYPE_CHECKING:
-    from ..chips import Chip
+    from kernel_hub.tpu.chips import Chip
 
 
 class MoeGeometry(Protocol):

@@ -14,13 +14,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..chips import CHIPS, HOST_DISPATCH_S
+from kernel_hub.tpu.chips import CHIPS
 
 if TYPE_CHECKING:
-    from ...json_types import JsonDict, JsonValue
+    from kernel_hub.json_types import JsonDict, JsonValue
 
-TABLE = Path(__file__).resolve().parents[4] / "bench" / "records" / "tpu_calibration.json"
+TABLE = Path(__file__).resolve().parents[2] / "bench" / "records" / "tpu_calibration.json"
 HELD_OUT = TABLE.with_name("tpu_held_out.json")
+#: Per grid step of a Pallas TPU pipeline on v5e, on top of the step's MXU work (its DMAs run under it): fitted on row
+#: "v5e-matmul-128-8192" of bench/records/tpu_calibration.json, (91.836 ms measured - HOST_DISPATCH_S - 5.581 ms of
+#: MXU work at peak - the kernel's vector work and fixed cost) / 262144 steps = 0.3258 us; the Pallas TPU docs quote
+#: ~0.35 us. Other generations carry a band (rates.py), not this figure.
+STEP_OVERHEAD_S = 0.3258e-6
+
+#: The fraction of spec HBM bandwidth the published streamed copy reaches on v7x: 3.21 of 3.685 TB/s on one TPU7x
+#: core (row "tpu7x-streamed-copy", a check of the model's fraction, which rates.py fits on a decode
+#: row). No other generation's copy is published: they carry a band.
+STREAM_FRACTION = 3.21e12 / 3.685e12
+
+#: Host dispatch of one harness only, the jax docs' Pallas matmul tutorial on its v5e (timeit of jit call +
+#: block_until_ready): fitted on row "v5e-matmul-512x1024x1024-1024" (127.09 us measured - 19.75 us of modeled
+#: device time). Each calibration row names its harness; other harnesses carry their own figure or a band
+#: (HARNESSES below), never this one.
+HOST_DISPATCH_S = 107.33e-6
+
 #: Every row's modeled time should be within this of its measured time.
 TARGET = 0.20
 KINDS = ("pallas_matmul", "xla_matmul", "streamed_copy", "gmm_v2", "rpa_v3", "hf_ragged_dot_tpu")

@@ -12,16 +12,17 @@ from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 
-from ..chips import chip
-from ..target import on_device, topology_devices
-from ..worker_common import first_meaningful_line
+from kernel_hub.tpu.chips import chip
+from kernel_hub.tpu.target import on_device, topology_devices
+from kernel_hub.tpu.worker_common import first_meaningful_line
+
 from .schedule import kernel_cost
 
 if TYPE_CHECKING:
     import jax
 
-    from ...json_types import JsonDict
-    from ..chips import Chip
+    from kernel_hub.json_types import JsonDict
+    from kernel_hub.tpu.chips import Chip
 
 OURS = "kernel-hub"
 #: A peer's argument: a ShapeDtypeStruct stays abstract; a NumPy array (the routing, the lengths) is used as given.

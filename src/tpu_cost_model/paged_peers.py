@@ -22,7 +22,8 @@ from .rates import stream_bytes_per_s
 if TYPE_CHECKING:
     from types import ModuleType
 
-    from ...json_types import JsonDict
+    from kernel_hub.json_types import JsonDict
+
     from .workload import AttentionShapes, HeadGeometry
 
 PAGED_MODELS = ("qwen3_30b_a3b", "gemma4_26b_a4b_sliding", "gemma4_26b_a4b_global")

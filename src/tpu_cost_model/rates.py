@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from jax.extend.core import JaxprEqn
     from jax.lax import PrecisionLike
 
-    from ..chips import Chip
+    from kernel_hub.tpu.chips import Chip
 
 #: What each end of a band means for the time: the "fast" end makes every kernel at least as fast as the point.
 ENDS = ("point", "fast", "slow")

@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..chips import Chip
+from kernel_hub.tpu.chips import Chip
+
 from .rates import Rates, dot_key_flops, mxu_passes, rates
 
 if TYPE_CHECKING:

@@ -5,8 +5,10 @@ schedule.py `kernel_cost` and `explain` (the entries; schedule_grid.py and sched
 xla_ops.py prices the ops outside the kernels and decides what XLA removes, rates.py holds the per-generation
 constants with their bands and the MXU pass rule), ici.py (an 8-chip slice's interconnect), tutorial_matmul.py (the
 jax docs tutorial's measured matmul variants), workload.py (routing and ideal time of the rows), the worker modes
-run in the TPU environment (model_worker.py, model_quant.py, mesh_worker.py, peers_worker.py, calibration_worker.py;
-the peers' kernels through tpu_inference_peers.py and stand_ins/), and their parents in the main process (mesh.py,
-calibration.py; the rest are driven by bench/). Shared with the compile gate, one level up: chips, env, package,
-runner, target, worker, worker_common. Nothing here imports the compile gate.
+run in the TPU environment (worker.py's table: model_worker.py, model_quant.py, mesh_worker.py, peers_worker.py,
+calibration_worker.py; the peers' kernels through tpu_inference_peers.py and stand_ins/), and their parents in the
+main process (mesh.py, calibration.py; the rest are driven by bench/).
+
+Checkout tooling, not part of the kernel-hub wheel: it builds on kernel_hub.tpu (chips, env, package, runner, target,
+worker, worker_common) and nothing in kernel_hub imports it. Nothing here imports the compile gate.
 """

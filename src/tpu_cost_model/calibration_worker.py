@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..chips import chip
-from ..target import tpu_target
-from ..worker_common import first_meaningful_line
+from kernel_hub.tpu.chips import chip
+from kernel_hub.tpu.target import tpu_target
+from kernel_hub.tpu.worker_common import first_meaningful_line
+
 from .rates import stream_bytes_per_s
 from .schedule import ScheduleCost, kernel_cost
 from .workload import load_moe_kernel, routing
@@ -26,9 +27,10 @@ from .workload import load_moe_kernel, routing
 if TYPE_CHECKING:
     from types import ModuleType
 
-    from ...json_types import JsonDict
-    from ..chips import Chip
-    from ..worker_common import Emit
+    from kernel_hub.json_types import JsonDict
+    from kernel_hub.tpu.chips import Chip
+    from kernel_hub.tpu.worker_common import Emit
+
     from .workload import MoeGeometry
 
 

@@ -14,16 +14,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..chips import chip
-from ..worker_common import refuse
+from kernel_hub.tpu.chips import chip
+from kernel_hub.tpu.worker_common import refuse
+
 from .schedule import ScheduleCost, kernel_cost
 from .workload import ideal_seconds, load_moe_kernel, routing
 
 if TYPE_CHECKING:
     from types import ModuleType
 
-    from ...json_types import JsonDict
-    from ..worker_common import Emit
+    from kernel_hub.json_types import JsonDict
+    from kernel_hub.tpu.worker_common import Emit
+
     from .workload import MoeGeometry
 
 #: Weight formats of the rows: (weight dtype, bytes a weight).
@@ -94,7 +96,7 @@ def quant_rows(rd: ModuleType, geo: MoeGeometry, phase: str, tokens: int, genera
 def run_quant_model(request: JsonDict, emit: Emit) -> int:
     """Request: {"mode": "quant_model", "ragged_dot": package, "generations", "moe_models"}; one "row" event per
     (model, phase, format, generation)."""
-    from ...errors import KernelHubError
+    from kernel_hub.errors import KernelHubError
 
     try:
         rd, shapes, geos = load_moe_kernel(request["ragged_dot"])

@@ -34,8 +34,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..chips import Chip
-from ..target import tpu_dispatch
+from kernel_hub.tpu.chips import Chip
+from kernel_hub.tpu.target import tpu_dispatch
+
 from .rates import Rates, rates
 from .schedule_grid import CallCost, walk_pallas_call
 from .schedule_steps import Env, Unknown, Unmodeled, Value, read, sub_jaxpr
@@ -344,7 +345,7 @@ def explain(fn: Callable[..., object], *args: jax.ShapeDtypeStruct | npt.ArrayLi
     """
     import jax
 
-    from ..chips import chip
+    from kernel_hub.tpu.chips import chip
 
     abstract = [a if isinstance(a, jax.ShapeDtypeStruct) else jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype)
                 for a in args]

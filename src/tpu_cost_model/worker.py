@@ -1,0 +1,51 @@
+"""The cost model's TPU worker: the same process as kernel_hub's (kernel_hub.tpu.worker `serve`: one request, its
+events as JSON lines), serving the cost model's modes.
+
+    python -m tpu_cost_model.worker REQUEST.json EVENTS.jsonl
+
+`run_in_worker` is the parent's side: kernel_hub.tpu.runner.run_worker pointed at this module.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+from kernel_hub.tpu.runner import run_worker
+from kernel_hub.tpu.worker import WorkerMode, serve
+
+if TYPE_CHECKING:
+    from kernel_hub.tpu.env import TpuEnv
+
+WORKER = "tpu_cost_model.worker"
+
+#: The modes this worker serves.
+MODES: dict[str, WorkerMode] = {
+    "model": WorkerMode("tpu_cost_model.model_worker", "run_model"),
+    "quant_model": WorkerMode("tpu_cost_model.model_quant", "run_quant_model"),
+    "calibration": WorkerMode("tpu_cost_model.calibration_worker", "run_calibration"),
+    "peers": WorkerMode("tpu_cost_model.peers_worker", "run_peers"),
+    "mesh": WorkerMode("tpu_cost_model.mesh_worker", "run_mesh"),
+}
+
+
+def run_in_worker(env: TpuEnv, request: dict[str, Any], **kwargs: Any) -> tuple[list[dict[str, Any]], int, str]:
+    """(events, exit status, stderr) of one cost-model request run by this worker in the TPU environment.
+
+    Args:
+        env: the TPU environment (kernel_hub.tpu.env.tpu_env()).
+        request: the request; its "mode" is one of MODES.
+        **kwargs: run_worker's (timeout, on_event).
+
+    Returns:
+        run_worker's triple.
+    """
+    return run_worker(env, request, worker=WORKER, **kwargs)
+
+
+def main(argv: list[str]) -> int:
+    return serve(argv, MODES, WORKER)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
