@@ -50,6 +50,7 @@ from ..names import (
 from ..package import buildfmt as fmt
 from ..package.integrity import sha256_bytes, verify_tree
 from ..package.metadata import KernelMetadata
+from ..ui.display import one_line
 from . import hub_builder as builder
 from .base import Build, Origin
 from .http_limits import (
@@ -133,17 +134,6 @@ def _install_client_timeout() -> None:
                              timeout=httpx2.Timeout(seconds), transport=bounded_transport())
 
     _http.set_client_factory(factory)
-
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
-
-
-def one_line(text: object, limit: int = 300) -> str:
-    """Text from anywhere (a server included) as one printable line."""
-    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
-    flat = " ".join(lines) if lines else ""
-    flat = _CONTROL.sub(" ", flat)
-    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
 
 
 def _first_line(exc: BaseException) -> str:

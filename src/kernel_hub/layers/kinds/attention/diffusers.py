@@ -21,13 +21,13 @@ from ...report import Kept, KernelizeReport, Replaced
 from ...validate import TOLERANCE, dtype_device
 from ..declaration import KindRun
 from .contract import NAME as LAYER_KIND
-from .diffusers_route import AttentionRoute, Probe
+from .diffusers_route import AttentionRoute, SdpaProbe
 from .find import diffusers_attention_modules as attention_modules
 from .find import encoder_width
 from .validate import diffusers_attention_call
 
 
-def _layout(module: Any, route: AttentionRoute, probe: Probe) -> str:
+def _layout(module: Any, route: AttentionRoute, probe: SdpaProbe) -> str:
     (q, k), kind = probe.shapes[0], "self"
     if isinstance(getattr(module, "add_k_proj", None), torch.nn.Linear):
         kind = "joint"
@@ -37,7 +37,7 @@ def _layout(module: Any, route: AttentionRoute, probe: Probe) -> str:
     return f"{type(route.original).__name__}: {kind}, {heads}, d{q[-1]}"
 
 
-def _validate(module: Any, route: AttentionRoute, seed: int) -> Probe:
+def _validate(module: Any, route: AttentionRoute, seed: int) -> SdpaProbe:
     """Probe the module's calls: first as its projections suggest (encoder_width), then, for processors
     that always concatenate encoder states (CogVideoX, CogView4, Lumina2 style), with encoder states of
     the query's width."""
@@ -46,7 +46,7 @@ def _validate(module: Any, route: AttentionRoute, seed: int) -> Probe:
     tries = [first] + ([to_q.in_features] if first is None and isinstance(to_q, torch.nn.Linear) else [])
     error = ""
     for encoder in tries:
-        route.probe = probe = Probe()
+        route.probe = probe = SdpaProbe()
         try:
             diffusers_attention_call(module, encoder, seed)
         except Exception as exc:  # the module could not run this call: the next try, or kept with the reason
@@ -55,7 +55,7 @@ def _validate(module: Any, route: AttentionRoute, seed: int) -> Probe:
         finally:
             route.probe = None
         return probe
-    return Probe(failure=error)
+    return SdpaProbe(failure=error)
 
 
 def _where_attention_ran(processor: Any) -> str:
@@ -67,7 +67,7 @@ def _where_attention_ran(processor: Any) -> str:
     return f"attention backend: {getattr(backend, 'value', backend)}"
 
 
-def _keep_reason(route: AttentionRoute, probe: Probe, validate: bool, tol: float) -> str:
+def _keep_reason(route: AttentionRoute, probe: SdpaProbe, validate: bool, tol: float) -> str:
     """Why this module keeps its processor after its validation call ("" if the route stays)."""
     if probe.failure:
         return probe.failure

@@ -83,7 +83,7 @@ def _swap(run: KindRun, kernel: Any, repo_id: str, state: AttentionState) -> Non
             state.classes.append((cfg, original))
     model.set_attn_implementation(at.SETTABLE_NAME)  # transformers' own switch, then the flash-named name (at.NAMES)
     at.switch_configs([cfg for cfg, _ in state.configs], at.IMPLEMENTATION_NAME)
-    probe = at.Probe(flash=kernel.flash_attention)
+    probe = at.AttentionProbe(flash=kernel.flash_attention)
     at.set_probe([cfg for cfg, _ in state.configs], probe)
     try:
         after = model_forwards(model, run.device)
