@@ -35,6 +35,7 @@ bound ~ 0.14-0.2. A block over its bound keeps the unquantized kernel and its ro
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -291,7 +292,8 @@ def kernel_takes_scales(kernel: Any) -> tuple[bool, str]:
     return True, ""
 
 
-def apply_to_block(module: Any, layout: ExpertsLayout, fmt: str | None, kernel: Any, check: Any, tolerance: float,
+def apply_to_block(module: Any, layout: ExpertsLayout, fmt: str | None, kernel: Any, check: Callable[[], float],
+                   tolerance: float,
                    validate: bool) -> Outcome | None:
     """Quantize one accepted block and check it against its own layer (`check()` -> relative error of the block's
     kernel call, which now reads the quantized copies, against the unquantized layer). None: nothing to quantize.
