@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from kernel_hub.tpu.cost_model import calibration  # noqa: E402
 from kernel_hub.tpu.env import tpu_env  # noqa: E402
 from kernel_hub.tpu.package import folder_package  # noqa: E402
-from kernel_hub.tpu.runner import run_worker  # noqa: E402
+from kernel_hub.tpu.worker_client import run_worker  # noqa: E402
 
 
 def model_rows(rows: list[dict], hf: list[dict] | None = None) -> list[dict]:

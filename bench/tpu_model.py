@@ -32,7 +32,7 @@ from kernel_hub.report.environment import environment  # noqa: E402
 from kernel_hub.tpu.chips import STEP_OVERHEAD_S, parse_generations  # noqa: E402
 from kernel_hub.tpu.env import tpu_env  # noqa: E402
 from kernel_hub.tpu.package import folder_package  # noqa: E402
-from kernel_hub.tpu.runner import refusal, run_worker  # noqa: E402
+from kernel_hub.tpu.worker_client import refusal, run_worker  # noqa: E402
 
 #: Decode rows must stay within this of the ideal (the decode target).
 DECODE_TARGET = 1.15

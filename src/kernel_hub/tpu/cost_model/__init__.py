@@ -8,5 +8,5 @@ jax docs tutorial's measured matmul variants), workload.py (routing and ideal ti
 run in the TPU environment (model_worker.py, model_quant.py, mesh_worker.py, peers_worker.py, calibration_worker.py;
 the peers' kernels through tpu_inference_peers.py and stand_ins/), and their parents in the main process (mesh.py,
 calibration.py; the rest are driven by bench/). Shared with the compile gate, one level up: chips, env, package,
-runner, target, worker, worker_common. Nothing here imports the compile gate.
+target, worker, worker_client, worker_common. Nothing here imports the compile gate.
 """

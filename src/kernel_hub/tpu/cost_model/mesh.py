@@ -11,7 +11,7 @@ from typing import Any
 
 from ..env import CHECKOUT, TpuEnv, TpuEnvironmentError, tpu_env
 from ..package import folder_package
-from ..runner import run_worker
+from ..worker_client import run_worker
 
 #: MoE layers per model (every layer of both is an MoE layer; the models' config.json `num_hidden_layers`).
 MOE_LAYERS = {"qwen3_30b_a3b": 48, "gemma4_26b_a4b": 30}

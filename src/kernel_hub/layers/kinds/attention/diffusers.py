@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
+from ...layer_check import TOLERANCE, dtype_device
 from ...load import kernel_for, kernel_info
 from ...plan import verdict
 from ...report import Kept, KernelizeReport, Replaced
-from ...validate import TOLERANCE, dtype_device
 from ..declaration import KindRun
 from .contract import NAME as LAYER_KIND
 from .diffusers_route import AttentionRoute, SdpaProbe

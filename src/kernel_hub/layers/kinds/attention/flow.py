@@ -21,11 +21,11 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...layer_check import dtype_device, tolerance_for
 from ...load import kernel_for, kernel_info
 from ...plan import verdict
 from ...report import Kept, Replaced
 from ...swap import KernelizeState, put_back_names
-from ...validate import dtype_device, tolerance_for
 from ..declaration import KindRun
 from . import transformers as hf_attention
 from .contract import NAME

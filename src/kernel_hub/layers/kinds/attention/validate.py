@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ...validate import dtype_device
+from ...layer_check import dtype_device
 
 ATTENTION_BATCH, ATTENTION_TOKENS, ATTENTION_PAD = 2, 24, 5
 DIFFUSERS_BATCH, DIFFUSERS_TOKENS, DIFFUSERS_ENCODER_TOKENS = 2, 24, 7

@@ -16,11 +16,11 @@ from typing import Any
 import torch
 
 from ...find import device_type
+from ...layer_check import tolerance_for
 from ...load import kernel_info, load_or_reason
 from ...plan import not_validated_reason, verdict
 from ...report import Kept, KernelizeReport, Replaced
 from ...swap import KernelizeState, put_back_names
-from ...validate import tolerance_for
 from ...weights_guard import KernelRefused, guarded_call
 from ..declaration import KindRun
 from . import packing, quantize

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
+from ...layer_check import rel_error
 from ...sharded import local_parameters
-from ...validate import rel_error
 from ...weights_guard import check_output, held_weights
 from .find import ExpertsLayout
 

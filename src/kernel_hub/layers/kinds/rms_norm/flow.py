@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...layer_check import tolerance_for
 from ...load import kernel_for, kernel_info
 from ...report import Kept, Replaced
 from ...swap import CallCounts, put_back_forward, swap_forward
-from ...validate import tolerance_for
 from ...weights_guard import KernelRefused, watched
 from ..declaration import KindRun
 from .contract import NAME

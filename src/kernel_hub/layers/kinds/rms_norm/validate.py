@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ...validate import rel_error
+from ...layer_check import rel_error
 from ...weights_guard import check_output, held_weights
 from .plan import FORMS
 

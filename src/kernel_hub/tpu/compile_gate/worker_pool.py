@@ -15,7 +15,7 @@ from typing import Any
 
 from ..env import TpuEnv, TpuEnvironmentError
 from ..package import VerifiedPackage
-from ..runner import Runner, default_jobs, last_line, refusal, run_worker
+from ..worker_client import Runner, default_jobs, last_line, refusal, run_worker
 
 #: Restarts after a crash before the rest of the request is given up (each costs one case).
 MAX_RESTARTS = 8

@@ -1,5 +1,5 @@
 """Drive the worker (worker.py) in the TPU environment's Python and read its events back: one subprocess per
-request, for the compile gate (compile_gate/runner.py) and the cost model (cost_model/mesh.py, the benches) alike.
+request, for the compile gate (compile_gate/worker_pool.py) and the cost model (cost_model/mesh.py, the benches) alike.
 
 A worker that refuses the kernel package (a file differs from the digests the parent verified) reports it as one
 "refused" event; `refusal` turns it back into the error.
