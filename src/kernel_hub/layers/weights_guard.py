@@ -249,11 +249,11 @@ def meta_weights(model: Any, skip: set[int] | None = None) -> list[str]:
 
 def check_loaded(model: Any) -> None:
     """Raise one clear error when `model`'s weights are still on the meta device: nothing can be validated or run."""
-    from .swap import packed_placeholders
+    from .swap import stand_in_parameters
 
     if not hasattr(model, "named_modules"):
         return
-    names = meta_weights(model, packed_placeholders(model))
+    names = meta_weights(model, stand_in_parameters(model))
     if names:
         raise KernelHubError(
             f"{type(model).__name__} has weights on the meta device ({', '.join(names[:3])}"

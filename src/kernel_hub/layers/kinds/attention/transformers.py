@@ -43,12 +43,11 @@ import torch
 
 from ....errors import KernelHubError
 from ....verify.numerics import relative_error
-from ...swap import ATTENTION_HOOK_ATTR as HOOK_ATTR
 from ...swap import IMPLEMENTATION_NAME as SETTABLE_NAME
 from ...swap import CallCounts
 from ...weights_guard import KernelRefused, check_output, held_weights
 from . import packed
-from .contract import NAME
+from .contract import HOOK_ATTR, NAME
 
 #: The implementation name kernelize switches a model's attention configs to (flash-named: continuous batching
 #: accepts it); SETTABLE_NAME ("kernel_hub") runs the same functions and is the name set_attn_implementation takes.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -29,6 +29,17 @@ from .contract import NAME, PACKED_EXPERTS_ENTRIES
 from .find import ExpertsSite, find_experts, routes_through_interface, top_k_of
 from .plan import decide_packing, experts_convention
 from .validate import experts_batch, validate_layer
+
+
+@dataclass
+class ExpertsState:
+    """What restore needs of this kind (KernelizeState.kinds[NAME]): the hooked blocks' paths and each config's
+    experts implementation before the switch, the model's own choice too."""
+
+    paths: list[str] = field(default_factory=list)
+    previous: dict[str, str | None] | str | None = None  # get_experts_implementation(): per submodule or one
+    configs: list[tuple[Any, str | None]] = field(default_factory=list)
+    switched: bool = False
 
 
 @dataclass(frozen=True)
@@ -115,7 +126,7 @@ def _swap(run: KindRun, sites: list[ExpertsSite], kernel: Any, repo_id: str) -> 
                                                         route="interface" if interface else "forward")))
     if not any(h.call is not None for _, _, h in hooks):
         return  # nothing to swap: leave the model exactly as it was
-    _install(model, hooks, state, report)
+    _install(model, hooks, state.kinds.setdefault(NAME, ExpertsState()), report)
     # after the hooks: restore() now sees every packed block
     for block in accepted:
         module, site, err, tol, unchecked = block.module, block.site, block.error, block.tolerance, block.not_validated
@@ -142,7 +153,7 @@ def _swap(run: KindRun, sites: list[ExpertsSite], kernel: Any, repo_id: str) -> 
             bytes_after=None if outcome is None else outcome.bytes_after, convention=convention))
 
 
-def _install(model: Any, hooks: list[tuple[Any, ExpertsSite, hf_experts.ExpertsHook]], state: KernelizeState,
+def _install(model: Any, hooks: list[tuple[Any, ExpertsSite, hf_experts.ExpertsHook]], state: ExpertsState,
              report: KernelizeReport) -> None:
     """Hook every block (recorded in `state` first), switch the model's experts implementation once; blocks the
     switch did not reach get an instance forward."""
@@ -206,9 +217,12 @@ def _pack(run: KindRun, module: Any, site: ExpertsSite, call: hf_experts.Experts
                                     if run.validate else "")
 
 
-def restore(model: Any, state: KernelizeState) -> None:
+def restore(model: Any, kernelized: KernelizeState) -> None:
     """Unpack and unhook each block, put back every config's experts implementation."""
     hf_experts.drop_user_switch(model)
+    state: ExpertsState | None = kernelized.kinds.get(NAME)
+    if state is None:
+        return
     for path in state.paths:
         try:
             module = model.get_submodule(path)

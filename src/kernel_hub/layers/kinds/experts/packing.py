@@ -28,12 +28,13 @@ from typing import Any
 import torch
 
 from ....errors import KernelHubError
-from ...swap import EXPERTS_HOOK_ATTR, IMPLEMENTATION_NAME, PACKED_ATTR, packed_placeholders
+from ...swap import IMPLEMENTATION_NAME, STAND_INS_ATTR, stand_in_parameters
 from . import packed_op
+from .contract import HOOK_ATTR
 from .find import ExpertsLayout
 from .plan import PACK_ENV
 
-RECORD_ATTR = PACKED_ATTR
+RECORD_ATTR = STAND_INS_ATTR
 DOWN = "down_proj"
 #: Set to "0" to keep every expert block unpacked.
 ENV = PACK_ENV
@@ -71,7 +72,7 @@ def _placeholder(param: torch.Tensor) -> torch.nn.Parameter:
 
 
 #: ids of the meta parameters standing in for packed CPU weights anywhere in a model.
-placeholders = packed_placeholders
+placeholders = stand_in_parameters
 
 
 def _pack(module: Any, record: ModulePacking) -> str:
@@ -226,7 +227,7 @@ def _guard_other_implementations(module: Any, args: Any) -> None:
     """Forward pre-hook of a packed block: transformers' own experts implementations (a model switched back with
     set_experts_implementation) would read the meta placeholders and fail deep inside with a dtype or device error;
     say what happened and what to do instead."""
-    if EXPERTS_HOOK_ATTR not in module.__dict__ or "forward" in module.__dict__:
+    if HOOK_ATTR not in module.__dict__ or "forward" in module.__dict__:
         return  # the block's own forward is ours (or it is not routed through the interface)
     chosen = getattr(getattr(module, "config", None), "_experts_implementation", IMPLEMENTATION_NAME)
     if chosen != IMPLEMENTATION_NAME and active_holders(module) is not None:

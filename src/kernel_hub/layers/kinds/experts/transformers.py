@@ -20,10 +20,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ...swap import EXPERTS_HOOK_ATTR as HOOK_ATTR
 from ...swap import IMPLEMENTATION_NAME
 from . import packed_op, packing, quantize
-from .contract import NAME
+from .contract import HOOK_ATTR, NAME
 from .find import ExpertsLayout, ExpertsSite
 
 LAYER_KIND = NAME  # the kind's name, as its report rows give it
