@@ -39,7 +39,6 @@ class KernelizeState:
 
     own_configs: OwnConfigs = field(default_factory=OwnConfigs)  # the model's private config copies
     kinds: dict[str, Any] = field(default_factory=dict)
-    quantize: str | None = None  # kernelize's quantize= option, read by the kinds that quantize
     ran: tuple[Any, ...] = ()  # the LayerKinds kernelize ran, in apply order: restore runs theirs in reverse
 
     def empty(self) -> bool:

@@ -11,7 +11,7 @@ object back. Nothing here imports diffusers.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -26,8 +26,11 @@ from .find import diffusers_attention_modules as attention_modules
 from .find import encoder_width
 from .validate import diffusers_attention_call
 
+if TYPE_CHECKING:
+    from ...diffusers import DiffusersState
 
-def _layout(module: Any, route: AttentionRoute, probe: SdpaProbe) -> str:
+
+def _layout(module: torch.nn.Module, route: AttentionRoute, probe: SdpaProbe) -> str:
     (q, k), kind = probe.shapes[0], "self"
     if isinstance(getattr(module, "add_k_proj", None), torch.nn.Linear):
         kind = "joint"
@@ -37,7 +40,7 @@ def _layout(module: Any, route: AttentionRoute, probe: SdpaProbe) -> str:
     return f"{type(route.original).__name__}: {kind}, {heads}, d{q[-1]}"
 
 
-def _validate(module: Any, route: AttentionRoute, seed: int) -> SdpaProbe:
+def _validate(module: torch.nn.Module, route: AttentionRoute, seed: int) -> SdpaProbe:
     """Probe the module's calls: first as its projections suggest (encoder_width), then, for processors
     that always concatenate encoder states (CogVideoX, CogView4, Lumina2 style), with encoder states of
     the query's width."""
@@ -77,7 +80,7 @@ def _keep_reason(route: AttentionRoute, probe: SdpaProbe, validate: bool, tol: f
     return verdict(max(probe.errors), tol) if validate else ""
 
 
-def _static_reason(module: Any) -> str:
+def _static_reason(module: torch.nn.Module) -> str:
     """Modules kernelize leaves alone before trying them."""
     processor = module.processor
     if isinstance(processor, AttentionRoute):
@@ -89,7 +92,7 @@ def _static_reason(module: Any) -> str:
     return ""
 
 
-def _kernelize_model(model: Any, kernel: Any, repo_id: str, info: dict[str, Any], *, validate: bool,
+def _kernelize_model(model: torch.nn.Module, kernel: Any, repo_id: str, info: dict[str, Any], *, validate: bool,
                      tolerance: dict, state: Any, report: KernelizeReport) -> None:
     for i, (path, module) in enumerate(attention_modules(model)):
         reason = _static_reason(module)
@@ -136,7 +139,7 @@ def kernelize_attention_processors(run: KindRun) -> None:
             run.report.notes.append("attention validated on the forward pass (its backward is the kernel's autograd)")
 
 
-def restore_attention_processors(model: Any, state: Any) -> None:
+def restore_attention_processors(model: torch.nn.Module, state: DiffusersState) -> None:
     """The attention kind's restore on a Diffusers denoiser: each original processor object back."""
     for path, route in state.routes.items():
         try:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...layer_check import dtype_device, tolerance_for
 from ...load import kernel_for, kernel_info
@@ -33,6 +33,9 @@ from .find import attention_configs, can_switch_attention
 from .packed import PackedKernel
 from .plan import switch_check
 from .validate import model_forwards
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -135,7 +138,7 @@ def _swap(run: KindRun, kernel: Any, repo_id: str, state: AttentionState) -> Non
                         "implementation")
 
 
-def _layout(module: Any) -> str:
+def _layout(module: torch.nn.Module) -> str:
     parts = []
     hq = getattr(getattr(module, "config", None), "num_attention_heads", None)
     groups = getattr(module, "num_key_value_groups", None)
@@ -150,7 +153,7 @@ def _layout(module: Any) -> str:
     return ", ".join(parts) or "attention"
 
 
-def _restore_state(model: Any, state: AttentionState) -> None:
+def _restore_state(model: torch.nn.Module, state: AttentionState) -> None:
     """Remove the hooks, put every config's class and attention implementation back exactly."""
     for path in state.paths:
         with contextlib.suppress(AttributeError):
@@ -168,7 +171,7 @@ def _restore_state(model: Any, state: AttentionState) -> None:
     state.configs.clear()
 
 
-def restore(model: Any, state: KernelizeState) -> None:
+def restore(model: torch.nn.Module, state: KernelizeState) -> None:
     attention: AttentionState | None = state.kinds.get(NAME)
     if attention is not None:
         _restore_state(model, attention)

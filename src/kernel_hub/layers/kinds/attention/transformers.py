@@ -153,7 +153,7 @@ def materialized_mask(query: torch.Tensor, key: torch.Tensor, *, causal: bool,
     return bias.masked_fill(~keep, torch.finfo(query.dtype).min)[None, None]
 
 
-def eager_mask(module: Any, query: torch.Tensor, key: torch.Tensor, attention_mask: Any,
+def eager_mask(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, attention_mask: Any,
                kwargs: dict[str, Any]) -> Any:
     """The mask as eager attention reads it: additive, in the query's dtype. Under "kernel_hub" the model builds the
     previous implementation's mask (kernel_hub_mask): sdpa's is a bool keep-mask, or None where sdpa would mask by
@@ -170,7 +170,7 @@ def eager_mask(module: Any, query: torch.Tensor, key: torch.Tensor, attention_ma
     return attention_mask
 
 
-def _weights_call(module: Any) -> Callable[..., Any]:
+def _weights_call(module: torch.nn.Module) -> Callable[..., Any]:
     """The implementation that returns attention weights (the module's eager attention), logged once."""
     global _weights_logged
     if not _weights_logged:
@@ -180,7 +180,7 @@ def _weights_call(module: Any) -> Callable[..., Any]:
     return previous_function(module, "eager")
 
 
-def previous_function(module: Any, previous: str | None) -> Callable[..., Any]:
+def previous_function(module: torch.nn.Module, previous: str | None) -> Callable[..., Any]:
     """The attention function `module` called before kernelize (its modeling file's eager as default)."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -499,7 +499,7 @@ def run_plan(
 
 
 def _kernel_call(
-    module: Any, flash: Callable[..., torch.Tensor], query, key, value, attention_mask, kwargs
+    module: torch.nn.Module, flash: Callable[..., torch.Tensor], query, key, value, attention_mask, kwargs
 ) -> tuple[Any, AttentionCallPlan | None, str]:
     """(output [B,Sq,H,Dv] or None, plan, reason) for one call of the kernel path."""
     why = plan_kwargs(kwargs, training=bool(module.training))
@@ -560,7 +560,7 @@ def _rel_rows(out: torch.Tensor, ref: torch.Tensor, rows: torch.Tensor | None) -
     return relative_error(out, ref)
 
 
-def kernel_hub_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+def kernel_hub_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                          attention_mask: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
     """Registered as attention implementation "kernel_hub": the kernel for hooked layers where the call
     is expressible, else the layer's previous implementation with the same arguments."""
@@ -611,7 +611,7 @@ def kernel_hub_attention(module: Any, query: torch.Tensor, key: torch.Tensor, va
     return out, None
 
 
-def _packed_call(module: Any, hook: AttentionHook | None, prev_fn: Callable[..., Any], previous: str | None,
+def _packed_call(module: torch.nn.Module, hook: AttentionHook | None, prev_fn: Callable[..., Any], previous: str | None,
                  query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kwargs: dict[str, Any]) -> Any:
     """A packed call (continuous batching, padding-free): the kernel's flash-attn functions, or the previous
     implementation with the block-diagonal mask transformers builds for it only under eager/sdpa."""

@@ -47,7 +47,7 @@ class AcceptedBlock:
     """A block that passed validation, held until every hook is installed: then quantized or packed."""
 
     seed: int  # its index among the found blocks: the seed of its validation batch
-    module: Any  # torch.nn.Module
+    module: torch.nn.Module
     site: ExpertsSite
     call: hf_experts.ExpertsCall
     error: float | None
@@ -73,7 +73,7 @@ def apply(run: KindRun) -> None:
     _swap(run, sites, kernel, repo_id)
 
 
-def _check(run: KindRun, i: int, module: Any, site: ExpertsSite, call: hf_experts.ExpertsCall,
+def _check(run: KindRun, i: int, module: torch.nn.Module, site: ExpertsSite, call: hf_experts.ExpertsCall,
            config: Any, reference: Any) -> tuple[float | None, float, str | None, str]:
     """(error, tolerance, why not validated, why kept) for one supported block, against `reference`."""
     err, tol = None, tolerance_for(getattr(torch, site.layout.dtype))
@@ -132,7 +132,7 @@ def _swap(run: KindRun, sites: list[ExpertsSite], kernel: Any, repo_id: str) -> 
         module, site, err, tol, unchecked = block.module, block.site, block.error, block.tolerance, block.not_validated
         top_k = top_k_of(getattr(module, "config", config), site.layout.num_experts)
         outcome = quantize.apply_to_block(
-            module, site.layout, state.quantize, kernel, tolerance=tol, validate=run.validate and unchecked is None,
+            module, site.layout, run.quantize, kernel, tolerance=tol, validate=run.validate and unchecked is None,
             check=functools.partial(block.check, run.mode, top_k))
         if outcome is not None and outcome.quantized is not None:
             packed, why = False, f"quantized experts: {outcome.why}"
@@ -153,7 +153,7 @@ def _swap(run: KindRun, sites: list[ExpertsSite], kernel: Any, repo_id: str) -> 
             bytes_after=None if outcome is None else outcome.bytes_after, convention=convention))
 
 
-def _install(model: Any, hooks: list[tuple[Any, ExpertsSite, hf_experts.ExpertsHook]], state: ExpertsState,
+def _install(model: torch.nn.Module, hooks: list[tuple[Any, ExpertsSite, hf_experts.ExpertsHook]], state: ExpertsState,
              report: KernelizeReport) -> None:
     """Hook every block (recorded in `state` first), switch the model's experts implementation once; blocks the
     switch did not reach get an instance forward."""
@@ -185,8 +185,8 @@ def _install(model: Any, hooks: list[tuple[Any, ExpertsSite, hf_experts.ExpertsH
                         f"(was {state.previous}); kept layers run their previous implementation")
 
 
-def _pack(run: KindRun, module: Any, site: ExpertsSite, call: hf_experts.ExpertsCall, kernel: Any, top_k: int,
-          seed: int, convention: str) -> tuple[bool, str]:
+def _pack(run: KindRun, module: torch.nn.Module, site: ExpertsSite, call: hf_experts.ExpertsCall, kernel: Any,
+          top_k: int, seed: int, convention: str) -> tuple[bool, str]:
     """Pack one replaced block's expert weights where plan.decide_packing allows; with validation on, the packed
     path must equal the unpacked one bit for bit on the validation batch, or the block is unpacked again. A kernel
     run through transformers' experts functions reads the block's dense weights: never packed."""
@@ -217,7 +217,7 @@ def _pack(run: KindRun, module: Any, site: ExpertsSite, call: hf_experts.Experts
                                     if run.validate else "")
 
 
-def restore(model: Any, kernelized: KernelizeState) -> None:
+def restore(model: torch.nn.Module, kernelized: KernelizeState) -> None:
     """Unpack and unhook each block, put back every config's experts implementation."""
     hf_experts.drop_user_switch(model)
     state: ExpertsState | None = kernelized.kinds.get(NAME)

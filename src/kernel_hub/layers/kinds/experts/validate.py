@@ -37,7 +37,7 @@ def _named_inputs(hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tens
 
 
 def validate_layer(
-    module: Any, layout: ExpertsLayout, call: ExpertsCall, reference: Any, *, mode: str, top_k: int,
+    module: torch.nn.Module, layout: ExpertsLayout, call: ExpertsCall, reference: Any, *, mode: str, top_k: int,
     seed: int = 0,
 ) -> float:
     """Largest relative error of the kernel against `reference` on a random batch of this block's shapes
@@ -46,7 +46,7 @@ def validate_layer(
         return _validate_local(module, layout, call, reference, mode=mode, top_k=top_k, seed=seed)
 
 
-def _validate_local(module: Any, layout: ExpertsLayout, call: ExpertsCall, reference: Any, *, mode: str,
+def _validate_local(module: torch.nn.Module, layout: ExpertsLayout, call: ExpertsCall, reference: Any, *, mode: str,
                     top_k: int, seed: int) -> float:
     weight = module.gate_up_proj if layout.has_gate else module.up_proj
     # the block's compute dtype (an FP8 model's weights are float8; its activations are not)

@@ -16,7 +16,7 @@ from .plan import FORMS
 NORM_ROWS = 16
 
 
-def norm_form_errors(module: Any, kernel: Any, eps: float, mode: str, seed: int) -> list[float]:
+def norm_form_errors(module: torch.nn.Module, kernel: Any, eps: float, mode: str, seed: int) -> list[float]:
     """Error of each plan.FORMS entry of the kernel's rms_norm against the module's current forward on random rows
     (training: the max with the gradients of x and weight); a form whose output dtype differs scores inf."""
     weight = module.weight
