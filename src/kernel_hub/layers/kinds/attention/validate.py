@@ -25,7 +25,7 @@ def _first_tensor(out: Any) -> torch.Tensor | None:
     return next((v for v in values if isinstance(v, torch.Tensor)), None)
 
 
-def model_forwards(model: torch.nn.Module, device: Any) -> list[torch.Tensor | None]:
+def model_forwards(model: torch.nn.Module, device: torch.device) -> list[torch.Tensor | None]:
     """Two forwards on random tokens: no padding (the mask-free path) and left padding in row 1; their outputs."""
     g = torch.Generator().manual_seed(0)
     vocab = int(model.config.vocab_size)

@@ -22,7 +22,7 @@ VALIDATION_TOKENS = 16
 ExpertsCall = Any
 
 
-def experts_batch(layout: ExpertsLayout, top_k: int, dtype: torch.dtype, device: Any, seed: int):
+def experts_batch(layout: ExpertsLayout, top_k: int, dtype: torch.dtype, device: torch.device, seed: int):
     """(hidden, top_k_index, top_k_weights) for one expert block: VALIDATION_TOKENS tokens, random experts."""
     g = torch.Generator().manual_seed(seed)  # private generator: the user's RNG stream is untouched
     t, e = VALIDATION_TOKENS, layout.num_experts

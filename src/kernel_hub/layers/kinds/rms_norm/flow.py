@@ -32,7 +32,7 @@ class NormHook(CallCounts):
     zero_centered: bool
     scale_after_cast: bool
 
-    def __call__(self, hidden_states: Any) -> Any:
+    def __call__(self, hidden_states: torch.Tensor) -> torch.Tensor:
         weight = self.module.weight
         if hidden_states.dtype != weight.dtype:
             self.fell_back(f"input dtype {hidden_states.dtype} is not the weight's {weight.dtype} (validated on the "
