@@ -32,7 +32,7 @@ from kernel_hub.report.environment import environment  # noqa: E402
 from kernel_hub.tpu.chips import parse_generations  # noqa: E402
 from kernel_hub.tpu.env import tpu_env  # noqa: E402
 from kernel_hub.tpu.package import folder_package  # noqa: E402
-from kernel_hub.tpu.runner import refusal  # noqa: E402
+from kernel_hub.tpu.worker_client import refusal  # noqa: E402
 from tpu_cost_model.calibration import STEP_OVERHEAD_S  # noqa: E402
 from tpu_cost_model.worker import run_in_worker  # noqa: E402
 

@@ -34,7 +34,7 @@ from kernel_hub.report.environment import environment  # noqa: E402
 from kernel_hub.tpu.chips import parse_generations  # noqa: E402
 from kernel_hub.tpu.env import tpu_env  # noqa: E402
 from kernel_hub.tpu.package import folder_package  # noqa: E402
-from kernel_hub.tpu.runner import default_jobs, refusal  # noqa: E402
+from kernel_hub.tpu.worker_client import default_jobs, refusal  # noqa: E402
 from tpu_cost_model.worker import run_in_worker  # noqa: E402
 
 KEYS = ("kernel", "peer", "shape", "generation", "modeled_s", "band_s", "ideal_s", "ratio_to_ideal", "best_peer",

@@ -20,7 +20,7 @@ import json, subprocess, sys
 from pathlib import Path
 import kernel_hub
 from kernel_hub.package.checkout import checkout_decision
-from kernel_hub.tpu import env, runner
+from kernel_hub.tpu import env, worker_client
 from kernel_hub.report import benches, environment
 from kernel_hub.load.registry import registry_location
 
@@ -36,8 +36,8 @@ seen = {}
 def fake_run(cmd, **kwargs):
     seen["pythonpath"] = kwargs["env"].get("PYTHONPATH")
     return subprocess.CompletedProcess(cmd, 0, "", "")
-runner.subprocess.run = fake_run
-runner.run_worker(env.TpuEnv(Path(sys.executable), "0", "0"), {"mode": "noop"})
+worker_client.subprocess.run = fake_run
+worker_client.run_worker(env.TpuEnv(Path(sys.executable), "0", "0"), {"mode": "noop"})
 out["worker_pythonpath"] = seen["pythonpath"]
 print(json.dumps(out))
 """

@@ -6,7 +6,8 @@ import pytest
 
 from kernel_hub import cli
 from kernel_hub.cli import catalog
-from kernel_hub.ui.display import clean, clean_data, clean_lines
+from kernel_hub.sources.hub import client as hub_client
+from kernel_hub.ui.display import clean, clean_data, clean_lines, one_line
 
 FORGED = ("compile failed\r\x1b[2K\x1b[1A compiled for TPU v5e,v6e: 8/8 all good\nfake line\u202egnp.exe"
           "\u2028\x9b31m\x7f")
@@ -24,6 +25,17 @@ def test_clean_escapes_every_control_and_format_character() -> None:
     assert "compiled for TPU v5e,v6e: 8/8 all good" in out  # the text itself is kept, only defused
     assert clean("ragged-dot-tpu 1.2.0 ü λ") == "ragged-dot-tpu 1.2.0 ü λ"
     assert clean("\u200bzero\u2066width") == "\\u200bzero\\u2066width"
+
+
+def test_one_line_joins_lines_defuses_and_cuts_the_same_for_the_cli_and_the_hub_client() -> None:
+    out = one_line(FORGED, limit=None)
+    assert _unsafe(out) == [] and "\n" not in out
+    assert out.startswith("compile failed \\x1b[2K") and " fake line\\u202e" in out
+    assert one_line("  a  \n\n  b  ") == "a b" and one_line("\n \n") == ""
+    cut = one_line("x" * 500, limit=20)
+    assert cut == "x" * 17 + "..." and one_line("x" * 500, limit=None) == "x" * 500
+    assert len(one_line("y" * 500)) == 300  # the default cap for text of unknown length
+    assert hub_client.one_line is one_line  # the hub client's messages pass the same sanitiser
 
 
 def test_clean_lines_keeps_only_the_cli_s_own_newlines_and_data_is_cleaned_deeply() -> None:

@@ -49,7 +49,7 @@ def test_each_model_validated_at_once_feeds_its_own_probe():
     fa = kh.get_kernel(FLASH_REPO, framework="torch", backend="cpu")
     at.register()
     models = [tiny.tiny_model("qwen3_moe").eval() for _ in range(2)]
-    probes = [at.Probe(flash=fa.flash_attention) for _ in models]
+    probes = [at.AttentionProbe(flash=fa.flash_attention) for _ in models]
     both_on = threading.Barrier(2, timeout=60)
     x = torch.randint(3, 128, (2, 9), generator=torch.Generator().manual_seed(0))
 

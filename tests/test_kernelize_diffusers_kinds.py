@@ -131,7 +131,7 @@ def test_diffusers_rms_norm_replaced_a_biased_one_kept_and_mapping_none_skips(rn
 
 
 def test_trust_remote_code_reaches_the_repos_mapping_names_for_diffusers(rn, monkeypatch):
-    import kernel_hub.api as api
+    import kernel_hub.layers.load as layer_load
 
     asked = []
 
@@ -139,7 +139,7 @@ def test_trust_remote_code_reaches_the_repos_mapping_names_for_diffusers(rn, mon
         asked.append((repo_id, kw.get("trust_remote_code")))
         return rn
 
-    monkeypatch.setattr(api, "get_kernel", get_kernel)
+    monkeypatch.setattr(layer_load, "get_kernel", get_kernel)
     model, inputs = models.diffusers_model("flux")
     before = run(model, inputs)
     report = kh.kernelize_report(

@@ -196,8 +196,8 @@ def test_run_plan_pads_head_sizes_exactly(d, dv, scaling, fa):
     v = torch.randn(2, 4, 7, dv, generator=g)
     pad, why = at.plan_heads(tuple(q.shape), tuple(k.shape), tuple(v.shape), scaling)
     assert why == "" and pad.dv == dv and pad.qk == max(0, dv - d) and pad.v == max(0, d - dv)
-    out = at.run_plan(fa.flash_attention, at.Plan(causal=True, window=None), q, k, v, pad=pad, softcap=None,
-                      sinks=None)
+    out = at.run_plan(fa.flash_attention, at.AttentionCallPlan(causal=True, window=None), q, k, v, pad=pad,
+                      softcap=None, sinks=None)
     expected = reference(q, k, v, scaling if scaling is not None else d ** -0.5, causal=True)
     assert out.shape == expected.shape and relative_error(out, expected) <= TOL
 

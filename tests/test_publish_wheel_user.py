@@ -20,8 +20,8 @@ from kernel_hub.errors import KernelHubError
 from kernel_hub.publish import release as publish_module
 from kernel_hub.publish.identity import identical_release, record_paths
 from kernel_hub.publish.tpu_gate import _GateProgress
-from kernel_hub.tpu import runner
 from kernel_hub.tpu import setup_env as setup
+from kernel_hub.tpu import worker_client
 from kernel_hub.tpu.env import TpuEnvironmentError, find_tpu_python
 from kernel_hub.ui.progress import Progress
 from tests.client_env import child_env
@@ -187,5 +187,5 @@ def test_worker_events_arrive_while_the_worker_still_runs(tmp_path: Path) -> Non
              "with open(sys.argv[1], 'a') as f: f.write(json.dumps({'event': 'done'}) + '\\n')\n")
     proc = subprocess.Popen([sys.executable, "-c", child, str(events)])
     seen: list[tuple[str, bool]] = []
-    assert runner._follow(proc, events, lambda e: seen.append((e["event"], proc.poll() is None)), timeout=60)
+    assert worker_client._follow(proc, events, lambda e: seen.append((e["event"], proc.poll() is None)), timeout=60)
     assert seen == [("cases", True), ("done", False)]  # the first while it ran, the last after it ended

@@ -224,7 +224,7 @@ def test_validate_reports_seed_and_progress(toy_kernel):
 
 def test_quick_selection_keeps_one_case_per_mode_and_dtype():
     import kernel_hub as kh
-    from kernel_hub.report.validation import quick_selection
+    from kernel_hub.report.validation_section import quick_selection
     from kernel_hub.verify.validation import case_mode
 
     module = kh.get_kernel("kernel-hub/ragged-dot-tpu", backend="cpu")
@@ -249,8 +249,8 @@ def test_page_escapes_what_it_shows():
                           error=evil)
     fam = schema.FamilyRow(family="x", library="transformers", kind="moe", status="kept", replaced={}, kept={"a": 1},
                            reasons=[f"a: {evil}"], max_layer_error=None, output_error=None, restored=True, seconds=1)
-    from kernel_hub.report.runner import headline
-    from kernel_hub.report.validation import matrix
+    from kernel_hub.report.assemble import headline
+    from kernel_hub.report.validation_section import matrix
 
     validation = schema.Validation(seed=1, runs=[], cases=[case], matrix=matrix([case], "mode", by_dtype=True))
     compile_ = schema.Compile(available=False, reason=evil, generations=[], selection="smoke", jax=None, libtpu=None,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kernel_hub.tpu.compile_gate import gate
-from kernel_hub.tpu.compile_gate.runner import compile_in_worker
+from kernel_hub.tpu.compile_gate.worker_pool import compile_in_worker
 from kernel_hub.tpu.env import TpuEnvironmentError, find_tpu_python
 from kernel_hub.tpu.package import folder_package, local_package
 from tests.tpu_toys import env_or_skip, write_package

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel_hub.tpu import runner, worker
+from kernel_hub.tpu import worker, worker_client
 from kernel_hub.tpu.env import TpuEnv
 from kernel_hub.tpu.worker import MODES, UnknownModeError, WorkerMode, mode_for, serve
 from tpu_cost_model import worker as cost_worker
@@ -71,8 +71,8 @@ def test_the_cost_model_runs_its_own_worker_module(monkeypatch: pytest.MonkeyPat
         seen.append(command)
         return subprocess.CompletedProcess(command, 0, "", "")
 
-    monkeypatch.setattr(runner.subprocess, "run", fake_run)
+    monkeypatch.setattr(worker_client.subprocess, "run", fake_run)
     env = TpuEnv(Path(sys.executable), "0", "0")
     cost_worker.run_in_worker(env, {"mode": "model"})
-    runner.run_worker(env, {"mode": "compile"})
+    worker_client.run_worker(env, {"mode": "compile"})
     assert [c[1:3] for c in seen] == [["-m", "tpu_cost_model.worker"], ["-m", worker.__name__]]

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from kernel_hub.errors import IntegrityError
-from kernel_hub.tpu.compile_gate import gate, runner
-from kernel_hub.tpu.compile_gate.runner import compile_in_worker
+from kernel_hub.tpu.compile_gate import gate, worker_pool
+from kernel_hub.tpu.compile_gate.worker_pool import compile_in_worker
 from kernel_hub.tpu.package import folder_package
-from kernel_hub.tpu.runner import refusal
+from kernel_hub.tpu.worker_client import refusal
 from tests.tpu_toys import env_or_skip, write_package
 from tpu_cost_model.worker import run_in_worker
 
@@ -111,7 +111,7 @@ def test_compile_matrix_refuses_a_change_between_verification_and_the_worker(env
 
     def change_then_compile(env_, package, *args, **kwargs):  # the race: after the gate verified, before import
         _plant(package.package_dir / "ops.py", marker)
-        return runner.compile_in_worker(env_, package, *args, **kwargs)
+        return worker_pool.compile_in_worker(env_, package, *args, **kwargs)
 
     monkeypatch.setattr(gate, "compile_in_worker", change_then_compile)
     with pytest.raises(IntegrityError, match="ops.py has sha256"):

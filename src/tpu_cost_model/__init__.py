@@ -9,6 +9,6 @@ run in the TPU environment (worker.py's table: model_worker.py, model_quant.py, 
 calibration_worker.py; the peers' kernels through tpu_inference_peers.py and stand_ins/), and their parents in the
 main process (mesh.py, calibration.py; the rest are driven by bench/).
 
-Checkout tooling, not part of the kernel-hub wheel: it builds on kernel_hub.tpu (chips, env, package, runner, target,
-worker, worker_common) and nothing in kernel_hub imports it. Nothing here imports the compile gate.
+Checkout tooling, not part of the kernel-hub wheel: it builds on kernel_hub.tpu (chips, env, package, worker_client,
+target, worker, worker_common) and nothing in kernel_hub imports it. Nothing here imports the compile gate.
 """

@@ -3,7 +3,7 @@ events as JSON lines), serving the cost model's modes.
 
     python -m tpu_cost_model.worker REQUEST.json EVENTS.jsonl
 
-`run_in_worker` is the parent's side: kernel_hub.tpu.runner.run_worker pointed at this module.
+`run_in_worker` is the parent's side: kernel_hub.tpu.worker_client.run_worker pointed at this module.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from kernel_hub.tpu.runner import run_worker
 from kernel_hub.tpu.worker import WorkerMode, serve
+from kernel_hub.tpu.worker_client import run_worker
 
 if TYPE_CHECKING:
     from kernel_hub.tpu.env import TpuEnv

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernel_hub.layers.kinds import KindRun
+from kernel_hub.layers.layer_check import tolerance_for
 from kernel_hub.layers.load import kernel_for, kernel_info
 from kernel_hub.layers.plan import verdict
 from kernel_hub.layers.report import Kept, Replaced
 from kernel_hub.layers.swap import CallCounts, put_back_forward, swap_forward
-from kernel_hub.layers.validate import tolerance_for
 
 from .contract import NAME
 from .find import find_scales

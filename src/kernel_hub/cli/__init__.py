@@ -20,7 +20,8 @@ from typing import Any
 
 from ..errors import KernelHubError
 from ..load.registry import REGISTRY_ENV
-from .common import DEBUG_ENV, one_line, simulated_backend, table, trust_setting
+from ..ui.display import one_line
+from .common import DEBUG_ENV, simulated_backend, table, trust_setting
 from .parser import build_parser
 
 __all__ = ["build_parser", "main", "simulated_backend"]
@@ -51,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return _pipe_closed()
     except KernelHubError as exc:
-        print(f"{where}: error: {one_line(str(exc))}", file=sys.stderr)
+        print(f"{where}: error: {one_line(exc, limit=None)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"{where}: interrupted", file=sys.stderr)
@@ -63,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if os.environ.get(DEBUG_ENV):
             raise
-        detail: Any = one_line(str(exc))[:300]
+        detail: Any = one_line(exc, limit=None)[:300]
         print(f"{where}: internal error: {type(exc).__name__}: {detail} (set {DEBUG_ENV}=1 for the traceback)",
               file=sys.stderr)
         return 1

@@ -23,8 +23,8 @@ from ..package.signing import MAX_SIGNATURE_BYTES, SIGNATURE_FILE, SignatureStat
 from ..sources.base import LocalSource
 from ..sources.hub.client import HubClient
 from ..sources.hub.source import HubSource
-from ..ui.display import clean, clean_data, clean_lines
-from .common import one_line, print_json, simulated_backend, table, version_of, version_spec
+from ..ui.display import clean, clean_data, clean_lines, one_line
+from .common import print_json, simulated_backend, table, version_of, version_spec
 
 if TYPE_CHECKING:
     from ..decide.variants import Variant
@@ -64,7 +64,7 @@ def _list_hub(args: argparse.Namespace) -> int:
         repos = [{"repo_id": check_repo_id(str(r.get("id")), "a listed repo id"), "sha": r.get("sha"),
                   "last_modified": r.get("lastModified")} for r in hub.list_kernel_repos(org)]
     except Exception as exc:  # the endpoint's refusal, an unreachable host, a malformed answer: one line
-        raise KernelHubError(f"listing {org} at {hub.endpoint} failed: {one_line(str(exc))[:200]}") from None
+        raise KernelHubError(f"listing {org} at {hub.endpoint} failed: {one_line(exc, limit=None)[:200]}") from None
     if args.json:
         print_json({"org": org, "endpoint": hub.endpoint, "repos": repos})
         return 0
@@ -180,7 +180,7 @@ def _tpu_compile_lines(source: Source, repo_id: str, commit: str, variant: Varia
         build = source.fetch(repo_id, commit, variant)
         info = fmt.read_build_info(Path(build.package_dir).parent, f"{repo_id}@{commit[:12]}", variant.name)
     except KernelHubError as exc:  # a build that cannot be fetched or verified: say so, show the rest
-        return [f"compile record unreadable: {one_line(str(exc))[:200]}"]
+        return [f"compile record unreadable: {one_line(exc, limit=None)[:200]}"]
     if info.tpu_compile is None:
         return ["not compiled for TPU (the release records no compile matrix)"]
     return info.tpu_compile.lines()
@@ -198,7 +198,7 @@ def _signatures(source: Source, repo_id: str, commit: str, variants: list[Varian
     try:
         listed = hub.client.build_blob_ids(hub.hub_repo(repo_id), commit)
     except KernelHubError as exc:
-        return [SignatureStatus("unverifiable", f"the build listing is unreadable: {one_line(str(exc))[:200]}")
+        return [SignatureStatus("unverifiable", f"the build listing is unreadable: {one_line(exc, limit=None)[:200]}")
                 for _ in variants]
     verifier = sigstore_verifier()
     out = []
@@ -212,7 +212,7 @@ def _signatures(source: Source, repo_id: str, commit: str, variants: list[Varian
                             for name in (SIGNATURE_FILE, fmt.VARIANT_METADATA))
         except Exception as exc:  # the server's refusal or a broken cache: one line, the other variants still shown
             out.append(SignatureStatus("unverifiable", f"{SIGNATURE_FILE} is listed but unreadable: "
-                                                       f"{one_line(str(exc))[:200]}"))
+                                                       f"{one_line(exc, limit=None)[:200]}"))
             continue
         out.append(signature_status(bundle, meta, verifier))
     return out

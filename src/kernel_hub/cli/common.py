@@ -62,11 +62,6 @@ def split_trust_values(words: list[str]) -> list[str]:
     return out
 
 
-def one_line(text: str) -> str:
-    """A message as one printable line (its strings may come from a server or a metadata file: display.clean)."""
-    return clean(" ".join(line.strip() for line in text.splitlines() if line.strip()))
-
-
 def version_spec(value: str | None) -> int | str | None:
     return int(value) if value is not None and value.isdigit() else value
 

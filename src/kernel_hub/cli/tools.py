@@ -10,9 +10,9 @@ from pathlib import Path
 from ..demo.run import run_demo
 from ..errors import KernelHubError
 from ..load.registry import load_registry
+from ..report.assemble import Options, build_report, summary_lines, write_report
 from ..report.benches import BENCHES
 from ..report.families import family_specs
-from ..report.runner import Options, build_report, summary_lines, write_report
 from ..ui.progress import progress
 from .common import print_json
 

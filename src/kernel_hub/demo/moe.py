@@ -30,7 +30,7 @@ def run(
     import torch
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    import kernel_hub as kh
+    from kernel_hub import kernelize, kernelize_report, restore
     from kernel_hub.verify.timing import RATIO_CONVENTION, Ratio, format_ratio, interleaved_samples
 
     t0 = time.perf_counter()
@@ -56,7 +56,7 @@ def run(
     with torch.no_grad():
         reference = model(prompt).logits
     default = copy.deepcopy(model)  # transformers' own implementations run on this copy
-    report = kh.kernelize_report(kh.kernelize(model))
+    report = kernelize_report(kernelize(model))
     print_fn(str(report))
     with torch.no_grad():
         after = model(prompt).logits
@@ -77,7 +77,7 @@ def run(
         ratio = Ratio.of(samples[name], samples["kernelized"])
         versus = "" if name == "kernelized" else f"   (kernelized {format_ratio(ratio)})"
         print_fn(f"  {name:11s} {med[name]:8.1f} ms{versus}")
-    kh.restore(model)
+    restore(model)
     with torch.no_grad():
         restored = model(prompt).logits
     identical = bool(torch.equal(restored, reference))

@@ -25,7 +25,7 @@ def run_demo(quick: bool = False, print_fn=print) -> int:
     import jax
     import jax.numpy as jnp
 
-    import kernel_hub as kh
+    from kernel_hub import get_kernel, validate
     from kernel_hub.load.planning import plan_load
     from kernel_hub.verify.timing import RATIO_CONVENTION, Ratio, Spread, format_ratio, interleaved_samples
     from kernel_hub.verify.validation import relative_error
@@ -34,12 +34,12 @@ def run_demo(quick: bool = False, print_fn=print) -> int:
     plan = plan_load(REPO)
     print_fn(f"== load {REPO} from the embedded registry (no network)")
     print_fn(plan.describe())
-    kernel = kh.get_kernel(REPO)
+    kernel = get_kernel(REPO)
     info = kernel.__kernel_hub__
     print_fn(f"loaded    {info.repo_id} {info.version} [{info.variant}] as module {kernel.__name__}")
 
     print_fn("\n== validate on this device")
-    report = kh.validate(kernel)
+    report = validate(kernel)
     print_fn(str(report))
     if not report.passed:
         print_fn("validation FAILED: the kernel's numbers do not match its reference here")

@@ -2,7 +2,7 @@
 not `kernelize`, so that `kernel_hub.kernelize` stays the function.)
 
 One module per job, shared by every kind: find.py (where a module's weights live, Diffusers objects), plan.py (the
-decisions every kind makes, with their reasons), load.py (the kernel a kind gets), validate.py (tolerances, errors),
+decisions every kind makes, with their reasons), load.py (the kernel a kind gets), layer_check.py (tolerances, errors),
 swap.py (install / restore bookkeeping), report.py (the KernelizeReport), weights_guard.py, sharded.py (DTensor
 slices). The layer kinds sit on top, one folder each in kinds/ (its own finding, decisions, validation, flow,
 transformers / Diffusers adapters and declaration); diffusers.py runs them on Diffusers models; api.py is the flow,

@@ -100,12 +100,13 @@ def kernelize(
         restore(model)
     report = KernelizeReport(model=type(model).__name__, mode=mode, backend=backend)
     # names switch on the model's own config copies
-    state = KernelizeState(own_configs=take_own_configs(model), quantize=quantize, ran=kinds)
+    state = KernelizeState(own_configs=take_own_configs(model), ran=kinds)
     model.__dict__[STATE_ATTR] = state
     try:
         with guarding(model):  # validation watches every tensor of the model, not only the layer's
             for kind in kinds:
-                kind.apply(KindRun(kind, model, specs[kind.name], backend, dev, mode, validate, state, report))
+                kind.apply(KindRun(kind, model, specs[kind.name], backend, dev, mode, validate, state, report,
+                                   quantize=quantize))
     except BaseException:
         restore(model)
         raise

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .. import api as hub
+from ..api import get_kernel, get_local_kernel
 from .find import device_type
 from .hf_compat import LocalSpec
 from .plan import RepoSpec, not_validated_reason
@@ -21,13 +21,12 @@ if TYPE_CHECKING:
 
 
 def load(spec: Any, backend: str) -> tuple[Any, str]:
-    """(kernel module, repo id) for a mapping value (get_kernel looked up at the call: tests stand in for it)."""
-    get_kernel = hub.get_kernel
+    """(kernel module, repo id) for a mapping value."""
     if isinstance(spec, RepoSpec):
         return get_kernel(spec.repo_id, version=spec.version, revision=spec.revision, framework="torch",
                           backend=backend, trust_remote_code=spec.trust), spec.repo_id
     if isinstance(spec, LocalSpec):
-        kernel = hub.get_local_kernel(spec.path, framework="torch", backend=backend)
+        kernel = get_local_kernel(spec.path, framework="torch", backend=backend)
         return kernel, getattr(kernel.__kernel_hub__, "repo_id", None) or str(spec.path)
     if not isinstance(spec, str):
         info = getattr(spec, "__kernel_hub__", None)

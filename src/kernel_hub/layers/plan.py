@@ -19,7 +19,7 @@ from ..load.registry import load_registry
 from ..load.trust import NOTHING_EXTRA, TrustPolicy, trust_policy
 from ..names import check_repo_id
 from .hf_compat import LocalSpec, check_mode_arg, normalize_mapping
-from .swap import packed_placeholders
+from .swap import stand_in_parameters
 
 if TYPE_CHECKING:
     from .kinds.declaration import LayerKind
@@ -46,7 +46,7 @@ def backend_of(model: Any, device: Any) -> tuple[str, Any]:
     import torch  # the decisions below import no framework; this reads torch's devices
 
     if device is None:
-        stand_ins = packed_placeholders(model) if hasattr(model, "modules") else set()
+        stand_ins = stand_in_parameters(model) if hasattr(model, "modules") else set()
         param = next((p for p in model.parameters() if id(p) not in stand_ins), None)
         dev = param.device if param is not None else torch.device("cpu")
     else:

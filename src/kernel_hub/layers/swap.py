@@ -14,15 +14,13 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-#: The implementation name kernelize registers in transformers' ExpertsInterface and AttentionInterface.
+#: The implementation name kernelize registers in transformers' dispatch interfaces (a kind's adapter registers it).
 IMPLEMENTATION_NAME = "kernel_hub"
 #: Where a kernelized model keeps its KernelizeState (restore reads it; its presence is "kernelized").
 STATE_ATTR = "_kernel_hub_state"
-#: Instance attributes of the hooks the transformers adapters read at call time.
-EXPERTS_HOOK_ATTR = "_kernel_hub_experts"
-ATTENTION_HOOK_ATTR = "_kernel_hub_attention"
-#: Where a block whose expert weights kernelize packed keeps its record (packing.ModulePacking).
-PACKED_ATTR = "_kernel_hub_packed"
+#: Where a module whose weights a kind moved out of its parameters keeps its record: any object whose
+#: `placeholders` maps parameter names to the meta parameters left registered in their place.
+STAND_INS_ATTR = "_kernel_hub_packed"
 #: A module whose instance __dict__ held no `forward` before the swap.
 MISSING = object()
 
@@ -36,30 +34,25 @@ class OwnConfigs:
 
 @dataclass
 class KernelizeState:
-    """What restore needs, filled by each kind as it swaps: `kinds[name]` holds that kind's own record (attention's
-    AttentionState, rms_norm's NormState, ...); the experts' record is kept flat (hooked paths, each config's experts
-    implementation before the switch) because packing and the user's later switch read it."""
+    """What restore needs, filled by each kind as it swaps: `kinds[name]` holds that kind's own record (its flow's
+    state class), recorded before the kind changes anything so an exception halfway still restores."""
 
-    paths: list[str] = field(default_factory=list)
-    previous: dict[str, str | None] | str | None = None
-    configs: list[tuple[Any, str | None]] = field(default_factory=list)
-    switched: bool = False
     own_configs: OwnConfigs = field(default_factory=OwnConfigs)  # the model's private config copies
     kinds: dict[str, Any] = field(default_factory=dict)
-    quantize: str | None = None  # kernelize's quantize= (kinds/experts/quantize.py)
     ran: tuple[Any, ...] = ()  # the LayerKinds kernelize ran, in apply order: restore runs theirs in reverse
 
     def empty(self) -> bool:
-        return not (self.paths or self.kinds)
+        return not self.kinds
 
 
 def is_kernelized(model: Any) -> bool:
     return STATE_ATTR in getattr(model, "__dict__", {})
 
 
-def packed_placeholders(model: Any) -> set[int]:
-    """ids of the meta parameters standing in for packed CPU weights anywhere in `model` (packing.py's records)."""
-    return {id(p) for m in model.modules() if (r := m.__dict__.get(PACKED_ATTR)) is not None
+def stand_in_parameters(model: Any) -> set[int]:
+    """ids of the meta parameters standing in for weights a kind moved out of `model`'s modules (packed CPU
+    weights, say): the weights guard and the plan must not read them as the model's own."""
+    return {id(p) for m in model.modules() if (r := m.__dict__.get(STAND_INS_ATTR)) is not None
             for p in r.placeholders.values()}
 
 

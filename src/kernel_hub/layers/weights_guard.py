@@ -49,7 +49,7 @@ class WeightsModified(KernelRefused):
     """A kernel wrote to the weights of the layer it serves."""
 
 
-def _named_tensors(module: Any, recurse: bool) -> Iterator[tuple[str, Any, str, str, torch.Tensor]]:
+def _named_tensors(module: torch.nn.Module, recurse: bool) -> Iterator[tuple[str, Any, str, str, torch.Tensor]]:
     """(qualified name, owning module, "_parameters" or "_buffers", local name, tensor) of every set entry."""
     owners = module.named_modules() if recurse else (("", module),)
     for prefix, owner in owners:
@@ -82,12 +82,12 @@ def _meta(t: torch.Tensor) -> tuple[Any, ...]:
 class Snapshot:
     """A layer's parameters and buffers as they were: the objects, their storage and a copy of their bits."""
 
-    module: Any
+    module: torch.nn.Module
     recurse: bool
     entries: dict[str, _Entry] = field(default_factory=dict)
 
     @classmethod
-    def take(cls, module: Any, *, recurse: bool = True) -> Snapshot:
+    def take(cls, module: torch.nn.Module, *, recurse: bool = True) -> Snapshot:
         snap = cls(module, recurse)
         with torch.no_grad():
             for qual, owner, store, name, t in _named_tensors(module, recurse):
@@ -150,7 +150,8 @@ def _refusal(layer: list[str], outside: list[str], inputs: list[str]) -> str:
 
 
 @contextlib.contextmanager
-def held_weights(module: Any, *, recurse: bool = True, inputs: dict[str, Any] | None = None) -> Iterator[Snapshot]:
+def held_weights(module: torch.nn.Module, *, recurse: bool = True,
+                 inputs: dict[str, Any] | None = None) -> Iterator[Snapshot]:
     """Run the body (kernel calls in validation) with `module`'s weights held, the rest of the model kernelize is
     working on watched (write_watch.ModelWatch) and `inputs` (name -> tensor handed to the kernel) copied: whatever
     the body changed in any of them is put back bit for bit and WeightsModified raised naming it, also when the body
@@ -183,7 +184,7 @@ def _settle(snap: Snapshot, outside: ModelWatch | None, args: InputsWatch, exc: 
     raise WeightsModified(_refusal(layer, beyond, inputs)) from exc
 
 
-def versions(module: Any, *, recurse: bool = False) -> tuple[tuple[Any, ...], ...]:
+def versions(module: torch.nn.Module, *, recurse: bool = False) -> tuple[tuple[Any, ...], ...]:
     """(name, object id, version counter, data pointer) of each parameter and buffer: what an in-place op or a
     `.data =` changes, read without touching the data (well under a microsecond a tensor)."""
     return tuple((qual, id(t), -1 if t.is_inference() else t._version, t.data_ptr())
@@ -195,7 +196,7 @@ class _Watch:
 
     __slots__ = ("before", "module", "recurse")
 
-    def __init__(self, module: Any, recurse: bool) -> None:
+    def __init__(self, module: torch.nn.Module, recurse: bool) -> None:
         self.module, self.recurse = module, recurse
 
     def __enter__(self) -> None:
@@ -210,7 +211,7 @@ class _Watch:
                                                          "weights)"))
 
 
-def watched(module: Any, *, recurse: bool = False) -> Any:
+def watched(module: torch.nn.Module, *, recurse: bool = False) -> Any:
     """A context that raises WeightsModified if its body changed `module`'s weights in place (version counters; the
     run-time guard). Outside torch.compile only: a traced graph has no version counters to read (a no-op there)."""
     if torch.compiler.is_compiling() or _HELD.get():  # in validation, held_weights compares the bits themselves
@@ -221,7 +222,7 @@ def watched(module: Any, *, recurse: bool = False) -> Any:
 def guarded_call(call: Any) -> Any:
     """An experts call fn(module, hidden, index, weights) whose kernel may not change the block's own weights."""
 
-    def run(module: Any, *args: Any) -> Any:
+    def run(module: torch.nn.Module, *args: Any) -> Any:
         with watched(module):
             return call(module, *args)
 
@@ -249,11 +250,11 @@ def meta_weights(model: Any, skip: set[int] | None = None) -> list[str]:
 
 def check_loaded(model: Any) -> None:
     """Raise one clear error when `model`'s weights are still on the meta device: nothing can be validated or run."""
-    from .swap import packed_placeholders
+    from .swap import stand_in_parameters
 
     if not hasattr(model, "named_modules"):
         return
-    names = meta_weights(model, packed_placeholders(model))
+    names = meta_weights(model, stand_in_parameters(model))
     if names:
         raise KernelHubError(
             f"{type(model).__name__} has weights on the meta device ({', '.join(names[:3])}"

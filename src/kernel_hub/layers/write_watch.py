@@ -104,7 +104,7 @@ class _CopyOnWrite(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def _named(model: Any, skip: set[int]) -> Iterator[tuple[str, Any, str, str, torch.Tensor]]:
+def _named(model: torch.nn.Module, skip: set[int]) -> Iterator[tuple[str, Any, str, str, torch.Tensor]]:
     for prefix, owner in model.named_modules(remove_duplicate=False):
         if id(owner) in skip:
             continue
@@ -131,7 +131,7 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 class ModelWatch:
     """The model's tensors outside the held layer, as they were when the watch began; `changed()` after the body."""
 
-    def __init__(self, model: Any, held: Any) -> None:
+    def __init__(self, model: torch.nn.Module, held: Any) -> None:
         self.model = model
         self.skip = {id(m) for m in held.modules()}
         self.entries: dict[str, _Watched] = {}

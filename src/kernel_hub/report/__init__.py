@@ -10,9 +10,9 @@ from __future__ import annotations
 __all__ = ["Options", "build_report", "write_report"]
 
 
-def __getattr__(name: str):  # lazy: runner pulls in pydantic models, fine, but keep the package import cheap
+def __getattr__(name: str):  # lazy: assemble pulls in pydantic models, fine, but keep the package import cheap
     if name in __all__:
-        from . import runner
+        from . import assemble
 
-        return getattr(runner, name)
+        return getattr(assemble, name)
     raise AttributeError(name)

@@ -99,7 +99,7 @@ def run_family(spec: FamilySpec) -> FamilyRow:
     """kernelize one family's tiny model; every failure becomes the row's status and reason, never a raise."""
     import torch
 
-    import kernel_hub as kh
+    from kernel_hub import kernelize, kernelize_report, restore
 
     start = time.perf_counter()
     base = dict(family=spec.family, library=spec.library, kind=spec.kind)
@@ -113,11 +113,11 @@ def run_family(spec: FamilySpec) -> FamilyRow:
         stage = "default forward"
         before = forward(model)
         stage = "kernelize"
-        report = kh.kernelize_report(kh.kernelize(model))
+        report = kernelize_report(kernelize(model))
         stage = "kernelized forward"
         after = forward(model)
         stage = "restore"
-        kh.restore(model)
+        restore(model)
         restored = bool(torch.equal(forward(model), before))
     except Exception as exc:  # a family that does not build or run is a row, not a crash
         message = str(exc).splitlines()[0][:200] if str(exc) else ""

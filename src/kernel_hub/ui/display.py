@@ -11,7 +11,7 @@ from __future__ import annotations
 import unicodedata
 from typing import Any
 
-__all__ = ["clean", "clean_data", "clean_lines"]
+__all__ = ["clean", "clean_data", "clean_lines", "one_line"]
 
 _UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 
@@ -27,6 +27,21 @@ def clean(text: object) -> str:
     if s.isprintable():  # the common case: nothing to do
         return s
     return "".join(_escape(c) if unicodedata.category(c) in _UNSAFE_CATEGORIES else c for c in s)
+
+
+def one_line(text: object, limit: int | None = 300) -> str:
+    """A message from anywhere (a server, a metadata file) as one printable line: its non-blank lines joined,
+    then `clean`, so a hostile string can neither break the line nor redraw the terminal.
+
+    Args:
+        text: the message; anything `str` accepts.
+        limit: the longest line returned (cut to end in "..."); None: no cut.
+
+    Returns:
+        The line; "" when `text` has only blank lines.
+    """
+    flat = clean(" ".join(line.strip() for line in str(text).splitlines() if line.strip()))
+    return flat if limit is None or len(flat) <= limit else flat[:limit - 3] + "..."
 
 
 def clean_lines(text: str) -> str:

@@ -9,9 +9,21 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ...errors import KernelHubError
+
+if TYPE_CHECKING:  # types only: importing a declaration stays torch-free
+    import torch
+
+    from ..report import KernelizeReport
+
+
+class KindStates(Protocol):
+    """Kernelize's restore record as a kind sees it (swap.KernelizeState on a model, diffusers.DiffusersState on a
+    Diffusers component): each kind keeps its own state under its name, before it changes anything."""
+
+    kinds: dict[str, Any]
 
 
 @dataclass
@@ -21,14 +33,15 @@ class KindRun:
     state (restore reads it) and the report to append rows to."""
 
     kind: LayerKind
-    model: Any
-    spec: Any
+    model: torch.nn.Module
+    spec: object  # plan.RepoSpec, hf_compat.LocalSpec, a repo id, an already loaded kernel, or None
     backend: str
-    device: Any
+    device: torch.device
     mode: str
     validate: bool
-    state: Any
-    report: Any
+    state: KindStates
+    report: KernelizeReport
+    quantize: str | None = None  # kernelize's quantize= (the kinds that quantize read it)
 
 
 @dataclass(frozen=True)
@@ -41,13 +54,15 @@ class LayerKind:
     contract: str  # the call the kernel is held to
     validated_on: str  # the inputs each layer is checked on before the swap
     apply: Callable[[KindRun], None]
-    restore: Callable[[Any, Any], None]  # (model, kernelize's state) -> None; runs in reverse kind order
+    #: (model, the state its apply filled) -> None; runs in reverse kind order, on a Diffusers model too unless
+    #: `diffusers` names another restore.
+    restore: Callable[[torch.nn.Module, KindStates], None]
     order: int  # kernelize applies kinds in increasing order
     #: Protocols a serving kernel may keep, each all or none (the experts' packed weights).
     optional: tuple[type, ...] = ()
     #: On a Diffusers denoiser (layers/diffusers.py): None runs `apply` / `restore` as on any model (the kind finds its
     #: layers by structure); an (apply, restore) pair runs those instead; a string leaves the kind out, saying why.
-    diffusers: tuple[Callable[[KindRun], None], Callable[[Any, Any], None]] | str | None = None
+    diffusers: tuple[Callable[[KindRun], None], Callable[[torch.nn.Module, KindStates], None]] | str | None = None
     #: Which convention a loaded kernel serves the kind through: kernel -> (convention or None, why). None: the kind
     #: has one, its `export`.
     accepts: Callable[[Any], tuple[str | None, str]] | None = None

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,6 +18,7 @@ from ...decide.hf_conventions import kernels_cache
 from ...errors import KernelHubError, KernelNotFoundError, RefMovedError, VersionSpecError
 from ...names import check_repo_id
 from ...package import buildfmt as fmt
+from ...ui.display import one_line
 from ..http_limits import HubAnswerError, bounded_transport, check_limits, operation, request_timeout
 
 REPO_TYPE = fmt.REPO_TYPE
@@ -26,17 +26,6 @@ REPO_TYPE = fmt.REPO_TYPE
 MAX_LISTING_ENTRIES = 50_000
 
 T = TypeVar("T")
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
-
-
-def one_line(text: object, limit: int = 300) -> str:
-    """Text from anywhere (a server included) as one printable line."""
-    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
-    flat = " ".join(lines) if lines else ""
-    flat = _CONTROL.sub(" ", flat)
-    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
-
 
 def _first_line(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]

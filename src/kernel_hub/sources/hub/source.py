@@ -21,11 +21,12 @@ from ...errors import KernelHubError, KernelNotFoundError, UnsafeNameError
 from ...names import check_commit, check_ref_name, check_repo_id
 from ...package import buildfmt as fmt
 from ...package.metadata import KernelMetadata
+from ...ui.display import one_line
 from ..base import Build, Origin
 from . import builder
 from .builder import builder_variant
 from .cache import HubCache, note_json, read_json
-from .client import HubClient, one_line
+from .client import HubClient
 from .download import BuildFetcher
 from .listing import BuildListings, is_variant_name
 

@@ -5,8 +5,8 @@ Generic over kernels: it imports the kernel package through kernel_hub's verifie
 parent verified (package.py: a file changed since is refused before anything runs), takes
 `<pkg>.tpu_cases.compile_cases()`, and for each generation and case builds (function, abstract args), lowers for a
 mock TPU device of that generation and compiles with libtpu (Mosaic compiles every Pallas kernel inside). Each
-finished case is one event (a "start" event first), so a compiler crash costs only the case it hit: the runner
-sees which case started and did not finish.
+finished case is one event (a "start" event first), so a compiler crash costs only the case it hit: the worker pool
+(worker_pool.py) sees which case started and did not finish.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from ..chips import parse_generations
 from ..env import TpuEnv, tpu_env
 from ..package import VerifiedPackage, folder_package, from_build
 from . import cache
-from .runner import compile_in_worker
+from .worker_pool import compile_in_worker
 
 
 def repo_package(repo_id: str, trust: TrustPolicy, revision: str | None = None) -> VerifiedPackage:

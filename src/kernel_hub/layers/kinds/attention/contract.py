@@ -7,6 +7,8 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 NAME = "attention"
+#: The attention module attribute holding its AttentionHook, read at call time.
+HOOK_ATTR = "_kernel_hub_attention"
 
 
 class AttentionKernel(Protocol):

@@ -11,23 +11,26 @@ object back. Nothing here imports diffusers.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ...layer_check import TOLERANCE, dtype_device
 from ...load import kernel_for, kernel_info
 from ...plan import verdict
 from ...report import Kept, KernelizeReport, Replaced
-from ...validate import TOLERANCE, dtype_device
 from ..declaration import KindRun
 from .contract import NAME as LAYER_KIND
-from .diffusers_route import AttentionRoute, Probe
+from .diffusers_route import AttentionRoute, SdpaProbe
 from .find import diffusers_attention_modules as attention_modules
 from .find import encoder_width
 from .validate import diffusers_attention_call
 
+if TYPE_CHECKING:
+    from ...diffusers import DiffusersState
 
-def _layout(module: Any, route: AttentionRoute, probe: Probe) -> str:
+
+def _layout(module: torch.nn.Module, route: AttentionRoute, probe: SdpaProbe) -> str:
     (q, k), kind = probe.shapes[0], "self"
     if isinstance(getattr(module, "add_k_proj", None), torch.nn.Linear):
         kind = "joint"
@@ -37,7 +40,7 @@ def _layout(module: Any, route: AttentionRoute, probe: Probe) -> str:
     return f"{type(route.original).__name__}: {kind}, {heads}, d{q[-1]}"
 
 
-def _validate(module: Any, route: AttentionRoute, seed: int) -> Probe:
+def _validate(module: torch.nn.Module, route: AttentionRoute, seed: int) -> SdpaProbe:
     """Probe the module's calls: first as its projections suggest (encoder_width), then, for processors
     that always concatenate encoder states (CogVideoX, CogView4, Lumina2 style), with encoder states of
     the query's width."""
@@ -46,7 +49,7 @@ def _validate(module: Any, route: AttentionRoute, seed: int) -> Probe:
     tries = [first] + ([to_q.in_features] if first is None and isinstance(to_q, torch.nn.Linear) else [])
     error = ""
     for encoder in tries:
-        route.probe = probe = Probe()
+        route.probe = probe = SdpaProbe()
         try:
             diffusers_attention_call(module, encoder, seed)
         except Exception as exc:  # the module could not run this call: the next try, or kept with the reason
@@ -55,7 +58,7 @@ def _validate(module: Any, route: AttentionRoute, seed: int) -> Probe:
         finally:
             route.probe = None
         return probe
-    return Probe(failure=error)
+    return SdpaProbe(failure=error)
 
 
 def _where_attention_ran(processor: Any) -> str:
@@ -67,7 +70,7 @@ def _where_attention_ran(processor: Any) -> str:
     return f"attention backend: {getattr(backend, 'value', backend)}"
 
 
-def _keep_reason(route: AttentionRoute, probe: Probe, validate: bool, tol: float) -> str:
+def _keep_reason(route: AttentionRoute, probe: SdpaProbe, validate: bool, tol: float) -> str:
     """Why this module keeps its processor after its validation call ("" if the route stays)."""
     if probe.failure:
         return probe.failure
@@ -77,7 +80,7 @@ def _keep_reason(route: AttentionRoute, probe: Probe, validate: bool, tol: float
     return verdict(max(probe.errors), tol) if validate else ""
 
 
-def _static_reason(module: Any) -> str:
+def _static_reason(module: torch.nn.Module) -> str:
     """Modules kernelize leaves alone before trying them."""
     processor = module.processor
     if isinstance(processor, AttentionRoute):
@@ -89,7 +92,7 @@ def _static_reason(module: Any) -> str:
     return ""
 
 
-def _kernelize_model(model: Any, kernel: Any, repo_id: str, info: dict[str, Any], *, validate: bool,
+def _kernelize_model(model: torch.nn.Module, kernel: Any, repo_id: str, info: dict[str, Any], *, validate: bool,
                      tolerance: dict, state: Any, report: KernelizeReport) -> None:
     for i, (path, module) in enumerate(attention_modules(model)):
         reason = _static_reason(module)
@@ -136,7 +139,7 @@ def kernelize_attention_processors(run: KindRun) -> None:
             run.report.notes.append("attention validated on the forward pass (its backward is the kernel's autograd)")
 
 
-def restore_attention_processors(model: Any, state: Any) -> None:
+def restore_attention_processors(model: torch.nn.Module, state: DiffusersState) -> None:
     """The attention kind's restore on a Diffusers denoiser: each original processor object back."""
     for path, route in state.routes.items():
         try:

@@ -37,7 +37,7 @@ _SDPA_SIGNATURE = inspect.Signature([
 
 
 @dataclass(frozen=True)
-class Plan:
+class SdpaCallPlan:
     """Kernel arguments for one call; `batched=False` means 3-D q/k/v ([N, S, D], run as [1, N, S, D])."""
 
     causal: bool
@@ -87,7 +87,7 @@ def _key_lengths(mask: torch.Tensor, b: int, h: int, sq: int, skv: int
 def plan_sdpa(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any = None, dropout_p: float = 0.0,
     is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
-) -> tuple[Plan | None, str]:
+) -> tuple[SdpaCallPlan | None, str]:
     """Pure decision for one `scaled_dot_product_attention` call: (kernel plan, "") or (None, why torch's
     own runs). The kernel computes exactly what sdpa would on every row where it runs."""
     if dropout_p:
@@ -119,11 +119,11 @@ def plan_sdpa(
         lengths, order, why = _key_lengths(attn_mask, b, hq, sq, skv)
         if why:
             return None, why
-    return Plan(causal=bool(is_causal), scale=None if scale is None else float(scale), kv_lengths=lengths,
+    return SdpaCallPlan(causal=bool(is_causal), scale=None if scale is None else float(scale), kv_lengths=lengths,
                 batched=batched, key_order=order), ""
 
 
-def run_plan(flash: Callable[..., torch.Tensor], plan: Plan, query, key, value) -> torch.Tensor:
+def run_plan(flash: Callable[..., torch.Tensor], plan: SdpaCallPlan, query, key, value) -> torch.Tensor:
     """The kernel on one call under `plan`, in sdpa's output layout."""
     if not plan.batched:
         query, key, value = query[None], key[None], value[None]
@@ -135,7 +135,7 @@ def run_plan(flash: Callable[..., torch.Tensor], plan: Plan, query, key, value) 
 
 
 @dataclass
-class Probe:
+class SdpaProbe:
     """Validation: each call runs torch's sdpa and the kernel on the same arguments, records the error and
     returns torch's result (so validation never changes what the module computes)."""
 
@@ -182,7 +182,7 @@ class AttentionRoute(CallCounts):
     def __init__(self, original: Any, flash: Callable[..., torch.Tensor]):
         self.original = original
         self.flash = flash
-        self.probe: Probe | None = None
+        self.probe: SdpaProbe | None = None
         self.calls = 0
         self.fallbacks = 0
         self.last_fallback = ""

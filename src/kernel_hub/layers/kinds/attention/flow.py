@@ -19,20 +19,23 @@ from __future__ import annotations
 import contextlib
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ...layer_check import dtype_device, tolerance_for
 from ...load import kernel_for, kernel_info
 from ...plan import verdict
 from ...report import Kept, Replaced
 from ...swap import KernelizeState, put_back_names
-from ...validate import dtype_device, tolerance_for
 from ..declaration import KindRun
-from . import transformers as at
+from . import transformers as hf_attention
 from .contract import NAME
 from .find import attention_configs, can_switch_attention
 from .packed import PackedKernel
 from .plan import switch_check
 from .validate import model_forwards
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -67,7 +70,7 @@ def _swap(run: KindRun, kernel: Any, repo_id: str, state: AttentionState) -> Non
     model, report, validate = run.model, run.report, run.validate
     info = kernel_info(kernel, run.device, "flash_attention")
     packed_kernel = PackedKernel.of(kernel)
-    at.register()
+    hf_attention.register()
     state.previous = model.config._attn_implementation
     try:
         before = model_forwards(model, run.device)
@@ -76,15 +79,17 @@ def _swap(run: KindRun, kernel: Any, repo_id: str, state: AttentionState) -> Non
         return
     for cfg in attention_configs(model):
         state.configs.append((cfg, cfg._attn_implementation))
-        at._PREVIOUS[id(cfg)] = cfg._attn_implementation
-        weakref.finalize(cfg, at._PREVIOUS.pop, id(cfg), None)  # an id is never reused while its entry stays
-        original = at.accept_weight_requests(cfg)  # a private copy (swap.take_own_configs): no other model's config
+        hf_attention._PREVIOUS[id(cfg)] = cfg._attn_implementation
+        weakref.finalize(cfg, hf_attention._PREVIOUS.pop, id(cfg), None)  # an id is never reused while its entry stays
+        # a private copy (swap.take_own_configs): no other model's config
+        original = hf_attention.accept_weight_requests(cfg)
         if original is not None:
             state.classes.append((cfg, original))
-    model.set_attn_implementation(at.SETTABLE_NAME)  # transformers' own switch, then the flash-named name (at.NAMES)
-    at.switch_configs([cfg for cfg, _ in state.configs], at.IMPLEMENTATION_NAME)
-    probe = at.Probe(flash=kernel.flash_attention)
-    at.set_probe([cfg for cfg, _ in state.configs], probe)
+    # transformers' own switch, then the flash-named name (hf_attention.NAMES)
+    model.set_attn_implementation(hf_attention.SETTABLE_NAME)
+    hf_attention.switch_configs([cfg for cfg, _ in state.configs], hf_attention.IMPLEMENTATION_NAME)
+    probe = hf_attention.AttentionProbe(flash=kernel.flash_attention)
+    hf_attention.set_probe([cfg for cfg, _ in state.configs], probe)
     try:
         after = model_forwards(model, run.device)
     except Exception as exc:  # the model could not run a plain token batch: keep its attention
@@ -92,7 +97,7 @@ def _swap(run: KindRun, kernel: Any, repo_id: str, state: AttentionState) -> Non
         report.notes.append(f"attention kept: validation forward failed: {type(exc).__name__}: {exc}")
         return
     finally:
-        at.set_probe([cfg for cfg, _ in state.configs], None)
+        hf_attention.set_probe([cfg for cfg, _ in state.configs], None)
     paths = {id(m): p for p, m in model.named_modules()}
     found = sorted(probe.modules, key=lambda k: list(paths).index(k) if k in paths else 1 << 30)
     # One implementation name per config: a model that is not itself under the switch keeps every layer.
@@ -100,10 +105,10 @@ def _swap(run: KindRun, kernel: Any, repo_id: str, state: AttentionState) -> Non
     first_sparse = next((f"{paths.get(k, '?')}: {probe.sparse[k]}" for k in found if k in probe.sparse), "")
     if first_sparse:
         blocked = f"the model stays on its own attention ({first_sparse})"
-    hooks: list[tuple[Any, str, at.AttentionHook]] = []
+    hooks: list[tuple[Any, str, hf_attention.AttentionHook]] = []
     for key in found:
         module, path = probe.modules[key], paths.get(key, "?")
-        previous = at._PREVIOUS.get(id(getattr(module, "config", None)), state.previous)
+        previous = hf_attention._PREVIOUS.get(id(getattr(module, "config", None)), state.previous)
         tol = tolerance_for(dtype_device(module)[0])
         errors = probe.errors.get(key, [])
         err = max(errors) if errors else None
@@ -112,13 +117,13 @@ def _swap(run: KindRun, kernel: Any, repo_id: str, state: AttentionState) -> Non
             reason = verdict(err, tol)
         if reason:
             report.kept.append(Kept(path, NAME, reason))
-            hooks.append((module, path, at.AttentionHook(flash=None, previous=previous)))
+            hooks.append((module, path, hf_attention.AttentionHook(flash=None, previous=previous)))
             continue
         report.replaced.append(Replaced(
             layer=path, kind=NAME, repo_id=repo_id, version=info["version"], commit=info["commit"],
             variant=info["variant"], implementation=info["implementation"], route="interface",
             layout=_layout(module), max_error=err if validate else None, tolerance=tol if validate else None))
-        hooks.append((module, path, at.AttentionHook(flash=kernel.flash_attention, previous=previous,
+        hooks.append((module, path, hf_attention.AttentionHook(flash=kernel.flash_attention, previous=previous,
                                                      packed=packed_kernel)))
     if not any(h.flash is not None for _, _, h in hooks):
         _restore_state(model, state)
@@ -126,13 +131,14 @@ def _swap(run: KindRun, kernel: Any, repo_id: str, state: AttentionState) -> Non
             report.notes.append("no attention layer calls transformers' AttentionInterface: attention unchanged")
         return
     for module, path, hook in hooks:
-        module.__dict__[at.HOOK_ATTR] = hook
+        module.__dict__[hf_attention.HOOK_ATTR] = hook
         state.paths.append(path)
-    report.notes.append(f"attention implementation switched to {at.IMPLEMENTATION_NAME!r} (was {state.previous}); "
-                        "kept layers and calls the kernel cannot express run the previous implementation")
+    report.notes.append(f"attention implementation switched to {hf_attention.IMPLEMENTATION_NAME!r} "
+                        f"(was {state.previous}); kept layers and calls the kernel cannot express run the previous "
+                        "implementation")
 
 
-def _layout(module: Any) -> str:
+def _layout(module: torch.nn.Module) -> str:
     parts = []
     hq = getattr(getattr(module, "config", None), "num_attention_heads", None)
     groups = getattr(module, "num_key_value_groups", None)
@@ -147,11 +153,11 @@ def _layout(module: Any) -> str:
     return ", ".join(parts) or "attention"
 
 
-def _restore_state(model: Any, state: AttentionState) -> None:
+def _restore_state(model: torch.nn.Module, state: AttentionState) -> None:
     """Remove the hooks, put every config's class and attention implementation back exactly."""
     for path in state.paths:
         with contextlib.suppress(AttributeError):
-            model.get_submodule(path).__dict__.pop(at.HOOK_ATTR, None)
+            model.get_submodule(path).__dict__.pop(hf_attention.HOOK_ATTR, None)
     state.paths.clear()
     for cfg, cls in reversed(state.classes):
         cfg.__class__ = cls
@@ -161,11 +167,11 @@ def _restore_state(model: Any, state: AttentionState) -> None:
             model.set_attn_implementation(state.previous)
     put_back_names(state.configs, "_attn_implementation")
     for cfg, _ in state.configs:
-        at._PREVIOUS.pop(id(cfg), None)
+        hf_attention._PREVIOUS.pop(id(cfg), None)
     state.configs.clear()
 
 
-def restore(model: Any, state: KernelizeState) -> None:
+def restore(model: torch.nn.Module, state: KernelizeState) -> None:
     attention: AttentionState | None = state.kinds.get(NAME)
     if attention is not None:
         _restore_state(model, attention)

@@ -64,13 +64,13 @@ def plan_packed(kernel: PackedKernel | None, kwargs: dict[str, Any], *, training
     return ""
 
 
-def _causal(module: Any, kwargs: dict[str, Any]) -> bool:
+def _causal(module: torch.nn.Module, kwargs: dict[str, Any]) -> bool:
     causal = kwargs.get("is_causal")
     return bool(getattr(module, "is_causal", True)) if causal is None else bool(causal)
 
 
-def kernel_packed(kernel: PackedKernel, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                  kwargs: dict[str, Any]) -> torch.Tensor:
+def kernel_packed(kernel: PackedKernel, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                  value: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
     """The kernel on a packed call: query/key/value [1, H, T, D] -> [1, Tq, Hq, Dv] (transformers' flash layout)."""
     q, k, v = (x.transpose(1, 2) for x in (query, key, value))  # [1, T, H, D]
     d, dv = q.shape[-1], v.shape[-1]
@@ -133,7 +133,7 @@ def packed_mask(tq: int, tk: int, cu_q: torch.Tensor, cu_k: torch.Tensor, *, cau
     return keep[None, None]
 
 
-def previous_packed(prev_fn: Callable[..., Any], module: Any, query: torch.Tensor, key: torch.Tensor,
+def previous_packed(prev_fn: Callable[..., Any], module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                     value: torch.Tensor, kwargs: dict[str, Any], *, additive: bool) -> Any:
     """The previous implementation on a packed call, with the mask it needs (additive for eager attention)."""
     if is_paged(kwargs):

@@ -43,12 +43,11 @@ import torch
 
 from ....errors import KernelHubError
 from ....verify.numerics import relative_error
-from ...swap import ATTENTION_HOOK_ATTR as HOOK_ATTR
 from ...swap import IMPLEMENTATION_NAME as SETTABLE_NAME
 from ...swap import CallCounts
 from ...weights_guard import KernelRefused, check_output, held_weights
 from . import packed
-from .contract import NAME
+from .contract import HOOK_ATTR, NAME
 
 #: The implementation name kernelize switches a model's attention configs to (flash-named: continuous batching
 #: accepts it); SETTABLE_NAME ("kernel_hub") runs the same functions and is the name set_attn_implementation takes.
@@ -76,7 +75,7 @@ class AttentionHook(CallCounts):
 
 
 @dataclass(frozen=True)
-class Plan:
+class AttentionCallPlan:
     """Kernel arguments for one call: shifts move each sequence's real tokens to the front."""
 
     causal: bool
@@ -99,7 +98,7 @@ class HeadPad:
 
 
 @dataclass
-class Probe:
+class AttentionProbe:
     """Validation mode: each call runs the previous implementation and the kernel, records the error."""
 
     flash: Callable[..., torch.Tensor]
@@ -113,7 +112,7 @@ class Probe:
 #: process: kernelize gives each model private config copies, so two models validated at once (two threads, two
 #: asyncio tasks) each feed their own probe, and another model's forward meanwhile is never probed. A dict keyed by
 #: config id, like _PREVIOUS, is also what torch.compile traces without a graph break (a ContextVar it cannot).
-_PROBES: dict[int, Probe] = {}
+_PROBES: dict[int, AttentionProbe] = {}
 _log = logging.getLogger(__name__)
 _weights_logged = False
 
@@ -154,7 +153,7 @@ def materialized_mask(query: torch.Tensor, key: torch.Tensor, *, causal: bool,
     return bias.masked_fill(~keep, torch.finfo(query.dtype).min)[None, None]
 
 
-def eager_mask(module: Any, query: torch.Tensor, key: torch.Tensor, attention_mask: Any,
+def eager_mask(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, attention_mask: Any,
                kwargs: dict[str, Any]) -> Any:
     """The mask as eager attention reads it: additive, in the query's dtype. Under "kernel_hub" the model builds the
     previous implementation's mask (kernel_hub_mask): sdpa's is a bool keep-mask, or None where sdpa would mask by
@@ -171,7 +170,7 @@ def eager_mask(module: Any, query: torch.Tensor, key: torch.Tensor, attention_ma
     return attention_mask
 
 
-def _weights_call(module: Any) -> Callable[..., Any]:
+def _weights_call(module: torch.nn.Module) -> Callable[..., Any]:
     """The implementation that returns attention weights (the module's eager attention), logged once."""
     global _weights_logged
     if not _weights_logged:
@@ -181,7 +180,7 @@ def _weights_call(module: Any) -> Callable[..., Any]:
     return previous_function(module, "eager")
 
 
-def previous_function(module: Any, previous: str | None) -> Callable[..., Any]:
+def previous_function(module: torch.nn.Module, previous: str | None) -> Callable[..., Any]:
     """The attention function `module` called before kernelize (its modeling file's eager as default)."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -376,12 +375,12 @@ def plan_heads(q: tuple[int, ...], k: tuple[int, ...], v: tuple[int, ...],
 
 def plan_call(
     mask: torch.Tensor | None, sq: int, skv: int, *, causal: bool, window: int | None
-) -> tuple[Plan | None, str]:
+) -> tuple[AttentionCallPlan | None, str]:
     """Pure decision for one call: (kernel arguments, "") or (None, why the previous implementation runs)."""
     if mask is None:
         if causal and 1 < sq < skv:
             return None, "no mask with fewer queries than keys (sdpa would slice the keys)"
-        return Plan(causal=causal, window=window), ""
+        return AttentionCallPlan(causal=causal, window=window), ""
     if not isinstance(mask, torch.Tensor):
         return None, f"{type(mask).__name__} attention mask"
     m, why = _as_bool_mask(mask)
@@ -404,10 +403,11 @@ def plan_call(
         return None, why
     full = bool((qs == 0).all() and (ks == 0).all() and (ql == sq).all() and (kl == skv).all())
     if full:
-        return Plan(causal=causal, window=window), ""
+        return AttentionCallPlan(causal=causal, window=window), ""
     shifted = bool((qs != 0).any() or (ks != 0).any())
-    return Plan(causal=causal, window=window, q_shift=qs if shifted else None, kv_shift=ks if shifted else None,
-                q_lengths=ql.to(torch.int32), kv_lengths=kl.to(torch.int32), rows=rows), ""
+    return AttentionCallPlan(causal=causal, window=window, q_shift=qs if shifted else None,
+                             kv_shift=ks if shifted else None, q_lengths=ql.to(torch.int32),
+                             kv_lengths=kl.to(torch.int32), rows=rows), ""
 
 
 def _query_rows(m: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -438,7 +438,7 @@ def _candidate_matches(m, rows, qs, ks, ql, kl, *, causal: bool, window: int | N
 
 def traced_plan(
     mask: torch.Tensor | None, sq: int, skv: int, *, causal: bool, window: int | None
-) -> tuple[Plan | None, torch.Tensor | None, str]:
+) -> tuple[AttentionCallPlan | None, torch.Tensor | None, str]:
     """plan_call for torch.compile: every decision on shapes and static facts is taken here, every decision on the
     mask's values is one bool tensor `ok` (None: the plan needs no check) that picks the branch in the graph.
     The plan is always the general one (shifts and lengths): with zero shifts and full lengths it computes exactly
@@ -467,8 +467,8 @@ def traced_plan(
     (rows1, qs1, ql1, ok1), (rows2, qs2, ql2, ok2) = runs
     rows, qs, ql = torch.where(ok1, rows1, rows2), torch.where(ok1, qs1, qs2), torch.where(ok1, ql1, ql2)
     ok = ok & ok_k & (ok1 | ok2)
-    return Plan(causal=causal, window=window, q_shift=qs, kv_shift=ks, q_lengths=ql.to(torch.int32),
-                kv_lengths=kl.to(torch.int32), rows=rows), ok, ""
+    return AttentionCallPlan(causal=causal, window=window, q_shift=qs, kv_shift=ks, q_lengths=ql.to(torch.int32),
+                             kv_lengths=kl.to(torch.int32), rows=rows), ok, ""
 
 
 def _roll(x: torch.Tensor, shift: torch.Tensor, sign: int) -> torch.Tensor:
@@ -479,7 +479,7 @@ def _roll(x: torch.Tensor, shift: torch.Tensor, sign: int) -> torch.Tensor:
 
 
 def run_plan(
-    flash: Callable[..., torch.Tensor], plan: Plan, query, key, value, *, pad: HeadPad, softcap, sinks
+    flash: Callable[..., torch.Tensor], plan: AttentionCallPlan, query, key, value, *, pad: HeadPad, softcap, sinks
 ) -> torch.Tensor:
     """The kernel on one call's q/k/v [B,H,S,D] under `plan` and `pad` -> [B,Hq,Sq,Dv]."""
     q, k, v = query, key, value
@@ -499,8 +499,8 @@ def run_plan(
 
 
 def _kernel_call(
-    module: Any, flash: Callable[..., torch.Tensor], query, key, value, attention_mask, kwargs
-) -> tuple[Any, Plan | None, str]:
+    module: torch.nn.Module, flash: Callable[..., torch.Tensor], query, key, value, attention_mask, kwargs
+) -> tuple[Any, AttentionCallPlan | None, str]:
     """(output [B,Sq,H,Dv] or None, plan, reason) for one call of the kernel path."""
     why = plan_kwargs(kwargs, training=bool(module.training))
     if why:
@@ -523,7 +523,7 @@ def _kernel_call(
 
 
 def _traced_kernel_call(module, flash, query, key, value, attention_mask, kwargs, *, pad: HeadPad, causal: bool,
-                        window: int | None) -> tuple[Any, Plan | None, str]:
+                        window: int | None) -> tuple[Any, AttentionCallPlan | None, str]:
     """_kernel_call under torch.compile: no Python branch on tensor values. Where the mask's values decide, the graph
     holds both the kernel and the previous implementation and keeps one by the plan's check (torch.where), so a mask the
     kernel cannot express still gets the previous implementation's output, exactly as in eager mode."""
@@ -560,7 +560,7 @@ def _rel_rows(out: torch.Tensor, ref: torch.Tensor, rows: torch.Tensor | None) -
     return relative_error(out, ref)
 
 
-def kernel_hub_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+def kernel_hub_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                          attention_mask: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
     """Registered as attention implementation "kernel_hub": the kernel for hooked layers where the call
     is expressible, else the layer's previous implementation with the same arguments."""
@@ -611,7 +611,7 @@ def kernel_hub_attention(module: Any, query: torch.Tensor, key: torch.Tensor, va
     return out, None
 
 
-def _packed_call(module: Any, hook: AttentionHook | None, prev_fn: Callable[..., Any], previous: str | None,
+def _packed_call(module: torch.nn.Module, hook: AttentionHook | None, prev_fn: Callable[..., Any], previous: str | None,
                  query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kwargs: dict[str, Any]) -> Any:
     """A packed call (continuous batching, padding-free): the kernel's flash-attn functions, or the previous
     implementation with the block-diagonal mask transformers builds for it only under eager/sdpa."""
@@ -628,7 +628,7 @@ def _packed_call(module: Any, hook: AttentionHook | None, prev_fn: Callable[...,
     return packed.previous_packed(fn, module, query, key, value, kwargs, additive=eager)
 
 
-def set_probe(configs: Iterable[Any], probe: Probe | None) -> None:
+def set_probe(configs: Iterable[Any], probe: AttentionProbe | None) -> None:
     """Validation mode for the model holding `configs`: its attention calls feed `probe` (None: off again)."""
     for cfg in configs:
         if probe is None:

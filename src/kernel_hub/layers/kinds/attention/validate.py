@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ...validate import dtype_device
+from ...layer_check import dtype_device
 
 ATTENTION_BATCH, ATTENTION_TOKENS, ATTENTION_PAD = 2, 24, 5
 DIFFUSERS_BATCH, DIFFUSERS_TOKENS, DIFFUSERS_ENCODER_TOKENS = 2, 24, 7
@@ -25,7 +25,7 @@ def _first_tensor(out: Any) -> torch.Tensor | None:
     return next((v for v in values if isinstance(v, torch.Tensor)), None)
 
 
-def model_forwards(model: Any, device: Any) -> list[torch.Tensor | None]:
+def model_forwards(model: torch.nn.Module, device: torch.device) -> list[torch.Tensor | None]:
     """Two forwards on random tokens: no padding (the mask-free path) and left padding in row 1; their outputs."""
     g = torch.Generator().manual_seed(0)
     vocab = int(model.config.vocab_size)
@@ -42,7 +42,7 @@ def model_forwards(model: Any, device: Any) -> list[torch.Tensor | None]:
     return [plain, padded]
 
 
-def diffusers_attention_call(module: Any, encoder: int | None, seed: int) -> None:
+def diffusers_attention_call(module: torch.nn.Module, encoder: int | None, seed: int) -> None:
     """Run a Diffusers attention module on random hidden states of its own widths (no mask: the kernel's main
     path), with encoder states of width `encoder` when given."""
     to_q = getattr(module, "to_q", None)

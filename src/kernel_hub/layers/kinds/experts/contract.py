@@ -11,6 +11,8 @@ from typing import Any, Protocol
 from ....verify.contract import Implementation, readable_signature
 
 NAME = "moe_experts"
+#: The block attribute holding its ExpertsHook, which the registered experts function reads at call time.
+HOOK_ATTR = "_kernel_hub_experts"
 
 
 class ExpertsKernel(Protocol):

@@ -21,7 +21,7 @@ _BLOCKS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 _NEXT = itertools.count(1)
 
 
-def register(module: Any) -> int:
+def register(module: torch.nn.Module) -> int:
     """A new handle for the packed block `module` (eager, at pack time: tracing only reads it)."""
     handle = next(_NEXT)
     _BLOCKS[handle] = module

@@ -28,12 +28,13 @@ from typing import Any
 import torch
 
 from ....errors import KernelHubError
-from ...swap import EXPERTS_HOOK_ATTR, IMPLEMENTATION_NAME, PACKED_ATTR, packed_placeholders
+from ...swap import IMPLEMENTATION_NAME, STAND_INS_ATTR, stand_in_parameters
 from . import packed_op
+from .contract import HOOK_ATTR
 from .find import ExpertsLayout
 from .plan import PACK_ENV
 
-RECORD_ATTR = PACKED_ATTR
+RECORD_ATTR = STAND_INS_ATTR
 DOWN = "down_proj"
 #: Set to "0" to keep every expert block unpacked.
 ENV = PACK_ENV
@@ -61,7 +62,7 @@ class ModulePacking:
     compile_handle: int = 0  # packed_op's handle: how a compiled graph names this block
 
 
-def record_of(module: Any) -> ModulePacking | None:
+def record_of(module: torch.nn.Module) -> ModulePacking | None:
     return module.__dict__.get(RECORD_ATTR)
 
 
@@ -71,10 +72,10 @@ def _placeholder(param: torch.Tensor) -> torch.nn.Parameter:
 
 
 #: ids of the meta parameters standing in for packed CPU weights anywhere in a model.
-placeholders = packed_placeholders
+placeholders = stand_in_parameters
 
 
-def _pack(module: Any, record: ModulePacking) -> str:
+def _pack(module: torch.nn.Module, record: ModulePacking) -> str:
     """Pack the block's two weights in place and swap in placeholders; raises the kernel's PackingError (with both
     weights left dense) when either cannot be packed. Returns the reason line."""
     holders: dict[str, Any] = {}
@@ -101,7 +102,7 @@ def _pages(holders: list[Any]) -> str:
     return next(why for nbytes, why in huge if not nbytes)
 
 
-def _unpack(module: Any, record: ModulePacking) -> None:
+def _unpack(module: torch.nn.Module, record: ModulePacking) -> None:
     """Original parameter objects back under their names, bytes restored; requires_grad as the placeholder now says."""
     if record.holders is None:
         return
@@ -118,7 +119,7 @@ def _unpack(module: Any, record: ModulePacking) -> None:
     record.placeholders = {}
 
 
-def _try_pack(module: Any, record: ModulePacking) -> None:
+def _try_pack(module: torch.nn.Module, record: ModulePacking) -> None:
     """Pack again after a load or a conversion, where the weights allow; otherwise stay unpacked (and say why)."""
     params = [module._parameters.get(n) for n in record.names]
     if any(p is None or p.requires_grad or p.device.type != "cpu" for p in params):
@@ -130,7 +131,7 @@ def _try_pack(module: Any, record: ModulePacking) -> None:
         record.reason = f"unpacked: {exc}"
 
 
-def active_holders(module: Any) -> dict[str, Any] | None:
+def active_holders(module: torch.nn.Module) -> dict[str, Any] | None:
     """The packed weights a call may use, or None (unpacked path). Drops the packed copy of a block whose placeholder
     was replaced or set to require grad, so its next calls read the parameters it now has."""
     record = record_of(module)
@@ -148,7 +149,7 @@ def active_holders(module: Any) -> dict[str, Any] | None:
 # --- hooks: state_dict, load_state_dict, Module._apply ----------------------------------------------------------------
 
 
-def _state_dict_hook(module: Any, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+def _state_dict_hook(module: torch.nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
     record = record_of(module)
     if record is None or record.holders is None:
         return
@@ -161,13 +162,13 @@ def _state_dict_hook(module: Any, state_dict: dict[str, Any], prefix: str, local
                                if isinstance(value, torch.nn.Parameter) else dense)
 
 
-def _load_pre_hook(module: Any, *args: Any) -> None:
+def _load_pre_hook(module: torch.nn.Module, *args: Any) -> None:
     record = record_of(module)
     if record is not None:
         _unpack(module, record)
 
 
-def _load_post_hook(module: Any, incompatible_keys: Any) -> None:
+def _load_post_hook(module: torch.nn.Module, incompatible_keys: Any) -> None:
     record = record_of(module)
     if record is not None and record.holders is None:
         _try_pack(module, record)
@@ -186,7 +187,7 @@ class PackedApply:
     """The block's instance `_apply` (what .to(), .float(), .cpu(), .to_empty(), .share_memory() go through); a class,
     not a closure, so deepcopy rebinds it to the copy."""
 
-    def __init__(self, module: Any) -> None:
+    def __init__(self, module: torch.nn.Module) -> None:
         self.module = module
 
     def __call__(self, fn: Any, recurse: bool = True) -> Any:
@@ -205,7 +206,7 @@ class PackedApply:
 
 
 @contextlib.contextmanager
-def _placeholders_hidden(module: Any, record: ModulePacking):
+def _placeholders_hidden(module: torch.nn.Module, record: ModulePacking):
     """Take the placeholders out of _parameters for the duration, then put them back in their places."""
     order = list(module._parameters)
     for name in record.names:
@@ -222,11 +223,11 @@ def _placeholders_hidden(module: Any, record: ModulePacking):
 # --- install / remove -----------------------------------------------------------------------------------------------
 
 
-def _guard_other_implementations(module: Any, args: Any) -> None:
+def _guard_other_implementations(module: torch.nn.Module, args: Any) -> None:
     """Forward pre-hook of a packed block: transformers' own experts implementations (a model switched back with
     set_experts_implementation) would read the meta placeholders and fail deep inside with a dtype or device error;
     say what happened and what to do instead."""
-    if EXPERTS_HOOK_ATTR not in module.__dict__ or "forward" in module.__dict__:
+    if HOOK_ATTR not in module.__dict__ or "forward" in module.__dict__:
         return  # the block's own forward is ours (or it is not routed through the interface)
     chosen = getattr(getattr(module, "config", None), "_experts_implementation", IMPLEMENTATION_NAME)
     if chosen != IMPLEMENTATION_NAME and active_holders(module) is not None:
@@ -236,7 +237,7 @@ def _guard_other_implementations(module: Any, args: Any) -> None:
             f"or kernelize with {ENV}=0 to keep the weights dense")
 
 
-def pack_module(module: Any, layout: ExpertsLayout, kernel: Any) -> tuple[bool, str]:
+def pack_module(module: torch.nn.Module, layout: ExpertsLayout, kernel: Any) -> tuple[bool, str]:
     """Pack the block's expert weights and install the hooks that keep it a normal module; (packed, why). On a refusal
     the block is left exactly as it was."""
     record = ModulePacking(names=weight_names(layout), transposed=layout.is_transposed, pack=kernel.pack_experts)
@@ -254,7 +255,7 @@ def pack_module(module: Any, layout: ExpertsLayout, kernel: Any) -> tuple[bool, 
     return True, record.reason
 
 
-def unpack_module(module: Any) -> bool:
+def unpack_module(module: torch.nn.Module) -> bool:
     """Give the block its original parameters back (bit for bit, same objects) and remove every packing hook."""
     record = module.__dict__.pop(RECORD_ATTR, None)
     if record is None:

@@ -35,6 +35,7 @@ bound ~ 0.14-0.2. A block over its bound keeps the unquantized kernel and its ro
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,7 +139,7 @@ def _dequantize(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return w * s.repeat_interleave(BLOCK, -2)[..., :k, :].repeat_interleave(BLOCK, -1)[..., :n]
 
 
-def quantize_block(module: Any, layout: ExpertsLayout, fmt: str, quantize: Any, advise: Any = None
+def quantize_block(module: torch.nn.Module, layout: ExpertsLayout, fmt: str, quantize: Any, advise: Any = None
                    ) -> QuantizedExperts:
     """Quantized copies of the block's two projections (never touching its parameters)."""
 
@@ -149,7 +150,7 @@ def quantize_block(module: Any, layout: ExpertsLayout, fmt: str, quantize: Any, 
     return record
 
 
-def _fill(module: Any, record: QuantizedExperts) -> None:
+def _fill(module: torch.nn.Module, record: QuantizedExperts) -> None:
     before = after = 0
     for name in record.names:
         param = module._parameters[name]
@@ -166,7 +167,7 @@ def _fill(module: Any, record: QuantizedExperts) -> None:
     record.bytes_before, record.bytes_after = before, after
 
 
-def fp8_model_record(module: Any, layout: ExpertsLayout) -> QuantizedExperts:
+def fp8_model_record(module: torch.nn.Module, layout: ExpertsLayout) -> QuantizedExperts:
     """The record of a block that already holds fine-grained FP8 weights: its own tensors, no copy."""
 
     names = weight_names(layout)
@@ -179,11 +180,11 @@ def fp8_model_record(module: Any, layout: ExpertsLayout) -> QuantizedExperts:
     return record
 
 
-def record_of(module: Any) -> QuantizedExperts | None:
+def record_of(module: torch.nn.Module) -> QuantizedExperts | None:
     return module.__dict__.get(RECORD_ATTR)
 
 
-def weights_for(module: Any) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]] | None:
+def weights_for(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]] | None:
     """(up, down, moe_experts keyword arguments) for a quantized block's call, or None (not quantized). Quantizes
     again first when a source parameter changed since (a new object or an in-place write; checked on eager calls)."""
     record = record_of(module)
@@ -204,11 +205,11 @@ def weights_for(module: Any) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]
     return q_up, q_down, {"is_transposed": False, "w_gate_up_scale": s_up, "w_down_scale": s_down}
 
 
-def install(module: Any, record: QuantizedExperts) -> None:
+def install(module: torch.nn.Module, record: QuantizedExperts) -> None:
     module.__dict__[RECORD_ATTR] = record
 
 
-def drop(module: Any) -> bool:
+def drop(module: torch.nn.Module) -> bool:
     """Remove the block's quantized copies (restore); True if it had any."""
     return module.__dict__.pop(RECORD_ATTR, None) is not None
 
@@ -245,7 +246,7 @@ def describe(record: QuantizedExperts, err: float | None, bound: float | None) -
     return f"{DESCRIBE[record.fmt]} ({saved}{'; weights ' + weights if weights else ''}{check}{pages})"
 
 
-def fp8_reference(module: Any, layout: ExpertsLayout) -> Any:
+def fp8_reference(module: torch.nn.Module, layout: ExpertsLayout) -> Any:
     """The fine-grained FP8 block's own computation on CPU, where its forward needs a GPU kernel: transformers'
     dequantization (`_dequantize_fp8_weight`) of each expert it routes to, in float32 (bfloat16 would round every
     weight once more, an error of its own), then FP8Experts' own gate and float32 combine, as fn(module, hidden,
@@ -291,8 +292,8 @@ def kernel_takes_scales(kernel: Any) -> tuple[bool, str]:
     return True, ""
 
 
-def apply_to_block(module: Any, layout: ExpertsLayout, fmt: str | None, kernel: Any, check: Any, tolerance: float,
-                   validate: bool) -> Outcome | None:
+def apply_to_block(module: torch.nn.Module, layout: ExpertsLayout, fmt: str | None, kernel: Any,
+                   check: Callable[[], float], tolerance: float, validate: bool) -> Outcome | None:
     """Quantize one accepted block and check it against its own layer (`check()` -> relative error of the block's
     kernel call, which now reads the quantized copies, against the unquantized layer). None: nothing to quantize.
     A block over its bound, or whose quantized call raises, drops the copies and keeps the unquantized kernel."""

@@ -20,10 +20,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ...swap import EXPERTS_HOOK_ATTR as HOOK_ATTR
 from ...swap import IMPLEMENTATION_NAME
 from . import packed_op, packing, quantize
-from .contract import NAME
+from .contract import HOOK_ATTR, NAME
 from .find import ExpertsLayout, ExpertsSite
 
 LAYER_KIND = NAME  # the kind's name, as its report rows give it
@@ -43,13 +42,13 @@ class ExpertsHook:
     instance_forward: Any = None
 
 
-def _eager_forward(module: Any) -> Callable[..., torch.Tensor]:
+def _eager_forward(module: torch.nn.Module) -> Callable[..., torch.Tensor]:
     """The class's own (eager) forward, unwrapped from transformers' dispatcher if decorated."""
     forward = type(module).forward
     return getattr(forward, "__wrapped__", forward)
 
 
-def previous_forward(module: Any, previous: str | None) -> Callable[..., torch.Tensor]:
+def previous_forward(module: torch.nn.Module, previous: str | None) -> Callable[..., torch.Tensor]:
     """The unbound function `module` ran before kernelize, given its previous implementation name."""
     eager = _eager_forward(module)
     if previous in (None, "eager", IMPLEMENTATION_NAME):
@@ -59,7 +58,7 @@ def previous_forward(module: Any, previous: str | None) -> Callable[..., torch.T
     return ALL_EXPERTS_FUNCTIONS.get_interface(previous, eager)
 
 
-def reference_for(module: Any, site: ExpertsSite) -> Callable[..., torch.Tensor]:
+def reference_for(module: torch.nn.Module, site: ExpertsSite) -> Callable[..., torch.Tensor]:
     """What the block runs now, as fn(module, hidden, index, weights): what its kernel call is checked against."""
     if site.route == "interface":
         return previous_forward(module, module.config._experts_implementation)
@@ -99,7 +98,7 @@ def register_implementation() -> None:
     quantize.register_fp8_interface(IMPLEMENTATION_NAME, kernel_hub_experts_forward)  # FP8Experts' own interface
 
 
-def install_forward(module: Any, hook: ExpertsHook) -> None:
+def install_forward(module: torch.nn.Module, hook: ExpertsHook) -> None:
     """Give `module` an instance-level forward bound to it (deepcopy rebinds it to the copy)."""
     hook.had_instance_forward = "forward" in module.__dict__
     hook.instance_forward = module.__dict__.get("forward")
@@ -111,7 +110,7 @@ def install_forward(module: Any, hook: ExpertsHook) -> None:
     module.forward = types.MethodType(_replaced_forward, module)
 
 
-def remove_hook(module: Any) -> None:
+def remove_hook(module: torch.nn.Module) -> None:
     """Undo install_forward / the hook attribute, leaving the instance as it was."""
     hook: ExpertsHook | None = module.__dict__.pop(HOOK_ATTR, None)
     if hook is None:
@@ -122,7 +121,7 @@ def remove_hook(module: Any) -> None:
             module.__dict__["forward"] = hook.instance_forward
 
 
-def _is_default_gate(module: Any) -> bool:
+def _is_default_gate(module: torch.nn.Module) -> bool:
     from transformers.integrations import moe
 
     gate = getattr(type(module), "_apply_gate", None)
@@ -170,7 +169,7 @@ def _generic_moe(ragged_dot: Callable[..., torch.Tensor]) -> Callable[..., torch
 TRANSFORMERS_LAYOUT = ("has_gate", "is_concatenated", "is_transposed", "has_bias")
 
 
-def experts_function_fits(module: Any, site: ExpertsSite) -> str:
+def experts_function_fits(module: torch.nn.Module, site: ExpertsSite) -> str:
     """Why a kernel in transformers' experts-function convention cannot serve this block ("" if it can): such a
     function reads the module's transformers layout attributes and dense weights, nothing kernelize hands it."""
     missing = [a for a in TRANSFORMERS_LAYOUT if not isinstance(getattr(module, a, None), bool)]
@@ -189,7 +188,7 @@ def experts_function_call(kernel: Any) -> ExpertsCall:
     itself, as transformers would call it."""
     fn = kernel.experts_forward
 
-    def call(module: Any, hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def call(module: torch.nn.Module, hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         return fn(module, hidden, index, weights)
 
     return call
@@ -208,7 +207,7 @@ def make_call(kernel: Any, layout: ExpertsLayout, convention: str = "moe_experts
     moe_packed = getattr(kernel, "moe_experts_packed", None)
     up_name, down_name = packing.weight_names(layout)
 
-    def call(module: Any, hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def call(module: torch.nn.Module, hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         gated = layout.has_gate
         act = getattr(module, "act_fn", None)
         kwargs: dict[str, Any] = {
@@ -242,7 +241,7 @@ def make_call(kernel: Any, layout: ExpertsLayout, convention: str = "moe_experts
 SWITCH_ATTR = "set_experts_implementation"
 
 
-def _user_switch(model: Any, experts_implementation: Any) -> Any:
+def _user_switch(model: torch.nn.Module, experts_implementation: Any) -> Any:
     """Instance `set_experts_implementation` of a kernelized model: the user's later choice wins. Leaving
     "kernel_hub" unpacks the packed blocks first (their dense weights are meta placeholders while packed, and the
     implementation chosen reads them); restore() still gives back what the model ran before kernelize."""
@@ -255,11 +254,11 @@ def _user_switch(model: Any, experts_implementation: Any) -> Any:
     return type(model).set_experts_implementation(model, experts_implementation)
 
 
-def honour_user_switch(model: Any) -> None:
+def honour_user_switch(model: torch.nn.Module) -> None:
     """Give the kernelized `model` the instance switch above (a bound method: deepcopy rebinds it to the copy)."""
     model.__dict__[SWITCH_ATTR] = types.MethodType(_user_switch, model)
 
 
-def drop_user_switch(model: Any) -> None:
+def drop_user_switch(model: torch.nn.Module) -> None:
     if isinstance(model.__dict__.get(SWITCH_ATTR), types.MethodType):
         model.__dict__.pop(SWITCH_ATTR)

@@ -1,7 +1,7 @@
 """The moe_experts kind's validate job: a block's kernel call against its own implementation on VALIDATION_TOKENS
 random tokens routed to random experts (a private generator; on a sharded block's local slices; training: the
 gradients of the hidden states, routing weights and expert weights too), with the block's weights held so a kernel
-that writes them is undone and refused (layers/validate.py's shared rules).
+that writes them is undone and refused (layers/layer_check.py's shared rules).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
+from ...layer_check import rel_error
 from ...sharded import local_parameters
-from ...validate import rel_error
 from ...weights_guard import check_output, held_weights
 from .find import ExpertsLayout
 
@@ -22,7 +22,7 @@ VALIDATION_TOKENS = 16
 ExpertsCall = Any
 
 
-def experts_batch(layout: ExpertsLayout, top_k: int, dtype: torch.dtype, device: Any, seed: int):
+def experts_batch(layout: ExpertsLayout, top_k: int, dtype: torch.dtype, device: torch.device, seed: int):
     """(hidden, top_k_index, top_k_weights) for one expert block: VALIDATION_TOKENS tokens, random experts."""
     g = torch.Generator().manual_seed(seed)  # private generator: the user's RNG stream is untouched
     t, e = VALIDATION_TOKENS, layout.num_experts
@@ -37,7 +37,7 @@ def _named_inputs(hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tens
 
 
 def validate_layer(
-    module: Any, layout: ExpertsLayout, call: ExpertsCall, reference: Any, *, mode: str, top_k: int,
+    module: torch.nn.Module, layout: ExpertsLayout, call: ExpertsCall, reference: Any, *, mode: str, top_k: int,
     seed: int = 0,
 ) -> float:
     """Largest relative error of the kernel against `reference` on a random batch of this block's shapes
@@ -46,7 +46,7 @@ def validate_layer(
         return _validate_local(module, layout, call, reference, mode=mode, top_k=top_k, seed=seed)
 
 
-def _validate_local(module: Any, layout: ExpertsLayout, call: ExpertsCall, reference: Any, *, mode: str,
+def _validate_local(module: torch.nn.Module, layout: ExpertsLayout, call: ExpertsCall, reference: Any, *, mode: str,
                     top_k: int, seed: int) -> float:
     weight = module.gate_up_proj if layout.has_gate else module.up_proj
     # the block's compute dtype (an FP8 model's weights are float8; its activations are not)

@@ -4,18 +4,21 @@ plan.choose_form -> swap this instance's forward for a NormHook -> report rows; 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ...layer_check import tolerance_for
 from ...load import kernel_for, kernel_info
 from ...report import Kept, Replaced
 from ...swap import CallCounts, put_back_forward, swap_forward
-from ...validate import tolerance_for
 from ...weights_guard import KernelRefused, watched
-from ..declaration import KindRun
+from ..declaration import KindRun, KindStates
 from .contract import NAME
 from .find import find_norms, norm_epsilon
 from .plan import FORMS, choose_form, form_name
 from .validate import norm_form_errors
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -24,12 +27,12 @@ class NormHook(CallCounts):
     input's dtype is not the weight's (a case the validation did not cover; counted as a fallback, with why)."""
 
     kernel: Any
-    module: Any
+    module: torch.nn.Module
     previous: Any  # the forward that ran before (bound method or instance attribute)
     zero_centered: bool
     scale_after_cast: bool
 
-    def __call__(self, hidden_states: Any) -> Any:
+    def __call__(self, hidden_states: torch.Tensor) -> torch.Tensor:
         weight = self.module.weight
         if hidden_states.dtype != weight.dtype:
             self.fell_back(f"input dtype {hidden_states.dtype} is not the weight's {weight.dtype} (validated on the "
@@ -86,7 +89,7 @@ def apply(run: KindRun) -> None:
         run.state.kinds.pop(NAME, None)
 
 
-def restore(model: Any, state: Any) -> None:
+def restore(model: torch.nn.Module, state: KindStates) -> None:
     del model
     norms: NormState | None = state.kinds.get(NAME)
     for module, previous in reversed(norms.swapped if norms else []):

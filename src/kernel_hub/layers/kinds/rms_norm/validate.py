@@ -1,6 +1,6 @@
 """The rms_norm kind's validate job: each of the kernel's forms against the layer's current forward on NORM_ROWS random
 rows (a private generator; training: the gradients of x and weight too), with the weight held so a kernel that writes
-it is undone and refused (layers/validate.py's shared rules)."""
+it is undone and refused (layers/layer_check.py's shared rules)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from typing import Any
 
 import torch
 
-from ...validate import rel_error
+from ...layer_check import rel_error
 from ...weights_guard import check_output, held_weights
 from .plan import FORMS
 
 NORM_ROWS = 16
 
 
-def norm_form_errors(module: Any, kernel: Any, eps: float, mode: str, seed: int) -> list[float]:
+def norm_form_errors(module: torch.nn.Module, kernel: Any, eps: float, mode: str, seed: int) -> list[float]:
     """Error of each plan.FORMS entry of the kernel's rms_norm against the module's current forward on random rows
     (training: the max with the gradients of x and weight); a form whose output dtype differs scores inf."""
     weight = module.weight

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from ..env import TpuEnv, TpuEnvironmentError
 from ..package import VerifiedPackage
-from ..runner import Runner, default_jobs, last_line, refusal, run_worker
+from ..worker_client import Runner, default_jobs, last_line, refusal, run_worker
 
 if TYPE_CHECKING:
     from ...json_types import JsonDict

@@ -1,5 +1,5 @@
 """Drive a worker (worker.py, or one built on its `serve`) in the TPU environment's Python and read its events
-back: one subprocess per request, for the compile gate (compile_gate/runner.py) and the checkout's cost model
+back: one subprocess per request, for the compile gate (compile_gate/worker_pool.py) and the checkout's cost model
 (tpu_cost_model/worker.py) alike.
 
 A worker that refuses the kernel package (a file differs from the digests the parent verified) reports it as one

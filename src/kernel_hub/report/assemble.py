@@ -90,7 +90,7 @@ def build_report(options: Options, progress: Progress) -> Report:
     from .benches import run_benches
     from .environment import environment
     from .families import run_families
-    from .validation import run_compile, run_validation
+    from .validation_section import run_compile, run_validation
 
     start = time.perf_counter()
     seed = options.seed if options.seed is not None else new_seed()

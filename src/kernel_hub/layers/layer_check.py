@@ -10,7 +10,6 @@ plan.verdict's. The inputs each kind is checked on are the kind's own (kinds/<ki
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 
@@ -34,6 +33,6 @@ def rel_error(out: torch.Tensor | None, ref: torch.Tensor | None) -> float:
     return relative_error(out, ref)
 
 
-def dtype_device(module: Any) -> tuple[torch.dtype, torch.device]:
+def dtype_device(module: torch.nn.Module) -> tuple[torch.dtype, torch.device]:
     p = next(module.parameters(), None)
     return (p.dtype, p.device) if p is not None else (torch.float32, torch.device("cpu"))

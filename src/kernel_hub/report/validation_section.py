@@ -78,7 +78,7 @@ def live_row(kernel: str, c: NumericResult) -> str:
 
 def run_validation(repo_ids: Sequence[str], *, seed: int, quick: bool, progress: Progress) -> Validation:
     """Load each kernel for each framework (jax, torch) on this backend and run its cases."""
-    import kernel_hub as kh
+    from kernel_hub import get_kernel, validate
 
     from ..errors import KernelHubError, NoVariantError
 
@@ -88,7 +88,7 @@ def run_validation(repo_ids: Sequence[str], *, seed: int, quick: bool, progress:
         for framework in FRAMEWORKS:
             start = time.perf_counter()
             try:
-                module = kh.get_kernel(repo_id, framework=framework)
+                module = get_kernel(repo_id, framework=framework)
             except NoVariantError:
                 runs.append(KernelRun(kernel=repo_id, framework=framework, version=None, variant=None, backend=None,
                                       passed=0, total=0, seconds=0.0, skipped=f"no {framework} build fits here"))
@@ -109,7 +109,7 @@ def run_validation(repo_ids: Sequence[str], *, seed: int, quick: bool, progress:
                 progress.advance()
 
             try:
-                report = kh.validate(module, seed=seed, select=quick_selection if quick else None,
+                report = validate(module, seed=seed, select=quick_selection if quick else None,
                                      on_start=started, on_case=finished)
             except KernelHubError as exc:  # no cases for this backend/framework
                 runs.append(KernelRun(kernel=repo_id, framework=framework, version=info.version, variant=info.variant,
