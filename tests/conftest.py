@@ -8,7 +8,8 @@ from pathlib import Path
 # The Hub endpoint and caches for tests are set in the root conftest.py (before huggingface_hub loads).
 import pytest
 
-FIXTURES = Path(__file__).parent / "fixtures"
+from tests.toy_folder import copy_toy
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -37,16 +38,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def toy_kernel(tmp_path: Path) -> Path:
     """A fresh, writable copy of the toy kernel folder."""
-    dest = tmp_path / "toy_kernel"
-    shutil.copytree(FIXTURES / "toy_kernel", dest, ignore=shutil.ignore_patterns("__pycache__"))
-    return dest
-
-
-def set_version(kernel_dir: Path, version: str) -> None:
-    meta = kernel_dir / "kernel.yaml"
-    text = meta.read_text()
-    old = next(line for line in text.splitlines() if line.startswith("version:"))
-    meta.write_text(text.replace(old, f"version: {version}"))
+    return copy_toy(tmp_path / "toy_kernel")
 
 
 @pytest.fixture

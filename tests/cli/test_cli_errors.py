@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from kernel_hub import cli
+from tests.toy_folder import copy_toy
 
-FIXTURES = Path(__file__).parents[1] / "fixtures"
 HASH = "ab" * 32
 COMMIT = "cd" * 20
 VARIANT = {"name": "jax-cpu", "framework": "jax", "backend": "cpu", "entry": "__init__.py", "tpu_generations": [],
@@ -78,7 +77,7 @@ def paths(tmp_path: Path, toy_registry: Path, toy_kernel: Path, monkeypatch: pyt
     (tmp_path / "a_file.txt").write_text("x")
     for name, edit in YAML_EDITS.items():
         folder = tmp_path / name
-        shutil.copytree(FIXTURES / "toy_kernel", folder, ignore=shutil.ignore_patterns("__pycache__"))
+        copy_toy(folder)
         meta = folder / "kernel.yaml"
         if edit is None:
             meta.write_text("- just\n- a list\n")
@@ -87,11 +86,11 @@ def paths(tmp_path: Path, toy_registry: Path, toy_kernel: Path, monkeypatch: pyt
             meta.write_text(meta.read_text().replace(edit[0], edit[1], 1))
         out[name] = str(folder)
     broken = tmp_path / "broken_import"
-    shutil.copytree(FIXTURES / "toy_kernel", broken, ignore=shutil.ignore_patterns("__pycache__"))
+    copy_toy(broken)
     (broken / "toy_scale" / "ops.py").write_text("raise SystemExit('kernel exits at import')\n")
     out["broken_import"] = str(broken)
     link_out = tmp_path / "link_out"
-    shutil.copytree(FIXTURES / "toy_kernel", link_out, ignore=shutil.ignore_patterns("__pycache__"))
+    copy_toy(link_out)
     (link_out / "toy_scale" / "etc").symlink_to("/etc")
     out["link_out"] = str(link_out)
     for name, text in {**LOCKS, **REGISTRIES}.items():

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from tests.hub_server import cli_command, hub_env, running_server
+from tests.toy_folder import TOY
 
 ROOT = Path(__file__).resolve().parents[2]
-TOY = Path(__file__).parents[1] / "fixtures" / "toy_kernel"
 
 #: The documented keys (docs/cli-json.md), the spec these tests hold the CLI to.
 KEYS = {

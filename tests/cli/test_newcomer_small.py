@@ -16,8 +16,8 @@ from kernel_hub import cli
 from kernel_hub.errors import KernelHubError
 from kernel_hub.sources.hub import auth_hint
 from tests.hub_server import cli_command, hub_env, running_server
+from tests.toy_folder import TOY, copy_toy
 
-TOY = Path(__file__).parents[1] / "fixtures" / "toy_kernel"
 TOKEN = "newcomer-token"
 
 
@@ -68,7 +68,7 @@ def published(tmp_path_factory: pytest.TempPathFactory):
     """A `kernel-hub serve` holding the toy kernel as acme/toy-scale (published through the CLI)."""
     root = tmp_path_factory.mktemp("newcomer")
     toy = root / "toy"
-    shutil.copytree(TOY, toy, ignore=shutil.ignore_patterns("__pycache__"))
+    copy_toy(toy)
     with running_server(root / "store", token=TOKEN) as server:
         env = hub_env(server, root / "publish-cache", HF_TOKEN=TOKEN)
         out = run("publish", str(toy), "--repo", "acme/toy-scale", "--skip-tpu-compile", "--skip-validation",

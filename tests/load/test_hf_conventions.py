@@ -6,7 +6,6 @@ kernels' own reader and writer), down to loading a kernel pinned by kernels.lock
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,8 +23,8 @@ from kernel_hub.load.hf_lock import HfLockEntry, is_hf_lock, read_hf_lock, tool_
 from kernel_hub.load.loader import import_build
 from kernel_hub.scaffold import init
 from kernel_hub.sources.base import Build
+from tests.toy_folder import copy_toy
 
-TOY = Path(__file__).parents[1] / "fixtures" / "toy_kernel"
 TOKEN = "hf-conv-token"
 COMMIT = "c0ffee" + "0" * 34
 
@@ -189,7 +188,7 @@ def test_lock_project_writes_both_locks_and_kernels_lock_loads(tmp_path: Path) -
     from tests.hub_server import hub_env, running_server
 
     kernel = tmp_path / "toy"
-    shutil.copytree(TOY, kernel, ignore=shutil.ignore_patterns("__pycache__"))
+    copy_toy(kernel)
     project = tmp_path / "project"
     project.mkdir()
     (project / "pyproject.toml").write_text('[tool.kernels.dependencies]\n"acme/toy-scale" = 1\n')

@@ -12,8 +12,8 @@ import pytest
 import kernel_hub as kh
 from kernel_hub.errors import KernelHubError, KernelNotFoundError
 from tests.client_env import point_at
-from tests.conftest import set_version
 from tests.hub_server import running_server
+from tests.toy_folder import set_version
 
 TOKEN = "test-token"
 REPO = "kernel-hub/toy-scale"  # a trusted organisation, as the checkout's kernels are

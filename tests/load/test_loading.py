@@ -19,7 +19,7 @@ from kernel_hub.errors import (
 )
 from kernel_hub.load.loader import import_build
 from kernel_hub.sources.base import LocalSource
-from tests.conftest import set_version
+from tests.toy_folder import set_version
 
 
 def test_get_kernel_default_spec_major_and_range(toy_registry):

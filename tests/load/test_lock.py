@@ -20,18 +20,18 @@ from kernel_hub.load.lock import get_locked_kernel, lock, read_lock
 from kernel_hub.publish.release import publish
 from kernel_hub.sources.hub import HubSource
 from tests.hub_server import cli_command, hub_env, hub_requests, running_server
+from tests.toy_folder import copy_toy
 
 TOKEN = "test-token"
 REPO = "acme/locked"
 TRUST = ["acme"]  # the test org: trusted by name, as a user would
-TOY = Path(__file__).parents[1] / "fixtures" / "toy_kernel"
 
 
 @pytest.fixture
 def server(tmp_path: Path):
     """Its own server per test: some tests stop it."""
     kernel = tmp_path / "toy"
-    shutil.copytree(TOY, kernel, ignore=shutil.ignore_patterns("__pycache__"))
+    copy_toy(kernel)
     with running_server(tmp_path / "store", token=TOKEN) as srv:
         publish(kernel, repo_id=REPO, endpoint=srv.url, token=TOKEN, skip_validation=True,
                 skip_tpu_compile=True, log=lambda _: None)

@@ -18,7 +18,7 @@ import kernel_hub as kh
 from kernel_hub.publish.release import publish
 from tests.client_env import point_at
 from tests.hub_server import running_server
-from tests.publish.test_publish import toy
+from tests.toy_folder import copy_toy
 
 TOKEN = "ro-token"
 REPO = "acme/ro-toy"
@@ -71,7 +71,7 @@ def _read_only(monkeypatch: pytest.MonkeyPatch, root: Path) -> None:
 def test_a_read_only_warm_cache_loads_online(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cache = tmp_path / "cache"
     with running_server(tmp_path / "store", token=TOKEN) as server:
-        publish(toy(tmp_path / "k", "1.0.0"), repo_id=REPO, endpoint=server.url, token=TOKEN, skip_validation=True,
+        publish(copy_toy(tmp_path / "k", "1.0.0"), repo_id=REPO, endpoint=server.url, token=TOKEN, skip_validation=True,
                 skip_tpu_compile=True, log=lambda _: None)
         point_at(monkeypatch, server.url, cache)
         monkeypatch.setenv("KERNEL_HUB_CACHE", str(tmp_path / "kh-cache"))

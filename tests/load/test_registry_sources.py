@@ -12,8 +12,8 @@ import pytest
 
 import kernel_hub as kh
 from kernel_hub.api import plan_load
-from tests.conftest import set_version
 from tests.hub_server import running_server
+from tests.toy_folder import set_version
 
 TOKEN = "test-token"
 

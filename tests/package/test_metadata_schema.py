@@ -14,10 +14,10 @@ from kernel_hub.errors import MetadataError
 from kernel_hub.load.registry import load_registry, parse_registry
 from kernel_hub.package.metadata import TPU_GENERATIONS, load_metadata, parse_metadata, read_yaml
 from kernel_hub.publish.release import build_layout
+from tests.toy_folder import TOY
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNEL_DIRS = sorted(p.parent for p in (ROOT / "kernels" / "pallas").glob("*/kernel.yaml"))
-TOY = ROOT / "tests" / "fixtures" / "toy_kernel"
 
 
 @pytest.mark.parametrize("kernel_dir", [*KERNEL_DIRS, TOY], ids=lambda p: p.name)

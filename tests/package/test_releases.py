@@ -10,7 +10,7 @@ import pytest
 
 from kernel_hub.errors import KernelHubError
 from kernel_hub.package.releases import RECORD_COMMAND, check, current, record
-from tests.conftest import set_version
+from tests.toy_folder import set_version
 
 PALLAS = Path(__file__).resolve().parents[2] / "kernels" / "pallas"
 

@@ -13,8 +13,8 @@ import pytest
 from kernel_hub import cli
 from kernel_hub.errors import KernelHubError
 from kernel_hub.publish.release import build_layout, publish
+from tests.toy_folder import copy_toy
 
-TOY = Path(__file__).parents[1] / "fixtures" / "toy_kernel"
 SENTINEL = "sentinel: must survive"
 CLOSED = "http://127.0.0.1:9"   # nothing listens: a refusal must come before any request
 
@@ -35,7 +35,7 @@ def work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def kernel(tmp_path: Path) -> Path:
     dest = tmp_path / "kernel"
-    shutil.copytree(TOY, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    copy_toy(dest)
     return dest
 
 

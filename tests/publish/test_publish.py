@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import tarfile
 from pathlib import Path
@@ -18,19 +17,9 @@ from huggingface_hub import HfApi
 from kernel_hub.errors import KernelHubError, ValidationFailedError
 from kernel_hub.publish.release import build_layout, publish
 from tests.hub_server import cli_command, hub_env, running_server
+from tests.toy_folder import TOY, copy_toy
 
 TOKEN = "test-token"
-TOY = Path(__file__).parents[1] / "fixtures" / "toy_kernel"
-
-
-def toy(dest: Path, version: str = "1.2.0", ops_extra: str = "") -> Path:
-    shutil.copytree(TOY, dest, ignore=shutil.ignore_patterns("__pycache__"))
-    meta = dest / "kernel.yaml"
-    meta.write_text(meta.read_text().replace("version: 1.2.0", f"version: {version}"))
-    if ops_extra:
-        ops = dest / "toy_scale" / "ops.py"
-        ops.write_text(ops.read_text() + ops_extra)
-    return dest
 
 
 @pytest.fixture(scope="module")
@@ -70,12 +59,12 @@ def test_layout_is_hf_kernels_compatible(tmp_path: Path) -> None:
 def test_publish_tags_and_moves_the_major_branch(server, tmp_path: Path) -> None:
     repo = "acme/pub"
     api = HfApi(endpoint=server.url, token=TOKEN)
-    first = publish(toy(tmp_path / "a", "1.2.0"), repo_id=repo, endpoint=server.url, token=TOKEN,
+    first = publish(copy_toy(tmp_path / "a", "1.2.0"), repo_id=repo, endpoint=server.url, token=TOKEN,
                     skip_tpu_compile=True, log=quiet)
     assert first.validated and first.branch_moved and first.tag == "v1.2.0"
-    second = publish(toy(tmp_path / "b", "1.3.0", "\n# 1.3.0\n"), repo_id=repo, endpoint=server.url,
+    second = publish(copy_toy(tmp_path / "b", "1.3.0", "\n# 1.3.0\n"), repo_id=repo, endpoint=server.url,
                      token=TOKEN, skip_validation=True, skip_tpu_compile=True, log=quiet)
-    older = publish(toy(tmp_path / "c", "1.2.1", "\n# 1.2.1\n"), repo_id=repo, endpoint=server.url,
+    older = publish(copy_toy(tmp_path / "c", "1.2.1", "\n# 1.2.1\n"), repo_id=repo, endpoint=server.url,
                     token=TOKEN, skip_validation=True, skip_tpu_compile=True, log=quiet)
     assert not older.branch_moved  # v1 keeps the newest 1.x
     refs = api.list_repo_refs(repo, repo_type="kernel")
@@ -91,20 +80,20 @@ def test_publish_tags_and_moves_the_major_branch(server, tmp_path: Path) -> None
 
 def test_republish_same_content_is_a_noop_and_different_content_refused(server, tmp_path: Path) -> None:
     repo = "acme/republish"
-    one = publish(toy(tmp_path / "a"), repo_id=repo, endpoint=server.url, token=TOKEN, skip_validation=True,
+    one = publish(copy_toy(tmp_path / "a"), repo_id=repo, endpoint=server.url, token=TOKEN, skip_validation=True,
                   skip_tpu_compile=True, log=quiet)
     server.reset()
-    same = publish(toy(tmp_path / "b"), repo_id=repo, endpoint=server.url, token=TOKEN, skip_validation=True,
+    same = publish(copy_toy(tmp_path / "b"), repo_id=repo, endpoint=server.url, token=TOKEN, skip_validation=True,
                    skip_tpu_compile=True, log=quiet)
     assert same.unchanged and same.commit == one.commit
     assert not [r for r in server.requests() if r[0] == "POST" and "/commit/" in r[1]]
     with pytest.raises(KernelHubError, match="already published with different content"):
-        publish(toy(tmp_path / "c", ops_extra="\n# changed\n"), repo_id=repo, endpoint=server.url, token=TOKEN,
+        publish(copy_toy(tmp_path / "c", ops_extra="\n# changed\n"), repo_id=repo, endpoint=server.url, token=TOKEN,
                 skip_validation=True, skip_tpu_compile=True, log=quiet)
 
 
 def test_failing_kernel_is_refused_unless_skip_validation_says_so(server, tmp_path: Path) -> None:
-    broken = toy(tmp_path / "broken", "2.0.0", "\n_good = scale\n\n\ndef scale(x, factor=2.0):\n"
+    broken = copy_toy(tmp_path / "broken", "2.0.0", "\n_good = scale\n\n\ndef scale(x, factor=2.0):\n"
                  "    return _good(x, factor) + 1\n")
     with pytest.raises(ValidationFailedError, match="fails validation"):
         publish(broken, repo_id="acme/broken", endpoint=server.url, token=TOKEN, skip_tpu_compile=True, log=quiet)

@@ -19,7 +19,7 @@ from kernel_hub.errors import KernelHubError
 from kernel_hub.publish.release import publish
 from kernel_hub.sources.hub import HubSource
 from tests.hub_server import running_server
-from tests.publish.test_publish import toy
+from tests.toy_folder import copy_toy
 
 TOKEN = "branch-token"
 
@@ -55,8 +55,8 @@ def _kill_on_branch_write(monkeypatch: pytest.MonkeyPatch, branch: str) -> None:
 def test_a_publish_killed_while_moving_the_branch_keeps_v1_and_a_rerun_repairs_it(server, tmp_path: Path,
                                                                                    monkeypatch) -> None:
     repo = "acme/killed-move"
-    first = _publish(server, toy(tmp_path / "a", "1.0.0"), repo)
-    newer = toy(tmp_path / "b", "1.1.0", "\n# 1.1.0\n")
+    first = _publish(server, copy_toy(tmp_path / "a", "1.0.0"), repo)
+    newer = copy_toy(tmp_path / "b", "1.1.0", "\n# 1.1.0\n")
     with monkeypatch.context() as patch:
         _kill_on_branch_write(patch, "v1")
         with pytest.raises(KernelHubError, match="killed"):
@@ -73,7 +73,7 @@ def test_a_publish_killed_while_moving_the_branch_keeps_v1_and_a_rerun_repairs_i
 def test_concurrent_publishes_leave_v1_and_main_on_the_newest(server, tmp_path: Path, monkeypatch) -> None:
     """The older publish reads the refs first and uploads last: the worst order for a delete+create move."""
     repo = "acme/race"
-    _publish(server, toy(tmp_path / "base", "1.0.0"), repo)
+    _publish(server, copy_toy(tmp_path / "base", "1.0.0"), repo)
     newer_done = threading.Event()
     real_upload = HubSource.upload
 
@@ -87,14 +87,14 @@ def test_concurrent_publishes_leave_v1_and_main_on_the_newest(server, tmp_path: 
 
     def older() -> None:
         try:
-            _publish(server, toy(tmp_path / "older", "1.0.1", "\n# 1.0.1\n"), repo)
+            _publish(server, copy_toy(tmp_path / "older", "1.0.1", "\n# 1.0.1\n"), repo)
         except BaseException as exc:  # reported below
             errors.append(exc)
 
     thread = threading.Thread(target=older)
     thread.start()
     try:
-        newest = _publish(server, toy(tmp_path / "newer", "1.2.0", "\n# 1.2.0\n"), repo)
+        newest = _publish(server, copy_toy(tmp_path / "newer", "1.2.0", "\n# 1.2.0\n"), repo)
     finally:
         newer_done.set()
         thread.join(120)
@@ -110,7 +110,7 @@ def test_concurrent_publishes_leave_v1_and_main_on_the_newest(server, tmp_path: 
 
 def test_loads_during_publishes_always_find_v1(server, tmp_path: Path) -> None:
     repo = "acme/busy"
-    _publish(server, toy(tmp_path / "v0", "1.0.0"), repo)
+    _publish(server, copy_toy(tmp_path / "v0", "1.0.0"), repo)
     stop = threading.Event()
     failures: list[str] = []
     count = [0]
@@ -128,7 +128,7 @@ def test_loads_during_publishes_always_find_v1(server, tmp_path: Path) -> None:
     reader.start()
     try:
         for minor in (1, 2, 3):
-            _publish(server, toy(tmp_path / f"v{minor}", f"1.{minor}.0", f"\n# 1.{minor}.0\n"), repo)
+            _publish(server, copy_toy(tmp_path / f"v{minor}", f"1.{minor}.0", f"\n# 1.{minor}.0\n"), repo)
     finally:
         stop.set()
         reader.join(60)
@@ -139,7 +139,7 @@ def test_a_hub_without_compare_and_swap_gets_the_release_committed_onto_the_bran
                                                                                    monkeypatch) -> None:
     """The Hub refuses an existing branch with 409 (no move): the release's files are committed onto v1 instead."""
     repo = "acme/plain-hub"
-    _publish(server, toy(tmp_path / "a", "1.0.0"), repo)
+    _publish(server, copy_toy(tmp_path / "a", "1.0.0"), repo)
 
     def no_cas(self, repo_id, branch, commit, expected):
         if expected is None:
@@ -148,9 +148,9 @@ def test_a_hub_without_compare_and_swap_gets_the_release_committed_onto_the_bran
         return False
 
     monkeypatch.setattr(HubSource, "move_branch", no_cas)
-    newer = _publish(server, toy(tmp_path / "b", "1.1.0", "\n# 1.1.0\n"), repo)
+    newer = _publish(server, copy_toy(tmp_path / "b", "1.1.0", "\n# 1.1.0\n"), repo)
     _, branches = _refs(server, repo)
     hub = HubSource(endpoint=server.url, token=TOKEN)
     assert branches["v1"] != newer.commit  # a commit of its own on v1 ...
     assert hub.build_blob_ids(repo, branches["v1"]) == hub.build_blob_ids(repo, newer.commit)  # ... with 1.1.0
-    assert _publish(server, toy(tmp_path / "c", "1.1.0", "\n# 1.1.0\n"), repo).unchanged  # a re-run: nothing
+    assert _publish(server, copy_toy(tmp_path / "c", "1.1.0", "\n# 1.1.0\n"), repo).unchanged  # a re-run: nothing

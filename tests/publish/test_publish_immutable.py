@@ -20,8 +20,8 @@ pytest.importorskip("starlette")
 from kernel_hub.errors import KernelHubError
 from kernel_hub.sources.hub import HubSource
 from tests.hub_server import running_server
-from tests.publish.test_publish import toy
 from tests.publish.test_publish_branch_moves import TOKEN, _publish, _refs
+from tests.toy_folder import copy_toy
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,8 @@ def test_two_racing_publishes_of_one_version_one_wins_main_tag_and_branch_agree(
                                                                                 round_):
     repo = f"acme/immutable-{round_}"
     _barrier_before_first_upload(monkeypatch)
-    folders = [toy(tmp_path / "a", "1.0.0", "\n# content a\n"), toy(tmp_path / "b", "1.0.0", "\n# content b\n")]
+    folders = [copy_toy(tmp_path / "a", "1.0.0", "\n# content a\n"),
+               copy_toy(tmp_path / "b", "1.0.0", "\n# content b\n")]
     results, errors = _race(server, folders, repo)
     assert len(results) == 1 and len(errors) == 1, (results, errors)
     assert re.search(REFUSED, str(errors[0])), errors[0]
@@ -88,7 +89,7 @@ def test_two_racing_publishes_of_one_version_one_wins_main_tag_and_branch_agree(
 
 def test_a_publish_between_the_others_commit_and_tag_is_refused(server, tmp_path, monkeypatch):
     repo = "acme/immutable-untagged"
-    first, second = toy(tmp_path / "a", "1.0.0", "\n# a\n"), toy(tmp_path / "b", "1.0.0", "\n# b\n")
+    first, second = copy_toy(tmp_path / "a", "1.0.0", "\n# a\n"), copy_toy(tmp_path / "b", "1.0.0", "\n# b\n")
     real_tag, second_done = HubSource.create_tag, threading.Event()
 
     def create_tag(self, repo_id, tag, commit, message):
@@ -122,9 +123,9 @@ def test_a_publish_between_the_others_commit_and_tag_is_refused(server, tmp_path
 
 def test_racing_publishes_of_an_older_version_race_for_the_tag(server, tmp_path, monkeypatch):
     repo = "acme/immutable-staged"
-    newest = _publish(server, toy(tmp_path / "n", "1.1.0", "\n# newest\n"), repo)
+    newest = _publish(server, copy_toy(tmp_path / "n", "1.1.0", "\n# newest\n"), repo)
     _barrier_before_first_upload(monkeypatch)
-    folders = [toy(tmp_path / "a", "1.0.5", "\n# a\n"), toy(tmp_path / "b", "1.0.5", "\n# b\n")]
+    folders = [copy_toy(tmp_path / "a", "1.0.5", "\n# a\n"), copy_toy(tmp_path / "b", "1.0.5", "\n# b\n")]
     results, errors = _race(server, folders, repo)
     assert len(results) == 1 and len(errors) == 1, (results, errors)
     assert re.search(REFUSED, str(errors[0])), errors[0]

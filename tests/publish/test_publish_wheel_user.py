@@ -6,7 +6,6 @@ the TPU compiler's included (its events are read while the worker runs)."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import venv
@@ -25,9 +24,9 @@ from kernel_hub.tpu.compile_gate.release_gate import _GateProgress
 from kernel_hub.tpu.env import TpuEnvironmentError, find_tpu_python
 from kernel_hub.ui.progress import Progress
 from tests.client_env import child_env
+from tests.toy_folder import copy_toy
 
 TOKEN = "wheel-token"
-TOY = Path(__file__).parents[1] / "fixtures" / "toy_kernel"
 
 
 class Recorder(Progress):
@@ -126,19 +125,11 @@ def server(tmp_path_factory: pytest.TempPathFactory):
         yield srv
 
 
-def _toy(dest: Path, extra: str = "") -> Path:
-    shutil.copytree(TOY, dest, ignore=shutil.ignore_patterns("__pycache__"))
-    if extra:
-        ops = dest / "toy_scale" / "ops.py"
-        ops.write_text(ops.read_text() + extra)
-    return dest
-
-
 def test_republishing_stops_before_validating_and_progress_starts_at_once(server, tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     repo = "acme/wheel-toy"
     live = Recorder()
-    first = publish_module.publish(_toy(tmp_path / "a"), repo_id=repo, endpoint=server.url, token=TOKEN,
+    first = publish_module.publish(copy_toy(tmp_path / "a"), repo_id=repo, endpoint=server.url, token=TOKEN,
                                    skip_tpu_compile=True, log=lambda _: None, progress=live)
     assert not first.unchanged and first.validated
     phases = [c for c in live.calls if c[0] == "phase"]
@@ -157,13 +148,13 @@ def test_republishing_stops_before_validating_and_progress_starts_at_once(server
     lines: list[str] = []
     # no TPU environment and no --skip-tpu-compile: an unchanged release needs neither
     monkeypatch.setenv("KERNEL_HUB_TPU_PYTHON", str(tmp_path / "no-python"))
-    same = publish_module.publish(_toy(tmp_path / "b"), repo_id=repo, endpoint=server.url, token=TOKEN,
+    same = publish_module.publish(copy_toy(tmp_path / "b"), repo_id=repo, endpoint=server.url, token=TOKEN,
                                   log=lines.append)
     assert same.unchanged and same.commit == first.commit and not same.validated
     assert "nothing to do" in same.summary() and any("not validating or compiling again" in ln for ln in lines)
     assert not [r for r in server.requests() if r[0] == "POST"]  # nothing written
     with pytest.raises(KernelHubError, match=r"already published with different content \(build/\S+ differs\); bump"):
-        publish_module.publish(_toy(tmp_path / "c", "\n# changed\n"), repo_id=repo, endpoint=server.url,
+        publish_module.publish(copy_toy(tmp_path / "c", ops_extra="\n# changed\n"), repo_id=repo, endpoint=server.url,
                                token=TOKEN, skip_tpu_compile=True, log=lambda _: None)
 
 

@@ -31,9 +31,9 @@ from kernel_hub.errors import KernelHubError, TrustError, VersionSpecError
 from kernel_hub.publish.release import build_layout
 from tests.client_env import point_at
 from tests.hub_server import hub_env, hub_requests, running_server
+from tests.toy_folder import TOY
 
 TOKEN = "hostile-token"
-TOY = Path(__file__).parents[1] / "fixtures" / "toy_kernel"
 SENTINEL = "sentinel: must survive"
 EVIL_OPS = ("from pathlib import Path\nPath({path!r}).write_text('ran')\nFLAVOUR = 'evil'\n\n"
             "def scale(x, factor=2.0):\n    return x * 42\n")

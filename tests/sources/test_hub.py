@@ -3,7 +3,6 @@ against `kernel-hub serve` in a real process, through huggingface_hub only."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,21 +19,11 @@ from kernel_hub.package.buildfmt import bundle_path
 from kernel_hub.publish.release import publish
 from kernel_hub.sources.hub import HubSource
 from tests.hub_server import cli_command, hub_env, hub_requests, running_server
+from tests.toy_folder import copy_toy
 
 TOKEN = "test-token"
 REPO = "acme/toy-scale"
-TOY = Path(__file__).parents[1] / "fixtures" / "toy_kernel"
 THREE = "\n_scale2 = scale\n\n\ndef scale(x, factor=3.0):\n    return _scale2(x, factor)\n"
-
-
-def copy_toy(dest: Path, version: str, factor_line: str | None = None) -> Path:
-    shutil.copytree(TOY, dest, ignore=shutil.ignore_patterns("__pycache__"))
-    meta = dest / "kernel.yaml"
-    meta.write_text(meta.read_text().replace("version: 1.2.0", f"version: {version}"))
-    if factor_line:
-        ops = dest / "toy_scale" / "ops.py"
-        ops.write_text(ops.read_text() + factor_line)
-    return dest
 
 
 @pytest.fixture(scope="module")

@@ -32,6 +32,7 @@ from tests.kernel_builder_repo import (  # noqa: E402
     relu_files,
     write_variant,
 )
+from tests.toy_folder import TOY  # noqa: E402
 
 TOKEN = "test-token"
 ROOT = Path(__file__).resolve().parents[2]
@@ -394,7 +395,6 @@ def test_names_outside_both_torch_schemes_are_not_read(name: str) -> None:
     assert parse_builder_name(name) is None
 
 
-TOY = ROOT / "tests" / "fixtures" / "toy_kernel"
 
 
 def test_a_tree_beside_an_older_bundle_loads_what_hf_kernels_loads(hub, tmp_path: Path) -> None:

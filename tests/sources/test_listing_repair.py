@@ -16,7 +16,7 @@ from kernel_hub.package import buildfmt as fmt
 from kernel_hub.publish.release import publish
 from kernel_hub.sources.hub import HubSource
 from tests.hub_server import running_server
-from tests.publish.test_publish import toy
+from tests.toy_folder import copy_toy
 
 TOKEN = "listing-token"
 REPO = "acme/listed"
@@ -24,7 +24,7 @@ REPO = "acme/listed"
 
 def test_a_poisoned_cached_listing_is_listed_again(tmp_path: Path) -> None:
     with running_server(tmp_path / "store", token=TOKEN) as server:
-        publish(toy(tmp_path / "k", "1.0.0"), repo_id=REPO, endpoint=server.url, token=TOKEN, skip_validation=True,
+        publish(copy_toy(tmp_path / "k", "1.0.0"), repo_id=REPO, endpoint=server.url, token=TOKEN, skip_validation=True,
                 skip_tpu_compile=True, log=lambda _: None)
         source = HubSource(endpoint=server.url, token=False, cache_dir=tmp_path / "cache", offline=False)
         commit = resolve(source.refs(REPO), version=1).commit
