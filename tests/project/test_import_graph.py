@@ -1,8 +1,8 @@
 """No import cycle anywhere: not in src/kernel_hub, not in any kernel package under kernels/pallas/, not in
-kernels/pallas/_common. Imports inside functions count (an import hidden in a function to dodge a cycle is still
-a cycle), and so does `importlib.import_module` of a name known statically (a literal, `__package__`, `__name__`).
-Each kernel package and _common are their own module trees; a kernel's `._vendor.x` is _common's `x` (kernel-hub
-vendors _common into the package). Static (ast): nothing is imported."""
+kernels/pallas/_common, not among the bench/ scripts. Imports inside functions count (an import hidden in a function
+to dodge a cycle is still a cycle), and so does `importlib.import_module` of a name known statically (a literal,
+`__package__`, `__name__`). Each kernel package and _common are their own module trees; a kernel's `._vendor.x` is
+_common's `x` (kernel-hub vendors _common into the package). Static (ast): nothing is imported."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
 PACKAGE = SRC / "kernel_hub"
 PALLAS = ROOT / "kernels" / "pallas"
+BENCH = ROOT / "bench"
 COMMON = "_common"
 VENDOR = "_vendor"
 
@@ -119,9 +120,16 @@ def _import_module_name(name: str, path: Path, node: ast.Call) -> str | None:
     return ".".join([*base, *([wanted[dots:]] if wanted[dots:] else [])])
 
 
-def build_graph(trees: list[Path]) -> Graph:
-    """Parse every module of the trees and record which covered modules each one imports."""
-    modules = _modules(trees)
+def _script_modules(folder: Path) -> dict[str, Path]:
+    """A folder of scripts run as `python folder/x.py`: the folder is first on sys.path, so each file is the top-level
+    module named by its stem (`from moe_common import ...`)."""
+    return {path.stem: path for path in sorted(folder.glob("*.py"))}
+
+
+def build_graph(trees: list[Path], modules: dict[str, Path] | None = None) -> Graph:
+    """Parse every module of the trees (or the `modules` given, by name) and record which covered modules each one
+    imports."""
+    modules = _modules(trees) if modules is None else modules
     graph = Graph(modules, {m: set() for m in modules}, {m: set() for m in modules})
 
     def add(name: str, wanted: list[str], in_function: bool, where: str) -> None:
@@ -196,6 +204,15 @@ def test_no_cycle_anywhere() -> None:
     for cycle in cycles:
         print("  cycle:", " <-> ".join(cycle))
     assert cycles == [], f"import cycles (imports inside functions included): {cycles}"
+
+
+def test_no_cycle_among_the_bench_scripts() -> None:
+    """The bench scripts import each other by bare name (what two share lives in a module both import, e.g.
+    moe_common.py); no loop among them, imports inside functions included."""
+    graph = build_graph([], _script_modules(BENCH))
+    assert {"moe_decode", "moe_quantized", "moe_common"} <= set(graph.modules)
+    assert {"moe_common", "moe_quantized"} <= graph.every["moe_decode"]  # the edges are seen
+    assert _cycles(graph.every) == [], _cycles(graph.every)
 
 
 def test_no_cycle_among_module_level_imports() -> None:
