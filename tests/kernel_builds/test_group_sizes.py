@@ -18,6 +18,9 @@ TRACED = [[-5, 20, 30, 19], [10, -3, 20, 10], [30, 30, 30, 30], [0, 0, 70, 0], [
           [-7, -1, 60, 4]]
 
 
+RD_LOAD = {"version": 1, "backend": "cpu"}  # the JAX build (conftest.py rd)
+
+
 def numpy_contract(lhs: np.ndarray, rhs: np.ndarray, sizes: list[int]) -> np.ndarray:
     """The contract in float64: clamp at 0, rows in group order, cut at M; rows past the end are zero."""
     a, b = lhs.astype(np.float64), rhs.astype(np.float64)
@@ -27,11 +30,6 @@ def numpy_contract(lhs: np.ndarray, rhs: np.ndarray, sizes: list[int]) -> np.nda
         out[start:end] = a[start:end] @ b[g]
         start = end
     return out
-
-
-@pytest.fixture(scope="module")
-def rd():
-    return kh.get_kernel("kernel-hub/ragged-dot-tpu", version=1, backend="cpu")
 
 
 @pytest.fixture(scope="module")

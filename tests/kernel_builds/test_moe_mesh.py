@@ -23,12 +23,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import kernel_hub as kh
 from kernel_hub.tpu.cost_model.ici import STEP_LATENCY_S, collective_seconds, interconnect, ring_hops
 from kernel_hub.verify.numerics import relative_error
 
 HERE = Path(__file__).resolve().parents[1]
-ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from moe_reference_grads import moe_grads  # noqa: E402
@@ -37,9 +35,7 @@ from simulated_devices import run_worker  # noqa: E402
 F32, BF16 = 1e-5, 2e-2  # f32 and bf16 bounds vs the unsharded layer
 
 
-@pytest.fixture(scope="module")
-def rd():
-    return kh.get_local_kernel(ROOT / "kernels/pallas/ragged_dot")
+RD_LOAD = {"local": True}  # the JAX build of the source folder (conftest.py rd)
 
 
 def _problem(seed: int, t=9, h=16, i=8, e=6, k=3, empty=(4,)):

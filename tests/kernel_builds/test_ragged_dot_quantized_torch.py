@@ -18,7 +18,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import kernel_hub as kh  # noqa: E402
 from kernel_hub.verify.numerics import relative_error, tolerance  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "kernels/pallas/ragged_dot/tests"))
@@ -26,11 +25,6 @@ from quant_testutil import dequantize64  # noqa: E402
 from quant_testutil import reference as group_reference  # noqa: E402
 
 DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
-
-
-@pytest.fixture(scope="module")
-def rd():
-    return kh.get_kernel("kernel-hub/ragged-dot-tpu", framework="torch", backend="cpu")
 
 
 def _module(rd, name):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import math
 import types
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,16 +21,13 @@ from transformers.integrations.moe import use_experts_implementation
 import kernel_hub as kh
 from tests.tiny_models import tiny_model
 
-RAGGED = Path(__file__).resolve().parents[2] / "kernels" / "pallas" / "ragged_dot"
 E, H, INTER, T, K = 4, 24, 16, 10, 2
 #: Relative error against the float64 loop: float32 accumulates; bfloat16 rounds the up projection, the bias sums, the
 #: gate and the weighted rows (as transformers' own implementations do): a few units of 2^-8 each.
 TOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
 
 
-@pytest.fixture(scope="module")
-def rd():
-    return kh.get_local_kernel(RAGGED, framework="torch", backend="cpu")
+RD_LOAD = {"local": True, "framework": "torch", "backend": "cpu"}  # conftest.py rd
 
 
 def _np_act(name: str, v: np.ndarray) -> np.ndarray:

@@ -30,11 +30,6 @@ pytestmark = pytest.mark.usefixtures("experts_only")
 FAMILIES = ("qwen3_moe", "mixtral", "gpt_oss")
 
 
-@pytest.fixture(scope="module")
-def rd():
-    return kh.get_kernel("kernel-hub/ragged-dot-tpu", framework="torch", backend="cpu")
-
-
 @pytest.fixture
 def counted(rd, monkeypatch):
     """Grouped products the kernel ran on quantized weights, by weight dtype (both of its routes go through

@@ -26,11 +26,6 @@ OFF = {"moe_experts": None, "attention": None, "rms_norm": None}
 
 
 @pytest.fixture(scope="module")
-def rd():
-    return kh.get_kernel("kernel-hub/ragged-dot-tpu", framework="torch", backend="cpu")
-
-
-@pytest.fixture(scope="module")
 def fa():
     return kh.get_kernel("kernel-hub/flash-attention-tpu", framework="torch", backend="cpu")
 

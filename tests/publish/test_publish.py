@@ -16,16 +16,10 @@ from huggingface_hub import HfApi
 
 from kernel_hub.errors import KernelHubError, ValidationFailedError
 from kernel_hub.publish.release import build_layout, publish
-from tests.hub_server import cli_command, hub_env, running_server
+from tests.hub_server import cli_command, hub_env
 from tests.toy_folder import TOY, copy_toy
 
 TOKEN = "test-token"
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    with running_server(tmp_path_factory.mktemp("pub") / "store", token=TOKEN) as srv:
-        yield srv
 
 
 def quiet(_: str) -> None:

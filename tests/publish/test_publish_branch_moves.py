@@ -18,16 +18,9 @@ from kernel_hub.decide.versions import resolve
 from kernel_hub.errors import KernelHubError
 from kernel_hub.publish.release import publish
 from kernel_hub.sources.hub import HubSource
-from tests.hub_server import running_server
 from tests.toy_folder import copy_toy
 
 TOKEN = "branch-token"
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    with running_server(tmp_path_factory.mktemp("moves") / "store", token=TOKEN) as srv:
-        yield srv
 
 
 def _publish(server, folder: Path, repo: str):

@@ -19,15 +19,8 @@ pytest.importorskip("starlette")
 
 from kernel_hub.errors import KernelHubError
 from kernel_hub.sources.hub import HubSource
-from tests.hub_server import running_server
 from tests.publish.test_publish_branch_moves import TOKEN, _publish, _refs
 from tests.toy_folder import copy_toy
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    with running_server(tmp_path_factory.mktemp("immutable") / "store", token=TOKEN) as srv:
-        yield srv
 
 REFUSED = r"already published with different content|published by another publish meanwhile"
 

@@ -25,7 +25,7 @@ from kernel_hub.publish.release import build_layout, publish
 from kernel_hub.tpu.compile_gate import gate
 from kernel_hub.tpu.compile_gate.release_gate import CompileGateError, gate_plan
 from kernel_hub.tpu.env import TpuEnvironmentError
-from tests.hub_server import cli_command, hub_env, running_server
+from tests.hub_server import cli_command, hub_env
 from tests.tpu_toys import env_or_skip, write_package
 
 TOKEN = "gate-token"
@@ -95,12 +95,6 @@ def toy_pallas(dest: Path, body: str = GOOD, version: str = "1.0.0") -> Path:
 @pytest.fixture(scope="module")
 def env():
     return env_or_skip()
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    with running_server(tmp_path_factory.mktemp("gate") / "store", token=TOKEN) as srv:
-        yield srv
 
 
 @pytest.fixture

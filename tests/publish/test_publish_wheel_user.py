@@ -116,15 +116,6 @@ def test_identical_release_compares_everything_but_the_compile_record() -> None:
     assert identical_release(only_tpu, {publish_module.fmt.bundle_path("jax-tpu"): "record-2"}, ignore)[0] is None
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    pytest.importorskip("starlette")
-    from tests.hub_server import running_server
-
-    with running_server(tmp_path_factory.mktemp("wheel") / "store", token=TOKEN) as srv:
-        yield srv
-
-
 def test_republishing_stops_before_validating_and_progress_starts_at_once(server, tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     repo = "acme/wheel-toy"

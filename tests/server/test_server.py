@@ -33,12 +33,7 @@ from tests.hub_server import (  # noqa: E402
 )
 
 TOKEN = "test-token"
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    with running_server(tmp_path_factory.mktemp("store"), token=TOKEN, extra_args=("--trusted-org", "acme")) as srv:
-        yield srv
+SERVER_ARGS = ("--trusted-org", "acme")
 
 
 @pytest.fixture

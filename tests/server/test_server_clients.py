@@ -25,22 +25,19 @@ hf = pytest.importorskip("huggingface_hub")
 
 from huggingface_hub import HfApi  # noqa: E402
 
-from tests.hub_server import hf_kernels_toy, hub_env, running_server  # noqa: E402
+from tests.hub_server import hf_kernels_toy, hub_env  # noqa: E402
 
 TOKEN = "clients-token"
 REPO = "acme/relu"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    root = tmp_path_factory.mktemp("clients")
-    with running_server(root / "store", token=TOKEN) as srv:
-        api = HfApi(endpoint=srv.url, token=TOKEN)
-        api.create_repo(REPO, repo_type="kernel")
-        first = api.upload_folder(repo_id=REPO, repo_type="kernel", folder_path=hf_kernels_toy(root / "v1")).oid
-        api.create_branch(REPO, branch="v1", revision=first, repo_type="kernel")
-        api.create_tag(REPO, tag="v1.0.0", revision=first, repo_type="kernel")
-        yield srv
+def seed_server(srv, root: Path) -> None:
+    """The `server` fixture's store (tests/conftest.py): REPO with one release, branch v1 and tag v1.0.0."""
+    api = HfApi(endpoint=srv.url, token=TOKEN)
+    api.create_repo(REPO, repo_type="kernel")
+    first = api.upload_folder(repo_id=REPO, repo_type="kernel", folder_path=hf_kernels_toy(root / "v1")).oid
+    api.create_branch(REPO, branch="v1", revision=first, repo_type="kernel")
+    api.create_tag(REPO, tag="v1.0.0", revision=first, repo_type="kernel")
 
 
 @dataclass

@@ -37,13 +37,14 @@ MiB = 1 << 20
 LIMITS = ("--max-commit-size", "12M", "--max-json-size", "64K", "--header-timeout", "1", "--body-timeout", "1")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    with running_server(tmp_path_factory.mktemp("hostile") / "store", token=TOKEN, extra_args=LIMITS) as srv:
-        api = HfApi(endpoint=srv.url, token=TOKEN)
-        api.create_repo(REPO, repo_type="kernel")
-        api.upload_file(path_or_fileobj=b"one", path_in_repo="f.txt", repo_id=REPO, repo_type="kernel")
-        yield srv
+SERVER_ARGS = LIMITS
+
+
+def seed_server(srv, root: Path) -> None:
+    """The `server` fixture's store (tests/conftest.py): REPO holding one small file."""
+    api = HfApi(endpoint=srv.url, token=TOKEN)
+    api.create_repo(REPO, repo_type="kernel")
+    api.upload_file(path_or_fileobj=b"one", path_in_repo="f.txt", repo_id=REPO, repo_type="kernel")
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ from kernel_hub.decide.versions import Ref, resolve
 from kernel_hub.errors import KernelHubError, TrustError, VersionSpecError
 from kernel_hub.publish.release import build_layout
 from tests.client_env import point_at
-from tests.hub_server import hub_env, hub_requests, running_server
+from tests.hub_server import hub_env, hub_requests
 from tests.toy_folder import TOY
 
 TOKEN = "hostile-token"
@@ -40,12 +40,6 @@ EVIL_OPS = ("from pathlib import Path\nPath({path!r}).write_text('ran')\nFLAVOUR
 
 
 # -- building hostile repos --------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    with running_server(tmp_path_factory.mktemp("hostile") / "store", token=TOKEN) as srv:
-        yield srv
 
 
 @pytest.fixture(scope="module")

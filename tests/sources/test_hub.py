@@ -18,7 +18,7 @@ from kernel_hub.errors import KernelHubError, KernelNotFoundError
 from kernel_hub.package.buildfmt import bundle_path
 from kernel_hub.publish.release import publish
 from kernel_hub.sources.hub import HubSource
-from tests.hub_server import cli_command, hub_env, hub_requests, running_server
+from tests.hub_server import cli_command, hub_env, hub_requests
 from tests.toy_folder import copy_toy
 
 TOKEN = "test-token"
@@ -26,15 +26,12 @@ REPO = "acme/toy-scale"
 THREE = "\n_scale2 = scale\n\n\ndef scale(x, factor=3.0):\n    return _scale2(x, factor)\n"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    """A store with acme/toy-scale 1.2.0 (scales by 2) and 1.3.0 (by 3), branch v1 at 1.3.0."""
-    root = tmp_path_factory.mktemp("hub")
-    with running_server(root / "store", token=TOKEN) as srv:
-        for version, extra in (("1.2.0", None), ("1.3.0", THREE)):
-            publish(copy_toy(root / version, version, extra), repo_id=REPO, endpoint=srv.url, token=TOKEN,
-                    skip_validation=True, skip_tpu_compile=True, log=lambda _: None)
-        yield srv
+def seed_server(srv, root: Path) -> None:
+    """The `server` fixture's store (tests/conftest.py): acme/toy-scale 1.2.0 (scales by 2) and 1.3.0 (by 3),
+    branch v1 at 1.3.0."""
+    for version, extra in (("1.2.0", None), ("1.3.0", THREE)):
+        publish(copy_toy(root / version, version, extra), repo_id=REPO, endpoint=srv.url, token=TOKEN,
+                skip_validation=True, skip_tpu_compile=True, log=lambda _: None)
 
 
 def source(server, cache: Path, offline: bool = False) -> HubSource:

@@ -27,9 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SDS = jax.ShapeDtypeStruct
 
 
-@pytest.fixture(scope="module")
-def rd():
-    return kh.get_local_kernel(ROOT / "kernels/pallas/ragged_dot")
+RD_LOAD = {"local": True}  # the JAX build of the source folder (conftest.py rd)
 
 
 @pytest.fixture(scope="module")

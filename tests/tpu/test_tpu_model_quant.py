@@ -3,17 +3,12 @@ the kernel's documented schedule (the same routing and work items as tests/tpu/t
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
-import kernel_hub as kh
 from kernel_hub.tpu.cost_model.schedule import kernel_cost
 
-ROOT = Path(__file__).resolve().parents[2]
 SDS = jax.ShapeDtypeStruct
 # 512 rows over 8 groups: [0,100) [] [100,300) [300,312) [] [312,462) [462,512) []; 4 m-tiles of 128. The forward runs
 # the 8 (tile, group) items with rows; lhs tiles fetched 4 times, weight blocks of 5 groups (0 2 3 5 6) once each.
@@ -23,9 +18,7 @@ PREFETCH_BYTES = 6 * ITEMS * 4 + 2 * 8 * 4
 K, N = 256, 384
 
 
-@pytest.fixture(scope="module")
-def rd():
-    return kh.get_local_kernel(ROOT / "kernels/pallas/ragged_dot")
+RD_LOAD = {"local": True}  # the JAX build of the source folder (conftest.py rd)
 
 
 def _cost(rd, fmt: str, scale_shape: tuple[int, ...]):
