@@ -5,7 +5,7 @@ Checked: every expert block reads quantized copies (the quantized ragged dot cou
 layers/quantize.py derives against its own bf16 layer, with its bytes before and after; the model's parameters,
 state_dict and, after restore, its logits are bit for bit what they were; a parameter loaded later is quantized again;
 a block over its bound keeps the unquantized kernel; training mode and unknown formats are refused before anything
-changes. The kernel's numbers themselves are held to float64 in test_ragged_dot_quantized_torch.py.
+changes. The kernel's numbers themselves are held to float64 in kernels/pallas/ragged_dot/tests/test_quantized_torch.py.
 """
 
 from __future__ import annotations

@@ -11,18 +11,16 @@ float32 lhs. NaN/Inf in scales, bad scales, gradients (lhs only) and torch.compi
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from kernel_hub.verify.numerics import relative_error, tolerance  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "kernels/pallas/ragged_dot/tests"))
 from quant_testutil import dequantize64  # noqa: E402
 from quant_testutil import reference as group_reference  # noqa: E402
+
+from kernel_hub.verify.numerics import relative_error, tolerance  # noqa: E402
 
 DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
 

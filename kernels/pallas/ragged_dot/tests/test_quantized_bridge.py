@@ -1,7 +1,7 @@
 """The torch ragged dot on quantized weights through the JAX bridge (implementation="jax"): the call_jax (DLPack) path
 on CPU, the one a TPU runs as the op `<namespace>::ragged_dot_quantized` (torch_bridge.py).
 
-Against the float64 NumPy reference of tests/kernel_builds/test_ragged_dot_quantized_torch.py (quant_testutil: the
+Against the float64 NumPy reference of test_quantized_torch.py (quant_testutil: the
 dequantized weights summed in float64): int8 per-channel and float8_e4m3fn block scales, bfloat16 and float32 lhs,
 every tail (empty groups, one row, one group holding all rows, K and N not multiples of 128, rows past
 sum(group_sizes)). The gradient in lhs against dout @ W^T per group; none for rhs or rhs_scale. "torch" and "jax" agree
@@ -12,8 +12,6 @@ against the real torch_tpu in tests/tpu_env/torch_tpu_checks.py.
 from __future__ import annotations
 
 import inspect
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,11 +19,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("jax")
 
-from kernel_hub.verify.numerics import relative_error, tolerance  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "kernels/pallas/ragged_dot/tests"))
 from quant_testutil import dequantize64  # noqa: E402
 from quant_testutil import reference as group_reference  # noqa: E402
+
+from kernel_hub.verify.numerics import relative_error, tolerance  # noqa: E402
 
 DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
 LHS = {"bf16": torch.bfloat16, "f32": torch.float32}
