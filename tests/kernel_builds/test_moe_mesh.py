@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -25,16 +24,10 @@ import pytest
 
 from kernel_hub.tpu.cost_model.ici import STEP_LATENCY_S, collective_seconds, interconnect, ring_hops
 from kernel_hub.verify.numerics import relative_error
-
-HERE = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(HERE))
-
-from moe_reference_grads import moe_grads  # noqa: E402
-from simulated_devices import run_worker  # noqa: E402
+from tests.moe_reference_grads import moe_grads
+from tests.simulated_devices import run_worker
 
 F32, BF16 = 1e-5, 2e-2  # f32 and bf16 bounds vs the unsharded layer
-
-
 RD_LOAD = {"local": True}  # the JAX build of the source folder (conftest.py rd)
 
 
@@ -163,7 +156,6 @@ def test_pallas_reads_only_the_weight_blocks_of_experts_with_rows(rd):
     TPU); the kernel walk fetches exactly the blocks holding those three experts, each once per N tile, and no
     block without rows. With a routing this concentrated a block carries idle experts' weights too: the price of
     fewer steps, chosen by config.choose_config for an even routing."""
-    import sys
 
     from kernel_hub.tpu.cost_model.schedule import kernel_cost
 

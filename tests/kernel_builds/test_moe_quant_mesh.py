@@ -5,7 +5,6 @@ the one-device result, forward and gradient in x. The mesh checks that need no d
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import jax
@@ -15,11 +14,9 @@ import pytest
 
 from kernel_hub import get_local_kernel
 from kernel_hub.verify.numerics import TOLERANCE
+from tests.simulated_devices import run_worker
 
 HERE = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(HERE))
-
-from simulated_devices import run_worker  # noqa: E402
 
 F32 = TOLERANCE["float32"]
 

@@ -19,7 +19,6 @@ import pytest
 from kernel_hub.verify.numerics import TOLERANCE
 
 HERE = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(HERE))
 
 WORLD = 2
 PLANS = [["ep2", {"ep_size": 2, "tp_size": 2}], ["tp2", {"tp_size": 2}]]
@@ -34,7 +33,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
-    from tiny_models import tiny_model
+    from tests.tiny_models import tiny_model
 
     model_dir = tmp_path_factory.mktemp("qwen3_moe")
     tiny_model("qwen3_moe").save_pretrained(model_dir)
