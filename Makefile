@@ -9,7 +9,7 @@ PKGS := -c constraints.txt torch==2.13.0 jax==0.10.2 jaxlib==0.10.2 tokamax==0.0
         uvicorn dulwich pydantic pytest pytest-xdist hypothesis ruff mypy rich matplotlib fastapi openai
 
 # Local wheels of what kernel-hub[demo] needs (its dependencies, jax, torch, transformers; pinned by
-# constraints.txt): tests/test_wheel.py installs the built kernel-hub wheel from here into a fresh venv, offline.
+# constraints.txt): tests/package/test_wheel.py installs the built kernel-hub wheel from here into a fresh venv, offline.
 WHEELHOUSE := .wheelhouse
 WHEELS := $(WHEELHOUSE)/.complete
 
@@ -60,7 +60,7 @@ test: setup $(TPU_STAMP) chromium
 	$(BIN)/ruff check src kernels bench tests conftest.py setup.py
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=25
 
-# Headless Chromium for the report's browser test (tests/test_report.py), from Debian's `chromium` package:
+# Headless Chromium for the report's browser test (tests/report/test_report.py), from Debian's `chromium` package:
 # ~45 s on a fresh machine (apt-get update ~3 s, install ~42 s). Without root the test skips, saying why;
 # in CI ($CI set) a failed install fails the run, so the browser test never skips there.
 chromium:

@@ -36,17 +36,19 @@ from typing import Any
 from unittest import mock
 
 import torch
+from moe_common import (
+    FLOOR_COPY_BYTES,
+    FLOOR_KINDS,
+    GAP_S,
+    GEOMETRY,
+    active_bytes,
+    build_layer,
+    expert_bytes,
+    routing,
+)
 
-GEOMETRY = dict(hidden_size=2048, moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8)
 DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
-#: Bytes each floor round copies (scaled to the active bytes): large enough to leave every cache.
-FLOOR_COPY_BYTES = 256 << 20
 FLOOR_CHUNKS = 32
-#: Idle time before each timed call: torch's OpenMP workers (eager, grouped_mm, the threads copy) spin-wait for
-#: milliseconds after each parallel region, and would otherwise take the cores from whatever runs next.
-GAP_S = 0.05
-#: The three ways the floor is measured each round (FloorCopy); the round's floor is the fastest.
-FLOOR_KINDS = ("floor_pool", "floor_threads", "floor_read")
 
 
 def copy_bandwidth(nbytes: int = 256 << 20, reps: int = 5) -> float:
@@ -144,42 +146,6 @@ class FloorCopy:
 
     def close(self) -> None:
         self.pool.shutdown()
-
-
-def build_layer(dtype: torch.dtype, seed: int = 0) -> tuple[Any, Any]:
-    """A Qwen3-MoE experts block with random weights, inside a container module (kernelize's target)."""
-    from transformers import Qwen3MoeConfig
-    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
-
-    config = Qwen3MoeConfig(**GEOMETRY, hidden_act="silu")
-    config._experts_implementation = "grouped_mm"
-    torch.manual_seed(seed)
-    with torch.device("cpu"):
-        experts = Qwen3MoeExperts(config)
-    with torch.no_grad():
-        for p in (experts.gate_up_proj, experts.down_proj):
-            p.normal_(0.0, 0.02)
-    container = torch.nn.Module()
-    container.experts = experts.to(dtype).requires_grad_(False)
-    return container, config
-
-
-def routing(batch: int, dtype: torch.dtype, seed: int = 1) -> tuple[torch.Tensor, ...]:
-    g = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(batch, GEOMETRY["hidden_size"], generator=g).to(dtype)
-    probs = torch.softmax(torch.randn(batch, GEOMETRY["num_experts"], generator=g), dim=-1)
-    weights, index = torch.topk(probs, GEOMETRY["num_experts_per_tok"], dim=-1)
-    weights = (weights / weights.sum(-1, keepdim=True)).to(dtype)
-    return hidden, index, weights
-
-
-def expert_bytes(dtype: torch.dtype) -> int:
-    h, i = GEOMETRY["hidden_size"], GEOMETRY["moe_intermediate_size"]
-    return 3 * h * i * torch.tensor([], dtype=dtype).element_size()
-
-
-def active_bytes(index: torch.Tensor, dtype: torch.dtype) -> int:
-    return int(torch.unique(index).numel()) * expert_bytes(dtype)
 
 
 def _status_kib(field: str) -> int | None:

@@ -39,7 +39,7 @@ def _spread(values: list[float]) -> dict[str, float]:
 def bench_quantized(fmt: str, *, batch: int, reps: int, floor: Any, calls: int = 4) -> dict[str, Any]:
     """Time bf16-kernelized and `fmt`-kernelized copies of one block, interleaved, each sample the mean of `calls`
     back-to-back calls after the idle gap; the grouped_mm output is the reference of both errors."""
-    from moe_decode import FLOOR_COPY_BYTES, FLOOR_KINDS, GAP_S, active_bytes, build_layer, routing
+    from moe_common import FLOOR_COPY_BYTES, FLOOR_KINDS, GAP_S, active_bytes, build_layer, routing
 
     import kernel_hub as kh
     from kernel_hub.verify.numerics import relative_error
@@ -106,7 +106,7 @@ def table(r: dict[str, Any]) -> str:
         lines.append(f"{name:12s} {s[name]['median']:7.1f}ms {s[name]['q1']:7.1f}-{s[name]['q3']:.1f}ms "
                      f"{s[name]['min']:7.1f}-{s[name]['max']:.1f}ms {f['median']:8.2f}x [{f['q1']:.2f}-{f['q3']:.2f}]  "
                      f"{r['rel_error_vs_grouped_mm'][name]:.1e}")
-    from moe_decode import GAP_S
+    from moe_common import GAP_S
 
     verdict = "met" if ratio["median"] <= r["target"] else "missed"
     calls = r["calls_per_sample"]

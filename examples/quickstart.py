@@ -4,7 +4,7 @@ and run a few of its validation cases on this device. Run from a checkout or wit
     python examples/quickstart.py
 
 No network and no token: the kernel comes from the embedded registry (set KERNEL_HUB_SOURCE=hub, or pass
-source="hub", to load the copy at HF_ENDPOINT instead). tests/test_quickstart.py runs this file.
+source="hub", to load the copy at HF_ENDPOINT instead). tests/docs/test_quickstart.py runs this file.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import pytest
 
 # huggingface_hub's `hf` asks PyPI for its own update unless told not to. Telemetry is left on: it goes to
 # HF_ENDPOINT (loopback here). (HF `kernels` 0.17.2 could not download at all with HF_HUB_DISABLE_TELEMETRY=1;
-# 0.19.1 can, tests/test_server_clients.py runs it so.)
+# 0.19.1 can, tests/server/test_server_clients.py runs it so.)
 # pip's own version check is PyPI traffic too.
 GUARDS = {"HF_HUB_DISABLE_UPDATE_CHECK": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")

@@ -1,15 +1,26 @@
-"""Shared fixtures: a toy kernel copied to a temp folder (so tests can edit it) and a registry for it."""
+"""Shared fixtures: a toy kernel copied to a temp folder (so tests can edit it) and a registry for it, a local Hub
+server (`kernel-hub serve`) per module or per test, and the ragged dot loaded once per module."""
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 # The Hub endpoint and caches for tests are set in the root conftest.py (before huggingface_hub loads).
 import pytest
 
-FIXTURES = Path(__file__).parent / "fixtures"
+from tests.toy_folder import copy_toy
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from tests.hub_server import RunningServer
+
 ROOT = Path(__file__).resolve().parents[1]
+RAGGED_DOT = ROOT / "kernels" / "pallas" / "ragged_dot"
 
 
 def _has_tpu() -> bool:
@@ -37,16 +48,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def toy_kernel(tmp_path: Path) -> Path:
     """A fresh, writable copy of the toy kernel folder."""
-    dest = tmp_path / "toy_kernel"
-    shutil.copytree(FIXTURES / "toy_kernel", dest, ignore=shutil.ignore_patterns("__pycache__"))
-    return dest
-
-
-def set_version(kernel_dir: Path, version: str) -> None:
-    meta = kernel_dir / "kernel.yaml"
-    text = meta.read_text()
-    old = next(line for line in text.splitlines() if line.startswith("version:"))
-    meta.write_text(text.replace(old, f"version: {version}"))
+    return copy_toy(tmp_path / "toy_kernel")
 
 
 @pytest.fixture
@@ -113,3 +115,46 @@ def tpu_environment():
         return tpu_env()
     except TpuEnvironmentError as exc:
         pytest.skip(str(exc))
+
+
+@contextmanager
+def _served(request: pytest.FixtureRequest, root: Path) -> Iterator[RunningServer]:
+    """A server on a fresh store (root/store), as the test module asks: its TOKEN ("test-token" without one), its
+    SERVER_ARGS (extra `serve` flags) and its seed_server(server, root) (what the store holds before the first test)."""
+    pytest.importorskip("starlette", reason="`kernel-hub serve` needs the server extra (starlette)")
+    from tests.hub_server import running_server
+
+    module = request.module
+    token = getattr(module, "TOKEN", "test-token")
+    with running_server(root / "store", token=token, extra_args=tuple(getattr(module, "SERVER_ARGS", ()))) as srv:
+        seed = getattr(module, "seed_server", None)
+        if seed is not None:
+            seed(srv, root)
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """`kernel-hub serve` shared by the tests of one module (started once: a server takes a second or two)."""
+    with _served(request, tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1])) as srv:
+        yield srv
+
+
+@pytest.fixture
+def fresh_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RunningServer]:
+    """`kernel-hub serve` for one test only, for tests that stop it or leave its store changed."""
+    with _served(request, tmp_path) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def rd(request: pytest.FixtureRequest) -> ModuleType:
+    """The ragged dot, loaded once per test module: by default the torch build for CPU from the embedded registry
+    (what kernelize and a torch user get). A module sets RD_LOAD to load it otherwise: get_kernel's keyword
+    arguments, or {"local": True, ...} for get_local_kernel on kernels/pallas/ragged_dot itself with the rest."""
+    import kernel_hub as kh
+
+    load = dict(getattr(request.module, "RD_LOAD", {"framework": "torch", "backend": "cpu"}))
+    if load.pop("local", False):
+        return kh.get_local_kernel(RAGGED_DOT, **load)
+    return kh.get_kernel("kernel-hub/ragged-dot-tpu", **load)

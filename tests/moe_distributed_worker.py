@@ -1,4 +1,4 @@
-"""One rank of tests/test_moe_distributed.py: a tiny MoE model saved to MODEL_DIR, loaded with transformers' own
+"""One rank of tests/layers/test_moe_distributed.py: a tiny MoE model saved to MODEL_DIR, loaded with transformers' own
 expert-parallel and tensor-parallel plans (DistributedConfig, torch.distributed with gloo on CPU), kernelized, run,
 restored; the logits of each step beside the unsharded model's. Prints one JSON line; the test owns the verdicts.
 

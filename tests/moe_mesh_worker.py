@@ -1,7 +1,8 @@
 """Runs in a subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=8 (so the test suite keeps one device):
 moe_experts on 1 device, expert-parallel over 8 simulated CPU devices and over a 4x2 (expert x tensor) mesh, every
 dispatch scheme, f32 and bf16, against the float64 NumPy forward (reference_moe_experts) and backward
-(moe_reference_grads.py), and against each other. Prints one JSON object; tests/test_moe_mesh.py owns the verdicts.
+(moe_reference_grads.py), and against each other. Prints one JSON object; tests/kernel_builds/test_moe_mesh.py owns the
+verdicts.
 
     python tests/moe_mesh_worker.py
 """

@@ -2,7 +2,7 @@
 (int8 per-channel, fp8 128x128 blocks) on one device, expert-parallel over 8 simulated CPU devices and over a 4x2
 (expert x tensor) mesh, against the float64 NumPy forward of the dequantized weights (reference_moe_experts) and the
 one-device result; the gradient in x against the one-device gradient. Prints one JSON object;
-tests/test_moe_quant_mesh.py owns the verdicts.
+tests/kernel_builds/test_moe_quant_mesh.py owns the verdicts.
 
     python tests/moe_quant_mesh_worker.py
 """

@@ -1,6 +1,6 @@
 """Float64 NumPy backward of a Mixture-of-Experts expert block, written out by hand for the tests (no autodiff, no
 code shared with the kernel): the gradients of L = sum(out * dout) in x, topk_weights, w_gate_up and w_down, by a
-plain loop over tokens and slots. tests/test_moe_mesh.py checks it against central finite differences of
+plain loop over tokens and slots. tests/kernel_builds/test_moe_mesh.py checks it against central finite differences of
 `reference_moe_experts`, then uses it to check moe_experts' gradients on one device and on simulated meshes.
 """
 

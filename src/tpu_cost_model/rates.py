@@ -71,7 +71,7 @@ _XLA_FIXED = "row tpu7x-xla-matmul-1024 (pytorch/helion PR 2632, JAX's matmul de
 _ATTN = "row tpu7x-rpa_v3-prefill-32-32-8k (heavyball-research/flywheel-tpu README_v7x.md)"
 _DECODE = "row tpu7x-rpa_v3-decode-128seq (heavyball-research/flywheel-tpu README_v7x.md)"
 
-#: Fitted figures, each recomputed in tests/test_tpu_calibration.py from its row's published numbers.
+#: Fitted figures, each recomputed in tests/tpu/test_tpu_calibration.py from its row's published numbers.
 #: v7x's streamed fraction: the one that puts RPA v3's 128-sequence decode (7693.6 MiB streamed, 18.6 us of other
 #: work) on its measured 2.574 ms; the published streamed copy (3.21 TB/s, row tpu7x-streamed-copy) checks it.
 STREAM_FRACTION_V7X = 0.8562

@@ -6,7 +6,7 @@ The rule for one XLA op (an HLO the jaxpr equation becomes) on a generation with
               + r.op_fixed_s
 
 Fitted on a third of the measured XLA rows of bench/records/tpu_calibration.json (the efficiency on v5e's 8192
-matmul, the fixed cost on v7x's 1024 matmul), checked on the rest (tests/test_tpu_calibration.py).
+matmul, the fixed cost on v7x's 1024 matmul), checked on the rest (tests/tpu/test_tpu_calibration.py).
 
 What XLA removes is decided before costing (pure functions, each returning the reason): a pad of zero width, a
 transpose undone by the next one, an output aliased to a donated argument. The transpose pairs are tracked by the

@@ -1,7 +1,7 @@
 """A toy layer kind declared outside kernel_hub: `scale` layers (y = x * weight), as a user would add a kind.
 
 Everything it needs is this folder (contract.py, find.py, validate.py, flow.py, this declaration) plus its kernel's
-kernel.yaml `replaces: [scale]` (tests/fixtures/scale_layer_kernel); tests/test_layer_kind_toy.py hands it to
+kernel.yaml `replaces: [scale]` (tests/fixtures/scale_layer_kernel); tests/layers/test_layer_kind_toy.py hands it to
 kernelize with `kinds=` and holds kernel_hub.layers.kinds' list of what a kind needs to what this one needed.
 """
 

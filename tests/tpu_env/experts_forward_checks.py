@@ -1,5 +1,5 @@
 """The ragged dot's `experts_forward` (transformers' experts-function convention) against the real torch_tpu, in the
-TPU environment (.venv-tpu). Not collected by the main suite: tests/test_experts_forward_tpu.py runs this file with
+TPU environment (.venv-tpu). Not collected by the main suite: tests/tpu/test_experts_forward_tpu.py runs this file with
 .venv-tpu's pytest and reads the facts it writes ($KERNEL_HUB_EXPERTS_FACTS).
 
 What a TPU host would run, short of the chip: the whole expert block registered as one torch op per form (with and

@@ -1,5 +1,5 @@
 """HF `kernels` 0.19.1 loading our published kernels in the TPU environment (torch_tpu installed), from the
-`kernel-hub serve` that HF_ENDPOINT names. Run by tests/test_torch_tpu.py:
+`kernel-hub serve` that HF_ENDPOINT names. Run by tests/tpu/test_torch_tpu.py:
 `python hf_kernels_torch_tpu.py RAGGED_DOT_REPO FLASH_ATTENTION_REPO`; prints one JSON line.
 
 HF kernels 0.19 takes the `tpu` backend when torch's current accelerator is a TPU

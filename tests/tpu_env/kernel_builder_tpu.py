@@ -1,5 +1,5 @@
 """kernel-hub loading a kernel-builder torch-tpu repo in the TPU environment (torch_tpu installed), from the
-`kernel-hub serve` that HF_ENDPOINT names. Run by tests/test_hub_kernel_builder_tpu.py: `python
+`kernel-hub serve` that HF_ENDPOINT names. Run by tests/sources/test_hub_kernel_builder_tpu.py: `python
 kernel_builder_tpu.py REPO`; prints one JSON line of facts.
 
 The repo's kernel (tests/kernel_builder_repo.py RAGGED_TPU) registers its JAX functions through torch_tpu's

@@ -1,6 +1,6 @@
 """Ours (flash-attention-tpu's ragged_paged_attention_v3) and vLLM TPU's RPA v3 (tpu-inference 0.32.0) on the same
 inputs, in the TPU environment (.venv-tpu, where tpu-inference is installed). Not collected by the main suite:
-tests/test_rpa_v3_tpu.py runs `python rpa_v3_checks.py OUT.json` and reads OUT.
+tests/tpu/test_rpa_v3_tpu.py runs `python rpa_v3_checks.py OUT.json` and reads OUT.
 
 RPA v3's Pallas kernel is tried interpreted both ways; on jax 0.10.2 (it pins 0.11.2) neither runs it (the fast
 interpreter refuses its dynamically sized slices, the TPU simulator its reshaped refs), and the reason is recorded.

@@ -1,6 +1,6 @@
 """The torch-tpu builds against the real torch_tpu, in the TPU environment (.venv-tpu: torch 2.13 + torch-tpu 0.2 +
-jax 0.10.2 + libtpu). Not collected by the main suite: tests/test_torch_tpu.py runs this file with .venv-tpu's pytest
-and reads the facts it writes ($KERNEL_HUB_TORCH_TPU_FACTS).
+jax 0.10.2 + libtpu). Not collected by the main suite: tests/tpu/test_torch_tpu.py runs this file with .venv-tpu's
+pytest and reads the facts it writes ($KERNEL_HUB_TORCH_TPU_FACTS).
 
 This host has no TPU, so no op executes on one: what runs is torch_tpu's registration (schema from the annotated
 JAX functions), its fake kernels (the JAX functions traced for TPU), the autograd wiring, the parts of opcheck that
@@ -35,7 +35,7 @@ from torch.testing._internal.optests.aot_autograd import aot_autograd_check
 from torch.testing._internal.optests.fake_tensor import fake_check
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))  # tiny_models, test_bridge's NumPy MoE
+sys.path.insert(0, str(ROOT / "tests"))  # tiny_models, kernel_builds.test_bridge's NumPy MoE
 sys.path.insert(0, str(ROOT / "kernels/pallas/ragged_dot/tests"))  # quant_testutil's float64 dequantized weights
 
 import kernel_hub as kh  # noqa: E402
@@ -455,7 +455,7 @@ def test_ragged_dot_runs_through_the_registered_op_and_its_autograd(rd, ops_on_c
 
 
 def test_moe_experts_composes_two_ragged_dots_through_the_registered_op(rd, ops_on_cpu):
-    np_moe = importlib.import_module("test_bridge").np_moe  # the suite's float64 per-token MoE
+    np_moe = importlib.import_module("kernel_builds.test_bridge").np_moe  # the suite's float64 per-token MoE
     g = torch.Generator().manual_seed(3)
     e, h, i, t, k = 6, 32, 24, 9, 2
     x = torch.randn(t, h, generator=g)

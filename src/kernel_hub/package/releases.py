@@ -2,8 +2,8 @@
 
 `kernels/pallas/releases.yaml` maps each kernel folder to {version: content commit} (vendoring.content_commit:
 kernel.yaml and every assembled file, vendored shared code included). A kernel whose files changed while its
-version did not is a second, different build under a released name; `check` finds it (tests/test_releases.py runs
-it) and `record` refuses to overwrite a recorded version. The fix is always the same: bump the version in
+version did not is a second, different build under a released name; `check` finds it (tests/package/test_releases.py
+runs it) and `record` refuses to overwrite a recorded version. The fix is always the same: bump the version in
 kernel.yaml, then record the new one:
 
     python -m kernel_hub.package.releases [--root kernels/pallas]
@@ -27,7 +27,7 @@ _HEADER = f"""\
 # Content digest of every kernel version: kernel folder -> version -> the commit id kernel-hub gives its content
 # (kernel.yaml plus every shipped file, vendored _common/ files included). A version's content never changes: when
 # a kernel's files (or a shared file it vendors) change, bump its version in kernel.yaml and record the new one
-# with `{RECORD_COMMAND}`. tests/test_releases.py fails until you do.
+# with `{RECORD_COMMAND}`. tests/package/test_releases.py fails until you do.
 """
 
 

@@ -4,7 +4,7 @@ the reason, the error.
 
 Each family: build it (random weights, from its config; models.py), run its default forward, kernelize, run
 again (output error vs the default), restore, run again (bit-identical?). The families are a data table
-(family_specs), the same builders tests/test_kernelize*.py use.
+(family_specs), the same builders tests/layers/test_kernelize*.py use.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """report.json, as pydantic models: the one definition of its fields.
 
 docs/report-schema.json is `Report.model_json_schema()` written out (`python -m kernel_hub.report.schema`
-rewrites it; tests/test_report.py fails when the two differ). Times are seconds unless a key ends in _ms;
+rewrites it; tests/report/test_report.py fails when the two differ). Times are seconds unless a key ends in _ms;
 errors are relative max errors (numerics.relative_error); a float that was NaN or Inf is stored as null.
 """
 

@@ -6,7 +6,7 @@ FLOP/s (v7x: half its 4.6 PFLOP/s FP8); a Chip keeps them as published and divid
 v6e have one TensorCore, v4 and v5p two run as one device (megacore), so a chip is one device; v7x's two
 TensorCores are two devices (no megacore; each has its own half of the HBM), so its figures are halved. jax's own
 per-TensorCore table (jax._src.pallas.mosaic.tpu_info) agrees for v5e, v6e and v7x to within 0.5%;
-tests/test_tpu_model.py checks it. A whole v7x chip serving one layer runs it split over its two devices (e.g.
+tests/tpu/test_tpu_model.py checks it. A whole v7x chip serving one layer runs it split over its two devices (e.g.
 expert-parallel 2); the cost model costs one device.
 """
 

@@ -1,8 +1,8 @@
 """The kernel contract: what every kernel package exports, written as Protocols (prose: docs/kernel-contract.md).
 
 kernel-hub's harness, kernelize and the TPU compile gate call kernels only through these names, and
-tests/test_kernel_contract.py holds every kernel in registry.yaml to them by behaviour. Typing only: importing this
-module imports no framework.
+tests/verify/test_kernel_contract.py holds every kernel in registry.yaml to them by behaviour. Typing only: importing
+this module imports no framework.
 """
 
 from __future__ import annotations
@@ -237,9 +237,9 @@ def cases_from_reference(op: str, reference: Callable[..., Array], shapes: Seque
 # declares its own, in its folder's contract.py: layers/kinds/<kind>/), with these parameters (positionally where the
 # Protocol's parameter is positional, by keyword otherwise). A kernel whose kernel.yaml `replaces` names a layer kind
 # holds to that kind's Protocols in its torch entry; `protocol_problems` says, entry by entry, where it does not
-# (layers.kinds.layer_kernel_problems runs it for a kind by name; tests/test_kernel_contract.py on every such kernel).
-# At run time kernelize asks only for the kind's first entry (a `mapping=` module may be a bare ragged_dot: kernelize
-# then builds the expert block itself).
+# (layers.kinds.layer_kernel_problems runs it for a kind by name; tests/verify/test_kernel_contract.py on every such
+# kernel). At run time kernelize asks only for the kind's first entry (a `mapping=` module may be a bare ragged_dot:
+# kernelize then builds the expert block itself).
 
 
 #: HF kernels' `layers` convention (the torch build's `layers` module): the only class members a layer class may add

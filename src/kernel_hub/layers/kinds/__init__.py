@@ -7,8 +7,8 @@ them, and its declaration (the Protocols its kernel keeps, its report title). Th
 plan, load, validate, swap, report, weights_guard) know no kind: layers/api.py hands the kinds down to them, as an
 argument. Built in: experts/ (moe_experts), attention/, rms_norm/.
 
-What a kind needs (tests/test_layer_kind_toy.py declares a toy kind from a folder outside this package with exactly
-these, and holds this list to what it needed):
+What a kind needs (tests/layers/test_layer_kind_toy.py declares a toy kind from a folder outside this package with
+exactly these, and holds this list to what it needed):
 
 - one folder (a package) of its own, anywhere importable, whose `__init__.py` declares `KIND = LayerKind(...)` with
   - `name`: the kind's name in mapping=, registry.yaml `layers`, kernel.yaml `replaces` and the report's rows

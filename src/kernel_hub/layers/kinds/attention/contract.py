@@ -1,6 +1,6 @@
 """The attention kind's contract: its name (what kernel.yaml `replaces` and registry.yaml `layers` call it) and the
-Protocol its kernel keeps in its torch entry (tests/test_kernel_contract.py holds every kernel that `replaces` the kind
-to it). Typing only: importing this imports no framework."""
+Protocol its kernel keeps in its torch entry (tests/verify/test_kernel_contract.py holds every kernel that `replaces`
+the kind to it). Typing only: importing this imports no framework."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The moe_experts kind's contract: its name (what kernel.yaml `replaces` and registry.yaml `layers` call it), the
-Protocols its kernel keeps in its torch entry (tests/test_kernel_contract.py holds every kernel that `replaces` the
-kind to them), the optional packed-weights group, and transformers' experts-function convention a kernel may keep
+Protocols its kernel keeps in its torch entry (tests/verify/test_kernel_contract.py holds every kernel that `replaces`
+the kind to them), the optional packed-weights group, and transformers' experts-function convention a kernel may keep
 instead. Typing only: importing this imports no framework."""
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Tests of pure decisions: variants, versions, names."""

@@ -1,0 +1,1 @@
+"""Tests of the documentation against the code."""

@@ -1,0 +1,1 @@
+"""Tests of Hugging Face kernels, transformers and serving against our builds."""

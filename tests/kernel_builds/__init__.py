@@ -1,0 +1,1 @@
+"""Tests of the ragged dot's builds as kernel-hub loads them."""

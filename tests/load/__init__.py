@@ -1,0 +1,1 @@
+"""Tests of loading, locks, the registry, trust."""

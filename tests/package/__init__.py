@@ -1,0 +1,1 @@
+"""Tests of kernel folders, releases, vendoring, the wheel."""

@@ -1,0 +1,1 @@
+"""Tests of repository-wide rules: import graph, typed surface, loopback guard."""

@@ -1,0 +1,1 @@
+"""Tests of Hub and kernel-builder sources, bounded answers."""

@@ -1,0 +1,1 @@
+"""Tests of the TPU environment, compile gate and cost model."""

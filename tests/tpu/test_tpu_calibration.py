@@ -1,0 +1,287 @@
+"""The cost model against published measured TPU times (bench/records/tpu_calibration.json).
+
+The table's schema (at most a third of each kind fitted); every model constant recomputed from the row it is fitted
+on; the held-out rows the main environment can model (every Pallas matmul and XLA matmul row) and a sample of the
+attention rows (in the TPU environment) held to the 20% target by the held-out error the code computes; the recorded
+held-out errors (bench/records/tpu_held_out.json) recomputed from the recorded modeled rows; and the walker on the
+tpu-inference kernels as installed in the TPU environment (no copy of them in this tree).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import subprocess
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.experimental.pallas.ops.tpu.matmul import matmul
+
+from kernel_hub.tpu.chips import chip
+from tests.client_env import child_env
+from tests.tpu_toys import env_or_skip
+from tpu_cost_model import calibration
+from tpu_cost_model import rates as rates_mod
+from tpu_cost_model.calibration import HOST_DISPATCH_S, STEP_OVERHEAD_S, STREAM_FRACTION
+from tpu_cost_model.calibration_worker import _matmul, _xla_matmul
+from tpu_cost_model.rates import rates
+from tpu_cost_model.schedule import kernel_cost
+
+ROOT = Path(__file__).resolve().parents[2]
+ROWS = {r["id"]: r for r in calibration.load()["rows"]}
+
+
+def test_the_table_keeps_its_schema():
+    data = json.loads(calibration.TABLE.read_text())
+    assert calibration.check_table(data) == []
+    assert {r["kernel"] for r in data["rows"]} == set(calibration.KINDS)
+    fitted = {r["id"] for r in data["rows"] if r["use"] == "fit"}
+    assert fitted == {"v5e-matmul-128-8192", "v5e-matmul-512x1024x1024-1024", "v5e-xla-matmul-8192",
+                      "tpu7x-xla-matmul-1024", "tpu7x-rpa_v3-decode-128seq", "tpu7x-rpa_v3-prefill-32-32-8k"}
+    for r in data["rows"]:
+        if "measured_s" in r:  # a time comes with what it includes and the shapes it was measured at
+            assert r["shapes"] and r["dtypes"] and r["includes"] in ("device", "host") and r["quote"]
+    for group in set(calibration.GROUPS.values()):
+        members = [r for r in data["rows"] if calibration.GROUPS[r["kernel"]] == group]
+        assert 3 * sum(r["use"] == "fit" for r in members) <= len(members), group
+
+
+def test_a_kind_fitted_on_more_than_a_third_is_refused():
+    data = json.loads(calibration.TABLE.read_text())
+    for r in data["rows"]:
+        if r["kernel"] == "xla_matmul":
+            r["use"] = "fit"
+    problems = calibration.check_table(data)
+    assert any(p.startswith("XLA op:") and "at most a third" in p for p in problems), problems
+
+
+def test_a_broken_table_names_every_problem():
+    data = json.loads(calibration.TABLE.read_text())
+    bad = copy.deepcopy(data)
+    bad["rows"][0]["source"] = "ftp://elsewhere"
+    bad["rows"][1]["chip"] = "v9"
+    bad["rows"][2]["id"] = bad["rows"][3]["id"]
+    del bad["rows"][4]["measured_s"]
+    bad["rows"][5]["shapes"] = {}
+    problems = calibration.check_table(bad)
+    assert len(problems) == 5, problems
+    assert any("source" in p for p in problems) and any("chip" in p for p in problems)
+    assert any("duplicate id" in p for p in problems) and any("measured" in p for p in problems)
+    assert any("full shapes" in p for p in problems)
+    assert calibration.check_table({"rows": "no"}) == ["the table must be an object with a list 'rows'"]
+
+
+def test_each_parameter_comes_from_its_row():
+    """The fitted figures, recomputed here from the published numbers and the spec sheet (the step cost and the
+    XLA efficiency by hand; the harness dispatch from the kernel's modeled device time)."""
+    copy_bps = ROWS["tpu7x-streamed-copy"]["measured_bytes_per_s"]
+    assert pytest.approx(copy_bps, rel=0.003) == STREAM_FRACTION * 7.37e12 / 2
+    mm = ROWS["v5e-matmul-128-8192"]
+    steps = (8192 // 128) ** 3
+    assert pytest.approx((mm["measured_s"] - HOST_DISPATCH_S - 2 * 8192**3 / 197e12) / steps,
+                                            rel=1e-2) == STEP_OVERHEAD_S == rates("v5e").step_overhead_s
+    fn, args = _matmul(ROWS["v5e-matmul-512x1024x1024-1024"])
+    device = kernel_cost(fn, *args, generation="v5e").seconds(chip("v5e"))
+    assert ROWS["v5e-matmul-512x1024x1024-1024"]["measured_s"] - device == pytest.approx(HOST_DISPATCH_S, rel=1e-3)
+    v5e = rates("v5e")
+    xla = ROWS["v5e-xla-matmul-8192"]
+    eff = 2 * 8192**3 / 197e12 / (xla["measured_s"] - HOST_DISPATCH_S - v5e.op_fixed_s)
+    assert eff == pytest.approx(rates_mod.XLA_EFFICIENCY_V5E, rel=1e-3) == v5e.xla_efficiency
+    v7x = rates("v7x")
+    small = ROWS["tpu7x-xla-matmul-1024"]
+    mxu = 2 * 1024**3 / (2307e12 / 2 * v7x.xla_efficiency)  # one v7x device: half the chip's peak
+    hbm = 3 * 1024 * 1024 * 2 / (7370e9 / 2 * v7x.stream_fraction)
+    assert small["measured_s"] - max(mxu, hbm) == pytest.approx(v7x.op_fixed_s, rel=1e-3)
+
+
+def _held_out_in_this_environment() -> list[dict]:
+    """Every Pallas matmul and XLA matmul row, modeled here (jax only) and compared as the bench compares."""
+    out = []
+    for row in ROWS.values():
+        if row["kernel"] not in ("pallas_matmul", "xla_matmul"):
+            continue
+        fn, args = (_matmul if row["kernel"] == "pallas_matmul" else _xla_matmul)(row)
+        cost = kernel_cost(fn, *args, generation=row["chip"])
+        c = chip(row["chip"])
+        out.append({**row, **calibration.compare(row, cost.seconds(c), cost.band(c))})
+    return out
+
+
+def test_held_out_matmul_and_xla_rows_are_within_target():
+    """The held-out error per kind, computed by calibration.held_out on rows modeled here: every Pallas matmul
+    (18: both tilings, plain, transposed right-hand side, fused relu) and every XLA matmul row (6: v5e bf16 and f32,
+    v7x) within 20%; each modeled time inside its own band (the band is the unmeasured constants' spread, not the
+    measurement's: a measured time may fall outside it)."""
+    results = _held_out_in_this_environment()
+    errors = calibration.held_out(results)
+    for kind in ("Pallas matmul", "XLA op"):
+        e = errors[kind]
+        assert e["modeled"] == e["check_rows"] > 0 and not e["not_modeled"], (kind, e)
+        assert e["max_abs_error"] <= calibration.TARGET, (kind, e)
+    assert errors["Pallas matmul"]["check_rows"] == 16 and errors["XLA op"]["check_rows"] == 4
+    for r in results:
+        assert r["band_s"][0] <= r["modeled_s"] <= r["band_s"][1], r["id"]
+
+
+def test_the_transposed_rows_hold_only_because_the_transposes_cancel():
+    """Charging the two swaps of a transposed-RHS row (what the model did before) adds over 10 points of error."""
+    row = ROWS["v5e-matmul-transpose-rhs-512x1024x1024-8192"]
+    fn, args = _matmul(row)
+    cost = kernel_cost(fn, *args, generation="v5e")
+    assert cost.outside_bytes == 0 and len(cost.removed_ops) == 2
+    c = chip("v5e")
+    charged = 2 * 2 * 8192 * 8192 * 2 / (c.hbm_bytes_per_s * rates("v5e").stream_fraction)
+    before, now = calibration.compare(row, cost.seconds(c) + charged), calibration.compare(row, cost.seconds(c))
+    assert before["error"] - now["error"] > 0.10 and now["within"]
+
+
+def test_recorded_held_out_errors_are_what_the_code_computes():
+    """bench/records/tpu_held_out.json (the README quotes it) is calibration.held_out of the recorded modeled rows,
+    and every kind's largest held-out error there is under the target."""
+    modeled = json.loads(calibration.TABLE.with_name("tpu_calibration_modeled.json").read_text())["rows"]
+    recorded = json.loads(calibration.HELD_OUT.read_text())
+    assert recorded["kinds"] == calibration.held_out(modeled)
+    assert {r["id"] for r in modeled} == set(ROWS)  # recorded from the table as it is
+    for kind, e in recorded["kinds"].items():
+        if e["max_abs_error"] is not None:
+            assert e["max_abs_error"] <= calibration.TARGET, (kind, e)
+
+
+def test_the_uncalibrated_model_missed_the_step_bound_regime():
+    """What the calibration fixed: spec bandwidth with steps added to the bound put the 128-tile 8192 row 23% high
+    (and without host dispatch the 1024 rows 25-90% low)."""
+    s = ROWS["v5e-matmul-128-8192"]["shapes"]
+    x = jax.ShapeDtypeStruct((s["m"], s["k"]), jnp.bfloat16)
+    (call,) = kernel_cost(lambda a, b: matmul(a, b, block_shape=(128, 128), block_k=128), x, x,
+                          generation="v5e").calls
+    v5e = chip("v5e")
+    old = max(call.hbm_bytes / v5e.hbm_bytes_per_s, call.flops / v5e.bf16_flops_per_s) + call.steps * 0.35e-6
+    assert old / ROWS["v5e-matmul-128-8192"]["measured_s"] - 1 > 0.2
+
+
+_WALK = r"""
+import json, sys
+from tpu_cost_model import calibration
+from tpu_cost_model.calibration_worker import _rpa_v3, model_row
+from tpu_cost_model.schedule import kernel_cost, Unmodeled
+from tpu_cost_model.tpu_inference_peers import PeerUnavailable, import_kernel, installed_version
+from kernel_hub.tpu.target import tpu_target
+import jax, numpy as np
+out = {"version": installed_version()}
+rpa = import_kernel("rpa_v3")
+out["rpa_file"] = rpa.__file__
+row = [r for r in calibration.load()["rows"] if r["id"] == "tpu7x-rpa_v3-decode-128seq"][0]
+small = dict(row, shapes=dict(row["shapes"], seqs=4, kv_len=1024))
+with tpu_target("v7x"):
+    fn, args = _rpa_v3(small)
+    cost = kernel_cost(fn, *args, generation="v7x")
+out["rpa_small"] = {"hbm": cost.hbm_bytes, "outside": cost.outside_bytes, "calls": [c.name for c in cost.calls],
+                    "dmas": sum(c.dmas for c in cost.calls)}
+gmm = import_kernel("megablox_gmm")
+out["gmm_file"] = gmm.__file__
+gs = np.array([128, 0, 256, 128], np.int32)
+sds = jax.ShapeDtypeStruct
+with tpu_target("v6e"):
+    c = kernel_cost(lambda a, b, s: gmm.gmm(a, b, s, preferred_element_type=jax.numpy.bfloat16,
+                                            tiling=(128, 256, 256)),
+                    sds((512, 256), "bfloat16"), sds((4, 256, 512), "bfloat16"), gs, generation="v6e")
+out["gmm"] = {"read": c.calls[0].read_bytes, "flops": c.flops}
+fm = import_kernel("fused_moe_v1")
+out["fused_moe_file"] = fm.__file__
+refused = {}
+for name in ("rpa_v3_hd64", "gmm_v2_gather_scatter"):
+    try:
+        import_kernel(name)
+        refused[name] = None
+    except PeerUnavailable as exc:
+        refused[name] = str(exc)
+out["refused"] = refused
+out["row"] = model_row(row) if "--row" in sys.argv else None
+rows = {r["id"]: r for r in calibration.load()["rows"]}
+sample = ("tpu7x-rpa_v3-prefill-32-4-1k", "tpu7x-rpa_v3-prefill-32-4-2k", "tpu7x-rpa_v3-prefill-32-32-1k")
+out["attention"] = {i: model_row(rows[i]) for i in sample} if "--row" in sys.argv else {}
+print(json.dumps(out))
+"""
+
+
+def _walk(*flags: str) -> dict:
+    env = env_or_skip()
+    done = subprocess.run([str(env.python), "-c", _WALK, *flags], capture_output=True, text=True, timeout=600,
+                          env=child_env(PYTHONPATH=str(ROOT / "src"), TF_CPP_MIN_LOG_LEVEL="3",
+                                        ALLOW_MULTIPLE_LIBTPU_LOAD="1"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def walked() -> dict:
+    return _walk("--row")
+
+
+def test_the_walker_reads_the_installed_tpu_inference_kernels(walked):
+    """RPA v3 and megablox gmm come from the TPU environment's tpu-inference 0.32.0, never from this tree; the
+    walker reads RPA v3's own DMAs (sized per sequence from its scalar data) to exactly the cache it attends over;
+    gmm's BlockSpec pipeline to the visited groups' weights; the modules that do not import say why."""
+    assert walked["version"] == "0.32.0"
+    for key in ("rpa_file", "gmm_file", "fused_moe_file"):
+        assert "site-packages/tpu_inference/kernels/" in walked[key]
+        assert not walked[key].startswith(str(ROOT) + "/src")
+    kv = 4 * 1024 * 4 * 256 * 2 * 2  # 4 sequences x 1024 cached tokens x 4 kv heads x 256 x (K, V) x bf16
+    small = walked["rpa_small"]
+    assert small["calls"][0].startswith("RPAd") and small["dmas"] > 0
+    assert kv <= small["hbm"] - small["outside"] <= kv * 1.05  # + q, the new k/v, the output, the metadata
+    rhs_visited = 3 * 256 * 512 * 2  # three groups with rows, each [256, 512] bf16 once (k fits one tile)
+    assert walked["gmm"]["read"] >= rhs_visited + 512 * 256 * 2
+    assert walked["gmm"]["flops"] >= 2 * 512 * 256 * 512
+    for name, why in walked["refused"].items():
+        assert why and "torchax" in why, (name, why)
+
+
+def test_rpa_v3_decode_row_is_the_stream_fraction_fit(walked):
+    """A kernel that streams with its own DMAs inside one grid step, end to end at the published shape: v7x's
+    stream fraction is the one that puts it on its measured time, and the published streamed copy checks it."""
+    row = ROWS["tpu7x-rpa_v3-decode-128seq"]
+    result = calibration.compare(row, walked["row"]["device_s"])
+    assert abs(result["error"]) < 0.005, result
+    assert walked["row"]["hbm_bytes"] >= 128 * 15360 * 4 * 256 * 2 * 2
+    copy = calibration.compare_bandwidth(ROWS["tpu7x-streamed-copy"], rates_mod.stream_bytes_per_s(chip("v7x")))
+    assert copy["within"] and copy["error"] < 0, copy
+
+
+def test_held_out_attention_sample_is_within_target(walked):
+    """Causal prefill at 1K and 2K (32:4 and 32:32, one device of a v7x), none of them fitted: the held-out error
+    the code computes on them is within 20% (the whole table's, longer to walk, is bench/records/tpu_held_out.json)."""
+    results = [{**ROWS[i], **calibration.compare(ROWS[i], m["device_s"], m["band_s"])}
+               for i, m in walked["attention"].items()]
+    e = calibration.held_out(results)["attention"]
+    assert e["modeled"] == e["check_rows"] == 3, e
+    assert e["max_abs_error"] <= calibration.TARGET, e
+
+
+def test_no_copy_of_tpu_inference_kernels_in_the_tree():
+    # RPA v3's own function names (ragged_paged_attention alone is our kernel's public name too, by design)
+    markers = ("def _ragged_paged_attention_kernel_loop(", "def has_bank_conflicts(", "def get_smem_estimate_bytes(",
+               "def fused_ep_moe(", "_fused_ep_moe_kernel", "RPAd-p_")
+    for folder in ("src", "kernels", "bench"):
+        for path in (ROOT / folder).rglob("*.py"):
+            text = path.read_text(errors="replace")
+            hits = [m for m in markers if m in text]
+            assert not hits, (path, hits)
+
+
+def test_the_bench_shows_what_the_model_reads_for_a_row(capsys):
+    """bench/tpu_calibration.py --show ID --hlo: the jaxpr, each charge (the two cancelling swaps removed), the
+    modeled time with its band, and the StableHLO lowered for TPU, from the TPU environment's worker."""
+    env_or_skip()
+    spec = importlib.util.spec_from_file_location("tpu_calibration_bench", ROOT / "bench/tpu_calibration.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--show", "v5e-matmul-transpose-rhs-128-1024", "--hlo"]) == 0
+    text = capsys.readouterr().out
+    assert "== v5e-matmul-transpose-rhs-128-1024" in text and "grid=(8, 8, 8)" in text
+    assert text.count("removed transpose") == 2 and "modeled on v5e" in text and "tpu_custom_call" in text
+    with pytest.raises(SystemExit, match="unknown row ids"):
+        bench.main(["--show", "no-such-row"])

@@ -1,0 +1,1 @@
+"""Tests of the validation harness and kernel contract."""
