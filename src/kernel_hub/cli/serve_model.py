@@ -77,8 +77,8 @@ def _positive(text: str) -> int:
 
 
 def _port(text: str) -> int:
-    value = _positive(text)
-    if value > 65535:
+    value = int(text) if text.isdigit() else 0
+    if not 0 < value <= 65535:
         raise argparse.ArgumentTypeError(f"a port is 1..65535, got {text!r}")
     return value
 
@@ -160,6 +160,7 @@ def cmd_serve_model(args: argparse.Namespace) -> int:
                         cb_block_size=bounds.block_size, cb_num_blocks=bounds.num_blocks,
                         cb_max_batch_tokens=bounds.max_batch_tokens, host=args.host, port=args.port,
                         log_level=args.log_level, default_seed=args.default_seed)
-    except (ValueError, RuntimeError) as exc:  # a setting transformers refuses, or the model's process failed
+    except (OSError, ValueError, RuntimeError) as exc:  # no such model, a setting transformers refuses, or the model's
+        # process failed (it logged the traceback)
         raise KernelHubError(f"{args.model}: {exc}") from None
     return 0
