@@ -181,8 +181,7 @@ def load_plan(plan: Plan, *, validate: bool = False, trust_remote_code: TrustSet
         download.
     """
     trust = trust_policy(trust_remote_code)
-    if plan.choice.variant is None:  # a plan that chose nothing says so before any trust question
-        raise plan.no_fit()
+    plan.chosen_variant()  # a plan that chose nothing says so before any trust question
     return pipeline.load_plan(plan.trusted(trust), validate=validate)
 
 
