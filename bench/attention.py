@@ -14,7 +14,6 @@ Note: torch and XLA share the cores; a torch call right after a JAX call can run
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from json_out import write_result
 
 import kernel_hub as kh
 from kernel_hub.report.environment import environment
@@ -172,9 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     report = run(args.quick, args.repeats)
     print(table(report))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
-    print(f"wrote {args.out}")
+    write_result(args.out, report)
     return 0
 
 

@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 import torch
+from json_out import write_result
 
 import kernel_hub as kh
 from kernel_hub.report.environment import environment
@@ -196,9 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"benchmark": "continuous_batching", "environment": environment(with_libtpu=False).model_dump(),
               "model": model, "throughput": tp, "kernel": kernel, "shapes": shapes, "memory": memory(args.quick)}
     print(table(report))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
-    print(f"wrote {args.out}")
+    write_result(args.out, report)
     return 0
 
 

@@ -26,6 +26,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from json_out import write_result  # noqa: E402
+
 import kernel_hub as kh  # noqa: E402
 from kernel_hub.report.environment import environment  # noqa: E402
 from kernel_hub.verify.numerics import relative_error  # noqa: E402
@@ -131,9 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(dtype_name=args.dtype, tokens=256 if args.quick else args.tokens, text_tokens=args.text_tokens,
                  repeats=args.repeats or (3 if args.quick else 7))
     print(table(result))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
     return 0
 
 

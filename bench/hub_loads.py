@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import json
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the test server harness (tests/hub_server.py) is checkout gear, like bench/
+
+from json_out import write_result  # noqa: E402
 
 from kernel_hub.publish.release import publish  # noqa: E402
 from kernel_hub.report.environment import environment  # noqa: E402
@@ -104,9 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         secs = f"{r['seconds']:.2f}" if r["ok"] else f"  fails: {r['error'][:70]}"
         print(f"{r['client']:<20}{r['load']:<34}{r['requests']:>9}{secs:>9}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
     return 0
 
 

@@ -15,7 +15,6 @@ Writes bench/out/moe_decode_<fmt>.json.
 from __future__ import annotations
 
 import copy
-import json
 import os
 import statistics
 import sys
@@ -130,9 +129,9 @@ def main_quantized(fmt: str, *, batch: int, reps: int, out: Path | None, floor: 
     print(f"load average before {' '.join(f'{x:.2f}' for x in load_before)}, after "
           f"{' '.join(f'{x:.2f}' for x in result['load_average']['after'])}")
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2))
-        print(f"wrote {out}")
+        from json_out import write_result
+
+        write_result(out, result)
     return 0
 
 

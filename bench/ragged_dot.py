@@ -14,7 +14,6 @@ carries every sample and the environment (commit, versions, CPU).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from json_out import write_result
 
 import kernel_hub as kh
 from kernel_hub.report.environment import environment
@@ -150,9 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown shape(s): {', '.join(sorted(unknown))}")
     report = run(args.quick, shapes)
     print(table(report))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
-    print(f"wrote {args.out}")
+    write_result(args.out, report)
     return 0
 
 

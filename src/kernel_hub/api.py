@@ -11,7 +11,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .decide.system import SystemFacts
 from .errors import KernelHubError, VersionSpecError
@@ -29,6 +29,11 @@ from .tpu.env import tpu_env
 from .verify.results import ValidationReport
 from .verify.validation import require_valid
 from .verify.validation import validate as run_validation
+
+if TYPE_CHECKING:
+    from typing import Unpack
+
+    from .verify.validation import ValidationOptions
 
 _log = logging.getLogger("kernel_hub")
 
@@ -181,15 +186,14 @@ def load_plan(plan: Plan, *, validate: bool = False, trust_remote_code: TrustSet
         download.
     """
     trust = trust_policy(trust_remote_code)
-    if plan.choice.variant is None:  # a plan that chose nothing says so before any trust question
-        raise plan.no_fit()
+    plan.chosen_variant()  # a plan that chose nothing says so before any trust question
     return pipeline.load_plan(plan.trusted(trust), validate=validate)
 
 
 def validate(kernel: ModuleType | str, *, backend: str | None = None, version: int | str | None = None,
              revision: str | None = None, framework: str = "jax", trust_remote_code: TrustSetting = False,
              lockfile: str | Path | None = None, tpu: str | Sequence[str] | None = None,
-             **options: Any) -> ValidationReport:
+             **options: Unpack[ValidationOptions]) -> ValidationReport:
     """Check a kernel's numbers against its reference on this device, and optionally compile its TPU cases.
 
     Args:

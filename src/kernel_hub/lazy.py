@@ -9,7 +9,7 @@ from typing import Any
 
 
 def lazy_names(package: str, table: dict[str, str],
-               namespace: dict[str, Any]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+               namespace: dict[str, object]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """(__getattr__, __dir__) for `package`: `table` maps each public name to the submodule (relative to `package`)
     that defines it; a name is imported on its first read and kept in `namespace` (the package's globals()), so later
     reads cost nothing. An unknown name is AttributeError, as for any module."""

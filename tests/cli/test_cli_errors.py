@@ -198,6 +198,11 @@ BAD = [
     (["serve", "--store", "{a_file}"], "--store"),
     (["serve", "--store", "{tmp}/s", "--host", "0.0.0.0"], "token"),
     (["serve", "--store", "{tmp}/s", "--read-token-required"], "token"),
+    (["serve-model"], "required"),
+    (["serve-model", "{tmp}/m", "--port", "0"], "a port is 1..65535"),
+    (["serve-model", "{tmp}/m", "--cb-num-blocks", "-4"], "positive whole number"),
+    (["serve-model", "{tmp}/m", "--kernel", "experts=a/b"], "unknown layer kind"),
+    (["serve-model", "{tmp}/m", "--kernel", "attention=../x"], "--kernel"),
     # report (refused before anything runs)
     (["report", "--skip", "benchmarks"], "--skip takes validation, compile, families, benches"),
     (["report", "--families", "qwen3_moe,nosuch"], "--families: unknown nosuch"),

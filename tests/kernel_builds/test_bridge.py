@@ -16,13 +16,6 @@ torch = pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    import kernel_hub
-
-    return kernel_hub.get_kernel("kernel-hub/ragged-dot-tpu", framework="torch", backend="cpu")
-
-
 def np_ragged_dot(lhs, rhs, sizes):
     """Independent float64 loop: out[r] = lhs[r] @ rhs[g(r)], rows past sum(sizes) zero."""
     a, b = np.asarray(lhs, np.float64), np.asarray(rhs, np.float64)
@@ -43,21 +36,21 @@ def rel(a, b):
     return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
 
 
-def test_kernel_is_the_torch_cpu_build(kernel):
-    info = kernel.__kernel_hub__
+def test_kernel_is_the_torch_cpu_build(rd):
+    info = rd.__kernel_hub__
     assert info.variant == "torch-cpu"
-    assert {"ragged_dot", "moe_experts"} <= set(kernel.__all__)
-    assert kernel.implementations_for("cpu")[0] == "torch" and kernel.last_implementation is not None
+    assert {"ragged_dot", "moe_experts"} <= set(rd.__all__)
+    assert rd.implementations_for("cpu")[0] == "torch" and rd.last_implementation is not None
 
 
 @pytest.mark.parametrize("sizes", [[3, 0, 5, 2], [0, 0, 0, 0], [10, 0, 0, 0], [1, 2, 1, 1]])
 @pytest.mark.parametrize("impl", ["torch", "jax"])
-def test_ragged_dot_matches_numpy(kernel, sizes, impl):
+def test_ragged_dot_matches_numpy(rd, sizes, impl):
     g = torch.Generator().manual_seed(0)
     lhs = torch.randn(12, 16, generator=g)  # 12 rows: sums below 12 leave zero tail rows
     rhs = torch.randn(4, 16, 24, generator=g)
     gs = torch.tensor(sizes, dtype=torch.int32)
-    out = kernel.ragged_dot(lhs, rhs, gs, implementation=impl)
+    out = rd.ragged_dot(lhs, rhs, gs, implementation=impl)
     ref = np_ragged_dot(f64(lhs), f64(rhs), sizes)
     assert out.shape == (12, 24) and out.dtype == torch.float32
     assert np.abs(f64(out) - ref).max() <= 1e-4 * max(np.abs(ref).max(), 1.0)
@@ -65,26 +58,26 @@ def test_ragged_dot_matches_numpy(kernel, sizes, impl):
 
 
 @pytest.mark.parametrize("impl", ["torch", "jax"])
-def test_ragged_dot_bf16_and_noncontiguous(kernel, impl):
+def test_ragged_dot_bf16_and_noncontiguous(rd, impl):
     g = torch.Generator().manual_seed(1)
     lhs = torch.randn(24, 32, generator=g).to(torch.bfloat16)[::2]  # strided rows
     rhs = torch.randn(3, 40, 32, generator=g).to(torch.bfloat16).transpose(1, 2)  # [G,K,N] view
     assert not lhs.is_contiguous() and not rhs.is_contiguous()
     sizes = [4, 5, 3]
-    out = kernel.ragged_dot(lhs, rhs, torch.tensor(sizes), implementation=impl)
+    out = rd.ragged_dot(lhs, rhs, torch.tensor(sizes), implementation=impl)
     assert out.dtype == torch.bfloat16
     ref = np_ragged_dot(f64(lhs), f64(rhs), sizes)
     assert rel(f64(out), ref) <= 2e-2
 
 
 @pytest.mark.parametrize("impl", ["torch", "jax"])
-def test_ragged_dot_gradients_match_numpy(kernel, impl):
+def test_ragged_dot_gradients_match_numpy(rd, impl):
     g = torch.Generator().manual_seed(2)
     lhs = torch.randn(10, 8, generator=g, requires_grad=True)
     rhs = torch.randn(3, 8, 6, generator=g, requires_grad=True)
     sizes = [4, 0, 5]  # one empty group (its gradient must be zero), one zero tail row
     dout = torch.randn(10, 6, generator=g)
-    out = kernel.ragged_dot(lhs, rhs, torch.tensor(sizes), implementation=impl)
+    out = rd.ragged_dot(lhs, rhs, torch.tensor(sizes), implementation=impl)
     (out * dout).sum().backward()
     a, b, d = f64(lhs), f64(rhs), f64(dout)
     d_lhs, d_rhs = np.zeros_like(a), np.zeros_like(b)
@@ -98,7 +91,7 @@ def test_ragged_dot_gradients_match_numpy(kernel, impl):
     assert not f64(rhs.grad)[1].any()
 
 
-def test_jax_bridge_builds_its_forward_and_backward_once(kernel):
+def test_jax_bridge_builds_its_forward_and_backward_once(rd):
     """Training through the JAX bridge: the second differentiable call reuses the first call's forward and vjp
     function instead of rebuilding them (signature inspection included) on every call."""
     import sys
@@ -109,7 +102,7 @@ def test_jax_bridge_builds_its_forward_and_backward_once(kernel):
     for step in range(3):
         lhs = torch.randn(6, 8, generator=g, requires_grad=True)
         rhs = torch.randn(2, 8, 5, generator=g, requires_grad=True)
-        out = kernel.ragged_dot(lhs, rhs, torch.tensor([2, 4]), implementation="jax")
+        out = rd.ragged_dot(lhs, rhs, torch.tensor([2, 4]), implementation="jax")
         out.sum().backward()
         assert lhs.grad is not None and rhs.grad is not None and not torch.isnan(lhs.grad).any()
         if step == 0:
@@ -119,11 +112,11 @@ def test_jax_bridge_builds_its_forward_and_backward_once(kernel):
     assert bridge.ragged_dot_function(None, None) is bridge.ragged_dot_function(None, None)
 
 
-def test_ragged_dot_rejects_bad_shapes(kernel):
+def test_ragged_dot_rejects_bad_shapes(rd):
     with pytest.raises(ValueError, match="shapes disagree"):
-        kernel.ragged_dot(torch.zeros(4, 8), torch.zeros(2, 7, 3), torch.tensor([2, 2]))
+        rd.ragged_dot(torch.zeros(4, 8), torch.zeros(2, 7, 3), torch.tensor([2, 2]))
     with pytest.raises(TypeError, match="integer"):
-        kernel.ragged_dot(torch.zeros(4, 8), torch.zeros(2, 8, 3), torch.tensor([2.0, 2.0]))
+        rd.ragged_dot(torch.zeros(4, 8), torch.zeros(2, 8, 3), torch.tensor([2.0, 2.0]))
 
 
 def np_moe(x, idx, w, gate_up, down, *, transposed, concatenated, gated=True, bias=None):
@@ -149,7 +142,7 @@ def np_moe(x, idx, w, gate_up, down, *, transposed, concatenated, gated=True, bi
 @pytest.mark.parametrize("transposed,concatenated,gated,with_bias", [
     (False, True, True, False), (True, False, True, True), (True, True, True, False), (False, True, False, False),
 ])
-def test_moe_experts_layouts_match_numpy(kernel, transposed, concatenated, gated, with_bias):
+def test_moe_experts_layouts_match_numpy(rd, transposed, concatenated, gated, with_bias):
     g = torch.Generator().manual_seed(3)
     e, h, i, t, k = 6, 16, 10, 7, 2
     width = 2 * i if gated else i
@@ -160,7 +153,7 @@ def test_moe_experts_layouts_match_numpy(kernel, transposed, concatenated, gated
     idx = torch.argsort(torch.rand(t, e, generator=g), dim=1)[:, :k]
     idx[0, 1] = e  # an expert-parallel sentinel: dropped
     w = torch.softmax(torch.randn(t, k, generator=g), -1)
-    out = kernel.moe_experts(
+    out = rd.moe_experts(
         x, idx, w, gate_up, down, is_transposed=transposed, is_concatenated=concatenated, has_gate=gated,
         gate_up_proj_bias=bias[0] if bias else None, down_proj_bias=bias[1] if bias else None,
     )
@@ -169,9 +162,9 @@ def test_moe_experts_layouts_match_numpy(kernel, transposed, concatenated, gated
     assert rel(f64(out), ref) <= 1e-5
 
 
-def test_dlpack_bridge_is_zero_copy(kernel):
+def test_dlpack_bridge_is_zero_copy(rd):
     jax = pytest.importorskip("jax")
-    torch_bridge = importlib.import_module(f"{kernel.__name__}._vendor.torch_jax")  # the hand-over both bridges use
+    torch_bridge = importlib.import_module(f"{rd.__name__}._vendor.torch_jax")  # the hand-over both bridges use
     for dtype in (torch.float32, torch.bfloat16):
         t = torch.randn(64, 32).to(dtype)
         a = torch_bridge.to_jax(t)

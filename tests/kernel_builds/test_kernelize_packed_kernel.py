@@ -16,7 +16,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import kernel_hub as kh  # noqa: E402
 from kernel_hub.layers.kinds.experts.packing import _pages  # noqa: E402
 from kernel_hub.verify.numerics import TOLERANCE, relative_error  # noqa: E402
 
@@ -24,27 +23,27 @@ MIB = 1 << 20
 
 
 @pytest.fixture(scope="module")
-def kernel():
-    k = kh.get_kernel("kernel-hub/ragged-dot-tpu", framework="torch", backend="cpu")
+def rd(rd):
+    """The shared ragged dot (tests/conftest.py), where this CPU packs expert weights."""
     for dtype in (torch.float32, torch.bfloat16):
-        ok, why = k.packing_support(dtype)
+        ok, why = rd.packing_support(dtype)
         if not ok:
             pytest.skip(f"oneDNN packing unavailable here: {why}")
-    return k
+    return rd
 
 
-def refused_without_onednn(kernel, weight: torch.Tensor, transposed: bool = True) -> bool:
+def refused_without_onednn(rd, weight: torch.Tensor, transposed: bool = True) -> bool:
     """Where oneDNN cannot pack `weight`'s dtype on this CPU (bfloat16 without AVX512 or AMX), assert that
     pack_experts refuses it with one PackingError naming oneDNN and leaves it as it was, and return True; else False
     (the caller then checks the packed route itself)."""
     import sys
 
-    ok, why = sys.modules[kernel.PackedExperts.__module__].onednn_support(weight.dtype)
+    ok, why = sys.modules[rd.PackedExperts.__module__].onednn_support(weight.dtype)
     if ok:
         return False
     original = weight.clone()
-    with pytest.raises(kernel.PackingError, match="oneDNN cannot pack"):
-        kernel.pack_experts(weight, transposed=transposed)
+    with pytest.raises(rd.PackingError, match="oneDNN cannot pack"):
+        rd.pack_experts(weight, transposed=transposed)
     assert torch.equal(weight, original) and why
     return True
 
@@ -102,7 +101,7 @@ CASES = [  # (transposed, concatenated, gated, bias)
 @pytest.mark.parametrize("route", ["random", "one_expert_holds_all", "sentinels"])
 @pytest.mark.parametrize("layout", CASES, ids=["concat", "transposed_interleaved_bias", "ungated"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-def test_moe_experts_packed_against_float64_and_unpacked(kernel, dtype, layout, route):
+def test_moe_experts_packed_against_float64_and_unpacked(rd, dtype, layout, route):
     transposed, concatenated, gated, bias = layout
     num_experts, hidden_size, inter, top_k, tokens = 8, 64, 64, 3, 37  # 37: not a multiple of any tile
     g = torch.Generator().manual_seed(zlib.crc32(repr((route, layout, str(dtype))).encode()))
@@ -118,16 +117,16 @@ def test_moe_experts_packed_against_float64_and_unpacked(kernel, dtype, layout, 
     weights = torch.softmax(torch.randn(tokens, top_k, generator=g), dim=-1).to(dtype)
     kw = dict(is_concatenated=concatenated, has_gate=gated, gate_up_proj_bias=up_bias, down_proj_bias=down_bias)
     with torch.no_grad():
-        unpacked = kernel.moe_experts(hidden, index, weights, up, down, is_transposed=transposed, **kw)
+        unpacked = rd.moe_experts(hidden, index, weights, up, down, is_transposed=transposed, **kw)
     expected = reference_moe(hidden, index, weights, up, down, transposed=transposed, concatenated=concatenated,
                              gated=gated, up_bias=up_bias, down_bias=down_bias)
-    if transposed and refused_without_onednn(kernel, up):
+    if transposed and refused_without_onednn(rd, up):
         return
     original_up, original_down = up.clone(), down.clone()
-    packed_up = kernel.pack_experts(up, transposed=transposed)
-    packed_down = kernel.pack_experts(down, transposed=transposed)
+    packed_up = rd.pack_experts(up, transposed=transposed)
+    packed_down = rd.pack_experts(down, transposed=transposed)
     with torch.no_grad():
-        got = kernel.moe_experts_packed(hidden, index, weights, packed_up, packed_down, **kw)
+        got = rd.moe_experts_packed(hidden, index, weights, packed_up, packed_down, **kw)
     assert not torch.isnan(got).any()
     assert relative_error(got, expected) <= TOLERANCE[str(dtype).replace("torch.", "")]
     assert torch.equal(got, unpacked)
@@ -136,13 +135,13 @@ def test_moe_experts_packed_against_float64_and_unpacked(kernel, dtype, layout, 
     assert torch.equal(packed_up.unpack(), original_up) and torch.equal(packed_down.unpack(), original_down)
 
 
-def test_pack_experts_onednn_writes_into_the_weight_and_unpacks_bit_for_bit(kernel):
+def test_pack_experts_onednn_writes_into_the_weight_and_unpacks_bit_for_bit(rd):
     weight = torch.randn(4, 64, 128).to(torch.bfloat16)  # [E, K, N]: a transposed stack takes oneDNN's layout
-    if refused_without_onednn(kernel, weight):
+    if refused_without_onednn(rd, weight):
         return
     original = weight.clone()
     pointer = weight.data_ptr()
-    packed = kernel.pack_experts(weight, transposed=True)
+    packed = rd.pack_experts(weight, transposed=True)
     assert packed.tensor is weight and packed.packed and not packed.native and weight.data_ptr() == pointer
     assert not torch.equal(weight, original)  # its bytes now hold the packed layout
     assert torch.equal(packed.dense(), original) and packed.dense().stride() == original.stride()
@@ -151,16 +150,16 @@ def test_pack_experts_onednn_writes_into_the_weight_and_unpacks_bit_for_bit(kern
     assert packed.unpack() is weight and torch.equal(weight, original) and not packed.packed
 
 
-def test_pack_experts_native_reads_the_weight_where_it_lies(kernel):
+def test_pack_experts_native_reads_the_weight_where_it_lies(rd):
     """An nn.Linear-style stack goes to the native rows kernel where it is available: not a byte changes, and its
     products are the unpacked loop's (the bit-for-bit tests above run through it)."""
     import sys
 
-    native = sys.modules[kernel.PackedExperts.__module__].native_rows
+    native = sys.modules[rd.PackedExperts.__module__].native_rows
     ok, why = native.available(torch.bfloat16)
     weight = torch.randn(4, 128, 64).to(torch.bfloat16)
     original = weight.clone()
-    packed = kernel.pack_experts(weight, transposed=False)
+    packed = rd.pack_experts(weight, transposed=False)
     assert packed.native == ok, why
     if ok:
         assert torch.equal(weight, original) and packed.how == "native rows kernel on the original layout"
@@ -172,10 +171,10 @@ def test_pack_experts_native_reads_the_weight_where_it_lies(kernel):
     assert packed.unpack() is weight and torch.equal(weight, original) and not packed.packed
 
 
-def test_pickled_packed_experts_hold_dense_values_and_pack_again(kernel):
+def test_pickled_packed_experts_hold_dense_values_and_pack_again(rd):
     weight = torch.randn(3, 64, 128)
     original = weight.clone()
-    packed = kernel.pack_experts(weight, transposed=True)
+    packed = rd.pack_experts(weight, transposed=True)
     data = pickle.dumps(packed)
     restored = pickle.loads(data)
     assert restored.packed and restored.transposed
@@ -183,11 +182,11 @@ def test_pickled_packed_experts_hold_dense_values_and_pack_again(kernel):
     assert torch.equal(restored.unpack(), original)
 
 
-def onednn_layout(kernel, matrix: torch.Tensor) -> tuple[int | None, int]:
+def onednn_layout(rd, matrix: torch.Tensor) -> tuple[int | None, int]:
     """What oneDNN does with this [N, K] matrix on this CPU: the batch hint pack_experts would use (None: no exact
     one) and the packed bytes under it (the blocked layout's padding differs by ISA: AMX keeps 32 bf16 rows as they
     are, AVX512 pads them to 64)."""
-    module = sys.modules[kernel.PackedExperts.__module__]
+    module = sys.modules[rd.PackedExperts.__module__]
     hint, _ = module.exact_hint(matrix)
     if hint is None:
         return None, 0
@@ -197,43 +196,43 @@ def onednn_layout(kernel, matrix: torch.Tensor) -> tuple[int | None, int]:
 CANDIDATE_SHAPES = ((32, 64), (17, 64), (31, 64), (8, 64), (48, 64), (33, 40))  # [N, K] of one bf16 expert
 
 
-def padded_shape(kernel) -> tuple[int, int]:
+def padded_shape(rd) -> tuple[int, int]:
     """The first candidate [N, K] that oneDNN, asked on this CPU, packs into more bytes than the dense matrix."""
     torch.manual_seed(0)
     for rows, cols in CANDIDATE_SHAPES:
         matrix = torch.randn(rows, cols).to(torch.bfloat16)
-        hint, nbytes = onednn_layout(kernel, matrix)
+        hint, nbytes = onednn_layout(rd, matrix)
         if hint is not None and nbytes != matrix.numel() * matrix.element_size():
             return rows, cols
     raise AssertionError(f"oneDNN pads none of {CANDIDATE_SHAPES} bf16 on this CPU: no shape to test the refusal")
 
 
 @pytest.mark.parametrize("rows,cols", CANDIDATE_SHAPES)
-def test_pack_experts_in_place_follows_onednns_layout(kernel, rows, cols):
+def test_pack_experts_in_place_follows_onednns_layout(rd, rows, cols):
     """Whatever oneDNN's layout on this CPU: a shape it packs into the dense bytes packs in place and unpacks to
     the same values; one it pads is refused with the weight untouched."""
     torch.manual_seed(0)
     weight = torch.randn(3, cols, rows).to(torch.bfloat16)  # transposed [E, K, N]: oneDNN's route
-    if refused_without_onednn(kernel, weight):
+    if refused_without_onednn(rd, weight):
         return
     original = weight.clone()
-    hint, nbytes = onednn_layout(kernel, weight[0].t())
+    hint, nbytes = onednn_layout(rd, weight[0].t())
     dense_bytes = weight[0].numel() * weight.element_size()
     if hint is None:
-        with pytest.raises(kernel.PackingError, match="bit-identical"):
-            kernel.pack_experts(weight, transposed=True)
+        with pytest.raises(rd.PackingError, match="bit-identical"):
+            rd.pack_experts(weight, transposed=True)
     elif nbytes != dense_bytes:
-        with pytest.raises(kernel.PackingError, match="in place"):
-            kernel.pack_experts(weight, transposed=True)
+        with pytest.raises(rd.PackingError, match="in place"):
+            rd.pack_experts(weight, transposed=True)
     else:
-        packed = kernel.pack_experts(weight, transposed=True)
+        packed = rd.pack_experts(weight, transposed=True)
         assert packed.packed and torch.equal(packed.dense(), original)
         assert torch.equal(packed.unpack(), original)
     assert torch.equal(weight, original)
 
 
 @pytest.mark.parametrize("case", ["shared", "not_contiguous", "requires_grad", "two_dims", "float16", "padded"])
-def test_pack_experts_refusals_leave_the_weight_as_it_was(kernel, case):
+def test_pack_experts_refusals_leave_the_weight_as_it_was(rd, case):
     weight = torch.randn(4, 64, 64)
     other = None
     if case == "shared":
@@ -247,24 +246,24 @@ def test_pack_experts_refusals_leave_the_weight_as_it_was(kernel, case):
     elif case == "float16":
         weight = weight.half()
     elif case == "padded":  # a shape oneDNN pads on this CPU (asked, not assumed: AMX and AVX512 differ)
-        if refused_without_onednn(kernel, torch.randn(4, 64, 64).to(torch.bfloat16)):
+        if refused_without_onednn(rd, torch.randn(4, 64, 64).to(torch.bfloat16)):
             return
-        rows, cols = padded_shape(kernel)
+        rows, cols = padded_shape(rd)
         weight = torch.randn(4, cols, rows).to(torch.bfloat16)  # transposed [E, K, N]: oneDNN's route
     original = weight.detach().clone()
     words = {"shared": "shared with another tensor", "not_contiguous": "not contiguous",
              "requires_grad": "requires grad", "two_dims": "3-D", "float16": "3-D", "padded": "in place"}[case]
-    with pytest.raises(kernel.PackingError, match=words):
-        kernel.pack_experts(weight, transposed=case == "padded")
+    with pytest.raises(rd.PackingError, match=words):
+        rd.pack_experts(weight, transposed=case == "padded")
     assert torch.equal(weight.detach(), original)
     if other is not None:
         assert torch.equal(other, original[1])
 
 
-def test_a_failure_part_way_unpacks_what_was_packed(kernel, monkeypatch):
+def test_a_failure_part_way_unpacks_what_was_packed(rd, monkeypatch):
     import sys
 
-    packed_module = sys.modules[kernel.PackedExperts.__module__]
+    packed_module = sys.modules[rd.PackedExperts.__module__]
     api, _ = packed_module._blob_api()
     real = api.view
     calls = []
@@ -279,31 +278,31 @@ def test_a_failure_part_way_unpacks_what_was_packed(kernel, monkeypatch):
     weight = torch.randn(5, 64, 64)
     original = weight.clone()
     with pytest.raises(RuntimeError, match="third expert"):
-        kernel.pack_experts(weight, transposed=True)  # oneDNN's route writes expert by expert
+        rd.pack_experts(weight, transposed=True)  # oneDNN's route writes expert by expert
     assert len(calls) == 3 and torch.equal(weight, original)
 
 
-def test_packing_support_reasons(kernel):
-    ok, why = kernel.packing_support(torch.float16)
+def test_packing_support_reasons(rd):
+    ok, why = rd.packing_support(torch.float16)
     assert not ok and "float16" in why
     import sys
 
-    onednn_support = sys.modules[kernel.PackedExperts.__module__].onednn_support
+    onednn_support = sys.modules[rd.PackedExperts.__module__].onednn_support
     for dtype in (torch.float32, torch.bfloat16):
-        ok, why = kernel.packing_support(dtype)
+        ok, why = rd.packing_support(dtype)
         assert ok and ("probe passed" in why or "self-test passed" in why)  # oneDNN's probe or the native kernel's
         onednn, onednn_why = onednn_support(dtype)
         assert ("probe passed" in onednn_why) if onednn else ("not supported on this CPU" in onednn_why)
         assert (onednn_why in why) == onednn  # packing_support names oneDNN only where it packs
 
 
-def test_moe_experts_packed_refuses_inputs_that_need_grad(kernel):
+def test_moe_experts_packed_refuses_inputs_that_need_grad(rd):
     up = torch.randn(2, 128, 64)
     down = torch.randn(2, 64, 64)
-    packed_up, packed_down = kernel.pack_experts(up, transposed=False), kernel.pack_experts(down, transposed=False)
+    packed_up, packed_down = rd.pack_experts(up, transposed=False), rd.pack_experts(down, transposed=False)
     hidden = torch.randn(3, 64, requires_grad=True)
     with pytest.raises(RuntimeError, match="inference-only"):
-        kernel.moe_experts_packed(hidden, torch.zeros(3, 1, dtype=torch.long), torch.ones(3, 1), packed_up,
+        rd.moe_experts_packed(hidden, torch.zeros(3, 1, dtype=torch.long), torch.ones(3, 1), packed_up,
                                   packed_down)
 
 
@@ -311,13 +310,13 @@ def test_moe_experts_packed_refuses_inputs_that_need_grad(kernel):
 
 
 @pytest.fixture(scope="module")
-def pages(kernel):
+def pages(rd):
     """The kernel's huge_pages module (the package is imported under a private name by the verified loader)."""
-    return sys.modules[kernel.advise_huge_pages.__module__]
+    return sys.modules[rd.advise_huge_pages.__module__]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
-def test_every_small_row_count_is_bit_identical_packed_and_unpacked(kernel, dtype):
+def test_every_small_row_count_is_bit_identical_packed_and_unpacked(rd, dtype):
     """Rows 1-9 through the packed linear (padded to the blocked kernels' row count where fewer) equal the unpacked
     grouped loop bit for bit. K = 2048 makes sums long enough that a different kernel shows in the last bits: before
     the unpacked bfloat16 path took the same padded route, one row differed from torch.mm's one-row kernel in about
@@ -326,7 +325,7 @@ def test_every_small_row_count_is_bit_identical_packed_and_unpacked(kernel, dtyp
     experts, n, k = 3, 1024, 2048
     weight = (torch.randn(experts, n, k, generator=g) * 0.02).to(dtype)
     rhs = weight.clone().transpose(1, 2)  # [E, K, N]: the unpacked loop's view of nn.Linear weights
-    packed = kernel.pack_experts(weight, transposed=False)
+    packed = rd.pack_experts(weight, transposed=False)
     try:
         for trial in range(4):
             for rows in range(1, 10):
@@ -335,7 +334,7 @@ def test_every_small_row_count_is_bit_identical_packed_and_unpacked(kernel, dtyp
                     sizes = torch.zeros(experts, dtype=torch.int32)
                     sizes[e] = rows
                     with torch.no_grad():
-                        unpacked = kernel.ragged_dot(x, rhs, sizes)
+                        unpacked = rd.ragged_dot(x, rhs, sizes)
                     got = packed.linear(e, x)
                     assert got.shape == (rows, n) and not torch.isnan(got).any()
                     assert torch.equal(got, unpacked), f"trial {trial}, {rows} rows, expert {e}"
@@ -393,10 +392,10 @@ def test_the_packed_reason_sums_huge_pages_or_says_why_not():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
-def test_combine_split_over_workers_equals_one_pass(kernel, dtype, monkeypatch):
+def test_combine_split_over_workers_equals_one_pass(rd, dtype, monkeypatch):
     """The block's last step splits tokens over the workers on CPU inference; autograd and one worker run it in one
     pass. Both give the same bits, and both match float64 (sentinel rows dropped)."""
-    cpu = sys.modules[kernel.combine_experts.__module__]
+    cpu = sys.modules[rd.combine_experts.__module__]
     g = torch.Generator().manual_seed(9)
     tokens, top_k, experts, hidden = 37, 4, 6, 48
     index = torch.argsort(torch.rand(tokens, experts + 2, generator=g), dim=1)[:, :top_k]  # ids 6, 7: sentinels

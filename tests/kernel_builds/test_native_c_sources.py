@@ -30,26 +30,21 @@ KERNELS = ("native_rows", "native_quant")
 
 
 @pytest.fixture(scope="module")
-def kernel():
-    return kh.get_kernel("kernel-hub/ragged-dot-tpu", framework="torch", backend="cpu")
-
-
-@pytest.fixture(scope="module")
-def modules(kernel):
+def modules(rd):
     if sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("the native kernels are x86-64 Linux code")
-    found = {name: importlib.import_module(f"{kernel.__name__}.torch_cpu.{name}") for name in KERNELS}
+    found = {name: importlib.import_module(f"{rd.__name__}.torch_cpu.{name}") for name in KERNELS}
     if found["native_rows"].compiler() is None:
         pytest.skip("no C compiler here")
     return found
 
 
-def test_every_c_file_of_the_package_is_built_by_a_kernel(kernel, modules):
+def test_every_c_file_of_the_package_is_built_by_a_kernel(rd, modules):
     folder = Path(modules["native_rows"].__file__).parent
     on_disk = {p.name for p in folder.iterdir() if p.suffix in (".c", ".h")}
     built = {name for module in modules.values() for name in module.C_FILES}
     assert on_disk == built == {"native_loops.h", "native_rows.c", "native_quant.c"}
-    digests = verified_digests(kernel)
+    digests = verified_digests(rd)
     assert digests is not None and {f"torch_cpu/{name}" for name in built} <= set(digests)  # in the release digests
 
 

@@ -17,17 +17,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import kernel_hub as kh  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def kernel():
-    return kh.get_kernel("kernel-hub/ragged-dot-tpu", framework="torch", backend="cpu")
-
-
-@pytest.fixture(scope="module")
-def native(kernel):
-    module = sys.modules[kernel.PackedExperts.__module__].native_rows
+def native(rd):
+    module = sys.modules[rd.PackedExperts.__module__].native_rows
     for dtype in (torch.float32, torch.bfloat16):
         ok, why = module.available(dtype)
         if not ok:
@@ -121,7 +115,7 @@ def test_fits_refuses_what_the_kernel_does_not_take(native):
     assert not native.fits(torch.randn(4, 32).half(), w.half())
 
 
-def test_one_grouped_call_equals_per_group_calls_bit_for_bit(kernel, build):
+def test_one_grouped_call_equals_per_group_calls_bit_for_bit(rd, build):
     """What the packed path runs (all experts in one call per worker) and what one group at a time would run agree in
     every bit, and both equal the public ragged dot (the unpacked grouped loop)."""
     native = build
@@ -142,7 +136,7 @@ def test_one_grouped_call_equals_per_group_calls_bit_for_bit(kernel, build):
         one_by_one = torch.cat([native.linear(x[s:e], stack[grp]) for grp, s, e in groups])
         assert torch.equal(out, one_by_one)
         with torch.no_grad():
-            assert torch.equal(out, kernel.ragged_dot(x, stack.transpose(1, 2), torch.tensor(sizes)))
+            assert torch.equal(out, rd.ragged_dot(x, stack.transpose(1, 2), torch.tensor(sizes)))
 
 
 def test_build_uses_only_the_packages_c_files_in_a_private_folder_it_removes(fresh, monkeypatch, tmp_path):
@@ -196,7 +190,7 @@ def test_the_build_ignores_the_compilers_environment(native, monkeypatch, tmp_pa
 
 
 @pytest.mark.parametrize("case", ["no_compiler", "compile_error", "self_test", "disabled"])
-def test_when_the_kernel_is_off_it_says_why_and_both_paths_agree(kernel, fresh, monkeypatch, tmp_path, case):
+def test_when_the_kernel_is_off_it_says_why_and_both_paths_agree(rd, fresh, monkeypatch, tmp_path, case):
     if case == "no_compiler":
         monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
         words = "no C compiler"
@@ -216,21 +210,21 @@ def test_when_the_kernel_is_off_it_says_why_and_both_paths_agree(kernel, fresh, 
     assert not ok and words in why
     assert not fresh.fits(torch.randn(4, 64), torch.randn(8, 64))
     weight = torch.randn(3, 64, 64)
-    packed = kernel.pack_experts(weight.clone(), transposed=False)
+    packed = rd.pack_experts(weight.clone(), transposed=False)
     assert not packed.native and packed.how.startswith("oneDNN")
     x = torch.randn(5, 64)
     with torch.no_grad():
-        unpacked = kernel.ragged_dot(x, weight.transpose(1, 2), torch.tensor([0, 5, 0]))
+        unpacked = rd.ragged_dot(x, weight.transpose(1, 2), torch.tensor([0, 5, 0]))
     assert torch.equal(packed.linear(1, x), unpacked)
     assert [p for p in tmp_path.iterdir() if p.name.startswith("kernel-hub-native-")] == []
 
 
-def test_bf16_single_rows_never_reach_onednn_where_it_has_no_bf16(kernel, fresh, monkeypatch):
+def test_bf16_single_rows_never_reach_onednn_where_it_has_no_bf16(rd, fresh, monkeypatch):
     """oneDNN builds no bfloat16 linear on CPUs without AVX512 (it raises "could not create a primitive descriptor",
     which once made kernelize keep every bf16 MoE layer on such CPUs); with the native kernel off, one-row bfloat16
     groups there take torch.mm: within bf16 tolerance of float64 on this CPU as it is, and with oneDNN's bfloat16
     declared missing."""
-    grouped = sys.modules[kernel.PackedExperts.__module__.rsplit(".", 1)[0] + ".grouped"]
+    grouped = sys.modules[rd.PackedExperts.__module__.rsplit(".", 1)[0] + ".grouped"]
     monkeypatch.setenv(fresh.ENV, "0")
     g = torch.Generator().manual_seed(8)
     x = torch.randn(4, 96, generator=g).to(torch.bfloat16)
@@ -243,6 +237,6 @@ def test_bf16_single_rows_never_reach_onednn_where_it_has_no_bf16(kernel, fresh,
             monkeypatch.setattr(grouped, "onednn_bf16", lambda: False)
             assert not grouped.linear_for_group(x[:1], w[0])
         with torch.no_grad():
-            out = kernel.ragged_dot(x, w, torch.tensor(sizes))
+            out = rd.ragged_dot(x, w, torch.tensor(sizes))
         assert out.dtype == torch.bfloat16 and bool(out.isfinite().all())
         assert np.abs(out.double().numpy() - ref).max() / np.abs(ref).max() <= 1e-2

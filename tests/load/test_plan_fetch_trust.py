@@ -76,13 +76,18 @@ def test_a_plan_made_without_a_check_is_checked_before_import(tmp_path: Path) ->
 
 def test_a_fetch_that_imports_nothing_needs_no_trust(tmp_path: Path) -> None:
     hub = FakeHub(tmp_path)
+    assert _plan(hub).chosen_variant().name == "jax-cpu" and hub.fetched == []
     assert _plan(hub).download().variant.name == "jax-cpu"
 
 
 def test_no_fit_is_raised_before_any_trust_or_fetch(tmp_path: Path) -> None:
     hub = FakeHub(tmp_path, variants=("jax-tpu",))
+    with pytest.raises(NoVariantError, match="fits this system"):
+        _plan(hub).chosen_variant()
     with pytest.raises(NoVariantError):
         _plan(hub).fetch()
+    with pytest.raises(NoVariantError):
+        _plan(hub).download()
     with pytest.raises(NoVariantError):
         api.load_plan(_plan(hub), trust_remote_code=False)
     assert hub.fetched == []

@@ -143,15 +143,6 @@ def duplicate_listing(handler) -> None:
     handler.send_body(body)
 
 
-@pytest.fixture
-def small_caps(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KERNEL_HUB_HTTP_TIMEOUT", "1.5")
-    monkeypatch.setenv("KERNEL_HUB_DOWNLOAD_TIMEOUT", "3")
-    monkeypatch.setenv("KERNEL_HUB_MAX_ANSWER_BYTES", str(64 << 10))
-    monkeypatch.setenv("KERNEL_HUB_MAX_DOWNLOAD_BYTES", str(256 << 10))
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-
-
 def _source(url: str, cache: Path) -> HubSource:
     return HubSource(endpoint=url, token=False, cache_dir=cache, offline=False)
 

@@ -26,13 +26,9 @@ from tests.sources.test_hub_answer_bounds import BLOB, COMMIT, REPO, hostile, ly
 REFS = {"branches": [], "tags": [], "converts": []}
 
 
-@pytest.fixture
-def small_caps(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KERNEL_HUB_HTTP_TIMEOUT", "4")
-    monkeypatch.setenv("KERNEL_HUB_DOWNLOAD_TIMEOUT", "6")
-    monkeypatch.setenv("KERNEL_HUB_MAX_ANSWER_BYTES", str(64 << 10))
-    monkeypatch.setenv("KERNEL_HUB_MAX_DOWNLOAD_BYTES", str(256 << 10))
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+#: the small_caps fixture's timeouts (tests/sources/conftest.py), longer here: retries and redirects need several
+#: requests inside one operation's deadline
+SMALL_CAP_TIMEOUTS = (4.0, 6.0)
 
 
 def _source(url: str, cache: Path) -> HubSource:

@@ -72,11 +72,10 @@ def cmd_download(args: argparse.Namespace) -> int:
             live.phase(f"resolving {args.repo}")
             plan = plan_load(args.repo, version=version_spec(args.spec), revision=args.revision,
                              backend=args.backend, framework=args.framework)
-            if plan.choice.variant is None:
-                raise plan.no_fit()
+            variant = plan.chosen_variant()
             version, commit = plan.resolution.version, plan.resolution.commit
             live.row(f"resolved  {plan.resolution.reason}")
-            live.phase(f"fetching [{plan.choice.variant.name}] and checking every sha256")
+            live.phase(f"fetching [{variant.name}] and checking every sha256")
             build = plan.download()  # imports nothing: no trust needed
     data = {"repo_id": args.repo, "version": version, "commit": commit, "variant": build.variant.name,
             "package_dir": str(build.package_dir), "files": len(build.digests), "verified": True,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from .. import __version__
 from ..scaffold import DEFAULT_TEMPLATE, TEMPLATES
-from . import cache, setup_tpu
+from . import cache, serve_model, setup_tpu
 from .common import (
     Parser,
     add_json_arg,
@@ -180,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=Command("tools", "cmd_report"))
 
     _add_serve(sub)
+    serve_model.add_parser(sub, Command)
     setup_tpu.add_parser(sub, Command)
     cache.add_parser(sub, Command)
     parser.commands = tuple(sub.choices)

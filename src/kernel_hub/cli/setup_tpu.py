@@ -28,11 +28,12 @@ def add_parser(sub: argparse._SubParsersAction, command: Callable[[str, str], Ca
 def cmd_setup_tpu(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..tpu.setup_env import _installed, plan_setup, setup_tpu
+    from ..decide.system import installed_version
+    from ..tpu.setup_env import plan_setup, setup_tpu
 
     target = Path(args.dir).expanduser() if args.dir else None
     if args.dry_run:
-        plan = plan_setup(target, _installed("jax"))
+        plan = plan_setup(target, installed_version("jax"))
         print(f"would build {plan.target} ({plan.jax_reason})")
         for command in plan.commands(args.pip_arg):
             print("  " + " ".join(command))

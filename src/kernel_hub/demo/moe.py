@@ -12,7 +12,10 @@ import copy
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 DEMO_CONFIG: dict[str, Any] = dict(
     vocab_size=1024, hidden_size=1024, intermediate_size=2048, moe_intermediate_size=384, num_hidden_layers=2,
@@ -22,7 +25,7 @@ DEMO_CONFIG: dict[str, Any] = dict(
 
 
 def run(
-    print_fn: Callable[[str], Any] = print, *, quick: bool = False, batch: int = 64, reps: int | None = None,
+    print_fn: Callable[[str], object] = print, *, quick: bool = False, batch: int = 64, reps: int | None = None,
     seed: int = 0,
 ) -> dict[str, Any]:
     """Build, kernelize, compare and time; returns the numbers it printed (`ok`: all checks held)."""
@@ -49,7 +52,7 @@ def run(
              f"{config.num_experts} experts (top-{config.num_experts_per_tok}, width {config.moe_intermediate_size}), "
              f"random weights; decode batch {batch}")
 
-    def decode_step(m: Any) -> Any:
+    def decode_step(m: torch.nn.Module) -> torch.Tensor:
         with torch.no_grad():
             return m(step).logits
 

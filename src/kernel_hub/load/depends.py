@@ -12,12 +12,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import importlib.util
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import KernelHubError
+
+T = TypeVar("T")
 
 #: Most levels of kernel-depends below the kernel asked for (HF kernels' builds use one or two).
 MAX_DEPENDS_DEPTH = 16
@@ -68,7 +70,7 @@ def _mark(exc: KernelHubError) -> KernelHubError:
     return exc
 
 
-def load_dependency(graph: Graph, repo_id: str, key: Any, what: str, load: Callable[[], Any]) -> Any:
+def load_dependency(graph: Graph, repo_id: str, key: Hashable, what: str, load: Callable[[], T]) -> T:
     """`load()` for dependency `repo_id` of the kernel on top of the chain, once per `key` in this graph; a cycle, a
     chain deeper than MAX_DEPENDS_DEPTH, or a failure below -> one KernelHubError naming the chain (a failure
     further down passes up unchanged, already named)."""

@@ -10,19 +10,22 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import ModuleType
-from typing import Any
+from typing import ParamSpec, TypeVar
 
 from ..errors import FrameworkMismatchError
 
+P = ParamSpec("P")
+R = TypeVar("R")
 
-def is_torch_tensor(value: Any) -> bool:
+
+def is_torch_tensor(value: object) -> bool:
     """A torch.Tensor (or subclass), recognised without importing torch."""
     return any(c.__module__.startswith("torch") and c.__name__ == "Tensor" for c in type(value).__mro__)
 
 
-def torch_argument(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+def torch_argument(args: tuple[object, ...], kwargs: Mapping[str, object]) -> str | None:
     """Where the first torch tensor among a call's arguments is ("argument 1", "lhs=", ...), or None."""
     for where, value in [*((f"argument {i + 1}", a) for i, a in enumerate(args)),
                          *((f"{k}=", v) for k, v in kwargs.items())]:
@@ -32,9 +35,9 @@ def torch_argument(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
     return None
 
 
-def _guarded(fn: Callable[..., Any], name: str, label: str, repo_id: str) -> Callable[..., Any]:
+def _guarded(fn: Callable[P, R], name: str, label: str, repo_id: str) -> Callable[P, R]:
     @functools.wraps(fn)
-    def call(*args: Any, **kwargs: Any) -> Any:
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
         where = torch_argument(args, kwargs)
         if where is not None:
             raise FrameworkMismatchError(

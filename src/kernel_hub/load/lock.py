@@ -19,7 +19,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import IntegrityError, KernelHubError, KernelNotFoundError, MetadataError
 from ..names import check_commit, check_repo_id
@@ -31,6 +31,9 @@ from .loader import import_build
 from .planning import Plan, plan_load
 from .registry import load_registry
 from .trust import TrustPolicy, TrustSetting, check_trust, trust_policy
+
+if TYPE_CHECKING:
+    from ..sources.hub.source import HubSource
 
 LOCK_FILE = "kernel-hub.lock"
 LOCK_ENV = "KERNEL_HUB_LOCK"
@@ -187,7 +190,7 @@ def lock_one(repo_id: str, *, version: int | str | None = None, revision: str | 
     return _lock_plan(plan, spec, found)
 
 
-def _lock_plan(plan: Plan, spec: dict[str, Any], found: dict[tuple[str, str, str | None], LockedKernel]
+def _lock_plan(plan: Plan, spec: dict[str, int | str], found: dict[tuple[str, str, str | None], LockedKernel]
                ) -> LockedKernel:
     origin = plan.origin
     build = plan.fetch()
@@ -260,13 +263,13 @@ def _local_source(entry: LockedKernel, source: Source | None) -> LocalSource:
 
 
 def fetch_locked(repo_id: str, *, lockfile: str | Path | None = None, framework: str | None = None,
-                 source: Any = None) -> tuple[LockedKernel, Build]:
+                 source: Source | None = None) -> tuple[LockedKernel, Build]:
     """The locked commit and variant on local disk, every file checked against the lock (nothing imported)."""
     entry = read_lock(lockfile).find(repo_id, framework)
     return entry, fetch_entry(entry, source)
 
 
-def served_by(entry: LockedKernel, source: Any = None) -> str:
+def served_by(entry: LockedKernel, source: Source | None = None) -> str:
     """Where a locked load comes from, in get_kernel's `__kernel_hub_source__` words: "local <folder>" for a local
     entry, else "hub <endpoint>" of the source fetching it (the one handed in, or the default Hub)."""
     if entry.source == "local":
@@ -274,14 +277,18 @@ def served_by(entry: LockedKernel, source: Any = None) -> str:
     return f"hub {_hub(source).endpoint}"
 
 
-def _hub(source: Any) -> Any:
+def _hub(source: Source | None) -> HubSource:
     """The Hub source a hub entry is fetched from: the one handed in, else the default (HF_ENDPOINT)."""
     from ..sources.hub.source import HubSource
 
-    return source if source is not None else HubSource()
+    if source is None:
+        return HubSource()
+    if not isinstance(source, HubSource):
+        raise KernelHubError(f"a Hub lock entry is fetched from a Hub source, not from {source.describe()}")
+    return source
 
 
-def fetch_entry(entry: LockedKernel, source: Any = None) -> Build:
+def fetch_entry(entry: LockedKernel, source: Source | None = None) -> Build:
     """One lock entry's build on local disk, every file checked against the entry."""
     repo_id = entry.repo_id
     variant = variant_from_json(entry.variant)
@@ -302,7 +309,7 @@ def fetch_entry(entry: LockedKernel, source: Any = None) -> Build:
 
 
 def get_locked_kernel(repo_id: str, *, lockfile: str | Path | None = None, framework: str | None = None,
-                      source: Any = None, trust_remote_code: TrustSetting = False) -> ModuleType:
+                      source: Source | None = None, trust_remote_code: TrustSetting = False) -> ModuleType:
     """Load exactly the locked commit and variant, trust checked first, every file checked against the lock
     before import; its kernel-depends load from the commits the lock pins (never a branch's newer head).
 
@@ -322,7 +329,7 @@ def get_locked_kernel(repo_id: str, *, lockfile: str | Path | None = None, frame
 
 
 def load_locked(repo_id: str, *, lockfile: str | Path | None = None, framework: str | None = None,
-                source: Any = None, trust: TrustPolicy) -> ModuleType:
+                source: Source | None = None, trust: TrustPolicy) -> ModuleType:
     """get_locked_kernel below the public edge: the trust policy already read."""
     locked = read_lock(lockfile)
     entry = locked.find(repo_id, framework)
@@ -332,7 +339,7 @@ def load_locked(repo_id: str, *, lockfile: str | Path | None = None, framework: 
     return module
 
 
-def _load_entry(locked: LockFile, entry: LockedKernel, graph: Graph, source: Any, trust: TrustPolicy,
+def _load_entry(locked: LockFile, entry: LockedKernel, graph: Graph, source: Source | None, trust: TrustPolicy,
                 asked_for: str) -> ModuleType:
     check_trust(entry.origin, trust, asked_for=asked_for)
     build = fetch_entry(entry, source)

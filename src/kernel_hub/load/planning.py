@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from ..decide.hf_conventions import local_override
 from ..decide.system import BACKENDS, SystemFacts, detect
-from ..decide.variants import Choice, choose_variant, preferred_names
+from ..decide.variants import Choice, Variant, choose_variant, preferred_names
 from ..decide.versions import Resolution, resolve
 from ..errors import KernelHubError, KernelNotFoundError, NoVariantError, TrustError, VersionSpecError
 from ..names import check_repo_id
@@ -55,6 +55,17 @@ class Plan:
                                              "all)"] if more > 0 else [])
         return NoVariantError(f"no build of {where} fits this system ({len(lines)} variants):\n" + "\n".join(shown))
 
+    def chosen_variant(self) -> Variant:
+        """The build variant this plan chose: the one place a plan that chose none becomes its error (`no_fit`),
+        checked before any trust question or fetch.
+
+        Raises:
+            NoVariantError: no variant fits.
+        """
+        if self.choice.variant is None:
+            raise self.no_fit()
+        return self.choice.variant
+
     def trusted(self, policy: TrustPolicy) -> Plan:
         """This plan, its origin checked against `policy` (for a plan made without one, or with another).
 
@@ -73,8 +84,7 @@ class Plan:
         Raises:
             NoVariantError: the plan chose no variant. TrustError: the plan was made without a trust policy.
         """
-        if self.choice.variant is None:
-            raise self.no_fit()
+        self.chosen_variant()
         if self.trust is None:
             raise TrustError(f"{self.repo_id}: this plan was made without a trust policy, so it is not fetched to be "
                              "imported; plan it with one (plan_load trust_remote_code=) or pass it to load_plan")
@@ -83,9 +93,7 @@ class Plan:
     def download(self) -> Build:
         """The planned build on local disk, every digest checked, its version filled in from the resolution where
         the build names none. Checks no trust: for a caller that imports nothing (`kernel-hub download`)."""
-        if self.choice.variant is None:
-            raise self.no_fit()
-        build = self.source.fetch(self.repo_id, self.resolution.commit, self.choice.variant)
+        build = self.source.fetch(self.repo_id, self.resolution.commit, self.chosen_variant())
         if build.version is None and self.resolution.version is not None:
             build = replace(build, version=self.resolution.version)
         return build

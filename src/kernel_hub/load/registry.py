@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
 
@@ -132,7 +132,7 @@ class _RegistrySchema(BaseModel):
         return layers
 
 
-def parse_registry(data: Any, path: Path) -> Registry:
+def parse_registry(data: object, path: Path) -> Registry:
     """Check the mapping read from registry.yaml (strict: unknown keys are refused); source and bench paths are
     relative to the file."""
     if data is None:

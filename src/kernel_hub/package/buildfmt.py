@@ -25,6 +25,7 @@ import itertools
 import json
 import re
 import tarfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from packaging.version import InvalidVersion, Version
 
 from ..decide.variants import DIALECTS, KERNEL_HUB, Variant
 from ..errors import IntegrityError, KernelHubError, MetadataError
+from ..json_types import JsonDict, JsonValue
 from ..names import check_entry_file, check_python_name, check_relative_path, check_variant_name, safe_join
 from .compile_record import TpuCompileRecord, parse_record
 from .integrity import check_digests, combined_digest, native_code_reason, not_source_reason, sha256_file
@@ -190,7 +192,7 @@ def kernels_allowed_depends() -> dict[str, Any]:
 
 
 def python_depends(requires: tuple[tuple[str, str], ...], backend: str,
-                   allowed: dict[str, Any]) -> tuple[list[str], list[str]]:
+                   allowed: Mapping[str, object]) -> tuple[list[str], list[str]]:
     """(declared, undeclared): the variant's requirements HF kernels lets a build declare as python-depends (its
     general list and its backend's, by dependency name or Python package name), and the rest, which metadata.json
     cannot carry (kernels refuses a name outside its list: "uses unsupported kernel dependency"). torch is the
@@ -216,8 +218,8 @@ def python_depends(requires: tuple[tuple[str, str], ...], backend: str,
 
 
 def build_metadata(*, repo_id: str, version: str, python_name: str, license: str, variant: Variant,
-                   variant_dir: Path, tpu_compile: dict[str, Any] | None = None,
-                   allowed_depends: dict[str, Any] | None = None) -> dict[str, Any]:
+                   variant_dir: Path, tpu_compile: JsonDict | None = None,
+                   allowed_depends: Mapping[str, object] | None = None) -> dict[str, Any]:
     """metadata.json for the variant folder `variant_dir` (its package already in place, and symbols.json beside
     it for a torch variant); `tpu_compile`: a TPU variant's compile record (compile_record.py), checked against its
     schema before it is written. HF kernels' digest lists every file of the folder, symbols.json included; the
@@ -289,7 +291,7 @@ def parse_build_info(data: object, label: str, expected_variant: str) -> BuildIn
                      **extras)
 
 
-def parse_builder_extras(kh: dict[str, Any], label: str) -> dict[str, Any]:
+def parse_builder_extras(kh: Mapping[str, object], label: str) -> dict[str, Any]:
     """The fields a kernel-builder build's own record adds (sources/hub/builder.py writes them), each checked."""
     out: dict[str, Any] = {}
     if "verified" in kh:
@@ -331,7 +333,7 @@ def strict_json(data: bytes, what: str, max_bytes: int) -> Any:
     if len(data) > max_bytes:
         raise IntegrityError(f"{what} is larger than {max_bytes} bytes")
 
-    def no_twice(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    def no_twice(pairs: list[tuple[str, JsonValue]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key, value in pairs:
             if key in out:

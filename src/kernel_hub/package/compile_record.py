@@ -86,7 +86,7 @@ class TpuCompileRecord(BaseModel):
         return out
 
 
-def parse_record(data: Any, label: str) -> TpuCompileRecord | None:
+def parse_record(data: object, label: str) -> TpuCompileRecord | None:
     """The `tpu_compile` field of a build's metadata.json (None when absent); IntegrityError when malformed."""
     if data is None:
         return None

@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -27,6 +27,9 @@ from ..names import (
     check_variant_name,
     safe_join,
 )
+
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
 
 T = TypeVar("T")
 METADATA_FILE = "kernel.yaml"
@@ -177,7 +180,7 @@ def read_yaml(path: Path) -> Any:
         raise MetadataError(f"{path}{where}: malformed YAML ({problem})") from None
 
 
-def _field(loc: tuple[Any, ...]) -> str:
+def _field(loc: tuple[int | str, ...]) -> str:
     out = ""
     for part in loc:
         if part == "[key]":
@@ -187,7 +190,7 @@ def _field(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def _problem(error: Any) -> str:
+def _problem(error: ErrorDetails) -> str:
     """One pydantic error as 'what to fix' text."""
     field = _field(error["loc"]) or "(top level)"
     if error["type"] == "missing":
@@ -208,7 +211,7 @@ def schema_error(where: str, exc: ValidationError, *, most: int = 5) -> Metadata
     return MetadataError(f"{where}: {shown}{more}")
 
 
-def parse_metadata(data: Any, where: str) -> KernelMetadata:
+def parse_metadata(data: object, where: str) -> KernelMetadata:
     """Check and convert the mapping read from a kernel.yaml."""
     if not isinstance(data, dict):
         raise MetadataError(f"{where}: expected a mapping of fields, got {type(data).__name__}")

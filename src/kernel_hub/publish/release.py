@@ -19,7 +19,6 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlparse
 
 from packaging.version import Version
@@ -34,6 +33,7 @@ from ..errors import (
     RefMovedError,
     ValidationFailedError,
 )
+from ..json_types import JsonDict
 from ..load.pipeline import load_local
 from ..names import check_repo_id, safe_join, safe_rmtree
 from ..package import buildfmt as fmt
@@ -85,12 +85,12 @@ class PublishResult:
                 f"(variants: {', '.join(self.variants)}); tag {self.tag}; {branch}")
 
 
-def build_layout(kernel_dir: Path, out: Path, tpu_compile: Mapping[str, dict[str, Any]] | None = None) -> Layout:
+def build_layout(kernel_dir: Path, out: Path, tpu_compile: Mapping[str, JsonDict] | None = None) -> Layout:
     """Read `kernel_dir` (read_kernel_folder) and write its repo layout under `out` (write_layout)."""
     return write_layout(read_kernel_folder(kernel_dir), out, tpu_compile)
 
 
-def write_layout(folder: KernelFolder, out: Path, tpu_compile: Mapping[str, dict[str, Any]] | None = None) -> Layout:
+def write_layout(folder: KernelFolder, out: Path, tpu_compile: Mapping[str, JsonDict] | None = None) -> Layout:
     """Write the repo layout of a kernel folder read once under `out` (see buildfmt). Every path is built with
     safe_join under `out`, every delete is safe_rmtree inside `out`, and every copy must hash to the digest read
     at the start (a file changed since is refused). `tpu_compile`: variant name -> the TPU compile record its

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..decide.variants import Variant
 from ..errors import KernelHubError
+from ..json_types import JsonDict
 from ..package.compile_record import not_compiled, record_from_cases
 from ..tpu.chips import CHIPS
 from ..tpu.compile_gate.gate import compile_matrix
@@ -89,11 +90,13 @@ class _GateProgress:
         self.lock = threading.Lock()
         self.counted = False
 
-    def __call__(self, event: dict[str, Any]) -> None:
+    def __call__(self, event: JsonDict) -> None:
         with self.lock:
             if event.get("event") == "cases" and not self.counted:
                 self.counted = True
-                self.live.phase(f"{self.label}: compiling", len(event.get("names") or ()) * self.generations)
+                names = event.get("names")
+                self.live.phase(f"{self.label}: compiling", (len(names) if isinstance(names, list) else 0)
+                                * self.generations)
             elif event.get("event") == "result":
                 self.live.advance()
 

@@ -57,7 +57,7 @@ def family_names() -> list[str]:
     return list(FAMILIES)
 
 
-def tiny_config(family: str, **overrides: Any) -> PretrainedConfig:
+def tiny_config(family: str, **overrides: object) -> PretrainedConfig:
     module, _, config_name, extra = FAMILIES[family]
     cfg_mod = importlib.import_module(f"transformers.models.{module}.configuration_{module}")
     cfg_cls = getattr(cfg_mod, config_name)
@@ -65,7 +65,7 @@ def tiny_config(family: str, **overrides: Any) -> PretrainedConfig:
     return cfg_cls(**kwargs)
 
 
-def tiny_model(family: str, *, dtype: torch.dtype | None = None, seed: int = 0, **overrides: Any) -> torch.nn.Module:
+def tiny_model(family: str, *, dtype: torch.dtype | None = None, seed: int = 0, **overrides: object) -> torch.nn.Module:
     """A random-weight causal LM of `family`, in eval mode, on CPU (float32 unless `dtype`)."""
     import torch
 

@@ -14,9 +14,9 @@ import sys
 import venv
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
+from ..decide.system import installed_version
 from ..errors import KernelHubError
 from .env import TpuEnvironmentError, setup_dir, tpu_env
 
@@ -55,13 +55,6 @@ def plan_setup(target: Path | None = None, installed_jax: str | None = None) -> 
     return SetupPlan(target, version, reason, (f"jax[tpu]=={version}", *WORKER_DEPENDS))
 
 
-def _installed(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def link_kernel_hub(plan: SetupPlan, package: Path | None = None) -> Path:
     """Make this kernel_hub importable in the TPU environment without installing anything else of the user's
     environment: <target>/kernel_hub_link/kernel_hub -> the package, and a .pth in its site-packages naming that
@@ -91,7 +84,7 @@ def setup_tpu(target: Path | None = None, *, pip_args: Sequence[str] = (), log: 
               run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> Path:
     """Build (or update) the TPU environment; returns its Python. Each step says what it does before it starts;
     a failed pip install is one TpuEnvironmentError with pip's last line."""
-    plan = plan_setup(target, _installed("jax"))
+    plan = plan_setup(target, installed_version("jax"))
     if plan.target.exists() and not plan.target.is_dir():
         raise TpuEnvironmentError(f"--dir {plan.target} is a file; name a folder")
     log(f"TPU environment: {plan.target} ({plan.jax_reason})")

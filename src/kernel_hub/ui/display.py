@@ -49,7 +49,7 @@ def clean_lines(text: str) -> str:
     return "\n".join(clean(line) for line in text.split("\n"))
 
 
-def clean_data(data: Any) -> Any:
+def clean_data(data: object) -> Any:
     """Every string in nested dicts, lists and tuples cleaned (keys too): data shown as text."""
     if isinstance(data, str):
         return clean(data)

@@ -11,9 +11,12 @@ Imports NumPy only: torch tensors and jax arrays are read by duck typing, so `im
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 #: Largest relative error accepted per dtype. float32 results match a float64 reference to a few ulps of f32
 #: accumulation. bfloat16 keeps 8 significant bits (rounding 2^-9 relative): measured on this machine, the bf16
@@ -24,13 +27,13 @@ TOLERANCE: dict[str, float] = {"float32": 1e-4, "bfloat16": 1e-2, "float16": 5e-
 SCALE_FLOOR = 1e-6
 
 
-def dtype_name(dtype: Any) -> str:
+def dtype_name(dtype: object) -> str:
     """"float32", "bfloat16", ... for a NumPy/JAX dtype, a torch dtype or a name."""
     name = getattr(dtype, "name", None) or str(dtype)
     return name.removeprefix("torch.")
 
 
-def tolerance(dtype: Any) -> float:
+def tolerance(dtype: object) -> float:
     """The accepted relative error for results of `dtype`; ValueError for a dtype the table does not know."""
     name = dtype_name(dtype)
     if name not in TOLERANCE:
@@ -38,14 +41,14 @@ def tolerance(dtype: Any) -> float:
     return TOLERANCE[name]
 
 
-def to_float64(x: Any) -> np.ndarray:
+def to_float64(x: ArrayLike) -> np.ndarray:
     """Any array (NumPy, JAX, torch; bfloat16 included) as a float64 NumPy array."""
     if hasattr(x, "detach"):  # torch
         return x.detach().cpu().double().numpy()
     return np.asarray(x).astype(np.float64)
 
 
-def relative_error(actual: Any, expected: Any) -> float:
+def relative_error(actual: ArrayLike, expected: ArrayLike) -> float:
     """max|actual - expected| / max(SCALE_FLOOR, max|expected|); inf when the shapes differ or either side holds
     NaN or Inf; 0.0 for two empty arrays."""
     a, e = to_float64(actual), to_float64(expected)

@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+from ..json_types import JsonValue
+
+T = TypeVar("T")
 
 RATIO_CONVENTION = ('"N.NNx faster" = baseline time / our time (>1: ours is faster), the median of the per-round '
                     "ratios with their quartiles in brackets")
@@ -25,7 +29,7 @@ RATIO_CONVENTION = ('"N.NNx faster" = baseline time / our time (>1: ours is fast
 DISAGREEMENT_TOLERANCE = 0.25
 
 
-def block(x: Any) -> Any:
+def block(x: T) -> T:
     """Wait for an async result (JAX) so the clock measures the work."""
     leaves = x if isinstance(x, list | tuple) else [x]
     for leaf in leaves:
@@ -102,7 +106,7 @@ class Ratio:
 
 
 def interleaved_samples(
-    fns: dict[str, Callable[[], Any]], *, repeats: int = 7, warmup: int = 1, settle: bool = False,
+    fns: Mapping[str, Callable[[], object]], *, repeats: int = 7, warmup: int = 1, settle: bool = False,
     gap_s: float = 0.0, calls: int = 1,
 ) -> dict[str, list[float]]:
     """Seconds of every run per callable, run round-robin with the order rotated each round, so machine
@@ -135,7 +139,7 @@ def interleaved_samples(
     return samples
 
 
-def first_and_warm(fn: Callable[[], Any], *, runs: int = 3, budget_s: float = 1.0) -> tuple[Any, float, list[float]]:
+def first_and_warm(fn: Callable[[], T], *, runs: int = 3, budget_s: float = 1.0) -> tuple[T, float, list[float]]:
     """(first result, seconds of the first call, seconds of each warm call after it).
 
     The first call pays for tracing and compiling (JIT) as well as running; the warm calls pay for running
@@ -153,7 +157,7 @@ def first_and_warm(fn: Callable[[], Any], *, runs: int = 3, budget_s: float = 1.
 
 
 def bench_records(
-    samples: dict[str, list[float]], *, group: str, baseline: str | None, **fields: Any
+    samples: dict[str, list[float]], *, group: str, baseline: str | None, **fields: JsonValue
 ) -> list[dict[str, Any]]:
     """One JSON record per method in the benches' shared form: `group` (what was measured), `method`, the
     samples and their spread in ms (Spread.ms), and `vs_baseline` (Ratio.to_dict against `baseline`, None for

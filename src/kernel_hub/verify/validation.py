@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -28,6 +28,17 @@ from .contract import REFERENCE_ATTR, SHAPES_ATTR, VALIDATION_MODULE, Case, Vali
 from .numerics import relative_error, to_float64, tolerance
 from .results import NumericResult, ValidationReport
 from .timing import first_and_warm
+
+
+class ValidationOptions(TypedDict, total=False):
+    """validate's selection and progress keywords, as `kh.validate` passes them through."""
+
+    tags: tuple[str, ...] | None
+    names: tuple[str, ...] | None
+    seed: int | None
+    on_start: Callable[[int], None] | None
+    on_case: Callable[[int, int, NumericResult], None] | None
+    select: Callable[[list[Case]], list[Case]] | None
 
 __all__ = ["case_mode", "relative_error", "require_valid", "run_case", "validate"]
 

@@ -149,7 +149,8 @@ def _kernel_depends(raw: object, label: str) -> tuple[tuple[str, str, str], ...]
     return tuple(out)
 
 
-def missing_python_depends(requirements: tuple[str, ...], installed: Any = installed_version) -> str | None:
+def missing_python_depends(requirements: tuple[str, ...],
+                           installed: Callable[[str], str | None] = installed_version) -> str | None:
     """The first requirement this environment does not meet, said in one line (None: all met). A requirement whose
     environment marker is false here is not needed; one whose marker cannot be evaluated is refused. `installed`:
     distribution -> version or None (injectable)."""

@@ -20,6 +20,7 @@ from typing import Any
 
 from ...decide.variants import Variant
 from ...errors import KernelHubError
+from ...json_types import JsonValue
 from ...names import check_commit, check_variant_name, safe_join, safe_rmtree
 from ...package import buildfmt as fmt
 
@@ -29,7 +30,7 @@ MAX_CACHED_JSON = 4 << 20
 STALE_SECONDS = 3600.0
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
+def write_json_atomic(path: Path, data: JsonValue) -> None:
     """Readers see the old file or the new one, never a torn write."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
@@ -41,7 +42,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
             tmp.unlink(missing_ok=True)
 
 
-def note_json(path: Path, data: Any) -> bool:
+def note_json(path: Path, data: JsonValue) -> bool:
     """Cache bookkeeping (refs, listings): written where it fits under MAX_CACHED_JSON and the cache is writable,
     else skipped. A read-only cache (a pre-baked image) loads what it holds; the next run asks the Hub again.
     Returns whether it was written."""

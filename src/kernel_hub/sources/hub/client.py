@@ -32,7 +32,7 @@ def _first_line(exc: BaseException) -> str:
     return one_line(lines[0]) if lines else type(exc).__name__
 
 
-def auth_hint(status: Any, token_sent: bool) -> str:
+def auth_hint(status: int | None, token_sent: bool) -> str:
     """What to do about a refused request: a 401 with no token sent means the server wants one, whatever its
     message says about credentials."""
     if status == 401 and not token_sent:
@@ -42,7 +42,7 @@ def auth_hint(status: Any, token_sent: bool) -> str:
     return ""
 
 
-def server_message(exc: Any) -> str | None:
+def server_message(exc: BaseException) -> str | None:
     """The error text the server sent with a failed response (X-Error-Message, or the JSON "error")."""
     message = getattr(exc, "server_message", None)
     response = getattr(exc, "response", None)

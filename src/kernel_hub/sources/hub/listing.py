@@ -9,13 +9,17 @@ not git blob ids are left out, and a listing naming one path twice or too many e
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from ...errors import IntegrityError, UnsafeNameError
 from ...names import check_commit, check_relative_path, check_variant_name
 from ...package import buildfmt as fmt
 from .cache import HubCache, note_json, read_json
 from .client import MAX_LISTING_ENTRIES, HubClient
+
+if TYPE_CHECKING:
+    from huggingface_hub.hf_api import RepoFile, RepoFolder
 
 
 def is_variant_name(name: str) -> bool:
@@ -53,7 +57,7 @@ def checked_listing(data: object) -> dict[str, Any] | None:
     return {"bundles": bundles, "trees": trees, "sizes": sizes}
 
 
-def listing_from_tree(entries: list[Any], label: str) -> dict[str, Any]:
+def listing_from_tree(entries: Sequence[RepoFile | RepoFolder], label: str) -> dict[str, Any]:
     """The listing of a tree listing's entries (huggingface_hub's RepoFile/RepoFolder). Refused whole: more than
     MAX_LISTING_ENTRIES entries, or one path named twice (which of two ids would it be?)."""
     from huggingface_hub.hf_api import RepoFile

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ...decide.variants import KERNEL_BUILDER, Variant
 from ...decide.versions import Ref
@@ -29,6 +29,13 @@ from .cache import HubCache, note_json, read_json
 from .client import HubClient
 from .download import BuildFetcher
 from .listing import BuildListings, is_variant_name
+
+
+class AliasedEntry(Protocol):
+    """A registry entry as the Hub source reads it: the repo it is published under, where that is another."""
+
+    @property
+    def hub_repo(self) -> str | None: ...
 
 _MAX_PUBLISHED_METADATA = 1 << 20  # bytes of a published kernel.yaml that `info` will parse
 
@@ -93,7 +100,7 @@ class HubSource:
         return self.client.offline
 
     @classmethod
-    def for_repo(cls, repo_id: str, registry_entry: Any = None) -> HubSource:
+    def for_repo(cls, repo_id: str, registry_entry: AliasedEntry | None = None) -> HubSource:
         hub_repo = registry_entry.hub_repo if registry_entry is not None else None
         return cls(aliases={repo_id: hub_repo} if hub_repo else None)
 
