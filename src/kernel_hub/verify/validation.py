@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..decide.system import cache_root, detect, installed_version
+from ..decide.system import VALIDATION_PART, cache_root, detect, installed_version
 from ..errors import KernelHubError, ValidationFailedError
 from .contract import REFERENCE_ATTR, SHAPES_ATTR, VALIDATION_MODULE, Case, ValidationModule, cases_from_reference
 from .numerics import relative_error, to_float64, tolerance
@@ -182,7 +182,7 @@ def new_seed() -> int:
 
 def cache_dir() -> Path:
     """Passed validations, one file per (commit, variant, backend, jax)."""
-    return cache_root("validation")
+    return cache_root(VALIDATION_PART)
 
 
 def require_valid(module: ModuleType, *, backend: str) -> ValidationReport:
