@@ -27,7 +27,7 @@ from ..package.buildfmt import strict_json, variant_from_json, variant_to_json
 from ..package.integrity import check_digests
 from ..sources.base import Build, LocalSource, Origin, Source
 from .depends import Graph, hf_kernel_deps, load_dependency, walk
-from .loader import import_build
+from .loader import import_build, survive_prune
 from .planning import Plan, plan_load
 from .registry import load_registry
 from .trust import TrustPolicy, TrustSetting, check_trust, trust_policy
@@ -351,7 +351,7 @@ def _load_entry(locked: LockFile, entry: LockedKernel, graph: Graph, source: Any
     if entry.source == "hub":
         source = _hub(source)  # one source for the trust check and the fetch: the endpoint judged is the one used
     check_trust(fetched_origin(entry, source), trust, asked_for=asked_for)
-    build = fetch_entry(entry, source)
+    build = survive_prune(lambda: fetch_entry(entry, source), lambda: fetch_entry(entry, source), entry.repo_id)
     unpinned = sorted({repo_id for repo_id, _, _ in build.kernel_depends} - set(entry.depends))
     if unpinned:
         raise KernelHubError(f"{entry.repo_id}@{entry.commit[:12]} depends on {', '.join(unpinned)}, which the lock "
@@ -366,7 +366,8 @@ def _load_entry(locked: LockFile, entry: LockedKernel, graph: Graph, source: Any
 
         deps[repo_id] = load_dependency(graph, repo_id, (repo_id, commit, framework), f"commit {commit[:12]}", load)
     with hf_kernel_deps(deps):
-        module = import_build(build)
+        module = survive_prune(lambda: import_build(build), lambda: import_build(fetch_entry(entry, source)),
+                               entry.repo_id)
     if deps:
         module.__kernel_deps__ = deps  # type: ignore[attr-defined]
     return module
