@@ -33,10 +33,10 @@ try:
 except env.TpuEnvironmentError as exc:
     out["tpu_python"] = None
 seen = {}
-def fake_run(cmd, **kwargs):
-    seen["pythonpath"] = kwargs["env"].get("PYTHONPATH")
-    return subprocess.CompletedProcess(cmd, 0, "", "")
-worker_client.subprocess.run = fake_run
+def fake_run(cmd, child_env, *rest):
+    seen["pythonpath"] = child_env.get("PYTHONPATH")
+    return [], 0, ""
+worker_client._run = fake_run
 worker_client.run_worker(env.TpuEnv(Path(sys.executable), "0", "0"), {"mode": "noop"})
 out["worker_pythonpath"] = seen["pythonpath"]
 print(json.dumps(out))
