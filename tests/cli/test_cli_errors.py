@@ -141,6 +141,9 @@ BAD = [
     (["resolve", R, "--tpu-generation", "huge"], "TPU generation"),
     (["resolve", R, "--jax-version", "banana"], "not a version"),
     (["resolve", R, "--version"], "expected one argument"),
+    (["resolve", R, "--version", "9" * 5000], "5000 digits"),
+    (["resolve", R, "--version", ">=" + "9" * 5000], "not a PEP 440 specifier"),
+    (["resolve", R, "--version", "\u00b2"], "not a PEP 440 specifier"),
     # download
     (["download", "bad"], "ORG/NAME"),
     (["download", R, "--version", "abc"], "PEP 440"),
