@@ -40,6 +40,7 @@ YAML_EDITS = {  # kernel folders whose kernel.yaml is wrong in one way: (old tex
     "yaml_framework": ("    framework: jax\n    backend: cpu", "    framework: tensorflow\n    backend: cpu"),
 }
 
+R_ID = "test-org/toy-scale"
 LOCKS = {
     "lock_not_json": "{not json",
     "lock_list": "[]",
@@ -55,6 +56,11 @@ LOCKS = {
     "lock_file_pyc": _lock(files={"__pycache__/ops.cpython-311.pyc": HASH}),
     "lock_source": _lock(source="ftp"),
     "lock_repo": _lock(repo_id="../x"),
+    "lock_nested": '{"kernel-hub-lock": 1, "kernels": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    "lock_key_twice": '{"kernel-hub-lock": 1, "kernels": [], "kernels": []}',
+    "hf_lock_twice": json.dumps([{"dependency": {"repo-id": R_ID, "version": 1}, "lock": {"commit": "a" * 40}}] * 2),
+    "hf_lock_negative": json.dumps([{"dependency": {"repo-id": R_ID, "version": -1}, "lock": {"commit": "a" * 40}}]),
+    "hf_lock_long_version": '[{"dependency": {"repo-id": "' + R_ID + '", "version": ' + "9" * 5000 + '}}]',
 }
 
 REGISTRIES = {
@@ -98,6 +104,8 @@ def paths(tmp_path: Path, toy_registry: Path, toy_kernel: Path, monkeypatch: pyt
         out[name] = str(tmp_path / name)
     (tmp_path / "lock_binary").write_bytes(b"\xff\xfe\x00garbage")
     out["lock_binary"] = str(tmp_path / "lock_binary")
+    os.mkfifo(tmp_path / "lock_fifo")
+    out["lock_fifo"] = str(tmp_path / "lock_fifo")
     return out
 
 
@@ -133,6 +141,9 @@ BAD = [
     (["resolve", R, "--tpu-generation", "huge"], "TPU generation"),
     (["resolve", R, "--jax-version", "banana"], "not a version"),
     (["resolve", R, "--version"], "expected one argument"),
+    (["resolve", R, "--version", "9" * 5000], "5000 digits"),
+    (["resolve", R, "--version", ">=" + "9" * 5000], "not a PEP 440 specifier"),
+    (["resolve", R, "--version", "\u00b2"], "not a PEP 440 specifier"),
     # download
     (["download", "bad"], "ORG/NAME"),
     (["download", R, "--version", "abc"], "PEP 440"),
@@ -174,6 +185,11 @@ BAD = [
     (["validate", R, "--lockfile", "{lock_repo}"], "repo_id"),
     (["validate", R, "--lockfile", "{lock_binary}"], "not a text file"),
     (["validate", R, "--lockfile", "{empty_dir}"], "is a folder"),
+    (["validate", R, "--lockfile", "{lock_nested}"], "nested"),
+    (["validate", R, "--lockfile", "{lock_key_twice}"], "twice in one object"),
+    (["validate", R, "--lockfile", "{hf_lock_twice}"], "locked twice"),
+    (["validate", R, "--lockfile", "{hf_lock_negative}"], "not version -1"),
+    (["validate", R, "--lockfile", "{hf_lock_long_version}"], "not valid JSON"),
     (["validate", "test-org/other", "--lockfile", "{lock_kernels_not_list}"], "must be a list"),
     # lock
     (["lock", "bad"], "ORG/NAME"),
@@ -258,7 +274,8 @@ def test_bad_input_is_one_line_and_nonzero(args: list[str], needle: str, paths: 
 
 @pytest.mark.parametrize("args", [["frobnicate"], ["info", "../etc/passwd"],
                                   ["validate", "--path", "{yaml_version_list}"],
-                                  ["download", R, "--lockfile", "{lock_not_json}"]])
+                                  ["download", R, "--lockfile", "{lock_not_json}"],
+                                  ["validate", R, "--lockfile", "{lock_fifo}"]])
 def test_the_installed_command_prints_one_line_too(args: list[str], paths: dict[str, str]) -> None:
     env = {**os.environ, "KERNEL_HUB_BACKEND": "cpu"}
     proc = subprocess.run([sys.executable, "-m", "kernel_hub.cli", *(a.format(**paths) for a in args)],

@@ -63,3 +63,12 @@ def test_bad_requests_name_the_fix(kwargs, message):
 def test_parse_spec_rejects_garbage():
     with pytest.raises(VersionSpecError):
         parse_spec(">=1.0,,<")
+
+
+@pytest.mark.parametrize("version", [10**5000, 10**7, ">=" + "9" * 5000, "==1." + "9" * 5000, ">=1," * 100],
+                         ids=["int-5000-digits", "int-8-digits", "spec-5000-digits", "exact-5000-digits", "long-spec"])
+def test_a_huge_version_is_one_error_not_a_value_error(version) -> None:
+    """Python refuses to print or read integers of thousands of digits: refused before either happens."""
+    with pytest.raises(VersionSpecError) as refused:
+        resolve(REFS, version=version)
+    assert len(str(refused.value)) < 300

@@ -46,10 +46,17 @@ def test_every_public_form_reads_as_one_policy(setting, policy: TrustPolicy) -> 
     assert trust_policy(setting) == policy
 
 
-@pytest.mark.parametrize("setting", [["../x"], ["a/b/c"], [5], 3.5, ["-rf"]])
+@pytest.mark.parametrize("setting", [["../x"], ["a/b/c"], [5], 3.5, ["-rf"],
+                                     {"acme": False}, {"acme": True}, {"acme/ragged": 1}, {}.keys(), b"acme", 1])
 def test_bad_trust_settings_are_refused(setting) -> None:
     with pytest.raises(TrustError, match="trust_remote_code"):
         trust_policy(setting)
+
+
+def test_a_mapping_never_trusts_its_keys() -> None:
+    """{"acme": False} reads as 'do not trust acme' to a person; iterating it would trust acme: one clear error."""
+    with pytest.raises(TrustError, match="not dict"):
+        trust_policy({"acme": False})
 
 
 def test_env_adds_trusted_orgs(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -33,10 +33,10 @@ try:
 except env.TpuEnvironmentError as exc:
     out["tpu_python"] = None
 seen = {}
-def fake_run(cmd, **kwargs):
-    seen["pythonpath"] = kwargs["env"].get("PYTHONPATH")
-    return subprocess.CompletedProcess(cmd, 0, "", "")
-worker_client.subprocess.run = fake_run
+def fake_run(cmd, child_env, *rest):
+    seen["pythonpath"] = child_env.get("PYTHONPATH")
+    return [], 0, ""
+worker_client._run = fake_run
 worker_client.run_worker(env.TpuEnv(Path(sys.executable), "0", "0"), {"mode": "noop"})
 out["worker_pythonpath"] = seen["pythonpath"]
 print(json.dumps(out))
@@ -112,3 +112,25 @@ def test_each_missing_marker_is_refused_with_its_reason(tmp_path: Path) -> None:
 
 def test_this_tree_is_a_checkout() -> None:
     assert checkout_decision().root == ROOT
+
+
+def test_a_fifo_or_odd_pyproject_is_no_checkout_and_never_hangs(tmp_path: Path) -> None:
+    """checkout_decision runs at import: a FIFO or a `project = 5` pyproject beside src/ reads as no checkout."""
+    import os
+
+    root = tmp_path / "root"
+    (root / "src" / "kernel_hub").mkdir(parents=True)
+    (root / ".git").mkdir()
+    os.mkfifo(root / "pyproject.toml")
+    script = ("import sys\nfrom pathlib import Path\nfrom kernel_hub.package.checkout import checkout_decision\n"
+              "print(checkout_decision(Path(sys.argv[1])).root)\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run([sys.executable, "-c", script, str(root / "src" / "kernel_hub")], capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "None", done.stderr
+    (root / "pyproject.toml").unlink()
+    for body in ("project = 5\n", "x = " + "[" * 100_000 + "]" * 100_000 + "\n", 'n = ' + "9" * 5000 + "\n"):
+        (root / "pyproject.toml").write_text(body)
+        assert checkout_decision(root / "src" / "kernel_hub").root is None
+    (root / "pyproject.toml").write_text('[project]\nname = "kernel-hub"\n')
+    assert checkout_decision(root / "src" / "kernel_hub").root == root.resolve()

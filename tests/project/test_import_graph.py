@@ -316,7 +316,7 @@ def test_no_cycle_inside_layers() -> None:
 #: up); `kernel_hub` itself (its __init__) is the public surface the demo, the dashboard and the CLI build on.
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("errors", "json_types"),
-    ("names", "lazy"),
+    ("names", "lazy", "files"),
     ("decide", "ui"),
     ("package",),
     ("sources", "verify"),

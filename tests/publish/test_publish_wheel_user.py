@@ -169,5 +169,6 @@ def test_worker_events_arrive_while_the_worker_still_runs(tmp_path: Path) -> Non
              "with open(sys.argv[1], 'a') as f: f.write(json.dumps({'event': 'done'}) + '\\n')\n")
     proc = subprocess.Popen([sys.executable, "-c", child, str(events)])
     seen: list[tuple[str, bool]] = []
-    assert worker_client._follow(proc, events, lambda e: seen.append((e["event"], proc.poll() is None)), timeout=60)
+    assert worker_client._follow(proc, events, lambda e: seen.append((e["event"], proc.poll() is None)), timeout=60,
+                                 stall=60) is None  # None: it ended by itself
     assert seen == [("cases", True), ("done", False)]  # the first while it ran, the last after it ended

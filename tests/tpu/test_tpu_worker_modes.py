@@ -67,11 +67,11 @@ def test_the_worker_process_refuses_a_cost_model_mode_in_one_line(tmp_path: Path
 def test_the_cost_model_runs_its_own_worker_module(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[list[str]] = []
 
-    def fake_run(command: list[str], **kwargs: object) -> subprocess.CompletedProcess:
+    def fake_run(command: list[str], *args: object) -> tuple[list, int, str]:
         seen.append(command)
-        return subprocess.CompletedProcess(command, 0, "", "")
+        return [], 0, ""
 
-    monkeypatch.setattr(worker_client.subprocess, "run", fake_run)
+    monkeypatch.setattr(worker_client, "_run", fake_run)
     env = TpuEnv(Path(sys.executable), "0", "0")
     cost_worker.run_in_worker(env, {"mode": "model"})
     worker_client.run_worker(env, {"mode": "compile"})

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from packaging.version import InvalidVersion, Version
 
 from ..decide.system import BACKENDS
-from ..errors import KernelHubError
+from ..errors import KernelHubError, VersionSpecError
 from ..package.buildfmt import FRAMEWORKS
 from ..tpu.chips import parse_generations
 from ..ui.display import clean
@@ -63,7 +63,12 @@ def split_trust_values(words: list[str]) -> list[str]:
 
 
 def version_spec(value: str | None) -> int | str | None:
-    return int(value) if value is not None and value.isdigit() else value
+    """--version as get_kernel takes it: ASCII digits are a major version (an int), anything else a spec string."""
+    if value is None or not (value.isascii() and value.isdigit()):
+        return value
+    if len(value) > 7:
+        raise VersionSpecError(f"--version {value[:12]}...: a major version of {len(value)} digits is not one")
+    return int(value)
 
 
 def trust_setting(value: bool | list[str] | None) -> bool | list[str]:

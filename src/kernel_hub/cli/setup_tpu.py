@@ -22,6 +22,8 @@ def add_parser(sub: argparse._SubParsersAction, command: Callable[[str, str], Ca
     p.add_argument("--dry-run", action="store_true", help="print the plan and the pip command, build nothing")
     p.add_argument("--pip-arg", action="append", default=[], metavar="ARG",
                    help="extra argument for pip install (repeatable), e.g. --pip-arg=--find-links=/wheels")
+    p.add_argument("--pip-timeout", type=float, default=None, metavar="SECONDS",
+                   help="stop the pip install after this long (default 1800)")
     p.set_defaults(func=command("setup_tpu", "cmd_setup_tpu"))
 
 
@@ -29,7 +31,7 @@ def cmd_setup_tpu(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ..decide.system import installed_version
-    from ..tpu.setup_env import plan_setup, setup_tpu
+    from ..tpu.setup_env import PIP_TIMEOUT, plan_setup, setup_tpu
 
     target = Path(args.dir).expanduser() if args.dir else None
     if args.dry_run:
@@ -39,7 +41,8 @@ def cmd_setup_tpu(args: argparse.Namespace) -> int:
             print("  " + " ".join(command))
         print(f"  then link kernel_hub into it ({plan.target}/kernel_hub_link)")
         return 0
-    python = setup_tpu(target, pip_args=args.pip_arg)
+    python = setup_tpu(target, pip_args=args.pip_arg,
+                       pip_timeout=PIP_TIMEOUT if args.pip_timeout is None else args.pip_timeout)
     if args.dir:
         print(f"set KERNEL_HUB_TPU_PYTHON={python} for publish and validate --tpu to use it")
     return 0

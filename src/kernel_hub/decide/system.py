@@ -126,6 +126,10 @@ def detect(framework: str = "jax") -> SystemFacts:
 
 #: Where kernel-hub keeps what it rebuilds on demand (assembled packages, passed validations, TPU compile results).
 CACHE_ENV = "KERNEL_HUB_CACHE"
+#: The parts of that cache, one folder each: the only names `kernel-hub cache prune` removes there (the folder may
+#: be shared with other tools: ~/.cache, the Hub cache).
+ASSEMBLED_PART, VALIDATION_PART, TPU_COMPILE_PART = "assembled", "validation", "tpu_compile"
+CACHE_PARTS = (ASSEMBLED_PART, VALIDATION_PART, TPU_COMPILE_PART)
 
 
 def cache_root(part: str | None = None) -> Path:

@@ -49,9 +49,16 @@ def tag_version(name: str) -> Version | None:
         return None
 
 
+MAX_SPEC = 200
+
+
 def parse_spec(spec: str) -> SpecifierSet:
-    """A PEP 440 specifier; a bare version "1.2.0" means exactly that version."""
+    """A PEP 440 specifier; a bare version "1.2.0" means exactly that version. At most MAX_SPEC characters (no
+    version has thousands of digits, and Python refuses to read such numbers)."""
     text = spec.strip()
+    if len(text) > MAX_SPEC:
+        raise VersionSpecError(f"version {text[:20]!r}...: {len(text)} characters is not a PEP 440 specifier (at most "
+                               f"{MAX_SPEC})")
     if text.startswith("v") and tag_version(text):
         text = text[1:]
     try:
@@ -109,9 +116,15 @@ def resolve(refs: list[Ref], *, version: int | str | None = None, revision: str 
     return _resolve_spec(refs, version)
 
 
+#: The largest major version asked for by number (a branch v<N>); a larger int is refused before it is printed.
+MAX_MAJOR = 10**6
+
+
 def _resolve_major(refs: list[Ref], major: int) -> Resolution:
     if major < 0:
-        raise VersionSpecError(f"major version must be >= 0, got {major}")
+        raise VersionSpecError("major version must be >= 0, got a negative number")
+    if major > MAX_MAJOR:
+        raise VersionSpecError(f"major version must be at most {MAX_MAJOR}, got a larger number")
     branch = next((r for r in refs if r.kind == "branch" and r.name == f"v{major}"), None)
     if branch is None:
         majors = sorted({r.name for r in refs if r.kind == "branch" and _BRANCH.match(r.name)})

@@ -4,8 +4,10 @@ Two roots: the Hub cache (KERNELS_CACHE, else HF_HUB_CACHE), where each kernel r
 folder (huggingface_hub's files plus kernel-hub's verified builds inside it), and kernel-hub's own cache
 (KERNEL_HUB_CACHE: assembled local folders, validation results, TPU compile results). `cache_entries` lists them,
 `prune_plan` decides what goes (pure, with the reason), `prune` removes it: only folders directly inside their
-root, never through a link, never the Hub cache's other repo types (models, datasets) nor the TPU environment
-`kernel-hub setup-tpu` built.
+root, never through a link, and only what kernel-hub made and recognises by name: a `kernels--ORG--NAME` folder
+laid out as a Hub cache repo, and the parts of KERNEL_HUB_CACHE that system.CACHE_PARTS names. Either root may be a
+folder shared with other tools (the Hub cache, ~/.cache, a home folder): their models, datasets, pip caches or
+anything else are never listed, so never removed; nor is the TPU environment `kernel-hub setup-tpu` built.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..decide.system import CACHE_PARTS
 from ..errors import KernelHubError, UnsafeNameError
 from ..names import check_repo_id, safe_rmtree
 
 REPO_PREFIX = "kernels--"
-#: Parts of KERNEL_HUB_CACHE that prune leaves alone: the TPU environment is an install, not a cache.
-KEEP = frozenset({"tpu-env"})
+#: What a Hub cache repo folder holds (huggingface_hub's layout, and kernel-hub's state inside it): a
+#: `kernels--ORG--NAME` folder with none of these is not one the cache made.
+REPO_LAYOUT = ("blobs", "snapshots", "refs", "kernel-hub")
 
 
 @dataclass(frozen=True)
@@ -56,16 +60,28 @@ def repo_from_folder(name: str) -> str | None:
         return None
 
 
+def _plain_folder(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink()
+
+
+def is_cached_repo(path: Path) -> bool:
+    """A kernel repo the Hub cache made: named `kernels--ORG--NAME` (a valid repo id), a plain folder (not a link)
+    holding the Hub cache's layout."""
+    return (repo_from_folder(path.name) is not None and _plain_folder(path)
+            and any((path / part).is_dir() for part in REPO_LAYOUT))
+
+
 def cache_entries(hub_cache: Path, kh_cache: Path) -> list[CacheEntry]:
-    """Every kernel repo in the Hub cache and every part of kernel-hub's cache (links skipped), sorted."""
+    """Every kernel repo in the Hub cache and every part of kernel-hub's cache that kernel-hub recognises (links
+    and anything of another name skipped, whatever shares those folders), sorted."""
     out: list[CacheEntry] = []
     for child in sorted(hub_cache.iterdir()) if hub_cache.is_dir() else []:
-        repo = repo_from_folder(child.name)
-        if repo is not None and child.is_dir() and not child.is_symlink():
-            out.append(CacheEntry("repo", repo, child, hub_cache, _size(child)))
-    for child in sorted(kh_cache.iterdir()) if kh_cache.is_dir() else []:
-        if child.is_dir() and not child.is_symlink() and child.name not in KEEP and child.resolve() != hub_cache:
-            out.append(CacheEntry("kernel-hub", child.name, child, kh_cache, _size(child)))
+        if is_cached_repo(child):
+            out.append(CacheEntry("repo", str(repo_from_folder(child.name)), child, hub_cache, _size(child)))
+    for part in CACHE_PARTS:
+        child = kh_cache / part
+        if _plain_folder(child) and child.resolve() != hub_cache.resolve():
+            out.append(CacheEntry("kernel-hub", part, child, kh_cache, _size(child)))
     return out
 
 
@@ -92,6 +108,9 @@ def prune(chosen: Sequence[CacheEntry]) -> int:
     for entry in chosen:
         if entry.path.parent != entry.root or entry.path.is_symlink():
             raise KernelHubError(f"{entry.path} is not a folder directly inside {entry.root}; not removing it")
+        ours = is_cached_repo(entry.path) if entry.kind == "repo" else entry.path.name in CACHE_PARTS
+        if not ours:
+            raise KernelHubError(f"{entry.path} is not a cache folder kernel-hub made; not removing it")
         safe_rmtree(entry.root, entry.path)
         freed += entry.size
     return freed

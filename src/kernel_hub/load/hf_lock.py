@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import KernelHubError, MetadataError, UnsafeNameError
+from ..files import read_capped_text, write_atomic
 from ..names import check_commit, check_ref_name, check_repo_id
 from .trust import TrustSetting, trust_policy
 
@@ -42,15 +43,26 @@ class HfLockEntry:
         return {"dependency": dependency, "lock": {"commit": self.commit}}
 
 
+#: The largest major version a pyproject or kernels.lock may name (HF kernels' branches are v0, v1, ...).
+MAX_MAJOR = 10**6
+
+
 def _read_text(path: Path, what: str) -> str:
+    """A project file's text: a regular file of at most MAX_BYTES (files.read_capped_text: a FIFO, a device or a
+    folder is refused before any read)."""
     try:
-        if path.stat().st_size > MAX_BYTES:
-            raise MetadataError(f"{path}: larger than {MAX_BYTES >> 20} MiB; not {what}")
-        return path.read_text()
+        return read_capped_text(path, MAX_BYTES, what)
     except FileNotFoundError:
         raise KernelHubError(f"no {what} at {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise MetadataError(f"cannot read {what} {path}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def _major(value: object) -> bool:
+    """True for a major version HF kernels accepts: an integer in 0..MAX_MAJOR (a bool is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_MAJOR
+
+
+def _table(data: object, key: str) -> object:
+    return data.get(key) if isinstance(data, dict) else None
 
 
 def tool_kernels(pyproject: Path) -> dict[str, int]:
@@ -59,7 +71,11 @@ def tool_kernels(pyproject: Path) -> dict[str, int]:
         data = tomllib.loads(_read_text(pyproject, "pyproject.toml"))
     except tomllib.TOMLDecodeError as exc:
         raise MetadataError(f"{pyproject}: not valid TOML ({exc})") from None
-    deps = data.get("tool", {}).get("kernels", {}).get("dependencies")
+    except RecursionError:
+        raise MetadataError(f"{pyproject}: not valid TOML (nested too deep)") from None
+    except ValueError as exc:  # an integer too long to read, a date out of range
+        raise MetadataError(f"{pyproject}: not valid TOML ({str(exc)[:120]})") from None
+    deps = _table(_table(_table(data, "tool"), "kernels"), "dependencies")
     if not isinstance(deps, dict) or not deps:
         raise MetadataError(f"{pyproject}: no [tool.kernels.dependencies] table "
                             '(e.g. "kernel-hub/ragged-dot-tpu" = 1)')
@@ -69,11 +85,19 @@ def tool_kernels(pyproject: Path) -> dict[str, int]:
             check_repo_id(repo_id, "[tool.kernels.dependencies] repo id")
         except UnsafeNameError as exc:
             raise MetadataError(f"{pyproject}: {exc}") from None
-        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-            raise MetadataError(f"{pyproject}: [tool.kernels.dependencies] {repo_id} = {version!r}: a major version "
-                                "(an integer) is expected")
+        if not _major(version):
+            raise MetadataError(f"{pyproject}: [tool.kernels.dependencies] {repo_id} = {_shown(version)}: a major "
+                                f"version (an integer in 0..{MAX_MAJOR}) is expected")
         out[repo_id] = version
     return out
+
+
+def _shown(value: object) -> str:
+    """A value for an error message, short whatever it is (an integer of thousands of digits included)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_MAJOR:
+        return "an integer of more than 7 digits" if value > 0 else "a negative integer"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def is_hf_lock(path: Path) -> bool:
@@ -85,15 +109,15 @@ def is_hf_lock(path: Path) -> bool:
 
 
 def read_hf_lock(path: Path) -> list[HfLockEntry]:
-    """Every entry of a kernels.lock, checked."""
+    """Every entry of a kernels.lock, checked as HF kernels would: one entry per dependency (repo and version or
+    revision), no key twice in an object, a major version in 0..MAX_MAJOR."""
+    from .lock import lock_json
+
     path = Path(path)
-    try:
-        data = json.loads(_read_text(path, "kernels.lock"))
-    except ValueError as exc:
-        raise MetadataError(f"{path}: not valid JSON ({exc})") from None
+    data = lock_json(_read_text(path, "kernels.lock"), path)
     if not isinstance(data, list):
         raise MetadataError(f"{path}: HF kernels' lock file is a JSON list")
-    out = []
+    out: list[HfLockEntry] = []
     for i, raw in enumerate(data):
         where = f"{path}: entry {i}"
         dep = raw.get("dependency") if isinstance(raw, dict) else None
@@ -108,9 +132,12 @@ def read_hf_lock(path: Path) -> list[HfLockEntry]:
                 check_ref_name(revision, f"{where} revision")
         except UnsafeNameError as exc:
             raise MetadataError(str(exc)) from None
-        if (version is None) == (revision is None) or (version is not None and (
-                isinstance(version, bool) or not isinstance(version, int))):
-            raise MetadataError(f"{where}: a dependency has an integer 'version' or a 'revision'")
+        if (version is None) == (revision is None) or (version is not None and not _major(version)):
+            raise MetadataError(f"{where}: a dependency has an integer 'version' (0..{MAX_MAJOR}) or a 'revision'"
+                                + (f", not version {_shown(version)}" if version is not None else ""))
+        if any((e.repo_id, e.version, e.revision) == (repo_id, version, revision) for e in out):
+            raise MetadataError(f"{where}: {repo_id} {'version' if revision is None else 'revision'} "
+                                f"{version if revision is None else revision} is locked twice; one entry each")
         out.append(HfLockEntry(repo_id, version, revision, commit))
     return out
 
@@ -125,8 +152,9 @@ def find(entries: list[HfLockEntry], repo_id: str, path: Path) -> HfLockEntry:
 
 
 def write_hf_lock(entries: list[HfLockEntry], path: Path) -> None:
-    """kernels.lock as HF kernels writes it (a JSON list, two-space indent)."""
-    Path(path).write_text(json.dumps([e.to_json() for e in entries], indent=2) + "\n")
+    """kernels.lock as HF kernels writes it (a JSON list, two-space indent), replaced in one rename (a link at
+    `path` is refused, never written through)."""
+    write_atomic(Path(path), (json.dumps([e.to_json() for e in entries], indent=2) + "\n").encode(), "kernels.lock")
 
 
 def lock_project(project_dir: str | Path, *, framework: str = "jax", backend: str | None = None,

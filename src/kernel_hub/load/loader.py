@@ -1,9 +1,11 @@
 """Import a verified build under a unique module name, so two versions can live in one process.
 
 Only verified source runs. Every module of a kernel (the entry, and each submodule it imports, relatively or
-later through importlib) is found by a finder that knows only the build's digest-checked files, read once,
-checked against its sha256 and compiled from those very bytes. No .pyc is read or written for them, a file
-outside the digests is not importable, and Python's own path finders never see the kernel's names.
+later through importlib) is found by a finder that knows only the build's digest-checked files. Their bytes are
+read once, when the build is imported, checked against their sha256 and kept: a submodule imported later (the
+validation module, a lazy import) compiles those very bytes, so a file changed or removed afterwards (a cache
+pruned by another process) changes nothing of what runs. No .pyc is read or written for them, a file outside the
+digests is not importable, and Python's own path finders never see the kernel's names.
 """
 
 from __future__ import annotations
@@ -16,16 +18,24 @@ import os
 import re
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import TypeVar
 
 from ..decide.hf_conventions import minver_decision
-from ..errors import IntegrityError, KernelImportError
+from ..errors import IntegrityError, KernelHubError, KernelImportError
 from ..names import check_entry_file, check_variant_name
 from ..package.integrity import check_digests, sha256_bytes, verify_tree
 from ..sources.base import Build
 
+
+class VanishedError(KernelImportError):
+    """A build's files disappeared while it was being verified or imported (another process pruned the cache)."""
+
+
+T = TypeVar("T")
 _lock = threading.RLock()
 _loaded: dict[tuple[str, str, str], ModuleType] = {}
 
@@ -54,6 +64,7 @@ class _Tree:
     digests: dict[str, str]
     entry: str
     label: str
+    sources: dict[str, bytes]  # every verified .py file's bytes, read once at import_build
 
 
 class _VerifiedLoader(importlib.abc.Loader):
@@ -64,7 +75,7 @@ class _VerifiedLoader(importlib.abc.Loader):
         self.path = tree.package_dir.joinpath(*rel.split("/"))
 
     def _source_bytes(self) -> bytes:
-        return self._checked_bytes(self.rel)
+        return self.tree.sources[self.rel]
 
     def _checked_bytes(self, rel: str) -> bytes:
         data = self.tree.package_dir.joinpath(*rel.split("/")).read_bytes()
@@ -140,6 +151,35 @@ def _install_finder() -> None:
     sys.meta_path.insert(0, _finder)
 
 
+def read_sources(package_dir: Path, digests: dict[str, str], label: str) -> dict[str, bytes]:
+    """Every .py file among `digests`, read once and checked against its sha256 (IntegrityError where one changed
+    since verify_tree; OSError where one vanished)."""
+    out = {}
+    for rel, digest in digests.items():
+        if rel.endswith(".py"):
+            data = package_dir.joinpath(*rel.split("/")).read_bytes()
+            if sha256_bytes(data) != digest:
+                raise IntegrityError(f"{label}: file {rel} changed while it was being verified")
+            out[rel] = data
+    return out
+
+
+def survive_prune(first: Callable[[], T], again: Callable[[], T], what: str) -> T:
+    """`first()`, or where the cache changed under it (a file vanished: another process pruning the cache) `again()`,
+    the same step from a fresh fetch; a second vanishing, or any other raw OSError, is one KernelHubError."""
+    try:
+        return first()
+    except (OSError, VanishedError):
+        pass
+    try:
+        return again()
+    except VanishedError:
+        raise
+    except OSError as exc:
+        raise KernelHubError(f"{what}: {exc.filename or 'a cached file'}: {exc.strerror or exc} while loading "
+                             "(another process may be pruning the cache); load it again") from None
+
+
 def module_name(build: Build) -> str:
     """A name no other (folder, commit, variant) shares and no real package uses."""
     package = re.sub(r"\W", "_", build.package_dir.name)
@@ -172,13 +212,19 @@ def import_build(build: Build) -> ModuleType:
         if key in _loaded:
             return _loaded[key]
         digests = check_digests(build.digests, label)
-        verify_tree(build.package_dir, digests, label)
+        try:
+            verify_tree(build.package_dir, digests, label)
+            sources = read_sources(Path(build.package_dir), digests, label)
+        except OSError as exc:
+            raise VanishedError(f"{label}: {exc.filename or build.package_dir} vanished while it was being "
+                                f"verified ({exc.strerror or exc}): another process may be pruning the cache; "
+                                "load it again") from None
         entry = check_entry_file(build.variant.entry, f"{label}: entry")
         if entry not in digests:
             raise KernelImportError(f"{label}: entry file {entry} is missing")
         name = module_name(build)
         _forget(name)
-        _finder.trees[name] = _Tree(Path(build.package_dir), digests, entry, label)
+        _finder.trees[name] = _Tree(Path(build.package_dir), digests, entry, label, sources)
         _install_finder()
         try:
             module = importlib.import_module(name)

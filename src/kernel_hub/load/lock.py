@@ -15,19 +15,19 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from ..errors import IntegrityError, KernelHubError, KernelNotFoundError, MetadataError
+from ..errors import IntegrityError, KernelHubError, KernelNotFoundError, MetadataError, TrustError
+from ..files import read_capped_text, write_atomic
 from ..names import check_commit, check_repo_id
-from ..package.buildfmt import variant_from_json, variant_to_json
+from ..package.buildfmt import strict_json, variant_from_json, variant_to_json
 from ..package.integrity import check_digests
 from ..sources.base import Build, LocalSource, Origin, Source
 from .depends import Graph, hf_kernel_deps, load_dependency, walk
-from .loader import import_build
+from .loader import import_build, survive_prune
 from .planning import Plan, plan_load
 from .registry import load_registry
 from .trust import TrustPolicy, TrustSetting, check_trust, trust_policy
@@ -89,15 +89,9 @@ class LockFile:
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
     def write(self, path: Path) -> None:
-        """Write beside `path` and rename into place: a reader sees the old lock or the new one."""
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        try:
-            tmp.write_text(self.to_json())
-            os.replace(tmp, path)
-        except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            raise KernelHubError(f"cannot write the lock file {path}: {exc.strerror or exc}") from None
+        """Write beside `path` and rename into place: a reader sees the old lock or the new one; a link at `path` is
+        refused, never written through."""
+        write_atomic(Path(path), self.to_json().encode(), "the lock file")
 
 
 def _entry_json(entry: LockedKernel) -> dict[str, Any]:
@@ -146,23 +140,22 @@ def parse_entry(raw: object, where: str) -> LockedKernel:
                         hub_repo=hub_repo, depends=pinned)
 
 
+def lock_json(text: str, path: Path) -> Any:
+    """A lock file's JSON (ours or HF kernels'): no key twice in one object, a bounded depth (a deeply nested file
+    is one error, not a RecursionError), numbers of sane length. One MetadataError naming `path` otherwise."""
+    try:
+        return strict_json(text.encode(), "the text", MAX_LOCK_BYTES)
+    except IntegrityError as exc:
+        raise MetadataError(f"{path}: not valid JSON for a lock file ({exc})") from None
+
+
 def read_lock(path: str | Path | None = None) -> LockFile:
     path = Path(path) if path is not None else default_lock_path()
     try:
-        if path.stat().st_size > MAX_LOCK_BYTES:
-            raise MetadataError(f"{path}: larger than {MAX_LOCK_BYTES >> 20} MiB; not a lock file")
-        data = json.loads(path.read_text())
+        text = read_capped_text(path, MAX_LOCK_BYTES, "a lock file")
     except FileNotFoundError:
         raise KernelNotFoundError(f"no lock file at {path}; run `kernel-hub lock` first") from None
-    except IsADirectoryError:
-        raise MetadataError(f"{path} is a folder, not a lock file") from None
-    except OSError as exc:
-        raise MetadataError(f"cannot read the lock file {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise MetadataError(f"{path}: not a text file") from None
-    except ValueError as exc:
-        line = getattr(exc, "lineno", "?")
-        raise MetadataError(f"{path}: not valid JSON ({getattr(exc, 'msg', exc)} at line {line})") from None
+    data = lock_json(text, path)
     if not isinstance(data, dict) or data.get("kernel-hub-lock") != LOCK_FORMAT:
         raise MetadataError(f"{path}: not a kernel-hub lock file (format {LOCK_FORMAT})")
     kernels, deps = data.get("kernels", []), data.get("dependencies", [])
@@ -288,8 +281,28 @@ def _hub(source: Source | None) -> HubSource:
     return source
 
 
+def same_endpoint(a: str, b: str) -> bool:
+    return a.rstrip("/").lower() == b.rstrip("/").lower()
+
+
+def fetched_origin(entry: LockedKernel, hub: HubSource) -> Origin:
+    """Where a locked entry's code comes from on this load: a local entry's folder (checked against the registry
+    by _local_source), else the endpoint of the Hub source fetching it, never the endpoint the lock file records.
+    A hub entry recorded at another endpoint is refused: a lock file chooses neither where code comes from nor who
+    is trusted (the default organisations are trusted at https://huggingface.co only)."""
+    if entry.source == "local":
+        return entry.origin
+    if not same_endpoint(entry.location, hub.endpoint):
+        raise TrustError(f"{entry.repo_id}: the lock file was made against {entry.location[:200]}, but this load "
+                         f"fetches from {hub.endpoint} (HF_ENDPOINT, or the source given); a lock file does not "
+                         "choose where code comes from or who is trusted: re-run kernel-hub lock against "
+                         f"{hub.endpoint}")
+    return Origin("hub", entry.hub_repo or entry.repo_id, hub.endpoint)
+
+
 def fetch_entry(entry: LockedKernel, source: Source | None = None) -> Build:
-    """One lock entry's build on local disk, every file checked against the entry."""
+    """One lock entry's build on local disk, every file checked against the entry (a hub entry only from the
+    endpoint it was locked at: fetched_origin)."""
     repo_id = entry.repo_id
     variant = variant_from_json(entry.variant)
     if entry.source == "local":
@@ -300,6 +313,7 @@ def fetch_entry(entry: LockedKernel, source: Source | None = None) -> Build:
         build = local.fetch(repo_id, entry.commit, variant)
     else:
         hub = _hub(source)
+        fetched_origin(entry, hub)
         if entry.hub_repo is not None and hub.hub_repo(repo_id) != entry.hub_repo:
             hub.aliases[repo_id] = entry.hub_repo  # fetch the repo that was locked (and trusted), not the alias
         build = hub.fetch(repo_id, entry.commit, variant, expected=entry.files)
@@ -341,8 +355,10 @@ def load_locked(repo_id: str, *, lockfile: str | Path | None = None, framework: 
 
 def _load_entry(locked: LockFile, entry: LockedKernel, graph: Graph, source: Source | None, trust: TrustPolicy,
                 asked_for: str) -> ModuleType:
-    check_trust(entry.origin, trust, asked_for=asked_for)
-    build = fetch_entry(entry, source)
+    if entry.source == "hub":
+        source = _hub(source)  # one source for the trust check and the fetch: the endpoint judged is the one used
+    check_trust(fetched_origin(entry, source), trust, asked_for=asked_for)
+    build = survive_prune(lambda: fetch_entry(entry, source), lambda: fetch_entry(entry, source), entry.repo_id)
     unpinned = sorted({repo_id for repo_id, _, _ in build.kernel_depends} - set(entry.depends))
     if unpinned:
         raise KernelHubError(f"{entry.repo_id}@{entry.commit[:12]} depends on {', '.join(unpinned)}, which the lock "
@@ -357,7 +373,8 @@ def _load_entry(locked: LockFile, entry: LockedKernel, graph: Graph, source: Sou
 
         deps[repo_id] = load_dependency(graph, repo_id, (repo_id, commit, framework), f"commit {commit[:12]}", load)
     with hf_kernel_deps(deps):
-        module = import_build(build)
+        module = survive_prune(lambda: import_build(build), lambda: import_build(fetch_entry(entry, source)),
+                               entry.repo_id)
     if deps:
         module.__kernel_deps__ = deps  # type: ignore[attr-defined]
     return module

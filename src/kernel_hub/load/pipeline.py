@@ -11,7 +11,7 @@ from ..decide.versions import Resolution
 from ..sources.base import LocalSource
 from ..verify.validation import require_valid
 from .depends import Graph, hf_kernel_deps, load_dependency, walk
-from .loader import import_build
+from .loader import import_build, survive_prune
 from .planning import Plan, plan_load, system_for
 from .trust import NOTHING_EXTRA
 
@@ -26,11 +26,11 @@ def load_plan(plan: Plan, *, validate: bool = False) -> ModuleType:
     trust, fetch, verify, import) on the same source, each once per graph and at most depends.MAX_DEPENDS_DEPTH
     levels deep; the kernel finds them as `__kernel_deps__` and, where HF `kernels` is installed, through its
     `get_kernel_dep` while it imports."""
-    build = plan.fetch()
+    build = survive_prune(plan.fetch, plan.fetch, plan.repo_id)
     with walk(plan.repo_id) as graph:
         deps = _load_kernel_depends(graph, plan, build.kernel_depends)
     with hf_kernel_deps(deps):
-        module = import_build(build)
+        module = survive_prune(lambda: import_build(build), lambda: import_build(plan.fetch()), plan.repo_id)
     if deps:
         module.__kernel_deps__ = deps  # type: ignore[attr-defined]
     origin = plan.origin

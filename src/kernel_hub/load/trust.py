@@ -20,7 +20,7 @@ trust_remote_code, and the refusal names both.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ..errors import TrustError, UnsafeNameError
@@ -59,8 +59,9 @@ class TrustPolicy:
 NOTHING_EXTRA = TrustPolicy()
 
 #: What `trust_remote_code` accepts at the public edge: a bool, or repos ("org/name") and organisations ("org") to
-#: trust; None is the default (nothing beyond the trusted organisations); a TrustPolicy already read passes as it is.
-TrustSetting = bool | str | Iterable[str] | TrustPolicy | None
+#: trust (a list, tuple, set or iterator: never a mapping); None is the default (nothing beyond the trusted
+#: organisations); a TrustPolicy already read passes as it is.
+TrustSetting = bool | str | list[str] | tuple[str, ...] | set[str] | frozenset[str] | Iterator[str] | TrustPolicy | None
 
 
 def trust_policy(value: TrustSetting) -> TrustPolicy:
@@ -78,21 +79,25 @@ def trust_policy(value: TrustSetting) -> TrustPolicy:
         return value
     if value is None or isinstance(value, bool):
         return TrustPolicy(everything=bool(value))
-    items = (value,) if isinstance(value, str) else value
-    try:
-        entries = tuple(items)
-    except TypeError:
-        raise TrustError(f"trust_remote_code must be True/False or a list of repos/orgs, not {type(value).__name__}"
-                         ) from None
+    if isinstance(value, str):
+        entries: tuple[object, ...] = (value,)
+    elif isinstance(value, list | tuple | set | frozenset | Iterator):
+        entries = tuple(value)
+    else:  # a mapping would read as its keys ({"acme": False} trusting acme): refused, as any other type
+        raise TrustError(f"trust_remote_code must be True/False or a list of repos/orgs ('org', 'org/name'), not "
+                         f"{type(value).__name__}")
+    named: list[str] = []
     for entry in entries:
-        try:
-            check_repo_id(entry if isinstance(entry, str) and "/" in entry else f"{entry}/x")
-        except UnsafeNameError:
-            raise TrustError(f"trust_remote_code entry {entry!r} is not a repo (ORG/NAME) or an organisation (ORG)"
-                             ) from None
         if not isinstance(entry, str):
-            raise TrustError(f"trust_remote_code entries must be 'org' or 'org/name' strings, got {entry!r}")
-    return TrustPolicy(named=entries)
+            raise TrustError(f"trust_remote_code entries must be 'org' or 'org/name' strings, got "
+                             f"{type(entry).__name__}")
+        try:
+            check_repo_id(entry if "/" in entry else f"{entry}/x")
+        except UnsafeNameError:
+            raise TrustError(f"trust_remote_code entry {entry[:80]!r} is not a repo (ORG/NAME) or an organisation "
+                             "(ORG)") from None
+        named.append(entry)
+    return TrustPolicy(named=tuple(named))
 
 
 def is_default_endpoint(location: str) -> bool:

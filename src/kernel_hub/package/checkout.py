@@ -16,10 +16,17 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import KernelHubError
+from ..files import read_capped_text
+
 PROJECT = "kernel-hub"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the kernel_hub package being run
 
 __all__ = ["CheckoutDecision", "checkout_decision", "checkout_root"]
+
+
+#: A checkout's pyproject.toml is a few KiB; a larger file (or a FIFO, a device) is no checkout's.
+PYPROJECT_MAX_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -35,8 +42,10 @@ def checkout_decision(package_dir: Path = PACKAGE_DIR) -> CheckoutDecision:
     if package.parent.name != "src" or (root / "src" / "kernel_hub").resolve() != package:
         return CheckoutDecision(None, f"{package} is not a checkout's src/kernel_hub")
     try:
-        name = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8")).get("project", {}).get("name")
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, AttributeError):
+        data = tomllib.loads(read_capped_text(root / "pyproject.toml", PYPROJECT_MAX_BYTES, "pyproject.toml"))
+        project = data.get("project")
+        name = project.get("name") if isinstance(project, dict) else None
+    except (OSError, ValueError, RecursionError, KernelHubError):
         return CheckoutDecision(None, f"{root} has no readable pyproject.toml")
     if name != PROJECT:
         return CheckoutDecision(None, f"{root}/pyproject.toml names {name!r}, not {PROJECT!r}")

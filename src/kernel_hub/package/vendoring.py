@@ -20,6 +20,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ..decide.system import ASSEMBLED_PART
 from ..decide.system import cache_root as system_cache_root
 from ..errors import IntegrityError, MetadataError
 from ..names import safe_join, safe_rmtree
@@ -144,7 +145,7 @@ def assemble(kernel_dir: Path, dest_root: Path, meta: KernelMetadata | None = No
 
 def cache_root() -> Path:
     """Where assembled packages of local kernel folders live, one folder per content commit."""
-    return system_cache_root("assembled")
+    return system_cache_root(ASSEMBLED_PART)
 
 
 def assembled_in_cache(kernel_dir: Path, meta: KernelMetadata, digests: dict[str, str], commit: str) -> Path:

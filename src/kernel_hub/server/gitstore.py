@@ -27,6 +27,8 @@ from dulwich.objects import Blob, Commit, Tag, Tree
 from dulwich.repo import Repo
 from dulwich.walk import Walker
 
+from ..errors import KernelHubError
+from ..files import open_private
 from ..names import safe_rmtree
 from . import checks
 from .blobfiles import TMP_OBJECT_PREFIX, BlobFiles, LooseWriter, temp_owner, write_loose
@@ -517,12 +519,23 @@ class GitStore:
     def lock_for_writes(self) -> int | None:
         """Hold the store's lock for this process's lifetime -> None, or the pid of the live process holding it
         (0 when it cannot be read). Exclusive: one writing server per store; released when the process ends,
-        however it ends (a kernel flock, so a killed server never leaves the store locked)."""
+        however it ends (a kernel flock, so a killed server never leaves the store locked). The lock file is the
+        store's own (files.open_private): a link, FIFO, device or hard link there is refused before anything is
+        truncated or written, and a store that cannot be written is said to be so.
+
+        Raises:
+            KernelHubError: the lock file is not a plain file of the store's, or the store is not writable."""
         import fcntl
 
         if getattr(self, "_store_lock", None) is not None:
             return None
-        fd = os.open(self.root / STORE_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        path = self.root / STORE_LOCK
+        try:
+            fd = open_private(path, write=True)
+        except OSError as exc:
+            raise KernelHubError(f"the store {self.root} is not writable ({exc.strerror or exc}); serving with "
+                                 "--token writes there: fix its permissions, or serve it read-only (without "
+                                 "--token)") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -534,19 +547,20 @@ class GitStore:
         return None
 
     def lock_owner(self) -> int | None:
-        """The pid of the live process holding the store's lock, None when no process holds it (read-only look)."""
+        """The pid of the live process holding the store's lock, None when no process holds it (read-only look;
+        a lock file that is not the store's own plain file, a FIFO say, is never waited on: None)."""
         import fcntl
 
         try:
-            fd = os.open(self.root / STORE_LOCK, os.O_RDONLY)
-        except OSError:
+            fd = open_private(self.root / STORE_LOCK, write=False)
+        except (OSError, KernelHubError):
             return None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except OSError:
                 text = os.pread(fd, 32, 0).decode(errors="replace").strip()
-                return int(text) if text.isdigit() else 0
+                return int(text) if text.isdigit() and len(text) < 10 else 0
             fcntl.flock(fd, fcntl.LOCK_UN)
             return None
         finally:

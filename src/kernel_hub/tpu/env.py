@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 from ..decide.system import cache_root
 from ..errors import KernelHubError
 from ..package.checkout import checkout_root
+from .capped_run import run_capped
 
 ENV_VAR = "KERNEL_HUB_TPU_PYTHON"
 #: The checkout kernel_hub runs from (an editable install), or None when it runs installed.
@@ -75,14 +75,39 @@ _PROBE = (
 )
 
 
+#: What the version probe may print and take: its answer is one short JSON line, a few seconds' work.
+PROBE_MAX_BYTES = 64 << 10
+PROBE_TIMEOUT = 60.0
+
+
+def probe_answer(stdout: bytes) -> tuple[str | None, str | None]:
+    """(jax, libtpu) versions from the probe's output: its last line, a JSON object of strings (or nulls). Pure.
+
+    Raises:
+        ValueError: anything else (no line, not JSON, not an object, a version that is not a short string).
+    """
+    lines = stdout.decode(errors="replace").strip().splitlines()
+    if not lines:
+        raise ValueError("no output")
+    found = json.loads(lines[-1])
+    if not isinstance(found, dict):
+        raise ValueError(f"a JSON {type(found).__name__}, not an object")
+    versions = found.get("jax"), found.get("libtpu")
+    if not all(v is None or (isinstance(v, str) and 0 < len(v) <= 64) for v in versions):
+        raise ValueError("versions that are not short strings")
+    return versions
+
+
 @functools.lru_cache(maxsize=8)
 def _probe(python: str) -> tuple[str | None, str | None]:
     try:
-        done = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=60)
-        found = json.loads(done.stdout.strip().splitlines()[-1])
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as exc:
-        raise TpuEnvironmentError(f"{python} did not answer the version probe ({exc}); {SETUP_HINT}") from None
-    return found.get("jax"), found.get("libtpu")
+        done = run_capped([python, "-c", _PROBE], timeout=PROBE_TIMEOUT, max_bytes=PROBE_MAX_BYTES)
+        if done.problem is not None:
+            raise ValueError(done.problem)
+        return probe_answer(done.stdout)
+    except (OSError, ValueError, RecursionError) as exc:
+        raise TpuEnvironmentError(f"{python} did not answer the version probe ({str(exc)[:200]}); {SETUP_HINT}"
+                                  ) from None
 
 
 def tpu_env(environ: Mapping[str, str] | None = None, checkout: Path | None = CHECKOUT,

@@ -24,6 +24,8 @@ from .env import TpuEnvironmentError, setup_dir, tpu_env
 TESTED_JAX = "0.10.2"
 #: What kernel-hub's TPU worker imports besides jax (kernel_hub itself is linked in, not installed).
 WORKER_DEPENDS = ("pyyaml", "packaging", "numpy", "pydantic")
+#: Seconds the one pip install may take (libtpu is ~700 MB) before it is stopped: `setup-tpu --pip-timeout`.
+PIP_TIMEOUT = 1800.0
 LINK_DIR = "kernel_hub_link"
 PTH_FILE = "kernel_hub_link.pth"
 
@@ -81,9 +83,13 @@ def link_kernel_hub(plan: SetupPlan, package: Path | None = None) -> Path:
 
 
 def setup_tpu(target: Path | None = None, *, pip_args: Sequence[str] = (), log: Callable[[str], None] = print,
-              run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> Path:
+              run: Callable[..., subprocess.CompletedProcess] = subprocess.run,
+              pip_timeout: float = PIP_TIMEOUT) -> Path:
     """Build (or update) the TPU environment; returns its Python. Each step says what it does before it starts;
-    a failed pip install is one TpuEnvironmentError with pip's last line."""
+    a failed pip install is one TpuEnvironmentError with pip's last line, and one that runs past `pip_timeout`
+    seconds is stopped (killed) with one TpuEnvironmentError saying so."""
+    if not 0 < pip_timeout < 1e7:
+        raise TpuEnvironmentError(f"the pip timeout must be a positive number of seconds, got {pip_timeout}")
     plan = plan_setup(target, installed_version("jax"))
     if plan.target.exists() and not plan.target.is_dir():
         raise TpuEnvironmentError(f"--dir {plan.target} is a file; name a folder")
@@ -96,7 +102,12 @@ def setup_tpu(target: Path | None = None, *, pip_args: Sequence[str] = (), log: 
             raise TpuEnvironmentError(f"cannot create a virtual environment in {plan.target}: {exc}") from None
     for command in plan.commands(pip_args):
         log(f"installing {' '.join(plan.install)} (libtpu is ~700 MB; pip's own output follows)")
-        done = run(command, stdout=None, stderr=subprocess.PIPE, text=True)
+        try:
+            done = run(command, stdout=None, stderr=subprocess.PIPE, text=True, timeout=pip_timeout)
+        except subprocess.TimeoutExpired:
+            raise TpuEnvironmentError(f"pip install in {plan.target} did not finish within {pip_timeout:.0f} s and "
+                                      "was stopped; check the network or the package index (--pip-arg), or allow "
+                                      "longer with --pip-timeout") from None
         if done.returncode != 0:
             lines = [ln for ln in (done.stderr or "").splitlines() if ln.strip()]
             raise TpuEnvironmentError(f"pip install in {plan.target} failed (exit {done.returncode}): "

@@ -13,7 +13,7 @@ import os
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -42,12 +42,38 @@ def last_line(text: str) -> str:
 
 Runner: TypeAlias = "Callable[..., tuple[list[JsonDict], int, str]]"
 
+#: Seconds a worker may go without writing an event before it is stopped as hung. Every case writes a "start" and a
+#: "result" event (a case compiles in seconds), so the limit scales with the job by itself: a long job that keeps
+#: reporting runs to its end, a worker that stops reporting is stopped after this long.
+STALL_ENV = "KERNEL_HUB_TPU_WORKER_STALL"
+DEFAULT_STALL_SECONDS = 300.0
+#: The most of a worker's stderr kept (its last bytes: what a crash said).
+STDERR_TAIL = 64 << 10
 
-def _follow(proc: subprocess.Popen, events_path: Path, on_event: Callable[[JsonDict], None],
-            timeout: float) -> bool:
-    """Hand each event to `on_event` as the worker writes it (whole lines only); False when `timeout` passed
-    (the worker is killed)."""
-    deadline = time.monotonic() + timeout
+
+def stall_seconds(environ: Mapping[str, str] | None = None) -> float:
+    """The stall limit: $KERNEL_HUB_TPU_WORKER_STALL seconds (a positive number), else DEFAULT_STALL_SECONDS.
+
+    Raises:
+        TpuEnvironmentError: the variable is set to anything but a positive number of seconds.
+    """
+    raw = (os.environ if environ is None else environ).get(STALL_ENV, "").strip()
+    if not raw:
+        return DEFAULT_STALL_SECONDS
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not (0 < value < 1e7):
+        raise TpuEnvironmentError(f"{STALL_ENV}={raw[:40]!r}: expected seconds (a positive number)")
+    return value
+
+
+def _follow(proc: subprocess.Popen, events_path: Path, on_event: Callable[[JsonDict], None] | None,
+            timeout: float | None, stall: float) -> str | None:
+    """Hand each event to `on_event` as the worker writes it (whole lines only) until it exits -> None, or the
+    reason it was killed: no new event for `stall` seconds, or past `timeout` seconds in all."""
+    start = last = time.monotonic()
     offset, pending = 0, b""
     while True:
         try:
@@ -58,30 +84,50 @@ def _follow(proc: subprocess.Popen, events_path: Path, on_event: Callable[[JsonD
         with events_path.open("rb") as f:
             f.seek(offset)
             chunk = f.read()
+        now = time.monotonic()
+        if chunk:
+            last = now
         offset += len(chunk)
         *lines, pending = (pending + chunk).split(b"\n")
-        for line in lines:
+        for line in lines if on_event is not None else ():
             try:
                 on_event(json.loads(line))
             except ValueError:
                 continue
         if finished:
-            return True
-        if time.monotonic() > deadline:
+            return None
+        problem = None
+        if now - last > stall:
+            problem = f"stopped: no progress for {stall:.0f} s (set {STALL_ENV} to allow longer)"
+        elif timeout is not None and now - start > timeout:
+            problem = f"timed out after {timeout:.0f} s"
+        if problem is not None:
             proc.kill()
             proc.wait()
-            return False
+            return problem
+
+
+def _tail(path: Path, size: int = STDERR_TAIL) -> str:
+    """The last `size` bytes of a file, as text."""
+    with path.open("rb") as f:
+        f.seek(max(f.seek(0, os.SEEK_END) - size, 0))
+        return f.read().decode(errors="replace")
 
 
 #: The worker module run_worker starts unless told another.
 WORKER = "kernel_hub.tpu.worker"
 
 
-def run_worker(env: TpuEnv, request: JsonDict, *, timeout: float = 1800,
+def run_worker(env: TpuEnv, request: JsonDict, *, timeout: float | None = None,
                on_event: Callable[[JsonDict], None] | None = None,
-               worker: str = WORKER) -> tuple[list[JsonDict], int, str]:
+               worker: str = WORKER, stall: float | None = None) -> tuple[list[JsonDict], int, str]:
     """(events, exit status, stderr) of one worker run for `request`; `on_event` (live progress) gets each event
-    as it is written; `worker` is the module run with `python -m` (one whose modes include the request's)."""
+    as it is written; `worker` is the module run with `python -m` (one whose modes include the request's).
+
+    A worker that writes no event for `stall` seconds (None: stall_seconds()) or runs past `timeout` seconds in all
+    (None: no overall limit) is killed: exit status -1, and the last line of stderr says why. stderr keeps its last
+    STDERR_TAIL bytes only."""
+    stall = stall_seconds() if stall is None else stall
     with tempfile.TemporaryDirectory(prefix="kernel_hub_tpu_") as tmp:
         req_path, events_path = Path(tmp) / "request.json", Path(tmp) / "events.jsonl"
         req_path.write_text(json.dumps(request))
@@ -95,35 +141,25 @@ def run_worker(env: TpuEnv, request: JsonDict, *, timeout: float = 1800,
         # ones needs no exclusivity, so two validations (or a test and a bench) may run at once
         child_env.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
         command = [str(env.python), "-m", worker, str(req_path), str(events_path)]
-        if on_event is not None:
-            return _run_following(command, child_env, tmp, events_path, on_event, timeout, env)
-        try:
-            done = subprocess.run(
-                command, capture_output=True, text=True, timeout=timeout, env=child_env, cwd=tmp,
-            )
-        except subprocess.TimeoutExpired as exc:
-            stderr = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
-            return _read_events(events_path), -1, stderr + f"\ntimed out after {timeout:.0f} s"
-        except OSError as exc:
-            raise TpuEnvironmentError(f"cannot run the TPU environment's Python {env.python}: {exc}") from None
-        return _read_events(events_path), done.returncode, done.stderr
+        return _run(command, child_env, tmp, events_path, on_event, timeout, stall, env)
 
 
-def _run_following(command: list[str], child_env: dict[str, str], cwd: str, events_path: Path,
-                   on_event: Callable[[JsonDict], None], timeout: float,
-                   env: TpuEnv) -> tuple[list[JsonDict], int, str]:
-    """run_worker's streaming path: the worker's stderr goes to a file (a pipe could fill and block it)."""
+def _run(command: list[str], child_env: dict[str, str], cwd: str, events_path: Path,
+         on_event: Callable[[JsonDict], None] | None, timeout: float | None, stall: float,
+         env: TpuEnv) -> tuple[list[JsonDict], int, str]:
+    """Start the worker, follow its events, return (events, status, stderr). Its stderr goes to a file (a pipe
+    could fill and block it) and only its tail is read back; stdout is discarded."""
     stderr_path = Path(cwd) / "stderr.txt"
     with stderr_path.open("w") as err:
         try:
-            proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, text=True, env=child_env,
-                                    cwd=cwd)
+            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                    env=child_env, cwd=cwd)
         except OSError as exc:
             raise TpuEnvironmentError(f"cannot run the TPU environment's Python {env.python}: {exc}") from None
-        finished = _follow(proc, events_path, on_event, timeout)
-    stderr = stderr_path.read_text(errors="replace")
-    if not finished:
-        return _read_events(events_path), -1, stderr + f"\ntimed out after {timeout:.0f} s"
+        problem = _follow(proc, events_path, on_event, timeout, stall)
+    stderr = _tail(stderr_path)
+    if problem is not None:
+        return _read_events(events_path), -1, stderr + f"\n{problem}"
     return _read_events(events_path), proc.returncode, stderr
 
 

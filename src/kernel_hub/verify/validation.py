@@ -22,7 +22,7 @@ from typing import Any, TypedDict
 
 import numpy as np
 
-from ..decide.system import cache_root, detect, installed_version
+from ..decide.system import VALIDATION_PART, cache_root, detect, installed_version
 from ..errors import KernelHubError, ValidationFailedError
 from .contract import REFERENCE_ATTR, SHAPES_ATTR, VALIDATION_MODULE, Case, ValidationModule, cases_from_reference
 from .numerics import relative_error, to_float64, tolerance
@@ -193,7 +193,7 @@ def new_seed() -> int:
 
 def cache_dir() -> Path:
     """Passed validations, one file per (commit, variant, backend, jax)."""
-    return cache_root("validation")
+    return cache_root(VALIDATION_PART)
 
 
 def require_valid(module: ModuleType, *, backend: str) -> ValidationReport:
@@ -201,18 +201,38 @@ def require_valid(module: ModuleType, *, backend: str) -> ValidationReport:
     info = module.__kernel_hub__
     key = f"{info.commit}_{info.variant}_{backend}_jax{installed_version('jax')}.json"
     path = cache_dir() / key
-    if path.is_file():
-        cached = json.loads(path.read_text())
-        if cached.get("passed"):
-            return ValidationReport(**{k: v for k, v in cached.items() if k not in ("cases", "passed")})
+    cached = _remembered(path)
+    if cached is not None:
+        return cached
     report = validate(module, backend=backend)
     if not report.passed:
         failed = [c.name for c in report.cases if not c.passed]
         raise ValidationFailedError(
             f"{info.repo_id} [{info.variant}] failed validation on {backend}: {', '.join(failed[:5])}"
         )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(report.to_json())
-    os.replace(tmp, path)
+    _remember(path, report)
     return report
+
+
+def _remembered(path: Path) -> ValidationReport | None:
+    """A pass remembered in the cache, or None: missing, pruned meanwhile, unreadable or not a report (the cache is
+    untrusted and may be shared or pruned by another process: anything odd is a miss, validated again)."""
+    try:
+        with open(path, "rb") as handle:
+            cached = json.loads(handle.read(1 << 20))
+        if not isinstance(cached, dict) or cached.get("passed") is not True:
+            return None
+        return ValidationReport(**{k: v for k, v in cached.items() if k not in ("cases", "passed")})
+    except (OSError, ValueError, TypeError, RecursionError):
+        return None
+
+
+def _remember(path: Path, report: ValidationReport) -> None:
+    """Remember a pass (atomic replace); a cache that cannot be written, or is pruned meanwhile, is skipped."""
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(report.to_json())
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)

@@ -65,7 +65,22 @@ class BuildFetcher:
         Trust anchor: the unpacked build is checked against its own metadata.json, not against the Hub again, so
         whoever can write the cache can rewrite both consistently; only `expected` (a lock's digests) pins the
         files from outside the cache (docs/trust.md: "What anchors a cached build").
+
+        A file that vanishes meanwhile (another process pruning the cache) costs one fresh try, then one
+        KernelHubError: never a raw OSError.
         """
+        try:
+            return self._fetch_once(repo_id, commit, variant, expected)
+        except OSError:  # a cached file vanished under us (another process pruning the cache): once more, afresh
+            pass
+        try:
+            return self._fetch_once(repo_id, commit, variant, expected)
+        except OSError as exc:
+            raise KernelHubError(f"{repo_id}@{commit[:12]} [{variant.name}]: {exc.filename or 'a cached file'}: "
+                                 f"{exc.strerror or exc} while fetching into the cache (another process may be "
+                                 "pruning it); load it again") from None
+
+    def _fetch_once(self, repo_id: str, commit: str, variant: Variant, expected: dict[str, str] | None) -> Build:
         final = self.cache.build_dir(repo_id, commit, variant.name)
         self.cache.clean_stale(repo_id)
         label = f"{repo_id}@{commit[:12]} [{variant.name}]"

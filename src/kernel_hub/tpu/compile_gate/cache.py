@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ...decide.system import TPU_COMPILE_PART
 from ...decide.system import cache_root as system_cache_root
 from ...names import check_commit, check_variant_name
 from ...package.compile_record import VERSION_PATTERN
@@ -24,7 +25,7 @@ _FIELDS = {"passed": bool, "error": (str, type(None)), "compile_seconds": (int, 
 
 def cache_root() -> Path:
     """TPU compile results, beside kernel-hub's other caches (system.cache_root)."""
-    return system_cache_root("tpu_compile")
+    return system_cache_root(TPU_COMPILE_PART)
 
 
 def entry_path(commit: str, variant: str, jax_version: str, libtpu_version: str, generation: str,
