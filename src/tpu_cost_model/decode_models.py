@@ -90,13 +90,15 @@ GEMMA4_26B_A4B = DecodeModel(
 MODELS = {m.name: m for m in (QWEN3_30B_A3B, GEMMA4_26B_A4B)}
 
 
-def tiny(model: DecodeModel, layers_groups: int = 1) -> DecodeModel:
-    """The same architecture at a geometry a CPU runs in milliseconds (heads divisible by 2 devices)."""
-    pattern = tuple(dataclasses.replace(k, kv_heads=2, head_dim=32 if k.head_dim <= 256 else 64,
+def tiny(model: DecodeModel, groups: int = 1, head_dim: int = 32) -> DecodeModel:
+    """The same architecture at a geometry a CPU runs in milliseconds (heads divisible by 2 devices); the last two
+    kinds of its layer pattern (Gemma: a sliding and a global layer). head_dim 128 fits the TPU kernels' lanes."""
+    pattern = tuple(dataclasses.replace(k, kv_heads=2, head_dim=head_dim if k.window else 2 * head_dim,
                                         window=None if k.window is None else 24) for k in model.pattern[-2:])
-    return dataclasses.replace(model, name=f"tiny_{model.name}", layers=len(pattern) * layers_groups, hidden=64,
-                               vocab=96, q_heads=4, pattern=pattern, experts=8, top_k=2, moe_intermediate=32,
-                               shared_intermediate=48 if model.shared_intermediate else 0)
+    w = 1 if head_dim < 128 else 4
+    return dataclasses.replace(model, name=f"tiny_{model.name}", layers=len(pattern) * groups, hidden=64 * w,
+                               vocab=256 * w, q_heads=8, pattern=pattern, experts=16, top_k=2,
+                               moe_intermediate=32 * w, shared_intermediate=48 * w if model.shared_intermediate else 0)
 
 
 # ---------------------------------------------------------------------------------------------- the floor

@@ -280,8 +280,9 @@ def ff_output(m: DecodeModel, kern: Kernels, lw: dict, h, moe_out, shared):
 
 
 def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, model: DecodeModel, kernels: Kernels,
-                mesh: Mesh, routing: list | None = None):
-    """One decode step (see the module docstring); caches [(k, v) per pattern position], each [G, pages, ...]."""
+                mesh: Mesh, routing: list | None = None, layers: bool = True):
+    """One decode step (see the module docstring); caches [(k, v) per pattern position], each [G, pages, ...].
+    layers=False (with a routing) leaves the layers out: the embedding and the LM head alone, for the cost model."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec as P
@@ -323,7 +324,7 @@ def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, mo
 
     if routing is None:
         h, caches = jax.lax.scan(group, h, (params["layers"], caches))
-    else:  # one group, unscanned (the cost model's walk; params and caches hold one group)
+    elif layers:  # one group, unscanned (the cost model's walk; params and caches hold one group)
         h, caches = group(h, ([jax.tree.map(lambda a: a[0], lw) for lw in params["layers"]],
                               [tuple(c[0] for c in cs) for cs in caches]))
         caches = [tuple(c[None] for c in cs) for cs in caches]
