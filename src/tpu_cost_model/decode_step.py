@@ -318,7 +318,12 @@ def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, mo
             if routing is not None:
                 ids, w = routing[p]
             out = kern.moe(x, ids, w, lw["w_gate_up"], lw["w_down"], m.activation, mesh)
-            h = ff_output(m, kern, lw, h, out, shared)
+            if m.sandwich_norms:  # the norms after the experts are kernels too: one device's copy each
+                post = smap(functools.partial(ff_output, m, kern), in_specs=(lspecs[p], P(), P(), P()),
+                            out_specs=P())
+                h = post(lw, h, out, shared)
+            else:
+                h = ff_output(m, kern, lw, h, out, shared)
             new.append((kc, vc))
         return h, new
 

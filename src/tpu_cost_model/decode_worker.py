@@ -109,7 +109,9 @@ def walk(m: dm.DecodeModel, kern: Kernels, batch: int, cache: int, devices: list
             r = [(flat[len(leaves) + 3 + 2 * i], flat[len(leaves) + 4 + 2 * i]) for i in range(len(routing))]
             return decode_step(p, c, t, k, pg, model=one, kernels=kern, mesh=mesh, routing=r, layers=layers)
 
-        return kernel_cost(fn, *leaves, tokens, kv, pages, *[a for pair in routing for a in pair],
+        n_params = len(jax.tree.leaves(params))  # the caches are donated, as the compiled step donates them
+        donated = tuple(range(n_params, len(leaves)))
+        return kernel_cost(jax.jit(fn, donate_argnums=donated), *leaves, tokens, kv, pages, *[a for pair in routing for a in pair],
                            generation=generation)
 
     return cost(True), cost(False)

@@ -1,0 +1,116 @@
+"""The seed's headline, end to end: one decode step of Qwen3-30B-A3B and Gemma 4 26B-A4B on an 8-device TPU slice
+(TP 8 + EP 8), compiled whole by libtpu for the mock slice and modeled op by op, beside Hugging Face's measurements.
+
+    python bench/seed_decode.py [--json] [--models qwen3_30b_a3b,gemma4_26b_a4b] [--batches 64,1]
+        [--caches 768] [--generations v6e,v5e,v7x] [--paths hub,jax_default,default_compiled,default_op_by_op]
+        [--compile hub|all|none] [--write]
+
+Paths: hub (kernel-hub's Pallas kernels: ragged paged attention, moe_experts on the ragged dot, RMSNorm),
+jax_default (the same step on JAX's own ops), default_compiled (transformers' math compiled whole: K/V repeated to
+every query head over the static cache, experts by XLA's ragged dot), default_op_by_op (default_compiled's modeled
+device time plus one dispatch per op a transformers decode step issues, counted by bench/decode_op_count.py, at the
+calibration table's torch-tpu-op-by-op dispatch band). Every time is modeled (tpu_cost_model), never measured.
+--write stores the rows in bench/records/seed_decode.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+RECORD = ROOT / "bench" / "records" / "seed_decode.json"
+#: Hugging Face's kernels-community/ragged-dot-tpu card, v6e-8, TP 8 + EP: (model, batch) -> (default grouped_mm,
+#: ragged-dot-tpu) decode-step seconds.
+HF = {("qwen3_30b_a3b", 64): (1.2159, 0.0566), ("qwen3_30b_a3b", 1): (0.0300, 0.0265),
+      ("gemma4_26b_a4b", 64): (4.8583, 0.3794), ("gemma4_26b_a4b", 1): (0.3440, 0.3226)}
+#: Device calls of one transformers decode step, op by op (bench/decode_op_count.py, tiny models scaled to depth).
+OP_COUNTS = {"qwen3_30b_a3b": 3335, "gemma4_26b_a4b": 3640}
+#: The row fields every consumer may rely on.
+FIELDS = ("model", "batch", "chip", "mesh", "path", "modeled_s", "band_s", "hbm_floor_s", "compiled",
+          "hbm_per_chip_bytes")
+
+
+def op_by_op(row: dict, calls: int) -> dict:
+    """default_compiled's device time, each of `calls` ops dispatched on its own at the calibration table's
+    torch-tpu-op-by-op band (none .. 125 us a call, point 62.5 us)."""
+    from tpu_cost_model.calibration import HARNESSES
+
+    h = HARNESSES["torch-tpu-op-by-op"]
+    out = {**row, "path": "default_op_by_op", "compiled": False, "hbm_per_chip_bytes": None, "device_calls": calls}
+    if row.get("modeled_s") is None:
+        return out
+    out["modeled_s"] = row["modeled_s"] + calls * h.dispatch_s
+    out["band_s"] = [row["band_s"][0] + calls * h.low_s, row["band_s"][1] + calls * h.high_s]
+    return out
+
+
+def rows(args: argparse.Namespace) -> list[dict]:
+    from tpu_cost_model.decode import decode_rows
+
+    paths = args.paths.split(",")
+    worker_paths = [p for p in paths if p != "default_op_by_op"]
+    if "default_op_by_op" in paths and "default_compiled" not in worker_paths:
+        worker_paths.append("default_compiled")
+    models, batches = args.models.split(","), [int(b) for b in args.batches.split(",")]
+    caches, gens = [int(c) for c in args.caches.split(",")], args.generations.split(",")
+    keys = None
+    if args.compile != "all":
+        keys = [] if args.compile == "none" else [[m, b, c, g, "hub"] for m in models for b in batches
+                                                   for c in caches for g in gens]
+    out = decode_rows(tuple(models), tuple(batches), tuple(caches), tuple(gens), tuple(worker_paths),
+                      compile_keys=keys)
+    extra = [op_by_op(r, OP_COUNTS[r["model"]]) for r in out if r["path"] == "default_compiled"]
+    keep = [r for r in out if r["path"] in paths]
+    return keep + (extra if "default_op_by_op" in paths else [])
+
+
+def table(found: list[dict]) -> str:
+    head = ("model", "batch", "cache", "chip", "path", "modeled ms (band)", "floor ms", "x floor", "compiled",
+            "HBM/chip GiB", "HF default / hub ms")
+    body = []
+    for r in found:
+        ms = lambda s: "-" if s is None else f"{s * 1e3:.1f}"
+        band = "" if r.get("modeled_s") is None else f" ({ms(r['band_s'][0])}-{ms(r['band_s'][1])})"
+        hf = HF.get((r["model"], r["batch"]))
+        ratio = "-" if r.get("modeled_s") is None else f"{r['modeled_s'] / r['hbm_floor_s']:.1f}"
+        mem = r.get("hbm_per_chip_bytes")
+        body.append((r["model"], str(r["batch"]), str(r.get("cache", "")), r["chip"], r["path"],
+                     ms(r.get("modeled_s")) + band, ms(r["hbm_floor_s"]), ratio,
+                     "yes" if r["compiled"] else ("no: " + r["error"][:40] if r.get("error") else "no"),
+                     "-" if mem is None else f"{mem / 2**30:.2f}",
+                     "-" if hf is None or r["chip"] != "v6e" else f"{hf[0] * 1e3:.1f} / {hf[1] * 1e3:.1f}"))
+    widths = [max(len(x[c]) for x in [head, *body]) for c in range(len(head))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(x, widths, strict=True)).rstrip() for x in [head, *body])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print one JSON row per model x batch x chip x path")
+    ap.add_argument("--models", default="qwen3_30b_a3b,gemma4_26b_a4b")
+    ap.add_argument("--batches", default="64,1")
+    ap.add_argument("--caches", default="768")
+    ap.add_argument("--generations", default="v6e,v5e,v7x")
+    ap.add_argument("--paths", default="hub,jax_default,default_compiled,default_op_by_op")
+    ap.add_argument("--compile", default="hub", choices=("hub", "all", "none"), help="which paths compile")
+    ap.add_argument("--write", action="store_true", help=f"store the rows in {RECORD.relative_to(ROOT)}")
+    args = ap.parse_args(argv)
+    found = rows(args)
+    if args.write:
+        RECORD.write_text(json.dumps({"about": __doc__.strip().splitlines()[0] + " (modeled, not measured)",
+                                      "hf": {f"{m}:{b}": v for (m, b), v in HF.items()}, "rows": found},
+                                     indent=1) + "\n")
+    if args.json:
+        for r in found:
+            print(json.dumps(r))
+    else:
+        print(table(found))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
