@@ -178,14 +178,13 @@ def abstract_inputs(m: DecodeModel, n: int, batch: int, cache: int, dtype: Any, 
 def init_inputs(m: DecodeModel, n: int, batch: int, cache: int, dtype: Any, key: jax.Array) -> tuple[dict, list]:
     """Random params and caches of the abstract_inputs shapes (weights ~ 1/sqrt(fan-in), norms near 1)."""
     import jax
-    import jax.numpy as jnp
 
     params, caches, _ = abstract_inputs(m, n, batch, cache, dtype)
     leaves, tree = jax.tree.flatten((params, caches))
     keys = jax.random.split(key, len(leaves))
     out = []
     for k, a in zip(keys, leaves, strict=True):
-        if len(a.shape) <= 2 and a.shape[-1] in (m.hidden, m.experts) and a.shape[0] == m.groups or len(a.shape) == 1:
+        if (len(a.shape) <= 2 and a.shape[-1] in (m.hidden, m.experts) and a.shape[0] == m.groups) or len(a.shape) == 1:
             v = 1.0 + 0.1 * jax.random.normal(k, a.shape)
         else:
             v = jax.random.normal(k, a.shape) / math.sqrt(a.shape[-2] if len(a.shape) >= 3 else a.shape[0])

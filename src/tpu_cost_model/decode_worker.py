@@ -111,7 +111,8 @@ def walk(m: dm.DecodeModel, kern: Kernels, batch: int, cache: int, devices: list
 
         n_params = len(jax.tree.leaves(params))  # the caches are donated, as the compiled step donates them
         donated = tuple(range(n_params, len(leaves)))
-        return kernel_cost(jax.jit(fn, donate_argnums=donated), *leaves, tokens, kv, pages, *[a for pair in routing for a in pair],
+        given = [a for pair in routing for a in pair]
+        return kernel_cost(jax.jit(fn, donate_argnums=donated), *leaves, tokens, kv, pages, *given,
                            generation=generation)
 
     return cost(True), cost(False)
