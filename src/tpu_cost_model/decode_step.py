@@ -335,7 +335,7 @@ def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, mo
 
     def head(h, norm_w, table):
         x = kern.rms_norm(h, norm_w, m.eps)
-        logits = jnp.dot(x, table.T, preferred_element_type=jnp.float32)
+        logits = jax.lax.dot_general(x, table, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         if m.logit_softcap:
             logits = jnp.tanh(logits / m.logit_softcap) * m.logit_softcap
         best = jnp.max(logits, axis=-1)

@@ -5,8 +5,9 @@ Per (model, batch, cache, generation, path) one row:
   * compiled (unless model_only): decode_step.decode_step jitted whole (lax.scan over layer groups, the caches
     donated) on ShapeDtypeStructs with NamedShardings over the slice's 8 devices, lowered and compiled; the
     compiler's per-device argument / temporary / output / alias bytes and the compile seconds;
-  * modeled: schedule.kernel_cost walks one layer group and the embedding + LM head on device 0 (the kernels' grids,
-    each XLA op by its rule), with a uniform top-k routing given concretely; the step is ends + groups x group; the
+  * modeled: schedule.kernel_cost walks one layer group with the embedding + LM head, and those alone, on device 0
+    (the kernels' grids, each XLA op by its rule), with a uniform top-k routing given concretely; the step is
+    ends + groups x (group with ends - ends); the
     collectives (the attention's and shared MLP's all-reduces, the experts' dispatch from the ragged-dot package's
     plan, the embedding's all-reduce and the LM head's all-gather) by ici.collective_seconds. The band is the
     schedule's constant bands (ScheduleCost.band); collectives carry no band.
@@ -88,7 +89,8 @@ def compile_step(m: dm.DecodeModel, kern: Kernels, batch: int, cache: int, devic
 
 def walk(m: dm.DecodeModel, kern: Kernels, batch: int, cache: int, devices: list, generation: str
          ) -> tuple[ScheduleCost, ScheduleCost]:
-    """(one layer group's cost, the embedding + LM head's cost) on device 0, a uniform routing given concretely."""
+    """(one layer group with the embedding and LM head, the embedding and LM head alone): their costs on device 0,
+    a uniform routing given concretely. A group alone is the difference."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import Mesh
@@ -135,20 +137,22 @@ def collective_s(items: list, generation: str) -> float:
 
 def modeled(m: dm.DecodeModel, kern: Kernels, rd: ModuleType, batch: int, cache: int, devices: list,
             generation: str) -> JsonDict:
-    """The step's modeled seconds on `generation`, its band, and the split into kernels, XLA ops and collectives."""
-    group, ends = walk(m, kern, batch, cache, devices, generation)
-    group.ici_bytes = ends.ici_bytes = 0  # the collectives are charged below, latency included
+    """The step's modeled seconds on `generation`, its band, and the split into kernels, XLA ops and collectives:
+    step = ends + groups x (one group with the ends - the ends), plus the collectives."""
+    first, ends = walk(m, kern, batch, cache, devices, generation)
+    first.ici_bytes = ends.ici_bytes = 0  # the collectives are charged below, latency included
     c = chip(generation)
     g = m.groups
     layer_c, ends_c = collectives(m, rd, batch, len(devices))
     coll = g * len(m.pattern) * collective_s(layer_c, generation) + collective_s(ends_c, generation)
-    lo_hi = [ends.band(c)[i] + g * group.band(c)[i] + coll for i in (0, 1)]
-    kernels_s = sum(k.seconds(c) for k in ends.calls) + g * sum(k.seconds(c) for k in group.calls)
-    xla_s = sum(o.seconds(c) for o in ends.xla) + g * sum(o.seconds(c) for o in group.xla)
-    xla_ops = sum(o.free is None for o in ends.xla) + g * sum(o.free is None for o in group.xla)
-    return {"modeled_s": ends.seconds(c) + g * group.seconds(c) + coll, "band_s": lo_hi, "kernels_s": kernels_s,
-            "xla_s": xla_s, "collectives_s": coll, "kernel_calls": len(ends.calls) + g * len(group.calls),
-            "xla_ops": xla_ops, "modeled_hbm_bytes": ends.hbm_bytes + g * group.hbm_bytes}
+    scaled = lambda f: f(ends) + g * (f(first) - f(ends))
+    bands = [first.band(c), ends.band(c)]
+    lo_hi = [bands[1][i] + g * (bands[0][i] - bands[1][i]) + coll for i in (0, 1)]
+    return {"modeled_s": scaled(lambda s: s.seconds(c)) + coll, "band_s": lo_hi,
+            "kernels_s": scaled(lambda s: sum(k.seconds(c) for k in s.calls)),
+            "xla_s": scaled(lambda s: sum(o.seconds(c) for o in s.xla)), "collectives_s": coll,
+            "kernel_calls": scaled(lambda s: len(s.calls)), "xla_ops": scaled(lambda s: len(s.outside_ops)),
+            "modeled_hbm_bytes": scaled(lambda s: s.hbm_bytes)}
 
 
 def floor(m: dm.DecodeModel, batch: int, cache: int, generation: str, n: int) -> JsonDict:
