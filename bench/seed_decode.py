@@ -4,13 +4,15 @@
     python bench/seed_decode.py [--json] [--models qwen3_30b_a3b,gemma4_26b_a4b] [--batches 64,1]
         [--caches 768] [--generations v6e,v5e,v7x] [--paths hub,jax_default,default_compiled,default_op_by_op]
         [--compile hub|all|none] [--write]
+    python bench/seed_decode.py --gate [--generations v6e,v5e,v7x]
 
 Paths: hub (kernel-hub's Pallas kernels: ragged paged attention, moe_experts on the ragged dot, RMSNorm),
 jax_default (the same step on JAX's own ops), default_compiled (transformers' math compiled whole: K/V repeated to
 every query head over the static cache, experts by XLA's ragged dot), default_op_by_op (default_compiled's modeled
 device time plus one dispatch per op a transformers decode step issues, counted by bench/decode_op_count.py, at the
 calibration table's torch-tpu-op-by-op dispatch band). Every time is modeled (tpu_cost_model), never measured.
---write stores the rows in bench/records/seed_decode.json.
+--write stores the rows in bench/records/seed_decode.json. --gate compiles one layer group of each model's step on
+the hub path for each slice (tpu_cost_model.decode_gate) and exits 1 naming what does not compile.
 """
 
 from __future__ import annotations
@@ -98,7 +100,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--paths", default="hub,jax_default,default_compiled,default_op_by_op")
     ap.add_argument("--compile", default="hub", choices=("hub", "all", "none"), help="which paths compile")
     ap.add_argument("--write", action="store_true", help=f"store the rows in {RECORD.relative_to(ROOT)}")
+    ap.add_argument("--gate", action="store_true", help="the release check: one layer group compiled per slice")
     args = ap.parse_args(argv)
+    if args.gate:
+        from tpu_cost_model.decode_gate import step_gate
+
+        found, failed = step_gate(generations=tuple(args.generations.split(",")))
+        for r in found:
+            print(f"{r['model']:16} {r['mesh']:12} {'compiles' if r['compiled'] else 'REFUSED'} "
+                  f"{r.get('compile_seconds', 0):.0f} s")
+        for line in failed:
+            print(f"gate: {line}", file=sys.stderr)
+        return 1 if failed else 0
     found = rows(args)
     if args.write:
         RECORD.write_text(json.dumps({"about": __doc__.strip().splitlines()[0] + " (modeled, not measured)",

@@ -74,3 +74,21 @@ def test_json_rows_carry_the_schema(monkeypatch, capsys):
     assert op["modeled_s"] == pytest.approx(compiled["modeled_s"] + calls * 62.5e-6)
     assert op["band_s"] == pytest.approx([compiled["band_s"][0], compiled["band_s"][1] + calls * 125e-6])
     assert op["compiled"] is False
+
+
+def test_step_gate_names_what_does_not_compile():
+    from tpu_cost_model.decode_gate import GATE_GENERATIONS, GATE_MODELS, step_gate
+
+    def run(env, request, **kw):
+        assert request["groups"] == 1 and request["compile_only"] and request["paths"] == ["hub"]
+        rows = [{"event": "row", "model": m, "mesh": f"{g}-8", "compiled": not (m.startswith("gemma") and g == "v7x"),
+                 "error": "Mosaic failed to compile TPU kernel"} for g in request["generations"]
+                for m in request["models"]]
+        return rows, 0, ""
+
+    folders = {k: ROOT / "kernels" / "pallas" / k for k in ("rms_norm", "flash_attention", "ragged_dot")}
+    rows, failed = step_gate(folders, run=run, env=object())
+    assert len(rows) == len(GATE_MODELS) * len(GATE_GENERATIONS)
+    assert failed == ["gemma4_26b_a4b on v7x-8: Mosaic failed to compile TPU kernel"]
+    _, short = step_gate(folders, run=lambda env, request, **kw: ([], 0, ""), env=object())
+    assert short == [f"only 0 of {len(rows)} gate compiles reported"]
