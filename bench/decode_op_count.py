@@ -48,74 +48,129 @@ def tiny(name: str, layers: int):
                                moe_intermediate_size=32, hidden_size_per_layer_input=0, vocab_size_per_layer_input=256,
                                final_logit_softcapping=30.0)
         model = Gemma4ForCausalLM(cfg)
+    counted_sdpa()
+    model.set_attn_implementation("counted_sdpa")
     return model.eval()
 
 
-def count_step(model, batch: int = 2, prompt: int = 5) -> Counter:
-    """The ops one decode step dispatches after a prompt (StaticCache, greedy: the model's forward for one token)."""
+#: The regions `kh.kernelize` replaces with one kernel call each on a TorchTPU model (its torch-tpu builds wrap the
+#: JAX kernel as one custom op): the experts block, every RMSNorm, the attention function.
+REGIONS = ("experts", "rms_norm", "attention")
+
+
+def _region(module) -> str | None:
+    name = type(module).__name__
+    return "experts" if name.endswith("Experts") else "rms_norm" if name.endswith("RMSNorm") else None
+
+
+def count_step(model, batch: int = 2, prompt: int = 5) -> tuple[Counter, Counter, Counter]:
+    """(ops, ops inside each replaceable region, invocations of each region) of one decode step after a prompt
+    (StaticCache, greedy: the model's forward for one new token)."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from transformers import StaticCache
 
+    stack: list[str] = []
+
     class Count(TorchDispatchMode):
         def __init__(self):
             super().__init__()
-            self.ops = Counter()
+            self.ops, self.inside, self.calls = Counter(), Counter(), Counter()
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops[func.overloadpacket.__name__] += 1
+            name = func.overloadpacket.__name__
+            self.ops[name] += 1
+            if stack and name not in VIEWS:
+                self.inside[stack[0]] += 1
             return func(*args, **(kwargs or {}))
 
+    mode = Count()
+
+    def enter(region):
+        def hook(*_):
+            if not stack:
+                mode.calls[region] += 1
+            stack.append(region)
+        return hook
+
+    def leave(*_):
+        stack.pop()
+
+    _HOOKS["attention"] = (enter("attention"), leave)
+    for module in model.modules():
+        region = _region(module)
+        if region:
+            module.register_forward_pre_hook(enter(region))
+            module.register_forward_hook(leave)
     ids = torch.randint(0, 256, (batch, prompt))
     cache = StaticCache(config=model.config, max_cache_len=prompt + 4)
     with torch.no_grad():
-        out = model(ids, past_key_values=cache, use_cache=True)
+        out = model(ids, cache=cache, use_cache=True)
         nxt = out.logits[:, -1:].argmax(-1)
-        pos = torch.tensor([prompt])
-        mode = Count()
+        mode.calls.clear()
         with mode:
-            model(nxt, past_key_values=out.past_key_values, use_cache=True, cache_position=pos)
-    return mode.ops
+            model(nxt, cache=cache, use_cache=True, cache_position=torch.tensor([prompt]))
+    return mode.ops, mode.inside, mode.calls
 
 
-def split(ops: Counter) -> tuple[int, int]:
-    """(device ops, view/metadata ops)."""
-    views = sum(n for op, n in ops.items() if op in VIEWS)
-    return sum(ops.values()) - views, views
+def counted_sdpa():
+    """sdpa, tagged as the attention region (registered as "counted_sdpa" in transformers' AttentionInterface)."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    def forward(module, *args, **kwargs):
+        enter, leave = _HOOKS["attention"]
+        enter()
+        try:
+            return sdpa_attention_forward(module, *args, **kwargs)
+        finally:
+            leave()
+
+    AttentionInterface.register("counted_sdpa", forward)
 
 
-def per_model(name: str, kernelized: bool) -> dict:
-    """Counts at two depths; their difference is the per-layer (per group) count, the rest is outside the layers."""
+_HOOKS: dict = {}
+
+
+def device_ops(ops: Counter) -> int:
+    return sum(n for op, n in ops.items() if op not in VIEWS)
+
+
+def per_model(name: str) -> dict:
+    """Counts at two depths; their difference is the per-layer (per group) count, the rest is outside the layers.
+    kernelized: each replaceable region's ops become one call."""
     unit = 6 if name == "gemma4_26b_a4b" else 1
-    counts = []
+    totals = []
     for layers in (unit, 2 * unit):
-        model = tiny(name, layers)
-        if kernelized:
-            import kernel_hub as kh
-
-            model = kh.kernelize(model, validate=False)
-        counts.append(split(count_step(model)))
-    per_unit = [b - a for a, b in zip(*counts, strict=True)]
-    outside = [a - p for a, p in zip(counts[0], per_unit, strict=True)]
+        ops, inside, calls = count_step(tiny(name, layers))
+        default = device_ops(ops)
+        kernelized = default - sum(inside.values()) + sum(calls.values())
+        totals.append((default, kernelized, dict(inside), dict(calls)))
     units = REAL[name] // unit
-    device = outside[0] + units * per_unit[0]
-    return {"model": name, "kernelized": kernelized, "ops_per_layer": per_unit[0] / unit,
-            "ops_outside_layers": outside[0], "views_per_layer": per_unit[1] / unit,
-            "device_calls_per_step": device, "layers": REAL[name]}
+    out = {"model": name, "layers": REAL[name]}
+    for i, key in enumerate(("default", "kernelized_torch_tpu")):
+        per = totals[1][i] - totals[0][i]
+        outside = totals[0][i] - per
+        out[key] = {"ops_per_layer": per / unit, "ops_outside_layers": outside,
+                    "device_calls_per_step": outside + units * per}
+    out["region_ops_per_layer"] = {r: (totals[1][2].get(r, 0) - totals[0][2].get(r, 0)) / unit for r in REGIONS}
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    rows = [per_model(m, k) for m in REAL for k in (False, True)]
+    rows = [per_model(m) for m in REAL]
     if args.json:
         print(json.dumps(rows, indent=1))
         return
     for r in rows:
-        print(f"{r['model']:16} {'kernelized' if r['kernelized'] else 'default':10} ops/layer "
-              f"{r['ops_per_layer']:.0f} (+{r['views_per_layer']:.0f} views) outside {r['ops_outside_layers']} "
-              f"-> {r['device_calls_per_step']} device calls per step (compiled: 1)")
+        for key in ("default", "kernelized_torch_tpu"):
+            c = r[key]
+            print(f"{r['model']:16} {key:22} ops/layer {c['ops_per_layer']:.0f}, outside the layers "
+                  f"{c['ops_outside_layers']} -> {c['device_calls_per_step']} device calls per step (compiled: 1)")
+        print(f"{'':16} ops per layer inside the regions kernelize replaces: {r['region_ops_per_layer']}")
 
 
 if __name__ == "__main__":

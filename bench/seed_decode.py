@@ -10,7 +10,9 @@ Paths: hub (kernel-hub's Pallas kernels: ragged paged attention, moe_experts on 
 jax_default (the same step on JAX's own ops), default_compiled (transformers' math compiled whole: K/V repeated to
 every query head over the static cache, experts by XLA's ragged dot), default_op_by_op (default_compiled's modeled
 device time plus one dispatch per op a transformers decode step issues, counted by bench/decode_op_count.py, at the
-calibration table's torch-tpu-op-by-op dispatch band). Every time is modeled (tpu_cost_model), never measured.
+calibration table's torch-tpu-op-by-op dispatch band), hub_op_by_op (the hub path's device time plus one
+dispatch per call of a kernelized TorchTPU model: what HF's hub number is). Every time is modeled
+(tpu_cost_model), never measured.
 --write stores the rows in bench/records/seed_decode.json. --gate compiles one layer group of each model's step on
 the hub path for each slice (tpu_cost_model.decode_gate) and exits 1 naming what does not compile.
 """
@@ -30,20 +32,21 @@ RECORD = ROOT / "bench" / "records" / "seed_decode.json"
 #: ragged-dot-tpu) decode-step seconds.
 HF = {("qwen3_30b_a3b", 64): (1.2159, 0.0566), ("qwen3_30b_a3b", 1): (0.0300, 0.0265),
       ("gemma4_26b_a4b", 64): (4.8583, 0.3794), ("gemma4_26b_a4b", 1): (0.3440, 0.3226)}
-#: Device calls of one transformers decode step, op by op (bench/decode_op_count.py, tiny models scaled to depth).
-OP_COUNTS = {"qwen3_30b_a3b": 3335, "gemma4_26b_a4b": 3640}
+#: Device calls of one transformers decode step op by op (bench/decode_op_count.py, tiny models scaled to depth):
+#: (default, after kh.kernelize on TorchTPU: each experts block, RMSNorm and attention call one kernel call).
+OP_COUNTS = {"qwen3_30b_a3b": (3184, 1547), "gemma4_26b_a4b": (3531, 1516)}
 #: The row fields every consumer may rely on.
 FIELDS = ("model", "batch", "chip", "mesh", "path", "modeled_s", "band_s", "hbm_floor_s", "compiled",
           "hbm_per_chip_bytes")
 
 
-def op_by_op(row: dict, calls: int) -> dict:
-    """default_compiled's device time, each of `calls` ops dispatched on its own at the calibration table's
+def op_by_op(row: dict, calls: int, path: str = "default_op_by_op") -> dict:
+    """A compiled path's modeled device time, each of `calls` ops dispatched on its own at the calibration table's
     torch-tpu-op-by-op band (none .. 125 us a call, point 62.5 us)."""
     from tpu_cost_model.calibration import HARNESSES
 
     h = HARNESSES["torch-tpu-op-by-op"]
-    out = {**row, "path": "default_op_by_op", "compiled": False, "hbm_per_chip_bytes": None, "device_calls": calls}
+    out = {**row, "path": path, "compiled": False, "hbm_per_chip_bytes": None, "device_calls": calls}
     if row.get("modeled_s") is None:
         return out
     out["modeled_s"] = row["modeled_s"] + calls * h.dispatch_s
@@ -55,7 +58,7 @@ def rows(args: argparse.Namespace) -> list[dict]:
     from tpu_cost_model.decode import decode_rows
 
     paths = args.paths.split(",")
-    worker_paths = [p for p in paths if p != "default_op_by_op"]
+    worker_paths = [p for p in paths if not p.endswith("_op_by_op")]
     if "default_op_by_op" in paths and "default_compiled" not in worker_paths:
         worker_paths.append("default_compiled")
     models, batches = args.models.split(","), [int(b) for b in args.batches.split(",")]
@@ -66,9 +69,21 @@ def rows(args: argparse.Namespace) -> list[dict]:
                                                    for c in caches for g in gens]
     out = decode_rows(tuple(models), tuple(batches), tuple(caches), tuple(gens), tuple(worker_paths),
                       compile_keys=keys)
-    extra = [op_by_op(r, OP_COUNTS[r["model"]]) for r in out if r["path"] == "default_compiled"]
-    keep = [r for r in out if r["path"] in paths]
-    return keep + (extra if "default_op_by_op" in paths else [])
+    return derive(out, paths)
+
+
+def derive(out: list[dict], paths: list[str]) -> list[dict]:
+    """The worker's rows kept where asked, plus the op-by-op rows derived from the compiled ones: default_op_by_op
+    (transformers' default, op by op: HF's "default") and hub_op_by_op (the hub kernels in a kernelized TorchTPU
+    model, op by op: what HF's hub number measures)."""
+    extra = []
+    for r in out:
+        calls = OP_COUNTS.get(r["model"])
+        if calls and r["path"] == "default_compiled" and "default_op_by_op" in paths:
+            extra.append(op_by_op(r, calls[0]))
+        if calls and r["path"] == "hub" and "hub_op_by_op" in paths:
+            extra.append(op_by_op(r, calls[1], "hub_op_by_op"))
+    return [r for r in out if r["path"] in paths] + extra
 
 
 def table(found: list[dict]) -> str:
@@ -97,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="64,1")
     ap.add_argument("--caches", default="768")
     ap.add_argument("--generations", default="v6e,v5e,v7x")
-    ap.add_argument("--paths", default="hub,jax_default,default_compiled,default_op_by_op")
+    ap.add_argument("--paths", default="hub,jax_default,default_compiled,default_op_by_op,hub_op_by_op")
     ap.add_argument("--compile", default="hub", choices=("hub", "all", "none"), help="which paths compile")
     ap.add_argument("--write", action="store_true", help=f"store the rows in {RECORD.relative_to(ROOT)}")
     ap.add_argument("--gate", action="store_true", help="the release check: one layer group compiled per slice")

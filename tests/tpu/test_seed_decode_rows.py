@@ -64,13 +64,13 @@ def test_json_rows_carry_the_schema(monkeypatch, capsys):
     monkeypatch.setattr(decode, "decode_rows", decode_rows)
     bench.main(["--json", "--models", "qwen3_30b_a3b", "--batches", "64", "--generations", "v6e"])
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert {r["path"] for r in rows} == {"hub", "jax_default", "default_compiled", "default_op_by_op"}
+    assert {r["path"] for r in rows} == {"hub", "jax_default", "default_compiled", "default_op_by_op", "hub_op_by_op"}
     for r in rows:
         assert set(bench.FIELDS) <= set(r)
         assert isinstance(r["compiled"], bool) and len(r["band_s"]) == 2
     op = next(r for r in rows if r["path"] == "default_op_by_op")
     compiled = next(r for r in rows if r["path"] == "default_compiled")
-    calls = bench.OP_COUNTS["qwen3_30b_a3b"]
+    calls = bench.OP_COUNTS["qwen3_30b_a3b"][0]
     assert op["modeled_s"] == pytest.approx(compiled["modeled_s"] + calls * 62.5e-6)
     assert op["band_s"] == pytest.approx([compiled["band_s"][0], compiled["band_s"][1] + calls * 125e-6])
     assert op["compiled"] is False
