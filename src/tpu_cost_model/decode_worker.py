@@ -12,7 +12,8 @@ Per (model, batch, cache, generation, path) one row:
     plan, the embedding's all-reduce and the LM head's all-gather) by ici.collective_seconds. The band is the
     schedule's constant bands (ScheduleCost.band); collectives carry no band.
 Paths: "hub" (the kernels' Pallas paths), "jax_default" (the same step on their XLA paths: lax.ragged_dot, XLA
-attention over the gathered pages, XLA RMSNorm), "default_compiled" (decode_step.transformers_kernels).
+attention over the gathered pages, XLA RMSNorm), "default_compiled" (decode_step.transformers_kernels), "vllm_tpu"
+(modeled only: the hub step with vLLM TPU's attention and gmm swapped in, decode_vllm.py).
 """
 
 from __future__ import annotations
@@ -38,11 +39,11 @@ if TYPE_CHECKING:
     from kernel_hub.json_types import JsonDict
     from kernel_hub.tpu.worker_common import Emit
 
-PATHS = ("hub", "jax_default", "default_compiled")
+PATHS = ("hub", "jax_default", "default_compiled", "vllm_tpu")
 
 
 def path_kernels(path: str, rms: ModuleType, fa: ModuleType, rd: ModuleType) -> Kernels:
-    if path == "hub":
+    if path in ("hub", "vllm_tpu"):  # vllm_tpu: the hub step, its attention and ragged dots swapped when modeled
         return hub_kernels(rms, fa, rd, "pallas", False)
     if path == "jax_default":
         return hub_kernels(rms, fa, rd, "xla")
@@ -136,7 +137,7 @@ def collective_s(items: list, generation: str) -> float:
 
 
 def modeled(m: dm.DecodeModel, kern: Kernels, rd: ModuleType, batch: int, cache: int, devices: list,
-            generation: str) -> JsonDict:
+            generation: str, vllm: bool = False) -> JsonDict:
     """The step's modeled seconds on `generation`, its band, and the split into kernels, XLA ops and collectives:
     step = ends + groups x (one group with the ends - the ends), plus the collectives."""
     first, ends = walk(m, kern, batch, cache, devices, generation)
@@ -148,8 +149,16 @@ def modeled(m: dm.DecodeModel, kern: Kernels, rd: ModuleType, batch: int, cache:
     scaled = lambda f: f(ends) + g * (f(first) - f(ends))
     bands = [first.band(c), ends.band(c)]
     lo_hi = [bands[1][i] + g * (bands[0][i] - bands[1][i]) + coll for i in (0, 1)]
-    return {"modeled_s": scaled(lambda s: s.seconds(c)) + coll, "band_s": lo_hi,
-            "kernels_s": scaled(lambda s: sum(k.seconds(c) for k in s.calls)),
+    if vllm:  # vLLM's attention and gmm in place of ours, per group
+        from .decode_vllm import ours_in, peer_group_costs, peers_seconds
+
+        peers = peer_group_costs(m, batch, cache, len(devices), generation)
+        swap = lambda level: g * (peers_seconds(peers, c, level) - ours_in(first, c, level)
+                                  + ours_in(ends, c, level))
+        lo_hi = [lo_hi[0] + swap("fast"), lo_hi[1] + swap("slow")]
+    delta = swap(None) if vllm else 0.0
+    return {"modeled_s": scaled(lambda s: s.seconds(c)) + coll + delta, "band_s": lo_hi,
+            "kernels_s": scaled(lambda s: sum(k.seconds(c) for k in s.calls)) + delta,
             "xla_s": scaled(lambda s: sum(o.seconds(c) for o in s.xla)), "collectives_s": coll,
             "kernel_calls": scaled(lambda s: len(s.calls)), "xla_ops": scaled(lambda s: len(s.outside_ops)),
             "modeled_hbm_bytes": scaled(lambda s: s.hbm_bytes)}
@@ -198,11 +207,13 @@ def run_decode(request: JsonDict, emit: Emit) -> int:
                                              **floor(m, batch, cache, generation, len(devices))}
                             if not request.get("compile_only"):
                                 try:
-                                    row |= modeled(m, kern, rd, batch, cache, devices, generation)
+                                    row |= modeled(m, kern, rd, batch, cache, devices, generation,
+                                                   vllm=path == "vllm_tpu")
                                 except Exception as exc:  # the model's refusal (Unmodeled) is the result
                                     row |= {"modeled_s": None, "model_error": first_meaningful_line(str(exc))}
                             key = (name, batch, cache, generation, path)
-                            if not request.get("model_only") and (wanted is None or key in wanted):
+                            if path != "vllm_tpu" and not request.get("model_only") and (
+                                    wanted is None or key in wanted):
                                 row |= compile_step(m, kern, batch, cache, devices)
                             emit({"event": "row", **row})
     return 0
