@@ -105,6 +105,30 @@ def table(found: list[dict]) -> str:
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(x, widths, strict=True)).rstrip() for x in [head, *body])
 
 
+def markdown(found: list[dict]) -> str:
+    """The docs page's table: ms per step per path beside HF's, our ratio against the default, the floor."""
+    ms = lambda s: f"{s * 1e3:.1f}"
+    by = {(r["model"], r["batch"], r["chip"], r.get("cache"), r["path"]): r for r in found}
+    lines = ["| model | batch | cache | chip | path | modeled ms (band) | kernels + collectives ms | floor ms | "
+             "x floor | compiled | HBM per chip GiB | default / this (modeled) | HF ms (default / hub) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in found:
+        if r.get("modeled_s") is None:
+            continue
+        hf = HF.get((r["model"], r["batch"])) if r["chip"] == "v6e" else None
+        default = by.get((r["model"], r["batch"], r["chip"], r.get("cache"), "default_op_by_op"))
+        ratio = "" if default is None or default.get("modeled_s") is None else \
+            f"{default['modeled_s'] / r['modeled_s']:.1f}x"
+        core = "" if "kernels_s" not in r else ms(r["kernels_s"] + r["collectives_s"])
+        mem = r.get("hbm_per_chip_bytes")
+        lines.append(f"| {r['model']} | {r['batch']} | {r.get('cache', '')} | {r['chip']} | {r['path']} | "
+                     f"{ms(r['modeled_s'])} ({ms(r['band_s'][0])}-{ms(r['band_s'][1])}) | {core} | "
+                     f"{ms(r['hbm_floor_s'])} | {r['modeled_s'] / r['hbm_floor_s']:.1f} | "
+                     f"{'yes' if r['compiled'] else 'no'} | {'-' if mem is None else f'{mem / 2**30:.2f}'} | "
+                     f"{ratio} | {'' if hf is None else f'{ms(hf[0])} / {ms(hf[1])}'} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON row per model x batch x chip x path")
@@ -115,8 +139,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--paths", default="hub,jax_default,default_compiled,default_op_by_op,hub_op_by_op")
     ap.add_argument("--compile", default="hub", choices=("hub", "all", "none"), help="which paths compile")
     ap.add_argument("--write", action="store_true", help=f"store the rows in {RECORD.relative_to(ROOT)}")
+    ap.add_argument("--markdown", action="store_true", help="print the docs page's table of the recorded rows")
     ap.add_argument("--gate", action="store_true", help="the release check: one layer group compiled per slice")
     args = ap.parse_args(argv)
+    if args.markdown:
+        print(markdown(json.loads(RECORD.read_text())["rows"]))
+        return 0
     if args.gate:
         from tpu_cost_model.decode_gate import step_gate
 
