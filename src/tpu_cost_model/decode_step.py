@@ -326,8 +326,16 @@ def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, mo
             new.append((kc, vc))
         return h, new
 
-    if routing is None:
-        h, caches = jax.lax.scan(group, h, (params["layers"], caches))
+    if routing is None:  # the caches ride in the carry, each group's layer updated in place (no second copy)
+        def body(carry, lws):
+            h, cs, i = carry
+            mine = [tuple(jax.lax.dynamic_index_in_dim(c, i, keepdims=False) for c in pair) for pair in cs]
+            h, new = group(h, (lws, mine))
+            cs = [tuple(jax.lax.dynamic_update_index_in_dim(c, u, i, 0) for c, u in zip(pair, upd, strict=True))
+                  for pair, upd in zip(cs, new, strict=True)]
+            return (h, cs, i + 1), None
+
+        (h, caches, _), _ = jax.lax.scan(body, (h, caches, jnp.int32(0)), params["layers"])
     elif layers:  # one group, unscanned (the cost model's walk; params and caches hold one group)
         h, caches = group(h, ([jax.tree.map(lambda a: a[0], lw) for lw in params["layers"]],
                               [tuple(c[0] for c in cs) for cs in caches]))
