@@ -67,8 +67,10 @@ def rows(args: argparse.Namespace) -> list[dict]:
     if args.compile != "all":
         keys = [] if args.compile == "none" else [[m, b, c, g, "hub"] for m in models for b in batches
                                                    for c in caches for g in gens]
-    out = decode_rows(tuple(models), tuple(batches), tuple(caches), tuple(gens), tuple(worker_paths),
-                      compile_keys=keys)
+    out = []
+    for gen in gens:  # one worker per generation: jit caches keyed by a mesh of the same device ids are per process
+        out += decode_rows(tuple(models), tuple(batches), tuple(caches), (gen,), tuple(worker_paths),
+                           compile_keys=keys, model_only=args.compile == "none")
     return derive(out, paths)
 
 
