@@ -11,8 +11,9 @@ jax_default (the same step on JAX's own ops), default_compiled (transformers' ma
 every query head over the static cache, experts by XLA's ragged dot), default_op_by_op (default_compiled's modeled
 device time plus one dispatch per op a transformers decode step issues, counted by bench/decode_op_count.py, at the
 calibration table's torch-tpu-op-by-op dispatch band), hub_op_by_op (the hub path's device time plus one
-dispatch per call of a kernelized TorchTPU model: what HF's hub number is). Every time is modeled
-(tpu_cost_model), never measured.
+dispatch per call of HF's run (the experts block one call, the rest op by op: what HF's hub number is), vllm_tpu
+(the hub step with vLLM TPU's attention and gmm swapped in, modeled only). Every time is modeled (tpu_cost_model),
+never measured.
 --write stores the rows in bench/records/seed_decode.json. --gate compiles one layer group of each model's step on
 the hub path for each slice (tpu_cost_model.decode_gate) and exits 1 naming what does not compile.
 """
@@ -33,8 +34,9 @@ RECORD = ROOT / "bench" / "records" / "seed_decode.json"
 HF = {("qwen3_30b_a3b", 64): (1.2159, 0.0566), ("qwen3_30b_a3b", 1): (0.0300, 0.0265),
       ("gemma4_26b_a4b", 64): (4.8583, 0.3794), ("gemma4_26b_a4b", 1): (0.3440, 0.3226)}
 #: Device calls of one transformers decode step op by op (bench/decode_op_count.py, tiny models scaled to depth):
-#: (default, after kh.kernelize on TorchTPU: each experts block, RMSNorm and attention call one kernel call).
-OP_COUNTS = {"qwen3_30b_a3b": (3184, 1547), "gemma4_26b_a4b": (3531, 1516)}
+#: (default; HF's run: only the experts block one call (default - 15 ops x layers + layers); after kh.kernelize on
+#: TorchTPU: each experts block, RMSNorm and attention call one kernel call).
+OP_COUNTS = {"qwen3_30b_a3b": (3184, 3184 - 14 * 48, 1547), "gemma4_26b_a4b": (3531, 3531 - 14 * 30, 1516)}
 #: The row fields every consumer may rely on.
 FIELDS = ("model", "batch", "chip", "mesh", "path", "modeled_s", "band_s", "hbm_floor_s", "compiled",
           "hbm_per_chip_bytes")
@@ -76,8 +78,8 @@ def rows(args: argparse.Namespace) -> list[dict]:
 
 def derive(out: list[dict], paths: list[str]) -> list[dict]:
     """The worker's rows kept where asked, plus the op-by-op rows derived from the compiled ones: default_op_by_op
-    (transformers' default, op by op: HF's "default") and hub_op_by_op (the hub kernels in a kernelized TorchTPU
-    model, op by op: what HF's hub number measures)."""
+    (transformers' default, op by op: HF's "default") and hub_op_by_op (the hub kernels for the experts, the rest op
+    by op, as HF's hub run)."""
     extra = []
     for r in out:
         calls = OP_COUNTS.get(r["model"])
@@ -138,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="64,1")
     ap.add_argument("--caches", default="768")
     ap.add_argument("--generations", default="v6e,v5e,v7x")
-    ap.add_argument("--paths", default="hub,jax_default,default_compiled,default_op_by_op,hub_op_by_op")
+    ap.add_argument("--paths", default="hub,jax_default,default_compiled,vllm_tpu,default_op_by_op,hub_op_by_op")
     ap.add_argument("--compile", default="hub", choices=("hub", "all", "none"), help="which paths compile")
     ap.add_argument("--write", action="store_true", help=f"store the rows in {RECORD.relative_to(ROOT)}")
     ap.add_argument("--markdown", action="store_true", help="print the docs page's table of the recorded rows")

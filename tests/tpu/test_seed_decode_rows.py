@@ -64,7 +64,8 @@ def test_json_rows_carry_the_schema(monkeypatch, capsys):
     monkeypatch.setattr(decode, "decode_rows", decode_rows)
     bench.main(["--json", "--models", "qwen3_30b_a3b", "--batches", "64", "--generations", "v6e"])
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert {r["path"] for r in rows} == {"hub", "jax_default", "default_compiled", "default_op_by_op", "hub_op_by_op"}
+    assert {r["path"] for r in rows} == {"hub", "jax_default", "default_compiled", "vllm_tpu", "default_op_by_op",
+                                         "hub_op_by_op"}
     for r in rows:
         assert set(bench.FIELDS) <= set(r)
         assert isinstance(r["compiled"], bool) and len(r["band_s"]) == 2
