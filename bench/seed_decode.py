@@ -48,7 +48,9 @@ def op_by_op(row: dict, calls: int, path: str = "default_op_by_op") -> dict:
     from tpu_cost_model.calibration import HARNESSES
 
     h = HARNESSES["torch-tpu-op-by-op"]
-    out = {**row, "path": path, "compiled": False, "hbm_per_chip_bytes": None, "device_calls": calls}
+    compiled_only = ("compile_seconds", "argument_bytes", "temp_bytes", "output_bytes", "alias_bytes", "error")
+    out = {k: v for k, v in row.items() if k not in compiled_only}
+    out |= {"path": path, "compiled": False, "hbm_per_chip_bytes": None, "device_calls": calls}
     if row.get("modeled_s") is None:
         return out
     out["modeled_s"] = row["modeled_s"] + calls * h.dispatch_s

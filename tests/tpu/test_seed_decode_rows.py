@@ -56,8 +56,8 @@ def test_json_rows_carry_the_schema(monkeypatch, capsys):
             "hbm_floor_s": 0.005, "compiled": True, "hbm_per_chip_bytes": 10 * 2**30}
 
     def decode_rows(models, batches, caches, gens, paths, **kw):
-        return [{**fake, "path": p, "modeled_s": 0.01 * (i + 1), "band_s": [0.005, 0.02], "compiled": p == "hub"}
-                for i, p in enumerate(paths)]
+        return [{**fake, "path": p, "modeled_s": 0.01 * (i + 1), "band_s": [0.005, 0.02], "compiled": p == "hub",
+                 "argument_bytes": 2**30} for i, p in enumerate(paths)]
 
     import tpu_cost_model.decode as decode
 
@@ -74,7 +74,7 @@ def test_json_rows_carry_the_schema(monkeypatch, capsys):
     calls = bench.OP_COUNTS["qwen3_30b_a3b"][0]
     assert op["modeled_s"] == pytest.approx(compiled["modeled_s"] + calls * 62.5e-6)
     assert op["band_s"] == pytest.approx([compiled["band_s"][0], compiled["band_s"][1] + calls * 125e-6])
-    assert op["compiled"] is False
+    assert op["compiled"] is False and op["hbm_per_chip_bytes"] is None and "argument_bytes" not in op
 
 
 def test_step_gate_names_what_does_not_compile():
