@@ -40,6 +40,8 @@ ICI: dict[str, Interconnect] = {
     for i in (
         Interconnect("v5e", 400e9, 4, 16 * 2**30, "v5e:2x4", "https://cloud.google.com/tpu/docs/v5e"),
         Interconnect("v6e", 800e9, 4, 32 * 2**30, "v6e:2x4", "https://cloud.google.com/tpu/docs/v6e"),
+        # 4 chips of 2 devices each (chips.py): 8 devices; 1.2 TB/s bidirectional ICI and 192 GB HBM per chip
+        Interconnect("v7x", 1200e9, 4, 192 * 10**9, "tpu7x:2x2x1", "https://cloud.google.com/tpu/docs/tpu7x"),
     )
 }
 

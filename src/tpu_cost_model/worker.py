@@ -26,6 +26,7 @@ MODES: dict[str, WorkerMode] = {
     "calibration": WorkerMode("tpu_cost_model.calibration_worker", "run_calibration"),
     "peers": WorkerMode("tpu_cost_model.peers_worker", "run_peers"),
     "mesh": WorkerMode("tpu_cost_model.mesh_worker", "run_mesh"),
+    "decode": WorkerMode("tpu_cost_model.decode_worker", "run_decode"),
 }
 
 

@@ -1,0 +1,356 @@
+"""One decode step of a seed model (decode_models.py) in JAX on kernel-hub's kernels, sharded over one mesh axis of
+n devices: attention tensor-parallel (query heads split, KV heads split or replicated when fewer than n), the
+experts expert-parallel over the same axis (`moe_experts(mesh=, expert_axis=)`), the vocabulary split for the
+embedding and the LM head. Layers run as a `lax.scan` over groups of the model's layer pattern (Qwen3: one layer;
+Gemma 4: five sliding + one global), so the compiler sees one group however deep the model is.
+
+`Kernels` names the three ops the step calls; `hub_kernels(rms, fa, rd, ...)` takes them from the loaded kernel
+packages (the rms_norm, flash_attention and ragged_dot modules, imported by kernel-hub's verified loader), with an
+`implementation=` for all three (None: each kernel's order for the platform; "xla": JAX's own ops, the jax_default
+path). `transformers_kernels` is the default path's math: attention over the cache with K/V repeated to every query
+head (transformers' repeat_kv), experts by the ragged dot's XLA path.
+
+`decode_step(params, caches, tokens, kv_lens, page_indices, *, model, kernels, mesh)` -> (next tokens [B] by greedy
+argmax, caches). kv_lens include the new token (its position is kv_lens - 1); page_indices [B, pages per sequence].
+With `routing` (one (ids, weights) pair per layer of a group), the experts take that routing instead of the
+router's (the cost model walks the ragged dot with a concrete routing; the router is still computed).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from .decode_models import PAGE, AttentionKind, DecodeModel, kv_heads_per_device
+
+if TYPE_CHECKING:
+    import jax
+    from jax.sharding import Mesh
+
+AXIS = "x"
+
+
+class Kernels(NamedTuple):
+    rms_norm: Callable[..., Any]  # (x [..., D], weight [D], eps) -> x's shape
+    attention: Callable[..., Any]  # (q, k, v, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, window, scale)
+    moe: Callable[..., Any]  # (x, ids, weights, w_gate_up, w_down, activation, mesh) -> [T, H]
+
+
+def hub_kernels(rms: Any, fa: Any, rd: Any, implementation: str | None = None, interpret: Any = None) -> Kernels:
+    """The step's ops from the loaded kernel packages (rms_norm, flash_attention, ragged_dot)."""
+    kw = {"implementation": implementation, "interpret": interpret}
+
+    def norm(x, w, eps):
+        return rms.rms_norm(x, w, eps=eps, **kw)
+
+    def attention(q, k, v, kc, vc, kv_lens, pages, cu, window, scale):
+        return fa.ragged_paged_attention(q, k, v, kc, vc, kv_lens, pages, cu, sliding_window=window, sm_scale=scale,
+                                         **kw)
+
+    def moe(x, ids, w, gu, dn, activation, mesh):
+        return rd.moe_experts(x, ids, w, gu, dn, activation=activation, mesh=mesh,
+                              expert_axis=None if mesh is None else AXIS, **kw)
+
+    return Kernels(norm, attention, moe)
+
+
+def transformers_kernels(rd: Any) -> Kernels:
+    """transformers' decode math compiled whole: RMSNorm in XLA, attention over the whole static cache with K/V
+    repeated to every query head, experts by the ragged dot's XLA path (one dense dot over the local experts)."""
+
+    def norm(x, w, eps):
+        return xla_rms_norm(x, w, eps)
+
+    def moe(x, ids, w, gu, dn, activation, mesh):
+        return rd.moe_experts(x, ids, w, gu, dn, activation=activation, mesh=mesh,
+                              expert_axis=None if mesh is None else AXIS, implementation="xla")
+
+    return Kernels(norm, repeat_kv_attention, moe)
+
+
+def xla_rms_norm(x, w, eps):
+    import jax.numpy as jnp
+
+    xf = x.astype(jnp.float32)
+    y = xf * jax_rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return (y * w.astype(jnp.float32)).astype(x.dtype)
+
+
+def jax_rsqrt(x):
+    import jax
+
+    return jax.lax.rsqrt(x)
+
+
+def repeat_kv_attention(q, k, v, kc, vc, kv_lens, pages, cu, window, scale):
+    """Decode attention as transformers runs it on a static cache: write the new K/V, read every sequence's whole
+    cache, repeat K/V to the query heads, mask past the length (and outside the window), softmax in f32."""
+    import jax.numpy as jnp
+
+    b, hq, d = q.shape
+    hkv = k.shape[1]
+    pos = kv_lens - 1
+    page, slot = pages[jnp.arange(b), pos // PAGE], pos % PAGE
+    kc = kc.at[page, slot].set(k)
+    vc = vc.at[page, slot].set(v)
+    keys = kc[pages].reshape(b, -1, hkv, d)  # [B, S, Hkv, D]
+    vals = vc[pages].reshape(b, -1, hkv, d)
+    keys, vals = (jnp.repeat(a, hq // hkv, axis=2) for a in (keys, vals))
+    s = jnp.einsum("bhd,bshd->bhs", q.astype(jnp.float32), keys.astype(jnp.float32)) * scale
+    at = jnp.arange(keys.shape[1])[None, None, :]
+    ok = at <= pos[:, None, None]
+    if window is not None:
+        ok &= at > pos[:, None, None] - window
+    p = jax_softmax(jnp.where(ok, s, -jnp.inf))
+    out = jnp.einsum("bhs,bshd->bhd", p, vals.astype(jnp.float32))
+    return out.astype(q.dtype), kc, vc
+
+
+def jax_softmax(s):
+    import jax
+
+    return jax.nn.softmax(s, axis=-1)
+
+
+# ------------------------------------------------------------------------------------------- parameters
+
+def layer_shapes(m: DecodeModel, kind: AttentionKind, n: int) -> dict[str, tuple[tuple[int, ...], tuple]]:
+    """name -> (global shape of one layer's weight, its partition over the mesh axis); KV heads stored replicated
+    to n * (per-device heads) so each device holds the heads its query heads read."""
+    h, d, e, i = m.hidden, kind.head_dim, m.experts, m.moe_intermediate
+    kv = n * kv_heads_per_device(kind.kv_heads, n) * d
+    out: dict[str, tuple[tuple[int, ...], tuple]] = {
+        "attn_norm": ((h,), (None,)), "ff_norm": ((h,), (None,)),
+        "wq": ((h, m.q_heads * d), (None, AXIS)), "wk": ((h, kv), (None, AXIS)),
+        "wo": ((m.q_heads * d, h), (AXIS, None)), "q_norm": ((d,), (None,)), "k_norm": ((d,), (None,)),
+        "router": ((h, e), (None, None)),
+        "w_gate_up": ((e, h, 2 * i), (AXIS, None, None)), "w_down": ((e, i, h), (AXIS, None, None)),
+    }
+    if not kind.k_eq_v:
+        out["wv"] = ((h, kv), (None, AXIS))
+    if m.sandwich_norms:
+        for name in ("attn_post_norm", "ff_post_norm", "moe_pre_norm", "moe_post_norm", "shared_post_norm",
+                     "router_scale"):
+            out[name] = ((h,), (None,))
+        out["expert_scale"] = ((e,), (None,))
+    if m.shared_intermediate:
+        s = m.shared_intermediate
+        out |= {"ws_gate": ((h, s), (None, AXIS)), "ws_up": ((h, s), (None, AXIS)), "ws_down": ((s, h), (AXIS, None))}
+    return out
+
+
+def global_shapes(m: DecodeModel) -> dict[str, tuple[tuple[int, ...], tuple]]:
+    out = {"embed": ((m.vocab, m.hidden), (AXIS, None)), "final_norm": ((m.hidden,), (None,))}
+    if not m.tied_embeddings:
+        out["lm_head"] = ((m.vocab, m.hidden), (AXIS, None))
+    return out
+
+
+def cache_shape(kind: AttentionKind, n: int, batch: int, cache: int) -> tuple[int, ...]:
+    """One layer's K (or V) cache: [pages, PAGE, n x per-device KV heads, head_dim], sharded on the heads."""
+    return batch * math.ceil(cache / PAGE), PAGE, n * kv_heads_per_device(kind.kv_heads, n), kind.head_dim
+
+
+def abstract_inputs(m: DecodeModel, n: int, batch: int, cache: int, dtype: Any, mesh: Mesh | None = None
+                    ) -> tuple[dict, list, jax.ShapeDtypeStruct]:
+    """(params, caches, tokens) as ShapeDtypeStructs, with NamedShardings on `mesh` when given: the step compiles
+    without one byte allocated."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    def sds(shape, spec, dt=dtype):
+        sharding = None if mesh is None else NamedSharding(mesh, P(*spec))
+        return jax.ShapeDtypeStruct(shape, dt, sharding=sharding)
+
+    g = m.groups
+    layers = [{k: sds((g, *s), (None, *p), jnp.float32 if k == "expert_scale" else dtype)
+               for k, (s, p) in layer_shapes(m, kind, n).items()} for kind in m.pattern]
+    params = {"layers": layers, **{k: sds(s, p) for k, (s, p) in global_shapes(m).items()}}
+    caches = [tuple(sds((g, *cache_shape(kind, n, batch, cache)), (None, None, None, AXIS, None)) for _ in range(2))
+              for kind in m.pattern]
+    return params, caches, sds((batch,), (None,), jnp.int32)
+
+
+def init_inputs(m: DecodeModel, n: int, batch: int, cache: int, dtype: Any, key: jax.Array) -> tuple[dict, list]:
+    """Random params and caches of the abstract_inputs shapes (weights ~ 1/sqrt(fan-in), norms near 1)."""
+    import jax
+
+    params, caches, _ = abstract_inputs(m, n, batch, cache, dtype)
+    leaves, tree = jax.tree.flatten((params, caches))
+    keys = jax.random.split(key, len(leaves))
+    out = []
+    for k, a in zip(keys, leaves, strict=True):
+        if (len(a.shape) <= 2 and a.shape[-1] in (m.hidden, m.experts) and a.shape[0] == m.groups) or len(a.shape) == 1:
+            v = 1.0 + 0.1 * jax.random.normal(k, a.shape)
+        else:
+            v = jax.random.normal(k, a.shape) / math.sqrt(a.shape[-2] if len(a.shape) >= 3 else a.shape[0])
+        out.append(v.astype(a.dtype))
+    return jax.tree.unflatten(tree, out)
+
+
+# ------------------------------------------------------------------------------------------- the step
+
+def rope(x, pos, theta: float, fraction: float):
+    """Rotary embedding of x [B, heads, D] at positions pos [B] on the first fraction x D dims (halves rotated)."""
+    import jax.numpy as jnp
+
+    d = x.shape[-1]
+    rot = int(d * fraction) // 2 * 2
+    inv = 1.0 / theta ** (jnp.arange(0, rot, 2, dtype=jnp.float32) / rot)
+    ang = pos.astype(jnp.float32)[:, None, None] * inv[None, None, :]
+    cos, sin = jnp.cos(ang), jnp.sin(ang)
+    xf = x.astype(jnp.float32)
+    a, b, rest = xf[..., : rot // 2], xf[..., rot // 2: rot], xf[..., rot:]
+    return jnp.concatenate([a * cos - b * sin, b * cos + a * sin, rest], axis=-1).astype(x.dtype)
+
+
+def _heads_norm(kern: Kernels, x, w, eps):
+    b, nh, d = x.shape
+    return kern.rms_norm(x.reshape(b * nh, d), w, eps).reshape(b, nh, d)
+
+
+def attention_part(m: DecodeModel, kind: AttentionKind, kern: Kernels, lw: dict, h, kc, vc, kv_lens, pages,
+                   reduce: Callable[[Any], Any]):
+    """One device's attention of a layer (query heads and KV heads local), its output summed over the axis by
+    `reduce`; returns (h after the attention's residual, k_cache, v_cache)."""
+    import jax.numpy as jnp
+
+    b, d = h.shape[0], kind.head_dim
+    x = kern.rms_norm(h, lw["attn_norm"], m.eps)
+    q = (x @ lw["wq"]).reshape(b, -1, d)
+    k = (x @ lw["wk"]).reshape(b, -1, d)
+    v = k if kind.k_eq_v else (x @ lw["wv"]).reshape(b, -1, d)
+    q, k = _heads_norm(kern, q, lw["q_norm"], m.eps), _heads_norm(kern, k, lw["k_norm"], m.eps)
+    if m.v_norm:
+        v = _heads_norm(kern, v, jnp.ones((d,), v.dtype), m.eps)
+    pos = kv_lens - 1
+    q, k = rope(q, pos, kind.rope_theta, kind.rotary_fraction), rope(k, pos, kind.rope_theta, kind.rotary_fraction)
+    scale = m.attention_scale if m.attention_scale is not None else 1.0 / math.sqrt(d)
+    cu = jnp.arange(b + 1, dtype=jnp.int32)
+    o, kc, vc = kern.attention(q, k, v, kc, vc, kv_lens, pages, cu, kind.window, scale)
+    out = reduce(o.reshape(b, -1) @ lw["wo"])
+    if m.sandwich_norms:
+        out = kern.rms_norm(out, lw["attn_post_norm"], m.eps)
+    return h + out, kc, vc
+
+
+def router(m: DecodeModel, kern: Kernels, lw: dict, h, x):
+    """(ids [B, k], weights [B, k] f32): softmax over the experts, top-k, renormalised (Gemma: its own scale-free
+    norm of the residual and a per-expert scale)."""
+    import jax
+    import jax.numpy as jnp
+
+    if m.sandwich_norms:
+        r = xla_rms_norm(h, jnp.ones((m.hidden,), h.dtype), m.eps) * lw["router_scale"] * m.hidden ** -0.5
+    else:
+        r = x
+    logits = jnp.dot(r, lw["router"], preferred_element_type=jnp.float32)
+    probs = jax.nn.softmax(logits, axis=-1)
+    w, ids = jax.lax.top_k(probs, m.top_k)
+    w = w / jnp.sum(w, axis=-1, keepdims=True)
+    if m.sandwich_norms:
+        w = w * lw["expert_scale"][ids]
+    return ids.astype(jnp.int32), w
+
+
+def ff_inputs(m: DecodeModel, kern: Kernels, lw: dict, h, reduce: Callable[[Any], Any]):
+    """One device's part before the experts: (the experts' input, ids, weights, the shared MLP's output or None)."""
+    x = kern.rms_norm(h, lw["ff_norm"], m.eps)
+    ids, w = router(m, kern, lw, h, x)
+    shared = None
+    if m.shared_intermediate:
+        import jax
+
+        g = jax.nn.gelu(x @ lw["ws_gate"], approximate=True)
+        shared = kern.rms_norm(reduce((g * (x @ lw["ws_up"])) @ lw["ws_down"]), lw["shared_post_norm"], m.eps)
+        x = kern.rms_norm(h, lw["moe_pre_norm"], m.eps)
+    return x, ids, w, shared
+
+
+def ff_output(m: DecodeModel, kern: Kernels, lw: dict, h, moe_out, shared):
+    if not m.sandwich_norms:
+        return h + moe_out
+    y = kern.rms_norm(moe_out, lw["moe_post_norm"], m.eps) + shared
+    return h + kern.rms_norm(y, lw["ff_post_norm"], m.eps)
+
+
+def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, model: DecodeModel, kernels: Kernels,
+                mesh: Mesh, routing: list | None = None, layers: bool = True):
+    """One decode step (see the module docstring); caches [(k, v) per pattern position], each [G, pages, ...].
+    layers=False (with a routing) leaves the layers out: the embedding and the LM head alone, for the cost model."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    m, kern, n = model, kernels, int(mesh.shape[AXIS])
+    dt = params["embed"].dtype
+    psum = functools.partial(jax.lax.psum, axis_name=AXIS)
+    smap = functools.partial(jax.shard_map, mesh=mesh, check_vma=False)
+    lspecs = [{k: P(*p) for k, (_, p) in layer_shapes(m, kind, n).items()} for kind in m.pattern]
+    cspec = P(None, None, AXIS, None)
+
+    def embed(table, tok):
+        vl = table.shape[0]
+        local = tok - jax.lax.axis_index(AXIS) * vl
+        hit = (local >= 0) & (local < vl)
+        rows = jnp.where(hit[:, None], table[jnp.clip(local, 0, vl - 1)], 0)
+        h = psum(rows)
+        return (h * jnp.asarray(math.sqrt(m.hidden), dt)).astype(dt) if m.embed_scale else h
+
+    h = smap(embed, in_specs=(P(AXIS, None), P()), out_specs=P())(params["embed"], tokens)
+
+    def group(h, xs):
+        lws, cs = xs
+        new = []
+        for p, kind in enumerate(m.pattern):
+            lw, (kc, vc) = lws[p], cs[p]
+            att = smap(functools.partial(attention_part, m, kind, kern, reduce=psum),
+                       in_specs=(lspecs[p], P(), cspec, cspec, P(), P()), out_specs=(P(), cspec, cspec))
+            h, kc, vc = att(lw, h, kc, vc, kv_lens, page_indices)
+            pre = smap(functools.partial(ff_inputs, m, kern, reduce=psum), in_specs=(lspecs[p], P()),
+                       out_specs=(P(), P(), P(), P()))
+            x, ids, w, shared = pre(lw, h)
+            if routing is not None:
+                ids, w = routing[p]
+            out = kern.moe(x, ids, w, lw["w_gate_up"], lw["w_down"], m.activation, mesh)
+            if m.sandwich_norms:  # the norms after the experts are kernels too: one device's copy each
+                post = smap(functools.partial(ff_output, m, kern), in_specs=(lspecs[p], P(), P(), P()),
+                            out_specs=P())
+                h = post(lw, h, out, shared)
+            else:
+                h = ff_output(m, kern, lw, h, out, shared)
+            new.append((kc, vc))
+        return h, new
+
+    if routing is None:  # the caches ride in the carry, each group's layer updated in place (no second copy)
+        def body(carry, lws):
+            h, cs, i = carry
+            mine = [tuple(jax.lax.dynamic_index_in_dim(c, i, keepdims=False) for c in pair) for pair in cs]
+            h, new = group(h, (lws, mine))
+            cs = [tuple(jax.lax.dynamic_update_index_in_dim(c, u, i, 0) for c, u in zip(pair, upd, strict=True))
+                  for pair, upd in zip(cs, new, strict=True)]
+            return (h, cs, i + 1), None
+
+        (h, caches, _), _ = jax.lax.scan(body, (h, caches, jnp.int32(0)), params["layers"])
+    elif layers:  # one group, unscanned (the cost model's walk; params and caches hold one group)
+        h, caches = group(h, ([jax.tree.map(lambda a: a[0], lw) for lw in params["layers"]],
+                              [tuple(c[0] for c in cs) for cs in caches]))
+        caches = [tuple(c[None] for c in cs) for cs in caches]
+
+    def head(h, norm_w, table):
+        x = kern.rms_norm(h, norm_w, m.eps)
+        logits = jax.lax.dot_general(x, table, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        if m.logit_softcap:
+            logits = jnp.tanh(logits / m.logit_softcap) * m.logit_softcap
+        best = jnp.max(logits, axis=-1)
+        idx = jnp.argmax(logits, axis=-1).astype(jnp.int32) + jax.lax.axis_index(AXIS) * table.shape[0]
+        all_best, all_idx = (jax.lax.all_gather(a, AXIS) for a in (best, idx))  # [n, B]
+        return jnp.take_along_axis(all_idx, jnp.argmax(all_best, axis=0)[None], axis=0)[0]
+
+    table = params["embed"] if m.tied_embeddings else params["lm_head"]
+    nxt = smap(head, in_specs=(P(), P(), P(AXIS, None)), out_specs=P())(h, params["final_norm"], table)
+    return nxt, caches

@@ -1,0 +1,229 @@
+"""The decode-step side of the TPU worker (worker.py's "decode" mode): a seed model's whole decode step compiled by
+libtpu for a mock 8-device slice and modeled op by op. Runs in the TPU environment, never in the main process.
+
+Per (model, batch, cache, generation, path) one row:
+  * compiled (unless model_only): decode_step.decode_step jitted whole (lax.scan over layer groups, the caches
+    donated) on ShapeDtypeStructs with NamedShardings over the slice's 8 devices, lowered and compiled; the
+    compiler's per-device argument / temporary / output / alias bytes and the compile seconds;
+  * modeled: schedule.kernel_cost walks one layer group with the embedding + LM head, and those alone, on device 0
+    (the kernels' grids, each XLA op by its rule), with a uniform top-k routing given concretely; the step is
+    ends + groups x (group with ends - ends); the
+    collectives (the attention's and shared MLP's all-reduces, the experts' dispatch from the ragged-dot package's
+    plan, the embedding's all-reduce and the LM head's all-gather) by ici.collective_seconds. The band is the
+    schedule's constant bands (ScheduleCost.band); collectives carry no band.
+Paths: "hub" (the kernels' Pallas paths), "jax_default" (the same step on their XLA paths: lax.ragged_dot, XLA
+attention over the gathered pages, XLA RMSNorm), "default_compiled" (decode_step.transformers_kernels), "vllm_tpu"
+(modeled only: the hub step with vLLM TPU's attention and gmm swapped in, decode_vllm.py).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from kernel_hub.tpu.chips import chip
+from kernel_hub.tpu.worker_common import first_meaningful_line, load_package, refuse
+
+from . import decode_models as dm
+from .decode_step import AXIS, Kernels, abstract_inputs, decode_step, hub_kernels, transformers_kernels
+from .ici import collective_seconds, interconnect
+from .mesh_worker import slice_target
+from .schedule import ScheduleCost, kernel_cost
+from .workload import topk_routing
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from kernel_hub.json_types import JsonDict
+    from kernel_hub.tpu.worker_common import Emit
+
+PATHS = ("hub", "jax_default", "default_compiled", "vllm_tpu")
+
+
+def path_kernels(path: str, rms: ModuleType, fa: ModuleType, rd: ModuleType) -> Kernels:
+    if path in ("hub", "vllm_tpu"):  # vllm_tpu: the hub step, its attention and ragged dots swapped when modeled
+        return hub_kernels(rms, fa, rd, "pallas", False)
+    if path == "jax_default":
+        return hub_kernels(rms, fa, rd, "xla")
+    if path == "default_compiled":
+        return transformers_kernels(rd)
+    raise ValueError(f"unknown path {path!r}; known: {', '.join(PATHS)}")
+
+
+def metadata(batch: int, cache: int) -> tuple[np.ndarray, np.ndarray]:
+    """(kv_lens [B], page_indices [B, pages per sequence]): every sequence at `cache` positions, pages in order."""
+    pps = -(-cache // dm.PAGE)
+    return np.full((batch,), cache, np.int32), np.arange(batch * pps, dtype=np.int32).reshape(batch, pps)
+
+
+def compile_step(m: dm.DecodeModel, kern: Kernels, batch: int, cache: int, devices: list) -> JsonDict:
+    """The whole step compiled for the slice: per-device memory from the compiler, or its refusal."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(devices), (AXIS,))
+    params, caches, tokens = abstract_inputs(m, len(devices), batch, cache, jnp.bfloat16, mesh)
+    rep = NamedSharding(mesh, P())
+    kv = jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=rep)
+    pages = jax.ShapeDtypeStruct(metadata(batch, cache)[1].shape, jnp.int32, sharding=rep)
+    fn = lambda p, c, t, k, pg: decode_step(p, c, t, k, pg, model=m, kernels=kern, mesh=mesh)
+    start = time.perf_counter()
+    try:
+        compiled = jax.jit(fn, donate_argnums=(1,)).lower(params, caches, tokens, kv, pages).compile()
+    except Exception as exc:  # the compiler's refusal is the result
+        return {"compiled": False, "error": first_meaningful_line(str(exc) or type(exc).__name__),
+                "compile_seconds": time.perf_counter() - start}
+    mem = compiled.memory_analysis()
+    out = {"compiled": True, "error": None, "compile_seconds": time.perf_counter() - start}
+    if mem is not None:
+        arg, tmp, outb = (int(mem.argument_size_in_bytes), int(mem.temp_size_in_bytes),
+                          int(mem.output_size_in_bytes))
+        alias = int(getattr(mem, "alias_size_in_bytes", 0))
+        out |= {"argument_bytes": arg, "temp_bytes": tmp, "output_bytes": outb, "alias_bytes": alias,
+                "hbm_per_chip_bytes": arg + tmp + outb - alias}
+    return out
+
+
+def walk(m: dm.DecodeModel, kern: Kernels, batch: int, cache: int, devices: list, generation: str
+         ) -> tuple[ScheduleCost, ScheduleCost]:
+    """(one layer group with the embedding and LM head, the embedding and LM head alone): their costs on device 0,
+    a uniform routing given concretely. A group alone is the difference."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import Mesh
+
+    mesh = Mesh(np.array(devices), (AXIS,))
+    one = dm.DecodeModel(**{**m.__dict__, "layers": len(m.pattern)})
+    params, caches, _ = abstract_inputs(one, len(devices), batch, cache, jnp.bfloat16)
+    kv, pages = metadata(batch, cache)
+    tokens = np.arange(batch, dtype=np.int32) * 97 % m.vocab
+    routing = [(topk_routing(batch, m.experts, m.top_k, seed=p),
+                np.full((batch, m.top_k), 1.0 / m.top_k, np.float32)) for p in range(len(m.pattern))]
+    leaves, tree = jax.tree.flatten((params, caches))
+
+    def cost(layers: bool) -> ScheduleCost:
+        def fn(*flat):
+            p, c = jax.tree.unflatten(tree, flat[:len(leaves)])
+            t, k, pg = flat[len(leaves):len(leaves) + 3]
+            r = [(flat[len(leaves) + 3 + 2 * i], flat[len(leaves) + 4 + 2 * i]) for i in range(len(routing))]
+            return decode_step(p, c, t, k, pg, model=one, kernels=kern, mesh=mesh, routing=r, layers=layers)
+
+        n_params = len(jax.tree.leaves(params))  # the caches are donated, as the compiled step donates them
+        donated = tuple(range(n_params, len(leaves)))
+        given = [a for pair in routing for a in pair]
+        return kernel_cost(jax.jit(fn, donate_argnums=donated), *leaves, tokens, kv, pages, *given,
+                           generation=generation)
+
+    return cost(True), cost(False)
+
+
+def collectives(m: dm.DecodeModel, rd: ModuleType, batch: int, n: int) -> tuple[list, list]:
+    """(per layer, per step outside the layers): (kind, devices, bytes each device sends) of every collective."""
+    act = batch * m.hidden * 2
+    ring = lambda factor, size: factor * (n - 1) / n * size
+    scheme = rd.plan_dispatch(batch, m.hidden, m.top_k, m.experts, expert_devices=n, itemsize=2)[0]
+    layer = [("all_reduce", n, ring(2, act))] * (2 if m.shared_intermediate else 1)
+    layer += rd.collectives(scheme, rd.MoeSizes(batch, m.hidden, m.top_k, m.experts, n, 1, 2))
+    ends = [("all_reduce", n, ring(2, act)), ("all_gather", n, ring(1, 8 * batch * n))]
+    return layer, ends
+
+
+def collective_s(items: list, generation: str) -> float:
+    return sum(sum(collective_seconds(kind, group, sent, generation)) for kind, group, sent in items)
+
+
+def modeled(m: dm.DecodeModel, kern: Kernels, rd: ModuleType, batch: int, cache: int, devices: list,
+            generation: str, vllm: bool = False) -> JsonDict:
+    """The step's modeled seconds on `generation`, its band, and the split into kernels, XLA ops and collectives:
+    step = ends + groups x (one group with the ends - the ends), plus the collectives."""
+    first, ends = walk(m, kern, batch, cache, devices, generation)
+    first.ici_bytes = ends.ici_bytes = 0  # the collectives are charged below, latency included
+    c = chip(generation)
+    g = m.groups
+    layer_c, ends_c = collectives(m, rd, batch, len(devices))
+    coll = g * len(m.pattern) * collective_s(layer_c, generation) + collective_s(ends_c, generation)
+    scaled = lambda f: f(ends) + g * (f(first) - f(ends))
+    bands = [first.band(c), ends.band(c)]
+    lo_hi = [bands[1][i] + g * (bands[0][i] - bands[1][i]) + coll for i in (0, 1)]
+    if vllm:  # vLLM's attention and gmm in place of ours, per group
+        from .decode_vllm import ours_in, peer_group_costs, peers_seconds
+
+        peers = peer_group_costs(m, batch, cache, len(devices), generation)
+        swap = lambda level: g * (peers_seconds(peers, c, level) - ours_in(first, c, level)
+                                  + ours_in(ends, c, level))
+        lo_hi = [lo_hi[0] + swap("fast"), lo_hi[1] + swap("slow")]
+    delta = swap(None) if vllm else 0.0
+    return {"modeled_s": scaled(lambda s: s.seconds(c)) + coll + delta, "band_s": lo_hi,
+            "kernels_s": scaled(lambda s: sum(k.seconds(c) for k in s.calls)) + delta,
+            "xla_s": scaled(lambda s: sum(o.seconds(c) for o in s.xla)), "collectives_s": coll,
+            "kernel_calls": scaled(lambda s: len(s.calls)), "xla_ops": scaled(lambda s: len(s.outside_ops)),
+            "modeled_hbm_bytes": scaled(lambda s: s.hbm_bytes)}
+
+
+def floor(m: dm.DecodeModel, batch: int, cache: int, generation: str, n: int) -> JsonDict:
+    c = chip(generation)
+    b = dm.floor_bytes_per_device(m, batch, cache, n)
+    return {"hbm_floor_bytes": b, "hbm_floor_s": dm.floor_seconds(b, c.hbm_bytes_per_s),
+            "weight_bytes_per_chip": dm.weight_bytes_per_device(m, n),
+            "kv_cache_bytes_per_chip": dm.kv_cache_bytes_per_device(m, batch, cache, n),
+            "hbm_capacity_bytes": interconnect(generation).hbm_bytes // c.devices_per_chip}
+
+
+def reduced(m: dm.DecodeModel, groups: int | None) -> dm.DecodeModel:
+    """The model cut to `groups` layer groups (a compile gate's or a test's short step); None: as it is."""
+    return m if groups is None else dm.DecodeModel(**{**m.__dict__, "layers": groups * len(m.pattern)})
+
+
+def run_decode(request: JsonDict, emit: Emit) -> int:
+    """Request: {"mode": "decode", "rms_norm", "flash_attention", "ragged_dot" (VerifiedPackage.request()s),
+    "models" [names | "tiny_<name>"], "batches", "caches" [positions], "generations", "paths", "model_only",
+    "compile_only", "groups" (null: the whole model), "compile" [[model, batch, cache, generation, path], ...] | null
+    (which rows compile; null: all)}."""
+    from kernel_hub.errors import KernelHubError
+
+    try:
+        rms, fa, rd = (load_package(request[k]) for k in ("rms_norm", "flash_attention", "ragged_dot"))
+    except KernelHubError as exc:
+        return refuse(exc, emit)
+    wanted = request.get("compile")
+    wanted = None if wanted is None else {tuple(w) for w in wanted}
+    for generation in request["generations"]:
+        with slice_target(generation) as devices:
+            for name in request["models"]:
+                m = reduced(model_named(name), request.get("groups"))
+                for batch in request["batches"]:
+                    for cache in request["caches"]:
+                        for path in request["paths"]:
+                            emit({"event": "start", "generation": generation,
+                                  "name": f"{m.name}:{batch}:{cache}:{path}"})
+                            kern = path_kernels(path, rms, fa, rd)
+                            row: JsonDict = {"model": m.name, "batch": batch, "cache": cache, "chip": generation,
+                                             "mesh": interconnect(generation).slice8, "devices": len(devices),
+                                             "path": path, "layers": m.layers, "compiled": False,
+                                             **floor(m, batch, cache, generation, len(devices))}
+                            if not request.get("compile_only"):
+                                try:
+                                    row |= modeled(m, kern, rd, batch, cache, devices, generation,
+                                                   vllm=path == "vllm_tpu")
+                                except Exception as exc:  # the model's refusal (Unmodeled) is the result
+                                    row |= {"modeled_s": None, "model_error": first_meaningful_line(str(exc))}
+                            key = (name, batch, cache, generation, path)
+                            if path != "vllm_tpu" and not request.get("model_only") and (
+                                    wanted is None or key in wanted):
+                                row |= compile_step(m, kern, batch, cache, devices)
+                            emit({"event": "row", **row})
+    return 0
+
+
+def model_named(name: str) -> dm.DecodeModel:
+    """A seed model by name, or its tiny form ("tiny_<name>", head dims kept at the kernels' 128 lanes)."""
+    if name.startswith("tiny_"):
+        return dm.tiny(dm.MODELS[name[5:]], head_dim=128)
+    return dm.MODELS[name]
+
+
+__all__ = ["PATHS", "run_decode"]

@@ -1,0 +1,95 @@
+"""The seed decode bench's rows: the HBM floor against bytes worked out by hand, the --json row schema (the worker
+replaced by a stand-in, so this runs without the TPU environment), and the op-by-op path's dispatch arithmetic."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from tpu_cost_model import decode_models as dm
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("seed_decode", ROOT / "bench" / "seed_decode.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_qwen3_weights_per_chip_by_hand():
+    # per layer on one of 8 chips: q 2048x(4x128), k and v one replicated head each, o (4x128)x2048, two norms of
+    # 2048 and two head norms of 128, the router 2048x128; 48 layers + the final norm; bf16
+    dense = (48 * (2048 * 512 + 2 * 2048 * 128 + 512 * 2048 + 2 * 2048 + 2 * 128 + 2048 * 128) + 2048) * 2
+    experts = 48 * 16 * 3 * 2048 * 768 * 2  # 16 whole experts a chip
+    embed = 2 * (151936 // 8) * 2048 * 2  # embedding and untied LM head, vocab-split
+    assert dm.weight_bytes_per_device(dm.QWEN3_30B_A3B, 8) == dense + experts + embed
+    assert 7.5e9 < dense + experts + embed < 7.8e9  # the issue's ~7.6 GB
+
+
+def test_floor_by_hand_at_batch_64_and_1():
+    m = dm.QWEN3_30B_A3B
+    dense = dm.dense_weight_bytes_per_device(m, 8)
+    experts = 48 * 16 * 3 * 2048 * 768 * 2
+    lm_head = (151936 // 8) * 2048 * 2
+    kv = 48 * 2 * 64 * 768 * 128 * 2  # K and V, one head a chip, 768 positions, 64 sequences
+    hit64 = 1 - (120 / 128) ** 64  # an expert no token of 64 picks: each misses it with 120/128
+    assert dm.floor_bytes_per_device(m, 64, 768, 8) == int(dense + experts * hit64 + lm_head + kv)
+    assert dm.floor_bytes_per_device(m, 1, 768, 8) == int(dense + experts * 8 / 128 + lm_head + kv // 64)
+    assert dm.floor_seconds(1640e9, 1640e9) == 1.0
+
+
+def test_gemma_sliding_layers_read_only_their_window():
+    m = dm.GEMMA4_26B_A4B
+    short, long_ = dm.kv_bytes_read_per_device(m, 1, 1024, 8), dm.kv_bytes_read_per_device(m, 1, 8192, 8)
+    # past the window only the 5 global layers (keys = values, one 512-wide head a chip) read more
+    assert long_ - short == 5 * (8192 - 1024) * 512 * 2
+
+
+def test_json_rows_carry_the_schema(monkeypatch, capsys):
+    bench = _bench()
+    fake = {"model": "qwen3_30b_a3b", "batch": 64, "cache": 768, "chip": "v6e", "mesh": "v6e:2x4",
+            "hbm_floor_s": 0.005, "compiled": True, "hbm_per_chip_bytes": 10 * 2**30}
+
+    def decode_rows(models, batches, caches, gens, paths, **kw):
+        return [{**fake, "path": p, "modeled_s": 0.01 * (i + 1), "band_s": [0.005, 0.02], "compiled": p == "hub",
+                 "argument_bytes": 2**30} for i, p in enumerate(paths)]
+
+    import tpu_cost_model.decode as decode
+
+    monkeypatch.setattr(decode, "decode_rows", decode_rows)
+    bench.main(["--json", "--models", "qwen3_30b_a3b", "--batches", "64", "--generations", "v6e"])
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert {r["path"] for r in rows} == {"hub", "jax_default", "default_compiled", "vllm_tpu", "default_op_by_op",
+                                         "hub_op_by_op"}
+    for r in rows:
+        assert set(bench.FIELDS) <= set(r)
+        assert isinstance(r["compiled"], bool) and len(r["band_s"]) == 2
+    op = next(r for r in rows if r["path"] == "default_op_by_op")
+    compiled = next(r for r in rows if r["path"] == "default_compiled")
+    calls = bench.OP_COUNTS["qwen3_30b_a3b"][0]
+    assert op["modeled_s"] == pytest.approx(compiled["modeled_s"] + calls * 62.5e-6)
+    assert op["band_s"] == pytest.approx([compiled["band_s"][0], compiled["band_s"][1] + calls * 125e-6])
+    assert op["compiled"] is False and op["hbm_per_chip_bytes"] is None and "argument_bytes" not in op
+
+
+def test_step_gate_names_what_does_not_compile():
+    from tpu_cost_model.decode_gate import GATE_GENERATIONS, GATE_MODELS, step_gate
+
+    def run(env, request, **kw):
+        assert request["groups"] == 1 and request["compile_only"] and request["paths"] == ["hub"]
+        rows = [{"event": "row", "model": m, "mesh": f"{g}-8", "compiled": not (m.startswith("gemma") and g == "v7x"),
+                 "error": "Mosaic failed to compile TPU kernel"} for g in request["generations"]
+                for m in request["models"]]
+        return rows, 0, ""
+
+    folders = {k: ROOT / "kernels" / "pallas" / k for k in ("rms_norm", "flash_attention", "ragged_dot")}
+    rows, failed = step_gate(folders, run=run, env=object())
+    assert len(rows) == len(GATE_MODELS) * len(GATE_GENERATIONS)
+    assert failed == ["gemma4_26b_a4b on v7x-8: Mosaic failed to compile TPU kernel"]
+    _, short = step_gate(folders, run=lambda env, request, **kw: ([], 0, ""), env=object())
+    assert short == [f"only 0 of {len(rows)} gate compiles reported"]
