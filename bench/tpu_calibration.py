@@ -10,7 +10,10 @@ constants' bands, plus the dispatch of the row's harness where the measurement i
 band = the same at both ends of the bands; error = modeled / measured - 1 (target: within 20%). `uncalibrated` is
 the model before calibration (spec bandwidth, steps added to the bound, f32 dots at six passes) at the same shapes.
 --held-out writes the error per kind on the rows no constant was fitted on (calibration.held_out). --show prints
-the program the model reads for a row and what it charges for each op (--hlo: and the lowered StableHLO).
+the program the model reads for a row and what it charges for each op, and the XLA ops outside the kernels side by
+side as the jaxpr walk charges them and as libtpu's compiled program keeps them (--hlo: and the lowered StableHLO).
+The table per kind and chip gives each row's error with the compiled program's XLA ops (after) and with the jaxpr
+walk's (before).
 """
 
 from __future__ import annotations
@@ -50,7 +53,10 @@ def model_rows(rows: list[dict], hf: list[dict] | None = None) -> list[dict]:
                         "band_bytes_per_s": m.get("band_bytes_per_s"), "how": m["how"], "uncalibrated_error": None})
             continue
         before = m["uncalibrated_s"]  # device time only, as the model stated it before calibration
+        jaxpr = m.get("jaxpr_device_s")  # the XLA ops around the kernels charged per traced op
         out.append({**row, **calibration.compare(row, m["device_s"], m.get("band_s")), "how": m["how"],
+                    "xla_rule": m.get("xla_rule"),
+                    "jaxpr_rule_error": None if jaxpr is None else calibration.compare(row, jaxpr)["error"],
                     "uncalibrated_error": None if before is None else before / row["measured_s"] - 1.0})
     return out
 
@@ -145,13 +151,32 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.write_text(json.dumps({"benchmark": "tpu_calibration", "rows": rows, "hf_ragged_dot_tpu": hf},
                                        indent=1))
+    print("\n" + chip_table(calibration.by_kind_and_chip(rows)))
     if args.held_out:
         errors = calibration.held_out(rows)
+        per_chip = calibration.by_kind_and_chip(rows)
         args.held_out.write_text(json.dumps({"benchmark": "tpu_held_out", "target": calibration.TARGET,
-                                             "kinds": errors}, indent=1) + "\n")
-        args.held_out.with_suffix(".txt").write_text(held_out_table(errors) + "\n")
+                                             "kinds": errors, "by_kind_and_chip": per_chip}, indent=1) + "\n")
+        args.held_out.with_suffix(".txt").write_text(held_out_table(errors) + "\n\n" + chip_table(per_chip) + "\n")
         print("\n" + held_out_table(errors))
     return 0
+
+
+def chip_table(groups: list[dict]) -> str:
+    """Rows, fitted rows, and the median and worst |error| per kind and chip: with the XLA ops around the kernels
+    as libtpu compiled them (after) and as the jaxpr walk charges each traced op (before)."""
+    head = ("kind", "chip", "rows", "fitted", "modeled", "median |err| after", "worst |err| after",
+            "median |err| before", "worst |err| before", "past 20% after")
+
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{v * 100:.1f}%"
+    out = [head]
+    for g in groups:
+        out.append((g["kind"], g["chip"], str(g["rows"]), str(g["fitted"]), str(g["modeled"]), pct(g["median_after"]),
+                    pct(g["worst_after"]), pct(g["median_before"]), pct(g["worst_before"]),
+                    ", ".join(g["outside_target"]) or "-"))
+    widths = [max(len(row[i]) for row in out) for i in range(len(head))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in out)
 
 
 def held_out_table(errors: dict) -> str:

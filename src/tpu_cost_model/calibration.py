@@ -165,3 +165,25 @@ def held_out(results: list[JsonDict]) -> JsonDict:
             "fit_rows": [r["id"] for r in results if GROUPS.get(r["kernel"]) == group and r["use"] == "fit"],
         }
     return out
+
+
+def by_kind_and_chip(results: list[JsonDict]) -> list[JsonDict]:
+    """Per kind (GROUPS) and chip: rows, fitted rows, rows modeled, the median and worst |error| with the XLA ops
+    as compiled (after: `error`) and as the jaxpr walk charges them (before: `jaxpr_rule_error`, the row's own error
+    where the rule made no difference), and the rows past TARGET after."""
+    def stats(values: list[float]) -> tuple[float | None, float | None]:
+        v = sorted(abs(x) for x in values)
+        return (v[len(v) // 2], v[-1]) if v else (None, None)
+
+    out = []
+    keys = dict.fromkeys((GROUPS.get(r["kernel"], r["kernel"]), r["chip"]) for r in results)
+    for kind, chip_name in keys:
+        rows = [r for r in results if GROUPS.get(r["kernel"], r["kernel"]) == kind and r["chip"] == chip_name]
+        after = [r["error"] for r in rows if r.get("error") is not None]
+        before = [r["jaxpr_rule_error"] if r.get("jaxpr_rule_error") is not None else r["error"]
+                  for r in rows if r.get("error") is not None]
+        (ma, wa), (mb, wb) = stats(after), stats(before)
+        out.append({"kind": kind, "chip": chip_name, "rows": len(rows), "fitted": sum(r["use"] == "fit" for r in rows),
+                    "modeled": len(after), "median_after": ma, "worst_after": wa, "median_before": mb,
+                    "worst_before": wb, "outside_target": [r["id"] for r in rows if r.get("within") is False]})
+    return out

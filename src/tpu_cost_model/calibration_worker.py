@@ -23,6 +23,7 @@ from kernel_hub.tpu.worker_common import first_meaningful_line
 from .rates import stream_bytes_per_s
 from .schedule import ScheduleCost, kernel_cost
 from .workload import load_moe_kernel, routing
+from .xla_compiled import side_by_side, with_compiled_xla
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -94,6 +95,10 @@ def _rpa_v3(row: JsonDict) -> tuple[Any, tuple[Any, ...]]:
     return call, args
 
 
+#: The arguments a kind's caller donates: RPA writes the new keys and values into its cache in place.
+_DONATED = {"rpa_v3": (3,)}
+
+
 def _not_modeled(row: JsonDict) -> str | None:
     """Why a row's kernel is not walked here (None: it is)."""
     kind = row["kernel"]
@@ -145,7 +150,12 @@ def model_row(row: JsonDict) -> JsonDict:
     except Exception as exc:  # Unmodeled names the primitive; an import failure names the module
         return {**out, "how": first_meaningful_line(str(exc) or type(exc).__name__)}
     if row.get("scope") == "kernel":  # the measurement is the kernel alone: XLA's ops around it are not in it
-        cost = ScheduleCost(calls=cost.calls, notes=cost.notes)
+        cost, rule, jaxpr_s = ScheduleCost(calls=cost.calls, notes=cost.notes), "none (the kernel alone)", None
+    else:
+        jaxpr_s = cost.seconds(c)
+        with tpu_target(row["chip"]):
+            cost, rule = with_compiled_xla(cost, fn, args, row["chip"], _DONATED.get(row["kernel"], ()))
+    out.update(jaxpr_device_s=jaxpr_s, xla_rule=rule)
     calls = ", ".join(f"{k.name} grid={k.grid}" for k in cost.calls)
     xla = "; ".join(cost.outside_ops)
     removed = "; ".join(cost.removed_ops)
@@ -189,7 +199,13 @@ def show_row(row: JsonDict, hlo: bool = False) -> str:
     build = {"pallas_matmul": _matmul, "rpa_v3": _rpa_v3, "xla_matmul": _xla_matmul}[row["kernel"]]
     with tpu_target(row["chip"]):
         fn, args = build(row)
-        return explain(fn, *args, generation=row["chip"], hlo=hlo)
+        text = explain(fn, *args, generation=row["chip"], hlo=hlo)
+        walked = kernel_cost(fn, *args, generation=row["chip"])
+        both, rule = with_compiled_xla(walked, fn, args, row["chip"], _DONATED.get(row["kernel"], ()))
+    c = chip(row["chip"])
+    compiled = both.xla if rule == "compiled" else None
+    return "\n".join([text, side_by_side(walked.xla, compiled, c), f"XLA ops charged by: {rule}",
+                      f"modeled on {row['chip']} with the compiled program's XLA ops: {both.seconds(c) * 1e6:.2f} us"])
 
 
 def run_calibration(request: JsonDict, emit: Emit) -> int:

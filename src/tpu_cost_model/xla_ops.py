@@ -34,6 +34,7 @@ class XlaOp:
     bytes: int  # read + written
     dots: dict[tuple[str, str, str], float] = field(default_factory=dict)  # (lhs, rhs dtype, precision) -> FLOPs
     free: str | None = None  # the reason XLA removes it; None: charged
+    fixed: bool = True  # pays the per-op fixed cost (an async DMA the program only starts does not)
 
     def mxu_flops_on(self, generation: str | None) -> float:
         return sum(f * mxu_passes(lhs, rhs, prec, generation)[0] for (lhs, rhs, prec), f in self.dots.items())
@@ -44,7 +45,7 @@ class XlaOp:
             return 0.0
         r = r or rates(chip.generation)
         mxu = self.mxu_flops_on(chip.generation) / (chip.bf16_flops_per_s * r.xla_efficiency)
-        return max(mxu, self.bytes / (chip.hbm_bytes_per_s * r.stream_fraction)) + r.op_fixed_s
+        return max(mxu, self.bytes / (chip.hbm_bytes_per_s * r.stream_fraction)) + (r.op_fixed_s if self.fixed else 0.0)
 
     def line(self) -> str:
         what = f"{self.name} {self.bytes / 2**20:.1f} MiB"

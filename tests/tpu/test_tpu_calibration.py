@@ -58,6 +58,38 @@ def test_a_kind_fitted_on_more_than_a_third_is_refused():
     assert any(p.startswith("XLA op:") and "at most a third" in p for p in problems), problems
 
 
+def test_exactly_a_third_fitted_passes_and_one_more_is_refused():
+    """The split rule per kind: fitted rows may be a third of the kind's rows, never one more."""
+    data = json.loads(calibration.TABLE.read_text())
+    members = [r for r in data["rows"] if calibration.GROUPS[r["kernel"]] == "Pallas matmul"]
+    for r in members:
+        r["use"] = "check"
+    third = len(members) // 3
+    for r in members[:third]:
+        r["use"] = "fit"
+    assert not [p for p in calibration.check_table(data) if p.startswith("Pallas matmul:")]
+    members[third]["use"] = "fit"
+    problems = [p for p in calibration.check_table(data) if p.startswith("Pallas matmul:")]
+    assert problems == [f"Pallas matmul: {third + 1} of {len(members)} rows fitted "
+                        f"({', '.join(r['id'] for r in members[:third + 1])}); at most a third may be"]
+
+
+def test_the_table_per_kind_and_chip_counts_rows_fits_and_both_rules():
+    rows = [{"id": "a", "kernel": "rpa_v3", "chip": "v6e", "use": "fit", "error": 0.0, "jaxpr_rule_error": 0.4,
+             "within": True},
+            {"id": "b", "kernel": "rpa_v3", "chip": "v6e", "use": "check", "error": -0.3, "jaxpr_rule_error": 0.5,
+             "within": False},
+            {"id": "c", "kernel": "rpa_v3", "chip": "v6e", "use": "check", "error": 0.1, "jaxpr_rule_error": None,
+             "within": True},
+            {"id": "d", "kernel": "gmm_v2", "chip": "v7x", "use": "check", "error": None, "within": None}]
+    a, g = calibration.by_kind_and_chip(rows)
+    assert (a["kind"], a["chip"], a["rows"], a["fitted"], a["modeled"]) == ("attention", "v6e", 3, 1, 3)
+    assert (a["median_after"], a["worst_after"]) == (0.1, 0.3)
+    assert (a["median_before"], a["worst_before"]) == (0.4, 0.5)  # c: the rule made no difference
+    assert a["outside_target"] == ["b"]
+    assert (g["kind"], g["modeled"], g["median_after"]) == ("grouped matmul", 0, None)
+
+
 def test_a_broken_table_names_every_problem():
     data = json.loads(calibration.TABLE.read_text())
     bad = copy.deepcopy(data)

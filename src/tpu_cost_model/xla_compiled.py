@@ -1,0 +1,257 @@
+"""XLA's ops as libtpu compiled them: what the chip's program keeps outside the Pallas kernels, charged per op.
+
+The jaxpr walk (schedule.py) sees each traced op on its own; libtpu fuses a scale into a transpose, merges
+transposes, folds a select on a constant, turns layout changes into bitcasts and inserts copies of its own. Here
+the optimized HLO module (hlo_program.py) is charged instead, instruction by instruction of the entry computation:
+
+  * a fusion, a copy, an unfused dot or elementwise op: one XLA op (xla_ops.XlaOp, the same rule and the same
+    fitted constants): its HBM bytes in and out (arrays libtpu placed in VMEM, ``S(1)``, move no HBM bytes) and
+    its MXU FLOPs (every dot or convolution in its body), plus the fixed cost per op (not for an op on arrays of
+    one (8, 128) tile at most: scalar-size bookkeeping);
+  * a copy into scalar memory, a cross-program prefetch (its DMA runs before the program starts): nothing;
+  * an async copy (copy-start): its HBM bytes, no fixed cost (a DMA the program starts and runs beside the work);
+  * a bitcast, a constant, a parameter, a tuple and the wait of an async op: nothing (shown with why);
+  * a Pallas kernel (custom-call ``tpu_custom_call``): not charged here; the jaxpr walk's cost of the same kernel
+    stands for it (the kernels are matched by count and order);
+  * a collective: its bytes over the ICI.
+
+Refused, with the reason, where the program's cost cannot be read from it: a while loop without a known trip
+count, a conditional (which branch runs is data). The caller then keeps the jaxpr rule and says why.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .hlo_program import NUMPY_NAMES, VMEM, Instruction, Module, parse_module
+from .schedule import ScheduleCost
+from .xla_ops import XlaOp
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from kernel_hub.tpu.chips import Chip
+
+#: Instructions that move no data: their reason, shown where they hold a big array.
+_FREE = {"bitcast": "a bitcast: the layout already holds it, no data moves",
+         "constant": "a constant folded into the program",
+         "copy-done": "the wait of an async copy (its bytes are charged at its start)",
+         "parameter": "", "get-tuple-element": "", "tuple": "", "after-all": "", "partition-id": "",
+         "replica-id": "", "opt-barrier": "", "async-done": "", "all-reduce-done": "", "all-gather-done": "",
+         "collective-permute-done": "", "add-dependency": ""}
+_COLLECTIVES = {"all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute", "all-reduce-start",
+                "all-gather-start", "collective-permute-start", "ragged-all-to-all"}
+_NO_OP_TARGETS = {"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "AllocateBuffer",
+                  "MoveToHost", "MoveToDevice", "annotate_device_placement"}
+KERNEL_TARGET = "tpu_custom_call"
+#: Memory spaces of scalars and semaphores (not HBM, not VMEM): moving a value there is the scalar unit's work.
+_SCALAR_SPACES = {2, 3, 4, 5, 6}
+#: One (8, 128) tile of 32-bit words: an op on nothing larger is scalar-size bookkeeping (a broadcast of a constant
+#: into a kernel's scalar operands), charged no fixed cost (that is fitted on a full-size op).
+_TILE_BYTES = 4096
+_PREFETCH = "a cross-program prefetch: its DMA runs before the program, beside the one before it"
+
+
+class NotReadable(Exception):
+    """The compiled program holds something whose cost it does not state (the message says what)."""
+
+
+@dataclass
+class CompiledCost:
+    """What the compiled program keeps outside its kernels, and how many kernels it calls."""
+
+    ops: list[XlaOp] = field(default_factory=list)  # charged and free ones (free: the reason)
+    kernels: list[str] = field(default_factory=list)  # the tpu_custom_call instructions, in program order
+    ici_bytes: int = 0
+
+    @property
+    def charged(self) -> list[XlaOp]:
+        return [op for op in self.ops if op.free is None]
+
+
+def _hbm_bytes(inst: Instruction) -> int:
+    return sum(a.nbytes for a in inst.arrays if a.memory_space != VMEM)
+
+
+def _precision(inst: Instruction) -> str:
+    raw = inst.attrs.get("operand_precision", "").strip("{}").split(",")
+    names = [p.strip().upper() for p in raw if p.strip()]
+    for name in ("HIGHEST", "HIGH"):
+        if name in names:
+            return name
+    return "DEFAULT"
+
+
+def _dot_flops(inst: Instruction, comp_shapes: dict[str, Instruction]) -> tuple[tuple[str, str, str], float] | None:
+    """A dot's or a convolution's (operand types, precision) and FLOPs: 2 x output elements x contracted size."""
+    lhs, rhs = (comp_shapes.get(o) for o in inst.operands[:2])
+    if lhs is None or rhs is None or not inst.arrays:
+        return None
+    out = math.prod(inst.arrays[0].dims)
+    if inst.opcode == "dot":
+        dims = [int(d) for d in inst.attrs.get("lhs_contracting_dims", "{}").strip("{}").split(",") if d.strip()]
+        k = math.prod(lhs.arrays[0].dims[d] for d in dims)
+    else:  # convolution: the kernel's elements per output feature
+        labels = inst.attrs.get("dim_labels", "")
+        kernel = labels.split("_")[1].split("->")[0] if "_" in labels else ""
+        rdims = rhs.arrays[0].dims
+        o = kernel.find("o")
+        k = math.prod(rdims) // max(rdims[o], 1) if 0 <= o < len(rdims) else 0
+    key = (NUMPY_NAMES.get(lhs.arrays[0].dtype, lhs.arrays[0].dtype),
+           NUMPY_NAMES.get(rhs.arrays[0].dtype, rhs.arrays[0].dtype), _precision(inst))
+    return key, 2.0 * out * k
+
+
+def _body_dots(module: Module, names: list[str]) -> dict[tuple[str, str, str], float]:
+    """Every dot and convolution in the called computations (nested fusions included)."""
+    dots: dict[tuple[str, str, str], float] = {}
+    for name in names:
+        comp = module.computations.get(name)
+        if comp is None:
+            continue
+        shapes = {i.name: i for i in comp.instructions}
+        for inst in comp.instructions:
+            if inst.opcode in ("dot", "convolution"):
+                found = _dot_flops(inst, shapes)
+                if found:
+                    dots[found[0]] = dots.get(found[0], 0.0) + found[1]
+            for key, flops in _body_dots(module, inst.called()).items():
+                dots[key] = dots.get(key, 0.0) + flops
+    return dots
+
+
+def _only_bitcasts(module: Module, name: str) -> bool:
+    comp = module.computations.get(name)
+    return comp is not None and all(i.opcode in ("parameter", "bitcast", "tuple", "get-tuple-element")
+                                    for i in comp.instructions)
+
+
+def _trip_count(inst: Instruction) -> int | None:
+    raw = inst.attrs.get("backend_config", "")
+    try:
+        n = json.loads(raw).get("known_trip_count", {}).get("n")
+    except (ValueError, AttributeError):
+        return None
+    return int(n) if n is not None else None
+
+
+def charge_module(module: Module) -> CompiledCost:
+    """The compiled program's ops outside the kernels, charged by the rules above; raises NotReadable."""
+    cost = CompiledCost()
+    _charge(module, module.entry.name, 1, cost)
+    return cost
+
+
+def _charge(module: Module, comp_name: str, times: int, cost: CompiledCost) -> None:
+    comp = module.computations[comp_name]
+    shapes = {i.name: i for i in comp.instructions}
+    for inst in comp.instructions:
+        op = inst.opcode
+        operand_bytes = sum(_hbm_bytes(shapes[o]) for o in inst.operands if o in shapes)
+        label = f"{op} {inst.name}"
+        if op in _FREE:
+            big = sum(a.nbytes for a in inst.arrays)
+            if _FREE[op] and big >= 1 << 20:
+                cost.ops.append(XlaOp(label, big, free=_FREE[op]))
+            continue
+        if op == "custom-call":
+            target = inst.attrs.get("custom_call_target", "").strip('"')
+            if target == KERNEL_TARGET:
+                cost.kernels += [inst.name] * times
+            elif target not in _NO_OP_TARGETS:
+                cost.ops += [XlaOp(f"custom-call {target}", operand_bytes + _hbm_bytes(inst))] * times
+            continue
+        if op in _COLLECTIVES:
+            cost.ici_bytes += operand_bytes * times
+            continue
+        if op in ("call", "async-start"):
+            for name in inst.called():
+                _charge(module, name, times, cost)
+            continue
+        if op == "while":
+            n = _trip_count(inst)
+            if n is None:
+                raise NotReadable(f"while loop {inst.name} without a known trip count")
+            for name in inst.called():
+                _charge(module, name, times * n, cost)
+            continue
+        if op == "conditional":
+            raise NotReadable(f"conditional {inst.name}: which branch runs is data")
+        if op == "copy-start":  # (dest, source, context): the DMA reads its source and writes its destination
+            dest = inst.arrays[0]
+            moved = operand_bytes + (dest.nbytes if dest.memory_space != VMEM else 0)
+            prefetch = "cross_program_prefetch_index" in inst.attrs
+            cost.ops.append(XlaOp(f"copy-start {inst.name}", moved, fixed=False, free=_PREFETCH if prefetch else None))
+            continue
+        if op == "copy" and all(a.memory_space in _SCALAR_SPACES for a in inst.arrays):
+            cost.ops.append(XlaOp(label, sum(a.nbytes for a in inst.arrays), free="a copy into scalar memory"))
+            continue
+        if op == "fusion" and _only_bitcasts(module, inst.called()[0] if inst.called() else ""):
+            cost.ops.append(XlaOp(label, _hbm_bytes(inst), free="a fusion of bitcasts only"))
+            continue
+        dots = _body_dots(module, inst.called()) if op == "fusion" else {}
+        if op in ("dot", "convolution") and (found := _dot_flops(inst, shapes)):
+            dots = {found[0]: found[1]}
+        kind = inst.attrs.get("kind", "")
+        tiny = all(a.nbytes <= _TILE_BYTES for a in inst.arrays) and all(
+            a.nbytes <= _TILE_BYTES for o in inst.operands if o in shapes for a in shapes[o].arrays)
+        cost.ops += [XlaOp(f"{label}{' ' + kind if kind else ''}", operand_bytes + _hbm_bytes(inst), dots,
+                           fixed=not tiny)] * times
+
+
+def compile_text(fn: Callable[..., Any], args: tuple[Any, ...], generation: str, donate: tuple[int, ...] = ()) -> str:
+    """libtpu's optimized HLO of `fn(*args)` for the mock topology of `generation` (concrete arrays given as their
+    shapes: the program around the kernels does not depend on their values), the arguments `donate` donated."""
+    import jax
+    import numpy as np
+
+    from kernel_hub.tpu.target import on_device, tpu_dispatch, tpu_target
+
+    sds = jax.ShapeDtypeStruct
+    abstract = tuple(a if isinstance(a, sds) else sds(np.shape(a), np.asarray(a).dtype) for a in args)
+    with tpu_target(generation) as device, tpu_dispatch(generation):
+        return jax.jit(fn, donate_argnums=donate).lower(*on_device(abstract, device)).compile().as_text()
+
+
+def compiled_cost(fn: Callable[..., Any], args: tuple[Any, ...], generation: str,
+                  donate: tuple[int, ...] = ()) -> CompiledCost:
+    """The compiled program of `fn(*args)` on `generation`, charged; raises NotReadable or the compiler's error."""
+    return charge_module(parse_module(compile_text(fn, args, generation, donate)))
+
+
+def with_compiled_xla(cost: ScheduleCost, fn: Callable[..., Any], args: tuple[Any, ...], generation: str,
+                      donate: tuple[int, ...] = ()) -> tuple[ScheduleCost, str]:
+    """The jaxpr walk's kernels with the XLA ops libtpu's compiled program keeps around them, and which rule
+    charged those ops: "compiled", or "jaxpr" with the reason no compiled program could stand for them. `donate`:
+    the arguments the caller donates (as the jaxpr walk assumes where a kernel writes into its argument)."""
+    from kernel_hub.tpu.worker_common import first_meaningful_line
+
+    try:
+        compiled = compiled_cost(fn, args, generation, donate)
+    except Exception as exc:  # the compiler's refusal or an unreadable program: its first line is the reason
+        return cost, f"jaxpr (no compiled program: {first_meaningful_line(str(exc) or type(exc).__name__)})"
+    if len(compiled.kernels) != len(cost.calls):
+        return cost, (f"jaxpr (the compiled program calls {len(compiled.kernels)} kernels, the jaxpr walk "
+                      f"{len(cost.calls)}: they cannot be matched)")
+    return ScheduleCost(calls=cost.calls, xla=compiled.ops, ici_bytes=max(cost.ici_bytes, compiled.ici_bytes),
+                        notes=cost.notes), "compiled"
+
+
+def side_by_side(jaxpr_ops: list[XlaOp], compiled_ops: list[XlaOp] | None, chip: Chip) -> str:
+    """The XLA ops outside the kernels as the jaxpr walk charges them and as the compiled program keeps them, one
+    pair a line with each op's modeled microseconds, and both totals."""
+    left = [(op.line(), op.seconds(chip)) for op in jaxpr_ops]
+    right = [(op.line(), op.seconds(chip)) for op in compiled_ops or []]
+    width = max([len(t) for t, _ in left] + [28]) + 12
+    lines = ["# XLA ops outside the kernels (modeled us): jaxpr walk | compiled program".ljust(width)]
+    for i in range(max(len(left), len(right))):
+        a = f"{left[i][0]}: {left[i][1] * 1e6:.2f}" if i < len(left) else ""
+        b = f"{right[i][0]}: {right[i][1] * 1e6:.2f}" if i < len(right) else ""
+        lines.append(f"{a.ljust(width)} | {b}")
+    total = f"total {sum(s for _, s in left) * 1e6:.2f} us"
+    other = "-" if compiled_ops is None else f"total {sum(s for _, s in right) * 1e6:.2f} us"
+    lines.append(f"{total.ljust(width)} | {other}")
+    return "\n".join(lines)
