@@ -75,7 +75,7 @@ _DECODE = "row tpu7x-rpa_v3-decode-128seq (heavyball-research/flywheel-tpu READM
 #: v7x's streamed fraction: the one that puts RPA v3's 128-sequence decode (7693.6 MiB streamed, 18.6 us of other
 #: work) on its measured 2.574 ms; the published streamed copy (3.21 TB/s, row tpu7x-streamed-copy) checks it.
 STREAM_FRACTION_V7X = 0.8562
-STEP_OVERHEAD_V5E_S = 0.3258e-6
+STEP_OVERHEAD_V5E_S = 0.3286e-6
 XLA_EFFICIENCY_V5E = 0.9402
 OP_FIXED_V7X_S = 3.353e-6
 VPU_OPS_PER_CYCLE_V7X = 6183.0
