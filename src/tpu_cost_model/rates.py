@@ -101,7 +101,8 @@ def _table() -> dict[str, dict[str, Constant]]:
                                                "a band around v7x's 3.6 us")),
             "vpu_ops_per_cycle": (Constant.measured(VPU_OPS_PER_CYCLE_V7X, _ATTN) if g == "v7x" else
                                   Constant.unmeasured(4096.0, 11600.0, "fitted on v7x only (6183 jaxpr element ops "
-                                                      "a cycle, beside the MXU): a band from 4 ALU slots of 8 x 128 lanes up")),
+                                                      "a cycle, beside the MXU): a band from 4 ALU slots of "
+                                                      "8 x 128 lanes up")),
             "eup_ops_per_cycle": Constant.unmeasured(512.0, 1024.0, "not published: one transcendental slot, "
                                                      "a half to a whole 8 x 128 vreg a cycle"),
         }
