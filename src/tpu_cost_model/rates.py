@@ -78,7 +78,7 @@ STREAM_FRACTION_V7X = 0.8562
 STEP_OVERHEAD_V5E_S = 0.3286e-6
 XLA_EFFICIENCY_V5E = 0.9402
 OP_FIXED_V7X_S = 3.353e-6
-VPU_OPS_PER_CYCLE_V7X = 6183.0
+VPU_OPS_PER_CYCLE_V7X = 6599.0
 
 _GENERATIONS = ("v4", "v5e", "v5p", "v6e", "v7x")
 
@@ -100,7 +100,7 @@ def _table() -> dict[str, dict[str, Constant]]:
                            Constant.unmeasured(1.0e-6, 6.0e-6, "no device-timed small op on this generation: "
                                                "a band around v7x's 3.6 us")),
             "vpu_ops_per_cycle": (Constant.measured(VPU_OPS_PER_CYCLE_V7X, _ATTN) if g == "v7x" else
-                                  Constant.unmeasured(4096.0, 11600.0, "fitted on v7x only (6183 jaxpr element ops "
+                                  Constant.unmeasured(4096.0, 11600.0, "fitted on v7x only (6599 jaxpr element ops "
                                                       "a cycle, beside the MXU): a band from 4 ALU slots of "
                                                       "8 x 128 lanes up")),
             "eup_ops_per_cycle": Constant.unmeasured(512.0, 1024.0, "not published: one transcendental slot, "
