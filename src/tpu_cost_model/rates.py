@@ -75,10 +75,10 @@ _DECODE = "row tpu7x-rpa_v3-decode-128seq (heavyball-research/flywheel-tpu READM
 #: v7x's streamed fraction: the one that puts RPA v3's 128-sequence decode (7693.6 MiB streamed, 18.6 us of other
 #: work) on its measured 2.574 ms; the published streamed copy (3.21 TB/s, row tpu7x-streamed-copy) checks it.
 STREAM_FRACTION_V7X = 0.8562
-STEP_OVERHEAD_V5E_S = 0.3258e-6
+STEP_OVERHEAD_V5E_S = 0.3286e-6
 XLA_EFFICIENCY_V5E = 0.9402
 OP_FIXED_V7X_S = 3.353e-6
-VPU_OPS_PER_CYCLE_V7X = 9296.0
+VPU_OPS_PER_CYCLE_V7X = 6599.0
 
 _GENERATIONS = ("v4", "v5e", "v5p", "v6e", "v7x")
 
@@ -100,8 +100,9 @@ def _table() -> dict[str, dict[str, Constant]]:
                            Constant.unmeasured(1.0e-6, 6.0e-6, "no device-timed small op on this generation: "
                                                "a band around v7x's 3.6 us")),
             "vpu_ops_per_cycle": (Constant.measured(VPU_OPS_PER_CYCLE_V7X, _ATTN) if g == "v7x" else
-                                  Constant.unmeasured(4096.0, 11600.0, "fitted on v7x only (9296 jaxpr element ops "
-                                                      "a cycle): a band from 4 ALU slots of 8 x 128 lanes up")),
+                                  Constant.unmeasured(4096.0, 11600.0, "fitted on v7x only (6599 jaxpr element ops "
+                                                      "a cycle, beside the MXU): a band from 4 ALU slots of "
+                                                      "8 x 128 lanes up")),
             "eup_ops_per_cycle": Constant.unmeasured(512.0, 1024.0, "not published: one transcendental slot, "
                                                      "a half to a whole 8 x 128 vreg a cycle"),
         }
@@ -221,7 +222,7 @@ def clock_hz(generation: str, bf16_flops_per_s: float) -> float:
 
 def vector_seconds(vpu_elems: float, eup_elems: float, generation: str, bf16_flops_per_s: float, r: Rates) -> float:
     """Time of a kernel's vector work: VPU element ops and EUP transcendentals at the generation's rates (the two
-    units issue in the same bundles, so the longer of the two)."""
+    units issue in the same bundles, so the longer of the two; the MXU runs beside them, CallCost.seconds)."""
     if not vpu_elems and not eup_elems:
         return 0.0
     lanes_scale = VECTOR_LANES[generation] / 1024

@@ -85,10 +85,17 @@ class ScheduleCost:
     def steps(self) -> int:
         return sum(c.steps for c in self.calls)
 
-    def seconds(self, chip: Chip, r: Rates | None = None) -> float:
-        """Modeled device time with the generation's constants `r` (the points of their bands by default)."""
+    @property
+    def bounded(self) -> list[str]:
+        """Why a kernel's time is a range beyond its constants' bands: loops whose trip count the walk could not
+        compute (each call then timed at both ends of what its data allows)."""
+        return list(dict.fromkeys(why for c in self.calls for why in c.bounded))
+
+    def seconds(self, chip: Chip, r: Rates | None = None, low: bool = False) -> float:
+        """Modeled device time with the generation's constants `r` (the points of their bands by default); a loop
+        whose trip count is not known runs as far as its data allows, or with `low` no further than it must."""
         r = r or rates(chip.generation)
-        total = sum(c.seconds(chip, r) for c in self.calls) + sum(op.seconds(chip, r) for op in self.xla)
+        total = sum(c.seconds(chip, r, low) for c in self.calls) + sum(op.seconds(chip, r) for op in self.xla)
         if self.ici_bytes:
             from .ici import interconnect
 
@@ -97,8 +104,10 @@ class ScheduleCost:
 
     def band(self, chip: Chip) -> tuple[float, float]:
         """(fast, slow): the modeled time at both ends of the generation's constant bands (equal where every
-        constant the time depends on is measured on that generation)."""
-        return self.seconds(chip, rates(chip.generation, "fast")), self.seconds(chip, rates(chip.generation, "slow"))
+        constant the time depends on is measured on that generation), and of the trip counts a loop the walk could
+        not compute may take (`bounded` says why)."""
+        return (self.seconds(chip, rates(chip.generation, "fast"), low=True),
+                self.seconds(chip, rates(chip.generation, "slow")))
 
 
 def _nbytes(aval: AbstractValue | None) -> int:

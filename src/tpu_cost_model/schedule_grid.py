@@ -19,7 +19,7 @@ import numpy as np
 from kernel_hub.tpu.chips import Chip
 
 from .rates import Rates, mxu_passes, rates, vector_seconds
-from .schedule_steps import Steps, Unknown, Unmodeled, Value, memory_space
+from .schedule_steps import Steps, Unknown, UnknownTrips, Unmodeled, Value, memory_space
 
 if TYPE_CHECKING:
     from jax._src.pallas.core import BlockDim, GridMapping
@@ -45,6 +45,11 @@ class CallCost:
     aliases: tuple[tuple[int, int], ...] = ()  # (operand, output) pairs written in place
     vpu_elems: float = 0.0  # vector element operations (element-wise, reductions) on all steps
     eup_elems: float = 0.0  # transcendental element operations (exp, ...) on all steps
+    stages: float = 0.0  # pipeline stages inside the steps (emit_pipeline's iterations, a kernel's fetch loops)
+    # a loop whose trip count the walk could not compute: this cost runs it no further than it must (the lower
+    # end); `upper` runs it as far as the data it reads allows, `bounded` says why
+    upper: CallCost | None = None
+    bounded: list[str] = field(default_factory=list)
 
     @property
     def hbm_bytes(self) -> int:
@@ -59,28 +64,33 @@ class CallCost:
         """mxu_flops_on with no generation named (int8 and fp8 at one pass)."""
         return self.mxu_flops_on(None)
 
-    def seconds(self, chip: Chip, r: Rates | None = None) -> float:
+    def seconds(self, chip: Chip, r: Rates | None = None, low: bool = False) -> float:
         """Calibrated device time (bench/records/tpu_calibration.json) with the generation's constants `r`
-        (rates.rates(generation), the band's points, by default): the DMAs stream at the bandwidth a copy reaches
-        and run under the steps; each step's fixed cost adds to its compute (the scalar core issues the step, then
-        the MXU runs), not to its DMAs; the compute is the MXU's passes plus the vector work (VPU elements and EUP
-        transcendentals, at rates fitted with the two in series); one step's worth of the shorter side is exposed
-        as the pipeline's prologue/epilogue (the first fetch before any compute, the last write-back after it); the
-        pipeline's stages are its grid steps plus the DMAs its body starts itself (a kernel that streams inside one
-        step, as RPA v3 does, overlaps all but its first); the call is one op on the device: its fixed cost
-        (r.op_fixed_s) is added once."""
+        (rates.rates(generation), the band's points, by default). A call with a loop whose trip count the walk
+        could not compute is timed as far as the data it reads allows (`upper`), or, with `low`, no further than it
+        must. The units of a TensorCore run side by side, each step bounded by the slowest: the DMAs stream at the
+        bandwidth a copy reaches; the MXU's passes, the VPU's element ops and the EUP's transcendentals issue in the
+        same bundles (rates.vector_seconds), the longest of them after each stage's fixed cost (the scalar core
+        issues the stage, then the units run), the stages being the grid steps plus the iterations of the loops
+        that pipeline inside a step (emit_pipeline's, a kernel's own fetch loops); one stage's worth of the shorter
+        of DMA and compute is exposed as the pipeline's prologue/epilogue (the first fetch before any compute, the
+        last write-back after it), the pipeline's depth being its stages plus the DMAs its body starts itself; the
+        call is one op on the device: its fixed cost (r.op_fixed_s) is added once."""
+        if self.upper is not None and not low:
+            return self.upper.seconds(chip, r)
         r = r or rates(chip.generation)
+        if self.steps == 0:
+            return 0.0
         dma = self.hbm_bytes / (chip.hbm_bytes_per_s * r.stream_fraction)
         mxu = self.mxu_flops_on(chip.generation) / chip.bf16_flops_per_s
         vec = vector_seconds(self.vpu_elems, self.eup_elems, chip.generation, chip.bf16_flops_per_s, r)
-        compute = mxu + vec + self.steps * r.step_overhead_s
+        compute = max(mxu, vec) + (self.steps + self.stages) * r.step_overhead_s
         if self.ici_bytes:
             from .ici import interconnect
 
             dma = max(dma, self.ici_bytes / interconnect(chip.generation).ring_bytes_per_s)
-        if self.steps == 0:
-            return 0.0
-        return max(dma, compute) + min(dma, compute) / max(self.steps + self.dmas, 1) + r.op_fixed_s
+        depth = max(self.steps + self.dmas, 1)
+        return max(dma, compute) + min(dma, compute) / depth + r.op_fixed_s
 
 
 def _block_sizes(block_shape: Sequence[BlockDim | int | None], array_shape: Sequence[int], idx: np.ndarray
@@ -96,6 +106,13 @@ def _block_sizes(block_shape: Sequence[BlockDim | int | None], array_shape: Sequ
         start = idx[:, d] * bs if isinstance(bd, pallas_core.Blocked) else idx[:, d]
         size *= np.clip(dim - start, 0, bs)
     return size
+
+
+def _whole(bm: object) -> bool:
+    """A block that is the whole array (what every step sees, e.g. an SMEM input of metadata)."""
+    shape = tuple(bm.array_aval.shape)
+    sizes = tuple(int(getattr(b, "block_size", b)) if b is not None else -1 for b in bm.block_shape)
+    return len(sizes) == len(shape) and all(s in (d, -1) for s, d in zip(sizes, shape, strict=True))
 
 
 def call_name(params: dict[str, object]) -> str:
@@ -168,9 +185,27 @@ def walk_pallas_call(eqn: JaxprEqn, invals: Sequence[Value]) -> CallCost:
             write += moved
     body = params["jaxpr"]
     refs: list[Value] = [*scalars, *[Unknown(v.aval) for v in body.invars[n_idx:]]]
-    walker.run(body, getattr(body, "consts", []) if hasattr(body, "consts") else [], refs, None)
-    dma_read, dma_write = int(walker.dma_read.sum()), int(walker.dma_write.sum())
+    for i, bm in enumerate(gm.block_mappings[:n_in]):
+        value = operands[n_idx + i]
+        if memory_space(bm.transformed_block_aval) == "smem" and _whole(bm) and not isinstance(value, Unknown):
+            refs[n_idx + i] = np.array(value)  # read by the body as the call receives it (a loop bound, metadata)
     aliases = tuple((int(a), int(b)) for a, b in params.get("input_output_aliases", ()))
-    return CallCost(name, grid, steps, read + dma_read, write + dma_write, int(walker.flops.sum()),
-                    dict(walker.dots), fetches, notes, dma_read + dma_write, int(walker.dmas.sum()),
-                    int(walker.ici.sum()), aliases, walker.vpu, walker.eup)
+    consts = getattr(body, "consts", [])
+
+    def cost(trips: str | None) -> CallCost:
+        walker = Steps(ids, grid, list(notes), where=f"pallas_call {name}")
+        walker.trips = trips
+        walker.run(body, consts, refs, None)
+        dma_read, dma_write = int(walker.dma_read.sum()), int(walker.dma_write.sum())
+        return CallCost(name, grid, steps, read + dma_read, write + dma_write, int(walker.flops.sum()),
+                        dict(walker.dots), fetches, walker.notes, dma_read + dma_write, int(walker.dmas.sum()),
+                        int(walker.ici.sum()), aliases, walker.vpu, walker.eup, float(walker.stages.sum()),
+                        bounded=walker.bounded)
+
+    try:
+        return cost(None)
+    except UnknownTrips:  # walked at both ends of what the data allows
+        low, high = cost("low"), cost("high")
+        low.upper = high
+        low.bounded = list(dict.fromkeys([*low.bounded, *high.bounded]))
+        return low

@@ -64,6 +64,14 @@ class Unmodeled(NotImplementedError):
         super().__init__(f"the TPU cost model cannot read primitive {primitive!r} in {where}: {why}")
 
 
+class UnknownTrips(Unmodeled):
+    """A loop whose trip count depends on data the walk does not have: the call is walked again at both ends."""
+
+    def __init__(self, where: str, why: str):
+        super().__init__("while", where, why)
+        self.why = why
+
+
 class Unknown:
     """A value the model does not compute (a big operand, a vector in VMEM): only its type is known."""
 
@@ -161,6 +169,24 @@ def _dynamic_ref_bytes(var: Var, transforms: Sequence[Transform], where: str) ->
     return size * np.dtype(aval.dtype).itemsize, memory_space(aval)
 
 
+def _past_end(aval: AbstractValue, transforms: Sequence[Transform]) -> bool:
+    """Whether a ref's first indexer, with its computed starts, addresses past the ref's end on some step (a slice's
+    end, an index): what bounds a loop whose condition the walk cannot compute."""
+    from jax._src.state.indexing import NDIndexer, Slice
+
+    if not transforms or not isinstance(transforms[0], NDIndexer):
+        return False
+    for idx, dim in zip(transforms[0].indices, getattr(aval, "shape", ()), strict=False):
+        if isinstance(idx, Slice):
+            if isinstance(idx.start, Unknown) or isinstance(idx.size, Unknown):
+                continue
+            if np.any(np.asarray(idx.start, np.int64) + np.asarray(idx.size, np.int64) > dim):
+                return True
+        elif not isinstance(idx, Unknown) and np.ndim(idx) <= 1 and np.any(np.asarray(idx, np.int64) >= dim):
+            return True
+    return False
+
+
 class Steps:
     """Evaluates a kernel body or an index map over all grid steps at once: scalars are arrays [S]."""
 
@@ -177,6 +203,15 @@ class Steps:
         self.dmas = np.zeros(n, np.float64)
         self.unevaluated: set[str] = set()  # scalar ops left unknown (named when something needs them)
         self.scale = 1.0  # trip count of the scans around the equations being run (when not iterated)
+        # pipeline stages inside a step: iterations of the innermost loops that start DMAs (emit_pipeline's loop,
+        # a kernel's own fetch loop), each with a grid step's fixed cost
+        self.stages = np.zeros(n, np.float64)
+        # a loop whose condition the walk cannot compute: None refuses it (UnknownTrips), "low" runs no more of it,
+        # "high" runs it until its body reads or copies past the end of an array (bounds and their reasons)
+        self.trips: str | None = None
+        self.bounded: list[str] = []
+        self._overran = False  # set when a read or DMA of the current iteration addresses past an array's end
+        self._written: set[int] = set()  # concrete (SMEM) refs the body writes: their values are then unknown
         self._static_dma: dict[tuple[int, int], tuple[int, str] | None] = {}  # (equation, endpoint) -> bytes, space
 
     def _where(self, mask: np.ndarray | None) -> np.ndarray:
@@ -203,6 +238,9 @@ class Steps:
             return [np.int32(self.grid[params["axis"]])]
         if name == "get":
             return [self._get(invals, params)]
+        if name in ("swap", "addupdate") and isinstance(invals[0], np.ndarray):
+            self._written.add(id(invals[0]))
+            return unknown
         if name == "dot_general":
             self._dot(eqn, mask)
             return unknown
@@ -256,15 +294,17 @@ class Steps:
         from jax._src.state.indexing import NDIndexer, Slice
 
         ref, leaves = invals[0], invals[1:]
-        if not isinstance(ref, np.ndarray) or any(isinstance(x, Unknown) for x in leaves):
+        if not isinstance(ref, np.ndarray) or id(ref) in self._written or any(isinstance(x, Unknown) for x in leaves):
             return Unknown(None)
         value = ref
         for t in tree_util.tree_unflatten(params["tree"], leaves):
             if not isinstance(t, NDIndexer) or any(isinstance(i, Slice) for i in t.indices):
                 return Unknown(None)
             # an index past the end (an index map that overruns on steps whose block is never used) is clamped
-            value = value[tuple(np.clip(np.asarray(i, np.int64), 0, n - 1)
-                                for i, n in zip(t.indices, value.shape, strict=False))]
+            index = [np.asarray(i, np.int64) for i in t.indices]
+            if any(np.any(i >= n) for i, n in zip(index, value.shape, strict=False)):
+                self._overran = True
+            value = value[tuple(np.clip(i, 0, n - 1) for i, n in zip(index, value.shape, strict=False))]
         return value
 
     def _dot(self, eqn: JaxprEqn, mask: np.ndarray | None) -> None:
@@ -311,6 +351,11 @@ class Steps:
             return _dynamic_ref_bytes(ref.ref, value.transforms, self.where)
 
         (src_bytes, src_space), (dst_bytes, dst_space) = endpoint(0, src), endpoint(1, dst)
+        if self.trips == "high":
+            values = tree_util.tree_unflatten(tree, invals)
+            for ref, value in ((src, values[0]), (dst, values[1])):
+                if isinstance(ref, TransformedRef) and _past_end(ref.ref.aval, value.transforms):
+                    self._overran = True
         where = self._where(mask)
         self.dmas += where
         if src_space in _HBM_SPACES:
@@ -350,12 +395,16 @@ class Steps:
             self.notes.append(f"a loop of {length} iterations: its body counted once, times {length}")
             self.scale *= length
             try:
+                before = self._mark()
                 self.run(body.jaxpr, body.consts, [*consts, *carry, *[Unknown(a) for a in xs_avals]], mask)
+                self._stage(before, mask)
             finally:
                 self.scale /= length
             return [Unknown(v.aval) for v in eqn.outvars]
         for _ in range(length):
+            before = self._mark()
             outs = self.run(body.jaxpr, body.consts, [*consts, *carry, *[Unknown(a) for a in xs_avals]], mask)
+            self._stage(before, mask)
             carry = outs[:n_carry]
         return [*carry, *[Unknown(v.aval) for v in eqn.outvars[n_carry:]]]
 
@@ -366,17 +415,59 @@ class Steps:
         cond, body = p["cond_jaxpr"], p["body_jaxpr"]
         cconsts, bconsts, carry = invals[:nc], invals[nc:nc + nb], list(invals[nc + nb:])
         reached = np.ones(self.ids.shape[1], bool) if mask is None else mask
-        for _ in range(WHILE_LIMIT):
+        unknown_from = None  # the iteration from which the condition is not known (run to the data's end)
+        for it in range(WHILE_LIMIT):
             (go,) = self.run(cond.jaxpr, cond.consts, [*cconsts, *carry], reached)
             if isinstance(go, Unknown):
-                why = "its condition depends on vector data"
+                why = "its condition depends on vector data or data the call does not receive concretely"
                 if self.unevaluated:
                     why += f" (or on scalar ops not evaluated: {', '.join(sorted(self.unevaluated))})"
-                raise Unmodeled("while", self.where, why)
-            active = reached & np.broadcast_to(np.asarray(go, bool), reached.shape)
+                if self.trips is None:
+                    raise UnknownTrips(self.where, why)
+                if self.trips == "low":
+                    self._bound(f"a while loop whose trip count is not known: {why}; at least {it} iteration(s)")
+                    return [c if isinstance(c, Unknown) else Unknown(v.aval) if np.ndim(c) else c
+                            for c, v in zip(carry, eqn.outvars, strict=True)]
+                unknown_from = it if unknown_from is None else unknown_from
+                active = reached
+            else:
+                active = reached & np.broadcast_to(np.asarray(go, bool), reached.shape)
             if not active.any():
                 return carry
+            before = self._mark()
+            self._overran = False
             new = self.run(body.jaxpr, body.consts, [*bconsts, *carry], active)
+            if unknown_from is not None and self._overran:  # this iteration would read past the data: the end
+                self._restore(before)
+                self._bound(f"a while loop whose trip count is not known ({why}): at most {it} iteration(s), "
+                            "where its body would next read or copy past the end of an array")
+                return [c if isinstance(c, Unknown) else Unknown(v.aval)
+                        for c, v in zip(carry, eqn.outvars, strict=True)]
+            self._stage(before, active)
             carry = [o if isinstance(o, Unknown) else c if isinstance(c, Unknown) else np.where(active, o, c)
                      for o, c in zip(new, carry, strict=True)]
+        if unknown_from is not None:
+            raise Unmodeled("while", self.where, f"{why}, and nothing its body reads bounds it (still running "
+                            f"after {WHILE_LIMIT} iterations)")
         raise Unmodeled("while", self.where, f"still running after {WHILE_LIMIT} iterations")
+
+    _COUNTERS = ("flops", "dma_read", "dma_write", "ici", "dmas", "stages")
+
+    def _mark(self) -> tuple:
+        """The counters before an iteration (to tell whether it started DMAs, or to undo it)."""
+        return (*(getattr(self, c).copy() for c in self._COUNTERS), dict(self.dots), self.vpu, self.eup)
+
+    def _restore(self, mark: tuple) -> None:
+        for name, value in zip(self._COUNTERS, mark, strict=False):
+            setattr(self, name, value)
+        self.dots, self.vpu, self.eup = mark[len(self._COUNTERS):]
+
+    def _stage(self, mark: tuple, mask: np.ndarray | None) -> None:
+        """An iteration that started DMAs and holds no inner loop that did is one pipeline stage."""
+        started = self.dmas > mark[self._COUNTERS.index("dmas")]
+        inner = self.stages > mark[self._COUNTERS.index("stages")]
+        self.stages += np.where(started & ~inner, self._where(mask), 0.0)
+
+    def _bound(self, why: str) -> None:
+        if why not in self.bounded:
+            self.bounded.append(why)

@@ -1,0 +1,123 @@
+"""The TPU cost model on loops whose bounds come from scalar memory or from data the kernel reads.
+
+A while loop bounded by an SMEM input is walked with the value the call receives (its DMAs, vector work and
+pipeline stages counted per iteration, by hand below); with the value unknown, the call is timed at both ends of
+what its data allows (no iteration; as many as its DMAs stay inside the array) and says why. Tokamax's Mosaic ragged
+dot (its grid an emit_pipeline inside one step, bounded by an SMEM count of active tiles) is read in the TPU env.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from kernel_hub.tpu.chips import chip
+from tests.client_env import child_env
+from tests.tpu_toys import env_or_skip
+from tpu_cost_model.schedule import Unmodeled, kernel_cost
+
+ROOT = Path(__file__).resolve().parents[2]
+SDS = jax.ShapeDtypeStruct
+ROWS, WIDTH, CHUNK = 256, 128, 8  # x is [256, 128] f32, copied 8 rows an iteration: 32 chunks before its end
+
+
+def _kernel(n_ref, x_hbm, o_ref, buf, sem):
+    def body(i):
+        copy = pltpu.make_async_copy(x_hbm.at[pl.ds(i * CHUNK, CHUNK)], buf, sem)
+        copy.start()
+        copy.wait()
+        o_ref[...] += buf[...]
+        return i + 1
+
+    o_ref[...] = jnp.zeros_like(o_ref)
+    jax.lax.while_loop(lambda i: i < n_ref[0], body, 0)
+
+
+CALL = pl.pallas_call(_kernel, out_shape=SDS((CHUNK, WIDTH), jnp.float32),
+                      in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), pl.BlockSpec(memory_space=pl.ANY)],
+                      scratch_shapes=[pltpu.VMEM((CHUNK, WIDTH), jnp.float32), pltpu.SemaphoreType.DMA])
+X = SDS((ROWS, WIDTH), jnp.float32)
+CHUNK_BYTES = CHUNK * WIDTH * 4
+
+
+@pytest.mark.parametrize("trips", [0, 3, 12, 32])
+def test_a_while_loop_bounded_by_an_smem_input_runs_its_concrete_trip_count(trips):
+    cost = kernel_cost(CALL, np.array([trips], np.int32), X)
+    (c,) = cost.calls
+    assert c.dmas == trips and c.stages == trips  # one DMA an iteration, each iteration one pipeline stage
+    assert c.read_bytes == 4 + trips * CHUNK_BYTES  # the SMEM count, then the chunks copied in
+    assert c.vpu_elems == trips * CHUNK * WIDTH  # one add an iteration (the zeroing is a broadcast)
+    assert cost.bounded == [] and c.upper is None
+
+
+def test_modeled_time_grows_with_the_trip_count():
+    v6e = chip("v6e")
+    times = [kernel_cost(CALL, np.array([t], np.int32), X).seconds(v6e) for t in (1, 4, 16)]
+    assert times[0] < times[1] < times[2]
+    assert np.isfinite(times).all()
+
+
+def test_an_unknown_trip_count_is_bounded_on_both_sides_with_the_reason():
+    cost = kernel_cost(CALL, SDS((1,), jnp.int32), X)
+    (c,) = cost.calls
+    assert c.dmas == 0 and c.upper is not None and c.upper.dmas == ROWS // CHUNK  # 0 .. 32 iterations
+    assert c.upper.read_bytes == 4 + ROWS * WIDTH * 4
+    assert any("at least 0 iteration" in why for why in cost.bounded)
+    assert any("at most 32 iteration" in why and "past the end of an array" in why for why in cost.bounded)
+    v6e = chip("v6e")
+    lo, hi = cost.band(v6e)
+    known = [kernel_cost(CALL, np.array([t], np.int32), X).seconds(v6e) for t in (0, 32)]
+    assert lo <= known[0] and known[1] <= hi and lo < hi
+
+
+def test_a_loop_nothing_bounds_is_still_refused():
+    def kernel(n_ref, o_ref):
+        o_ref[...] = jnp.zeros_like(o_ref) + jax.lax.while_loop(lambda i: i < n_ref[0], lambda i: i + 1, 0)
+
+    call = pl.pallas_call(kernel, out_shape=SDS((8, 128), jnp.int32),
+                          in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)])
+    with pytest.raises(Unmodeled, match="nothing its body reads bounds it"):
+        kernel_cost(call, SDS((1,), jnp.int32))
+
+
+_TOKAMAX = """
+import json, sys
+import numpy as np, jax
+import tokamax
+from kernel_hub.tpu.chips import chip
+from kernel_hub.tpu.target import tpu_target
+from tpu_cost_model.schedule import kernel_cost
+sizes = np.array([100, 0, 130, 26], np.int32)
+sds = jax.ShapeDtypeStruct
+fn = lambda a, b, s: tokamax.ragged_dot(a, b, s, implementation="mosaic")
+with tpu_target("v6e"):
+    cost = kernel_cost(fn, sds((256, 512), "bfloat16"), sds((4, 512, 512), "bfloat16"), sizes, generation="v6e")
+c = cost.calls[0]
+print(json.dumps({"name": c.name, "flops": c.flops, "read": c.read_bytes, "stages": c.stages, "dmas": c.dmas,
+                  "seconds": cost.seconds(chip("v6e")), "band": cost.band(chip("v6e")), "bounded": cost.bounded}))
+"""
+
+
+def test_tokamax_mosaic_ragged_dot_is_read_not_refused():
+    """Its whole grid is an emit_pipeline inside one step, bounded by an SMEM count of active tiles: walked with
+    the count the routing gives, the weights of the three groups with rows read, their dots counted."""
+    env = env_or_skip()
+    done = subprocess.run([str(env.python), "-c", _TOKAMAX], capture_output=True, text=True, timeout=600,
+                          env=child_env(PYTHONPATH=str(ROOT / "src"), TF_CPP_MIN_LOG_LEVEL="3",
+                                        ALLOW_MULTIPLE_LIBTPU_LOAD="1"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["bounded"] == []  # the count was concrete
+    assert out["read"] >= 3 * 512 * 512 * 2 + 256 * 512 * 2  # the visited experts' weights and the rows
+    assert out["flops"] >= 2 * 256 * 512 * 512  # every row's dot, at least once
+    assert out["stages"] > 1 and out["dmas"] > 0  # the pipeline's iterations inside the one grid step
+    lo, hi = out["band"]
+    assert 0 < lo <= out["seconds"] <= hi
