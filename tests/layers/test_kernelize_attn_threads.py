@@ -56,7 +56,7 @@ def test_each_model_validated_at_once_feeds_its_own_probe():
 
     def validate(model, probe):
         def run():
-            model.set_attn_implementation(at_config.SETTABLE_NAME)  # the name set_attn_implementation takes
+            model.set_attn_implementation(at_config.IMPLEMENTATION_NAME)  # the name set_attn_implementation takes
             configs = attention_configs(model)
             at.set_probe(configs, probe)
             try:

@@ -1,31 +1,40 @@
 """Switching transformers' configs between attention implementations: the names kernelize registers, each config's
-implementation before kernelize (what the registered mask function and a hookless layer delegate to), and the
-per-model config class that lets a kernelized model's config ask for attention weights.
+implementation before kernelize (what the registered mask function and a hookless layer delegate to), the entry into
+continuous batching that gives the configs the flash-named name for its run, and the per-model config class that lets
+a kernelized model's config ask for attention weights and keeps building models.
 
 "kernel_hub" and "kernel_hub_flash" run the same functions (dispatch.py registers them in AttentionInterface, and
 kernel_hub_mask here in AttentionMaskInterface): the mask function delegates to the model's previous implementation's
-mask function, so every layer gets exactly the mask its previous implementation would get. The flash-named one exists
-because transformers' continuous batching accepts no other custom implementation; transformers loads a flash-attn
-package for any flash-named implementation it is asked to switch to, so kernelize sets that name on the configs itself.
+mask function, so every layer gets exactly the mask its previous implementation would get. A kernelized model's
+configs name "kernel_hub": a model built from them (`type(model)(model.config)`, `from_config`, an assistant model)
+passes transformers' checks as for any registered name. Only transformers' continuous batching needs a flash-named
+implementation (it accepts no other custom one), and transformers would load a flash-attn package for a flash-named
+name at model construction (GPT-OSS: fetch `kernels-community/vllm-flash-attn3`), so the configs carry
+"kernel_hub_flash" only while a continuous-batching manager of the model runs (`batching_entry`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import sys
 import threading
 import types
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
-from ...swap import IMPLEMENTATION_NAME as SETTABLE_NAME
+from ...swap import IMPLEMENTATION_NAME as _SWAP_NAME
 
-#: The implementation name kernelize switches a model's attention configs to (flash-named: continuous batching
-#: accepts it); SETTABLE_NAME ("kernel_hub") runs the same functions and is the name set_attn_implementation takes.
-IMPLEMENTATION_NAME = "kernel_hub_flash"
-NAMES = (IMPLEMENTATION_NAME, SETTABLE_NAME)
+#: The implementation name a kernelized model's attention configs carry (the name set_attn_implementation takes).
+IMPLEMENTATION_NAME = _SWAP_NAME
+#: The same functions under a flash-named name: what the configs carry while continuous batching runs the model.
+BATCHING_NAME = "kernel_hub_flash"
+NAMES = (IMPLEMENTATION_NAME, BATCHING_NAME)
+#: The model method every continuous-batching entry goes through (generate_batch, the context manager, serve).
+BATCHING_ENTRY = "init_continuous_batching"
 
 #: id(config) -> attention implementation before kernelize (what the mask function delegates to).
 PREVIOUS: dict[int, str | None] = {}
@@ -54,12 +63,53 @@ def kernel_hub_mask(*args: Any, config: Any = None, **kwargs: Any) -> Any:
     return fn(*args, config=config, **kwargs)
 
 
+def remember_previous(config: Any, previous: str | None) -> None:
+    """Record `config`'s implementation before kernelize (dropped with the config: an id is never reused while its
+    entry stays)."""
+    PREVIOUS[id(config)] = previous
+    weakref.finalize(config, PREVIOUS.pop, id(config), None)
+
+
 def switch_configs(configs: Iterable[Any], name: str) -> None:
-    """Set `name` on configs already switched to SETTABLE_NAME by set_attn_implementation (what it does for a
-    registered name, without the flash-attn package load it would attempt for a flash-named one)."""
+    """Set `name` on configs that carry one of kernelize's names (set on the internal field: transformers would try to
+    load a flash-attn package for a flash-named one)."""
     for cfg in configs:
         if cfg._attn_implementation in NAMES:
             cfg._attn_implementation_internal = name
+
+
+def batching_entry(model: Any, configs: list[Any]) -> Callable[..., Any]:
+    """`model`'s init_continuous_batching for its instance: the configs carry BATCHING_NAME from the manager's start
+    until its stop, then IMPLEMENTATION_NAME again. Holds the model weakly (it lives in the model's __dict__)."""
+    ref = weakref.ref(model)
+    entry = getattr(type(model), BATCHING_ENTRY)
+
+    def init_continuous_batching(*args: Any, **kwargs: Any) -> Any:
+        switch_configs(configs, BATCHING_NAME)
+        try:
+            manager = entry(ref(), *args, **kwargs)
+        except BaseException:
+            switch_configs(configs, IMPLEMENTATION_NAME)
+            raise
+        _rename_on_stop(manager, configs)
+        return manager
+
+    return init_continuous_batching
+
+
+def _rename_on_stop(manager: Any, configs: list[Any]) -> None:
+    """Wrap this manager's stop (once: a persistent manager comes back through the entry) to put the name back."""
+    if "stop" in vars(manager) or not callable(getattr(manager, "stop", None)):
+        return
+    stop = manager.stop
+
+    def stop_then_rename(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return stop(*args, **kwargs)
+        finally:
+            switch_configs(configs, IMPLEMENTATION_NAME)
+
+    manager.stop = stop_then_rename
 
 
 # --- a kernelized model's config may ask for attention weights ------------------------------------------------------
@@ -118,6 +168,7 @@ def _make_accepting(cls: type, key: str) -> type:
                 setter(self, value)
 
         ns["output_attentions"] = prop.setter(fset)
+    ns["__deepcopy__"] = _deepcopy_remembering
     for name in ("validate_output_attentions", "validate"):
         check = getattr(cls, name, None)
         if callable(check):
@@ -125,6 +176,18 @@ def _make_accepting(cls: type, key: str) -> type:
     made = type(cls.__name__, (cls,), ns)
     made.__qualname__ = f"ACCEPTING.{key}"
     return made
+
+
+def _deepcopy_remembering(self: Any, memo: dict[int, Any]) -> Any:
+    """A copy of a kernelized config (`from_config` copies the config it is given) delegates to the same previous
+    implementation: the registered functions find it by the config's id."""
+    twin = type(self).__new__(type(self))
+    memo[id(self)] = twin
+    for key, value in vars(self).items():
+        twin.__dict__[key] = copy.deepcopy(value, memo)
+    if id(self) in PREVIOUS:
+        remember_previous(twin, PREVIOUS[id(self)])
+    return twin
 
 
 def _eager_check(check: Callable[[Any], None]) -> Callable[[Any], None]:

@@ -1,23 +1,22 @@
 """The attention kind's flow on a transformers model over the jobs: find.can_switch_attention -> load (the kernel) ->
-register "kernel_hub_flash" and "kernel_hub" (dispatch.py) -> remember every config's
-implementation -> two small forwards (validate.model_forwards, one left-padded) on the model as it is -> one
-`model.set_attn_implementation("kernel_hub")`, then the configs renamed "kernel_hub_flash" (the name continuous
-batching accepts; transformers would try to load a flash-attn package if asked to switch to it) -> the same forwards
-in probe mode (every layer that calls the AttentionInterface runs its previous implementation and the kernel on its
-own q/k/v/mask and returns the previous output) -> plan.switch_check: with every layer returning its previous output
-the model must give the outputs it gave before the switch, else the model itself computes differently under another
-implementation name (DeepSeek sparse attention hands its top-k keys to the attention function instead of masking
-them) and every layer stays on its previous implementation -> hook each layer found: the kernel where it matched
-within the dtype tolerance, its previous implementation otherwise. The switched configs (the model's private copies)
-accept attention-weight requests from the switch on (config_switch.py). Nothing matched: switch back. `restore` puts
-every config's implementation and class back exactly. On a Diffusers denoiser the kind runs through the processor
-API instead (diffusers.py, diffusers_route.py).
+register "kernel_hub" and "kernel_hub_flash" (dispatch.py) -> remember every config's implementation -> two small
+forwards (validate.model_forwards, one left-padded) on the model as it is -> one
+`model.set_attn_implementation("kernel_hub")` -> the same forwards in probe mode (every layer that calls the
+AttentionInterface runs its previous implementation and the kernel on its own q/k/v/mask and returns the previous
+output) -> plan.switch_check: with every layer returning its previous output the model must give the outputs it gave
+before the switch, else the model itself computes differently under another implementation name (DeepSeek sparse
+attention hands its top-k keys to the attention function instead of masking them) and every layer stays on its previous
+implementation -> hook each layer found: the kernel where it matched within the dtype tolerance, its previous
+implementation otherwise -> the model's continuous-batching entry, which gives the configs the flash-named name while a
+manager runs (config_switch.py). The switched configs (the model's private copies) accept attention-weight requests
+from the switch on. Nothing matched: switch back. `restore` puts every config's implementation and class, and the
+model's instance dict, back exactly. On a Diffusers denoiser the kind runs through the processor API instead
+(diffusers.py, diffusers_route.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +24,7 @@ from ...layer_check import dtype_device, tolerance_for
 from ...load import kernel_for, kernel_info
 from ...plan import verdict
 from ...report import Kept, Replaced
-from ...swap import KernelizeState, put_back_names
+from ...swap import MISSING, KernelizeState, put_back_names
 from ..declaration import KindRun
 from . import config_switch, dispatch
 from .contract import HOOK_ATTR, NAME
@@ -47,6 +46,7 @@ class AttentionState:
     previous: str | None = None
     configs: list[tuple[Any, str | None]] = field(default_factory=list)
     classes: list[tuple[Any, type]] = field(default_factory=list)
+    batching: Any = None  # what the model's __dict__ held under BATCHING_ENTRY (swap.MISSING: nothing); None: untouched
 
 
 def apply(run: KindRun) -> None:
@@ -79,15 +79,12 @@ def _swap(run: KindRun, kernel: Any, repo_id: str, state: AttentionState) -> Non
         return
     for cfg in attention_configs(model):
         state.configs.append((cfg, cfg._attn_implementation))
-        config_switch.PREVIOUS[id(cfg)] = cfg._attn_implementation
-        weakref.finalize(cfg, config_switch.PREVIOUS.pop, id(cfg), None)  # an id is never reused while its entry stays
+        config_switch.remember_previous(cfg, cfg._attn_implementation)
         # a private copy (swap.take_own_configs): no other model's config
         original = config_switch.accept_weight_requests(cfg)
         if original is not None:
             state.classes.append((cfg, original))
-    # transformers' own switch, then the flash-named name (config_switch.NAMES)
-    model.set_attn_implementation(config_switch.SETTABLE_NAME)
-    config_switch.switch_configs([cfg for cfg, _ in state.configs], config_switch.IMPLEMENTATION_NAME)
+    model.set_attn_implementation(config_switch.IMPLEMENTATION_NAME)  # transformers' own switch
     probe = dispatch.AttentionProbe(flash=kernel.flash_attention)
     dispatch.set_probe([cfg for cfg, _ in state.configs], probe)
     try:
@@ -133,6 +130,10 @@ def _swap(run: KindRun, kernel: Any, repo_id: str, state: AttentionState) -> Non
     for module, path, hook in hooks:
         module.__dict__[HOOK_ATTR] = hook
         state.paths.append(path)
+    if callable(getattr(type(model), config_switch.BATCHING_ENTRY, None)):
+        state.batching = model.__dict__.get(config_switch.BATCHING_ENTRY, MISSING)
+        model.__dict__[config_switch.BATCHING_ENTRY] = config_switch.batching_entry(
+            model, [cfg for cfg, _ in state.configs])
     report.notes.append(f"attention implementation switched to {config_switch.IMPLEMENTATION_NAME!r} "
                         f"(was {state.previous}); kept layers and calls the kernel cannot express run the previous "
                         "implementation")
@@ -159,6 +160,12 @@ def _restore_state(model: torch.nn.Module, state: AttentionState) -> None:
         with contextlib.suppress(AttributeError):
             model.get_submodule(path).__dict__.pop(HOOK_ATTR, None)
     state.paths.clear()
+    if state.batching is not None:
+        if state.batching is MISSING:
+            model.__dict__.pop(config_switch.BATCHING_ENTRY, None)
+        else:
+            model.__dict__[config_switch.BATCHING_ENTRY] = state.batching
+        state.batching = None
     for cfg, cls in reversed(state.classes):
         cfg.__class__ = cls
     state.classes.clear()
