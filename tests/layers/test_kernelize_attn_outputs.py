@@ -76,7 +76,7 @@ def test_later_set_attn_implementation_wins_and_restore_gives_back_the_original(
     m.set_experts_implementation("eager")
     assert m.config._experts_implementation == "eager"
     assert (_out(m, x).logits - _out(ref, x).logits).abs().max().item() <= TOL
-    m.set_attn_implementation(at_config.IMPLEMENTATION_NAME)  # back onto the kernel (the name set_attn_implementation takes)
+    m.set_attn_implementation(at_config.IMPLEMENTATION_NAME)  # back onto the kernel
     calls = sum(h.calls for h in hooks)
     _out(m, x)
     assert sum(h.calls for h in hooks) == calls + len(hooks)
