@@ -23,7 +23,6 @@ from .diffusers import is_diffusers_object, kernelize_diffusers, restore_diffuse
 from .hf_compat import explicit_skips, strict_from
 from .keep_out import ReportMark, keep_out_if_caught
 from .kinds import BUILTIN_KINDS, KindRun, LayerKind, in_order
-from .kinds.experts.quantize import check_quantize
 from .plan import backend_of, check_mode, kernel_specs
 from .report import KernelizeReport, strict_failures
 from .swap import STATE_ATTR, KernelizeState, give_back_configs, is_kernelized, take_own_configs
@@ -83,8 +82,8 @@ def kernelize(
     trust = trust_policy(trust_remote_code)
     strict = strict_from(strict, use_fallback)
     kinds = in_order(BUILTIN_KINDS if kinds is None else kinds)
-    skipped = explicit_skips(mapping, tuple(k.name for k in kinds))
-    quantize = check_quantize(quantize, mode)
+    skipped = explicit_skips(mapping, kinds)
+    quantize = _check_quantize(quantize, mode, kinds)
     if is_diffusers_object(model):  # Diffusers models and pipelines: the same kinds, attention via the processor API
         if quantize is not None:
             raise KernelHubError("quantize= quantizes Mixture-of-Experts expert weights; Diffusers models have no "
@@ -118,6 +117,13 @@ def kernelize(
         model.__dict__.pop(STATE_ATTR, None)
         give_back_configs(state.own_configs)
     return _remember(model, _strict_check(model, report, strict, skipped))
+
+
+def _check_quantize(quantize: Any, mode: str, kinds: Sequence[LayerKind]) -> str | None:
+    """kernelize's quantize= as the kind that quantizes its weights checks it (the built-in one when `kinds` has
+    none), before anything changes."""
+    check = next((k.quantizes for k in (*kinds, *BUILTIN_KINDS) if k.quantizes is not None), None)
+    return check(quantize, mode) if check is not None else quantize
 
 
 def _undo(kind: LayerKind, model: Any, state: KernelizeState) -> None:
