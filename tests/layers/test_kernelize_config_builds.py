@@ -116,6 +116,13 @@ def test_continuous_batching_runs_under_the_flash_name_and_gives_it_back():
     finally:
         manager.stop(block=True)
     assert {c._attn_implementation for c in configs} == {config_switch.IMPLEMENTATION_NAME}
+    # switched away and back by the user: continuous batching runs on the kernel again
+    model.set_attn_implementation("eager")
+    model.set_attn_implementation(config_switch.IMPLEMENTATION_NAME)
+    served = sum(h.calls for h in hooks)
+    again = model.generate_batch(prompts, generation_config=gen, continuous_batching_config=cb)
+    assert sorted(again) == sorted(out) and sum(h.calls for h in hooks) > served
+    assert [again[k].generated_tokens for k in sorted(again)] == [out[k].generated_tokens for k in sorted(out)]
 
 
 def test_restore_gives_the_instance_dict_and_names_back_exactly():
