@@ -139,3 +139,46 @@ def test_restore_gives_the_instance_dict_and_names_back_exactly():
     ids, mask = _ids()
     with torch.no_grad():
         assert torch.isfinite(copied(ids, attention_mask=mask).logits).all()  # the copy still runs after restore
+
+
+
+class _Config:
+    def __init__(self, name):
+        self._attn_implementation_internal = name
+
+    @property
+    def _attn_implementation(self):
+        return self._attn_implementation_internal
+
+
+class _Manager:
+    def __init__(self, model):
+        self.model, self.seen = model, model.config._attn_implementation
+
+    def stop(self):
+        self.stopped = True
+
+
+class _Model:
+    def __init__(self):
+        self.config = _Config(config_switch.IMPLEMENTATION_NAME)
+
+    def init_continuous_batching(self):
+        return _Manager(self)
+
+
+def test_the_batching_entry_names_the_configs_while_a_manager_runs_and_follows_a_deep_copy():
+    import copy
+
+    model = _Model()
+    model.__dict__[config_switch.BATCHING_ENTRY] = config_switch.BatchingEntry(model, [model.config])
+    clone = copy.deepcopy(model)
+    manager = clone.init_continuous_batching()
+    assert manager.model is clone and manager.seen == config_switch.BATCHING_NAME  # the copy's own configs
+    assert model.config._attn_implementation == config_switch.IMPLEMENTATION_NAME  # the original's untouched
+    manager.stop()
+    assert manager.stopped and clone.config._attn_implementation == config_switch.IMPLEMENTATION_NAME
+    manager = model.init_continuous_batching()
+    assert manager.model is model and model.config._attn_implementation == config_switch.BATCHING_NAME
+    manager.stop()
+    assert model.config._attn_implementation == config_switch.IMPLEMENTATION_NAME

@@ -10,7 +10,7 @@ configs name "kernel_hub": a model built from them (`type(model)(model.config)`,
 passes transformers' checks as for any registered name. Only transformers' continuous batching needs a flash-named
 implementation (it accepts no other custom one), and transformers would load a flash-attn package for a flash-named
 name at model construction (GPT-OSS: fetch `kernels-community/vllm-flash-attn3`), so the configs carry
-"kernel_hub_flash" only while a continuous-batching manager of the model runs (`batching_entry`).
+"kernel_hub_flash" only while a continuous-batching manager of the model runs (`BatchingEntry`).
 """
 
 from __future__ import annotations
@@ -78,23 +78,29 @@ def switch_configs(configs: Iterable[Any], name: str) -> None:
             cfg._attn_implementation_internal = name
 
 
-def batching_entry(model: Any, configs: list[Any]) -> Callable[..., Any]:
+class BatchingEntry:
     """`model`'s init_continuous_batching for its instance: the configs carry BATCHING_NAME from the manager's start
-    until its stop, then IMPLEMENTATION_NAME again. Holds the model weakly (it lives in the model's __dict__)."""
-    ref = weakref.ref(model)
-    entry = getattr(type(model), BATCHING_ENTRY)
+    until its stop, then IMPLEMENTATION_NAME again. Holds the model weakly (it lives in the model's __dict__); a deep
+    copy of the model gets an entry of its own, on the copy and the copy's configs."""
 
-    def init_continuous_batching(*args: Any, **kwargs: Any) -> Any:
-        switch_configs(configs, BATCHING_NAME)
+    def __init__(self, model: Any, configs: list[Any]) -> None:
+        self._model = weakref.ref(model)
+        self.configs = configs
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        model = self._model()
+        switch_configs(self.configs, BATCHING_NAME)
         try:
-            manager = entry(ref(), *args, **kwargs)
+            manager = getattr(type(model), BATCHING_ENTRY)(model, *args, **kwargs)
         except BaseException:
-            switch_configs(configs, IMPLEMENTATION_NAME)
+            switch_configs(self.configs, IMPLEMENTATION_NAME)
             raise
-        _rename_on_stop(manager, configs)
+        _rename_on_stop(manager, self.configs)
         return manager
 
-    return init_continuous_batching
+    def __deepcopy__(self, memo: dict[int, Any]) -> BatchingEntry:
+        model = self._model()
+        return BatchingEntry(memo.get(id(model), model), copy.deepcopy(self.configs, memo))
 
 
 def _rename_on_stop(manager: Any, configs: list[Any]) -> None:

@@ -24,7 +24,7 @@ from ...layer_check import dtype_device, tolerance_for
 from ...load import kernel_for, kernel_info
 from ...plan import verdict
 from ...report import Kept, Replaced
-from ...swap import MISSING, KernelizeState, put_back_names
+from ...swap import KernelizeState, put_back_names
 from ..declaration import KindRun
 from . import config_switch, dispatch
 from .contract import HOOK_ATTR, NAME
@@ -46,7 +46,8 @@ class AttentionState:
     previous: str | None = None
     configs: list[tuple[Any, str | None]] = field(default_factory=list)
     classes: list[tuple[Any, type]] = field(default_factory=list)
-    batching: Any = None  # what the model's __dict__ held under BATCHING_ENTRY (swap.MISSING: nothing); None: untouched
+    #: (whether the model's __dict__ held an entry under BATCHING_ENTRY, what); None: untouched
+    batching: tuple[bool, Any] | None = None
 
 
 def apply(run: KindRun) -> None:
@@ -131,8 +132,9 @@ def _swap(run: KindRun, kernel: Any, repo_id: str, state: AttentionState) -> Non
         module.__dict__[HOOK_ATTR] = hook
         state.paths.append(path)
     if callable(getattr(type(model), config_switch.BATCHING_ENTRY, None)):
-        state.batching = model.__dict__.get(config_switch.BATCHING_ENTRY, MISSING)
-        model.__dict__[config_switch.BATCHING_ENTRY] = config_switch.batching_entry(
+        before = model.__dict__.get(config_switch.BATCHING_ENTRY)
+        state.batching = (config_switch.BATCHING_ENTRY in model.__dict__, before)
+        model.__dict__[config_switch.BATCHING_ENTRY] = config_switch.BatchingEntry(
             model, [cfg for cfg, _ in state.configs])
     report.notes.append(f"attention implementation switched to {config_switch.IMPLEMENTATION_NAME!r} "
                         f"(was {state.previous}); kept layers and calls the kernel cannot express run the previous "
@@ -161,10 +163,11 @@ def _restore_state(model: torch.nn.Module, state: AttentionState) -> None:
             model.get_submodule(path).__dict__.pop(HOOK_ATTR, None)
     state.paths.clear()
     if state.batching is not None:
-        if state.batching is MISSING:
-            model.__dict__.pop(config_switch.BATCHING_ENTRY, None)
+        had, before = state.batching
+        if had:
+            model.__dict__[config_switch.BATCHING_ENTRY] = before
         else:
-            model.__dict__[config_switch.BATCHING_ENTRY] = state.batching
+            model.__dict__.pop(config_switch.BATCHING_ENTRY, None)
         state.batching = None
     for cfg, cls in reversed(state.classes):
         cfg.__class__ = cls
