@@ -18,7 +18,8 @@ pytest.importorskip("transformers")
 from transformers import GenerationConfig  # noqa: E402
 from transformers.generation.configuration_utils import ContinuousBatchingConfig  # noqa: E402
 
-from kernel_hub.layers.kinds.attention import transformers as at  # noqa: E402
+from kernel_hub.layers.kinds.attention import config_switch as at_config  # noqa: E402
+from kernel_hub.layers.kinds.attention import dispatch as at  # noqa: E402
 from kernel_hub.layers.kinds.attention.packed import PackedKernel  # noqa: E402
 
 FAMILIES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "gpt_oss", "deepseek_v3")
@@ -61,7 +62,7 @@ def test_generate_batch_on_a_kernelized_model_gives_transformers_tokens(family):
     assert len(before) == len(LENGTHS) and all(len(t) == NEW_TOKENS for t in before)
 
     model = kh.kernelize(model)
-    assert model.config._attn_implementation == at.IMPLEMENTATION_NAME
+    assert model.config._attn_implementation == at_config.IMPLEMENTATION_NAME
     hooks = _hooks(model)
     assert hooks and all(h.flash is not None for h in hooks), family  # every attention layer on the kernel
     served = sum(h.calls for h in hooks)

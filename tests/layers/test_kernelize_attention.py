@@ -20,7 +20,9 @@ pytest.importorskip("transformers")
 import kernel_hub as kh  # noqa: E402
 from kernel_hub.errors import KernelHubError  # noqa: E402
 from kernel_hub.layers import is_kernelized  # noqa: E402
-from kernel_hub.layers.kinds.attention import transformers as at  # noqa: E402
+from kernel_hub.layers.kinds.attention import call_plan as at_plan  # noqa: E402
+from kernel_hub.layers.kinds.attention import config_switch as at_config  # noqa: E402
+from kernel_hub.layers.kinds.attention import dispatch as at  # noqa: E402
 from tests import tiny_models as tiny  # noqa: E402
 
 # These tests pin the attention path's whole report: RMSNorm stays on its default (test_kernelize_rms_norm.py).
@@ -99,7 +101,7 @@ def test_logits_padding_report_and_restore(family, dtype, fa):
     assert [r.layer for r in attn] == layers and len(layers) == 2
     assert not [k for k in report.kept if k.kind == "attention"]
     assert all(r.repo_id == REPO and r.variant == "torch-cpu" and r.max_error <= TOL[dtype] for r in attn)
-    assert model.config._attn_implementation == at.IMPLEMENTATION_NAME
+    assert model.config._attn_implementation == at_config.IMPLEMENTATION_NAME
 
     calls = spy.calls
     after = [run(model, x), run(model, x, left), run(model, x, right)]
@@ -184,15 +186,15 @@ def test_unexpressible_mask_falls_back_exactly(fa):
 
 def test_plan_call_decisions():
     causal = torch.tril(torch.ones(4, 4, dtype=torch.bool))
-    plan, why = at.plan_call(causal[None, None], 4, 4, causal=True, window=None)
+    plan, why = at_plan.plan_call(causal[None, None], 4, 4, causal=True, window=None)
     assert plan is not None and plan.q_lengths is None and why == ""
     left = causal.clone()
     left[:, 0] = False
-    plan, _ = at.plan_call(left[None, None], 4, 4, causal=True, window=None)
+    plan, _ = at_plan.plan_call(left[None, None], 4, 4, causal=True, window=None)
     assert plan.q_shift.tolist() == [1] and plan.kv_lengths.tolist() == [3]
-    assert at.plan_call(causal[None, None], 4, 4, causal=True, window=2)[1].startswith("mask is not causal")
-    assert at.plan_call(None, 3, 5, causal=True, window=None)[0] is None
-    assert at.plan_call(torch.zeros(1, 2, 4, 4), 4, 4, causal=True, window=None)[1] == "per-head attention mask"
+    assert at_plan.plan_call(causal[None, None], 4, 4, causal=True, window=2)[1].startswith("mask is not causal")
+    assert at_plan.plan_call(None, 3, 5, causal=True, window=None)[0] is None
+    assert at_plan.plan_call(torch.zeros(1, 2, 4, 4), 4, 4, causal=True, window=None)[1] == "per-head attention mask"
 
 
 # --- the torch entry against the NumPy reference -------------------------------------------------

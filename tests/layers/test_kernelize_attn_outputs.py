@@ -16,7 +16,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import kernel_hub as kh  # noqa: E402
-from kernel_hub.layers.kinds.attention import transformers as at  # noqa: E402
+from kernel_hub.layers.kinds.attention import config_switch as at_config  # noqa: E402
+from kernel_hub.layers.kinds.attention import dispatch as at  # noqa: E402
 from kernel_hub.layers.kinds.experts import transformers as ex  # noqa: E402
 from tests import tiny_models as tiny  # noqa: E402
 
@@ -62,7 +63,7 @@ def test_later_set_attn_implementation_wins_and_restore_gives_back_the_original(
     cfg = m.config
     ref = copy.deepcopy(m)
     kh.kernelize(m)
-    assert m.config._attn_implementation == at.IMPLEMENTATION_NAME  # the name transformers dispatches on
+    assert m.config._attn_implementation == at_config.IMPLEMENTATION_NAME  # the name transformers dispatches on
     assert m.config._experts_implementation == ex.IMPLEMENTATION_NAME
     hooks = [mod.__dict__[at.HOOK_ATTR] for mod in m.modules() if at.HOOK_ATTR in mod.__dict__]
     x = _x()
@@ -75,7 +76,7 @@ def test_later_set_attn_implementation_wins_and_restore_gives_back_the_original(
     m.set_experts_implementation("eager")
     assert m.config._experts_implementation == "eager"
     assert (_out(m, x).logits - _out(ref, x).logits).abs().max().item() <= TOL
-    m.set_attn_implementation(at.SETTABLE_NAME)  # and back onto the kernel (the name set_attn_implementation takes)
+    m.set_attn_implementation(at_config.IMPLEMENTATION_NAME)  # back onto the kernel
     calls = sum(h.calls for h in hooks)
     _out(m, x)
     assert sum(h.calls for h in hooks) == calls + len(hooks)
@@ -96,7 +97,7 @@ def test_config_output_attentions_is_accepted_and_honoured():
     m.config.output_attentions = True  # raised "not supported ... kernel_hub" before
     m.config.validate_output_attentions()
     assert m.config.output_attentions is True
-    assert m.config._attn_implementation == at.IMPLEMENTATION_NAME  # the name kernelize reports stays
+    assert m.config._attn_implementation == at_config.IMPLEMENTATION_NAME  # the name kernelize reports stays
     ref.config.output_attentions = True
     x = _x()
     got, want = _out(m, x), _out(ref, x)
@@ -129,7 +130,7 @@ def test_output_attentions_acceptance_is_the_kernelized_models_own():
     prop = PretrainedConfig.__dict__["output_attentions"]
     assert prop.fset.__module__ == cu.__name__ and PretrainedConfig.validate_output_attentions.__module__ == cu.__name__
     stranger = copy.deepcopy(other.config)
-    stranger._attn_implementation_internal = at.IMPLEMENTATION_NAME  # the name alone grants nothing
+    stranger._attn_implementation_internal = at_config.IMPLEMENTATION_NAME  # the name alone grants nothing
     with pytest.raises(ValueError, match="not supported"):
         stranger.output_attentions = True
     stranger._output_attentions = True
@@ -142,7 +143,7 @@ def test_output_attentions_acceptance_is_the_kernelized_models_own():
     mine.validate_output_attentions()
     if hasattr(mine, "validate"):
         mine.validate()  # transformers' strict validators too (save_pretrained runs them)
-    assert mine.output_attentions is True and mine._attn_implementation == at.IMPLEMENTATION_NAME
+    assert mine.output_attentions is True and mine._attn_implementation == at_config.IMPLEMENTATION_NAME
     assert repr(mine).startswith(cls.__name__) and mine.to_diff_dict()["output_attentions"] is True
     again = pickle.loads(pickle.dumps(mine))
     assert type(again) is type(mine) and again.output_attentions is True

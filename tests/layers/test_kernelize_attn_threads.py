@@ -15,7 +15,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import kernel_hub as kh  # noqa: E402
-from kernel_hub.layers.kinds.attention import transformers as at  # noqa: E402
+from kernel_hub.layers.kinds.attention import config_switch as at_config  # noqa: E402
+from kernel_hub.layers.kinds.attention import dispatch as at  # noqa: E402
 from kernel_hub.layers.kinds.attention.find import attention_configs  # noqa: E402
 from tests import tiny_models as tiny  # noqa: E402
 
@@ -55,7 +56,7 @@ def test_each_model_validated_at_once_feeds_its_own_probe():
 
     def validate(model, probe):
         def run():
-            model.set_attn_implementation(at.SETTABLE_NAME)  # the name set_attn_implementation takes
+            model.set_attn_implementation(at_config.IMPLEMENTATION_NAME)  # the name set_attn_implementation takes
             configs = attention_configs(model)
             at.set_probe(configs, probe)
             try:
@@ -82,18 +83,18 @@ def test_the_accepting_class_is_made_once_when_two_threads_ask_together(monkeypa
     # Both threads meet inside the making of the subclass if both get there: a lock lets only one in, so the other
     # is still waiting outside when the meeting times out (a short wait), and then finds the class made.
     inside = threading.Barrier(2, timeout=1)
-    real_check = at._eager_check
+    real_check = at_config._eager_check
 
     def meeting_check(check):
         with contextlib.suppress(threading.BrokenBarrierError):
             inside.wait()
         return real_check(check)
 
-    monkeypatch.setattr(at, "_eager_check", meeting_check)
+    monkeypatch.setattr(at_config, "_eager_check", meeting_check)
     configs = [FreshConfig(), FreshConfig()]
-    _in_threads(*(lambda c=c: at.accept_weight_requests(c) for c in configs))
+    _in_threads(*(lambda c=c: at_config.accept_weight_requests(c) for c in configs))
     made = type(configs[0])
     assert type(configs[1]) is made and made.__bases__ == (FreshConfig,)
-    assert getattr(at.ACCEPTING, made.__qualname__.removeprefix("ACCEPTING.")) is made
+    assert getattr(at_config.ACCEPTING, made.__qualname__.removeprefix("ACCEPTING.")) is made
     for cfg in configs:
         assert type(pickle.loads(pickle.dumps(cfg))) is made

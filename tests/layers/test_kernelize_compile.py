@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import kernel_hub as kh  # noqa: E402
-from kernel_hub.layers.kinds.attention import transformers as at  # noqa: E402
+from kernel_hub.layers.kinds.attention import dispatch as at  # noqa: E402
 from kernel_hub.layers.kinds.experts import transformers as ex  # noqa: E402
 from tests import tiny_models as tiny  # noqa: E402
 

@@ -22,8 +22,11 @@ pytest.importorskip("transformers")
 
 import kernel_hub as kh  # noqa: E402
 from kernel_hub.errors import KernelHubError  # noqa: E402
+from kernel_hub.layers.kinds.attention import call_plan as at_plan  # noqa: E402
+from kernel_hub.layers.kinds.attention import dispatch as at  # noqa: E402
+from kernel_hub.layers.kinds.attention import heads as at_heads  # noqa: E402
+from kernel_hub.layers.kinds.attention import kernel_call as at_kernel  # noqa: E402
 from kernel_hub.layers.kinds.attention import plan  # noqa: E402
-from kernel_hub.layers.kinds.attention import transformers as at  # noqa: E402
 from kernel_hub.verify.numerics import relative_error, tolerance  # noqa: E402
 from tests import tiny_models as tiny  # noqa: E402
 
@@ -194,22 +197,22 @@ def test_run_plan_pads_head_sizes_exactly(d, dv, scaling, fa):
     g = torch.Generator().manual_seed(3)
     q, k = torch.randn(2, 4, 7, d, generator=g), torch.randn(2, 4, 7, d, generator=g)
     v = torch.randn(2, 4, 7, dv, generator=g)
-    pad, why = at.plan_heads(tuple(q.shape), tuple(k.shape), tuple(v.shape), scaling)
+    pad, why = at_heads.plan_heads(tuple(q.shape), tuple(k.shape), tuple(v.shape), scaling)
     assert why == "" and pad.dv == dv and pad.qk == max(0, dv - d) and pad.v == max(0, d - dv)
-    out = at.run_plan(fa.flash_attention, at.AttentionCallPlan(causal=True, window=None), q, k, v, pad=pad,
+    out = at_kernel.run_plan(fa.flash_attention, at_plan.AttentionCallPlan(causal=True, window=None), q, k, v, pad=pad,
                       softcap=None, sinks=None)
     expected = reference(q, k, v, scaling if scaling is not None else d ** -0.5, causal=True)
     assert out.shape == expected.shape and relative_error(out, expected) <= TOL
 
 
 def test_decisions():
-    assert at.plan_heads((1, 2, 3, 8), (1, 2, 3, 8), (1, 2, 4, 8), None)[0] is None  # value length differs
-    assert "query head size" in at.plan_heads((1, 2, 3, 4), (1, 2, 3, 8), (1, 2, 3, 8), None)[1]
-    assert at.sparse_selection({"indices": None, "block_indices": None}) == ""
-    assert "`indices`" in at.sparse_selection({"indices": torch.zeros(1, 2, 1)})
-    assert "`block_indices`" in at.plan_kwargs({"block_indices": torch.zeros(1)}, training=False)
-    assert at.plan_kwargs({"dropout": 0.1}, training=True) == "attention dropout"
-    assert at.plan_kwargs({"dropout": 0.1, "position_bias": None}, training=False) == ""
+    assert at_heads.plan_heads((1, 2, 3, 8), (1, 2, 3, 8), (1, 2, 4, 8), None)[0] is None  # value length differs
+    assert "query head size" in at_heads.plan_heads((1, 2, 3, 4), (1, 2, 3, 8), (1, 2, 3, 8), None)[1]
+    assert at_plan.sparse_selection({"indices": None, "block_indices": None}) == ""
+    assert "`indices`" in at_plan.sparse_selection({"indices": torch.zeros(1, 2, 1)})
+    assert "`block_indices`" in at_plan.plan_kwargs({"block_indices": torch.zeros(1)}, training=False)
+    assert at_plan.plan_kwargs({"dropout": 0.1}, training=True) == "attention dropout"
+    assert at_plan.plan_kwargs({"dropout": 0.1, "position_bias": None}, training=False) == ""
     a = [torch.ones(2, 3), None]
     assert plan.switch_check(a, [torch.ones(2, 3), None], TOL, "sdpa") == ""
     why = plan.switch_check(a, [torch.full((2, 3), 1.5), None], TOL, "sdpa")

@@ -17,11 +17,12 @@ kernels = pytest.importorskip("kernels")
 import kernel_hub as kh  # noqa: E402
 from kernel_hub.errors import KernelHubError, KernelizeStrictError  # noqa: E402
 from kernel_hub.layers import hf_compat as hf  # noqa: E402
+from kernel_hub.layers.kinds import BUILTIN_KINDS  # noqa: E402
 from kernel_hub.layers.report import Kept, KernelizeReport, strict_failures  # noqa: E402
 from tests import tiny_models as tiny  # noqa: E402
 
 Mode, LayerRepository, LocalLayerRepository = kernels.Mode, kernels.LayerRepository, kernels.LocalLayerRepository
-KINDS = ("attention", "moe_experts", "rms_norm")
+KINDS = BUILTIN_KINDS
 MOE = "kernel-hub/ragged-dot-tpu"
 RAGGED_DOT_SOURCE = Path(__file__).resolve().parents[2] / "kernels" / "pallas" / "ragged_dot"
 DEFAULTS_OFF = {"attention": None, "rms_norm": None}

@@ -12,7 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from kernel_hub.layers.kinds.attention import transformers as at  # noqa: E402
+from kernel_hub.layers.kinds.attention import config_switch as at_config  # noqa: E402
+from kernel_hub.layers.kinds.attention import dispatch as at  # noqa: E402
 from kernel_hub.layers.kinds.attention.diffusers_route import AttentionRoute  # noqa: E402
 from kernel_hub.layers.kinds.rms_norm.flow import NormHook  # noqa: E402
 from kernel_hub.layers.swap import CallCounts  # noqa: E402
@@ -86,4 +87,4 @@ def test_the_route_keeps_identity_equality_and_its_hash():
     """CallCounts adds no __eq__: two routes with the same counts are still two processors (Diffusers may key them)."""
     a, b = AttentionRoute(object(), _flash), AttentionRoute(object(), _flash)
     assert a != b and len({a, b}) == 2
-    assert sys.modules[__name__].eager_attention_forward is at.previous_function(Attn(), "eager")
+    assert sys.modules[__name__].eager_attention_forward is at_config.previous_function(Attn(), "eager")

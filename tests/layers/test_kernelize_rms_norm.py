@@ -135,7 +135,7 @@ def test_mapping_none_skips_the_kind_and_an_instance_forward_is_restored_exactly
 
 
 def test_kinds_are_declared_once_and_drive_mapping_errors():
-    from kernel_hub.layers.kinds.attention import transformers as attention
+    from kernel_hub.layers.kinds.attention import dispatch as attention
     from kernel_hub.layers.kinds.experts import transformers as experts
 
     names = [k.name for k in BUILTIN_KINDS]

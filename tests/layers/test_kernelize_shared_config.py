@@ -16,7 +16,8 @@ pytest.importorskip("transformers")
 
 import kernel_hub as kh  # noqa: E402
 from kernel_hub.layers import is_kernelized  # noqa: E402
-from kernel_hub.layers.kinds.attention import transformers as at  # noqa: E402
+from kernel_hub.layers.kinds.attention import config_switch as at_config  # noqa: E402
+from kernel_hub.layers.kinds.attention import dispatch as at  # noqa: E402
 from kernel_hub.layers.kinds.experts import transformers as ex  # noqa: E402
 from kernel_hub.layers.swap import give_back_configs, take_own_configs  # noqa: E402
 from tests import tiny_models as tiny  # noqa: E402
@@ -78,7 +79,7 @@ def test_two_models_from_one_config_stay_exact(order, mode):
     assert models[first].config is cfg  # the original object is back
     _check(models[first], refs[first], f"model {first} restored")
     _check(models[second], refs[second], f"model {second} still kernelized, the other restored")
-    assert is_kernelized(models[second]) and models[second].config._attn_implementation == at.IMPLEMENTATION_NAME
+    assert is_kernelized(models[second]) and models[second].config._attn_implementation == at_config.IMPLEMENTATION_NAME
     assert kh.restore(models[second])
     _check(models[second], refs[second], f"model {second} restored")
     assert all(m.config is cfg for m in models)

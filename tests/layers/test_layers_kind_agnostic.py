@@ -2,8 +2,8 @@
 everything one kind needs lives in its folder under layers/kinds/, so a new kind is a new folder and nothing else.
 
 Read from the source with ast: every identifier a module outside kinds/ defines, reads, imports or passes as a
-keyword. Three modules name a kind on purpose, each with the exact names it may use: the package's re-exports
-(__init__.py), kernelize's `quantize=` check (api.py) and the table of HF layer names (hf_compat.py).
+keyword. None may: a kind's public names, its HF layer names (`hf_names`, `hf_pattern`) and its check of
+`quantize=` (`quantizes`) are declared in its own folder.
 """
 
 from __future__ import annotations
@@ -16,12 +16,6 @@ import pytest
 
 LAYERS = Path(__file__).resolve().parents[2] / "src" / "kernel_hub" / "layers"
 KIND_WORD = re.compile(r"expert|attention|attn|rms", re.IGNORECASE)
-ALLOWED = {
-    "__init__.py": {"kinds.experts.find", "kinds.experts.validate", "ExpertsLayout", "ExpertsSite", "find_experts",
-                    "read_experts"},
-    "api.py": {"kinds.experts.quantize"},
-    "hf_compat.py": {"EXPERTS_CLASS"},
-}
 
 
 def _identifiers(tree: ast.AST) -> set[str]:
@@ -50,11 +44,11 @@ def _kind_names(path: Path) -> set[str]:
 
 @pytest.mark.parametrize("path", sorted(LAYERS.glob("*.py")), ids=lambda p: p.name)
 def test_generic_layer_modules_name_no_kind(path: Path) -> None:
-    assert _kind_names(path) <= ALLOWED.get(path.name, set()), f"{path.name} names a kind: move it into layers/kinds/"
+    assert not _kind_names(path), f"{path.name} names a kind: move it into layers/kinds/"
 
 
 def test_the_scan_sees_a_kind_name_wherever_it_is_written(tmp_path: Path) -> None:
     source = tmp_path / "m.py"
     source.write_text("from .kinds.experts import x as y\nHOOK = 1\ndef f(attn_mask): return g(rms=1).Experts\n")
     assert _kind_names(source) == {"kinds.experts", "attn_mask", "rms", "Experts"}
-    assert set(ALLOWED) <= {p.name for p in LAYERS.glob("*.py")}  # an allowance for a module that is gone fails
+    assert len(list(LAYERS.glob("*.py"))) > 10  # the scan reads the generic modules where they are

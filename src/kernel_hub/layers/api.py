@@ -3,7 +3,8 @@
 The flow, each step its own module: plan (mode, backend, which kernel each layer kind gets: registry.yaml `layers`
 overridden by `mapping=`; a bad mapping raises before anything changes) -> swap.take_own_configs (the model's
 private config copies) -> every layer kind, in apply order, each running its jobs (find -> load -> validate -> plan ->
-swap -> report rows) -> the KernelizeReport. The kinds are the built-in ones (kinds.BUILTIN_KINDS) or `kinds=`, handed
+swap -> report rows; a kernel caught writing weights on one layer is kept out of every layer of its kind: keep_out.py)
+-> the KernelizeReport. The kinds are the built-in ones (kinds.BUILTIN_KINDS) or `kinds=`, handed
 down from here: no job below looks kinds up. Any exception on the way restores the model before it propagates, so a
 model is never left half patched; restore runs the restore of each kind that ran, in reverse order, then gives the
 original configs back. Diffusers models and pipelines go to the Diffusers adapter (diffusers.py), through the same
@@ -20,8 +21,8 @@ from ..errors import KernelHubError, KernelizeStrictError
 from ..load.trust import TrustSetting, trust_policy
 from .diffusers import is_diffusers_object, kernelize_diffusers, restore_diffusers
 from .hf_compat import explicit_skips, strict_from
+from .keep_out import ReportMark, keep_out_if_caught
 from .kinds import BUILTIN_KINDS, KindRun, LayerKind, in_order
-from .kinds.experts.quantize import check_quantize
 from .plan import backend_of, check_mode, kernel_specs
 from .report import KernelizeReport, strict_failures
 from .swap import STATE_ATTR, KernelizeState, give_back_configs, is_kernelized, take_own_configs
@@ -81,8 +82,8 @@ def kernelize(
     trust = trust_policy(trust_remote_code)
     strict = strict_from(strict, use_fallback)
     kinds = in_order(BUILTIN_KINDS if kinds is None else kinds)
-    skipped = explicit_skips(mapping, tuple(k.name for k in kinds))
-    quantize = check_quantize(quantize, mode)
+    skipped = explicit_skips(mapping, kinds)
+    quantize = _check_quantize(quantize, mode, kinds)
     if is_diffusers_object(model):  # Diffusers models and pipelines: the same kinds, attention via the processor API
         if quantize is not None:
             raise KernelHubError("quantize= quantizes Mixture-of-Experts expert weights; Diffusers models have no "
@@ -105,8 +106,10 @@ def kernelize(
     try:
         with guarding(model):  # validation watches every tensor of the model, not only the layer's
             for kind in kinds:
+                mark = ReportMark.of(report)
                 kind.apply(KindRun(kind, model, specs[kind.name], backend, dev, mode, validate, state, report,
                                    quantize=quantize))
+                keep_out_if_caught(report, kind.name, mark, lambda kind=kind: _undo(kind, model, state))
     except BaseException:
         restore(model)
         raise
@@ -114,6 +117,19 @@ def kernelize(
         model.__dict__.pop(STATE_ATTR, None)
         give_back_configs(state.own_configs)
     return _remember(model, _strict_check(model, report, strict, skipped))
+
+
+def _check_quantize(quantize: Any, mode: str, kinds: Sequence[LayerKind]) -> str | None:
+    """kernelize's quantize= as the kind that quantizes its weights checks it (the built-in one when `kinds` has
+    none), before anything changes."""
+    check = next((k.quantizes for k in (*kinds, *BUILTIN_KINDS) if k.quantizes is not None), None)
+    return check(quantize, mode) if check is not None else quantize
+
+
+def _undo(kind: LayerKind, model: Any, state: KernelizeState) -> None:
+    """One kind's swaps put back (a kernel caught writing once runs on no layer of the model)."""
+    kind.restore(model, state)
+    state.kinds.pop(kind.name, None)
 
 
 def _strict_check(model: Any, report: KernelizeReport, strict: bool, skipped: frozenset[str]) -> KernelizeReport:

@@ -21,6 +21,7 @@ from typing import Any
 from ..errors import KernelHubError
 from ..load.trust import NOTHING_EXTRA, TrustPolicy
 from .find import is_denoiser, is_diffusers_object, is_pipeline
+from .keep_out import ReportMark, keep_out_if_caught
 from .kinds.declaration import KindRun, LayerKind
 from .plan import backend_of, kernel_specs
 from .report import KernelizeReport
@@ -101,8 +102,10 @@ def kernelize_diffusers(obj: Any, *, kinds: Sequence[LayerKind], mode: str, devi
             with guarding(model):  # validation watches every tensor of this model, not only the layer's
                 for kind in kinds:
                     apply = kind.diffusers[0] if kind.diffusers else kind.apply
+                    mark = ReportMark.of(report)
                     apply(KindRun(kind, model, specs[kind.name], report.backend, dev, mode, validate, target,
                                   report))
+                    keep_out_if_caught(report, kind.name, mark, lambda k=kind, m=model, t=target: _undo(k, m, t))
             if pipeline:
                 _prefixed(report, start, name)
                 if target.empty():
@@ -115,6 +118,12 @@ def kernelize_diffusers(obj: Any, *, kinds: Sequence[LayerKind], mode: str, devi
         obj.__dict__.pop(STATE_ATTR, None)
     report.notes = list(dict.fromkeys(report.notes))  # a pipeline's components say the same things once
     return report
+
+
+def _undo(kind: LayerKind, model: Any, state: DiffusersState) -> None:
+    """One kind's swaps on one component put back (its kernel was caught writing)."""
+    (kind.diffusers[1] if kind.diffusers else kind.restore)(model, state)
+    state.kinds.pop(kind.name, None)
 
 
 def restore_diffusers(obj: Any) -> bool:

@@ -8,18 +8,17 @@ keeps the rest of kernelize on one vocabulary. Everything is read by duck type (
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import KernelHubError
 
-#: HF layer names (transformers' `use_kernel_forward_from_hub` marks, HF kernels' layer classes) that name one of
-#: kernelize's kinds: same layer, same computation.
-HF_LAYER_NAMES = {"RMSNorm": "rms_norm", "MegaBlocksMoeMLP": "moe_experts", "MoEExperts": "moe_experts"}
-#: transformers' experts classes (Qwen3MoeExperts, MixtralExperts, GptOssExperts, ...): KernelConfig's keys for MoE.
-EXPERTS_CLASS = re.compile(r"^[A-Z][A-Za-z0-9]*Experts$")
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from .kinds.declaration import LayerKind
+
 _MODES = {"INFERENCE": "inference", "TRAINING": "training"}
 
 
@@ -67,16 +66,18 @@ def check_mode_arg(mode: Any) -> str:
     return name
 
 
-def kind_for_key(key: Any, kinds: tuple[str, ...]) -> tuple[str | None, str]:
-    """(kernelize's kind, why) for a mapping key: a kind's own name or an HF layer name meaning the same layer."""
+def kind_for_key(key: Any, kinds: Sequence[LayerKind]) -> tuple[str | None, str]:
+    """(kernelize's kind, why) for a mapping key: a kind's own name or an HF layer name one of `kinds` declares as
+    meaning the same layer (its `hf_names` / `hf_pattern`)."""
     if not isinstance(key, str):
         return None, f"mapping keys are layer kinds or HF layer names, got {type(key).__name__}"
-    if key in kinds:
+    if key in (k.name for k in kinds):
         return key, ""
-    kind = HF_LAYER_NAMES.get(key) or ("moe_experts" if EXPERTS_CLASS.match(key) else None)
-    if kind is not None and kind in kinds:
+    kind = next((k.name for k in kinds if k.is_hf_name(key)), None)
+    if kind is not None:
         return kind, f"HF layer name {key!r} is kernelize's {kind}"
-    known = ", ".join((*kinds, *HF_LAYER_NAMES, "<Family>Experts"))
+    hf = [n for k in kinds for n in (*k.hf_names, *((k.hf_pattern[1],) if k.hf_pattern else ()))]
+    known = ", ".join((*(k.name for k in kinds), *hf))
     return None, f"unknown layer kind {key!r} in mapping; kernelize knows: {known}"
 
 
@@ -94,7 +95,7 @@ def strict_from(strict: bool, use_fallback: Any) -> bool:
     return strict or not fallback
 
 
-def explicit_skips(mapping: dict[Any, Any] | None, kinds: tuple[str, ...]) -> frozenset[str]:
+def explicit_skips(mapping: dict[Any, Any] | None, kinds: Sequence[LayerKind]) -> frozenset[str]:
     """The kinds a mapping leaves alone on purpose (value None); keys that name no kind are refused later."""
     return frozenset(kind for key, value in (mapping or {}).items() if value is None
                      for kind in [kind_for_key(key, kinds)[0]] if kind is not None)
@@ -158,7 +159,7 @@ def hf_value(value: Any, backend: str, mode: str) -> tuple[Any, str]:
     return (repo if repo is not None else value), why
 
 
-def normalize_mapping(mapping: dict[Any, Any] | None, kinds: tuple[str, ...], backend: str,
+def normalize_mapping(mapping: dict[Any, Any] | None, kinds: Sequence[LayerKind], backend: str,
                       mode: str) -> tuple[dict[str, Any], dict[str, str]]:
     """(mapping with kernelize's kinds as keys and its value forms, {kind: why nothing fits this backend/mode}).
 

@@ -108,7 +108,7 @@ def kernel_specs(mapping: dict[str, Any] | None, backend: str, trust: TrustPolic
     names = tuple(declared)
     registry = load_registry()
     specs: dict[str, Any] = {k: registry.repo_for_layer(k, backend) for k in names}
-    translated, _ = normalize_mapping(mapping, names, backend, mode)
+    translated, _ = normalize_mapping(mapping, kinds, backend, mode)
     for kind, value in translated.items():
         if isinstance(value, str | dict):
             value = repo_spec(value, kind, trust)

@@ -22,8 +22,9 @@ exactly these, and holds this list to what it needed):
     it and appends report rows, recording in the run's state what restore needs
   - `restore`: fn(model, state): puts back exactly what `apply` changed
   - `order`: where it runs among the kinds (increasing; restore runs in reverse)
-  and, where it has them, `optional` (Protocols kept all or none), `diffusers` (how it runs on a Diffusers denoiser)
-  and `accepts` (a kind served through more than one convention);
+  and, where it has them, `optional` (Protocols kept all or none), `diffusers` (how it runs on a Diffusers denoiser),
+  `accepts` (a kind served through more than one convention), `hf_names` and `hf_pattern` (HF layer names that mean
+  the kind in mapping=) and `quantizes` (its check of kernelize's quantize=);
 - the serving kernel's kernel.yaml `replaces: [<name>]` (and, for a default kernel, its registry.yaml `layers`
   entry).
 

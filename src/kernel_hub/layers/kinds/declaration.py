@@ -7,6 +7,7 @@ and a kind's folder declares one, so both import this module and neither imports
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -66,6 +67,19 @@ class LayerKind:
     #: Which convention a loaded kernel serves the kind through: kernel -> (convention or None, why). None: the kind
     #: has one, its `export`.
     accepts: Callable[[Any], tuple[str | None, str]] | None = None
+    #: HF layer names meaning this kind (transformers' `use_kernel_forward_from_hub` marks, HF kernels' layer
+    #: classes): mapping keys kernelize reads as the kind's name (hf_compat.kind_for_key).
+    hf_names: tuple[str, ...] = ()
+    #: Further HF class names meaning this kind, as (regex, how a message shows it), e.g. transformers' per-family
+    #: classes.
+    hf_pattern: tuple[str, str] | None = None
+    #: The kind's check of kernelize's `quantize=` (a kind that quantizes its weights): (quantize, mode) -> the format
+    #: or None; raises before anything changes.
+    quantizes: Callable[[Any, str], str | None] | None = None
+
+    def is_hf_name(self, key: str) -> bool:
+        """Whether the HF layer name `key` means this kind."""
+        return key in self.hf_names or (self.hf_pattern is not None and re.match(self.hf_pattern[0], key) is not None)
 
     def convention(self, kernel: Any) -> tuple[str | None, str]:
         """(the convention `kernel` serves this kind through, why), or (None, why it cannot serve it)."""

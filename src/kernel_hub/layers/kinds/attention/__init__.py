@@ -2,9 +2,11 @@
 served by flash attention.
 
 The kind's folder: contract.py (its name, its kernel's Protocol), find.py, plan.py (may the model switch),
-validate.py (the forwards its layers are checked on), flow.py (apply / restore on a transformers model),
-transformers.py (the adapter: the "kernel_hub_flash" attention implementation and its mask function), packed.py
-(continuous batching's packed and paged calls), diffusers.py +
+validate.py (the forwards its layers are checked on), flow.py (apply / restore on a transformers model); the
+transformers adapter by job: config_switch.py (the implementation names on a model's configs), dispatch.py (the
+registered attention function: hook, probe, previous implementation), masks.py (reading the mask a layer gets),
+call_plan.py (may the kernel compute this call, with which arguments), heads.py (one head size for q/k/v),
+kernel_call.py (the kernel around the plan), packed.py (continuous batching's packed and paged calls); diffusers.py +
 diffusers_route.py (the Diffusers adapter: attention processors); this declaration. It imports the contract only, so
 reading the kinds (the report's titles) imports no framework; the flow and adapters are imported when the kind runs.
 """

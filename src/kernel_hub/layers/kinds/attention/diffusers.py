@@ -148,3 +148,4 @@ def restore_attention_processors(model: torch.nn.Module, state: DiffusersState) 
             continue
         if module.processor is route:  # a processor the user set since is left alone
             module.set_processor(route.original)
+    state.routes.clear()

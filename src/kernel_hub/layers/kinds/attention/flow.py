@@ -1,23 +1,22 @@
 """The attention kind's flow on a transformers model over the jobs: find.can_switch_attention -> load (the kernel) ->
-register "kernel_hub_flash" and "kernel_hub" (the adapter, transformers.py) -> remember every config's
-implementation -> two small forwards (validate.model_forwards, one left-padded) on the model as it is -> one
-`model.set_attn_implementation("kernel_hub")`, then the configs renamed "kernel_hub_flash" (the name continuous
-batching accepts; transformers would try to load a flash-attn package if asked to switch to it) -> the same forwards
-in probe mode (every layer that calls the AttentionInterface runs its previous implementation and the kernel on its
-own q/k/v/mask and returns the previous output) -> plan.switch_check: with every layer returning its previous output
-the model must give the outputs it gave before the switch, else the model itself computes differently under another
-implementation name (DeepSeek sparse attention hands its top-k keys to the attention function instead of masking
-them) and every layer stays on its previous implementation -> hook each layer found: the kernel where it matched
-within the dtype tolerance, its previous implementation otherwise. The switched configs (the model's private copies)
-accept attention-weight requests from the switch on (transformers.py). Nothing matched: switch back. `restore` puts
-every config's implementation and class back exactly. On a Diffusers denoiser the kind runs through the processor
-API instead (diffusers.py, diffusers_route.py).
+register "kernel_hub" and "kernel_hub_flash" (dispatch.py) -> remember every config's implementation -> two small
+forwards (validate.model_forwards, one left-padded) on the model as it is -> one
+`model.set_attn_implementation("kernel_hub")` -> the same forwards in probe mode (every layer that calls the
+AttentionInterface runs its previous implementation and the kernel on its own q/k/v/mask and returns the previous
+output) -> plan.switch_check: with every layer returning its previous output the model must give the outputs it gave
+before the switch, else the model itself computes differently under another implementation name (DeepSeek sparse
+attention hands its top-k keys to the attention function instead of masking them) and every layer stays on its previous
+implementation -> hook each layer found: the kernel where it matched within the dtype tolerance, its previous
+implementation otherwise -> the model's continuous-batching entry, which gives the configs the flash-named name while a
+manager runs (config_switch.py). The switched configs (the model's private copies) accept attention-weight requests
+from the switch on. Nothing matched: switch back. `restore` puts every config's implementation and class, and the
+model's instance dict, back exactly. On a Diffusers denoiser the kind runs through the processor API instead
+(diffusers.py, diffusers_route.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,8 +26,8 @@ from ...plan import verdict
 from ...report import Kept, Replaced
 from ...swap import KernelizeState, put_back_names
 from ..declaration import KindRun
-from . import transformers as hf_attention
-from .contract import NAME
+from . import config_switch, dispatch
+from .contract import HOOK_ATTR, NAME
 from .find import attention_configs, can_switch_attention
 from .packed import PackedKernel
 from .plan import switch_check
@@ -47,6 +46,8 @@ class AttentionState:
     previous: str | None = None
     configs: list[tuple[Any, str | None]] = field(default_factory=list)
     classes: list[tuple[Any, type]] = field(default_factory=list)
+    #: (whether the model's __dict__ held an entry under BATCHING_ENTRY, what); None: untouched
+    batching: tuple[bool, Any] | None = None
 
 
 def apply(run: KindRun) -> None:
@@ -70,7 +71,7 @@ def _swap(run: KindRun, kernel: Any, repo_id: str, state: AttentionState) -> Non
     model, report, validate = run.model, run.report, run.validate
     info = kernel_info(kernel, run.device, "flash_attention")
     packed_kernel = PackedKernel.of(kernel)
-    hf_attention.register()
+    dispatch.register()
     state.previous = model.config._attn_implementation
     try:
         before = model_forwards(model, run.device)
@@ -79,17 +80,14 @@ def _swap(run: KindRun, kernel: Any, repo_id: str, state: AttentionState) -> Non
         return
     for cfg in attention_configs(model):
         state.configs.append((cfg, cfg._attn_implementation))
-        hf_attention._PREVIOUS[id(cfg)] = cfg._attn_implementation
-        weakref.finalize(cfg, hf_attention._PREVIOUS.pop, id(cfg), None)  # an id is never reused while its entry stays
+        config_switch.remember_previous(cfg, cfg._attn_implementation)
         # a private copy (swap.take_own_configs): no other model's config
-        original = hf_attention.accept_weight_requests(cfg)
+        original = config_switch.accept_weight_requests(cfg)
         if original is not None:
             state.classes.append((cfg, original))
-    # transformers' own switch, then the flash-named name (hf_attention.NAMES)
-    model.set_attn_implementation(hf_attention.SETTABLE_NAME)
-    hf_attention.switch_configs([cfg for cfg, _ in state.configs], hf_attention.IMPLEMENTATION_NAME)
-    probe = hf_attention.AttentionProbe(flash=kernel.flash_attention)
-    hf_attention.set_probe([cfg for cfg, _ in state.configs], probe)
+    model.set_attn_implementation(config_switch.IMPLEMENTATION_NAME)  # transformers' own switch
+    probe = dispatch.AttentionProbe(flash=kernel.flash_attention)
+    dispatch.set_probe([cfg for cfg, _ in state.configs], probe)
     try:
         after = model_forwards(model, run.device)
     except Exception as exc:  # the model could not run a plain token batch: keep its attention
@@ -97,7 +95,7 @@ def _swap(run: KindRun, kernel: Any, repo_id: str, state: AttentionState) -> Non
         report.notes.append(f"attention kept: validation forward failed: {type(exc).__name__}: {exc}")
         return
     finally:
-        hf_attention.set_probe([cfg for cfg, _ in state.configs], None)
+        dispatch.set_probe([cfg for cfg, _ in state.configs], None)
     paths = {id(m): p for p, m in model.named_modules()}
     found = sorted(probe.modules, key=lambda k: list(paths).index(k) if k in paths else 1 << 30)
     # One implementation name per config: a model that is not itself under the switch keeps every layer.
@@ -105,10 +103,10 @@ def _swap(run: KindRun, kernel: Any, repo_id: str, state: AttentionState) -> Non
     first_sparse = next((f"{paths.get(k, '?')}: {probe.sparse[k]}" for k in found if k in probe.sparse), "")
     if first_sparse:
         blocked = f"the model stays on its own attention ({first_sparse})"
-    hooks: list[tuple[Any, str, hf_attention.AttentionHook]] = []
+    hooks: list[tuple[Any, str, dispatch.AttentionHook]] = []
     for key in found:
         module, path = probe.modules[key], paths.get(key, "?")
-        previous = hf_attention._PREVIOUS.get(id(getattr(module, "config", None)), state.previous)
+        previous = config_switch.PREVIOUS.get(id(getattr(module, "config", None)), state.previous)
         tol = tolerance_for(dtype_device(module)[0])
         errors = probe.errors.get(key, [])
         err = max(errors) if errors else None
@@ -117,13 +115,13 @@ def _swap(run: KindRun, kernel: Any, repo_id: str, state: AttentionState) -> Non
             reason = verdict(err, tol)
         if reason:
             report.kept.append(Kept(path, NAME, reason))
-            hooks.append((module, path, hf_attention.AttentionHook(flash=None, previous=previous)))
+            hooks.append((module, path, dispatch.AttentionHook(flash=None, previous=previous)))
             continue
         report.replaced.append(Replaced(
             layer=path, kind=NAME, repo_id=repo_id, version=info["version"], commit=info["commit"],
             variant=info["variant"], implementation=info["implementation"], route="interface",
             layout=_layout(module), max_error=err if validate else None, tolerance=tol if validate else None))
-        hooks.append((module, path, hf_attention.AttentionHook(flash=kernel.flash_attention, previous=previous,
+        hooks.append((module, path, dispatch.AttentionHook(flash=kernel.flash_attention, previous=previous,
                                                      packed=packed_kernel)))
     if not any(h.flash is not None for _, _, h in hooks):
         _restore_state(model, state)
@@ -131,9 +129,14 @@ def _swap(run: KindRun, kernel: Any, repo_id: str, state: AttentionState) -> Non
             report.notes.append("no attention layer calls transformers' AttentionInterface: attention unchanged")
         return
     for module, path, hook in hooks:
-        module.__dict__[hf_attention.HOOK_ATTR] = hook
+        module.__dict__[HOOK_ATTR] = hook
         state.paths.append(path)
-    report.notes.append(f"attention implementation switched to {hf_attention.IMPLEMENTATION_NAME!r} "
+    if callable(getattr(type(model), config_switch.BATCHING_ENTRY, None)):
+        before = model.__dict__.get(config_switch.BATCHING_ENTRY)
+        state.batching = (config_switch.BATCHING_ENTRY in model.__dict__, before)
+        model.__dict__[config_switch.BATCHING_ENTRY] = config_switch.BatchingEntry(
+            model, [cfg for cfg, _ in state.configs])
+    report.notes.append(f"attention implementation switched to {config_switch.IMPLEMENTATION_NAME!r} "
                         f"(was {state.previous}); kept layers and calls the kernel cannot express run the previous "
                         "implementation")
 
@@ -157,8 +160,15 @@ def _restore_state(model: torch.nn.Module, state: AttentionState) -> None:
     """Remove the hooks, put every config's class and attention implementation back exactly."""
     for path in state.paths:
         with contextlib.suppress(AttributeError):
-            model.get_submodule(path).__dict__.pop(hf_attention.HOOK_ATTR, None)
+            model.get_submodule(path).__dict__.pop(HOOK_ATTR, None)
     state.paths.clear()
+    if state.batching is not None:
+        had, before = state.batching
+        if had:
+            model.__dict__[config_switch.BATCHING_ENTRY] = before
+        else:
+            model.__dict__.pop(config_switch.BATCHING_ENTRY, None)
+        state.batching = None
     for cfg, cls in reversed(state.classes):
         cfg.__class__ = cls
     state.classes.clear()
@@ -167,7 +177,7 @@ def _restore_state(model: torch.nn.Module, state: AttentionState) -> None:
             model.set_attn_implementation(state.previous)
     put_back_names(state.configs, "_attn_implementation")
     for cfg, _ in state.configs:
-        hf_attention._PREVIOUS.pop(id(cfg), None)
+        config_switch.PREVIOUS.pop(id(cfg), None)
     state.configs.clear()
 
 

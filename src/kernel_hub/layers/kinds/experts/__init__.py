@@ -12,6 +12,9 @@ adapters are imported when the kind runs.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from ....lazy import lazy_names
 from ..declaration import LayerKind, deferred
 from .contract import NAME, ExpertsKernel, PackedExpertsKernel
 from .plan import experts_convention
@@ -30,4 +33,22 @@ KIND = LayerKind(
     order=0,
     diffusers="Diffusers denoisers have no transformers expert blocks (ExpertsInterface) to find",
     accepts=experts_convention,
+    hf_names=("MegaBlocksMoeMLP", "MoEExperts"),  # HF kernels' MoE layer classes
+    # transformers' experts classes (Qwen3MoeExperts, MixtralExperts, GptOssExperts, ...): KernelConfig's keys for MoE
+    hf_pattern=(r"^[A-Z][A-Za-z0-9]*Experts$", "<Family>Experts"),
+    quantizes=deferred(f"{__name__}.quantize", "check_quantize"),
 )
+
+if TYPE_CHECKING:  # the kind's public names (`x as x`: a re-export); at run time they load on first use (torch)
+    from .find import ExpertsLayout as ExpertsLayout
+    from .find import ExpertsSite as ExpertsSite
+    from .find import find_experts as find_experts
+    from .find import read_experts as read_experts
+    from .validate import validate_layer as validate_layer
+
+_LAZY = {"ExpertsLayout": "find", "ExpertsSite": "find", "find_experts": "find", "read_experts": "find",
+         "validate_layer": "validate"}
+__all__ = ["KIND", *sorted(_LAZY)]
+
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())

@@ -33,4 +33,5 @@ KIND = LayerKind(
     apply=deferred(f"{__name__}.flow", "apply"),
     restore=deferred(f"{__name__}.flow", "restore"),
     order=2,
+    hf_names=("RMSNorm",),  # transformers' use_kernel_forward_from_hub mark, HF kernels' layer name
 )
