@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .paged_args import int_arg
+
 #: Bytes of float32 keys gathered per step of the page walk, across the sequences (rounded down to whole pages, at
 #: least one page per sequence): what bounds the walk's memory, whatever the cache holds.
 CHUNK_BYTES = 32 << 20
@@ -52,6 +54,8 @@ def check_paged_call(queries: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if k_cache.dim() != 4 or tuple(k_cache.shape) != tuple(v_cache.shape):
         raise bad(f"k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}: expected two caches of one shape "
                   "[num_pages, page_size, kv_heads, head_dim]")
+    if k_cache.dtype != v_cache.dtype:
+        raise bad(f"k_cache is {k_cache.dtype} and v_cache {v_cache.dtype}: both caches must share one dtype")
     num_pages, page_size, hkv, d = k_cache.shape
     if queries.shape[2] != d or queries.shape[1] % hkv:
         raise bad(f"queries {tuple(queries.shape)} against caches with {hkv} kv heads of size {d}: the head sizes must "
@@ -63,9 +67,10 @@ def check_paged_call(queries: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if page_indices.shape[0] != slots or cu_q_lens.shape[0] != slots + 1:
         raise bad(f"kv_lens [{slots}], page_indices {tuple(page_indices.shape)}, cu_q_lens [{cu_q_lens.shape[0]}]: "
                   "expected [S], [S, pages_per_seq] and [S + 1]")
-    s = slots if num_seqs is None else int(num_seqs)
-    if not 0 <= s <= slots:
-        raise bad(f"num_seqs={s} outside 0..{slots} (the sequence slots given)")
+    try:
+        s = slots if num_seqs is None else int_arg(who, "num_seqs", num_seqs, low=0, high=slots)
+    except ValueError as e:
+        raise PagedCacheError(f"{e} (the sequence slots given: {slots})") from None
     cu = cu_q_lens[: s + 1].long()
     q_lens = cu[1:] - cu[:-1]
     lens = kv_lens[:s].long()
@@ -108,6 +113,22 @@ def new_row_slots(page_indices: torch.Tensor, call: PagedCall, page_size: int,
     return rows, page, pos % page_size
 
 
+def check_distinct_writes(page: torch.Tensor, offset: torch.Tensor, call: PagedCall, page_size: int,
+                          who: str = "ragged_paged_attention") -> None:
+    """PagedCacheError when two new rows (of two sequences, or one sequence listing a page twice) land on one page
+    slot: which write wins would be unspecified. Pages shared for reading (a common prefix) are fine."""
+    slot = page * page_size + offset
+    ordered, order = torch.sort(slot, stable=True)
+    same = (ordered[1:] == ordered[:-1]).nonzero()
+    if same.numel():
+        i = int(same[0, 0])
+        a, b = int(order[i]), int(order[i + 1])
+        seq = torch.repeat_interleave(torch.arange(call.q_lens.shape[0]), call.q_lens.cpu())
+        raise PagedCacheError(f"{who}: sequences {int(seq[a])} and {int(seq[b])} both write page {int(page[a])} row "
+                              f"{int(offset[a])}; a page this call writes must belong to one sequence (pages shared "
+                              "for reading are fine)")
+
+
 def write_new_rows(k_cache: torch.Tensor, v_cache: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                    page_indices: torch.Tensor, call: PagedCall) -> None:
     """Write each sequence's new K/V rows (packed like the queries) into their pages, in place (whatever the caches'
@@ -115,6 +136,7 @@ def write_new_rows(k_cache: torch.Tensor, v_cache: torch.Tensor, keys: torch.Ten
     if not call.q_lens.shape[0] or int(call.q_lens.sum()) == 0:
         return
     rows, page, offset = new_row_slots(page_indices, call, k_cache.shape[1], keys.device)
+    check_distinct_writes(page, offset, call, k_cache.shape[1])
     k_cache[page, offset] = keys[rows].to(k_cache.dtype)
     v_cache[page, offset] = values[rows].to(v_cache.dtype)
 
