@@ -199,15 +199,16 @@ class WorkGroup:
 def plan_work(q_lens: Sequence[int], row_bytes: int, budget: int) -> list[WorkGroup]:
     """Pure decision: the query rows of every sequence cut into items of at most budget // row_bytes rows, sorted by
     size and packed into groups whose padded rows (items x widest item) x row_bytes stay within `budget` (one item
-    alone may reach it). So one long prefill chunk beside many decode steps never pads every decode step to the
-    chunk's length. row_bytes: one query row's float32 bytes over all query heads."""
+    alone may reach it) and no item is under half its group's width (padding at most doubles the rows). So one long
+    prefill chunk beside many decode steps never pads a decode step to the chunk's length. row_bytes: one query
+    row's float32 bytes over all query heads."""
     max_rows = max(1, budget // max(1, row_bytes))
     items = [(s, r, min(max_rows, n - r)) for s, n in enumerate(int(x) for x in q_lens) for r in range(0, n, max_rows)]
     items.sort(key=lambda it: -it[2])
     groups: list[WorkGroup] = []
     current: list[tuple[int, int, int]] = []
     for item in items:
-        if current and (len(current) + 1) * current[0][2] * row_bytes > budget:
+        if current and ((len(current) + 1) * current[0][2] * row_bytes > budget or 2 * item[2] < current[0][2]):
             groups.append(WorkGroup(tuple(current)))
             current = []
         current.append(item)
