@@ -179,6 +179,16 @@ def _logits(a: jax.Array, b: jax.Array, st: FlashStatic) -> tuple[jax.Array, jax
 # ----------------------------------------------------------------------------------------------- forward
 
 
+#: Key columns one unmasked online-softmax step of the forward takes at most (a few chunks at once: fewer rescales
+#: of the running output, logits of at most chunk_q x 512 in f32).
+WIDE_STEP_COLUMNS = 512
+
+
+def _wide_steps(st: FlashStatic) -> int:
+    """Key chunks per unmasked softmax step: as many as fit WIDE_STEP_COLUMNS and the key block."""
+    return max(1, min(WIDE_STEP_COLUMNS, st.block_kv) // st.ck)
+
+
 def _fwd_kernel(qlen_ref, kvlen_ref, sinks_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, m_scr, l_scr, acc_scr,
                 *, st: FlashStatic, nk: int):
     """One (query block, key block) step for `heads_per_block` heads, in inner tiles of chunk_q x chunk_kv: each
@@ -218,9 +228,9 @@ def _fwd_kernel(qlen_ref, kvlen_ref, sinks_ref, q_ref, k_ref, v_ref, o_ref, lse_
             acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
         q = q_ref[i, pl.ds(c * cq, cq), :]
 
-        def kv_chunk(j, carry, *, masked: bool = True):
+        def kv_chunk(j, carry, *, masked: bool = True, width: int = 1):
             cols0 = pl.multiple_of(j * ck, ck)
-            k, v = k_ref[pl.ds(cols0, ck), :], v_ref[pl.ds(cols0, ck), :]
+            k, v = k_ref[pl.ds(cols0, width * ck), :], v_ref[pl.ds(cols0, width * ck), :]
             s, _ = _logits(q, k, st)
             mask = None
             if masked:
@@ -230,12 +240,17 @@ def _fwd_kernel(qlen_ref, kvlen_ref, sinks_ref, q_ref, k_ref, v_ref, o_ref, lse_
             online_softmax_step(s, mask, v, m_ref, l_ref, acc_ref)
             return carry
 
-        # key chunks every row of this query chunk sees in full run unmasked; the band's edges keep the mask
+        # key chunks every row of this query chunk sees in full run unmasked, `wide` chunks per softmax step (the
+        # running max's rescale is paid once per step); the band's edges keep the mask
         f_lo, f_hi = full_key_range(q_len, kv_len, r0, cq, st)
         f_first = jnp.clip((jnp.maximum(f_lo - base, 0) + ck - 1) // ck, c_first, c_last + 1)
         f_last = jnp.clip((f_hi - base + 1) // ck - 1, f_first - 1, c_last)
+        wide = _wide_steps(st)
+        n_wide = (f_last + 1 - f_first) // wide
         jax.lax.fori_loop(c_first, f_first, kv_chunk, None)
-        jax.lax.fori_loop(f_first, f_last + 1, functools.partial(kv_chunk, masked=False), None)
+        jax.lax.fori_loop(0, n_wide, lambda j, carry: kv_chunk(f_first + j * wide, carry, masked=False, width=wide),
+                          None)
+        jax.lax.fori_loop(f_first + n_wide * wide, f_last + 1, functools.partial(kv_chunk, masked=False), None)
         jax.lax.fori_loop(f_last + 1, c_last + 1, kv_chunk, None)
         if whole:
             _finish_chunk(i, c, hb, m_ref, l_ref, acc_ref, sinks_ref, o_ref, lse_ref, st)
