@@ -22,9 +22,11 @@ def int_arg(who: str, name: str, value: Any, *, low: int | None = None, high: in
     except TypeError:
         raise ValueError(f"{who}: {name} must be an integer, got {value!r}") from None
     if (low is not None and n < low) or (high is not None and n > high):
-        lo = "" if low is None else f">= {low}"
-        hi = "" if high is None else f"<= {high}"
-        raise ValueError(f"{who}: {name} must be {' and '.join(x for x in (lo, hi) if x)}, got {n}")
+        if low is not None and high is not None:
+            want = f"in [{low}, {high}]"
+        else:
+            want = f">= {low}" if low is not None else f"<= {high}"
+        raise ValueError(f"{who}: {name} must be {want}, got {n}")
     return n
 
 
