@@ -10,7 +10,10 @@ dispatch runs them: torch-native on CPU, the Pallas kernel through the TorchTPU 
   [batch + 1] int32 offsets), Hq a multiple of Hkv (GQA/MQA without repeating K/V); the output has q's shape.
 - causal masks bottom-right when Sq != Skv (flash-attn >= 2.1); window_size=(left, right), -1 unbounded: key j is seen
   by query i when i + Skv - Sq - left <= j <= i + Skv - Sq + right; under causal `right` is 0 whatever is passed.
-- softcap: logits -> softcap * tanh(logits / softcap), 0 off; softmax_scale: default 1/sqrt(D).
+- softcap: logits -> softcap * tanh(logits / softcap), 0 off (an infinite, NaN or negative one is refused);
+  softmax_scale: default 1/sqrt(D).
+- Lengths, offsets and block tables keep their integer dtype through the checks (an int64 page id past the cache
+  is refused, never cut to int32 first); float lengths are refused.
 - s_aux: attention sinks [Hq] (GPT-OSS; vLLM's flash-attn 3 name, the one transformers 5.25 passes when the function
   takes it): one extra logit per head in the softmax denominator with no value.
 - A query row with no key to attend comes out 0 (as flash-attn's).
@@ -32,6 +35,7 @@ from typing import Any
 import torch
 
 from .hf_attention import UnsupportedAttentionCall
+from .paged_args import int_arg, soft_cap_arg
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
 
@@ -76,8 +80,20 @@ def _sinks(s_aux: torch.Tensor | None, heads: int, function: str) -> torch.Tenso
     return s_aux.float()
 
 
-def _soft_cap(softcap: float | None) -> float | None:
-    return float(softcap) if softcap else None
+def _soft_cap(softcap: float | None, function: str) -> float | None:
+    """flash-attn's softcap (0 or None: no cap) as the kernel's, or the refusal of an infinite, NaN or negative one."""
+    try:
+        return soft_cap_arg(function, softcap, name="softcap", zero_is_none=True)
+    except ValueError as e:
+        raise _refuse(function, str(e).removeprefix(f"{function}: ")) from None
+
+
+def _index_tensor(t: torch.Tensor, name: str, function: str) -> torch.Tensor:
+    """An integer tensor of lengths or offsets as int64, its values unchanged (never cut to int32 before the checks)."""
+    if not isinstance(t, torch.Tensor) or t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        what = f"dtype {t.dtype}" if isinstance(t, torch.Tensor) else f"a {type(t).__name__}"
+        raise _refuse(function, f"{name} of {what}: expected an integer tensor")
+    return t.long()
 
 
 def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
@@ -95,7 +111,8 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
                                   max_seqlen_q=q.shape[1], dropout_p=dropout_p, alibi_slopes=alibi_slopes,
                                   return_attn_probs=return_attn_probs)
     out = flash_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal,
-                          sm_scale=softmax_scale, sliding_window=window, logits_soft_cap=_soft_cap(softcap),
+                          sm_scale=softmax_scale, sliding_window=window,
+                          logits_soft_cap=_soft_cap(softcap, "flash_attn_func"),
                           sinks=_sinks(s_aux, q.shape[2], "flash_attn_func"))
     return out.transpose(1, 2).contiguous()
 
@@ -163,7 +180,7 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     starts_q, starts_k = cu_seqlens_q[:-1].long(), cu_seqlens_k[:-1].long()
     padded = flash_attention(_pad(q, starts_q, lq, width_q), _pad(k, starts_k, lk, width_k),
                              _pad(v, starts_k, lk, width_k), causal=causal, sm_scale=softmax_scale,
-                             sliding_window=window, logits_soft_cap=_soft_cap(softcap),
+                             sliding_window=window, logits_soft_cap=_soft_cap(softcap, name),
                              sinks=_sinks(s_aux, q.shape[1], name), q_lengths=lq.to(torch.int32),
                              kv_lengths=lk.to(torch.int32))  # [B, Hq, width_q, D]
     pos = torch.arange(width_q, device=q.device)
@@ -189,21 +206,22 @@ def _paged_varlen(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         raise _refuse(name, f"q {tuple(q.shape)}, k {tuple(k_cache.shape)}: with a block table expected packed q "
                             "[total_q, heads, head_dim] and caches [num_pages, page_size, kv_heads, head_dim]")
     if seqused_k is not None:
-        kv_lens = seqused_k
+        kv_lens = _index_tensor(seqused_k, "seqused_k", name)
     elif cu_seqlens_k is not None:
-        if cu_seqlens_k.dim() != 1 or cu_seqlens_k.numel() < 1:
-            raise _refuse(name, f"cu_seqlens_k of shape {tuple(cu_seqlens_k.shape)}: expected [batch + 1] offsets")
-        kv_lens = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+        cu_k = _index_tensor(cu_seqlens_k, "cu_seqlens_k", name)
+        if cu_k.dim() != 1 or cu_k.numel() < 1:
+            raise _refuse(name, f"cu_seqlens_k of shape {tuple(cu_k.shape)}: expected [batch + 1] offsets")
+        kv_lens = cu_k[1:] - cu_k[:-1]
     else:
         raise _refuse(name, "a block table needs each sequence's cached length: pass cu_seqlens_k or seqused_k")
     causal, window = mask_options(name, causal=bool(options["causal"]), window_size=options["window_size"],
                                   max_seqlen_q=max_seqlen_q, dropout_p=options["dropout_p"],
                                   alibi_slopes=options["alibi_slopes"], return_attn_probs=options["return_attn_probs"])
-    out, _, _ = ragged_paged_attention(q, None, None, k_cache, v_cache, kv_lens.to(torch.int32), table,
-                                       cu_seqlens_q.to(torch.int32), num_seqs=int(table.shape[0]),
+    out, _, _ = ragged_paged_attention(q, None, None, k_cache, v_cache, kv_lens, table,
+                                       _index_tensor(cu_seqlens_q, "cu_seqlens_q", name), num_seqs=int(table.shape[0]),
                                        sinks=_sinks(options["s_aux"], q.shape[1], name),
                                        sm_scale=_scale(options["softmax_scale"], q.shape[-1]), sliding_window=window,
-                                       soft_cap=_soft_cap(options["softcap"]), causal=causal)
+                                       soft_cap=_soft_cap(options["softcap"], name), causal=causal)
     return out
 
 
@@ -259,10 +277,14 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         if k is not None:
             raise _refuse(name, "new k/v without cache_seqlens: pass each sequence's cached length before them")
         lens = torch.full((b,), table.shape[1] * k_cache.shape[1], dtype=torch.int32, device=device)
-    elif isinstance(cache_seqlens, int):
-        lens = torch.full((b,), cache_seqlens + new, dtype=torch.int32, device=device)
+    elif isinstance(cache_seqlens, torch.Tensor):
+        lens = _index_tensor(cache_seqlens, "cache_seqlens", name).reshape(-1) + new
     else:
-        lens = cache_seqlens.reshape(-1).to(torch.int32) + new
+        try:
+            cached = int_arg(name, "cache_seqlens", cache_seqlens, low=0)
+        except ValueError as e:
+            raise _refuse(name, str(e).removeprefix(f"{name}: ")) from None
+        lens = torch.full((b,), cached + new, dtype=torch.int64, device=device)
     causal, window = mask_options(name, causal=bool(causal), window_size=window_size, max_seqlen_q=sq,
                                   dropout_p=0.0, alibi_slopes=alibi_slopes, return_attn_probs=False)
     cu_q = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32, device=device)
@@ -275,5 +297,5 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     out, _, _ = ragged_paged_attention(queries, keys, values, *caches, lens, table, cu_q, num_seqs=b,
                                        sinks=_sinks(s_aux, q.shape[2], name),
                                        sm_scale=_scale(softmax_scale, q.shape[-1]), sliding_window=window,
-                                       soft_cap=_soft_cap(softcap), causal=causal)
+                                       soft_cap=_soft_cap(softcap, name), causal=causal)
     return out.reshape(q.shape)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from ._vendor.interpret import run_dispatch
 from .api import _DISPATCH, _vmem
 from .config import AttentionConfig, cdiv, paged_blocks
-from .paged_checks import PagedShapes, check_num_seqs, check_paged_shapes, check_paged_values
+from .paged_checks import PagedShapes, as_int32, check_num_seqs, check_paged_shapes, check_paged_values, host_or_traced
 from .paged_cpu import cpu_paged, xla_paged
 from .paged_layout import gather_queries, metadata, row_positions, scatter_outputs, work_items, write_new_tokens
 from .pallas_paged import PagedStatic, layout_ok, paged_forward
@@ -119,19 +119,22 @@ def ragged_paged_attention(
     Returns:
       (out [T, Hq, D] in queries.dtype, k_cache, v_cache) with the new rows written.
 
-    Concrete metadata is checked (one ValueError: a page id outside the cache, kv_lens past the pages given, more
-    new tokens than kv_lens, cu_q_lens decreasing); traced metadata is clamped so nothing is read or written outside
-    the cache.
+    Concrete metadata is checked in the dtype given (one ValueError: a page id outside the cache, kv_lens past the
+    pages given, more new tokens than kv_lens, cu_q_lens decreasing, two new tokens on one page slot, num_seqs not an
+    integer); traced metadata is clamped so nothing is read or written outside the cache (paged_checks.py says what a
+    jit boundary does to int64). No tokens (or no sequences): zeros and the caches unchanged.
     """
     queries, keys, values = jnp.asarray(queries), jnp.asarray(keys), jnp.asarray(values)
     k_cache, v_cache = jnp.asarray(k_cache), jnp.asarray(v_cache)
-    meta_in = (kv_lens, page_indices, cu_q_lens)
-    kv_lens, page_indices, cu_q_lens = (x if isinstance(x, jax.core.Tracer) else jnp.asarray(x) for x in meta_in)
+    kv_lens, page_indices, cu_q_lens = (host_or_traced(x) for x in (kv_lens, page_indices, cu_q_lens))
     sh = check_paged_shapes(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, sinks,
                             sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
-    check_num_seqs(num_seqs, sh.max_seqs)
+    num_seqs = check_num_seqs(num_seqs, sh.max_seqs)
     check_paged_values(kv_lens, page_indices, cu_q_lens, num_seqs, sh)
-    num = jnp.asarray(sh.max_seqs if num_seqs is None else num_seqs, jnp.int32)
+    if sh.tokens == 0 or sh.max_seqs == 0:  # nothing to attend or write
+        return jnp.zeros(queries.shape, queries.dtype), k_cache, v_cache
+    kv_lens, page_indices, cu_q_lens = (as_int32(x) for x in (kv_lens, page_indices, cu_q_lens))
+    num = as_int32(jnp.asarray(sh.max_seqs if num_seqs is None else num_seqs)).reshape(())
     cfg = config or AttentionConfig()
     vmem = _vmem(k_cache)
     auto = paged_blocks(sh.tokens, sh.max_seqs, sh.group, sh.page_size, sh.pages_per_seq, sh.kv_heads, sh.head_dim,

@@ -1,7 +1,11 @@
 """Argument checks of ragged paged attention: shapes always, the page table and lengths when their values are known.
 
-Concrete (non-traced) metadata gets one ValueError naming the first thing to fix. Traced metadata cannot be checked;
-the implementations then clamp every page read into the cache and drop writes that would land outside it.
+Concrete (non-traced) metadata gets one ValueError naming the first thing to fix, checked in the dtype it came in
+(int64 page ids are compared as int64, never cut to int32 first). Traced metadata cannot be checked: its shapes and
+dtypes are, and `as_int32` saturates a wider integer dtype instead of wrapping it, so the implementations' clamps
+(reads into the cache, writes outside it dropped) still see an out-of-range value as out of range. Under a caller's
+jit with x64 off, JAX itself converts int64 arguments to int32 at the jit boundary, before this code runs: check
+int64 metadata on the host (or pass int32) there.
 """
 
 from __future__ import annotations
@@ -11,7 +15,13 @@ import math
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+
+from .paged_args import int_arg, soft_cap_arg, window_arg
+
+_WHO = "ragged_paged_attention"
+_INT32 = np.iinfo(np.int32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +47,36 @@ class PagedShapes:
 
 def _concrete(x: Any) -> bool:
     return x is not None and not isinstance(x, jax.core.Tracer)
+
+
+def host_or_traced(x: Any) -> Any:
+    """Metadata as given, without the int32 conversion jnp.asarray applies (x64 off): a tracer or jax array as is,
+    anything else as a NumPy array in its own dtype (int64 stays int64 for the checks)."""
+    return x if isinstance(x, jax.Array) else np.asarray(x)
+
+
+def as_int32(x: Any) -> jax.Array:
+    """Integer metadata as int32 for the kernels, saturating (never wrapping) a wider dtype: 2**32 + 1 becomes
+    2**31 - 1, still past every cache, where a plain cast would make it 1."""
+    dtype = np.dtype(x.dtype)
+    if dtype == np.int32:
+        return jnp.asarray(x)
+    if isinstance(x, np.ndarray):
+        info = np.iinfo(dtype)
+        return jnp.asarray(np.clip(x, max(info.min, _INT32.min), min(info.max, _INT32.max)).astype(np.int32))
+    if np.iinfo(dtype).max > _INT32.max:
+        x = jnp.minimum(x, jnp.asarray(_INT32.max, dtype))
+    if np.iinfo(dtype).min < _INT32.min:
+        x = jnp.maximum(x, jnp.asarray(_INT32.min, dtype))
+    return x.astype(jnp.int32)
+
+
+def _host_ints(name: str, x: Any) -> np.ndarray:
+    """Concrete metadata as int64 NumPy for the checks; an unsigned value past int64 is refused here."""
+    a = np.asarray(x)
+    if a.dtype.kind == "u" and a.size and int(a.max()) > np.iinfo(np.int64).max:
+        raise ValueError(f"{_WHO}: {name} holds {int(a.max())}, past any cache")
+    return a.astype(np.int64)
 
 
 def check_paged_shapes(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, sinks, *,
@@ -77,22 +117,26 @@ def check_paged_shapes(queries, keys, values, k_cache, v_cache, kv_lens, page_in
             raise ValueError(f"ragged_paged_attention: {name} must be an integer array, got {x.dtype}")
     if sinks is not None and tuple(sinks.shape) != (hq,):
         raise ValueError(f"ragged_paged_attention: sinks must be [q_heads] = [{hq}], got shape {sinks.shape}")
-    if sliding_window is not None and int(sliding_window) < 1:
-        raise ValueError(f"ragged_paged_attention: sliding_window must be >= 1 or None, got {sliding_window}")
-    if soft_cap is not None and not float(soft_cap) > 0:
-        raise ValueError(f"ragged_paged_attention: soft_cap must be > 0 or None, got {soft_cap}")
+    window = window_arg(_WHO, sliding_window)
+    if window is not None and window >= page_indices.shape[1] * ps:
+        window = None  # wider than any sequence the page table can hold: it masks nothing
+    cap = soft_cap_arg(_WHO, soft_cap)
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    return PagedShapes(t, hq, hkv, d, p, ps, s, page_indices.shape[1], scale,
-                       None if sliding_window is None else int(sliding_window),
-                       None if soft_cap is None else float(soft_cap))
+    return PagedShapes(t, hq, hkv, d, p, ps, s, page_indices.shape[1], scale, window, cap)
 
 
-def check_num_seqs(num_seqs: Any, max_seqs: int) -> None:
-    if _concrete(num_seqs):
-        n = int(np.asarray(num_seqs))
-        if not 0 <= n <= max_seqs:
-            raise ValueError(f"ragged_paged_attention: num_seqs must be in [0, {max_seqs}] (the rows of kv_lens), "
-                             f"got {n}")
+def check_num_seqs(num_seqs: Any, max_seqs: int) -> Any:
+    """num_seqs as a Python int in [0, max_seqs] when concrete (2.5, NaN or a bool refused, never rounded); a traced
+    one must be an integer scalar and is clamped by the implementations."""
+    if num_seqs is None:
+        return None
+    if isinstance(num_seqs, jax.core.Tracer):
+        if num_seqs.size != 1 or not np.issubdtype(np.dtype(num_seqs.dtype), np.integer):
+            raise ValueError(f"{_WHO}: num_seqs must be an integer scalar, got {num_seqs.dtype}{list(num_seqs.shape)}")
+        return num_seqs
+    if getattr(num_seqs, "ndim", 0) == 1 and num_seqs.shape == (1,):
+        num_seqs = num_seqs[0]
+    return int_arg(_WHO, "num_seqs", num_seqs, low=0, high=max_seqs)
 
 
 def check_paged_values(kv_lens, page_indices, cu_q_lens, num_seqs, sh: PagedShapes) -> None:
@@ -101,8 +145,9 @@ def check_paged_values(kv_lens, page_indices, cu_q_lens, num_seqs, sh: PagedShap
     if not all(_concrete(x) for x in (kv_lens, page_indices, cu_q_lens)) or (
             num_seqs is not None and not _concrete(num_seqs)):
         return
-    n = sh.max_seqs if num_seqs is None else int(np.asarray(num_seqs))
-    lens, table, cu = np.asarray(kv_lens)[:n], np.asarray(page_indices)[:n], np.asarray(cu_q_lens)[:n + 1]
+    n = sh.max_seqs if num_seqs is None else int(num_seqs)
+    lens, table = _host_ints("kv_lens", kv_lens)[:n], _host_ints("page_indices", page_indices)[:n]
+    cu = _host_ints("cu_q_lens", cu_q_lens)[:n + 1]
     steps = np.diff(cu)
     if cu[0] < 0 or (steps < 0).any():
         i = int(np.argmax(steps < 0)) if (steps < 0).any() else 0
@@ -129,3 +174,23 @@ def check_paged_values(kv_lens, page_indices, cu_q_lens, num_seqs, sh: PagedShap
         i, j = (int(x) for x in np.argwhere(bad)[0])
         raise ValueError(f"ragged_paged_attention: page_indices[{i}, {j}] = {int(table[i, j])} is outside the "
                          f"cache's {sh.num_pages} pages")
+    _check_distinct_writes(lens, table, steps, sh.page_size)
+
+
+def _check_distinct_writes(lens: np.ndarray, table: np.ndarray, q_lens: np.ndarray, page_size: int) -> None:
+    """ValueError when two new tokens (of two sequences, or one sequence listing a page twice) land on one page
+    slot: which write wins would be unspecified. Pages shared for reading (a common prefix) are fine."""
+    seq = np.repeat(np.arange(len(q_lens)), q_lens)
+    if not seq.size:
+        return
+    first = np.repeat(np.cumsum(q_lens) - q_lens, q_lens)
+    pos = (lens - q_lens)[seq] + np.arange(seq.size) - first
+    slot = table[seq, pos // page_size] * page_size + pos % page_size
+    order = np.argsort(slot, kind="stable")
+    same = np.flatnonzero(slot[order][1:] == slot[order][:-1])
+    if same.size:
+        a, b = (int(x) for x in order[same[0]:same[0] + 2])
+        page, row = divmod(int(slot[a]), page_size)
+        raise ValueError(f"ragged_paged_attention: sequences {int(seq[a])} and {int(seq[b])} both write page {page} "
+                         f"row {row} (positions {int(pos[a])} and {int(pos[b])}); a page this call writes must belong "
+                         "to one sequence (pages shared for reading are fine)")

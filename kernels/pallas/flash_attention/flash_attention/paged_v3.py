@@ -14,9 +14,28 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .config import AttentionConfig
 from .paged import ragged_paged_attention
+from .paged_checks import host_or_traced
+
+
+def num_sequences(distribution: Any, max_seqs: int) -> Any:
+    """The sequence count RPA v3's `distribution` (decode end, prefill end, mixed end) carries in its last entry,
+    after checking it: three integers, non-decreasing, the last within the kv_lens rows when concrete (a traced one:
+    its shape and dtype; the count is then clamped)."""
+    dist = host_or_traced(distribution)
+    if dist.shape != (3,) or not np.issubdtype(np.dtype(dist.dtype), np.integer):
+        raise ValueError(f"ragged_paged_attention_v3: distribution must be three integers (decode end, prefill end, "
+                         f"mixed end = number of sequences), got {dist.dtype}{list(dist.shape)}")
+    if isinstance(dist, jax.core.Tracer):
+        return dist[2]
+    d = np.asarray(dist).astype(np.int64).tolist()
+    if not 0 <= d[0] <= d[1] <= d[2] <= max_seqs:
+        raise ValueError(f"ragged_paged_attention_v3: distribution {d} must satisfy 0 <= decode end <= prefill end <= "
+                         f"mixed end <= {max_seqs} (the rows of kv_lens)")
+    return d[2]
 
 
 def split_kv_cache(kv_cache: jax.Array, kv_heads: int, head_dim: int) -> tuple[jax.Array, jax.Array]:
@@ -58,8 +77,9 @@ def ragged_paged_attention_v3(
 
     Args:
       queries [T, Hq, D], keys / values [T, Hkv, D]; kv_cache: RPA v3's fused layout (see the module docstring);
-      kv_lens [S]; page_indices [S * pages_per_seq] (flattened); cu_q_lens [S + 1]; distribution i32[3], of which
-      only the last entry (the number of sequences) is read: ours needs no decode / prefill / mixed split.
+      kv_lens [S]; page_indices [S * pages_per_seq] (flattened); cu_q_lens [S + 1]; distribution i32[3], checked
+      (0 <= decode end <= prefill end <= mixed end <= S when concrete) and of which only the last entry (the number of
+      sequences) is used: ours needs no decode / prefill / mixed split.
       use_causal_mask, sm_scale (default 1.0, as RPA v3's), sliding_window, soft_cap: as RPA v3's. sinks: ours only.
       implementation / interpret / config: the kernel contract.
 
@@ -68,10 +88,14 @@ def ragged_paged_attention_v3(
     """
     hkv, d = keys.shape[1], queries.shape[2]
     k_cache, v_cache = split_kv_cache(kv_cache, hkv, d)
+    kv_lens, page_indices = host_or_traced(kv_lens), host_or_traced(page_indices)
     seqs = kv_lens.shape[0]
-    table = jnp.asarray(page_indices).reshape(seqs, -1)
+    if page_indices.ndim != 1 or (seqs and page_indices.shape[0] % seqs) or (not seqs and page_indices.shape[0]):
+        raise ValueError(f"ragged_paged_attention_v3: page_indices must be flat [num_seqs * pages_per_seq] with "
+                         f"num_seqs = {seqs} (the rows of kv_lens), got shape {page_indices.shape}")
+    table = page_indices.reshape(seqs, -1 if seqs else 1)
     out, k_cache, v_cache = ragged_paged_attention(
-        queries, keys, values, k_cache, v_cache, kv_lens, table, cu_q_lens, jnp.asarray(distribution)[2],
+        queries, keys, values, k_cache, v_cache, kv_lens, table, cu_q_lens, num_sequences(distribution, seqs),
         sinks=sinks, sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap, causal=use_causal_mask,
         implementation=implementation, interpret=interpret, config=config)
     return out, fuse_kv_cache(k_cache, v_cache, kv_cache)

@@ -17,7 +17,9 @@ logsumexp and delta arrive as lane-dense [1, block_q] rows rather than columns:
   * dk/dv kernel, grid (B, Hkv, kv blocks, G * q blocks): the reduction axis walks every query block
     of every query head in the group, so dk and dv come out per kv head with no extra reduction;
   * dq kernel, grid (B, Hq, q blocks, kv blocks).
-The sink gradient is a small XLA reduction. All dots accumulate in f32; f32 operands use HIGHEST.
+The sink gradient is a small XLA reduction. All dots accumulate in f32: bf16 operands (P cast to bf16 before P.V)
+run at DEFAULT precision, one MXU pass; f32 operands use HIGHEST. Key chunks a query chunk sees in full skip the
+mask (full_key_range): only the band's edges pay for it.
 """
 
 from __future__ import annotations
@@ -85,16 +87,20 @@ def _mxu(x: jax.Array, like: jax.Array) -> jax.Array:
     return x.astype(like.dtype)
 
 
-def online_softmax_step(s: jax.Array, mask: jax.Array, v: jax.Array, m_scr: Any, l_scr: Any, acc_scr: Any,
+def online_softmax_step(s: jax.Array, mask: jax.Array | None, v: jax.Array, m_scr: Any, l_scr: Any, acc_scr: Any,
                         *, values_transposed: bool = False) -> None:
     """One key block of the online softmax: fold masked logits `s` and values `v` ([bk, D], or [D, bk] when
     `values_transposed`) into the running max (m_scr), denominator (l_scr) and output accumulator (acc_scr).
-    Scratch rows hold the row's value in every lane. Shared by the prefill and decode kernels."""
-    s = jnp.where(mask, s, MASKED)
+    Scratch rows hold the row's value in every lane. Shared by the prefill and decode kernels. `mask` None: every
+    logit of the block is seen (a block inside the band), and the masking's vector work is skipped."""
+    if mask is not None:
+        s = jnp.where(mask, s, MASKED)
     m_prev = m_scr[...]
     m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
     alpha = jnp.exp(m_prev - m_next)
-    p = jnp.where(mask, jnp.exp(s - m_next[:, :1]), 0.0)
+    p = jnp.exp(s - m_next[:, :1])
+    if mask is not None:
+        p = jnp.where(mask, p, 0.0)
     l_scr[...] = alpha * l_scr[...] + jnp.sum(p, axis=1, keepdims=True)
     m_scr[...] = m_next
     acc_scr[...] = acc_scr[...] * alpha[:, :1] + _dot(_mxu(p, v), v, (1, 1) if values_transposed else (1, 0))
@@ -111,6 +117,19 @@ def key_range(q_len: jax.Array, kv_len: jax.Array, r0: jax.Array, rows: int, st:
     if st.window is not None:
         lo = jnp.maximum(lo, r0 + off - st.window + 1)
     return lo, hi, (r1 < r0) | (hi < lo)
+
+
+def full_key_range(q_len: jax.Array, kv_len: jax.Array, r0: jax.Array, rows: int, st: FlashStatic):
+    """(lo, hi): the keys that every one of query rows r0 .. r0 + rows - 1 attends (hi < lo: none; none either when
+    a row is past q_len). A key chunk inside [lo, hi] needs no mask. Scalar math."""
+    off = kv_len - q_len
+    lo = jnp.int32(0)
+    hi = jnp.where(r0 + rows > q_len, -1, kv_len - 1)
+    if st.causal:
+        hi = jnp.minimum(hi, r0 + off)
+    if st.window is not None:
+        lo = jnp.maximum(lo, r0 + rows - 1 + off - st.window + 1)
+    return lo, hi
 
 
 def kv_block_range(q_len: jax.Array, kv_len: jax.Array, qi: jax.Array, st: FlashStatic):
@@ -160,6 +179,16 @@ def _logits(a: jax.Array, b: jax.Array, st: FlashStatic) -> tuple[jax.Array, jax
 # ----------------------------------------------------------------------------------------------- forward
 
 
+#: Key columns one unmasked online-softmax step of the forward takes at most (a few chunks at once: fewer rescales
+#: of the running output, logits of at most chunk_q x 512 in f32).
+WIDE_STEP_COLUMNS = 512
+
+
+def _wide_steps(st: FlashStatic) -> int:
+    """Key chunks per unmasked softmax step: as many as fit WIDE_STEP_COLUMNS and the key block."""
+    return max(1, min(WIDE_STEP_COLUMNS, st.block_kv) // st.ck)
+
+
 def _fwd_kernel(qlen_ref, kvlen_ref, sinks_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, m_scr, l_scr, acc_scr,
                 *, st: FlashStatic, nk: int):
     """One (query block, key block) step for `heads_per_block` heads, in inner tiles of chunk_q x chunk_kv: each
@@ -199,16 +228,30 @@ def _fwd_kernel(qlen_ref, kvlen_ref, sinks_ref, q_ref, k_ref, v_ref, o_ref, lse_
             acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
         q = q_ref[i, pl.ds(c * cq, cq), :]
 
-        def kv_chunk(j, carry):
+        def kv_chunk(j, carry, *, masked: bool = True, width: int = 1):
             cols0 = pl.multiple_of(j * ck, ck)
-            k, v = k_ref[pl.ds(cols0, ck), :], v_ref[pl.ds(cols0, ck), :]
+            k, v = k_ref[pl.ds(cols0, width * ck), :], v_ref[pl.ds(cols0, width * ck), :]
             s, _ = _logits(q, k, st)
-            rows = r0 + jax.lax.broadcasted_iota(jnp.int32, (cq, ck), 0)
-            cols = base + cols0 + jax.lax.broadcasted_iota(jnp.int32, (cq, ck), 1)
-            online_softmax_step(s, _mask(rows, cols, q_len, kv_len, st), v, m_ref, l_ref, acc_ref)
+            mask = None
+            if masked:
+                rows = r0 + jax.lax.broadcasted_iota(jnp.int32, (cq, ck), 0)
+                cols = base + cols0 + jax.lax.broadcasted_iota(jnp.int32, (cq, ck), 1)
+                mask = _mask(rows, cols, q_len, kv_len, st)
+            online_softmax_step(s, mask, v, m_ref, l_ref, acc_ref)
             return carry
 
-        jax.lax.fori_loop(c_first, c_last + 1, kv_chunk, None)
+        # key chunks every row of this query chunk sees in full run unmasked, `wide` chunks per softmax step (the
+        # running max's rescale is paid once per step); the band's edges keep the mask
+        f_lo, f_hi = full_key_range(q_len, kv_len, r0, cq, st)
+        f_first = jnp.clip((jnp.maximum(f_lo - base, 0) + ck - 1) // ck, c_first, c_last + 1)
+        f_last = jnp.clip((f_hi - base + 1) // ck - 1, f_first - 1, c_last)
+        wide = _wide_steps(st)
+        n_wide = (f_last + 1 - f_first) // wide
+        jax.lax.fori_loop(c_first, f_first, kv_chunk, None)
+        jax.lax.fori_loop(0, n_wide, lambda j, carry: kv_chunk(f_first + j * wide, carry, masked=False, width=wide),
+                          None)
+        jax.lax.fori_loop(f_first + n_wide * wide, f_last + 1, functools.partial(kv_chunk, masked=False), None)
+        jax.lax.fori_loop(f_last + 1, c_last + 1, kv_chunk, None)
         if whole:
             _finish_chunk(i, c, hb, m_ref, l_ref, acc_ref, sinks_ref, o_ref, lse_ref, st)
 

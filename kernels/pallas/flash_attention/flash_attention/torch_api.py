@@ -27,11 +27,12 @@ from pathlib import Path
 import torch
 
 from . import layers
-from ._vendor.shapes import check_attention, check_window
+from ._vendor.shapes import check_attention
 from ._vendor.torch_dispatch import IMPLEMENTATIONS, ORDER, TorchDispatch
 from ._vendor.torch_tpu_ops import op_namespace, package_digest
 from .flash_attn_api import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 from .hf_attention import UnsupportedAttentionCall, attention_forward
+from .paged_args import soft_cap_arg, window_arg
 from .release import VERSION
 from .torch_cpu import attention_torch
 from .torch_paged import PagedCacheError, ragged_paged_attention_torch
@@ -157,9 +158,12 @@ def ragged_paged_attention(
     if queries.dim() != 3:
         raise PagedCacheError(f"ragged_paged_attention: queries of shape {tuple(queries.shape)}: expected packed "
                               "[tokens, q_heads, head_dim]")
-    window = check_window(sliding_window)
+    try:
+        window = window_arg("ragged_paged_attention", sliding_window)
+        cap = soft_cap_arg("ragged_paged_attention", soft_cap)
+    except ValueError as e:
+        raise PagedCacheError(str(e)) from None
     scale = float(sm_scale) if sm_scale is not None else queries.shape[-1] ** -0.5
-    cap = None if soft_cap is None else float(soft_cap)
 
     def call(name: str) -> torch.Tensor:
         if name == "torch":

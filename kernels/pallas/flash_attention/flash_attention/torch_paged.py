@@ -8,19 +8,27 @@ Query i of sequence s sits at position kv_lens[s] - q_len_s + i (bottom-right ca
 written into their pages first (in place, as flash-attn does), then attention reads the pages.
 
 The pages are walked a few at a time (CHUNK_BYTES of keys per step) with an online softmax in float32, so no step
-holds more than one chunk of pages: the cache is never copied into one contiguous tensor. Imports torch
+holds more than one chunk of pages: the cache is never copied into one contiguous tensor. The query rows go in groups
+of similar length (plan_work, WORK_BYTES of padded queries and of logits each), so a long prefill chunk beside many
+decode steps pads nothing to its length. Imports torch
 only (the torch-cpu build runs where jax is absent).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from .paged_args import int_arg
+
 #: Bytes of float32 keys gathered per step of the page walk, across the sequences (rounded down to whole pages, at
 #: least one page per sequence): what bounds the walk's memory, whatever the cache holds.
 CHUNK_BYTES = 32 << 20
+#: Bytes of float32 padded queries attended at once (and of one step's logits): what bounds the walk's memory,
+#: whatever mix of prefill chunks and decode steps the batch holds.
+WORK_BYTES = 64 << 20
 
 
 class PagedCacheError(ValueError):
@@ -52,6 +60,8 @@ def check_paged_call(queries: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if k_cache.dim() != 4 or tuple(k_cache.shape) != tuple(v_cache.shape):
         raise bad(f"k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}: expected two caches of one shape "
                   "[num_pages, page_size, kv_heads, head_dim]")
+    if k_cache.dtype != v_cache.dtype:
+        raise bad(f"k_cache is {k_cache.dtype} and v_cache {v_cache.dtype}: both caches must share one dtype")
     num_pages, page_size, hkv, d = k_cache.shape
     if queries.shape[2] != d or queries.shape[1] % hkv:
         raise bad(f"queries {tuple(queries.shape)} against caches with {hkv} kv heads of size {d}: the head sizes must "
@@ -63,9 +73,10 @@ def check_paged_call(queries: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if page_indices.shape[0] != slots or cu_q_lens.shape[0] != slots + 1:
         raise bad(f"kv_lens [{slots}], page_indices {tuple(page_indices.shape)}, cu_q_lens [{cu_q_lens.shape[0]}]: "
                   "expected [S], [S, pages_per_seq] and [S + 1]")
-    s = slots if num_seqs is None else int(num_seqs)
-    if not 0 <= s <= slots:
-        raise bad(f"num_seqs={s} outside 0..{slots} (the sequence slots given)")
+    try:
+        s = slots if num_seqs is None else int_arg(who, "num_seqs", num_seqs, low=0, high=slots)
+    except ValueError as e:
+        raise PagedCacheError(f"{e} (the sequence slots given: {slots})") from None
     cu = cu_q_lens[: s + 1].long()
     q_lens = cu[1:] - cu[:-1]
     lens = kv_lens[:s].long()
@@ -108,6 +119,22 @@ def new_row_slots(page_indices: torch.Tensor, call: PagedCall, page_size: int,
     return rows, page, pos % page_size
 
 
+def check_distinct_writes(page: torch.Tensor, offset: torch.Tensor, call: PagedCall, page_size: int,
+                          who: str = "ragged_paged_attention") -> None:
+    """PagedCacheError when two new rows (of two sequences, or one sequence listing a page twice) land on one page
+    slot: which write wins would be unspecified. Pages shared for reading (a common prefix) are fine."""
+    slot = page * page_size + offset
+    ordered, order = torch.sort(slot, stable=True)
+    same = (ordered[1:] == ordered[:-1]).nonzero()
+    if same.numel():
+        i = int(same[0, 0])
+        a, b = int(order[i]), int(order[i + 1])
+        seq = torch.repeat_interleave(torch.arange(call.q_lens.shape[0]), call.q_lens.cpu())
+        raise PagedCacheError(f"{who}: sequences {int(seq[a])} and {int(seq[b])} both write page {int(page[a])} row "
+                              f"{int(offset[a])}; a page this call writes must belong to one sequence (pages shared "
+                              "for reading are fine)")
+
+
 def write_new_rows(k_cache: torch.Tensor, v_cache: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                    page_indices: torch.Tensor, call: PagedCall) -> None:
     """Write each sequence's new K/V rows (packed like the queries) into their pages, in place (whatever the caches'
@@ -115,6 +142,7 @@ def write_new_rows(k_cache: torch.Tensor, v_cache: torch.Tensor, keys: torch.Ten
     if not call.q_lens.shape[0] or int(call.q_lens.sum()) == 0:
         return
     rows, page, offset = new_row_slots(page_indices, call, k_cache.shape[1], keys.device)
+    check_distinct_writes(page, offset, call, k_cache.shape[1])
     k_cache[page, offset] = keys[rows].to(k_cache.dtype)
     v_cache[page, offset] = values[rows].to(v_cache.dtype)
 
@@ -154,37 +182,94 @@ def _attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch
     return torch.matmul(torch.exp(logits - safe), v), lse
 
 
+@dataclass(frozen=True)
+class WorkGroup:
+    """Query rows attended together: items (sequence, first row, rows), padded to the widest item's rows."""
+
+    items: tuple[tuple[int, int, int], ...]
+
+    @property
+    def width(self) -> int:
+        return max(rows for _, _, rows in self.items)
+
+    def padded_rows(self) -> int:
+        return len(self.items) * self.width
+
+
+def plan_work(q_lens: Sequence[int], row_bytes: int, budget: int) -> list[WorkGroup]:
+    """Pure decision: the query rows of every sequence cut into items of at most budget // row_bytes rows, sorted by
+    size and packed into groups whose padded rows (items x widest item) x row_bytes stay within `budget` (one item
+    alone may reach it) and no item is under half its group's width (padding at most doubles the rows). So one long
+    prefill chunk beside many decode steps never pads a decode step to the chunk's length. row_bytes: one query
+    row's float32 bytes over all query heads."""
+    max_rows = max(1, budget // max(1, row_bytes))
+    items = [(s, r, min(max_rows, n - r)) for s, n in enumerate(int(x) for x in q_lens) for r in range(0, n, max_rows)]
+    items.sort(key=lambda it: -it[2])
+    groups: list[WorkGroup] = []
+    current: list[tuple[int, int, int]] = []
+    for item in items:
+        if current and ((len(current) + 1) * current[0][2] * row_bytes > budget or 2 * item[2] < current[0][2]):
+            groups.append(WorkGroup(tuple(current)))
+            current = []
+        current.append(item)
+    if current:
+        groups.append(WorkGroup(tuple(current)))
+    return groups
+
+
 def paged_attention(queries: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_indices: torch.Tensor,
                     call: PagedCall, *, causal: bool, sm_scale: float, sliding_window: int | None,
                     soft_cap: float | None, sinks: torch.Tensor | None,
-                    chunk_bytes: int | None = None) -> torch.Tensor:
+                    chunk_bytes: int | None = None, work_bytes: int | None = None) -> torch.Tensor:
     """Attention of packed queries [T, Hq, D] over each sequence's pages -> [T, Hq, D] in the queries' dtype; rows past
-    the last sequence's queries are 0, as is a row with nothing to attend. Each step gathers whole pages, at most
-    `chunk_bytes` (default CHUNK_BYTES) of float32 keys across the sequences (at least one page)."""
+    the last sequence's queries are 0, as is a row with nothing to attend. The rows go in groups (plan_work:
+    `work_bytes`, default WORK_BYTES, of padded float32 queries each, and as much for one step's logits); each step
+    gathers whole pages, at most `chunk_bytes` (default CHUNK_BYTES) of float32 keys across the group (at least one
+    page)."""
     t, hq, d = queries.shape
+    out = queries.new_zeros(queries.shape)
+    if not call.q_lens.shape[0] or t == 0 or int(call.q_lens.sum()) == 0:
+        return out
+    budget = WORK_BYTES if work_bytes is None else work_bytes
+    for group in plan_work(call.q_lens.tolist(), hq * d * 4, budget):
+        _attend_group(out, queries, k_cache, v_cache, page_indices, call, group, causal=causal, sm_scale=sm_scale,
+                      sliding_window=sliding_window, soft_cap=soft_cap, sinks=sinks,
+                      chunk_bytes=CHUNK_BYTES if chunk_bytes is None else chunk_bytes, work_bytes=budget)
+    return out
+
+
+def _attend_group(out: torch.Tensor, queries: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  page_indices: torch.Tensor, call: PagedCall, group: WorkGroup, *, causal: bool, sm_scale: float,
+                  sliding_window: int | None, soft_cap: float | None, sinks: torch.Tensor | None, chunk_bytes: int,
+                  work_bytes: int) -> None:
+    """One work group's rows of `out`, walking only the pages its rows can see (up to the last row's position when
+    causal, from the first row's window start when windowed)."""
+    hq, d = queries.shape[1:]
     page_size, hkv = k_cache.shape[1], k_cache.shape[2]
     g = hq // hkv
-    s = call.q_lens.shape[0]
-    out = queries.new_zeros(queries.shape)
-    if not s or t == 0 or int(call.q_lens.sum()) == 0:
-        return out
     dev = queries.device
-    q_lens, q_starts, kv_lens = (x.to(dev) for x in (call.q_lens, call.q_starts, call.kv_lens))
-    width = int(q_lens.max())
+    seq_ids, row0, rows_n = (torch.tensor(x, dtype=torch.int64) for x in zip(*group.items, strict=True))
+    s, width = len(group.items), group.width
+    kv_lens = call.kv_lens[seq_ids]
+    first_pos = kv_lens - call.q_lens[seq_ids] + row0  # position of each item's first row
+    last_seen = torch.minimum(first_pos + rows_n, kv_lens) if causal else kv_lens  # keys past it: never seen
+    first_page = 0 if sliding_window is None else int((first_pos - sliding_window + 1).clamp(min=0).min()) // page_size
+    end_page = int(((last_seen + page_size - 1) // page_size).max())
+    q_lens, q_starts = rows_n.to(dev), (call.q_starts[seq_ids] + row0).to(dev)
+    kv_lens, first_pos = kv_lens.to(dev), first_pos.to(dev)
     i = torch.arange(width, device=dev)
     q_valid = i[None] < q_lens[:, None]  # [S, W]
     rows = torch.where(q_valid, q_starts[:, None] + i[None], 0)
     # [S, Hkv, W*G, D]: each kv head's query rows (position-major, then the heads sharing it)
     q = queries[rows.reshape(-1)].reshape(s, width, hkv, g, d).float().permute(0, 2, 1, 3, 4) * sm_scale
     q = q.reshape(s, hkv, width * g, d)
-    q_pos = (kv_lens - q_lens)[:, None] + i[None]  # [S, W]
+    q_pos = first_pos[:, None] + i[None]  # [S, W]
     lse = torch.full((s, hkv, width * g, 1), float("-inf"), device=dev)  # running log-sum-exp of each row
     acc = torch.zeros((s, hkv, width * g, d), device=dev)  # running output, normalised by exp(lse)
-    budget = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
-    step = max(1, budget // (s * page_size * hkv * d * 4))
-    table = page_indices[:s].long().to(dev)
-    for first in range(0, call.pages_needed, step):
-        cols = torch.arange(first, min(first + step, call.pages_needed), device=dev)
+    step = max(1, min(chunk_bytes // (s * page_size * hkv * d * 4), work_bytes // (s * width * hq * page_size * 4)))
+    table = page_indices.long().to(dev)[seq_ids.to(dev)]
+    for first in range(first_page, end_page, step):
+        cols = torch.arange(first, min(first + step, end_page), device=dev)
         k_pos = (cols[:, None] * page_size + torch.arange(page_size, device=dev)[None]).reshape(-1)  # [C]
         pages = torch.where(cols[None] * page_size < kv_lens[:, None], table[:, cols], 0)  # unneeded pages: read page 0
         k = k_cache[pages].reshape(s, -1, hkv, d).transpose(1, 2).float()  # [S, Hkv, C, D]: this chunk of keys only
@@ -210,7 +295,6 @@ def paged_attention(queries: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         acc = acc * torch.exp(lse - torch.logaddexp(lse, sink))
     result = acc.reshape(s, hkv, width, g, d).permute(0, 2, 1, 3, 4).reshape(s * width, hq, d)
     out[rows[q_valid]] = result[q_valid.reshape(-1)].to(out.dtype)
-    return out
 
 
 def ragged_paged_attention_torch(queries: torch.Tensor, keys: torch.Tensor | None, values: torch.Tensor | None,

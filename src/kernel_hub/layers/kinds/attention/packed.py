@@ -85,16 +85,18 @@ def kernel_packed(kernel: PackedKernel, module: torch.nn.Module, query: torch.Te
     sinks = None if sinks is None else sinks.float()
     causal = _causal(module, kwargs)
     cu_q, cu_k = kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"]
+    window = kwargs.get("sliding_window")
     if is_paged(kwargs):
         q, k, v = (x.reshape(-1, 1, *x.shape[-2:]) for x in (q, k, v))
         n = k.shape[0]  # one new token per sequence on the decode fast path
-        cached = (cu_k[1:n + 1] - cu_k[:n] - 1).to(torch.int32)
+        cached = cu_k[1:n + 1] - cu_k[:n] - 1
+        # the cache holds every earlier position, so the window always applies (flash-attn's (left, right) form)
+        window_size = (-1, -1) if window is None else (int(window) - 1, int(window) - 1)
         out = kernel.kvcache(q, kwargs["k_cache"], kwargs["v_cache"], k, v, cache_seqlens=cached,
-                             block_table=kwargs["block_table"], softmax_scale=scale, causal=causal, softcap=softcap,
-                             s_aux=sinks)
+                             block_table=kwargs["block_table"], softmax_scale=scale, causal=causal,
+                             window_size=window_size, softcap=softcap, s_aux=sinks)
         out = out.reshape(1, -1, *out.shape[-2:])
     else:
-        window = kwargs.get("sliding_window")
         window_size = (-1, -1) if window is None or k.shape[1] <= int(window) else (int(window) - 1, int(window) - 1)
         q, k, v = (x.reshape(-1, *x.shape[-2:]) for x in (q, k, v))
         lengths_q, lengths_k = cu_q[1:] - cu_q[:-1], cu_k[1:] - cu_k[:-1]
