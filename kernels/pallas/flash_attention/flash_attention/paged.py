@@ -2,7 +2,10 @@
 
 Implementations: "pallas" (pallas_paged.py: compiled on a TPU, interpreted elsewhere), "cpu" (paged_cpu.cpu_paged:
 XLA walking the page table a block at a time, the fast path on CPU) and "xla" (paged_cpu.xla_paged: gather every
-page, then attend; portable). All three write the new tokens' K/V into their pages first (paged_layout).
+page, then attend; portable). All three write the new tokens' K/V into their pages first: "pallas" with a Pallas
+kernel whose cache outputs alias its inputs (pallas_paged_write), so under a jit that donates the caches the update
+happens in place and no copy of a cache exists anywhere in the program; "cpu" and "xla" with an XLA scatter
+(paged_layout.write_new_tokens), in place on XLA's CPU backend under donation too.
 """
 
 from __future__ import annotations
@@ -19,8 +22,17 @@ from .api import _DISPATCH, _vmem
 from .config import AttentionConfig, cdiv, paged_blocks
 from .paged_checks import PagedShapes, check_num_seqs, check_paged_shapes, check_paged_values
 from .paged_cpu import cpu_paged, xla_paged
-from .paged_layout import gather_queries, metadata, row_positions, scatter_outputs, work_items, write_new_tokens
+from .paged_layout import (
+    gather_queries,
+    metadata,
+    row_positions,
+    scatter_outputs,
+    token_destinations,
+    work_items,
+    write_new_tokens,
+)
 from .pallas_paged import PagedStatic, layout_ok, paged_forward
+from .pallas_paged_write import write_pages
 
 
 def _steps(sh: PagedShapes, block_q: int, ppb: int) -> int:
@@ -36,7 +48,11 @@ def _steps(sh: PagedShapes, block_q: int, ppb: int) -> int:
 def _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, num_seqs, sinks, *, impl,
            sh: PagedShapes, causal, block_q, ppb, interpret, vmem_limit):
     meta = metadata(kv_lens, page_indices, cu_q_lens, num_seqs, sh)
-    k_cache, v_cache = write_new_tokens(k_cache, v_cache, keys, values, meta, sh)
+    if impl == "pallas":
+        page, slot = token_destinations(meta, sh)
+        k_cache, v_cache = write_pages(k_cache, v_cache, keys, values, page, slot, interpret=interpret)
+    else:
+        k_cache, v_cache = write_new_tokens(k_cache, v_cache, keys, values, meta, sh)
     out = jnp.zeros(queries.shape, queries.dtype)
     for bq, select, count in _passes(meta, sh, block_q):
         work = work_items(meta, sh, bq, causal, select, count)
@@ -117,7 +133,9 @@ def ragged_paged_attention(
         override the block choice.
 
     Returns:
-      (out [T, Hq, D] in queries.dtype, k_cache, v_cache) with the new rows written.
+      (out [T, Hq, D] in queries.dtype, k_cache, v_cache) with the new rows written. The caller rebinds the returned
+      caches (as vLLM does): under `jax.jit(step, donate_argnums=...)` donating both caches they are the same
+      buffers, updated in place; a caller that does not donate gets one copy of each (docs/paged-attention.md).
 
     Concrete metadata is checked (one ValueError: a page id outside the cache, kv_lens past the pages given, more
     new tokens than kv_lens, cu_q_lens decreasing); traced metadata is clamped so nothing is read or written outside

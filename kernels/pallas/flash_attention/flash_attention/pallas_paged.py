@@ -4,8 +4,10 @@ Grid (work items, kv blocks). The scalar-prefetched metadata (each item's sequen
 flattened page table) drives manual DMAs: a step copies `pages_per_block` pages of K and of V, every kv head at once,
 from HBM into VMEM, so each page is read once per work item whatever the number of heads; the step after prefetches
 the next block's pages while this one computes (double buffering across the kv axis of one work item). Steps past an
-item's range issue no DMA and do no work. The kernel sees each cache as [pages, page_size, Hkv * D] (heads side by
-side in the lanes), so kv head h is the lane-aligned column block h*D:(h+1)*D of the page buffer; the G query heads
+item's range issue no DMA and do no work; a sliding window's first step is the block holding the window's first
+position, so a windowed layer reads only the pages its window reaches. The kernel takes each cache in the caller's
+own [pages, page_size, Hkv, D] layout, whole pages copied as they lie (any reshape XLA cannot make a bitcast would
+copy the whole cache before the call), and reads kv head h as the [block, D] slice buf[:, h, :]; the G query heads
 of that kv head and the item's tokens are the rows of one [block_q * G, D] matrix, and an online softmax folds the
 blocks in.
 
@@ -119,8 +121,8 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, q_ref, qpos_ref, sink
         d = q_ref.shape[2]
         value_rows = block_of(kj) * n + jax.lax.broadcasted_iota(jnp.int32, (n, d), 0)
         for h in range(hkv):
-            k = kbuf[slot, :, pl.ds(h * d, d)]
-            v = vbuf[slot, :, pl.ds(h * d, d)]
+            k = kbuf[slot, :, h, :]
+            v = vbuf[slot, :, h, :]
             v = jnp.where(value_rows < kv_len, v, jnp.zeros_like(v))
             s = _dot(q_ref[h], k, (1, 1)) * st.sm_scale  # [R, n]
             if st.soft_cap is not None:
@@ -146,13 +148,10 @@ def paged_forward(q_work, qpos_rows, sinks_rows, k_cache, v_cache, seq, lo, hi, 
     """q_work [W, Hkv, R, D]; qpos_rows [W, R] int32; sinks_rows [Hkv, R] f32; caches [P, page, Hkv, D];
     seq/lo/hi [W], kv_len [S], table [S, pages_per_seq] int32 -> [W, Hkv, R, D] in the queries' dtype."""
     w_count, hkv, r, d = q_work.shape
-    p = k_cache.shape[0]
-    k_flat = k_cache.reshape(p, st.page_size, hkv * d)
-    v_flat = v_cache.reshape(p, st.page_size, hkv * d)
     qpos_wide = jnp.broadcast_to(qpos_rows[:, :, None], (w_count, r, LANES))
     sinks_wide = jnp.broadcast_to(sinks_rows[:, :, None], (hkv, r, LANES))
     any_ = pl.BlockSpec(memory_space=pl.ANY)
-    buf = pltpu.VMEM((2, st.block_kv, hkv * d), k_cache.dtype)
+    buf = pltpu.VMEM((2, st.block_kv, hkv, d), k_cache.dtype)
     return pl.pallas_call(
         functools.partial(_kernel, st=st),
         out_shape=jax.ShapeDtypeStruct(q_work.shape, q_work.dtype),
@@ -182,4 +181,4 @@ def paged_forward(q_work, qpos_rows, sinks_rows, k_cache, v_cache, seq, lo, hi, 
         ),
         interpret=st.interpret,
         name="ragged_paged_attention",
-    )(seq, lo, hi, kv_len, table.reshape(-1), q_work, qpos_wide, sinks_wide, k_flat, v_flat)
+    )(seq, lo, hi, kv_len, table.reshape(-1), q_work, qpos_wide, sinks_wide, k_cache, v_cache)
