@@ -36,11 +36,12 @@ from .pallas_paged_write import write_pages
 
 
 def _steps(sh: PagedShapes, block_q: int, ppb: int) -> int:
-    """kv steps per work item: every block of a sequence's pages, or as many as a window (plus the item's own
-    tokens) can touch."""
+    """kv steps per work item: every block of a sequence's pages, or, with a window, as many blocks as the window
+    plus the item's own tokens span from the page holding its first position (the steps start there)."""
     steps = cdiv(sh.pages_per_seq, ppb)
     if sh.window is not None:
-        steps = min(steps, cdiv(sh.window + block_q - 1, ppb * sh.page_size) + 1)
+        span = sh.window + block_q - 1 + sh.page_size - 1
+        steps = min(steps, cdiv(span, ppb * sh.page_size))
     return steps
 
 

@@ -68,11 +68,12 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, q_ref, qpos_ref, sink
     w, kj = pl.program_id(0), pl.program_id(1)
     n, ps, ppb, hkv = st.block_kv, st.page_size, st.pages_per_block, st.kv_heads
 
-    def block_of(step):
-        return jnp.maximum(lo_ref[w], 0) // n + step
+    def start_of(step):
+        """First cache position of kv step `step`: steps begin at the page holding the item's first position."""
+        return jnp.maximum(lo_ref[w], 0) // ps * ps + step * n
 
     def active(step):
-        return (hi_ref[w] >= lo_ref[w]) & (block_of(step) * n <= hi_ref[w]) & (step < st.steps)
+        return (hi_ref[w] >= lo_ref[w]) & (start_of(step) <= hi_ref[w]) & (step < st.steps)
 
     def copies(step, slot):
         seq = seq_ref[w]
@@ -80,7 +81,7 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, q_ref, qpos_ref, sink
         last = jnp.maximum((kv_len + ps - 1) // ps - 1, 0)
         out = []
         for j in range(ppb):
-            page_slot = jnp.minimum(block_of(step) * ppb + j, last)
+            page_slot = jnp.minimum(start_of(step) // ps + j, last)
             page = jnp.clip(table_ref[seq * st.pages_per_seq + page_slot], 0, st.num_pages - 1)
             dst = pl.ds(j * ps, ps)
             out.append(pltpu.make_async_copy(k_hbm.at[page], kbuf.at[slot, dst], sems.at[0, slot]))
@@ -112,14 +113,14 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, q_ref, qpos_ref, sink
         kv_len = kvlen_ref[seq_ref[w]]
         qpos = qpos_ref[...][:, :1]  # [R, 1]
         r = q_ref.shape[1]
-        cols = block_of(kj) * n + jax.lax.broadcasted_iota(jnp.int32, (r, n), 1)
+        cols = start_of(kj) + jax.lax.broadcasted_iota(jnp.int32, (r, n), 1)
         mask = (qpos >= 0) & (cols < kv_len)
         if st.causal:
             mask &= cols <= qpos
         if st.window is not None:
             mask &= cols > qpos - st.window
         d = q_ref.shape[2]
-        value_rows = block_of(kj) * n + jax.lax.broadcasted_iota(jnp.int32, (n, d), 0)
+        value_rows = start_of(kj) + jax.lax.broadcasted_iota(jnp.int32, (n, d), 0)
         for h in range(hkv):
             k = kbuf[slot, :, h, :]
             v = vbuf[slot, :, h, :]
