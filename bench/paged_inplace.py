@@ -27,7 +27,7 @@ MIB = 2**20
 CASES = {
     "qwen3_30b_a3b_decode_b64_8k": (64, 8192, 128, 32, 4, 128, None),
     "gemma4_26b_a4b_sliding_decode_b64_8k": (64, 8192, 128, 16, 8, 256, 1024),
-    "small_decode_b8_2k_window": (8, 2048, 128, 8, 2, 128, 512),
+    "small_decode_b8_2k_window": (8, 2048, 128, 8, 4, 128, 512),
 }
 GROUPS = {"model": [n for n in CASES if not n.startswith("small")], "small": ["small_decode_b8_2k_window"]}
 GROUPS["all"] = GROUPS["model"] + GROUPS["small"]
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT / "src"))
     from kernel_hub.tpu.env import tpu_env
 
-    env = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(ROOT / "src")}
+    env = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(ROOT / "src"), "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
     import os
 
     done = subprocess.run([str(tpu_env().python), __file__, "--in-tpu-env", "--generations", args.generations,

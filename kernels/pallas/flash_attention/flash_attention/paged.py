@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from ._vendor.interpret import run_dispatch
 from .api import _DISPATCH, _vmem
-from .config import AttentionConfig, cdiv, paged_blocks
+from .config import AttentionConfig, cdiv, device_kind_of
 from .paged_checks import PagedShapes, check_num_seqs, check_paged_shapes, check_paged_values
 from .paged_cpu import cpu_paged, xla_paged
 from .paged_layout import (
@@ -28,11 +28,25 @@ from .paged_layout import (
     row_positions,
     scatter_outputs,
     token_destinations,
+    token_work,
     work_items,
     write_new_tokens,
 )
+from .paged_tuning import Choice, choose_blocks
 from .pallas_paged import PagedStatic, layout_ok, paged_forward
 from .pallas_paged_write import write_pages
+
+#: The blocks the last call chose (what the compile gate records per case).
+_LAST_BLOCKS: list[Choice | None] = [None]
+
+
+def last_tuning(clear: bool = False) -> str | None:
+    """"block_q B, P pages per step (source)" of the last ragged_paged_attention call in this process (None: none
+    since the last clear); `clear` forgets it after reading (the compile gate records it per case)."""
+    c = _LAST_BLOCKS[0]
+    if clear:
+        _LAST_BLOCKS[0] = None
+    return None if c is None else f"block_q {c.block_q}, {c.pages_per_block} pages per step ({c.source})"
 
 
 def _steps(sh: PagedShapes, block_q: int, ppb: int) -> int:
@@ -54,6 +68,12 @@ def _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_
         k_cache, v_cache = write_pages(k_cache, v_cache, keys, values, page, slot, interpret=interpret)
     else:
         k_cache, v_cache = write_new_tokens(k_cache, v_cache, keys, values, meta, sh)
+    if impl == "pallas" and block_q == 1:  # the decode schedule: queries and output where they lie
+        work = token_work(meta, sh, causal)
+        st = _static(sh, sinks is not None, causal, ppb, _steps(sh, 1, ppb), interpret, vmem_limit, direct=True)
+        out = paged_forward(queries, row_positions(work, sh), _sinks_rows(sinks, sh, 1), k_cache, v_cache, work.seq,
+                            work.lo, work.hi, meta.kv_len, meta.read_table, st)
+        return out, k_cache, v_cache
     out = jnp.zeros(queries.shape, queries.dtype)
     for bq, select, count in _passes(meta, sh, block_q):
         work = work_items(meta, sh, bq, causal, select, count)
@@ -78,22 +98,32 @@ def _attend(impl, queries, work, k_cache, v_cache, meta, sinks, *, sh: PagedShap
     """[W, Hkv, block_q * G, D]: one pass's work items attended by implementation `impl`."""
     q_work = gather_queries(queries, work, sh)
     qpos = row_positions(work, sh)
-    sinks_rows = None
-    if sinks is not None:
-        sinks_rows = jnp.tile(jnp.asarray(sinks, jnp.float32).reshape(sh.kv_heads, sh.group), (1, block_q))
+    sinks_rows = None if sinks is None else _sinks_rows(sinks, sh, block_q)
     steps = _steps(sh, block_q, ppb)
     if impl == "cpu":
         return cpu_paged(q_work, qpos, work, k_cache, v_cache, meta, sh, causal=causal, sinks_rows=sinks_rows,
                          pages_per_block=ppb, steps=steps)
     if impl == "xla":
         return xla_paged(q_work, qpos, work, k_cache, v_cache, meta, sh, causal=causal, sinks_rows=sinks_rows)
-    st = PagedStatic(sm_scale=sh.sm_scale, window=sh.window, soft_cap=sh.soft_cap, has_sinks=sinks is not None,
-                     causal=causal, page_size=sh.page_size, pages_per_block=ppb, pages_per_seq=sh.pages_per_seq,
-                     num_pages=sh.num_pages, kv_heads=sh.kv_heads, steps=steps, interpret=interpret,
-                     vmem_limit_bytes=vmem_limit)
-    snk = sinks_rows if sinks_rows is not None else jnp.zeros((sh.kv_heads, block_q * sh.group), jnp.float32)
+    st = _static(sh, sinks is not None, causal, ppb, steps, interpret, vmem_limit)
+    snk = _sinks_rows(sinks, sh, block_q)
     return paged_forward(q_work, qpos, snk, k_cache, v_cache, work.seq, work.lo, work.hi, meta.kv_len,
                          meta.read_table, st)
+
+
+def _sinks_rows(sinks, sh: PagedShapes, block_q: int) -> jax.Array:
+    """[Hkv, block_q * G] f32: each row's sink logit (zeros when there are none: the kernel then ignores them)."""
+    if sinks is None:
+        return jnp.zeros((sh.kv_heads, block_q * sh.group), jnp.float32)
+    return jnp.tile(jnp.asarray(sinks, jnp.float32).reshape(sh.kv_heads, sh.group), (1, block_q))
+
+
+def _static(sh: PagedShapes, has_sinks: bool, causal: bool, ppb: int, steps: int, interpret, vmem_limit, *,
+            direct: bool = False) -> PagedStatic:
+    return PagedStatic(sm_scale=sh.sm_scale, window=sh.window, soft_cap=sh.soft_cap, has_sinks=has_sinks,
+                       causal=causal, page_size=sh.page_size, pages_per_block=ppb, pages_per_seq=sh.pages_per_seq,
+                       num_pages=sh.num_pages, kv_heads=sh.kv_heads, steps=steps, interpret=interpret,
+                       vmem_limit_bytes=vmem_limit, group=sh.group, direct=direct)
 
 
 def ragged_paged_attention(
@@ -153,10 +183,10 @@ def ragged_paged_attention(
     num = jnp.asarray(sh.max_seqs if num_seqs is None else num_seqs, jnp.int32)
     cfg = config or AttentionConfig()
     vmem = _vmem(k_cache)
-    auto = paged_blocks(sh.tokens, sh.max_seqs, sh.group, sh.page_size, sh.pages_per_seq, sh.kv_heads, sh.head_dim,
-                        jnp.dtype(queries.dtype).itemsize, sh.window, vmem["vmem_budget_bytes"])
-    block_q = cfg.paged_block_q or auto.block_q
-    ppb = min(cfg.paged_pages_per_block or auto.pages_per_block, sh.pages_per_seq)
+    choice = choose_blocks(sh, jnp.dtype(queries.dtype).name, jnp.dtype(k_cache.dtype).name,
+                           jnp.dtype(k_cache.dtype).itemsize, device_kind_of(k_cache), vmem["vmem_budget_bytes"], cfg)
+    _LAST_BLOCKS[0] = choice
+    block_q, ppb = choice.block_q, choice.pages_per_block
     # the CPU walk holds a block of pages per work item at once: 256 positions keep that a small slice of the cache
     cpu_ppb = min(cfg.paged_pages_per_block or max(1, 256 // sh.page_size), sh.pages_per_seq)
 

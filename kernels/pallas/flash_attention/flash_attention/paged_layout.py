@@ -118,6 +118,19 @@ def work_items(meta: Meta, sh: PagedShapes, block_q: int, causal: bool, select: 
     return Work(seq, lo, hi, qpos, token)
 
 
+def token_work(meta: Meta, sh: PagedShapes, causal: bool) -> Work:
+    """One work item per packed token row (item t = row t, padding rows hold nothing to do): the decode schedule,
+    whose kernel reads the queries and writes the output where they lie, with no regrouping outside it."""
+    seq, row, valid = token_slots(meta, sh)
+    q_len, kv_len = meta.q_len[seq], meta.kv_len[seq]
+    pos = kv_len - q_len + row
+    qpos = jnp.where(valid, pos, -1)
+    lo = jnp.zeros_like(pos) if sh.window is None else jnp.maximum(pos - sh.window + 1, 0)
+    hi = jnp.minimum(pos, kv_len - 1) if causal else kv_len - 1
+    hi = jnp.where(valid, hi, -1)
+    return Work(seq, lo, hi, qpos[:, None], jnp.arange(sh.tokens, dtype=jnp.int32)[:, None])
+
+
 def gather_queries(queries, work: Work, sh: PagedShapes) -> jax.Array:
     """[W, Hkv, block_q * G, D]: each work item's queries, rows token-major then query head within the group."""
     w_count, bq = work.token.shape

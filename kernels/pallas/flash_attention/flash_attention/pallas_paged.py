@@ -46,6 +46,9 @@ class PagedStatic:
     steps: int
     interpret: Any = False
     vmem_limit_bytes: int | None = None
+    group: int = 1  # query heads per kv head
+    direct: bool = False  # one token per item, item w = packed row w: queries and output read and written in place
+
 
     @property
     def block_kv(self) -> int:
@@ -90,6 +93,10 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, q_ref, qpos_ref, sink
 
     slot = kj % 2
 
+    def q_rows(h):
+        """[R, D]: the query rows of kv head h (direct: its G heads of the item's one token)."""
+        return q_ref[pl.ds(h * st.group, st.group), :] if st.direct else q_ref[h]
+
     @pl.when(kj == 0)
     def _init():
         m_scr[...] = jnp.full(m_scr.shape, MASKED, jnp.float32)
@@ -112,20 +119,20 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, q_ref, qpos_ref, sink
             c.wait()
         kv_len = kvlen_ref[seq_ref[w]]
         qpos = qpos_ref[...][:, :1]  # [R, 1]
-        r = q_ref.shape[1]
+        r = st.group if st.direct else q_ref.shape[1]
         cols = start_of(kj) + jax.lax.broadcasted_iota(jnp.int32, (r, n), 1)
         mask = (qpos >= 0) & (cols < kv_len)
         if st.causal:
             mask &= cols <= qpos
         if st.window is not None:
             mask &= cols > qpos - st.window
-        d = q_ref.shape[2]
+        d = q_ref.shape[-1]
         value_rows = start_of(kj) + jax.lax.broadcasted_iota(jnp.int32, (n, d), 0)
         for h in range(hkv):
             k = kbuf[slot, :, h, :]
             v = vbuf[slot, :, h, :]
             v = jnp.where(value_rows < kv_len, v, jnp.zeros_like(v))
-            s = _dot(q_ref[h], k, (1, 1)) * st.sm_scale  # [R, n]
+            s = _dot(q_rows(h), k, (1, 1)) * st.sm_scale  # [R, n]
             if st.soft_cap is not None:
                 s = st.soft_cap * jnp.tanh(s / st.soft_cap)
             online_softmax_step(s, mask, v, m_scr.at[h], l_scr.at[h], acc_scr.at[h])
@@ -141,18 +148,30 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, q_ref, qpos_ref, sink
                 denom = denom * rescale + jnp.exp(sink - m_fin)
                 acc = acc * rescale[:, :1]
             safe = jnp.where(denom > 0, denom, 1.0)
-            o_ref[h] = (acc / safe[:, :1]).astype(o_ref.dtype)
+            result = (acc / safe[:, :1]).astype(o_ref.dtype)
+            if st.direct:
+                o_ref[pl.ds(h * st.group, st.group), :] = result
+            else:
+                o_ref[h] = result
 
 
 def paged_forward(q_work, qpos_rows, sinks_rows, k_cache, v_cache, seq, lo, hi, kv_len, table,
                   st: PagedStatic) -> jax.Array:
-    """q_work [W, Hkv, R, D]; qpos_rows [W, R] int32; sinks_rows [Hkv, R] f32; caches [P, page, Hkv, D];
-    seq/lo/hi [W], kv_len [S], table [S, pages_per_seq] int32 -> [W, Hkv, R, D] in the queries' dtype."""
-    w_count, hkv, r, d = q_work.shape
+    """q_work [W, Hkv, R, D] (direct: the packed queries [T, Hq, D] themselves, item w = row w); qpos_rows [W, R]
+    int32; sinks_rows [Hkv, R] f32; caches [P, page, Hkv, D]; seq/lo/hi [W], kv_len [S], table [S, pages_per_seq]
+    int32 -> [W, Hkv, R, D] (direct: [T, Hq, D], padding rows 0) in the queries' dtype."""
+    hkv = st.kv_heads
+    d = q_work.shape[-1]
+    w_count = q_work.shape[0]
+    r = qpos_rows.shape[1]
     qpos_wide = jnp.broadcast_to(qpos_rows[:, :, None], (w_count, r, LANES))
     sinks_wide = jnp.broadcast_to(sinks_rows[:, :, None], (hkv, r, LANES))
     any_ = pl.BlockSpec(memory_space=pl.ANY)
     buf = pltpu.VMEM((2, st.block_kv, hkv, d), k_cache.dtype)
+    if st.direct:
+        q_spec = pl.BlockSpec((None, hkv * st.group, d), lambda wi, kj, *_: (wi, 0, 0))
+    else:
+        q_spec = pl.BlockSpec((None, hkv, r, d), lambda wi, kj, *_: (wi, 0, 0, 0))
     return pl.pallas_call(
         functools.partial(_kernel, st=st),
         out_shape=jax.ShapeDtypeStruct(q_work.shape, q_work.dtype),
@@ -160,13 +179,13 @@ def paged_forward(q_work, qpos_rows, sinks_rows, k_cache, v_cache, seq, lo, hi, 
             num_scalar_prefetch=5,
             grid=(w_count, st.steps),
             in_specs=[
-                pl.BlockSpec((None, hkv, r, d), lambda wi, kj, *_: (wi, 0, 0, 0)),
+                q_spec,
                 pl.BlockSpec((None, r, LANES), lambda wi, kj, *_: (wi, 0, 0)),
                 pl.BlockSpec((hkv, r, LANES), lambda wi, kj, *_: (0, 0, 0)),
                 any_,
                 any_,
             ],
-            out_specs=pl.BlockSpec((None, hkv, r, d), lambda wi, kj, *_: (wi, 0, 0, 0)),
+            out_specs=q_spec,
             scratch_shapes=[
                 buf,
                 buf,
