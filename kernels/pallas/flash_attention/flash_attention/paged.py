@@ -59,14 +59,15 @@ def _steps(sh: PagedShapes, block_q: int, ppb: int) -> int:
     return steps
 
 
-@functools.partial(jax.jit, static_argnames=("impl", "sh", "causal", "block_q", "ppb", "interpret", "vmem_limit"))
+@functools.partial(jax.jit, static_argnames=("impl", "sh", "causal", "block_q", "ppb", "interpret", "vmem_limit",
+                                             "update_cache"))
 def _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, num_seqs, sinks, *, impl,
-           sh: PagedShapes, causal, block_q, ppb, interpret, vmem_limit):
+           sh: PagedShapes, causal, block_q, ppb, interpret, vmem_limit, update_cache):
     meta = metadata(kv_lens, page_indices, cu_q_lens, num_seqs, sh)
-    if impl == "pallas":
+    if update_cache and impl == "pallas":
         page, slot = token_destinations(meta, sh)
         k_cache, v_cache = write_pages(k_cache, v_cache, keys, values, page, slot, interpret=interpret)
-    else:
+    elif update_cache:
         k_cache, v_cache = write_new_tokens(k_cache, v_cache, keys, values, meta, sh)
     if impl == "pallas" and block_q == 1:  # the decode schedule: queries and output where they lie
         work = token_work(meta, sh, causal)
@@ -145,6 +146,7 @@ def ragged_paged_attention(
     implementation: str | Sequence[str] | None = None,
     interpret: Any = None,
     config: AttentionConfig | None = None,
+    update_cache: bool = True,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Attention of many sequences' new tokens, packed ragged, over a paged KV cache; prefill chunks and decode steps
     mix in one call, and the new tokens' K/V are written into their pages as part of it.
@@ -162,6 +164,9 @@ def ragged_paged_attention(
         query j of sequence i sits at position kv_lens[i] - q_len + j and sees positions up to its own.
       implementation / interpret / config: the kernel contract (docs/kernel-contract.md); config's paged_* fields
         override the block choice.
+      update_cache: False when the caller has written the new rows into the caches already (the torch entries, which
+        update transformers' cache tensors in place): keys/values are then not written and the caches come back as
+        given, so a caller that does not donate them pays no copy.
 
     Returns:
       (out [T, Hq, D] in queries.dtype, k_cache, v_cache) with the new rows written. The caller rebinds the returned
@@ -198,7 +203,7 @@ def ragged_paged_attention(
         return _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, num, sinks,
                       impl=impl, sh=sh, causal=bool(causal), block_q=block_q,
                       ppb=cpu_ppb if impl == "cpu" else ppb, interpret=mode,
-                      vmem_limit=vmem["vmem_limit_bytes"])
+                      vmem_limit=vmem["vmem_limit_bytes"], update_cache=bool(update_cache))
 
     return run_dispatch(_DISPATCH, implementation, interpret, (queries, k_cache, v_cache), run,
                         "the ragged paged attention kernel")
