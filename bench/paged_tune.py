@@ -1,9 +1,10 @@
 """The ragged paged attention's tuned table (flash_attention/paged_tuned_table.py), made: per generation and model
 geometry (Qwen3-30B-A3B 32/4 x 128, Gemma 4 26B-A4B sliding 16/8 x 256 window 1024 and global 16/2 x 512; pages of
-128, bf16, 8192 positions), pages_per_block swept on the decode batch (64 sequences of one new token) and block_q on
-the mixed batch (4 prefill chunks of 496 tokens beside 60 decode steps), each candidate read by kernel-hub's TPU cost
-model (modeled, not measured), skipping candidates whose VMEM estimate passes the chip's budget; the fastest is then
-compiled by libtpu for the generation (decode and mixed), and printed as a table entry when both compile.
+128, bf16, 8192 positions), pages_per_block (8, 16, 32) swept on the decode batch (64 sequences of one new token)
+and block_q (8, 16, 32) on the mixed batch (4 prefill chunks of 496 tokens beside 60 decode steps), each candidate
+read by kernel-hub's TPU cost model (modeled, not measured), skipping candidates whose VMEM estimate passes the
+chip's budget; the fastest is then compiled by libtpu for the generation (decode and mixed), and printed as a table
+entry when both compile.
 
     python bench/paged_tune.py [--generations v5e,v6e,v7x] [--json]
 
@@ -20,8 +21,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = (4, 8, 16, 32)
-BLOCK_Q = (4, 8, 16, 32)
+PAGES = (8, 16, 32)
+BLOCK_Q = (8, 16, 32)
 
 
 def sweep(generations: list[str]) -> None:
@@ -30,6 +31,7 @@ def sweep(generations: list[str]) -> None:
     import math
 
     import jax
+    import numpy as np
 
     from kernel_hub.tpu.chips import chip
     from kernel_hub.tpu.package import folder_package
@@ -83,7 +85,8 @@ def sweep(generations: list[str]) -> None:
             compiled = {}
             for phase, bq in (("decode", 1), ("mixed", block_q)):
                 fn, args = call(phase, bq, ppb)
-                abstract = tuple(a if isinstance(a, jax.ShapeDtypeStruct) else sds(a.shape, a.dtype) for a in args)
+                abstract = tuple(a if isinstance(a, jax.ShapeDtypeStruct) else sds(np.shape(a), np.asarray(a).dtype)
+                                 for a in args)
                 try:
                     fn.lower(*on_device(abstract, device)).compile()
                     compiled[phase] = "yes"

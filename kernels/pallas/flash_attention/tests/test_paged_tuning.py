@@ -75,7 +75,7 @@ def test_every_tuned_entry_is_a_compile_gate_case_on_its_generation() -> None:
         sh = PagedShapes(sc.tokens, sc.hq, sc.hkv, sc.d, sc.num_pages, sc.page_size, sc.max_seqs, sc.pages_per_seq,
                          1.0, sc.window, None)
         gate_keys |= {tuning_key(gen, sh, "bfloat16", "bfloat16") for gen in KINDS}
-    assert TUNED, "the release ships a tuned table"
+    assert len(gate_keys) == 3 * 3  # three generations x three geometries (decode and mixed share a key)
     for key, (block_q, ppb) in TUNED.items():
         assert key in gate_keys, key
         assert block_q >= 1 and ppb >= 1
