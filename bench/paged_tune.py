@@ -79,9 +79,12 @@ def sweep(generations: list[str]) -> None:
                 return cfg_mod.paged_vmem_bytes(rows, ppb * pp.PAGE, geo.hkv, geo.d, 2) <= budget
 
             decode = {p: modeled("decode", 1, p) for p in PAGES if fits(geo.hq // geo.hkv, p)}
-            ppb = min(decode, key=decode.get)
-            mixed = {q: modeled("mixed", q, ppb) for q in BLOCK_Q if fits(q * geo.hq // geo.hkv, ppb)}
-            block_q = min(mixed, key=mixed.get)
+            ppb = min(decode, key=decode.get, default=None)
+            mixed = {q: modeled("mixed", q, ppb) for q in BLOCK_Q if ppb and fits(q * geo.hq // geo.hkv, ppb)}
+            block_q = min(mixed, key=mixed.get, default=None)
+            if ppb is None or block_q is None:  # no candidate within the VMEM estimate: no entry (the fallback)
+                print(json.dumps({"model": model, "key": [gen], "skipped": "no candidate fits the VMEM budget"}))
+                continue
             compiled = {}
             for phase, bq in (("decode", 1), ("mixed", block_q)):
                 fn, args = call(phase, bq, ppb)
@@ -124,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(rows, indent=1))
         return 0
     for r in rows:
+        if "skipped" in r:
+            print(f"    # {r['key'][0]} {r['model']}: {r['skipped']}")
+            continue
         ok = all(v == "yes" for v in r["compiled"].values())
         entry = f"    {tuple(r['key'])!r}: ({r['block_q']}, {r['pages_per_block']}),"
         print(entry if ok else f"    # not compiled {r['compiled']}: {entry.strip()}")
