@@ -72,9 +72,11 @@ def paged_peers(fa: ModuleType, geo: HeadGeometry, phase: str, dtype: str, gener
     cache = sds((pages, PAGE, hkv, d), dtype)
     args = (sds((tokens, hq, d), dtype), sds((tokens, hkv, d), dtype), sds((tokens, hkv, d), dtype), cache, cache,
             meta["kv_lens"], meta["table"], meta["cu"], np.int32(b))
-    ours = Peer(OURS, lambda *a: fa.ragged_paged_attention(*a, sm_scale=scale, sliding_window=window,
-                                                           implementation="pallas", interpret=False), args,
-                detail="cache update inside (XLA scatter), pages of 128")
+    # the caller donates both caches, as a server does (and as RPA v3's own jit donates its cache)
+    ours_fn = jax.jit(lambda *a: fa.ragged_paged_attention(*a, sm_scale=scale, sliding_window=window,
+                                                           implementation="pallas", interpret=False),
+                      donate_argnums=(3, 4))
+    ours = Peer(OURS, ours_fn, args, detail="cache updated in place (caches donated), pages of 128")
     peers = [ours, _rpa_v3(geo, seqs, meta, dtype, generation, scale)]
     if phase == "decode":
         peers.append(_jax_paged(geo, meta, dtype, generation, scale))

@@ -76,6 +76,7 @@ class CompileResult(CaseResult):
     output_bytes: int | None = None
     temp_bytes: int | None = None
     cached: bool = False  # served from the compile cache
+    tuning: str | None = None  # the blocks the case ran with and where they came from (a tuned-table entry), if told
 
     def _other_kind(self) -> dict[str, Any]:
         return {"max_error": 0.0 if self.passed else None, "tolerance": 0.0,

@@ -21,7 +21,7 @@ from .api import (
     resolve_implementation,
 )
 from .config import AttentionConfig, default_config
-from .paged import ragged_paged_attention
+from .paged import last_tuning, ragged_paged_attention
 from .paged_reference import reference_ragged_paged_attention
 from .paged_v3 import ragged_paged_attention_v3
 
@@ -35,6 +35,7 @@ __all__ = [
     "flash_attention",
     "implementations_for",
     "last_implementation",
+    "last_tuning",
     "race_checking_params",
     "races_found",
     "ragged_paged_attention",

@@ -275,9 +275,12 @@ class PagedBlocks:
 
 
 def paged_vmem_bytes(rows: int, block_kv: int, kv_heads: int, head_dim: int, itemsize: int) -> int:
-    """VMEM of one ragged paged attention step: double-buffered K and V page buffers, double-buffered q/o blocks,
-    the m/l/acc scratch and three f32 [rows, block_kv] temporaries."""
-    pages = 2 * 2 * tile_bytes(block_kv, kv_heads * head_dim, itemsize)
+    """VMEM of one ragged paged attention step: double-buffered K and V page buffers ([block_kv, Hkv, D], the heads
+    counted padded to the dtype's packing: Gemma 4's global layers, 2 kv heads x 512 in bf16, compiled for v7x with
+    16 pages of 128 per step, which a whole sublane tile of padding would not fit), double-buffered q/o blocks, the
+    m/l/acc scratch and three f32 [rows, block_kv] temporaries."""
+    packing = max(1, 4 // itemsize)
+    pages = 2 * 2 * block_kv * round_up(kv_heads, packing) * round_up(head_dim, LANES) * itemsize
     blocks = 2 * 2 * kv_heads * tile_bytes(rows, head_dim, itemsize) + 2 * tile_bytes(rows, LANES, 4)
     scratch = kv_heads * (2 * tile_bytes(rows, LANES, 4) + tile_bytes(rows, head_dim, 4))
     return pages + blocks + scratch + 3 * tile_bytes(rows, block_kv, 4)

@@ -2,7 +2,10 @@
 
 Implementations: "pallas" (pallas_paged.py: compiled on a TPU, interpreted elsewhere), "cpu" (paged_cpu.cpu_paged:
 XLA walking the page table a block at a time, the fast path on CPU) and "xla" (paged_cpu.xla_paged: gather every
-page, then attend; portable). All three write the new tokens' K/V into their pages first (paged_layout).
+page, then attend; portable). All three write the new tokens' K/V into their pages first: "pallas" with a Pallas
+kernel whose cache outputs alias its inputs (pallas_paged_write), so under a jit that donates the caches the update
+happens in place and no copy of a cache exists anywhere in the program; "cpu" and "xla" with an XLA scatter
+(paged_layout.write_new_tokens), in place on XLA's CPU backend under donation too.
 """
 
 from __future__ import annotations
@@ -16,27 +19,62 @@ import jax.numpy as jnp
 
 from ._vendor.interpret import run_dispatch
 from .api import _DISPATCH, _vmem
-from .config import AttentionConfig, cdiv, paged_blocks
+from .config import AttentionConfig, cdiv, device_kind_of
 from .paged_checks import PagedShapes, as_int32, check_num_seqs, check_paged_shapes, check_paged_values, host_or_traced
 from .paged_cpu import cpu_paged, xla_paged
-from .paged_layout import gather_queries, metadata, row_positions, scatter_outputs, work_items, write_new_tokens
+from .paged_layout import (
+    gather_queries,
+    metadata,
+    row_positions,
+    scatter_outputs,
+    token_destinations,
+    token_work,
+    work_items,
+    write_new_tokens,
+)
+from .paged_tuning import Choice, choose_blocks
 from .pallas_paged import PagedStatic, layout_ok, paged_forward
+from .pallas_paged_write import write_pages
+
+#: The blocks the last call chose (what the compile gate records per case).
+_LAST_BLOCKS: list[Choice | None] = [None]
+
+
+def last_tuning(clear: bool = False) -> str | None:
+    """"block_q B, P pages per step (source)" of the last ragged_paged_attention call in this process (None: none
+    since the last clear); `clear` forgets it after reading (the compile gate records it per case)."""
+    c = _LAST_BLOCKS[0]
+    if clear:
+        _LAST_BLOCKS[0] = None
+    return None if c is None else f"block_q {c.block_q}, {c.pages_per_block} pages per step ({c.source})"
 
 
 def _steps(sh: PagedShapes, block_q: int, ppb: int) -> int:
-    """kv steps per work item: every block of a sequence's pages, or as many as a window (plus the item's own
-    tokens) can touch."""
+    """kv steps per work item: every block of a sequence's pages, or, with a window, as many blocks as the window
+    plus the item's own tokens span from the page holding its first position (the steps start there)."""
     steps = cdiv(sh.pages_per_seq, ppb)
     if sh.window is not None:
-        steps = min(steps, cdiv(sh.window + block_q - 1, ppb * sh.page_size) + 1)
+        span = sh.window + block_q - 1 + sh.page_size - 1
+        steps = min(steps, cdiv(span, ppb * sh.page_size))
     return steps
 
 
-@functools.partial(jax.jit, static_argnames=("impl", "sh", "causal", "block_q", "ppb", "interpret", "vmem_limit"))
+@functools.partial(jax.jit, static_argnames=("impl", "sh", "causal", "block_q", "ppb", "interpret", "vmem_limit",
+                                             "update_cache"))
 def _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, num_seqs, sinks, *, impl,
-           sh: PagedShapes, causal, block_q, ppb, interpret, vmem_limit):
+           sh: PagedShapes, causal, block_q, ppb, interpret, vmem_limit, update_cache):
     meta = metadata(kv_lens, page_indices, cu_q_lens, num_seqs, sh)
-    k_cache, v_cache = write_new_tokens(k_cache, v_cache, keys, values, meta, sh)
+    if update_cache and impl == "pallas":
+        page, slot = token_destinations(meta, sh)
+        k_cache, v_cache = write_pages(k_cache, v_cache, keys, values, page, slot, interpret=interpret)
+    elif update_cache:
+        k_cache, v_cache = write_new_tokens(k_cache, v_cache, keys, values, meta, sh)
+    if impl == "pallas" and block_q == 1:  # the decode schedule: queries and output where they lie
+        work = token_work(meta, sh, causal)
+        st = _static(sh, sinks is not None, causal, ppb, _steps(sh, 1, ppb), interpret, vmem_limit, direct=True)
+        out = paged_forward(queries, row_positions(work, sh), _sinks_rows(sinks, sh, 1), k_cache, v_cache, work.seq,
+                            work.lo, work.hi, meta.kv_len, meta.read_table, st)
+        return out, k_cache, v_cache
     out = jnp.zeros(queries.shape, queries.dtype)
     for bq, select, count in _passes(meta, sh, block_q):
         work = work_items(meta, sh, bq, causal, select, count)
@@ -61,22 +99,32 @@ def _attend(impl, queries, work, k_cache, v_cache, meta, sinks, *, sh: PagedShap
     """[W, Hkv, block_q * G, D]: one pass's work items attended by implementation `impl`."""
     q_work = gather_queries(queries, work, sh)
     qpos = row_positions(work, sh)
-    sinks_rows = None
-    if sinks is not None:
-        sinks_rows = jnp.tile(jnp.asarray(sinks, jnp.float32).reshape(sh.kv_heads, sh.group), (1, block_q))
+    sinks_rows = None if sinks is None else _sinks_rows(sinks, sh, block_q)
     steps = _steps(sh, block_q, ppb)
     if impl == "cpu":
         return cpu_paged(q_work, qpos, work, k_cache, v_cache, meta, sh, causal=causal, sinks_rows=sinks_rows,
                          pages_per_block=ppb, steps=steps)
     if impl == "xla":
         return xla_paged(q_work, qpos, work, k_cache, v_cache, meta, sh, causal=causal, sinks_rows=sinks_rows)
-    st = PagedStatic(sm_scale=sh.sm_scale, window=sh.window, soft_cap=sh.soft_cap, has_sinks=sinks is not None,
-                     causal=causal, page_size=sh.page_size, pages_per_block=ppb, pages_per_seq=sh.pages_per_seq,
-                     num_pages=sh.num_pages, kv_heads=sh.kv_heads, steps=steps, interpret=interpret,
-                     vmem_limit_bytes=vmem_limit)
-    snk = sinks_rows if sinks_rows is not None else jnp.zeros((sh.kv_heads, block_q * sh.group), jnp.float32)
+    st = _static(sh, sinks is not None, causal, ppb, steps, interpret, vmem_limit)
+    snk = _sinks_rows(sinks, sh, block_q)
     return paged_forward(q_work, qpos, snk, k_cache, v_cache, work.seq, work.lo, work.hi, meta.kv_len,
                          meta.read_table, st)
+
+
+def _sinks_rows(sinks, sh: PagedShapes, block_q: int) -> jax.Array:
+    """[Hkv, block_q * G] f32: each row's sink logit (zeros when there are none: the kernel then ignores them)."""
+    if sinks is None:
+        return jnp.zeros((sh.kv_heads, block_q * sh.group), jnp.float32)
+    return jnp.tile(jnp.asarray(sinks, jnp.float32).reshape(sh.kv_heads, sh.group), (1, block_q))
+
+
+def _static(sh: PagedShapes, has_sinks: bool, causal: bool, ppb: int, steps: int, interpret, vmem_limit, *,
+            direct: bool = False) -> PagedStatic:
+    return PagedStatic(sm_scale=sh.sm_scale, window=sh.window, soft_cap=sh.soft_cap, has_sinks=has_sinks,
+                       causal=causal, page_size=sh.page_size, pages_per_block=ppb, pages_per_seq=sh.pages_per_seq,
+                       num_pages=sh.num_pages, kv_heads=sh.kv_heads, steps=steps, interpret=interpret,
+                       vmem_limit_bytes=vmem_limit, group=sh.group, direct=direct)
 
 
 def ragged_paged_attention(
@@ -98,6 +146,7 @@ def ragged_paged_attention(
     implementation: str | Sequence[str] | None = None,
     interpret: Any = None,
     config: AttentionConfig | None = None,
+    update_cache: bool = True,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Attention of many sequences' new tokens, packed ragged, over a paged KV cache; prefill chunks and decode steps
     mix in one call, and the new tokens' K/V are written into their pages as part of it.
@@ -115,9 +164,14 @@ def ragged_paged_attention(
         query j of sequence i sits at position kv_lens[i] - q_len + j and sees positions up to its own.
       implementation / interpret / config: the kernel contract (docs/kernel-contract.md); config's paged_* fields
         override the block choice.
+      update_cache: False when the caller has written the new rows into the caches already (the torch entries, which
+        update transformers' cache tensors in place): keys/values are then not written and the caches come back as
+        given, so a caller that does not donate them pays no copy.
 
     Returns:
-      (out [T, Hq, D] in queries.dtype, k_cache, v_cache) with the new rows written.
+      (out [T, Hq, D] in queries.dtype, k_cache, v_cache) with the new rows written. The caller rebinds the returned
+      caches (as vLLM does): under `jax.jit(step, donate_argnums=...)` donating both caches they are the same
+      buffers, updated in place; a caller that does not donate gets one copy of each (docs/paged-attention.md).
 
     Concrete metadata is checked in the dtype given (one ValueError: a page id outside the cache, kv_lens past the
     pages given, more new tokens than kv_lens, cu_q_lens decreasing, two new tokens on one page slot, num_seqs not an
@@ -137,10 +191,10 @@ def ragged_paged_attention(
     num = as_int32(jnp.asarray(sh.max_seqs if num_seqs is None else num_seqs)).reshape(())
     cfg = config or AttentionConfig()
     vmem = _vmem(k_cache)
-    auto = paged_blocks(sh.tokens, sh.max_seqs, sh.group, sh.page_size, sh.pages_per_seq, sh.kv_heads, sh.head_dim,
-                        jnp.dtype(queries.dtype).itemsize, sh.window, vmem["vmem_budget_bytes"])
-    block_q = cfg.paged_block_q or auto.block_q
-    ppb = min(cfg.paged_pages_per_block or auto.pages_per_block, sh.pages_per_seq)
+    choice = choose_blocks(sh, jnp.dtype(queries.dtype).name, jnp.dtype(k_cache.dtype).name,
+                           jnp.dtype(k_cache.dtype).itemsize, device_kind_of(k_cache), vmem["vmem_budget_bytes"], cfg)
+    _LAST_BLOCKS[0] = choice
+    block_q, ppb = choice.block_q, choice.pages_per_block
     # the CPU walk holds a block of pages per work item at once: 256 positions keep that a small slice of the cache
     cpu_ppb = min(cfg.paged_pages_per_block or max(1, 256 // sh.page_size), sh.pages_per_seq)
 
@@ -152,7 +206,7 @@ def ragged_paged_attention(
         return _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, num, sinks,
                       impl=impl, sh=sh, causal=bool(causal), block_q=block_q,
                       ppb=cpu_ppb if impl == "cpu" else ppb, interpret=mode,
-                      vmem_limit=vmem["vmem_limit_bytes"])
+                      vmem_limit=vmem["vmem_limit_bytes"], update_cache=bool(update_cache))
 
     return run_dispatch(_DISPATCH, implementation, interpret, (queries, k_cache, v_cache), run,
                         "the ragged paged attention kernel")

@@ -60,16 +60,16 @@ def cpu_paged(q_work, qpos, work: Work, k_cache, v_cache, meta: Meta, sh: PagedS
     ps = sh.page_size
     n = pages_per_block * ps
     kv_len = meta.kv_len[work.seq]
-    first = jnp.maximum(work.lo, 0) // n
+    first = jnp.maximum(work.lo, 0) // ps  # the page holding each item's first position
     last_slot = jnp.maximum((kv_len + ps - 1) // ps - 1, 0)
 
     def body(kj, carry):
         m, denom, acc = carry
-        blk = first + kj
-        slots = jnp.minimum(blk[:, None] * pages_per_block + jnp.arange(pages_per_block), last_slot[:, None])
+        page0 = first + kj * pages_per_block
+        slots = jnp.minimum(page0[:, None] + jnp.arange(pages_per_block), last_slot[:, None])
         pages = meta.read_table[work.seq[:, None], slots]
         k = k_cache[pages].reshape(w_count, n, hkv, d)
-        cols = blk[:, None] * n + jnp.arange(n)
+        cols = page0[:, None] * ps + jnp.arange(n)
         v = _values(v_cache[pages].reshape(w_count, n, hkv, d), cols, kv_len)
         s = _logits(q_work, k, sh)
         ok = _mask(cols, qpos, kv_len, sh, causal)

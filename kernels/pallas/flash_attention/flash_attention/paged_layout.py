@@ -54,15 +54,22 @@ def token_slots(meta: Meta, sh: PagedShapes) -> tuple[jax.Array, jax.Array, jax.
     return seq.astype(jnp.int32), row, valid
 
 
-def write_new_tokens(k_cache, v_cache, keys, values, meta: Meta, sh: PagedShapes):
-    """The caches with each valid token's K/V at its page and slot; a write aimed outside the cache is dropped."""
+def token_destinations(meta: Meta, sh: PagedShapes) -> tuple[jax.Array, jax.Array]:
+    """(page, slot) [T] int32 of each packed token row's K/V; page -1 where nothing is written (padding, a position
+    past the pages given, a page id outside the cache)."""
     seq, row, valid = token_slots(meta, sh)
     pos = meta.kv_len[seq] - meta.q_len[seq] + row
     slot_of_page = jnp.clip(pos // sh.page_size, 0, sh.pages_per_seq - 1)
     page = meta.table[seq, slot_of_page]
     ok = valid & (pos >= 0) & (pos // sh.page_size < sh.pages_per_seq) & (page >= 0) & (page < sh.num_pages)
-    page = jnp.where(ok, page, sh.num_pages)  # out of bounds: dropped
-    slot = pos % sh.page_size
+    return jnp.where(ok, page, -1).astype(jnp.int32), (pos % sh.page_size).astype(jnp.int32)
+
+
+def write_new_tokens(k_cache, v_cache, keys, values, meta: Meta, sh: PagedShapes):
+    """The caches with each valid token's K/V at its page and slot (an XLA scatter); a write aimed outside the cache
+    is dropped."""
+    page, slot = token_destinations(meta, sh)
+    page = jnp.where(page >= 0, page, sh.num_pages)  # out of bounds: dropped
     k_cache = k_cache.at[page, slot].set(keys.astype(k_cache.dtype), mode="drop")
     v_cache = v_cache.at[page, slot].set(values.astype(v_cache.dtype), mode="drop")
     return k_cache, v_cache
@@ -109,6 +116,19 @@ def work_items(meta: Meta, sh: PagedShapes, block_q: int, causal: bool, select: 
     hi = jnp.minimum(last, kv_len - 1) if causal else kv_len - 1
     hi = jnp.where(live & (q_len > 0), hi, -1)
     return Work(seq, lo, hi, qpos, token)
+
+
+def token_work(meta: Meta, sh: PagedShapes, causal: bool) -> Work:
+    """One work item per packed token row (item t = row t, padding rows hold nothing to do): the decode schedule,
+    whose kernel reads the queries and writes the output where they lie, with no regrouping outside it."""
+    seq, row, valid = token_slots(meta, sh)
+    q_len, kv_len = meta.q_len[seq], meta.kv_len[seq]
+    pos = kv_len - q_len + row
+    qpos = jnp.where(valid, pos, -1)
+    lo = jnp.zeros_like(pos) if sh.window is None else jnp.maximum(pos - sh.window + 1, 0)
+    hi = jnp.minimum(pos, kv_len - 1) if causal else kv_len - 1
+    hi = jnp.where(valid, hi, -1)
+    return Work(seq, lo, hi, qpos[:, None], jnp.arange(sh.tokens, dtype=jnp.int32)[:, None])
 
 
 def gather_queries(queries, work: Work, sh: PagedShapes) -> jax.Array:

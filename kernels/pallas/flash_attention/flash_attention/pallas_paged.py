@@ -4,8 +4,10 @@ Grid (work items, kv blocks). The scalar-prefetched metadata (each item's sequen
 flattened page table) drives manual DMAs: a step copies `pages_per_block` pages of K and of V, every kv head at once,
 from HBM into VMEM, so each page is read once per work item whatever the number of heads; the step after prefetches
 the next block's pages while this one computes (double buffering across the kv axis of one work item). Steps past an
-item's range issue no DMA and do no work. The kernel sees each cache as [pages, page_size, Hkv * D] (heads side by
-side in the lanes), so kv head h is the lane-aligned column block h*D:(h+1)*D of the page buffer; the G query heads
+item's range issue no DMA and do no work; a sliding window's first step is the block holding the window's first
+position, so a windowed layer reads only the pages its window reaches. The kernel takes each cache in the caller's
+own [pages, page_size, Hkv, D] layout, whole pages copied as they lie (any reshape XLA cannot make a bitcast would
+copy the whole cache before the call), and reads kv head h as the [block, D] slice buf[:, h, :]; the G query heads
 of that kv head and the item's tokens are the rows of one [block_q * G, D] matrix, and an online softmax folds the
 blocks in.
 
@@ -44,6 +46,9 @@ class PagedStatic:
     steps: int
     interpret: Any = False
     vmem_limit_bytes: int | None = None
+    group: int = 1  # query heads per kv head
+    direct: bool = False  # one token per item, item w = packed row w: queries and output read and written in place
+
 
     @property
     def block_kv(self) -> int:
@@ -66,11 +71,12 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, q_ref, qpos_ref, sink
     w, kj = pl.program_id(0), pl.program_id(1)
     n, ps, ppb, hkv = st.block_kv, st.page_size, st.pages_per_block, st.kv_heads
 
-    def block_of(step):
-        return jnp.maximum(lo_ref[w], 0) // n + step
+    def start_of(step):
+        """First cache position of kv step `step`: steps begin at the page holding the item's first position."""
+        return jnp.maximum(lo_ref[w], 0) // ps * ps + step * n
 
     def active(step):
-        return (hi_ref[w] >= lo_ref[w]) & (block_of(step) * n <= hi_ref[w]) & (step < st.steps)
+        return (hi_ref[w] >= lo_ref[w]) & (start_of(step) <= hi_ref[w]) & (step < st.steps)
 
     def copies(step, slot):
         seq = seq_ref[w]
@@ -78,7 +84,7 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, q_ref, qpos_ref, sink
         last = jnp.maximum((kv_len + ps - 1) // ps - 1, 0)
         out = []
         for j in range(ppb):
-            page_slot = jnp.minimum(block_of(step) * ppb + j, last)
+            page_slot = jnp.minimum(start_of(step) // ps + j, last)
             page = jnp.clip(table_ref[seq * st.pages_per_seq + page_slot], 0, st.num_pages - 1)
             dst = pl.ds(j * ps, ps)
             out.append(pltpu.make_async_copy(k_hbm.at[page], kbuf.at[slot, dst], sems.at[0, slot]))
@@ -86,6 +92,10 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, q_ref, qpos_ref, sink
         return out
 
     slot = kj % 2
+
+    def q_rows(h):
+        """[R, D]: the query rows of kv head h (direct: its G heads of the item's one token)."""
+        return q_ref[pl.ds(h * st.group, st.group), :] if st.direct else q_ref[h]
 
     @pl.when(kj == 0)
     def _init():
@@ -109,20 +119,20 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, q_ref, qpos_ref, sink
             c.wait()
         kv_len = kvlen_ref[seq_ref[w]]
         qpos = qpos_ref[...][:, :1]  # [R, 1]
-        r = q_ref.shape[1]
-        cols = block_of(kj) * n + jax.lax.broadcasted_iota(jnp.int32, (r, n), 1)
+        r = st.group if st.direct else q_ref.shape[1]
+        cols = start_of(kj) + jax.lax.broadcasted_iota(jnp.int32, (r, n), 1)
         mask = (qpos >= 0) & (cols < kv_len)
         if st.causal:
             mask &= cols <= qpos
         if st.window is not None:
             mask &= cols > qpos - st.window
-        d = q_ref.shape[2]
-        value_rows = block_of(kj) * n + jax.lax.broadcasted_iota(jnp.int32, (n, d), 0)
+        d = q_ref.shape[-1]
+        value_rows = start_of(kj) + jax.lax.broadcasted_iota(jnp.int32, (n, d), 0)
         for h in range(hkv):
-            k = kbuf[slot, :, pl.ds(h * d, d)]
-            v = vbuf[slot, :, pl.ds(h * d, d)]
+            k = kbuf[slot, :, h, :]
+            v = vbuf[slot, :, h, :]
             v = jnp.where(value_rows < kv_len, v, jnp.zeros_like(v))
-            s = _dot(q_ref[h], k, (1, 1)) * st.sm_scale  # [R, n]
+            s = _dot(q_rows(h), k, (1, 1)) * st.sm_scale  # [R, n]
             if st.soft_cap is not None:
                 s = st.soft_cap * jnp.tanh(s / st.soft_cap)
             online_softmax_step(s, mask, v, m_scr.at[h], l_scr.at[h], acc_scr.at[h])
@@ -138,21 +148,30 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, q_ref, qpos_ref, sink
                 denom = denom * rescale + jnp.exp(sink - m_fin)
                 acc = acc * rescale[:, :1]
             safe = jnp.where(denom > 0, denom, 1.0)
-            o_ref[h] = (acc / safe[:, :1]).astype(o_ref.dtype)
+            result = (acc / safe[:, :1]).astype(o_ref.dtype)
+            if st.direct:
+                o_ref[pl.ds(h * st.group, st.group), :] = result
+            else:
+                o_ref[h] = result
 
 
 def paged_forward(q_work, qpos_rows, sinks_rows, k_cache, v_cache, seq, lo, hi, kv_len, table,
                   st: PagedStatic) -> jax.Array:
-    """q_work [W, Hkv, R, D]; qpos_rows [W, R] int32; sinks_rows [Hkv, R] f32; caches [P, page, Hkv, D];
-    seq/lo/hi [W], kv_len [S], table [S, pages_per_seq] int32 -> [W, Hkv, R, D] in the queries' dtype."""
-    w_count, hkv, r, d = q_work.shape
-    p = k_cache.shape[0]
-    k_flat = k_cache.reshape(p, st.page_size, hkv * d)
-    v_flat = v_cache.reshape(p, st.page_size, hkv * d)
+    """q_work [W, Hkv, R, D] (direct: the packed queries [T, Hq, D] themselves, item w = row w); qpos_rows [W, R]
+    int32; sinks_rows [Hkv, R] f32; caches [P, page, Hkv, D]; seq/lo/hi [W], kv_len [S], table [S, pages_per_seq]
+    int32 -> [W, Hkv, R, D] (direct: [T, Hq, D], padding rows 0) in the queries' dtype."""
+    hkv = st.kv_heads
+    d = q_work.shape[-1]
+    w_count = q_work.shape[0]
+    r = qpos_rows.shape[1]
     qpos_wide = jnp.broadcast_to(qpos_rows[:, :, None], (w_count, r, LANES))
     sinks_wide = jnp.broadcast_to(sinks_rows[:, :, None], (hkv, r, LANES))
     any_ = pl.BlockSpec(memory_space=pl.ANY)
-    buf = pltpu.VMEM((2, st.block_kv, hkv * d), k_cache.dtype)
+    buf = pltpu.VMEM((2, st.block_kv, hkv, d), k_cache.dtype)
+    if st.direct:
+        q_spec = pl.BlockSpec((None, hkv * st.group, d), lambda wi, kj, *_: (wi, 0, 0))
+    else:
+        q_spec = pl.BlockSpec((None, hkv, r, d), lambda wi, kj, *_: (wi, 0, 0, 0))
     return pl.pallas_call(
         functools.partial(_kernel, st=st),
         out_shape=jax.ShapeDtypeStruct(q_work.shape, q_work.dtype),
@@ -160,13 +179,13 @@ def paged_forward(q_work, qpos_rows, sinks_rows, k_cache, v_cache, seq, lo, hi, 
             num_scalar_prefetch=5,
             grid=(w_count, st.steps),
             in_specs=[
-                pl.BlockSpec((None, hkv, r, d), lambda wi, kj, *_: (wi, 0, 0, 0)),
+                q_spec,
                 pl.BlockSpec((None, r, LANES), lambda wi, kj, *_: (wi, 0, 0)),
                 pl.BlockSpec((hkv, r, LANES), lambda wi, kj, *_: (0, 0, 0)),
                 any_,
                 any_,
             ],
-            out_specs=pl.BlockSpec((None, hkv, r, d), lambda wi, kj, *_: (wi, 0, 0, 0)),
+            out_specs=q_spec,
             scratch_shapes=[
                 buf,
                 buf,
@@ -182,4 +201,4 @@ def paged_forward(q_work, qpos_rows, sinks_rows, k_cache, v_cache, seq, lo, hi, 
         ),
         interpret=st.interpret,
         name="ragged_paged_attention",
-    )(seq, lo, hi, kv_len, table.reshape(-1), q_work, qpos_wide, sinks_wide, k_flat, v_flat)
+    )(seq, lo, hi, kv_len, table.reshape(-1), q_work, qpos_wide, sinks_wide, k_cache, v_cache)

@@ -67,8 +67,9 @@ def has_ragged_paged() -> bool:
 @functools.cache  # one function per option pair
 def ragged_paged_function(implementation: Any, interpret: Any) -> Any:
     """The JAX ragged_paged_attention annotated for jax_op (forward only). It returns the attention output alone: the
-    torch side has written the new rows into the caches already (they are views transformers shares), and passes those
-    rows again so the kernel's own write stores what is there. num_seqs is a [1] int32 tensor."""
+    torch side has written the new rows into the caches already (they are views transformers shares, updated in
+    place), so the kernel is told not to write them (update_cache=False: no aliased write, hence no copy of a cache
+    the op does not own). num_seqs is a [1] int32 tensor."""
     entry = importlib.import_module(".paged", __package__).ragged_paged_attention
 
     def ragged_paged_attention(queries: jax.Array, keys: jax.Array, values: jax.Array, k_cache: jax.Array,
@@ -77,7 +78,8 @@ def ragged_paged_function(implementation: Any, interpret: Any) -> Any:
                                sm_scale: float, sliding_window: int | None, soft_cap: float | None) -> jax.Array:
         out, _, _ = entry(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, num_seqs[0],
                           sinks=sinks if has_sinks else None, sm_scale=sm_scale, sliding_window=sliding_window,
-                          soft_cap=soft_cap, causal=causal, implementation=implementation, interpret=interpret)
+                          soft_cap=soft_cap, causal=causal, implementation=implementation, interpret=interpret,
+                          update_cache=False)
         return out
 
     return ragged_paged_attention

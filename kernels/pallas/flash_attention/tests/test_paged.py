@@ -155,3 +155,48 @@ def test_cpu_path_never_gathers_the_whole_cache() -> None:
         temps[impl] = fn.lower(*args).compile().memory_analysis().temp_size_in_bytes
     assert temps["cpu"] < cache_bytes / 2, temps
     assert temps["xla"] >= cache_bytes, temps
+
+
+#: A window that starts mid-page and mid-block, several kv steps per item (2 pages per step), a prefill chunk crossing
+#: pages beside decode steps far past the window, and a sequence shorter than the window.
+WINDOWED = PagedScenario("window_unaligned", ((1, 100), (9, 70), (1, 17), (3, 53)), hq=4, hkv=2, d=128,
+                         page_size=16, pages_per_seq=7, window=21)
+
+
+@pytest.mark.parametrize("impl", ["cpu", "pallas"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_window_reads_from_its_first_page_matches_reference(impl: str, dtype: str) -> None:
+    cfg = fa.AttentionConfig(paged_pages_per_block=2, paged_block_q=4)
+    _, out, ref = _run(WINDOWED, dtype, seed=31, implementation=impl, config=cfg)
+    assert np.isfinite(np.asarray(out[0], np.float32)).all()
+    assert _error(out, ref) <= tolerance(dtype)
+
+
+def test_a_windowed_layer_walks_only_the_blocks_its_window_spans() -> None:
+    """Gemma 4's sliding layers at decode: 8192 positions, window 1024, pages of 128, 8 pages per step: the window
+    plus one page of misalignment spans 2 steps where the whole sequence is 8."""
+    from flash_attention.paged import _steps
+    from flash_attention.paged_checks import PagedShapes
+
+    sh = PagedShapes(64, 16, 8, 256, 4096, 128, 64, 64, 1.0, 1024, None)
+    assert _steps(sh, 1, 8) == 2
+    assert _steps(dataclasses.replace(sh, window=None), 1, 8) == 8
+    assert _steps(dataclasses.replace(sh, window=1), 1, 1) == 1  # one position: one page
+    assert _steps(dataclasses.replace(sh, window=129), 16, 1) == 3  # 129 + 15 positions from a page start
+
+
+#: Decode only (the one-token-per-row schedule that reads queries and writes outputs in place): GQA with 2 query
+#: heads per kv head, padding rows, an empty slot, a sequence of one position, one past its window, a page boundary.
+DECODE_GQA = PagedScenario("decode_gqa2_window_padding", ((1, 1), (1, 33), (1, 16), (1, 70)), hq=8, hkv=4, d=128,
+                           page_size=16, pages_per_seq=5, pad=3, empty_slots=1, window=40, soft_cap=30.0, sinks=True)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_decode_schedule_in_place_matches_reference(dtype: str) -> None:
+    cfg = fa.AttentionConfig(paged_block_q=1)  # padding rows lift the mean tokens per sequence past 1
+    _, out, ref = _run(DECODE_GQA, dtype, seed=41, implementation="pallas", config=cfg)
+    assert fa.last_tuning().startswith("block_q 1,")  # the decode schedule ran
+    got = np.asarray(out[0], np.float32)
+    assert np.isfinite(got).all()
+    assert (got[-DECODE_GQA.pad:] == 0).all()  # padding rows' output is 0
+    assert _error(out, ref) <= tolerance(dtype)

@@ -52,11 +52,23 @@ def implementation_of(package: ModuleType | None) -> str | None:
     return name if isinstance(name, str) else None
 
 
+def tuning_of(package: ModuleType | None, clear: bool = False) -> str | None:
+    """The tuned-table entry (or other source of its blocks) the kernel's last call used, where the kernel reports
+    one (`last_tuning(clear)`); None otherwise."""
+    last = getattr(package, "last_tuning", None)
+    try:
+        text = last(clear) if callable(last) else None
+    except Exception:  # a kernel whose hook fails: nothing to report
+        return None
+    return text if isinstance(text, str) else None
+
+
 def compile_one(case: CompileCase, device: jax.Device, package: ModuleType | None = None) -> JsonDict:
     """Lower and compile one case; the compiler's refusal is a failed result, never an exception."""
     import jax
 
     start, cpu = time.perf_counter(), time.process_time()  # wall, and CPU of every thread (contention-proof)
+    tuning_of(package, clear=True)
     try:
         fn, args = case.build()
         lowered = jax.jit(fn).lower(*on_device(args, device))
@@ -65,9 +77,11 @@ def compile_one(case: CompileCase, device: jax.Device, package: ModuleType | Non
     except Exception as exc:  # the compiler's message is the result
         text = f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc)
         return {"passed": False, "error": first_meaningful_line(text), "compile_seconds": time.perf_counter() - start,
-                "cpu_seconds": time.process_time() - cpu, "implementation": implementation_of(package)}
+                "cpu_seconds": time.process_time() - cpu, "implementation": implementation_of(package),
+                "tuning": tuning_of(package)}
     return {"passed": True, "error": None, "compile_seconds": time.perf_counter() - start,
-            "cpu_seconds": time.process_time() - cpu, "implementation": implementation, **memory_bytes(compiled)}
+            "cpu_seconds": time.process_time() - cpu, "implementation": implementation, "tuning": tuning_of(package),
+            **memory_bytes(compiled)}
 
 
 def run_compile(request: JsonDict, emit: Emit) -> int:

@@ -78,7 +78,7 @@ def _case_result(record: dict[str, Any], cached: bool) -> CompileResult:
         passed=bool(record.get("passed")), tags=tuple(record.get("tags", ())), error=record.get("error"),
         generation=record["generation"], compile_seconds=record.get("compile_seconds"),
         argument_bytes=record.get("argument_bytes"), output_bytes=record.get("output_bytes"),
-        temp_bytes=record.get("temp_bytes"), cached=cached,
+        temp_bytes=record.get("temp_bytes"), cached=cached, tuning=record.get("tuning"),
     )
 
 

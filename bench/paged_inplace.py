@@ -1,0 +1,116 @@
+"""The ragged paged attention's cache update, seen by the real TPU compiler: with both caches donated
+(`jax.jit(step, donate_argnums=(3, 4))` around `ragged_paged_attention(..., implementation="pallas")`), libtpu's
+memory analysis for a mock v5e / v6e / v7x gives the program's argument, output, aliased and temporary bytes. In place
+means: the outputs alias both caches (alias = both caches) and the temporaries stay under a tenth of one cache.
+
+    python bench/paged_inplace.py [--json] [--generations v5e,v6e,v7x] [--cases model|small|all]
+
+Cases: Qwen3-30B-A3B decode (64 sequences x 8192 positions, pages of 128, 32/4 heads x 128, bf16, two 512 MiB caches)
+and Gemma 4 26B-A4B's sliding layers (16/8 x 256, window 1024, two 2 GiB caches): "model"; a small one that compiles
+in seconds (tests/tpu/test_paged_inplace_tpu.py): "small". The compiles run in the TPU environment (make setup-tpu),
+in a subprocess of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MIB = 2**20
+
+#: name: (sequences, positions each, page size, q heads, kv heads, head dim, sliding window)
+CASES = {
+    "qwen3_30b_a3b_decode_b64_8k": (64, 8192, 128, 32, 4, 128, None),
+    "gemma4_26b_a4b_sliding_decode_b64_8k": (64, 8192, 128, 16, 8, 256, 1024),
+    "small_decode_b8_2k_window": (8, 2048, 128, 8, 4, 128, 512),
+}
+GROUPS = {"model": [n for n in CASES if not n.startswith("small")], "small": ["small_decode_b8_2k_window"]}
+GROUPS["all"] = GROUPS["model"] + GROUPS["small"]
+
+
+def compile_rows(generations: list[str], names: list[str]) -> None:
+    """Runs inside the TPU environment: one JSON line per (generation, case)."""
+    import jax
+    import jax.numpy as jnp
+
+    from kernel_hub.tpu.chips import chip
+    from kernel_hub.tpu.package import folder_package
+    from kernel_hub.tpu.target import on_device, topology_devices
+    from kernel_hub.tpu.worker_common import load_package
+
+    fa = load_package(folder_package(ROOT / "kernels/pallas/flash_attention").request())
+    sds = jax.ShapeDtypeStruct
+    for gen in generations:
+        device = topology_devices(chip(gen).topology)[0]
+        jax.config.update("jax_default_device", device)
+        for name in names:
+            seqs, length, page, hq, hkv, d, window = CASES[name]
+            pages = seqs * (length // page)
+            cache = sds((pages, page, hkv, d), jnp.bfloat16)
+            args = on_device((sds((seqs, hq, d), jnp.bfloat16), sds((seqs, hkv, d), jnp.bfloat16),
+                              sds((seqs, hkv, d), jnp.bfloat16), cache, cache, sds((seqs,), jnp.int32),
+                              sds((seqs, length // page), jnp.int32), sds((seqs + 1,), jnp.int32),
+                              sds((), jnp.int32)), device)
+
+            def step(*a, window=window):
+                return fa.ragged_paged_attention(*a, sliding_window=window, implementation="pallas", interpret=False)
+
+            start = time.perf_counter()
+            row = {"generation": gen, "case": name, "cache_mib": pages * page * hkv * d * 2 / MIB}
+            try:
+                mem = jax.jit(step, donate_argnums=(3, 4)).lower(*args).compile().memory_analysis()
+                row.update(compiled="yes", argument_mib=mem.argument_size_in_bytes / MIB,
+                           output_mib=mem.output_size_in_bytes / MIB, alias_mib=mem.alias_size_in_bytes / MIB,
+                           temp_mib=mem.temp_size_in_bytes / MIB)
+            except Exception as exc:  # the compiler's refusal is the row
+                row.update(compiled=str(exc).strip().splitlines()[0][:300])
+            row["compile_s"] = round(time.perf_counter() - start, 1)
+            print(json.dumps(row), flush=True)
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["generation | case | argument / output / alias / temp MiB | one cache MiB | in place"]
+    for r in rows:
+        if r["compiled"] != "yes":
+            lines.append(f"{r['generation']} | {r['case']} | not compiled: {r['compiled']}")
+            continue
+        ok = r["alias_mib"] >= 2 * r["cache_mib"] and r["temp_mib"] < r["cache_mib"] / 10
+        lines.append(f"{r['generation']} | {r['case']} | {r['argument_mib']:.1f} / {r['output_mib']:.1f} / "
+                     f"{r['alias_mib']:.1f} / {r['temp_mib']:.2f} | {r['cache_mib']:.0f} | {'yes' if ok else 'NO'}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parser.add_argument("--generations", default="v5e,v6e,v7x")
+    parser.add_argument("--cases", default="model", choices=sorted(GROUPS))
+    parser.add_argument("--in-tpu-env", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    gens = [g.strip() for g in args.generations.split(",") if g.strip()]
+    if args.in_tpu_env:
+        compile_rows(gens, GROUPS[args.cases])
+        return 0
+    sys.path.insert(0, str(ROOT / "src"))
+    from kernel_hub.tpu.env import tpu_env
+
+    env = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(ROOT / "src"), "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+    import os
+
+    done = subprocess.run([str(tpu_env().python), __file__, "--in-tpu-env", "--generations", args.generations,
+                           "--cases", args.cases], capture_output=True, text=True, env={**os.environ, **env})
+    rows = [json.loads(ln) for ln in done.stdout.splitlines() if ln.startswith("{")]
+    if done.returncode or not rows:
+        print(done.stderr[-3000:], file=sys.stderr)
+        return done.returncode or 1
+    print(json.dumps(rows, indent=1) if args.json else table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
