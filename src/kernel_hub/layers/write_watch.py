@@ -19,7 +19,7 @@ import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -29,9 +29,9 @@ _SCOPE: ContextVar[torch.nn.Module | None] = ContextVar("kernel_hub_guard_scope"
 
 
 @contextlib.contextmanager
-def guarding(model: torch.nn.Module) -> Iterator[None]:
+def guarding(model: object) -> Iterator[None]:
     """Within this block, validation watches all of `model`'s parameters and buffers, not only the layer's."""
-    token = _SCOPE.set(model)
+    token = _SCOPE.set(cast(torch.nn.Module, model))  # kernelize's model, a torch module by now
     try:
         yield
     finally:

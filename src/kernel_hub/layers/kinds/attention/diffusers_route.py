@@ -179,7 +179,7 @@ class AttentionRoute(CallCounts):
     writes, go to the original processor, so `set_attention_backend` and context-parallel set-up still
     reach it."""
 
-    def __init__(self, original: Callable[..., Any], flash: Callable[..., torch.Tensor]):
+    def __init__(self, original: Any, flash: Callable[..., torch.Tensor]):
         self.original = original
         self.flash = flash
         self.probe: SdpaProbe | None = None

@@ -72,6 +72,11 @@ class PackedWeight(Protocol):
     def dtype(self) -> torch.dtype:
         ...
 
+    @property
+    def hint(self) -> int | None:
+        """oneDNN's reorder batch hint the bytes are packed with (None: another packing, which `how` names)."""
+        ...
+
     def unpack(self) -> torch.Tensor:
         """The original parameter back, bytes restored; the holder is spent."""
         ...

@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from ...sharded import local
 
@@ -45,7 +45,7 @@ def fp8_model_dtype(module: torch.nn.Module, gated: bool) -> tuple[str | None, s
         scale = getattr(module, name, None)
         if str(getattr(scale, "dtype", None)) != "torch.float32" or len(getattr(scale, "shape", ())) != 3:
             return None, f"float8 experts whose {name} is not a float32 [E, out/128, in/128] tensor"
-        if fp8_scale(scale, weight) is None:
+        if fp8_scale(cast("torch.Tensor", scale), cast("torch.Tensor", weight)) is None:  # tensors: dtypes checked
             return None, f"float8 experts whose {name} {list(scale.shape)} does not fit {list(weight.shape)}"
     config = getattr(module, "config", None)
     dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)

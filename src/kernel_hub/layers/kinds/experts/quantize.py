@@ -38,7 +38,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -157,7 +157,7 @@ def quantize_block(module: torch.nn.Module, layout: ExpertsLayout, fmt: str, qua
 def _fill(module: torch.nn.Module, record: QuantizedExperts) -> None:
     before = after = 0
     for name in record.names:
-        param = module._parameters[name]
+        param = cast(torch.Tensor, module._parameters[name])  # weight_names: the block's own parameters
         rank_slice = local(param)  # a sharded block computes on its rank's slice: that is what gets quantized
         assert record.quantize is not None  # a record made by quantize_block, the only kind filled
         q, s, err = _quantize_one(rank_slice, record.transposed, record.fmt, record.quantize)
@@ -251,6 +251,11 @@ def describe(record: QuantizedExperts, err: float | None, bound: float | None) -
     return f"{DESCRIBE[record.fmt]} ({saved}{'; weights ' + weights if weights else ''}{check}{pages})"
 
 
+def _scale(scale: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """fp8_scale of a block find.fp8_model_dtype accepted, so one that fits."""
+    return cast(torch.Tensor, fp8_scale(scale, weight))
+
+
 def fp8_reference(module: torch.nn.Module, layout: ExpertsLayout) -> ExpertsCall:
     """The fine-grained FP8 block's own computation on CPU, where its forward needs a GPU kernel: transformers'
     dequantization (`_dequantize_fp8_weight`) of each expert it routes to, in float32 (bfloat16 would round every
@@ -261,7 +266,7 @@ def fp8_reference(module: torch.nn.Module, layout: ExpertsLayout) -> ExpertsCall
     up_name, down_name = ("gate_up_proj" if layout.has_gate else "up_proj"), "down_proj"
     s_up_name, s_down_name = fp8_scale_names(layout.has_gate)
 
-    def reference(mod: torch.nn.Module, hidden: torch.Tensor, index: torch.Tensor,
+    def reference(mod: Any, hidden: torch.Tensor, index: torch.Tensor,
                   weights: torch.Tensor) -> torch.Tensor:
         out = torch.zeros_like(hidden, dtype=torch.float32)
         dtype, hidden = hidden.dtype, hidden.float()
@@ -269,9 +274,9 @@ def fp8_reference(module: torch.nn.Module, layout: ExpertsLayout) -> ExpertsCall
             if e >= layout.num_experts:
                 continue
             tok, slot = torch.where(index == e)
-            w_up = _dequantize_fp8_weight(getattr(mod, up_name)[e], fp8_scale(getattr(mod, s_up_name), getattr(
+            w_up = _dequantize_fp8_weight(getattr(mod, up_name)[e], _scale(getattr(mod, s_up_name), getattr(
                 mod, up_name))[e], list(mod.block_size), torch.float32)
-            w_down = _dequantize_fp8_weight(getattr(mod, down_name)[e], fp8_scale(getattr(mod, s_down_name), getattr(
+            w_down = _dequantize_fp8_weight(getattr(mod, down_name)[e], _scale(getattr(mod, s_down_name), getattr(
                 mod, down_name))[e], list(mod.block_size), torch.float32)
             h = torch.nn.functional.linear(hidden[tok], w_up)
             h = mod._apply_gate(h) if layout.has_gate else mod.act_fn(h)
@@ -282,7 +287,7 @@ def fp8_reference(module: torch.nn.Module, layout: ExpertsLayout) -> ExpertsCall
     return reference
 
 
-def kernel_takes_scales(kernel: object) -> tuple[bool, str]:
+def kernel_takes_scales(kernel: ModuleType) -> tuple[bool, str]:
     """(can `kernel` run quantized experts, why not): it exports quantize and a moe_experts taking the scales."""
     import inspect
 

@@ -4,7 +4,7 @@ kernels' "RMSNorm" mark) and attributes, never their numbers; cheap, and no fram
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -48,7 +48,7 @@ def norm_epsilon(module: torch.nn.Module) -> float | None:
     return None
 
 
-def find_norms(model: torch.nn.Module) -> tuple[list[tuple[str, torch.nn.Module]], list[tuple[str, str]]]:
+def find_norms(model: torch.nn.Module) -> tuple[list[tuple[str, Any]], list[tuple[str, str]]]:
     """([(path, module)] to try, [(path, reason)] named like an RMSNorm but not servable)."""
     found, skipped = [], []
     for path, module in model.named_modules():

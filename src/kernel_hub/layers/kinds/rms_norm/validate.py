@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -23,7 +23,7 @@ NORM_ROWS = 16
 def norm_form_errors(module: torch.nn.Module, kernel: RMSNormKernel, eps: float, mode: str, seed: int) -> list[float]:
     """Error of each plan.FORMS entry of the kernel's rms_norm against the module's current forward on random rows
     (training: the max with the gradients of x and weight); a form whose output dtype differs scores inf."""
-    weight = module.weight
+    weight = cast(torch.Tensor, module.weight)  # find_norms took only modules whose weight is a tensor
     g = torch.Generator().manual_seed(seed)
     x = (torch.randn(NORM_ROWS, weight.shape[0], generator=g) * 3.0).to(weight.device, weight.dtype)
     if mode != "training":
