@@ -5,10 +5,13 @@ diffusers). Each layer kind finds its own candidates (kinds/<kind>/find.py).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
-def device_type(module: Any) -> str:
+def device_type(module: torch.nn.Module) -> str:
     """Where a module's first parameter lives ("cpu" without parameters): what a layer's check runs on."""
     param = next(iter(module.parameters()), None)
     return param.device.type if param is not None else "cpu"
@@ -20,19 +23,19 @@ def device_type(module: Any) -> str:
 DENOISER_MODULES = ("diffusers.models.transformers.", "diffusers.models.unets.")
 
 
-def _class_modules(obj: Any) -> list[str]:
+def _class_modules(obj: object) -> list[str]:
     return [getattr(c, "__module__", "") or "" for c in type(obj).__mro__]
 
 
-def is_diffusers_object(obj: Any) -> bool:
+def is_diffusers_object(obj: object) -> bool:
     """Is `obj` a Diffusers model or pipeline (or a subclass of one)? Imports nothing."""
     return any(m == "diffusers" or m.startswith("diffusers.") for m in _class_modules(obj))
 
 
-def is_pipeline(obj: Any) -> bool:
+def is_pipeline(obj: object) -> bool:
     return isinstance(getattr(obj, "components", None), dict) and not hasattr(obj, "named_modules")
 
 
-def is_denoiser(obj: Any) -> bool:
+def is_denoiser(obj: object) -> bool:
     """A Diffusers transformer / UNet (what a pipeline's kernelize touches)."""
     return hasattr(obj, "named_modules") and any(m.startswith(DENOISER_MODULES) for m in _class_modules(obj))

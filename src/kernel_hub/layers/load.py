@@ -9,7 +9,8 @@ says about the kernel that serves it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, cast
 
 from ..api import get_kernel, get_local_kernel
 from .find import device_type
@@ -17,10 +18,12 @@ from .hf_compat import LocalSpec
 from .plan import RepoSpec, not_validated_reason
 
 if TYPE_CHECKING:
+    import torch
+
     from .kinds.declaration import KindRun, LayerKind
 
 
-def load(spec: Any, backend: str) -> tuple[Any, str]:
+def load(spec: object, backend: str) -> tuple[ModuleType, str]:
     """(kernel module, repo id) for a mapping value."""
     if isinstance(spec, RepoSpec):
         return get_kernel(spec.repo_id, version=spec.version, revision=spec.revision, framework="torch",
@@ -30,11 +33,12 @@ def load(spec: Any, backend: str) -> tuple[Any, str]:
         return kernel, getattr(kernel.__kernel_hub__, "repo_id", None) or str(spec.path)
     if not isinstance(spec, str):
         info = getattr(spec, "__kernel_hub__", None)
-        return spec, getattr(info, "repo_id", None) or getattr(spec, "__name__", type(spec).__name__)
+        # an already loaded kernel, passed through as the mapping documents
+        return cast(ModuleType, spec), getattr(info, "repo_id", None) or getattr(spec, "__name__", type(spec).__name__)
     return get_kernel(spec, framework="torch", backend=backend), spec
 
 
-def load_or_reason(spec: Any, kind: LayerKind, backend: str) -> tuple[Any, str, str]:
+def load_or_reason(spec: object, kind: LayerKind, backend: str) -> tuple[ModuleType | None, str, str]:
     """(kernel, repo id, "") or (None, "", why not) for a mapping value, held to `kind`'s convention."""
     if spec is None:
         return None, "", f"no kernel mapped to {kind.name} on {backend} (registry.yaml layers / mapping=)"
@@ -51,7 +55,7 @@ def load_or_reason(spec: Any, kind: LayerKind, backend: str) -> tuple[Any, str, 
     return kernel, repo_id, ""
 
 
-def kernel_for(run: KindRun, *, runs_the_model: bool) -> tuple[Any, str] | None:
+def kernel_for(run: KindRun, *, runs_the_model: bool) -> tuple[ModuleType, str] | None:
     """(kernel, repo id) for a kind's run (`run.kind`), or None with a note "<kind> unchanged: why" in the report. A
     kind that reads its layers by running them (`runs_the_model`: attention's forwards, rms_norm's form) needs the
     model where the kernel's path runs: kernelizing for a TPU with the model elsewhere leaves the kind unchanged,
@@ -69,7 +73,7 @@ def kernel_for(run: KindRun, *, runs_the_model: bool) -> tuple[Any, str] | None:
     return kernel, repo_id
 
 
-def kernel_info(kernel: Any, device: Any, default: str) -> dict[str, Any]:
+def kernel_info(kernel: object, device: torch.device, default: str) -> dict[str, Any]:
     """version / commit / variant / implementation of a loaded kernel, for its report rows."""
     hub = getattr(kernel, "__kernel_hub__", None)
     return {"version": getattr(hub, "version", None) or getattr(kernel, "__version__", None),
@@ -78,14 +82,14 @@ def kernel_info(kernel: Any, device: Any, default: str) -> dict[str, Any]:
             "implementation": _describe_impl(kernel, device, default)}
 
 
-def _variant_label(hub: Any) -> str | None:
+def _variant_label(hub: object) -> str | None:
     """The variant, marked "(no digest)" for a kernel-builder build checked only against the listing's blob ids."""
     variant = getattr(hub, "variant", None)
     verified = str(getattr(hub, "verified", "") or "")
     return f"{variant} (no digest)" if variant and verified.startswith("no digest") else variant
 
 
-def _describe_impl(kernel: Any, device: Any, default: str) -> str:
+def _describe_impl(kernel: object, device: torch.device, default: str) -> str:
     for name in ("describe", "implementation_for"):
         fn = getattr(kernel, name, None)
         if callable(fn):

@@ -11,17 +11,22 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    import torch
+
+T = TypeVar("T")
 
 
-def local(tensor: Any) -> Any:
+def local(tensor: T) -> T:
     """The rank's own slice of a DTensor; any other value as it is."""
     to_local = getattr(tensor, "to_local", None)
     return to_local() if callable(to_local) and hasattr(tensor, "placements") else tensor
 
 
 @contextlib.contextmanager
-def local_parameters(module: Any) -> Iterator[None]:
+def local_parameters(module: torch.nn.Module) -> Iterator[None]:
     """The module's DTensor parameters replaced by their local slices for the duration (what transformers does
     around a sharded block's forward); the DTensors are put back after, even on an exception."""
     originals = {name: p for name, p in module.named_parameters(recurse=False) if hasattr(p, "placements")}

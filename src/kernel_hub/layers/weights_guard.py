@@ -26,7 +26,7 @@ Two guards, by cost:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -151,7 +151,7 @@ def _refusal(layer: list[str], outside: list[str], inputs: list[str]) -> str:
 
 @contextlib.contextmanager
 def held_weights(module: torch.nn.Module, *, recurse: bool = True,
-                 inputs: dict[str, Any] | None = None) -> Iterator[Snapshot]:
+                 inputs: Mapping[str, object] | None = None) -> Iterator[Snapshot]:
     """Run the body (kernel calls in validation) with `module`'s weights held, the rest of the model kernelize is
     working on watched (write_watch.ModelWatch) and `inputs` (name -> tensor handed to the kernel) copied: whatever
     the body changed in any of them is put back bit for bit and WeightsModified raised naming it, also when the body
@@ -202,7 +202,7 @@ class _Watch:
     def __enter__(self) -> None:
         self.before = versions(self.module, recurse=self.recurse)
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         after = versions(self.module, recurse=self.recurse)
         if after != self.before:
             old = {v[0]: v for v in self.before}
@@ -219,10 +219,10 @@ def watched(module: torch.nn.Module, *, recurse: bool = False) -> Any:
     return _Watch(module, recurse)
 
 
-def guarded_call(call: Any) -> Any:
+def guarded_call(call: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     """An experts call fn(module, hidden, index, weights) whose kernel may not change the block's own weights."""
 
-    def run(module: torch.nn.Module, *args: Any) -> Any:
+    def run(module: torch.nn.Module, *args: torch.Tensor) -> torch.Tensor:
         with watched(module):
             return call(module, *args)
 
@@ -230,7 +230,7 @@ def guarded_call(call: Any) -> Any:
     return run
 
 
-def check_output(out: Any, ref: torch.Tensor, what: str = "the layer") -> None:
+def check_output(out: object, ref: torch.Tensor, what: str = "the layer") -> None:
     """Refuse an output the model cannot take in place of `ref`: not a tensor, or another dtype or shape."""
     if not isinstance(out, torch.Tensor):
         raise KernelRefused(f"the kernel returned {type(out).__name__}; {what} returns a tensor")
@@ -242,7 +242,7 @@ def _describe(t: torch.Tensor) -> str:
     return f"{str(t.dtype).removeprefix('torch.')} {list(t.shape)}"
 
 
-def meta_weights(model: Any, skip: set[int] | None = None) -> list[str]:
+def meta_weights(model: torch.nn.Module, skip: set[int] | None = None) -> list[str]:
     """Names of `model`'s parameters and buffers on the meta device (ids in `skip`: placeholders kernelize made)."""
     return [qual for qual, _, _, _, t in _named_tensors(model, True)
             if t.device.type == "meta" and id(t) not in (skip or set())]

@@ -16,29 +16,29 @@ layer's own tensors are compared by content, so those are caught there.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 #: The model whose tensors validation watches (set by kernelize around its layer kinds).
-_SCOPE: ContextVar[Any] = ContextVar("kernel_hub_guard_scope", default=None)
+_SCOPE: ContextVar[torch.nn.Module | None] = ContextVar("kernel_hub_guard_scope", default=None)
 
 
 @contextlib.contextmanager
-def guarding(model: Any) -> Iterator[None]:
+def guarding(model: object) -> Iterator[None]:
     """Within this block, validation watches all of `model`'s parameters and buffers, not only the layer's."""
-    token = _SCOPE.set(model)
+    token = _SCOPE.set(cast(torch.nn.Module, model))  # kernelize's model, a torch module by now
     try:
         yield
     finally:
         _SCOPE.reset(token)
 
 
-def scope_model() -> Any:
+def scope_model() -> torch.nn.Module | None:
     return _SCOPE.get()
 
 
@@ -71,10 +71,10 @@ def _meta(t: torch.Tensor) -> tuple[Any, ...]:
     return tuple(t.shape), t.dtype, t.device, t.data_ptr() if _storage_key(t) is not None else 0
 
 
-_WRITTEN_ARGS: dict[Any, tuple[tuple[int, str], ...]] = {}
+_WRITTEN_ARGS: dict[object, tuple[tuple[int, str], ...]] = {}
 
 
-def _written_args(func: Any) -> tuple[tuple[int, str], ...]:
+def _written_args(func: object) -> tuple[tuple[int, str], ...]:
     """(position, name) of each argument an aten op writes to, from its schema (cached per op)."""
     got = _WRITTEN_ARGS.get(func)
     if got is None:
@@ -92,7 +92,8 @@ class _CopyOnWrite(TorchDispatchMode):
         super().__init__()
         self.by_storage = by_storage
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    def __torch_dispatch__(self, func: Callable[..., Any], types: tuple[type, ...], args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         for pos, name in _written_args(func):
             value = args[pos] if pos < len(args) else kwargs.get(name)
@@ -131,7 +132,7 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 class ModelWatch:
     """The model's tensors outside the held layer, as they were when the watch began; `changed()` after the body."""
 
-    def __init__(self, model: torch.nn.Module, held: Any) -> None:
+    def __init__(self, model: torch.nn.Module, held: torch.nn.Module) -> None:
         self.model = model
         self.skip = {id(m) for m in held.modules()}
         self.entries: dict[str, _Watched] = {}
@@ -184,7 +185,7 @@ class InputsWatch:
     copies: dict[str, torch.Tensor]
 
     @classmethod
-    def take(cls, inputs: dict[str, Any]) -> InputsWatch:
+    def take(cls, inputs: Mapping[str, object]) -> InputsWatch:
         held = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor) and _storage_key(v) is not None}
         return cls(held, {k: v.detach().clone() for k, v in held.items()})
 

@@ -85,8 +85,8 @@ def _key_lengths(mask: torch.Tensor, b: int, h: int, sq: int, skv: int
 
 
 def plan_sdpa(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any = None, dropout_p: float = 0.0,
-    is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
 ) -> tuple[SdpaCallPlan | None, str]:
     """Pure decision for one `scaled_dot_product_attention` call: (kernel plan, "") or (None, why torch's
     own runs). The kernel computes exactly what sdpa would on every row where it runs."""
@@ -163,7 +163,7 @@ class _SignedCall:
     def __init__(self, route: AttentionRoute):
         self.route = route
 
-    def __call__(self, attn: Any, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, attn: torch.nn.Module, *args: object, **kwargs: object) -> Any:
         return self.route._run(attn, args, kwargs)
 
     @property
@@ -190,14 +190,14 @@ class AttentionRoute(CallCounts):
         # attribute wins that lookup (the call itself goes through the class's __call__).
         self.__dict__["__call__"] = _SignedCall(self)
 
-    def __call__(self, attn: Any, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, attn: torch.nn.Module, *args: object, **kwargs: object) -> Any:
         return self._run(attn, args, kwargs)
 
-    def _run(self, attn: Any, args: tuple, kwargs: dict) -> Any:
+    def _run(self, attn: torch.nn.Module, args: tuple[object, ...], kwargs: dict[str, object]) -> Any:
         with _SdpaMode(lambda a, k: self._sdpa(a, k, attn)):
             return self.original(attn, *args, **kwargs)
 
-    def _sdpa(self, args: tuple, kwargs: dict, attn: Any = None) -> torch.Tensor:
+    def _sdpa(self, args: tuple, kwargs: dict, attn: torch.nn.Module | None = None) -> torch.Tensor:
         try:
             bound = _SDPA_SIGNATURE.bind(*args, **kwargs)
         except TypeError as exc:  # an sdpa argument this decision does not know
@@ -236,20 +236,20 @@ class AttentionRoute(CallCounts):
 
     # Diffusers sets these on every attention processor (set_attention_backend, enable_parallelism).
     @property
-    def _attention_backend(self) -> Any:
+    def _attention_backend(self) -> object:
         return getattr(self.original, "_attention_backend", None)
 
     @_attention_backend.setter
-    def _attention_backend(self, value: Any) -> None:
-        self.original._attention_backend = value
+    def _attention_backend(self, value: object) -> None:
+        self.original._attention_backend = value  # type: ignore[attr-defined]  # a Diffusers processor's own
 
     @property
-    def _parallel_config(self) -> Any:
+    def _parallel_config(self) -> object:
         return getattr(self.original, "_parallel_config", None)
 
     @_parallel_config.setter
-    def _parallel_config(self, value: Any) -> None:
-        self.original._parallel_config = value
+    def _parallel_config(self, value: object) -> None:
+        self.original._parallel_config = value  # type: ignore[attr-defined]  # a Diffusers processor's own
 
     def __getattr__(self, name: str) -> Any:
         original = self.__dict__.get("original")

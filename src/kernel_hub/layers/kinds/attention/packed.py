@@ -12,7 +12,7 @@ implementation needs, block-diagonal and causal per sequence, built here from th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,20 +36,20 @@ class PackedKernel:
     kvcache: Callable[..., torch.Tensor] | None
 
     @classmethod
-    def of(cls, kernel: Any) -> PackedKernel:
+    def of(cls, kernel: object) -> PackedKernel:
         return cls(getattr(kernel, "flash_attn_varlen_func", None), getattr(kernel, "flash_attn_with_kvcache", None))
 
 
-def is_packed(kwargs: dict[str, Any]) -> bool:
+def is_packed(kwargs: Mapping[str, object]) -> bool:
     """Whether this attention call carries packed sequences (offsets for both queries and keys)."""
     return all(kwargs.get(name) is not None for name in OFFSETS)
 
 
-def is_paged(kwargs: dict[str, Any]) -> bool:
+def is_paged(kwargs: Mapping[str, object]) -> bool:
     return all(kwargs.get(name) is not None for name in PAGED)
 
 
-def plan_packed(kernel: PackedKernel | None, kwargs: dict[str, Any], *, training: bool) -> str:
+def plan_packed(kernel: PackedKernel | None, kwargs: Mapping[str, object], *, training: bool) -> str:
     """Pure decision: why the kernel cannot serve this packed call ("" if it can)."""
     if kernel is None:
         return "layer kept on its previous implementation"
@@ -64,7 +64,7 @@ def plan_packed(kernel: PackedKernel | None, kwargs: dict[str, Any], *, training
     return ""
 
 
-def _causal(module: torch.nn.Module, kwargs: dict[str, Any]) -> bool:
+def _causal(module: torch.nn.Module, kwargs: Mapping[str, object]) -> bool:
     causal = kwargs.get("is_causal")
     return bool(getattr(module, "is_causal", True)) if causal is None else bool(causal)
 
@@ -135,8 +135,9 @@ def packed_mask(tq: int, tk: int, cu_q: torch.Tensor, cu_k: torch.Tensor, *, cau
     return keep[None, None]
 
 
-def previous_packed(prev_fn: Callable[..., Any], module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
-                    value: torch.Tensor, kwargs: dict[str, Any], *, additive: bool) -> Any:
+def previous_packed(prev_fn: Callable[..., tuple[torch.Tensor, torch.Tensor | None]], module: torch.nn.Module,
+                    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kwargs: dict[str, Any], *,
+                    additive: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The previous implementation on a packed call, with the mask it needs (additive for eager attention)."""
     if is_paged(kwargs):
         raise KernelHubError(f"{type(module).__name__} is kept on its previous implementation, which cannot read "

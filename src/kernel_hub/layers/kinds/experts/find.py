@@ -10,10 +10,15 @@ attributes and parameter shapes, never its numbers, and never by running anythin
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from ...sharded import local
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig
 
 #: What transformers' experts forward takes (positional, in this order).
 EXPERTS_CALL = ("hidden_states", "top_k_index", "top_k_weights")
@@ -27,7 +32,7 @@ def fp8_scale_names(gated: bool) -> tuple[str, str]:
     return ("gate_up_proj_scale_inv" if gated else "up_proj_scale_inv"), "down_proj_scale_inv"
 
 
-def fp8_model_dtype(module: Any, gated: bool) -> tuple[str | None, str]:
+def fp8_model_dtype(module: torch.nn.Module, gated: bool) -> tuple[str | None, str]:
     """(the compute dtype name, why) when `module` is a fine-grained FP8 expert block the kernel runs on its own
     weights: float8_e4m3fn weights with float32 128x128 `*_scale_inv`, nn.Linear-style; (None, why not) otherwise."""
     up = getattr(module, "gate_up_proj" if gated else "up_proj", None)
@@ -40,7 +45,7 @@ def fp8_model_dtype(module: Any, gated: bool) -> tuple[str | None, str]:
         scale = getattr(module, name, None)
         if str(getattr(scale, "dtype", None)) != "torch.float32" or len(getattr(scale, "shape", ())) != 3:
             return None, f"float8 experts whose {name} is not a float32 [E, out/128, in/128] tensor"
-        if fp8_scale(scale, weight) is None:
+        if fp8_scale(cast("torch.Tensor", scale), cast("torch.Tensor", weight)) is None:  # tensors: dtypes checked
             return None, f"float8 experts whose {name} {list(scale.shape)} does not fit {list(weight.shape)}"
     config = getattr(module, "config", None)
     dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
@@ -48,7 +53,7 @@ def fp8_model_dtype(module: Any, gated: bool) -> tuple[str | None, str]:
     return (name if name in ("bfloat16", "float32") else "bfloat16"), "float8_e4m3fn weights with 128x128 scales"
 
 
-def fp8_scale(scale: Any, weight: Any) -> Any:
+def fp8_scale(scale: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
     """A weight_scale_inv [E, ceil(out/128), ceil(in/128)] for weight [E, out, in]; transformers allocates at least
     two output rows for a fused gate_up (min_sf_out=2), of which only ceil(out/128) are used: cut to those."""
     e, out, inp = weight.shape
@@ -106,12 +111,12 @@ class ExpertsSite:
         return self.route is not None and self.layout is not None
 
 
-def _shape(t: Any) -> tuple[int, ...] | None:
+def _shape(t: object) -> tuple[int, ...] | None:
     shape = getattr(local(t), "shape", None)  # a sharded weight: this rank's slice, what its forward runs on
     return tuple(shape) if shape is not None else None
 
 
-def routes_through_interface(module: Any) -> bool:
+def routes_through_interface(module: torch.nn.Module) -> bool:
     """True when the class's forward is transformers' ExpertsInterface dispatcher."""
     forward = type(module).forward
     return (
@@ -122,7 +127,7 @@ def routes_through_interface(module: Any) -> bool:
     )
 
 
-def looks_like_experts(module: Any) -> bool:
+def looks_like_experts(module: torch.nn.Module) -> bool:
     """3-D stacked expert weights: an up (or gate_up) projection and a down projection."""
     up = getattr(module, "gate_up_proj", None)
     if up is None:
@@ -131,7 +136,7 @@ def looks_like_experts(module: Any) -> bool:
     return len(_shape(up) or ()) == 3 and len(_shape(down) or ()) == 3
 
 
-def forward_signature_matches(forward: Any) -> tuple[bool, str]:
+def forward_signature_matches(forward: Callable[..., object]) -> tuple[bool, str]:
     """Does `forward` take exactly (hidden_states, top_k_index, top_k_weights) positionally?"""
     try:
         params = list(inspect.signature(forward).parameters.values())
@@ -151,11 +156,11 @@ def forward_signature_matches(forward: Any) -> tuple[bool, str]:
     return True, "forward(" + ", ".join(p.name for p in positional) + ")"
 
 
-def _dtype_name(t: Any) -> str:
+def _dtype_name(t: object) -> str:
     return str(getattr(t, "dtype", "?")).replace("torch.", "")
 
 
-def _hidden_size(module: Any) -> int | None:
+def _hidden_size(module: torch.nn.Module) -> int | None:
     for name in ("hidden_dim", "hidden_size"):
         value = getattr(module, name, None)
         if isinstance(value, int):
@@ -185,7 +190,7 @@ def _check_shapes(
     return (e, h, i), ""
 
 
-def read_experts(module: Any, path: str) -> ExpertsSite:
+def read_experts(module: torch.nn.Module, path: str) -> ExpertsSite:
     """Decide how (or whether) the kernel can serve the expert block `module` found at `path`."""
     name = type(module).__name__
 
@@ -262,7 +267,7 @@ def read_experts(module: Any, path: str) -> ExpertsSite:
     return ExpertsSite(path, name, "forward", layout, "no ExpertsInterface: instance forward replaced")
 
 
-def find_experts(model: Any) -> list[ExpertsSite]:
+def find_experts(model: torch.nn.Module) -> list[ExpertsSite]:
     """Every expert block in `model` (outermost only: nothing inside a found block is searched)."""
     sites: list[ExpertsSite] = []
     taken: list[str] = []
@@ -275,7 +280,7 @@ def find_experts(model: Any) -> list[ExpertsSite]:
     return sites
 
 
-def top_k_of(config: Any, num_experts: int) -> int:
+def top_k_of(config: PretrainedConfig | None, num_experts: int) -> int:
     """Experts per token from the model config (names vary by family), for validation batches."""
     for name in ("num_experts_per_tok", "top_k_experts", "moe_topk", "top_k", "experts_per_token",
                  "num_experts_per_token", "moe_top_k"):

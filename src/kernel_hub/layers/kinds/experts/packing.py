@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,6 +35,11 @@ from . import packed_op
 from .contract import HOOK_ATTR
 from .find import ExpertsLayout
 from .plan import PACK_ENV
+
+if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
+
+    from .contract import PackedWeight
 
 RECORD_ATTR = STAND_INS_ATTR
 DOWN = "down_proj"
@@ -54,10 +61,10 @@ class ModulePacking:
 
     names: tuple[str, str]
     transposed: bool
-    pack: Any  # the kernel's pack_experts
-    holders: dict[str, Any] | None = None
+    pack: Callable[..., PackedWeight]  # the kernel's pack_experts
+    holders: dict[str, PackedWeight] | None = None
     placeholders: dict[str, torch.nn.Parameter] = field(default_factory=dict)
-    handles: list[Any] = field(default_factory=list)
+    handles: list[RemovableHandle] = field(default_factory=list)
     reason: str = ""
     compile_handle: int = 0  # packed_op's handle: how a compiled graph names this block
 
@@ -78,7 +85,7 @@ placeholders = stand_in_parameters
 def _pack(module: torch.nn.Module, record: ModulePacking) -> str:
     """Pack the block's two weights in place and swap in placeholders; raises the kernel's PackingError (with both
     weights left dense) when either cannot be packed. Returns the reason line."""
-    holders: dict[str, Any] = {}
+    holders: dict[str, PackedWeight] = {}
     try:
         for name in record.names:
             param = module._parameters[name]
@@ -94,7 +101,7 @@ def _pack(module: torch.nn.Module, record: ModulePacking) -> str:
     return f"packed in place ({' / '.join(dict.fromkeys(routes))}; {_pages([holders[n] for n in record.names])})"
 
 
-def _pages(holders: list[Any]) -> str:
+def _pages(holders: list[PackedWeight]) -> str:
     """What backs the packed bytes: the MiB in 2 MiB pages, or the first reason why not."""
     huge = [getattr(h, "huge_pages", (0, "ordinary pages")) for h in holders]
     if all(nbytes for nbytes, _ in huge):
@@ -131,7 +138,7 @@ def _try_pack(module: torch.nn.Module, record: ModulePacking) -> None:
         record.reason = f"unpacked: {exc}"
 
 
-def active_holders(module: torch.nn.Module) -> dict[str, Any] | None:
+def active_holders(module: torch.nn.Module) -> dict[str, PackedWeight] | None:
     """The packed weights a call may use, or None (unpacked path). Drops the packed copy of a block whose placeholder
     was replaced or set to require grad, so its next calls read the parameters it now has."""
     record = record_of(module)
@@ -149,7 +156,8 @@ def active_holders(module: torch.nn.Module) -> dict[str, Any] | None:
 # --- hooks: state_dict, load_state_dict, Module._apply ----------------------------------------------------------------
 
 
-def _state_dict_hook(module: torch.nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+def _state_dict_hook(module: torch.nn.Module, state_dict: dict[str, torch.Tensor], prefix: str,
+                     local_metadata: dict[str, object]) -> None:
     record = record_of(module)
     if record is None or record.holders is None:
         return
@@ -162,19 +170,19 @@ def _state_dict_hook(module: torch.nn.Module, state_dict: dict[str, Any], prefix
                                if isinstance(value, torch.nn.Parameter) else dense)
 
 
-def _load_pre_hook(module: torch.nn.Module, *args: Any) -> None:
+def _load_pre_hook(module: torch.nn.Module, *args: object) -> None:
     record = record_of(module)
     if record is not None:
         _unpack(module, record)
 
 
-def _load_post_hook(module: torch.nn.Module, incompatible_keys: Any) -> None:
+def _load_post_hook(module: torch.nn.Module, incompatible_keys: object) -> None:
     record = record_of(module)
     if record is not None and record.holders is None:
         _try_pack(module, record)
 
 
-def _leaves_weights_alone(fn: Any, dtype: torch.dtype) -> bool:
+def _leaves_weights_alone(fn: Callable[[torch.Tensor], torch.Tensor], dtype: torch.dtype) -> bool:
     """Would `fn` (a Module._apply function) return a CPU tensor of `dtype` unchanged? (.to() to where it already is)"""
     probe = torch.empty(1, dtype=dtype)
     try:
@@ -190,7 +198,7 @@ class PackedApply:
     def __init__(self, module: torch.nn.Module) -> None:
         self.module = module
 
-    def __call__(self, fn: Any, recurse: bool = True) -> Any:
+    def __call__(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> torch.nn.Module:
         module = self.module
         record = record_of(module)
         base = type(module)._apply
@@ -223,7 +231,7 @@ def _placeholders_hidden(module: torch.nn.Module, record: ModulePacking):
 # --- install / remove -----------------------------------------------------------------------------------------------
 
 
-def _guard_other_implementations(module: torch.nn.Module, args: Any) -> None:
+def _guard_other_implementations(module: torch.nn.Module, args: tuple[object, ...]) -> None:
     """Forward pre-hook of a packed block: transformers' own experts implementations (a model switched back with
     set_experts_implementation) would read the meta placeholders and fail deep inside with a dtype or device error;
     say what happened and what to do instead."""
@@ -237,7 +245,7 @@ def _guard_other_implementations(module: torch.nn.Module, args: Any) -> None:
             f"or kernelize with {ENV}=0 to keep the weights dense")
 
 
-def pack_module(module: torch.nn.Module, layout: ExpertsLayout, kernel: Any) -> tuple[bool, str]:
+def pack_module(module: torch.nn.Module, layout: ExpertsLayout, kernel: ModuleType) -> tuple[bool, str]:
     """Pack the block's expert weights and install the hooks that keep it a normal module; (packed, why). On a refusal
     the block is left exactly as it was."""
     record = ModulePacking(names=weight_names(layout), transposed=layout.is_transposed, pack=kernel.pack_experts)

@@ -5,8 +5,6 @@ facts come in as arguments; importing this imports no framework.
 
 from __future__ import annotations
 
-from typing import Any
-
 from .contract import PACKED_EXPERTS_ENTRIES, experts_function_problems
 
 #: Set to "0" to keep every expert block unpacked (packing.py reads it).
@@ -19,7 +17,7 @@ PACK_ENV = "KERNEL_HUB_CPU_PACK"
 EXPERTS_CONVENTIONS = ("moe_experts", "ragged_dot", "experts_forward")
 
 
-def experts_convention(kernel: Any) -> tuple[str | None, str]:
+def experts_convention(kernel: object) -> tuple[str | None, str]:
     """(the convention kernelize runs `kernel` through for moe_experts, why), or (None, why none): ours where the
     kernel keeps it (it also carries packing and quantized weights), else transformers' `experts_forward(self,
     hidden_states, top_k_index, top_k_weights)` when it can be called that way."""

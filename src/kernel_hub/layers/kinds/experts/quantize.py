@@ -37,7 +37,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -45,6 +46,9 @@ from ....errors import KernelHubError
 from ...sharded import local
 from .find import BLOCK, ExpertsLayout, fp8_scale, fp8_scale_names
 from .packing import weight_names
+
+if TYPE_CHECKING:
+    from .contract import AdviseFn, ExpertsCall, QuantizeFn
 
 #: kernelize's quantize= choices -> the weight dtype.
 FORMATS = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
@@ -58,7 +62,7 @@ CHUNK = 8
 EXPORTS = ("quantize", "moe_experts")
 
 
-def check_quantize(quantize: Any, mode: str) -> str | None:
+def check_quantize(quantize: object, mode: str) -> str | None:
     """The format name, or None; raises KernelHubError (before anything changes) for an unknown value or training."""
     if quantize is None:
         return None
@@ -93,8 +97,8 @@ class QuantizedExperts:
     errors: dict[str, float] = field(default_factory=dict)  # name -> relative weight error e
     bytes_before: int = 0
     bytes_after: int = 0
-    quantize: Any = None  # the kernel's quantize
-    advise: Any = None  # the kernel's advise_huge_pages (2 MiB pages for the copies: fewer TLB misses), if any
+    quantize: QuantizeFn | None = None  # the kernel's quantize
+    advise: AdviseFn | None = None  # the kernel's advise_huge_pages (2 MiB pages for the copies: fewer TLB misses)
     pages: str = ""  # what backs the copies
 
 
@@ -107,7 +111,7 @@ def _rhs(weight: torch.Tensor, transposed: bool) -> torch.Tensor:
     return weight if transposed else weight.transpose(1, 2)
 
 
-def _quantize_one(weight: torch.Tensor, transposed: bool, fmt: str, quantize: Any
+def _quantize_one(weight: torch.Tensor, transposed: bool, fmt: str, quantize: QuantizeFn
                   ) -> tuple[torch.Tensor, torch.Tensor, float]:
     """(bytes [E, N, K], scale laid out like them, relative Frobenius error) for one [E, ...] projection, a few
     experts at a time."""
@@ -139,8 +143,8 @@ def _dequantize(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return w * s.repeat_interleave(BLOCK, -2)[..., :k, :].repeat_interleave(BLOCK, -1)[..., :n]
 
 
-def quantize_block(module: torch.nn.Module, layout: ExpertsLayout, fmt: str, quantize: Any, advise: Any = None
-                   ) -> QuantizedExperts:
+def quantize_block(module: torch.nn.Module, layout: ExpertsLayout, fmt: str, quantize: QuantizeFn,
+                   advise: AdviseFn | None = None) -> QuantizedExperts:
     """Quantized copies of the block's two projections (never touching its parameters)."""
 
     names = weight_names(layout)
@@ -153,8 +157,9 @@ def quantize_block(module: torch.nn.Module, layout: ExpertsLayout, fmt: str, qua
 def _fill(module: torch.nn.Module, record: QuantizedExperts) -> None:
     before = after = 0
     for name in record.names:
-        param = module._parameters[name]
+        param = cast(torch.Tensor, module._parameters[name])  # weight_names: the block's own parameters
         rank_slice = local(param)  # a sharded block computes on its rank's slice: that is what gets quantized
+        assert record.quantize is not None  # a record made by quantize_block, the only kind filled
         q, s, err = _quantize_one(rank_slice, record.transposed, record.fmt, record.quantize)
         if record.advise is not None:
             huge, why = record.advise(q)
@@ -184,7 +189,7 @@ def record_of(module: torch.nn.Module) -> QuantizedExperts | None:
     return module.__dict__.get(RECORD_ATTR)
 
 
-def weights_for(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]] | None:
+def weights_for(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor, dict[str, object]] | None:
     """(up, down, moe_experts keyword arguments) for a quantized block's call, or None (not quantized). Quantizes
     again first when a source parameter changed since (a new object or an in-place write; checked on eager calls)."""
     record = record_of(module)
@@ -246,7 +251,12 @@ def describe(record: QuantizedExperts, err: float | None, bound: float | None) -
     return f"{DESCRIBE[record.fmt]} ({saved}{'; weights ' + weights if weights else ''}{check}{pages})"
 
 
-def fp8_reference(module: torch.nn.Module, layout: ExpertsLayout) -> Any:
+def _scale(scale: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """fp8_scale of a block find.fp8_model_dtype accepted, so one that fits."""
+    return cast(torch.Tensor, fp8_scale(scale, weight))
+
+
+def fp8_reference(module: torch.nn.Module, layout: ExpertsLayout) -> ExpertsCall:
     """The fine-grained FP8 block's own computation on CPU, where its forward needs a GPU kernel: transformers'
     dequantization (`_dequantize_fp8_weight`) of each expert it routes to, in float32 (bfloat16 would round every
     weight once more, an error of its own), then FP8Experts' own gate and float32 combine, as fn(module, hidden,
@@ -256,16 +266,17 @@ def fp8_reference(module: torch.nn.Module, layout: ExpertsLayout) -> Any:
     up_name, down_name = ("gate_up_proj" if layout.has_gate else "up_proj"), "down_proj"
     s_up_name, s_down_name = fp8_scale_names(layout.has_gate)
 
-    def reference(mod: Any, hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def reference(mod: Any, hidden: torch.Tensor, index: torch.Tensor,
+                  weights: torch.Tensor) -> torch.Tensor:
         out = torch.zeros_like(hidden, dtype=torch.float32)
         dtype, hidden = hidden.dtype, hidden.float()
         for e in torch.unique(index).tolist():
             if e >= layout.num_experts:
                 continue
             tok, slot = torch.where(index == e)
-            w_up = _dequantize_fp8_weight(getattr(mod, up_name)[e], fp8_scale(getattr(mod, s_up_name), getattr(
+            w_up = _dequantize_fp8_weight(getattr(mod, up_name)[e], _scale(getattr(mod, s_up_name), getattr(
                 mod, up_name))[e], list(mod.block_size), torch.float32)
-            w_down = _dequantize_fp8_weight(getattr(mod, down_name)[e], fp8_scale(getattr(mod, s_down_name), getattr(
+            w_down = _dequantize_fp8_weight(getattr(mod, down_name)[e], _scale(getattr(mod, s_down_name), getattr(
                 mod, down_name))[e], list(mod.block_size), torch.float32)
             h = torch.nn.functional.linear(hidden[tok], w_up)
             h = mod._apply_gate(h) if layout.has_gate else mod.act_fn(h)
@@ -276,7 +287,7 @@ def fp8_reference(module: torch.nn.Module, layout: ExpertsLayout) -> Any:
     return reference
 
 
-def kernel_takes_scales(kernel: Any) -> tuple[bool, str]:
+def kernel_takes_scales(kernel: ModuleType) -> tuple[bool, str]:
     """(can `kernel` run quantized experts, why not): it exports quantize and a moe_experts taking the scales."""
     import inspect
 
@@ -292,7 +303,7 @@ def kernel_takes_scales(kernel: Any) -> tuple[bool, str]:
     return True, ""
 
 
-def apply_to_block(module: torch.nn.Module, layout: ExpertsLayout, fmt: str | None, kernel: Any,
+def apply_to_block(module: torch.nn.Module, layout: ExpertsLayout, fmt: str | None, kernel: ModuleType,
                    check: Callable[[], float], tolerance: float, validate: bool) -> Outcome | None:
     """Quantize one accepted block and check it against its own layer (`check()` -> relative error of the block's
     kernel call, which now reads the quantized copies, against the unquantized layer). None: nothing to quantize.
@@ -326,7 +337,7 @@ def apply_to_block(module: torch.nn.Module, layout: ExpertsLayout, fmt: str | No
     return Outcome(DESCRIBE[fmt], err, bound, record.bytes_before, record.bytes_after, describe(record, err, bound))
 
 
-def register_fp8_interface(name: str, forward: Any) -> None:
+def register_fp8_interface(name: str, forward: ExpertsCall) -> None:
     """Register `forward` under `name` in transformers' FP8ExpertsInterface too: fine-grained FP8 expert blocks
     dispatch through that interface (its own mapping), not ExpertsInterface. Adds a name, edits no class."""
     try:

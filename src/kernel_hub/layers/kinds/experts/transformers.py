@@ -15,6 +15,7 @@ import inspect
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -27,7 +28,7 @@ from .find import ExpertsLayout, ExpertsSite
 
 LAYER_KIND = NAME  # the kind's name, as its report rows give it
 
-ExpertsCall = Callable[[Any, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+ExpertsCall = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -39,7 +40,7 @@ class ExpertsHook:
     route: str  # "interface" or "forward"
     signature: inspect.Signature | None = None  # of the forward the "forward" route replaced
     had_instance_forward: bool = False
-    instance_forward: Any = None
+    instance_forward: Callable[..., torch.Tensor] | None = None
 
 
 def _eager_forward(module: torch.nn.Module) -> Callable[..., torch.Tensor]:
@@ -69,7 +70,7 @@ def reference_for(module: torch.nn.Module, site: ExpertsSite) -> Callable[..., t
 
 
 def kernel_hub_experts_forward(
-    self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    self: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
 ) -> torch.Tensor:
     """Registered as experts implementation "kernel_hub": kernel for hooked blocks, else the previous."""
     hook: ExpertsHook | None = self.__dict__.get(HOOK_ATTR)
@@ -79,7 +80,7 @@ def kernel_hub_experts_forward(
     return hook.call(self, hidden_states, top_k_index, top_k_weights)
 
 
-def _replaced_forward(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+def _replaced_forward(self: torch.nn.Module, *args: object, **kwargs: object) -> torch.Tensor:
     """Instance forward for blocks outside the interface: same signature as the one it replaces."""
     hook: ExpertsHook = self.__dict__[HOOK_ATTR]
     assert hook.signature is not None
@@ -183,7 +184,7 @@ def experts_function_fits(module: torch.nn.Module, site: ExpertsSite) -> str:
     return ""
 
 
-def experts_function_call(kernel: Any) -> ExpertsCall:
+def experts_function_call(kernel: ModuleType) -> ExpertsCall:
     """The kernel path for a kernel in transformers' experts-function convention: its experts_forward on the block
     itself, as transformers would call it."""
     fn = kernel.experts_forward
@@ -194,7 +195,7 @@ def experts_function_call(kernel: Any) -> ExpertsCall:
     return call
 
 
-def make_call(kernel: Any, layout: ExpertsLayout, convention: str = "moe_experts") -> ExpertsCall:
+def make_call(kernel: ModuleType, layout: ExpertsLayout, convention: str = "moe_experts") -> ExpertsCall:
     """The kernel path for one expert block: reads the block's weights at call time (so .to(), loading
     new weights and training updates are all seen) and its own gate / activation / post-norm. A block
     whose weights kernelize packed (packing.py) runs the kernel's packed-weights entry instead. convention:
@@ -241,7 +242,7 @@ def make_call(kernel: Any, layout: ExpertsLayout, convention: str = "moe_experts
 SWITCH_ATTR = "set_experts_implementation"
 
 
-def _user_switch(model: torch.nn.Module, experts_implementation: Any) -> Any:
+def _user_switch(model: torch.nn.Module, experts_implementation: str | dict[str, str] | None) -> Any:
     """Instance `set_experts_implementation` of a kernelized model: the user's later choice wins. Leaving
     "kernel_hub" unpacks the packed blocks first (their dense weights are meta placeholders while packed, and the
     implementation chosen reads them); restore() still gives back what the model ran before kernelize."""

@@ -7,7 +7,7 @@ that writes them is undone and refused (layers/layer_check.py's shared rules).
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,8 +18,8 @@ from .find import ExpertsLayout
 
 VALIDATION_TOKENS = 16
 
-#: fn(module, hidden[T,H], top_k_index[T,K], top_k_weights[T,K]) -> [T,H]: an expert block's call.
-ExpertsCall = Any
+if TYPE_CHECKING:
+    from .contract import ExpertsCall
 
 
 def experts_batch(layout: ExpertsLayout, top_k: int, dtype: torch.dtype, device: torch.device, seed: int):
@@ -37,7 +37,7 @@ def _named_inputs(hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tens
 
 
 def validate_layer(
-    module: torch.nn.Module, layout: ExpertsLayout, call: ExpertsCall, reference: Any, *, mode: str, top_k: int,
+    module: torch.nn.Module, layout: ExpertsLayout, call: ExpertsCall, reference: ExpertsCall, *, mode: str, top_k: int,
     seed: int = 0,
 ) -> float:
     """Largest relative error of the kernel against `reference` on a random batch of this block's shapes
@@ -46,8 +46,8 @@ def validate_layer(
         return _validate_local(module, layout, call, reference, mode=mode, top_k=top_k, seed=seed)
 
 
-def _validate_local(module: torch.nn.Module, layout: ExpertsLayout, call: ExpertsCall, reference: Any, *, mode: str,
-                    top_k: int, seed: int) -> float:
+def _validate_local(module: torch.nn.Module, layout: ExpertsLayout, call: ExpertsCall, reference: ExpertsCall, *,
+                    mode: str, top_k: int, seed: int) -> float:
     weight = module.gate_up_proj if layout.has_gate else module.up_proj
     # the block's compute dtype (an FP8 model's weights are float8; its activations are not)
     hidden, index, weights = experts_batch(layout, top_k, getattr(torch, layout.dtype), weight.device, seed)

@@ -4,10 +4,13 @@ kernels' "RMSNorm" mark) and attributes, never their numbers; cheap, and no fram
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 
-def norm_structure(module: Any) -> tuple[bool, str]:
+def norm_structure(module: torch.nn.Module) -> tuple[bool, str]:
     """(is an RMSNorm the rms_norm kind can serve, why not): class name or HF kernels' mark, then the attributes
     (a 1-D `weight`, no `bias`, a numeric `variance_epsilon` or `eps`, a forward taking one tensor)."""
     import torch
@@ -36,7 +39,7 @@ def norm_structure(module: Any) -> tuple[bool, str]:
     return True, ""
 
 
-def norm_epsilon(module: Any) -> float | None:
+def norm_epsilon(module: torch.nn.Module) -> float | None:
     """The norm's epsilon (`variance_epsilon` or `eps`), None without a numeric one."""
     for n in ("variance_epsilon", "eps"):
         value = getattr(module, n, None)
@@ -45,7 +48,7 @@ def norm_epsilon(module: Any) -> float | None:
     return None
 
 
-def find_norms(model: Any) -> tuple[list[tuple[str, Any]], list[tuple[str, str]]]:
+def find_norms(model: torch.nn.Module) -> tuple[list[tuple[str, Any]], list[tuple[str, str]]]:
     """([(path, module)] to try, [(path, reason)] named like an RMSNorm but not servable)."""
     found, skipped = [], []
     for path, module in model.named_modules():

@@ -5,7 +5,8 @@ it is undone and refused (layers/layer_check.py's shared rules)."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -13,13 +14,16 @@ from ...layer_check import rel_error
 from ...weights_guard import check_output, held_weights
 from .plan import FORMS
 
+if TYPE_CHECKING:
+    from .contract import RMSNormKernel
+
 NORM_ROWS = 16
 
 
-def norm_form_errors(module: torch.nn.Module, kernel: Any, eps: float, mode: str, seed: int) -> list[float]:
+def norm_form_errors(module: torch.nn.Module, kernel: RMSNormKernel, eps: float, mode: str, seed: int) -> list[float]:
     """Error of each plan.FORMS entry of the kernel's rms_norm against the module's current forward on random rows
     (training: the max with the gradients of x and weight); a form whose output dtype differs scores inf."""
-    weight = module.weight
+    weight = cast(torch.Tensor, module.weight)  # find_norms took only modules whose weight is a tensor
     g = torch.Generator().manual_seed(seed)
     x = (torch.randn(NORM_ROWS, weight.shape[0], generator=g) * 3.0).to(weight.device, weight.dtype)
     if mode != "training":
@@ -53,11 +57,11 @@ def norm_form_errors(module: torch.nn.Module, kernel: Any, eps: float, mode: str
     return _form_scores(outs, ref, errors)
 
 
-def _fits(out: Any, ref: torch.Tensor) -> bool:
+def _fits(out: object, ref: torch.Tensor) -> bool:
     return isinstance(out, torch.Tensor) and out.dtype == ref.dtype and out.shape == ref.shape
 
 
-def _form_scores(outs: list[Any], ref: torch.Tensor, errors: list[float]) -> list[float]:
+def _form_scores(outs: Sequence[object], ref: torch.Tensor, errors: list[float]) -> list[float]:
     """`errors`, or KernelRefused naming what the kernel returned when no form gives the layer's dtype and shape."""
     if not any(_fits(o, ref) for o in outs):
         check_output(outs[0], ref, "the layer")
