@@ -8,11 +8,12 @@ events as JSON lines), serving the cost model's modes.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
 from kernel_hub.tpu.worker import WorkerMode, serve
-from kernel_hub.tpu.worker_client import run_worker
+from kernel_hub.tpu.worker_client import STALL_ENV, run_worker
 
 if TYPE_CHECKING:
     from kernel_hub.tpu.env import TpuEnv
@@ -36,11 +37,15 @@ def run_in_worker(env: TpuEnv, request: dict[str, Any], **kwargs: Any) -> tuple[
     Args:
         env: the TPU environment (kernel_hub.tpu.env.tpu_env()).
         request: the request; its "mode" is one of MODES.
-        **kwargs: run_worker's (timeout, on_event).
+        **kwargs: run_worker's (timeout, on_event, stall). Without `stall`, a request given a `timeout` may go
+            quiet for all of it: one cost-model row (a long prefill walk, a whole-model compile) can take many
+            minutes on a loaded machine between two events, where the compile gate's cases never do.
 
     Returns:
         run_worker's triple.
     """
+    if kwargs.get("timeout") is not None and "stall" not in kwargs and STALL_ENV not in os.environ:
+        kwargs["stall"] = kwargs["timeout"]
     return run_worker(env, request, worker=WORKER, **kwargs)
 
 
