@@ -51,7 +51,7 @@ def model_rows(generations: tuple[str, ...]) -> list[dict]:
         "attention_model": "gpt_oss_20b",
         "dtype": "bfloat16",
     }
-    events, status, stderr = run_in_worker(tpu_env(), request)
+    events, status, stderr = run_in_worker(tpu_env(), request, timeout=3600)
     refused = refusal(events)
     if refused is not None:
         raise SystemExit(f"the TPU model worker refused a kernel: {refused}")
@@ -65,7 +65,7 @@ def model_rows(generations: tuple[str, ...]) -> list[dict]:
 def quant_rows(generations: tuple[str, ...]) -> list[dict]:
     request = {"mode": "quant_model", "ragged_dot": folder_package(ROOT / "kernels/pallas/ragged_dot").request(),
                "generations": list(generations), "moe_models": ["qwen3_30b_a3b", "gemma4_26b_a4b"]}
-    events, status, stderr = run_in_worker(tpu_env(), request)
+    events, status, stderr = run_in_worker(tpu_env(), request, timeout=3600)
     refused = refusal(events)
     if refused is not None:
         raise SystemExit(f"the TPU model worker refused a kernel: {refused}")
