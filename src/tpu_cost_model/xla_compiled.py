@@ -129,13 +129,150 @@ def _only_bitcasts(module: Module, name: str) -> bool:
                                     for i in comp.instructions)
 
 
-def _trip_count(inst: Instruction) -> int | None:
+def _trip_count(module: Module, inst: Instruction, shapes: dict[str, Instruction]) -> int | None:
+    """The loop's trip count: stated in its backend_config, or read from its bounds (a counter in the loop's tuple
+    that starts at a constant, grows by a constant in the body, and is compared with a constant)."""
     raw = inst.attrs.get("backend_config", "")
     try:
-        n = json.loads(raw).get("known_trip_count", {}).get("n")
+        n = json.loads(raw).get("known_trip_count", {}).get("n") if raw else None
     except (ValueError, AttributeError):
+        n = None
+    return int(n) if n is not None else _bounded_trip_count(module, inst, shapes)
+
+
+def _literal(comp_shapes: dict[str, Instruction], name: str) -> int | None:
+    """The integer a scalar constant holds, seen through copies and bitcasts; None otherwise."""
+    inst = comp_shapes.get(name)
+    while inst is not None and inst.opcode in ("copy", "bitcast") and inst.operands:
+        inst = comp_shapes.get(inst.operands[0])
+    if inst is None or inst.opcode != "constant":
         return None
-    return int(n) if n is not None else None
+    try:
+        return int(inst.attrs.get("literal", ""))
+    except ValueError:
+        return None
+
+
+def _counter(comp_shapes: dict[str, Instruction], name: str) -> int | None:
+    """The tuple index of the loop state that `name` reads (a get-tuple-element of the parameter)."""
+    inst = comp_shapes.get(name)
+    if inst is None or inst.opcode != "get-tuple-element":
+        return None
+    src = comp_shapes.get(inst.operands[0]) if inst.operands else None
+    if src is None or src.opcode != "parameter":
+        return None
+    return int(inst.attrs.get("index", "-1"))
+
+
+def _bounded_trip_count(module: Module, inst: Instruction, shapes: dict[str, Instruction]) -> int | None:
+    names = inst.called()
+    cond_name, body_name = inst.attrs.get("condition", "").lstrip("%"), inst.attrs.get("body", "").lstrip("%")
+    cond, body = module.computations.get(cond_name), module.computations.get(body_name)
+    if cond is None or body is None or not names or not inst.operands:
+        return None
+    cshapes = {i.name: i for i in cond.instructions}
+    root = next((i for i in cond.instructions if i.root), None)
+    if root is None or root.opcode != "compare" or len(root.operands) != 2:
+        return None
+    direction = root.attrs.get("direction", "")
+    a, b = root.operands
+    k, limit = _counter(cshapes, a), _literal(cshapes, b)
+    if k is None:  # the constant first: flip the comparison
+        k, limit = _counter(cshapes, b), _literal(cshapes, a)
+        direction = {"GT": "LT", "GE": "LE", "LT": "GT", "LE": "GE"}.get(direction, "")
+    init_tuple = shapes.get(inst.operands[0])
+    if k is None or limit is None or init_tuple is None or init_tuple.opcode != "tuple" or k >= len(
+            init_tuple.operands):
+        return None
+    start = _literal(shapes, init_tuple.operands[k])
+    bshapes = {i.name: i for i in body.instructions}
+    broot = next((i for i in body.instructions if i.root), None)
+    if start is None or broot is None or broot.opcode != "tuple" or k >= len(broot.operands):
+        return None
+    step_inst = bshapes.get(broot.operands[k])
+    if step_inst is None or step_inst.opcode != "add" or len(step_inst.operands) != 2:
+        return None
+    x, y = step_inst.operands
+    step = _literal(bshapes, y) if _counter(bshapes, x) == k else _literal(bshapes, x) if _counter(
+        bshapes, y) == k else None
+    if not step or step < 0:
+        return None
+    if direction == "LT":
+        return max(0, -(-(limit - start) // step))
+    if direction == "LE":
+        return max(0, (limit - start) // step + 1)
+    return None
+
+
+def _through_bitcasts(comp_shapes: dict[str, Instruction], name: str) -> Instruction | None:
+    inst = comp_shapes.get(name)
+    while inst is not None and inst.opcode == "bitcast" and inst.operands:
+        inst = comp_shapes.get(inst.operands[0])
+    return inst
+
+
+def _in_place_update(comp_shapes: dict[str, Instruction], inst: Instruction) -> Instruction | None:
+    """The fusion parameter a dynamic-update-slice or scatter writes into, where it is one the fusion's output
+    can share (same bytes): XLA updates that buffer in place, moving only the update."""
+    if inst.opcode not in ("dynamic-update-slice", "scatter") or not inst.operands:
+        return None
+    buf = _through_bitcasts(comp_shapes, inst.operands[0])
+    if buf is None or buf.opcode != "parameter" or not buf.arrays or not inst.arrays:
+        return None
+    return buf if buf.arrays[0].nbytes == inst.arrays[0].nbytes else None
+
+
+def _update_bytes(comp_shapes: dict[str, Instruction], inst: Instruction) -> int:
+    """The bytes an in-place dynamic-update-slice (its update) or scatter (its updates) writes."""
+    upd = inst.operands[1] if inst.opcode == "dynamic-update-slice" else inst.operands[-1]
+    found = comp_shapes.get(upd)
+    return sum(a.nbytes for a in found.arrays) if found else 0
+
+
+def fusion_bytes(module: Module, inst: Instruction, shapes: dict[str, Instruction]) -> tuple[int, bool]:
+    """(HBM bytes a fusion moves, whether it updates a buffer in place). A parameter read only through dynamic
+    slices or gathers moves what they take; a buffer the fusion's root updates in place (a dynamic-update-slice or
+    scatter into a parameter of the output's size: XLA shares the two buffers) is neither read nor rewritten whole,
+    only the update is written. Everything else: the operands in and the output out."""
+    body = module.computations.get(inst.called()[0]) if inst.called() else None
+    whole = sum(_hbm_bytes(shapes[o]) for o in inst.operands if o in shapes) + _hbm_bytes(inst)
+    if body is None:
+        return whole, False
+    bshapes = {i.name: i for i in body.instructions}
+    users: dict[str, list[tuple[Instruction, int]]] = {}
+    for i in body.instructions:
+        for pos, o in enumerate(i.operands):
+            users.setdefault(o, []).append((i, pos))
+
+    def ends(name: str) -> list[tuple[Instruction, int]]:
+        out = []
+        for u, pos in users.get(name, []):
+            out += ends(u.name) if u.opcode == "bitcast" else [(u, pos)]
+        return out
+
+    root = next((i for i in body.instructions if i.root), None)
+    roots = [_through_bitcasts(bshapes, o) for o in root.operands] if root and root.opcode == "tuple" else [
+        _through_bitcasts(bshapes, root.name) if root else None]
+    in_place = {r.name: buf.name for r in roots if r is not None and (buf := _in_place_update(bshapes, r))}
+    params = {int(i.attrs.get("literal", "-1")): i for i in body.instructions if i.opcode == "parameter"}
+    moved = 0
+    for n, operand in enumerate(inst.operands):
+        outer = _hbm_bytes(shapes[operand]) if operand in shapes else 0
+        param = params.get(n)
+        uses = ends(param.name) if param is not None else []
+        sliced = uses and all(pos == 0 and (u.opcode in ("dynamic-slice", "gather") or in_place.get(u.name) ==
+                                            param.name) for u, pos in uses)
+        if not sliced or outer == 0:
+            moved += outer
+            continue
+        moved += sum(sum(a.nbytes for a in u.arrays) for u, _ in uses if u.opcode in ("dynamic-slice", "gather"))
+    outs = list(inst.arrays)
+    for k, r in enumerate(roots):
+        if r is not None and r.name in in_place and k < len(outs) and outs[k].memory_space != VMEM:
+            moved += _update_bytes(bshapes, r)
+            outs[k] = None
+    moved += sum(a.nbytes for a in outs if a is not None and a.memory_space != VMEM)
+    return moved, bool(in_place)
 
 
 def charge_module(module: Module) -> CompiledCost:
@@ -172,7 +309,7 @@ def _charge(module: Module, comp_name: str, times: int, cost: CompiledCost) -> N
                 _charge(module, name, times, cost)
             continue
         if op == "while":
-            n = _trip_count(inst)
+            n = _trip_count(module, inst, shapes)
             if n is None:
                 raise NotReadable(f"while loop {inst.name} without a known trip count")
             for name in inst.called():
@@ -196,10 +333,28 @@ def _charge(module: Module, comp_name: str, times: int, cost: CompiledCost) -> N
         if op in ("dot", "convolution") and (found := _dot_flops(inst, shapes)):
             dots = {found[0]: found[1]}
         kind = inst.attrs.get("kind", "")
+        moved, in_place = fusion_bytes(module, inst, shapes) if op == "fusion" else (
+            operand_bytes + _hbm_bytes(inst), False)
+        kind += " in-place" if in_place else ""
         tiny = all(a.nbytes <= _TILE_BYTES for a in inst.arrays) and all(
             a.nbytes <= _TILE_BYTES for o in inst.operands if o in shapes for a in shapes[o].arrays)
-        cost.ops += [XlaOp(f"{label}{' ' + kind if kind else ''}", operand_bytes + _hbm_bytes(inst), dots,
+        cost.ops += [XlaOp(f"{label}{' ' + kind.strip() if kind.strip() else ''}", moved, dots,
                            fixed=not tiny)] * times
+
+
+def compile_with_text(lowered: Any) -> tuple[Any, str]:
+    """(the compiled executable, libtpu's optimized HLO text). The text comes from the compiler's own dump: the
+    executable's as_text() reads the module back through jaxlib's HLO proto reader, which refuses some programs
+    libtpu writes (an async collective's update with several operands)."""
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory(prefix="hlo-") as folder:
+        compiled = lowered.compile({"xla_dump_to": folder, "xla_dump_hlo_as_text": True})
+        found = sorted(Path(folder).glob("*.after_optimizations.txt"))
+        if not found:
+            return compiled, compiled.as_text()
+        return compiled, found[-1].read_text()
 
 
 def compile_text(fn: Callable[..., Any], args: tuple[Any, ...], generation: str, donate: tuple[int, ...] = ()) -> str:
@@ -213,7 +368,7 @@ def compile_text(fn: Callable[..., Any], args: tuple[Any, ...], generation: str,
     sds = jax.ShapeDtypeStruct
     abstract = tuple(a if isinstance(a, sds) else sds(np.shape(a), np.asarray(a).dtype) for a in args)
     with tpu_target(generation) as device, tpu_dispatch(generation):
-        return jax.jit(fn, donate_argnums=donate).lower(*on_device(abstract, device)).compile().as_text()
+        return compile_with_text(jax.jit(fn, donate_argnums=donate).lower(*on_device(abstract, device)))[1]
 
 
 def compiled_cost(fn: Callable[..., Any], args: tuple[Any, ...], generation: str,
