@@ -154,8 +154,10 @@ def _literal(comp_shapes: dict[str, Instruction], name: str) -> int | None:
 
 
 def _counter(comp_shapes: dict[str, Instruction], name: str) -> int | None:
-    """The tuple index of the loop state that `name` reads (a get-tuple-element of the parameter)."""
+    """The tuple index of the loop state that `name` reads (a get-tuple-element of the parameter, copied or not)."""
     inst = comp_shapes.get(name)
+    while inst is not None and inst.opcode in ("copy", "bitcast") and inst.operands:
+        inst = comp_shapes.get(inst.operands[0])
     if inst is None or inst.opcode != "get-tuple-element":
         return None
     src = comp_shapes.get(inst.operands[0]) if inst.operands else None
@@ -170,30 +172,38 @@ def _bounded_trip_count(module: Module, inst: Instruction, shapes: dict[str, Ins
     cond, body = module.computations.get(cond_name), module.computations.get(body_name)
     if cond is None or body is None or not names or not inst.operands:
         return None
-    cshapes = {i.name: i for i in cond.instructions}
-    root = next((i for i in cond.instructions if i.root), None)
+    cshapes, bshapes = {i.name: i for i in cond.instructions}, {i.name: i for i in body.instructions}
+    root, broot = (next((i for i in c.instructions if i.root), None) for c in (cond, body))
+    init_tuple = shapes.get(inst.operands[0])
+    if init_tuple is None or init_tuple.opcode != "tuple" or broot is None or broot.opcode != "tuple":
+        return None
+
+    def value(comp_shapes: dict[str, Instruction], name: str) -> int | None:
+        """A constant, or a loop-invariant element of the loop state (the body passes it on) that starts as one."""
+        found = _literal(comp_shapes, name)
+        j = _counter(comp_shapes, name)
+        if found is not None or j is None or j >= len(init_tuple.operands) or j >= len(broot.operands):
+            return found
+        return _literal(shapes, init_tuple.operands[j]) if _counter(bshapes, broot.operands[j]) == j else None
+
     if root is None or root.opcode != "compare" or len(root.operands) != 2:
         return None
     direction = root.attrs.get("direction", "")
     a, b = root.operands
-    k, limit = _counter(cshapes, a), _literal(cshapes, b)
-    if k is None:  # the constant first: flip the comparison
-        k, limit = _counter(cshapes, b), _literal(cshapes, a)
+    k, limit = _counter(cshapes, a), value(cshapes, b)
+    if limit is None:  # the bound first: flip the comparison
+        k, limit = _counter(cshapes, b), value(cshapes, a)
         direction = {"GT": "LT", "GE": "LE", "LT": "GT", "LE": "GE"}.get(direction, "")
-    init_tuple = shapes.get(inst.operands[0])
-    if k is None or limit is None or init_tuple is None or init_tuple.opcode != "tuple" or k >= len(
-            init_tuple.operands):
+    if k is None or limit is None or k >= len(init_tuple.operands) or k >= len(broot.operands):
         return None
     start = _literal(shapes, init_tuple.operands[k])
-    bshapes = {i.name: i for i in body.instructions}
-    broot = next((i for i in body.instructions if i.root), None)
-    if start is None or broot is None or broot.opcode != "tuple" or k >= len(broot.operands):
+    if start is None:
         return None
     step_inst = bshapes.get(broot.operands[k])
     if step_inst is None or step_inst.opcode != "add" or len(step_inst.operands) != 2:
         return None
     x, y = step_inst.operands
-    step = _literal(bshapes, y) if _counter(bshapes, x) == k else _literal(bshapes, x) if _counter(
+    step = value(bshapes, y) if _counter(bshapes, x) == k else value(bshapes, x) if _counter(
         bshapes, y) == k else None
     if not step or step < 0:
         return None
@@ -229,11 +239,25 @@ def _update_bytes(comp_shapes: dict[str, Instruction], inst: Instruction) -> int
     return sum(a.nbytes for a in found.arrays) if found else 0
 
 
+def aliased_operands(inst: Instruction) -> set[int] | None:
+    """The operands libtpu writes the instruction's output into (its backend_config's aliasing_operands: pairs of
+    an operand's number and an output's, numbered after the operands); None where the program does not say."""
+    raw = inst.attrs.get("backend_config", "")
+    try:
+        lists = json.loads(raw).get("aliasing_operands", {}).get("lists") if raw.startswith("{") else None
+    except (ValueError, AttributeError):
+        return None
+    if lists is None:
+        return None
+    return {int(pair["indices"][0]) for pair in lists if len(pair.get("indices", [])) == 2}
+
+
 def fusion_bytes(module: Module, inst: Instruction, shapes: dict[str, Instruction]) -> tuple[int, bool]:
     """(HBM bytes a fusion moves, whether it updates a buffer in place). A parameter read only through dynamic
     slices or gathers moves what they take; a buffer the fusion's root updates in place (a dynamic-update-slice or
-    scatter into a parameter of the output's size: XLA shares the two buffers) is neither read nor rewritten whole,
-    only the update is written. Everything else: the operands in and the output out."""
+    scatter into a parameter of the output's size, which libtpu marks as aliased to the output where it marks any)
+    is neither read nor rewritten whole, only the update is written. Everything else: the operands in and the
+    output out."""
     body = module.computations.get(inst.called()[0]) if inst.called() else None
     whole = sum(_hbm_bytes(shapes[o]) for o in inst.operands if o in shapes) + _hbm_bytes(inst)
     if body is None:
@@ -253,8 +277,11 @@ def fusion_bytes(module: Module, inst: Instruction, shapes: dict[str, Instructio
     root = next((i for i in body.instructions if i.root), None)
     roots = [_through_bitcasts(bshapes, o) for o in root.operands] if root and root.opcode == "tuple" else [
         _through_bitcasts(bshapes, root.name) if root else None]
-    in_place = {r.name: buf.name for r in roots if r is not None and (buf := _in_place_update(bshapes, r))}
     params = {int(i.attrs.get("literal", "-1")): i for i in body.instructions if i.opcode == "parameter"}
+    marked = aliased_operands(inst)
+    shared = None if marked is None else {params[n].name for n in marked if n in params}
+    in_place = {r.name: buf.name for r in roots if r is not None and (buf := _in_place_update(bshapes, r))
+                and (shared is None or buf.name in shared)}
     moved = 0
     for n, operand in enumerate(inst.operands):
         outer = _hbm_bytes(shapes[operand]) if operand in shapes else 0
@@ -321,13 +348,14 @@ def _charge(module: Module, comp_name: str, times: int, cost: CompiledCost) -> N
             dest = inst.arrays[0]
             moved = operand_bytes + (dest.nbytes if dest.memory_space != VMEM else 0)
             prefetch = "cross_program_prefetch_index" in inst.attrs
-            cost.ops.append(XlaOp(f"copy-start {inst.name}", moved, fixed=False, free=_PREFETCH if prefetch else None))
+            cost.ops += [XlaOp(f"copy-start {inst.name}", moved, fixed=False,
+                               free=_PREFETCH if prefetch else None)] * times
             continue
         if op == "copy" and all(a.memory_space in _SCALAR_SPACES for a in inst.arrays):
-            cost.ops.append(XlaOp(label, sum(a.nbytes for a in inst.arrays), free="a copy into scalar memory"))
+            cost.ops += [XlaOp(label, sum(a.nbytes for a in inst.arrays), free="a copy into scalar memory")] * times
             continue
         if op == "fusion" and _only_bitcasts(module, inst.called()[0] if inst.called() else ""):
-            cost.ops.append(XlaOp(label, _hbm_bytes(inst), free="a fusion of bitcasts only"))
+            cost.ops += [XlaOp(label, _hbm_bytes(inst), free="a fusion of bitcasts only")] * times
             continue
         dots = _body_dots(module, inst.called()) if op == "fusion" else {}
         if op in ("dot", "convolution") and (found := _dot_flops(inst, shapes)):
