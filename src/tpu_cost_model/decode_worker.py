@@ -192,10 +192,20 @@ def modeled(m: dm.DecodeModel, kern: Kernels, rd: ModuleType, batch: int, cache:
         out |= {"modeled_s": out["modeled_s"] + shift[None], "xla_s": at(None),
                 "xla_ops": sum(o.fixed for o in ops), "xla_scalar_ops": sum(not o.fixed for o in ops),
                 "band_s": [lo_hi[0] + shift["fast"], lo_hi[1] + shift["slow"]], "xla_rule": "compiled",
-                "xla_in_place_ops": sum(" in-place" in o.name for o in ops),
+                "xla_in_place_ops": sum(" in-place" in o.name for o in ops), "xla_top": top_ops(ops, c),
                 "modeled_hbm_bytes": out["modeled_hbm_bytes"] - scaled(lambda s: s.outside_bytes)
                 + sum(o.bytes for o in ops)}
     return out
+
+
+def top_ops(ops: list, c: object, n: int = 8) -> list:
+    """The compiled glue's costliest ops: [name, times it runs, modeled seconds in all, HBM bytes each]."""
+    by: dict[str, list] = {}
+    for o in ops:
+        entry = by.setdefault(o.name, [o.name, 0, 0.0, o.bytes])
+        entry[1] += 1
+        entry[2] += o.seconds(c)
+    return sorted(by.values(), key=lambda e: -e[2])[:n]
 
 
 def floor(m: dm.DecodeModel, batch: int, cache: int, generation: str, n: int) -> JsonDict:
