@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .hlo_program import NUMPY_NAMES, VMEM, Instruction, Module, parse_module
+from .hlo_program import NUMPY_NAMES, VMEM, Computation, Instruction, Module, parse_module
 from .schedule import ScheduleCost
 from .xla_ops import XlaOp
 
@@ -252,28 +252,54 @@ def aliased_operands(inst: Instruction) -> set[int] | None:
     return {int(pair["indices"][0]) for pair in lists if len(pair.get("indices", [])) == 2}
 
 
+def _users(comp: Computation) -> dict[str, list[tuple[Instruction, int]]]:
+    users: dict[str, list[tuple[Instruction, int]]] = {}
+    for i in comp.instructions:
+        for pos, o in enumerate(i.operands):
+            users.setdefault(o, []).append((i, pos))
+    return users
+
+
+def _ends(users: dict[str, list[tuple[Instruction, int]]], name: str) -> list[tuple[Instruction, int]]:
+    """Where a value is used, seen through bitcasts: (user, operand position)."""
+    out = []
+    for u, pos in users.get(name, []):
+        out += _ends(users, u.name) if u.opcode == "bitcast" else [(u, pos)]
+    return out
+
+
+def _param_read(module: Module, comp: Computation, n: int, whole: int, in_place: dict[str, str] | None = None,
+                depth: int = 0) -> int:
+    """The bytes of parameter `n` (of `whole` bytes) that `comp` reads: what the dynamic slices and gathers it feeds
+    take (in nested fusions too), nothing where it is the buffer updated in place, else the whole."""
+    param = next((i for i in comp.instructions if i.opcode == "parameter" and i.attrs.get("literal") == str(n)), None)
+    uses = _ends(_users(comp), param.name) if param is not None else []
+    if not uses or depth > 8:
+        return whole
+    total = 0
+    for u, pos in uses:
+        if pos == 0 and u.opcode in ("dynamic-slice", "gather"):
+            total += sum(a.nbytes for a in u.arrays)
+        elif pos == 0 and in_place and in_place.get(u.name) == param.name:
+            continue
+        elif u.opcode == "fusion" and u.called() and u.called()[0] in module.computations:
+            total += _param_read(module, module.computations[u.called()[0]], pos, whole, None, depth + 1)
+        else:
+            return whole
+    return min(total, whole)
+
+
 def fusion_bytes(module: Module, inst: Instruction, shapes: dict[str, Instruction]) -> tuple[int, bool]:
     """(HBM bytes a fusion moves, whether it updates a buffer in place). A parameter read only through dynamic
-    slices or gathers moves what they take; a buffer the fusion's root updates in place (a dynamic-update-slice or
-    scatter into a parameter of the output's size, which libtpu marks as aliased to the output where it marks any)
-    is neither read nor rewritten whole, only the update is written. Everything else: the operands in and the
-    output out."""
+    slices or gathers (in the fusion or a fusion nested in it) moves what they take; a buffer the fusion's root
+    updates in place (a dynamic-update-slice or scatter into a parameter of the output's size, which libtpu marks
+    as aliased to the output where it marks any) is neither read nor rewritten whole, only the update is written.
+    Everything else: the operands in and the output out."""
     body = module.computations.get(inst.called()[0]) if inst.called() else None
     whole = sum(_hbm_bytes(shapes[o]) for o in inst.operands if o in shapes) + _hbm_bytes(inst)
     if body is None:
         return whole, False
     bshapes = {i.name: i for i in body.instructions}
-    users: dict[str, list[tuple[Instruction, int]]] = {}
-    for i in body.instructions:
-        for pos, o in enumerate(i.operands):
-            users.setdefault(o, []).append((i, pos))
-
-    def ends(name: str) -> list[tuple[Instruction, int]]:
-        out = []
-        for u, pos in users.get(name, []):
-            out += ends(u.name) if u.opcode == "bitcast" else [(u, pos)]
-        return out
-
     root = next((i for i in body.instructions if i.root), None)
     roots = [_through_bitcasts(bshapes, o) for o in root.operands] if root and root.opcode == "tuple" else [
         _through_bitcasts(bshapes, root.name) if root else None]
@@ -285,14 +311,7 @@ def fusion_bytes(module: Module, inst: Instruction, shapes: dict[str, Instructio
     moved = 0
     for n, operand in enumerate(inst.operands):
         outer = _hbm_bytes(shapes[operand]) if operand in shapes else 0
-        param = params.get(n)
-        uses = ends(param.name) if param is not None else []
-        sliced = uses and all(pos == 0 and (u.opcode in ("dynamic-slice", "gather") or in_place.get(u.name) ==
-                                            param.name) for u, pos in uses)
-        if not sliced or outer == 0:
-            moved += outer
-            continue
-        moved += sum(sum(a.nbytes for a in u.arrays) for u, _ in uses if u.opcode in ("dynamic-slice", "gather"))
+        moved += _param_read(module, body, n, outer, in_place) if outer else 0
     outs = list(inst.arrays)
     for k, r in enumerate(roots):
         if r is not None and r.name in in_place and k < len(outs) and outs[k].memory_space != VMEM:
