@@ -1,6 +1,7 @@
 """The compiled-program rule on a scanned program libtpu compiled (tests/tpu/fixtures/scan_v6e.hlo.txt, written by
 fixtures/make_scan_fixture.py): the layers' while loop charged body x trip count (read from the loop's bounds), the
-cache write that updates the donated cache in place charged by the rows it writes, the layer's read by its slice."""
+cache write that updates the donated cache in place charged by the rows it writes, the layer's read by its slice,
+an XLA dot on the scan's stacked weights by its layer's weights."""
 
 from __future__ import annotations
 
@@ -66,6 +67,10 @@ def _check_in_place(text: str, meta: dict) -> None:
     # a layer's read through a dynamic slice moves that layer, not the whole cache
     reads = [i for i in body.instructions if i.opcode == "fusion" and write.name in i.operands]
     assert reads and all(ops[i.name].bytes <= cache_bytes // meta["layers"] + 4096 for i in reads)
+    # the XLA dot on the scan's stacked weights reads its layer's weights (a slice in a nested fusion), not all
+    layer_weights = 4 * meta["lanes"] * meta["lanes"]
+    (dot,) = [op for op in ops.values() if op.dots]
+    assert layer_weights <= dot.bytes <= layer_weights + 2 * 4 * meta["rows"] * meta["lanes"] + 4096
 
 
 def test_the_loop_is_charged_once_per_layer():
