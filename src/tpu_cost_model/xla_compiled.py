@@ -7,7 +7,9 @@ the optimized HLO module (hlo_program.py) is charged instead, instruction by ins
   * a fusion, a copy, an unfused dot or elementwise op: one XLA op (xla_ops.XlaOp, the same rule and the same
     fitted constants): its HBM bytes in and out (arrays libtpu placed in VMEM, ``S(1)``, move no HBM bytes) and
     its MXU FLOPs (every dot or convolution in its body), plus the fixed cost per op (not for an op on arrays of
-    one (8, 128) tile at most: scalar-size bookkeeping);
+    one (8, 128) tile at most: scalar-size bookkeeping); a fusion that updates one of its operands in place (a
+    dynamic-update-slice or scatter root into a buffer libtpu aliases to its output) moves only the update, and an
+    operand read only through dynamic slices or gathers (nested fusions included) moves only what they take;
   * a copy into scalar memory, a cross-program prefetch (its DMA runs before the program starts): nothing;
   * an async copy (copy-start): its HBM bytes, no fixed cost (a DMA the program starts and runs beside the work);
   * a bitcast, a constant, a parameter, a tuple and the wait of an async op: nothing (shown with why);
@@ -15,8 +17,10 @@ the optimized HLO module (hlo_program.py) is charged instead, instruction by ins
     stands for it (the kernels are matched by count and order);
   * a collective: its bytes over the ICI.
 
-Refused, with the reason, where the program's cost cannot be read from it: a while loop without a known trip
-count, a conditional (which branch runs is data). The caller then keeps the jaxpr rule and says why.
+A while loop is charged its body times its trip count (stated in its backend_config, or read from its bounds: a
+counter from a constant, by a constant step, against a constant). Refused, with the reason, where the program's cost
+cannot be read from it: a while loop whose trip count is neither, a conditional (which branch runs is data). The
+caller then keeps the jaxpr rule and says why.
 """
 
 from __future__ import annotations
