@@ -115,9 +115,10 @@ def markdown(found: list[dict]) -> str:
     """The docs page's table: ms per step per path beside HF's, our ratio against the default, the floor."""
     ms = lambda s: f"{s * 1e3:.1f}"
     by = {(r["model"], r["batch"], r["chip"], r.get("cache"), r["path"]): r for r in found}
-    lines = ["| model | batch | cache | chip | path | modeled ms (band) | kernels + collectives ms | floor ms | "
-             "x floor | compiled | HBM per chip GiB | default / this (modeled) | HF ms (default / hub) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | batch | cache | chip | path | modeled ms (band) | XLA glue charged | jaxpr rule ms | "
+             "kernels + collectives ms | floor ms | x floor (band) | compiled | HBM per chip GiB | "
+             "default / this (modeled) | HF ms (default / hub) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in found:
         if r.get("modeled_s") is None:
             continue
@@ -127,9 +128,12 @@ def markdown(found: list[dict]) -> str:
             f"{default['modeled_s'] / r['modeled_s']:.1f}x"
         core = "" if "kernels_s" not in r else ms(r["kernels_s"] + r["collectives_s"])
         mem = r.get("hbm_per_chip_bytes")
+        rule = "compiled" if r.get("xla_rule") == "compiled" else "jaxpr"
+        jaxpr = ms(r["modeled_jaxpr_s"]) if r.get("modeled_jaxpr_s") is not None else ms(r["modeled_s"])
+        x = lambda s, f=r['hbm_floor_s']: f"{s / f:.1f}"
         lines.append(f"| {r['model']} | {r['batch']} | {r.get('cache', '')} | {r['chip']} | {r['path']} | "
-                     f"{ms(r['modeled_s'])} ({ms(r['band_s'][0])}-{ms(r['band_s'][1])}) | {core} | "
-                     f"{ms(r['hbm_floor_s'])} | {r['modeled_s'] / r['hbm_floor_s']:.1f} | "
+                     f"{ms(r['modeled_s'])} ({ms(r['band_s'][0])}-{ms(r['band_s'][1])}) | {rule} | {jaxpr} | {core} | "
+                     f"{ms(r['hbm_floor_s'])} | {x(r['modeled_s'])} ({x(r['band_s'][0])}-{x(r['band_s'][1])}) | "
                      f"{'yes' if r['compiled'] else 'no'} | {'-' if mem is None else f'{mem / 2**30:.2f}'} | "
                      f"{ratio} | {'' if hf is None else f'{ms(hf[0])} / {ms(hf[1])}'} |")
     return "\n".join(lines)

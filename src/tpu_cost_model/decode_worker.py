@@ -28,10 +28,13 @@ from kernel_hub.tpu.worker_common import first_meaningful_line, load_package, re
 
 from . import decode_models as dm
 from .decode_step import AXIS, Kernels, abstract_inputs, decode_step, hub_kernels, transformers_kernels
+from .hlo_program import HloParseError, parse_module
 from .ici import collective_seconds, interconnect
 from .mesh_worker import slice_target
+from .rates import rates
 from .schedule import ScheduleCost, kernel_cost
 from .workload import topk_routing
+from .xla_compiled import CompiledCost, NotReadable, charge_module, compile_with_text
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -73,12 +76,13 @@ def compile_step(m: dm.DecodeModel, kern: Kernels, batch: int, cache: int, devic
     fn = lambda p, c, t, k, pg: decode_step(p, c, t, k, pg, model=m, kernels=kern, mesh=mesh)
     start = time.perf_counter()
     try:
-        compiled = jax.jit(fn, donate_argnums=(1,)).lower(params, caches, tokens, kv, pages).compile()
+        compiled, text = compile_with_text(jax.jit(fn, donate_argnums=(1,)).lower(params, caches, tokens, kv, pages))
     except Exception as exc:  # the compiler's refusal is the result
         return {"compiled": False, "error": first_meaningful_line(str(exc) or type(exc).__name__),
                 "compile_seconds": time.perf_counter() - start}
     mem = compiled.memory_analysis()
-    out = {"compiled": True, "error": None, "compile_seconds": time.perf_counter() - start}
+    out = {"compiled": True, "error": None, "compile_seconds": time.perf_counter() - start,
+           "_program": program_cost(text)}
     if mem is not None:
         arg, tmp, outb = (int(mem.argument_size_in_bytes), int(mem.temp_size_in_bytes),
                           int(mem.output_size_in_bytes))
@@ -86,6 +90,14 @@ def compile_step(m: dm.DecodeModel, kern: Kernels, batch: int, cache: int, devic
         out |= {"argument_bytes": arg, "temp_bytes": tmp, "output_bytes": outb, "alias_bytes": alias,
                 "hbm_per_chip_bytes": arg + tmp + outb - alias}
     return out
+
+
+def program_cost(text: str) -> CompiledCost | str:
+    """The compiled step's ops outside the kernels, charged as libtpu compiled them, or why they cannot be."""
+    try:
+        return charge_module(parse_module(text))
+    except (NotReadable, HloParseError) as exc:
+        return str(exc)
 
 
 def walk(m: dm.DecodeModel, kern: Kernels, batch: int, cache: int, devices: list, generation: str
@@ -137,9 +149,11 @@ def collective_s(items: list, generation: str) -> float:
 
 
 def modeled(m: dm.DecodeModel, kern: Kernels, rd: ModuleType, batch: int, cache: int, devices: list,
-            generation: str, vllm: bool = False) -> JsonDict:
+            generation: str, vllm: bool = False, program: CompiledCost | str | None = None) -> JsonDict:
     """The step's modeled seconds on `generation`, its band, and the split into kernels, XLA ops and collectives:
-    step = ends + groups x (one group with the ends - the ends), plus the collectives."""
+    step = ends + groups x (one group with the ends - the ends), plus the collectives. The XLA ops outside the
+    kernels: as the compiled step keeps them (`program`, its kernels matched to the walk's by count) where given,
+    else by the jaxpr rule; both are in the row (xla_s and xla_jaxpr_s, xla_rule says which one counts)."""
     first, ends = walk(m, kern, batch, cache, devices, generation)
     first.ici_bytes = ends.ici_bytes = 0  # the collectives are charged below, latency included
     c = chip(generation)
@@ -157,11 +171,41 @@ def modeled(m: dm.DecodeModel, kern: Kernels, rd: ModuleType, batch: int, cache:
                                   + ours_in(ends, c, level))
         lo_hi = [lo_hi[0] + swap("fast"), lo_hi[1] + swap("slow")]
     delta = swap(None) if vllm else 0.0
-    return {"modeled_s": scaled(lambda s: s.seconds(c)) + coll + delta, "band_s": lo_hi,
-            "kernels_s": scaled(lambda s: sum(k.seconds(c) for k in s.calls)) + delta,
-            "xla_s": scaled(lambda s: sum(o.seconds(c) for o in s.xla)), "collectives_s": coll,
-            "kernel_calls": scaled(lambda s: len(s.calls)), "xla_ops": scaled(lambda s: len(s.outside_ops)),
-            "modeled_hbm_bytes": scaled(lambda s: s.hbm_bytes)}
+    jaxpr_xla = lambda level: scaled(lambda s: sum(o.seconds(c, rates(generation, level) if level else None)
+                                                   for o in s.xla))
+    out = {"modeled_s": scaled(lambda s: s.seconds(c)) + coll + delta, "band_s": lo_hi,
+           "kernels_s": scaled(lambda s: sum(k.seconds(c) for k in s.calls)) + delta,
+           "xla_s": jaxpr_xla(None), "collectives_s": coll,
+           "kernel_calls": scaled(lambda s: len(s.calls)), "xla_ops": scaled(lambda s: len(s.outside_ops)),
+           "modeled_hbm_bytes": scaled(lambda s: s.hbm_bytes)}
+    out |= {"xla_jaxpr_s": out["xla_s"], "xla_ops_jaxpr": out["xla_ops"], "modeled_jaxpr_s": out["modeled_s"],
+            "band_jaxpr_s": list(lo_hi), "xla_rule": "jaxpr (the step was not compiled)"}
+    if isinstance(program, str):
+        out["xla_rule"] = f"jaxpr (compiled program not readable: {program})"
+    elif program is not None and len(program.kernels) != out["kernel_calls"]:
+        out["xla_rule"] = (f"jaxpr (the compiled step calls {len(program.kernels)} kernels, the walk "
+                           f"{out['kernel_calls']}: they cannot be matched)")
+    elif program is not None:
+        ops = program.charged
+        at = lambda level: sum(o.seconds(c, rates(generation, level) if level else None) for o in ops)
+        shift = {level: at(level) - jaxpr_xla(level) for level in (None, "fast", "slow")}
+        out |= {"modeled_s": out["modeled_s"] + shift[None], "xla_s": at(None),
+                "xla_ops": sum(o.fixed for o in ops), "xla_scalar_ops": sum(not o.fixed for o in ops),
+                "band_s": [lo_hi[0] + shift["fast"], lo_hi[1] + shift["slow"]], "xla_rule": "compiled",
+                "xla_in_place_ops": sum(" in-place" in o.name for o in ops), "xla_top": top_ops(ops, c),
+                "modeled_hbm_bytes": out["modeled_hbm_bytes"] - scaled(lambda s: s.outside_bytes)
+                + sum(o.bytes for o in ops)}
+    return out
+
+
+def top_ops(ops: list, c: object, n: int = 8) -> list:
+    """The compiled glue's costliest ops: [name, times it runs, modeled seconds in all, HBM bytes each]."""
+    by: dict[str, list] = {}
+    for o in ops:
+        entry = by.setdefault(o.name, [o.name, 0, 0.0, o.bytes])
+        entry[1] += 1
+        entry[2] += o.seconds(c)
+    return sorted(by.values(), key=lambda e: -e[2])[:n]
 
 
 def floor(m: dm.DecodeModel, batch: int, cache: int, generation: str, n: int) -> JsonDict:
@@ -192,6 +236,7 @@ def run_decode(request: JsonDict, emit: Emit) -> int:
     wanted = request.get("compile")
     wanted = None if wanted is None else {tuple(w) for w in wanted}
     for generation in request["generations"]:
+        programs: dict[tuple, CompiledCost | str] = {}
         with slice_target(generation) as devices:
             for name in request["models"]:
                 m = reduced(model_named(name), request.get("groups"))
@@ -205,16 +250,21 @@ def run_decode(request: JsonDict, emit: Emit) -> int:
                                              "mesh": interconnect(generation).slice8, "devices": len(devices),
                                              "path": path, "layers": m.layers, "compiled": False,
                                              **floor(m, batch, cache, generation, len(devices))}
-                            if not request.get("compile_only"):
-                                try:
-                                    row |= modeled(m, kern, rd, batch, cache, devices, generation,
-                                                   vllm=path == "vllm_tpu")
-                                except Exception as exc:  # the model's refusal (Unmodeled) is the result
-                                    row |= {"modeled_s": None, "model_error": first_meaningful_line(str(exc))}
                             key = (name, batch, cache, generation, path)
                             if path != "vllm_tpu" and not request.get("model_only") and (
                                     wanted is None or key in wanted):
                                 row |= compile_step(m, kern, batch, cache, devices)
+                            program = row.pop("_program", None)
+                            if path == "hub" and program is not None:
+                                programs[(name, batch, cache)] = program
+                            if path == "vllm_tpu":  # the hub step with two kernels swapped: the hub's glue
+                                program = programs.get((name, batch, cache))
+                            if not request.get("compile_only"):
+                                try:
+                                    row |= modeled(m, kern, rd, batch, cache, devices, generation,
+                                                   vllm=path == "vllm_tpu", program=program)
+                                except Exception as exc:  # the model's refusal (Unmodeled) is the result
+                                    row |= {"modeled_s": None, "model_error": first_meaningful_line(str(exc))}
                             emit({"event": "row", **row})
     return 0
 

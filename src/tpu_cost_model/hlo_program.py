@@ -10,6 +10,7 @@ jax needed, so a checked-in HLO text is parsed on any machine.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 #: Bits per element of each HLO primitive type.
@@ -21,6 +22,8 @@ _BITS = {"pred": 8, "s2": 2, "u2": 2, "s4": 4, "u4": 4, "s8": 8, "u8": 8, "s16":
 NUMPY_NAMES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32", "f64": "float64", "s8": "int8", "u8": "uint8",
                "s32": "int32", "f8e4m3fn": "float8_e4m3fn", "f8e5m2": "float8_e5m2", "s4": "int4"}
 VMEM = 1  # the memory space XLA's TPU backend marks S(1)
+#: The printer's position marks inside long lists (``/*index=5*/``): not part of the program.
+_COMMENT = re.compile(r"/\*.*?\*/")
 
 
 class HloParseError(ValueError):
@@ -197,6 +200,8 @@ def _instruction(line: str) -> Instruction:
         if token.startswith("%"):
             operands.append(token[1:])
     attrs: dict[str, str] = {}
+    if opcode in ("constant", "parameter"):  # the value or the parameter's number
+        attrs["literal"] = raw_operands.strip()
     while sc.peek() == ",":
         sc.expect(",")
         key = sc.name()
@@ -230,7 +235,7 @@ def parse_module(text: str) -> Module:
     module = Module(lines[0].split()[1].rstrip(","), {})
     current: Computation | None = None
     for number, line in enumerate(lines[1:], start=2):
-        stripped = line.strip()
+        stripped = _COMMENT.sub("", line).strip()
         if current is None:
             if stripped.endswith("{") and "->" in stripped and (stripped.startswith(("%", "ENTRY "))):
                 entry = stripped.startswith("ENTRY ")
@@ -238,7 +243,7 @@ def parse_module(text: str) -> Module:
                 name = header.split()[0].lstrip("%")
                 current = module.computations[name] = Computation(name, entry)
             continue
-        if stripped == "}":
+        if stripped == "}" or stripped.startswith("}, execution_thread="):  # the thread a computation runs on
             current = None
         elif stripped:
             try:

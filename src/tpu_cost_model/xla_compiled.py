@@ -7,7 +7,9 @@ the optimized HLO module (hlo_program.py) is charged instead, instruction by ins
   * a fusion, a copy, an unfused dot or elementwise op: one XLA op (xla_ops.XlaOp, the same rule and the same
     fitted constants): its HBM bytes in and out (arrays libtpu placed in VMEM, ``S(1)``, move no HBM bytes) and
     its MXU FLOPs (every dot or convolution in its body), plus the fixed cost per op (not for an op on arrays of
-    one (8, 128) tile at most: scalar-size bookkeeping);
+    one (8, 128) tile at most: scalar-size bookkeeping); a fusion that updates one of its operands in place (a
+    dynamic-update-slice or scatter root into a buffer libtpu aliases to its output) moves only the update, and an
+    operand read only through dynamic slices or gathers (nested fusions included) moves only what they take;
   * a copy into scalar memory, a cross-program prefetch (its DMA runs before the program starts): nothing;
   * an async copy (copy-start): its HBM bytes, no fixed cost (a DMA the program starts and runs beside the work);
   * a bitcast, a constant, a parameter, a tuple and the wait of an async op: nothing (shown with why);
@@ -15,8 +17,10 @@ the optimized HLO module (hlo_program.py) is charged instead, instruction by ins
     stands for it (the kernels are matched by count and order);
   * a collective: its bytes over the ICI.
 
-Refused, with the reason, where the program's cost cannot be read from it: a while loop without a known trip
-count, a conditional (which branch runs is data). The caller then keeps the jaxpr rule and says why.
+A while loop is charged its body times its trip count (stated in its backend_config, or read from its bounds: a
+counter from a constant, by a constant step, against a constant). Refused, with the reason, where the program's cost
+cannot be read from it: a while loop whose trip count is neither, a conditional (which branch runs is data). The
+caller then keeps the jaxpr rule and says why.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .hlo_program import NUMPY_NAMES, VMEM, Instruction, Module, parse_module
+from .hlo_program import NUMPY_NAMES, VMEM, Computation, Instruction, Module, parse_module
 from .schedule import ScheduleCost
 from .xla_ops import XlaOp
 
@@ -129,13 +133,196 @@ def _only_bitcasts(module: Module, name: str) -> bool:
                                     for i in comp.instructions)
 
 
-def _trip_count(inst: Instruction) -> int | None:
+def _trip_count(module: Module, inst: Instruction, shapes: dict[str, Instruction]) -> int | None:
+    """The loop's trip count: stated in its backend_config, or read from its bounds (a counter in the loop's tuple
+    that starts at a constant, grows by a constant in the body, and is compared with a constant)."""
     raw = inst.attrs.get("backend_config", "")
     try:
-        n = json.loads(raw).get("known_trip_count", {}).get("n")
+        n = json.loads(raw).get("known_trip_count", {}).get("n") if raw else None
+    except (ValueError, AttributeError):
+        n = None
+    return int(n) if n is not None else _bounded_trip_count(module, inst, shapes)
+
+
+def _literal(comp_shapes: dict[str, Instruction], name: str) -> int | None:
+    """The integer a scalar constant holds, seen through copies and bitcasts; None otherwise."""
+    inst = comp_shapes.get(name)
+    while inst is not None and inst.opcode in ("copy", "bitcast") and inst.operands:
+        inst = comp_shapes.get(inst.operands[0])
+    if inst is None or inst.opcode != "constant":
+        return None
+    try:
+        return int(inst.attrs.get("literal", ""))
+    except ValueError:
+        return None
+
+
+def _counter(comp_shapes: dict[str, Instruction], name: str) -> int | None:
+    """The tuple index of the loop state that `name` reads (a get-tuple-element of the parameter, copied or not)."""
+    inst = comp_shapes.get(name)
+    while inst is not None and inst.opcode in ("copy", "bitcast") and inst.operands:
+        inst = comp_shapes.get(inst.operands[0])
+    if inst is None or inst.opcode != "get-tuple-element":
+        return None
+    src = comp_shapes.get(inst.operands[0]) if inst.operands else None
+    if src is None or src.opcode != "parameter":
+        return None
+    return int(inst.attrs.get("index", "-1"))
+
+
+def _bounded_trip_count(module: Module, inst: Instruction, shapes: dict[str, Instruction]) -> int | None:
+    names = inst.called()
+    cond_name, body_name = inst.attrs.get("condition", "").lstrip("%"), inst.attrs.get("body", "").lstrip("%")
+    cond, body = module.computations.get(cond_name), module.computations.get(body_name)
+    if cond is None or body is None or not names or not inst.operands:
+        return None
+    cshapes, bshapes = {i.name: i for i in cond.instructions}, {i.name: i for i in body.instructions}
+    root, broot = (next((i for i in c.instructions if i.root), None) for c in (cond, body))
+    init_tuple = shapes.get(inst.operands[0])
+    if init_tuple is None or init_tuple.opcode != "tuple" or broot is None or broot.opcode != "tuple":
+        return None
+
+    def value(comp_shapes: dict[str, Instruction], name: str) -> int | None:
+        """A constant, or a loop-invariant element of the loop state (the body passes it on) that starts as one."""
+        found = _literal(comp_shapes, name)
+        j = _counter(comp_shapes, name)
+        if found is not None or j is None or j >= len(init_tuple.operands) or j >= len(broot.operands):
+            return found
+        return _literal(shapes, init_tuple.operands[j]) if _counter(bshapes, broot.operands[j]) == j else None
+
+    if root is None or root.opcode != "compare" or len(root.operands) != 2:
+        return None
+    direction = root.attrs.get("direction", "")
+    a, b = root.operands
+    k, limit = _counter(cshapes, a), value(cshapes, b)
+    if limit is None:  # the bound first: flip the comparison
+        k, limit = _counter(cshapes, b), value(cshapes, a)
+        direction = {"GT": "LT", "GE": "LE", "LT": "GT", "LE": "GE"}.get(direction, "")
+    if k is None or limit is None or k >= len(init_tuple.operands) or k >= len(broot.operands):
+        return None
+    start = _literal(shapes, init_tuple.operands[k])
+    if start is None:
+        return None
+    step_inst = bshapes.get(broot.operands[k])
+    if step_inst is None or step_inst.opcode != "add" or len(step_inst.operands) != 2:
+        return None
+    x, y = step_inst.operands
+    step = value(bshapes, y) if _counter(bshapes, x) == k else value(bshapes, x) if _counter(
+        bshapes, y) == k else None
+    if not step or step < 0:
+        return None
+    if direction == "LT":
+        return max(0, -(-(limit - start) // step))
+    if direction == "LE":
+        return max(0, (limit - start) // step + 1)
+    return None
+
+
+def _through_bitcasts(comp_shapes: dict[str, Instruction], name: str) -> Instruction | None:
+    inst = comp_shapes.get(name)
+    while inst is not None and inst.opcode == "bitcast" and inst.operands:
+        inst = comp_shapes.get(inst.operands[0])
+    return inst
+
+
+def _in_place_update(comp_shapes: dict[str, Instruction], inst: Instruction) -> Instruction | None:
+    """The fusion parameter a dynamic-update-slice or scatter writes into, where it is one the fusion's output
+    can share (same bytes): XLA updates that buffer in place, moving only the update."""
+    if inst.opcode not in ("dynamic-update-slice", "scatter") or not inst.operands:
+        return None
+    buf = _through_bitcasts(comp_shapes, inst.operands[0])
+    if buf is None or buf.opcode != "parameter" or not buf.arrays or not inst.arrays:
+        return None
+    return buf if buf.arrays[0].nbytes == inst.arrays[0].nbytes else None
+
+
+def _update_bytes(comp_shapes: dict[str, Instruction], inst: Instruction) -> int:
+    """The bytes an in-place dynamic-update-slice (its update) or scatter (its updates) writes."""
+    upd = inst.operands[1] if inst.opcode == "dynamic-update-slice" else inst.operands[-1]
+    found = comp_shapes.get(upd)
+    return sum(a.nbytes for a in found.arrays) if found else 0
+
+
+def aliased_operands(inst: Instruction) -> set[int] | None:
+    """The operands libtpu writes the instruction's output into (its backend_config's aliasing_operands: pairs of
+    an operand's number and an output's, numbered after the operands); None where the program does not say."""
+    raw = inst.attrs.get("backend_config", "")
+    try:
+        lists = json.loads(raw).get("aliasing_operands", {}).get("lists") if raw.startswith("{") else None
     except (ValueError, AttributeError):
         return None
-    return int(n) if n is not None else None
+    if lists is None:
+        return None
+    return {int(pair["indices"][0]) for pair in lists if len(pair.get("indices", [])) == 2}
+
+
+def _users(comp: Computation) -> dict[str, list[tuple[Instruction, int]]]:
+    users: dict[str, list[tuple[Instruction, int]]] = {}
+    for i in comp.instructions:
+        for pos, o in enumerate(i.operands):
+            users.setdefault(o, []).append((i, pos))
+    return users
+
+
+def _ends(users: dict[str, list[tuple[Instruction, int]]], name: str) -> list[tuple[Instruction, int]]:
+    """Where a value is used, seen through bitcasts: (user, operand position)."""
+    out = []
+    for u, pos in users.get(name, []):
+        out += _ends(users, u.name) if u.opcode == "bitcast" else [(u, pos)]
+    return out
+
+
+def _param_read(module: Module, comp: Computation, n: int, whole: int, in_place: dict[str, str] | None = None,
+                depth: int = 0) -> int:
+    """The bytes of parameter `n` (of `whole` bytes) that `comp` reads: what the dynamic slices and gathers it feeds
+    take (in nested fusions too), nothing where it is the buffer updated in place, else the whole."""
+    param = next((i for i in comp.instructions if i.opcode == "parameter" and i.attrs.get("literal") == str(n)), None)
+    uses = _ends(_users(comp), param.name) if param is not None else []
+    if not uses or depth > 8:
+        return whole
+    total = 0
+    for u, pos in uses:
+        if pos == 0 and u.opcode in ("dynamic-slice", "gather"):
+            total += sum(a.nbytes for a in u.arrays)
+        elif pos == 0 and in_place and in_place.get(u.name) == param.name:
+            continue
+        elif u.opcode == "fusion" and u.called() and u.called()[0] in module.computations:
+            total += _param_read(module, module.computations[u.called()[0]], pos, whole, None, depth + 1)
+        else:
+            return whole
+    return min(total, whole)
+
+
+def fusion_bytes(module: Module, inst: Instruction, shapes: dict[str, Instruction]) -> tuple[int, bool]:
+    """(HBM bytes a fusion moves, whether it updates a buffer in place). A parameter read only through dynamic
+    slices or gathers (in the fusion or a fusion nested in it) moves what they take; a buffer the fusion's root
+    updates in place (a dynamic-update-slice or scatter into a parameter of the output's size, which libtpu marks
+    as aliased to the output where it marks any) is neither read nor rewritten whole, only the update is written.
+    Everything else: the operands in and the output out."""
+    body = module.computations.get(inst.called()[0]) if inst.called() else None
+    whole = sum(_hbm_bytes(shapes[o]) for o in inst.operands if o in shapes) + _hbm_bytes(inst)
+    if body is None:
+        return whole, False
+    bshapes = {i.name: i for i in body.instructions}
+    root = next((i for i in body.instructions if i.root), None)
+    roots = [_through_bitcasts(bshapes, o) for o in root.operands] if root and root.opcode == "tuple" else [
+        _through_bitcasts(bshapes, root.name) if root else None]
+    params = {int(i.attrs.get("literal", "-1")): i for i in body.instructions if i.opcode == "parameter"}
+    marked = aliased_operands(inst)
+    shared = None if marked is None else {params[n].name for n in marked if n in params}
+    in_place = {r.name: buf.name for r in roots if r is not None and (buf := _in_place_update(bshapes, r))
+                and (shared is None or buf.name in shared)}
+    moved = 0
+    for n, operand in enumerate(inst.operands):
+        outer = _hbm_bytes(shapes[operand]) if operand in shapes else 0
+        moved += _param_read(module, body, n, outer, in_place) if outer else 0
+    outs = list(inst.arrays)
+    for k, r in enumerate(roots):
+        if r is not None and r.name in in_place and k < len(outs) and outs[k].memory_space != VMEM:
+            moved += _update_bytes(bshapes, r)
+            outs[k] = None
+    moved += sum(a.nbytes for a in outs if a is not None and a.memory_space != VMEM)
+    return moved, bool(in_place)
 
 
 def charge_module(module: Module) -> CompiledCost:
@@ -172,7 +359,7 @@ def _charge(module: Module, comp_name: str, times: int, cost: CompiledCost) -> N
                 _charge(module, name, times, cost)
             continue
         if op == "while":
-            n = _trip_count(inst)
+            n = _trip_count(module, inst, shapes)
             if n is None:
                 raise NotReadable(f"while loop {inst.name} without a known trip count")
             for name in inst.called():
@@ -184,22 +371,41 @@ def _charge(module: Module, comp_name: str, times: int, cost: CompiledCost) -> N
             dest = inst.arrays[0]
             moved = operand_bytes + (dest.nbytes if dest.memory_space != VMEM else 0)
             prefetch = "cross_program_prefetch_index" in inst.attrs
-            cost.ops.append(XlaOp(f"copy-start {inst.name}", moved, fixed=False, free=_PREFETCH if prefetch else None))
+            cost.ops += [XlaOp(f"copy-start {inst.name}", moved, fixed=False,
+                               free=_PREFETCH if prefetch else None)] * times
             continue
         if op == "copy" and all(a.memory_space in _SCALAR_SPACES for a in inst.arrays):
-            cost.ops.append(XlaOp(label, sum(a.nbytes for a in inst.arrays), free="a copy into scalar memory"))
+            cost.ops += [XlaOp(label, sum(a.nbytes for a in inst.arrays), free="a copy into scalar memory")] * times
             continue
         if op == "fusion" and _only_bitcasts(module, inst.called()[0] if inst.called() else ""):
-            cost.ops.append(XlaOp(label, _hbm_bytes(inst), free="a fusion of bitcasts only"))
+            cost.ops += [XlaOp(label, _hbm_bytes(inst), free="a fusion of bitcasts only")] * times
             continue
         dots = _body_dots(module, inst.called()) if op == "fusion" else {}
         if op in ("dot", "convolution") and (found := _dot_flops(inst, shapes)):
             dots = {found[0]: found[1]}
         kind = inst.attrs.get("kind", "")
+        moved, in_place = fusion_bytes(module, inst, shapes) if op == "fusion" else (
+            operand_bytes + _hbm_bytes(inst), False)
+        kind += " in-place" if in_place else ""
         tiny = all(a.nbytes <= _TILE_BYTES for a in inst.arrays) and all(
             a.nbytes <= _TILE_BYTES for o in inst.operands if o in shapes for a in shapes[o].arrays)
-        cost.ops += [XlaOp(f"{label}{' ' + kind if kind else ''}", operand_bytes + _hbm_bytes(inst), dots,
+        cost.ops += [XlaOp(f"{label}{' ' + kind.strip() if kind.strip() else ''}", moved, dots,
                            fixed=not tiny)] * times
+
+
+def compile_with_text(lowered: Any) -> tuple[Any, str]:
+    """(the compiled executable, libtpu's optimized HLO text). The text comes from the compiler's own dump: the
+    executable's as_text() reads the module back through jaxlib's HLO proto reader, which refuses some programs
+    libtpu writes (an async collective's update with several operands)."""
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory(prefix="hlo-") as folder:
+        compiled = lowered.compile({"xla_dump_to": folder, "xla_dump_hlo_as_text": True})
+        found = sorted(Path(folder).glob("*.after_optimizations.txt"))
+        if not found:
+            return compiled, compiled.as_text()
+        return compiled, found[-1].read_text()
 
 
 def compile_text(fn: Callable[..., Any], args: tuple[Any, ...], generation: str, donate: tuple[int, ...] = ()) -> str:
@@ -213,7 +419,7 @@ def compile_text(fn: Callable[..., Any], args: tuple[Any, ...], generation: str,
     sds = jax.ShapeDtypeStruct
     abstract = tuple(a if isinstance(a, sds) else sds(np.shape(a), np.asarray(a).dtype) for a in args)
     with tpu_target(generation) as device, tpu_dispatch(generation):
-        return jax.jit(fn, donate_argnums=donate).lower(*on_device(abstract, device)).compile().as_text()
+        return compile_with_text(jax.jit(fn, donate_argnums=donate).lower(*on_device(abstract, device)))[1]
 
 
 def compiled_cost(fn: Callable[..., Any], args: tuple[Any, ...], generation: str,

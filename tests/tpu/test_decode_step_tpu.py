@@ -49,3 +49,17 @@ def test_tiny_step_is_modeled_above_its_floor(rows, name):
     assert r["hbm_floor_s"] < lo <= r["modeled_s"] <= hi
     # a norm, the attention and two ragged dots per layer at least
     assert r["kernel_calls"] >= 3 * dm.tiny(dm.MODELS[name], groups=GROUPS).layers
+
+
+@pytest.mark.parametrize("name", ["qwen3_30b_a3b", "gemma4_26b_a4b"])
+def test_tiny_step_glue_is_charged_from_its_compiled_program(rows, name):
+    """The compiled step's loop over layer groups is read (its trip count) and its kernels match the walk's; the
+    jaxpr rule's figure stays beside it, over the same kernels and collectives."""
+    r = rows[f"tiny_{name}"]
+    assert r["xla_rule"] == "compiled", r["xla_rule"]
+    assert r["xla_ops"] > 0 and r["xla_ops_jaxpr"] > 0
+    same = r["kernels_s"] + r["collectives_s"]
+    assert r["modeled_s"] == pytest.approx(same + r["xla_s"])
+    assert r["modeled_jaxpr_s"] == pytest.approx(same + r["xla_jaxpr_s"])
+    lo, hi = r["band_jaxpr_s"]
+    assert lo <= r["modeled_jaxpr_s"] <= hi
