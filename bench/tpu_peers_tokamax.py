@@ -18,6 +18,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "kernels" / "pallas")]
 
 
+def table(rows: list[dict]) -> str:
+    """shape | chip | modeled us (band) | ours / tokamax, every number modeled."""
+    out = ["shape | chip | tokamax modeled us (band) | ours modeled us | ours / tokamax | walk s",
+           "---|---|---|---|---|---"]
+    for r in rows:
+        band = r["band_s"]
+        t = "-" if r["modeled_s"] is None else f"{r['modeled_s'] * 1e6:.1f} ({band[0] * 1e6:.1f}..{band[1] * 1e6:.1f})"
+        ours = "-" if r["ours_s"] is None else f"{r['ours_s'] * 1e6:.1f}"
+        ratio = "-" if r["ours_over_peer"] is None else f"{r['ours_over_peer']:.3f}"
+        out.append(f"{r['shape']} | {r['generation']} | {t} | {ours} | {ratio} | {r.get('walk_s', '-')}")
+    return "\n".join(out)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--generations", default="v5e,v6e,v7x")
@@ -26,7 +39,11 @@ def main() -> int:
     parser.add_argument("--record", type=Path, default=ROOT / "bench" / "records" / "tpu_peers.json",
                         help="earlier record whose kernel-hub rows the peer is set beside")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "records" / "tpu_peers_tokamax.json")
+    parser.add_argument("--show", action="store_true", help="print the rows already in --out as a table; run nothing")
     args = parser.parse_args()
+    if args.show:
+        print(table(json.loads(args.out.read_text())["rows"]))
+        return 0
     sys.argv[1:] = []  # tokamax parses the command line as its own flags when imported
 
     import numpy as np
