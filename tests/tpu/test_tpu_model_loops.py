@@ -175,3 +175,28 @@ def test_the_cached_walk_charges_what_the_uncached_walk_charges(case, monkeypatc
     if case == "gather":  # one chunk copied per marked entry, by hand
         (c,) = fast.calls
         assert c.dmas == int(table[1].sum()) and c.read_bytes == table.nbytes + int(table[1].sum()) * CHUNK_BYTES
+
+
+_TOKAMAX_BOTH_WAYS = _TOKAMAX.split("c = cost.calls[0]")[0] + """
+from tpu_cost_model import schedule_steps as ss
+ss.Steps._facts_of = lambda self, eqn: ss._EqnFacts(eqn)
+ss.Steps._indexers = ss.Steps._indexers_slow
+with tpu_target("v6e"):
+    slow = kernel_cost(fn, sds((256, 512), "bfloat16"), sds((4, 512, 512), "bfloat16"), sizes, generation="v6e")
+def fields(k):
+    c = k.calls[0]
+    return [c.read_bytes, c.write_bytes, c.flops, c.dmas, c.stages, c.vpu_elems, c.eup_elems,
+            sorted(map(str, c.dots.items())), k.seconds(chip("v6e")), list(k.band(chip("v6e")))]
+print(json.dumps({"fast": fields(cost), "slow": fields(slow)}))
+"""
+
+
+def test_tokamax_walk_is_the_same_with_and_without_the_caches():
+    env = env_or_skip()
+    done = subprocess.run([str(env.python), "-c", _TOKAMAX_BOTH_WAYS], capture_output=True, text=True, timeout=600,
+                          env=child_env(PYTHONPATH=str(ROOT / "src"), TF_CPP_MIN_LOG_LEVEL="3",
+                                        ALLOW_MULTIPLE_LIBTPU_LOAD="1"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["fast"] == out["slow"]
+    assert out["fast"][4] > 1  # the pipeline's stages were walked
