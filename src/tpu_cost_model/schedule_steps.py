@@ -82,9 +82,33 @@ class Unknown:
 
 
 def read(env: Env, var: Atom) -> Value:
-    from jax.extend.core import Literal
+    return var.val if isinstance(var, _literal_type()) else env[var]
 
-    return var.val if isinstance(var, Literal) else env[var]
+
+_LITERAL: list[type] = []
+
+
+def _literal_type() -> type:
+    """jax's Literal class, imported once (the walk reads it per operand)."""
+    if not _LITERAL:
+        from jax.extend.core import Literal
+
+        _LITERAL.append(Literal)
+    return _LITERAL[0]
+
+
+class _EqnFacts:
+    """What the walk needs of an equation that does not change between visits: read once per equation."""
+
+    __slots__ = ("name", "shaped_out", "sub", "vector_elems")
+
+    def __init__(self, eqn: JaxprEqn):
+        self.name = eqn.primitive.name
+        self.shaped_out = any(getattr(v.aval, "shape", ()) for v in eqn.outvars)
+        sizes = [math.prod(v.aval.shape) for v in [*eqn.invars, *eqn.outvars]
+                 if hasattr(v, "aval") and getattr(v.aval, "shape", ())]
+        self.vector_elems = float(max(sizes)) if sizes else 0.0
+        self.sub = sub_jaxpr(eqn)
 
 
 def sub_jaxpr(eqn: JaxprEqn) -> tuple[Jaxpr, list[Value]] | None:
@@ -213,6 +237,14 @@ class Steps:
         self._overran = False  # set when a read or DMA of the current iteration addresses past an array's end
         self._written: set[int] = set()  # concrete (SMEM) refs the body writes: their values are then unknown
         self._static_dma: dict[tuple[int, int], tuple[int, str] | None] = {}  # (equation, endpoint) -> bytes, space
+        self._facts: dict[int, tuple[JaxprEqn, _EqnFacts]] = {}  # id(equation) -> it, its static facts
+        self._index_counts: dict[int, tuple[object, tuple[int, ...] | None]] = {}  # id(tree) -> it, indices each
+
+    def _facts_of(self, eqn: JaxprEqn) -> _EqnFacts:
+        got = self._facts.get(id(eqn))
+        if got is None or got[0] is not eqn:
+            got = self._facts[id(eqn)] = (eqn, _EqnFacts(eqn))
+        return got[1]
 
     def _where(self, mask: np.ndarray | None) -> np.ndarray:
         return (np.ones(self.ids.shape[1]) if mask is None else mask.astype(np.float64)) * self.scale
@@ -221,15 +253,16 @@ class Steps:
             ) -> list[Value]:
         env: Env = dict(zip(jaxpr.constvars, consts, strict=True))
         env.update(zip(jaxpr.invars, args, strict=True))
+        literal = _literal_type()
         for eqn in jaxpr.eqns:
-            invals = [read(env, v) for v in eqn.invars]
+            invals = [v.val if isinstance(v, literal) else env[v] for v in eqn.invars]
             outs = self.eqn(eqn, invals, mask)
             env.update(zip(eqn.outvars, outs, strict=True))
         return [read(env, v) for v in jaxpr.outvars]
 
     def eqn(self, eqn: JaxprEqn, invals: list[Value], mask: np.ndarray | None) -> list[Value]:
-        name, params = eqn.primitive.name, eqn.params
-        unknown = [Unknown(v.aval) for v in eqn.outvars]
+        facts = self._facts_of(eqn)
+        name, params = facts.name, eqn.params
         if name in REFUSED:
             raise Unmodeled(name, self.where, REFUSED[name])
         if name == "program_id":
@@ -240,13 +273,13 @@ class Steps:
             return [self._get(invals, params)]
         if name in ("swap", "addupdate") and isinstance(invals[0], np.ndarray):
             self._written.add(id(invals[0]))
-            return unknown
+            return [Unknown(v.aval) for v in eqn.outvars]
         if name == "dot_general":
             self._dot(eqn, mask)
-            return unknown
+            return [Unknown(v.aval) for v in eqn.outvars]
         if name == "dma_start":
             self._dma(eqn, invals, mask)
-            return unknown
+            return [Unknown(v.aval) for v in eqn.outvars]
         if name == "cond":
             return self._cond(eqn, invals, mask)
         if name == "scan":
@@ -256,20 +289,20 @@ class Steps:
         if name == "run_scoped":
             inner = params["jaxpr"]
             self.run(inner, invals, [Unknown(v.aval) for v in inner.invars], mask)
-            return unknown
-        if (sub := sub_jaxpr(eqn)) is not None:
+            return [Unknown(v.aval) for v in eqn.outvars]
+        if (sub := facts.sub) is not None:
             return self.run(sub[0], sub[1], invals, mask)
         if name in VPU_PRIMITIVES or name in EUP_PRIMITIVES:
-            self._vector(eqn, mask)
-        if any(isinstance(x, Unknown) for x in invals) or any(getattr(v.aval, "shape", ()) for v in eqn.outvars):
-            return unknown
+            self._vector(facts, mask)
+        if facts.shaped_out or any(isinstance(x, Unknown) for x in invals):
+            return [Unknown(v.aval) for v in eqn.outvars]
         if not eqn.outvars:
             return []
         try:
             return [self._scalar(name, params, invals)]
         except Unmodeled:  # a scalar the model cannot compute: any loop bound or DMA that needs it refuses then
             self.unevaluated.add(name)
-            return unknown
+            return [Unknown(v.aval) for v in eqn.outvars]
 
     def _scalar(self, name: str, params: dict[str, object], invals: list[Value]) -> np.ndarray:
         vals = [np.asarray(x) for x in invals]
@@ -290,22 +323,49 @@ class Steps:
         raise Unmodeled(name, self.where, "a scalar op the model does not evaluate")
 
     def _get(self, invals: list[Value], params: dict[str, object]) -> Value:
-        from jax import tree_util
-        from jax._src.state.indexing import NDIndexer, Slice
-
         ref, leaves = invals[0], invals[1:]
         if not isinstance(ref, np.ndarray) or id(ref) in self._written or any(isinstance(x, Unknown) for x in leaves):
             return Unknown(None)
         value = ref
-        for t in tree_util.tree_unflatten(params["tree"], leaves):
-            if not isinstance(t, NDIndexer) or any(isinstance(i, Slice) for i in t.indices):
+        for indices in self._indexers(params["tree"], leaves):
+            if indices is None:
                 return Unknown(None)
             # an index past the end (an index map that overruns on steps whose block is never used) is clamped
-            index = [np.asarray(i, np.int64) for i in t.indices]
+            index = [np.asarray(i, np.int64) for i in indices]
             if any(np.any(i >= n) for i, n in zip(index, value.shape, strict=False)):
                 self._overran = True
             value = value[tuple(np.clip(i, 0, n - 1) for i, n in zip(index, value.shape, strict=False))]
         return value
+
+    def _indexers(self, tree: object, leaves: list[Value]) -> list[Sequence[Value] | None]:
+        """The indices of each indexer a `get` applies (None for one the walk does not follow: a slice, another
+        transform). A tree whose indexers are its leaves in order is read once, then split by its counts."""
+        counts = self._index_counts.get(id(tree), False)
+        if counts is False or counts[0] is not tree:
+            from jax import tree_util
+            from jax._src.state.indexing import NDIndexer, Slice
+
+            parts = tree_util.tree_unflatten(tree, leaves)
+            plain = [isinstance(t, NDIndexer) and not any(isinstance(i, Slice) for i in t.indices) for t in parts]
+            flat = [i for t in parts if isinstance(t, NDIndexer) for i in t.indices]
+            split = all(plain) and len(flat) == len(leaves) and all(a is b for a, b in zip(flat, leaves, strict=True))
+            self._index_counts[id(tree)] = (tree, tuple(len(t.indices) for t in parts) if split else None)
+            return [t.indices if ok else None for t, ok in zip(parts, plain, strict=True)]
+        if counts[1] is None:
+            return self._indexers_slow(tree, leaves)
+        out, at = [], 0
+        for n in counts[1]:
+            out.append(leaves[at:at + n])
+            at += n
+        return out
+
+    def _indexers_slow(self, tree: object, leaves: list[Value]) -> list[Sequence[Value] | None]:
+        from jax import tree_util
+        from jax._src.state.indexing import NDIndexer, Slice
+
+        parts = tree_util.tree_unflatten(tree, leaves)
+        return [t.indices if isinstance(t, NDIndexer) and not any(isinstance(i, Slice) for i in t.indices) else None
+                for t in parts]
 
     def _dot(self, eqn: JaxprEqn, mask: np.ndarray | None) -> None:
         key, flops = dot_key_flops(eqn)
@@ -313,15 +373,13 @@ class Steps:
         self.flops += flops * where
         self.dots[key] = self.dots.get(key, 0.0) + flops * float(where.sum())
 
-    def _vector(self, eqn: JaxprEqn, mask: np.ndarray | None) -> None:
+    def _vector(self, facts: _EqnFacts, mask: np.ndarray | None) -> None:
         """A vector op on VMEM values: its elements (the larger of its operands and results) on the steps that
         reach it; scalar ops (index arithmetic on the scalar core) are not vector work."""
-        sizes = [math.prod(v.aval.shape) for v in [*eqn.invars, *eqn.outvars]
-                 if hasattr(v, "aval") and getattr(v.aval, "shape", ())]
-        if not sizes:
+        if not facts.vector_elems:
             return
-        elems = float(max(sizes)) * float(self._where(mask).sum())
-        if eqn.primitive.name in EUP_PRIMITIVES:
+        elems = facts.vector_elems * float(self._where(mask).sum())
+        if facts.name in EUP_PRIMITIVES:
             self.eup += elems
         else:
             self.vpu += elems

@@ -121,3 +121,82 @@ def test_tokamax_mosaic_ragged_dot_is_read_not_refused():
     assert out["stages"] > 1 and out["dmas"] > 0  # the pipeline's iterations inside the one grid step
     lo, hi = out["band"]
     assert 0 < lo <= out["seconds"] <= hi
+
+
+def _gather_kernel(idx_ref, x_hbm, o_ref, buf, sem):
+    """Reads a 2-D SMEM table per iteration (which chunk to copy, whether to skip it) inside a fori_loop."""
+    def body(i, acc):
+        @pl.when(idx_ref[1, i] > 0)
+        def _():
+            copy = pltpu.make_async_copy(x_hbm.at[pl.ds(idx_ref[0, i] * CHUNK, CHUNK)], buf, sem)
+            copy.start()
+            copy.wait()
+            o_ref[...] += buf[...]
+        return acc + idx_ref[1, i]
+
+    o_ref[...] = jnp.zeros_like(o_ref)
+    jax.lax.fori_loop(0, idx_ref.shape[1], body, 0)
+
+
+GATHER = pl.pallas_call(_gather_kernel, out_shape=SDS((CHUNK, WIDTH), jnp.float32),
+                        in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), pl.BlockSpec(memory_space=pl.ANY)],
+                        scratch_shapes=[pltpu.VMEM((CHUNK, WIDTH), jnp.float32), pltpu.SemaphoreType.DMA])
+
+
+def _uncached(monkeypatch):
+    """The walk without its per-equation caches: every equation's facts and every `get`'s indexers read afresh."""
+    from tpu_cost_model import schedule_steps as ss
+
+    monkeypatch.setattr(ss.Steps, "_facts_of", lambda self, eqn: ss._EqnFacts(eqn))
+    monkeypatch.setattr(ss.Steps, "_indexers", ss.Steps._indexers_slow)
+
+
+def _fields(cost):
+    return [(c.name, c.steps, c.read_bytes, c.write_bytes, c.flops, c.dmas, c.dma_bytes, c.stages, c.vpu_elems,
+             c.eup_elems, sorted(c.dots.items()), sorted(c.fetches.items()), c.bounded,
+             None if c.upper is None else (c.upper.read_bytes, c.upper.dmas, c.upper.stages)) for c in cost.calls]
+
+
+@pytest.mark.parametrize("case", ["while", "while unknown", "gather"])
+def test_the_cached_walk_charges_what_the_uncached_walk_charges(case, monkeypatch):
+    rng = np.random.default_rng()
+    table = np.stack([rng.integers(0, ROWS // CHUNK, 40), rng.integers(0, 2, 40)]).astype(np.int32)
+    table[1, :3] = 0  # leading chunks skipped
+    call, args = {"while": (CALL, (np.array([rng.integers(1, 33)], np.int32), X)),
+                  "while unknown": (CALL, (SDS((1,), jnp.int32), X)),
+                  "gather": (GATHER, (table, X))}[case]
+    v6e = chip("v6e")
+    fast = kernel_cost(call, *args)
+    with monkeypatch.context() as m:
+        _uncached(m)
+        slow = kernel_cost(call, *args)
+    assert _fields(fast) == _fields(slow)
+    assert fast.seconds(v6e) == slow.seconds(v6e) and fast.band(v6e) == slow.band(v6e)
+    if case == "gather":  # one chunk copied per marked entry, by hand
+        (c,) = fast.calls
+        assert c.dmas == int(table[1].sum()) and c.read_bytes == table.nbytes + int(table[1].sum()) * CHUNK_BYTES
+
+
+_TOKAMAX_BOTH_WAYS = _TOKAMAX.split("c = cost.calls[0]")[0] + """
+from tpu_cost_model import schedule_steps as ss
+ss.Steps._facts_of = lambda self, eqn: ss._EqnFacts(eqn)
+ss.Steps._indexers = ss.Steps._indexers_slow
+with tpu_target("v6e"):
+    slow = kernel_cost(fn, sds((256, 512), "bfloat16"), sds((4, 512, 512), "bfloat16"), sizes, generation="v6e")
+def fields(k):
+    c = k.calls[0]
+    return [c.read_bytes, c.write_bytes, c.flops, c.dmas, c.stages, c.vpu_elems, c.eup_elems,
+            sorted(map(str, c.dots.items())), k.seconds(chip("v6e")), list(k.band(chip("v6e")))]
+print(json.dumps({"fast": fields(cost), "slow": fields(slow)}))
+"""
+
+
+def test_tokamax_walk_is_the_same_with_and_without_the_caches():
+    env = env_or_skip()
+    done = subprocess.run([str(env.python), "-c", _TOKAMAX_BOTH_WAYS], capture_output=True, text=True, timeout=600,
+                          env=child_env(PYTHONPATH=str(ROOT / "src"), TF_CPP_MIN_LOG_LEVEL="3",
+                                        ALLOW_MULTIPLE_LIBTPU_LOAD="1"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["fast"] == out["slow"]
+    assert out["fast"][4] > 1  # the pipeline's stages were walked
