@@ -87,8 +87,9 @@ def test_docs_list_every_variable_the_code_reads():
     assert {"CC", "KERNEL_HUB_CACHE", "KERNEL_HUB_CPU_WORKERS"} <= table
 
 
-#: files the docs name that a run writes, not the checkout: a build's metadata.json, `make report`'s output
-WRITTEN_BY_A_RUN = {"metadata.json", "report/report.json", "report.json"}
+#: files the docs name that a run writes, not the checkout: a build's metadata.json, `make report`'s output,
+#: `serve-model --report`'s file
+WRITTEN_BY_A_RUN = {"metadata.json", "report/report.json", "report.json", "kernelize.json"}
 
 
 def documentation() -> dict[str, str]:

@@ -1,6 +1,6 @@
 """The release version of the package this file is vendored into, read from its kernel.yaml.
 
-kernel.yaml is the one place a kernel's version is written. Assembly (kernel_hub.vendoring) copies it into the
+kernel.yaml is the one place a kernel's version is written. Assembly (kernel_hub.package.vendoring) copies it into the
 package as `<python_name>/kernel.yaml`, so a built package finds it beside its own files wherever it runs. A built
 package runs without kernel_hub and may lack PyYAML, so this reads the one top-level `version:` line itself;
 kernel_hub checked the whole file when it assembled the package (the version is X.Y.Z).

@@ -46,7 +46,7 @@ def builder(m: int, k: int, n: int, g: int, dtype: str, tiles: Tiles = None) -> 
 
 def moe_builder(case: Any) -> Callable[[bool], Callable[[], Built]]:
     """make(grad): moe_experts on one chip at a validation case's shapes, or its gradients in x, topk_weights and
-    both weights (the mesh layouts compile in kernel_hub.tpu.cost_model.mesh, on an 8-chip slice)."""
+    both weights (the mesh layouts compile in tpu_cost_model.mesh, on an 8-chip slice)."""
 
     def make(grad: bool) -> Callable[[], Built]:
         def build() -> Built:
