@@ -29,7 +29,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from .config import LANES
-from .pallas_flash import MASKED, _clamp, _dot, online_softmax_step
+from .pallas_flash import MASKED, _clamp, _dot, finish_softmax, online_softmax_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,15 +93,8 @@ def _decode_kernel(kvlen_ref, q_ref, k_ref, v_ref, sinks_ref, o_ref, m_scr, l_sc
     @pl.when(kj == pl.num_programs(1) - 1)
     def _finish():
         for h in range(heads):
-            m, denom, acc = m_scr[h], l_scr[h], acc_scr[h]
-            if st.has_sinks:
-                sink = sinks_ref[h]  # [G, LANES], each row one head's sink
-                m_fin = jnp.maximum(m, sink)
-                rescale = jnp.exp(m - m_fin)
-                denom = denom * rescale + jnp.exp(sink - m_fin)
-                acc = acc * rescale[:, :1]
-            safe_l = jnp.where(denom > 0, denom, 1.0)
-            o_ref[h] = (acc / safe_l[:, :1]).astype(o_ref.dtype)
+            sink = sinks_ref[h] if st.has_sinks else None  # [G, LANES], each row one head's sink
+            o_ref[h] = finish_softmax(m_scr[h], l_scr[h], acc_scr[h], sink).astype(o_ref.dtype)
 
 
 def decode_forward(q, k_cache, v_cache, kv_len, sinks, st: DecodeStatic):

@@ -106,6 +106,18 @@ def online_softmax_step(s: jax.Array, mask: jax.Array | None, v: jax.Array, m_sc
     acc_scr[...] = acc_scr[...] * alpha[:, :1] + _dot(_mxu(p, v), v, (1, 1) if values_transposed else (1, 0))
 
 
+def finish_softmax(m: jax.Array, denom: jax.Array, acc: jax.Array, sink: jax.Array | None = None) -> jax.Array:
+    """The output rows of an online softmax (f32): a sink's logit (the row's value in every lane) folded into the
+    denominator first when given; a row that saw no key gives zeros. Shared by the decode and paged kernels."""
+    if sink is not None:
+        m_fin = jnp.maximum(m, sink)
+        rescale = jnp.exp(m - m_fin)
+        denom = denom * rescale + jnp.exp(sink - m_fin)
+        acc = acc * rescale[:, :1]
+    safe = jnp.where(denom > 0, denom, 1.0)
+    return acc / safe[:, :1]
+
+
 def key_range(q_len: jax.Array, kv_len: jax.Array, r0: jax.Array, rows: int, st: FlashStatic):
     """(lo, hi, empty): the keys that query rows r0 .. r0 + rows - 1 attend, as positions. Scalar math."""
     r1 = jnp.minimum(r0 + rows, q_len) - 1

@@ -28,7 +28,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from .config import LANES
-from .pallas_flash import MASKED, _dot, online_softmax_step
+from .pallas_flash import MASKED, _dot, finish_softmax, online_softmax_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,15 +140,8 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, q_ref, qpos_ref, sink
     @pl.when(kj == pl.num_programs(1) - 1)
     def _finish():
         for h in range(hkv):
-            m, denom, acc = m_scr[h], l_scr[h], acc_scr[h]
-            if st.has_sinks:
-                sink = sinks_ref[h]
-                m_fin = jnp.maximum(m, sink)
-                rescale = jnp.exp(m - m_fin)
-                denom = denom * rescale + jnp.exp(sink - m_fin)
-                acc = acc * rescale[:, :1]
-            safe = jnp.where(denom > 0, denom, 1.0)
-            result = (acc / safe[:, :1]).astype(o_ref.dtype)
+            sink = sinks_ref[h] if st.has_sinks else None
+            result = finish_softmax(m_scr[h], l_scr[h], acc_scr[h], sink).astype(o_ref.dtype)
             if st.direct:
                 o_ref[pl.ds(h * st.group, st.group), :] = result
             else:
