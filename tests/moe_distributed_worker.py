@@ -96,5 +96,16 @@ def main() -> dict[str, Any]:
     return out
 
 
+def shut_down() -> None:
+    """Leave the process group on every rank together: gloo's threads left running at interpreter exit abort it."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    print("RESULT " + json.dumps(main()), flush=True)
+    result = main()
+    shut_down()
+    print("RESULT " + json.dumps(result), flush=True)
