@@ -75,6 +75,26 @@ def read_capped_text(path: Path, cap: int, what: str) -> str:
         raise MetadataError(f"{path}: not a text file; not {what}") from None
 
 
+def check_write_target(path: Path, what: str) -> None:
+    """Refuse a target write_atomic would refuse, before anything is written: a caller writing several files checks
+    them all first, so a refusal leaves none of them changed.
+
+    Raises:
+        MetadataError: a link, a folder, a FIFO or a device is at `path`, or it cannot be inspected (one line).
+    """
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise MetadataError(f"cannot write {what} {path}: {exc.strerror or exc}") from None
+    if stat.S_ISLNK(mode):
+        raise MetadataError(f"{path} is a link; not writing {what} through it (remove the link, or name the file "
+                            "it points to)")
+    if not stat.S_ISREG(mode):
+        raise MetadataError(f"{path} is {_kind(mode)}; not writing {what} over it")
+
+
 def write_atomic(path: Path, data: bytes, what: str) -> None:
     """Replace `path` with `data` in one rename from a temporary file in the same folder: a reader sees the old
     file or the new one. A link, a folder, a FIFO or a device at `path` is refused (the write would land
@@ -84,17 +104,7 @@ def write_atomic(path: Path, data: bytes, what: str) -> None:
         MetadataError: what is at `path` is not a regular file, or the folder cannot be written (one line).
     """
     path = Path(path)
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        mode = None
-    except OSError as exc:
-        raise MetadataError(f"cannot write {what} {path}: {exc.strerror or exc}") from None
-    if mode is not None and stat.S_ISLNK(mode):
-        raise MetadataError(f"{path} is a link; not writing {what} through it (remove the link, or name the file "
-                            "it points to)")
-    if mode is not None and not stat.S_ISREG(mode):
-        raise MetadataError(f"{path} is {_kind(mode)}; not writing {what} over it")
+    check_write_target(path, what)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
