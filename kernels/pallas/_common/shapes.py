@@ -44,10 +44,27 @@ def check_window(sliding_window: int | None) -> int | None:
     return None if sliding_window is None else int(sliding_window)
 
 
+def check_soft_cap(logits_soft_cap: object, *, name: str = "logits_soft_cap") -> float | None:
+    """A finite soft cap > 0, or None (no cap): an infinite cap gives inf/inf = NaN logits, a negative one flips
+    every logit's sign, so both are refused rather than computed."""
+    if logits_soft_cap is None:
+        return None
+    if isinstance(logits_soft_cap, bool):
+        raise ValueError(f"{name} must be a number, got the bool {logits_soft_cap}")
+    try:
+        cap = float(logits_soft_cap)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {logits_soft_cap!r}") from None
+    if not (math.isfinite(cap) and cap > 0):
+        raise ValueError(f"{name} must be a finite number > 0, or None (no cap); got {cap} (an infinite or NaN cap "
+                         "turns every logit into NaN)")
+    return cap
+
+
 def check_attention(q: Shape, k: Shape, v: Shape, *, sliding_window: int | None, sm_scale: float | None,
                     logits_soft_cap: float | None, decode: bool = False) -> tuple[int | None, float, float | None]:
     """Every attention entry's argument check: the shapes, then (window, softmax scale, soft cap) as static Python
     numbers; the scale defaults to 1/sqrt(head_dim)."""
     check_attention_shapes(q, k, v, decode=decode)
     scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(tuple(q)[-1])
-    return check_window(sliding_window), scale, None if logits_soft_cap is None else float(logits_soft_cap)
+    return check_window(sliding_window), scale, check_soft_cap(logits_soft_cap)

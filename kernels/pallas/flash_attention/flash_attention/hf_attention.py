@@ -64,7 +64,8 @@ def attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value
     causal = kwargs.get("is_causal")
     causal = bool(getattr(module, "is_causal", True)) if causal is None else bool(causal)
     window = None if sliding_window is None else int(sliding_window)
-    options = dict(causal=causal, sm_scale=scaling, sliding_window=window, logits_soft_cap=softcap, sinks=s_aux)
+    cap = softcap if softcap else None  # transformers follows flash-attn: a softcap of 0 means none
+    options = dict(causal=causal, sm_scale=scaling, sliding_window=window, logits_soft_cap=cap, sinks=s_aux)
     sq, skv = query.shape[2], key.shape[2]
     if attention_mask is None:
         return flash_attention(query, key, value, **options).transpose(1, 2).contiguous(), None

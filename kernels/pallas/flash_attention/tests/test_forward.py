@@ -143,3 +143,21 @@ def test_bad_arguments_raise(shapes, kw):
     q, k, v = (jnp.zeros(s, jnp.float32) for s in shapes)
     with pytest.raises(ValueError):
         fa.flash_attention(q, k, v, **kw)
+
+
+@pytest.mark.parametrize("cap", [float("inf"), float("nan"), -1.0, 0.0, "x"])
+def test_soft_cap_must_be_finite_and_positive_in_every_entry(cap):
+    """An infinite cap turns every logit into inf/inf = NaN: refused by name in prefill and decode, JAX and torch."""
+    q, k = jnp.zeros((1, 2, 8, 64), jnp.float32), jnp.zeros((1, 2, 8, 64), jnp.float32)
+    with pytest.raises(ValueError, match="logits_soft_cap"):
+        fa.flash_attention(q, k, k, logits_soft_cap=cap)
+    with pytest.raises(ValueError, match="logits_soft_cap"):
+        fa.decode_attention(q[:, :, 0], k, k, jnp.full((1,), 8, jnp.int32), logits_soft_cap=cap)
+    torch = pytest.importorskip("torch")
+    from flash_attention import torch_api
+
+    tq, tk = torch.zeros(1, 2, 8, 64), torch.zeros(1, 2, 8, 64)
+    with pytest.raises(ValueError, match="logits_soft_cap"):
+        torch_api.flash_attention(tq, tk, tk, logits_soft_cap=cap)
+    with pytest.raises(ValueError, match="logits_soft_cap"):
+        torch_api.decode_attention(tq[:, :, 0], tk, tk, torch.full((1,), 8, dtype=torch.int32), logits_soft_cap=cap)
