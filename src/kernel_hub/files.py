@@ -75,6 +75,27 @@ def read_capped_text(path: Path, cap: int, what: str) -> str:
         raise MetadataError(f"{path}: not a text file; not {what}") from None
 
 
+def check_writable(path: Path, what: str) -> None:
+    """Refuse a link, a folder, a FIFO or a device at `path`; callers writing several files check them all
+    first so a refusal leaves nothing written.
+
+    Raises:
+        MetadataError: what is at `path` is not a regular file (one line).
+    """
+    path = Path(path)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise MetadataError(f"cannot write {what} {path}: {exc.strerror or exc}") from None
+    if stat.S_ISLNK(mode):
+        raise MetadataError(f"{path} is a link; not writing {what} through it (remove the link, or name the file "
+                            "it points to)")
+    if not stat.S_ISREG(mode):
+        raise MetadataError(f"{path} is {_kind(mode)}; not writing {what} over it")
+
+
 def write_atomic(path: Path, data: bytes, what: str) -> None:
     """Replace `path` with `data` in one rename from a temporary file in the same folder: a reader sees the old
     file or the new one. A link, a folder, a FIFO or a device at `path` is refused (the write would land
@@ -84,17 +105,7 @@ def write_atomic(path: Path, data: bytes, what: str) -> None:
         MetadataError: what is at `path` is not a regular file, or the folder cannot be written (one line).
     """
     path = Path(path)
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        mode = None
-    except OSError as exc:
-        raise MetadataError(f"cannot write {what} {path}: {exc.strerror or exc}") from None
-    if mode is not None and stat.S_ISLNK(mode):
-        raise MetadataError(f"{path} is a link; not writing {what} through it (remove the link, or name the file "
-                            "it points to)")
-    if mode is not None and not stat.S_ISREG(mode):
-        raise MetadataError(f"{path} is {_kind(mode)}; not writing {what} over it")
+    check_writable(path, what)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)

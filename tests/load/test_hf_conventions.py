@@ -202,3 +202,23 @@ def test_lock_project_writes_both_locks_and_kernels_lock_loads(tmp_path: Path) -
     assert got["hf"] == {"acme/toy-scale": done.commit} and got["entries"] == [done.commit]
     assert got["ours"] == [["acme/toy-scale", done.commit]] and got["loaded"] == done.commit
     assert got["out"] == [3.0, -6.0]
+
+
+@pytest.mark.parametrize("linked", ["kernels.lock", "kernel-hub.lock"])
+def test_lock_project_refuses_a_linked_lock_before_writing_anything(tmp_path: Path, monkeypatch, linked) -> None:
+    from types import SimpleNamespace
+
+    from kernel_hub.load import lock as lock_mod
+    from kernel_hub.load.hf_lock import lock_project
+
+    monkeypatch.setattr(lock_mod, "lock_one", lambda repo, **_: SimpleNamespace(repo_id=repo, commit="a" * 40))
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text('[tool.kernels.dependencies]\n"acme/toy-scale" = 1\n')
+    target = tmp_path / "elsewhere"
+    target.write_text("untouched")
+    (project / linked).symlink_to(target)
+    with pytest.raises(MetadataError, match="is a link"):
+        lock_project(project)
+    assert target.read_text() == "untouched"
+    assert sorted(p.name for p in project.iterdir()) == sorted(["pyproject.toml", linked])

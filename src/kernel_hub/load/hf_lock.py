@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import KernelHubError, MetadataError, UnsafeNameError
-from ..files import read_capped_text, write_atomic
+from ..files import check_writable, read_capped_text, write_atomic
 from ..names import check_commit, check_ref_name, check_repo_id
 from .trust import TrustSetting, trust_policy
 
@@ -176,6 +176,8 @@ def lock_project(project_dir: str | Path, *, framework: str = "jax", backend: st
     ours = [lock_one(repo, version=major, framework=framework, backend=backend, trust=trust)
             for repo, major in wanted.items()]
     entries = [HfLockEntry(k.repo_id, wanted[k.repo_id], None, k.commit) for k in ours]
+    check_writable(project / HF_LOCK_FILE, "kernels.lock")
+    check_writable(project / LOCK_FILE, "the lock file")
     write_hf_lock(entries, project / HF_LOCK_FILE)
     LockFile(ours).write(project / LOCK_FILE)
     return entries
