@@ -21,8 +21,27 @@ STATE_ATTR = "_kernel_hub_state"
 #: Where a module whose weights a kind moved out of its parameters keeps its record: any object whose
 #: `placeholders` maps parameter names to the meta parameters left registered in their place.
 STAND_INS_ATTR = "_kernel_hub_packed"
+class _Missing:
+    """The one "nothing was there" marker: copies and pickles of it are itself, so a deep-copied model's swap
+    record still reads as "nothing" and restore() on the copy removes the forward instead of installing a marker."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+    def __copy__(self) -> _Missing:
+        return self
+
+    def __deepcopy__(self, memo: dict) -> _Missing:
+        return self
+
+    def __reduce__(self) -> str:
+        return "MISSING"
+
+
 #: A module whose instance __dict__ held no `forward` before the swap.
-MISSING = object()
+MISSING = _Missing()
 
 
 @dataclass
