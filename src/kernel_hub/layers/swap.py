@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 #: The implementation name kernelize registers in transformers' dispatch interfaces (a kind's adapter registers it).
@@ -95,6 +96,15 @@ class CallCounts:
     calls: int = 0
     fallbacks: int = 0
     last_fallback: str = ""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> CallCounts:
+        """A copy whose loaded kernel modules are shared (a module cannot be copied, and one loaded kernel serves
+        any number of models); everything else is deep-copied, so a deep-copied model gets its own hooks."""
+        new = object.__new__(type(self))
+        memo[id(self)] = new
+        for key, value in self.__dict__.items():
+            new.__dict__[key] = value if isinstance(value, ModuleType) else copy.deepcopy(value, memo)
+        return new
 
     def served(self) -> None:
         if not _compiling():
