@@ -65,22 +65,14 @@ def test_help_names_the_endpoints_and_the_cpu_bounds(capsys: pytest.CaptureFixtu
 
 def _save_tiny_moe(path: Path) -> None:
     """A random tiny Qwen3-MoE (seed 0) and a word-level tokenizer (w4..w127) with a plain chat template."""
-    from tokenizers import Tokenizer, pre_tokenizers
-    from tokenizers import models as tok_models
-    from transformers import GenerationConfig, PreTrainedTokenizerFast
+    from transformers import GenerationConfig
 
-    from tests.tiny_models import tiny_model
+    from tests.tiny_models import save_word_tokenizer, tiny_model
 
     model = tiny_model("qwen3_moe", seed=0)
     model.generation_config = GenerationConfig(do_sample=False, eos_token_id=2, pad_token_id=0)
     model.save_pretrained(path)
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{f"w{i}": i for i in range(4, 128)}}
-    tok = Tokenizer(tok_models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                   unk_token="<unk>")
-    fast.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
-    fast.save_pretrained(path)
+    save_word_tokenizer(path)
 
 
 def _free_port() -> int:

@@ -20,6 +20,7 @@ import pytest
 
 from tests.hub_interop import KERNELS
 from tests.hub_server import hub_env
+from tests.tiny_models import save_word_tokenizer
 
 REPO = "kernel-hub/flash-attention-tpu"
 #: published by the interop_hub fixture (tests/conftest.py)
@@ -29,11 +30,10 @@ SERVE_SECONDS = 240
 SCRIPT = r"""
 import json, sys, torch
 import transformers
-from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 import transformers.generation.continuous_batching.initialization as init
 import transformers.modeling_flash_attention_utils as fa_utils
-from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
 from kernel_hub.report import models
 
 transformers.logging.set_verbosity_error()
@@ -41,13 +41,6 @@ path = MODEL_DIR
 model = models.tiny_model("qwen3_moe")
 model.generation_config = GenerationConfig(max_new_tokens=5, do_sample=False, eos_token_id=2, pad_token_id=0)
 model.save_pretrained(path)
-vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{f"w{i}": i for i in range(4, 128)}}
-tok = Tokenizer(tok_models.WordLevel(vocab, unk_token="<unk>"))
-tok.pre_tokenizer = pre_tokenizers.Whitespace()
-fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                               unk_token="<unk>")
-fast.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
-fast.save_pretrained(path)
 
 CALLS = {"varlen": 0, "kvcache": 0}
 FILES = {}
@@ -108,6 +101,7 @@ def test_generate_batch_by_repo_id_and_transformers_serve_continuous_batching(in
     from transformers.utils.import_utils import is_serve_available
 
     model_dir = tmp_path / "tiny-qwen3-moe"
+    save_word_tokenizer(model_dir)  # the script saves the model beside it
     res = interop_hub.run(SCRIPT, REPO=REPO, MODEL_DIR=str(model_dir))
     assert res["impl"] == REPO and res["equal"], res
     assert res["calls"]["varlen"] > 0 and res["calls"]["kvcache"] == 0, res  # CPU: transformers packs, no fast path

@@ -152,6 +152,19 @@ def test_tpu_gate_refuses_an_untrusted_repo_before_fetching(tmp_path: Path, monk
     assert hub.fetched == ["jax-tpu"] and target.variant == "jax-tpu" and target.version == "1.2.0"
 
 
+def test_tpu_gate_no_fit_is_the_plans_decision(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    hub = FakeHub(tmp_path, variants=("jax-cpu",))
+
+    def plan_from_fake(repo_id, **kwargs):
+        kwargs.pop("revision", None)
+        return plan_load(repo_id, version=1, source=hub, **kwargs)
+
+    monkeypatch.setattr(gate, "plan_load", plan_from_fake)
+    with pytest.raises(NoVariantError, match="nothing to compile for a TPU: no build of acme/ragged@1.2.0 fits") as got:
+        gate.repo_package(REPO, ACME)
+    assert "jax-cpu" in str(got.value) and hub.fetched == []
+
+
 @pytest.mark.parametrize("function", [planning.plan_load, pipeline.load_plan, lock.lock_one, lock.load_locked,
                                       gate.repo_package])
 def test_below_the_edge_trust_is_a_policy(function) -> None:

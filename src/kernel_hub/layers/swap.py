@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 #: The implementation name kernelize registers in transformers' dispatch interfaces (a kind's adapter registers it).
@@ -21,8 +22,27 @@ STATE_ATTR = "_kernel_hub_state"
 #: Where a module whose weights a kind moved out of its parameters keeps its record: any object whose
 #: `placeholders` maps parameter names to the meta parameters left registered in their place.
 STAND_INS_ATTR = "_kernel_hub_packed"
+class _Missing:
+    """The one "nothing was there" marker: copies and pickles of it are itself, so a deep-copied model's swap
+    record still reads as "nothing" and restore() on the copy removes the forward instead of installing a marker."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+    def __copy__(self) -> _Missing:
+        return self
+
+    def __deepcopy__(self, memo: dict) -> _Missing:
+        return self
+
+    def __reduce__(self) -> str:
+        return "MISSING"
+
+
 #: A module whose instance __dict__ held no `forward` before the swap.
-MISSING = object()
+MISSING = _Missing()
 
 
 @dataclass
@@ -76,6 +96,15 @@ class CallCounts:
     calls: int = 0
     fallbacks: int = 0
     last_fallback: str = ""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> CallCounts:
+        """A copy whose loaded kernel modules are shared (a module cannot be copied, and one loaded kernel serves
+        any number of models); everything else is deep-copied, so a deep-copied model gets its own hooks."""
+        new = object.__new__(type(self))
+        memo[id(self)] = new
+        for key, value in self.__dict__.items():
+            new.__dict__[key] = value if isinstance(value, ModuleType) else copy.deepcopy(value, memo)
+        return new
 
     def served(self) -> None:
         if not _compiling():

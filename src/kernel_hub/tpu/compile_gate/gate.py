@@ -14,7 +14,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ...errors import KernelHubError
+from ...errors import KernelHubError, NoVariantError
 from ...load.loader import verified_digests
 from ...load.planning import plan_load
 from ...load.trust import TrustPolicy
@@ -37,10 +37,15 @@ def repo_package(repo_id: str, trust: TrustPolicy, revision: str | None = None) 
         revision: a commit or ref (None: the newest release).
 
     Returns:
-        The jax-tpu build, fetched and hashed; KernelHubError when the repo has none."""
+        The jax-tpu build, fetched and hashed.
+
+    Raises:
+        NoVariantError: no jax-tpu build fits (Plan.chosen_variant decides, its trace in the message)."""
     plan = plan_load(repo_id, revision=revision, backend="tpu", framework="jax", trust=trust)
-    if plan.choice.variant is None:
-        raise KernelHubError(f"{repo_id} has no jax-tpu build: nothing to compile for a TPU")
+    try:
+        plan.chosen_variant()
+    except NoVariantError as exc:
+        raise NoVariantError(f"nothing to compile for a TPU: {exc}") from None
     return from_build(plan.fetch())
 
 
