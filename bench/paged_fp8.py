@@ -7,8 +7,12 @@ the harness's relative error max|out - ideal| / max|ideal| (kernel_hub.verify.nu
 against the float64 attention of the stored (dequantized) cache: the kernel's own arithmetic, without quantization.
 
     python bench/paged_fp8.py [--implementation cpu|xla|pallas] [--json]
+    python bench/paged_fp8.py --modeled [--generations v5e,v6e,v7x] [--json]
 
-"pallas" runs interpreted on CPU (slow: a minute or so).
+"pallas" runs interpreted on CPU (slow: a minute or so). `--modeled`: ours with an fp8 cache beside ours with a bf16
+cache at Qwen3-30B-A3B's decode (64 sequences x 8192, pages of 128, 32/4 x 128, bf16 queries, caches donated), each
+read by kernel-hub's TPU cost model (tpu_cost_model.kernel_cost: modeled milliseconds at the constants' point and at
+both ends of their band, not measurements), in the TPU environment (make setup-tpu), in a subprocess of it.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -27,22 +33,23 @@ import kernel_hub as kh
 from kernel_hub.verify.numerics import relative_error
 
 ROOT = Path(__file__).resolve().parents[1]
-fa = kh.get_local_kernel(ROOT / "kernels" / "pallas" / "flash_attention")
-cases = importlib.import_module(f"{fa.__name__}.paged_cases")
 ARGS = ("queries", "keys", "values", "k_cache", "v_cache", "kv_lens", "page_indices", "cu_q_lens", "num_seqs")
 
-#: Pages of 32 (whole fp8 tiles): decode with GQA, a mixed batch with an empty sequence and a window, soft cap with
-#: sinks (MQA), one sequence holding every page, a long decode (2048 positions).
-SCENARIOS = (
-    cases.PagedScenario("decode_gqa8_4x300", ((1, 300),) * 4, hq=16, hkv=2, d=128, page_size=32, pages_per_seq=10),
-    cases.PagedScenario("mixed_window_empty", ((1, 1), (3, 17), (0, 9), (9, 70), (1, 50)), hq=4, hkv=2, d=128,
-                        page_size=32, pages_per_seq=3, pad=3, window=24),
-    cases.PagedScenario("mqa_softcap_sinks", ((1, 33), (2, 64)), hq=4, hkv=1, d=128, page_size=32, pages_per_seq=2,
-                        soft_cap=15.0, sinks=True),
-    cases.PagedScenario("one_sequence_every_page", ((5, 125),), hq=8, hkv=2, d=128, page_size=32, pages_per_seq=4,
-                        spare_pages=0),
-    cases.PagedScenario("decode_long_2k", ((1, 2048),) * 2, hq=8, hkv=1, d=128, page_size=32, pages_per_seq=64),
-)
+
+def scenarios(cases) -> tuple:
+    """Pages of 32 (whole fp8 tiles): decode with GQA, a mixed batch with an empty sequence and a window, soft cap with
+    sinks (MQA), one sequence holding every page, a long decode (2048 positions)."""
+    return (
+        cases.PagedScenario("decode_gqa8_4x300", ((1, 300),) * 4, hq=16, hkv=2, d=128, page_size=32,
+                            pages_per_seq=10),
+        cases.PagedScenario("mixed_window_empty", ((1, 1), (3, 17), (0, 9), (9, 70), (1, 50)), hq=4, hkv=2, d=128,
+                            page_size=32, pages_per_seq=3, pad=3, window=24),
+        cases.PagedScenario("mqa_softcap_sinks", ((1, 33), (2, 64)), hq=4, hkv=1, d=128, page_size=32, pages_per_seq=2,
+                            soft_cap=15.0, sinks=True),
+        cases.PagedScenario("one_sequence_every_page", ((5, 125),), hq=8, hkv=2, d=128, page_size=32, pages_per_seq=4,
+                            spare_pages=0),
+        cases.PagedScenario("decode_long_2k", ((1, 2048),) * 2, hq=8, hkv=1, d=128, page_size=32, pages_per_seq=64),
+    )
 
 
 def _fp8(x: np.ndarray, scale: float) -> jnp.ndarray:
@@ -50,8 +57,10 @@ def _fp8(x: np.ndarray, scale: float) -> jnp.ndarray:
 
 
 def rows(implementation: str) -> list[dict]:
+    fa = kh.get_local_kernel(ROOT / "kernels" / "pallas" / "flash_attention")
+    cases = importlib.import_module(f"{fa.__name__}.paged_cases")
     out = []
-    for sc in SCENARIOS:
+    for sc in scenarios(cases):
         x = cases.paged_inputs(sc, "float32", seed=0)
         feats = dict(cases.features(sc), sinks=x["sinks"])
         ideal = fa.reference_ragged_paged_attention(*(x[k] for k in ARGS), **feats)[0]
@@ -66,8 +75,9 @@ def rows(implementation: str) -> list[dict]:
         stored = fa.reference_ragged_paged_attention(*(q8[k] for k in ARGS), **feats, **scales)[0]
         for cache, got in (("bfloat16", got_bf16), ("float8_e4m3fn", got_fp8)):
             g = np.asarray(got, np.float64)
-            row = {"case": sc.name, "cache": cache, "implementation": implementation, "finite": bool(np.isfinite(g).all()),
-                   "max_abs": float(np.abs(g - ideal).max()), "rel": relative_error(g, ideal)}
+            row = {"case": sc.name, "cache": cache, "implementation": implementation,
+                   "finite": bool(np.isfinite(g).all()), "max_abs": float(np.abs(g - ideal).max()),
+                   "rel": relative_error(g, ideal)}
             if cache == "float8_e4m3fn":
                 row.update(rel_vs_stored=relative_error(g, stored), **scales)
             out.append(row)
@@ -77,18 +87,88 @@ def rows(implementation: str) -> list[dict]:
 def table(rs: list[dict]) -> str:
     lines = ["case | bf16 cache: max abs / rel | fp8 e4m3 cache: max abs / rel | fp8 vs its stored cache: rel"]
     by = {(r["case"], r["cache"]): r for r in rs}
-    for sc in SCENARIOS:
-        b, f = by[(sc.name, "bfloat16")], by[(sc.name, "float8_e4m3fn")]
-        lines.append(f"{sc.name} | {b['max_abs']:.4f} / {b['rel']:.4f} | {f['max_abs']:.4f} / {f['rel']:.4f} | "
+    for name in dict.fromkeys(r["case"] for r in rs):
+        b, f = by[(name, "bfloat16")], by[(name, "float8_e4m3fn")]
+        lines.append(f"{name} | {b['max_abs']:.4f} / {b['rel']:.4f} | {f['max_abs']:.4f} / {f['rel']:.4f} | "
                      f"{f['rel_vs_stored']:.4f}")
     return "\n".join(lines)
+
+
+def modeled_rows(generations: list[str]) -> None:
+    """Runs inside the TPU environment: one JSON line per (generation, cache dtype)."""
+    import jax
+
+    from kernel_hub.tpu.chips import chip
+    from kernel_hub.tpu.package import folder_package
+    from kernel_hub.tpu.target import topology_devices
+    from kernel_hub.tpu.worker_common import first_meaningful_line, load_package
+    from tpu_cost_model.paged_peers import CACHE, PAGE, _metadata, batch
+    from tpu_cost_model.schedule import kernel_cost
+
+    fa = load_package(folder_package(ROOT / "kernels/pallas/flash_attention").request())
+    sds = jax.ShapeDtypeStruct
+    hq, hkv, d = 32, 4, 128
+    seqs = batch("decode")
+    meta, b = _metadata(seqs), len(seqs)
+    for gen in generations:
+        jax.config.update("jax_default_device", topology_devices(chip(gen).topology)[0])
+        for kv in ("bfloat16", "float8_e4m3fn"):
+            cache = sds((b * (CACHE // PAGE), PAGE, hkv, d), kv)
+            args = (sds((b, hq, d), "bfloat16"), sds((b, hkv, d), "bfloat16"), sds((b, hkv, d), "bfloat16"), cache,
+                    cache, meta["kv_lens"], meta["table"], meta["cu"], np.int32(b))
+            scales = {"k_scale": 0.5, "v_scale": 0.5} if kv != "bfloat16" else {}
+            fn = jax.jit(lambda *a, sc=scales: fa.ragged_paged_attention(*a, implementation="pallas", interpret=False,
+                                                                          **sc), donate_argnums=(3, 4))
+            row = {"generation": gen, "cache": kv, "case": "qwen3_30b_a3b 32/4x128 decode b64 8k"}
+            try:
+                cost = kernel_cost(fn, *args, generation=gen)
+                fast, slow = cost.band(chip(gen))
+                row.update(modeled_ms=cost.seconds(chip(gen)) * 1e3, band_ms=[fast * 1e3, slow * 1e3])
+            except Exception as exc:  # the entry's refusal (v5e: no fp8) or the model's is the row
+                row["refused"] = first_meaningful_line(str(exc))
+            print(json.dumps(row), flush=True)
+
+
+def modeled_table(rs: list[dict]) -> str:
+    lines = ["generation | case | bf16 cache ms (band) | fp8 cache ms (band) | fp8 / bf16  [modeled, not measured]"]
+    by = {(r["generation"], r["cache"]): r for r in rs}
+    for gen in dict.fromkeys(r["generation"] for r in rs):
+        b, f = by[(gen, "bfloat16")], by[(gen, "float8_e4m3fn")]
+        cell = lambda r: (f"{r['modeled_ms']:.3f} ({r['band_ms'][0]:.3f}-{r['band_ms'][1]:.3f})" if "modeled_ms" in r
+                          else f"refused: {r['refused']}")
+        ratio = f"{f['modeled_ms'] / b['modeled_ms']:.2f}" if "modeled_ms" in f and "modeled_ms" in b else "-"
+        lines.append(f"{gen} | {b['case']} | {cell(b)} | {cell(f)} | {ratio}")
+    return "\n".join(lines)
+
+
+def _modeled(generations: str, as_json: bool) -> int:
+    from kernel_hub.tpu.env import tpu_env
+
+    env = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(ROOT / "src"), "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+    done = subprocess.run([str(tpu_env().python), __file__, "--in-tpu-env", "--generations", generations],
+                          capture_output=True, text=True, env={**os.environ, **env})
+    rs = [json.loads(ln) for ln in done.stdout.splitlines() if ln.startswith("{")]
+    if done.returncode or not rs:
+        print(done.stderr[-3000:], file=sys.stderr)
+        return done.returncode or 1
+    print(json.dumps(rs, indent=1) if as_json else modeled_table(rs))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--implementation", default="cpu", choices=["cpu", "xla", "pallas"])
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--modeled", action="store_true", help="the cost model's fp8 vs bf16 decode rows")
+    parser.add_argument("--generations", default="v5e,v6e,v7x")
+    parser.add_argument("--in-tpu-env", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    gens = [g.strip() for g in args.generations.split(",") if g.strip()]
+    if args.in_tpu_env:
+        modeled_rows(gens)
+        return 0
+    if args.modeled:
+        return _modeled(",".join(gens), args.json)
     rs = rows(args.implementation)
     print(json.dumps(rs, indent=1) if args.json else table(rs))
     return 0 if all(r["finite"] for r in rs) else 1

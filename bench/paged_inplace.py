@@ -8,8 +8,8 @@ means: the outputs alias both caches (alias = both caches) and the temporaries s
 Cases: Qwen3-30B-A3B decode (64 sequences x 8192 positions, pages of 128, 32/4 heads x 128, bf16, two 512 MiB caches)
 and Gemma 4 26B-A4B's sliding layers (16/8 x 256, window 1024, two 2 GiB caches): "model"; a small one that compiles
 in seconds (tests/tpu/test_paged_inplace_tpu.py): "small"; Qwen3's decode with bf16 and with float8_e4m3fn caches
-(two 256 MiB caches; v5e refuses fp8, and that refusal is its row): "fp8". The compiles run in the TPU environment (make setup-tpu),
-in a subprocess of it.
+(two 256 MiB caches; v5e refuses fp8, and that refusal is its row): "fp8". The compiles run in the TPU environment
+(make setup-tpu), in a subprocess of it.
 """
 
 from __future__ import annotations
