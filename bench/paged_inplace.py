@@ -3,12 +3,13 @@
 memory analysis for a mock v5e / v6e / v7x gives the program's argument, output, aliased and temporary bytes. In place
 means: the outputs alias both caches (alias = both caches) and the temporaries stay under a tenth of one cache.
 
-    python bench/paged_inplace.py [--json] [--generations v5e,v6e,v7x] [--cases model|small|fp8|all]
+    python bench/paged_inplace.py [--json] [--generations v5e,v6e,v7x] [--cases model|small|fp8|small_fp8|all]
 
 Cases: Qwen3-30B-A3B decode (64 sequences x 8192 positions, pages of 128, 32/4 heads x 128, bf16, two 512 MiB caches)
 and Gemma 4 26B-A4B's sliding layers (16/8 x 256, window 1024, two 2 GiB caches): "model"; a small one that compiles
 in seconds (tests/tpu/test_paged_inplace_tpu.py): "small"; Qwen3's decode with bf16 and with float8_e4m3fn caches
-(two 256 MiB caches; v5e refuses fp8, and that refusal is its row): "fp8". The compiles run in the TPU environment
+(two 256 MiB caches; v5e refuses fp8, and that refusal is its row): "fp8"; the small case with fp8 caches:
+"small_fp8". The compiles run in the TPU environment
 (make setup-tpu), in a subprocess of it.
 """
 
@@ -30,11 +31,13 @@ CASES = {
     "gemma4_26b_a4b_sliding_decode_b64_8k": (64, 8192, 128, 16, 8, 256, 1024),
     "small_decode_b8_2k_window": (8, 2048, 128, 8, 4, 128, 512),
     "qwen3_30b_a3b_decode_b64_8k_fp8": (64, 8192, 128, 32, 4, 128, None),
+    "small_decode_b8_2k_window_fp8": (8, 2048, 128, 8, 4, 128, 512),
 }
 #: Cases whose caches are float8_e4m3fn (per-cache scales; v6e and v7x only: v5e refuses fp8 caches); others bf16.
-FP8_CASES = {"qwen3_30b_a3b_decode_b64_8k_fp8"}
+FP8_CASES = {"qwen3_30b_a3b_decode_b64_8k_fp8", "small_decode_b8_2k_window_fp8"}
 GROUPS = {"model": [n for n in CASES if not n.startswith("small") and n not in FP8_CASES],
-          "small": ["small_decode_b8_2k_window"], "fp8": ["qwen3_30b_a3b_decode_b64_8k", *sorted(FP8_CASES)]}
+          "small": ["small_decode_b8_2k_window"], "small_fp8": ["small_decode_b8_2k_window_fp8"],
+          "fp8": ["qwen3_30b_a3b_decode_b64_8k", "qwen3_30b_a3b_decode_b64_8k_fp8"]}
 GROUPS["all"] = GROUPS["model"] + GROUPS["small"] + sorted(FP8_CASES)
 
 
