@@ -8,8 +8,8 @@ means: the outputs alias both caches (alias = both caches) and the temporaries s
 Cases: Qwen3-30B-A3B decode (64 sequences x 8192 positions, pages of 128, 32/4 heads x 128, bf16, two 512 MiB caches)
 and Gemma 4 26B-A4B's sliding layers (16/8 x 256, window 1024, two 2 GiB caches): "model"; a small one that compiles
 in seconds (tests/tpu/test_paged_inplace_tpu.py): "small"; Qwen3's decode with bf16 and with float8_e4m3fn caches
-(two 256 MiB caches; v5e refuses fp8, and that refusal is its row): "fp8"; the small case with fp8 caches:
-"small_fp8". The compiles run in the TPU environment
+(two 256 MiB caches; v5e refuses fp8, and that refusal is its row) and Gemma 4's sliding decode with fp8: "fp8"; the
+small case with fp8 caches (tests/tpu/test_paged_fp8_tpu.py): "small_fp8". The compiles run in the TPU environment
 (make setup-tpu), in a subprocess of it.
 """
 
@@ -32,12 +32,15 @@ CASES = {
     "small_decode_b8_2k_window": (8, 2048, 128, 8, 4, 128, 512),
     "qwen3_30b_a3b_decode_b64_8k_fp8": (64, 8192, 128, 32, 4, 128, None),
     "small_decode_b8_2k_window_fp8": (8, 2048, 128, 8, 4, 128, 512),
+    "gemma4_26b_a4b_sliding_decode_b64_8k_fp8": (64, 8192, 128, 16, 8, 256, 1024),
 }
 #: Cases whose caches are float8_e4m3fn (per-cache scales; v6e and v7x only: v5e refuses fp8 caches); others bf16.
-FP8_CASES = {"qwen3_30b_a3b_decode_b64_8k_fp8", "small_decode_b8_2k_window_fp8"}
+FP8_CASES = {"qwen3_30b_a3b_decode_b64_8k_fp8", "small_decode_b8_2k_window_fp8",
+             "gemma4_26b_a4b_sliding_decode_b64_8k_fp8"}
 GROUPS = {"model": [n for n in CASES if not n.startswith("small") and n not in FP8_CASES],
           "small": ["small_decode_b8_2k_window"], "small_fp8": ["small_decode_b8_2k_window_fp8"],
-          "fp8": ["qwen3_30b_a3b_decode_b64_8k", "qwen3_30b_a3b_decode_b64_8k_fp8"]}
+          "fp8": ["qwen3_30b_a3b_decode_b64_8k", "qwen3_30b_a3b_decode_b64_8k_fp8",
+                  "gemma4_26b_a4b_sliding_decode_b64_8k_fp8"]}
 GROUPS["all"] = GROUPS["model"] + GROUPS["small"] + sorted(FP8_CASES)
 
 

@@ -123,7 +123,7 @@ def check_paged_shapes(queries, keys, values, k_cache, v_cache, kv_lens, page_in
     cap = soft_cap_arg(_WHO, soft_cap)
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     ks, vs = scale_arg(_WHO, "k_scale", k_scale), scale_arg(_WHO, "v_scale", v_scale)
-    if str(k_cache.dtype) != FP8_KV and (ks, vs) != (None, None) and {ks, vs} - {None, 1.0}:
+    if str(k_cache.dtype) != FP8_KV and any(x not in (None, 1.0) for x in (ks, vs)):
         raise ValueError(f"{_WHO}: k_scale / v_scale apply to {FP8_KV} caches only; these are {k_cache.dtype} "
                          "(pass no scales, or store the caches in float8_e4m3fn)")
     return PagedShapes(t, hq, hkv, d, p, ps, s, page_indices.shape[1], scale, window, cap,
