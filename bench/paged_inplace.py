@@ -3,12 +3,14 @@
 memory analysis for a mock v5e / v6e / v7x gives the program's argument, output, aliased and temporary bytes. In place
 means: the outputs alias both caches (alias = both caches) and the temporaries stay under a tenth of one cache.
 
-    python bench/paged_inplace.py [--json] [--generations v5e,v6e,v7x] [--cases model|small|all]
+    python bench/paged_inplace.py [--json] [--generations v5e,v6e,v7x] [--cases model|small|fp8|small_fp8|all]
 
 Cases: Qwen3-30B-A3B decode (64 sequences x 8192 positions, pages of 128, 32/4 heads x 128, bf16, two 512 MiB caches)
 and Gemma 4 26B-A4B's sliding layers (16/8 x 256, window 1024, two 2 GiB caches): "model"; a small one that compiles
-in seconds (tests/tpu/test_paged_inplace_tpu.py): "small". The compiles run in the TPU environment (make setup-tpu),
-in a subprocess of it.
+in seconds (tests/tpu/test_paged_inplace_tpu.py): "small"; Qwen3's decode with bf16 and with float8_e4m3fn caches
+(two 256 MiB caches; v5e refuses fp8, and that refusal is its row) and Gemma 4's sliding decode with fp8: "fp8"; the
+small case with fp8 caches (tests/tpu/test_paged_fp8_tpu.py): "small_fp8". The compiles run in the TPU environment
+(make setup-tpu), in a subprocess of it.
 """
 
 from __future__ import annotations
@@ -28,9 +30,18 @@ CASES = {
     "qwen3_30b_a3b_decode_b64_8k": (64, 8192, 128, 32, 4, 128, None),
     "gemma4_26b_a4b_sliding_decode_b64_8k": (64, 8192, 128, 16, 8, 256, 1024),
     "small_decode_b8_2k_window": (8, 2048, 128, 8, 4, 128, 512),
+    "qwen3_30b_a3b_decode_b64_8k_fp8": (64, 8192, 128, 32, 4, 128, None),
+    "small_decode_b8_2k_window_fp8": (8, 2048, 128, 8, 4, 128, 512),
+    "gemma4_26b_a4b_sliding_decode_b64_8k_fp8": (64, 8192, 128, 16, 8, 256, 1024),
 }
-GROUPS = {"model": [n for n in CASES if not n.startswith("small")], "small": ["small_decode_b8_2k_window"]}
-GROUPS["all"] = GROUPS["model"] + GROUPS["small"]
+#: Cases whose caches are float8_e4m3fn (per-cache scales; v6e and v7x only: v5e refuses fp8 caches); others bf16.
+FP8_CASES = {"qwen3_30b_a3b_decode_b64_8k_fp8", "small_decode_b8_2k_window_fp8",
+             "gemma4_26b_a4b_sliding_decode_b64_8k_fp8"}
+GROUPS = {"model": [n for n in CASES if not n.startswith("small") and n not in FP8_CASES],
+          "small": ["small_decode_b8_2k_window"], "small_fp8": ["small_decode_b8_2k_window_fp8"],
+          "fp8": ["qwen3_30b_a3b_decode_b64_8k", "qwen3_30b_a3b_decode_b64_8k_fp8",
+                  "gemma4_26b_a4b_sliding_decode_b64_8k_fp8"]}
+GROUPS["all"] = GROUPS["model"] + GROUPS["small"] + sorted(FP8_CASES)
 
 
 def compile_rows(generations: list[str], names: list[str]) -> None:
@@ -51,23 +62,27 @@ def compile_rows(generations: list[str], names: list[str]) -> None:
         for name in names:
             seqs, length, page, hq, hkv, d, window = CASES[name]
             pages = seqs * (length // page)
-            cache = sds((pages, page, hkv, d), jnp.bfloat16)
+            kv_dtype = jnp.float8_e4m3fn if name in FP8_CASES else jnp.bfloat16
+            cache = sds((pages, page, hkv, d), kv_dtype)
+            scales = {"k_scale": 0.5, "v_scale": 0.5} if name in FP8_CASES else {}
             args = on_device((sds((seqs, hq, d), jnp.bfloat16), sds((seqs, hkv, d), jnp.bfloat16),
                               sds((seqs, hkv, d), jnp.bfloat16), cache, cache, sds((seqs,), jnp.int32),
                               sds((seqs, length // page), jnp.int32), sds((seqs + 1,), jnp.int32),
                               sds((), jnp.int32)), device)
 
-            def step(*a, window=window):
-                return fa.ragged_paged_attention(*a, sliding_window=window, implementation="pallas", interpret=False)
+            def step(*a, window=window, scales=scales):
+                return fa.ragged_paged_attention(*a, sliding_window=window, implementation="pallas", interpret=False,
+                                                 **scales)
 
             start = time.perf_counter()
-            row = {"generation": gen, "case": name, "cache_mib": pages * page * hkv * d * 2 / MIB}
+            row = {"generation": gen, "case": name,
+                   "cache_mib": pages * page * hkv * d * jnp.dtype(kv_dtype).itemsize / MIB}
             try:
                 mem = jax.jit(step, donate_argnums=(3, 4)).lower(*args).compile().memory_analysis()
                 row.update(compiled="yes", argument_mib=mem.argument_size_in_bytes / MIB,
                            output_mib=mem.output_size_in_bytes / MIB, alias_mib=mem.alias_size_in_bytes / MIB,
                            temp_mib=mem.temp_size_in_bytes / MIB)
-            except Exception as exc:  # the compiler's refusal is the row
+            except Exception as exc:  # the compiler's (or the entry's) refusal is the row
                 row.update(compiled=str(exc).strip().splitlines()[0][:300])
             row["compile_s"] = round(time.perf_counter() - start, 1)
             print(json.dumps(row), flush=True)

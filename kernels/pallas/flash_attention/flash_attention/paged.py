@@ -6,6 +6,9 @@ page, then attend; portable). All three write the new tokens' K/V into their pag
 kernel whose cache outputs alias its inputs (pallas_paged_write), so under a jit that donates the caches the update
 happens in place and no copy of a cache exists anywhere in the program; "cpu" and "xla" with an XLA scatter
 (paged_layout.write_new_tokens), in place on XLA's CPU backend under donation too.
+
+The caches may be float8_e4m3fn with per-cache scales (k_scale, v_scale; paged_quant.py): new rows are quantized on
+store, pages dequantized where they are read, the same way by every implementation; chips without fp8 refuse them.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from .paged_layout import (
     work_items,
     write_new_tokens,
 )
+from .paged_quant import fp8_refusal, is_fp8
 from .paged_tuning import Choice, choose_blocks
 from .pallas_paged import PagedStatic, layout_ok, paged_forward
 from .pallas_paged_write import write_pages
@@ -66,7 +70,8 @@ def _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_
     meta = metadata(kv_lens, page_indices, cu_q_lens, num_seqs, sh)
     if update_cache and impl == "pallas":
         page, slot = token_destinations(meta, sh)
-        k_cache, v_cache = write_pages(k_cache, v_cache, keys, values, page, slot, interpret=interpret)
+        k_cache, v_cache = write_pages(k_cache, v_cache, keys, values, page, slot, interpret=interpret,
+                                       k_scale=sh.k_scale, v_scale=sh.v_scale)
     elif update_cache:
         k_cache, v_cache = write_new_tokens(k_cache, v_cache, keys, values, meta, sh)
     if impl == "pallas" and block_q == 1:  # the decode schedule: queries and output where they lie
@@ -124,7 +129,8 @@ def _static(sh: PagedShapes, has_sinks: bool, causal: bool, ppb: int, steps: int
     return PagedStatic(sm_scale=sh.sm_scale, window=sh.window, soft_cap=sh.soft_cap, has_sinks=has_sinks,
                        causal=causal, page_size=sh.page_size, pages_per_block=ppb, pages_per_seq=sh.pages_per_seq,
                        num_pages=sh.num_pages, kv_heads=sh.kv_heads, steps=steps, interpret=interpret,
-                       vmem_limit_bytes=vmem_limit, group=sh.group, direct=direct)
+                       vmem_limit_bytes=vmem_limit, group=sh.group, direct=direct, k_scale=sh.k_scale,
+                       v_scale=sh.v_scale)
 
 
 def ragged_paged_attention(
@@ -147,6 +153,8 @@ def ragged_paged_attention(
     interpret: Any = None,
     config: AttentionConfig | None = None,
     update_cache: bool = True,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Attention of many sequences' new tokens, packed ragged, over a paged KV cache; prefill chunks and decode steps
     mix in one call, and the new tokens' K/V are written into their pages as part of it.
@@ -154,7 +162,8 @@ def ragged_paged_attention(
     Args:
       queries: [T, Hq, D]; keys, values: [T, Hkv, D]. Sequence i owns rows cu_q_lens[i]:cu_q_lens[i+1]; rows past
         cu_q_lens[num_seqs] are padding (their output is 0, their K/V are not written).
-      k_cache, v_cache: [num_pages, page_size, Hkv, D], same dtype as queries (float32 or bfloat16).
+      k_cache, v_cache: [num_pages, page_size, Hkv, D], the queries' dtype (float32 or bfloat16) or float8_e4m3fn
+        (quantized: a stored x means x * k_scale, resp. v_scale; TPU v6e / v7x and CPU, refused on v4 / v5e / v5p).
       kv_lens: int32 [S], each sequence's length including its new tokens.
       page_indices: int32 [S, pages_per_seq]; position p of sequence i lives at page page_indices[i, p // page_size],
         slot p % page_size.
@@ -167,6 +176,8 @@ def ragged_paged_attention(
       update_cache: False when the caller has written the new rows into the caches already (the torch entries, which
         update transformers' cache tensors in place): keys/values are then not written and the caches come back as
         given, so a caller that does not donate them pays no copy.
+      k_scale, v_scale: an fp8 cache's per-cache scales, static Python numbers > 0 (default 1.0); new rows are stored
+        as clip(x / scale, +-448) in e4m3 (saturating). Refused with a float cache unless 1.0.
 
     Returns:
       (out [T, Hq, D] in queries.dtype, k_cache, v_cache) with the new rows written. The caller rebinds the returned
@@ -182,7 +193,12 @@ def ragged_paged_attention(
     k_cache, v_cache = jnp.asarray(k_cache), jnp.asarray(v_cache)
     kv_lens, page_indices, cu_q_lens = (host_or_traced(x) for x in (kv_lens, page_indices, cu_q_lens))
     sh = check_paged_shapes(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, sinks,
-                            sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap)
+                            sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap,
+                            k_scale=k_scale, v_scale=v_scale)
+    if is_fp8(k_cache.dtype):
+        why = fp8_refusal(device_kind_of(k_cache))
+        if why:
+            raise ValueError(why)
     num_seqs = check_num_seqs(num_seqs, sh.max_seqs)
     check_paged_values(kv_lens, page_indices, cu_q_lens, num_seqs, sh)
     if sh.tokens == 0 or sh.max_seqs == 0:  # nothing to attend or write
@@ -200,7 +216,7 @@ def ragged_paged_attention(
 
     def run(impl: str, mode: Any):
         if impl == "pallas":
-            why = layout_ok(sh.head_dim, sh.page_size, queries.dtype)
+            why = layout_ok(sh.head_dim, sh.page_size, k_cache.dtype)
             if why:
                 raise NotImplementedError(f"the paged attention kernel cannot take this cache: {why}")
         return _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, num, sinks,

@@ -52,3 +52,18 @@ def soft_cap_arg(who: str, value: Any, *, name: str = "soft_cap", zero_is_none: 
         raise ValueError(f"{who}: {name} must be a finite number > 0, or {none}; got {cap} (an infinite or NaN "
                          "cap turns every logit into NaN)")
     return cap
+
+
+def scale_arg(who: str, name: str, value: Any) -> float | None:
+    """A KV cache scale (k_scale / v_scale): a finite number > 0, or None (1.0 for an fp8 cache)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"{who}: {name} must be a number, got the bool {value}")
+    try:
+        scale = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{who}: {name} must be a Python number (a static per-cache scale), got {value!r}") from None
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"{who}: {name} must be a finite number > 0, got {scale}")
+    return scale

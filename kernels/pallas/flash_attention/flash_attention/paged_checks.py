@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .paged_args import int_arg, soft_cap_arg, window_arg
+from .paged_args import int_arg, scale_arg, soft_cap_arg, window_arg
+from .paged_quant import FP8_KV
 
 _WHO = "ragged_paged_attention"
 _INT32 = np.iinfo(np.int32)
@@ -39,6 +40,8 @@ class PagedShapes:
     sm_scale: float
     window: int | None
     soft_cap: float | None
+    k_scale: float = 1.0  # an fp8 cache's stored value x means x * k_scale (1.0 for a float cache)
+    v_scale: float = 1.0
 
     @property
     def group(self) -> int:
@@ -80,7 +83,8 @@ def _host_ints(name: str, x: Any) -> np.ndarray:
 
 
 def check_paged_shapes(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, sinks, *,
-                       sm_scale: float | None, sliding_window: int | None, soft_cap: float | None) -> PagedShapes:
+                       sm_scale: float | None, sliding_window: int | None, soft_cap: float | None,
+                       k_scale: float | None = None, v_scale: float | None = None) -> PagedShapes:
     """PagedShapes, or ValueError naming the argument whose shape or dtype is wrong."""
     if queries.ndim != 3:
         raise ValueError(f"ragged_paged_attention: queries must be [tokens, q_heads, head_dim], got {queries.shape}")
@@ -98,11 +102,7 @@ def check_paged_shapes(queries, keys, values, k_cache, v_cache, kv_lens, page_in
         raise ValueError(f"ragged_paged_attention: q_heads ({hq}) must be a multiple of kv_heads ({hkv})")
     if p == 0 or ps == 0:
         raise ValueError(f"ragged_paged_attention: the cache holds no pages (shape {k_cache.shape})")
-    dtypes = {str(x.dtype) for x in (queries, keys, values, k_cache, v_cache)}
-    if len(dtypes) != 1 or dtypes.pop() not in ("float32", "bfloat16"):
-        raise ValueError("ragged_paged_attention: queries, keys, values and both caches must share one dtype, "
-                         "float32 or bfloat16; got " + ", ".join(str(x.dtype) for x in (queries, keys, values,
-                                                                                         k_cache, v_cache)))
+    _check_dtypes(queries, keys, values, k_cache, v_cache)
     if kv_lens.ndim != 1:
         raise ValueError(f"ragged_paged_attention: kv_lens must be [num_seqs], got shape {kv_lens.shape}")
     s = kv_lens.shape[0]
@@ -122,7 +122,22 @@ def check_paged_shapes(queries, keys, values, k_cache, v_cache, kv_lens, page_in
         window = None  # wider than any sequence the page table can hold: it masks nothing
     cap = soft_cap_arg(_WHO, soft_cap)
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    return PagedShapes(t, hq, hkv, d, p, ps, s, page_indices.shape[1], scale, window, cap)
+    ks, vs = scale_arg(_WHO, "k_scale", k_scale), scale_arg(_WHO, "v_scale", v_scale)
+    if str(k_cache.dtype) != FP8_KV and any(x not in (None, 1.0) for x in (ks, vs)):
+        raise ValueError(f"{_WHO}: k_scale / v_scale apply to {FP8_KV} caches only; these are {k_cache.dtype} "
+                         "(pass no scales, or store the caches in float8_e4m3fn)")
+    return PagedShapes(t, hq, hkv, d, p, ps, s, page_indices.shape[1], scale, window, cap,
+                       1.0 if ks is None else ks, 1.0 if vs is None else vs)
+
+
+def _check_dtypes(queries, keys, values, k_cache, v_cache) -> None:
+    """queries, keys and values share float32 or bfloat16; both caches share that dtype or float8_e4m3fn."""
+    names = [str(x.dtype) for x in (queries, keys, values, k_cache, v_cache)]
+    q = names[0]
+    if len(set(names[:3])) == 1 and q in ("float32", "bfloat16") and names[3] == names[4] in (q, FP8_KV):
+        return
+    raise ValueError(f"{_WHO}: queries, keys and values must share one dtype, float32 or bfloat16, and both caches "
+                     f"that dtype or {FP8_KV} (quantized, with k_scale / v_scale); got " + ", ".join(names))
 
 
 def check_num_seqs(num_seqs: Any, max_seqs: int) -> Any:

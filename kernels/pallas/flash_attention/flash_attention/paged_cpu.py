@@ -3,7 +3,8 @@
 "cpu": walks each work item's pages a block at a time (a static loop of `steps` blocks of pages, an online softmax
 across them), so only one block of pages per work item is ever resident: never a contiguous copy of the cache.
 "xla": gathers each work item's whole page list and attends densely (the gather-then-attend baseline; portable).
-Both compute logits and the softmax in f32.
+Both compute logits and the softmax in f32. An fp8 cache is dequantized as the kernel does it: pages cast to the
+queries' dtype, k_scale folded into the logits' scale and v_scale into the output's normalisation.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def _dot(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
 
 
 def _logits(q: jax.Array, k: jax.Array, sh: PagedShapes) -> jax.Array:
-    s = _dot("whrd,wnhd->whrn", q, k) * sh.sm_scale
+    s = _dot("whrd,wnhd->whrn", q, k.astype(q.dtype)) * (sh.sm_scale * sh.k_scale)
     return s if sh.soft_cap is None else sh.soft_cap * jnp.tanh(s / sh.soft_cap)
 
 
@@ -38,14 +39,14 @@ def _mask(cols: jax.Array, qpos: jax.Array, kv_len: jax.Array, sh: PagedShapes, 
     return ok
 
 
-def _finish(m, denom, acc, sinks_rows):
+def _finish(m, denom, acc, sinks_rows, v_scale: float):
     if sinks_rows is not None:
         sink = sinks_rows[None, :, :, None]
         top = jnp.maximum(m, sink)
         scale = jnp.exp(m - top)
         denom = denom * scale + jnp.exp(sink - top)
         acc = acc * scale
-    return acc / jnp.where(denom > 0, denom, 1.0)
+    return acc * v_scale / jnp.where(denom > 0, denom, 1.0)
 
 
 def _values(v: jax.Array, cols: jax.Array, kv_len: jax.Array) -> jax.Array:
@@ -83,7 +84,7 @@ def cpu_paged(q_work, qpos, work: Work, k_cache, v_cache, meta: Meta, sh: PagedS
     init = (jnp.full((w_count, hkv, r, 1), _MASKED, jnp.float32), jnp.zeros((w_count, hkv, r, 1), jnp.float32),
             jnp.zeros((w_count, hkv, r, d), jnp.float32))
     m, denom, acc = jax.lax.fori_loop(0, steps, body, init)
-    return _finish(m, denom, acc, sinks_rows)
+    return _finish(m, denom, acc, sinks_rows, sh.v_scale)
 
 
 def xla_paged(q_work, qpos, work: Work, k_cache, v_cache, meta: Meta, sh: PagedShapes, *, causal: bool,
@@ -100,4 +101,4 @@ def xla_paged(q_work, qpos, work: Work, k_cache, v_cache, meta: Meta, sh: PagedS
     s = jnp.where(ok, _logits(q_work, k, sh), _MASKED)
     m = s.max(-1, keepdims=True)
     p = jnp.where(ok, jnp.exp(s - m), 0.0)
-    return _finish(m, p.sum(-1, keepdims=True), _dot("whrn,wnhd->whrd", p, v), sinks_rows)
+    return _finish(m, p.sum(-1, keepdims=True), _dot("whrn,wnhd->whrd", p, v), sinks_rows, sh.v_scale)

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from .paged_checks import PagedShapes
+from .paged_quant import quantize_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,12 +67,12 @@ def token_destinations(meta: Meta, sh: PagedShapes) -> tuple[jax.Array, jax.Arra
 
 
 def write_new_tokens(k_cache, v_cache, keys, values, meta: Meta, sh: PagedShapes):
-    """The caches with each valid token's K/V at its page and slot (an XLA scatter); a write aimed outside the cache
-    is dropped."""
+    """The caches with each valid token's K/V at its page and slot (an XLA scatter), quantized for an fp8 cache; a
+    write aimed outside the cache is dropped."""
     page, slot = token_destinations(meta, sh)
     page = jnp.where(page >= 0, page, sh.num_pages)  # out of bounds: dropped
-    k_cache = k_cache.at[page, slot].set(keys.astype(k_cache.dtype), mode="drop")
-    v_cache = v_cache.at[page, slot].set(values.astype(v_cache.dtype), mode="drop")
+    k_cache = k_cache.at[page, slot].set(quantize_rows(keys, k_cache.dtype, sh.k_scale), mode="drop")
+    v_cache = v_cache.at[page, slot].set(quantize_rows(values, v_cache.dtype, sh.v_scale), mode="drop")
     return k_cache, v_cache
 
 

@@ -9,6 +9,15 @@ from typing import Any
 
 import numpy as np
 
+_E4M3_MAX = 448.0
+
+
+def _e4m3_rows(x: np.ndarray, scale: float) -> np.ndarray:
+    """What an fp8 cache holds for rows x, read back in float64: x / scale saturated to e4m3's range, rounded."""
+    import ml_dtypes
+
+    return np.clip(x / scale, -_E4M3_MAX, _E4M3_MAX).astype(ml_dtypes.float8_e4m3fn).astype(np.float64) * scale
+
 
 def reference_ragged_paged_attention(
     queries: Any,
@@ -26,6 +35,8 @@ def reference_ragged_paged_attention(
     sliding_window: int | None = None,
     soft_cap: float | None = None,
     causal: bool = True,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(out [T, Hq, D], k_cache, v_cache) in float64, the caches with every sequence's new rows written.
 
@@ -33,10 +44,17 @@ def reference_ragged_paged_attention(
     kv_lens[i] - q_len .. kv_lens[i] - 1 of the sequence, position p living in page page_indices[i, p // P] at
     slot p % P. Query j sees positions <= its own (causal) and > its own - sliding_window; sinks add one logit per
     query head to the softmax denominator only. Rows of padding tokens and of queries that see nothing are 0.
+
+    float8_e4m3fn caches are dequantized here (stored x -> x * scale, k_scale / v_scale default 1.0) and the new rows
+    quantized as stored (x / scale clipped to +-448, rounded to e4m3 by ml_dtypes); the caches come back dequantized.
     """
     q = np.asarray(queries, np.float64)
     k_new, v_new = np.asarray(keys, np.float64), np.asarray(values, np.float64)
     kc, vc = np.array(k_cache, np.float64), np.array(v_cache, np.float64)
+    if str(np.asarray(k_cache).dtype) == "float8_e4m3fn":
+        ks, vs = (1.0 if x is None else float(x) for x in (k_scale, v_scale))
+        kc, vc = kc * ks, vc * vs
+        k_new, v_new = _e4m3_rows(k_new, ks), _e4m3_rows(v_new, vs)
     lens, table, cu = (np.asarray(x).astype(np.int64) for x in (kv_lens, page_indices, cu_q_lens))
     n = len(lens) if num_seqs is None else int(num_seqs)
     tokens, hq, d = q.shape

@@ -72,6 +72,8 @@ def ragged_paged_attention_v3(
     implementation: str | Sequence[str] | None = None,
     interpret: Any = None,
     config: AttentionConfig | None = None,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """RPA v3's call (tpu_inference.kernels.ragged_paged_attention.v3.kernel.ragged_paged_attention) on our kernel.
 
@@ -82,6 +84,7 @@ def ragged_paged_attention_v3(
       sequences) is used: ours needs no decode / prefill / mixed split.
       use_causal_mask, sm_scale (default 1.0, as RPA v3's), sliding_window, soft_cap: as RPA v3's. sinks: ours only.
       implementation / interpret / config: the kernel contract.
+      k_scale, v_scale: as RPA v3's, for a float8_e4m3fn kv_cache (stored x means x * scale; static numbers).
 
     Returns:
       (out [T, Hq, D], kv_cache with the new tokens written), as RPA v3 returns them.
@@ -97,5 +100,5 @@ def ragged_paged_attention_v3(
     out, k_cache, v_cache = ragged_paged_attention(
         queries, keys, values, k_cache, v_cache, kv_lens, table, cu_q_lens, num_sequences(distribution, seqs),
         sinks=sinks, sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap, causal=use_causal_mask,
-        implementation=implementation, interpret=interpret, config=config)
+        implementation=implementation, interpret=interpret, config=config, k_scale=k_scale, v_scale=v_scale)
     return out, fuse_kv_cache(k_cache, v_cache, kv_cache)

@@ -14,6 +14,9 @@ blocks in.
 Page reads are clamped: a slot past the sequence's last page re-reads its last page, a page id outside the cache
 reads page 0 or the last one; the mask keeps such columns out, and values past a sequence's end are zeroed before
 they meet the probabilities, so stale or NaN cache contents never reach the output.
+
+An fp8 cache (float8_e4m3fn, paged_quant.py) is copied as it lies (half a bf16 cache's bytes) and each head's slice
+cast to the queries' dtype in VMEM; k_scale multiplies the logits with sm_scale and v_scale the finished rows.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ class PagedStatic:
     vmem_limit_bytes: int | None = None
     group: int = 1  # query heads per kv head
     direct: bool = False  # one token per item, item w = packed row w: queries and output read and written in place
+    k_scale: float = 1.0  # an fp8 cache's dequantization scales (1.0 for a float cache)
+    v_scale: float = 1.0
 
 
     @property
@@ -129,10 +134,11 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, q_ref, qpos_ref, sink
         d = q_ref.shape[-1]
         value_rows = start_of(kj) + jax.lax.broadcasted_iota(jnp.int32, (n, d), 0)
         for h in range(hkv):
-            k = kbuf[slot, :, h, :]
-            v = vbuf[slot, :, h, :]
+            q = q_rows(h)
+            k = kbuf[slot, :, h, :].astype(q.dtype)
+            v = vbuf[slot, :, h, :].astype(q.dtype)
             v = jnp.where(value_rows < kv_len, v, jnp.zeros_like(v))
-            s = _dot(q_rows(h), k, (1, 1)) * st.sm_scale  # [R, n]
+            s = _dot(q, k, (1, 1)) * (st.sm_scale * st.k_scale)  # [R, n]
             if st.soft_cap is not None:
                 s = st.soft_cap * jnp.tanh(s / st.soft_cap)
             online_softmax_step(s, mask, v, m_scr.at[h], l_scr.at[h], acc_scr.at[h])
@@ -141,7 +147,10 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, q_ref, qpos_ref, sink
     def _finish():
         for h in range(hkv):
             sink = sinks_ref[h] if st.has_sinks else None
-            result = finish_softmax(m_scr[h], l_scr[h], acc_scr[h], sink).astype(o_ref.dtype)
+            result = finish_softmax(m_scr[h], l_scr[h], acc_scr[h], sink)
+            if st.v_scale != 1.0:
+                result = result * st.v_scale
+            result = result.astype(o_ref.dtype)
             if st.direct:
                 o_ref[pl.ds(h * st.group, st.group), :] = result
             else:

@@ -7,6 +7,9 @@ row is one DMA of its [Hkv, D] keys (and values) from HBM to HBM at (page, slot)
 the same buffers back: with donation nothing is copied; without it XLA makes one copy of each cache so the caller's
 arrays stay intact.
 
+An fp8 cache gets its rows quantized on store (quantize_rows: scaled, clipped to e4m3's range, cast) before the
+DMAs: only the T new rows are touched, never the cache.
+
 Rows whose destination page is negative (padding, a write aimed outside the cache) issue no DMA.
 """
 
@@ -18,6 +21,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
+
+from .paged_quant import quantize_rows
 
 
 def _kernel(page_ref, slot_ref, keys_hbm, values_hbm, _k_in, _v_in, k_out, v_out, sems):
@@ -47,10 +52,12 @@ def _kernel(page_ref, slot_ref, keys_hbm, values_hbm, _k_in, _v_in, k_out, v_out
 
 
 def write_pages(k_cache: jax.Array, v_cache: jax.Array, keys: jax.Array, values: jax.Array, page: jax.Array,
-                slot: jax.Array, *, interpret: Any = False) -> tuple[jax.Array, jax.Array]:
+                slot: jax.Array, *, interpret: Any = False, k_scale: float = 1.0,
+                v_scale: float = 1.0) -> tuple[jax.Array, jax.Array]:
     """(k_cache, v_cache) with keys[t] / values[t] at [page[t], slot[t]] for every t with page[t] >= 0.
 
-    k_cache, v_cache [P, page_size, Hkv, D]; keys, values [T, Hkv, D] in the caches' dtype; page, slot int32 [T]
+    k_cache, v_cache [P, page_size, Hkv, D]; keys, values [T, Hkv, D] (stored as quantize_rows makes them, with
+    k_scale / v_scale for an fp8 cache); page, slot int32 [T]
     (page in [0, P) or negative: skipped; slot in [0, page_size))."""
     any_ = pl.BlockSpec(memory_space=pl.ANY)
     return pl.pallas_call(
@@ -69,5 +76,6 @@ def write_pages(k_cache: jax.Array, v_cache: jax.Array, keys: jax.Array, values:
         compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",)),
         interpret=interpret,
         name="ragged_paged_attention_cache_write",
-    )(page.astype(jnp.int32), slot.astype(jnp.int32), keys.astype(k_cache.dtype), values.astype(v_cache.dtype),
+    )(page.astype(jnp.int32), slot.astype(jnp.int32), quantize_rows(keys, k_cache.dtype, k_scale),
+      quantize_rows(values, v_cache.dtype, v_scale),
       k_cache, v_cache)

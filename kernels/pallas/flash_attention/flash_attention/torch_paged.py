@@ -31,6 +31,11 @@ CHUNK_BYTES = 32 << 20
 WORK_BYTES = 64 << 20
 
 
+#: fp8 dtypes this torch build knows (a cache in one is refused: see check_paged_call).
+_FP8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+             if hasattr(torch, n))
+
+
 class PagedCacheError(ValueError):
     """A page table, length or cache that does not describe a valid paged call; the message names what to fix."""
 
@@ -62,6 +67,10 @@ def check_paged_call(queries: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                   "[num_pages, page_size, kv_heads, head_dim]")
     if k_cache.dtype != v_cache.dtype:
         raise bad(f"k_cache is {k_cache.dtype} and v_cache {v_cache.dtype}: both caches must share one dtype")
+    if k_cache.dtype in _FP8:
+        raise bad(f"{k_cache.dtype} caches are not taken by the torch entry (it has no k_scale / v_scale to dequantize "
+                  "them with): keep the caches in the model's float dtype here, or call the JAX "
+                  "ragged_paged_attention with float8_e4m3fn caches and k_scale / v_scale")
     num_pages, page_size, hkv, d = k_cache.shape
     if queries.shape[2] != d or queries.shape[1] % hkv:
         raise bad(f"queries {tuple(queries.shape)} against caches with {hkv} kv heads of size {d}: the head sizes must "

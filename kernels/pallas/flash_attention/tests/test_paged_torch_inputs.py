@@ -1,9 +1,9 @@
 """Odd and hostile inputs of the torch builds' paged entries (`ragged_paged_attention`, `flash_attn_with_kvcache`,
 `flash_attn_varlen_func(block_table=)`), and the bounded page walk: int64 lengths, offsets and page ids are checked
 as int64 (never cut to int32), soft caps finite and positive (flash-attn's 0 = none), float lengths, a non-integer
-num_seqs, two new tokens on one page slot and K/V caches of two dtypes refused with nothing written; a zero-token
-call gives an empty output; the walk's work groups stay within their budget and still match the float64 reference
-(test_paged_torch.py's, over contiguous histories), windowed and not, bf16 and f32."""
+num_seqs, two new tokens on one page slot, K/V caches of two dtypes and fp8 caches refused with nothing written; a
+zero-token call gives an empty output; the walk's work groups stay within their budget and still match the float64
+reference (test_paged_torch.py's, over contiguous histories), windowed and not, bf16 and f32."""
 
 from __future__ import annotations
 
@@ -157,6 +157,16 @@ def test_caches_of_two_dtypes_are_refused(fa):
         fa.ragged_paged_attention(case["q"], case["keys"], case["values"], case["k_cache"],
                                   case["v_cache"].to(torch.bfloat16), case["kv_lens"], case["table"], case["cu"],
                                   implementation="torch")
+
+
+def test_fp8_caches_are_one_clear_error_and_nothing_written(fa):
+    case = build(6, q_lens=[1, 1], kv_lens=[6, 5], hq=2, hkv=1)
+    k8, v8 = case["k_cache"].to(torch.float8_e4m3fn), case["v_cache"].to(torch.float8_e4m3fn)
+    before = k8.view(torch.uint8).clone()
+    with pytest.raises(fa.PagedCacheError, match="float8_e4m3fn caches are not taken.*k_scale"):
+        fa.ragged_paged_attention(case["q"], case["keys"], case["values"], k8, v8, case["kv_lens"], case["table"],
+                                  case["cu"], implementation="torch")
+    assert torch.equal(k8.view(torch.uint8), before)
 
 
 @DTYPES
