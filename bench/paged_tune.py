@@ -1,14 +1,18 @@
-"""The ragged paged attention's tuned table (flash_attention/paged_tuned_table.py), made: per generation and model
+"""The ragged paged attention's tuned table (flash_attention/paged_tuned_table.py), made: per generation, model
 geometry (Qwen3-30B-A3B 32/4 x 128, Gemma 4 26B-A4B sliding 16/8 x 256 window 1024 and global 16/2 x 512; pages of
-128, bf16, 8192 positions), pages_per_block (8, 16, 32) swept on the decode batch (64 sequences of one new token)
-and block_q (8, 16, 32) on the mixed batch (4 prefill chunks of 496 tokens beside 60 decode steps), each candidate
-read by kernel-hub's TPU cost model (modeled, not measured), skipping candidates whose VMEM estimate passes the
-chip's budget; the fastest is then compiled by libtpu for the generation (decode and mixed), and printed as a table
-entry when both compile.
+128, bf16) and length bucket (positions per sequence), pages_per_block (8, 16, 32) swept on the decode batch (64
+sequences of one new token over the bucket) and (block_q in 8, 16, 32) x pages_per_block on the mixed batch (4
+prefill chunks of 496 tokens beside 60 decode steps), each candidate read by kernel-hub's TPU cost model (modeled,
+with its band, not measured), skipping candidates whose VMEM estimate passes the chip's budget; the blocks the
+kernel would pick without a table (the VMEM-safe fallback) are modeled beside them. The pages per step that decode
+fastest (ties: the best mixed), the block_q that runs the mixed batch fastest with them, are then compiled by libtpu
+for the generation (decode and mixed); a row whose blocks both compile is a table entry.
 
-    python bench/paged_tune.py [--generations v5e,v6e,v7x] [--json]
+    python bench/paged_tune.py [--generations v5e,v6e,v7x] [--lengths 8192] [--json]   # sweep (minutes a row)
+    python bench/paged_tune.py --table bench/records/paged_tune.json                    # the table's entries
 
-Runs in the TPU environment (make setup-tpu), in a subprocess of it.
+Runs in the TPU environment (make setup-tpu), in a subprocess of it; `--in-tpu-env` runs the sweep in this process
+(one JSON line per row on stdout, progress on stderr).
 """
 
 from __future__ import annotations
@@ -18,15 +22,39 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = (8, 16, 32)
 BLOCK_Q = (8, 16, 32)
+PAGE, BATCH, PREFILLS, CHUNK, PREFILL_CONTEXT = 128, 64, 4, 496, 4096
 
 
-def sweep(generations: list[str]) -> None:
-    """Runs inside the TPU environment: one JSON line per (generation, geometry)."""
+def batch(phase: str, length: int) -> list[tuple[int, int]]:
+    """(new tokens, length including them) per sequence: decode steps over `length` positions, and for "mixed" 4 of
+    them replaced by prefill chunks of 496 tokens over min(4096, length)."""
+    decode = [(1, length)] * (BATCH - (PREFILLS if phase == "mixed" else 0))
+    return decode + ([(CHUNK, min(PREFILL_CONTEXT, length))] * PREFILLS if phase == "mixed" else [])
+
+
+def pick_pages(decode: dict[int, list[float]], mixed: dict[tuple[int, int], list[float]], default: int) -> int | None:
+    """Pages per step: the fastest on the decode batch (the common step); among those within 0.5% of it (the model
+    often times them alike), the one whose best mixed time is fastest, the default's blocks on a tie."""
+    if not decode:
+        return None
+    best = min(t[0] for t in decode.values())
+    near = [p for p, t in decode.items() if t[0] <= best * 1.005]
+    mixed_best = {p: min((t[0] for (_, pp), t in mixed.items() if pp == p), default=float("inf")) for p in near}
+    return min(near, key=lambda p: (mixed_best[p], decode[p][0], p != default))
+
+
+def _log(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def sweep(generations: list[str], lengths: list[int]) -> None:
+    """Runs inside the TPU environment: one JSON line per (generation, geometry, length)."""
     import importlib
     import math
 
@@ -49,91 +77,152 @@ def sweep(generations: list[str]) -> None:
         c = chip(gen)
         device = topology_devices(c.topology)[0]
         jax.config.update("jax_default_device", device)
-        budget = cfg_mod.vmem_plan(c.device_kind)[0] * 5 // 8
-        for model in pp.PAGED_MODELS:
-            geo = geos[model]
+        full_budget = cfg_mod.vmem_plan(c.device_kind)[0]
+        budget = full_budget * 5 // 8
+        for length in lengths:
+            pps = length // PAGE
+            for model in pp.PAGED_MODELS:
+                geo = geos[model]
+                group = geo.hq // geo.hkv
 
-            def call(phase, block_q, ppb, geo=geo):
-                seqs = pp.batch(phase)
-                meta = pp._metadata(seqs)
-                tokens, b = sum(q for q, _ in seqs), len(seqs)
-                cache = sds((b * (pp.CACHE // pp.PAGE), pp.PAGE, geo.hkv, geo.d), "bfloat16")
-                args = (sds((tokens, geo.hq, geo.d), "bfloat16"), sds((tokens, geo.hkv, geo.d), "bfloat16"),
-                        sds((tokens, geo.hkv, geo.d), "bfloat16"), cache, cache, meta["kv_lens"], meta["table"],
-                        meta["cu"], meta["kv_lens"].shape[0])
-                config = fa.AttentionConfig(paged_block_q=block_q, paged_pages_per_block=ppb)
+                def call(phase, block_q, ppb, geo=geo, length=length, pps=pps):
+                    seqs = batch(phase, length)
+                    q_lens = np.array([q for q, _ in seqs], np.int32)
+                    lens = np.array([k for _, k in seqs], np.int32)
+                    table = np.arange(len(seqs) * pps, dtype=np.int32).reshape(len(seqs), pps)
+                    cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+                    tokens, b = int(q_lens.sum()), len(seqs)
+                    cache = sds((b * pps, PAGE, geo.hkv, geo.d), "bfloat16")
+                    args = (sds((tokens, geo.hq, geo.d), "bfloat16"), sds((tokens, geo.hkv, geo.d), "bfloat16"),
+                            sds((tokens, geo.hkv, geo.d), "bfloat16"), cache, cache, lens, table, cu, b)
+                    config = fa.AttentionConfig(paged_block_q=block_q, paged_pages_per_block=ppb)
 
-                def step(q, k, v, kc, vc, lens, table, cu, n, geo=geo, config=config):
-                    return fa.ragged_paged_attention(q, k, v, kc, vc, lens, table, cu, n,
-                                                     sm_scale=1 / math.sqrt(geo.d), sliding_window=geo.window,
-                                                     implementation="pallas", interpret=False, config=config)
+                    def step(q, k, v, kc, vc, lens, table, cu, n, geo=geo, config=config):
+                        return fa.ragged_paged_attention(q, k, v, kc, vc, lens, table, cu, n,
+                                                         sm_scale=1 / math.sqrt(geo.d), sliding_window=geo.window,
+                                                         implementation="pallas", interpret=False, config=config)
 
-                fn = jax.jit(step, donate_argnums=(3, 4))
-                return fn, args
+                    return jax.jit(step, donate_argnums=(3, 4)), args
 
-            def modeled(phase, block_q, ppb, call=call, gen=gen, c=c):
-                fn, args = call(phase, block_q, ppb)
-                return kernel_cost(fn, *args, generation=gen).seconds(c)
+                def modeled(phase, block_q, ppb, call=call, gen=gen, c=c, model=model, length=length):
+                    t0 = time.perf_counter()
+                    fn, args = call(phase, block_q, ppb)
+                    cost = kernel_cost(fn, *args, generation=gen)
+                    fast, slow = cost.band(c)
+                    _log(f"{gen} {model} {length} {phase} block_q {block_q} pages {ppb}: "
+                         f"{cost.seconds(c) * 1e6:.1f} us ({time.perf_counter() - t0:.0f} s)")
+                    return [round(cost.seconds(c) * 1e6, 1), round(fast * 1e6, 1), round(slow * 1e6, 1)]
 
-            def fits(rows, ppb, geo=geo, budget=budget):
-                return cfg_mod.paged_vmem_bytes(rows, ppb * pp.PAGE, geo.hkv, geo.d, 2) <= budget
+                def fits(rows, ppb, geo=geo, budget=budget):
+                    return cfg_mod.paged_vmem_bytes(rows, ppb * PAGE, geo.hkv, geo.d, 2) <= budget
 
-            decode = {p: modeled("decode", 1, p) for p in PAGES if fits(geo.hq // geo.hkv, p)}
-            ppb = min(decode, key=decode.get, default=None)
-            mixed = {q: modeled("mixed", q, ppb) for q in BLOCK_Q if ppb and fits(q * geo.hq // geo.hkv, ppb)}
-            block_q = min(mixed, key=mixed.get, default=None)
-            if ppb is None or block_q is None:  # no candidate within the VMEM estimate: no entry (the fallback)
-                print(json.dumps({"model": model, "key": [gen], "skipped": "no candidate fits the VMEM budget"}))
-                continue
-            compiled = {}
-            for phase, bq in (("decode", 1), ("mixed", block_q)):
-                fn, args = call(phase, bq, ppb)
-                abstract = tuple(a if isinstance(a, jax.ShapeDtypeStruct) else sds(np.shape(a), np.asarray(a).dtype)
-                                 for a in args)
-                try:
-                    fn.lower(*on_device(abstract, device)).compile()
-                    compiled[phase] = "yes"
-                except Exception as exc:  # the compiler's refusal is the row
-                    compiled[phase] = str(exc).strip().splitlines()[0][:200]
-            key = [gen, pp.PAGE, "bfloat16", "bfloat16", geo.hq, geo.hkv, geo.d, pp.CACHE]
-            print(json.dumps({"key": key, "block_q": block_q, "pages_per_block": ppb, "compiled": compiled,
-                              "decode_us": {p: round(s * 1e6, 1) for p, s in decode.items()},
-                              "mixed_us": {q: round(s * 1e6, 1) for q, s in mixed.items()},
-                              "model": model, "window": geo.window}), flush=True)
+                def fallback(phase, geo=geo, length=length, pps=pps, full_budget=full_budget):
+                    seqs = batch(phase, length)
+                    auto = cfg_mod.paged_blocks(sum(q for q, _ in seqs), len(seqs), geo.hq // geo.hkv, PAGE, pps,
+                                                geo.hkv, geo.d, 2, geo.window, full_budget)
+                    return auto.block_q, min(auto.pages_per_block, pps)
+
+                fb_decode, fb_mixed = fallback("decode"), fallback("mixed")
+                pages = sorted({min(p, pps) for p in PAGES} | {fb_decode[1], fb_mixed[1]})
+                decode = {p: modeled("decode", 1, p) for p in pages if fits(group, p)}
+                grid = {(q, p): modeled("mixed", q, p) for p in decode for q in sorted({*BLOCK_Q, fb_mixed[0]})
+                        if fits(q * group, p)}
+                ppb = pick_pages(decode, grid, fb_decode[1])
+                mixed = {q: t for (q, p), t in grid.items() if p == ppb}
+                block_q = min(mixed, key=lambda q: (mixed[q][0], q != fb_mixed[0]), default=None)
+                key = [gen, PAGE, "bfloat16", "bfloat16", geo.hq, geo.hkv, geo.d, length]
+                if ppb is None or block_q is None:  # no candidate within the VMEM estimate: no entry (the fallback)
+                    print(json.dumps({"model": model, "key": key, "skipped": "no candidate fits the VMEM budget"}),
+                          flush=True)
+                    continue
+                default = {"decode_blocks": list(fb_decode), "mixed_blocks": list(fb_mixed),
+                           "decode_us": decode.get(fb_decode[1]) if fb_decode[0] == 1 else None,
+                           "mixed_us": grid.get(fb_mixed)}
+                if default["decode_us"] is None:
+                    default["decode_us"] = modeled("decode", *fb_decode)
+                if default["mixed_us"] is None:
+                    default["mixed_us"] = modeled("mixed", *fb_mixed)
+                compiled = {}
+                for phase, bq in (("decode", 1), ("mixed", block_q)):
+                    fn, args = call(phase, bq, ppb)
+                    abstract = tuple(a if isinstance(a, jax.ShapeDtypeStruct)
+                                     else sds(np.shape(a), np.asarray(a).dtype) for a in args)
+                    try:
+                        fn.lower(*on_device(abstract, device)).compile()
+                        compiled[phase] = "yes"
+                    except Exception as exc:  # the compiler's refusal is the row
+                        compiled[phase] = str(exc).strip().splitlines()[0][:200]
+                    _log(f"{gen} {model} {length} {phase} compiled: {compiled[phase]}")
+                print(json.dumps({"key": key, "block_q": block_q, "pages_per_block": ppb, "compiled": compiled,
+                                  "tuned": {"decode_us": decode[ppb], "mixed_us": mixed[block_q]},
+                                  "default": default, "decode_us": decode,
+                                  "mixed_us": {f"{q},{p}": t for (q, p), t in grid.items()},
+                                  "model": model, "window": geo.window, "libtpu": _libtpu(),
+                                  "date": time.strftime("%Y-%m-%d", time.gmtime())}), flush=True)
+
+
+def _libtpu() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("libtpu")
+    except PackageNotFoundError:
+        return None
+
+
+def _us(triple: list[float]) -> str:
+    return f"{triple[0]} us (band {triple[1]}-{triple[2]})"
+
+
+def table_lines(rows: list[dict]) -> list[str]:
+    """The table's entries (Python source) from the sweep's rows: compiled rows only, each with where it came from."""
+    out = []
+    for r in rows:
+        if "skipped" in r:
+            out.append(f"    # {'/'.join(map(str, r['key']))} ({r['model']}): {r['skipped']}: the fallback")
+            continue
+        if not all(v == "yes" for v in r["compiled"].values()):
+            out.append(f"    # {'/'.join(map(str, r['key']))} ({r['model']}): not compiled {r['compiled']}")
+            continue
+        t, d = r["tuned"], r["default"]
+        origin = (f"modeled {r['key'][0]}: decode {_us(t['decode_us'])} vs default {d['decode_blocks']} "
+                  f"{_us(d['decode_us'])}; mixed {_us(t['mixed_us'])} vs default {d['mixed_blocks']} "
+                  f"{_us(d['mixed_us'])}; compiled yes (libtpu {r['libtpu']}, {r['date']})")
+        out.append(f"    {tuple(r['key'])!r}:\n        Entry({r['block_q']}, {r['pages_per_block']}, {origin!r}),")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--generations", default="v5e,v6e,v7x")
+    parser.add_argument("--lengths", default="8192", help="length buckets (positions per sequence), comma-separated")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--table", metavar="RECORD", help="print the table's entries from a --json record")
     parser.add_argument("--in-tpu-env", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.table:
+        print("\n".join(table_lines(json.loads(Path(args.table).read_text())["rows"])))
+        return 0
     gens = [g.strip() for g in args.generations.split(",") if g.strip()]
+    lengths = [int(n) for n in args.lengths.split(",") if n.strip()]
     if args.in_tpu_env:
-        sweep(gens)
+        sweep(gens, lengths)
         return 0
     sys.path.insert(0, str(ROOT / "src"))
     from kernel_hub.tpu.env import tpu_env
 
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(ROOT / "src"),
            "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
-    done = subprocess.run([str(tpu_env().python), __file__, "--in-tpu-env", "--generations", args.generations],
-                          capture_output=True, text=True, env=env)
+    done = subprocess.run([str(tpu_env().python), __file__, "--in-tpu-env", "--generations", args.generations,
+                           "--lengths", args.lengths], stdout=subprocess.PIPE, text=True, env=env)
     rows = [json.loads(ln) for ln in done.stdout.splitlines() if ln.startswith("{")]
     if done.returncode or not rows:
-        print(done.stderr[-3000:], file=sys.stderr)
         return done.returncode or 1
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps({"command": "python bench/paged_tune.py " + " ".join(argv or sys.argv[1:]), "rows": rows},
+                         indent=1))
         return 0
-    for r in rows:
-        if "skipped" in r:
-            print(f"    # {r['key'][0]} {r['model']}: {r['skipped']}")
-            continue
-        ok = all(v == "yes" for v in r["compiled"].values())
-        entry = f"    {tuple(r['key'])!r}: ({r['block_q']}, {r['pages_per_block']}),"
-        print(entry if ok else f"    # not compiled {r['compiled']}: {entry.strip()}")
-        print(f"    # modeled decode us by pages/step {r['decode_us']}, mixed us by block_q {r['mixed_us']}")
+    print("\n".join(table_lines(rows)))
     return 0
 
 

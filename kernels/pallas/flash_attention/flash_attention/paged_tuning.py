@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from ._vendor.chips import chip_for_device_kind
-from .config import AttentionConfig, PagedBlocks, paged_blocks
+from .config import AttentionConfig, PagedBlocks, paged_blocks, paged_vmem_bytes
 from .paged_checks import PagedShapes
 from .paged_tuned_table import TUNED
 
@@ -42,6 +42,7 @@ def length_bucket(positions: int) -> int:
 
 
 def tuning_key(generation: str, sh: PagedShapes, q_dtype: str, kv_dtype: str) -> tuple:
+    """(generation, page size, q dtype, cache dtype, q heads, kv heads, head dim, length bucket): the table key."""
     return (generation, sh.page_size, q_dtype, kv_dtype, sh.q_heads, sh.kv_heads, sh.head_dim,
             length_bucket(sh.pages_per_seq * sh.page_size))
 
@@ -61,20 +62,41 @@ def _from_env(environ: Mapping[str, str]) -> tuple[int, int] | None:
     return block_q, ppb
 
 
+def key_text(key: tuple) -> str:
+    return "/".join(str(k) for k in key)
+
+
+def entry_vmem_bytes(key: tuple, block_q: int, pages_per_block: int, itemsize: int) -> int:
+    """VMEM estimate of one kernel step with an entry's blocks (config.paged_vmem_bytes): the key fixes the heads,
+    head dim and page size, so the entry alone decides whether it fits its chip."""
+    _, page_size, _, _, q_heads, kv_heads, head_dim, _ = key
+    return paged_vmem_bytes(block_q * (q_heads // kv_heads), pages_per_block * page_size, kv_heads, head_dim, itemsize)
+
+
 def choose_blocks(sh: PagedShapes, q_dtype: str, kv_dtype: str, itemsize: int, device_kind: str | None,
                   vmem_budget_bytes: int, config: AttentionConfig | None = None,
-                  environ: Mapping[str, str] | None = None, table: Mapping[tuple, tuple[int, int]] = TUNED) -> Choice:
+                  environ: Mapping[str, str] | None = None, table: Mapping[tuple, Sequence] = TUNED) -> Choice:
     """The call's (block_q, pages_per_block) and where they came from. A decode-only batch (one new token per
-    sequence on average) keeps block_q 1 whatever the source, so it runs as one pass of one-token items."""
+    sequence on average) keeps block_q 1 whatever the source, so it runs as one pass of one-token items; a tuned
+    block_q is at most the batch's mean new tokens rounded up (a batch of short chunks pads no further). A tuned
+    entry whose VMEM estimate passes the budget (a budget that changed under a shipped table) is not used."""
     environ = os.environ if environ is None else environ
     auto: PagedBlocks = paged_blocks(sh.tokens, sh.max_seqs, sh.group, sh.page_size, sh.pages_per_seq,
                                      sh.kv_heads, sh.head_dim, itemsize, sh.window, vmem_budget_bytes)
-    block_q, ppb, source = auto.block_q, auto.pages_per_block, f"fallback: {auto.reason}"
+    block_q, ppb = auto.block_q, auto.pages_per_block
     chip = chip_for_device_kind(device_kind)
-    key = tuning_key(chip.name, sh, q_dtype, kv_dtype) if chip is not None else None
-    if key is not None and key in table:
-        block_q, ppb = table[key]
-        source = "tuned " + "/".join(str(k) for k in key)
+    if chip is None:
+        source = f"fallback: no tuned blocks for device kind {device_kind!r}; {auto.reason}"
+    else:
+        key = tuning_key(chip.name, sh, q_dtype, kv_dtype)
+        entry = table.get(key)
+        if entry is None:
+            source = f"fallback: no tuned entry for {key_text(key)}; {auto.reason}"
+        elif entry_vmem_bytes(key, entry[0], entry[1], itemsize) > vmem_budget_bytes * 5 // 8:
+            source = f"fallback: tuned entry {key_text(key)} passes 5/8 of the VMEM budget; {auto.reason}"
+        else:
+            block_q, ppb = min(entry[0], auto.block_q), entry[1]
+            source = f"tuned {key_text(key)}"
     override = _from_env(environ)
     if override is not None:
         block_q, ppb = override

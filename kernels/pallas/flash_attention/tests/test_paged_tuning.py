@@ -10,7 +10,15 @@ from flash_attention.config import paged_vmem_bytes, vmem_plan
 from flash_attention.paged_cases import compile_scenarios
 from flash_attention.paged_checks import PagedShapes
 from flash_attention.paged_tuned_table import TUNED
-from flash_attention.paged_tuning import ENV_VAR, PagedBlocksError, choose_blocks, length_bucket, tuning_key
+from flash_attention.paged_tuning import (
+    ENV_VAR,
+    PagedBlocksError,
+    choose_blocks,
+    entry_vmem_bytes,
+    key_text,
+    length_bucket,
+    tuning_key,
+)
 
 #: Qwen3-30B-A3B decode: 64 sequences x 8192 positions, pages of 128, 32/4 heads x 128.
 QWEN = PagedShapes(64, 32, 4, 128, 4096, 128, 64, 64, 1.0, None, None)
@@ -65,9 +73,9 @@ def test_the_fallback_fits_the_chips_vmem(kind) -> None:
     assert paged_vmem_bytes(rows, got.pages_per_block * 128, 4, 128, 2) <= vmem_plan(kind)[0] * 5 // 8
 
 
-def test_every_tuned_entry_is_a_compile_gate_case_on_its_generation() -> None:
-    """The compile gate compiles the fwd:paged model cases on every generation: an entry whose key no model case
-    has would ship unchecked."""
+def test_every_8k_tuned_entry_is_a_compile_gate_case_on_its_generation() -> None:
+    """The compile gate compiles the fwd:paged model cases (8192 positions) on every generation: an 8k entry whose key
+    no model case has would ship unchecked by it (other buckets were compiled by the sweep, said in their origin)."""
     gate_keys = set()
     for sc, tags in compile_scenarios():
         if "model" not in tags:
@@ -76,6 +84,46 @@ def test_every_tuned_entry_is_a_compile_gate_case_on_its_generation() -> None:
                          1.0, sc.window, None)
         gate_keys |= {tuning_key(gen, sh, "bfloat16", "bfloat16") for gen in KINDS}
     assert len(gate_keys) == 3 * 3  # three generations x three geometries (decode and mixed share a key)
-    for key, (block_q, ppb) in TUNED.items():
-        assert key in gate_keys, key
-        assert block_q >= 1 and ppb >= 1
+    eight_k = [key for key in TUNED if key[-1] == 8192]
+    assert eight_k and all(key in gate_keys for key in eight_k), eight_k
+
+
+@pytest.mark.parametrize("key", sorted(TUNED))
+def test_every_shipped_entry_fits_its_chips_vmem_and_says_where_it_came_from(key) -> None:
+    entry = TUNED[key]
+    assert key[0] in KINDS and key[-1] == length_bucket(key[-1])
+    assert entry.block_q >= 1 and entry.pages_per_block >= 1
+    budget = vmem_plan(KINDS[key[0]])[0] * 5 // 8
+    assert entry_vmem_bytes(key, entry.block_q, entry.pages_per_block, 2) <= budget
+    assert entry.origin.startswith(f"modeled {key[0]}:") and "band" in entry.origin and "compiled yes" in entry.origin
+
+
+def test_the_shipped_entry_is_what_a_call_on_its_chip_runs() -> None:
+    key = ("v5e", 128, "bfloat16", "bfloat16", 32, 4, 128, 8192)
+    assert key in TUNED
+    got = _choose(MIXED, "TPU v5 lite", TUNED, environ={})
+    assert got.source == "tuned " + key_text(key)
+    assert (got.block_q, got.pages_per_block) == (min(TUNED[key].block_q, 32), TUNED[key].pages_per_block)
+
+
+def test_shapes_outside_the_table_fall_back_with_the_reason() -> None:
+    other_length = PagedShapes(2044, 32, 4, 128, 4096, 128, 64, 3, 1.0, None, None)  # 384 positions: bucket 512
+    got = _choose(other_length, "TPU v5 lite", TUNED, environ={})
+    assert got.source.startswith("fallback: no tuned entry for v5e/128/bfloat16/bfloat16/32/4/128/512;")
+    unknown = _choose(MIXED, None, TUNED, environ={})
+    assert unknown.source.startswith("fallback: no tuned blocks for device kind None;")
+
+
+def test_an_entry_past_the_vmem_budget_is_not_used() -> None:
+    key = tuning_key("v5e", MIXED, "bfloat16", "bfloat16")
+    got = _choose(MIXED, "TPU v5 lite", {key: (256, 64)}, environ={})
+    assert got.source.startswith("fallback: tuned entry") and "passes 5/8 of the VMEM budget" in got.source
+    rows = got.block_q * MIXED.group
+    assert paged_vmem_bytes(rows, got.pages_per_block * 128, 4, 128, 2) <= vmem_plan("TPU v5 lite")[0] * 5 // 8
+
+
+def test_a_tuned_block_q_is_capped_at_the_batchs_mean() -> None:
+    short = PagedShapes(256, 32, 4, 128, 4096, 128, 64, 64, 1.0, None, None)  # 4 new tokens per sequence
+    key = tuning_key("v6e", short, "bfloat16", "bfloat16")
+    got = _choose(short, "TPU v6 lite", {key: (32, 8)}, environ={})
+    assert (got.block_q, got.pages_per_block) == (4, 8) and got.source.startswith("tuned")
