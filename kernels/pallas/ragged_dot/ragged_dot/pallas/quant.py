@@ -21,6 +21,7 @@ expanded across the tile's columns in VMEM by a 0/1 matrix product (exact at HIG
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -100,14 +101,25 @@ def choose_quant_config(m: int, k: int, n: int, g: int, lhs_dtype: object, block
     groups_per_step = [e for e in (1, 2, 4, 8, 16, 32) if e <= g and g % e == 0]
     budget = usable_vmem(2, tile_budget_bytes(chip))
     found = fastest_fitting(row_tiles, groups_per_step, k, n, budget,
-                            lambda cfg: quant_vmem_bytes(cfg, item, item, block_scales),
-                            lambda cfg: quant_estimated_seconds(cfg, m, k, n, g, item, block_scales, chip))
+                            lambda cfg: quant_vmem_bytes(decode_window(cfg, m, g), item, item, block_scales),
+                            lambda cfg: quant_estimated_seconds(decode_window(cfg, m, g), m, k, n, g, item,
+                                                                block_scales, chip))
     if found is not None:
         best, seconds, need, _ = found
-        return with_vmem_limit(best, need, 2, chip), (
+        return with_vmem_limit(decode_window(best, m, g), need, 2, chip), (
             f"fastest quantized estimate on {chip.name} ({seconds * 1e6:.1f} us, even routing) "
             f"whose blocks ({need / _MIB:.1f} MiB) fit {budget / _MIB:.1f} MiB of VMEM")
-    return RaggedDotConfig(tm=row_tiles[0], tk=128, tn=128), "nothing fits the VMEM budget: the smallest tiles"
+    smallest = decode_window(RaggedDotConfig(tm=row_tiles[0], tk=128, tn=128), m, g)
+    return smallest, "nothing fits the VMEM budget: the smallest tiles"
+
+
+def decode_window(cfg: RaggedDotConfig, m: int, g: int) -> RaggedDotConfig:
+    """cfg with row windows of about twice an expert's average rows (a multiple of 16) when that is narrower than its
+    default: at decode each expert holds a few rows, and every window row costs an MXU row and the vector work of
+    scaling and masking the partial product, so a 128-row window on 4 rows wastes most of both."""
+    width = max(16, round_up(2 * cdiv(m, max(g, 1)), 16))
+    narrower = width < cfg.window and cfg.tm % 16 == 0  # windows need a row tile of whole 16-row sublane tiles
+    return dataclasses.replace(cfg, row_window=width) if narrower else cfg
 
 
 def check_block_tiles(cfg: RaggedDotConfig, k: int, n: int) -> None:
