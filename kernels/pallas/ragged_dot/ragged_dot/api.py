@@ -16,11 +16,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from . import quant
 from ._vendor.interpret import run_dispatch
 from ._vendor.ragged_operands import check_operands
-from .dense import run
+from ._vendor.shapes import check_ragged_dot_shapes
+from .dense import run, run_stacked
 from .dispatch import (
     DISPATCH,
     IMPLEMENTATIONS,
@@ -48,6 +50,7 @@ def ragged_dot(
     interpret: Any = None,
     config: RaggedDotConfig | None = None,
     rhs_scale: Any = None,
+    layer: Any = None,
 ) -> jax.Array:
     """Grouped matmul with jax.lax.ragged_dot semantics.
 
@@ -65,11 +68,40 @@ def ragged_dot(
       for (target_chip: its VMEM, bandwidth and peak; interpreted runs get the conservative 16 MiB tiles).
     rhs_scale: for quantized weights (quant.py): rhs int8 with float32 [G, 1, N] per-channel scales, or
       float8_e4m3fn with float32 [G, ceil(K/128), ceil(N/128)] 128x128 block scales; gradients in lhs only.
+    layer: an int32 scalar (may be traced, e.g. a scan's counter) when rhs is stacked over layers [L, G, K, N]: the
+      result is ragged_dot(lhs, rhs[layer], group_sizes) and the Pallas kernel reads rhs[layer]'s blocks in place
+      (no slice of the stack is copied). Forward only; unquantized weights only.
     """
+    if layer is not None:
+        return _stacked(lhs, rhs, group_sizes, layer, preferred_element_type, implementation, interpret, config,
+                        rhs_scale)
     lhs, rhs, group_sizes, out_dtype = check_operands(lhs, rhs, group_sizes, preferred_element_type)
     scale = quant.check_scale(lhs, rhs, rhs_scale)
     if scale is not None:
         return quant.quantized_ragged_dot(lhs, rhs, group_sizes, scale, out_dtype, implementation, interpret, config)
     call = lambda name, mode: run(
         CallPath(name, out_dtype, config, mode, target_chip(mode) if name == "pallas" else None), lhs, rhs, group_sizes)
+    return run_dispatch(DISPATCH, implementation, interpret, (lhs, rhs, group_sizes), call, "the ragged_dot kernel")
+
+
+def _stacked(lhs, rhs, group_sizes, layer, preferred_element_type, implementation, interpret, config, rhs_scale):
+    """ragged_dot on rhs [L, G, K, N] at `layer`: the operands checked as for rhs[layer], then the dispatch."""
+    if rhs_scale is not None:
+        raise ValueError("ragged_dot: layer= takes unquantized weights only; pass rhs[layer] with its rhs_scale")
+    rhs = jnp.asarray(rhs)
+    layer = jnp.asarray(layer)
+    if rhs.ndim != 4 or layer.ndim != 0 or not jnp.issubdtype(layer.dtype, jnp.integer):
+        raise ValueError(f"ragged_dot: layer= needs rhs stacked [L, G, K, N] and an integer scalar layer, got rhs "
+                         f"{rhs.shape} and layer {layer.shape} {layer.dtype}")
+    if not isinstance(layer, jax.core.Tracer) and not 0 <= int(layer) < rhs.shape[0]:
+        raise ValueError(f"ragged_dot: layer {int(layer)} is outside the stack's {rhs.shape[0]} layers")
+    lhs = jnp.asarray(lhs)
+    check_ragged_dot_shapes(lhs.shape, rhs.shape[1:], jnp.shape(group_sizes))
+    # the checks and dtype policy of one layer's weights, on an empty stand-in of the layer (no slice is taken)
+    proxy = jnp.zeros((rhs.shape[1], rhs.shape[2], 0), rhs.dtype)
+    lhs, _, group_sizes, out_dtype = check_operands(lhs, proxy, group_sizes, preferred_element_type)
+    layer = layer.astype(jnp.int32)
+    call = lambda name, mode: run_stacked(
+        CallPath(name, out_dtype, config, mode, target_chip(mode) if name == "pallas" else None),
+        lhs, rhs, group_sizes, layer)
     return run_dispatch(DISPATCH, implementation, interpret, (lhs, rhs, group_sizes), call, "the ragged_dot kernel")

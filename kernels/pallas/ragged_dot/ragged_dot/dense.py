@@ -37,24 +37,31 @@ def _pallas_cfg(path: CallPath, m: int, k: int, n: int, g: int, dtype: Any) -> R
     return cfg
 
 
-def _forward(path: CallPath, lhs: jax.Array, rhs: jax.Array, gs: jax.Array) -> jax.Array:
+def _forward(path: CallPath, lhs: jax.Array, rhs: jax.Array, gs: jax.Array,
+             layer: jax.Array | None = None) -> jax.Array:
+    """lhs @ rhs by groups; with `layer`, rhs is stacked [L, G, K, N] and rhs[layer] is used (the Pallas kernel
+    reads that layer's blocks in place; the XLA path indexes)."""
     if path.name == "xla":
+        if layer is not None:
+            rhs = rhs[layer]
         hi = jax.lax.Precision.HIGHEST if jnp.float32 in (lhs.dtype, rhs.dtype) else None
         return jax.lax.ragged_dot(lhs, rhs, gs, precision=hi, preferred_element_type=path.out_dtype)
     m, k = lhs.shape
-    g, _, n = rhs.shape
+    g, _, n = rhs.shape[-3:]
     ct = jnp.result_type(lhs.dtype, rhs.dtype)
     cfg = _pallas_cfg(path, m, k, n, g, ct)
     mp, kp, np_ = round_up(m, cfg.tm), round_up(k, cfg.tk), round_up(n, cfg.tn)
     meta = make_group_metadata(pallas_gmm.gmm_blocks(gs, cfg.experts_per_step), m_padded=mp, tm=cfg.tm, m=m)
+    # a stack is cast and padded whole only when it must be (not whole tiles / another dtype): keep it bf16 and tiled
     out = pallas_gmm.gmm(
         pad_to(lhs.astype(ct), (mp, kp)),
-        pad_to(rhs.astype(ct), (g, kp, np_)),
+        pad_to(rhs.astype(ct), (*rhs.shape[:-3], g, kp, np_)),
         meta,
         cfg=cfg,
         out_dtype=jnp.dtype(path.out_dtype),
         interpret=path.interpret or False,
         bounds=group_bounds(gs, m),
+        layer=layer,
     )
     return out[:m, :n]
 
@@ -109,3 +116,12 @@ def run(path: CallPath, lhs: jax.Array, rhs: jax.Array, gs: jax.Array) -> jax.Ar
         cap = path.config.cpu_capacity if path.config is not None else None
         return cpu_gmm.grouped_matmul(lhs, rhs, gs, path.out_dtype, cap)
     return _pallas(path, lhs, rhs, gs)
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def run_stacked(path: CallPath, lhs: jax.Array, rhs: jax.Array, gs: jax.Array, layer: jax.Array) -> jax.Array:
+    """run on weights stacked over layers [L, G, K, N] at `layer` (forward only: decode's path)."""
+    if path.name == "cpu":
+        cap = path.config.cpu_capacity if path.config is not None else None
+        return cpu_gmm.grouped_matmul(lhs, rhs[layer], gs, path.out_dtype, cap)
+    return _forward(path, lhs, rhs, gs, layer)

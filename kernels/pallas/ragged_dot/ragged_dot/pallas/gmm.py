@@ -158,6 +158,14 @@ def forward_out_map(n, i, k, tile, block, fetch_tile, fetch_block, lo, hi, start
     return tile[i], n
 
 
+def _drop_layer_ref(fn, at: int):
+    """fn called without the positional argument at index `at` (the layer's prefetch ref, which only the weight
+    index map reads), so the kernel body and the other index maps keep their unstacked signatures."""
+    def without(*args, **kwargs):
+        return fn(*args[:at], *args[at + 1:], **kwargs)
+    return without
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "out_dtype", "transpose_rhs", "interpret"))
 def gmm(
     lhs: jax.Array,
@@ -169,30 +177,47 @@ def gmm(
     transpose_rhs: bool = False,
     interpret: object = False,
     bounds: tuple[jax.Array, jax.Array] | None = None,
+    layer: jax.Array | None = None,
 ) -> jax.Array:
     """lhs [Mp, Kp] x rhs [G, Kp, Np] ([G, Np, Kp] if transpose_rhs) -> [Mp, Np]; all dims whole tiles.
+
+    With `layer` (an int32 scalar, may be traced) rhs is stacked over layers, [L, G, Kp, Np], and the weight
+    blocks are read from rhs[layer] by the index map (the layer is one more scalar-prefetch operand), so no
+    slice of the stack is ever copied out.
 
     With cfg.experts_per_step = E > 1, `meta` is built on the row counts of blocks of E groups (gmm_blocks) and
     `bounds` = (starts, ends) of every group's rows (group_bounds) says which rows each expert of a block owns."""
     tm, tk, tn = cfg.tm, cfg.tk, cfg.tn
     experts = cfg.experts_per_step
     mp, kp = lhs.shape
-    g = rhs.shape[0]
-    np_ = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+    stacked = layer is not None
+    weights = rhs.shape[1:] if stacked else rhs.shape
+    g = weights[0]
+    np_ = weights[1] if transpose_rhs else weights[2]
     meta, bounds, grid = forward_grid(meta, bounds, (mp, kp, np_), g, cfg, "gmm")
 
-    def rhs_map(n, i, k, tile, block, fetch_tile, fetch_block, lo, hi, starts, ends):
-        return (fetch_block[i], n, k) if transpose_rhs else (fetch_block[i], k, n)
+    def rhs_map(n, i, k, tile, block, fetch_tile, fetch_block, lo, hi, starts, ends, *layer_ref):
+        idx = (fetch_block[i], n, k) if transpose_rhs else (fetch_block[i], k, n)
+        return (layer_ref[0][0], *idx) if stacked else idx
 
     rhs_block = (experts, tn, tk) if transpose_rhs else (experts, tk, tn)
     kernel = functools.partial(
         _gmm_kernel, tm=tm, window=cfg.window, experts=experts, transpose_rhs=transpose_rhs,
         precision=_precision(lhs.dtype, rhs.dtype),
     )
+    lhs_map, out_map = forward_lhs_map, forward_out_map
+    prefetch = (*meta, *bounds)
+    if stacked:
+        rhs_block = (None, *rhs_block)
+        at = _NUM_PREFETCH + 2  # the layer's ref follows the metadata and the bounds; index maps get 3 grid ids first
+        kernel = _drop_layer_ref(kernel, at)
+        lhs_map, out_map = (_drop_layer_ref(f, len(grid) + at) for f in (lhs_map, out_map))
+        prefetch = (*prefetch, jnp.reshape(layer, (1,)).astype(jnp.int32))
     itemsize = lhs.dtype.itemsize
+    layer_bytes = g * kp * np_ * rhs.dtype.itemsize  # one layer's weights: what the kernel reads
     cost = pl.CostEstimate(
         flops=2 * mp * kp * np_,
-        bytes_accessed=lhs.size * itemsize * (np_ // tn) + rhs.size * rhs.dtype.itemsize
+        bytes_accessed=lhs.size * itemsize * (np_ // tn) + layer_bytes
         + mp * np_ * jnp.dtype(out_dtype).itemsize,
         transcendentals=0,
     )
@@ -201,16 +226,16 @@ def gmm(
         kernel,
         out_shape=jax.ShapeDtypeStruct((mp, np_), out_dtype),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=_NUM_PREFETCH + 2,
+            num_scalar_prefetch=len(prefetch),
             grid=grid,
-            in_specs=[pl.BlockSpec((tm, tk), forward_lhs_map), pl.BlockSpec(rhs_block, rhs_map)],
-            out_specs=pl.BlockSpec((tm, tn), forward_out_map),
+            in_specs=[pl.BlockSpec((tm, tk), lhs_map), pl.BlockSpec(rhs_block, rhs_map)],
+            out_specs=pl.BlockSpec((tm, tn), out_map),
             scratch_shapes=scratch,
         ),
         compiler_params=compiler_params(cfg, ("parallel", "arbitrary", "arbitrary")),
         interpret=interpret,
         cost_estimate=cost,
-    )(*meta, *bounds, lhs, rhs)
+    )(*prefetch, lhs, rhs)
 
 
 def tgmm_tiles(cfg: RaggedDotConfig, kp: int, np_: int, in_itemsize: int, out_itemsize: int) -> tuple[int, int]:
