@@ -30,12 +30,14 @@ if TYPE_CHECKING:
     from jax.sharding import Mesh
 
 AXIS = "x"
+#: A layer's weights the step passes to moe_experts as whole stacks over the groups (layer=), never sliced.
+EXPERT_WEIGHTS = ("w_gate_up", "w_down")
 
 
 class Kernels(NamedTuple):
     rms_norm: Callable[..., Any]  # (x [..., D], weight [D], eps) -> x's shape
     attention: Callable[..., Any]  # (q, k, v, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, window, scale)
-    moe: Callable[..., Any]  # (x, ids, weights, w_gate_up, w_down, activation, mesh) -> [T, H]
+    moe: Callable[..., Any]  # (x, ids, weights, w_gate_up [L, E, ..], w_down [L, E, ..], activation, mesh, layer)
 
 
 def hub_kernels(rms: Any, fa: Any, rd: Any, implementation: str | None = None, interpret: Any = None) -> Kernels:
@@ -49,9 +51,9 @@ def hub_kernels(rms: Any, fa: Any, rd: Any, implementation: str | None = None, i
         return fa.ragged_paged_attention(q, k, v, kc, vc, kv_lens, pages, cu, sliding_window=window, sm_scale=scale,
                                          **kw)
 
-    def moe(x, ids, w, gu, dn, activation, mesh):
+    def moe(x, ids, w, gu, dn, activation, mesh, layer):
         return rd.moe_experts(x, ids, w, gu, dn, activation=activation, mesh=mesh,
-                              expert_axis=None if mesh is None else AXIS, **kw)
+                              expert_axis=None if mesh is None else AXIS, layer=layer, **kw)
 
     return Kernels(norm, attention, moe)
 
@@ -63,9 +65,9 @@ def transformers_kernels(rd: Any) -> Kernels:
     def norm(x, w, eps):
         return xla_rms_norm(x, w, eps)
 
-    def moe(x, ids, w, gu, dn, activation, mesh):
+    def moe(x, ids, w, gu, dn, activation, mesh, layer):
         return rd.moe_experts(x, ids, w, gu, dn, activation=activation, mesh=mesh,
-                              expert_axis=None if mesh is None else AXIS, implementation="xla")
+                              expert_axis=None if mesh is None else AXIS, layer=layer, implementation="xla")
 
     return Kernels(norm, repeat_kv_attention, moe)
 
@@ -290,7 +292,8 @@ def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, mo
     dt = params["embed"].dtype
     psum = functools.partial(jax.lax.psum, axis_name=AXIS)
     smap = functools.partial(jax.shard_map, mesh=mesh, check_vma=False)
-    lspecs = [{k: P(*p) for k, (_, p) in layer_shapes(m, kind, n).items()} for kind in m.pattern]
+    lspecs = [{k: P(*p) for k, (_, p) in layer_shapes(m, kind, n).items() if k not in EXPERT_WEIGHTS}
+              for kind in m.pattern]
     cspec = P(None, None, AXIS, None)
 
     def embed(table, tok):
@@ -303,8 +306,11 @@ def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, mo
 
     h = smap(embed, in_specs=(P(AXIS, None), P()), out_specs=P())(params["embed"], tokens)
 
-    def group(h, xs):
-        lws, cs = xs
+    # the experts' weights stay whole stacks [G, E, ...]: moe_experts reads group i's layer of them in place
+    experts = [(lw["w_gate_up"], lw["w_down"]) for lw in params["layers"]]
+    scanned = [{k: a for k, a in lw.items() if k not in EXPERT_WEIGHTS} for lw in params["layers"]]
+
+    def group(h, lws, cs, i):
         new = []
         for p, kind in enumerate(m.pattern):
             lw, (kc, vc) = lws[p], cs[p]
@@ -316,7 +322,7 @@ def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, mo
             x, ids, w, shared = pre(lw, h)
             if routing is not None:
                 ids, w = routing[p]
-            out = kern.moe(x, ids, w, lw["w_gate_up"], lw["w_down"], m.activation, mesh)
+            out = kern.moe(x, ids, w, *experts[p], m.activation, mesh, i)
             if m.sandwich_norms:  # the norms after the experts are kernels too: one device's copy each
                 post = smap(functools.partial(ff_output, m, kern), in_specs=(lspecs[p], P(), P(), P()),
                             out_specs=P())
@@ -330,15 +336,15 @@ def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, mo
         def body(carry, lws):
             h, cs, i = carry
             mine = [tuple(jax.lax.dynamic_index_in_dim(c, i, keepdims=False) for c in pair) for pair in cs]
-            h, new = group(h, (lws, mine))
+            h, new = group(h, lws, mine, i)
             cs = [tuple(jax.lax.dynamic_update_index_in_dim(c, u, i, 0) for c, u in zip(pair, upd, strict=True))
                   for pair, upd in zip(cs, new, strict=True)]
             return (h, cs, i + 1), None
 
-        (h, caches, _), _ = jax.lax.scan(body, (h, caches, jnp.int32(0)), params["layers"])
+        (h, caches, _), _ = jax.lax.scan(body, (h, caches, jnp.int32(0)), scanned)
     elif layers:  # one group, unscanned (the cost model's walk; params and caches hold one group)
-        h, caches = group(h, ([jax.tree.map(lambda a: a[0], lw) for lw in params["layers"]],
-                              [tuple(c[0] for c in cs) for cs in caches]))
+        h, caches = group(h, [jax.tree.map(lambda a: a[0], lw) for lw in scanned],
+                          [tuple(c[0] for c in cs) for cs in caches], jnp.int32(0))
         caches = [tuple(c[None] for c in cs) for cs in caches]
 
     def head(h, norm_w, table):
