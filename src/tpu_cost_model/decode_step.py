@@ -196,18 +196,38 @@ def init_inputs(m: DecodeModel, n: int, batch: int, cache: int, dtype: Any, key:
 
 # ------------------------------------------------------------------------------------------- the step
 
-def rope(x, pos, theta: float, fraction: float):
-    """Rotary embedding of x [B, heads, D] at positions pos [B] on the first fraction x D dims (halves rotated)."""
+def rotated_dims(kind: AttentionKind) -> int:
+    return int(kind.head_dim * kind.rotary_fraction) // 2 * 2
+
+
+def rope_table(pos, kind: AttentionKind):
+    """(cos, sin) [B, 1, D] f32 at positions pos [B] for an attention kind, laid out over the whole head: cos on
+    both halves of the rotated dims and 1 past them, sin negated on the first half, +sin on the second, 0 past
+    them. The same for every layer of that kind, so the step computes them once, not once a layer."""
     import jax.numpy as jnp
 
-    d = x.shape[-1]
-    rot = int(d * fraction) // 2 * 2
-    inv = 1.0 / theta ** (jnp.arange(0, rot, 2, dtype=jnp.float32) / rot)
+    d, rot = kind.head_dim, rotated_dims(kind)
+    inv = 1.0 / kind.rope_theta ** (jnp.arange(0, rot, 2, dtype=jnp.float32) / rot)
     ang = pos.astype(jnp.float32)[:, None, None] * inv[None, None, :]
     cos, sin = jnp.cos(ang), jnp.sin(ang)
+    one, zero = jnp.ones_like(cos[..., :1]), jnp.zeros_like(cos[..., :1])
+    rest = (cos.shape[0], 1, d - rot)
+    return (jnp.concatenate([cos, cos, jnp.broadcast_to(one, rest)], -1),
+            jnp.concatenate([-sin, sin, jnp.broadcast_to(zero, rest)], -1))
+
+
+def rope(x, table, rot: int):
+    """Rotary embedding of x [B, heads, D] on its first `rot` dims (halves rotated) by rope_table's (cos, sin):
+    x * cos + swap(x) * sin, swap exchanging the two halves of the rotated dims (past them it meets sin = 0, so
+    those dims stay x exactly): one elementwise expression over the head, the same products and sums as
+    a * cos - b * sin, b * cos + a * sin."""
+    import jax.numpy as jnp
+
+    cos, sin = table
     xf = x.astype(jnp.float32)
-    a, b, rest = xf[..., : rot // 2], xf[..., rot // 2: rot], xf[..., rot:]
-    return jnp.concatenate([a * cos - b * sin, b * cos + a * sin, rest], axis=-1).astype(x.dtype)
+    half = rot // 2
+    swapped = jnp.concatenate([xf[..., half:rot], xf[..., :half], xf[..., rot:]], axis=-1)
+    return (xf * cos + swapped * sin).astype(x.dtype)
 
 
 def _heads_norm(kern: Kernels, x, w, eps):
@@ -215,10 +235,10 @@ def _heads_norm(kern: Kernels, x, w, eps):
     return kern.rms_norm(x.reshape(b * nh, d), w, eps).reshape(b, nh, d)
 
 
-def attention_part(m: DecodeModel, kind: AttentionKind, kern: Kernels, lw: dict, h, kc, vc, kv_lens, pages,
+def attention_part(m: DecodeModel, kind: AttentionKind, kern: Kernels, lw: dict, h, kc, vc, kv_lens, pages, table,
                    reduce: Callable[[Any], Any]):
     """One device's attention of a layer (query heads and KV heads local), its output summed over the axis by
-    `reduce`; returns (h after the attention's residual, k_cache, v_cache)."""
+    `reduce`; `table` the kind's rope_table. Returns (h after the attention's residual, k_cache, v_cache)."""
     import jax.numpy as jnp
 
     b, d = h.shape[0], kind.head_dim
@@ -229,8 +249,7 @@ def attention_part(m: DecodeModel, kind: AttentionKind, kern: Kernels, lw: dict,
     q, k = _heads_norm(kern, q, lw["q_norm"], m.eps), _heads_norm(kern, k, lw["k_norm"], m.eps)
     if m.v_norm:
         v = _heads_norm(kern, v, jnp.ones((d,), v.dtype), m.eps)
-    pos = kv_lens - 1
-    q, k = rope(q, pos, kind.rope_theta, kind.rotary_fraction), rope(k, pos, kind.rope_theta, kind.rotary_fraction)
+    q, k = rope(q, table, rotated_dims(kind)), rope(k, table, rotated_dims(kind))
     scale = m.attention_scale if m.attention_scale is not None else 1.0 / math.sqrt(d)
     cu = jnp.arange(b + 1, dtype=jnp.int32)
     o, kc, vc = kern.attention(q, k, v, kc, vc, kv_lens, pages, cu, kind.window, scale)
@@ -242,7 +261,9 @@ def attention_part(m: DecodeModel, kind: AttentionKind, kern: Kernels, lw: dict,
 
 def router(m: DecodeModel, kern: Kernels, lw: dict, h, x):
     """(ids [B, k], weights [B, k] f32): softmax over the experts, top-k, renormalised (Gemma: its own scale-free
-    norm of the residual and a per-expert scale)."""
+    norm of the residual and a per-expert scale). Computed as the softmax of the top-k logits: the softmax is
+    monotone (the same k experts) and its normaliser cancels in the renormalisation, so the full softmax over
+    every expert is one op a layer the step need not run."""
     import jax
     import jax.numpy as jnp
 
@@ -251,9 +272,8 @@ def router(m: DecodeModel, kern: Kernels, lw: dict, h, x):
     else:
         r = x
     logits = jnp.dot(r, lw["router"], preferred_element_type=jnp.float32)
-    probs = jax.nn.softmax(logits, axis=-1)
-    w, ids = jax.lax.top_k(probs, m.top_k)
-    w = w / jnp.sum(w, axis=-1, keepdims=True)
+    top, ids = jax.lax.top_k(logits, m.top_k)
+    w = jax.nn.softmax(top, axis=-1)
     if m.sandwich_norms:
         w = w * lw["expert_scale"][ids]
     return ids.astype(jnp.int32), w
@@ -309,14 +329,20 @@ def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, mo
     # the experts' weights stay whole stacks [G, E, ...]: moe_experts reads group i's layer of them in place
     experts = [(lw["w_gate_up"], lw["w_down"]) for lw in params["layers"]]
     scanned = [{k: a for k, a in lw.items() if k not in EXPERT_WEIGHTS} for lw in params["layers"]]
+    # the rotary angles depend on the positions and the kind only: once a step, not once a layer
+    angles = {}
+    for kind in m.pattern:
+        key = (kind.head_dim, kind.rope_theta, kind.rotary_fraction)
+        angles[key] = angles.get(key) or rope_table(kv_lens - 1, kind)
+    tables = [angles[(kind.head_dim, kind.rope_theta, kind.rotary_fraction)] for kind in m.pattern]
 
     def group(h, lws, cs, i):
         new = []
         for p, kind in enumerate(m.pattern):
             lw, (kc, vc) = lws[p], cs[p]
             att = smap(functools.partial(attention_part, m, kind, kern, reduce=psum),
-                       in_specs=(lspecs[p], P(), cspec, cspec, P(), P()), out_specs=(P(), cspec, cspec))
-            h, kc, vc = att(lw, h, kc, vc, kv_lens, page_indices)
+                       in_specs=(lspecs[p], P(), cspec, cspec, P(), P(), P()), out_specs=(P(), cspec, cspec))
+            h, kc, vc = att(lw, h, kc, vc, kv_lens, page_indices, tables[p])
             pre = smap(functools.partial(ff_inputs, m, kern, reduce=psum), in_specs=(lspecs[p], P()),
                        out_specs=(P(), P(), P(), P()))
             x, ids, w, shared = pre(lw, h)
