@@ -36,7 +36,8 @@ EXPERT_WEIGHTS = ("w_gate_up", "w_down")
 
 class Kernels(NamedTuple):
     rms_norm: Callable[..., Any]  # (x [..., D], weight [D], eps) -> x's shape
-    attention: Callable[..., Any]  # (q, k, v, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, window, scale)
+    # (q, k, v, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, window, scale, layer): caches [L, pages, ...]
+    attention: Callable[..., Any]
     moe: Callable[..., Any]  # (x, ids, weights, w_gate_up [L, E, ..], w_down [L, E, ..], activation, mesh, layer)
 
 
@@ -47,9 +48,9 @@ def hub_kernels(rms: Any, fa: Any, rd: Any, implementation: str | None = None, i
     def norm(x, w, eps):
         return rms.rms_norm(x, w, eps=eps, **kw)
 
-    def attention(q, k, v, kc, vc, kv_lens, pages, cu, window, scale):
-        return fa.ragged_paged_attention(q, k, v, kc, vc, kv_lens, pages, cu, sliding_window=window, sm_scale=scale,
-                                         **kw)
+    def attention(q, k, v, kc, vc, kv_lens, pages, cu, window, scale, layer):
+        return fa.ragged_paged_attention(q, k, v, kc, vc, kv_lens, pages, cu, layer=layer, sliding_window=window,
+                                         sm_scale=scale, **kw)
 
     def moe(x, ids, w, gu, dn, activation, mesh, layer):
         return rd.moe_experts(x, ids, w, gu, dn, activation=activation, mesh=mesh,
@@ -86,19 +87,20 @@ def jax_rsqrt(x):
     return jax.lax.rsqrt(x)
 
 
-def repeat_kv_attention(q, k, v, kc, vc, kv_lens, pages, cu, window, scale):
+def repeat_kv_attention(q, k, v, kc, vc, kv_lens, pages, cu, window, scale, layer):
     """Decode attention as transformers runs it on a static cache: write the new K/V, read every sequence's whole
-    cache, repeat K/V to the query heads, mask past the length (and outside the window), softmax in f32."""
+    cache, repeat K/V to the query heads, mask past the length (and outside the window), softmax in f32. The caches
+    are stacks over layers [L, pages, ...], layer `layer` written and read."""
     import jax.numpy as jnp
 
     b, hq, d = q.shape
     hkv = k.shape[1]
     pos = kv_lens - 1
     page, slot = pages[jnp.arange(b), pos // PAGE], pos % PAGE
-    kc = kc.at[page, slot].set(k)
-    vc = vc.at[page, slot].set(v)
-    keys = kc[pages].reshape(b, -1, hkv, d)  # [B, S, Hkv, D]
-    vals = vc[pages].reshape(b, -1, hkv, d)
+    kc = kc.at[layer, page, slot].set(k)
+    vc = vc.at[layer, page, slot].set(v)
+    keys = kc[layer, pages].reshape(b, -1, hkv, d)  # [B, S, Hkv, D]
+    vals = vc[layer, pages].reshape(b, -1, hkv, d)
     keys, vals = (jnp.repeat(a, hq // hkv, axis=2) for a in (keys, vals))
     s = jnp.einsum("bhd,bshd->bhs", q.astype(jnp.float32), keys.astype(jnp.float32)) * scale
     at = jnp.arange(keys.shape[1])[None, None, :]
@@ -236,9 +238,10 @@ def _heads_norm(kern: Kernels, x, w, eps):
 
 
 def attention_part(m: DecodeModel, kind: AttentionKind, kern: Kernels, lw: dict, h, kc, vc, kv_lens, pages, table,
-                   reduce: Callable[[Any], Any]):
+                   layer, reduce: Callable[[Any], Any]):
     """One device's attention of a layer (query heads and KV heads local), its output summed over the axis by
-    `reduce`; `table` the kind's rope_table. Returns (h after the attention's residual, k_cache, v_cache)."""
+    `reduce`; `table` the kind's rope_table; kc, vc the kind's caches stacked over the groups, `layer` the group.
+    Returns (h after the attention's residual, k_cache, v_cache: the whole stacks, that group's rows written)."""
     import jax.numpy as jnp
 
     b, d = h.shape[0], kind.head_dim
@@ -252,7 +255,7 @@ def attention_part(m: DecodeModel, kind: AttentionKind, kern: Kernels, lw: dict,
     q, k = rope(q, table, rotated_dims(kind)), rope(k, table, rotated_dims(kind))
     scale = m.attention_scale if m.attention_scale is not None else 1.0 / math.sqrt(d)
     cu = jnp.arange(b + 1, dtype=jnp.int32)
-    o, kc, vc = kern.attention(q, k, v, kc, vc, kv_lens, pages, cu, kind.window, scale)
+    o, kc, vc = kern.attention(q, k, v, kc, vc, kv_lens, pages, cu, kind.window, scale, layer)
     out = reduce(o.reshape(b, -1) @ lw["wo"])
     if m.sandwich_norms:
         out = kern.rms_norm(out, lw["attn_post_norm"], m.eps)
@@ -314,7 +317,7 @@ def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, mo
     smap = functools.partial(jax.shard_map, mesh=mesh, check_vma=False)
     lspecs = [{k: P(*p) for k, (_, p) in layer_shapes(m, kind, n).items() if k not in EXPERT_WEIGHTS}
               for kind in m.pattern]
-    cspec = P(None, None, AXIS, None)
+    cspec = P(None, None, None, AXIS, None)  # [G, pages, PAGE, KV heads, D]: the whole stacks, heads split
 
     def embed(table, tok):
         vl = table.shape[0]
@@ -341,8 +344,8 @@ def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, mo
         for p, kind in enumerate(m.pattern):
             lw, (kc, vc) = lws[p], cs[p]
             att = smap(functools.partial(attention_part, m, kind, kern, reduce=psum),
-                       in_specs=(lspecs[p], P(), cspec, cspec, P(), P(), P()), out_specs=(P(), cspec, cspec))
-            h, kc, vc = att(lw, h, kc, vc, kv_lens, page_indices, tables[p])
+                       in_specs=(lspecs[p], P(), cspec, cspec, P(), P(), P(), P()), out_specs=(P(), cspec, cspec))
+            h, kc, vc = att(lw, h, kc, vc, kv_lens, page_indices, tables[p], i)
             pre = smap(functools.partial(ff_inputs, m, kern, reduce=psum), in_specs=(lspecs[p], P()),
                        out_specs=(P(), P(), P(), P()))
             x, ids, w, shared = pre(lw, h)
@@ -358,20 +361,15 @@ def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, mo
             new.append((kc, vc))
         return h, new
 
-    if routing is None:  # the caches ride in the carry, each group's layer updated in place (no second copy)
+    if routing is None:  # the whole cache stacks ride in the carry; the attention writes group i's rows in place
         def body(carry, lws):
             h, cs, i = carry
-            mine = [tuple(jax.lax.dynamic_index_in_dim(c, i, keepdims=False) for c in pair) for pair in cs]
-            h, new = group(h, lws, mine, i)
-            cs = [tuple(jax.lax.dynamic_update_index_in_dim(c, u, i, 0) for c, u in zip(pair, upd, strict=True))
-                  for pair, upd in zip(cs, new, strict=True)]
+            h, cs = group(h, lws, cs, i)
             return (h, cs, i + 1), None
 
         (h, caches, _), _ = jax.lax.scan(body, (h, caches, jnp.int32(0)), scanned)
     elif layers:  # one group, unscanned (the cost model's walk; params and caches hold one group)
-        h, caches = group(h, [jax.tree.map(lambda a: a[0], lw) for lw in scanned],
-                          [tuple(c[0] for c in cs) for cs in caches], jnp.int32(0))
-        caches = [tuple(c[None] for c in cs) for cs in caches]
+        h, caches = group(h, [jax.tree.map(lambda a: a[0], lw) for lw in scanned], caches, jnp.int32(0))
 
     def head(h, norm_w, table):
         x = kern.rms_norm(h, norm_w, m.eps)
