@@ -43,6 +43,10 @@ if TYPE_CHECKING:
     from kernel_hub.tpu.worker_common import Emit
 
 PATHS = ("hub", "jax_default", "default_compiled", "vllm_tpu")
+#: How the step's layers reach their weights and caches, recorded in every row: "stacked" (the experts' weights and
+#: the caches passed whole to the kernels with the layer as an index, nothing sliced per layer); rows recorded before
+#: it have no such field (each layer's experts and caches sliced out of the scan's stacks).
+STEP = "stacked"
 
 
 def path_kernels(path: str, rms: ModuleType, fa: ModuleType, rd: ModuleType) -> Kernels:
@@ -257,7 +261,7 @@ def run_decode(request: JsonDict, emit: Emit) -> int:
                             kern = path_kernels(path, rms, fa, rd)
                             row: JsonDict = {"model": m.name, "batch": batch, "cache": cache, "chip": generation,
                                              "mesh": interconnect(generation).slice8, "devices": len(devices),
-                                             "path": path, "layers": m.layers, "compiled": False,
+                                             "path": path, "layers": m.layers, "step": STEP, "compiled": False,
                                              **floor(m, batch, cache, generation, len(devices))}
                             key = (name, batch, cache, generation, path)
                             if path != "vllm_tpu" and not request.get("model_only") and (
