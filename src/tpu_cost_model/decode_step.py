@@ -2,7 +2,10 @@
 n devices: attention tensor-parallel (query heads split, KV heads split or replicated when fewer than n), the
 experts expert-parallel over the same axis (`moe_experts(mesh=, expert_axis=)`), the vocabulary split for the
 embedding and the LM head. Layers run as a `lax.scan` over groups of the model's layer pattern (Qwen3: one layer;
-Gemma 4: five sliding + one global), so the compiler sees one group however deep the model is.
+Gemma 4: five sliding + one global), so the compiler sees one group however deep the model is. The experts' weights
+and the KV caches are never sliced per layer: they stay whole stacks over the groups (the weights closed over, the
+caches in the scan's carry) and the kernels take the scan's counter as `layer=`, reading (and for the caches writing)
+that group's layer in place; only the small dense weights are the scan's xs.
 
 `Kernels` names the three ops the step calls; `hub_kernels(rms, fa, rd, ...)` takes them from the loaded kernel
 packages (the rms_norm, flash_attention and ragged_dot modules, imported by kernel-hub's verified loader), with an
