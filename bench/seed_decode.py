@@ -3,7 +3,7 @@
 
     python bench/seed_decode.py [--json] [--models qwen3_30b_a3b,gemma4_26b_a4b] [--batches 64,1]
         [--caches 768] [--generations v6e,v5e,v7x] [--paths hub,jax_default,default_compiled,default_op_by_op]
-        [--compile hub|all|none] [--write]
+        [--compile hub|all|none] [--write | --merge]
     python bench/seed_decode.py --gate [--generations v6e,v5e,v7x]
 
 Paths: hub (kernel-hub's Pallas kernels: ragged paged attention, moe_experts on the ragged dot, RMSNorm),
@@ -14,7 +14,8 @@ calibration table's torch-tpu-op-by-op dispatch band), hub_op_by_op (the hub pat
 dispatch per call of HF's run (the experts block one call, the rest op by op: what HF's hub number is), vllm_tpu
 (the hub step with vLLM TPU's attention and gmm swapped in, modeled only). Every time is modeled (tpu_cost_model),
 never measured.
---write stores the rows in bench/records/seed_decode.json. --gate compiles one layer group of each model's step on
+--write stores the rows in bench/records/seed_decode.json; --merge puts them in place of the record's rows of the
+same model, batch, cache, chip and path and keeps the rest. --gate compiles one layer group of each model's step on
 the hub path for each slice (tpu_cost_model.decode_gate) and exits 1 naming what does not compile.
 """
 
@@ -92,6 +93,26 @@ def derive(out: list[dict], paths: list[str]) -> list[dict]:
     return [r for r in out if r["path"] in paths] + extra
 
 
+def row_key(r: dict) -> tuple:
+    return r["model"], r["batch"], r.get("cache"), r["chip"], r["path"]
+
+
+def merged(old: list[dict], new: list[dict]) -> list[dict]:
+    """The record's rows with `new` in place of the rows of the same model, batch, cache, chip and path (in their
+    places), the other new rows appended. Pure."""
+    fresh = {row_key(r): r for r in new}
+    out = [fresh.pop(row_key(r), r) for r in old]
+    return out + [r for r in new if row_key(r) in fresh]
+
+
+def write_record(found: list[dict], merge: bool = False) -> None:
+    if merge and RECORD.exists():
+        found = merged(json.loads(RECORD.read_text())["rows"], found)
+    RECORD.write_text(json.dumps({"about": __doc__.strip().splitlines()[0] + " (modeled, not measured)",
+                                  "hf": {f"{m}:{b}": v for (m, b), v in HF.items()}, "rows": found},
+                                 indent=1) + "\n")
+
+
 def table(found: list[dict]) -> str:
     head = ("model", "batch", "cache", "chip", "path", "modeled ms (band)", "floor ms", "x floor", "compiled",
             "HBM/chip GiB", "HF default / hub ms")
@@ -115,10 +136,10 @@ def markdown(found: list[dict]) -> str:
     """The docs page's table: ms per step per path beside HF's, our ratio against the default, the floor."""
     ms = lambda s: f"{s * 1e3:.1f}"
     by = {(r["model"], r["batch"], r["chip"], r.get("cache"), r["path"]): r for r in found}
-    lines = ["| model | batch | cache | chip | path | modeled ms (band) | XLA glue charged | jaxpr rule ms | "
+    lines = ["| model | batch | cache | chip | path | step | modeled ms (band) | XLA glue charged | jaxpr rule ms | "
              "kernels + collectives ms | floor ms | x floor (band) | compiled | HBM per chip GiB | "
              "default / this (modeled) | HF ms (default / hub) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in found:
         if r.get("modeled_s") is None:
             continue
@@ -131,7 +152,8 @@ def markdown(found: list[dict]) -> str:
         rule = "compiled" if r.get("xla_rule") == "compiled" else "jaxpr"
         jaxpr = ms(r["modeled_jaxpr_s"]) if r.get("modeled_jaxpr_s") is not None else ms(r["modeled_s"])
         x = lambda s, f=r['hbm_floor_s']: f"{s / f:.1f}"
-        lines.append(f"| {r['model']} | {r['batch']} | {r.get('cache', '')} | {r['chip']} | {r['path']} | "
+        step = r.get("step", "sliced")  # rows recorded before the stacked step sliced each layer's experts and caches
+        lines.append(f"| {r['model']} | {r['batch']} | {r.get('cache', '')} | {r['chip']} | {r['path']} | {step} | "
                      f"{ms(r['modeled_s'])} ({ms(r['band_s'][0])}-{ms(r['band_s'][1])}) | {rule} | {jaxpr} | {core} | "
                      f"{ms(r['hbm_floor_s'])} | {x(r['modeled_s'])} ({x(r['band_s'][0])}-{x(r['band_s'][1])}) | "
                      f"{'yes' if r['compiled'] else 'no'} | {'-' if mem is None else f'{mem / 2**30:.2f}'} | "
@@ -149,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--paths", default="hub,jax_default,default_compiled,vllm_tpu,default_op_by_op,hub_op_by_op")
     ap.add_argument("--compile", default="hub", choices=("hub", "all", "none"), help="which paths compile")
     ap.add_argument("--write", action="store_true", help=f"store the rows in {RECORD.relative_to(ROOT)}")
+    ap.add_argument("--merge", action="store_true", help="store the rows in the record in place of the rows of the "
+                    "same model, batch, cache, chip and path, keeping the others")
     ap.add_argument("--markdown", action="store_true", help="print the docs page's table of the recorded rows")
     ap.add_argument("--gate", action="store_true", help="the release check: one layer group compiled per slice")
     args = ap.parse_args(argv)
@@ -166,10 +190,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"gate: {line}", file=sys.stderr)
         return 1 if failed else 0
     found = rows(args)
-    if args.write:
-        RECORD.write_text(json.dumps({"about": __doc__.strip().splitlines()[0] + " (modeled, not measured)",
-                                      "hf": {f"{m}:{b}": v for (m, b), v in HF.items()}, "rows": found},
-                                     indent=1) + "\n")
+    if args.write or args.merge:
+        write_record(found, merge=args.merge)
     if args.json:
         for r in found:
             print(json.dumps(r))

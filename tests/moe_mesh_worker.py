@@ -119,6 +119,21 @@ def main() -> dict:
             entry["grad_errors"] = [relative_error(g, r) for g, r in zip(
                 grads, moe_grads(x, ids, w, wgu, wd, data["dout"], "gelu"), strict=True)]
         extra.append(entry)
+    # weights stacked over 3 layers, layer 1 read in place (the decode step's scan), expert-parallel over 8
+    rng = np.random.default_rng(1)
+    gu_stack = jnp.stack([jnp.asarray(rng.standard_normal(wgu.shape) / np.sqrt(H), jnp.float32), wgu,
+                          jnp.asarray(rng.standard_normal(wgu.shape) / np.sqrt(H), jnp.float32)])
+    down_stack = jnp.stack([jnp.asarray(rng.standard_normal(wd.shape) / np.sqrt(INTER), jnp.float32), wd,
+                            jnp.asarray(rng.standard_normal(wd.shape) / np.sqrt(INTER), jnp.float32)])
+    ref = rd.reference_moe_experts(x, ids, w, wgu, wd, "silu")
+    for label, kw in (("ep8:psum:pallas:stacked", {"implementation": "pallas", "interpret": True,
+                                                   "dispatch": "psum"}),
+                      ("ep8:all_to_all:stacked", {"dispatch": "all_to_all"})):
+        out = jax.jit(lambda a, b, i, kw=kw: rd.moe_experts(x, ids, w, a, b, mesh=mesh8, expert_axis="expert",
+                                                            layer=i, **kw))(gu_stack, down_stack, jnp.int32(1))
+        extra.append({"config": label, "fwd_error": relative_error(out, ref),
+                      "vs_unstacked": relative_error(out, rd.moe_experts(x, ids, w, wgu, wd, mesh=mesh8,
+                                                                         expert_axis="expert", **kw))})
     return {"devices": int(devices.size), "rows": rows, "extra": extra}
 
 

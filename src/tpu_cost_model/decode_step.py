@@ -2,7 +2,10 @@
 n devices: attention tensor-parallel (query heads split, KV heads split or replicated when fewer than n), the
 experts expert-parallel over the same axis (`moe_experts(mesh=, expert_axis=)`), the vocabulary split for the
 embedding and the LM head. Layers run as a `lax.scan` over groups of the model's layer pattern (Qwen3: one layer;
-Gemma 4: five sliding + one global), so the compiler sees one group however deep the model is.
+Gemma 4: five sliding + one global), so the compiler sees one group however deep the model is. The experts' weights
+and the KV caches are never sliced per layer: they stay whole stacks over the groups (the weights closed over, the
+caches in the scan's carry) and the kernels take the scan's counter as `layer=`, reading (and for the caches writing)
+that group's layer in place; only the small dense weights are the scan's xs.
 
 `Kernels` names the three ops the step calls; `hub_kernels(rms, fa, rd, ...)` takes them from the loaded kernel
 packages (the rms_norm, flash_attention and ragged_dot modules, imported by kernel-hub's verified loader), with an
@@ -30,12 +33,15 @@ if TYPE_CHECKING:
     from jax.sharding import Mesh
 
 AXIS = "x"
+#: A layer's weights the step passes to moe_experts as whole stacks over the groups (layer=), never sliced.
+EXPERT_WEIGHTS = ("w_gate_up", "w_down")
 
 
 class Kernels(NamedTuple):
     rms_norm: Callable[..., Any]  # (x [..., D], weight [D], eps) -> x's shape
-    attention: Callable[..., Any]  # (q, k, v, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, window, scale)
-    moe: Callable[..., Any]  # (x, ids, weights, w_gate_up, w_down, activation, mesh) -> [T, H]
+    # (q, k, v, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, window, scale, layer): caches [L, pages, ...]
+    attention: Callable[..., Any]
+    moe: Callable[..., Any]  # (x, ids, weights, w_gate_up [L, E, ..], w_down [L, E, ..], activation, mesh, layer)
 
 
 def hub_kernels(rms: Any, fa: Any, rd: Any, implementation: str | None = None, interpret: Any = None) -> Kernels:
@@ -45,13 +51,13 @@ def hub_kernels(rms: Any, fa: Any, rd: Any, implementation: str | None = None, i
     def norm(x, w, eps):
         return rms.rms_norm(x, w, eps=eps, **kw)
 
-    def attention(q, k, v, kc, vc, kv_lens, pages, cu, window, scale):
-        return fa.ragged_paged_attention(q, k, v, kc, vc, kv_lens, pages, cu, sliding_window=window, sm_scale=scale,
-                                         **kw)
+    def attention(q, k, v, kc, vc, kv_lens, pages, cu, window, scale, layer):
+        return fa.ragged_paged_attention(q, k, v, kc, vc, kv_lens, pages, cu, layer=layer, sliding_window=window,
+                                         sm_scale=scale, **kw)
 
-    def moe(x, ids, w, gu, dn, activation, mesh):
+    def moe(x, ids, w, gu, dn, activation, mesh, layer):
         return rd.moe_experts(x, ids, w, gu, dn, activation=activation, mesh=mesh,
-                              expert_axis=None if mesh is None else AXIS, **kw)
+                              expert_axis=None if mesh is None else AXIS, layer=layer, **kw)
 
     return Kernels(norm, attention, moe)
 
@@ -63,9 +69,9 @@ def transformers_kernels(rd: Any) -> Kernels:
     def norm(x, w, eps):
         return xla_rms_norm(x, w, eps)
 
-    def moe(x, ids, w, gu, dn, activation, mesh):
+    def moe(x, ids, w, gu, dn, activation, mesh, layer):
         return rd.moe_experts(x, ids, w, gu, dn, activation=activation, mesh=mesh,
-                              expert_axis=None if mesh is None else AXIS, implementation="xla")
+                              expert_axis=None if mesh is None else AXIS, layer=layer, implementation="xla")
 
     return Kernels(norm, repeat_kv_attention, moe)
 
@@ -84,19 +90,20 @@ def jax_rsqrt(x):
     return jax.lax.rsqrt(x)
 
 
-def repeat_kv_attention(q, k, v, kc, vc, kv_lens, pages, cu, window, scale):
+def repeat_kv_attention(q, k, v, kc, vc, kv_lens, pages, cu, window, scale, layer):
     """Decode attention as transformers runs it on a static cache: write the new K/V, read every sequence's whole
-    cache, repeat K/V to the query heads, mask past the length (and outside the window), softmax in f32."""
+    cache, repeat K/V to the query heads, mask past the length (and outside the window), softmax in f32. The caches
+    are stacks over layers [L, pages, ...], layer `layer` written and read."""
     import jax.numpy as jnp
 
     b, hq, d = q.shape
     hkv = k.shape[1]
     pos = kv_lens - 1
     page, slot = pages[jnp.arange(b), pos // PAGE], pos % PAGE
-    kc = kc.at[page, slot].set(k)
-    vc = vc.at[page, slot].set(v)
-    keys = kc[pages].reshape(b, -1, hkv, d)  # [B, S, Hkv, D]
-    vals = vc[pages].reshape(b, -1, hkv, d)
+    kc = kc.at[layer, page, slot].set(k)
+    vc = vc.at[layer, page, slot].set(v)
+    keys = kc[layer, pages].reshape(b, -1, hkv, d)  # [B, S, Hkv, D]
+    vals = vc[layer, pages].reshape(b, -1, hkv, d)
     keys, vals = (jnp.repeat(a, hq // hkv, axis=2) for a in (keys, vals))
     s = jnp.einsum("bhd,bshd->bhs", q.astype(jnp.float32), keys.astype(jnp.float32)) * scale
     at = jnp.arange(keys.shape[1])[None, None, :]
@@ -194,18 +201,38 @@ def init_inputs(m: DecodeModel, n: int, batch: int, cache: int, dtype: Any, key:
 
 # ------------------------------------------------------------------------------------------- the step
 
-def rope(x, pos, theta: float, fraction: float):
-    """Rotary embedding of x [B, heads, D] at positions pos [B] on the first fraction x D dims (halves rotated)."""
+def rotated_dims(kind: AttentionKind) -> int:
+    return int(kind.head_dim * kind.rotary_fraction) // 2 * 2
+
+
+def rope_table(pos, kind: AttentionKind):
+    """(cos, sin) [B, 1, D] f32 at positions pos [B] for an attention kind, laid out over the whole head: cos on
+    both halves of the rotated dims and 1 past them, sin negated on the first half, +sin on the second, 0 past
+    them. The same for every layer of that kind, so the step computes them once, not once a layer."""
     import jax.numpy as jnp
 
-    d = x.shape[-1]
-    rot = int(d * fraction) // 2 * 2
-    inv = 1.0 / theta ** (jnp.arange(0, rot, 2, dtype=jnp.float32) / rot)
+    d, rot = kind.head_dim, rotated_dims(kind)
+    inv = 1.0 / kind.rope_theta ** (jnp.arange(0, rot, 2, dtype=jnp.float32) / rot)
     ang = pos.astype(jnp.float32)[:, None, None] * inv[None, None, :]
     cos, sin = jnp.cos(ang), jnp.sin(ang)
+    one, zero = jnp.ones_like(cos[..., :1]), jnp.zeros_like(cos[..., :1])
+    rest = (cos.shape[0], 1, d - rot)
+    return (jnp.concatenate([cos, cos, jnp.broadcast_to(one, rest)], -1),
+            jnp.concatenate([-sin, sin, jnp.broadcast_to(zero, rest)], -1))
+
+
+def rope(x, table, rot: int):
+    """Rotary embedding of x [B, heads, D] on its first `rot` dims (halves rotated) by rope_table's (cos, sin):
+    x * cos + swap(x) * sin, swap exchanging the two halves of the rotated dims (past them it meets sin = 0, so
+    those dims stay x exactly): one elementwise expression over the head, the same products and sums as
+    a * cos - b * sin, b * cos + a * sin."""
+    import jax.numpy as jnp
+
+    cos, sin = table
     xf = x.astype(jnp.float32)
-    a, b, rest = xf[..., : rot // 2], xf[..., rot // 2: rot], xf[..., rot:]
-    return jnp.concatenate([a * cos - b * sin, b * cos + a * sin, rest], axis=-1).astype(x.dtype)
+    half = rot // 2
+    swapped = jnp.concatenate([xf[..., half:rot], xf[..., :half], xf[..., rot:]], axis=-1)
+    return (xf * cos + swapped * sin).astype(x.dtype)
 
 
 def _heads_norm(kern: Kernels, x, w, eps):
@@ -213,10 +240,11 @@ def _heads_norm(kern: Kernels, x, w, eps):
     return kern.rms_norm(x.reshape(b * nh, d), w, eps).reshape(b, nh, d)
 
 
-def attention_part(m: DecodeModel, kind: AttentionKind, kern: Kernels, lw: dict, h, kc, vc, kv_lens, pages,
-                   reduce: Callable[[Any], Any]):
+def attention_part(m: DecodeModel, kind: AttentionKind, kern: Kernels, lw: dict, h, kc, vc, kv_lens, pages, table,
+                   layer, reduce: Callable[[Any], Any]):
     """One device's attention of a layer (query heads and KV heads local), its output summed over the axis by
-    `reduce`; returns (h after the attention's residual, k_cache, v_cache)."""
+    `reduce`; `table` the kind's rope_table; kc, vc the kind's caches stacked over the groups, `layer` the group.
+    Returns (h after the attention's residual, k_cache, v_cache: the whole stacks, that group's rows written)."""
     import jax.numpy as jnp
 
     b, d = h.shape[0], kind.head_dim
@@ -227,11 +255,10 @@ def attention_part(m: DecodeModel, kind: AttentionKind, kern: Kernels, lw: dict,
     q, k = _heads_norm(kern, q, lw["q_norm"], m.eps), _heads_norm(kern, k, lw["k_norm"], m.eps)
     if m.v_norm:
         v = _heads_norm(kern, v, jnp.ones((d,), v.dtype), m.eps)
-    pos = kv_lens - 1
-    q, k = rope(q, pos, kind.rope_theta, kind.rotary_fraction), rope(k, pos, kind.rope_theta, kind.rotary_fraction)
+    q, k = rope(q, table, rotated_dims(kind)), rope(k, table, rotated_dims(kind))
     scale = m.attention_scale if m.attention_scale is not None else 1.0 / math.sqrt(d)
     cu = jnp.arange(b + 1, dtype=jnp.int32)
-    o, kc, vc = kern.attention(q, k, v, kc, vc, kv_lens, pages, cu, kind.window, scale)
+    o, kc, vc = kern.attention(q, k, v, kc, vc, kv_lens, pages, cu, kind.window, scale, layer)
     out = reduce(o.reshape(b, -1) @ lw["wo"])
     if m.sandwich_norms:
         out = kern.rms_norm(out, lw["attn_post_norm"], m.eps)
@@ -240,7 +267,9 @@ def attention_part(m: DecodeModel, kind: AttentionKind, kern: Kernels, lw: dict,
 
 def router(m: DecodeModel, kern: Kernels, lw: dict, h, x):
     """(ids [B, k], weights [B, k] f32): softmax over the experts, top-k, renormalised (Gemma: its own scale-free
-    norm of the residual and a per-expert scale)."""
+    norm of the residual and a per-expert scale). Computed as the softmax of the top-k logits: the softmax is
+    monotone (the same k experts) and its normaliser cancels in the renormalisation, so the full softmax over
+    every expert is one op a layer the step need not run."""
     import jax
     import jax.numpy as jnp
 
@@ -249,9 +278,8 @@ def router(m: DecodeModel, kern: Kernels, lw: dict, h, x):
     else:
         r = x
     logits = jnp.dot(r, lw["router"], preferred_element_type=jnp.float32)
-    probs = jax.nn.softmax(logits, axis=-1)
-    w, ids = jax.lax.top_k(probs, m.top_k)
-    w = w / jnp.sum(w, axis=-1, keepdims=True)
+    top, ids = jax.lax.top_k(logits, m.top_k)
+    w = jax.nn.softmax(top, axis=-1)
     if m.sandwich_norms:
         w = w * lw["expert_scale"][ids]
     return ids.astype(jnp.int32), w
@@ -290,8 +318,9 @@ def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, mo
     dt = params["embed"].dtype
     psum = functools.partial(jax.lax.psum, axis_name=AXIS)
     smap = functools.partial(jax.shard_map, mesh=mesh, check_vma=False)
-    lspecs = [{k: P(*p) for k, (_, p) in layer_shapes(m, kind, n).items()} for kind in m.pattern]
-    cspec = P(None, None, AXIS, None)
+    lspecs = [{k: P(*p) for k, (_, p) in layer_shapes(m, kind, n).items() if k not in EXPERT_WEIGHTS}
+              for kind in m.pattern]
+    cspec = P(None, None, None, AXIS, None)  # [G, pages, PAGE, KV heads, D]: the whole stacks, heads split
 
     def embed(table, tok):
         vl = table.shape[0]
@@ -303,20 +332,29 @@ def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, mo
 
     h = smap(embed, in_specs=(P(AXIS, None), P()), out_specs=P())(params["embed"], tokens)
 
-    def group(h, xs):
-        lws, cs = xs
+    # the experts' weights stay whole stacks [G, E, ...]: moe_experts reads group i's layer of them in place
+    experts = [(lw["w_gate_up"], lw["w_down"]) for lw in params["layers"]]
+    scanned = [{k: a for k, a in lw.items() if k not in EXPERT_WEIGHTS} for lw in params["layers"]]
+    # the rotary angles depend on the positions and the kind only: once a step, not once a layer
+    angles = {}
+    for kind in m.pattern:
+        key = (kind.head_dim, kind.rope_theta, kind.rotary_fraction)
+        angles[key] = angles.get(key) or rope_table(kv_lens - 1, kind)
+    tables = [angles[(kind.head_dim, kind.rope_theta, kind.rotary_fraction)] for kind in m.pattern]
+
+    def group(h, lws, cs, i):
         new = []
         for p, kind in enumerate(m.pattern):
             lw, (kc, vc) = lws[p], cs[p]
             att = smap(functools.partial(attention_part, m, kind, kern, reduce=psum),
-                       in_specs=(lspecs[p], P(), cspec, cspec, P(), P()), out_specs=(P(), cspec, cspec))
-            h, kc, vc = att(lw, h, kc, vc, kv_lens, page_indices)
+                       in_specs=(lspecs[p], P(), cspec, cspec, P(), P(), P(), P()), out_specs=(P(), cspec, cspec))
+            h, kc, vc = att(lw, h, kc, vc, kv_lens, page_indices, tables[p], i)
             pre = smap(functools.partial(ff_inputs, m, kern, reduce=psum), in_specs=(lspecs[p], P()),
                        out_specs=(P(), P(), P(), P()))
             x, ids, w, shared = pre(lw, h)
             if routing is not None:
                 ids, w = routing[p]
-            out = kern.moe(x, ids, w, lw["w_gate_up"], lw["w_down"], m.activation, mesh)
+            out = kern.moe(x, ids, w, *experts[p], m.activation, mesh, i)
             if m.sandwich_norms:  # the norms after the experts are kernels too: one device's copy each
                 post = smap(functools.partial(ff_output, m, kern), in_specs=(lspecs[p], P(), P(), P()),
                             out_specs=P())
@@ -326,20 +364,15 @@ def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, mo
             new.append((kc, vc))
         return h, new
 
-    if routing is None:  # the caches ride in the carry, each group's layer updated in place (no second copy)
+    if routing is None:  # the whole cache stacks ride in the carry; the attention writes group i's rows in place
         def body(carry, lws):
             h, cs, i = carry
-            mine = [tuple(jax.lax.dynamic_index_in_dim(c, i, keepdims=False) for c in pair) for pair in cs]
-            h, new = group(h, (lws, mine))
-            cs = [tuple(jax.lax.dynamic_update_index_in_dim(c, u, i, 0) for c, u in zip(pair, upd, strict=True))
-                  for pair, upd in zip(cs, new, strict=True)]
+            h, cs = group(h, lws, cs, i)
             return (h, cs, i + 1), None
 
-        (h, caches, _), _ = jax.lax.scan(body, (h, caches, jnp.int32(0)), params["layers"])
+        (h, caches, _), _ = jax.lax.scan(body, (h, caches, jnp.int32(0)), scanned)
     elif layers:  # one group, unscanned (the cost model's walk; params and caches hold one group)
-        h, caches = group(h, ([jax.tree.map(lambda a: a[0], lw) for lw in params["layers"]],
-                              [tuple(c[0] for c in cs) for cs in caches]))
-        caches = [tuple(c[None] for c in cs) for cs in caches]
+        h, caches = group(h, [jax.tree.map(lambda a: a[0], lw) for lw in scanned], caches, jnp.int32(0))
 
     def head(h, norm_w, table):
         x = kern.rms_norm(h, norm_w, m.eps)

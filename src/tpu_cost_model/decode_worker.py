@@ -43,6 +43,10 @@ if TYPE_CHECKING:
     from kernel_hub.tpu.worker_common import Emit
 
 PATHS = ("hub", "jax_default", "default_compiled", "vllm_tpu")
+#: How the step's layers reach their weights and caches, recorded in every row: "stacked" (the experts' weights and
+#: the caches passed whole to the kernels with the layer as an index, nothing sliced per layer); rows recorded before
+#: it have no such field (each layer's experts and caches sliced out of the scan's stacks).
+STEP = "stacked"
 
 
 def path_kernels(path: str, rms: ModuleType, fa: ModuleType, rd: ModuleType) -> Kernels:
@@ -62,9 +66,15 @@ def metadata(batch: int, cache: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def compile_step(m: dm.DecodeModel, kern: Kernels, batch: int, cache: int, devices: list) -> JsonDict:
-    """The whole step compiled for the slice: per-device memory from the compiler, or its refusal."""
+    """The whole step compiled for the slice: per-device memory from the compiler, or its refusal.
+
+    The caches' layout is the compiler's to choose, in and out (Layout.AUTO): it picks the layout the attention
+    kernel reads, so the stacks in the scan's carry are never relaid out (with the default layout libtpu copies
+    every stack into the kernel's layout before the scan and back after it). A server allocates its caches once
+    in the compiled step's input format (`compiled.input_formats`) and donates them step after step."""
     import jax
     import jax.numpy as jnp
+    from jax.experimental.layout import Format, Layout
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
@@ -74,15 +84,18 @@ def compile_step(m: dm.DecodeModel, kern: Kernels, batch: int, cache: int, devic
     kv = jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=rep)
     pages = jax.ShapeDtypeStruct(metadata(batch, cache)[1].shape, jnp.int32, sharding=rep)
     fn = lambda p, c, t, k, pg: decode_step(p, c, t, k, pg, model=m, kernels=kern, mesh=mesh)
+    formats = jax.tree.map(lambda a: Format(Layout.AUTO, a.sharding), caches)
+    ins = (jax.tree.map(lambda a: a.sharding, params), formats, tokens.sharding, rep, rep)
     start = time.perf_counter()
     try:
-        compiled, text = compile_with_text(jax.jit(fn, donate_argnums=(1,)).lower(params, caches, tokens, kv, pages))
+        jitted = jax.jit(fn, donate_argnums=(1,), in_shardings=ins, out_shardings=(rep, formats))
+        compiled, text = compile_with_text(jitted.lower(params, caches, tokens, kv, pages))
     except Exception as exc:  # the compiler's refusal is the result
         return {"compiled": False, "error": first_meaningful_line(str(exc) or type(exc).__name__),
                 "compile_seconds": time.perf_counter() - start}
     mem = compiled.memory_analysis()
     out = {"compiled": True, "error": None, "compile_seconds": time.perf_counter() - start,
-           "_program": program_cost(text)}
+           "cache_layout": "compiler's (AUTO)", "_program": program_cost(text)}
     if mem is not None:
         arg, tmp, outb = (int(mem.argument_size_in_bytes), int(mem.temp_size_in_bytes),
                           int(mem.output_size_in_bytes))
@@ -248,7 +261,7 @@ def run_decode(request: JsonDict, emit: Emit) -> int:
                             kern = path_kernels(path, rms, fa, rd)
                             row: JsonDict = {"model": m.name, "batch": batch, "cache": cache, "chip": generation,
                                              "mesh": interconnect(generation).slice8, "devices": len(devices),
-                                             "path": path, "layers": m.layers, "compiled": False,
+                                             "path": path, "layers": m.layers, "step": STEP, "compiled": False,
                                              **floor(m, batch, cache, generation, len(devices))}
                             key = (name, batch, cache, generation, path)
                             if path != "vllm_tpu" and not request.get("model_only") and (

@@ -10,7 +10,7 @@
 * 8 simulated CPU devices (a subprocess, tests/moe_mesh_worker.py): 1 device, expert-parallel 8 and 4x2 (expert x
   tensor), every dispatch scheme, f32 and bf16, forward and the gradients in x, topk_weights, w_gate_up and w_down,
   experts with no token, one place holding every row, T not a multiple of the device count: against the float64
-  references and against one device.
+  references and against one device; weights stacked over layers (layer=) forward, psum and all-to-all.
 """
 
 from __future__ import annotations
@@ -211,3 +211,10 @@ def test_mesh_gelu_pallas_and_fused_gate_up(mesh_results):
     assert extra["ep8:psum:pallas"]["fwd_error"] <= F32
     assert extra["ep8:psum:pallas"]["implementation"] == "pallas"
     assert extra["ep4xtp2:psum:fused_gate_up"]["fwd_error"] <= F32  # one [E,H,2I] array under a tensor split
+
+
+def test_mesh_stacked_layers(mesh_results):
+    """moe_experts(layer=) with the stacks' expert dim split over 8 devices: the float64 block of that layer."""
+    extra = {e["config"]: e for e in mesh_results["extra"]}
+    for label in ("ep8:psum:pallas:stacked", "ep8:all_to_all:stacked"):
+        assert extra[label]["fwd_error"] <= F32 and extra[label]["vs_unstacked"] <= F32, extra[label]

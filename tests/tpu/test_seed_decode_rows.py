@@ -93,3 +93,15 @@ def test_step_gate_names_what_does_not_compile():
     assert failed == ["gemma4_26b_a4b on v7x-8: Mosaic failed to compile TPU kernel"]
     _, short = step_gate(folders, run=lambda env, request, **kw: ([], 0, ""), env=object())
     assert short == [f"only 0 of {len(rows)} gate compiles reported"]
+
+
+def test_merge_replaces_rows_of_the_same_key_and_keeps_the_rest():
+    bench = _bench()
+    row = lambda path, batch, ms, **kw: {"model": "qwen3_30b_a3b", "batch": batch, "cache": 768, "chip": "v6e",
+                                         "path": path, "modeled_s": ms, **kw}
+    old = [row("hub", 64, 1.0), row("jax_default", 64, 2.0), row("hub", 1, 3.0)]
+    new = [row("hub", 1, 0.5, step="stacked"), row("hub", 64, 0.9, step="stacked"), row("vllm_tpu", 64, 0.8)]
+    out = bench.merged(old, new)
+    assert [(r["path"], r["batch"], r["modeled_s"]) for r in out] == [
+        ("hub", 64, 0.9), ("jax_default", 64, 2.0), ("hub", 1, 0.5), ("vllm_tpu", 64, 0.8)]
+    assert "step" not in out[1] and out[0]["step"] == "stacked"

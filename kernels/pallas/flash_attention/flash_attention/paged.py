@@ -7,6 +7,11 @@ kernel whose cache outputs alias its inputs (pallas_paged_write), so under a jit
 happens in place and no copy of a cache exists anywhere in the program; "cpu" and "xla" with an XLA scatter
 (paged_layout.write_new_tokens), in place on XLA's CPU backend under donation too.
 
+With `layer=`, the caches are stacks over layers ([L, pages, page_size, Hkv, D]) and the call reads and writes
+layer `layer` of them in place (the Pallas kernels index their page DMAs by it; the XLA paths scatter and gather at
+[layer, ...]): a decode step's scan over layers carries the whole stacks, and no layer is ever sliced out of them or
+written back.
+
 The caches may be float8_e4m3fn with per-cache scales (k_scale, v_scale; paged_quant.py): new rows are quantized on
 store, pages dequantized where they are read, the same way by every implementation; chips without fp8 refuse them.
 """
@@ -23,7 +28,15 @@ import jax.numpy as jnp
 from ._vendor.interpret import run_dispatch
 from .api import _DISPATCH, _vmem
 from .config import AttentionConfig, cdiv, device_kind_of
-from .paged_checks import PagedShapes, as_int32, check_num_seqs, check_paged_shapes, check_paged_values, host_or_traced
+from .paged_checks import (
+    PagedShapes,
+    as_int32,
+    check_layer,
+    check_num_seqs,
+    check_paged_shapes,
+    check_paged_values,
+    host_or_traced,
+)
 from .paged_cpu import cpu_paged, xla_paged
 from .paged_layout import (
     gather_queries,
@@ -65,26 +78,26 @@ def _steps(sh: PagedShapes, block_q: int, ppb: int) -> int:
 
 @functools.partial(jax.jit, static_argnames=("impl", "sh", "causal", "block_q", "ppb", "interpret", "vmem_limit",
                                              "update_cache"))
-def _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, num_seqs, sinks, *, impl,
-           sh: PagedShapes, causal, block_q, ppb, interpret, vmem_limit, update_cache):
+def _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, num_seqs, sinks, layer, *,
+           impl, sh: PagedShapes, causal, block_q, ppb, interpret, vmem_limit, update_cache):
     meta = metadata(kv_lens, page_indices, cu_q_lens, num_seqs, sh)
     if update_cache and impl == "pallas":
         page, slot = token_destinations(meta, sh)
         k_cache, v_cache = write_pages(k_cache, v_cache, keys, values, page, slot, interpret=interpret,
-                                       k_scale=sh.k_scale, v_scale=sh.v_scale)
+                                       k_scale=sh.k_scale, v_scale=sh.v_scale, layer=layer)
     elif update_cache:
-        k_cache, v_cache = write_new_tokens(k_cache, v_cache, keys, values, meta, sh)
+        k_cache, v_cache = write_new_tokens(k_cache, v_cache, keys, values, meta, sh, layer)
     if impl == "pallas" and block_q == 1:  # the decode schedule: queries and output where they lie
         work = token_work(meta, sh, causal)
         st = _static(sh, sinks is not None, causal, ppb, _steps(sh, 1, ppb), interpret, vmem_limit, direct=True)
         out = paged_forward(queries, row_positions(work, sh), _sinks_rows(sinks, sh, 1), k_cache, v_cache, work.seq,
-                            work.lo, work.hi, meta.kv_len, meta.read_table, st)
+                            work.lo, work.hi, meta.kv_len, meta.read_table, st, layer)
         return out, k_cache, v_cache
     out = jnp.zeros(queries.shape, queries.dtype)
     for bq, select, count in _passes(meta, sh, block_q):
         work = work_items(meta, sh, bq, causal, select, count)
-        out_work = _attend(impl, queries, work, k_cache, v_cache, meta, sinks, sh=sh, causal=causal, block_q=bq,
-                           ppb=ppb, interpret=interpret, vmem_limit=vmem_limit)
+        out_work = _attend(impl, queries, work, k_cache, v_cache, meta, sinks, layer, sh=sh, causal=causal,
+                           block_q=bq, ppb=ppb, interpret=interpret, vmem_limit=vmem_limit)
         out = out + scatter_outputs(out_work.astype(queries.dtype), meta, sh, bq, select)
     return out, k_cache, v_cache
 
@@ -99,7 +112,7 @@ def _passes(meta, sh: PagedShapes, block_q: int):
     return [(1, one, min(sh.tokens, sh.max_seqs)), (block_q, ~one, None)]
 
 
-def _attend(impl, queries, work, k_cache, v_cache, meta, sinks, *, sh: PagedShapes, causal, block_q, ppb,
+def _attend(impl, queries, work, k_cache, v_cache, meta, sinks, layer, *, sh: PagedShapes, causal, block_q, ppb,
             interpret, vmem_limit):
     """[W, Hkv, block_q * G, D]: one pass's work items attended by implementation `impl`."""
     q_work = gather_queries(queries, work, sh)
@@ -108,13 +121,14 @@ def _attend(impl, queries, work, k_cache, v_cache, meta, sinks, *, sh: PagedShap
     steps = _steps(sh, block_q, ppb)
     if impl == "cpu":
         return cpu_paged(q_work, qpos, work, k_cache, v_cache, meta, sh, causal=causal, sinks_rows=sinks_rows,
-                         pages_per_block=ppb, steps=steps)
+                         pages_per_block=ppb, steps=steps, layer=layer)
     if impl == "xla":
-        return xla_paged(q_work, qpos, work, k_cache, v_cache, meta, sh, causal=causal, sinks_rows=sinks_rows)
+        return xla_paged(q_work, qpos, work, k_cache, v_cache, meta, sh, causal=causal, sinks_rows=sinks_rows,
+                         layer=layer)
     st = _static(sh, sinks is not None, causal, ppb, steps, interpret, vmem_limit)
     snk = _sinks_rows(sinks, sh, block_q)
     return paged_forward(q_work, qpos, snk, k_cache, v_cache, work.seq, work.lo, work.hi, meta.kv_len,
-                         meta.read_table, st)
+                         meta.read_table, st, layer)
 
 
 def _sinks_rows(sinks, sh: PagedShapes, block_q: int) -> jax.Array:
@@ -144,6 +158,7 @@ def ragged_paged_attention(
     cu_q_lens: jax.Array,
     num_seqs: int | jax.Array | None = None,
     *,
+    layer: int | jax.Array | None = None,
     sinks: jax.Array | None = None,
     sm_scale: float | None = None,
     sliding_window: int | None = None,
@@ -168,6 +183,10 @@ def ragged_paged_attention(
       page_indices: int32 [S, pages_per_seq]; position p of sequence i lives at page page_indices[i, p // page_size],
         slot p % page_size.
       cu_q_lens: int32 [S + 1]; num_seqs: sequences in use (int or int32 scalar; default S).
+      layer: None (the caches are one layer's), or an integer scalar (an int, or an int32 0-d array, possibly traced:
+        a scan's counter) with k_cache, v_cache stacked over layers, [L, num_pages, page_size, Hkv, D]: the call
+        reads and writes layer `layer` of the stacks in place and returns the whole stacks, every other layer as it
+        was. A concrete layer outside [0, L) is refused; a traced one is clamped into the stack.
       sinks: optional [Hq] f32 logits that join each head's softmax denominator; sm_scale: default 1/sqrt(D);
         sliding_window: query at position p sees positions > p - window; soft_cap: tanh cap on the logits; causal:
         query j of sequence i sits at position kv_lens[i] - q_len + j and sees positions up to its own.
@@ -180,9 +199,10 @@ def ragged_paged_attention(
         as clip(x / scale, +-448) in e4m3 (saturating). Refused with a float cache unless 1.0.
 
     Returns:
-      (out [T, Hq, D] in queries.dtype, k_cache, v_cache) with the new rows written. The caller rebinds the returned
-      caches (as vLLM does): under `jax.jit(step, donate_argnums=...)` donating both caches they are the same
-      buffers, updated in place; a caller that does not donate gets one copy of each (docs/paged-attention.md).
+      (out [T, Hq, D] in queries.dtype, k_cache, v_cache) with the new rows written (with `layer`: the whole stacks).
+      The caller rebinds the returned caches (as vLLM does): under `jax.jit(step, donate_argnums=...)` donating both
+      caches they are the same buffers, updated in place; a caller that does not donate gets one copy of each
+      (docs/paged-attention.md). A scan over layers carries the stacks and rebinds them each layer.
 
     Concrete metadata is checked in the dtype given (one ValueError: a page id outside the cache, kv_lens past the
     pages given, more new tokens than kv_lens, cu_q_lens decreasing, two new tokens on one page slot, num_seqs not an
@@ -192,7 +212,10 @@ def ragged_paged_attention(
     queries, keys, values = jnp.asarray(queries), jnp.asarray(keys), jnp.asarray(values)
     k_cache, v_cache = jnp.asarray(k_cache), jnp.asarray(v_cache)
     kv_lens, page_indices, cu_q_lens = (host_or_traced(x) for x in (kv_lens, page_indices, cu_q_lens))
-    sh = check_paged_shapes(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, sinks,
+    one_k, one_v = k_cache, v_cache  # what one layer's caches look like (the checks' view)
+    if layer is not None:
+        layer, one_k, one_v = check_layer(layer, k_cache, v_cache)
+    sh = check_paged_shapes(queries, keys, values, one_k, one_v, kv_lens, page_indices, cu_q_lens, sinks,
                             sm_scale=sm_scale, sliding_window=sliding_window, soft_cap=soft_cap,
                             k_scale=k_scale, v_scale=v_scale)
     if is_fp8(k_cache.dtype):
@@ -219,7 +242,7 @@ def ragged_paged_attention(
             why = layout_ok(sh.head_dim, sh.page_size, k_cache.dtype)
             if why:
                 raise NotImplementedError(f"the paged attention kernel cannot take this cache: {why}")
-        return _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, num, sinks,
+        return _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, num, sinks, layer,
                       impl=impl, sh=sh, causal=bool(causal), block_q=block_q,
                       ppb=cpu_ppb if impl == "cpu" else ppb, interpret=mode,
                       vmem_limit=vmem["vmem_limit_bytes"], update_cache=bool(update_cache))

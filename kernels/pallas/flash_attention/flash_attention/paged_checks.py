@@ -90,8 +90,9 @@ def check_paged_shapes(queries, keys, values, k_cache, v_cache, kv_lens, page_in
         raise ValueError(f"ragged_paged_attention: queries must be [tokens, q_heads, head_dim], got {queries.shape}")
     t, hq, d = queries.shape
     if k_cache.ndim != 4 or k_cache.shape != v_cache.shape:
+        stacked = " (caches stacked over layers take layer=)" if k_cache.ndim == 5 else ""
         raise ValueError("ragged_paged_attention: k_cache and v_cache must both be [num_pages, page_size, kv_heads, "
-                         f"head_dim], got {k_cache.shape} and {v_cache.shape}")
+                         f"head_dim], got {k_cache.shape} and {v_cache.shape}{stacked}")
     p, ps, hkv, dk = k_cache.shape
     if keys.shape != (t, hkv, d) or values.shape != (t, hkv, d):
         raise ValueError(f"ragged_paged_attention: keys and values must be [tokens, kv_heads, head_dim] = "
@@ -138,6 +139,43 @@ def _check_dtypes(queries, keys, values, k_cache, v_cache) -> None:
         return
     raise ValueError(f"{_WHO}: queries, keys and values must share one dtype, float32 or bfloat16, and both caches "
                      f"that dtype or {FP8_KV} (quantized, with k_scale / v_scale); got " + ", ".join(names))
+
+
+def check_layer(layer: Any, k_cache: Any, v_cache: Any) -> tuple[jax.Array, Any, Any]:
+    """(layer as an int32 scalar, one layer's k and v cache shapes) for caches stacked over layers, or one ValueError
+    naming what to fix: caches not [layers, num_pages, page_size, kv_heads, head_dim], a layer that is not an integer
+    scalar, a concrete layer outside [0, layers). A traced layer is clamped into the stack (nothing is read or written
+    outside it), as traced page ids are."""
+    if k_cache.ndim != 5 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"{_WHO}: with layer=, k_cache and v_cache must both be stacked over layers, [layers, "
+                         f"num_pages, page_size, kv_heads, head_dim]; got {k_cache.shape} and {v_cache.shape} (pass "
+                         "layer=None for one layer's [num_pages, page_size, kv_heads, head_dim] caches)")
+    layers = k_cache.shape[0]
+    if layers == 0:
+        raise ValueError(f"{_WHO}: the stacked caches hold no layers (shape {k_cache.shape})")
+    if isinstance(layer, bool) or np.ndim(layer) != 0 or not np.issubdtype(np.dtype(_dtype_of(layer)), np.integer):
+        raise ValueError(f"{_WHO}: layer must be an integer scalar (a Python int or an int32 0-d array, traced or "
+                         f"not), got {_describe(layer)}")
+    if _concrete(layer):
+        n = int(np.asarray(layer))
+        if not 0 <= n < layers:
+            raise ValueError(f"{_WHO}: layer must be in [0, {layers}) for caches stacked over {layers} layers, got {n}")
+        layer = jnp.asarray(n, jnp.int32)
+    else:
+        layer = jnp.clip(as_int32(layer), 0, layers - 1).reshape(())
+    return layer, *(jax.ShapeDtypeStruct(c.shape[1:], c.dtype) for c in (k_cache, v_cache))
+
+
+def _dtype_of(x: Any) -> Any:
+    if isinstance(x, int):
+        return np.int64
+    dtype = getattr(x, "dtype", None)
+    return np.asarray(x).dtype if dtype is None else dtype
+
+
+def _describe(x: Any) -> str:
+    dtype, shape = getattr(x, "dtype", None), getattr(x, "shape", None)
+    return repr(x) if dtype is None else f"{dtype}{list(shape or ())}"
 
 
 def check_num_seqs(num_seqs: Any, max_seqs: int) -> Any:

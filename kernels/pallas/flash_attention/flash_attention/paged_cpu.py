@@ -4,7 +4,8 @@
 across them), so only one block of pages per work item is ever resident: never a contiguous copy of the cache.
 "xla": gathers each work item's whole page list and attends densely (the gather-then-attend baseline; portable).
 Both compute logits and the softmax in f32. An fp8 cache is dequantized as the kernel does it: pages cast to the
-queries' dtype, k_scale folded into the logits' scale and v_scale into the output's normalisation.
+queries' dtype, k_scale folded into the logits' scale and v_scale into the output's normalisation. Caches stacked
+over layers are read at [layer, pages] (a gather from the stack, never a slice of a whole layer).
 """
 
 from __future__ import annotations
@@ -54,8 +55,13 @@ def _values(v: jax.Array, cols: jax.Array, kv_len: jax.Array) -> jax.Array:
     return jnp.where((cols < kv_len[:, None])[:, :, None, None], v, 0).astype(jnp.float32)
 
 
+def _pages(cache: jax.Array, pages: jax.Array, layer) -> jax.Array:
+    """cache[pages] of one layer's cache, or of layer `layer` of a stack."""
+    return cache[pages] if layer is None else cache[layer, pages]
+
+
 def cpu_paged(q_work, qpos, work: Work, k_cache, v_cache, meta: Meta, sh: PagedShapes, *, causal: bool,
-              sinks_rows, pages_per_block: int, steps: int) -> jax.Array:
+              sinks_rows, pages_per_block: int, steps: int, layer=None) -> jax.Array:
     """[W, Hkv, R, D] f32 by walking `steps` blocks of `pages_per_block` pages per work item."""
     w_count, hkv, r, d = q_work.shape
     ps = sh.page_size
@@ -69,9 +75,9 @@ def cpu_paged(q_work, qpos, work: Work, k_cache, v_cache, meta: Meta, sh: PagedS
         page0 = first + kj * pages_per_block
         slots = jnp.minimum(page0[:, None] + jnp.arange(pages_per_block), last_slot[:, None])
         pages = meta.read_table[work.seq[:, None], slots]
-        k = k_cache[pages].reshape(w_count, n, hkv, d)
+        k = _pages(k_cache, pages, layer).reshape(w_count, n, hkv, d)
         cols = page0[:, None] * ps + jnp.arange(n)
-        v = _values(v_cache[pages].reshape(w_count, n, hkv, d), cols, kv_len)
+        v = _values(_pages(v_cache, pages, layer).reshape(w_count, n, hkv, d), cols, kv_len)
         s = _logits(q_work, k, sh)
         ok = _mask(cols, qpos, kv_len, sh, causal)
         s = jnp.where(ok, s, _MASKED)
@@ -88,15 +94,15 @@ def cpu_paged(q_work, qpos, work: Work, k_cache, v_cache, meta: Meta, sh: PagedS
 
 
 def xla_paged(q_work, qpos, work: Work, k_cache, v_cache, meta: Meta, sh: PagedShapes, *, causal: bool,
-              sinks_rows) -> jax.Array:
+              sinks_rows, layer=None) -> jax.Array:
     """[W, Hkv, R, D] f32: every page of each work item's sequence gathered, then one masked softmax."""
     w_count, hkv, _, d = q_work.shape
     length = sh.pages_per_seq * sh.page_size
     pages = meta.read_table[work.seq]
     kv_len = meta.kv_len[work.seq]
     cols = jnp.broadcast_to(jnp.arange(length), (w_count, length))
-    k = k_cache[pages].reshape(w_count, length, hkv, d)
-    v = _values(v_cache[pages].reshape(w_count, length, hkv, d), cols, kv_len)
+    k = _pages(k_cache, pages, layer).reshape(w_count, length, hkv, d)
+    v = _values(_pages(v_cache, pages, layer).reshape(w_count, length, hkv, d), cols, kv_len)
     ok = _mask(cols, qpos, kv_len, sh, causal)
     s = jnp.where(ok, _logits(q_work, k, sh), _MASKED)
     m = s.max(-1, keepdims=True)

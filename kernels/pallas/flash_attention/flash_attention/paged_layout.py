@@ -66,13 +66,15 @@ def token_destinations(meta: Meta, sh: PagedShapes) -> tuple[jax.Array, jax.Arra
     return jnp.where(ok, page, -1).astype(jnp.int32), (pos % sh.page_size).astype(jnp.int32)
 
 
-def write_new_tokens(k_cache, v_cache, keys, values, meta: Meta, sh: PagedShapes):
+def write_new_tokens(k_cache, v_cache, keys, values, meta: Meta, sh: PagedShapes, layer=None):
     """The caches with each valid token's K/V at its page and slot (an XLA scatter), quantized for an fp8 cache; a
-    write aimed outside the cache is dropped."""
+    write aimed outside the cache is dropped. With `layer`, the caches are stacked over layers and the rows go to
+    [layer, page, slot] (one scatter into the stack: no layer is sliced out)."""
     page, slot = token_destinations(meta, sh)
     page = jnp.where(page >= 0, page, sh.num_pages)  # out of bounds: dropped
-    k_cache = k_cache.at[page, slot].set(quantize_rows(keys, k_cache.dtype, sh.k_scale), mode="drop")
-    v_cache = v_cache.at[page, slot].set(quantize_rows(values, v_cache.dtype, sh.v_scale), mode="drop")
+    at = (page, slot) if layer is None else (layer, page, slot)
+    k_cache = k_cache.at[at].set(quantize_rows(keys, k_cache.dtype, sh.k_scale), mode="drop")
+    v_cache = v_cache.at[at].set(quantize_rows(values, v_cache.dtype, sh.v_scale), mode="drop")
     return k_cache, v_cache
 
 

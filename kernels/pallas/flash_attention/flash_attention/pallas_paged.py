@@ -15,6 +15,9 @@ Page reads are clamped: a slot past the sequence's last page re-reads its last p
 reads page 0 or the last one; the mask keeps such columns out, and values past a sequence's end are zeroed before
 they meet the probabilities, so stale or NaN cache contents never reach the output.
 
+Caches stacked over layers ([L, pages, page_size, Hkv, D]) are read in place: the layer is one more
+scalar-prefetched operand and each page DMA reads [layer, page], so no layer is sliced out of the stack.
+
 An fp8 cache (float8_e4m3fn, paged_quant.py) is copied as it lies (half a bf16 cache's bytes) and each head's slice
 cast to the queries' dtype in VMEM; k_scale multiplies the logits with sm_scale and v_scale the finished rows.
 """
@@ -71,7 +74,7 @@ def layout_ok(head_dim: int, page_size: int, dtype: Any) -> str | None:
     return None
 
 
-def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, q_ref, qpos_ref, sinks_ref, k_hbm, v_hbm, o_ref,
+def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, layer_ref, q_ref, qpos_ref, sinks_ref, k_hbm, v_hbm, o_ref,
             kbuf, vbuf, sems, m_scr, l_scr, acc_scr, *, st: PagedStatic):
     w, kj = pl.program_id(0), pl.program_id(1)
     n, ps, ppb, hkv = st.block_kv, st.page_size, st.pages_per_block, st.kv_heads
@@ -92,8 +95,9 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, q_ref, qpos_ref, sink
             page_slot = jnp.minimum(start_of(step) // ps + j, last)
             page = jnp.clip(table_ref[seq * st.pages_per_seq + page_slot], 0, st.num_pages - 1)
             dst = pl.ds(j * ps, ps)
-            out.append(pltpu.make_async_copy(k_hbm.at[page], kbuf.at[slot, dst], sems.at[0, slot]))
-            out.append(pltpu.make_async_copy(v_hbm.at[page], vbuf.at[slot, dst], sems.at[1, slot]))
+            at = (layer_ref[0], page) if k_hbm.ndim == 5 else (page,)
+            out.append(pltpu.make_async_copy(k_hbm.at[at], kbuf.at[slot, dst], sems.at[0, slot]))
+            out.append(pltpu.make_async_copy(v_hbm.at[at], vbuf.at[slot, dst], sems.at[1, slot]))
         return out
 
     slot = kj % 2
@@ -158,10 +162,12 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, q_ref, qpos_ref, sink
 
 
 def paged_forward(q_work, qpos_rows, sinks_rows, k_cache, v_cache, seq, lo, hi, kv_len, table,
-                  st: PagedStatic) -> jax.Array:
+                  st: PagedStatic, layer: jax.Array | None = None) -> jax.Array:
     """q_work [W, Hkv, R, D] (direct: the packed queries [T, Hq, D] themselves, item w = row w); qpos_rows [W, R]
-    int32; sinks_rows [Hkv, R] f32; caches [P, page, Hkv, D]; seq/lo/hi [W], kv_len [S], table [S, pages_per_seq]
-    int32 -> [W, Hkv, R, D] (direct: [T, Hq, D], padding rows 0) in the queries' dtype."""
+    int32; sinks_rows [Hkv, R] f32; caches [P, page, Hkv, D] (or [L, P, page, Hkv, D] read at `layer`, an int32
+    scalar in [0, L)); seq/lo/hi [W], kv_len [S], table [S, pages_per_seq] int32 -> [W, Hkv, R, D] (direct:
+    [T, Hq, D], padding rows 0) in the queries' dtype."""
+    layer_arr = jnp.zeros((1,), jnp.int32) if layer is None else jnp.asarray(layer, jnp.int32).reshape(1)
     hkv = st.kv_heads
     d = q_work.shape[-1]
     w_count = q_work.shape[0]
@@ -178,7 +184,7 @@ def paged_forward(q_work, qpos_rows, sinks_rows, k_cache, v_cache, seq, lo, hi, 
         functools.partial(_kernel, st=st),
         out_shape=jax.ShapeDtypeStruct(q_work.shape, q_work.dtype),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=5,
+            num_scalar_prefetch=6,
             grid=(w_count, st.steps),
             in_specs=[
                 q_spec,
@@ -203,4 +209,4 @@ def paged_forward(q_work, qpos_rows, sinks_rows, k_cache, v_cache, seq, lo, hi, 
         ),
         interpret=st.interpret,
         name="ragged_paged_attention",
-    )(seq, lo, hi, kv_len, table.reshape(-1), q_work, qpos_wide, sinks_wide, k_cache, v_cache)
+    )(seq, lo, hi, kv_len, table.reshape(-1), layer_arr, q_work, qpos_wide, sinks_wide, k_cache, v_cache)

@@ -105,3 +105,27 @@ def test_bad_stacked_operands_raise(bad):
         kw["rhs_scale"] = jnp.ones((LAYERS, 2, 1, 128), jnp.float32)
     with pytest.raises(ValueError, match="layer"):
         rd.ragged_dot(lhs, stack, gs, implementation="xla", **kw)
+
+
+def _kernel_names(jaxpr) -> list[str]:
+    """The pallas_call names in a jaxpr, nested jaxprs (jit, custom_vjp) included."""
+    out = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":  # a name given to pallas_call, else the kernel function's
+            given = eqn.params.get("name_and_src_info") or eqn.params.get("name")
+            body = getattr(getattr(eqn.params.get("jaxpr"), "debug_info", None), "func_name", None)
+            out.append(str(given or body).split(" ")[0])
+        for v in eqn.params.values():
+            inner = getattr(v, "jaxpr", v)
+            if hasattr(inner, "eqns"):
+                out += _kernel_names(inner)
+    return out
+
+
+def test_stacked_kernel_keeps_its_name():
+    """A profile or a cost walk names the stacked call as the unstacked one: the same kernel."""
+    lhs, stack, gs = _inputs(64, 128, 128, [30, 34], "bfloat16", seed=4)
+    stacked = _kernel_names(jax.make_jaxpr(lambda s: _call("pallas", lhs, s, gs, jnp.int32(1)))(stack).jaxpr)
+    plain = _kernel_names(jax.make_jaxpr(lambda w: rd.ragged_dot(lhs, w, gs, implementation="pallas",
+                                                                 interpret=True, config=PALLAS_CFG))(stack[1]).jaxpr)
+    assert len(stacked) == 1 and stacked == plain and "without" not in stacked[0], (stacked, plain)

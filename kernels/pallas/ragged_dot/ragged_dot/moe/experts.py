@@ -14,6 +14,10 @@ cost no weight reads) and the dispatch scheme of plan.py moves tokens; `tensor_a
 holds matching slices of gate, up and down, so the gate needs no communication; the partial outputs are summed).
 Everything runs under one jax.jit with static options, inside a jax.shard_map with check_vma=False (the CPU path's
 overflow loop has no varying-manual-axes rule; gradients are still right, tests/test_moe_mesh.py checks them).
+
+With `layer=`, the weights are stacked over layers ([L, E, ...], experts on dim 1) and both ragged dots read
+layer `layer` of the stacks in place (ragged_dot's layer=), so a model's layers can run as a scan over a counter
+with the stacks passed whole: no per-layer copy of the experts' weights.
 """
 
 from __future__ import annotations
@@ -70,18 +74,22 @@ class _Plan:
 
 
 def _local_experts(w_gu: GateUp) -> int:
-    return (w_gu[0] if isinstance(w_gu, tuple) else w_gu).shape[0]
+    return (w_gu[0] if isinstance(w_gu, tuple) else w_gu).shape[-3]
 
 
 def _experts_on_sorted(plan: _Plan, xs: jax.Array, sizes: jax.Array, w_gu: GateUp, w_down: jax.Array,
-                       row_weights: jax.Array | None = None, scales: Scales = (None, None)) -> jax.Array:
+                       row_weights: jax.Array | None = None, scales: Scales = (None, None),
+                       layer: jax.Array | None = None) -> jax.Array:
     """Rows already grouped by local expert (sizes[g] rows of expert g, then rows of no group) -> expert outputs,
     zeros for rows past the groups. w_gu [El, H, 2Il] gate-first (one ragged dot) or a (gate, up) pair of
     [El, H, Il] (two), w_down [El, Il, H]. row_weights [rows] (f32) scale each row's gated activation before the
     down projection (the same product as scaling the output, on I columns instead of H). `scales`: the quantized
-    weights' scales (moe/quant.py), shaped like the weights they belong to."""
-    il = w_down.shape[1]
+    weights' scales (moe/quant.py), shaped like the weights they belong to. `layer`: the weights are stacked
+    [L, ...] and this layer of them is read in place."""
+    il = w_down.shape[-2]
     run = functools.partial(ragged_dot, implementation=plan.implementation, interpret=plan.interpret)
+    if layer is not None:
+        run = functools.partial(run, layer=layer)
     s_gu, s_down = scales
     if isinstance(w_gu, tuple):
         s_g, s_u = s_gu if s_gu is not None else (None, None)
@@ -105,7 +113,8 @@ def _group(key: jax.Array, groups: int, rows: int) -> tuple[jax.Array, jax.Array
 
 
 def _local_rows(plan: _Plan, x: jax.Array, ids: jax.Array, weights: jax.Array, w_gu: GateUp,
-                w_down: jax.Array, first: jax.Array, rows: int, scales: Scales = (None, None)) -> jax.Array:
+                w_down: jax.Array, first: jax.Array, rows: int, scales: Scales = (None, None),
+                layer: jax.Array | None = None) -> jax.Array:
     """Partial [T, H] f32 output of this device's experts (global ids first .. first+El-1) over every token."""
     t, k = ids.shape
     el = _local_experts(w_gu)
@@ -114,7 +123,7 @@ def _local_rows(plan: _Plan, x: jax.Array, ids: jax.Array, weights: jax.Array, w
     order, sizes, kept = _group(key, el, rows)
     tok = order // k
     w = jnp.where(kept, weights.reshape(-1)[order].astype(jnp.float32), 0.0)
-    y = _experts_on_sorted(plan, x[tok], sizes, w_gu, w_down, w, scales)
+    y = _experts_on_sorted(plan, x[tok], sizes, w_gu, w_down, w, scales, layer)
     return jnp.zeros((t, x.shape[1]), jnp.float32).at[tok].add(y.astype(jnp.float32))
 
 
@@ -131,23 +140,23 @@ def _reduce_axes(plan: _Plan) -> tuple[str, ...]:
 # ---- the schemes (shard_map bodies) ----------------------------------------------------------------------------
 
 
-def _psum_body(plan: _Plan, x, ids, weights, w_gu, w_down, scales=(None, None)):
+def _psum_body(plan: _Plan, x, ids, weights, w_gu, w_down, scales=(None, None), layer=None):
     part = _local_rows(plan, x, ids, weights, w_gu, w_down, _first_expert(plan, _local_experts(w_gu)), plan.rows,
-                       scales)
+                       scales, layer)
     return jax.lax.psum(part.astype(x.dtype), _reduce_axes(plan))
 
 
-def _all_gather_body(plan: _Plan, x, ids, weights, w_gu, w_down, scales=(None, None)):
+def _all_gather_body(plan: _Plan, x, ids, weights, w_gu, w_down, scales=(None, None), layer=None):
     ea = plan.expert_axis
     x_all, ids_all, w_all = (jax.lax.all_gather(a, ea, tiled=True) for a in (x, ids, weights))
     part = _local_rows(plan, x_all, ids_all, w_all, w_gu, w_down, _first_expert(plan, _local_experts(w_gu)),
-                       plan.rows, scales)
+                       plan.rows, scales, layer)
     if plan.tensor_axis is not None:
         part = jax.lax.psum(part, plan.tensor_axis)
     return jax.lax.psum_scatter(part.astype(x.dtype), ea, scatter_dimension=0, tiled=True)
 
 
-def _all_to_all_body(plan: _Plan, x, ids, weights, w_gu, w_down, scales=(None, None)):
+def _all_to_all_body(plan: _Plan, x, ids, weights, w_gu, w_down, scales=(None, None), layer=None):
     ea, n = plan.expert_axis, plan.axis_size(plan.expert_axis)
     el, hidden = _local_experts(w_gu), x.shape[1]
     cap = plan.rows // n
@@ -166,7 +175,7 @@ def _all_to_all_body(plan: _Plan, x, ids, weights, w_gu, w_down, scales=(None, N
     swap = lambda a: jax.lax.all_to_all(a.reshape(n, cap, *a.shape[1:]), ea, 0, 0, tiled=True).reshape(a.shape)
     recv_x, recv_e = swap(send_x), swap(send_e)
     r_order, sizes, _ = _group(recv_e, el, n * cap)
-    y_sorted = _experts_on_sorted(plan, recv_x[r_order], sizes, w_gu, w_down, scales=scales)
+    y_sorted = _experts_on_sorted(plan, recv_x[r_order], sizes, w_gu, w_down, scales=scales, layer=layer)
     y = jnp.zeros_like(y_sorted).at[r_order].set(y_sorted)  # back to the received layout
     back = jnp.concatenate([swap(y), jnp.zeros((1, hidden), y.dtype)])[slot]
     w = jnp.where(keep, weights.reshape(-1)[order].astype(jnp.float32), 0.0)
@@ -179,40 +188,51 @@ def _all_to_all_body(plan: _Plan, x, ids, weights, w_gu, w_down, scales=(None, N
 _BODIES = {"psum": _psum_body, "all_gather": _all_gather_body, "all_to_all": _all_to_all_body}
 
 
-def partition_specs(expert_axis: str | None, tensor_axis: str | None = None, scheme: str = "psum"
-                    ) -> tuple[tuple[Any, ...], P]:
+def partition_specs(expert_axis: str | None, tensor_axis: str | None = None, scheme: str = "psum",
+                    stacked: bool = False) -> tuple[tuple[Any, ...], P]:
     """(specs of x, topk_ids, topk_weights, w_gate_up, w_down; spec of the output) for a scheme.
 
     Tokens are replicated for "psum" and split over the expert axis otherwise. Without a tensor axis w_gate_up is
     one [E,H,2I] array, P(expert_axis, None, None); with one it is the (w_gate, w_up) pair of [E,H,I], each
     P(expert_axis, None, tensor_axis), so every device holds matching gate and up columns. w_down [E,I,H] is
-    P(expert_axis, tensor_axis, None)."""
+    P(expert_axis, tensor_axis, None). stacked: the weights stacked over layers (moe_experts' layer=), each spec
+    with an unsplit layer dimension first."""
     tok = P() if scheme == "psum" else P(expert_axis)
-    gate_up: Any = P(expert_axis, None, None) if tensor_axis is None else (P(expert_axis, None, tensor_axis),) * 2
-    return (tok, tok, tok, gate_up, P(expert_axis, tensor_axis, None)), tok
+    lead = (None,) if stacked else ()
+    gate_up: Any = (P(*lead, expert_axis, None, None) if tensor_axis is None
+                    else (P(*lead, expert_axis, None, tensor_axis),) * 2)
+    return (tok, tok, tok, gate_up, P(*lead, expert_axis, tensor_axis, None)), tok
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
-def _moe(plan: _Plan, x, ids, weights, w_gu: GateUp, w_down, scales: Scales = (None, None)):
+def _moe(plan: _Plan, x, ids, weights, w_gu: GateUp, w_down, scales: Scales = (None, None), layer=None):
     if plan.tensor_axis is not None and not isinstance(w_gu, tuple):  # a copy per call: pass the pair instead
-        i = w_down.shape[1]
+        i = w_down.shape[-2]
         scales = (split_gate_up_scale(scales[0], w_gu, i), scales[1])
         w_gu = (w_gu[..., :i], w_gu[..., i:])
     if plan.mesh is None:
-        return _local_rows(plan, x, ids, weights, w_gu, w_down, jnp.int32(0), plan.rows, scales).astype(x.dtype)
+        return _local_rows(plan, x, ids, weights, w_gu, w_down, jnp.int32(0), plan.rows, scales,
+                           layer).astype(x.dtype)
     t = x.shape[0]
     if plan.scheme != "psum":  # tokens split over the expert axis: pad to a multiple of it with tokens routed nowhere
         pad = -t % plan.axis_size(plan.expert_axis)
         x = jnp.pad(x, ((0, pad), (0, 0)))
-        ids = jnp.pad(ids, ((0, pad), (0, 0)), constant_values=w_down.shape[0])
+        ids = jnp.pad(ids, ((0, pad), (0, 0)), constant_values=w_down.shape[-3])
         weights = jnp.pad(weights, ((0, pad), (0, 0)))
-    in_specs, out_spec = partition_specs(plan.expert_axis, plan.tensor_axis, plan.scheme)
+    in_specs, out_spec = partition_specs(plan.expert_axis, plan.tensor_axis, plan.scheme, layer is not None)
     args = (x, ids, weights, w_gu, w_down)
     if scales != (None, None):  # quantized weights: their scales shard with them
         in_specs, args = (*in_specs, scale_specs(scales, w_down, plan.expert_axis, plan.tensor_axis)), (*args, scales)
     body = functools.partial(_BODIES[plan.scheme], plan)
+    if layer is not None:  # the layer index, replicated: every device reads that layer of its experts' stacks
+        in_specs, args = (*in_specs, P()), (*args, layer)
+        body = functools.partial(_stacked_body, _BODIES[plan.scheme], plan)
     out = jax.shard_map(body, mesh=plan.mesh, in_specs=in_specs, out_specs=out_spec, check_vma=False)(*args)
     return out[:t]
+
+
+def _stacked_body(body: Callable[..., Any], plan: _Plan, x, ids, weights, w_gu, w_down, layer):
+    return body(plan, x, ids, weights, w_gu, w_down, layer=layer)
 
 
 # ---- the entry -------------------------------------------------------------------------------------------------
@@ -245,6 +265,25 @@ def _check(x, ids, weights, w_gu: GateUp, w_down, activation: str) -> tuple[int,
         raise ValueError(f"moe_experts wants w_gate_up [E,H,2I] (or a (w_gate, w_up) pair of [E,H,I]) and w_down "
                          f"[E,I,H] with H={h}; got w_gate_up {got} and w_down {w_down.shape}")
     return x.shape[0], ids.shape[1], e, i
+
+
+def _one_layer(w_gu: GateUp, w_down: jax.Array, layer: Any, quantized: bool) -> tuple[GateUp, Any, jax.Array]:
+    """(stand-ins of one layer's w_gate_up and w_down, shapes only, for the checks; the layer as an int32 scalar)
+    for weights stacked over layers, or a ValueError naming what to fix."""
+    if quantized:
+        raise ValueError("moe_experts: layer= takes unquantized weights only; pass w[layer] with its scales")
+    layer = jnp.asarray(layer)
+    if layer.ndim != 0 or not jnp.issubdtype(layer.dtype, jnp.integer):
+        raise ValueError(f"moe_experts: layer= must be an integer scalar, got {layer.shape} {layer.dtype}")
+    stacks = (*(w_gu if isinstance(w_gu, tuple) else (w_gu,)), w_down)
+    if any(w.ndim != 4 for w in stacks) or len({w.shape[0] for w in stacks}) != 1:
+        raise ValueError("moe_experts: layer= needs w_gate_up [L,E,H,2I] (or a pair of [L,E,H,I]) and w_down "
+                         f"[L,E,I,H] stacked over the same layers; got {[w.shape for w in stacks]}")
+    if not isinstance(layer, jax.core.Tracer) and not 0 <= int(layer) < w_down.shape[0]:
+        raise ValueError(f"moe_experts: layer {int(layer)} is outside the stack's {w_down.shape[0]} layers")
+    one = lambda w: jax.ShapeDtypeStruct(w.shape[1:], w.dtype)
+    gu = tuple(one(w) for w in w_gu) if isinstance(w_gu, tuple) else one(w_gu)
+    return gu, one(w_down), layer.astype(jnp.int32)
 
 
 def _mesh_axes(mesh: Mesh | None, expert_axis: str | None, tensor_axis: str | None, e: int, i: int) -> None:
@@ -316,6 +355,7 @@ def moe_experts(
     interpret: Any = None,
     w_gate_up_scale: Any = None,
     w_down_scale: Any = None,
+    layer: Any = None,
 ) -> jax.Array:
     """Mixture-of-Experts expert block: out[t] = sum_j topk_weights[t,j] * expert_{topk_ids[t,j]}(x[t]).
 
@@ -337,18 +377,30 @@ def moe_experts(
       float8_e4m3fn with 128x128 block scales [E, ceil(K/128), ceil(N/128)], N and K of that weight; a pair for a
       (w_gate, w_up) pair); they shard with their weights (moe/quant.py). Gradients then flow to x and
       topk_weights only: quantized weights and their scales get zero cotangents.
+    layer: an integer scalar (may be traced, e.g. a scan's counter) when the weights are stacked over layers:
+      w_gate_up [L,E,H,2I] (or a pair of [L,E,H,I]), w_down [L,E,I,H]; the result is moe_experts on w[layer], the
+      Pallas ragged dots reading that layer of the stacks in place (no copy of a layer's experts). On a mesh the
+      experts (dim 1) split over expert_axis: partition_specs(..., stacked=True). Forward only; unquantized weights
+      only; with tensor_axis, give w_gate_up as the pair.
     """
     x, topk_ids, topk_weights, w_down = (jnp.asarray(a) for a in (x, topk_ids, topk_weights, w_down))
     w_gu = _as_gate_up(w_gate_up)
-    t, k, e, i = _check(x, topk_ids, topk_weights, w_gu, w_down, activation)
+    checked_gu, checked_down = w_gu, w_down
+    if layer is not None:
+        quantized = w_gate_up_scale is not None or w_down_scale is not None
+        checked_gu, checked_down, layer = _one_layer(w_gu, w_down, layer, quantized)
+        if tensor_axis is not None and not isinstance(w_gu, tuple):
+            raise ValueError("moe_experts: layer= with tensor_axis needs w_gate_up as a (w_gate, w_up) pair "
+                             "(splitting one stacked array would copy every layer)")
+    t, k, e, i = _check(x, topk_ids, topk_weights, checked_gu, checked_down, activation)
     _mesh_axes(mesh, expert_axis, tensor_axis, e, i)
-    scales = check_scales(x, w_gu, w_down, w_gate_up_scale, w_down_scale)
+    scales = (None, None) if layer is not None else check_scales(x, w_gu, w_down, w_gate_up_scale, w_down_scale)
     platform = mesh.devices.flat[0].platform if mesh is not None else platform_of((x, w_gu, w_down))
     names = implementations_for(platform) if implementation is None else implementation
     names = names if isinstance(names, str) else tuple(names)
     n_e = 1 if mesh is None or expert_axis is None else int(mesh.shape[expert_axis])
     n_t = 1 if mesh is None or tensor_axis is None else int(mesh.shape[tensor_axis])
-    check_tensor_split(w_gu, w_down, scales, n_t)
+    check_tensor_split(checked_gu, checked_down, scales, n_t)
     if mesh is None or expert_axis is None:
         if dispatch not in (None, "psum") or capacity_factor is not None:
             raise ValueError("dispatch= and capacity_factor= need a mesh with an expert_axis")
@@ -359,4 +411,4 @@ def moe_experts(
                                         capacity_factor=capacity_factor)
     plan = _Plan(activation, mesh, expert_axis, tensor_axis, scheme, rows, names,
                  resolve_interpret(interpret, platform))
-    return _moe(plan, x, topk_ids, topk_weights, w_gu, w_down, scales)
+    return _moe(plan, x, topk_ids, topk_weights, w_gu, w_down, scales, layer)

@@ -160,9 +160,14 @@ def forward_out_map(n, i, k, tile, block, fetch_tile, fetch_block, lo, hi, start
 
 def _drop_layer_ref(fn, at: int):
     """fn called without the positional argument at index `at` (the layer's prefetch ref, which only the weight
-    index map reads), so the kernel body and the other index maps keep their unstacked signatures."""
+    index map reads), so the kernel body and the other index maps keep their unstacked signatures. It keeps fn's
+    name: the kernel is the same kernel, named the same in a profile or a cost walk."""
     def without(*args, **kwargs):
         return fn(*args[:at], *args[at + 1:], **kwargs)
+    named = fn
+    while isinstance(named, functools.partial):
+        named = named.func
+    without.__name__ = without.__qualname__ = getattr(named, "__name__", "without")
     return without
 
 
