@@ -85,9 +85,9 @@ _CORES = {"v4": 2, "v5p": 2}
 #: Per grid step, the high end of the unmeasured step-cost band (the Pallas TPU docs' ~0.35 us, 0.25-0.45 us): the
 #: choice must hide the dequantization under the DMA at the slow end too.
 STEP_SECONDS_HIGH = 0.45e-6
-#: Vector element operations per row-window element and weight chunk: the partial product's scale, the row mask
-#: (row iota, two compares, their and) with its select, and the add into the accumulator.
-WINDOW_OPS = 7
+#: Vector element operations per row-window element and weight chunk: the partial product's scale, the row mask's
+#: select and the add into the accumulator (the mask itself is one column).
+WINDOW_OPS = 3
 
 
 def vector_ops_per_s(chip: ChipFacts) -> float:
@@ -188,7 +188,9 @@ def _quant_kernel(
         out_ref[...] = jnp.zeros_like(out_ref)
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
-    windows = functools.partial(row_windows, base=base, tm=tm, window=window, width=tn)
+    # the row mask as one column, broadcast by the select: built per window and chunk, so a full-width mask would
+    # cost the vector unit as much again as scaling the partial product
+    windows = functools.partial(row_windows, base=base, tm=tm, window=window, width=1)
 
     for j in range(experts):
         r0, r1 = expert_rows(j, experts, lo, hi, block_ref[i], start_ref, end_ref)
