@@ -110,8 +110,11 @@ def _block_sizes(block_shape: Sequence[BlockDim | int | None], array_shape: Sequ
 
 def _whole(bm: object) -> bool:
     """A block that is the whole array (what every step sees, e.g. an SMEM input of metadata)."""
+    from jax._src.pallas import core as pallas_core
+
     shape = tuple(bm.array_aval.shape)
-    sizes = tuple(int(getattr(b, "block_size", b)) if b is not None else -1 for b in bm.block_shape)
+    sizes = tuple(-1 if b is None else 1 if isinstance(b, pallas_core.Squeezed) else int(getattr(b, "block_size", b))
+                  for b in bm.block_shape)  # a squeezed dim is a block of one
     return len(sizes) == len(shape) and all(s in (d, -1) for s, d in zip(sizes, shape, strict=True))
 
 

@@ -200,3 +200,24 @@ def test_tokamax_walk_is_the_same_with_and_without_the_caches():
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["fast"] == out["slow"]
     assert out["fast"][4] > 1  # the pipeline's stages were walked
+
+
+
+def test_splash_attention_squeezed_head_blocks_are_read():
+    """jax's splash attention with sinks (a peer, vmapped over kv heads) hands the walk blocks with a squeezed head
+    dim where it checks for whole-array (SMEM) inputs: the walk reads it (a squeezed dim is a block of one) and moves
+    at least q, k, v and the output once."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
+    heads, s, d = 2, 512, 128
+    mask = sm.MultiHeadMask([sm.CausalMask((s, s)) for _ in range(heads)])
+    bs = sk.BlockSizes(block_q=256, block_kv=256, block_kv_compute=256)
+    with jax.default_device(jax.devices("cpu")[0]):
+        splash = sk.make_splash_mqa_single_device(mask=mask, block_sizes=bs)
+    sinks = np.zeros((2, heads), np.float32)  # two kv heads, each an MQA kernel with sinks, as the peer runs it
+    call = lambda q, k, v, z: jax.vmap(lambda a, b, c, w: splash(a, b, c, sinks=w))(q, k, v, z)
+    cost = kernel_cost(call, SDS((2, heads, s, d), jnp.bfloat16), SDS((2, s, d), jnp.bfloat16),
+                       SDS((2, s, d), jnp.bfloat16), sinks, generation="v5e")
+    assert cost.calls
+    assert cost.hbm_bytes >= 2 * (2 * heads * s * d + 2 * s * d) * 2

@@ -32,11 +32,11 @@ from jax.experimental.pallas import tpu as pltpu
 from .._vendor.chips import ChipFacts, tile_budget_bytes
 from .._vendor.tiling import cdiv, round_up
 from .config import (
+    STREAM_FRACTION,
     UNKNOWN_CHIP,
     RaggedDotConfig,
     fastest_fitting,
     forward_schedule,
-    pipeline_seconds,
     usable_vmem,
     with_vmem_limit,
 )
@@ -73,17 +73,56 @@ def quant_vmem_bytes(cfg: RaggedDotConfig, lhs_itemsize: int, out_itemsize: int,
     return ins + outs + cfg.tm * cfg.tn * 4 + temps
 
 
+#: Vector element operations one TensorCore issues a cycle: 8 sublanes x 128 lanes x 4 ALU slots, the low end of
+#: what the TPU cost model allows (src/tpu_cost_model/rates.py), so a tiling chosen to hide its dequantization under
+#: the weight DMA still hides it on a slower vector unit.
+VPU_OPS_PER_CYCLE = 4096
+#: MXU multiply-accumulates a cycle per device (4 MXUs of 128 x 128 through v5, 256 x 256 from v6e; v4 and v5p run
+#: two TensorCores as one device): with the bf16 peak it gives the clock. An unknown chip counts as v5e.
+_MXU_MACS = {"v4": 8 * 128 * 128, "v5e": 4 * 128 * 128, "v5p": 8 * 128 * 128, "v6e": 4 * 256 * 256,
+             "v7x": 4 * 256 * 256}
+_CORES = {"v4": 2, "v5p": 2}
+#: Per grid step, the high end of the unmeasured step-cost band (the Pallas TPU docs' ~0.35 us, 0.25-0.45 us): the
+#: choice must hide the dequantization under the DMA at the slow end too.
+STEP_SECONDS_HIGH = 0.45e-6
+#: Vector element operations per row-window element and weight chunk: the partial product's scale, the row mask's
+#: select and the add into the accumulator (the mask itself is one column).
+WINDOW_OPS = 3
+
+
+def vector_ops_per_s(chip: ChipFacts) -> float:
+    """Vector element operations a second on one device of `chip` (VPU_OPS_PER_CYCLE at the MXU's clock)."""
+    macs = _MXU_MACS.get(chip.name, _MXU_MACS["v5e"])
+    return VPU_OPS_PER_CYCLE * _CORES.get(chip.name, 1) * chip.bf16_flops_per_s / (2 * macs)
+
+
+def dequant_vector_ops(cfg: RaggedDotConfig, m: int, g: int, rows: float, kp: int, np_: int,
+                       block_scales: bool) -> float:
+    """Vector element operations of the quantized forward (uniform routing): each active expert's weights upcast
+    once, and per weight chunk the row windows' scale, mask and accumulate (`rows` the rows the dots run on)."""
+    active = g * (1.0 - (1.0 - 1.0 / g) ** m) if g else 0.0
+    chunks = kp // cfg.tk * cdiv(cfg.tk, chunk_rows(cfg.tk, block_scales))
+    return active * kp * np_ + WINDOW_OPS * rows * np_ * chunks
+
+
 def quant_estimated_seconds(cfg: RaggedDotConfig, m: int, k: int, n: int, g: int, lhs_itemsize: int,
                             block_scales: bool, chip: ChipFacts) -> float:
-    """config.estimated_seconds with 1-byte weights plus their scales (uniform routing), bf16 MXU passes."""
+    """The quantized forward's time (uniform routing) with 1-byte weights plus their scales: the DMAs against the
+    compute, which is the longer of the bf16 MXU passes and the dequantization's vector work plus each step's cost
+    at the high end of its band. Counting the vector work is what makes decode group several experts a step: one
+    expert a step leaves the weight DMA waiting on upcasts and step costs."""
     eb, kp, np_, nk, nn, tiles, active_blocks, items, rows = forward_schedule(cfg, m, k, n, g)
     per_expert = kp * np_ + (cdiv(kp, BLOCK) * cdiv(np_, BLOCK) if block_scales else np_) * 4
     rhs = (active_blocks if nk == 1 else items) * eb * per_expert
     lhs = (tiles if nk == 1 else items) * cfg.tm * kp * nn * lhs_itemsize
     out = tiles * cfg.tm * np_ * lhs_itemsize
     passes = 6 if lhs_itemsize == 4 else 1
-    flops = 2.0 * rows * kp * np_ * passes
-    return pipeline_seconds(rhs + lhs + out, flops, items * nk * nn, chip)
+    mxu = 2.0 * rows * kp * np_ * passes / chip.bf16_flops_per_s
+    vector = dequant_vector_ops(cfg, m, g, rows, kp, np_, block_scales) / vector_ops_per_s(chip)
+    steps = items * nk * nn
+    dma = (rhs + lhs + out) / (chip.hbm_bytes_per_s * STREAM_FRACTION)
+    compute = max(mxu, vector) + steps * STEP_SECONDS_HIGH
+    return max(dma, compute) + min(dma, compute) / max(steps, 1.0)
 
 
 def choose_quant_config(m: int, k: int, n: int, g: int, lhs_dtype: object, block_scales: bool, *,
@@ -149,7 +188,9 @@ def _quant_kernel(
         out_ref[...] = jnp.zeros_like(out_ref)
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
-    windows = functools.partial(row_windows, base=base, tm=tm, window=window, width=tn)
+    # the row mask as one column, broadcast by the select: built per window and chunk, so a full-width mask would
+    # cost the vector unit as much again as scaling the partial product
+    windows = functools.partial(row_windows, base=base, tm=tm, window=window, width=1)
 
     for j in range(experts):
         r0, r1 = expert_rows(j, experts, lo, hi, block_ref[i], start_ref, end_ref)
@@ -199,11 +240,14 @@ def _quant_kernel(
 
 def arrange_block_scales(scale: jax.Array, kp: int, np_: int, tk: int, tn: int) -> jax.Array:
     """[G, ceil(K/128), ceil(N/128)] -> [G, Nt, Kt, ceil(tk/128), ceil(tn/128)]: one block per (n tile, k tile),
-    zero-padded where K, N were padded to whole tiles (padded weights are zero too). Tiny: one f32 per 128x128."""
+    zero-padded where K, N were padded to whole tiles (padded weights are zero too). Tiny: one f32 per 128x128.
+    With one N tile the blocks are already in that order and a reshape gives them (no transpose for XLA to run)."""
     g = scale.shape[0]
     nt, kt = np_ // tn, kp // tk
     kb, nb = cdiv(tk, BLOCK), cdiv(tn, BLOCK)
     s = jnp.pad(scale, ((0, 0), (0, kt * kb - scale.shape[1]), (0, nt * nb - scale.shape[2])))
+    if nt == 1:
+        return s.reshape(g, 1, kt, kb, nb)
     return s.reshape(g, kt, kb, nt, nb).transpose(0, 3, 1, 2, 4)
 
 
