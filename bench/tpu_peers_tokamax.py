@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -29,6 +30,22 @@ def table(rows: list[dict]) -> str:
         ratio = "-" if r["ours_over_peer"] is None else f"{r['ours_over_peer']:.3f}"
         out.append(f"{r['shape']} | {r['generation']} | {t} | {ours} | {ratio} | {r.get('walk_s', '-')}")
     return "\n".join(out)
+
+
+def _write_row(path: Path, row: dict) -> list[dict]:
+    """Sets one row in the record at `path` as it stands now (another run may be filling other rows of it: runs
+    split by --models or --generations share one record), in the record's order; returns its rows."""
+    rows = json.loads(path.read_text())["rows"] if path.exists() else []
+    key = (row["shape"], row["generation"])
+    at = next((i for i, r in enumerate(rows) if (r["shape"], r["generation"]) == key), None)
+    if at is None:
+        rows.append(row)
+    else:
+        rows[at] = row
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"benchmark": "tokamax mosaic ragged_dot peer (modeled)", "rows": rows}, indent=1) + "\n")
+    tmp.replace(path)
+    return rows
 
 
 def main() -> int:
@@ -75,15 +92,13 @@ def main() -> int:
                         peer = _tokamax_peer(m, k, n, g, np.asarray(gs), "bfloat16")
                         modeled, band, how = _modeled(peer, None, gen) if peer.fn else (None, None, peer.refused)
                         mine = ours.get((shape, gen), {}).get("modeled_s")
-                        rows = [r for r in rows if (r["shape"], r["generation"]) != (shape, gen)]
-                        rows.append({"kernel": "ragged_dot", "peer": peer.name, "shape": shape, "generation": gen,
-                                     "modeled_s": modeled, "band_s": None if band is None else list(band),
-                                     "ideal_s": ideal.get((shape, gen)), "how": how, "ours_s": mine,
-                                     "ours_over_peer": None if not (mine and modeled) else mine / modeled,
-                                     "walk_s": round(time.time() - t0, 1)})
-                        args.out.write_text(json.dumps({"benchmark": "tokamax mosaic ragged_dot peer (modeled)",
-                                                        "rows": rows}, indent=1) + "\n")
-                        print(json.dumps(rows[-1]), flush=True)
+                        row = {"kernel": "ragged_dot", "peer": peer.name, "shape": shape, "generation": gen,
+                               "modeled_s": modeled, "band_s": None if band is None else list(band),
+                               "ideal_s": ideal.get((shape, gen)), "how": how, "ours_s": mine,
+                               "ours_over_peer": None if not (mine and modeled) else mine / modeled,
+                               "walk_s": round(time.time() - t0, 1)}
+                        rows = _write_row(args.out, row)
+                        print(json.dumps(row), flush=True)
     return 0
 
 
