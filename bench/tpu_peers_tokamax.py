@@ -93,7 +93,8 @@ def main() -> int:
 
         rows, done = set_into(args.into, json.loads(args.out.read_text())["rows"])
         record = json.loads(args.into.read_text())
-        args.into.write_text(json.dumps({**record, "rows": rows}, indent=2))
+        source = args.out.resolve().relative_to(ROOT) if args.out.resolve().is_relative_to(ROOT) else args.out
+        args.into.write_text(json.dumps({**record, "tokamax_rows_from": str(source), "rows": rows}, indent=2))
         # the .txt holds the ragged dot and attention rows; the paged ones are apart (tpu_peers_paged.txt)
         args.into.with_suffix(".txt").write_text(
             peers_table([r for r in rows if r["kernel"] != "ragged_paged_attention"]) + "\n")
