@@ -2,6 +2,7 @@
 
     python bench/tpu_calibration.py [--json] [--rows ID,ID...] [--out PATH] [--held-out PATH]
     python bench/tpu_calibration.py --show ID [--hlo]
+    python bench/tpu_calibration.py --tables [bench/records/tpu_held_out.json]
 
 Each row's kernel is modeled at its shapes by our walker on the measured kernel's own code as installed in the TPU
 environment (jax's Pallas ops; tpu-inference 0.32.0 with --no-deps), tpu_cost_model.calibration_worker; a row
@@ -135,7 +136,15 @@ def main(argv: list[str] | None = None) -> int:
                         "its table beside it, .txt)")
     parser.add_argument("--show", default="", help="print what the model reads and charges for these row ids")
     parser.add_argument("--hlo", action="store_true", help="with --show: also the lowered StableHLO")
+    parser.add_argument("--tables", type=Path, nargs="?", const=ROOT / "bench" / "records" / "tpu_held_out.json",
+                        help="print the tables of a held-out record written by --held-out (default "
+                        "bench/records/tpu_held_out.json), as text and as Markdown for the docs; run nothing")
     args = parser.parse_args(argv)
+    if args.tables:
+        record = json.loads(args.tables.read_text())
+        print("\n\n".join([held_out_table(record["kinds"]), chip_table(record["by_kind_and_chip"]),
+                            markdown_kinds(record["kinds"]), markdown_chips(record["by_kind_and_chip"])]))
+        return 0
     rows = calibration.load()["rows"]
     wanted = [t.strip() for t in (args.show or args.rows).split(",") if t.strip()]
     unknown = sorted(set(wanted) - {r["id"] for r in rows})
@@ -177,6 +186,31 @@ def chip_table(groups: list[dict]) -> str:
                     ", ".join(g["outside_target"]) or "-"))
     widths = [max(len(row[i]) for row in out) for i in range(len(head))]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in out)
+
+
+def _md_pct(v: float | None) -> str:
+    return "-" if v is None else f"{v * 100:.1f}%"
+
+
+def markdown_kinds(errors: dict) -> str:
+    """The held-out error per kind as a Markdown table (rows no constant was fitted on)."""
+    out = ["| kind | check rows modeled | median error | max error | past 20% |", "|---|---|---|---|---|"]
+    for kind, e in errors.items():
+        modeled = f"{e['modeled']}" if e["modeled"] == e["check_rows"] else f"{e['modeled']} of {e['check_rows']}"
+        out.append(f"| {kind} | {modeled} | {_md_pct(e['median_abs_error'])} | {_md_pct(e['max_abs_error'])} | "
+                   f"{', '.join(e['outside_target']) or '-'} |")
+    return "\n".join(out)
+
+
+def markdown_chips(groups: list[dict]) -> str:
+    """Every row per kind and chip (fitted ones included) as a Markdown table: the error with XLA's ops as libtpu
+    compiled them."""
+    out = ["| kind | chip | rows (fitted) | modeled | median / worst error |", "|---|---|---|---|---|"]
+    for g in groups:
+        err = ("-" if g["median_after"] is None
+               else f"{_md_pct(g['median_after'])} / {_md_pct(g['worst_after'])}")
+        out.append(f"| {g['kind']} | {g['chip']} | {g['rows']} ({g['fitted']}) | {g['modeled']} | {err} |")
+    return "\n".join(out)
 
 
 def held_out_table(errors: dict) -> str:

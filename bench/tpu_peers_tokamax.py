@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -31,6 +32,48 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def _write_row(path: Path, row: dict) -> list[dict]:
+    """Sets one row in the record at `path` as it stands now (another run may be filling other rows of it: runs
+    split by --models or --generations share one record), in the record's order; returns its rows."""
+    rows = json.loads(path.read_text())["rows"] if path.exists() else []
+    key = (row["shape"], row["generation"])
+    at = next((i for i, r in enumerate(rows) if (r["shape"], r["generation"]) == key), None)
+    if at is None:
+        rows.append(row)
+    else:
+        rows[at] = row
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"benchmark": "tokamax mosaic ragged_dot peer (modeled)", "rows": rows}, indent=1) + "\n")
+    tmp.replace(path)
+    return rows
+
+
+def set_into(peers_path: Path, rows: list[dict]) -> tuple[list[dict], int]:
+    """The record of bench/tpu_peers.py at `peers_path` with its Tokamax rows set to `rows` (modeled time, band,
+    ratio to the ideal and how, for each workload and chip both hold) and those workloads' best peer set again;
+    every other row is kept as it is. Returns the record's rows and how many were set."""
+    from tpu_cost_model.peer_rows import set_best_peer
+
+    record = json.loads(peers_path.read_text())
+    mine = {(r["shape"], r["generation"]): r for r in rows}
+    workloads: dict[tuple[str, str], list[dict]] = {}
+    for r in record["rows"]:
+        if r["kernel"] == "ragged_dot":
+            workloads.setdefault((r["shape"], r["generation"]), []).append(r)
+    done = 0
+    for key, group in workloads.items():
+        new = mine.get(key)
+        old = next((r for r in group if r["peer"] == (new or {}).get("peer")), None)
+        if new is None or old is None:
+            continue
+        old.update({"modeled_s": new["modeled_s"], "band_s": new["band_s"], "how": new["how"],
+                    "ratio_to_ideal": None if new["modeled_s"] is None or not old["ideal_s"]
+                    else new["modeled_s"] / old["ideal_s"]})
+        set_best_peer(group)
+        done += 1
+    return record["rows"], done
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--generations", default="v5e,v6e,v7x")
@@ -40,7 +83,23 @@ def main() -> int:
                         help="earlier record whose kernel-hub rows the peer is set beside")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "records" / "tpu_peers_tokamax.json")
     parser.add_argument("--show", action="store_true", help="print the rows already in --out as a table; run nothing")
+    parser.add_argument("--into", type=Path, help="set the rows already in --out into this bench/tpu_peers.py "
+                        "record (its Tokamax rows and their workloads' best peer; every other row kept) and its .txt "
+                        "table beside it; run nothing")
     args = parser.parse_args()
+    if args.into:
+        sys.path.insert(0, str(ROOT / "bench"))
+        from tpu_peers import table as peers_table
+
+        rows, done = set_into(args.into, json.loads(args.out.read_text())["rows"])
+        record = json.loads(args.into.read_text())
+        source = args.out.resolve().relative_to(ROOT) if args.out.resolve().is_relative_to(ROOT) else args.out
+        args.into.write_text(json.dumps({**record, "tokamax_rows_from": str(source), "rows": rows}, indent=2))
+        # the .txt holds the ragged dot and attention rows; the paged ones are apart (tpu_peers_paged.txt)
+        args.into.with_suffix(".txt").write_text(
+            peers_table([r for r in rows if r["kernel"] != "ragged_paged_attention"]) + "\n")
+        print(f"{done} Tokamax rows set into {args.into}")
+        return 0
     if args.show:
         print(table(json.loads(args.out.read_text())["rows"]))
         return 0
@@ -75,15 +134,13 @@ def main() -> int:
                         peer = _tokamax_peer(m, k, n, g, np.asarray(gs), "bfloat16")
                         modeled, band, how = _modeled(peer, None, gen) if peer.fn else (None, None, peer.refused)
                         mine = ours.get((shape, gen), {}).get("modeled_s")
-                        rows = [r for r in rows if (r["shape"], r["generation"]) != (shape, gen)]
-                        rows.append({"kernel": "ragged_dot", "peer": peer.name, "shape": shape, "generation": gen,
-                                     "modeled_s": modeled, "band_s": None if band is None else list(band),
-                                     "ideal_s": ideal.get((shape, gen)), "how": how, "ours_s": mine,
-                                     "ours_over_peer": None if not (mine and modeled) else mine / modeled,
-                                     "walk_s": round(time.time() - t0, 1)})
-                        args.out.write_text(json.dumps({"benchmark": "tokamax mosaic ragged_dot peer (modeled)",
-                                                        "rows": rows}, indent=1) + "\n")
-                        print(json.dumps(rows[-1]), flush=True)
+                        row = {"kernel": "ragged_dot", "peer": peer.name, "shape": shape, "generation": gen,
+                               "modeled_s": modeled, "band_s": None if band is None else list(band),
+                               "ideal_s": ideal.get((shape, gen)), "how": how, "ours_s": mine,
+                               "ours_over_peer": None if not (mine and modeled) else mine / modeled,
+                               "walk_s": round(time.time() - t0, 1)}
+                        rows = _write_row(args.out, row)
+                        print(json.dumps(row), flush=True)
     return 0
 
 

@@ -103,13 +103,19 @@ def rows_for(kernel: str, shape: str, peers: list[Peer], ideal: Callable[[Chip],
                          "modeled_s": modeled, "band_s": None if band is None else list(band), "ideal_s": ideal_s,
                          "ratio_to_ideal": None if modeled is None else modeled / ideal_s,
                          "compiled": compiled, "how": how, "detail": peer.detail})
-    # the best peer: the fastest kernel that compiled, read by the same model. XLA's optimal_seconds is shown
-    # beside but not a schedule (it comes out below the ideal of moving each active expert's weights once)
+    return set_best_peer(rows)
+
+
+def set_best_peer(rows: list[JsonDict]) -> list[JsonDict]:
+    """Sets, on every row of one workload on one chip, the best peer (the fastest kernel that compiled, read by the
+    same model) and ours beside it, at the point and across both ends of the band. XLA's optimal_seconds is shown
+    beside but not a schedule (it comes out below the ideal of moving each active expert's weights once)."""
     others = [r for r in rows if r["peer"] != OURS and r["modeled_s"] is not None and r["compiled"] == "yes"
               and not r["xla"]]
     best = min(others, key=lambda r: r["modeled_s"], default=None)
     ours = next((r for r in rows if r["peer"] == OURS), None)
     for r in rows:
+        r.pop("ours_le_best_why", None)
         r["best_peer"] = None if best is None else best["peer"]
         r["best_peer_s"] = None if best is None else best["modeled_s"]
         r["ours_over_best_peer"] = (None if best is None or ours is None or ours["modeled_s"] is None

@@ -9,6 +9,7 @@ HBM (memory space ANY / HBM) move only through the DMAs the body starts (schedul
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -144,7 +145,63 @@ def concrete_grid(gm: GridMapping, bounds: Sequence[Value], name: str) -> tuple[
     return tuple(grid)
 
 
+#: Walks already done in this process, by what determines them (walk_key): a walk reads no chip, so the same kernel
+#: at the same arguments traced for another generation is not walked again (a long pipeline takes minutes).
+_WALKS: dict[tuple, CallCost] = {}
+
+
+def _consts_key(obj: object, out: list) -> bool:
+    """Collects the values of the consts of every closed jaxpr in a pallas_call's params (the printed jaxpr names
+    them, not their values); False when one is not a plain array."""
+    from jax._src import core as jax_core
+
+    if isinstance(obj, jax_core.ClosedJaxpr):
+        for c in obj.consts:
+            try:
+                arr = np.asarray(c)
+            except Exception:
+                return False
+            if arr.dtype == object:
+                return False
+            out.append((arr.dtype.str, arr.shape, arr.tobytes()))
+        return all(_consts_key(p, out) for e in obj.jaxpr.eqns for p in e.params.values())
+    if isinstance(obj, jax_core.Jaxpr):
+        return all(_consts_key(p, out) for e in obj.eqns for p in e.params.values())
+    if isinstance(obj, (tuple, list)):
+        return all(_consts_key(p, out) for p in obj)
+    return True
+
+
+def walk_key(eqn: JaxprEqn, invals: Sequence[Value]) -> tuple | None:
+    """What a walk depends on: the printed equation (its body, grid and block specs), the values of the consts
+    its jaxprs close over, and each operand's value (concrete) or type (abstract); None when one cannot be keyed."""
+    consts: list = []
+    if not all(_consts_key(v, consts) for v in eqn.params.values()):
+        return None
+    args = []
+    for v in invals:
+        if isinstance(v, Unknown):
+            args.append(("?", str(v.aval)))
+        else:
+            arr = np.asarray(v)
+            if arr.dtype == object:
+                return None
+            args.append((arr.dtype.str, arr.shape, arr.tobytes()))
+    return str(eqn), tuple(consts), tuple(args)
+
+
 def walk_pallas_call(eqn: JaxprEqn, invals: Sequence[Value]) -> CallCost:
+    """Walk one pallas_call's grid (see the module docstring), or return the copy of the same walk done before."""
+    key = walk_key(eqn, invals)
+    if key is not None and key in _WALKS:
+        return copy.deepcopy(_WALKS[key])
+    cost = _walk(eqn, invals)
+    if key is not None:
+        _WALKS[key] = copy.deepcopy(cost)
+    return cost
+
+
+def _walk(eqn: JaxprEqn, invals: Sequence[Value]) -> CallCost:
     """Walk one pallas_call's grid with the real scalar-prefetch values (see the module docstring)."""
     params = eqn.params
     gm = params["grid_mapping"]

@@ -317,3 +317,27 @@ def test_the_bench_shows_what_the_model_reads_for_a_row(capsys):
     assert text.count("removed transpose") == 2 and "modeled on v5e" in text and "tpu_custom_call" in text
     with pytest.raises(SystemExit, match="unknown row ids"):
         bench.main(["--show", "no-such-row"])
+
+
+def test_the_docs_tables_are_the_recorded_held_out_errors(capsys):
+    """bench/tpu_calibration.py --tables prints the held-out record's tables as the record's .txt holds them, and
+    its Markdown (what README, docs/tpu.md and docs/tpu-cost-model.md quote) carries the same numbers; the README's
+    table is that Markdown."""
+    spec = importlib.util.spec_from_file_location("tpu_calibration_bench", ROOT / "bench/tpu_calibration.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--tables"]) == 0
+    text = capsys.readouterr().out
+    held, chips, md_kinds, md_chips = text.strip("\n").split("\n\n")
+    assert held + "\n\n" + chips + "\n" == calibration.HELD_OUT.with_suffix(".txt").read_text()
+    recorded = json.loads(calibration.HELD_OUT.read_text())
+    for g in recorded["by_kind_and_chip"]:
+        err = "-" if g["median_after"] is None else f"{g['median_after'] * 100:.1f}% / {g['worst_after'] * 100:.1f}%"
+        assert f"| {g['kind']} | {g['chip']} | {g['rows']} ({g['fitted']}) | {g['modeled']} | {err} |" in md_chips
+    for kind, e in recorded["kinds"].items():
+        line = next(ln for ln in md_kinds.splitlines() if ln.startswith(f"| {kind} |"))
+        assert ("-" if e["max_abs_error"] is None else f"{e['max_abs_error'] * 100:.1f}%") in line
+    assert md_chips in (ROOT / "README.md").read_text()
+    assert md_kinds in (ROOT / "docs/tpu.md").read_text()
+    model_doc = (ROOT / "docs/tpu-cost-model.md").read_text()
+    assert held in model_doc and chips in model_doc

@@ -144,11 +144,14 @@ GATHER = pl.pallas_call(_gather_kernel, out_shape=SDS((CHUNK, WIDTH), jnp.float3
 
 
 def _uncached(monkeypatch):
-    """The walk without its per-equation caches: every equation's facts and every `get`'s indexers read afresh."""
+    """The walk without its caches: every equation's facts and every `get`'s indexers read afresh, and no walk
+    reused from an earlier one."""
+    from tpu_cost_model import schedule_grid as sg
     from tpu_cost_model import schedule_steps as ss
 
     monkeypatch.setattr(ss.Steps, "_facts_of", lambda self, eqn: ss._EqnFacts(eqn))
     monkeypatch.setattr(ss.Steps, "_indexers", ss.Steps._indexers_slow)
+    monkeypatch.setattr(sg, "walk_key", lambda eqn, invals: None)
 
 
 def _fields(cost):
@@ -178,7 +181,9 @@ def test_the_cached_walk_charges_what_the_uncached_walk_charges(case, monkeypatc
 
 
 _TOKAMAX_BOTH_WAYS = _TOKAMAX.split("c = cost.calls[0]")[0] + """
+from tpu_cost_model import schedule_grid as sg
 from tpu_cost_model import schedule_steps as ss
+sg.walk_key = lambda eqn, invals: None
 ss.Steps._facts_of = lambda self, eqn: ss._EqnFacts(eqn)
 ss.Steps._indexers = ss.Steps._indexers_slow
 with tpu_target("v6e"):
@@ -221,3 +226,30 @@ def test_splash_attention_squeezed_head_blocks_are_read():
                        SDS((2, s, d), jnp.bfloat16), sinks, generation="v5e")
     assert cost.calls
     assert cost.hbm_bytes >= 2 * (2 * heads * s * d + 2 * s * d) * 2
+
+
+def test_a_walk_is_reused_only_for_the_same_kernel_and_values(monkeypatch):
+    """The walk reads no chip: the same call at the same values is walked once and its copy returned (changing the
+    copy leaves the stored walk alone); another trip count or another kernel is walked afresh."""
+    from tpu_cost_model import schedule_grid as sg
+
+    monkeypatch.setattr(sg, "_WALKS", {})
+    walks = []
+    real = sg._walk
+    monkeypatch.setattr(sg, "_walk", lambda eqn, invals: walks.append(1) or real(eqn, invals))
+    rng = np.random.default_rng()
+    trips = int(rng.integers(1, 33))
+    first = kernel_cost(CALL, np.array([trips], np.int32), X)
+    first.calls[0].notes.append("changed by the caller")
+    again = kernel_cost(CALL, np.array([trips], np.int32), X)
+    assert len(walks) == 1
+    assert _fields(again) == _fields(first) and "changed by the caller" not in again.calls[0].notes
+    assert again.calls[0].dmas == trips
+    other = kernel_cost(CALL, np.array([trips - 1], np.int32), X)
+    assert len(walks) == 2 and other.calls[0].dmas == trips - 1
+    table = np.stack([rng.integers(0, ROWS // CHUNK, 40), rng.integers(0, 2, 40)]).astype(np.int32)
+    gathered = kernel_cost(GATHER, table, X)
+    assert len(walks) == 3 and gathered.calls[0].dmas == int(table[1].sum())
+    table[1] = 1 - table[1]  # the same kernel, other SMEM values
+    flipped = kernel_cost(GATHER, table, X)
+    assert len(walks) == 4 and flipped.calls[0].dmas == int(table[1].sum())
