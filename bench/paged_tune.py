@@ -24,6 +24,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -183,17 +184,36 @@ def table_lines(rows: list[dict]) -> list[str]:
     out = []
     for r in rows:
         if "skipped" in r:
-            out.append(f"    # {'/'.join(map(str, r['key']))} ({r['model']}): {r['skipped']}: the fallback")
+            out += _comment(f"{'/'.join(map(str, r['key']))} ({r['model']}): {r['skipped']}: the fallback")
             continue
         if not all(v == "yes" for v in r["compiled"].values()):
-            out.append(f"    # {'/'.join(map(str, r['key']))} ({r['model']}): not compiled {r['compiled']}")
+            out += _comment(f"{'/'.join(map(str, r['key']))} ({r['model']}): not compiled {r['compiled']}")
             continue
         t, d = r["tuned"], r["default"]
         origin = (f"modeled {r['key'][0]}: decode {_us(t['decode_us'])} vs default {d['decode_blocks']} "
                   f"{_us(d['decode_us'])}; mixed {_us(t['mixed_us'])} vs default {d['mixed_blocks']} "
                   f"{_us(d['mixed_us'])}; compiled yes (libtpu {r['libtpu']}, {r['date']})")
-        out.append(f"    {tuple(r['key'])!r}:\n        Entry({r['block_q']}, {r['pages_per_block']}, {origin!r}),")
+        head = f"        Entry({r['block_q']}, {r['pages_per_block']}, "
+        out.append(f"    {tuple(r['key'])!r}:\n" + head + f"\n{' ' * 14}".join(_chunks(origin, 116 - len(head))) + "),")
     return out
+
+
+def _comment(text: str) -> list[str]:
+    return ["    # " + line for line in textwrap.wrap(text, 114)]
+
+
+def _chunks(text: str, width: int) -> list[str]:
+    """`text` as string literals of at most `width` characters each, split after spaces (implicit concatenation
+    gives it back whole), so the table's lines stay within the line length."""
+    parts, line = [], ""
+    for word in text.split(" "):
+        piece = word if not line else line + " " + word
+        if line and len(repr(piece + " ")) > width:
+            parts.append(repr(line + " "))
+            line = word
+        else:
+            line = piece
+    return parts + [repr(line)]
 
 
 def merged(record: dict, rows: list[dict], command: str) -> dict:
