@@ -10,6 +10,8 @@ for the generation (decode and mixed); a row whose blocks both compile is a tabl
 
     python bench/paged_tune.py [--generations v5e,v6e,v7x] [--lengths 8192] [--json]   # sweep (minutes a row)
     python bench/paged_tune.py --table bench/records/paged_tune.json                    # the table's entries
+    python bench/paged_tune.py --generations v6e --lengths 8192 --json --merge bench/records/paged_tune.json
+        # one generation's rows into the record, the others kept (--rows FILE: an earlier --in-tpu-env run's rows)
 
 Runs in the TPU environment (make setup-tpu), in a subprocess of it; `--in-tpu-env` runs the sweep in this process
 (one JSON line per row on stdout, progress on stderr).
@@ -22,6 +24,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -53,8 +56,10 @@ def _log(text: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
 
-def sweep(generations: list[str], lengths: list[int]) -> None:
-    """Runs inside the TPU environment: one JSON line per (generation, geometry, length)."""
+def sweep(generations: list[str], lengths: list[int], pages_grid: tuple[int, ...] = PAGES,
+          block_q_grid: tuple[int, ...] = BLOCK_Q) -> None:
+    """Runs inside the TPU environment: one JSON line per (generation, geometry, length). The default's blocks are
+    always among the candidates, whatever grids are given."""
     import importlib
     import math
 
@@ -123,9 +128,9 @@ def sweep(generations: list[str], lengths: list[int]) -> None:
                     return auto.block_q, min(auto.pages_per_block, pps)
 
                 fb_decode, fb_mixed = fallback("decode"), fallback("mixed")
-                pages = sorted({min(p, pps) for p in PAGES} | {fb_decode[1], fb_mixed[1]})
+                pages = sorted({min(p, pps) for p in pages_grid} | {fb_decode[1], fb_mixed[1]})
                 decode = {p: modeled("decode", 1, p) for p in pages if fits(group, p)}
-                grid = {(q, p): modeled("mixed", q, p) for p in decode for q in sorted({*BLOCK_Q, fb_mixed[0]})
+                grid = {(q, p): modeled("mixed", q, p) for p in decode for q in sorted({*block_q_grid, fb_mixed[0]})
                         if fits(q * group, p)}
                 ppb = pick_pages(decode, grid, fb_decode[1])
                 mixed = {q: t for (q, p), t in grid.items() if p == ppb}
@@ -179,24 +184,65 @@ def table_lines(rows: list[dict]) -> list[str]:
     out = []
     for r in rows:
         if "skipped" in r:
-            out.append(f"    # {'/'.join(map(str, r['key']))} ({r['model']}): {r['skipped']}: the fallback")
+            out += _comment(f"{'/'.join(map(str, r['key']))} ({r['model']}): {r['skipped']}: the fallback")
             continue
         if not all(v == "yes" for v in r["compiled"].values()):
-            out.append(f"    # {'/'.join(map(str, r['key']))} ({r['model']}): not compiled {r['compiled']}")
+            out += _comment(f"{'/'.join(map(str, r['key']))} ({r['model']}): not compiled {r['compiled']}")
             continue
         t, d = r["tuned"], r["default"]
         origin = (f"modeled {r['key'][0]}: decode {_us(t['decode_us'])} vs default {d['decode_blocks']} "
                   f"{_us(d['decode_us'])}; mixed {_us(t['mixed_us'])} vs default {d['mixed_blocks']} "
                   f"{_us(d['mixed_us'])}; compiled yes (libtpu {r['libtpu']}, {r['date']})")
-        out.append(f"    {tuple(r['key'])!r}:\n        Entry({r['block_q']}, {r['pages_per_block']}, {origin!r}),")
+        head = f"        Entry({r['block_q']}, {r['pages_per_block']}, "
+        out.append(f"    {tuple(r['key'])!r}:\n" + head + f"\n{' ' * 14}".join(_chunks(origin, 116 - len(head))) + "),")
     return out
+
+
+def _comment(text: str) -> list[str]:
+    return ["    # " + line for line in textwrap.wrap(text, 114)]
+
+
+def _chunks(text: str, width: int) -> list[str]:
+    """`text` as string literals of at most `width` characters each, split after spaces (implicit concatenation
+    gives it back whole), so the table's lines stay within the line length."""
+    parts, line = [], ""
+    for word in text.split(" "):
+        piece = word if not line else line + " " + word
+        if line and len(repr(piece + " ")) > width:
+            parts.append(repr(line + " "))
+            line = word
+        else:
+            line = piece
+    return parts + [repr(line)]
+
+
+def merged(record: dict, rows: list[dict], command: str) -> dict:
+    """`record` with its rows of the generations in `rows` replaced by them (other generations kept), and `command`
+    recorded under "commands" for each of those generations: one record for the table, swept a generation at a
+    time."""
+    gens = {r["key"][0] for r in rows}
+    commands = dict(record.get("commands") or {})
+    if "command" in record:  # a record of one sweep: its command covers its generations
+        for g in {r["key"][0] for r in record["rows"]}:
+            commands.setdefault(g, record["command"])
+    commands.update({g: command for g in gens})
+    kept = [r for r in record["rows"] if r["key"][0] not in gens]
+    return {"commands": dict(sorted(commands.items())), "rows": kept + rows}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--generations", default="v5e,v6e,v7x")
     parser.add_argument("--lengths", default="8192", help="length buckets (positions per sequence), comma-separated")
+    parser.add_argument("--pages", default=",".join(map(str, PAGES)),
+                        help="pages_per_block candidates (the default's are added), comma-separated")
+    parser.add_argument("--block-q", default=",".join(map(str, BLOCK_Q)),
+                        help="block_q candidates on the mixed batch (the default's is added), comma-separated")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--merge", metavar="RECORD",
+                        help="with --json: write the rows into RECORD, replacing its rows of the swept generations")
+    parser.add_argument("--rows", metavar="FILE",
+                        help="the sweep's rows from an earlier --in-tpu-env run's stdout, instead of sweeping now")
     parser.add_argument("--table", metavar="RECORD", help="print the table's entries from a --json record")
     parser.add_argument("--in-tpu-env", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -205,22 +251,36 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     gens = [g.strip() for g in args.generations.split(",") if g.strip()]
     lengths = [int(n) for n in args.lengths.split(",") if n.strip()]
+    pages_grid = tuple(int(n) for n in args.pages.split(",") if n.strip())
+    block_q_grid = tuple(int(n) for n in args.block_q.split(",") if n.strip())
     if args.in_tpu_env:
-        sweep(gens, lengths)
+        sweep(gens, lengths, pages_grid, block_q_grid)
         return 0
-    sys.path.insert(0, str(ROOT / "src"))
-    from kernel_hub.tpu.env import tpu_env
+    if args.rows:
+        rows = [json.loads(ln) for ln in Path(args.rows).read_text().splitlines() if ln.startswith("{")]
+        if not rows:
+            return 1
+    else:
+        sys.path.insert(0, str(ROOT / "src"))
+        from kernel_hub.tpu.env import tpu_env
 
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(ROOT / "src"),
-           "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
-    done = subprocess.run([str(tpu_env().python), __file__, "--in-tpu-env", "--generations", args.generations,
-                           "--lengths", args.lengths], stdout=subprocess.PIPE, text=True, env=env)
-    rows = [json.loads(ln) for ln in done.stdout.splitlines() if ln.startswith("{")]
-    if done.returncode or not rows:
-        return done.returncode or 1
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(ROOT / "src"),
+               "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
+        done = subprocess.run([str(tpu_env().python), __file__, "--in-tpu-env", "--generations", args.generations,
+                               "--lengths", args.lengths, "--pages", args.pages, "--block-q", args.block_q],
+                              stdout=subprocess.PIPE, text=True, env=env)
+        rows = [json.loads(ln) for ln in done.stdout.splitlines() if ln.startswith("{")]
+        if done.returncode or not rows:
+            return done.returncode or 1
     if args.json:
-        print(json.dumps({"command": "python bench/paged_tune.py " + " ".join(argv or sys.argv[1:]), "rows": rows},
-                         indent=1))
+        command = f"python bench/paged_tune.py --generations {args.generations} --lengths {args.lengths}"
+        command += "".join(f" --{name} {value}" for name, value, default in (
+            ("pages", args.pages, PAGES), ("block-q", args.block_q, BLOCK_Q)) if value != ",".join(map(str, default)))
+        if args.merge:
+            record = merged(json.loads(Path(args.merge).read_text()), rows, command)
+            Path(args.merge).write_text(json.dumps(record, indent=1) + "\n")
+            return 0
+        print(json.dumps({"command": command, "rows": rows}, indent=1))
         return 0
     print("\n".join(table_lines(rows)))
     return 0

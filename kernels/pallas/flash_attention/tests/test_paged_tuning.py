@@ -106,6 +106,33 @@ def test_the_shipped_entry_is_what_a_call_on_its_chip_runs() -> None:
     assert (got.block_q, got.pages_per_block) == (min(TUNED[key].block_q, 32), TUNED[key].pages_per_block)
 
 
+@pytest.mark.parametrize("gen", ["v6e", "v7x"])
+def test_a_v6e_or_v7x_call_runs_its_generations_shipped_entry(gen) -> None:
+    """The device kind picks the generation: the same shapes get v6e's entry on a v6e, v7x's on a v7x."""
+    key = (gen, 128, "bfloat16", "bfloat16", 32, 4, 128, 8192)
+    assert key in TUNED
+    got = _choose(MIXED, KINDS[gen], TUNED, environ={})
+    assert got.source == "tuned " + key_text(key)
+    assert (got.block_q, got.pages_per_block) == (min(TUNED[key].block_q, 32), TUNED[key].pages_per_block)
+    decode = _choose(QWEN, KINDS[gen], TUNED, environ={})
+    assert decode.source == got.source and (decode.block_q, decode.pages_per_block) == (1, TUNED[key].pages_per_block)
+
+
+def test_every_model_geometry_has_an_8k_entry_on_v6e() -> None:
+    """The gate's model cases (8192 positions) on v6e run tuned blocks, not the fallback."""
+    for hq, hkv, d in ((32, 4, 128), (16, 8, 256), (16, 2, 512)):
+        assert ("v6e", 128, "bfloat16", "bfloat16", hq, hkv, d, 8192) in TUNED
+
+
+@pytest.mark.parametrize("gen", ["v6e", "v7x"])
+def test_a_v6e_or_v7x_shape_outside_the_table_falls_back_with_the_reason(gen) -> None:
+    other_length = PagedShapes(2044, 32, 4, 128, 4096, 128, 64, 3, 1.0, None, None)  # 384 positions: bucket 512
+    got = _choose(other_length, KINDS[gen], TUNED, environ={})
+    assert got.source.startswith(f"fallback: no tuned entry for {gen}/128/bfloat16/bfloat16/32/4/128/512;")
+    f32 = choose_blocks(MIXED, "float32", "float32", 4, KINDS[gen], vmem_plan(KINDS[gen])[0], environ={})
+    assert f32.source.startswith(f"fallback: no tuned entry for {gen}/128/float32/float32/32/4/128/8192;")
+
+
 def test_shapes_outside_the_table_fall_back_with_the_reason() -> None:
     other_length = PagedShapes(2044, 32, 4, 128, 4096, 128, 64, 3, 1.0, None, None)  # 384 positions: bucket 512
     got = _choose(other_length, "TPU v5 lite", TUNED, environ={})
