@@ -122,28 +122,47 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, *refs, st: PagedStati
                     q_ref.at[pl.ds(first_ref[w] + off, size)], qbuf.at[pl.ds(off, size)], row_sems.at[0]),
                     st.mixed_block_q, wait=wait)
 
-    def fold(q_of_head, qpos, rows):
+    def fold(q_of_head, qpos, rows, span=None):
         """One kv step of every kv head: `q_of_head(h)` [r, D] query rows at positions qpos [r, 1] (-1: none)
-        into the scratch rows `rows` (a slice, or everything)."""
+        into the scratch rows `rows` (a slice, or everything). `span` (first, last): the positions of the item's
+        real rows; a block every one of them sees whole, inside the cache, is folded without masks (rows past
+        them compute what is never written)."""
         kv_len = kvlen_ref[seq_ref[w]]
         r = qpos.shape[0]
-        cols = start_of(kj) + jax.lax.broadcasted_iota(jnp.int32, (r, n), 1)
-        mask = (qpos >= 0) & (cols < kv_len)
-        if st.causal:
-            mask &= cols <= qpos
-        if st.window is not None:
-            mask &= cols > qpos - st.window
         d = kbuf.shape[-1]
-        value_rows = start_of(kj) + jax.lax.broadcasted_iota(jnp.int32, (n, d), 0)
-        for h in range(hkv):
-            q = q_of_head(h)
-            k = kbuf[slot, :, h, :].astype(q.dtype)
-            v = vbuf[slot, :, h, :].astype(q.dtype)
-            v = jnp.where(value_rows < kv_len, v, jnp.zeros_like(v))
-            s = _dot(q, k, (1, 1)) * (st.sm_scale * st.k_scale)  # [r, n]
-            if st.soft_cap is not None:
-                s = st.soft_cap * jnp.tanh(s / st.soft_cap)
-            online_softmax_step(s, mask, v, m_scr.at[h, rows], l_scr.at[h, rows], acc_scr.at[h, rows])
+
+        def attend(masked: bool):
+            mask = None
+            if masked:
+                cols = start_of(kj) + jax.lax.broadcasted_iota(jnp.int32, (r, n), 1)
+                mask = (qpos >= 0) & (cols < kv_len)
+                if st.causal:
+                    mask &= cols <= qpos
+                if st.window is not None:
+                    mask &= cols > qpos - st.window
+                value_rows = start_of(kj) + jax.lax.broadcasted_iota(jnp.int32, (n, d), 0)
+            for h in range(hkv):
+                q = q_of_head(h)
+                k = kbuf[slot, :, h, :].astype(q.dtype)
+                v = vbuf[slot, :, h, :].astype(q.dtype)
+                if masked:
+                    v = jnp.where(value_rows < kv_len, v, jnp.zeros_like(v))
+                s = _dot(q, k, (1, 1)) * (st.sm_scale * st.k_scale)  # [r, n]
+                if st.soft_cap is not None:
+                    s = st.soft_cap * jnp.tanh(s / st.soft_cap)
+                online_softmax_step(s, mask, v, m_scr.at[h, rows], l_scr.at[h, rows], acc_scr.at[h, rows])
+
+        if span is None:
+            attend(True)
+            return
+        end = start_of(kj) + n - 1  # the block's last position
+        whole = end < kv_len
+        if st.causal:
+            whole &= end <= span[0]
+        if st.window is not None:
+            whole &= start_of(kj) > span[1] - st.window
+        pl.when(whole)(lambda: attend(False))
+        pl.when(~whole)(lambda: attend(True))
 
     def finished(h, rows):
         """[r, D] f32: kv head h's finished output in the scratch rows `rows`."""
@@ -171,14 +190,15 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, *refs, st: PagedStati
         @pl.when(rows_ref[w] == 1)
         def _one_token():
             qpos = jnp.full((g, 1), pos_ref[w], jnp.int32)
-            fold(lambda h: qbuf[0, pl.ds(h * g, g), :], qpos, pl.ds(0, g))
+            fold(lambda h: qbuf[0, pl.ds(h * g, g), :], qpos, pl.ds(0, g), (pos_ref[w], pos_ref[w]))
 
         @pl.when(rows_ref[w] > 1)
         def _block():
             bq = st.mixed_block_q
             token = jax.lax.div(jax.lax.broadcasted_iota(jnp.int32, (bq * g, 1), 0), g)  # rows token-major
             qpos = jnp.where(token < rows_ref[w], pos_ref[w] + token, -1)
-            fold(lambda h: qbuf[:, pl.ds(h * g, g), :].reshape(bq * g, qbuf.shape[-1]), qpos, slice(None))
+            fold(lambda h: qbuf[:, pl.ds(h * g, g), :].reshape(bq * g, qbuf.shape[-1]), qpos, slice(None),
+                 (pos_ref[w], pos_ref[w] + rows_ref[w] - 1))
 
     @pl.when(kj == pl.num_programs(1) - 1)
     def _finish():
