@@ -230,12 +230,16 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, *refs, st: PagedStati
 
 def _rows_copies(rows, copy, block_q: int, *, wait: bool = False) -> None:
     """Start (or, with `wait`, wait for) the copies of an item's first `rows` packed rows (0 <= rows <= block_q):
-    DMA sizes are static, so `rows` goes as its binary digits, one copy of 2**i rows per digit set, back to back
-    (a whole block as one copy), and no row past the item's own is touched. copy(offset, size) -> the descriptor."""
+    DMA sizes are static, so a whole block goes as one copy and a shorter tail as powers of two, largest first,
+    back to back (its binary digits), and no row past the item's own is touched. copy(offset, size) -> the
+    descriptor."""
     whole = rows == block_q
+    left = jnp.where(whole, 0, rows)
     offset = jnp.int32(0)
     sizes = [1 << i for i in range(block_q.bit_length()) if (1 << i) < block_q][::-1]
-    for size, take in [(block_q, whole)] + [(s, ~whole & ((rows & s) != 0)) for s in sizes]:
+    for size in [block_q, *sizes]:
+        take = whole if size == block_q else left >= size
+
         @pl.when(take)
         def _one(offset=offset, size=size):
             c = copy(offset, size)
@@ -243,6 +247,9 @@ def _rows_copies(rows, copy, block_q: int, *, wait: bool = False) -> None:
                 c.wait()
             else:
                 c.start()
+
+        if size != block_q:
+            left = left - jnp.where(take, size, 0)
         offset = offset + jnp.where(take, size, 0)
 
 
