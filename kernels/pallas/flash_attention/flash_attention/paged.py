@@ -1,6 +1,8 @@
 """Ragged paged attention: the JAX entry (one dispatch with flash_attention and decode_attention).
 
-Implementations: "pallas" (pallas_paged.py: compiled on a TPU, interpreted elsewhere), "cpu" (paged_cpu.cpu_paged:
+Implementations: "pallas" (pallas_paged.py: compiled on a TPU, interpreted elsewhere; one attention call for any mix
+of decode steps and prefill chunks, its work items reading their query rows and writing their output rows where they
+lie in the packed arrays, so nothing is regrouped outside the kernel), "cpu" (paged_cpu.cpu_paged:
 XLA walking the page table a block at a time, the fast path on CPU) and "xla" (paged_cpu.xla_paged: gather every
 page, then attend; portable). All three write the new tokens' K/V into their pages first: "pallas" with a Pallas
 kernel whose cache outputs alias its inputs (pallas_paged_write), so under a jit that donates the caches the update
@@ -99,7 +101,8 @@ def _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_
 
 
 def _passes(meta, sh: PagedShapes, block_q: int):
-    """(tokens per work item, sequences, work items) per pass: decode steps (one new token) in items of one token,
+    """The "cpu" and "xla" implementations' passes (the pallas kernel takes any mix in one call, each item on its own
+    rows): (tokens per work item, sequences, work items) per pass: decode steps (one new token) in items of one token,
     at most one per sequence, so their G heads are the rows and no row is padding; every other sequence in items of
     block_q tokens. One pass when block_q is 1."""
     if block_q == 1:

@@ -11,6 +11,14 @@ copy the whole cache before the call), and reads kv head h as the [block, D] sli
 of that kv head and the item's tokens are the rows of one [block_q * G, D] matrix, and an online softmax folds the
 blocks in.
 
+Mixed batches (paged_mixed_forward) run as one call: the packed queries stay in HBM and each work item copies its
+own rows (at most block_q consecutive tokens of one sequence) into VMEM by its first row and row count, both
+scalar-prefetched, then copies its output rows back to the same rows of the output, which starts as zeros (padding
+rows stay 0). Items never share a row, so they run in any order, on either core. An item of one token (a decode step,
+or a chunk's one-token tail) computes on its G heads only; a longer one on block_q * G rows. Copies have static sizes:
+a row count short of block_q goes as powers of two. A kv block every real row of an item sees whole is folded
+without masks.
+
 Page reads are clamped: a slot past the sequence's last page re-reads its last page, a page id outside the cache
 reads page 0 or the last one; the mask keeps such columns out, and values past a sequence's end are zeroed before
 they meet the probabilities, so stale or NaN cache contents never reach the output.
