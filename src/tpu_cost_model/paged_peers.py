@@ -100,7 +100,7 @@ def _rpa_v3(geo: HeadGeometry, seqs: list[tuple[int, int]], meta: dict[str, np.n
     cache_shape = rpa.get_kv_cache_shape(b * (CACHE // PAGE), PAGE, geo.hkv, geo.d, jax.numpy.dtype(dtype))
     args = (sds((tokens, geo.hq, geo.d), dtype), sds((tokens, geo.hkv, geo.d), dtype),
             sds((tokens, geo.hkv, geo.d), dtype), sds(cache_shape, dtype), meta["kv_lens"], meta["table"].reshape(-1),
-            meta["cu"], np.array([decodes, b, b], np.int32))
+            meta["cu"], np.array([decodes, decodes, b], np.int32))
 
     def make(blocks: dict[str, int]) -> Callable[..., object]:
         def call(q, k, v, c, lens, pi, cu, dist):
@@ -113,7 +113,7 @@ def _rpa_v3(geo: HeadGeometry, seqs: list[tuple[int, int]], meta: dict[str, np.n
     if decodes == b:
         cands.append(("decode blocks bq 1, bkv 2048", make({"d_block_sizes": (1, 2048, 1, 2048)})))
     else:
-        cands.append(("prefill blocks bq 128, bkv 1024", make({"p_block_sizes": (128, 1024, 128, 1024)})))
+        cands.append(("mixed blocks bq 128, bkv 1024", make({"m_block_sizes": (128, 1024, 128, 1024)})))
     peer = best_legal(name, cands, args, generation, tries=1)
     peer.detail += "; fused K/V cache (its layout), no sinks"
     return peer

@@ -1,6 +1,8 @@
 """Ragged paged attention: the JAX entry (one dispatch with flash_attention and decode_attention).
 
-Implementations: "pallas" (pallas_paged.py: compiled on a TPU, interpreted elsewhere), "cpu" (paged_cpu.cpu_paged:
+Implementations: "pallas" (pallas_paged.py: compiled on a TPU, interpreted elsewhere; one attention call for any mix
+of decode steps and prefill chunks, its work items reading their query rows and writing their output rows where they
+lie in the packed arrays, so nothing is regrouped outside the kernel), "cpu" (paged_cpu.cpu_paged:
 XLA walking the page table a block at a time, the fast path on CPU) and "xla" (paged_cpu.xla_paged: gather every
 page, then attend; portable). All three write the new tokens' K/V into their pages first: "pallas" with a Pallas
 kernel whose cache outputs alias its inputs (pallas_paged_write), so under a jit that donates the caches the update
@@ -40,6 +42,7 @@ from .paged_checks import (
 from .paged_cpu import cpu_paged, xla_paged
 from .paged_layout import (
     gather_queries,
+    item_rows,
     metadata,
     row_positions,
     scatter_outputs,
@@ -50,7 +53,7 @@ from .paged_layout import (
 )
 from .paged_quant import fp8_refusal, is_fp8
 from .paged_tuning import Choice, choose_blocks
-from .pallas_paged import PagedStatic, layout_ok, paged_forward
+from .pallas_paged import PagedStatic, layout_ok, paged_forward, paged_mixed_forward
 from .pallas_paged_write import write_pages
 
 #: The blocks the last call chose (what the compile gate records per case).
@@ -93,6 +96,14 @@ def _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_
         out = paged_forward(queries, row_positions(work, sh), _sinks_rows(sinks, sh, 1), k_cache, v_cache, work.seq,
                             work.lo, work.hi, meta.kv_len, meta.read_table, st, layer)
         return out, k_cache, v_cache
+    if impl == "pallas":  # any mix: one call, queries and output where they lie
+        work = work_items(meta, sh, block_q, causal)
+        first, rows, pos = item_rows(work)
+        st = _static(sh, sinks is not None, causal, ppb, _steps(sh, block_q, ppb), interpret, vmem_limit,
+                     mixed_block_q=block_q)
+        out = paged_mixed_forward(queries, first, rows, pos, _sinks_rows(sinks, sh, block_q), k_cache, v_cache,
+                                  work.seq, work.lo, work.hi, meta.kv_len, meta.read_table, st, layer)
+        return out, k_cache, v_cache
     out = jnp.zeros(queries.shape, queries.dtype)
     for bq, select, count in _passes(meta, sh, block_q):
         work = work_items(meta, sh, bq, causal, select, count)
@@ -103,7 +114,8 @@ def _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_
 
 
 def _passes(meta, sh: PagedShapes, block_q: int):
-    """(tokens per work item, sequences, work items) per pass: decode steps (one new token) in items of one token,
+    """The "cpu" and "xla" implementations' passes (the pallas kernel takes any mix in one call, each item on its own
+    rows): (tokens per work item, sequences, work items) per pass: decode steps (one new token) in items of one token,
     at most one per sequence, so their G heads are the rows and no row is padding; every other sequence in items of
     block_q tokens. One pass when block_q is 1."""
     if block_q == 1:
@@ -139,12 +151,12 @@ def _sinks_rows(sinks, sh: PagedShapes, block_q: int) -> jax.Array:
 
 
 def _static(sh: PagedShapes, has_sinks: bool, causal: bool, ppb: int, steps: int, interpret, vmem_limit, *,
-            direct: bool = False) -> PagedStatic:
+            direct: bool = False, mixed_block_q: int = 0) -> PagedStatic:
     return PagedStatic(sm_scale=sh.sm_scale, window=sh.window, soft_cap=sh.soft_cap, has_sinks=has_sinks,
                        causal=causal, page_size=sh.page_size, pages_per_block=ppb, pages_per_seq=sh.pages_per_seq,
                        num_pages=sh.num_pages, kv_heads=sh.kv_heads, steps=steps, interpret=interpret,
                        vmem_limit_bytes=vmem_limit, group=sh.group, direct=direct, k_scale=sh.k_scale,
-                       v_scale=sh.v_scale)
+                       v_scale=sh.v_scale, mixed_block_q=mixed_block_q)
 
 
 def ragged_paged_attention(

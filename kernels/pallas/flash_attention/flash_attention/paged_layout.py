@@ -134,6 +134,14 @@ def token_work(meta: Meta, sh: PagedShapes, causal: bool) -> Work:
     return Work(seq, lo, hi, qpos[:, None], jnp.arange(sh.tokens, dtype=jnp.int32)[:, None])
 
 
+def item_rows(work: Work) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(first packed row, rows, position of the first row) [W] int32 of each work item: the packed rows it reads its
+    queries from and writes its output to, in place (an item's rows are consecutive; no two items share one; an item
+    with no rows, 0, reads and writes nothing)."""
+    rows = jnp.sum(work.qpos >= 0, axis=1).astype(jnp.int32)
+    return work.token[:, 0], rows, jnp.maximum(work.qpos[:, 0], 0)
+
+
 def gather_queries(queries, work: Work, sh: PagedShapes) -> jax.Array:
     """[W, Hkv, block_q * G, D]: each work item's queries, rows token-major then query head within the group."""
     w_count, bq = work.token.shape

@@ -11,6 +11,14 @@ copy the whole cache before the call), and reads kv head h as the [block, D] sli
 of that kv head and the item's tokens are the rows of one [block_q * G, D] matrix, and an online softmax folds the
 blocks in.
 
+Mixed batches (paged_mixed_forward) run as one call: the packed queries stay in HBM and each work item copies its
+own rows (at most block_q consecutive tokens of one sequence) into VMEM by its first row and row count, both
+scalar-prefetched, then copies its output rows back to the same rows of the output, which starts as zeros (padding
+rows stay 0). Items never share a row, so they run in any order, on either core. An item of one token (a decode step,
+or a chunk's one-token tail) computes on its G heads only; a longer one on block_q * G rows. Copies have static sizes:
+a row count short of block_q goes as powers of two. A kv block every real row of an item sees whole is folded
+without masks.
+
 Page reads are clamped: a slot past the sequence's last page re-reads its last page, a page id outside the cache
 reads page 0 or the last one; the mask keeps such columns out, and values past a sequence's end are zeroed before
 they meet the probabilities, so stale or NaN cache contents never reach the output.
@@ -54,6 +62,8 @@ class PagedStatic:
     vmem_limit_bytes: int | None = None
     group: int = 1  # query heads per kv head
     direct: bool = False  # one token per item, item w = packed row w: queries and output read and written in place
+    mixed_block_q: int = 0  # > 0: items of up to this many tokens read their query rows and write their output rows
+    #                         where they lie in the packed [T, Hq, D] arrays (paged_mixed_forward)
     k_scale: float = 1.0  # an fp8 cache's dequantization scales (1.0 for a float cache)
     v_scale: float = 1.0
 
@@ -74,8 +84,12 @@ def layout_ok(head_dim: int, page_size: int, dtype: Any) -> str | None:
     return None
 
 
-def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, layer_ref, q_ref, qpos_ref, sinks_ref, k_hbm, v_hbm, o_ref,
-            kbuf, vbuf, sems, m_scr, l_scr, acc_scr, *, st: PagedStatic):
+def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, layer_ref, *refs, st: PagedStatic):
+    if st.mixed_block_q:
+        (first_ref, rows_ref, pos_ref, q_ref, sinks_ref, k_hbm, v_hbm, _zeros, o_ref,
+         kbuf, vbuf, sems, m_scr, l_scr, acc_scr, qbuf, obuf, row_sems) = refs
+    else:
+        q_ref, qpos_ref, sinks_ref, k_hbm, v_hbm, o_ref, kbuf, vbuf, sems, m_scr, l_scr, acc_scr = refs
     w, kj = pl.program_id(0), pl.program_id(1)
     n, ps, ppb, hkv = st.block_kv, st.page_size, st.pages_per_block, st.kv_heads
 
@@ -101,10 +115,7 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, layer_ref, q_ref, qpo
         return out
 
     slot = kj % 2
-
-    def q_rows(h):
-        """[R, D]: the query rows of kv head h (direct: its G heads of the item's one token)."""
-        return q_ref[pl.ds(h * st.group, st.group), :] if st.direct else q_ref[h]
+    g = st.group
 
     @pl.when(kj == 0)
     def _init():
@@ -117,6 +128,60 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, layer_ref, q_ref, qpo
             for c in copies(0, 0):
                 c.start()
 
+        if st.mixed_block_q:  # the item's query rows, from where they lie in the packed queries
+            for wait in (False, True):
+                _rows_copies(rows_ref[w], lambda off, size: pltpu.make_async_copy(
+                    q_ref.at[pl.ds(first_ref[w] + off, size)], qbuf.at[pl.ds(off, size)], row_sems.at[0]),
+                    st.mixed_block_q, wait=wait)
+
+    def fold(q_of_head, qpos, rows, span=None):
+        """One kv step of every kv head: `q_of_head(h)` [r, D] query rows at positions qpos [r, 1] (-1: none)
+        into the scratch rows `rows` (a slice, or everything). `span` (first, last): the positions of the item's
+        real rows; a block every one of them sees whole, inside the cache, is folded without masks (rows past
+        them compute what is never written)."""
+        kv_len = kvlen_ref[seq_ref[w]]
+        r = qpos.shape[0]
+        d = kbuf.shape[-1]
+
+        def attend(masked: bool):
+            mask = None
+            if masked:
+                cols = start_of(kj) + jax.lax.broadcasted_iota(jnp.int32, (r, n), 1)
+                mask = (qpos >= 0) & (cols < kv_len)
+                if st.causal:
+                    mask &= cols <= qpos
+                if st.window is not None:
+                    mask &= cols > qpos - st.window
+                value_rows = start_of(kj) + jax.lax.broadcasted_iota(jnp.int32, (n, d), 0)
+            for h in range(hkv):
+                q = q_of_head(h)
+                k = kbuf[slot, :, h, :].astype(q.dtype)
+                v = vbuf[slot, :, h, :].astype(q.dtype)
+                if masked:
+                    v = jnp.where(value_rows < kv_len, v, jnp.zeros_like(v))
+                s = _dot(q, k, (1, 1)) * (st.sm_scale * st.k_scale)  # [r, n]
+                if st.soft_cap is not None:
+                    s = st.soft_cap * jnp.tanh(s / st.soft_cap)
+                online_softmax_step(s, mask, v, m_scr.at[h, rows], l_scr.at[h, rows], acc_scr.at[h, rows])
+
+        if span is None:
+            attend(True)
+            return
+        end = start_of(kj) + n - 1  # the block's last position
+        whole = end < kv_len
+        if st.causal:
+            whole &= end <= span[0]
+        if st.window is not None:
+            whole &= start_of(kj) > span[1] - st.window
+        pl.when(whole)(lambda: attend(False))
+        pl.when(~whole)(lambda: attend(True))
+
+    def finished(h, rows):
+        """[r, D] f32: kv head h's finished output in the scratch rows `rows`."""
+        sink = sinks_ref[h, rows] if st.has_sinks else None
+        result = finish_softmax(m_scr[h, rows], l_scr[h, rows], acc_scr[h, rows], sink)
+        return result * st.v_scale if st.v_scale != 1.0 else result
+
     @pl.when(active(kj))
     def _step():
         @pl.when(active(kj + 1))
@@ -126,39 +191,78 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, layer_ref, q_ref, qpo
 
         for c in copies(kj, slot):
             c.wait()
-        kv_len = kvlen_ref[seq_ref[w]]
-        qpos = qpos_ref[...][:, :1]  # [R, 1]
-        r = st.group if st.direct else q_ref.shape[1]
-        cols = start_of(kj) + jax.lax.broadcasted_iota(jnp.int32, (r, n), 1)
-        mask = (qpos >= 0) & (cols < kv_len)
-        if st.causal:
-            mask &= cols <= qpos
-        if st.window is not None:
-            mask &= cols > qpos - st.window
-        d = q_ref.shape[-1]
-        value_rows = start_of(kj) + jax.lax.broadcasted_iota(jnp.int32, (n, d), 0)
-        for h in range(hkv):
-            q = q_rows(h)
-            k = kbuf[slot, :, h, :].astype(q.dtype)
-            v = vbuf[slot, :, h, :].astype(q.dtype)
-            v = jnp.where(value_rows < kv_len, v, jnp.zeros_like(v))
-            s = _dot(q, k, (1, 1)) * (st.sm_scale * st.k_scale)  # [R, n]
-            if st.soft_cap is not None:
-                s = st.soft_cap * jnp.tanh(s / st.soft_cap)
-            online_softmax_step(s, mask, v, m_scr.at[h], l_scr.at[h], acc_scr.at[h])
+        if not st.mixed_block_q:
+            qpos = qpos_ref[...][:, :1]  # [R, 1]
+            if st.direct:
+                fold(lambda h: q_ref[pl.ds(h * g, g), :], qpos[:g], slice(None))
+            else:
+                fold(lambda h: q_ref[h], qpos, slice(None))
+            return
+
+        @pl.when(rows_ref[w] == 1)
+        def _one_token():
+            qpos = jnp.full((g, 1), pos_ref[w], jnp.int32)
+            fold(lambda h: qbuf[0, pl.ds(h * g, g), :], qpos, pl.ds(0, g), (pos_ref[w], pos_ref[w]))
+
+        @pl.when(rows_ref[w] > 1)
+        def _block():
+            bq = st.mixed_block_q
+            token = jax.lax.div(jax.lax.broadcasted_iota(jnp.int32, (bq * g, 1), 0), g)  # rows token-major
+            qpos = jnp.where(token < rows_ref[w], pos_ref[w] + token, -1)
+            fold(lambda h: qbuf[:, pl.ds(h * g, g), :].reshape(bq * g, qbuf.shape[-1]), qpos, slice(None),
+                 (pos_ref[w], pos_ref[w] + rows_ref[w] - 1))
 
     @pl.when(kj == pl.num_programs(1) - 1)
     def _finish():
-        for h in range(hkv):
-            sink = sinks_ref[h] if st.has_sinks else None
-            result = finish_softmax(m_scr[h], l_scr[h], acc_scr[h], sink)
-            if st.v_scale != 1.0:
-                result = result * st.v_scale
-            result = result.astype(o_ref.dtype)
-            if st.direct:
-                o_ref[pl.ds(h * st.group, st.group), :] = result
+        if not st.mixed_block_q:
+            for h in range(hkv):
+                result = finished(h, slice(None)).astype(o_ref.dtype)
+                if st.direct:
+                    o_ref[pl.ds(h * g, g), :] = result
+                else:
+                    o_ref[h] = result
+            return
+
+        @pl.when(rows_ref[w] == 1)
+        def _one_token():
+            for h in range(hkv):
+                obuf[0, pl.ds(h * g, g), :] = finished(h, pl.ds(0, g)).astype(obuf.dtype)
+
+        @pl.when(rows_ref[w] > 1)
+        def _block():
+            bq, d = st.mixed_block_q, obuf.shape[-1]
+            for h in range(hkv):
+                obuf[:, pl.ds(h * g, g), :] = finished(h, slice(None)).astype(obuf.dtype).reshape(bq, g, d)
+
+        for wait in (False, True):  # the item's output rows, to where its queries lie
+            _rows_copies(rows_ref[w], lambda off, size: pltpu.make_async_copy(
+                obuf.at[pl.ds(off, size)], o_ref.at[pl.ds(first_ref[w] + off, size)], row_sems.at[1]),
+                st.mixed_block_q, wait=wait)
+
+
+def _rows_copies(rows, copy, block_q: int, *, wait: bool = False) -> None:
+    """Start (or, with `wait`, wait for) the copies of an item's first `rows` packed rows (0 <= rows <= block_q):
+    DMA sizes are static, so a whole block goes as one copy and a shorter tail as powers of two, largest first,
+    back to back (its binary digits), and no row past the item's own is touched. copy(offset, size) -> the
+    descriptor."""
+    whole = rows == block_q
+    left = jnp.where(whole, 0, rows)
+    offset = jnp.int32(0)
+    sizes = [1 << i for i in range(block_q.bit_length()) if (1 << i) < block_q][::-1]
+    for size in [block_q, *sizes]:
+        take = whole if size == block_q else left >= size
+
+        @pl.when(take)
+        def _one(offset=offset, size=size):
+            c = copy(offset, size)
+            if wait:
+                c.wait()
             else:
-                o_ref[h] = result
+                c.start()
+
+        if size != block_q:
+            left = left - jnp.where(take, size, 0)
+        offset = offset + jnp.where(take, size, 0)
 
 
 def paged_forward(q_work, qpos_rows, sinks_rows, k_cache, v_cache, seq, lo, hi, kv_len, table,
@@ -210,3 +314,51 @@ def paged_forward(q_work, qpos_rows, sinks_rows, k_cache, v_cache, seq, lo, hi, 
         interpret=st.interpret,
         name="ragged_paged_attention",
     )(seq, lo, hi, kv_len, table.reshape(-1), layer_arr, q_work, qpos_wide, sinks_wide, k_cache, v_cache)
+
+
+def paged_mixed_forward(queries, first, rows, pos, sinks_rows, k_cache, v_cache, seq, lo, hi, kv_len, table,
+                        st: PagedStatic, layer: jax.Array | None = None) -> jax.Array:
+    """One call for any mix of decode steps and prefill chunks. queries [T, Hq, D] stay where they lie (HBM); work
+    item w covers packed rows first[w] .. first[w] + rows[w] - 1 (at most st.mixed_block_q, consecutive rows of one
+    sequence, the first at position pos[w]) and seq/lo/hi [W] as in paged_forward; an item of one row computes on
+    its G heads only, a longer one on block_q * G rows. sinks_rows [Hkv, block_q * G] f32; kv_len [S], table
+    [S, pages_per_seq] int32. -> [T, Hq, D] in the queries' dtype: each item's rows written by the item itself,
+    every row no item covers (padding) 0."""
+    bq, hkv = st.mixed_block_q, st.kv_heads
+    _, hq, d = queries.shape
+    r = bq * st.group
+    sinks_wide = jnp.broadcast_to(sinks_rows[:, :, None], (hkv, r, LANES))
+    any_ = pl.BlockSpec(memory_space=pl.ANY)
+    buf = pltpu.VMEM((2, st.block_kv, hkv, d), k_cache.dtype)
+    rows_buf = pltpu.VMEM((bq, hq, d), queries.dtype)
+    layer_arr = jnp.zeros((1,), jnp.int32) if layer is None else jnp.asarray(layer, jnp.int32).reshape(1)
+    scalars = (seq, lo, hi, kv_len, table.reshape(-1), layer_arr, first, rows, pos)
+    return pl.pallas_call(
+        functools.partial(_kernel, st=st),
+        out_shape=jax.ShapeDtypeStruct(queries.shape, queries.dtype),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=len(scalars),
+            grid=(seq.shape[0], st.steps),
+            in_specs=[any_, pl.BlockSpec((hkv, r, LANES), lambda wi, kj, *_: (0, 0, 0)), any_, any_, any_],
+            out_specs=any_,
+            scratch_shapes=[
+                buf,
+                buf,
+                pltpu.SemaphoreType.DMA((2, 2)),
+                pltpu.VMEM((hkv, r, LANES), jnp.float32),
+                pltpu.VMEM((hkv, r, LANES), jnp.float32),
+                pltpu.VMEM((hkv, r, d), jnp.float32),
+                rows_buf,
+                rows_buf,
+                pltpu.SemaphoreType.DMA((2,)),
+            ],
+        ),
+        # the output starts as zeros (what padding rows keep); the items overwrite their own rows
+        input_output_aliases={len(scalars) + 4: 0},
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "arbitrary"),
+            vmem_limit_bytes=st.vmem_limit_bytes,
+        ),
+        interpret=st.interpret,
+        name="ragged_paged_attention_mixed",
+    )(*scalars, queries, sinks_wide, k_cache, v_cache, jnp.zeros(queries.shape, queries.dtype))

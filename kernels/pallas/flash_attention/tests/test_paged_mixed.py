@@ -1,0 +1,87 @@
+"""The one-call schedule for batches that mix decode steps and prefill chunks: work items read their query rows and
+write their output rows where they lie in the packed arrays. Checked against the float64 NumPy reference with chunk
+lengths that leave ragged tails of every size (1 to block_q - 1 rows, so every combination of row copies runs), an
+empty sequence in the middle, padding rows past cu_q_lens[num_seqs], unused sequence slots, and the features."""
+
+from __future__ import annotations
+
+import flash_attention as fa
+import jax
+import numpy as np
+import pytest
+from flash_attention.paged_cases import PagedScenario, features, flat, paged_inputs
+from jax.extend.core import jaxprs_in_params
+
+from kernel_hub.verify.numerics import relative_error, tolerance
+
+ARGS = ("queries", "keys", "values", "k_cache", "v_cache", "kv_lens", "page_indices", "cu_q_lens", "num_seqs")
+
+#: (scenario, tokens per work item). Chunks of 13 = 8 + 5, 7 = 4 + 2 + 1 and 6 = 4 + 2 with block_q 8; 9 and 17
+#: leave one-token tails (the one-token branch); (0, 5) is a sequence with no new tokens between two others.
+MIXED = (
+    (PagedScenario("ragged_gqa4", ((1, 40), (13, 13), (0, 5), (1, 9), (7, 30), (9, 21), (6, 6), (17, 47)),
+                   hq=8, hkv=2, d=128, page_size=16, pages_per_seq=3, pad=5, empty_slots=2), 8),
+    (PagedScenario("window_softcap_sinks_gqa2", ((7, 20), (1, 33), (11, 40), (0, 3), (1, 1), (5, 16)), hq=4,
+                   hkv=2, d=128, page_size=16, pages_per_seq=3, pad=3, window=10, soft_cap=5.0, sinks=True), 4),
+    (PagedScenario("noncausal_mha", ((5, 20), (1, 17), (3, 3), (10, 10)), hq=2, hkv=2, d=128, page_size=16,
+                   pages_per_seq=2, pad=2, causal=False), 4),
+)
+
+
+def _padding_rows(sc: PagedScenario) -> slice:
+    return slice(sum(q for q, _ in sc.seqs), sc.tokens)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("case", range(len(MIXED)), ids=[sc.name for sc, _ in MIXED])
+def test_one_call_matches_float64_reference(case: int, dtype: str) -> None:
+    sc, block_q = MIXED[case]
+    x = paged_inputs(sc, dtype, seed=31 + case)
+    cfg = fa.AttentionConfig(paged_block_q=block_q, paged_pages_per_block=2)
+    out = fa.ragged_paged_attention(*(x[k] for k in ARGS), sinks=x["sinks"], **features(sc), config=cfg,
+                                    implementation="pallas")
+    ref = fa.reference_ragged_paged_attention(*(x[k] for k in ARGS), sinks=x["sinks"], **features(sc))
+    assert f"block_q {block_q}," in fa.last_tuning()
+    got = np.asarray(out[0], np.float32)
+    assert np.isfinite(got).all()
+    assert (got[_padding_rows(sc)] == 0).all()
+    err = relative_error(flat(*out), flat(*ref))
+    assert err <= tolerance(dtype), f"{sc.name} {dtype}: {err}"
+    # every real row was written (a row an item missed would keep the zeros it started as)
+    real = np.concatenate([np.arange(s, s + q) for s, (q, _) in zip(x["cu_q_lens"], sc.seqs, strict=False)])
+    assert (np.abs(got[real]).sum(axis=(1, 2)) > 0).all()
+
+
+def _program(sc: PagedScenario, block_q: int):
+    """The jaxpr of a mixed batch through the pallas implementation."""
+    x = paged_inputs(sc, "bfloat16", seed=0)
+    cfg = fa.AttentionConfig(paged_block_q=block_q)
+    return jax.make_jaxpr(lambda *a: fa.ragged_paged_attention(*a, config=cfg, implementation="pallas"))(
+        *(x[k] for k in ARGS)).jaxpr
+
+
+def _eqns(jx):
+    for eqn in jx.eqns:
+        yield eqn
+        for sub in jaxprs_in_params(eqn.params):
+            yield from _eqns(sub)
+
+
+def _name(eqn) -> str:
+    """A pallas_call's kernel name (its `name=`, which this jax keeps on the body's debug info)."""
+    name = eqn.params.get("name_and_src_info") or eqn.params.get("name")
+    if name is None:
+        name = eqn.params["jaxpr"].debug_info.func_name
+    return str(name).split(" ")[0]
+
+
+def test_mixed_batch_is_one_attention_call_with_no_regrouping() -> None:
+    """Decode steps and prefill chunks go through one attention pallas_call (beside the cache write), and the
+    queries reach it as given: no gather or transpose outside the kernel moves anything query-sized."""
+    sc, block_q = MIXED[0]
+    eqns = list(_eqns(_program(sc, block_q)))
+    names = sorted(_name(e) for e in eqns if e.primitive.name == "pallas_call")
+    assert names == ["ragged_paged_attention_cache_write", "ragged_paged_attention_mixed"], names
+    moved = [(e.primitive.name, v.aval.shape) for e in eqns if e.primitive.name in ("gather", "transpose")
+             for v in e.outvars if np.prod(v.aval.shape) >= sc.hq * sc.d]
+    assert not moved, moved
