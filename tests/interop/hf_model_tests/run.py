@@ -114,8 +114,8 @@ def run_family(work: Path, family: str, mode: str, deps: Path, timeout: int) -> 
                PYTHONPATH=os.pathsep.join([str(deps), str(HERE), str(ROOT / "src")]))
     env.pop("RUN_SLOW", None)
     plugins = ["-p", "tf_compat_plugin"] + (["-p", "kernelize_plugin"] if mode == "kernelized" else [])
-    cmd = ["timeout", "-s", "INT", str(timeout), sys.executable, "-m", "pytest", *plugins, "-p", "no:cacheprovider", "-q",
-           "-o", "log_cli=false", f"--junitxml={runs / f'{mode}-{family}.xml'}",
+    cmd = ["timeout", "-s", "INT", str(timeout), sys.executable, "-m", "pytest", *plugins, "-p", "no:cacheprovider",
+           "-q", "-o", "log_cli=false", f"--junitxml={runs / f'{mode}-{family}.xml'}",
            f"tests/models/{family}/test_modeling_{family}.py"]
     with open(runs / f"{mode}-{family}.log", "w") as log:
         return subprocess.run(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
