@@ -106,7 +106,7 @@ def compat_names(mirror: Path, commit: str) -> dict:
     return out
 
 
-def run_family(work: Path, family: str, mode: str, deps: Path, timeout: int) -> int:
+def run_family(work: Path, family: str, mode: str, deps: Path, timeout: int, keyword: str | None = None) -> int:
     runs = work / "runs"
     runs.mkdir(exist_ok=True)
     env = dict(os.environ, KH_TF_COMPAT=str(work / "compat.json"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
@@ -116,7 +116,7 @@ def run_family(work: Path, family: str, mode: str, deps: Path, timeout: int) -> 
     plugins = ["-p", "tf_compat_plugin"] + (["-p", "kernelize_plugin"] if mode == "kernelized" else [])
     cmd = ["timeout", "-s", "INT", str(timeout), sys.executable, "-m", "pytest", *plugins, "-p", "no:cacheprovider",
            "-q", "-o", "log_cli=false", f"--junitxml={runs / f'{mode}-{family}.xml'}",
-           f"tests/models/{family}/test_modeling_{family}.py"]
+           *(["-k", keyword] if keyword else []), f"tests/models/{family}/test_modeling_{family}.py"]
     with open(runs / f"{mode}-{family}.log", "w") as log:
         return subprocess.run(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
 
@@ -138,12 +138,15 @@ def summarize(work: Path, families: list[str]) -> dict:
     runs = work / "runs"
     table = {}
     for family in families:
-        base_xml, kern_xml = runs / f"baseline-{family}.xml", runs / f"kernelized-{family}.xml"
-        if not (base_xml.exists() and kern_xml.exists()):
+        # kernelized*-<family>.xml: a run may be split in parts over disjoint tests (kernelized-b-<family>.xml)
+        base_xml, kern_xmls = runs / f"baseline-{family}.xml", sorted(runs.glob(f"kernelized*-{family}.xml"))
+        if not (base_xml.exists() and kern_xmls):
             continue
-        base, kern = outcomes(base_xml), outcomes(kern_xml)
-        record_path = runs / f"kernelized-{family}-record.json"
-        record = json.loads(record_path.read_text()) if record_path.exists() else {}
+        base, kern, record = outcomes(base_xml), {}, {}
+        for xml in kern_xmls:
+            kern.update(outcomes(xml))
+        for path in sorted(runs.glob(f"kernelized*-{family}-record.json")):
+            record.update(json.loads(path.read_text()))
         on_kernelized = sum(1 for r in record.values() if r.get("models", 0) > 0)
         # a run cut short (timeout sends SIGINT, so pytest still writes its XML) compares the tests both reached
         ran = sorted(t for t in base if base[t] != "skipped" and t in kern)
@@ -173,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--families", nargs="+", default=list(FAMILIES))
     ap.add_argument("--modes", nargs="+", default=["baseline", "kernelized"], choices=["baseline", "kernelized"])
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per family and mode")
+    ap.add_argument("--keyword", help="pytest -k expression: only these tests (default: every test of the file)")
     ap.add_argument("--summarize-only", action="store_true", help="only read <work>/runs into --record")
     ap.add_argument("--record", type=Path, default=ROOT / "bench" / "records" / "hf_model_tests.json")
     args = ap.parse_args(argv)
@@ -185,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                             "parameterized"], check=True)
         for family in args.families:
             for mode in args.modes:
-                rc = run_family(args.work, family, mode, args.deps, args.timeout)
+                rc = run_family(args.work, family, mode, args.deps, args.timeout, args.keyword)
                 print(f"{family} {mode}: pytest exit {rc}", flush=True)
     table = summarize(args.work, args.families)
     record = {"transformers": installed_version(), "tests_commit": args.commit, "families": table}
