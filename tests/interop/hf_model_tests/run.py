@@ -134,17 +134,21 @@ def outcomes(xml: Path) -> dict[str, str]:
     return out
 
 
+def _merged(runs: Path, mode: str, family: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for xml in sorted(runs.glob(f"{mode}*-{family}.xml")):
+        out.update(outcomes(xml))
+    return out
+
+
 def summarize(work: Path, families: list[str]) -> dict:
     runs = work / "runs"
     table = {}
     for family in families:
-        # kernelized*-<family>.xml: a run may be split in parts over disjoint tests (kernelized-b-<family>.xml)
-        base_xml, kern_xmls = runs / f"baseline-{family}.xml", sorted(runs.glob(f"kernelized*-{family}.xml"))
-        if not (base_xml.exists() and kern_xmls):
+        # <mode>*-<family>.xml: a run may be split in parts over disjoint tests (kernelized-b-<family>.xml)
+        base, kern, record = _merged(runs, "baseline", family), _merged(runs, "kernelized", family), {}
+        if not (base and kern):
             continue
-        base, kern, record = outcomes(base_xml), {}, {}
-        for xml in kern_xmls:
-            kern.update(outcomes(xml))
         for path in sorted(runs.glob(f"kernelized*-{family}-record.json")):
             record.update(json.loads(path.read_text()))
         on_kernelized = sum(1 for r in record.values() if r.get("models", 0) > 0)
