@@ -318,6 +318,19 @@ def paged_forward(q_work, qpos_rows, sinks_rows, k_cache, v_cache, seq, lo, hi, 
 
 def paged_mixed_forward(queries, first, rows, pos, sinks_rows, k_cache, v_cache, seq, lo, hi, kv_len, table,
                         st: PagedStatic, layer: jax.Array | None = None) -> jax.Array:
+    """_mixed_call on at least block_q query rows: every row copy the kernel traces (a whole item's block_q rows
+    included) must fit the queries' shape, so a batch of fewer tokens is padded with rows no item covers."""
+    tokens = queries.shape[0]
+    if tokens >= st.mixed_block_q:
+        return _mixed_call(queries, first, rows, pos, sinks_rows, k_cache, v_cache, seq, lo, hi, kv_len, table, st,
+                           layer)
+    padded = jnp.pad(queries, ((0, st.mixed_block_q - tokens), (0, 0), (0, 0)))
+    return _mixed_call(padded, first, rows, pos, sinks_rows, k_cache, v_cache, seq, lo, hi, kv_len, table, st,
+                       layer)[:tokens]
+
+
+def _mixed_call(queries, first, rows, pos, sinks_rows, k_cache, v_cache, seq, lo, hi, kv_len, table,
+                st: PagedStatic, layer: jax.Array | None = None) -> jax.Array:
     """One call for any mix of decode steps and prefill chunks. queries [T, Hq, D] stay where they lie (HBM); work
     item w covers packed rows first[w] .. first[w] + rows[w] - 1 (at most st.mixed_block_q, consecutive rows of one
     sequence, the first at position pos[w]) and seq/lo/hi [W] as in paged_forward; an item of one row computes on
