@@ -25,6 +25,9 @@ MIXED = (
                    hkv=2, d=128, page_size=16, pages_per_seq=3, pad=3, window=10, soft_cap=5.0, sinks=True), 4),
     (PagedScenario("noncausal_mha", ((5, 20), (1, 17), (3, 3), (10, 10)), hq=2, hkv=2, d=128, page_size=16,
                    pages_per_seq=2, pad=2, causal=False), 4),
+    # fewer tokens in the whole batch than block_q: the queries are padded so every traced row copy fits
+    (PagedScenario("fewer_tokens_than_block_q", ((3, 20), (1, 9)), hq=4, hkv=2, d=128, page_size=16,
+                   pages_per_seq=2, pad=1), 8),
 )
 
 
