@@ -20,14 +20,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+from tpu_rows import rows_from_tpu_env
 
 import kernel_hub as kh
 from kernel_hub.verify.numerics import relative_error
@@ -142,15 +141,9 @@ def modeled_table(rs: list[dict]) -> str:
 
 
 def _modeled(generations: str, as_json: bool) -> int:
-    from kernel_hub.tpu.env import tpu_env
-
-    env = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(ROOT / "src"), "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
-    done = subprocess.run([str(tpu_env().python), __file__, "--in-tpu-env", "--generations", generations],
-                          capture_output=True, text=True, env={**os.environ, **env})
-    rs = [json.loads(ln) for ln in done.stdout.splitlines() if ln.startswith("{")]
-    if done.returncode or not rs:
-        print(done.stderr[-3000:], file=sys.stderr)
-        return done.returncode or 1
+    rs, failed = rows_from_tpu_env(__file__, ["--generations", generations])
+    if failed:
+        return failed
     print(json.dumps(rs, indent=1) if as_json else modeled_table(rs))
     return 0
 

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from tpu_rows import rows_from_tpu_env
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 2**20
@@ -115,16 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.in_tpu_env:
         compile_rows(gens, GROUPS[args.cases])
         return 0
-    sys.path.insert(0, str(ROOT / "src"))
-    from kernel_hub.tpu.env import tpu_env
-
-    env = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(ROOT / "src"), "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
-    done = subprocess.run([str(tpu_env().python), __file__, "--in-tpu-env", "--generations", args.generations,
-                           "--cases", args.cases], capture_output=True, text=True, env={**os.environ, **env})
-    rows = [json.loads(ln) for ln in done.stdout.splitlines() if ln.startswith("{")]
-    if done.returncode or not rows:
-        print(done.stderr[-3000:], file=sys.stderr)
-        return done.returncode or 1
+    rows, failed = rows_from_tpu_env(__file__, ["--generations", args.generations, "--cases", args.cases])
+    if failed:
+        return failed
     print(json.dumps(rows, indent=1) if args.json else table(rows))
     return 0
 
