@@ -197,6 +197,26 @@ def test_prefill_heads_per_step_loop_counts_every_head(fa):
     assert costs[1].flops == costs[4].flops == 4 * 4 * 256 * 256 * 128
 
 
+def test_cache_write_copies_runs_of_slots_as_power_of_two_dmas(fa):
+    # Pages of 16, one kv head of 128 f32 (a row is 512 bytes). Sequence 0: 20 new tokens at positions 5..24, so
+    # slots 5..15 of its first page (11 rows = 8 + 2 + 1: 3 DMAs) and 0..8 of its second (9 = 8 + 1: 2); sequence
+    # 1: one token at position 15 (1); sequence 2: 16 tokens at 16..31, a whole page (1); 2 padding rows (none).
+    # 4 runs, 7 pieces: 14 DMAs (keys and values), one pipeline stage per run, 37 rows read and written twice.
+    seqs = [(20, 25), (1, 16), (16, 32)]
+    tokens = sum(q for q, _ in seqs) + 2
+    table = np.arange(6, dtype=np.int32).reshape(3, 2)
+    cu = np.array([0, 20, 21, 37], np.int32)
+    call = jax.jit(lambda *a: fa.ragged_paged_attention(*a, implementation="pallas", interpret=False),
+                   donate_argnums=(3, 4))
+    rows = SDS((tokens, 1, 128), jnp.float32)
+    cache = SDS((6, 16, 1, 128), jnp.float32)
+    cost = kernel_cost(call, SDS((tokens, 1, 128), jnp.float32), rows, rows, cache, cache,
+                       np.array([k for _, k in seqs], np.int32), table, cu, np.int32(3))
+    write = next(c for c in cost.calls if c.name == "ragged_paged_attention_cache_write")
+    assert write.dmas == 14 and write.stages == 4
+    assert write.dma_bytes == 2 * 2 * 37 * 512
+
+
 def test_generations_parse_and_refuse():
     assert parse_generations("v6e, v5e,v6e") == ("v6e", "v5e")
     with pytest.raises(ValueError, match="known: v4, v5e, v5p, v6e, v7x"):

@@ -43,6 +43,7 @@ from .paged_cpu import cpu_paged, xla_paged
 from .paged_layout import (
     gather_queries,
     item_rows,
+    max_write_runs,
     metadata,
     row_positions,
     scatter_outputs,
@@ -87,7 +88,8 @@ def _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_
     if update_cache and impl == "pallas":
         page, slot = token_destinations(meta, sh)
         k_cache, v_cache = write_pages(k_cache, v_cache, keys, values, page, slot, interpret=interpret,
-                                       k_scale=sh.k_scale, v_scale=sh.v_scale, layer=layer)
+                                       k_scale=sh.k_scale, v_scale=sh.v_scale, layer=layer,
+                                       max_runs=max_write_runs(sh))
     elif update_cache:
         k_cache, v_cache = write_new_tokens(k_cache, v_cache, keys, values, meta, sh, layer)
     if impl == "pallas" and block_q == 1:  # the decode schedule: queries and output where they lie

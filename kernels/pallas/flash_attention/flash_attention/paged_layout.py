@@ -66,6 +66,13 @@ def token_destinations(meta: Meta, sh: PagedShapes) -> tuple[jax.Array, jax.Arra
     return jnp.where(ok, page, -1).astype(jnp.int32), (pos % sh.page_size).astype(jnp.int32)
 
 
+def max_write_runs(sh: PagedShapes) -> int:
+    """A static bound on the runs (pallas_paged_write.row_runs) token_destinations' rows form: a sequence's q new
+    tokens are q consecutive positions, so its valid rows cross at most q // page_size + 2 pages and make at most
+    that many runs (the clamped metadata keeps each sequence's rows one interval); summed, T // page_size + 2 S."""
+    return max(1, min(sh.tokens, sh.tokens // sh.page_size + 2 * sh.max_seqs))
+
+
 def write_new_tokens(k_cache, v_cache, keys, values, meta: Meta, sh: PagedShapes, layer=None):
     """The caches with each valid token's K/V at its page and slot (an XLA scatter), quantized for an fp8 cache; a
     write aimed outside the cache is dropped. With `layer`, the caches are stacked over layers and the rows go to
