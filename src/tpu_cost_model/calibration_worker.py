@@ -132,7 +132,9 @@ def _peer_note(row: JsonDict, peers: JsonDict, shims: list[str]) -> JsonDict:
     """The peer source a row's kernel was read from, and the stand-ins for jax APIs it needed."""
     if row["kernel"] not in _PEER_KINDS:
         return {}
-    return {"peer_source": provenance(peers[_PEER_KINDS[row["kernel"]][0]]), "shims": shims}
+    source = peers[_PEER_KINDS[row["kernel"]][0]]
+    used = [s for s in shims if s.split(" ->")[0].rsplit(".", 1)[-1] in source["text"]]  # those its code names
+    return {"peer_source": provenance(source), "shims": used}
 
 
 def uncalibrated_seconds(cost: ScheduleCost, c: Chip) -> float:
@@ -229,7 +231,8 @@ def show_row(row: JsonDict, hlo: bool = False, peers: JsonDict | None = None) ->
 def run_calibration(request: JsonDict, emit: Emit) -> int:
     """Request: {"mode": "calibration", "rows": [table rows], "ragged_dot": package | absent, "show": bool,
     "hlo": bool, "peer_sources": peer_source.read_peer_sources(...) | absent}; one "row" event per row (with
-    "show", one "show" event per row: the program the model reads and what it charges), and with our ragged dot package one "ours_hf" event per HF ragged-dot-tpu row."""
+    "show", one "show" event per row: the program the model reads and what it charges), and with our ragged dot
+    package one "ours_hf" event per HF ragged-dot-tpu row."""
     peers = request.get("peer_sources") or {}
     if request.get("show"):
         for row in request["rows"]:
