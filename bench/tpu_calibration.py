@@ -1,12 +1,14 @@
 """The cost model against published measured TPU kernel times: bench/records/tpu_calibration.json, row by row.
 
-    python bench/tpu_calibration.py [--json] [--rows ID,ID...] [--out PATH] [--held-out PATH]
-    python bench/tpu_calibration.py --show ID [--hlo]
+    python bench/tpu_calibration.py [--json] [--rows ID,ID...] [--out PATH] [--held-out PATH] [--peer-source DIR ...]
+    python bench/tpu_calibration.py --show ID [--hlo] [--peer-source DIR ...]
     python bench/tpu_calibration.py --tables [bench/records/tpu_held_out.json]
 
 Each row's kernel is modeled at its shapes by our walker on the measured kernel's own code as installed in the TPU
-environment (jax's Pallas ops; tpu-inference 0.32.0 with --no-deps), tpu_cost_model.calibration_worker; a row
-the walker cannot read says which primitive or why. modeled = the model's device time at the points of its
+environment (jax's Pallas ops; tpu-inference 0.32.0 with --no-deps), tpu_cost_model.calibration_worker; the
+grouped-matmul rows' kernels (newer than any wheel that installs here) from the source of the checkouts or git
+mirrors given with --peer-source, whose repository and commit each such row records; a row the walker cannot read
+says which primitive or why. modeled = the model's device time at the points of its
 constants' bands, plus the dispatch of the row's harness where the measurement is host-timed (calibration.HARNESSES);
 band = the same at both ends of the bands; error = modeled / measured - 1 (target: within 20%). `uncalibrated` is
 the model before calibration (spec bandwidth, steps added to the bound, f32 dots at six passes) at the same shapes.
@@ -30,13 +32,15 @@ sys.path.insert(0, str(ROOT / "src"))
 from kernel_hub.tpu.env import tpu_env  # noqa: E402
 from kernel_hub.tpu.package import folder_package  # noqa: E402
 from tpu_cost_model import calibration  # noqa: E402
+from tpu_cost_model.peer_source import read_peer_sources  # noqa: E402
 from tpu_cost_model.worker import run_in_worker  # noqa: E402
 
 
-def model_rows(rows: list[dict], hf: list[dict] | None = None) -> list[dict]:
+def model_rows(rows: list[dict], hf: list[dict] | None = None, peers: dict | None = None) -> list[dict]:
     """Each table row with its modeled time and error (one TPU-env worker for all); with a list `hf`, our ragged
-    dot modeled at the HF ragged-dot-tpu rows' shapes is appended to it."""
-    request: dict = {"mode": "calibration", "rows": rows}
+    dot modeled at the HF ragged-dot-tpu rows' shapes is appended to it; `peers`: the peer kernels' source
+    (peer_source.read_peer_sources) for the rows whose kernel no installable wheel has."""
+    request: dict = {"mode": "calibration", "rows": rows, "peer_sources": peers or {}}
     if hf is not None:
         request["ragged_dot"] = folder_package(ROOT / "kernels/pallas/ragged_dot").request()
     events, status, stderr = run_in_worker(tpu_env(), request, timeout=3600)
@@ -57,15 +61,16 @@ def model_rows(rows: list[dict], hf: list[dict] | None = None) -> list[dict]:
         jaxpr = m.get("jaxpr_device_s")  # the XLA ops around the kernels charged per traced op
         out.append({**row, **calibration.compare(row, m["device_s"], m.get("band_s")), "how": m["how"],
                     "xla_rule": m.get("xla_rule"),
+                    **{k: m[k] for k in ("peer_source", "shims") if k in m},
                     "jaxpr_rule_error": None if jaxpr is None else calibration.compare(row, jaxpr)["error"],
                     "uncalibrated_error": None if before is None else before / row["measured_s"] - 1.0})
     return out
 
 
-def show(rows: list[dict], hlo: bool) -> str:
+def show(rows: list[dict], hlo: bool, peers: dict | None = None) -> str:
     """The program the model reads for each row and what it charges (one TPU-env worker)."""
-    events, status, stderr = run_in_worker(tpu_env(), {"mode": "calibration", "rows": rows, "show": True, "hlo": hlo},
-                                        timeout=3600)
+    events, status, stderr = run_in_worker(tpu_env(), {"mode": "calibration", "rows": rows, "show": True, "hlo": hlo,
+                                                       "peer_sources": peers or {}}, timeout=3600)
     texts = [f"== {e['id']}\n{e['text']}" for e in events if e.get("event") == "show"]
     if status != 0 or not texts:
         tail = [ln for ln in stderr.splitlines() if ln.strip()][-3:]
@@ -136,6 +141,11 @@ def main(argv: list[str] | None = None) -> int:
                         "its table beside it, .txt)")
     parser.add_argument("--show", default="", help="print what the model reads and charges for these row ids")
     parser.add_argument("--hlo", action="store_true", help="with --show: also the lowered StableHLO")
+    parser.add_argument("--peer-source", type=Path, action="append", default=[], metavar="DIR",
+                        help="a checkout or git mirror of a peer whose kernel no installable wheel has "
+                        "(vllm-project/tpu-inference: megablox gmm_v2; openxla/tokamax: its v2 grouped matmul); read "
+                        "at run time, never copied here; its repository and commit go into the modeled rows "
+                        "(repeatable)")
     parser.add_argument("--tables", type=Path, nargs="?", const=ROOT / "bench" / "records" / "tpu_held_out.json",
                         help="print the tables of a held-out record written by --held-out (default "
                         "bench/records/tpu_held_out.json), as text and as Markdown for the docs; run nothing")
@@ -150,11 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(wanted) - {r["id"] for r in rows})
     if unknown:
         raise SystemExit(f"unknown row ids {', '.join(unknown)}; see {calibration.TABLE}")
+    peers = read_peer_sources(args.peer_source)
     if args.show:
-        print(show([r for r in rows if r["id"] in wanted], args.hlo))
+        print(show([r for r in rows if r["id"] in wanted], args.hlo, peers))
         return 0
     hf: list[dict] = []
-    rows = model_rows([r for r in rows if not wanted or r["id"] in wanted], hf)
+    rows = model_rows([r for r in rows if not wanted or r["id"] in wanted], hf, peers)
     print(json.dumps({"rows": rows, "hf_ragged_dot_tpu": hf}, indent=1) if args.json
           else table(rows) + ("\n\n" + hf_table(hf) if hf else ""))
     if args.out:

@@ -1,7 +1,8 @@
 """Each calibration row's kernel modeled at its shapes, in the TPU environment: our walker (schedule.py) on the
 measured kernel's own code as installed (jax's Pallas ops, tpu-inference 0.32.0; the tutorial's matmul variants
-rewritten in tutorial_matmul.py; XLA's own matmul read from its jaxpr by the XLA op rule), else the reason it cannot
-be.
+rewritten in tutorial_matmul.py; XLA's own matmul read from its jaxpr by the XLA op rule) or, for the grouped
+matmuls newer than any installable wheel, as read from the peer source the bench was given (calibration_peers.py),
+else the reason it cannot be.
 
 One "row" event per table row: device_s (the model's device time on the row's chip at the points of its constants'
 bands, or None), band_s (fast, slow) and how (the kernel's calls and steps, or the one line saying why it was not
@@ -20,6 +21,8 @@ from kernel_hub.tpu.chips import chip
 from kernel_hub.tpu.target import tpu_target
 from kernel_hub.tpu.worker_common import first_meaningful_line
 
+from .calibration_peers import gmm_v2_row, hf_experts_row
+from .peer_source import load_peer, peer_shims, provenance
 from .rates import stream_bytes_per_s
 from .schedule import ScheduleCost, kernel_cost
 from .workload import load_moe_kernel, routing
@@ -99,25 +102,39 @@ def _rpa_v3(row: JsonDict) -> tuple[Any, tuple[Any, ...]]:
 _DONATED = {"rpa_v3": (3,)}
 
 
-def _not_modeled(row: JsonDict) -> str | None:
+#: The kinds whose kernel is read from peer source (peer_source.PEER_FILES key), and how each row is built.
+_PEER_KINDS = {"gmm_v2": ("tpu_inference_gmm_v2", gmm_v2_row), "hf_ragged_dot_tpu": ("tokamax_gmm_v2", hf_experts_row)}
+
+
+def _not_modeled(row: JsonDict, peers: JsonDict) -> str | None:
     """Why a row's kernel is not walked here (None: it is)."""
     kind = row["kernel"]
-    if kind == "gmm_v2":
-        from .tpu_inference_peers import PeerUnavailable, import_kernel
-
-        reasons = []
-        for name in ("gmm_v2_gather_scatter", "gmm_v2_ag_rs", "gmm_v2_fused_rs"):
-            try:
-                import_kernel(name)
-            except PeerUnavailable as exc:
-                reasons.append(str(exc))
-        return ("tpu-inference 0.32.0 ships no megablox gmm_v2 (the measured kernel is newer); its experimental "
-                "gmm_v2 variants: " + ("; ".join(reasons) if reasons else "import, but are expert-parallel fused "
-                                       "kernels with in-kernel all-to-all, not this single-device call"))
-    if kind == "hf_ragged_dot_tpu":
-        return ("tokamax 0.0.12 (the newest installable with jax 0.10.2) has no implementation='mosaic_tpu_v2'; "
-                "the measured time is op-by-op host timing of a whole experts layer")
+    if kind == "gmm_v2" and "tpu_inference_gmm_v2" not in peers:
+        return ("tpu-inference 0.32.0 ships no megablox gmm_v2 (the measured kernel is newer): give its source with "
+                "bench/tpu_calibration.py --peer-source DIR (a tpu-inference checkout or mirror)")
+    if kind == "hf_ragged_dot_tpu" and "tokamax_gmm_v2" not in peers:
+        return ("tokamax 0.0.12 (the newest installable with jax 0.10.2) has no implementation='mosaic_tpu_v2': give "
+                "Tokamax's gmm_v2 source with bench/tpu_calibration.py --peer-source DIR (a tokamax checkout or "
+                "mirror)")
     return None
+
+
+def _build(row: JsonDict, peers: JsonDict) -> tuple[Any, tuple[Any, ...]]:
+    """The row's function and arguments: jax's or tpu-inference 0.32.0's kernels as installed, or a peer's read
+    from the source the bench was given."""
+    if row["kernel"] in _PEER_KINDS:
+        key, builder = _PEER_KINDS[row["kernel"]]
+        return builder(row, load_peer(peers, key))
+    return {"pallas_matmul": _matmul, "rpa_v3": _rpa_v3, "xla_matmul": _xla_matmul}[row["kernel"]](row)
+
+
+def _peer_note(row: JsonDict, peers: JsonDict, shims: list[str]) -> JsonDict:
+    """The peer source a row's kernel was read from, and the stand-ins for jax APIs it needed."""
+    if row["kernel"] not in _PEER_KINDS:
+        return {}
+    source = peers[_PEER_KINDS[row["kernel"]][0]]
+    used = [s for s in shims if s.split(" ->")[0].rsplit(".", 1)[-1] in source["text"]]  # those its code names
+    return {"peer_source": provenance(source), "shims": used}
 
 
 def uncalibrated_seconds(cost: ScheduleCost, c: Chip) -> float:
@@ -130,11 +147,13 @@ def uncalibrated_seconds(cost: ScheduleCost, c: Chip) -> float:
     return total
 
 
-def model_row(row: JsonDict) -> JsonDict:
+def model_row(row: JsonDict, peers: JsonDict | None = None) -> JsonDict:
     """One row modeled: device_s (the calibrated model's device time on the row's chip, None where it is not
-    modeled), uncalibrated_s, and how (the calls and their totals, or the one line saying why not)."""
+    modeled), uncalibrated_s, and how (the calls and their totals, or the one line saying why not); `peers`: the
+    peer kernels' source the bench read (peer_source.read_peer_sources), with the rows modeled on it naming it."""
+    peers = peers or {}
     out: JsonDict = {"id": row["id"], "device_s": None, "uncalibrated_s": None}
-    why = _not_modeled(row)
+    why = _not_modeled(row, peers)
     if why is not None:
         return {**out, "how": why}
     c = chip(row["chip"])
@@ -142,20 +161,21 @@ def model_row(row: JsonDict) -> JsonDict:
         lo, hi = (stream_bytes_per_s(c, end) for end in ("slow", "fast"))
         return {**out, "modeled_bytes_per_s": stream_bytes_per_s(c), "band_bytes_per_s": [lo, hi],
                 "how": "the model's streamed-copy bandwidth (spec HBM x its stream fraction)"}
-    build = {"pallas_matmul": _matmul, "rpa_v3": _rpa_v3, "xla_matmul": _xla_matmul}[row["kernel"]]
-    try:
-        with tpu_target(row["chip"]):
-            fn, args = build(row)
-            cost = kernel_cost(fn, *args, generation=row["chip"])
-    except Exception as exc:  # Unmodeled names the primitive; an import failure names the module
-        return {**out, "how": first_meaningful_line(str(exc) or type(exc).__name__)}
-    if row.get("scope") == "kernel":  # the measurement is the kernel alone: XLA's ops around it are not in it
-        cost, rule, jaxpr_s = ScheduleCost(calls=cost.calls, notes=cost.notes), "none (the kernel alone)", None
-    else:
-        jaxpr_s = cost.seconds(c)
-        with tpu_target(row["chip"]):
-            cost, rule = with_compiled_xla(cost, fn, args, row["chip"], _DONATED.get(row["kernel"], ()))
-    out.update(jaxpr_device_s=jaxpr_s, xla_rule=rule)
+    with peer_shims() as shims:
+        try:
+            with tpu_target(row["chip"]):
+                fn, args = _build(row, peers)
+                cost = kernel_cost(fn, *args, generation=row["chip"])
+        except Exception as exc:  # Unmodeled names the primitive; an import failure names the module
+            why = first_meaningful_line(str(exc) or type(exc).__name__)
+            return {**out, "how": why, **_peer_note(row, peers, shims)}
+        if row.get("scope") == "kernel":  # the measurement is the kernel alone: XLA's ops around it are not in it
+            cost, rule, jaxpr_s = ScheduleCost(calls=cost.calls, notes=cost.notes), "none (the kernel alone)", None
+        else:
+            jaxpr_s = cost.seconds(c)
+            with tpu_target(row["chip"]):
+                cost, rule = with_compiled_xla(cost, fn, args, row["chip"], _DONATED.get(row["kernel"], ()))
+    out.update(jaxpr_device_s=jaxpr_s, xla_rule=rule, **_peer_note(row, peers, shims))
     calls = ", ".join(f"{k.name} grid={k.grid}" for k in cost.calls)
     xla = "; ".join(cost.outside_ops)
     removed = "; ".join(cost.removed_ops)
@@ -189,16 +209,16 @@ def ours_at_hf_shapes(rd: ModuleType, geo: MoeGeometry, row: JsonDict) -> JsonDi
             "measured_s": row["measured_s"]}
 
 
-def show_row(row: JsonDict, hlo: bool = False) -> str:
+def show_row(row: JsonDict, hlo: bool = False, peers: JsonDict | None = None) -> str:
     """What the model reads and charges for one row's kernel (schedule.explain), or why it is not modeled."""
     from .schedule import explain
 
-    why = _not_modeled(row)
+    peers = peers or {}
+    why = _not_modeled(row, peers)
     if why is not None or row["kernel"] == "streamed_copy":
         return why or "a bandwidth, not a program"
-    build = {"pallas_matmul": _matmul, "rpa_v3": _rpa_v3, "xla_matmul": _xla_matmul}[row["kernel"]]
-    with tpu_target(row["chip"]):
-        fn, args = build(row)
+    with peer_shims(), tpu_target(row["chip"]):
+        fn, args = _build(row, peers)
         text = explain(fn, *args, generation=row["chip"], hlo=hlo)
         walked = kernel_cost(fn, *args, generation=row["chip"])
         both, rule = with_compiled_xla(walked, fn, args, row["chip"], _DONATED.get(row["kernel"], ()))
@@ -210,14 +230,16 @@ def show_row(row: JsonDict, hlo: bool = False) -> str:
 
 def run_calibration(request: JsonDict, emit: Emit) -> int:
     """Request: {"mode": "calibration", "rows": [table rows], "ragged_dot": package | absent, "show": bool,
-    "hlo": bool}; one "row" event per row (with "show", one "show" event per row: the program the model reads and
-    what it charges), and with our ragged dot package one "ours_hf" event per HF ragged-dot-tpu row."""
+    "hlo": bool, "peer_sources": peer_source.read_peer_sources(...) | absent}; one "row" event per row (with
+    "show", one "show" event per row: the program the model reads and what it charges), and with our ragged dot
+    package one "ours_hf" event per HF ragged-dot-tpu row."""
+    peers = request.get("peer_sources") or {}
     if request.get("show"):
         for row in request["rows"]:
-            emit({"event": "show", "id": row["id"], "text": show_row(row, bool(request.get("hlo")))})
+            emit({"event": "show", "id": row["id"], "text": show_row(row, bool(request.get("hlo")), peers)})
         return 0
     for row in request["rows"]:
-        emit({"event": "row", **model_row(row)})
+        emit({"event": "row", **model_row(row, peers)})
     if request.get("ragged_dot"):
 
         rd, _shapes, geos = load_moe_kernel(request["ragged_dot"])

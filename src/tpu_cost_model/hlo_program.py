@@ -227,6 +227,25 @@ def _split_top(text: str) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
+def _open_brackets(line: str) -> bool:
+    """Whether a line leaves a (), [] or {} open outside its quoted strings: the instruction goes on below."""
+    depth, i = 0, 0
+    while i < len(line):
+        ch = line[i]
+        if ch == '"':
+            i = line.find('"', i + 1)
+            while i > 0 and line[i - 1] == "\\":
+                i = line.find('"', i + 1)
+            if i < 0:
+                return True
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        i += 1
+    return depth > 0
+
+
 def parse_module(text: str) -> Module:
     """The module's computations and their instructions; raises HloParseError naming the line it cannot read."""
     lines = text.splitlines()
@@ -234,8 +253,16 @@ def parse_module(text: str) -> Module:
         raise HloParseError("not an HLO module: the text must start with 'HloModule <name>'")
     module = Module(lines[0].split()[1].rstrip(","), {})
     current: Computation | None = None
+    pending, first = "", 0  # an instruction whose brackets a line break left open (a kernel's multi-line metadata)
     for number, line in enumerate(lines[1:], start=2):
         stripped = _COMMENT.sub("", line).strip()
+        if pending:
+            pending, stripped = "", pending + " " + stripped
+        elif current is not None:
+            first = number
+        if current is not None and stripped and _open_brackets(stripped):
+            pending = stripped
+            continue
         if current is None:
             if stripped.endswith("{") and "->" in stripped and (stripped.startswith(("%", "ENTRY "))):
                 entry = stripped.startswith("ENTRY ")
@@ -249,7 +276,9 @@ def parse_module(text: str) -> Module:
             try:
                 current.instructions.append(_instruction(stripped))
             except (HloParseError, ValueError) as exc:
-                raise HloParseError(f"line {number}: {exc}") from None
+                raise HloParseError(f"line {first}: {exc}") from None
+    if pending:
+        raise HloParseError(f"line {first}: unbalanced brackets to the end of the module")
     if current is not None:
         raise HloParseError(f"computation {current.name} is not closed")
     module.entry  # noqa: B018  (raises when there is none)

@@ -158,6 +158,8 @@ class Transposed(Unknown):
 
 
 _PENDING = "pending"
+#: The primitives that are one Pallas kernel: a gridded pallas_call, and a kernel over a TensorCore mesh (pl.kernel).
+_KERNELS = ("pallas_call", "mpmd_map")
 
 
 def _settle(value: Value) -> None:
@@ -170,7 +172,7 @@ def _has_pallas(jaxpr: Jaxpr) -> bool:
     from jax._src import core as jax_core
 
     for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "pallas_call":
+        if eqn.primitive.name in _KERNELS:
             return True
         for sub in jax_core.jaxprs_in_params(eqn.params):
             if _has_pallas(sub):
@@ -206,7 +208,7 @@ class _Outer:
             return self.run(sub[0], sub[1], invals)
         for value in invals:
             _settle(value)
-        if name == "pallas_call":
+        if name in _KERNELS:
             self.pallas_call(eqn, invals)
             return unknown
         if name == "shard_map":
@@ -219,6 +221,8 @@ class _Outer:
                 self.acc.ici_bytes += moved
                 self.acc.notes.append(f"{name} {moved / 2**20:.2f} MiB over ICI")
             return unknown
+        if name == "with_memory_space_constraint":  # where the value lives, not what it is
+            return [invals[0]]
         if not any(isinstance(x, Unknown) for x in invals):
             out = prim.bind(*invals, **prim.get_bind_params(eqn.params))
             return list(out) if prim.multiple_results else [out]
@@ -269,7 +273,8 @@ class _Outer:
         cost = walk_pallas_call(eqn, invals)
         if self.per_device:
             cost.notes.append("per device (inside a shard_map)")
-        n_dyn = eqn.params["grid_mapping"].num_dynamic_grid_bounds
+        gm = eqn.params.get("grid_mapping")
+        n_dyn = gm.num_dynamic_grid_bounds if gm is not None else 0
         for operand, _out in cost.aliases:
             value = invals[n_dyn + operand]
             if isinstance(value, Unknown) and not isinstance(value, Transposed):
@@ -304,7 +309,7 @@ class _Outer:
 
 def _call_like(eqn: JaxprEqn, n_args: int) -> tuple[Jaxpr, list[Value]] | None:
     """A call-like primitive (custom_vmap_call, ...) that holds one closed jaxpr taking exactly its operands."""
-    if eqn.primitive.name in _OUTER_CONTROL or eqn.primitive.name in ("shard_map", "pallas_call"):
+    if eqn.primitive.name in _OUTER_CONTROL or eqn.primitive.name in ("shard_map", *_KERNELS):
         return None
     closed = [v for v in eqn.params.values() if hasattr(v, "jaxpr") and hasattr(v, "consts")]
     if len(closed) == 1 and len(closed[0].jaxpr.invars) == n_args:

@@ -20,11 +20,11 @@ import numpy as np
 from kernel_hub.tpu.chips import Chip
 
 from .rates import Rates, mxu_passes, rates, vector_seconds
-from .schedule_steps import Steps, Unknown, UnknownTrips, Unmodeled, Value, memory_space
+from .schedule_steps import Smem, Steps, Unknown, UnknownTrips, Unmodeled, Value, memory_space
 
 if TYPE_CHECKING:
     from jax._src.pallas.core import BlockDim, GridMapping
-    from jax.extend.core import JaxprEqn
+    from jax.extend.core import Jaxpr, JaxprEqn
 
 
 @dataclass
@@ -191,11 +191,12 @@ def walk_key(eqn: JaxprEqn, invals: Sequence[Value]) -> tuple | None:
 
 
 def walk_pallas_call(eqn: JaxprEqn, invals: Sequence[Value]) -> CallCost:
-    """Walk one pallas_call's grid (see the module docstring), or return the copy of the same walk done before."""
+    """Walk one pallas_call's grid (see the module docstring), or one kernel over a TensorCore mesh (`pl.kernel`,
+    the mpmd_map primitive), or return the copy of the same walk done before."""
     key = walk_key(eqn, invals)
     if key is not None and key in _WALKS:
         return copy.deepcopy(_WALKS[key])
-    cost = _walk(eqn, invals)
+    cost = _walk_mesh(eqn, invals) if eqn.primitive.name == "mpmd_map" else _walk(eqn, invals)
     if key is not None:
         _WALKS[key] = copy.deepcopy(cost)
     return cost
@@ -252,12 +253,27 @@ def _walk(eqn: JaxprEqn, invals: Sequence[Value]) -> CallCost:
     aliases = tuple((int(a), int(b)) for a, b in params.get("input_output_aliases", ()))
     consts = getattr(body, "consts", [])
 
+    return _walk_body(name, body, consts, refs, n_idx + len(gm.block_mappings), ids, grid, notes, (read, write),
+                      fetches, aliases)
+
+
+def _walk_body(name: str, body: Jaxpr, consts: Sequence[Value], refs: list[Value], n_blocks: int, ids: np.ndarray,
+               grid: tuple[int, ...], notes: list[str], moved: tuple[int, int], fetches: dict[str, int],
+               aliases: tuple[tuple[int, int], ...]) -> CallCost:
+    """Run a kernel body over its steps (refs: one per body operand, the scratch after the first n_blocks), its
+    block transfers `moved` (read, write) already counted; a loop the data does not bound is walked at both ends."""
+    steps = ids.shape[1]
+
     def cost(trips: str | None) -> CallCost:
         walker = Steps(ids, grid, list(notes), where=f"pallas_call {name}")
         walker.trips = trips
-        walker.run(body, consts, refs, None)
+        # scratch in scalar memory starts unknown on every walk; what the kernel stores there it reads back
+        fresh = [Smem(tuple(v.aval.shape), np.dtype(v.aval.dtype), steps)
+                 if i >= n_blocks and memory_space(v.aval) == "smem" else r
+                 for i, (v, r) in enumerate(zip(body.invars, refs, strict=True))]
+        walker.run(body, consts, fresh, None)
         dma_read, dma_write = int(walker.dma_read.sum()), int(walker.dma_write.sum())
-        return CallCost(name, grid, steps, read + dma_read, write + dma_write, int(walker.flops.sum()),
+        return CallCost(name, grid, steps, moved[0] + dma_read, moved[1] + dma_write, int(walker.flops.sum()),
                         dict(walker.dots), fetches, walker.notes, dma_read + dma_write, int(walker.dmas.sum()),
                         int(walker.ici.sum()), aliases, walker.vpu, walker.eup, float(walker.stages.sum()),
                         bounded=walker.bounded)
@@ -269,3 +285,29 @@ def _walk(eqn: JaxprEqn, invals: Sequence[Value]) -> CallCost:
         low.upper = high
         low.bounded = list(dict.fromkeys([*low.bounded, *high.bounded]))
         return low
+
+
+def _walk_mesh(eqn: JaxprEqn, invals: Sequence[Value]) -> CallCost:
+    """A kernel over a mesh of TensorCores (`pl.kernel`): its body runs once per core with every operand where it
+    lives (SMEM operands it receives concretely read as values, the rest moved by its own DMAs). Only a mesh of one
+    core is walked: how a kernel splits its work across cores is its own code's business, per core."""
+    params = eqn.params
+    name = call_name(params)
+    meshes, bodies = params.get("meshes", ()), params.get("jaxprs", ())
+    if len(meshes) != 1 or len(bodies) != 1:
+        raise Unmodeled("mpmd_map", name, f"a kernel over {len(meshes)} meshes")
+    cores = int(np.size(getattr(meshes[0], "devices", ())))
+    if type(meshes[0]).__name__ != "TensorCoreMesh" or cores != 1:
+        raise Unmodeled("mpmd_map", name, f"a kernel over {type(meshes[0]).__name__} of {cores} cores (one "
+                        "TensorCore is modeled)")
+    body = getattr(bodies[0], "jaxpr", bodies[0])
+    consts = list(getattr(bodies[0], "consts", []))
+    refs: list[Value] = [Unknown(v.aval) for v in body.invars]
+    read = 0
+    for i, value in enumerate(invals):
+        if memory_space(body.invars[i].aval) == "smem" and not isinstance(value, Unknown):
+            refs[i] = np.array(value)  # in SMEM as the call receives it: metadata, loop bounds
+            read += int(np.asarray(value).nbytes)
+    aliases = tuple((int(a), int(b)) for a, b in dict(params.get("input_output_aliases", {})).items())
+    n_blocks = len(invals) + len(params["out_avals"])
+    return _walk_body(name, body, consts, refs, n_blocks, np.zeros((0, 1), np.int64), (), [], (read, 0), {}, aliases)

@@ -81,6 +81,47 @@ class Unknown:
         self.aval = aval
 
 
+class Smem:
+    """A scratch ref in scalar memory the kernel fills itself (metadata computed from its scalar-prefetch data),
+    one copy per grid step: a store with known index and value is kept, and a load reads it back where every
+    element it reads was stored; anything else is unknown."""
+
+    __slots__ = ("data", "known")
+
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype, steps: int):
+        self.data = np.zeros((steps, *shape), dtype)
+        self.known = np.zeros((steps, *shape), bool)
+
+    def _at(self, indices: Sequence[Value]) -> tuple[np.ndarray, ...] | None:
+        steps = self.data.shape[0]
+        if len(indices) != self.data.ndim - 1 or any(isinstance(i, Unknown) for i in indices):
+            return None
+        index = [np.broadcast_to(np.asarray(i, np.int64), (steps,)) for i in indices]
+        if any(np.any((i < 0) | (i >= n)) for i, n in zip(index, self.data.shape[1:], strict=True)):
+            return None
+        return (np.arange(steps), *index)
+
+    def load(self, indices: Sequence[Value]) -> Value:
+        at = self._at(indices)
+        if at is None or not self.known[at].all():
+            return Unknown(None)
+        return self.data[at]
+
+    def store(self, indices: Sequence[Value], value: Value, mask: np.ndarray | None) -> None:
+        """Store on the steps that reach it; an unknown index or value forgets the whole ref on those steps."""
+        steps = self.data.shape[0]
+        reach = np.ones(steps, bool) if mask is None else np.broadcast_to(np.asarray(mask, bool), (steps,))
+        at = self._at(indices)
+        if at is None or isinstance(value, Unknown):
+            self.known[reach] = False
+            return
+        value = np.broadcast_to(np.asarray(value), (steps,))
+        rows = at[0][reach]
+        picks = (rows, *(i[reach] for i in at[1:]))
+        self.data[picks] = value[reach]
+        self.known[picks] = True
+
+
 def read(env: Env, var: Atom) -> Value:
     return var.val if isinstance(var, _literal_type()) else env[var]
 
@@ -271,6 +312,11 @@ class Steps:
             return [np.int32(self.grid[params["axis"]])]
         if name == "get":
             return [self._get(invals, params)]
+        if name == "swap" and isinstance(invals[0], Smem):
+            return [self._smem_swap(invals, params, mask)]
+        if name == "addupdate" and isinstance(invals[0], Smem):
+            self._smem_forget(invals[0], mask)
+            return []
         if name in ("swap", "addupdate") and isinstance(invals[0], np.ndarray):
             self._written.add(id(invals[0]))
             return [Unknown(v.aval) for v in eqn.outvars]
@@ -322,8 +368,26 @@ class Steps:
             return vals[0]
         raise Unmodeled(name, self.where, "a scalar op the model does not evaluate")
 
+    def _smem_swap(self, invals: list[Value], params: dict[str, object], mask: np.ndarray | None) -> Value:
+        """A scalar store into an SMEM scratch ref; returns the value it replaces."""
+        ref, value, leaves = invals[0], invals[1], invals[2:]
+        indexers = self._indexers(params["tree"], leaves)
+        if len(indexers) != 1 or indexers[0] is None:
+            self._smem_forget(ref, mask)
+            return Unknown(None)
+        old = ref.load(indexers[0])
+        ref.store(indexers[0], value, mask)
+        return old
+
+    def _smem_forget(self, ref: Smem, mask: np.ndarray | None) -> None:
+        reach = np.ones(ref.data.shape[0], bool) if mask is None else np.asarray(mask, bool)
+        ref.known[np.broadcast_to(reach, (ref.data.shape[0],))] = False
+
     def _get(self, invals: list[Value], params: dict[str, object]) -> Value:
         ref, leaves = invals[0], invals[1:]
+        if isinstance(ref, Smem):
+            indexers = self._indexers(params["tree"], leaves)
+            return ref.load(indexers[0]) if len(indexers) == 1 and indexers[0] is not None else Unknown(None)
         if not isinstance(ref, np.ndarray) or id(ref) in self._written or any(isinstance(x, Unknown) for x in leaves):
             return Unknown(None)
         value = ref

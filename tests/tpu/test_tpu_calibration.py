@@ -170,15 +170,29 @@ def test_the_transposed_rows_hold_only_because_the_transposes_cancel():
     assert before["error"] - now["error"] > 0.10 and now["within"]
 
 
+#: Held-out rows the model misses by more than the target, each with the term it lacks (docs/tpu-cost-model.md):
+#: gmm_v2 at one row per group pays a fixed ~19-20 us per call (the scalar core's metadata pass over all 512
+#: resident groups and the zeroing before the weight stream starts) that the model does not charge.
+KNOWN_MISSES = {"tpu7x-gmm_v2-e512-4096x256-fp8-72x1", "tpu7x-gmm_v2-e512-4096x256-bf16-72x1",
+                "tpu7x-gmm_v2-e512-512x4096-fp8-72x1"}
+
+
 def test_recorded_held_out_errors_are_what_the_code_computes():
-    """bench/records/tpu_held_out.json (the README quotes it) is calibration.held_out of the recorded modeled rows,
-    and every kind's largest held-out error there is under the target."""
+    """bench/records/tpu_held_out.json (the README quotes it) is calibration.held_out of the recorded modeled rows;
+    the held-out rows past the target are exactly the documented misses, each modeled too fast (a term missing, not
+    a rate off), and every other kind's largest held-out error is under the target."""
     modeled = json.loads(calibration.TABLE.with_name("tpu_calibration_modeled.json").read_text())["rows"]
     recorded = json.loads(calibration.HELD_OUT.read_text())
     assert recorded["kinds"] == calibration.held_out(modeled)
     assert {r["id"] for r in modeled} == set(ROWS)  # recorded from the table as it is
+    outside = {i for e in recorded["kinds"].values() for i in e["outside_target"]}
+    assert outside == KNOWN_MISSES
+    by_id = {r["id"]: r for r in modeled}
+    assert all(by_id[i]["error"] < -calibration.TARGET for i in KNOWN_MISSES)
+    gaps = [ROWS[i]["measured_s"] - by_id[i]["modeled_s"] for i in KNOWN_MISSES]
+    assert max(gaps) - min(gaps) < 3e-6, gaps  # the same fixed time at three shapes and two dtypes
     for kind, e in recorded["kinds"].items():
-        if e["max_abs_error"] is not None:
+        if e["max_abs_error"] is not None and not set(e["outside_target"]):
             assert e["max_abs_error"] <= calibration.TARGET, (kind, e)
 
 
@@ -296,7 +310,9 @@ def test_held_out_attention_sample_is_within_target(walked):
 def test_no_copy_of_tpu_inference_kernels_in_the_tree():
     # RPA v3's own function names (ragged_paged_attention alone is our kernel's public name too, by design)
     markers = ("def _ragged_paged_attention_kernel_loop(", "def has_bank_conflicts(", "def get_smem_estimate_bytes(",
-               "def fused_ep_moe(", "_fused_ep_moe_kernel", "RPAd-p_")
+               "def fused_ep_moe(", "_fused_ep_moe_kernel", "RPAd-p_",
+               # megablox gmm_v2 and Tokamax's v2 grouped matmul: read at bench time only (--peer-source)
+               "def fill_metadata(", "def zero_out_start(", "gm_id_to_m_offset", "def calculate_tiling(")
     for folder in ("src", "kernels", "bench"):
         for path in (ROOT / folder).rglob("*.py"):
             text = path.read_text(errors="replace")
