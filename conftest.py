@@ -60,25 +60,3 @@ def _stays_on_loopback(monkeypatch: pytest.MonkeyPatch):
     yield
     sent = OUTSIDE.seen[started:]
     assert not sent, f"this test's processes tried to reach a host other than loopback: {sent!r}"
-
-
-# Scopes that compile for TPU for minutes each, longest first. The workers take scopes in collection order
-# (--dist loadscope), so these start first: left to their place in the tree they start near the end and the run
-# waits on one worker while the other is idle.
-LONGEST_FIRST = (
-    "tests/tpu/test_paged_tuning_gate_tpu.py::TestEvery8kEntryOnV7x",
-    "tests/tpu/test_paged_tuning_gate_tpu.py::TestEvery8kEntryOnV6e",
-    "tests/tpu/test_paged_stacked_tpu.py",
-    "tests/tpu/test_paged_tuning_gate_tpu.py",
-    "tests/package/test_wheel.py",
-    "tests/report/test_report.py",
-)
-
-
-def _rank(nodeid: str) -> int:
-    return next((i for i, prefix in enumerate(LONGEST_FIRST) if nodeid.startswith(prefix)), len(LONGEST_FIRST))
-
-
-def pytest_collection_modifyitems(config, items):
-    """The long scopes first, in LONGEST_FIRST's order; every other test keeps its place (a stable sort)."""
-    items.sort(key=lambda item: _rank(item.nodeid))
