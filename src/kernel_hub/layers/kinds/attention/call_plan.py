@@ -1,7 +1,8 @@
 """Planning one attention call: the pure decision whether the kernel can compute exactly what this call asks (its
 kwargs, its mask) and with which arguments. The mask's runs become a per-sequence shift plus q/kv lengths; the
 candidate mask is checked against the received one on every real query row, so the kernel only runs where it computes
-exactly what the mask says. Padding query rows (whose own token is padding) come out 0.
+exactly what the mask says. Padding query rows (whose own token is padding) come out 0. A mask holding several
+sequences packed in one row (padding-free batches) runs one kernel row per sequence (segments.py).
 
 Sparse selections: under any implementation but "eager"/"sdpa", DeepSeek sparse attention models (mistral_large4,
 glm_moe_dsa, deepseek_v32, hy_v4, dots3_note, axk2 in transformers 5.24) stop folding their indexer's top-k keys
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 
 from .masks import as_bool_mask, candidate_matches, contiguous_run, query_rows
+from .segments import Segments, find_segments
 
 #: kwargs the kernel cannot honour: a call carrying any of them (not None) runs the previous implementation.
 UNSUPPORTED_KWARGS = ("position_bias", "cu_seq_lens_q", "cu_seq_lens_k", "head_mask")
@@ -37,6 +39,7 @@ class AttentionCallPlan:
     q_lengths: torch.Tensor | None = None
     kv_lengths: torch.Tensor | None = None
     rows: torch.Tensor | None = None  # [B, Sq] real query rows (None: all)
+    segments: Segments | None = None  # sequences packed in the rows: one kernel batch row each
 
 
 def sparse_selection(kwargs: dict[str, Any]) -> str:
@@ -88,7 +91,11 @@ def plan_call(
         else:
             break
     else:
-        return None, why
+        segments, real, packed_why = find_segments(m, causal=causal, window=window)
+        if segments is None:
+            return None, why if packed_why.startswith("packed sequences need") else packed_why
+        return AttentionCallPlan(causal=causal, window=window, q_lengths=segments.length.to(torch.int32),
+                                 kv_lengths=segments.length.to(torch.int32), rows=real, segments=segments), ""
     full = bool((qs == 0).all() and (ks == 0).all() and (ql == sq).all() and (kl == skv).all())
     if full:
         return AttentionCallPlan(causal=causal, window=window), ""

@@ -14,6 +14,7 @@ from .call_plan import AttentionCallPlan, plan_call, plan_kwargs, traced_plan
 from .config_switch import previous_function
 from .contract import HOOK_ATTR
 from .heads import HeadPad, pad_heads, plan_heads
+from .segments import gather, scatter
 
 
 def _roll(x: torch.Tensor, shift: torch.Tensor, sign: int) -> torch.Tensor:
@@ -28,13 +29,18 @@ def run_plan(
 ) -> torch.Tensor:
     """The kernel on one call's q/k/v [B,H,S,D] under `plan` and `pad` -> [B,Hq,Sq,Dv]."""
     q, k, v = pad_heads(query, key, value, pad)
-    if plan.q_shift is not None:
+    if plan.segments is not None:
+        shape = tuple(q.shape)
+        q, k, v = (gather(x, plan.segments) for x in (q, k, v))
+    elif plan.q_shift is not None:
         q = _roll(q, plan.q_shift, 1)
         k, v = _roll(k, plan.kv_shift, 1), _roll(v, plan.kv_shift, 1)
     out = flash(q, k, v, causal=plan.causal, sm_scale=pad.scale, sliding_window=plan.window,
                 logits_soft_cap=softcap, sinks=None if sinks is None else sinks.float(),
                 q_lengths=plan.q_lengths, kv_lengths=plan.kv_lengths)
-    if plan.q_shift is not None:
+    if plan.segments is not None:
+        out = scatter(out, plan.segments, (shape[0], out.shape[1], shape[2], out.shape[3]))
+    elif plan.q_shift is not None:
         out = _roll(out, plan.q_shift, -1)  # rows past each q length were 0 and stay 0 (padding rows)
     return out[..., :pad.dv] if pad.v else out
 
