@@ -180,9 +180,18 @@ _NUMPY_OPS: dict[str, Callable[..., np.ndarray]] = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "max": np.maximum, "min": np.minimum,
     "neg": np.negative, "abs": np.abs, "sign": np.sign, "rem": np.fmod,
     "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
-    "ge": np.greater_equal, "and": np.logical_and, "or": np.logical_or, "not": np.logical_not,
-    "xor": np.logical_xor, "shift_left": np.left_shift, "shift_right_arithmetic": np.right_shift,
+    # lax's and/or/xor/not are bitwise on integers and logical on bools, as NumPy's bitwise ufuncs are
+    "ge": np.greater_equal, "and": np.bitwise_and, "or": np.bitwise_or, "not": np.invert,
+    "xor": np.bitwise_xor, "shift_left": np.left_shift, "shift_right_arithmetic": np.right_shift,
+    "shift_right_logical": lambda a, b: _shift_right_logical(a, b),
 }
+
+
+def _shift_right_logical(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """lax.shift_right_logical: shift the unsigned bits of a signed integer."""
+    a = np.asarray(a)
+    unsigned = np.dtype(f"uint{a.dtype.itemsize * 8}")
+    return np.right_shift(a.astype(unsigned), np.asarray(b).astype(unsigned)).astype(a.dtype)
 
 
 def _ref_bytes(var: Var, transforms: Sequence[Transform], where: str) -> tuple[int, str]:

@@ -253,3 +253,32 @@ def test_a_walk_is_reused_only_for_the_same_kernel_and_values(monkeypatch):
     table[1] = 1 - table[1]  # the same kernel, other SMEM values
     flipped = kernel_cost(GATHER, table, X)
     assert len(walks) == 4 and flipped.calls[0].dmas == int(table[1].sum())
+
+
+def _bitwise_bound_kernel(n_ref, x_hbm, o_ref, buf, sem):
+    """The trip count is (n & 12) | 1, (n ^ 3) >> 1 logically, and ~n & 7 combined: integer bit operations on a
+    scalar read from SMEM, as kernels compute block counts."""
+    def body(i):
+        copy = pltpu.make_async_copy(x_hbm.at[pl.ds(i * CHUNK, CHUNK)], buf, sem)
+        copy.start()
+        copy.wait()
+        o_ref[...] += buf[...]
+        return i + 1
+
+    n = n_ref[0]
+    bound = ((n & 12) | 1) + jax.lax.shift_right_logical(n ^ 3, 1) + (~n & 7)
+    o_ref[...] = jnp.zeros_like(o_ref)
+    jax.lax.while_loop(lambda i: i < bound, body, 0)
+
+
+BITWISE = pl.pallas_call(_bitwise_bound_kernel, out_shape=SDS((CHUNK, WIDTH), jnp.float32),
+                         in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), pl.BlockSpec(memory_space=pl.ANY)],
+                         scratch_shapes=[pltpu.VMEM((CHUNK, WIDTH), jnp.float32), pltpu.SemaphoreType.DMA])
+
+
+@pytest.mark.parametrize("n", [0, 5, 6, 13])
+def test_integer_bit_operations_on_scalars_are_bitwise(n):
+    expected = ((n & 12) | 1) + ((n ^ 3) >> 1) + (~n & 7)  # Python's ints: the independent reference
+    cost = kernel_cost(BITWISE, np.array([n], np.int32), X)
+    (c,) = cost.calls
+    assert c.dmas == expected and c.stages == expected
