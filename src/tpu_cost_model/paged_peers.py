@@ -76,7 +76,9 @@ def paged_peers(fa: ModuleType, geo: HeadGeometry, phase: str, dtype: str, gener
     ours_fn = jax.jit(lambda *a: fa.ragged_paged_attention(*a, sm_scale=scale, sliding_window=window,
                                                            implementation="pallas", interpret=False),
                       donate_argnums=(3, 4))
-    ours = Peer(OURS, ours_fn, args, detail="cache updated in place (caches donated), pages of 128")
+    fa.last_tuning(clear=True)
+    ours = Peer(OURS, ours_fn, args, detail="cache updated in place (caches donated), pages of 128",
+                chose=lambda: fa.last_tuning(clear=True))
     peers = [ours, _rpa_v3(geo, seqs, meta, dtype, generation, scale)]
     if phase == "decode":
         peers.append(_jax_paged(geo, meta, dtype, generation, scale))

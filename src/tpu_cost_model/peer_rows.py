@@ -5,8 +5,9 @@ shared by peers_worker (ragged dot, attention) and paged_peers (ragged paged att
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -37,6 +38,8 @@ class Peer:
     xla: bool = False  # an XLA op: modeled by XLA's own estimate
     refused: str | None = None
     detail: str = ""
+    #: called after the peer is compiled and modeled: what it chose for the chip (blocks), added to `detail`
+    chose: Callable[[], str | None] | None = None
 
 
 def _abstract(args: tuple[PeerArg, ...]) -> tuple[jax.ShapeDtypeStruct, ...]:
@@ -86,23 +89,40 @@ def tpu_target_device(generation: str) -> jax.Device:
     return topology_devices(chip(generation).topology)[0]
 
 
+@contextlib.contextmanager
+def on_chip(peer: Peer, device: jax.Device) -> Iterator[None]:
+    """Our kernels pick their blocks and VMEM budget from the device kind the call runs on (never from the host
+    tracing it): traced with the mock chip as the default device, ours gets what it would run with on that chip.
+    Peers are traced as they come (each reads its chip its own way, explicit blocks where it cannot)."""
+    import jax
+
+    if peer.name != OURS:
+        yield
+        return
+    with jax.default_device(device):
+        yield
+
+
 def rows_for(kernel: str, shape: str, peers: list[Peer], ideal: Callable[[Chip], float],
              generation: str) -> list[JsonDict]:
     """One row per peer of one workload on one chip, with the best peer's time beside ours."""
     rows = []
     device = tpu_target_device(generation)
-    if True:
-        for peer in peers:
-            if peer.fn is None:
-                compiled, modeled, band, how = peer.refused or "refused", None, None, peer.refused or ""
-            else:
+    for peer in peers:
+        detail = peer.detail
+        if peer.fn is None:
+            compiled, modeled, band, how = peer.refused or "refused", None, None, peer.refused or ""
+        else:
+            with on_chip(peer, device):
                 compiled, exe = _compile(peer, device)
                 modeled, band, how = _modeled(peer, exe, generation)
-            ideal_s = ideal(chip(generation))
-            rows.append({"kernel": kernel, "peer": peer.name, "shape": shape, "generation": generation, "xla": peer.xla,
-                         "modeled_s": modeled, "band_s": None if band is None else list(band), "ideal_s": ideal_s,
-                         "ratio_to_ideal": None if modeled is None else modeled / ideal_s,
-                         "compiled": compiled, "how": how, "detail": peer.detail})
+            chose = peer.chose() if peer.chose is not None else None
+            detail = f"{detail}; {chose}" if chose else detail
+        ideal_s = ideal(chip(generation))
+        rows.append({"kernel": kernel, "peer": peer.name, "shape": shape, "generation": generation, "xla": peer.xla,
+                     "modeled_s": modeled, "band_s": None if band is None else list(band), "ideal_s": ideal_s,
+                     "ratio_to_ideal": None if modeled is None else modeled / ideal_s,
+                     "compiled": compiled, "how": how, "detail": detail})
     return set_best_peer(rows)
 
 

@@ -103,3 +103,47 @@ def test_one_kernels_rows_replace_only_its_own_in_the_record(tmp_path):
     record.write_text(json.dumps({"rows": old}))
     assert [r["peer"] for r in bench.kept_rows(record, ["ragged_dot"])] == ["a", "b"]
     assert [r["peer"] for r in bench.kept_rows(record, ["attention"])] == ["old"]
+
+
+_OURS_ON_CHIP = """
+import importlib, json, sys
+from pathlib import Path
+import jax
+from kernel_hub.tpu.package import folder_package
+from kernel_hub.tpu.worker_common import load_package
+from tpu_cost_model import paged_peers as pp
+from tpu_cost_model import peer_rows
+
+root = Path(sys.argv[1])
+fa = load_package(folder_package(root / "kernels/pallas/flash_attention").request())
+shapes = importlib.import_module(f"{fa.__name__}._vendor.attention_shapes")
+geo = {g.model: g for g in shapes.ATTENTION_MODELS}["qwen3_30b_a3b"]
+ours, *_ = pp.paged_peers(fa, geo, "decode", "bfloat16", "v6e")
+traced = lambda peer: jax.eval_shape(peer.fn, *peer_rows._abstract(peer.args))
+traced(ours)
+host = fa.last_tuning(clear=True)
+# rows_for as the bench runs it, with compile and model replaced by a trace of the same call
+peer_rows._compile = lambda peer, device: (traced(peer), ("yes", None))[1]
+peer_rows._modeled = lambda peer, exe, gen: (traced(peer), (1.0, (0.5, 2.0), "traced"))[1]
+(row,) = peer_rows.rows_for("ragged_paged_attention", "qwen3 decode", [ours], lambda c: 1.0, "v6e")
+print(json.dumps({"host": host, "detail": row["detail"]}))
+"""
+
+
+def test_ours_is_traced_for_the_chip_it_is_modeled_on():
+    """The paged rows' ours picks its blocks from the device kind it runs on: on the host (CPU) that is the fallback,
+    on the bench's mock v6e the release's tuned entry, and the row says which it ran with."""
+    import json
+    import subprocess
+
+    from tests.client_env import child_env
+    from tests.tpu_toys import env_or_skip
+
+    env = env_or_skip()
+    done = subprocess.run([str(env.python), "-c", _OURS_ON_CHIP, str(ROOT)], capture_output=True, text=True,
+                          timeout=600, env=child_env(PYTHONPATH=str(ROOT / "src"), TF_CPP_MIN_LOG_LEVEL="3",
+                                                     ALLOW_MULTIPLE_LIBTPU_LOAD="1"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "fallback" in out["host"]
+    assert "(tuned v6e" in out["detail"] and "fallback" not in out["detail"]
