@@ -20,20 +20,29 @@ WHEELS := $(WHEELHOUSE)/.complete
 # its kernels are imported through tpu_cost_model.tpu_inference_peers (a vllm.logger stand-in on that path only).
 TPU_VENV := .venv-tpu
 TPU_STAMP := $(TPU_VENV)/.installed
+TPU_DEPS := $(TPU_VENV)/.deps
 TPU_PKGS := -c constraints-tpu.txt torch==2.13.0 jax==0.10.2 jaxlib==0.10.2 torch-tpu==0.2.0 libtpu==0.0.52 \
         tokamax==0.0.12 transformers==5.25.0 huggingface_hub==2.4.0 kernels==0.19.1 starlette uvicorn \
         pyyaml packaging numpy pydantic pytest
 
 .PHONY: setup setup-tpu demo test lint bench bench-tpu report chromium clean
 
+# Set-up steps that do not depend on each other run at once (downloads and unpacking overlap).
+MAKEFLAGS += -j3
+
 setup: $(STAMP) $(WHEELS)
 
 setup-tpu: $(TPU_STAMP)
 
-$(TPU_STAMP): pyproject.toml constraints-tpu.txt Makefile
+# The two environments and the browser install side by side (make -j below); the two editable installs of this
+# checkout build in the same folder, so the TPU one waits for the main one.
+$(TPU_DEPS): constraints-tpu.txt Makefile
 	test -x $(TPU_VENV)/bin/python || $(PY) -m venv $(TPU_VENV)
 	$(TPU_VENV)/bin/pip install -q --disable-pip-version-check $(TPU_PKGS)
 	$(TPU_VENV)/bin/pip install -q --disable-pip-version-check --no-deps -c constraints-tpu.txt tpu-inference==0.32.0
+	touch $(TPU_DEPS)
+
+$(TPU_STAMP): $(TPU_DEPS) $(STAMP) pyproject.toml
 	$(TPU_VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(TPU_STAMP)
 

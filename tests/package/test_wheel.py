@@ -28,7 +28,10 @@ WHEELHOUSE = ROOT / ".wheelhouse"
 KERNELS = ROOT / "kernels" / "pallas"
 EMBEDDED = "kernel_hub/_embedded/"
 CLOSED_ENDPOINT = "http://127.0.0.1:9"  # nothing listens: a Hub call fails at once instead of leaving the machine
-TOP_LEVEL_SKIP = {".venv", ".wheelhouse", ".git", "build", "dist", ".pytest_cache", ".ruff_cache", ".kernel_hub_cache"}
+#: what `make setup` and the tools leave in a checkout (.gitignore's top-level entries): never part of the sdist, and
+#: the two environments alone are gigabytes to copy
+TOP_LEVEL_SKIP = {".venv", ".venv-tpu", ".wheelhouse", ".git", "build", "dist", ".pytest_cache", ".ruff_cache",
+                  ".kernel_hub_cache", "report"}
 
 pytestmark = pytest.mark.slow
 
