@@ -55,6 +55,9 @@ def test_segments_found_and_checked():
     blind[6, 6] = False  # a real row that does not see its own token
     assert "own token" in find_segments(blind[None], causal=True, window=None)[2]
     assert find_segments(torch.ones(1, 2, 4, dtype=torch.bool), causal=False, window=None)[0] is None
+    uneven = block_causal([40] + [1] * 200, 240)[None]  # 201 rows of 40 slots for 240 tokens: refused
+    seg, _, why = find_segments(uneven, causal=True, window=None)
+    assert seg is None and "201 packed sequences up to 40 long" in why
 
 
 def test_plan_call_runs_packed_masks_per_sequence():

@@ -15,6 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
+#: One kernel row per sequence pads each to the longest: past this many slots per token of the call, the packed
+#: call runs the previous implementation instead (a long sequence beside thousands of one-token ones).
+MAX_PADDING = 4
+
 
 @dataclass(frozen=True)
 class Segments:
@@ -61,6 +65,9 @@ def find_segments(m: torch.Tensor, *, causal: bool, window: int | None) -> tuple
     segments = Segments(batch=rows, start=cols, length=counts)
     if bool(((cols + counts) > sq).any()):
         return None, real, "packed sequences are not contiguous runs"
+    if rows.shape[0] * segments.width > MAX_PADDING * max(m.shape[0] * sq, 1):
+        return None, real, (f"{rows.shape[0]} packed sequences up to {segments.width} long would run as "
+                            f"{rows.shape[0] * segments.width} padded slots for {m.shape[0] * sq} tokens")
     same = (flat[:, :, None] == flat[:, None, :]) & real[:, :, None] & real[:, None, :]
     cand = same & (idx[None, None, :] <= idx[None, :, None] if causal else same)
     if window is not None:
