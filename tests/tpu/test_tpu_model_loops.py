@@ -29,7 +29,8 @@ SDS = jax.ShapeDtypeStruct
 ROWS, WIDTH, CHUNK = 256, 128, 8  # x is [256, 128] f32, copied 8 rows an iteration: 32 chunks before its end
 
 
-def _kernel(n_ref, x_hbm, o_ref, buf, sem):
+def _sum_chunks(bound, x_hbm, o_ref, buf, sem):
+    """o = the sum of x's first `bound` chunks, one DMA an iteration of a while loop."""
     def body(i):
         copy = pltpu.make_async_copy(x_hbm.at[pl.ds(i * CHUNK, CHUNK)], buf, sem)
         copy.start()
@@ -38,7 +39,11 @@ def _kernel(n_ref, x_hbm, o_ref, buf, sem):
         return i + 1
 
     o_ref[...] = jnp.zeros_like(o_ref)
-    jax.lax.while_loop(lambda i: i < n_ref[0], body, 0)
+    jax.lax.while_loop(lambda i: i < bound, body, 0)
+
+
+def _kernel(n_ref, x_hbm, o_ref, buf, sem):
+    _sum_chunks(n_ref[0], x_hbm, o_ref, buf, sem)
 
 
 CALL = pl.pallas_call(_kernel, out_shape=SDS((CHUNK, WIDTH), jnp.float32),
@@ -258,17 +263,8 @@ def test_a_walk_is_reused_only_for_the_same_kernel_and_values(monkeypatch):
 def _bitwise_bound_kernel(n_ref, x_hbm, o_ref, buf, sem):
     """The trip count is (n & 12) | 1, (n ^ 3) >> 1 logically, and ~n & 7 combined: integer bit operations on a
     scalar read from SMEM, as kernels compute block counts."""
-    def body(i):
-        copy = pltpu.make_async_copy(x_hbm.at[pl.ds(i * CHUNK, CHUNK)], buf, sem)
-        copy.start()
-        copy.wait()
-        o_ref[...] += buf[...]
-        return i + 1
-
     n = n_ref[0]
-    bound = ((n & 12) | 1) + jax.lax.shift_right_logical(n ^ 3, 1) + (~n & 7)
-    o_ref[...] = jnp.zeros_like(o_ref)
-    jax.lax.while_loop(lambda i: i < bound, body, 0)
+    _sum_chunks(((n & 12) | 1) + jax.lax.shift_right_logical(n ^ 3, 1) + (~n & 7), x_hbm, o_ref, buf, sem)
 
 
 BITWISE = pl.pallas_call(_bitwise_bound_kernel, out_shape=SDS((CHUNK, WIDTH), jnp.float32),
