@@ -55,6 +55,14 @@ def test_segments_found_and_checked():
     blind[6, 6] = False  # a real row that does not see its own token
     assert "own token" in find_segments(blind[None], causal=True, window=None)[2]
     assert find_segments(torch.ones(1, 2, 4, dtype=torch.bool), causal=False, window=None)[0] is None
+    one = block_causal([6], 8)[None]  # one sequence a row: not packed, the padded reading's reason stands
+    assert find_segments(one, causal=True, window=None)[::2] == (None, "")
+    holes = torch.tril(torch.ones(6, 6, dtype=torch.bool))
+    holes[:, 2] = False  # a hole in the middle of one sequence: neither reading fits, and the reason says which
+    plan, why = plan_call(holes[None, None], 6, 6, causal=True, window=None)
+    assert plan is None and why == "a query row that does not attend its own token"
+    plan, why = plan_call(one[:, None], 8, 8, causal=True, window=2)
+    assert plan is None and why.startswith("mask is not causal/sliding-window over padded sequences")
     uneven = block_causal([40] + [1] * 200, 240)[None]  # 201 rows of 40 slots for 240 tokens: refused
     seg, _, why = find_segments(uneven, causal=True, window=None)
     assert seg is None and "201 packed sequences up to 40 long" in why

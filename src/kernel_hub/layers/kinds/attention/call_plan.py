@@ -93,7 +93,7 @@ def plan_call(
     else:
         segments, real, packed_why = find_segments(m, causal=causal, window=window)
         if segments is None:
-            return None, why if packed_why.startswith("packed sequences need") else packed_why
+            return None, packed_why or why
         return AttentionCallPlan(causal=causal, window=window, q_lengths=segments.length.to(torch.int32),
                                  kv_lengths=segments.length.to(torch.int32), rows=real, segments=segments), ""
     full = bool((qs == 0).all() and (ks == 0).all() and (ql == sq).all() and (kl == skv).all())

@@ -42,13 +42,14 @@ class Segments:
 
 def find_segments(m: torch.Tensor, *, causal: bool, window: int | None) -> tuple[Segments | None, torch.Tensor, str]:
     """Pure decision: the sequences packed in bool mask m [B, S, S], the real query rows [B, S], and "" when the mask
-    is exactly the causal / sliding-window mask of those sequences on every real row (else None and why).
+    is exactly the causal / sliding-window mask of those sequences on every real row (else None and why; None and ""
+    when no row holds two sequences, so the mask is not a packed one).
 
     A real row attends some key and always its own; a sequence starts where a real row does not attend the row before
     it. Rows attending nothing are padding (their output is 0)."""
     _, sq, skv = m.shape
-    if sq != skv:
-        return None, m.any(2), "packed sequences need as many queries as keys"
+    if sq != skv:  # a cache beside the queries: read as padded rows only
+        return None, m.any(2), ""
     real = m.any(2)
     idx = torch.arange(sq, device=m.device)
     own = m[:, idx, idx]
@@ -57,6 +58,8 @@ def find_segments(m: torch.Tensor, *, causal: bool, window: int | None) -> tuple
     prev = torch.zeros_like(real)
     prev[:, 1:] = m[:, idx[1:], idx[:-1]] & real[:, :-1]
     begins = real & ~prev
+    if not bool((begins.sum(1) > 1).any()):
+        return None, real, ""  # no row holds two sequences: not packed (the padded reading's reason stands)
     seq_id = torch.cumsum(begins.long(), dim=1) - 1  # per row, the sequence each real token belongs to
     rows, cols = begins.nonzero(as_tuple=True)
     counts = torch.zeros(rows.shape[0], dtype=torch.long, device=m.device)
