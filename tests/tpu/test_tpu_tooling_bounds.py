@@ -163,3 +163,32 @@ def test_setup_tpu_cli_takes_a_pip_timeout(tmp_path: Path, monkeypatch: pytest.M
     assert asked["pip_timeout"] == 90.0
     assert cli.main(["setup-tpu", "--dir", str(tmp_path / "e")]) == 0
     assert asked["pip_timeout"] == setup_env.PIP_TIMEOUT
+
+
+def test_a_long_compile_step_reports_while_it_runs_and_stops_reporting_after() -> None:
+    """worker.working: "working" events at its interval while the step runs (so a compile of minutes is never taken
+    for a hang), with the step and the seconds so far; none once the step is over (a hang elsewhere still stalls)."""
+    import threading
+    import time
+
+    from kernel_hub.tpu.worker import working
+
+    seen: list[dict] = []
+    lock = threading.Lock()
+
+    def emit(record: dict) -> None:
+        with lock:
+            seen.append(record)
+
+    with working(emit, {"generation": "v7x", "name": "case"}, every=0.05):
+        time.sleep(0.5)
+    after = len(seen)
+    time.sleep(0.3)
+    assert after >= 3 and len(seen) == after  # beats during the step, none after it
+    assert all(e["event"] == "working" and e["generation"] == "v7x" and e["name"] == "case" for e in seen)
+    times = [e["seconds"] for e in seen]
+    assert times == sorted(times) and 0 < times[0] <= times[-1] <= 0.6
+    with pytest.raises(ValueError), working(emit, {"name": "failing"}, every=0.05):
+        raise ValueError("the compile raised")
+    time.sleep(0.2)
+    assert all(e["name"] != "failing" or e["seconds"] < 0.2 for e in seen)  # a failing step stops beating too

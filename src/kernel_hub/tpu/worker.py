@@ -11,10 +11,12 @@ tpu_cost_model/worker.py) hands `serve` its own table. Every event is one JSON l
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import sys
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,6 +74,34 @@ def mode_for(request: JsonDict, modes: Mapping[str, WorkerMode], worker: str) ->
     raise UnknownModeError(f"unknown mode {mode!r} for the TPU worker {worker}: it serves {', '.join(sorted(modes))}")
 
 
+#: Seconds between "working" events while one step (a compile) runs: the client stops a worker that writes nothing
+#: for its stall limit (worker_client.STALL_ENV), and one compile of a large Mosaic kernel can take minutes.
+HEARTBEAT_SECONDS = 30.0
+
+
+@contextlib.contextmanager
+def working(emit: Emit, what: JsonDict, every: float = HEARTBEAT_SECONDS) -> Iterator[None]:
+    """Around one long step: a "working" event (with `what` and the seconds so far) every `every` seconds until it
+    returns, so a slow compile is not taken for a hung worker; outside such a step nothing is written, so a worker
+    that hangs anywhere else is still stopped at the stall limit."""
+    import time
+
+    done = threading.Event()
+    start = time.monotonic()
+
+    def beat() -> None:
+        while not done.wait(every):
+            emit({"event": "working", **what, "seconds": round(time.monotonic() - start, 1)})
+
+    thread = threading.Thread(target=beat, name="kernel-hub-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
 def versions() -> dict[str, str | None]:
     import importlib.metadata as md
 
@@ -100,8 +130,10 @@ def serve(argv: list[str], modes: Mapping[str, WorkerMode], worker: str) -> int:
     request = json.loads(Path(argv[1]).read_text())
     events_path = Path(argv[2])
 
+    lock = threading.Lock()  # the heartbeat thread writes too: one whole line at a time
+
     def emit(record: JsonDict) -> None:  # one line per event, flushed: a crash loses nothing written
-        with events_path.open("a") as events:
+        with lock, events_path.open("a") as events:
             events.write(json.dumps(record) + "\n")
 
     emit({"event": "hello", **versions()})

@@ -16,6 +16,7 @@ import time
 from typing import TYPE_CHECKING, Protocol
 
 from ..target import on_device, tpu_target
+from ..worker import working
 from ..worker_common import first_meaningful_line, load_package, memory_bytes, refuse
 
 if TYPE_CHECKING:
@@ -106,7 +107,8 @@ def run_compile(request: JsonDict, emit: Emit) -> int:
         with tpu_target(generation) as device:
             for case in cases:
                 emit({"event": "start", "generation": generation, "name": case.name})
-                result = compile_one(case, device, package)
+                with working(emit, {"generation": generation, "name": case.name}):
+                    result = compile_one(case, device, package)
                 emit({"event": "result", "generation": generation, "name": case.name, "dtype": case.dtype,
                       "tags": list(case.tags), **result})
     return 0
