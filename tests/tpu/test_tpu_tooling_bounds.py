@@ -171,7 +171,7 @@ def test_a_long_compile_step_reports_while_it_runs_and_stops_reporting_after() -
     import threading
     import time
 
-    from kernel_hub.tpu.worker import working
+    from kernel_hub.tpu.worker_common import working
 
     seen: list[dict] = []
     lock = threading.Lock()

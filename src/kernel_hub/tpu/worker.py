@@ -11,12 +11,11 @@ tpu_cost_model/worker.py) hands `serve` its own table. Every event is one JSON l
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import json
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,34 +71,6 @@ def mode_for(request: JsonDict, modes: Mapping[str, WorkerMode], worker: str) ->
     if isinstance(mode, str) and mode in modes:
         return modes[mode]
     raise UnknownModeError(f"unknown mode {mode!r} for the TPU worker {worker}: it serves {', '.join(sorted(modes))}")
-
-
-#: Seconds between "working" events while one step (a compile) runs: the client stops a worker that writes nothing
-#: for its stall limit (worker_client.STALL_ENV), and one compile of a large Mosaic kernel can take minutes.
-HEARTBEAT_SECONDS = 30.0
-
-
-@contextlib.contextmanager
-def working(emit: Emit, what: JsonDict, every: float = HEARTBEAT_SECONDS) -> Iterator[None]:
-    """Around one long step: a "working" event (with `what` and the seconds so far) every `every` seconds until it
-    returns, so a slow compile is not taken for a hung worker; outside such a step nothing is written, so a worker
-    that hangs anywhere else is still stopped at the stall limit."""
-    import time
-
-    done = threading.Event()
-    start = time.monotonic()
-
-    def beat() -> None:
-        while not done.wait(every):
-            emit({"event": "working", **what, "seconds": round(time.monotonic() - start, 1)})
-
-    thread = threading.Thread(target=beat, name="kernel-hub-heartbeat", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join()
 
 
 def versions() -> dict[str, str | None]:

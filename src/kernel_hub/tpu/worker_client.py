@@ -43,9 +43,9 @@ def last_line(text: str) -> str:
 Runner: TypeAlias = "Callable[..., tuple[list[JsonDict], int, str]]"
 
 #: Seconds a worker may go without writing an event before it is stopped as hung. Every case writes a "start" and a
-#: "result" event, and a "working" event every worker.HEARTBEAT_SECONDS while its compile runs (a large Mosaic kernel
-#: takes minutes), so the limit scales with the job by itself: a long job that keeps reporting runs to its end, a
-#: worker that stops reporting outside a compile is stopped after this long.
+#: "result" event, and a "working" event every worker_common.HEARTBEAT_SECONDS while its compile runs (a large
+#: Mosaic kernel takes minutes), so the limit scales with the job by itself: a long job that keeps reporting runs to
+#: its end, a worker that stops reporting outside a compile is stopped after this long.
 STALL_ENV = "KERNEL_HUB_TPU_WORKER_STALL"
 DEFAULT_STALL_SECONDS = 300.0
 #: The most of a worker's stderr kept (its last bytes: what a crash said).

@@ -5,12 +5,14 @@ Runs in the TPU environment only.
 
 from __future__ import annotations
 
+import contextlib
 import re
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
     from types import ModuleType
 
     import jax
@@ -62,3 +64,31 @@ def refuse(exc: BaseException, emit: Emit) -> int:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     emit({"event": "refused", "kind": kind, "error": text[:400]})
     return 3
+
+
+#: Seconds between "working" events while one step (a compile) runs: the client stops a worker that writes nothing
+#: for its stall limit (worker_client.STALL_ENV), and one compile of a large Mosaic kernel can take minutes.
+HEARTBEAT_SECONDS = 30.0
+
+
+@contextlib.contextmanager
+def working(emit: Emit, what: JsonDict, every: float = HEARTBEAT_SECONDS) -> Iterator[None]:
+    """Around one long step: a "working" event (with `what` and the seconds so far) every `every` seconds until it
+    returns, so a slow compile is not taken for a hung worker; outside such a step nothing is written, so a worker
+    that hangs anywhere else is still stopped at the stall limit."""
+    import time
+
+    done = threading.Event()
+    start = time.monotonic()
+
+    def beat() -> None:
+        while not done.wait(every):
+            emit({"event": "working", **what, "seconds": round(time.monotonic() - start, 1)})
+
+    thread = threading.Thread(target=beat, name="kernel-hub-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()

@@ -16,8 +16,7 @@ import time
 from typing import TYPE_CHECKING, Protocol
 
 from ..target import on_device, tpu_target
-from ..worker import working
-from ..worker_common import first_meaningful_line, load_package, memory_bytes, refuse
+from ..worker_common import first_meaningful_line, load_package, memory_bytes, refuse, working
 
 if TYPE_CHECKING:
     from collections.abc import Callable
