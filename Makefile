@@ -34,7 +34,7 @@ setup: $(STAMP) $(WHEELS)
 
 setup-tpu: $(TPU_STAMP)
 
-# The two environments and the browser install side by side (make -j below); the two editable installs of this
+# The two environments and the browser install side by side (MAKEFLAGS above); the two editable installs of this
 # checkout build in the same folder, so the TPU one waits for the main one.
 $(TPU_DEPS): constraints-tpu.txt Makefile
 	test -x $(TPU_VENV)/bin/python || $(PY) -m venv $(TPU_VENV)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -76,8 +77,6 @@ def working(emit: Emit, what: JsonDict, every: float = HEARTBEAT_SECONDS) -> Ite
     """Around one long step: a "working" event (with `what` and the seconds so far) every `every` seconds until it
     returns, so a slow compile is not taken for a hung worker; outside such a step nothing is written, so a worker
     that hangs anywhere else is still stopped at the stall limit."""
-    import time
-
     done = threading.Event()
     start = time.monotonic()
 

@@ -60,14 +60,12 @@ def find_segments(m: torch.Tensor, *, causal: bool, window: int | None) -> tuple
     begins = real & ~prev
     if not bool((begins.sum(1) > 1).any()):
         return None, real, ""  # no row holds two sequences: not packed (the padded reading's reason stands)
-    seq_id = torch.cumsum(begins.long(), dim=1) - 1  # per row, the sequence each real token belongs to
     rows, cols = begins.nonzero(as_tuple=True)
-    counts = torch.zeros(rows.shape[0], dtype=torch.long, device=m.device)
-    flat = (torch.cumsum(begins.long().sum(1), 0) - begins.long().sum(1))[:, None] + seq_id  # global sequence id
-    counts.index_add_(0, flat[real], torch.ones_like(flat[real]))
+    # each real token's sequence, numbered over the whole batch (a padding row in between starts a new one, so every
+    # sequence is one contiguous run)
+    flat = torch.cumsum(begins.reshape(-1).long(), 0).reshape(begins.shape) - 1
+    counts = torch.bincount(flat[real], minlength=rows.shape[0])
     segments = Segments(batch=rows, start=cols, length=counts)
-    if bool(((cols + counts) > sq).any()):
-        return None, real, "packed sequences are not contiguous runs"
     if rows.shape[0] * segments.width > MAX_PADDING * max(m.shape[0] * sq, 1):
         return None, real, (f"{rows.shape[0]} packed sequences up to {segments.width} long would run as "
                             f"{rows.shape[0] * segments.width} padded slots for {m.shape[0] * sq} tokens")
