@@ -52,9 +52,9 @@ from .paged_layout import (
     work_items,
     write_new_tokens,
 )
-from .paged_quant import fp8_refusal, is_fp8
+from .paged_quant import fp8_refusal, is_fp8, quantize_rows
 from .paged_tuning import Choice, choose_blocks
-from .pallas_paged import PagedStatic, layout_ok, paged_forward, paged_mixed_forward
+from .pallas_paged import NewRows, PagedStatic, layout_ok, paged_forward, paged_mixed_forward
 from .pallas_paged_write import write_pages
 
 #: The blocks the last call chose (what the compile gate records per case).
@@ -85,6 +85,18 @@ def _steps(sh: PagedShapes, block_q: int, ppb: int) -> int:
 def _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, num_seqs, sinks, layer, *,
            impl, sh: PagedShapes, causal, block_q, ppb, interpret, vmem_limit, update_cache):
     meta = metadata(kv_lens, page_indices, cu_q_lens, num_seqs, sh)
+    if impl == "pallas" and block_q == 1:  # the decode schedule: queries and output where they lie
+        work = token_work(meta, sh, causal)
+        st = _static(sh, sinks is not None, causal, ppb, _steps(sh, 1, ppb), interpret, vmem_limit, direct=True,
+                     write=update_cache)
+        args = (queries, row_positions(work, sh), _sinks_rows(sinks, sh, 1), k_cache, v_cache, work.seq, work.lo,
+                work.hi, meta.kv_len, meta.read_table, st, layer)
+        if not update_cache:
+            return paged_forward(*args), k_cache, v_cache
+        page, slot = token_destinations(meta, sh)  # the kernel stores the new rows itself: one call
+        new = NewRows(quantize_rows(keys, k_cache.dtype, sh.k_scale), quantize_rows(values, v_cache.dtype, sh.v_scale),
+                      page, slot, meta.q_start, meta.q_len)
+        return paged_forward(*args, new=new)
     if update_cache and impl == "pallas":
         page, slot = token_destinations(meta, sh)
         k_cache, v_cache = write_pages(k_cache, v_cache, keys, values, page, slot, interpret=interpret,
@@ -92,12 +104,6 @@ def _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_
                                        max_runs=max_write_runs(sh))
     elif update_cache:
         k_cache, v_cache = write_new_tokens(k_cache, v_cache, keys, values, meta, sh, layer)
-    if impl == "pallas" and block_q == 1:  # the decode schedule: queries and output where they lie
-        work = token_work(meta, sh, causal)
-        st = _static(sh, sinks is not None, causal, ppb, _steps(sh, 1, ppb), interpret, vmem_limit, direct=True)
-        out = paged_forward(queries, row_positions(work, sh), _sinks_rows(sinks, sh, 1), k_cache, v_cache, work.seq,
-                            work.lo, work.hi, meta.kv_len, meta.read_table, st, layer)
-        return out, k_cache, v_cache
     if impl == "pallas":  # any mix: one call, queries and output where they lie
         work = work_items(meta, sh, block_q, causal)
         first, rows, pos = item_rows(work)
@@ -153,12 +159,12 @@ def _sinks_rows(sinks, sh: PagedShapes, block_q: int) -> jax.Array:
 
 
 def _static(sh: PagedShapes, has_sinks: bool, causal: bool, ppb: int, steps: int, interpret, vmem_limit, *,
-            direct: bool = False, mixed_block_q: int = 0) -> PagedStatic:
+            direct: bool = False, mixed_block_q: int = 0, write: bool = False) -> PagedStatic:
     return PagedStatic(sm_scale=sh.sm_scale, window=sh.window, soft_cap=sh.soft_cap, has_sinks=has_sinks,
                        causal=causal, page_size=sh.page_size, pages_per_block=ppb, pages_per_seq=sh.pages_per_seq,
                        num_pages=sh.num_pages, kv_heads=sh.kv_heads, steps=steps, interpret=interpret,
                        vmem_limit_bytes=vmem_limit, group=sh.group, direct=direct, k_scale=sh.k_scale,
-                       v_scale=sh.v_scale, mixed_block_q=mixed_block_q)
+                       v_scale=sh.v_scale, mixed_block_q=mixed_block_q, write=write)
 
 
 def ragged_paged_attention(

@@ -66,7 +66,7 @@ class PagedStatic:
     #                         where they lie in the packed [T, Hq, D] arrays (paged_mixed_forward)
     k_scale: float = 1.0  # an fp8 cache's dequantization scales (1.0 for a float cache)
     v_scale: float = 1.0
-
+    write: bool = False  # direct: each item stores its own token's new K/V in its page (NewRows), caches aliased
 
     @property
     def block_kv(self) -> int:
@@ -84,10 +84,30 @@ def layout_ok(head_dim: int, page_size: int, dtype: Any) -> str | None:
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class NewRows:
+    """The new tokens' K/V for a direct call that stores them itself (PagedStatic.write): one row per packed token,
+    where it goes, and which rows each sequence owns (to patch rows another item stores into the pages read)."""
+
+    keys: jax.Array  # [T, Hkv, D] in the cache's dtype (quantized as stored)
+    values: jax.Array
+    page: jax.Array  # [T] int32 destination page, -1: not stored (padding, outside the cache)
+    slot: jax.Array  # [T] int32 slot in that page
+    q_start: jax.Array  # [S] int32 first packed row of each sequence
+    q_len: jax.Array  # [S] int32 its new tokens
+
+
 def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, layer_ref, *refs, st: PagedStatic):
+    new = None
     if st.mixed_block_q:
         (first_ref, rows_ref, pos_ref, q_ref, sinks_ref, k_hbm, v_hbm, _zeros, o_ref,
          kbuf, vbuf, sems, m_scr, l_scr, acc_scr, qbuf, obuf, row_sems) = refs
+    elif st.write:
+        (page_ref, slot_ref, qstart_ref, qlen_ref, q_ref, qpos_ref, sinks_ref, knew_ref, vnew_ref, keys_hbm,
+         values_hbm, k_hbm, v_hbm, o_ref, k_out, v_out, kbuf, vbuf, sems, m_scr, l_scr, acc_scr, wsems,
+         psems, started) = refs
+        new = _Store(page_ref, slot_ref, qstart_ref, qlen_ref, knew_ref, vnew_ref, keys_hbm, values_hbm, k_out,
+                     v_out, wsems, psems, started)
     else:
         q_ref, qpos_ref, sinks_ref, k_hbm, v_hbm, o_ref, kbuf, vbuf, sems, m_scr, l_scr, acc_scr = refs
     w, kj = pl.program_id(0), pl.program_id(1)
@@ -122,6 +142,9 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, layer_ref, *refs, st:
         m_scr[...] = jnp.full(m_scr.shape, MASKED, jnp.float32)
         l_scr[...] = jnp.zeros(l_scr.shape, jnp.float32)
         acc_scr[...] = jnp.zeros(acc_scr.shape, jnp.float32)
+
+        if new is not None:
+            new.started[0] = 0
 
         @pl.when(active(0))
         def _first():
@@ -191,6 +214,9 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, layer_ref, *refs, st:
 
         for c in copies(kj, slot):
             c.wait()
+        if new is not None:
+            new.patch(w, seq_ref[w], kvlen_ref[seq_ref[w]], hi_ref[w], start_of(kj), n, kbuf.at[slot],
+                      vbuf.at[slot], layer_ref[0])
         if not st.mixed_block_q:
             qpos = qpos_ref[...][:, :1]  # [R, 1]
             if st.direct:
@@ -214,6 +240,8 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, layer_ref, *refs, st:
 
     @pl.when(kj == pl.num_programs(1) - 1)
     def _finish():
+        if new is not None:
+            new.own_stores(w, layer_ref[0], wait=True)
         if not st.mixed_block_q:
             for h in range(hkv):
                 result = finished(h, slice(None)).astype(o_ref.dtype)
@@ -238,6 +266,74 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, layer_ref, *refs, st:
             _rows_copies(rows_ref[w], lambda off, size: pltpu.make_async_copy(
                 obuf.at[pl.ds(off, size)], o_ref.at[pl.ds(first_ref[w] + off, size)], row_sems.at[1]),
                 st.mixed_block_q, wait=wait)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Store:
+    """A direct item's part in storing the new rows (PagedStatic.write).
+
+    The pages an item reads may not hold its sequence's new rows yet (its own is stored by itself, others by other
+    items, maybe on the other core), so after each block's pages land the item overwrites, in VMEM, the slots of its
+    sequence's new rows inside the block and inside what it sees: its own from its VMEM block, any other (a sequence
+    of several new tokens) copied from the new rows in HBM. Item w stores row w from its VMEM block to
+    [layer, page, slot] once the block holding that position has landed (its page is then never read again by the
+    item: a later block never re-reads a page before the last, and the last page holds the item's last position),
+    and waits for the store when it finishes, so the cache holds every new row once the call returns."""
+
+    page_ref: Any
+    slot_ref: Any
+    qstart_ref: Any
+    qlen_ref: Any
+    knew_ref: Any  # [1, Hkv, D] VMEM: row w
+    vnew_ref: Any
+    keys_hbm: Any  # [T, Hkv, D]
+    values_hbm: Any
+    k_out: Any
+    v_out: Any
+    wsems: Any  # DMA (2,): the own row's stores
+    psems: Any  # DMA (2,): other rows' patches
+    started: Any  # SMEM (1,) int32: 1 once the own row's stores started (what the finish waits for)
+
+    def own_stores(self, w, layer, *, wait: bool) -> None:
+        """Start the stores of row w's K and V (when it has a page), or wait for them (when they started)."""
+
+        @pl.when((self.started[0] == 1) if wait else (self.page_ref[w] >= 0))
+        def _go():
+            page, slot = self.page_ref[w], self.slot_ref[w]
+            at = (layer, page, pl.ds(slot, 1)) if self.k_out.ndim == 5 else (page, pl.ds(slot, 1))
+            for src, dst, i in ((self.knew_ref, self.k_out, 0), (self.vnew_ref, self.v_out, 1)):
+                c = pltpu.make_async_copy(src, dst.at[at], self.wsems.at[i])
+                c.wait() if wait else c.start()
+
+    def patch(self, w, seq, kv_len, hi, start, n: int, kblock, vblock, layer) -> None:
+        """Positions start .. start + n - 1 are in kblock / vblock [n, Hkv, D]: the sequence's new rows among them,
+        up to `hi` (the last position item w sees), written over what the pages held."""
+        q, first_row = self.qlen_ref[seq], self.qstart_ref[seq]
+        first_pos = kv_len - q  # the sequence's first new position; new row r sits at first_pos + r - first_row
+        own = first_pos + w - first_row
+        lo_x, hi_x = jnp.maximum(start, first_pos), jnp.minimum(start + n - 1, hi)
+
+        @pl.when((own >= lo_x) & (own <= hi_x) & (self.page_ref[w] >= 0))
+        def _own():
+            kblock[pl.ds(own - start, 1)] = self.knew_ref[...]
+            vblock[pl.ds(own - start, 1)] = self.vnew_ref[...]
+            self.own_stores(w, layer, wait=False)
+            self.started[0] = 1
+
+        def other(x, carry):
+            row = first_row + x - first_pos
+
+            @pl.when((x != own) & (self.page_ref[row] >= 0))
+            def _copy():
+                at = pl.ds(x - start, 1)
+                for src, dst, i in ((self.keys_hbm, kblock, 0), (self.values_hbm, vblock, 1)):
+                    c = pltpu.make_async_copy(src.at[pl.ds(row, 1)], dst.at[at], self.psems.at[i])
+                    c.start()
+                    c.wait()
+
+            return carry
+
+        jax.lax.fori_loop(lo_x, jnp.maximum(hi_x + 1, lo_x), other, 0)
 
 
 def _rows_copies(rows, copy, block_q: int, *, wait: bool = False) -> None:
@@ -266,11 +362,15 @@ def _rows_copies(rows, copy, block_q: int, *, wait: bool = False) -> None:
 
 
 def paged_forward(q_work, qpos_rows, sinks_rows, k_cache, v_cache, seq, lo, hi, kv_len, table,
-                  st: PagedStatic, layer: jax.Array | None = None) -> jax.Array:
+                  st: PagedStatic, layer: jax.Array | None = None, new: NewRows | None = None):
     """q_work [W, Hkv, R, D] (direct: the packed queries [T, Hq, D] themselves, item w = row w); qpos_rows [W, R]
     int32; sinks_rows [Hkv, R] f32; caches [P, page, Hkv, D] (or [L, P, page, Hkv, D] read at `layer`, an int32
     scalar in [0, L)); seq/lo/hi [W], kv_len [S], table [S, pages_per_seq] int32 -> [W, Hkv, R, D] (direct:
-    [T, Hq, D], padding rows 0) in the queries' dtype."""
+    [T, Hq, D], padding rows 0) in the queries' dtype. With `new` (direct and st.write only): (output, k_cache,
+    v_cache), the new rows stored by the kernel itself, the cache outputs aliasing the cache inputs."""
+    if new is not None:
+        return _direct_store_call(q_work, qpos_rows, sinks_rows, k_cache, v_cache, seq, lo, hi, kv_len, table, st,
+                                  layer, new)
     layer_arr = jnp.zeros((1,), jnp.int32) if layer is None else jnp.asarray(layer, jnp.int32).reshape(1)
     hkv = st.kv_heads
     d = q_work.shape[-1]
@@ -314,6 +414,62 @@ def paged_forward(q_work, qpos_rows, sinks_rows, k_cache, v_cache, seq, lo, hi, 
         interpret=st.interpret,
         name="ragged_paged_attention",
     )(seq, lo, hi, kv_len, table.reshape(-1), layer_arr, q_work, qpos_wide, sinks_wide, k_cache, v_cache)
+
+
+def _direct_store_call(queries, qpos_rows, sinks_rows, k_cache, v_cache, seq, lo, hi, kv_len, table,
+                       st: PagedStatic, layer, new: NewRows):
+    """paged_forward's direct call that also stores the new rows: one call, no separate write kernel."""
+    layer_arr = jnp.zeros((1,), jnp.int32) if layer is None else jnp.asarray(layer, jnp.int32).reshape(1)
+    hkv, d = st.kv_heads, queries.shape[-1]
+    w_count, r = queries.shape[0], qpos_rows.shape[1]
+    qpos_wide = jnp.broadcast_to(qpos_rows[:, :, None], (w_count, r, LANES))
+    sinks_wide = jnp.broadcast_to(sinks_rows[:, :, None], (hkv, r, LANES))
+    any_ = pl.BlockSpec(memory_space=pl.ANY)
+    buf = pltpu.VMEM((2, st.block_kv, hkv, d), k_cache.dtype)
+    q_spec = pl.BlockSpec((None, hkv * st.group, d), lambda wi, kj, *_: (wi, 0, 0))
+    row_spec = pl.BlockSpec((1, hkv, d), lambda wi, kj, *_: (wi, 0, 0))
+    scalars = (seq, lo, hi, kv_len, table.reshape(-1), layer_arr, new.page, new.slot, new.q_start, new.q_len)
+    caches_at = len(scalars) + 7  # queries, qpos, sinks, own K row, own V row, K rows, V rows, then the caches
+    return pl.pallas_call(
+        functools.partial(_kernel, st=st),
+        out_shape=(jax.ShapeDtypeStruct(queries.shape, queries.dtype),
+                   jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype),
+                   jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype)),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=len(scalars),
+            grid=(w_count, st.steps),
+            in_specs=[
+                q_spec,
+                pl.BlockSpec((None, r, LANES), lambda wi, kj, *_: (wi, 0, 0)),
+                pl.BlockSpec((hkv, r, LANES), lambda wi, kj, *_: (0, 0, 0)),
+                row_spec,
+                row_spec,
+                any_,
+                any_,
+                any_,
+                any_,
+            ],
+            out_specs=(q_spec, any_, any_),
+            scratch_shapes=[
+                buf,
+                buf,
+                pltpu.SemaphoreType.DMA((2, 2)),
+                pltpu.VMEM((hkv, r, LANES), jnp.float32),
+                pltpu.VMEM((hkv, r, LANES), jnp.float32),
+                pltpu.VMEM((hkv, r, d), jnp.float32),
+                pltpu.SemaphoreType.DMA((2,)),
+                pltpu.SemaphoreType.DMA((2,)),
+                pltpu.SMEM((1,), jnp.int32),
+            ],
+        ),
+        input_output_aliases={caches_at: 1, caches_at + 1: 2},
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "arbitrary"),
+            vmem_limit_bytes=st.vmem_limit_bytes,
+        ),
+        interpret=st.interpret,
+        name="ragged_paged_attention_store",
+    )(*scalars, queries, qpos_wide, sinks_wide, new.keys, new.values, new.keys, new.values, k_cache, v_cache)
 
 
 def paged_mixed_forward(queries, first, rows, pos, sinks_rows, k_cache, v_cache, seq, lo, hi, kv_len, table,

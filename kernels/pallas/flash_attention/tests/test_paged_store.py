@@ -1,0 +1,145 @@
+"""The decode schedule stores the new K/V itself: one Pallas call attends and writes, no separate write kernel.
+
+Checked against the float64 reference and a NumPy scatter of the new rows: decode batches, sequences of several new
+tokens on the decode schedule (other items' rows patched into the pages an item reads), causal and not, stacked
+caches with a traced layer, fp8; under the TPU simulator with stores delayed until their wait (so a page read never
+sees a row stored in the same call and the patch is what makes the numbers right) and with two cores and the race
+detector on a decode batch."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flash_attention as fa
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flash_attention.paged_cases import PagedScenario, features, flat, paged_inputs
+from jax.experimental.pallas import tpu as pltpu
+
+from kernel_hub.verify.numerics import relative_error, tolerance
+
+ARGS = ("queries", "keys", "values", "k_cache", "v_cache", "kv_lens", "page_indices", "cu_q_lens", "num_seqs")
+DECODE = fa.AttentionConfig(paged_block_q=1, paged_pages_per_block=2)
+
+#: One new token per sequence, lengths across page boundaries, a padding row, an empty slot, a window.
+DECODE_BATCH = PagedScenario("decode", ((1, 1), (1, 16), (1, 17), (1, 45)), hq=4, hkv=2, d=128, page_size=16,
+                             pages_per_seq=3, pad=1, empty_slots=1, window=30)
+#: Several new tokens in a sequence, run on the decode schedule (one item per token row).
+SEVERAL = PagedScenario("several", ((3, 20), (1, 9), (5, 37)), hq=4, hkv=2, d=128, page_size=16, pages_per_seq=3)
+SEVERAL_BIDIRECTIONAL = dataclasses.replace(SEVERAL, name="several_noncausal", causal=False)
+
+
+@pytest.fixture(autouse=True)
+def _reset_simulator():
+    yield
+    pltpu.reset_tpu_interpret_mode_state()
+
+
+def _call(sc: PagedScenario, x: dict, **kw):
+    return fa.ragged_paged_attention(*(x[k] for k in ARGS), sinks=x["sinks"], **features(sc), config=DECODE, **kw)
+
+
+def _expected_caches(sc: PagedScenario, x: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The caches with every new row at its page and slot (NumPy, in the cache's dtype)."""
+    kc, vc = (np.array(x[k]) for k in ("k_cache", "v_cache"))
+    for i, (q_len, kv_len) in enumerate(sc.seqs):
+        start = int(x["cu_q_lens"][i])
+        for j in range(q_len):
+            pos = kv_len - q_len + j
+            page, slot = x["page_indices"][i, pos // sc.page_size], pos % sc.page_size
+            kc[page, slot], vc[page, slot] = np.asarray(x["keys"])[start + j], np.asarray(x["values"])[start + j]
+    return kc, vc
+
+
+def _check(sc: PagedScenario, dtype: str, got, x: dict) -> None:
+    ref = fa.reference_ragged_paged_attention(*(x[k] for k in ARGS), sinks=x["sinks"], **features(sc))
+    out = np.asarray(got[0], np.float32)
+    assert np.isfinite(out).all()
+    assert relative_error(flat(*got), flat(*ref)) <= tolerance(dtype)
+    kc, vc = _expected_caches(sc, x)
+    np.testing.assert_array_equal(np.asarray(got[1]), kc)  # every new row stored, nothing else touched
+    np.testing.assert_array_equal(np.asarray(got[2]), vc)
+
+
+@pytest.mark.parametrize("sc", [DECODE_BATCH, SEVERAL, SEVERAL_BIDIRECTIONAL], ids=lambda sc: sc.name)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_decode_schedule_stores_and_attends_in_one_call(sc: PagedScenario, dtype: str) -> None:
+    x = paged_inputs(sc, dtype, seed=5)
+    got = _call(sc, x, implementation="pallas")
+    assert fa.last_tuning().startswith("block_q 1,")
+    _check(sc, dtype, got, x)
+
+
+def test_the_decode_step_is_one_pallas_call_whose_caches_alias() -> None:
+    sc = DECODE_BATCH
+    x = paged_inputs(sc, "bfloat16", seed=1)
+    args = [jnp.asarray(x[k]) for k in ARGS[:-1]]
+    jaxpr = jax.make_jaxpr(lambda *a: fa.ragged_paged_attention(
+        *a, **features(sc), config=DECODE, implementation="pallas", interpret=True))(*args)
+    calls = [e for e in _eqns(jaxpr.jaxpr) if e.primitive.name == "pallas_call"]
+    assert len(calls) == 1, [str(e.params.get("name_and_src_info")) for e in calls]
+    aliases = dict(calls[0].params["input_output_aliases"])
+    assert sorted(aliases.values()) == [1, 2]  # both cache outputs are cache inputs
+
+
+def _eqns(jaxpr):
+    for e in jaxpr.eqns:
+        yield e
+        for sub in jax.core.subjaxprs(e) if hasattr(jax.core, "subjaxprs") else ():
+            yield from _eqns(sub)
+        for p in e.params.values():
+            inner = getattr(p, "jaxpr", None)
+            if inner is not None and e.primitive.name != "pallas_call":
+                yield from _eqns(getattr(inner, "jaxpr", inner))
+
+
+@pytest.mark.parametrize("sc", [DECODE_BATCH, SEVERAL, SEVERAL_BIDIRECTIONAL], ids=lambda sc: sc.name)
+def test_stores_landing_only_at_their_wait_still_give_the_reference(sc: PagedScenario) -> None:
+    """The simulator runs each DMA when it is waited on: an item's own store lands only when the item finishes,
+    after it read its pages, so its own row (and, not causal, the rows later items store) must come from the
+    patch."""
+    x = paged_inputs(sc, "float32", seed=9)
+    params = pltpu.InterpretParams(dma_execution_mode="on_wait", uninitialized_memory="nan")
+    got = _call(sc, x, implementation="pallas", interpret=params)
+    _check(sc, "float32", got, x)
+
+
+def test_decode_batch_on_two_simulated_cores_is_race_free() -> None:
+    sc = DECODE_BATCH
+    x = paged_inputs(sc, "float32", seed=3)
+    got = fa.run_race_checked(_call, sc, x, implementation="pallas", interpret=fa.race_checking_params(seed=2))
+    _check(sc, "float32", got, x)
+
+
+def test_stacked_caches_with_a_traced_layer() -> None:
+    sc = DECODE_BATCH
+    x = paged_inputs(sc, "bfloat16", seed=7)
+    rng = np.random.default_rng(0)
+    layers = 3
+    stacks = [jnp.asarray(rng.standard_normal((layers, *x[k].shape)), jnp.bfloat16) for k in ("k_cache", "v_cache")]
+
+    @jax.jit
+    def step(ks, vs, layer):
+        return fa.ragged_paged_attention(
+            *(x[k] for k in ARGS[:3]), ks, vs, *(x[k] for k in ARGS[5:]), layer=layer, **features(sc),
+            config=DECODE, implementation="pallas", interpret=True)
+
+    out, ks, vs = step(*stacks, jnp.int32(1))
+    one = {**x, "k_cache": stacks[0][1], "v_cache": stacks[1][1]}
+    _check(sc, "bfloat16", (out, ks[1], vs[1]), one)
+    for other in (0, 2):  # the other layers untouched
+        np.testing.assert_array_equal(np.asarray(ks[other]), np.asarray(stacks[0][other]))
+        np.testing.assert_array_equal(np.asarray(vs[other]), np.asarray(stacks[1][other]))
+
+
+def test_fp8_cache_stores_the_quantized_rows_it_attends_to() -> None:
+    sc = dataclasses.replace(DECODE_BATCH, page_size=32, seqs=((1, 1), (1, 32), (1, 33), (1, 90)))  # e4m3 tiles
+    x = paged_inputs(sc, "bfloat16", seed=4)
+    fp8 = {**x, **{k: jnp.asarray(x[k]).astype(jnp.float8_e4m3fn) for k in ("k_cache", "v_cache")}}
+    got = _call(sc, fp8, implementation="pallas", k_scale=0.5, v_scale=2.0)
+    ref_cpu = _call(sc, fp8, implementation="cpu", k_scale=0.5, v_scale=2.0)
+    for a, b in zip(got[1:], ref_cpu[1:], strict=True):  # the same bytes stored as the XLA scatter stores
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
+    assert relative_error(np.asarray(got[0], np.float64), np.asarray(ref_cpu[0], np.float64)) <= 2e-2
