@@ -217,6 +217,28 @@ def test_cache_write_copies_runs_of_slots_as_power_of_two_dmas(fa):
     assert write.dma_bytes == 2 * 2 * 37 * 512
 
 
+def test_decode_attention_stores_its_rows_in_the_same_call(fa):
+    # Three sequences of one new token each (lengths 25, 16, 32 over two pages of 16) and two padding rows, one kv
+    # head of 128 f32, two pages a step: each real item copies 2 pages of K and of V (4 DMAs, one step) and stores
+    # its row's K and V (2 DMAs, 512 bytes each); padding items do nothing. One kernel call, no write kernel.
+    seqs = [(1, 25), (1, 16), (1, 32)]
+    cfg = fa.AttentionConfig(paged_block_q=1, paged_pages_per_block=2)
+    args = (SDS((5, 1, 128), jnp.float32), SDS((5, 1, 128), jnp.float32), SDS((5, 1, 128), jnp.float32),
+            SDS((6, 16, 1, 128), jnp.float32), SDS((6, 16, 1, 128), jnp.float32),
+            np.array([k for _, k in seqs], np.int32), np.arange(6, dtype=np.int32).reshape(3, 2),
+            np.array([0, 1, 2, 3], np.int32), np.int32(3))
+
+    def cost(update: bool):
+        call = jax.jit(lambda *a: fa.ragged_paged_attention(*a, implementation="pallas", interpret=False, config=cfg,
+                                                            update_cache=update), donate_argnums=(3, 4))
+        return kernel_cost(call, *args).calls
+
+    (stored,), (read_only,) = cost(True), cost(False)
+    assert stored.name == "ragged_paged_attention_store" and read_only.name == "ragged_paged_attention"
+    assert read_only.dmas == 3 * 4
+    assert stored.dmas == 3 * 4 + 3 * 2
+
+
 def test_generations_parse_and_refuse():
     assert parse_generations("v6e, v5e,v6e") == ("v6e", "v5e")
     with pytest.raises(ValueError, match="known: v4, v5e, v5p, v6e, v7x"):
