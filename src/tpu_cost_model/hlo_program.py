@@ -19,8 +19,9 @@ _BITS = {"pred": 8, "s2": 2, "u2": 2, "s4": 4, "u4": 4, "s8": 8, "u8": 8, "s16":
          "f8e4m3fn": 8, "f8e5m2": 8, "f8e4m3fnuz": 8, "f8e5m2fnuz": 8, "f8e4m3b11fnuz": 8, "f8e4m3": 8, "f8e3m4": 8,
          "f4e2m1fn": 4, "f8e8m0fnu": 8, "token": 0}
 #: HLO type names as numpy names (the MXU pass rule's keys).
-NUMPY_NAMES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32", "f64": "float64", "s8": "int8", "u8": "uint8",
-               "s32": "int32", "f8e4m3fn": "float8_e4m3fn", "f8e5m2": "float8_e5m2", "s4": "int4"}
+NUMPY_NAMES = {"pred": "bool", "bf16": "bfloat16", "f16": "float16", "f32": "float32", "f64": "float64", "s4": "int4",
+               "s8": "int8", "u8": "uint8", "s16": "int16", "u16": "uint16", "s32": "int32", "u32": "uint32",
+               "s64": "int64", "u64": "uint64", "f8e4m3fn": "float8_e4m3fn", "f8e5m2": "float8_e5m2"}
 VMEM = 1  # the memory space XLA's TPU backend marks S(1)
 #: The printer's position marks inside long lists (``/*index=5*/``): not part of the program.
 _COMMENT = re.compile(r"/\*.*?\*/")

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import ml_dtypes  # noqa: F401  (registers bfloat16 and the float8 types with NumPy: np.dtype("bfloat16"))
 import numpy as np
 
 if TYPE_CHECKING:

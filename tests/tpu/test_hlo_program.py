@@ -101,3 +101,19 @@ def test_a_fresh_compile_without_a_kernel_keeps_fewer_ops_than_the_jaxpr(tmp_pat
     assert meta["kernels"] == 0
     _check_charge(text, meta)
     _check_charge(*_load("toy_v6e", tmp_path))
+
+
+def test_a_dot_with_a_boolean_operand_is_charged_as_one_pass():
+    """A one-hot matrix built from a comparison reaches the MXU as a pred operand: charged, never refused."""
+    text = """HloModule one_hot, entry_computation_layout={(pred[8,128]{1,0}, bf16[128,256]{1,0})->f32[8,256]{1,0}}
+
+ENTRY %main (p0: pred[8,128], p1: bf16[128,256]) -> f32[8,256] {
+  %p0 = pred[8,128]{1,0} parameter(0)
+  %p1 = bf16[128,256]{1,0} parameter(1)
+  ROOT %dot.1 = f32[8,256]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+    (op,) = charge_module(parse_module(text)).charged
+    assert op.dots == {("bool", "bfloat16", "DEFAULT"): 2 * 8 * 128 * 256}
+    assert op.mxu_flops_on("v6e") == 2 * 8 * 128 * 256
+    assert op.seconds(chip("v6e")) > 0
