@@ -286,6 +286,11 @@ def paged_vmem_bytes(rows: int, block_kv: int, kv_heads: int, head_dim: int, ite
     return pages + blocks + scratch + 3 * tile_bytes(rows, block_kv, 4)
 
 
+#: Most tokens a mixed work item computes at a time (pallas_paged: its rows run in sub-blocks of this many tokens,
+#: as many as it has): at G query heads a kv head, 32 x G rows a matmul.
+MIXED_SUB_Q = 32
+
+
 def paged_blocks(tokens: int, seqs: int, group: int, page_size: int, pages_per_seq: int, kv_heads: int,
                  head_dim: int, itemsize: int, window: int | None, vmem_budget_bytes: int) -> PagedBlocks:
     """Tokens per work item: the mean new tokens per sequence rounded up to a power of two, at most 256 rows of

@@ -81,9 +81,9 @@ def _steps(sh: PagedShapes, block_q: int, ppb: int) -> int:
 
 
 @functools.partial(jax.jit, static_argnames=("impl", "sh", "causal", "block_q", "ppb", "interpret", "vmem_limit",
-                                             "update_cache"))
+                                             "update_cache", "sub_q"))
 def _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, num_seqs, sinks, layer, *,
-           impl, sh: PagedShapes, causal, block_q, ppb, interpret, vmem_limit, update_cache):
+           impl, sh: PagedShapes, causal, block_q, ppb, interpret, vmem_limit, update_cache, sub_q=0):
     meta = metadata(kv_lens, page_indices, cu_q_lens, num_seqs, sh)
     if impl == "pallas" and block_q == 1:  # the decode schedule: queries and output where they lie
         work = token_work(meta, sh, causal)
@@ -108,7 +108,7 @@ def _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_
         work = work_items(meta, sh, block_q, causal)
         first, rows, pos = item_rows(work)
         st = _static(sh, sinks is not None, causal, ppb, _steps(sh, block_q, ppb), interpret, vmem_limit,
-                     mixed_block_q=block_q)
+                     mixed_block_q=block_q, mixed_sub_q=sub_q)
         out = paged_mixed_forward(queries, first, rows, pos, _sinks_rows(sinks, sh, block_q), k_cache, v_cache,
                                   work.seq, work.lo, work.hi, meta.kv_len, meta.read_table, st, layer)
         return out, k_cache, v_cache
@@ -159,12 +159,12 @@ def _sinks_rows(sinks, sh: PagedShapes, block_q: int) -> jax.Array:
 
 
 def _static(sh: PagedShapes, has_sinks: bool, causal: bool, ppb: int, steps: int, interpret, vmem_limit, *,
-            direct: bool = False, mixed_block_q: int = 0, write: bool = False) -> PagedStatic:
+            direct: bool = False, mixed_block_q: int = 0, write: bool = False, mixed_sub_q: int = 0) -> PagedStatic:
     return PagedStatic(sm_scale=sh.sm_scale, window=sh.window, soft_cap=sh.soft_cap, has_sinks=has_sinks,
                        causal=causal, page_size=sh.page_size, pages_per_block=ppb, pages_per_seq=sh.pages_per_seq,
                        num_pages=sh.num_pages, kv_heads=sh.kv_heads, steps=steps, interpret=interpret,
                        vmem_limit_bytes=vmem_limit, group=sh.group, direct=direct, k_scale=sh.k_scale,
-                       v_scale=sh.v_scale, mixed_block_q=mixed_block_q, write=write)
+                       v_scale=sh.v_scale, mixed_block_q=mixed_block_q, write=write, mixed_sub_q=mixed_sub_q)
 
 
 def ragged_paged_attention(
@@ -265,7 +265,7 @@ def ragged_paged_attention(
         return _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, num, sinks, layer,
                       impl=impl, sh=sh, causal=bool(causal), block_q=block_q,
                       ppb=cpu_ppb if impl == "cpu" else ppb, interpret=mode,
-                      vmem_limit=vmem["vmem_limit_bytes"], update_cache=bool(update_cache))
+                      vmem_limit=vmem["vmem_limit_bytes"], update_cache=bool(update_cache), sub_q=choice.sub_q)
 
     return run_dispatch(_DISPATCH, implementation, interpret, (queries, k_cache, v_cache), run,
                         "the ragged paged attention kernel")

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from .config import LANES
+from .config import LANES, MIXED_SUB_Q
 from .pallas_flash import MASKED, _dot, finish_softmax, online_softmax_step
 
 
@@ -67,6 +67,20 @@ class PagedStatic:
     k_scale: float = 1.0  # an fp8 cache's dequantization scales (1.0 for a float cache)
     v_scale: float = 1.0
     write: bool = False  # direct: each item stores its own token's new K/V in its page (NewRows), caches aliased
+    mixed_sub_q: int = 0  # tokens a mixed item computes at a time (paged_tuning.Choice.sub_q); 0: the default
+
+    @property
+    def sub_q(self) -> int:
+        """Tokens a mixed item computes at a time: its rows run in sub-blocks of this many tokens, as many as it
+        has, each over the same kv block (a chunk's tail and a short chunk compute only the sub-blocks they fill,
+        while every kv block is still read once per item of up to mixed_block_q tokens)."""
+        if not self.mixed_block_q:
+            return 0
+        return min(self.mixed_block_q, self.mixed_sub_q or MIXED_SUB_Q)
+
+    @property
+    def sub_blocks(self) -> int:
+        return -(-self.mixed_block_q // self.sub_q) if self.mixed_block_q else 0
 
     @property
     def block_kv(self) -> int:
@@ -159,7 +173,8 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, layer_ref, *refs, st:
 
     def fold(q_of_head, qpos, rows, span=None):
         """One kv step of every kv head: `q_of_head(h)` [r, D] query rows at positions qpos [r, 1] (-1: none)
-        into the scratch rows `rows` (a slice, or everything). `span` (first, last): the positions of the item's
+        into the scratch rows `rows` (an index tuple after the head: (slice,) or, mixed, (sub-block, slice)).
+        `span` (first, last): the positions of the item's
         real rows; a block every one of them sees whole, inside the cache, is folded without masks (rows past
         them compute what is never written)."""
         kv_len = kvlen_ref[seq_ref[w]]
@@ -185,7 +200,8 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, layer_ref, *refs, st:
                 s = _dot(q, k, (1, 1)) * (st.sm_scale * st.k_scale)  # [r, n]
                 if st.soft_cap is not None:
                     s = st.soft_cap * jnp.tanh(s / st.soft_cap)
-                online_softmax_step(s, mask, v, m_scr.at[h, rows], l_scr.at[h, rows], acc_scr.at[h, rows])
+                at = (h, *rows)
+                online_softmax_step(s, mask, v, m_scr.at[at], l_scr.at[at], acc_scr.at[at])
 
         if span is None:
             attend(True)
@@ -199,10 +215,12 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, layer_ref, *refs, st:
         pl.when(whole)(lambda: attend(False))
         pl.when(~whole)(lambda: attend(True))
 
-    def finished(h, rows):
-        """[r, D] f32: kv head h's finished output in the scratch rows `rows`."""
-        sink = sinks_ref[h, rows] if st.has_sinks else None
-        result = finish_softmax(m_scr[h, rows], l_scr[h, rows], acc_scr[h, rows], sink)
+    def finished(h, rows, sink_rows):
+        """[r, D] f32: kv head h's finished output in the scratch rows `rows` (fold's index tuple); `sink_rows`
+        the same rows of the sinks (whose pattern repeats every G rows)."""
+        at = (h, *rows)
+        sink = sinks_ref[h, sink_rows] if st.has_sinks else None
+        result = finish_softmax(m_scr[at], l_scr[at], acc_scr[at], sink)
         return result * st.v_scale if st.v_scale != 1.0 else result
 
     @pl.when(active(kj))
@@ -220,23 +238,30 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, layer_ref, *refs, st:
         if not st.mixed_block_q:
             qpos = qpos_ref[...][:, :1]  # [R, 1]
             if st.direct:
-                fold(lambda h: q_ref[pl.ds(h * g, g), :], qpos[:g], slice(None))
+                fold(lambda h: q_ref[pl.ds(h * g, g), :], qpos[:g], (slice(None),))
             else:
-                fold(lambda h: q_ref[h], qpos, slice(None))
+                fold(lambda h: q_ref[h], qpos, (slice(None),))
             return
 
         @pl.when(rows_ref[w] == 1)
         def _one_token():
             qpos = jnp.full((g, 1), pos_ref[w], jnp.int32)
-            fold(lambda h: qbuf[0, pl.ds(h * g, g), :], qpos, pl.ds(0, g), (pos_ref[w], pos_ref[w]))
+            fold(lambda h: qbuf[0, pl.ds(h * g, g), :], qpos, (0, pl.ds(0, g)), (pos_ref[w], pos_ref[w]))
 
         @pl.when(rows_ref[w] > 1)
         def _block():
-            bq = st.mixed_block_q
-            token = jax.lax.div(jax.lax.broadcasted_iota(jnp.int32, (bq * g, 1), 0), g)  # rows token-major
-            qpos = jnp.where(token < rows_ref[w], pos_ref[w] + token, -1)
-            fold(lambda h: qbuf[:, pl.ds(h * g, g), :].reshape(bq * g, qbuf.shape[-1]), qpos, slice(None),
-                 (pos_ref[w], pos_ref[w] + rows_ref[w] - 1))
+            sub, rows = st.sub_q, rows_ref[w]
+
+            def sub_block(b, carry):
+                first = b * sub  # the sub-block's first token within the item
+                token = first + jax.lax.div(jax.lax.broadcasted_iota(jnp.int32, (sub * g, 1), 0), g)  # token-major
+                qpos = jnp.where(token < rows, pos_ref[w] + token, -1)
+                last = pos_ref[w] + jnp.minimum(first + sub, rows) - 1
+                fold(lambda h: qbuf[pl.ds(first, sub), pl.ds(h * g, g), :].reshape(sub * g, qbuf.shape[-1]), qpos,
+                     (b, slice(None)), (pos_ref[w] + first, last))
+                return carry
+
+            jax.lax.fori_loop(0, jax.lax.div(rows + sub - 1, sub), sub_block, 0)
 
     @pl.when(kj == pl.num_programs(1) - 1)
     def _finish():
@@ -244,7 +269,7 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, layer_ref, *refs, st:
             new.own_stores(w, layer_ref[0], wait=True)
         if not st.mixed_block_q:
             for h in range(hkv):
-                result = finished(h, slice(None)).astype(o_ref.dtype)
+                result = finished(h, (slice(None),), slice(None)).astype(o_ref.dtype)
                 if st.direct:
                     o_ref[pl.ds(h * g, g), :] = result
                 else:
@@ -254,13 +279,19 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, layer_ref, *refs, st:
         @pl.when(rows_ref[w] == 1)
         def _one_token():
             for h in range(hkv):
-                obuf[0, pl.ds(h * g, g), :] = finished(h, pl.ds(0, g)).astype(obuf.dtype)
+                obuf[0, pl.ds(h * g, g), :] = finished(h, (0, pl.ds(0, g)), pl.ds(0, g)).astype(obuf.dtype)
 
         @pl.when(rows_ref[w] > 1)
         def _block():
-            bq, d = st.mixed_block_q, obuf.shape[-1]
-            for h in range(hkv):
-                obuf[:, pl.ds(h * g, g), :] = finished(h, slice(None)).astype(obuf.dtype).reshape(bq, g, d)
+            sub, d = st.sub_q, obuf.shape[-1]
+
+            def sub_block(b, carry):
+                for h in range(hkv):
+                    out = finished(h, (b, slice(None)), pl.ds(0, sub * g)).astype(obuf.dtype).reshape(sub, g, d)
+                    obuf[pl.ds(b * sub, sub), pl.ds(h * g, g), :] = out
+                return carry
+
+            jax.lax.fori_loop(0, jax.lax.div(rows_ref[w] + sub - 1, sub), sub_block, 0)
 
         for wait in (False, True):  # the item's output rows, to where its queries lie
             _rows_copies(rows_ref[w], lambda off, size: pltpu.make_async_copy(
@@ -499,7 +530,8 @@ def _mixed_call(queries, first, rows, pos, sinks_rows, k_cache, v_cache, seq, lo
     sinks_wide = jnp.broadcast_to(sinks_rows[:, :, None], (hkv, r, LANES))
     any_ = pl.BlockSpec(memory_space=pl.ANY)
     buf = pltpu.VMEM((2, st.block_kv, hkv, d), k_cache.dtype)
-    rows_buf = pltpu.VMEM((bq, hq, d), queries.dtype)
+    sub, nsub = st.sub_q, st.sub_blocks
+    rows_buf = pltpu.VMEM((nsub * sub, hq, d), queries.dtype)  # whole sub-blocks, so each slices in bounds
     layer_arr = jnp.zeros((1,), jnp.int32) if layer is None else jnp.asarray(layer, jnp.int32).reshape(1)
     scalars = (seq, lo, hi, kv_len, table.reshape(-1), layer_arr, first, rows, pos)
     return pl.pallas_call(
@@ -514,9 +546,9 @@ def _mixed_call(queries, first, rows, pos, sinks_rows, k_cache, v_cache, seq, lo
                 buf,
                 buf,
                 pltpu.SemaphoreType.DMA((2, 2)),
-                pltpu.VMEM((hkv, r, LANES), jnp.float32),
-                pltpu.VMEM((hkv, r, LANES), jnp.float32),
-                pltpu.VMEM((hkv, r, d), jnp.float32),
+                pltpu.VMEM((hkv, nsub, sub * st.group, LANES), jnp.float32),
+                pltpu.VMEM((hkv, nsub, sub * st.group, LANES), jnp.float32),
+                pltpu.VMEM((hkv, nsub, sub * st.group, d), jnp.float32),
                 rows_buf,
                 rows_buf,
                 pltpu.SemaphoreType.DMA((2,)),

@@ -17,7 +17,8 @@ from kernel_hub.verify.numerics import relative_error, tolerance
 ARGS = ("queries", "keys", "values", "k_cache", "v_cache", "kv_lens", "page_indices", "cu_q_lens", "num_seqs")
 
 #: (scenario, tokens per work item). Chunks of 13 = 8 + 5, 7 = 4 + 2 + 1 and 6 = 4 + 2 with block_q 8; 9 and 17
-#: leave one-token tails (the one-token branch); (0, 5) is a sequence with no new tokens between two others.
+#: leave one-token tails (the one-token branch); (0, 5) is a sequence with no new tokens between two others. Items
+#: past 32 tokens (pallas_paged.MIXED_SUB_Q) compute in sub-blocks: every count of sub-blocks and partial last ones.
 MIXED = (
     (PagedScenario("ragged_gqa4", ((1, 40), (13, 13), (0, 5), (1, 9), (7, 30), (9, 21), (6, 6), (17, 47)),
                    hq=8, hkv=2, d=128, page_size=16, pages_per_seq=3, pad=5, empty_slots=2), 8),
@@ -28,6 +29,13 @@ MIXED = (
     # fewer tokens in the whole batch than block_q: the queries are padded so every traced row copy fits
     (PagedScenario("fewer_tokens_than_block_q", ((3, 20), (1, 9)), hq=4, hkv=2, d=128, page_size=16,
                    pages_per_seq=2, pad=1), 8),
+    # items of up to 128 tokens computed in sub-blocks of 32: chunks of 70 (32 + 32 + 6), 33 (32 + 1), 128 (four
+    # whole), 5 (one partial) and 200 (an item of 128, then 72), beside decode steps and a window
+    (PagedScenario("sub_blocks_window", ((70, 90), (1, 150), (33, 33), (128, 140), (5, 60), (200, 210)), hq=4,
+                   hkv=2, d=128, page_size=16, pages_per_seq=14, pad=2, window=100), 128),
+    # block_q 48: sub-blocks of 32 (the second one half past the item's rows), chunks of 47 and 48 and 49
+    (PagedScenario("sub_blocks_uneven", ((47, 47), (48, 80), (49, 60), (1, 20)), hq=8, hkv=2, d=128,
+                   page_size=16, pages_per_seq=6, pad=1), 48),
 )
 
 

@@ -149,8 +149,11 @@ def test_an_entry_past_the_vmem_budget_is_not_used() -> None:
     assert paged_vmem_bytes(rows, got.pages_per_block * 128, 4, 128, 2) <= vmem_plan("TPU v5 lite")[0] * 5 // 8
 
 
-def test_a_tuned_block_q_is_capped_at_the_batchs_mean() -> None:
+def test_a_tuned_block_q_is_kept_and_its_sub_blocks_capped_at_the_batchs_mean() -> None:
+    """Short chunks compute no padding (sub-blocks of the mean); the items still hold the tuned block_q tokens."""
     short = PagedShapes(256, 32, 4, 128, 4096, 128, 64, 64, 1.0, None, None)  # 4 new tokens per sequence
     key = tuning_key("v6e", short, "bfloat16", "bfloat16")
-    got = _choose(short, "TPU v6 lite", {key: (32, 8)}, environ={})
-    assert (got.block_q, got.pages_per_block) == (4, 8) and got.source.startswith("tuned")
+    got = _choose(short, "TPU v6 lite", {key: (128, 8)}, environ={})
+    assert (got.block_q, got.pages_per_block, got.sub_q) == (128, 8, 4) and got.source.startswith("tuned")
+    got = _choose(MIXED, "TPU v6 lite", {tuning_key("v6e", MIXED, "bfloat16", "bfloat16"): (128, 8)}, environ={})
+    assert (got.block_q, got.sub_q) == (128, 32)
