@@ -111,13 +111,14 @@ def _family(row: dict) -> str:
     return "paged_attention" if kernel == "ragged_paged_attention" else "attention"
 
 
-def kept_rows(path: Path, kernels: list[str]) -> list[dict]:
-    """The rows of kernels not run this time from an earlier record at `path` (none if it is absent), so a run of
-    one kernel's rows replaces only those."""
+def kept_rows(path: Path, kernels: list[str], generations: tuple[str, ...] | None = None) -> list[dict]:
+    """The rows of kernels or generations not run this time from an earlier record at `path` (none if it is absent),
+    so a run of one kernel's rows, or of some generations, replaces only those."""
     if not path.exists():
         return []
     old = json.loads(path.read_text()).get("rows", [])
-    return [r for r in old if isinstance(r, dict) and _family(r) not in kernels]
+    return [r for r in old if isinstance(r, dict)
+            and (_family(r) not in kernels or (generations is not None and r.get("generation") not in generations))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
           if args.json else table(rows))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        kept = kept_rows(args.out, kernels)
+        kept = kept_rows(args.out, kernels, tuple(gens))
         args.out.write_text(json.dumps({"benchmark": "tpu_peers", "environment": environment().model_dump(),
                                         "rows": kept + rows}, indent=2))
     return 0

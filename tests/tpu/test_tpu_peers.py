@@ -103,6 +103,11 @@ def test_one_kernels_rows_replace_only_its_own_in_the_record(tmp_path):
     record.write_text(json.dumps({"rows": old}))
     assert [r["peer"] for r in bench.kept_rows(record, ["ragged_dot"])] == ["a", "b"]
     assert [r["peer"] for r in bench.kept_rows(record, ["attention"])] == ["old"]
+    # a run of some generations replaces only their rows of the kernels it runs
+    by_gen = [{"kernel": "ragged_dot", "peer": g, "generation": g} for g in ("v5e", "v6e", "v7x")]
+    record.write_text(json.dumps({"rows": by_gen}))
+    assert [r["peer"] for r in bench.kept_rows(record, ["ragged_dot"], ("v7x",))] == ["v5e", "v6e"]
+    assert bench.kept_rows(record, ["ragged_dot"], ("v5e", "v6e", "v7x")) == []
 
 
 _OURS_ON_CHIP = """
