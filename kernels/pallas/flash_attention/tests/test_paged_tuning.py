@@ -103,7 +103,8 @@ def test_the_shipped_entry_is_what_a_call_on_its_chip_runs() -> None:
     assert key in TUNED
     got = _choose(MIXED, "TPU v5 lite", TUNED, environ={})
     assert got.source == "tuned " + key_text(key)
-    assert (got.block_q, got.pages_per_block) == (min(TUNED[key].block_q, 32), TUNED[key].pages_per_block)
+    assert (got.block_q, got.pages_per_block) == (TUNED[key].block_q, TUNED[key].pages_per_block)
+    assert got.sub_q == min(TUNED[key].block_q, 32)  # the mixed batch's mean new tokens: 32
 
 
 @pytest.mark.parametrize("gen", ["v6e", "v7x"])
@@ -113,7 +114,8 @@ def test_a_v6e_or_v7x_call_runs_its_generations_shipped_entry(gen) -> None:
     assert key in TUNED
     got = _choose(MIXED, KINDS[gen], TUNED, environ={})
     assert got.source == "tuned " + key_text(key)
-    assert (got.block_q, got.pages_per_block) == (min(TUNED[key].block_q, 32), TUNED[key].pages_per_block)
+    assert (got.block_q, got.pages_per_block) == (TUNED[key].block_q, TUNED[key].pages_per_block)
+    assert got.sub_q == min(TUNED[key].block_q, 32)  # the mixed batch's mean new tokens: 32
     decode = _choose(QWEN, KINDS[gen], TUNED, environ={})
     assert decode.source == got.source and (decode.block_q, decode.pages_per_block) == (1, TUNED[key].pages_per_block)
 
