@@ -219,8 +219,9 @@ def test_cache_write_copies_runs_of_slots_as_power_of_two_dmas(fa):
 
 def test_decode_attention_stores_its_rows_in_the_same_call(fa):
     # Three sequences of one new token each (lengths 25, 16, 32 over two pages of 16) and two padding rows, one kv
-    # head of 128 f32, two pages a step: each real item copies 2 pages of K and of V (4 DMAs, one step) and stores
-    # its row's K and V (2 DMAs, 512 bytes each); padding items do nothing. One kernel call, no write kernel.
+    # head of 128 f32, two pages a step: each real item copies the pages it sees, of K and of V (2, 1 and 2 pages:
+    # 10 DMAs, one step each) and stores its row's K and V (2 DMAs, 512 bytes each); padding items do nothing. One
+    # kernel call, no write kernel.
     seqs = [(1, 25), (1, 16), (1, 32)]
     cfg = fa.AttentionConfig(paged_block_q=1, paged_pages_per_block=2)
     args = (SDS((5, 1, 128), jnp.float32), SDS((5, 1, 128), jnp.float32), SDS((5, 1, 128), jnp.float32),
@@ -235,8 +236,8 @@ def test_decode_attention_stores_its_rows_in_the_same_call(fa):
 
     (stored,), (read_only,) = cost(True), cost(False)
     assert stored.name == "ragged_paged_attention_store" and read_only.name == "ragged_paged_attention"
-    assert read_only.dmas == 3 * 4
-    assert stored.dmas == 3 * 4 + 3 * 2
+    assert read_only.dmas == 2 * (2 + 1 + 2)
+    assert stored.dmas == 2 * (2 + 1 + 2) + 3 * 2
 
 
 def test_generations_parse_and_refuse():
@@ -422,3 +423,21 @@ def test_what_the_model_cannot_read_is_refused_naming_the_primitive():
     with pytest.raises(Unmodeled, match="'pallas_call'.*dynamic grid bound"):
         kernel_cost(lambda a, b, s: gmm(a, b, s), SDS((512, 256), jnp.bfloat16), SDS((8, 256, 256), jnp.bfloat16),
                     SDS((8,), jnp.int32))
+
+
+def test_a_block_reads_only_the_pages_its_item_sees(fa):
+    # Pages of 16 f32 rows, 4 pages a block (64 positions). Decode at 40 with a window of 20 sees 20..39: pages 1
+    # and 2; decode at 16 sees 0..16: pages 0 and 1. Each page is one K and one V copy: 8 DMAs of 16 x 128 x 4 bytes,
+    # where whole blocks would be 16 (the block past the reach once re-read the sequence's last page).
+    seqs = [(1, 40), (1, 17)]
+    cfg = fa.AttentionConfig(paged_block_q=1, paged_pages_per_block=4)
+    args = (SDS((2, 1, 128), jnp.float32), SDS((2, 1, 128), jnp.float32), SDS((2, 1, 128), jnp.float32),
+            SDS((8, 16, 1, 128), jnp.float32), SDS((8, 16, 1, 128), jnp.float32),
+            np.array([k for _, k in seqs], np.int32), np.arange(8, dtype=np.int32).reshape(2, 4),
+            np.array([0, 1, 2], np.int32), np.int32(2))
+    call = jax.jit(lambda *a: fa.ragged_paged_attention(*a, implementation="pallas", interpret=False, config=cfg,
+                                                        sliding_window=20, update_cache=False))
+    (read,) = kernel_cost(call, *args).calls
+    assert read.name == "ragged_paged_attention"
+    assert read.dmas == 8
+    assert read.dma_bytes == 8 * 16 * 128 * 4

@@ -19,9 +19,10 @@ or a chunk's one-token tail) computes on its G heads only; a longer one on block
 a row count short of block_q goes as powers of two. A kv block every real row of an item sees whole is folded
 without masks.
 
-Page reads are clamped: a slot past the sequence's last page re-reads its last page, a page id outside the cache
-reads page 0 or the last one; the mask keeps such columns out, and values past a sequence's end are zeroed before
-they meet the probabilities, so stale or NaN cache contents never reach the output.
+A block's pages past the last position the item sees are not read (a reach of 10 pages in blocks of 8 reads 10);
+their slots keep whatever the buffer held. Page reads are clamped: a page id outside the cache reads page 0 or the
+last one. The mask keeps unseen columns out, and values past the item's last position are zeroed before they meet the
+probabilities, so stale, unread or NaN contents never reach the output.
 
 Caches stacked over layers ([L, pages, page_size, Hkv, D]) are read in place: the layer is one more
 scalar-prefetched operand and each page DMA reads [layer, page], so no layer is sliced out of the stack.
@@ -134,19 +135,27 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, layer_ref, *refs, st:
     def active(step):
         return (hi_ref[w] >= lo_ref[w]) & (start_of(step) <= hi_ref[w]) & (step < st.steps)
 
-    def copies(step, slot):
+    def block_copies(step, slot, *, wait: bool) -> None:
+        """Start (or wait for) the page copies of kv step `step` into buffer `slot`: only pages holding a position
+        the item sees (up to hi); the block's other slots keep stale values, which the mask and the value zeroing
+        keep out (a 10-page reach in blocks of 8 reads 10 pages, not 16)."""
         seq = seq_ref[w]
         kv_len = kvlen_ref[seq]
         last = jnp.maximum((kv_len + ps - 1) // ps - 1, 0)
-        out = []
         for j in range(ppb):
-            page_slot = jnp.minimum(start_of(step) // ps + j, last)
-            page = jnp.clip(table_ref[seq * st.pages_per_seq + page_slot], 0, st.num_pages - 1)
-            dst = pl.ds(j * ps, ps)
-            at = (layer_ref[0], page) if k_hbm.ndim == 5 else (page,)
-            out.append(pltpu.make_async_copy(k_hbm.at[at], kbuf.at[slot, dst], sems.at[0, slot]))
-            out.append(pltpu.make_async_copy(v_hbm.at[at], vbuf.at[slot, dst], sems.at[1, slot]))
-        return out
+            def page_copies(j=j):
+                page_slot = jnp.minimum(start_of(step) // ps + j, last)
+                page = jnp.clip(table_ref[seq * st.pages_per_seq + page_slot], 0, st.num_pages - 1)
+                dst = pl.ds(j * ps, ps)
+                at = (layer_ref[0], page) if k_hbm.ndim == 5 else (page,)
+                for src, buf, i in ((k_hbm, kbuf, 0), (v_hbm, vbuf, 1)):
+                    c = pltpu.make_async_copy(src.at[at], buf.at[slot, dst], sems.at[i, slot])
+                    c.wait() if wait else c.start()
+
+            if j == 0:  # an active step's first page always holds a seen position
+                page_copies()
+            else:
+                pl.when(start_of(step) + j * ps <= hi_ref[w])(page_copies)
 
     slot = kj % 2
     g = st.group
@@ -162,8 +171,7 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, layer_ref, *refs, st:
 
         @pl.when(active(0))
         def _first():
-            for c in copies(0, 0):
-                c.start()
+            block_copies(0, 0, wait=False)
 
         if st.mixed_block_q:  # the item's query rows, from where they lie in the packed queries
             for wait in (False, True):
@@ -196,7 +204,7 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, layer_ref, *refs, st:
                 k = kbuf[slot, :, h, :].astype(q.dtype)
                 v = vbuf[slot, :, h, :].astype(q.dtype)
                 if masked:
-                    v = jnp.where(value_rows < kv_len, v, jnp.zeros_like(v))
+                    v = jnp.where(value_rows <= hi_ref[w], v, jnp.zeros_like(v))  # unread or past the end
                 s = _dot(q, k, (1, 1)) * (st.sm_scale * st.k_scale)  # [r, n]
                 if st.soft_cap is not None:
                     s = st.soft_cap * jnp.tanh(s / st.soft_cap)
@@ -227,11 +235,9 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, layer_ref, *refs, st:
     def _step():
         @pl.when(active(kj + 1))
         def _prefetch():
-            for c in copies(kj + 1, 1 - slot):
-                c.start()
+            block_copies(kj + 1, 1 - slot, wait=False)
 
-        for c in copies(kj, slot):
-            c.wait()
+        block_copies(kj, slot, wait=True)
         if new is not None:
             new.patch(w, seq_ref[w], kvlen_ref[seq_ref[w]], hi_ref[w], start_of(kj), n, kbuf.at[slot],
                       vbuf.at[slot], layer_ref[0])
@@ -399,108 +405,65 @@ def paged_forward(q_work, qpos_rows, sinks_rows, k_cache, v_cache, seq, lo, hi, 
     scalar in [0, L)); seq/lo/hi [W], kv_len [S], table [S, pages_per_seq] int32 -> [W, Hkv, R, D] (direct:
     [T, Hq, D], padding rows 0) in the queries' dtype. With `new` (direct and st.write only): (output, k_cache,
     v_cache), the new rows stored by the kernel itself, the cache outputs aliasing the cache inputs."""
-    if new is not None:
-        return _direct_store_call(q_work, qpos_rows, sinks_rows, k_cache, v_cache, seq, lo, hi, kv_len, table, st,
-                                  layer, new)
-    layer_arr = jnp.zeros((1,), jnp.int32) if layer is None else jnp.asarray(layer, jnp.int32).reshape(1)
-    hkv = st.kv_heads
-    d = q_work.shape[-1]
-    w_count = q_work.shape[0]
-    r = qpos_rows.shape[1]
+    hkv, d = st.kv_heads, q_work.shape[-1]
+    w_count, r = q_work.shape[0], qpos_rows.shape[1]
     qpos_wide = jnp.broadcast_to(qpos_rows[:, :, None], (w_count, r, LANES))
     sinks_wide = jnp.broadcast_to(sinks_rows[:, :, None], (hkv, r, LANES))
-    any_ = pl.BlockSpec(memory_space=pl.ANY)
-    buf = pltpu.VMEM((2, st.block_kv, hkv, d), k_cache.dtype)
     if st.direct:
         q_spec = pl.BlockSpec((None, hkv * st.group, d), lambda wi, kj, *_: (wi, 0, 0))
     else:
         q_spec = pl.BlockSpec((None, hkv, r, d), lambda wi, kj, *_: (wi, 0, 0, 0))
-    return pl.pallas_call(
-        functools.partial(_kernel, st=st),
-        out_shape=jax.ShapeDtypeStruct(q_work.shape, q_work.dtype),
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=6,
-            grid=(w_count, st.steps),
-            in_specs=[
-                q_spec,
-                pl.BlockSpec((None, r, LANES), lambda wi, kj, *_: (wi, 0, 0)),
-                pl.BlockSpec((hkv, r, LANES), lambda wi, kj, *_: (0, 0, 0)),
-                any_,
-                any_,
-            ],
-            out_specs=q_spec,
-            scratch_shapes=[
-                buf,
-                buf,
-                pltpu.SemaphoreType.DMA((2, 2)),
-                pltpu.VMEM((hkv, r, LANES), jnp.float32),
-                pltpu.VMEM((hkv, r, LANES), jnp.float32),
-                pltpu.VMEM((hkv, r, d), jnp.float32),
-            ],
-        ),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "arbitrary"),
-            vmem_limit_bytes=st.vmem_limit_bytes,
-        ),
-        interpret=st.interpret,
-        name="ragged_paged_attention",
-    )(seq, lo, hi, kv_len, table.reshape(-1), layer_arr, q_work, qpos_wide, sinks_wide, k_cache, v_cache)
-
-
-def _direct_store_call(queries, qpos_rows, sinks_rows, k_cache, v_cache, seq, lo, hi, kv_len, table,
-                       st: PagedStatic, layer, new: NewRows):
-    """paged_forward's direct call that also stores the new rows: one call, no separate write kernel."""
-    layer_arr = jnp.zeros((1,), jnp.int32) if layer is None else jnp.asarray(layer, jnp.int32).reshape(1)
-    hkv, d = st.kv_heads, queries.shape[-1]
-    w_count, r = queries.shape[0], qpos_rows.shape[1]
-    qpos_wide = jnp.broadcast_to(qpos_rows[:, :, None], (w_count, r, LANES))
-    sinks_wide = jnp.broadcast_to(sinks_rows[:, :, None], (hkv, r, LANES))
+    # the operands and scratch every direct or grouped call has: queries, query positions, sinks; the kv buffers,
+    # their semaphores and the online softmax's m / l / acc rows
+    in_specs = [q_spec, pl.BlockSpec((None, r, LANES), lambda wi, kj, *_: (wi, 0, 0)),
+                pl.BlockSpec((hkv, r, LANES), lambda wi, kj, *_: (0, 0, 0))]
+    scratch = [*_kv_buffers(st, d, k_cache.dtype), pltpu.VMEM((hkv, r, LANES), jnp.float32),
+               pltpu.VMEM((hkv, r, LANES), jnp.float32), pltpu.VMEM((hkv, r, d), jnp.float32)]
+    scalars = (seq, lo, hi, kv_len, table.reshape(-1), _layer_operand(layer))
+    operands = (q_work, qpos_wide, sinks_wide)
+    out_shape = jax.ShapeDtypeStruct(q_work.shape, q_work.dtype)
     any_ = pl.BlockSpec(memory_space=pl.ANY)
-    buf = pltpu.VMEM((2, st.block_kv, hkv, d), k_cache.dtype)
-    q_spec = pl.BlockSpec((None, hkv * st.group, d), lambda wi, kj, *_: (wi, 0, 0))
+    if new is None:
+        return _call(st, "ragged_paged_attention", scalars, (w_count, st.steps), in_specs + [any_, any_], q_spec,
+                     scratch, out_shape)(*scalars, *operands, k_cache, v_cache)
+    # the store: row w's own K / V as VMEM blocks, every new row in HBM (the patches), the caches aliased out
     row_spec = pl.BlockSpec((1, hkv, d), lambda wi, kj, *_: (wi, 0, 0))
-    scalars = (seq, lo, hi, kv_len, table.reshape(-1), layer_arr, new.page, new.slot, new.q_start, new.q_len)
-    caches_at = len(scalars) + 7  # queries, qpos, sinks, own K row, own V row, K rows, V rows, then the caches
+    scalars = (*scalars, new.page, new.slot, new.q_start, new.q_len)
+    caches_at = len(scalars) + len(operands) + 4
+    scratch += [pltpu.SemaphoreType.DMA((2,)), pltpu.SemaphoreType.DMA((2,)), pltpu.SMEM((1,), jnp.int32)]
+    return _call(st, "ragged_paged_attention_store", scalars, (w_count, st.steps),
+                 in_specs + [row_spec, row_spec, any_, any_, any_, any_], (q_spec, any_, any_), scratch,
+                 (out_shape, jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype),
+                  jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype)),
+                 aliases={caches_at: 1, caches_at + 1: 2},
+                 )(*scalars, *operands, new.keys, new.values, new.keys, new.values, k_cache, v_cache)
+
+
+def _kv_buffers(st: PagedStatic, d: int, dtype) -> list:
+    """The double-buffered K and V blocks (every kv head of pages_per_block pages) and their DMA semaphores."""
+    buf = pltpu.VMEM((2, st.block_kv, st.kv_heads, d), dtype)
+    return [buf, buf, pltpu.SemaphoreType.DMA((2, 2))]
+
+
+def _layer_operand(layer: jax.Array | None) -> jax.Array:
+    """The scalar-prefetched layer of stacked caches ([1] int32; 0 when the caches are not stacked)."""
+    return jnp.zeros((1,), jnp.int32) if layer is None else jnp.asarray(layer, jnp.int32).reshape(1)
+
+
+def _call(st: PagedStatic, name: str, scalars: tuple, grid: tuple[int, int], in_specs: list, out_specs, scratch: list,
+          out_shape, aliases: dict[int, int] | None = None):
+    """The pallas_call of one paged kernel variant: `scalars` scalar-prefetched, items parallel, kv steps in order."""
     return pl.pallas_call(
         functools.partial(_kernel, st=st),
-        out_shape=(jax.ShapeDtypeStruct(queries.shape, queries.dtype),
-                   jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype),
-                   jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype)),
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=len(scalars),
-            grid=(w_count, st.steps),
-            in_specs=[
-                q_spec,
-                pl.BlockSpec((None, r, LANES), lambda wi, kj, *_: (wi, 0, 0)),
-                pl.BlockSpec((hkv, r, LANES), lambda wi, kj, *_: (0, 0, 0)),
-                row_spec,
-                row_spec,
-                any_,
-                any_,
-                any_,
-                any_,
-            ],
-            out_specs=(q_spec, any_, any_),
-            scratch_shapes=[
-                buf,
-                buf,
-                pltpu.SemaphoreType.DMA((2, 2)),
-                pltpu.VMEM((hkv, r, LANES), jnp.float32),
-                pltpu.VMEM((hkv, r, LANES), jnp.float32),
-                pltpu.VMEM((hkv, r, d), jnp.float32),
-                pltpu.SemaphoreType.DMA((2,)),
-                pltpu.SemaphoreType.DMA((2,)),
-                pltpu.SMEM((1,), jnp.int32),
-            ],
-        ),
-        input_output_aliases={caches_at: 1, caches_at + 1: 2},
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "arbitrary"),
-            vmem_limit_bytes=st.vmem_limit_bytes,
-        ),
+        out_shape=out_shape,
+        grid_spec=pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=len(scalars), grid=grid, in_specs=in_specs,
+                                               out_specs=out_specs, scratch_shapes=scratch),
+        input_output_aliases=aliases or {},
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"),
+                                             vmem_limit_bytes=st.vmem_limit_bytes),
         interpret=st.interpret,
-        name="ragged_paged_attention_store",
-    )(*scalars, queries, qpos_wide, sinks_wide, new.keys, new.values, new.keys, new.values, k_cache, v_cache)
+        name=name,
+    )
 
 
 def paged_mixed_forward(queries, first, rows, pos, sinks_rows, k_cache, v_cache, seq, lo, hi, kv_len, table,
@@ -529,37 +492,15 @@ def _mixed_call(queries, first, rows, pos, sinks_rows, k_cache, v_cache, seq, lo
     r = bq * st.group
     sinks_wide = jnp.broadcast_to(sinks_rows[:, :, None], (hkv, r, LANES))
     any_ = pl.BlockSpec(memory_space=pl.ANY)
-    buf = pltpu.VMEM((2, st.block_kv, hkv, d), k_cache.dtype)
     sub, nsub = st.sub_q, st.sub_blocks
     rows_buf = pltpu.VMEM((nsub * sub, hq, d), queries.dtype)  # whole sub-blocks, so each slices in bounds
-    layer_arr = jnp.zeros((1,), jnp.int32) if layer is None else jnp.asarray(layer, jnp.int32).reshape(1)
-    scalars = (seq, lo, hi, kv_len, table.reshape(-1), layer_arr, first, rows, pos)
-    return pl.pallas_call(
-        functools.partial(_kernel, st=st),
-        out_shape=jax.ShapeDtypeStruct(queries.shape, queries.dtype),
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=len(scalars),
-            grid=(seq.shape[0], st.steps),
-            in_specs=[any_, pl.BlockSpec((hkv, r, LANES), lambda wi, kj, *_: (0, 0, 0)), any_, any_, any_],
-            out_specs=any_,
-            scratch_shapes=[
-                buf,
-                buf,
-                pltpu.SemaphoreType.DMA((2, 2)),
-                pltpu.VMEM((hkv, nsub, sub * st.group, LANES), jnp.float32),
-                pltpu.VMEM((hkv, nsub, sub * st.group, LANES), jnp.float32),
-                pltpu.VMEM((hkv, nsub, sub * st.group, d), jnp.float32),
-                rows_buf,
-                rows_buf,
-                pltpu.SemaphoreType.DMA((2,)),
-            ],
-        ),
-        # the output starts as zeros (what padding rows keep); the items overwrite their own rows
-        input_output_aliases={len(scalars) + 4: 0},
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "arbitrary"),
-            vmem_limit_bytes=st.vmem_limit_bytes,
-        ),
-        interpret=st.interpret,
-        name="ragged_paged_attention_mixed",
-    )(*scalars, queries, sinks_wide, k_cache, v_cache, jnp.zeros(queries.shape, queries.dtype))
+    scalars = (seq, lo, hi, kv_len, table.reshape(-1), _layer_operand(layer), first, rows, pos)
+    scratch = [*_kv_buffers(st, d, k_cache.dtype), pltpu.VMEM((hkv, nsub, sub * st.group, LANES), jnp.float32),
+               pltpu.VMEM((hkv, nsub, sub * st.group, LANES), jnp.float32),
+               pltpu.VMEM((hkv, nsub, sub * st.group, d), jnp.float32), rows_buf, rows_buf,
+               pltpu.SemaphoreType.DMA((2,))]
+    # the output starts as zeros (what padding rows keep); the items overwrite their own rows
+    return _call(st, "ragged_paged_attention_mixed", scalars, (seq.shape[0], st.steps),
+                 [any_, pl.BlockSpec((hkv, r, LANES), lambda wi, kj, *_: (0, 0, 0)), any_, any_, any_], any_,
+                 scratch, jax.ShapeDtypeStruct(queries.shape, queries.dtype), aliases={len(scalars) + 4: 0},
+                 )(*scalars, queries, sinks_wide, k_cache, v_cache, jnp.zeros(queries.shape, queries.dtype))

@@ -96,3 +96,27 @@ def test_mixed_batch_is_one_attention_call_with_no_regrouping() -> None:
     moved = [(e.primitive.name, v.aval.shape) for e in eqns if e.primitive.name in ("gather", "transpose")
              for v in e.outvars if np.prod(v.aval.shape) >= sc.hq * sc.d]
     assert not moved, moved
+
+
+#: Reaches shorter than a kv block (pages of 16, 4 pages a block, 4 tokens an item): the first item (tokens 28..31 of
+#: a 40-long sequence) reads pages 0 and 1 only, so the slots of positions 32..39, inside the sequence, stay as fresh
+#: VMEM left them; a window of 10 reaches 1-2 pages; most blocks read only some of their pages.
+PARTIAL = PagedScenario("partial_blocks_window", ((12, 40), (1, 40), (3, 35), (9, 64), (1, 17), (6, 6)), hq=4, hkv=2,
+                        d=128, page_size=16, pages_per_seq=4, pad=2, window=10)
+
+
+@pytest.mark.parametrize("sc", [PARTIAL, PagedScenario("partial_blocks_causal", PARTIAL.seqs, hq=4, hkv=2, d=128,
+                                                       page_size=16, pages_per_seq=4, pad=2)], ids=lambda s: s.name)
+def test_unread_pages_of_a_block_never_reach_the_output(sc: PagedScenario) -> None:
+    """The TPU simulator fills fresh VMEM with NaN: a block's pages past what its item sees are not copied, so those
+    slots hold NaN (first use) or another item's pages; the output must still match the reference, NaN-free."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    x = paged_inputs(sc, "float32", seed=5)
+    cfg = fa.AttentionConfig(paged_block_q=4, paged_pages_per_block=4)
+    params = pltpu.InterpretParams(uninitialized_memory="nan")
+    out = fa.ragged_paged_attention(*(x[k] for k in ARGS), **features(sc), config=cfg, implementation="pallas",
+                                    interpret=params)
+    ref = fa.reference_ragged_paged_attention(*(x[k] for k in ARGS), **features(sc))
+    assert np.isfinite(np.asarray(out[0])).all()
+    assert relative_error(flat(*out), flat(*ref)) <= tolerance("float32")
