@@ -88,7 +88,6 @@ def sweep(generations: list[str], lengths: list[int], pages_grid: tuple[int, ...
             pps = length // PAGE
             for model in pp.PAGED_MODELS:
                 geo = geos[model]
-                group = geo.hq // geo.hkv
 
                 def call(phase, block_q, ppb, geo=geo, length=length, pps=pps):
                     seqs = batch(phase, length)
@@ -118,8 +117,9 @@ def sweep(generations: list[str], lengths: list[int], pages_grid: tuple[int, ...
                          f"{cost.seconds(c) * 1e6:.1f} us ({time.perf_counter() - t0:.0f} s)")
                     return [round(cost.seconds(c) * 1e6, 1), round(fast * 1e6, 1), round(slow * 1e6, 1)]
 
-                def fits(rows, ppb, geo=geo, budget=budget):
-                    return cfg_mod.paged_vmem_bytes(rows, ppb * PAGE, geo.hkv, geo.d, 2) <= budget
+                def fits(block_q, ppb, geo=geo, budget=budget):
+                    return cfg_mod.paged_step_vmem_bytes(block_q, geo.hq // geo.hkv, ppb * PAGE, geo.hkv, geo.d,
+                                                         2) <= budget
 
                 def fallback(phase, geo=geo, length=length, pps=pps, full_budget=full_budget):
                     seqs = batch(phase, length)
@@ -129,9 +129,9 @@ def sweep(generations: list[str], lengths: list[int], pages_grid: tuple[int, ...
 
                 fb_decode, fb_mixed = fallback("decode"), fallback("mixed")
                 pages = sorted({min(p, pps) for p in pages_grid} | {fb_decode[1], fb_mixed[1]})
-                decode = {p: modeled("decode", 1, p) for p in pages if fits(group, p)}
+                decode = {p: modeled("decode", 1, p) for p in pages if fits(1, p)}
                 grid = {(q, p): modeled("mixed", q, p) for p in decode for q in sorted({*block_q_grid, fb_mixed[0]})
-                        if fits(q * group, p)}
+                        if fits(q, p)}
                 ppb = pick_pages(decode, grid, fb_decode[1])
                 mixed = {q: t for (q, p), t in grid.items() if p == ppb}
                 block_q = min(mixed, key=lambda q: (mixed[q][0], q != fb_mixed[0]), default=None)

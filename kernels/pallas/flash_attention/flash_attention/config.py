@@ -274,16 +274,30 @@ class PagedBlocks:
     reason: str
 
 
-def paged_vmem_bytes(rows: int, block_kv: int, kv_heads: int, head_dim: int, itemsize: int) -> int:
+def paged_vmem_bytes(rows: int, block_kv: int, kv_heads: int, head_dim: int, itemsize: int,
+                     sub_rows: int | None = None) -> int:
     """VMEM of one ragged paged attention step: double-buffered K and V page buffers ([block_kv, Hkv, D], the heads
     counted padded to the dtype's packing: Gemma 4's global layers, 2 kv heads x 512 in bf16, compiled for v7x with
     16 pages of 128 per step, which a whole sublane tile of padding would not fit), double-buffered q/o blocks, the
-    m/l/acc scratch and three f32 [rows, block_kv] temporaries."""
+    m/l/acc scratch of `rows` rows and three f32 [sub_rows, block_kv] temporaries (the rows one matmul computes:
+    all of them unless the rows run in sub-blocks)."""
     packing = max(1, 4 // itemsize)
     pages = 2 * 2 * block_kv * round_up(kv_heads, packing) * round_up(head_dim, LANES) * itemsize
     blocks = 2 * 2 * kv_heads * tile_bytes(rows, head_dim, itemsize) + 2 * tile_bytes(rows, LANES, 4)
     scratch = kv_heads * (2 * tile_bytes(rows, LANES, 4) + tile_bytes(rows, head_dim, 4))
-    return pages + blocks + scratch + 3 * tile_bytes(rows, block_kv, 4)
+    return pages + blocks + scratch + 3 * tile_bytes(sub_rows or rows, block_kv, 4)
+
+
+def paged_step_vmem_bytes(block_q: int, group: int, block_kv: int, kv_heads: int, head_dim: int,
+                          itemsize: int) -> int:
+    """paged_vmem_bytes of a call with `block_q` tokens a work item: a mixed item (block_q > 1) keeps block_q tokens'
+    rows, padded to whole sub-blocks of MIXED_SUB_Q tokens, but computes one sub-block at a time, so its
+    temporaries are a sub-block's rows (at most MIXED_SUB_Q x G), not block_q x G."""
+    if block_q == 1:
+        return paged_vmem_bytes(group, block_kv, kv_heads, head_dim, itemsize)
+    sub = min(block_q, MIXED_SUB_Q)
+    return paged_vmem_bytes(cdiv(block_q, sub) * sub * group, block_kv, kv_heads, head_dim, itemsize,
+                            sub_rows=sub * group)
 
 
 #: Most tokens a mixed work item computes at a time (pallas_paged: its rows run in sub-blocks of this many tokens,
@@ -301,13 +315,12 @@ def paged_blocks(tokens: int, seqs: int, group: int, page_size: int, pages_per_s
     block_q = 1
     while block_q < mean and block_q * 2 * group <= 256:
         block_q *= 2
-    rows = block_q * group
     cap = pages_per_seq
     if window is not None:
         cap = min(cap, cdiv(window + block_q - 1, page_size) + 1)
     ppb = max(1, min(cap, 2048 // page_size))
-    while ppb > 1 and paged_vmem_bytes(rows, ppb * page_size, kv_heads, head_dim,
-                                       itemsize) > vmem_budget_bytes * 5 // 8:
+    while ppb > 1 and paged_step_vmem_bytes(block_q, group, ppb * page_size, kv_heads, head_dim,
+                                            itemsize) > vmem_budget_bytes * 5 // 8:
         ppb -= 1
     why = (f"{block_q} token(s) x {group} heads per work item, {ppb} pages of {page_size} per step "
            f"(within 5/8 of {vmem_budget_bytes >> 20} MiB of VMEM)")

@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping, Sequence
 
 from ._vendor.chips import chip_for_device_kind
-from .config import MIXED_SUB_Q, AttentionConfig, PagedBlocks, paged_blocks, paged_vmem_bytes
+from .config import MIXED_SUB_Q, AttentionConfig, PagedBlocks, paged_blocks, paged_step_vmem_bytes
 from .paged_checks import PagedShapes
 from .paged_tuned_table import TUNED
 
@@ -71,7 +71,8 @@ def entry_vmem_bytes(key: tuple, block_q: int, pages_per_block: int, itemsize: i
     """VMEM estimate of one kernel step with an entry's blocks (config.paged_vmem_bytes): the key fixes the heads,
     head dim and page size, so the entry alone decides whether it fits its chip."""
     _, page_size, _, _, q_heads, kv_heads, head_dim, _ = key
-    return paged_vmem_bytes(block_q * (q_heads // kv_heads), pages_per_block * page_size, kv_heads, head_dim, itemsize)
+    return paged_step_vmem_bytes(block_q, q_heads // kv_heads, pages_per_block * page_size, kv_heads, head_dim,
+                                 itemsize)
 
 
 def choose_blocks(sh: PagedShapes, q_dtype: str, kv_dtype: str, itemsize: int, device_kind: str | None,

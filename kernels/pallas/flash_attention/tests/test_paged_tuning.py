@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import flash_attention as fa
 import pytest
-from flash_attention.config import paged_vmem_bytes, vmem_plan
+from flash_attention.config import paged_step_vmem_bytes, paged_vmem_bytes, vmem_plan
 from flash_attention.paged_cases import compile_scenarios
 from flash_attention.paged_checks import PagedShapes
 from flash_attention.paged_tuned_table import TUNED
@@ -69,8 +69,8 @@ def test_a_bad_env_override_is_one_clear_error(text: str) -> None:
 def test_the_fallback_fits_the_chips_vmem(kind) -> None:
     got = _choose(MIXED, kind, {}, environ={})
     assert got.source.startswith("fallback")
-    rows = got.block_q * MIXED.group
-    assert paged_vmem_bytes(rows, got.pages_per_block * 128, 4, 128, 2) <= vmem_plan(kind)[0] * 5 // 8
+    vmem = paged_step_vmem_bytes(got.block_q, MIXED.group, got.pages_per_block * 128, 4, 128, 2)
+    assert vmem <= vmem_plan(kind)[0] * 5 // 8
 
 
 def test_every_8k_tuned_entry_is_a_compile_gate_case_on_its_generation() -> None:
@@ -147,8 +147,8 @@ def test_an_entry_past_the_vmem_budget_is_not_used() -> None:
     key = tuning_key("v5e", MIXED, "bfloat16", "bfloat16")
     got = _choose(MIXED, "TPU v5 lite", {key: (256, 64)}, environ={})
     assert got.source.startswith("fallback: tuned entry") and "passes 5/8 of the VMEM budget" in got.source
-    rows = got.block_q * MIXED.group
-    assert paged_vmem_bytes(rows, got.pages_per_block * 128, 4, 128, 2) <= vmem_plan("TPU v5 lite")[0] * 5 // 8
+    vmem = paged_step_vmem_bytes(got.block_q, MIXED.group, got.pages_per_block * 128, 4, 128, 2)
+    assert vmem <= vmem_plan("TPU v5 lite")[0] * 5 // 8
 
 
 def test_a_tuned_block_q_is_kept_and_its_sub_blocks_capped_at_the_batchs_mean() -> None:
@@ -159,3 +159,14 @@ def test_a_tuned_block_q_is_kept_and_its_sub_blocks_capped_at_the_batchs_mean() 
     assert (got.block_q, got.pages_per_block, got.sub_q) == (128, 8, 4) and got.source.startswith("tuned")
     got = _choose(MIXED, "TPU v6 lite", {tuning_key("v6e", MIXED, "bfloat16", "bfloat16"): (128, 8)}, environ={})
     assert (got.block_q, got.sub_q) == (128, 32)
+
+
+def test_a_mixed_steps_vmem_counts_its_rows_in_whole_sub_blocks_and_its_temporaries_per_sub_block() -> None:
+    """block_q 48 keeps two whole sub-blocks of rows (as 64 does); block_q 256 keeps 256 x G rows of m / l / acc but
+    its [rows, block_kv] temporaries are one 32-token sub-block's, so it needs far less than 256 x G rows would."""
+    step = lambda bq: paged_step_vmem_bytes(bq, 8, 1024, 4, 128, 2)
+    assert step(48) == step(64) > step(32)
+    assert step(1) == paged_vmem_bytes(8, 1024, 4, 128, 2)
+    assert step(32) == paged_vmem_bytes(32 * 8, 1024, 4, 128, 2)
+    whole = paged_vmem_bytes(256 * 8, 1024, 4, 128, 2)
+    assert step(256) == whole - 3 * (256 * 8 - 32 * 8) * 1024 * 4
