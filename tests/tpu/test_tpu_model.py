@@ -441,3 +441,21 @@ def test_a_block_reads_only_the_pages_its_item_sees(fa):
     assert read.name == "ragged_paged_attention"
     assert read.dmas == 8
     assert read.dma_bytes == 8 * 16 * 128 * 4
+
+
+def test_a_mixed_batchs_write_kernel_writes_only_the_chunks_rows(fa):
+    # A decode step (25 positions) beside a 4-token chunk at 16..19, pages of 16 f32 rows, one kv head of 128: the
+    # write kernel copies the chunk's one run (4 rows, one piece each of K and V); the decode step's row is stored by
+    # its own item in the attention call.
+    seqs = [(1, 25), (4, 20)]
+    cfg = fa.AttentionConfig(paged_block_q=4, paged_pages_per_block=2)
+    args = (SDS((5, 1, 128), jnp.float32), SDS((5, 1, 128), jnp.float32), SDS((5, 1, 128), jnp.float32),
+            SDS((4, 16, 1, 128), jnp.float32), SDS((4, 16, 1, 128), jnp.float32),
+            np.array([k for _, k in seqs], np.int32), np.arange(4, dtype=np.int32).reshape(2, 2),
+            np.array([0, 1, 5], np.int32), np.int32(2))
+    call = jax.jit(lambda *a: fa.ragged_paged_attention(*a, implementation="pallas", interpret=False, config=cfg),
+                   donate_argnums=(3, 4))
+    calls = {c.name: c for c in kernel_cost(call, *args).calls}
+    assert sorted(calls) == ["ragged_paged_attention_cache_write", "ragged_paged_attention_mixed_store"]
+    write = calls["ragged_paged_attention_cache_write"]
+    assert write.dmas == 2 and write.dma_bytes == 2 * 2 * 4 * 128 * 4  # HBM to HBM: each byte read and written

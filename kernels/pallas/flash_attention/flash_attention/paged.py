@@ -48,13 +48,14 @@ from .paged_layout import (
     row_positions,
     scatter_outputs,
     token_destinations,
+    token_slots,
     token_work,
     work_items,
     write_new_tokens,
 )
 from .paged_quant import fp8_refusal, is_fp8, quantize_rows
 from .paged_tuning import Choice, choose_blocks
-from .pallas_paged import NewRows, PagedStatic, layout_ok, paged_forward, paged_mixed_forward
+from .pallas_paged import ItemRows, NewRows, PagedStatic, layout_ok, paged_forward, paged_mixed_forward
 from .pallas_paged_write import write_pages
 
 #: The blocks the last call chose (what the compile gate records per case).
@@ -97,21 +98,30 @@ def _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_
         new = NewRows(quantize_rows(keys, k_cache.dtype, sh.k_scale), quantize_rows(values, v_cache.dtype, sh.v_scale),
                       page, slot, meta.q_start, meta.q_len)
         return paged_forward(*args, new=new)
-    if update_cache and impl == "pallas":
-        page, slot = token_destinations(meta, sh)
-        k_cache, v_cache = write_pages(k_cache, v_cache, keys, values, page, slot, interpret=interpret,
-                                       k_scale=sh.k_scale, v_scale=sh.v_scale, layer=layer,
-                                       max_runs=max_write_runs(sh))
-    elif update_cache:
-        k_cache, v_cache = write_new_tokens(k_cache, v_cache, keys, values, meta, sh, layer)
-    if impl == "pallas":  # any mix: one call, queries and output where they lie
+    if impl == "pallas":  # any mix: one attention call, queries and output where they lie
         work = work_items(meta, sh, block_q, causal)
         first, rows, pos = item_rows(work)
         st = _static(sh, sinks is not None, causal, ppb, _steps(sh, block_q, ppb), interpret, vmem_limit,
-                     mixed_block_q=block_q, mixed_sub_q=sub_q)
-        out = paged_mixed_forward(queries, first, rows, pos, _sinks_rows(sinks, sh, block_q), k_cache, v_cache,
-                                  work.seq, work.lo, work.hi, meta.kv_len, meta.read_table, st, layer)
-        return out, k_cache, v_cache
+                     mixed_block_q=block_q, mixed_sub_q=sub_q, write=update_cache)
+        args = (queries, first, rows, pos, _sinks_rows(sinks, sh, block_q), k_cache, v_cache, work.seq, work.lo,
+                work.hi, meta.kv_len, meta.read_table, st, layer)
+        if not update_cache:
+            return paged_mixed_forward(*args), k_cache, v_cache
+        # decode steps' rows are stored by their own items (as on the decode schedule); the chunks' rows are written
+        # first, in runs, so no item reads a row another item of the same call stores
+        page, slot = token_destinations(meta, sh)
+        seq_of_row = token_slots(meta, sh)[0]
+        one = meta.q_len[seq_of_row] == 1
+        k_cache, v_cache = write_pages(k_cache, v_cache, keys, values, jnp.where(one, -1, page), slot,
+                                       interpret=interpret, k_scale=sh.k_scale, v_scale=sh.v_scale, layer=layer,
+                                       max_runs=max_write_runs(sh))
+        row = jnp.clip(first, 0, sh.tokens - 1)
+        stores = (rows == 1) & one[row]
+        new = ItemRows(quantize_rows(keys, k_cache.dtype, sh.k_scale), quantize_rows(values, v_cache.dtype, sh.v_scale),
+                       jnp.where(stores, page[row], -1), slot[row], row)
+        return paged_mixed_forward(*args[:5], k_cache, v_cache, *args[7:], new=new)
+    if update_cache:
+        k_cache, v_cache = write_new_tokens(k_cache, v_cache, keys, values, meta, sh, layer)
     out = jnp.zeros(queries.shape, queries.dtype)
     for bq, select, count in _passes(meta, sh, block_q):
         work = work_items(meta, sh, bq, causal, select, count)

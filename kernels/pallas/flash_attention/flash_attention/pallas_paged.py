@@ -17,7 +17,8 @@ scalar-prefetched, then copies its output rows back to the same rows of the outp
 rows stay 0). Items never share a row, so they run in any order, on either core. An item of one token (a decode step,
 or a chunk's one-token tail) computes on its G heads only; a longer one on block_q * G rows. Copies have static sizes:
 a row count short of block_q goes as powers of two. A kv block every real row of an item sees whole is folded
-without masks.
+without masks. With the cache updated (paged_mixed_forward's `new`), an item whose sequence has one new token (a
+decode step) stores its own row as the decode schedule does (ItemRows); the chunks' rows are written before the call.
 
 A block's pages past the last position the item sees are not read (a reach of 10 pages in blocks of 8 reads 10);
 their slots keep whatever the buffer held. Page reads are clamped: a page id outside the cache reads page 0 or the
@@ -112,9 +113,28 @@ class NewRows:
     q_len: jax.Array  # [S] int32 its new tokens
 
 
+@dataclasses.dataclass(frozen=True)
+class ItemRows:
+    """The new rows a mixed call stores itself: the one row of each item whose sequence has one new token (a decode
+    step); every other new row was written before the call (pallas_paged_write), so no item reads a row another item
+    stores in the same call."""
+
+    keys: jax.Array  # [T, Hkv, D] in the cache's dtype (quantized as stored)
+    values: jax.Array
+    page: jax.Array  # [W] int32 destination page of item w's row, -1: the item stores nothing
+    slot: jax.Array  # [W] int32 slot in that page
+    row: jax.Array  # [W] int32 packed row of item w's token (in range even where page is -1)
+
+
 def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, layer_ref, *refs, st: PagedStatic):
     new = None
-    if st.mixed_block_q:
+    if st.mixed_block_q and st.write:
+        (first_ref, rows_ref, pos_ref, page_ref, slot_ref, _row_ref, q_ref, sinks_ref, knew_ref, vnew_ref, k_hbm,
+         v_hbm, _zeros, o_ref, k_out, v_out, kbuf, vbuf, sems, m_scr, l_scr, acc_scr, qbuf, obuf, row_sems, wsems,
+         started) = refs
+        new = _Store(page_ref, slot_ref, None, None, knew_ref, vnew_ref, None, None, k_out, v_out, wsems, None,
+                     started)
+    elif st.mixed_block_q:
         (first_ref, rows_ref, pos_ref, q_ref, sinks_ref, k_hbm, v_hbm, _zeros, o_ref,
          kbuf, vbuf, sems, m_scr, l_scr, acc_scr, qbuf, obuf, row_sems) = refs
     elif st.write:
@@ -238,7 +258,10 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, layer_ref, *refs, st:
             block_copies(kj + 1, 1 - slot, wait=False)
 
         block_copies(kj, slot, wait=True)
-        if new is not None:
+        if new is not None and st.mixed_block_q:  # a one-token sequence's item: its row is the only new one
+            new.patch_own(w, pos_ref[w], jnp.minimum(start_of(kj) + n - 1, hi_ref[w]), start_of(kj), kbuf.at[slot],
+                          vbuf.at[slot], layer_ref[0])
+        elif new is not None:
             new.patch(w, seq_ref[w], kvlen_ref[seq_ref[w]], hi_ref[w], start_of(kj), n, kbuf.at[slot],
                       vbuf.at[slot], layer_ref[0])
         if not st.mixed_block_q:
@@ -307,7 +330,8 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, layer_ref, *refs, st:
 
 @dataclasses.dataclass(frozen=True)
 class _Store:
-    """A direct item's part in storing the new rows (PagedStatic.write).
+    """A direct item's part in storing the new rows (PagedStatic.write); a mixed item's is its own row only
+    (ItemRows: patch_own and own_stores, with no other new row of its sequence to patch).
 
     The pages an item reads may not hold its sequence's new rows yet (its own is stored by itself, others by other
     items, maybe on the other core), so after each block's pages land the item overwrites, in VMEM, the slots of its
@@ -342,6 +366,18 @@ class _Store:
                 c = pltpu.make_async_copy(src, dst.at[at], self.wsems.at[i])
                 c.wait() if wait else c.start()
 
+    def patch_own(self, w, own, last, start, kblock, vblock, layer) -> None:
+        """Item w's own new row (position `own`, stored at page_ref[w] when that is a page) into kblock / vblock when
+        the block holds it (start .. last), then the row's stores started: the block holding it has landed, so no
+        read of the item's waits on them."""
+
+        @pl.when((own >= start) & (own <= last) & (self.page_ref[w] >= 0))
+        def _own():
+            kblock[pl.ds(own - start, 1)] = self.knew_ref[...]
+            vblock[pl.ds(own - start, 1)] = self.vnew_ref[...]
+            self.own_stores(w, layer, wait=False)
+            self.started[0] = 1
+
     def patch(self, w, seq, kv_len, hi, start, n: int, kblock, vblock, layer) -> None:
         """Positions start .. start + n - 1 are in kblock / vblock [n, Hkv, D]: the sequence's new rows among them,
         up to `hi` (the last position item w sees), written over what the pages held."""
@@ -349,13 +385,7 @@ class _Store:
         first_pos = kv_len - q  # the sequence's first new position; new row r sits at first_pos + r - first_row
         own = first_pos + w - first_row
         lo_x, hi_x = jnp.maximum(start, first_pos), jnp.minimum(start + n - 1, hi)
-
-        @pl.when((own >= lo_x) & (own <= hi_x) & (self.page_ref[w] >= 0))
-        def _own():
-            kblock[pl.ds(own - start, 1)] = self.knew_ref[...]
-            vblock[pl.ds(own - start, 1)] = self.vnew_ref[...]
-            self.own_stores(w, layer, wait=False)
-            self.started[0] = 1
+        self.patch_own(w, own, hi_x, start, kblock, vblock, layer)
 
         def other(x, carry):
             row = first_row + x - first_pos
@@ -467,20 +497,22 @@ def _call(st: PagedStatic, name: str, scalars: tuple, grid: tuple[int, int], in_
 
 
 def paged_mixed_forward(queries, first, rows, pos, sinks_rows, k_cache, v_cache, seq, lo, hi, kv_len, table,
-                        st: PagedStatic, layer: jax.Array | None = None) -> jax.Array:
+                        st: PagedStatic, layer: jax.Array | None = None, new: ItemRows | None = None):
     """_mixed_call on at least block_q query rows: every row copy the kernel traces (a whole item's block_q rows
-    included) must fit the queries' shape, so a batch of fewer tokens is padded with rows no item covers."""
+    included) must fit the queries' shape, so a batch of fewer tokens is padded with rows no item covers. With `new`
+    (st.write): (output, k_cache, v_cache), the items' own rows stored by the kernel, the caches aliased."""
     tokens = queries.shape[0]
     if tokens >= st.mixed_block_q:
         return _mixed_call(queries, first, rows, pos, sinks_rows, k_cache, v_cache, seq, lo, hi, kv_len, table, st,
-                           layer)
+                           layer, new)
     padded = jnp.pad(queries, ((0, st.mixed_block_q - tokens), (0, 0), (0, 0)))
-    return _mixed_call(padded, first, rows, pos, sinks_rows, k_cache, v_cache, seq, lo, hi, kv_len, table, st,
-                       layer)[:tokens]
+    out = _mixed_call(padded, first, rows, pos, sinks_rows, k_cache, v_cache, seq, lo, hi, kv_len, table, st, layer,
+                      new)
+    return out[:tokens] if new is None else (out[0][:tokens], *out[1:])
 
 
 def _mixed_call(queries, first, rows, pos, sinks_rows, k_cache, v_cache, seq, lo, hi, kv_len, table,
-                st: PagedStatic, layer: jax.Array | None = None) -> jax.Array:
+                st: PagedStatic, layer: jax.Array | None = None, new: ItemRows | None = None):
     """One call for any mix of decode steps and prefill chunks. queries [T, Hq, D] stay where they lie (HBM); work
     item w covers packed rows first[w] .. first[w] + rows[w] - 1 (at most st.mixed_block_q, consecutive rows of one
     sequence, the first at position pos[w]) and seq/lo/hi [W] as in paged_forward; an item of one row computes on
@@ -499,8 +531,23 @@ def _mixed_call(queries, first, rows, pos, sinks_rows, k_cache, v_cache, seq, lo
                pltpu.VMEM((hkv, nsub, sub * st.group, LANES), jnp.float32),
                pltpu.VMEM((hkv, nsub, sub * st.group, d), jnp.float32), rows_buf, rows_buf,
                pltpu.SemaphoreType.DMA((2,))]
-    # the output starts as zeros (what padding rows keep); the items overwrite their own rows
-    return _call(st, "ragged_paged_attention_mixed", scalars, (seq.shape[0], st.steps),
-                 [any_, pl.BlockSpec((hkv, r, LANES), lambda wi, kj, *_: (0, 0, 0)), any_, any_, any_], any_,
-                 scratch, jax.ShapeDtypeStruct(queries.shape, queries.dtype), aliases={len(scalars) + 4: 0},
-                 )(*scalars, queries, sinks_wide, k_cache, v_cache, jnp.zeros(queries.shape, queries.dtype))
+    sinks_spec = pl.BlockSpec((hkv, r, LANES), lambda wi, kj, *_: (0, 0, 0))
+    out_shape = jax.ShapeDtypeStruct(queries.shape, queries.dtype)
+    zeros = jnp.zeros(queries.shape, queries.dtype)
+    if new is None:
+        # the output starts as zeros (what padding rows keep); the items overwrite their own rows
+        return _call(st, "ragged_paged_attention_mixed", scalars, (seq.shape[0], st.steps),
+                     [any_, sinks_spec, any_, any_, any_], any_, scratch, out_shape, aliases={len(scalars) + 4: 0},
+                     )(*scalars, queries, sinks_wide, k_cache, v_cache, zeros)
+    # item w's own row as a VMEM block (read by its packed row), its stores' semaphores and started flag
+    scalars = (*scalars, new.page, new.slot, new.row)
+    at = len(scalars) - 1
+    row_spec = pl.BlockSpec((1, hkv, d), lambda wi, kj, *refs: (refs[at][wi], 0, 0))
+    scratch += [pltpu.SemaphoreType.DMA((2,)), pltpu.SMEM((1,), jnp.int32)]
+    caches_at = len(scalars) + 4  # queries, sinks, own K row, own V row, then the caches and the zeros
+    return _call(st, "ragged_paged_attention_mixed_store", scalars, (seq.shape[0], st.steps),
+                 [any_, sinks_spec, row_spec, row_spec, any_, any_, any_], (any_, any_, any_), scratch,
+                 (out_shape, jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype),
+                  jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype)),
+                 aliases={caches_at + 2: 0, caches_at: 1, caches_at + 1: 2},
+                 )(*scalars, queries, sinks_wide, new.keys, new.values, k_cache, v_cache, zeros)

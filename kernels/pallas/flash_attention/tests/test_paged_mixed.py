@@ -92,7 +92,7 @@ def test_mixed_batch_is_one_attention_call_with_no_regrouping() -> None:
     sc, block_q = MIXED[0]
     eqns = list(_eqns(_program(sc, block_q)))
     names = sorted(_name(e) for e in eqns if e.primitive.name == "pallas_call")
-    assert names == ["ragged_paged_attention_cache_write", "ragged_paged_attention_mixed"], names
+    assert names == ["ragged_paged_attention_cache_write", "ragged_paged_attention_mixed_store"], names
     moved = [(e.primitive.name, v.aval.shape) for e in eqns if e.primitive.name in ("gather", "transpose")
              for v in e.outvars if np.prod(v.aval.shape) >= sc.hq * sc.d]
     assert not moved, moved

@@ -30,6 +30,11 @@ DECODE_BATCH = PagedScenario("decode", ((1, 1), (1, 16), (1, 17), (1, 45)), hq=4
 #: Several new tokens in a sequence, run on the decode schedule (one item per token row).
 SEVERAL = PagedScenario("several", ((3, 20), (1, 9), (5, 37)), hq=4, hkv=2, d=128, page_size=16, pages_per_seq=3)
 SEVERAL_BIDIRECTIONAL = dataclasses.replace(SEVERAL, name="several_noncausal", causal=False)
+#: Decode steps beside prefill chunks on the mixed schedule (items of up to 4 tokens): the decode steps' items store
+#: their own rows, the chunks' rows are written before the call; an empty sequence, a padding row, a window.
+MIXED_BATCH = PagedScenario("mixed", ((1, 20), (7, 30), (1, 17), (0, 5), (1, 45), (12, 40), (1, 1)), hq=4, hkv=2,
+                            d=128, page_size=16, pages_per_seq=3, pad=1, window=30)
+MIXED = fa.AttentionConfig(paged_block_q=4, paged_pages_per_block=2)
 
 
 @pytest.fixture(autouse=True)
@@ -38,8 +43,8 @@ def _reset_simulator():
     pltpu.reset_tpu_interpret_mode_state()
 
 
-def _call(sc: PagedScenario, x: dict, **kw):
-    return fa.ragged_paged_attention(*(x[k] for k in ARGS), sinks=x["sinks"], **features(sc), config=DECODE, **kw)
+def _call(sc: PagedScenario, x: dict, config: fa.AttentionConfig = DECODE, **kw):
+    return fa.ragged_paged_attention(*(x[k] for k in ARGS), sinks=x["sinks"], **features(sc), config=config, **kw)
 
 
 def _expected_caches(sc: PagedScenario, x: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -139,5 +144,58 @@ def test_fp8_cache_stores_the_quantized_rows_it_attends_to() -> None:
     got = _call(sc, fp8, implementation="pallas", k_scale=0.5, v_scale=2.0)
     ref_cpu = _call(sc, fp8, implementation="cpu", k_scale=0.5, v_scale=2.0)
     for a, b in zip(got[1:], ref_cpu[1:], strict=True):  # the same bytes stored as the XLA scatter stores
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
+    assert relative_error(np.asarray(got[0], np.float64), np.asarray(ref_cpu[0], np.float64)) <= 2e-2
+
+
+@pytest.mark.parametrize("sc", [MIXED_BATCH, dataclasses.replace(MIXED_BATCH, name="mixed_noncausal", causal=False,
+                                                                  window=None)], ids=lambda sc: sc.name)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_mixed_schedule_stores_decode_rows_in_the_attention_call(sc: PagedScenario, dtype: str) -> None:
+    x = paged_inputs(sc, dtype, seed=6)
+    got = _call(sc, x, MIXED, implementation="pallas")
+    assert fa.last_tuning().startswith("block_q 4,")
+    _check(sc, dtype, got, x)
+
+
+def test_mixed_decode_rows_landing_only_at_their_wait_still_give_the_reference() -> None:
+    x = paged_inputs(MIXED_BATCH, "float32", seed=8)
+    params = pltpu.InterpretParams(dma_execution_mode="on_wait", uninitialized_memory="nan")
+    _check(MIXED_BATCH, "float32", _call(MIXED_BATCH, x, MIXED, implementation="pallas", interpret=params), x)
+
+
+def test_mixed_batch_on_two_simulated_cores_is_race_free() -> None:
+    x = paged_inputs(MIXED_BATCH, "float32", seed=2)
+    got = fa.run_race_checked(_call, MIXED_BATCH, x, MIXED, implementation="pallas",
+                              interpret=fa.race_checking_params(seed=1))
+    _check(MIXED_BATCH, "float32", got, x)
+
+
+def _name(eqn) -> str:
+    name = eqn.params.get("name_and_src_info") or eqn.params.get("name")
+    if name is None:
+        name = eqn.params["jaxpr"].debug_info.func_name
+    return str(name).split(" ")[0]
+
+
+def test_the_mixed_attention_call_aliases_the_zeroed_output_and_both_caches() -> None:
+    sc = MIXED_BATCH
+    x = paged_inputs(sc, "bfloat16", seed=1)
+    args = [jnp.asarray(x[k]) for k in ARGS[:-1]]
+    jaxpr = jax.make_jaxpr(lambda *a: fa.ragged_paged_attention(
+        *a, **features(sc), config=MIXED, implementation="pallas", interpret=True))(*args)
+    calls = {_name(e): e for e in _eqns(jaxpr.jaxpr) if e.primitive.name == "pallas_call"}
+    assert sorted(calls) == ["ragged_paged_attention_cache_write", "ragged_paged_attention_mixed_store"]
+    aliases = dict(calls["ragged_paged_attention_mixed_store"].params["input_output_aliases"])
+    assert sorted(aliases.values()) == [0, 1, 2]  # the zeroed output and both caches
+
+
+def test_fp8_mixed_batch_stores_the_bytes_the_xla_scatter_stores() -> None:
+    sc = dataclasses.replace(MIXED_BATCH, page_size=32, seqs=((1, 33), (9, 40), (1, 90), (1, 1)))  # e4m3 tiles
+    x = paged_inputs(sc, "bfloat16", seed=4)
+    fp8 = {**x, **{k: jnp.asarray(x[k]).astype(jnp.float8_e4m3fn) for k in ("k_cache", "v_cache")}}
+    got = _call(sc, fp8, MIXED, implementation="pallas", k_scale=0.5, v_scale=2.0)
+    ref_cpu = _call(sc, fp8, MIXED, implementation="cpu", k_scale=0.5, v_scale=2.0)
+    for a, b in zip(got[1:], ref_cpu[1:], strict=True):
         np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
     assert relative_error(np.asarray(got[0], np.float64), np.asarray(ref_cpu[0], np.float64)) <= 2e-2
