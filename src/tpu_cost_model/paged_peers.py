@@ -46,8 +46,9 @@ def _metadata(seqs: list[tuple[int, int]]) -> dict[str, np.ndarray]:
 
 
 def ideal_cost(geo: HeadGeometry, seqs: list[tuple[int, int]], itemsize: int) -> tuple[float, float]:
-    """(bytes, flops): each sequence's visible K/V read once, queries read and outputs written once; 4 flops per
-    query-key pair per head dim (q.k and p.v), over the keys each query sees (causal, windowed)."""
+    """(bytes, flops): each sequence's visible K/V read once, the new tokens' K/V written once (the cache update is
+    part of the call), queries read and outputs written once; 4 flops per query-key pair per head dim (q.k and p.v),
+    over the keys each query sees (causal, windowed)."""
     kv_bytes = flops = 0.0
     for q_len, kv_len in seqs:
         first = kv_len - q_len
@@ -56,7 +57,7 @@ def ideal_cost(geo: HeadGeometry, seqs: list[tuple[int, int]], itemsize: int) ->
         kv_bytes += 2 * reach * geo.hkv * geo.d * itemsize
         flops += 4.0 * geo.hq * geo.d * sum(seen)
     tokens = sum(q for q, _ in seqs)
-    return kv_bytes + 2 * tokens * geo.hq * geo.d * itemsize, flops
+    return kv_bytes + 2 * tokens * (geo.hq + geo.hkv) * geo.d * itemsize, flops
 
 
 def paged_peers(fa: ModuleType, geo: HeadGeometry, phase: str, dtype: str, generation: str) -> list[Peer]:

@@ -152,3 +152,21 @@ def test_ours_is_traced_for_the_chip_it_is_modeled_on():
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert "fallback" in out["host"]
     assert "(tuned v6e" in out["detail"] and "fallback" not in out["detail"]
+
+
+def test_the_paged_ideal_reads_the_visible_cache_and_writes_the_new_rows_once():
+    """By hand: 2 kv heads x 128 (bf16), 4 query heads; a decode step at 10 positions and a 3-token chunk at 6 (its
+    rows see 4, 5 and 6 positions): 16 positions of K and V read, 4 tokens' queries in and outputs out, their K and V
+    written; 4 flops per query-key pair per head dim over 10 + 15 pairs. A window of 4 reads min(10, 4) and
+    min(6, 4 + 2) positions and sees 4 + (4 + 4 + 4) pairs."""
+    from types import SimpleNamespace
+
+    from tpu_cost_model.paged_peers import ideal_cost
+
+    geo = SimpleNamespace(model="t", hq=4, hkv=2, d=128, window=None, sinks=False)
+    nbytes, flops = ideal_cost(geo, [(1, 10), (3, 6)], 2)
+    assert nbytes == (2 * 16 * 2 * 128 + 2 * 4 * 4 * 128 + 2 * 4 * 2 * 128) * 2
+    assert flops == 4.0 * 4 * 128 * (10 + 15)
+    nbytes, flops = ideal_cost(SimpleNamespace(**{**vars(geo), "window": 4}), [(1, 10), (3, 6)], 2)
+    assert nbytes == (2 * (4 + 6) * 2 * 128 + 2 * 4 * 4 * 128 + 2 * 4 * 2 * 128) * 2
+    assert flops == 4.0 * 4 * 128 * (4 + 12)
