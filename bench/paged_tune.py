@@ -1,7 +1,7 @@
 """The ragged paged attention's tuned table (flash_attention/paged_tuned_table.py), made: per generation, model
 geometry (Qwen3-30B-A3B 32/4 x 128, Gemma 4 26B-A4B sliding 16/8 x 256 window 1024 and global 16/2 x 512; pages of
 128, bf16) and length bucket (positions per sequence), pages_per_block (8, 16, 32) swept on the decode batch (64
-sequences of one new token over the bucket) and (block_q in 8 .. 256) x pages_per_block on the mixed batch (4
+sequences of one new token over the bucket) and (block_q in 8 .. 512) x pages_per_block on the mixed batch (4
 prefill chunks of 496 tokens beside 60 decode steps), each candidate read by kernel-hub's TPU cost model (modeled,
 with its band, not measured), skipping candidates whose VMEM estimate passes the chip's budget; the blocks the
 kernel would pick without a table (the VMEM-safe fallback) are modeled beside them. The pages per step that decode
@@ -30,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = (8, 16, 32)
-BLOCK_Q = (8, 16, 32, 64, 128, 256)
+BLOCK_Q = (8, 16, 32, 64, 128, 256, 512)
 PAGE, BATCH, PREFILLS, CHUNK, PREFILL_CONTEXT = 128, 64, 4, 496, 4096
 
 
