@@ -6,8 +6,9 @@ means: the outputs alias both caches (alias = both caches) and the temporaries s
     python bench/paged_inplace.py [--json] [--generations v5e,v6e,v7x] [--cases model|small|fp8|small_fp8|all]
 
 Cases: Qwen3-30B-A3B decode (64 sequences x 8192 positions, pages of 128, 32/4 heads x 128, bf16, two 512 MiB caches)
-and Gemma 4 26B-A4B's sliding layers (16/8 x 256, window 1024, two 2 GiB caches): "model"; a small one that compiles
-in seconds (tests/tpu/test_paged_inplace_tpu.py): "small"; Qwen3's decode with bf16 and with float8_e4m3fn caches
+and Gemma 4 26B-A4B's sliding layers (16/8 x 256, window 1024, two 2 GiB caches), each also as a mixed batch of 2044
+new tokens over the 64 sequences: "model"; a small decode and a small mixed one that compile in seconds
+(tests/tpu/test_paged_inplace_tpu.py): "small"; Qwen3's decode with bf16 and with float8_e4m3fn caches
 (two 256 MiB caches; v5e refuses fp8, and that refusal is its row) and Gemma 4's sliding decode with fp8: "fp8"; the
 small case with fp8 caches (tests/tpu/test_paged_fp8_tpu.py): "small_fp8". The compiles run in the TPU environment
 (make setup-tpu), in a subprocess of it.
@@ -26,11 +27,16 @@ from tpu_rows import rows_from_tpu_env
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 2**20
 
-#: name: (sequences, positions each, page size, q heads, kv heads, head dim, sliding window)
+#: name: (sequences, positions each, page size, q heads, kv heads, head dim, sliding window[, new tokens]); new tokens
+#: default to one a sequence (a decode step); more make a mixed batch (the mixed schedule: its attention call stores
+#: the decode steps' rows, the write kernel the rest, both with the caches aliased).
 CASES = {
     "qwen3_30b_a3b_decode_b64_8k": (64, 8192, 128, 32, 4, 128, None),
     "gemma4_26b_a4b_sliding_decode_b64_8k": (64, 8192, 128, 16, 8, 256, 1024),
+    "qwen3_30b_a3b_mixed_2044_8k": (64, 8192, 128, 32, 4, 128, None, 2044),
+    "gemma4_26b_a4b_sliding_mixed_2044_8k": (64, 8192, 128, 16, 8, 256, 1024, 2044),
     "small_decode_b8_2k_window": (8, 2048, 128, 8, 4, 128, 512),
+    "small_mixed_b8_2k_window": (8, 2048, 128, 8, 4, 128, 512, 64),
     "qwen3_30b_a3b_decode_b64_8k_fp8": (64, 8192, 128, 32, 4, 128, None),
     "small_decode_b8_2k_window_fp8": (8, 2048, 128, 8, 4, 128, 512),
     "gemma4_26b_a4b_sliding_decode_b64_8k_fp8": (64, 8192, 128, 16, 8, 256, 1024),
@@ -39,7 +45,8 @@ CASES = {
 FP8_CASES = {"qwen3_30b_a3b_decode_b64_8k_fp8", "small_decode_b8_2k_window_fp8",
              "gemma4_26b_a4b_sliding_decode_b64_8k_fp8"}
 GROUPS = {"model": [n for n in CASES if not n.startswith("small") and n not in FP8_CASES],
-          "small": ["small_decode_b8_2k_window"], "small_fp8": ["small_decode_b8_2k_window_fp8"],
+          "small": ["small_decode_b8_2k_window", "small_mixed_b8_2k_window"],
+          "small_fp8": ["small_decode_b8_2k_window_fp8"],
           "fp8": ["qwen3_30b_a3b_decode_b64_8k", "qwen3_30b_a3b_decode_b64_8k_fp8",
                   "gemma4_26b_a4b_sliding_decode_b64_8k_fp8"]}
 GROUPS["all"] = GROUPS["model"] + GROUPS["small"] + sorted(FP8_CASES)
@@ -61,13 +68,14 @@ def compile_rows(generations: list[str], names: list[str]) -> None:
         device = topology_devices(chip(gen).topology)[0]
         jax.config.update("jax_default_device", device)
         for name in names:
-            seqs, length, page, hq, hkv, d, window = CASES[name]
+            seqs, length, page, hq, hkv, d, window, *more = CASES[name]
+            tokens = more[0] if more else seqs
             pages = seqs * (length // page)
             kv_dtype = jnp.float8_e4m3fn if name in FP8_CASES else jnp.bfloat16
             cache = sds((pages, page, hkv, d), kv_dtype)
             scales = {"k_scale": 0.5, "v_scale": 0.5} if name in FP8_CASES else {}
-            args = on_device((sds((seqs, hq, d), jnp.bfloat16), sds((seqs, hkv, d), jnp.bfloat16),
-                              sds((seqs, hkv, d), jnp.bfloat16), cache, cache, sds((seqs,), jnp.int32),
+            args = on_device((sds((tokens, hq, d), jnp.bfloat16), sds((tokens, hkv, d), jnp.bfloat16),
+                              sds((tokens, hkv, d), jnp.bfloat16), cache, cache, sds((seqs,), jnp.int32),
                               sds((seqs, length // page), jnp.int32), sds((seqs + 1,), jnp.int32),
                               sds((), jnp.int32)), device)
 
