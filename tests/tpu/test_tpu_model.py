@@ -200,8 +200,9 @@ def test_prefill_heads_per_step_loop_counts_every_head(fa):
 def test_cache_write_copies_runs_of_slots_as_power_of_two_dmas(fa):
     # Pages of 16, one kv head of 128 f32 (a row is 512 bytes). Sequence 0: 20 new tokens at positions 5..24, so
     # slots 5..15 of its first page (11 rows = 8 + 2 + 1: 3 DMAs) and 0..8 of its second (9 = 8 + 1: 2); sequence
-    # 1: one token at position 15 (1); sequence 2: 16 tokens at 16..31, a whole page (1); 2 padding rows (none).
-    # 4 runs, 7 pieces: 14 DMAs (keys and values), one pipeline stage per run, 37 rows read and written twice.
+    # 1: one token at position 15, a decode step its own item stores in the attention call (none here); sequence 2:
+    # 16 tokens at 16..31, a whole page (1); 2 padding rows (none). 3 runs, 6 pieces: 12 DMAs (keys and values), one
+    # pipeline stage per run, 36 rows read and written twice.
     seqs = [(20, 25), (1, 16), (16, 32)]
     tokens = sum(q for q, _ in seqs) + 2
     table = np.arange(6, dtype=np.int32).reshape(3, 2)
@@ -213,8 +214,9 @@ def test_cache_write_copies_runs_of_slots_as_power_of_two_dmas(fa):
     cost = kernel_cost(call, SDS((tokens, 1, 128), jnp.float32), rows, rows, cache, cache,
                        np.array([k for _, k in seqs], np.int32), table, cu, np.int32(3))
     write = next(c for c in cost.calls if c.name == "ragged_paged_attention_cache_write")
-    assert write.dmas == 14 and write.stages == 4
-    assert write.dma_bytes == 2 * 2 * 37 * 512
+    assert write.dmas == 12 and write.stages == 3
+    assert write.dma_bytes == 2 * 2 * 36 * 512
+    assert [c.name for c in cost.calls] == ["ragged_paged_attention_cache_write", "ragged_paged_attention_mixed_store"]
 
 
 def test_decode_attention_stores_its_rows_in_the_same_call(fa):
