@@ -197,6 +197,16 @@ def test_prefill_heads_per_step_loop_counts_every_head(fa):
     assert costs[1].flops == costs[4].flops == 4 * 4 * 256 * 256 * 128
 
 
+def _one_head_f32(seqs: list[tuple[int, int]], tokens: int, pages_per_seq: int) -> tuple:
+    """ragged_paged_attention's arguments for one kv head of 128 f32 (a row is 512 bytes) in pages of 16: `tokens`
+    packed rows (the sequences' new tokens first, then padding), sequence i owning pages i * pages_per_seq on."""
+    pages = len(seqs) * pages_per_seq
+    rows, cache = SDS((tokens, 1, 128), jnp.float32), SDS((pages, 16, 1, 128), jnp.float32)
+    cu = np.concatenate([[0], np.cumsum([q for q, _ in seqs])]).astype(np.int32)
+    return (rows, rows, rows, cache, cache, np.array([k for _, k in seqs], np.int32),
+            np.arange(pages, dtype=np.int32).reshape(len(seqs), pages_per_seq), cu, np.int32(len(seqs)))
+
+
 def test_cache_write_copies_runs_of_slots_as_power_of_two_dmas(fa):
     # Pages of 16, one kv head of 128 f32 (a row is 512 bytes). Sequence 0: 20 new tokens at positions 5..24, so
     # slots 5..15 of its first page (11 rows = 8 + 2 + 1: 3 DMAs) and 0..8 of its second (9 = 8 + 1: 2); sequence
@@ -204,15 +214,9 @@ def test_cache_write_copies_runs_of_slots_as_power_of_two_dmas(fa):
     # 16 tokens at 16..31, a whole page (1); 2 padding rows (none). 3 runs, 6 pieces: 12 DMAs (keys and values), one
     # pipeline stage per run, 36 rows read and written twice.
     seqs = [(20, 25), (1, 16), (16, 32)]
-    tokens = sum(q for q, _ in seqs) + 2
-    table = np.arange(6, dtype=np.int32).reshape(3, 2)
-    cu = np.array([0, 20, 21, 37], np.int32)
     call = jax.jit(lambda *a: fa.ragged_paged_attention(*a, implementation="pallas", interpret=False),
                    donate_argnums=(3, 4))
-    rows = SDS((tokens, 1, 128), jnp.float32)
-    cache = SDS((6, 16, 1, 128), jnp.float32)
-    cost = kernel_cost(call, SDS((tokens, 1, 128), jnp.float32), rows, rows, cache, cache,
-                       np.array([k for _, k in seqs], np.int32), table, cu, np.int32(3))
+    cost = kernel_cost(call, *_one_head_f32(seqs, 39, 2))
     write = next(c for c in cost.calls if c.name == "ragged_paged_attention_cache_write")
     assert write.dmas == 12 and write.stages == 3
     assert write.dma_bytes == 2 * 2 * 36 * 512
@@ -226,10 +230,7 @@ def test_decode_attention_stores_its_rows_in_the_same_call(fa):
     # kernel call, no write kernel.
     seqs = [(1, 25), (1, 16), (1, 32)]
     cfg = fa.AttentionConfig(paged_block_q=1, paged_pages_per_block=2)
-    args = (SDS((5, 1, 128), jnp.float32), SDS((5, 1, 128), jnp.float32), SDS((5, 1, 128), jnp.float32),
-            SDS((6, 16, 1, 128), jnp.float32), SDS((6, 16, 1, 128), jnp.float32),
-            np.array([k for _, k in seqs], np.int32), np.arange(6, dtype=np.int32).reshape(3, 2),
-            np.array([0, 1, 2, 3], np.int32), np.int32(3))
+    args = _one_head_f32(seqs, 5, 2)
 
     def cost(update: bool):
         call = jax.jit(lambda *a: fa.ragged_paged_attention(*a, implementation="pallas", interpret=False, config=cfg,
@@ -433,10 +434,7 @@ def test_a_block_reads_only_the_pages_its_item_sees(fa):
     # where whole blocks would be 16 (the block past the reach once re-read the sequence's last page).
     seqs = [(1, 40), (1, 17)]
     cfg = fa.AttentionConfig(paged_block_q=1, paged_pages_per_block=4)
-    args = (SDS((2, 1, 128), jnp.float32), SDS((2, 1, 128), jnp.float32), SDS((2, 1, 128), jnp.float32),
-            SDS((8, 16, 1, 128), jnp.float32), SDS((8, 16, 1, 128), jnp.float32),
-            np.array([k for _, k in seqs], np.int32), np.arange(8, dtype=np.int32).reshape(2, 4),
-            np.array([0, 1, 2], np.int32), np.int32(2))
+    args = _one_head_f32(seqs, 2, 4)
     call = jax.jit(lambda *a: fa.ragged_paged_attention(*a, implementation="pallas", interpret=False, config=cfg,
                                                         sliding_window=20, update_cache=False))
     (read,) = kernel_cost(call, *args).calls
@@ -451,10 +449,7 @@ def test_a_mixed_batchs_write_kernel_writes_only_the_chunks_rows(fa):
     # its own item in the attention call.
     seqs = [(1, 25), (4, 20)]
     cfg = fa.AttentionConfig(paged_block_q=4, paged_pages_per_block=2)
-    args = (SDS((5, 1, 128), jnp.float32), SDS((5, 1, 128), jnp.float32), SDS((5, 1, 128), jnp.float32),
-            SDS((4, 16, 1, 128), jnp.float32), SDS((4, 16, 1, 128), jnp.float32),
-            np.array([k for _, k in seqs], np.int32), np.arange(4, dtype=np.int32).reshape(2, 2),
-            np.array([0, 1, 5], np.int32), np.int32(2))
+    args = _one_head_f32(seqs, 5, 2)
     call = jax.jit(lambda *a: fa.ragged_paged_attention(*a, implementation="pallas", interpret=False, config=cfg),
                    donate_argnums=(3, 4))
     calls = {c.name: c for c in kernel_cost(call, *args).calls}

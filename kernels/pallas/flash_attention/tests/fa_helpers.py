@@ -44,3 +44,11 @@ def dense_oracle(q, k, v, *, causal=False, sm_scale=None, sliding_window=None, l
     out = jnp.einsum("bhqk,bhkd->bhqd", p, v, precision=jax.lax.Precision.HIGHEST)
     any_key = mask[..., :skv].any(-1, keepdims=True)
     return jnp.where(any_key, out, 0.0)
+
+
+def kernel_name(eqn) -> str:
+    """A pallas_call equation's kernel name (its `name=`, which this jax keeps on the body's debug info)."""
+    name = eqn.params.get("name_and_src_info") or eqn.params.get("name")
+    if name is None:
+        name = eqn.params["jaxpr"].debug_info.func_name
+    return str(name).split(" ")[0]

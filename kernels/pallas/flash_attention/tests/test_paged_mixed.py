@@ -9,6 +9,7 @@ import flash_attention as fa
 import jax
 import numpy as np
 import pytest
+from fa_helpers import kernel_name
 from flash_attention.paged_cases import PagedScenario, features, flat, paged_inputs
 from jax.extend.core import jaxprs_in_params
 
@@ -78,20 +79,12 @@ def _eqns(jx):
             yield from _eqns(sub)
 
 
-def _name(eqn) -> str:
-    """A pallas_call's kernel name (its `name=`, which this jax keeps on the body's debug info)."""
-    name = eqn.params.get("name_and_src_info") or eqn.params.get("name")
-    if name is None:
-        name = eqn.params["jaxpr"].debug_info.func_name
-    return str(name).split(" ")[0]
-
-
 def test_mixed_batch_is_one_attention_call_with_no_regrouping() -> None:
     """Decode steps and prefill chunks go through one attention pallas_call (beside the cache write), and the
     queries reach it as given: no gather or transpose outside the kernel moves anything query-sized."""
     sc, block_q = MIXED[0]
     eqns = list(_eqns(_program(sc, block_q)))
-    names = sorted(_name(e) for e in eqns if e.primitive.name == "pallas_call")
+    names = sorted(kernel_name(e) for e in eqns if e.primitive.name == "pallas_call")
     assert names == ["ragged_paged_attention_cache_write", "ragged_paged_attention_mixed_store"], names
     moved = [(e.primitive.name, v.aval.shape) for e in eqns if e.primitive.name in ("gather", "transpose")
              for v in e.outvars if np.prod(v.aval.shape) >= sc.hq * sc.d]

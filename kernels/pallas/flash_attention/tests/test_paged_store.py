@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from fa_helpers import kernel_name
 from flash_attention.paged_cases import PagedScenario, features, flat, paged_inputs
 from jax.experimental.pallas import tpu as pltpu
 from jax.extend.core import jaxprs_in_params
@@ -171,20 +172,13 @@ def test_mixed_batch_on_two_simulated_cores_is_race_free() -> None:
     _check(MIXED_BATCH, "float32", got, x)
 
 
-def _name(eqn) -> str:
-    name = eqn.params.get("name_and_src_info") or eqn.params.get("name")
-    if name is None:
-        name = eqn.params["jaxpr"].debug_info.func_name
-    return str(name).split(" ")[0]
-
-
 def test_the_mixed_attention_call_aliases_the_zeroed_output_and_both_caches() -> None:
     sc = MIXED_BATCH
     x = paged_inputs(sc, "bfloat16", seed=1)
     args = [jnp.asarray(x[k]) for k in ARGS[:-1]]
     jaxpr = jax.make_jaxpr(lambda *a: fa.ragged_paged_attention(
         *a, **features(sc), config=MIXED, implementation="pallas", interpret=True))(*args)
-    calls = {_name(e): e for e in _eqns(jaxpr.jaxpr) if e.primitive.name == "pallas_call"}
+    calls = {kernel_name(e): e for e in _eqns(jaxpr.jaxpr) if e.primitive.name == "pallas_call"}
     assert sorted(calls) == ["ragged_paged_attention_cache_write", "ragged_paged_attention_mixed_store"]
     aliases = dict(calls["ragged_paged_attention_mixed_store"].params["input_output_aliases"])
     assert sorted(aliases.values()) == [0, 1, 2]  # the zeroed output and both caches
