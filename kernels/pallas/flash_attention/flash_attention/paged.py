@@ -103,23 +103,22 @@ def _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_
         first, rows, pos = item_rows(work)
         st = _static(sh, sinks is not None, causal, ppb, _steps(sh, block_q, ppb), interpret, vmem_limit,
                      mixed_block_q=block_q, mixed_sub_q=sub_q, write=update_cache)
-        args = (queries, first, rows, pos, _sinks_rows(sinks, sh, block_q), k_cache, v_cache, work.seq, work.lo,
-                work.hi, meta.kv_len, meta.read_table, st, layer)
-        if not update_cache:
-            return paged_mixed_forward(*args), k_cache, v_cache
-        # decode steps' rows are stored by their own items (as on the decode schedule); the chunks' rows are written
-        # first, in runs, so no item reads a row another item of the same call stores
-        page, slot = token_destinations(meta, sh)
-        seq_of_row = token_slots(meta, sh)[0]
-        one = meta.q_len[seq_of_row] == 1
-        k_cache, v_cache = write_pages(k_cache, v_cache, keys, values, jnp.where(one, -1, page), slot,
-                                       interpret=interpret, k_scale=sh.k_scale, v_scale=sh.v_scale, layer=layer,
-                                       max_runs=max_write_runs(sh))
-        row = jnp.clip(first, 0, sh.tokens - 1)
-        stores = (rows == 1) & one[row]
-        new = ItemRows(quantize_rows(keys, k_cache.dtype, sh.k_scale), quantize_rows(values, v_cache.dtype, sh.v_scale),
-                       jnp.where(stores, page[row], -1), slot[row], row)
-        return paged_mixed_forward(*args[:5], k_cache, v_cache, *args[7:], new=new)
+        new = None
+        if update_cache:
+            # decode steps' rows are stored by their own items (as on the decode schedule); the chunks' rows are
+            # written first, in runs, so no item reads a row another item of the same call stores
+            page, slot = token_destinations(meta, sh)
+            one = meta.q_len[token_slots(meta, sh)[0]] == 1
+            k_cache, v_cache = write_pages(k_cache, v_cache, keys, values, jnp.where(one, -1, page), slot,
+                                           interpret=interpret, k_scale=sh.k_scale, v_scale=sh.v_scale, layer=layer,
+                                           max_runs=max_write_runs(sh))
+            row = jnp.clip(first, 0, sh.tokens - 1)
+            new = ItemRows(quantize_rows(keys, k_cache.dtype, sh.k_scale),
+                           quantize_rows(values, v_cache.dtype, sh.v_scale),
+                           jnp.where((rows == 1) & one[row], page[row], -1), slot[row], row)
+        out = paged_mixed_forward(queries, first, rows, pos, _sinks_rows(sinks, sh, block_q), k_cache, v_cache,
+                                  work.seq, work.lo, work.hi, meta.kv_len, meta.read_table, st, layer, new=new)
+        return (out, k_cache, v_cache) if new is None else out
     if update_cache:
         k_cache, v_cache = write_new_tokens(k_cache, v_cache, keys, values, meta, sh, layer)
     out = jnp.zeros(queries.shape, queries.dtype)
