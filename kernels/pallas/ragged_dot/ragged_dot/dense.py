@@ -15,12 +15,11 @@ import jax
 import jax.numpy as jnp
 
 from ._vendor import cpu_gmm
-from ._vendor.groups import group_bounds
 from ._vendor.tiling import round_up
 from .dispatch import CallPath
 from .pallas import gmm as pallas_gmm
 from .pallas.config import RaggedDotConfig, backward_config, default_config, transposed_config
-from .pallas.metadata import make_group_metadata
+from .pallas.metadata import group_offsets, make_group_metadata
 
 
 def pad_to(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
@@ -60,7 +59,7 @@ def _forward(path: CallPath, lhs: jax.Array, rhs: jax.Array, gs: jax.Array,
         cfg=cfg,
         out_dtype=jnp.dtype(path.out_dtype),
         interpret=path.interpret or False,
-        bounds=group_bounds(gs, m),
+        offsets=group_offsets(gs, m),
         layer=layer,
     )
     return out[:m, :n]
@@ -82,7 +81,8 @@ def _backward(path: CallPath, lhs: jax.Array, rhs: jax.Array, gs: jax.Array, dou
     # explicit tiles are the caller's; default ones are re-fitted for the swapped kernel's larger output block
     lhs_cfg = cfg.swapped_kn() if path.config is not None else transposed_config(cfg, kp, np_, jnp.dtype(ct).itemsize)
     d_lhs = pallas_gmm.gmm(
-        dout_p, rhs_p, meta, cfg=lhs_cfg, out_dtype=lhs.dtype, transpose_rhs=True, interpret=interpret
+        dout_p, rhs_p, meta, offsets=group_offsets(gs, m), cfg=lhs_cfg, out_dtype=lhs.dtype, transpose_rhs=True,
+        interpret=interpret,
     )
     d_rhs = pallas_gmm.tgmm(
         lhs_p.T, dout_p, meta, num_groups=g, cfg=cfg, out_dtype=rhs.dtype, interpret=interpret

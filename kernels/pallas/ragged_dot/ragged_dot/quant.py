@@ -40,7 +40,7 @@ from .dense import pad_to, run
 from .dispatch import DISPATCH, CallPath, target_chip
 from .pallas import gmm as pallas_gmm
 from .pallas import quant as pallas_quant
-from .pallas.metadata import make_group_metadata
+from .pallas.metadata import group_offsets, make_group_metadata
 
 #: Quantized weight dtypes and the scale layout each takes.
 FORMATS: dict[str, str] = {"int8": "[G, 1, N] (per expert and output channel)",
@@ -136,7 +136,7 @@ def _forward(path: CallPath, lhs: jax.Array, rhs: jax.Array, scale: jax.Array, g
                else pad_to(scale, (g, 1, np_)))
     out = pallas_quant.gmm_quant(
         pad_to(lhs.astype(ct), (mp, kp)), pad_to(rhs, (g, kp, np_)), scale_p, meta, cfg=cfg,
-        out_dtype=jnp.dtype(path.out_dtype), interpret=path.interpret or False, bounds=group_bounds(gs, m),
+        out_dtype=jnp.dtype(path.out_dtype), interpret=path.interpret or False, offsets=group_offsets(gs, m),
     )
     return out[:m, :n]
 

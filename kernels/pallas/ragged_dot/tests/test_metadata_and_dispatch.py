@@ -16,7 +16,14 @@ from ragged_dot.pallas.config import (
     usable_vmem,
     vmem_bytes,
 )
-from ragged_dot.pallas.metadata import forward_items, make_group_metadata, num_work_items
+from ragged_dot.pallas.metadata import (
+    block_shift,
+    forward_items,
+    group_offsets,
+    make_group_metadata,
+    num_work_items,
+    pack_forward,
+)
 
 
 def _random_sizes(rng, g, m):
@@ -114,7 +121,8 @@ def test_shrunk_backward_tiles_give_the_same_numbers():
     rhs = rng.standard_normal((len(sizes), k, n)).astype(np.float32)
     meta = make_group_metadata(jnp.asarray(sizes), m_padded=m, tm=cfg.tm, m=m)
     got = np.asarray(pallas_gmm.gmm(jnp.asarray(dout), jnp.asarray(rhs), meta, cfg=small, out_dtype=jnp.float32,
-                                    transpose_rhs=True, interpret=True))
+                                    transpose_rhs=True, interpret=True,
+                                    offsets=group_offsets(jnp.asarray(sizes), m)))
     bounds = np.concatenate([[0], np.cumsum(sizes)])
     want = np.zeros((m, k))
     for grp in range(len(sizes)):
@@ -200,3 +208,47 @@ def test_forward_items_are_the_pairs_with_rows_plus_one_per_empty_tile(sizes, m,
     assert with_rows == pairs
     assert sorted(int(t) for t, a, b in zip(tile, lo, hi, strict=True) if a == b) == empty_tiles
     assert np.all(np.diff(tile) >= 0)  # an output tile is revisited only on consecutive steps
+
+
+_FORWARD_CASES = [
+    ([100, 0, 200, 12, 0, 150, 50, 0], 512, 128),
+    ([0, 0, 512, 0], 512, 128),
+    ([100, 0, 60, 0], 512, 128),
+    ([0, 0, 0], 256, 128),
+    ([3, 1, 4, 1, 5], 16, 16),
+    ([0] * 7 + [9], 64, 16),  # every row in the last group, tiles past them
+]
+
+
+@pytest.mark.parametrize("sizes, m, tm", _FORWARD_CASES)
+def test_packed_items_are_what_the_forward_runs(sizes, m, tm):
+    """Unpacked, the forward's prefetch gives every item it runs (brute force over rows, as above): its tile, the
+    rows its group owns in that tile (computed as the kernel does, from the offsets), and blocks to fetch that hold
+    rows whenever any item does; the list is cut to tiles + groups - 1 and every run item fits in it."""
+    gs = jnp.asarray(sizes, jnp.int32)
+    tiles, g = m // tm, len(sizes)
+    meta = make_group_metadata(gs, m_padded=m, tm=tm, m=m)
+    shift = block_shift(g, tiles)
+    packed, bound = pack_forward(meta, group_offsets(gs, m), tiles, shift)
+    n = int(bound)
+    items, fetch, offsets = (np.asarray(a) for a in packed)
+    assert items.shape == fetch.shape == (tiles + g - 1,) and n <= tiles + g - 1
+    assert offsets.tolist() == [0, *np.cumsum(sizes).tolist()]
+    tile, group = items[:n] >> shift, items[:n] & ((1 << shift) - 1)
+    lo = np.maximum(offsets[group], tile * tm)
+    hi = np.minimum(offsets[group + 1], tile * tm + tm)
+    owner = np.repeat(np.arange(g), sizes)
+    pairs = sorted({(r // tm, int(owner[r])) for r in range(len(owner))})
+    assert [(int(t), int(e)) for t, e, a, b in zip(tile, group, lo, hi, strict=True) if a < b] == pairs
+    empty = [t for t in range(tiles) if not any(p[0] == t for p in pairs)]
+    assert sorted(int(t) for t, a, b in zip(tile, lo, hi, strict=True) if a >= b) == empty
+    fetched = fetch[:n] & ((1 << shift) - 1)
+    if pairs:  # a tile without rows loads a block that has rows: no empty expert's weights are read
+        assert all(sizes[e] > 0 for e in fetched)
+        assert set((fetch[:n] >> shift).tolist()) <= {t for t, _ in pairs}
+
+
+def test_a_tile_count_that_does_not_pack_is_refused():
+    with pytest.raises(ValueError, match="larger row tile"):
+        block_shift(1 << 12, 1 << 20)
+    assert block_shift(1, 8) == 1 and block_shift(128, 4) == 7 and block_shift(129, 4) == 8

@@ -1,7 +1,8 @@
 """Pallas TPU (Mosaic) kernels: grouped matmul (gmm) and transposed grouped matmul (tgmm).
 
-Both walk the work items of metadata.py; the item arrays are scalar-prefetched into SMEM so the block
-index maps can read them. Inputs must already be padded to whole tiles (api.py pads).
+Both walk the work items of metadata.py, scalar-prefetched into SMEM so the block index maps can read them (gmm
+gets them packed, metadata.ForwardItems; tgmm as the six arrays). Inputs must already be padded to whole tiles
+(api.py pads).
 
 gmm   grid (n tiles, items, k tiles):  out[tile rows of e] = lhs[those rows] @ rhs[e] for each expert e of the
       item's weight block (cfg.experts_per_step consecutive experts, loaded as one block: decode's few rows per
@@ -27,9 +28,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from .config import RaggedDotConfig, lane_tiles, usable_vmem
-from .metadata import GroupMetadata, forward_items
+from .metadata import ForwardItems, GroupMetadata, block_shift, pack_forward
 
-_NUM_PREFETCH = len(GroupMetadata._fields)
+_NUM_PREFETCH = len(GroupMetadata._fields)  # tgmm's
 #: Row windows start on whole sublane tiles (16 rows hold a bf16 vreg tile, two of f32's 8).
 _ALIGN = 16
 
@@ -42,23 +43,28 @@ def compiler_params(cfg: RaggedDotConfig, semantics: tuple[str, ...]) -> pltpu.C
     return pltpu.CompilerParams(dimension_semantics=semantics, vmem_limit_bytes=cfg.vmem_limit_bytes)
 
 
-def step_state(tile_ref, lo_ref, hi_ref, tm: int) -> tuple[jax.Array, ...]:
-    """(i, k, last_k, base, lo, hi, first_visit) of this grid step in a forward kernel (the plain and the quantized
-    one): its item i, K step k, the item's row tile starting at row `base`, the tile's rows [lo, hi) it computes, and
-    whether it is the tile's first item (its output is zeroed then)."""
+def step_state(items_ref, offsets_ref, *, tm: int, shift: int, experts: int) -> tuple[jax.Array, ...]:
+    """(k, last_k, base, lo, hi, first_visit, block) of this grid step in a forward kernel (the plain and the
+    quantized one): its K step k, the item's row tile starting at row `base`, the tile's rows [lo, hi) its
+    weight block owns (lo >= hi: none), whether it is the tile's first item (its output is zeroed then), and the
+    weight block (`experts` consecutive groups)."""
     i, k = pl.program_id(1), pl.program_id(2)
-    tile = tile_ref[i]
-    first_visit = jnp.logical_or(i == 0, tile != tile_ref[jnp.maximum(i - 1, 0)])
-    return i, k, pl.num_programs(2) - 1, tile * tm, lo_ref[i], hi_ref[i], first_visit
+    item = items_ref[i]
+    tile, block = item >> shift, item & ((1 << shift) - 1)
+    first_visit = jnp.logical_or(i == 0, tile != items_ref[jnp.maximum(i - 1, 0)] >> shift)
+    base = tile * tm
+    lo = jnp.maximum(offsets_ref[block * experts], base)
+    hi = jnp.minimum(offsets_ref[(block + 1) * experts], base + tm)
+    return k, pl.num_programs(2) - 1, base, lo, hi, first_visit, block
 
 
-def expert_rows(j: int, experts: int, lo: jax.Array, hi: jax.Array, block: jax.Array, start_ref,
-                end_ref) -> tuple[jax.Array, jax.Array]:
+def expert_rows(j: int, experts: int, lo: jax.Array, hi: jax.Array, block: jax.Array, offsets_ref
+                ) -> tuple[jax.Array, jax.Array]:
     """[r0, r1): the rows of the step's weight block's expert j within the item's rows [lo, hi)."""
     if experts == 1:
         return lo, hi
     e = block * experts + j
-    return jnp.maximum(lo, start_ref[e]), jnp.minimum(hi, end_ref[e])
+    return jnp.maximum(lo, offsets_ref[e]), jnp.minimum(hi, offsets_ref[e + 1])
 
 
 def row_windows(r0: jax.Array, r1: jax.Array, body, *, base: jax.Array, tm: int, window: int, width: int) -> None:
@@ -78,14 +84,15 @@ def row_windows(r0: jax.Array, r1: jax.Array, body, *, base: jax.Array, tm: int,
 
 
 def _gmm_kernel(
-    tile_ref, block_ref, fetch_tile_ref, fetch_block_ref, lo_ref, hi_ref, start_ref, end_ref,  # scalar prefetch
+    items_ref, fetch_ref, offsets_ref,  # scalar prefetch (metadata.ForwardItems)
     lhs_ref, rhs_ref,  # inputs (VMEM blocks)
     out_ref,  # output block
     *acc,  # f32 accumulator, only when K takes several steps
-    tm: int, window: int, experts: int, transpose_rhs: bool, precision: jax.lax.Precision | None,
+    tm: int, shift: int, window: int, experts: int, transpose_rhs: bool, precision: jax.lax.Precision | None,
 ) -> None:
-    del fetch_tile_ref, fetch_block_ref
-    i, k, last_k, base, lo, hi, first_visit = step_state(tile_ref, lo_ref, hi_ref, tm)
+    del fetch_ref
+    k, last_k, base, lo, hi, first_visit, block = step_state(items_ref, offsets_ref, tm=tm, shift=shift,
+                                                              experts=experts)
     contract = (1,) if transpose_rhs else (0,)
 
     @pl.when(jnp.logical_and(k == 0, first_visit))
@@ -97,7 +104,7 @@ def _gmm_kernel(
     windows = functools.partial(row_windows, base=base, tm=tm, window=window, width=out_ref.shape[1])
 
     for j in range(experts):  # the experts of this step's weight block, each on its own rows
-        r0, r1 = expert_rows(j, experts, lo, hi, block_ref[i], start_ref, end_ref)
+        r0, r1 = expert_rows(j, experts, lo, hi, block, offsets_ref)
 
         @pl.when(r0 < r1)
         def _expert(j=j, r0=r0, r1=r1):
@@ -130,32 +137,36 @@ def gmm_blocks(group_sizes: jax.Array, experts: int) -> jax.Array:
     return group_sizes if experts == 1 else jnp.maximum(group_sizes, 0).reshape(g // experts, experts).sum(1)
 
 
-def forward_grid(meta: GroupMetadata, bounds: tuple[jax.Array, jax.Array] | None, dims: tuple[int, int, int],
-                 g: int, cfg: RaggedDotConfig, name: str,
-                 ) -> tuple[GroupMetadata, tuple[jax.Array, jax.Array], tuple[int, int, int]]:
-    """A forward's (meta, bounds, grid (n tiles, items, k tiles)) for padded (Mp, Kp, Np) `dims`, after one clear
-    error when they are not whole tiles or the expert blocks do not fit (the plain and the quantized forward)."""
+def forward_grid(meta: GroupMetadata, offsets: jax.Array, dims: tuple[int, int, int], g: int, cfg: RaggedDotConfig,
+                 name: str) -> tuple[ForwardItems, int, tuple[jax.Array | int, ...]]:
+    """A forward's (packed items, their block shift, grid (n tiles, items, k tiles)) for padded (Mp, Kp, Np) `dims`,
+    after one clear error when they are not whole tiles or the expert blocks do not divide the groups (the plain and
+    the quantized forward)."""
     tm, tk, tn, experts = cfg.tm, cfg.tk, cfg.tn, cfg.experts_per_step
     mp, kp, np_ = dims
     if mp % tm or kp % tk or np_ % tn:
         raise ValueError(f"{name} operands must be whole tiles: (M,K,N)=({mp},{kp},{np_}) tiles {tm, tk, tn}")
-    if experts > 1 and (g % experts or bounds is None):
-        raise ValueError(f"experts_per_step={experts} needs a group count it divides (got {g}) and group bounds")
-    if bounds is None:
-        bounds = (meta.row_lo[:1], meta.row_hi[:1])  # unread with one expert per step
+    if g % experts:
+        raise ValueError(f"experts_per_step={experts} needs a group count it divides (got {g})")
+    shift = block_shift(g // experts, mp // tm)
     # the items axis runs only the items the forward needs (metadata.forward_items): a bound from the routing
-    meta, num_items = forward_items(meta, mp // tm)
-    return meta, bounds, (np_ // tn, num_items, kp // tk)
+    items, num_items = pack_forward(meta, offsets, mp // tm, shift)
+    return items, shift, (np_ // tn, num_items, kp // tk)
 
 
-def forward_lhs_map(n, i, k, tile, block, fetch_tile, fetch_block, lo, hi, starts, ends):
+def forward_lhs_map(n, i, k, items, fetch, offsets, *, shift: int):
     """A forward's lhs block: the row tile its item fetches, K step k."""
-    return fetch_tile[i], k
+    return fetch[i] >> shift, k
 
 
-def forward_out_map(n, i, k, tile, block, fetch_tile, fetch_block, lo, hi, starts, ends):
+def forward_out_map(n, i, k, items, fetch, offsets, *, shift: int):
     """A forward's output block: the item's row tile, N tile n."""
-    return tile[i], n
+    return items[i] >> shift, n
+
+
+def fetch_block(fetch, i, shift: int) -> jax.Array:
+    """The weight block item i loads."""
+    return fetch[i] & ((1 << shift) - 1)
 
 
 def _drop_layer_ref(fn, at: int):
@@ -177,21 +188,21 @@ def gmm(
     rhs: jax.Array,
     meta: GroupMetadata,
     *,
+    offsets: jax.Array,
     cfg: RaggedDotConfig,
     out_dtype: jnp.dtype,
     transpose_rhs: bool = False,
     interpret: object = False,
-    bounds: tuple[jax.Array, jax.Array] | None = None,
     layer: jax.Array | None = None,
 ) -> jax.Array:
     """lhs [Mp, Kp] x rhs [G, Kp, Np] ([G, Np, Kp] if transpose_rhs) -> [Mp, Np]; all dims whole tiles.
 
+    `offsets` ([G + 1], metadata.group_offsets) says which rows each group owns. With cfg.experts_per_step = E > 1,
+    `meta` is built on the row counts of blocks of E groups (gmm_blocks).
+
     With `layer` (an int32 scalar, may be traced) rhs is stacked over layers, [L, G, Kp, Np], and the weight
     blocks are read from rhs[layer] by the index map (the layer is one more scalar-prefetch operand), so no
-    slice of the stack is ever copied out.
-
-    With cfg.experts_per_step = E > 1, `meta` is built on the row counts of blocks of E groups (gmm_blocks) and
-    `bounds` = (starts, ends) of every group's rows (group_bounds) says which rows each expert of a block owns."""
+    slice of the stack is ever copied out."""
     tm, tk, tn = cfg.tm, cfg.tk, cfg.tn
     experts = cfg.experts_per_step
     mp, kp = lhs.shape
@@ -199,22 +210,23 @@ def gmm(
     weights = rhs.shape[1:] if stacked else rhs.shape
     g = weights[0]
     np_ = weights[1] if transpose_rhs else weights[2]
-    meta, bounds, grid = forward_grid(meta, bounds, (mp, kp, np_), g, cfg, "gmm")
+    items, shift, grid = forward_grid(meta, offsets, (mp, kp, np_), g, cfg, "gmm")
 
-    def rhs_map(n, i, k, tile, block, fetch_tile, fetch_block, lo, hi, starts, ends, *layer_ref):
-        idx = (fetch_block[i], n, k) if transpose_rhs else (fetch_block[i], k, n)
+    def rhs_map(n, i, k, items_ref, fetch, offsets_ref, *layer_ref):
+        block = fetch_block(fetch, i, shift)
+        idx = (block, n, k) if transpose_rhs else (block, k, n)
         return (layer_ref[0][0], *idx) if stacked else idx
 
     rhs_block = (experts, tn, tk) if transpose_rhs else (experts, tk, tn)
     kernel = functools.partial(
-        _gmm_kernel, tm=tm, window=cfg.window, experts=experts, transpose_rhs=transpose_rhs,
+        _gmm_kernel, tm=tm, shift=shift, window=cfg.window, experts=experts, transpose_rhs=transpose_rhs,
         precision=_precision(lhs.dtype, rhs.dtype),
     )
-    lhs_map, out_map = forward_lhs_map, forward_out_map
-    prefetch = (*meta, *bounds)
+    lhs_map, out_map = (functools.partial(f, shift=shift) for f in (forward_lhs_map, forward_out_map))
+    prefetch = tuple(items)
     if stacked:
         rhs_block = (None, *rhs_block)
-        at = _NUM_PREFETCH + 2  # the layer's ref follows the metadata and the bounds; index maps get 3 grid ids first
+        at = len(prefetch)  # the layer's ref follows the packed items; index maps get 3 grid ids first
         kernel = _drop_layer_ref(kernel, at)
         lhs_map, out_map = (_drop_layer_ref(f, len(grid) + at) for f in (lhs_map, out_map))
         prefetch = (*prefetch, jnp.reshape(layer, (1,)).astype(jnp.int32))

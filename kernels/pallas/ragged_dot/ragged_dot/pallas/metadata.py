@@ -13,6 +13,10 @@ steps, which is what lets Pallas keep that block resident and write it back once
 
 Items without rows fetch the operands of the last item that had rows (items before the first one: that first
 one's), so they cost no DMA: an empty expert's weights are never read.
+
+The forward gets the items it runs packed (ForwardItems): each item's tile and weight block in one int32, the tile
+and block it loads in another, and the groups' row offsets from which it computes each item's rows, so the scalar
+memory it prefetches is two words per item plus one per group.
 """
 
 from __future__ import annotations
@@ -38,6 +42,45 @@ class GroupMetadata(NamedTuple):
     @property
     def num_items(self) -> int:
         return self.tile.shape[0]
+
+
+class ForwardItems(NamedTuple):
+    """The forward's scalar-prefetch operands, int32 in SMEM. An item packs (row tile << shift) | weight block."""
+
+    items: jax.Array  # [W]: the items the forward runs, first, in order (forward_items), then ones it never runs
+    fetch: jax.Array  # [W]: the row tile and weight block whose operands each item loads, packed the same way
+    offsets: jax.Array  # [G + 1]: the first row of each group, then one past the last group's rows
+
+
+def group_offsets(group_sizes: jax.Array, m: int) -> jax.Array:
+    """[G + 1] row offsets of the groups of an lhs whose first `m` rows are real (group_bounds' starts, then the last
+    end): group g owns rows [offsets[g], offsets[g + 1])."""
+    starts, ends = group_bounds(group_sizes, m)
+    return jnp.concatenate([starts, ends[-1:]])
+
+
+def block_shift(num_blocks: int, tiles_m: int) -> int:
+    """Bits the packed items give the weight block (the tile takes the bits above), after one clear error when a
+    tile index would not fit the rest of an int32."""
+    shift = max(1, (num_blocks - 1).bit_length())
+    if tiles_m << shift >= 2**31:
+        raise ValueError(f"{tiles_m} row tiles x {num_blocks} weight blocks do not pack into int32 work items: "
+                         "use a larger row tile (config tm)")
+    return shift
+
+
+def pack_forward(meta: GroupMetadata, offsets: jax.Array, tiles_m: int, shift: int) -> tuple[ForwardItems, jax.Array]:
+    """The forward's packed items and how many it runs (its grid bound).
+
+    The items past forward_items' bound are cut to tiles_m + blocks - 1 (the most it can run: the pairs with rows
+    number at most covered tiles + blocks with rows - 1, plus one per tile past the rows)."""
+    kept, bound = forward_items(meta, tiles_m)
+    w = meta.num_items - 1  # num_work_items: tiles_m + blocks
+
+    def pack(tile: jax.Array, block: jax.Array) -> jax.Array:
+        return jnp.left_shift(tile[:w], shift) | block[:w]
+
+    return ForwardItems(pack(kept.tile, kept.group), pack(kept.fetch_tile, kept.fetch_group), offsets), bound
 
 
 def num_work_items(m_padded: int, tm: int, num_groups: int) -> int:

@@ -40,10 +40,18 @@ from .config import (
     usable_vmem,
     with_vmem_limit,
 )
-from .gmm import compiler_params, expert_rows, forward_grid, forward_lhs_map, forward_out_map, row_windows, step_state
+from .gmm import (
+    compiler_params,
+    expert_rows,
+    fetch_block,
+    forward_grid,
+    forward_lhs_map,
+    forward_out_map,
+    row_windows,
+    step_state,
+)
 from .metadata import GroupMetadata
 
-_NUM_PREFETCH = len(GroupMetadata._fields)
 #: Weight rows of one fp8 scale block (and of the transformers fine-grained FP8 layout's blocks, both axes).
 BLOCK = 128
 _MIB = 1024 * 1024
@@ -170,15 +178,16 @@ def check_block_tiles(cfg: RaggedDotConfig, k: int, n: int) -> None:
 
 
 def _quant_kernel(
-    tile_ref, block_ref, fetch_tile_ref, fetch_block_ref, lo_ref, hi_ref, start_ref, end_ref,  # scalar prefetch
+    items_ref, fetch_ref, offsets_ref,  # scalar prefetch (metadata.ForwardItems)
     lhs_ref, rhs_ref, scale_ref,  # inputs (VMEM blocks)
     out_ref,  # output block
     acc_ref, *sexp,  # scratch: f32 accumulator; the expanded block scales (fp8 only)
-    tm: int, window: int, experts: int, chunk: int, block_scales: bool, tn: int,
+    tm: int, shift: int, window: int, experts: int, chunk: int, block_scales: bool, tn: int,
     precision: jax.lax.Precision | None,
 ) -> None:
-    del fetch_tile_ref, fetch_block_ref
-    i, k, last_k, base, lo, hi, first_visit = step_state(tile_ref, lo_ref, hi_ref, tm)
+    del fetch_ref
+    k, last_k, base, lo, hi, first_visit, block = step_state(items_ref, offsets_ref, tm=tm, shift=shift,
+                                                              experts=experts)
     tk = rhs_ref.shape[1]
     ct = lhs_ref.dtype
     full, tail = tk // chunk, tk % chunk
@@ -193,7 +202,7 @@ def _quant_kernel(
     windows = functools.partial(row_windows, base=base, tm=tm, window=window, width=1)
 
     for j in range(experts):
-        r0, r1 = expert_rows(j, experts, lo, hi, block_ref[i], start_ref, end_ref)
+        r0, r1 = expert_rows(j, experts, lo, hi, block, offsets_ref)
 
         @pl.when(r0 < r1)
         def _expert(j=j, r0=r0, r1=r1):
@@ -258,28 +267,29 @@ def gmm_quant(
     scale: jax.Array,
     meta: GroupMetadata,
     *,
+    offsets: jax.Array,
     cfg: RaggedDotConfig,
     out_dtype: jnp.dtype,
     interpret: object = False,
-    bounds: tuple[jax.Array, jax.Array] | None = None,
 ) -> jax.Array:
     """lhs [Mp, Kp] (bf16 or f32) x quantized rhs [G, Kp, Np] -> [Mp, Np]; all dims whole tiles. `scale`: int8
-    per-channel [G, 1, Np] f32, or fp8 blocks as arrange_block_scales gives them ([G, Nt, Kt, tk/128, tn/128])."""
+    per-channel [G, 1, Np] f32, or fp8 blocks as arrange_block_scales gives them ([G, Nt, Kt, tk/128, tn/128]).
+    `offsets` ([G + 1], metadata.group_offsets): the rows each group owns."""
     tm, tk, tn = cfg.tm, cfg.tk, cfg.tn
     experts = cfg.experts_per_step
     mp, kp = lhs.shape
     g, _, np_ = rhs.shape
     block_scales = scale.ndim == 5
-    meta, bounds, grid = forward_grid(meta, bounds, (mp, kp, np_), g, cfg, "gmm_quant")
+    items, shift, grid = forward_grid(meta, offsets, (mp, kp, np_), g, cfg, "gmm_quant")
 
-    def rhs_map(n, i, k, tile, block, fetch_tile, fetch_block, lo, hi, starts, ends):
-        return fetch_block[i], k, n
+    def rhs_map(n, i, k, items_ref, fetch, offsets_ref):
+        return fetch_block(fetch, i, shift), k, n
 
-    def channel_map(n, i, k, tile, block, fetch_tile, fetch_block, lo, hi, starts, ends):
-        return fetch_block[i], 0, n
+    def channel_map(n, i, k, items_ref, fetch, offsets_ref):
+        return fetch_block(fetch, i, shift), 0, n
 
-    def block_map(n, i, k, tile, block, fetch_tile, fetch_block, lo, hi, starts, ends):
-        return fetch_block[i], n, k, 0, 0
+    def block_map(n, i, k, items_ref, fetch, offsets_ref):
+        return fetch_block(fetch, i, shift), n, k, 0, 0
 
     if block_scales:
         kb, nb = scale.shape[3], scale.shape[4]
@@ -290,7 +300,7 @@ def gmm_quant(
         scratch = [pltpu.VMEM((tm, tn), jnp.float32)]
     precision = jax.lax.Precision.HIGHEST if lhs.dtype == jnp.float32 else None
     kernel = functools.partial(
-        _quant_kernel, tm=tm, window=cfg.window, experts=experts, chunk=chunk_rows(tk, block_scales),
+        _quant_kernel, tm=tm, shift=shift, window=cfg.window, experts=experts, chunk=chunk_rows(tk, block_scales),
         block_scales=block_scales, tn=tn, precision=precision,
     )
     cost = pl.CostEstimate(
@@ -303,13 +313,14 @@ def gmm_quant(
         kernel,
         out_shape=jax.ShapeDtypeStruct((mp, np_), out_dtype),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=_NUM_PREFETCH + 2,
+            num_scalar_prefetch=len(items),
             grid=grid,
-            in_specs=[pl.BlockSpec((tm, tk), forward_lhs_map), pl.BlockSpec((experts, tk, tn), rhs_map), scale_spec],
-            out_specs=pl.BlockSpec((tm, tn), forward_out_map),
+            in_specs=[pl.BlockSpec((tm, tk), functools.partial(forward_lhs_map, shift=shift)),
+                      pl.BlockSpec((experts, tk, tn), rhs_map), scale_spec],
+            out_specs=pl.BlockSpec((tm, tn), functools.partial(forward_out_map, shift=shift)),
             scratch_shapes=scratch,
         ),
         compiler_params=compiler_params(cfg, ("parallel", "arbitrary", "arbitrary")),
         interpret=interpret,
         cost_estimate=cost,
-    )(*meta, *bounds, lhs, rhs, scale)
+    )(*items, lhs, rhs, scale)
