@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 TABLE = Path(__file__).resolve().parents[2] / "bench" / "records" / "tpu_calibration.json"
 HELD_OUT = TABLE.with_name("tpu_held_out.json")
+MODELED = TABLE.with_name("tpu_calibration_modeled.json")  # bench/tpu_calibration.py --out: every row as modeled
 #: Per grid step of a Pallas TPU pipeline on v5e, on top of the step's MXU work (its DMAs run under it): fitted on row
 #: "v5e-matmul-128-8192" of bench/records/tpu_calibration.json, (91.836 ms measured - HOST_DISPATCH_S - 5.581 ms of
 #: MXU work at peak - the kernel's fixed cost; its vector work runs beside the MXU) / 262144 steps = 0.3286 us; the

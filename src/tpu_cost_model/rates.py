@@ -64,6 +64,7 @@ class Rates:
     op_fixed_s: float  # per op the device runs (an XLA op, or a kernel's custom call), its fixed cost
     vpu_ops_per_cycle: float  # vector element operations per cycle, as the walker counts them (jaxpr ops)
     eup_ops_per_cycle: float  # transcendental element operations per cycle (exp, log, tanh, ...)
+    scalar_op_s: float  # per scalar-core op of a loop that does nothing else (a kernel's metadata pass)
 
 
 _V5E_DOCS = "row v5e-matmul-128-8192 (jax docs Pallas matmul tutorial, v5e)"
@@ -71,6 +72,7 @@ _XLA_EFF = "row v5e-xla-matmul-8192 (jax docs Pallas matmul tutorial, XLA's own 
 _XLA_FIXED = "row tpu7x-xla-matmul-1024 (pytorch/helion PR 2632, JAX's matmul device time on TPU v7)"
 _ATTN = "row tpu7x-rpa_v3-prefill-32-32-8k (heavyball-research/flywheel-tpu README_v7x.md)"
 _DECODE = "row tpu7x-rpa_v3-decode-128seq (heavyball-research/flywheel-tpu README_v7x.md)"
+_SCALAR = "row tpu7x-gmm_v2-e512-4096x256-bf16-72x1 (vllm-project/tpu-inference issue 3520, gmm_v2's metadata pass)"
 
 #: Fitted figures, each recomputed in tests/tpu/test_tpu_calibration.py from its row's published numbers.
 #: v7x's streamed fraction: the one that puts RPA v3's 128-sequence decode (7693.6 MiB streamed, 18.6 us of other
@@ -80,6 +82,10 @@ STEP_OVERHEAD_V5E_S = 0.3286e-6
 XLA_EFFICIENCY_V5E = 0.9402
 OP_FIXED_V7X_S = 3.353e-6
 VPU_OPS_PER_CYCLE_V7X = 6599.0
+#: v7x's scalar op: measured minus modeled of gmm_v2 at 512 groups of one row (71.8 - 51.84 us) over the 16064 jaxpr
+#: scalar ops its metadata pass runs (31 per group: SMEM loads and stores, offsets, a tile count): about two cycles
+#: of the scalar core each.
+SCALAR_OP_V7X_S = 1.2425e-9
 
 _GENERATIONS = ("v4", "v5e", "v5p", "v6e", "v7x")
 
@@ -106,6 +112,9 @@ def _table() -> dict[str, dict[str, Constant]]:
                                                       "8 x 128 lanes up")),
             "eup_ops_per_cycle": Constant.unmeasured(512.0, 1024.0, "not published: one transcendental slot, "
                                                      "a half to a whole 8 x 128 vreg a cycle"),
+            "scalar_op_s": (Constant.measured(SCALAR_OP_V7X_S, _SCALAR) if g == "v7x" else
+                            Constant.unmeasured(0.6e-9, 2.5e-9, "fitted on v7x only (1.24 ns a jaxpr scalar op "
+                                                "of a metadata loop): a band from half to twice that")),
         }
     return out
 
@@ -114,7 +123,8 @@ TABLE = _table()
 
 #: For each constant, whether a larger value makes a kernel slower (its "slow" end is its high end).
 _SLOWER_WHEN_HIGH = {"stream_fraction": False, "step_overhead_s": True, "xla_efficiency": False,
-                     "op_fixed_s": True, "vpu_ops_per_cycle": False, "eup_ops_per_cycle": False}
+                     "op_fixed_s": True, "vpu_ops_per_cycle": False, "eup_ops_per_cycle": False,
+                     "scalar_op_s": True}
 
 
 def constants(generation: str) -> dict[str, Constant]:

@@ -369,7 +369,8 @@ def explain(fn: Callable[..., object], *args: jax.ShapeDtypeStruct | npt.ArrayLi
     lines = ["# the program the model reads (jaxpr)", str(closed), "# what the model charges"]
     for c in cost.calls:
         lines.append(f"kernel {c.name} grid={c.grid}: {c.steps} steps, {c.hbm_bytes / 2**20:.2f} MiB, "
-                     f"{c.flops:.3g} FLOP, {c.vpu_elems:.3g} vector and {c.eup_elems:.3g} transcendental elements")
+                     f"{c.flops:.3g} FLOP, {c.vpu_elems:.3g} vector and {c.eup_elems:.3g} transcendental elements, "
+                     f"{c.stages:.0f} inner stages, {c.scalar_ops:.0f} ops of scalar-only loop iterations")
     lines += [f"xla {line}" for line in cost.outside_ops]
     lines += [f"removed {line}" for line in cost.removed_ops]
     if generation is not None:

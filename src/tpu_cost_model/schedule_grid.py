@@ -47,6 +47,7 @@ class CallCost:
     vpu_elems: float = 0.0  # vector element operations (element-wise, reductions) on all steps
     eup_elems: float = 0.0  # transcendental element operations (exp, ...) on all steps
     stages: float = 0.0  # pipeline stages inside the steps (emit_pipeline's iterations, a kernel's fetch loops)
+    scalar_ops: float = 0.0  # scalar-core ops of loop iterations that do nothing else (a metadata pass), all steps
     # a loop whose trip count the walk could not compute: this cost runs it no further than it must (the lower
     # end); `upper` runs it as far as the data it reads allows, `bounded` says why
     upper: CallCost | None = None
@@ -75,8 +76,10 @@ class CallCost:
         issues the stage, then the units run), the stages being the grid steps plus the iterations of the loops
         that pipeline inside a step (emit_pipeline's, a kernel's own fetch loops); one stage's worth of the shorter
         of DMA and compute is exposed as the pipeline's prologue/epilogue (the first fetch before any compute, the
-        last write-back after it), the pipeline's depth being its stages plus the DMAs its body starts itself; the
-        call is one op on the device: its fixed cost (r.op_fixed_s) is added once."""
+        last write-back after it), the pipeline's depth being its stages plus the DMAs its body starts itself; loop
+        iterations that only run scalar-core ops (a kernel filling its own metadata before its pipeline) take
+        r.scalar_op_s an op, in series with the rest; the call is one op on the device: its fixed cost
+        (r.op_fixed_s) is added once."""
         if self.upper is not None and not low:
             return self.upper.seconds(chip, r)
         r = r or rates(chip.generation)
@@ -91,7 +94,7 @@ class CallCost:
 
             dma = max(dma, self.ici_bytes / interconnect(chip.generation).ring_bytes_per_s)
         depth = max(self.steps + self.dmas, 1)
-        return max(dma, compute) + min(dma, compute) / depth + r.op_fixed_s
+        return max(dma, compute) + min(dma, compute) / depth + self.scalar_ops * r.scalar_op_s + r.op_fixed_s
 
 
 def _block_sizes(block_shape: Sequence[BlockDim | int | None], array_shape: Sequence[int], idx: np.ndarray
@@ -276,7 +279,7 @@ def _walk_body(name: str, body: Jaxpr, consts: Sequence[Value], refs: list[Value
         return CallCost(name, grid, steps, moved[0] + dma_read, moved[1] + dma_write, int(walker.flops.sum()),
                         dict(walker.dots), fetches, walker.notes, dma_read + dma_write, int(walker.dmas.sum()),
                         int(walker.ici.sum()), aliases, walker.vpu, walker.eup, float(walker.stages.sum()),
-                        bounded=walker.bounded)
+                        float(walker.scalar_ops.sum()), bounded=walker.bounded)
 
     try:
         return cost(None)

@@ -280,6 +280,11 @@ class Steps:
         # pipeline stages inside a step: iterations of the innermost loops that start DMAs (emit_pipeline's loop,
         # a kernel's own fetch loop), each with a grid step's fixed cost
         self.stages = np.zeros(n, np.float64)
+        # scalar-core ops (index arithmetic, SMEM loads and stores) run by loop iterations that start no DMA and do no
+        # vector or MXU work: the scalar core runs them alone (a kernel filling its own metadata); `_issued` counts
+        # every scalar op the walk runs, so an iteration's own share is its difference
+        self.scalar_ops = np.zeros(n, np.float64)
+        self._issued = np.zeros(n, np.float64)
         # a loop whose condition the walk cannot compute: None refuses it (UnknownTrips), "low" runs no more of it,
         # "high" runs it until its body reads or copies past the end of an array (bounds and their reasons)
         self.trips: str | None = None
@@ -320,8 +325,11 @@ class Steps:
         if name == "num_programs":
             return [np.int32(self.grid[params["axis"]])]
         if name == "get":
+            if not facts.shaped_out:
+                self._issued += self._where(mask)
             return [self._get(invals, params)]
         if name == "swap" and isinstance(invals[0], Smem):
+            self._issued += self._where(mask)
             return [self._smem_swap(invals, params, mask)]
         if name == "addupdate" and isinstance(invals[0], Smem):
             self._smem_forget(invals[0], mask)
@@ -349,6 +357,8 @@ class Steps:
             return self.run(sub[0], sub[1], invals, mask)
         if name in VPU_PRIMITIVES or name in EUP_PRIMITIVES:
             self._vector(facts, mask)
+        if not facts.shaped_out and eqn.outvars:
+            self._issued += self._where(mask)
         if facts.shaped_out or any(isinstance(x, Unknown) for x in invals):
             return [Unknown(v.aval) for v in eqn.outvars]
         if not eqn.outvars:
@@ -529,6 +539,7 @@ class Steps:
                 before = self._mark()
                 self.run(body.jaxpr, body.consts, [*consts, *carry, *[Unknown(a) for a in xs_avals]], mask)
                 self._stage(before, mask)
+                self._scalar_iteration(before, mask)
             finally:
                 self.scale /= length
             return [Unknown(v.aval) for v in eqn.outvars]
@@ -536,6 +547,7 @@ class Steps:
             before = self._mark()
             outs = self.run(body.jaxpr, body.consts, [*consts, *carry, *[Unknown(a) for a in xs_avals]], mask)
             self._stage(before, mask)
+            self._scalar_iteration(before, mask)
             carry = outs[:n_carry]
         return [*carry, *[Unknown(v.aval) for v in eqn.outvars[n_carry:]]]
 
@@ -575,6 +587,7 @@ class Steps:
                 return [c if isinstance(c, Unknown) else Unknown(v.aval)
                         for c, v in zip(carry, eqn.outvars, strict=True)]
             self._stage(before, active)
+            self._scalar_iteration(before, active)
             carry = [o if isinstance(o, Unknown) else c if isinstance(c, Unknown) else np.where(active, o, c)
                      for o, c in zip(new, carry, strict=True)]
         if unknown_from is not None:
@@ -582,7 +595,7 @@ class Steps:
                             f"after {WHILE_LIMIT} iterations)")
         raise Unmodeled("while", self.where, f"still running after {WHILE_LIMIT} iterations")
 
-    _COUNTERS = ("flops", "dma_read", "dma_write", "ici", "dmas", "stages")
+    _COUNTERS = ("flops", "dma_read", "dma_write", "ici", "dmas", "stages", "scalar_ops", "_issued")
 
     def _mark(self) -> tuple:
         """The counters before an iteration (to tell whether it started DMAs, or to undo it)."""
@@ -598,6 +611,16 @@ class Steps:
         started = self.dmas > mark[self._COUNTERS.index("dmas")]
         inner = self.stages > mark[self._COUNTERS.index("stages")]
         self.stages += np.where(started & ~inner, self._where(mask), 0.0)
+
+    def _scalar_iteration(self, mark: tuple, mask: np.ndarray | None) -> None:
+        """An iteration that started no DMA and ran no vector or MXU work: its scalar ops (less those of the inner
+        loops already counted) run on the scalar core alone."""
+        at = self._COUNTERS.index
+        busy = (self.dmas > mark[at("dmas")]) | (self.flops > mark[at("flops")])
+        if self.vpu != mark[-2] or self.eup != mark[-1]:
+            return
+        own = (self._issued - mark[at("_issued")]) - (self.scalar_ops - mark[at("scalar_ops")])
+        self.scalar_ops += np.where(busy, 0.0, own)
 
     def _bound(self, why: str) -> None:
         if why not in self.bounded:

@@ -77,6 +77,25 @@ def test_all_groups_empty_moves_nothing_but_the_sizes():
     assert c.dmas == 0 and c.read_bytes == sizes.nbytes and c.write_bytes == 0
 
 
+def test_scalar_only_loop_iterations_run_on_the_scalar_core_alone():
+    """The fill loop's iterations start no DMA and do no vector work: their scalar ops (6 an iteration, read off the
+    jaxpr: the counter, two SMEM loads, two adds, a store) are charged one scalar op each, in series. The copy loop's
+    iterations that start a DMA are not scalar-only; an empty group's is (8 ops: the counter, three loads, an add, a
+    subtract, a compare, a convert)."""
+    from dataclasses import replace
+
+    from kernel_hub.tpu.chips import chip
+    from tpu_cost_model.rates import rates
+
+    x = SDS((ROWS, WIDTH), jnp.float32)
+    (full,) = kernel_cost(CALL, np.array([10, 10, 10, 10, 10, 14], np.int32), x).calls
+    (gap,) = kernel_cost(CALL, np.array([10, 0, 10, 10, 10, 14], np.int32), x).calls
+    assert full.scalar_ops == 6 * GROUPS and gap.scalar_ops == 6 * GROUPS + 8
+    r = rates("v7x")
+    without = full.seconds(chip("v7x"), replace(r, scalar_op_s=0.0))
+    assert full.seconds(chip("v7x"), r) - without == pytest.approx(6 * GROUPS * r.scalar_op_s)
+
+
 def _mesh_kernel(sizes_ref, x_hbm, o_hbm):
     def body(buf, sem):
         n = sizes_ref[0]
