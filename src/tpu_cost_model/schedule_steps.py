@@ -285,6 +285,7 @@ class Steps:
         # every scalar op the walk runs, so an iteration's own share is its difference
         self.scalar_ops = np.zeros(n, np.float64)
         self._issued = np.zeros(n, np.float64)
+        self._waits = np.zeros(n, np.float64)  # DMA waits run: a loop of waits idles under the DMAs it waits for
         # a loop whose condition the walk cannot compute: None refuses it (UnknownTrips), "low" runs no more of it,
         # "high" runs it until its body reads or copies past the end of an array (bounds and their reasons)
         self.trips: str | None = None
@@ -342,6 +343,9 @@ class Steps:
             return [Unknown(v.aval) for v in eqn.outvars]
         if name == "dma_start":
             self._dma(eqn, invals, mask)
+            return [Unknown(v.aval) for v in eqn.outvars]
+        if name == "dma_wait":
+            self._waits += self._where(mask)
             return [Unknown(v.aval) for v in eqn.outvars]
         if name == "cond":
             return self._cond(eqn, invals, mask)
@@ -595,7 +599,7 @@ class Steps:
                             f"after {WHILE_LIMIT} iterations)")
         raise Unmodeled("while", self.where, f"still running after {WHILE_LIMIT} iterations")
 
-    _COUNTERS = ("flops", "dma_read", "dma_write", "ici", "dmas", "stages", "scalar_ops", "_issued")
+    _COUNTERS = ("flops", "dma_read", "dma_write", "ici", "dmas", "stages", "scalar_ops", "_issued", "_waits")
 
     def _mark(self) -> tuple:
         """The counters before an iteration (to tell whether it started DMAs, or to undo it)."""
@@ -613,10 +617,11 @@ class Steps:
         self.stages += np.where(started & ~inner, self._where(mask), 0.0)
 
     def _scalar_iteration(self, mark: tuple, mask: np.ndarray | None) -> None:
-        """An iteration that started no DMA and ran no vector or MXU work: its scalar ops (less those of the inner
-        loops already counted) run on the scalar core alone."""
+        """An iteration that started or waited for no DMA and ran no vector or MXU work: its scalar ops (less those
+        of the inner loops already counted) run on the scalar core alone."""
         at = self._COUNTERS.index
-        busy = (self.dmas > mark[at("dmas")]) | (self.flops > mark[at("flops")])
+        busy = ((self.dmas > mark[at("dmas")]) | (self.flops > mark[at("flops")])
+                | (self._waits > mark[at("_waits")]))
         if self.vpu != mark[-2] or self.eup != mark[-1]:
             return
         own = (self._issued - mark[at("_issued")]) - (self.scalar_ops - mark[at("scalar_ops")])

@@ -96,6 +96,24 @@ def test_scalar_only_loop_iterations_run_on_the_scalar_core_alone():
     assert full.seconds(chip("v7x"), r) - without == pytest.approx(6 * GROUPS * r.scalar_op_s)
 
 
+def _start_then_wait(x_hbm, o_hbm, sems):
+    """One loop starts a DMA per group of rows, a second loop waits for them (a write kernel's shape)."""
+    def copy(g):
+        return pltpu.make_async_copy(x_hbm.at[pl.ds(g * 8, 8)], o_hbm.at[pl.ds(g * 8, 8)], sems.at[g])
+
+    jax.lax.fori_loop(0, GROUPS, lambda g, c: (copy(g).start(), c)[1], 0)
+    jax.lax.fori_loop(0, GROUPS, lambda g, c: (copy(g).wait(), c)[1], 0)
+
+
+def test_a_loop_of_dma_waits_is_not_scalar_only():
+    """Waiting for DMAs idles under them (the DMA time already counts): neither loop is charged scalar ops."""
+    call = pl.pallas_call(_start_then_wait, out_shape=SDS((ROWS, WIDTH), jnp.float32),
+                          in_specs=[pl.BlockSpec(memory_space=pl.ANY)], out_specs=pl.BlockSpec(memory_space=pl.ANY),
+                          scratch_shapes=[pltpu.SemaphoreType.DMA((GROUPS,))])
+    (c,) = kernel_cost(call, SDS((ROWS, WIDTH), jnp.float32)).calls
+    assert c.dmas == GROUPS and c.scalar_ops == 0
+
+
 def _mesh_kernel(sizes_ref, x_hbm, o_hbm):
     def body(buf, sem):
         n = sizes_ref[0]
