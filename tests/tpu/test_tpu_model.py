@@ -44,8 +44,9 @@ SIZES = np.array([100, 0, 200, 12, 0, 150, 50, 0], np.int32)
 ITEMS, ITEMS_WITH_ROWS = 12, 8
 LHS_TILES_VISITED = 4  # fetch_tile over the 8 run items: 0 0 1 2 2 2 3 3
 GROUPS_VISITED = 5  # fetch_group over them: 0 2 2 2 3 5 5 6
-PREFETCH_BYTES = 6 * ITEMS * 4 + 2 * 8 * 4  # six int32 metadata arrays of W items + each group's row start and end
-LHS, RHS = "args[8]", "args[9]"  # after the 8 scalar-prefetch operands
+# the forward's packed items: two int32 per item it may run (tiles + groups - 1 = 11) and the 8 groups' 9 row offsets
+PREFETCH_BYTES = 2 * (ITEMS - 1) * 4 + (8 + 1) * 4
+LHS, RHS = "args[3]", "args[4]"  # after the 3 scalar-prefetch operands
 
 
 def _rd_cost(rd, k, tiles):
@@ -118,7 +119,7 @@ def test_ragged_dot_expert_blocks_and_row_windows_by_hand(rd):
     (c,) = cost.calls
     assert c.grid == (1, 5, 1) and c.steps == 5
     assert c.fetches == {LHS: 2, RHS: 4, "outputs": 2}  # lhs tiles 0 0 1 1 1; blocks 0 1 1 2 3
-    prefetch = 6 * (2 + 4) * 4 + 2 * 8 * 4  # W = 2 tiles + 4 blocks items
+    prefetch = 2 * (2 + 4 - 1) * 4 + (8 + 1) * 4  # 2 tiles + 4 blocks - 1 packed items, 8 groups' offsets
     assert c.read_bytes == 2 * 256 * 256 * 2 + 4 * (2 * 256 * 384 * 2) + prefetch
     assert c.write_bytes == 2 * 256 * 384 * 2
     assert c.flops == 8 * 2 * 128 * 256 * 384

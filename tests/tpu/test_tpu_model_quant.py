@@ -14,7 +14,7 @@ SDS = jax.ShapeDtypeStruct
 # the 8 (tile, group) items with rows; lhs tiles fetched 4 times, weight blocks of 5 groups (0 2 3 5 6) once each.
 SIZES = np.array([100, 0, 200, 12, 0, 150, 50, 0], np.int32)
 ITEMS, ITEMS_WITH_ROWS, LHS_TILES, GROUPS = 12, 8, 4, 5
-PREFETCH_BYTES = 6 * ITEMS * 4 + 2 * 8 * 4
+PREFETCH_BYTES = 2 * (ITEMS - 1) * 4 + (8 + 1) * 4  # packed items (tiles + groups - 1) and the groups' offsets
 K, N = 256, 384
 
 
