@@ -5,6 +5,7 @@
         [--caches 768] [--generations v6e,v5e,v7x] [--paths hub,jax_default,default_compiled,default_op_by_op]
         [--compile hub|all|none] [--write | --merge]
     python bench/seed_decode.py --gate [--generations v6e,v5e,v7x]
+    python bench/seed_decode.py --restate-collectives
 
 Paths: hub (kernel-hub's Pallas kernels: ragged paged attention, moe_experts on the ragged dot, RMSNorm),
 jax_default (the same step on JAX's own ops), default_compiled (transformers' math compiled whole: K/V repeated to
@@ -17,6 +18,8 @@ never measured.
 --write stores the rows in bench/records/seed_decode.json; --merge puts them in place of the record's rows of the
 same model, batch, cache, chip and path and keeps the rest. --gate compiles one layer group of each model's step on
 the hub path for each slice (tpu_cost_model.decode_gate) and exits 1 naming what does not compile.
+--restate-collectives charges the record's collectives again with the current ICI model (tpu_cost_model.ici), in
+place: the worker adds them after the walk, so no compile is needed for that term alone.
 """
 
 from __future__ import annotations
@@ -113,6 +116,41 @@ def write_record(found: list[dict], merge: bool = False) -> None:
                                  indent=1) + "\n")
 
 
+def restated(row: dict, coll_at) -> dict:
+    """A recorded row with its collectives charged again: `coll_at(end)` is the step's collectives at the point
+    (None) and at the band's "fast" and "slow" ends. The decode worker adds the collectives after the walk, so the
+    rest of the row (kernels, compiled glue, dispatch) stands; a row with no modeled time is returned as it is."""
+    if row.get("modeled_s") is None or row.get("collectives_s") is None:
+        return row
+    old = row["collectives_s"]
+    d = {end: coll_at(end) - old for end in (None, "fast", "slow")}
+    shift = lambda band: [band[0] + d["fast"], band[1] + d["slow"]]
+    out = {**row, "collectives_s": coll_at(None), "modeled_s": row["modeled_s"] + d[None],
+           "band_s": shift(row["band_s"])}
+    if row.get("modeled_jaxpr_s") is not None:
+        out |= {"modeled_jaxpr_s": row["modeled_jaxpr_s"] + d[None], "band_jaxpr_s": shift(row["band_jaxpr_s"])}
+    return out
+
+
+def restate_collectives(found: list[dict]) -> list[dict]:
+    """Every row's collectives by the current ICI model (tpu_cost_model.ici), from the ragged-dot package's
+    dispatch plan as the worker builds it."""
+    from kernel_hub.tpu.package import folder_package
+    from tpu_cost_model.decode_models import MODELS
+    from tpu_cost_model.decode_worker import collective_s, collectives
+    from tpu_cost_model.workload import load_moe_kernel
+
+    rd = load_moe_kernel(folder_package(ROOT / "kernels/pallas/ragged_dot").request()).rd
+    out = []
+    for r in found:
+        m = MODELS[r["model"]]
+        layer, ends = collectives(m, rd, r["batch"], r["devices"])
+        coll_at = lambda end, m=m, layer=layer, ends=ends, g=r["chip"]: (
+            m.groups * len(m.pattern) * collective_s(layer, g, end) + collective_s(ends, g, end))
+        out.append(restated(r, coll_at))
+    return out
+
+
 def table(found: list[dict]) -> str:
     head = ("model", "batch", "cache", "chip", "path", "modeled ms (band)", "floor ms", "x floor", "compiled",
             "HBM/chip GiB", "HF default / hub ms")
@@ -175,7 +213,14 @@ def main(argv: list[str] | None = None) -> int:
                     "same model, batch, cache, chip and path, keeping the others")
     ap.add_argument("--markdown", action="store_true", help="print the docs page's table of the recorded rows")
     ap.add_argument("--gate", action="store_true", help="the release check: one layer group compiled per slice")
+    ap.add_argument("--restate-collectives", action="store_true",
+                    help="charge every recorded row's collectives again with the current ICI model, in place (they "
+                    "are added after the walk: nothing else in a row depends on them)")
     args = ap.parse_args(argv)
+    if args.restate_collectives:
+        record = json.loads(RECORD.read_text())
+        write_record(restate_collectives(record["rows"]))
+        return 0
     if args.markdown:
         print(markdown(json.loads(RECORD.read_text())["rows"]))
         return 0

@@ -22,6 +22,7 @@ from kernel_hub.tpu.target import tpu_target
 from kernel_hub.tpu.worker_common import first_meaningful_line
 
 from .calibration_peers import gmm_v2_row, hf_experts_row
+from .ici import STEP_LATENCY_S, collective_seconds, interconnect
 from .peer_source import load_peer, peer_shims, provenance
 from .rates import stream_bytes_per_s
 from .schedule import ScheduleCost, kernel_cost
@@ -161,6 +162,8 @@ def model_row(row: JsonDict, peers: JsonDict | None = None) -> JsonDict:
         lo, hi = (stream_bytes_per_s(c, end) for end in ("slow", "fast"))
         return {**out, "modeled_bytes_per_s": stream_bytes_per_s(c), "band_bytes_per_s": [lo, hi],
                 "how": "the model's streamed-copy bandwidth (spec HBM x its stream fraction)"}
+    if row["kernel"] == "collective_permute":
+        return {**out, **_permute(row)}
     with peer_shims() as shims:
         try:
             with tpu_target(row["chip"]):
@@ -184,6 +187,19 @@ def model_row(row: JsonDict, peers: JsonDict | None = None) -> JsonDict:
     return {**out, "device_s": cost.seconds(c), "band_s": list(cost.band(c)),
             "uncalibrated_s": uncalibrated_seconds(cost, c), "hbm_bytes": cost.hbm_bytes, "flops": cost.flops,
             "steps": cost.steps, "scalar_ops": sum(k.scalar_ops for k in cost.calls), "how": how}
+
+
+def _permute(row: JsonDict) -> JsonDict:
+    """A collective permute row by the ICI model (ici.collective_seconds: no program to walk); uncalibrated_s is the
+    payload at the links' spec rate plus one assumed step latency."""
+    s = row["shapes"]
+    at = lambda end: sum(collective_seconds("collective_permute", s["devices"], s["bytes"], row["chip"], end))
+    ici = interconnect(row["chip"])
+    spec = s["bytes"] / (ici.bidirectional_bytes_per_s / (2 * ici.ports)) + STEP_LATENCY_S
+    return {"device_s": at(None), "band_s": [at("fast"), at("slow")], "uncalibrated_s": spec,
+            "hbm_bytes": 0, "flops": 0, "steps": 1, "scalar_ops": 0,
+            "how": f"ici.collective_seconds: {s['bytes'] / 2**20:.3g} MiB over one link at "
+                   f"{ici.link_bytes_per_s / 1e9:.1f} GB/s + the collective's fixed cost"}
 
 
 def ours_at_hf_shapes(rd: ModuleType, geo: MoeGeometry, row: JsonDict) -> JsonDict:
@@ -217,6 +233,8 @@ def show_row(row: JsonDict, hlo: bool = False, peers: JsonDict | None = None) ->
     why = _not_modeled(row, peers)
     if why is not None or row["kernel"] == "streamed_copy":
         return why or "a bandwidth, not a program"
+    if row["kernel"] == "collective_permute":
+        return _permute(row)["how"]
     with peer_shims(), tpu_target(row["chip"]):
         fn, args = _build(row, peers)
         text = explain(fn, *args, generation=row["chip"], hlo=hlo)

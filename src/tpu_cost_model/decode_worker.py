@@ -10,7 +10,7 @@ Per (model, batch, cache, generation, path) one row:
     ends + groups x (group with ends - ends); the
     collectives (the attention's and shared MLP's all-reduces, the experts' dispatch from the ragged-dot package's
     plan, the embedding's all-reduce and the LM head's all-gather) by ici.collective_seconds. The band is the
-    schedule's constant bands (ScheduleCost.band); collectives carry no band.
+    schedule's constant bands (ScheduleCost.band), with each collective's fixed cost at the same end of its band.
 Paths: "hub" (the kernels' Pallas paths), "jax_default" (the same step on their XLA paths: lax.ragged_dot, XLA
 attention over the gathered pages, XLA RMSNorm), "default_compiled" (decode_step.transformers_kernels), "vllm_tpu"
 (modeled only: the hub step with vLLM TPU's attention and gmm swapped in, decode_vllm.py).
@@ -157,8 +157,8 @@ def collectives(m: dm.DecodeModel, rd: ModuleType, batch: int, n: int) -> tuple[
     return layer, ends
 
 
-def collective_s(items: list, generation: str) -> float:
-    return sum(sum(collective_seconds(kind, group, sent, generation)) for kind, group, sent in items)
+def collective_s(items: list, generation: str, end: str | None = None) -> float:
+    return sum(sum(collective_seconds(kind, group, sent, generation, end)) for kind, group, sent in items)
 
 
 def modeled(m: dm.DecodeModel, kern: Kernels, rd: ModuleType, batch: int, cache: int, devices: list,
@@ -172,10 +172,12 @@ def modeled(m: dm.DecodeModel, kern: Kernels, rd: ModuleType, batch: int, cache:
     c = chip(generation)
     g = m.groups
     layer_c, ends_c = collectives(m, rd, batch, len(devices))
-    coll = g * len(m.pattern) * collective_s(layer_c, generation) + collective_s(ends_c, generation)
+    coll_at = lambda end: g * len(m.pattern) * collective_s(layer_c, generation, end) + collective_s(ends_c, generation,
+                                                                                                   end)
+    coll = coll_at(None)
     scaled = lambda f: f(ends) + g * (f(first) - f(ends))
     bands = [first.band(c), ends.band(c)]
-    lo_hi = [bands[1][i] + g * (bands[0][i] - bands[1][i]) + coll for i in (0, 1)]
+    lo_hi = [bands[1][i] + g * (bands[0][i] - bands[1][i]) + coll_at(end) for i, end in ((0, "fast"), (1, "slow"))]
     if vllm:  # vLLM's attention and gmm in place of ours, per group
         from .decode_vllm import ours_in, peer_group_costs, peers_seconds
 

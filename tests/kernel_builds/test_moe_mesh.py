@@ -25,7 +25,14 @@ import pytest
 from kernel_hub.verify.numerics import relative_error
 from tests.moe_reference_grads import moe_grads
 from tests.simulated_devices import run_worker
-from tpu_cost_model.ici import STEP_LATENCY_S, collective_seconds, interconnect, ring_hops
+from tpu_cost_model.ici import (
+    COLLECTIVE_FIXED_S,
+    LINK_EFFICIENCY,
+    STEP_LATENCY_S,
+    collective_seconds,
+    interconnect,
+    ring_hops,
+)
 
 F32, BF16 = 1e-5, 2e-2  # f32 and bf16 bounds vs the unsharded layer
 RD_LOAD = {"local": True}  # the JAX build of the source folder (conftest.py rd)
@@ -84,14 +91,25 @@ def test_dispatch_bytes_and_choice_by_hand(rd):
 
 
 def test_ici_model_by_hand():
-    v6e, v5e = interconnect("v6e"), interconnect("v5e")
-    assert v6e.ring_bytes_per_s == 200e9 and v5e.ring_bytes_per_s == 100e9  # 800 / 400 GB/s bidirectional, 4 ports
+    v6e, v5e, v5p = interconnect("v6e"), interconnect("v5e"), interconnect("v5p")
+    # a link one way: bidirectional / (2 x ports) at the fitted efficiency; a ring drives two links
+    assert v6e.link_bytes_per_s == pytest.approx(100e9 * LINK_EFFICIENCY) == v5p.link_bytes_per_s  # 800/4, 1200/6
+    assert v6e.ring_bytes_per_s == pytest.approx(200e9 * LINK_EFFICIENCY)
+    assert v5e.ring_bytes_per_s == pytest.approx(100e9 * LINK_EFFICIENCY)
+    assert 0.8 < LINK_EFFICIENCY < 0.95  # the v6e 64 MiB permute: 776.34 us
     assert v6e.hbm_bytes == 32 * 2**30 and v5e.hbm_bytes == 16 * 2**30
     bw, lat = collective_seconds("all_reduce", 8, 458752, "v6e")
-    assert bw == pytest.approx(458752 / 200e9) and lat == pytest.approx(14 * STEP_LATENCY_S)
+    assert bw == pytest.approx(458752 / (200e9 * LINK_EFFICIENCY))
+    assert lat == pytest.approx(COLLECTIVE_FIXED_S[None] + 13 * STEP_LATENCY_S)  # 14 ring steps, the first fixed
+    slow = collective_seconds("all_reduce", 8, 458752, "v6e", "slow")
+    fast = collective_seconds("all_reduce", 8, 458752, "v6e", "fast")
+    assert fast[1] < lat < slow[1] and fast[0] == bw == slow[0]
     assert ring_hops(8) == pytest.approx(16 / 7)
-    assert collective_seconds("all_to_all", 8, 1e6, "v5e")[0] == pytest.approx(1e6 * 16 / 7 / 100e9)
+    assert collective_seconds("all_to_all", 8, 1e6, "v5e")[0] == pytest.approx(1e6 * 16 / 7 / (100e9 * LINK_EFFICIENCY))
     assert collective_seconds("all_reduce", 1, 1e6, "v5e") == (0.0, 0.0)
+    # the public v6e permutes (marin-community/marin issue 6736): 1 MiB 17.45 us, 64 MiB 776.34 us
+    for size, measured in ((2**20, 17.45e-6), (64 * 2**20, 776.34e-6)):
+        assert sum(collective_seconds("collective_permute", 8, size, "v6e")) == pytest.approx(measured, rel=0.05)
     with pytest.raises(ValueError, match="modelled"):
         interconnect("v4")
 

@@ -105,3 +105,17 @@ def test_merge_replaces_rows_of_the_same_key_and_keeps_the_rest():
     assert [(r["path"], r["batch"], r["modeled_s"]) for r in out] == [
         ("hub", 64, 0.9), ("jax_default", 64, 2.0), ("hub", 1, 0.5), ("vllm_tpu", 64, 0.8)]
     assert "step" not in out[1] and out[0]["step"] == "stacked"
+
+
+def test_restating_the_collectives_shifts_a_row_by_their_change_alone():
+    bench = _bench()
+    row = {"model": "qwen3_30b_a3b", "batch": 64, "modeled_s": 10e-3, "band_s": [8e-3, 13e-3], "collectives_s": 1e-3,
+           "modeled_jaxpr_s": 12e-3, "band_jaxpr_s": [9e-3, 15e-3], "kernels_s": 5e-3, "xla_s": 4e-3}
+    new = {None: 1.5e-3, "fast": 1.2e-3, "slow": 1.7e-3}
+    out = bench.restated(row, new.get)
+    assert out["collectives_s"] == 1.5e-3 and out["modeled_s"] == pytest.approx(10.5e-3)
+    assert out["band_s"] == pytest.approx([8.2e-3, 13.7e-3])  # each end moves by its own end's change
+    assert out["modeled_jaxpr_s"] == pytest.approx(12.5e-3) and out["band_jaxpr_s"] == pytest.approx([9.2e-3, 15.7e-3])
+    assert out["kernels_s"] == row["kernels_s"] and out["xla_s"] == row["xla_s"] and row["modeled_s"] == 10e-3
+    unmodeled = {"model": "qwen3_30b_a3b", "batch": 64, "modeled_s": None, "collectives_s": None}
+    assert bench.restated(unmodeled, new.get) is unmodeled

@@ -23,10 +23,11 @@ from jax.experimental.pallas.ops.tpu.matmul import matmul
 from kernel_hub.tpu.chips import chip
 from tests.client_env import child_env
 from tests.tpu_toys import env_or_skip
-from tpu_cost_model import calibration
+from tpu_cost_model import calibration, ici
 from tpu_cost_model import rates as rates_mod
 from tpu_cost_model.calibration import HOST_DISPATCH_S, STEP_OVERHEAD_S, STREAM_FRACTION
 from tpu_cost_model.calibration_worker import _matmul, _xla_matmul
+from tpu_cost_model.ici import interconnect
 from tpu_cost_model.rates import rates
 from tpu_cost_model.schedule import kernel_cost
 
@@ -41,7 +42,7 @@ def test_the_table_keeps_its_schema():
     fitted = {r["id"] for r in data["rows"] if r["use"] == "fit"}
     assert fitted == {"v5e-matmul-128-8192", "v5e-matmul-512x1024x1024-1024", "v5e-xla-matmul-8192",
                       "tpu7x-xla-matmul-1024", "tpu7x-rpa_v3-decode-128seq", "tpu7x-rpa_v3-prefill-32-32-8k",
-                      "tpu7x-gmm_v2-e512-4096x256-bf16-72x1"}
+                      "tpu7x-gmm_v2-e512-4096x256-bf16-72x1", "v6e-ppermute-64MiB"}
     for r in data["rows"]:
         if "measured_s" in r:  # a time comes with what it includes and the shapes it was measured at
             assert r["shapes"] and r["dtypes"] and r["includes"] in ("device", "host") and r["quote"]
@@ -136,6 +137,29 @@ def test_each_parameter_comes_from_its_row():
     gmm = ROWS["tpu7x-gmm_v2-e512-4096x256-bf16-72x1"]
     assert gmm["use"] == "fit" and 512 * 25 < fit["scalar_ops"] < 512 * 40  # a pass over the 512 resident groups
     assert (gmm["measured_s"] - rest) / fit["scalar_ops"] == pytest.approx(rates_mod.SCALAR_OP_V7X_S, rel=1e-3)
+    # the ICI link efficiency: v6e's 64 MiB permute over one link one way (800 GB/s bidirectional over 4 ports)
+    perm = ROWS["v6e-ppermute-64MiB"]
+    one_way = 800e9 / (2 * 4)
+    sent_s = perm["measured_s"] - ici.COLLECTIVE_FIXED_S[None]
+    assert perm["use"] == "fit" and perm["shapes"]["bytes"] / sent_s / one_way == pytest.approx(ici.LINK_EFFICIENCY)
+
+
+def test_the_permute_rows_check_the_ici_model_on_both_chips():
+    """The three permutes no constant was fitted on (v6e 1 MiB, v5p 1 MiB and 64 MiB) by the ICI model, each within
+    the target, and the model's point inside its fixed-cost band; the old charge (spec rate, 1 us a step) put the
+    1 MiB rows over 30% low."""
+    for rid in ("v6e-ppermute-1MiB", "v5p-ppermute-1MiB", "v5p-ppermute-64MiB"):
+        row = ROWS[rid]
+        s = row["shapes"]
+        at = lambda end, s=s, row=row: sum(ici.collective_seconds("collective_permute", s["devices"], s["bytes"],
+                                                                  row["chip"], end))
+        got = calibration.compare(row, at(None), (at("fast"), at("slow")))
+        assert row["use"] == "check" and got["within"], (rid, got)
+        assert got["band_s"][0] < got["modeled_s"] < got["band_s"][1]
+        link = interconnect(row["chip"])
+        old = s["bytes"] / (link.bidirectional_bytes_per_s / (2 * link.ports)) + ici.STEP_LATENCY_S
+        if s["bytes"] == 2**20:
+            assert calibration.compare(row, old)["error"] < -0.30, rid
 
 
 def _held_out_in_this_environment() -> list[dict]:
