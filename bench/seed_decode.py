@@ -119,14 +119,16 @@ def write_record(found: list[dict], merge: bool = False) -> None:
 def restated(row: dict, coll_at) -> dict:
     """A recorded row with its collectives charged again: `coll_at(end)` is the step's collectives at the point
     (None) and at the band's "fast" and "slow" ends. The decode worker adds the collectives after the walk, so the
-    rest of the row (kernels, compiled glue, dispatch) stands; a row with no modeled time is returned as it is."""
+    rest of the row (kernels, compiled glue, dispatch) stands; the band's ends carried `collectives_band_s` (rows
+    recorded before it carried the point at both). A row with no modeled time is returned as it is."""
     if row.get("modeled_s") is None or row.get("collectives_s") is None:
         return row
     old = row["collectives_s"]
-    d = {end: coll_at(end) - old for end in (None, "fast", "slow")}
+    old_ends = row.get("collectives_band_s") or [old, old]
+    d = {None: coll_at(None) - old, "fast": coll_at("fast") - old_ends[0], "slow": coll_at("slow") - old_ends[1]}
     shift = lambda band: [band[0] + d["fast"], band[1] + d["slow"]]
-    out = {**row, "collectives_s": coll_at(None), "modeled_s": row["modeled_s"] + d[None],
-           "band_s": shift(row["band_s"])}
+    out = {**row, "collectives_s": coll_at(None), "collectives_band_s": [coll_at("fast"), coll_at("slow")],
+           "modeled_s": row["modeled_s"] + d[None], "band_s": shift(row["band_s"])}
     if row.get("modeled_jaxpr_s") is not None:
         out |= {"modeled_jaxpr_s": row["modeled_jaxpr_s"] + d[None], "band_jaxpr_s": shift(row["band_jaxpr_s"])}
     return out

@@ -190,7 +190,7 @@ def modeled(m: dm.DecodeModel, kern: Kernels, rd: ModuleType, batch: int, cache:
                                                    for o in s.xla))
     out = {"modeled_s": scaled(lambda s: s.seconds(c)) + coll + delta, "band_s": lo_hi,
            "kernels_s": scaled(lambda s: sum(k.seconds(c) for k in s.calls)) + delta,
-           "xla_s": jaxpr_xla(None), "collectives_s": coll,
+           "xla_s": jaxpr_xla(None), "collectives_s": coll, "collectives_band_s": [coll_at("fast"), coll_at("slow")],
            "kernel_calls": scaled(lambda s: len(s.calls)), "xla_ops": scaled(lambda s: len(s.outside_ops)),
            "modeled_hbm_bytes": scaled(lambda s: s.hbm_bytes)}
     out |= {"xla_jaxpr_s": out["xla_s"], "xla_ops_jaxpr": out["xla_ops"], "modeled_jaxpr_s": out["modeled_s"],

@@ -6,13 +6,14 @@ and a 2D torus on v5e/v6e; one link carries bidirectional / (2 x ports) each way
 
 Model: a collective over n chips runs as a bidirectional ring, which drives 2 of a chip's ports one way each, so a
 chip sends at 2 links' rate; a collective permute (each chip sends to one neighbour) drives one link one way. A link
-moves a payload at LINK_EFFICIENCY of its spec rate. Time = bytes a chip sends / that rate + the collective's fixed
-cost (COLLECTIVE_FIXED_S: its launch and the chips' synchronisation) + (steps - 1) x STEP_LATENCY_S, with 2(n-1)
-ring steps for an all-reduce, n-1 for an all-gather, reduce-scatter or all-to-all, one for a permute; an
+moves a payload at a fraction of its spec rate (link_efficiency). Time = bytes a chip sends / that rate + the
+collective's fixed cost (fixed_seconds: its launch and the chips' synchronisation) + (steps - 1) x STEP_LATENCY_S,
+with 2(n-1) ring steps for an all-reduce, n-1 for an all-gather, reduce-scatter or all-to-all, one for a permute; an
 all-to-all's bytes travel the ring's mean hop count (n=8: 16/7 hops). The efficiency and the fixed cost come from
 public measured collective permutes on v5p-8 and v6e-8 (bench/records/tpu_calibration.json, kind
-"collective_permute"); the per-step latency of a ring's later steps is an assumption (ICI hops are described as
-sub-microsecond), and at decode sizes the fixed costs dominate.
+"collective_permute"), so v5p and v6e carry them as measured and v5e and v7x as bands; the per-step latency of a
+ring's later steps is an assumption (ICI hops are described as sub-microsecond). At decode sizes the fixed costs
+dominate.
 """
 
 from __future__ import annotations
@@ -22,17 +23,35 @@ from dataclasses import dataclass
 #: Assumed time of each ring step after a collective's first (not a published figure; see the module docstring).
 STEP_LATENCY_S = 1e-6
 
-#: What one collective costs before its payload moves (launch, synchronisation), from the public measured permutes
-#: (marin-community/marin issue 6736, barriered `lax.ppermute` slopes on v5p-8 and v6e-8): point 5.0 us, between
-#: the small-payload times (v5p ~4.5-5.5 us, v6e ~5.6-5.9 us for 1-16 KiB); its band runs from the lowest intercept of
-#: the thread's large-payload fits (v6e 2.29 us) to the highest small-payload time (5.9 us). Not measured on v5e or
-#: v7x: the same figures stand for them.
-COLLECTIVE_FIXED_S = {None: 5.0e-6, "fast": 2.29e-6, "slow": 5.9e-6}
+#: What one collective costs before its payload moves (launch, synchronisation), (point, fast end, slow end), on the
+#: generations with public measured permutes (marin-community/marin issue 6736, barriered `lax.ppermute` slopes on
+#: v5p-8 and v6e-8): point 5.0 us, between their small-payload times (v5p ~4.5-5.5 us, v6e ~5.6-5.9 us for 1-16 KiB);
+#: band from the lowest intercept of the thread's large-payload fits (v6e 2.29 us) to the highest small-payload time.
+MEASURED_FIXED_S = (5.0e-6, 2.29e-6, 5.9e-6)
+#: Elsewhere (v5e, v7x) a band, its point the middle: from the 1 us a hop the model assumed before to 5.9 us.
+UNMEASURED_FIXED_S = (3.45e-6, 1.0e-6, 5.9e-6)
 
-#: The fraction of a link's spec one-way rate a collective's payload reaches: fitted on row "v6e-ppermute-64MiB"
-#: (64 MiB in 776.34 us measured, less COLLECTIVE_FIXED_S, over one 100 GB/s link); v5p's two rows and v6e's 1 MiB
-#: row check it.
-LINK_EFFICIENCY = 64 * 2**20 / ((776.34e-6 - COLLECTIVE_FIXED_S[None]) * 100e9)
+#: The fraction of a link's spec one-way rate a collective's payload reaches, measured: fitted on row
+#: "v6e-ppermute-64MiB" (64 MiB in 776.34 us, less the fixed cost's point, over one 100 GB/s link); v5p's link has
+#: the same spec rate and its two rows check the figure.
+LINK_EFFICIENCY = 64 * 2**20 / ((776.34e-6 - MEASURED_FIXED_S[0]) * 100e9)
+#: Elsewhere a band, its point the middle (the stream fraction's band: what a DMA engine reaches of its spec).
+UNMEASURED_EFFICIENCY = (0.85, 0.95, 0.75)
+MEASURED = ("v5p", "v6e")
+
+
+def _at(figures: tuple[float, float, float], end: str | None) -> float:
+    return figures[{None: 0, "fast": 1, "slow": 2}[end]]
+
+
+def fixed_seconds(generation: str, end: str | None = None) -> float:
+    """One collective's fixed cost on `generation` at the point or an end ("fast" / "slow") of its band."""
+    return _at(MEASURED_FIXED_S if generation in MEASURED else UNMEASURED_FIXED_S, end)
+
+
+def link_efficiency(generation: str, end: str | None = None) -> float:
+    """The fraction of a link's spec rate a payload reaches on `generation` (measured, or its band's point / end)."""
+    return LINK_EFFICIENCY if generation in MEASURED else _at(UNMEASURED_EFFICIENCY, end)
 
 
 @dataclass(frozen=True)
@@ -44,10 +63,13 @@ class Interconnect:
     slice8: str  # the 8-chip mock topology libtpu compiles for
     source: str
 
+    def link_rate(self, end: str | None = None) -> float:
+        """What one link moves one way per second: bidirectional / (2 x ports), at the generation's efficiency."""
+        return link_efficiency(self.generation, end) * self.bidirectional_bytes_per_s / (2 * self.ports)
+
     @property
     def link_bytes_per_s(self) -> float:
-        """What one link moves one way per second: bidirectional / (2 x ports), at LINK_EFFICIENCY."""
-        return LINK_EFFICIENCY * self.bidirectional_bytes_per_s / (2 * self.ports)
+        return self.link_rate()
 
     @property
     def ring_bytes_per_s(self) -> float:
@@ -87,14 +109,15 @@ _STEPS = {"all_reduce": lambda n: 2 * (n - 1), "all_gather": lambda n: n - 1, "r
 def collective_seconds(kind: str, devices: int, bytes_sent: float, generation: str,
                        end: str | None = None) -> tuple[float, float]:
     """(bandwidth seconds, latency seconds) of one collective in which each of `devices` chips sends `bytes_sent`;
-    `end` ("fast" / "slow") takes the fixed cost at that end of its band."""
+    `end` ("fast" / "slow") takes the fixed cost and, where unmeasured, the link efficiency at that end of their
+    bands."""
     if kind not in _STEPS:
         raise ValueError(f"unknown collective {kind!r}; known: {', '.join(_STEPS)}")
     if devices <= 1:
         return 0.0, 0.0
     ici = interconnect(generation)
+    link, fixed = ici.link_rate(end), fixed_seconds(ici.generation, end)
     if kind == "collective_permute":
-        return bytes_sent / ici.link_bytes_per_s, COLLECTIVE_FIXED_S[end]
+        return bytes_sent / link, fixed
     hops = ring_hops(devices) if kind == "all_to_all" else 1.0
-    latency = COLLECTIVE_FIXED_S[end] + (_STEPS[kind](devices) - 1) * STEP_LATENCY_S
-    return bytes_sent * hops / ici.ring_bytes_per_s, latency
+    return bytes_sent * hops / (2 * link), fixed + (_STEPS[kind](devices) - 1) * STEP_LATENCY_S

@@ -117,5 +117,9 @@ def test_restating_the_collectives_shifts_a_row_by_their_change_alone():
     assert out["band_s"] == pytest.approx([8.2e-3, 13.7e-3])  # each end moves by its own end's change
     assert out["modeled_jaxpr_s"] == pytest.approx(12.5e-3) and out["band_jaxpr_s"] == pytest.approx([9.2e-3, 15.7e-3])
     assert out["kernels_s"] == row["kernels_s"] and out["xla_s"] == row["xla_s"] and row["modeled_s"] == 10e-3
+    assert out["collectives_band_s"] == [1.2e-3, 1.7e-3]
+    assert bench.restated(out, new.get) == out  # restating again with the same model moves nothing
+    later = bench.restated(out, {None: 1.5e-3, "fast": 1.0e-3, "slow": 1.7e-3}.get)
+    assert later["band_s"] == pytest.approx([8.0e-3, 13.7e-3]) and later["modeled_s"] == out["modeled_s"]
     unmodeled = {"model": "qwen3_30b_a3b", "batch": 64, "modeled_s": None, "collectives_s": None}
     assert bench.restated(unmodeled, new.get) is unmodeled

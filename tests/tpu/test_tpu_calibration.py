@@ -140,7 +140,7 @@ def test_each_parameter_comes_from_its_row():
     # the ICI link efficiency: v6e's 64 MiB permute over one link one way (800 GB/s bidirectional over 4 ports)
     perm = ROWS["v6e-ppermute-64MiB"]
     one_way = 800e9 / (2 * 4)
-    sent_s = perm["measured_s"] - ici.COLLECTIVE_FIXED_S[None]
+    sent_s = perm["measured_s"] - ici.fixed_seconds("v6e")
     assert perm["use"] == "fit" and perm["shapes"]["bytes"] / sent_s / one_way == pytest.approx(ici.LINK_EFFICIENCY)
 
 
