@@ -139,18 +139,12 @@ def restate_collectives(found: list[dict]) -> list[dict]:
     dispatch plan as the worker builds it."""
     from kernel_hub.tpu.package import folder_package
     from tpu_cost_model.decode_models import MODELS
-    from tpu_cost_model.decode_worker import collective_s, collectives
+    from tpu_cost_model.decode_worker import step_collectives
     from tpu_cost_model.workload import load_moe_kernel
 
     rd = load_moe_kernel(folder_package(ROOT / "kernels/pallas/ragged_dot").request()).rd
-    out = []
-    for r in found:
-        m = MODELS[r["model"]]
-        layer, ends = collectives(m, rd, r["batch"], r["devices"])
-        coll_at = lambda end, m=m, layer=layer, ends=ends, g=r["chip"]: (
-            m.groups * len(m.pattern) * collective_s(layer, g, end) + collective_s(ends, g, end))
-        out.append(restated(r, coll_at))
-    return out
+    return [restated(r, step_collectives(MODELS[r["model"]], rd, r["batch"], r["devices"], r["chip"]).get)
+            for r in found]
 
 
 def table(found: list[dict]) -> str:

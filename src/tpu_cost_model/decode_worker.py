@@ -161,6 +161,13 @@ def collective_s(items: list, generation: str, end: str | None = None) -> float:
     return sum(sum(collective_seconds(kind, group, sent, generation, end)) for kind, group, sent in items)
 
 
+def step_collectives(m: dm.DecodeModel, rd: ModuleType, batch: int, n: int, generation: str) -> dict:
+    """A decode step's collectives in seconds at the point (None) and at the band's "fast" and "slow" ends."""
+    layer, ends = collectives(m, rd, batch, n)
+    return {end: m.groups * len(m.pattern) * collective_s(layer, generation, end) + collective_s(ends, generation, end)
+            for end in (None, "fast", "slow")}
+
+
 def modeled(m: dm.DecodeModel, kern: Kernels, rd: ModuleType, batch: int, cache: int, devices: list,
             generation: str, vllm: bool = False, program: CompiledCost | str | None = None) -> JsonDict:
     """The step's modeled seconds on `generation`, its band, and the split into kernels, XLA ops and collectives:
@@ -171,13 +178,11 @@ def modeled(m: dm.DecodeModel, kern: Kernels, rd: ModuleType, batch: int, cache:
     first.ici_bytes = ends.ici_bytes = 0  # the collectives are charged below, latency included
     c = chip(generation)
     g = m.groups
-    layer_c, ends_c = collectives(m, rd, batch, len(devices))
-    coll_at = lambda end: g * len(m.pattern) * collective_s(layer_c, generation, end) + collective_s(ends_c, generation,
-                                                                                                   end)
-    coll = coll_at(None)
+    coll_at = step_collectives(m, rd, batch, len(devices), generation)
+    coll = coll_at[None]
     scaled = lambda f: f(ends) + g * (f(first) - f(ends))
     bands = [first.band(c), ends.band(c)]
-    lo_hi = [bands[1][i] + g * (bands[0][i] - bands[1][i]) + coll_at(end) for i, end in ((0, "fast"), (1, "slow"))]
+    lo_hi = [bands[1][i] + g * (bands[0][i] - bands[1][i]) + coll_at[end] for i, end in ((0, "fast"), (1, "slow"))]
     if vllm:  # vLLM's attention and gmm in place of ours, per group
         from .decode_vllm import ours_in, peer_group_costs, peers_seconds
 
@@ -190,7 +195,7 @@ def modeled(m: dm.DecodeModel, kern: Kernels, rd: ModuleType, batch: int, cache:
                                                    for o in s.xla))
     out = {"modeled_s": scaled(lambda s: s.seconds(c)) + coll + delta, "band_s": lo_hi,
            "kernels_s": scaled(lambda s: sum(k.seconds(c) for k in s.calls)) + delta,
-           "xla_s": jaxpr_xla(None), "collectives_s": coll, "collectives_band_s": [coll_at("fast"), coll_at("slow")],
+           "xla_s": jaxpr_xla(None), "collectives_s": coll, "collectives_band_s": [coll_at["fast"], coll_at["slow"]],
            "kernel_calls": scaled(lambda s: len(s.calls)), "xla_ops": scaled(lambda s: len(s.outside_ops)),
            "modeled_hbm_bytes": scaled(lambda s: s.hbm_bytes)}
     out |= {"xla_jaxpr_s": out["xla_s"], "xla_ops_jaxpr": out["xla_ops"], "modeled_jaxpr_s": out["modeled_s"],

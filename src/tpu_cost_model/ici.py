@@ -11,7 +11,8 @@ collective's fixed cost (fixed_seconds: its launch and the chips' synchronisatio
 with 2(n-1) ring steps for an all-reduce, n-1 for an all-gather, reduce-scatter or all-to-all, one for a permute; an
 all-to-all's bytes travel the ring's mean hop count (n=8: 16/7 hops). The efficiency and the fixed cost come from
 public measured collective permutes on v5p-8 and v6e-8 (bench/records/tpu_calibration.json, kind
-"collective_permute"), so v5p and v6e carry them as measured and v5e and v7x as bands; the per-step latency of a
+"collective_permute") and live in rates.py with the other per-generation constants: measured on v5p and v6e, bands
+on v5e and v7x; the per-step latency of a
 ring's later steps is an assumption (ICI hops are described as sub-microsecond). At decode sizes the fixed costs
 dominate.
 """
@@ -20,38 +21,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .rates import LINK_EFFICIENCY, rates
+
+__all__ = ["LINK_EFFICIENCY", "STEP_LATENCY_S", "collective_seconds", "fixed_seconds", "interconnect",
+           "link_efficiency", "ring_hops"]
+
 #: Assumed time of each ring step after a collective's first (not a published figure; see the module docstring).
 STEP_LATENCY_S = 1e-6
 
-#: What one collective costs before its payload moves (launch, synchronisation), (point, fast end, slow end), on the
-#: generations with public measured permutes (marin-community/marin issue 6736, barriered `lax.ppermute` slopes on
-#: v5p-8 and v6e-8): point 5.0 us, between their small-payload times (v5p ~4.5-5.5 us, v6e ~5.6-5.9 us for 1-16 KiB);
-#: band from the lowest intercept of the thread's large-payload fits (v6e 2.29 us) to the highest small-payload time.
-MEASURED_FIXED_S = (5.0e-6, 2.29e-6, 5.9e-6)
-#: Elsewhere (v5e, v7x) a band, its point the middle: from the 1 us a hop the model assumed before to 5.9 us.
-UNMEASURED_FIXED_S = (3.45e-6, 1.0e-6, 5.9e-6)
-
-#: The fraction of a link's spec one-way rate a collective's payload reaches, measured: fitted on row
-#: "v6e-ppermute-64MiB" (64 MiB in 776.34 us, less the fixed cost's point, over one 100 GB/s link); v5p's link has
-#: the same spec rate and its two rows check the figure.
-LINK_EFFICIENCY = 64 * 2**20 / ((776.34e-6 - MEASURED_FIXED_S[0]) * 100e9)
-#: Elsewhere a band, its point the middle (the stream fraction's band: what a DMA engine reaches of its spec).
-UNMEASURED_EFFICIENCY = (0.85, 0.95, 0.75)
-MEASURED = ("v5p", "v6e")
-
-
-def _at(figures: tuple[float, float, float], end: str | None) -> float:
-    return figures[{None: 0, "fast": 1, "slow": 2}[end]]
-
 
 def fixed_seconds(generation: str, end: str | None = None) -> float:
-    """One collective's fixed cost on `generation` at the point or an end ("fast" / "slow") of its band."""
-    return _at(MEASURED_FIXED_S if generation in MEASURED else UNMEASURED_FIXED_S, end)
+    """One collective's fixed cost on `generation` at the point or an end ("fast" / "slow") of its band
+    (rates.py: measured on v5p and v6e, a band elsewhere)."""
+    return rates(generation, end or "point").collective_fixed_s
 
 
 def link_efficiency(generation: str, end: str | None = None) -> float:
-    """The fraction of a link's spec rate a payload reaches on `generation` (measured, or its band's point / end)."""
-    return LINK_EFFICIENCY if generation in MEASURED else _at(UNMEASURED_EFFICIENCY, end)
+    """The fraction of a link's spec rate a payload reaches on `generation` (rates.py: measured on v5p and v6e, a
+    band elsewhere)."""
+    return rates(generation, end or "point").ici_link_efficiency
 
 
 @dataclass(frozen=True)

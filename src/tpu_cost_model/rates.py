@@ -65,6 +65,8 @@ class Rates:
     vpu_ops_per_cycle: float  # vector element operations per cycle, as the walker counts them (jaxpr ops)
     eup_ops_per_cycle: float  # transcendental element operations per cycle (exp, log, tanh, ...)
     scalar_op_s: float  # per scalar-core op of a loop that does nothing else (a kernel's metadata pass)
+    ici_link_efficiency: float  # of a link's spec one-way ICI rate, what a collective's payload reaches
+    collective_fixed_s: float  # per collective, before its payload moves (launch, synchronisation)
 
 
 _V5E_DOCS = "row v5e-matmul-128-8192 (jax docs Pallas matmul tutorial, v5e)"
@@ -73,6 +75,7 @@ _XLA_FIXED = "row tpu7x-xla-matmul-1024 (pytorch/helion PR 2632, JAX's matmul de
 _ATTN = "row tpu7x-rpa_v3-prefill-32-32-8k (heavyball-research/flywheel-tpu README_v7x.md)"
 _DECODE = "row tpu7x-rpa_v3-decode-128seq (heavyball-research/flywheel-tpu README_v7x.md)"
 _SCALAR = "row tpu7x-gmm_v2-e512-4096x256-bf16-72x1 (vllm-project/tpu-inference issue 3520, gmm_v2's metadata pass)"
+_PERMUTE = "rows *-ppermute-* (marin-community/marin issue 6736: barriered lax.ppermute on v5p-8 and v6e-8)"
 
 #: Fitted figures, each recomputed in tests/tpu/test_tpu_calibration.py from its row's published numbers.
 #: v7x's streamed fraction: the one that puts RPA v3's 128-sequence decode (7693.6 MiB streamed, 18.6 us of other
@@ -86,6 +89,16 @@ VPU_OPS_PER_CYCLE_V7X = 6599.0
 #: scalar ops its metadata pass runs (31 per group: SMEM loads and stores, offsets, a tile count): about two cycles
 #: of the scalar core each.
 SCALAR_OP_V7X_S = 1.2425e-9
+
+#: One collective's fixed cost where permutes are measured (v5p, v6e): point 5.0 us, between their small-payload
+#: times (v5p ~4.5-5.5 us, v6e ~5.6-5.9 us for 1-16 KiB); band from the lowest intercept of the source's
+#: large-payload fits (v6e 2.29 us) to the highest small-payload time.
+COLLECTIVE_FIXED_S = Constant(5.0e-6, 2.29e-6, 5.9e-6, _PERMUTE)
+#: The fraction of a link's spec one-way rate a payload reaches: fitted on row "v6e-ppermute-64MiB" (64 MiB in
+#: 776.34 us, less the fixed cost's point, over one 100 GB/s link); v5p's link has the same spec rate and its two
+#: rows check the figure.
+LINK_EFFICIENCY = 64 * 2**20 / ((776.34e-6 - COLLECTIVE_FIXED_S.point) * 100e9)
+_PERMUTE_MEASURED = ("v5p", "v6e")
 
 _GENERATIONS = ("v4", "v5e", "v5p", "v6e", "v7x")
 
@@ -115,6 +128,12 @@ def _table() -> dict[str, dict[str, Constant]]:
             "scalar_op_s": (Constant.measured(SCALAR_OP_V7X_S, _SCALAR) if g == "v7x" else
                             Constant.unmeasured(0.6e-9, 2.5e-9, "fitted on v7x only (1.24 ns a jaxpr scalar op "
                                                 "of a metadata loop): a band from half to twice that")),
+            "ici_link_efficiency": (Constant.measured(LINK_EFFICIENCY, _PERMUTE) if g in _PERMUTE_MEASURED else
+                                    Constant.unmeasured(0.75, 0.95, "no measured collective on this generation: "
+                                                        "the stream fraction's band")),
+            "collective_fixed_s": (COLLECTIVE_FIXED_S if g in _PERMUTE_MEASURED else
+                                   Constant.unmeasured(1.0e-6, 5.9e-6, "no measured collective on this generation: "
+                                                       "from 1 us a hop to the measured small permutes' 5.9 us")),
         }
     return out
 
@@ -124,7 +143,7 @@ TABLE = _table()
 #: For each constant, whether a larger value makes a kernel slower (its "slow" end is its high end).
 _SLOWER_WHEN_HIGH = {"stream_fraction": False, "step_overhead_s": True, "xla_efficiency": False,
                      "op_fixed_s": True, "vpu_ops_per_cycle": False, "eup_ops_per_cycle": False,
-                     "scalar_op_s": True}
+                     "scalar_op_s": True, "ici_link_efficiency": False, "collective_fixed_s": True}
 
 
 def constants(generation: str) -> dict[str, Constant]:
