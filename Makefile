@@ -61,13 +61,14 @@ demo: $(STAMP)
 	$(BIN)/kernel-hub demo
 
 # The suite runs on TEST_WORKERS processes (pytest-xdist), one test module per worker at a time (--dist loadscope,
-# so a module's shared fixtures, e.g. the wheel's venv or a compiled mesh, are built once). 2 = this machine's cores;
-# TEST_WORKERS=0 runs in one process.
+# so a module's shared fixtures, e.g. the wheel's venv or a compiled mesh, are built once), the heaviest modules first
+# (--no-loadscope-reorder keeps the order tests/schedule.py gives). 2 = this machine's cores; TEST_WORKERS=0 runs in
+# one process.
 TEST_WORKERS ?= 2
 
 test: setup $(TPU_STAMP) chromium
 	$(BIN)/ruff check src kernels bench tests conftest.py setup.py
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --durations=25
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=25
 
 # Headless Chromium for the report's browser test (tests/report/test_report.py), from Debian's `chromium` package:
 # ~45 s on a fresh machine (apt-get update ~3 s, install ~42 s). Without root the test skips, saying why;

@@ -8,6 +8,7 @@
 - Load PyPI's `kernels` before any test module under kernels/pallas/ is imported: with --import-mode=importlib
   pytest names those modules `kernels.pallas.<k>.tests.test_x` and registers missing parents as empty
   modules, and an empty `kernels` would shadow HF's `kernels` for every later test.
+- The heaviest test scopes run first (tests/schedule.py), so the suite's workers finish together.
 """
 
 import contextlib
@@ -25,7 +26,7 @@ os.environ["KERNEL_HUB_CACHE"] = tempfile.mkdtemp(prefix="kh-tests-cache-")
 
 if str(Path(__file__).parent) not in sys.path:  # `python -m pytest` from the root has it already
     sys.path.insert(0, str(Path(__file__).parent))
-from tests import client_env
+from tests import client_env, schedule
 
 OUTSIDE = client_env.recorder()
 os.environ.update(client_env.GUARDS)
@@ -60,3 +61,9 @@ def _stays_on_loopback(monkeypatch: pytest.MonkeyPatch):
     yield
     sent = OUTSIDE.seen[started:]
     assert not sent, f"this test's processes tried to reach a host other than loopback: {sent!r}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Heaviest scopes first: with --no-loadscope-reorder, xdist hands scopes out in this order."""
+    order = schedule.heaviest_first([item.nodeid for item in items], schedule.load())
+    items[:] = [items[i] for i in order]
