@@ -8,7 +8,8 @@
 - Load PyPI's `kernels` before any test module under kernels/pallas/ is imported: with --import-mode=importlib
   pytest names those modules `kernels.pallas.<k>.tests.test_x` and registers missing parents as empty
   modules, and an empty `kernels` would shadow HF's `kernels` for every later test.
-- The heaviest test scopes run first (tests/schedule.py), so the suite's workers finish together.
+- The heaviest test scopes run first (tests/schedule.py), so the suite's workers finish together, and a worker
+  process that dies costs one failed test, not a deadlocked run (tests/crash_safe_scheduling.py).
 """
 
 import contextlib
@@ -27,6 +28,9 @@ os.environ["KERNEL_HUB_CACHE"] = tempfile.mkdtemp(prefix="kh-tests-cache-")
 if str(Path(__file__).parent) not in sys.path:  # `python -m pytest` from the root has it already
     sys.path.insert(0, str(Path(__file__).parent))
 from tests import client_env, schedule
+
+#: xdist's loadscope, made to finish when a worker process dies (tests/crash_safe_scheduling.py)
+pytest_plugins = ["tests.crash_safe_scheduling"]
 
 OUTSIDE = client_env.recorder()
 os.environ.update(client_env.GUARDS)
