@@ -13,6 +13,7 @@
 """
 
 import contextlib
+import importlib.util
 import os
 import subprocess
 import sys
@@ -29,8 +30,9 @@ if str(Path(__file__).parent) not in sys.path:  # `python -m pytest` from the ro
     sys.path.insert(0, str(Path(__file__).parent))
 from tests import client_env, schedule
 
-#: xdist's loadscope, made to finish when a worker process dies (tests/crash_safe_scheduling.py)
-pytest_plugins = ["tests.crash_safe_scheduling"]
+#: xdist's loadscope, made to finish when a worker process dies (tests/crash_safe_scheduling.py); the TPU
+#: environment runs its checks in one process, without pytest-xdist
+pytest_plugins = ["tests.crash_safe_scheduling"] if importlib.util.find_spec("xdist") else []
 
 OUTSIDE = client_env.recorder()
 os.environ.update(client_env.GUARDS)
