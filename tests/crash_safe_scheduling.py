@@ -38,9 +38,12 @@ class CrashSafeLoadScope(LoadScopeScheduling):
 
     def remove_node(self, node: WorkerController) -> str | None:
         crashed, again = requeue(self.assigned_work.pop(node))
+        if crashed is None:  # a worker that finished its work: nothing to hand out again
+            return None
         self.workqueue.update(again)
         for other in self.assigned_work:
-            self._reschedule(other)
+            if other in self.registered_collections:  # a replacement still collecting gets work once it has
+                self._reschedule(other)
         return crashed
 
     def schedule(self) -> None:
