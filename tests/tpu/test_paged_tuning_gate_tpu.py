@@ -14,8 +14,10 @@ Skipped, with the reason, only where the TPU environment is missing (`make test`
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -32,6 +34,7 @@ GEOMETRY = {"qwen3_30b_a3b": (32, 4, 128), "gemma4_26b_a4b_sliding": (16, 8, 256
             "gemma4_26b_a4b_global": (16, 2, 512)}
 
 
+@functools.cache
 def _tuned() -> dict:
     path = FA / "flash_attention/paged_tuned_table.py"
     spec = importlib.util.spec_from_file_location("paged_tuned_table_data", path)
@@ -40,30 +43,28 @@ def _tuned() -> dict:
     return module.TUNED
 
 
-def gate_cases(gen: str) -> list[tuple[str, str]]:
+def gate_cases(gen: str) -> list[tuple[str, tuple]]:
     """(case name, tuned key) of each model geometry's mixed-batch gate case at 8192 positions (it runs the
     entry's whole block) whose key has an entry."""
-    out = []
-    for model, (hq, hkv, d) in GEOMETRY.items():
-        key = (gen, 128, "bfloat16", "bfloat16", hq, hkv, d, 8192)
-        if key in _tuned():
-            text = "/".join(map(str, key))
-            out.append((f"fwd:paged:{model}_mixed_4x496_60x1:bf16", text))
-    return out
+    keys = {model: (gen, 128, "bfloat16", "bfloat16", hq, hkv, d, 8192) for model, (hq, hkv, d) in GEOMETRY.items()}
+    return [(f"fwd:paged:{model}_mixed_4x496_60x1:bf16", key) for model, key in keys.items() if key in _tuned()]
 
 
-def nearest_budget(gen: str) -> tuple[str, str, float]:
+@functools.cache
+def _kernel_modules() -> tuple[ModuleType, ModuleType]:
+    """The flash-attention build's config and paged_tuning modules, imported once through the verified loader."""
+    fa = import_verified(folder_package(FA))
+    return tuple(importlib.import_module(f"{fa.__name__}.{m}") for m in ("config", "paged_tuning"))
+
+
+def nearest_budget(gen: str) -> tuple[str, tuple, float]:
     """(case name, tuned key, share of the budget) of the gate case whose entry's VMEM estimate comes nearest the
     chip's tile budget (the kernel's own estimate and budget, as test_paged_tuning checks them)."""
-    fa = import_verified(folder_package(FA))
-    config, tuning = (importlib.import_module(f"{fa.__name__}.{m}") for m in ("config", "paged_tuning"))
+    config, tuning = _kernel_modules()
     budget = config.vmem_plan(chip(gen).device_kind)[0] * 5 // 8
-    shares = []
-    for name, text in gate_cases(gen):
-        key = tuple(int(p) if p.isdigit() else p for p in text.split("/"))
-        entry = _tuned()[key]
-        share = tuning.entry_vmem_bytes(key, entry.block_q, entry.pages_per_block, 2) / budget
-        shares.append((name, text, share))
+    table = _tuned()
+    shares = [(name, key, tuning.entry_vmem_bytes(key, table[key].block_q, table[key].pages_per_block, 2) / budget)
+              for name, key in gate_cases(gen)]
     return max(shares, key=lambda s: s[2])
 
 
@@ -100,7 +101,8 @@ def _nearest_entry_compiles(env, fresh_cache, gen) -> None:
     report = gate.compile_matrix(folder_package(FA), [gen], names=[name], env=env)
     assert report.passed, str(report)
     (case,) = report.cases
-    assert case.name == name and case.tuning.endswith(f"(tuned {key})"), (case.name, case.tuning)
+    text = "/".join(map(str, key))
+    assert case.name == name and case.tuning.endswith(f"(tuned {text})"), (case.name, case.tuning)
 
 
 def test_each_chip_has_every_geometry_s_8k_entry_to_choose_from() -> None:
