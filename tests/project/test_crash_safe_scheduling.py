@@ -39,3 +39,32 @@ def test_a_crashed_worker_fails_one_test_and_the_run_ends(tmp_path: Path) -> Non
     assert done.returncode == 1, out
     assert "2 failed, 4 passed" in out, out
     assert "test_b.py::test_crash" in out and "test_d.py::test_crash_alone" in out, out
+
+
+
+def test_a_worker_finishing_after_a_crash_leaves_the_collecting_replacement_alone(tmp_path: Path) -> None:
+    # Both workers are told to shut down once the first distribution empties the queue. One crashes, its last test
+    # goes back on the queue and a replacement starts collecting (slowed down here); the other ends its session
+    # while the replacement still collects. That worker's removal must not hand work to the replacement before
+    # its collection arrives (xdist raised KeyError there and left the requeued tests unrun).
+    (tmp_path / "conftest.py").write_text(
+        "import os\nimport time\nfrom pathlib import Path\n\n"
+        "MARK = Path(__file__).parent / 'crashed'\n\n"
+        "def pytest_collection_modifyitems(config, items):\n"
+        "    if MARK.exists():\n        time.sleep(4)\n\n"
+        "def pytest_sessionfinish(session):\n"
+        "    if os.environ.get('PYTEST_XDIST_WORKER'):\n        time.sleep(4)\n")
+    (tmp_path / "test_a.py").write_text(
+        "import os\nimport time\nfrom pathlib import Path\n\n"
+        "def test_first():\n    time.sleep(1.5)\n\n"
+        "def test_crash():\n    (Path(__file__).parent / 'crashed').touch()\n    os._exit(1)\n\n"
+        "def test_after_the_crash():\n    pass\n")
+    (tmp_path / "test_b.py").write_text("def test_quick():\n    pass\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "tests.crash_safe_scheduling", "-p", "no:cacheprovider",
+         "-n", "2", "--dist", "loadscope", "--no-loadscope-reorder", "-o", "addopts=", str(tmp_path)],
+        cwd=tmp_path, env=child_env(PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
+    out = done.stdout + done.stderr
+    assert "INTERNALERROR" not in out, out
+    assert done.returncode == 1, out
+    assert "1 failed, 3 passed" in out, out
