@@ -9,7 +9,8 @@
   pytest names those modules `kernels.pallas.<k>.tests.test_x` and registers missing parents as empty
   modules, and an empty `kernels` would shadow HF's `kernels` for every later test.
 - The heaviest test scopes run first (tests/schedule.py), so the suite's workers finish together, and a worker
-  process that dies costs one failed test, not a deadlocked run (tests/crash_safe_scheduling.py).
+  process that dies has its test run once more on a fresh worker, never a deadlocked run
+  (tests/crash_safe_scheduling.py).
 """
 
 import contextlib

@@ -1,5 +1,6 @@
-"""A worker process that dies mid-run costs one failed test: the run goes on, runs everything else once, and ends
-(pytest-xdist 3.8.0's own loadscope deadlocks here; tests/crash_safe_scheduling.py says why)."""
+"""A worker process that dies mid-run: its test runs once more on a fresh worker and fails if it kills that one too;
+the run goes on, runs everything else once, and ends (pytest-xdist 3.8.0's own loadscope deadlocks here;
+tests/crash_safe_scheduling.py says why)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 from pathlib import Path
 
 from tests.client_env import child_env
-from tests.crash_safe_scheduling import requeue
+from tests.crash_safe_scheduling import crash_lines, requeue
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,20 +26,36 @@ def test_requeue_drops_finished_scopes_and_counts_the_crashed_test_done() -> Non
     assert requeue({"b.py": {"b.py::only": False}}) == ("b.py::only", {})
 
 
+def test_requeue_for_a_rerun_keeps_the_crashed_test_to_run() -> None:
+    workload = {"a.py": {"a.py::t1": True}, "b.py": {"b.py::t1": True, "b.py::crash": False, "b.py::after": False}}
+    crashed, again = requeue(workload, rerun=True)
+    assert crashed == "b.py::crash"
+    assert again == {"b.py": {"b.py::t1": True, "b.py::crash": False, "b.py::after": False}}
+    assert requeue({"b.py": {"b.py::only": False}}, rerun=True) == ("b.py::only", {"b.py": {"b.py::only": False}})
+    assert crash_lines([("gw1", "b.py::crash", True), ("gw2", "b.py::crash", False)]) == [
+        "gw1 died running b.py::crash: it runs again on a fresh worker",
+        "gw2 died running b.py::crash: it had killed a worker before: failed"]
+
+
+def _run(folder: Path) -> tuple[int, str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "tests.crash_safe_scheduling", "-p", "no:cacheprovider",
+         "-n", "2", "--dist", "loadscope", "--no-loadscope-reorder", "-o", "addopts=", str(folder)],
+        cwd=folder, env=child_env(PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
+    return done.returncode, done.stdout + done.stderr
+
+
 def test_a_crashed_worker_fails_one_test_and_the_run_ends(tmp_path: Path) -> None:
     (tmp_path / "test_a.py").write_text("def test_one():\n    pass\n\ndef test_two():\n    pass\n")
     (tmp_path / "test_b.py").write_text("import os\n\ndef test_crash():\n    os._exit(1)\n\n"
                                         "def test_after():\n    pass\n")
     (tmp_path / "test_c.py").write_text("def test_alone():\n    pass\n")
     (tmp_path / "test_d.py").write_text("import os\n\ndef test_crash_alone():\n    os._exit(1)\n")
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "tests.crash_safe_scheduling", "-p", "no:cacheprovider",
-         "-n", "2", "--dist", "loadscope", "--no-loadscope-reorder", "-o", "addopts=", str(tmp_path)],
-        cwd=tmp_path, env=child_env(PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
-    out = done.stdout + done.stderr
-    assert done.returncode == 1, out
+    code, out = _run(tmp_path)
+    assert code == 1, out
     assert "2 failed, 4 passed" in out, out
     assert "test_b.py::test_crash" in out and "test_d.py::test_crash_alone" in out, out
+    assert "4 worker crash(es)" in out and out.count("it had killed a worker before: failed") == 2, out
 
 
 
@@ -60,11 +77,21 @@ def test_a_worker_finishing_after_a_crash_leaves_the_collecting_replacement_alon
         "def test_crash():\n    (Path(__file__).parent / 'crashed').touch()\n    os._exit(1)\n\n"
         "def test_after_the_crash():\n    pass\n")
     (tmp_path / "test_b.py").write_text("def test_quick():\n    pass\n")
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "tests.crash_safe_scheduling", "-p", "no:cacheprovider",
-         "-n", "2", "--dist", "loadscope", "--no-loadscope-reorder", "-o", "addopts=", str(tmp_path)],
-        cwd=tmp_path, env=child_env(PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
-    out = done.stdout + done.stderr
+    code, out = _run(tmp_path)
     assert "INTERNALERROR" not in out, out
-    assert done.returncode == 1, out
+    assert code == 1, out
     assert "1 failed, 3 passed" in out, out
+
+
+def test_a_test_that_passes_on_a_fresh_worker_after_a_crash_passes(tmp_path: Path) -> None:
+    (tmp_path / "test_a.py").write_text(
+        "import os\nfrom pathlib import Path\n\n"
+        "def test_before():\n    pass\n\n"
+        "def test_crashes_once():\n    mark = Path(__file__).parent / 'crashed'\n"
+        "    if not mark.exists():\n        mark.touch()\n        os._exit(1)\n\n"
+        "def test_after():\n    pass\n")
+    (tmp_path / "test_b.py").write_text("def test_other():\n    pass\n")
+    code, out = _run(tmp_path)
+    assert code == 0, out
+    assert "4 passed" in out and "failed" not in out, out
+    assert "1 worker crash(es)" in out and "died running test_a.py::test_crashes_once: it runs again" in out, out
