@@ -77,6 +77,9 @@ def crash_lines(crashes: list[tuple[str, str, bool]]) -> list[str]:
             for worker, test, rerun in crashes]
 
 
+_SCHEDULER = pytest.StashKey[CrashSafeLoadScope]()
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> LoadScopeScheduling | None:
     """--dist loadscope runs on CrashSafeLoadScope; every other mode keeps xdist's own scheduler."""
@@ -85,9 +88,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> LoadScope
         config.stash[_SCHEDULER] = scheduler
         return scheduler
     return None
-
-
-_SCHEDULER = pytest.StashKey[CrashSafeLoadScope]()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:

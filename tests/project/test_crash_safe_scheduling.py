@@ -32,9 +32,9 @@ def test_requeue_for_a_rerun_keeps_the_crashed_test_to_run() -> None:
     assert crashed == "b.py::crash"
     assert again == {"b.py": {"b.py::t1": True, "b.py::crash": False, "b.py::after": False}}
     assert requeue({"b.py": {"b.py::only": False}}, rerun=True) == ("b.py::only", {"b.py": {"b.py::only": False}})
-    assert crash_lines([("gw1", "b.py::crash", True), ("gw2", "b.py::crash", False)]) == [
-        "gw1 died running b.py::crash: it runs again on a fresh worker",
-        "gw2 died running b.py::crash: it had killed a worker before: failed"]
+    first, second = crash_lines([("gw1", "b.py::crash", True), ("gw2", "b.py::crash", False)])
+    assert first.startswith("gw1 ") and "b.py::crash" in first and "again" in first and "failed" not in first
+    assert second.startswith("gw2 ") and "b.py::crash" in second and "failed" in second and "again" not in second
 
 
 def _run(folder: Path) -> tuple[int, str]:
