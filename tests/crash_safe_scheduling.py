@@ -9,7 +9,7 @@ second unit or its shutdown, as the initial distribution does.
 
 A test whose worker dies runs once more, first in its scope's queue, on a fresh worker: jaxlib 0.10.2's CPU compiler
 can kill a long-lived worker with a segmentation fault in the C++ unwinder after hundreds of unrelated compiles
-(docs/testing.md), which says nothing about the test it happened in. A test that kills a second worker fails, as
+(docs/install.md), which says nothing about the test it happened in. A test that kills a second worker fails, as
 xdist reports any crash; every crash, rerun or not, is listed in the run's summary.
 """
 
@@ -24,12 +24,17 @@ if TYPE_CHECKING:
     from xdist.workermanage import WorkerController
 
 
+def running_test(workload: dict[str, dict[str, bool]]) -> str | None:
+    """The test a worker was running when it died: the first unfinished one of its workload (None: it had finished)."""
+    return next((nodeid for unit in workload.values() for nodeid, done in unit.items() if not done), None)
+
+
 def requeue(workload: dict[str, dict[str, bool]], rerun: bool = False
             ) -> tuple[str | None, dict[str, dict[str, bool]]]:
     """(the test a worker died on, the scopes to run again) from its workload {scope: {nodeid: done}}: the first
     unfinished test of its first unfinished scope is the one it was running. It counts as done unless `rerun`;
     scopes with nothing left to run are dropped."""
-    crashed = next((nodeid for unit in workload.values() for nodeid, done in unit.items() if not done), None)
+    crashed = running_test(workload)
     again = {}
     for scope, unit in workload.items():
         left = {nodeid: done or (nodeid == crashed and not rerun) for nodeid, done in unit.items()}
@@ -48,7 +53,7 @@ class CrashSafeLoadScope(LoadScopeScheduling):
 
     def remove_node(self, node: WorkerController) -> str | None:
         workload = self.assigned_work.pop(node)
-        crashed, _ = requeue(workload)
+        crashed = running_test(workload)
         if crashed is None:  # a worker that finished its work: nothing to hand out again
             return None
         rerun = all(test != crashed for _, test, _ in self.crashes)
