@@ -7,11 +7,13 @@ and the KV caches are never sliced per layer: they stay whole stacks over the gr
 caches in the scan's carry) and the kernels take the scan's counter as `layer=`, reading (and for the caches writing)
 that group's layer in place; only the small dense weights are the scan's xs.
 
-`Kernels` names the three ops the step calls; `hub_kernels(rms, fa, rd, ...)` takes them from the loaded kernel
+`Kernels` names the four ops the step calls; `hub_kernels(rms, fa, rd, ...)` takes them from the loaded kernel
 packages (the rms_norm, flash_attention and ragged_dot modules, imported by kernel-hub's verified loader), with an
-`implementation=` for all three (None: each kernel's order for the platform; "xla": JAX's own ops, the jax_default
-path). `transformers_kernels` is the default path's math: attention over the cache with K/V repeated to every query
-head (transformers' repeat_kv), experts by the ragged dot's XLA path.
+`implementation=` for all of them (None: each kernel's order for the platform; "xla": JAX's own ops, the
+jax_default path). The attention's projections are one fused dot (`wqkv`, each device's query, key and value columns
+side by side, as servers store them) whose output `qk_norm_rope` turns into the attention's q, k and v in one call.
+`transformers_kernels` is the default path's math: q/k norms and the rotary embedding in XLA, attention over the
+cache with K/V repeated to every query head (transformers' repeat_kv), experts by the ragged dot's XLA path.
 
 `decode_step(params, caches, tokens, kv_lens, page_indices, *, model, kernels, mesh)` -> (next tokens [B] by greedy
 argmax, caches). kv_lens include the new token (its position is kv_lens - 1); page_indices [B, pages per sequence].
@@ -39,6 +41,8 @@ EXPERT_WEIGHTS = ("w_gate_up", "w_down")
 
 class Kernels(NamedTuple):
     rms_norm: Callable[..., Any]  # (x [..., D], weight [D], eps) -> x's shape
+    # (qkv [B, heads x D], q_norm [D], k_norm [D], (cos, sin) [B, D], Front) -> q, k, v [B, heads, D]
+    qk_rope: Callable[..., Any]
     # (q, k, v, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, window, scale, layer): caches [L, pages, ...]
     attention: Callable[..., Any]
     moe: Callable[..., Any]  # (x, ids, weights, w_gate_up [L, E, ..], w_down [L, E, ..], activation, mesh, layer)
@@ -51,6 +55,10 @@ def hub_kernels(rms: Any, fa: Any, rd: Any, implementation: str | None = None, i
     def norm(x, w, eps):
         return rms.rms_norm(x, w, eps=eps, **kw)
 
+    def qk_rope(qkv, qw, kw_, table, f: Front):
+        return rms.qk_norm_rope(qkv, qw, kw_, *table, q_heads=f.q_heads, kv_heads=f.kv_heads, eps=f.eps,
+                                values=f.values, keys_are_values=f.keys_are_values, rotary_dims=f.rotary_dims, **kw)
+
     def attention(q, k, v, kc, vc, kv_lens, pages, cu, window, scale, layer):
         return fa.ragged_paged_attention(q, k, v, kc, vc, kv_lens, pages, cu, layer=layer, sliding_window=window,
                                          sm_scale=scale, **kw)
@@ -59,7 +67,7 @@ def hub_kernels(rms: Any, fa: Any, rd: Any, implementation: str | None = None, i
         return rd.moe_experts(x, ids, w, gu, dn, activation=activation, mesh=mesh,
                               expert_axis=None if mesh is None else AXIS, layer=layer, **kw)
 
-    return Kernels(norm, attention, moe)
+    return Kernels(norm, qk_rope, attention, moe)
 
 
 def transformers_kernels(rd: Any) -> Kernels:
@@ -73,7 +81,7 @@ def transformers_kernels(rd: Any) -> Kernels:
         return rd.moe_experts(x, ids, w, gu, dn, activation=activation, mesh=mesh,
                               expert_axis=None if mesh is None else AXIS, layer=layer, implementation="xla")
 
-    return Kernels(norm, repeat_kv_attention, moe)
+    return Kernels(norm, xla_qk_rope, repeat_kv_attention, moe)
 
 
 def xla_rms_norm(x, w, eps):
@@ -82,6 +90,34 @@ def xla_rms_norm(x, w, eps):
     xf = x.astype(jnp.float32)
     y = xf * jax_rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
     return (y * w.astype(jnp.float32)).astype(x.dtype)
+
+
+class Front(NamedTuple):
+    """One device's attention front of a layer kind: its heads and how q, k and v leave the norms."""
+
+    q_heads: int
+    kv_heads: int
+    eps: float
+    values: str  # "raw" | "normed"
+    keys_are_values: bool
+    rotary_dims: int
+
+
+def xla_qk_rope(qkv, qw, kw, table, f: Front):
+    """transformers' attention front in XLA: per-head RMSNorm (q_norm, k_norm; v scale-free where the model has
+    it), then the rotary embedding."""
+    import jax.numpy as jnp
+
+    b = qkv.shape[0]
+    x = qkv.reshape(b, -1, table[0].shape[-1])
+    nq, nkv = f.q_heads, f.kv_heads
+    q = rope(xla_rms_norm(x[:, :nq], qw, f.eps), table, f.rotary_dims)
+    raw = x[:, nq:nq + nkv]
+    k = rope(xla_rms_norm(raw, kw, f.eps), table, f.rotary_dims)
+    v = raw if f.keys_are_values else x[:, nq + nkv:]
+    if f.values == "normed":
+        v = xla_rms_norm(v, jnp.ones((v.shape[-1],), v.dtype), f.eps)
+    return q, k, v
 
 
 def jax_rsqrt(x):
@@ -130,13 +166,11 @@ def layer_shapes(m: DecodeModel, kind: AttentionKind, n: int) -> dict[str, tuple
     kv = n * kv_heads_per_device(kind.kv_heads, n) * d
     out: dict[str, tuple[tuple[int, ...], tuple]] = {
         "attn_norm": ((h,), (None,)), "ff_norm": ((h,), (None,)),
-        "wq": ((h, m.q_heads * d), (None, AXIS)), "wk": ((h, kv), (None, AXIS)),
+        "wqkv": ((h, m.q_heads * d + kv * (1 if kind.k_eq_v else 2)), (None, AXIS)),
         "wo": ((m.q_heads * d, h), (AXIS, None)), "q_norm": ((d,), (None,)), "k_norm": ((d,), (None,)),
         "router": ((h, e), (None, None)),
         "w_gate_up": ((e, h, 2 * i), (AXIS, None, None)), "w_down": ((e, i, h), (AXIS, None, None)),
     }
-    if not kind.k_eq_v:
-        out["wv"] = ((h, kv), (None, AXIS))
     if m.sandwich_norms:
         for name in ("attn_post_norm", "ff_post_norm", "moe_pre_norm", "moe_post_norm", "shared_post_norm",
                      "router_scale"):
@@ -206,17 +240,18 @@ def rotated_dims(kind: AttentionKind) -> int:
 
 
 def rope_table(pos, kind: AttentionKind):
-    """(cos, sin) [B, 1, D] f32 at positions pos [B] for an attention kind, laid out over the whole head: cos on
+    """(cos, sin) [B, D] f32 at positions pos [B] for an attention kind, laid out over the whole head: cos on
     both halves of the rotated dims and 1 past them, sin negated on the first half, +sin on the second, 0 past
-    them. The same for every layer of that kind, so the step computes them once, not once a layer."""
+    them (qk_norm_rope's tables). The same for every layer of that kind, so the step computes them once, not
+    once a layer."""
     import jax.numpy as jnp
 
     d, rot = kind.head_dim, rotated_dims(kind)
     inv = 1.0 / kind.rope_theta ** (jnp.arange(0, rot, 2, dtype=jnp.float32) / rot)
-    ang = pos.astype(jnp.float32)[:, None, None] * inv[None, None, :]
+    ang = pos.astype(jnp.float32)[:, None] * inv[None, :]
     cos, sin = jnp.cos(ang), jnp.sin(ang)
     one, zero = jnp.ones_like(cos[..., :1]), jnp.zeros_like(cos[..., :1])
-    rest = (cos.shape[0], 1, d - rot)
+    rest = (cos.shape[0], d - rot)
     return (jnp.concatenate([cos, cos, jnp.broadcast_to(one, rest)], -1),
             jnp.concatenate([-sin, sin, jnp.broadcast_to(zero, rest)], -1))
 
@@ -228,20 +263,15 @@ def rope(x, table, rot: int):
     a * cos - b * sin, b * cos + a * sin."""
     import jax.numpy as jnp
 
-    cos, sin = table
+    cos, sin = (t[:, None, :] for t in table)
     xf = x.astype(jnp.float32)
     half = rot // 2
     swapped = jnp.concatenate([xf[..., half:rot], xf[..., :half], xf[..., rot:]], axis=-1)
     return (xf * cos + swapped * sin).astype(x.dtype)
 
 
-def _heads_norm(kern: Kernels, x, w, eps):
-    b, nh, d = x.shape
-    return kern.rms_norm(x.reshape(b * nh, d), w, eps).reshape(b, nh, d)
-
-
 def attention_part(m: DecodeModel, kind: AttentionKind, kern: Kernels, lw: dict, h, kc, vc, kv_lens, pages, table,
-                   layer, reduce: Callable[[Any], Any]):
+                   layer, reduce: Callable[[Any], Any], heads: tuple[int, int]):
     """One device's attention of a layer (query heads and KV heads local), its output summed over the axis by
     `reduce`; `table` the kind's rope_table; kc, vc the kind's caches stacked over the groups, `layer` the group.
     Returns (h after the attention's residual, k_cache, v_cache: the whole stacks, that group's rows written)."""
@@ -249,13 +279,10 @@ def attention_part(m: DecodeModel, kind: AttentionKind, kern: Kernels, lw: dict,
 
     b, d = h.shape[0], kind.head_dim
     x = kern.rms_norm(h, lw["attn_norm"], m.eps)
-    q = (x @ lw["wq"]).reshape(b, -1, d)
-    k = (x @ lw["wk"]).reshape(b, -1, d)
-    v = k if kind.k_eq_v else (x @ lw["wv"]).reshape(b, -1, d)
-    q, k = _heads_norm(kern, q, lw["q_norm"], m.eps), _heads_norm(kern, k, lw["k_norm"], m.eps)
-    if m.v_norm:
-        v = _heads_norm(kern, v, jnp.ones((d,), v.dtype), m.eps)
-    q, k = rope(q, table, rotated_dims(kind)), rope(k, table, rotated_dims(kind))
+    # one dot for the three projections ([B, heads x D], query heads, then key, then value heads), then the q/k
+    # norms and the rotary embedding in one call that hands the attention [B, heads, D]
+    front = Front(heads[0], heads[1], m.eps, "normed" if m.v_norm else "raw", kind.k_eq_v, rotated_dims(kind))
+    q, k, v = kern.qk_rope(x @ lw["wqkv"], lw["q_norm"], lw["k_norm"], table, front)
     scale = m.attention_scale if m.attention_scale is not None else 1.0 / math.sqrt(d)
     cu = jnp.arange(b + 1, dtype=jnp.int32)
     o, kc, vc = kern.attention(q, k, v, kc, vc, kv_lens, pages, cu, kind.window, scale, layer)
@@ -346,7 +373,8 @@ def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, mo
         new = []
         for p, kind in enumerate(m.pattern):
             lw, (kc, vc) = lws[p], cs[p]
-            att = smap(functools.partial(attention_part, m, kind, kern, reduce=psum),
+            heads = (m.q_heads // n, kv_heads_per_device(kind.kv_heads, n))
+            att = smap(functools.partial(attention_part, m, kind, kern, reduce=psum, heads=heads),
                        in_specs=(lspecs[p], P(), cspec, cspec, P(), P(), P(), P()), out_specs=(P(), cspec, cspec))
             h, kc, vc = att(lw, h, kc, vc, kv_lens, page_indices, tables[p], i)
             pre = smap(functools.partial(ff_inputs, m, kern, reduce=psum), in_specs=(lspecs[p], P()),

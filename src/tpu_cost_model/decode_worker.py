@@ -197,7 +197,8 @@ def modeled(m: dm.DecodeModel, kern: Kernels, rd: ModuleType, batch: int, cache:
            "kernels_s": scaled(lambda s: sum(k.seconds(c) for k in s.calls)) + delta,
            "xla_s": jaxpr_xla(None), "collectives_s": coll, "collectives_band_s": [coll_at["fast"], coll_at["slow"]],
            "kernel_calls": scaled(lambda s: len(s.calls)), "xla_ops": scaled(lambda s: len(s.outside_ops)),
-           "modeled_hbm_bytes": scaled(lambda s: s.hbm_bytes)}
+           "modeled_hbm_bytes": scaled(lambda s: s.hbm_bytes),
+           "kernels_top": kernel_top(first, ends, g, c)}
     out |= {"xla_jaxpr_s": out["xla_s"], "xla_ops_jaxpr": out["xla_ops"], "modeled_jaxpr_s": out["modeled_s"],
             "band_jaxpr_s": list(lo_hi), "xla_rule": "jaxpr (the step was not compiled)"}
     if isinstance(program, str):
@@ -216,6 +217,20 @@ def modeled(m: dm.DecodeModel, kern: Kernels, rd: ModuleType, batch: int, cache:
                 "modeled_hbm_bytes": out["modeled_hbm_bytes"] - scaled(lambda s: s.outside_bytes)
                 + sum(o.bytes for o in ops)}
     return out
+
+
+def kernel_top(first: ScheduleCost, ends: ScheduleCost, groups: int, c: object) -> list:
+    """The step's kernels by name: [name, calls per step, modeled seconds in all, HBM bytes in all, seconds at
+    spec HBM bandwidth for those bytes]: how far each kernel sits from its own read."""
+    by: dict[str, list] = {}
+    for calls, times in ((first.calls, groups), (ends.calls, 1 - groups)):
+        for k in calls:
+            e = by.setdefault(k.name, [k.name, 0, 0.0, 0, 0.0])
+            e[1] += times
+            e[2] += times * k.seconds(c)
+            e[3] += times * k.hbm_bytes
+            e[4] += times * k.hbm_bytes / c.hbm_bytes_per_s
+    return sorted((e for e in by.values() if e[1]), key=lambda e: -e[2])
 
 
 def top_ops(ops: list, c: object, n: int = 8) -> list:

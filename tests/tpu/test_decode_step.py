@@ -57,10 +57,15 @@ def reference_step(m, params, caches, tokens, kv_lens, pages):
             kc, vc = (f(c[g]).copy() for c in caches[p])
             b, d = h.shape[0], kind.head_dim
             x = _rms(h, lw["attn_norm"], m.eps)
-            q = _rms((x @ lw["wq"]).reshape(b, -1, d), lw["q_norm"], m.eps)
-            kraw = (x @ lw["wk"]).reshape(b, -1, d)
+            # one device: the fused projection's columns are [query heads | KV heads (| V heads)]
+            nq, nkv = m.q_heads * d, kind.kv_heads * d
+            wq, wk, wv = (lw["wqkv"][:, :nq], lw["wqkv"][:, nq:nq + nkv],
+                          lw["wqkv"][:, nq:nq + nkv] if kind.k_eq_v else lw["wqkv"][:, nq + nkv:])
+            assert lw["wqkv"].shape[1] == nq + nkv * (1 if kind.k_eq_v else 2)
+            q = _rms((x @ wq).reshape(b, -1, d), lw["q_norm"], m.eps)
+            kraw = (x @ wk).reshape(b, -1, d)
             k = _rms(kraw, lw["k_norm"], m.eps)
-            v = kraw if kind.k_eq_v else (x @ lw["wv"]).reshape(b, -1, d)
+            v = (x @ wv).reshape(b, -1, d)
             if m.v_norm:
                 v = _rms(v, 1.0, m.eps)
             q, k = _rope(q, pos, kind.rope_theta, kind.rotary_fraction), _rope(k, pos, kind.rope_theta,

@@ -123,3 +123,23 @@ def test_restating_the_collectives_shifts_a_row_by_their_change_alone():
     assert later["band_s"] == pytest.approx([8.0e-3, 13.7e-3]) and later["modeled_s"] == out["modeled_s"]
     unmodeled = {"model": "qwen3_30b_a3b", "batch": 64, "modeled_s": None, "collectives_s": None}
     assert bench.restated(unmodeled, new.get) is unmodeled
+
+
+def test_kernel_breakdown_counts_each_kernel_per_step():
+    """kernel_top: the walk covers one layer group with the embedding and LM head (`first`) and those ends alone
+    (`ends`); a step is ends + groups x (first - ends), so a layer kernel runs groups times and an end kernel once."""
+    from types import SimpleNamespace
+
+    from kernel_hub.tpu.chips import chip
+    from tpu_cost_model.decode_worker import kernel_top
+
+    c = chip("v6e")
+    call = lambda name, s, b: SimpleNamespace(name=name, seconds=lambda _c, s=s: s, hbm_bytes=b)
+    ends = SimpleNamespace(calls=[call("norm", 2e-6, 1000)])
+    first = SimpleNamespace(calls=[call("norm", 2e-6, 1000), call("norm", 3e-6, 3000), call("gmm", 50e-6, 10**8),
+                                   call("gmm", 40e-6, 8 * 10**7)])
+    top = {row[0]: row for row in kernel_top(first, ends, 48, c)}
+    assert top["gmm"][1] == 96 and top["gmm"][2] == pytest.approx(48 * 90e-6)
+    assert top["gmm"][3] == 48 * 18 * 10**7 and top["gmm"][4] == pytest.approx(48 * 18e7 / c.hbm_bytes_per_s)
+    assert top["norm"][1] == 49 and top["norm"][2] == pytest.approx(48 * 3e-6 + 2e-6)  # the final norm once
+    assert [row[0] for row in kernel_top(first, ends, 48, c)] == ["gmm", "norm"]  # costliest first

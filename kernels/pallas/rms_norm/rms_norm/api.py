@@ -1,10 +1,11 @@
-"""Public entry point: `rms_norm`, several implementations behind it (the kernel contract, docs/kernel-contract.md),
-chosen by the platform the operands live on.
+"""Public entry points: `rms_norm` and `qk_norm_rope`, several implementations behind each (the kernel contract,
+docs/kernel-contract.md), chosen by the platform the operands live on.
 
 Implementations: "pallas" (the TPU kernels; compiled on a TPU, interpreted elsewhere unless interpret=False), "xla"
 (the same arithmetic as whole-array XLA with the same hand-written backward: the CPU/GPU path) and "autodiff" (the
 forward in XLA, its backward derived by jax: an independent check of the hand-written one). All three are
-differentiable in x and weight.
+differentiable in x and weight. `qk_norm_rope` has no hand-written backward: its "xla" and "autodiff" are the same,
+and every implementation's gradient is jax's of the XLA arithmetic.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from . import formula
+from . import formula, rope
 from ._vendor.dispatch import Dispatch
 from ._vendor.interpret import pallas_remark, run_dispatch
 from .config import RMSNormConfig, block_rows
-from .operands import check_operands
+from .operands import check_operands, check_qk_rope_operands
+from .pallas_qk_rope import QKRopeStatic, qk_rope_forward
 from .pallas_rms import RMSStatic, rms_backward, rms_forward
 
 IMPLEMENTATIONS: tuple[str, ...] = ("pallas", "xla", "autodiff")
@@ -103,3 +105,106 @@ def rms_norm(
     run = lambda impl, mode: _run(x, weight, impl=impl, eps=eps, zero_centered=bool(zero_centered),
                                   scale_after_cast=bool(scale_after_cast), config=cfg, interpret=mode)
     return run_dispatch(_DISPATCH, implementation, interpret, (x, weight), run, "the RMSNorm kernel")
+
+
+# ------------------------------------------------------------------------------------ q/k norm + rotary, fused
+
+
+def _qk_rope_xla(st: QKRopeStatic, qkv, q_weight, k_weight, cos, sin):
+    """The same arithmetic as the kernel on whole arrays (rope.py), out in qkv's dtype."""
+    t, d, nq, nkv = qkv.shape[0], st.head_dim, st.q_heads, st.kv_heads
+    x = qkv.reshape(t, -1, d)
+    c, s = cos[:, None, :].astype(jnp.float32), sin[:, None, :].astype(jnp.float32)
+    q = rope.norm_rope_head(x[:, :nq], q_weight, c, s, eps=st.eps, half=st.half)
+    raw = x[:, nq:nq + nkv]
+    k = rope.norm_rope_head(raw, k_weight, c, s, eps=st.eps, half=st.half)
+    src = raw if st.keys_are_values else x[:, nq + nkv:]
+    v = rope.unit_norm(src, st.eps) if st.values == "normed" else src
+    return q.astype(qkv.dtype), k.astype(qkv.dtype), v.astype(qkv.dtype)
+
+
+def _qk_rope_fwd_impl(impl: str, st: QKRopeStatic, *args):
+    if impl == "pallas":
+        return qk_rope_forward(st, *args)
+    return _qk_rope_xla(st, *args)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _qk_rope(impl: str, st: QKRopeStatic, qkv, q_weight, k_weight, cos, sin):
+    return _qk_rope_fwd_impl(impl, st, qkv, q_weight, k_weight, cos, sin)
+
+
+def _qk_rope_fwd(impl, st, *args):
+    return _qk_rope_fwd_impl(impl, st, *args), args
+
+
+def _qk_rope_bwd(impl, st, args, cts):
+    """Every implementation's gradient is the XLA arithmetic's, differentiated by jax (recomputed, not stored)."""
+    _, vjp = jax.vjp(functools.partial(_qk_rope_xla, st), *args)
+    return vjp(cts)
+
+
+_qk_rope.defvjp(_qk_rope_fwd, _qk_rope_bwd)
+
+
+@functools.partial(jax.jit, static_argnames=("impl", "st"))
+def _run_qk_rope(qkv, q_weight, k_weight, cos, sin, *, impl, st):
+    if impl == "pallas" and st.head_dim % 128:
+        raise NotImplementedError(f"qk_norm_rope's Pallas kernel slices heads on the lanes: head_dim must be a "
+                                  f"multiple of 128, got {st.head_dim}")
+    return _qk_rope(impl, st, qkv, q_weight, k_weight, cos, sin)
+
+
+def qk_norm_rope(
+    qkv: jax.Array,
+    q_weight: jax.Array,
+    k_weight: jax.Array,
+    cos: jax.Array,
+    sin: jax.Array,
+    *,
+    q_heads: int,
+    kv_heads: int,
+    eps: float,
+    values: str = "raw",
+    keys_are_values: bool = False,
+    rotary_dims: int | None = None,
+    implementation: str | Sequence[str] | None = None,
+    interpret: Any = None,
+    config: RMSNormConfig | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The attention front of a q/k-normed model in one call: q and k heads RMS-normalised over head_dim, scaled by
+    q_weight / k_weight and rotated; v passed through or normalised. Why one op: at decode the three are a few
+    hundred kilobytes, so what they cost on a TPU is the ops that move them (a norm call per kind, the rotary's
+    slices and the relayouts from the projection's [T, heads x D] to the attention's [T, heads, D]), not the math.
+
+    Args:
+      qkv: [T, (q_heads + kv_heads + kv_heads) x D] (or q_heads + kv_heads with keys_are_values): one fused
+        projection's output, query heads first, then key heads, then value heads, each head D wide.
+      q_weight, k_weight: [D], the q and k norms' weights (y = w * x_normed).
+      cos, sin: [T, D] float32 full-width rotary tables (`rope_tables(positions, D, theta, rotary_dims)`).
+      q_heads, kv_heads: heads in qkv (D = its width / total heads); eps: the norms' epsilon.
+      values: "raw" (v as projected) or "normed" (unit-weight RMSNorm: Gemma 4's scale-free v norm).
+      keys_are_values: no value heads in qkv; v is built from the raw key heads (Gemma 4's global layers).
+      rotary_dims: dims rotated at the front of each head (even, at most D; default D); must match the tables'.
+      implementation / interpret: the kernel contract (as `rms_norm`); config: RMSNormConfig rows per grid step.
+
+    Returns:
+      (q [T, q_heads, D], k [T, kv_heads, D], v [T, kv_heads, D]) in qkv's dtype, computed in float32.
+      Differentiable: every implementation's gradient is the XLA arithmetic's.
+    """
+    qkv, q_weight, k_weight = jnp.asarray(qkv), jnp.asarray(q_weight), jnp.asarray(k_weight)
+    cos, sin = jnp.asarray(cos), jnp.asarray(sin)
+    st = check_qk_rope_operands(qkv.shape, q_weight.shape, k_weight.shape, cos.shape, sin.shape, q_heads=q_heads,
+                                kv_heads=kv_heads, eps=eps, values=values, keys_are_values=keys_are_values,
+                                rotary_dims=rotary_dims)
+    d = st["head_dim"]
+    if qkv.shape[0] == 0:
+        return tuple(jnp.zeros((0, n, d), qkv.dtype) for n in (q_heads, kv_heads, kv_heads))
+    cfg = config or RMSNormConfig()
+
+    def run(impl: str, mode: Any):
+        static = QKRopeStatic(block_rows=block_rows(qkv.shape[0], qkv.shape[1], cfg), interpret=mode, **st)
+        return _run_qk_rope(qkv, q_weight, k_weight, cos, sin, impl="xla" if impl == "autodiff" else impl,
+                            st=static)
+
+    return run_dispatch(_DISPATCH, implementation, interpret, (qkv, q_weight), run, "the q/k norm + rotary kernel")

@@ -35,3 +35,30 @@ def reference_rms_norm_grads(x: np.ndarray, w: np.ndarray, dy: np.ndarray, *, ep
     dx = g / rms - x * np.sum(g * x, axis=-1, keepdims=True) / (h * rms ** 3)
     dw = np.sum((dy * x / rms).reshape(-1, h), axis=0)
     return dx, dw
+
+
+def reference_qk_norm_rope(qkv: np.ndarray, q_weight: np.ndarray, k_weight: np.ndarray, positions: np.ndarray, *,
+                           q_heads: int, kv_heads: int, eps: float, theta: float, rotary_dims: int | None = None,
+                           values: str = "raw", keys_are_values: bool = False
+                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """float64 (q, k, v) [T, heads, D]: per-head RMSNorm, then rotary on the first rotary_dims dims in the halves
+    style (pairs i and i + rotary_dims / 2 rotated by position x theta^(-2i / rotary_dims)), from positions."""
+    x = np.asarray(qkv, np.float64)
+    t = x.shape[0]
+    x = x.reshape(t, q_heads + kv_heads * (1 if keys_are_values else 2), -1)
+    d = x.shape[-1]
+    rot = d if rotary_dims is None else rotary_dims
+    half = rot // 2
+    ang = np.asarray(positions, np.float64)[:, None] * theta ** (-np.arange(half) * 2.0 / rot)[None, :]
+    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+
+    def rotate(h: np.ndarray) -> np.ndarray:
+        a, b = h[..., :half], h[..., half:rot]
+        return np.concatenate([a * c - b * s, b * c + a * s, h[..., rot:]], axis=-1)
+
+    q = rotate(reference_rms_norm(x[:, :q_heads], q_weight, eps=eps))
+    raw = x[:, q_heads:q_heads + kv_heads]
+    k = rotate(reference_rms_norm(raw, k_weight, eps=eps))
+    src = raw if keys_are_values else x[:, q_heads + kv_heads:]
+    v = reference_rms_norm(src, np.ones(d), eps=eps) if values == "normed" else src
+    return q, k, v

@@ -3,7 +3,9 @@ of time, one mock TPU per generation), so a kernel Mosaic would reject never shi
 
 The seed models' hidden sizes (2048 Qwen3-30B-A3B, 2112 Gemma 4 26B-A4B, 2880 GPT-OSS, 4096 Mixtral) at decode (64
 tokens) and prefill (4096 tokens), forward and backward (the dx / dw-partials kernel), bf16 and f32; the two forms
-alternate so both are compiled. Never imports kernel_hub.
+alternate so both are compiled. `qk_norm_rope` at the seed models' attention fronts on one of 8 devices (Qwen3:
+4 query + 1 KV heads of 128; Gemma 4 sliding: 2 + 1 of 256, values normed; Gemma 4 global: 2 + 1 of 512, keys =
+values, a quarter rotated), decode and prefill, forward (its backward is XLA's). Never imports kernel_hub.
 """
 
 from __future__ import annotations
@@ -37,14 +39,47 @@ def builder(tokens: int, hidden: int, dtype: str, zero_centered: bool) -> Callab
     return make
 
 
+#: name -> (query heads, KV heads, head_dim, rotary dims, values, keys are values): one device's attention front.
+FRONTS = {"qwen3": (4, 1, 128, 128, "raw", False), "gemma4_sliding": (2, 1, 256, 256, "normed", False),
+          "gemma4_global": (2, 1, 512, 128, "normed", True)}
+
+
+def qk_rope_builder(tokens: int, front: tuple, dtype: str) -> Callable[[bool], Callable[[], Built]]:
+    nq, nkv, d, rot, values, kav = front
+
+    def make(grad: bool) -> Callable[[], Built]:
+        def build() -> Built:
+            import jax
+
+            from .api import qk_norm_rope
+
+            width = (nq + nkv * (1 if kav else 2)) * d
+            sds = jax.ShapeDtypeStruct
+            args = (sds((tokens, width), dtype), sds((d,), dtype), sds((d,), dtype), sds((tokens, d), "float32"),
+                    sds((tokens, d), "float32"))
+            fn = lambda *a: qk_norm_rope(*a, q_heads=nq, kv_heads=nkv, eps=1e-6, values=values,
+                                         keys_are_values=kav, rotary_dims=rot, implementation="pallas",
+                                         interpret=False)
+            return fn, args
+
+        return build
+
+    return make
+
+
 def compile_cases() -> list[CompileCase]:
-    """Every (phase, hidden, dtype) forward and backward; the decode 2112 bf16 pair is also tagged "smoke"."""
+    """Every (phase, hidden, dtype) forward and backward, and every attention front's forward; the decode 2112 bf16
+    pair and the Qwen3 decode front are also tagged "smoke"."""
     out: list[CompileCase] = []
+    for phase, tokens in TOKENS.items():
+        for front, dims in FRONTS.items():
+            out += fwd_bwd(f"qk_rope_{phase}_t{tokens}_{front}:bf16", "bfloat16", (phase, "bfloat16"),
+                           qk_rope_builder(tokens, dims, "bfloat16"), backward=False)
     for phase, tokens in TOKENS.items():
         for i, hidden in enumerate(HIDDEN):
             for dtype in DTYPES:
                 zc = bool(i % 2)
                 name = f"{phase}_t{tokens}_h{hidden}{'_zc' if zc else ''}:{SHORT[dtype]}"
                 out += fwd_bwd(name, dtype, (phase, dtype), builder(tokens, hidden, dtype, zc), backward=True)
-    smoke = {"fwd:decode_t64_h2112_zc:bf16", "bwd:decode_t64_h2112_zc:bf16"}
+    smoke = {"fwd:decode_t64_h2112_zc:bf16", "bwd:decode_t64_h2112_zc:bf16", "fwd:qk_rope_decode_t64_qwen3:bf16"}
     return with_smoke(out, smoke)

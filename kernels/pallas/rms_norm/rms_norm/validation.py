@@ -6,6 +6,8 @@ Edge shapes: rows not a multiple of the row tile, hidden sizes that are not mult
 axes, both forms and both cast orders, bf16 and f32. On CPU the "pallas" cases run the kernels interpreted with small
 row tiles (several grid steps and a partial last block); a tpu_interpret case runs the TPU simulator with race
 detection and NaN-filled fresh memory. framework="torch": the same problems through the torch entry.
+`qk_norm_rope` (JAX entry): the seed models' attention fronts (Qwen3's 4 + 1 heads of 128; Gemma 4's global layer:
+2 + 1 heads of 512, keys = values, a quarter rotated, values normed), rows past the tile, forward, bf16 and f32.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ._vendor.cases import DTYPES, SHORT, Case, tensor
-from .reference import reference_rms_norm, reference_rms_norm_grads
+from .reference import reference_qk_norm_rope, reference_rms_norm, reference_rms_norm_grads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +91,75 @@ class RMSNormCase(Case):
         return reference_rms_norm(x, w, eps=p.eps, zero_centered=p.zero_centered, round_to=rounding)
 
 
+@dataclasses.dataclass(frozen=True)
+class Front:
+    name: str
+    tokens: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    rotary_dims: int
+    values: str = "raw"
+    keys_are_values: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class QKRopeCase(Case):
+    """qk_norm_rope's (q, k, v), flattened and concatenated, against the float64 reference."""
+
+    front: Front = dataclasses.field(default=Front("x", 4, 1, 1, 128, 128), repr=False)
+
+    def inputs(self, seed: int) -> dict[str, Any]:
+        f = self.front
+        rng = np.random.default_rng(seed)
+        heads = f.q_heads + f.kv_heads * (1 if f.keys_are_values else 2)
+        qkv = rng.standard_normal((f.tokens, heads * f.head_dim)).astype(np.float32) * 2.0
+        w = lambda: (1.0 + 0.3 * rng.standard_normal(f.head_dim)).astype(np.float32)
+        return {"seed": seed, "qkv": tensor(qkv, self.dtype, "jax"), "q_weight": tensor(w(), self.dtype, "jax"),
+                "k_weight": tensor(w(), self.dtype, "jax"),
+                "positions": rng.integers(0, 256, f.tokens).astype(np.int32)}
+
+    def call(self, module: Any, inputs: dict[str, Any]) -> Any:
+        import jax.numpy as jnp
+
+        f = self.front
+        cos, sin = module.rope_tables(jnp.asarray(inputs["positions"]), f.head_dim, 1e6, f.rotary_dims)
+        kw = dict(q_heads=f.q_heads, kv_heads=f.kv_heads, eps=1e-6, values=f.values,
+                  keys_are_values=f.keys_are_values, rotary_dims=f.rotary_dims,
+                  **self.entry_options(module, inputs["seed"]))
+        if self.config:
+            kw["config"] = module.RMSNormConfig(**dict(self.config))
+        out = module.qk_norm_rope(inputs["qkv"], inputs["q_weight"], inputs["k_weight"], cos, sin, **kw)
+        return jnp.concatenate([o.astype(jnp.float32).reshape(-1) for o in out])
+
+    def reference(self, inputs: dict[str, Any]) -> np.ndarray:
+        f = self.front
+        out = reference_qk_norm_rope(_f64(inputs["qkv"]), _f64(inputs["q_weight"]), _f64(inputs["k_weight"]),
+                                     inputs["positions"], q_heads=f.q_heads, kv_heads=f.kv_heads, eps=1e-6,
+                                     theta=1e6, rotary_dims=f.rotary_dims, values=f.values,
+                                     keys_are_values=f.keys_are_values)
+        return np.concatenate([o.reshape(-1) for o in out])
+
+
+_FRONTS_SMALL = (Front("qwen3_rows37", 37, 4, 1, 128, 128),
+                 Front("gemma4_global_rows9", 9, 2, 1, 512, 128, "normed", True))
+_FRONTS_LARGE = (Front("qwen3_decode64", 64, 4, 1, 128, 128), Front("gemma4_sliding_decode64", 64, 2, 1, 256, 256,
+                                                                      "normed"),
+                 Front("qwen3_prefill4096", 4096, 4, 1, 128, 128))
+
+
+def _front_cases(backend: str) -> list[QKRopeCase]:
+    if backend == "cpu":
+        return [QKRopeCase(name=f"fwd:qk_rope_{f.name}:{impl}:{SHORT[dtype]}", dtype=dtype, implementation=impl,
+                           tags=("fwd", "qk_rope", dtype) + (("interpret",) if impl == "pallas" else ()),
+                           front=f, **({"config": _SMALL_TILES} if impl == "pallas" else {}))
+                for f in _FRONTS_SMALL for dtype in DTYPES for impl in ("xla", "pallas")]
+    impls = ("pallas", "xla") if backend == "tpu" else ("xla",)
+    return [QKRopeCase(name=f"fwd:qk_rope_{f.name}:{impl}:{SHORT[dtype]}", dtype=dtype, implementation=impl,
+                       tags=("fwd", "qk_rope", dtype), front=f)
+            for f in _FRONTS_LARGE for dtype in DTYPES for impl in impls]
+
+
 def _f64(a: Any) -> np.ndarray:
     if hasattr(a, "detach"):
         return a.detach().float().numpy().astype(np.float64)
@@ -126,12 +197,13 @@ def _torch_cases() -> list[RMSNormCase]:
             for p in _SMALL for dtype in DTYPES for grad in (False, True)]
 
 
-def cases(backend: str, framework: str = "jax") -> list[RMSNormCase]:
-    """Every problem x implementation for this backend, forward and backward, in f32 and bf16."""
+def cases(backend: str, framework: str = "jax") -> list[RMSNormCase | QKRopeCase]:
+    """Every problem x implementation for this backend, forward and backward, in f32 and bf16; the attention
+    fronts' forward (JAX entry)."""
     if framework == "torch":
         return [dataclasses.replace(c, name=f"torch:{c.name}") for c in _torch_cases()]
     backend = backend.lower()
-    out: list[RMSNormCase] = []
+    out: list[RMSNormCase | QKRopeCase] = list(_front_cases(backend))
     if backend == "cpu":
         for p in _SMALL:
             for dtype in DTYPES:
