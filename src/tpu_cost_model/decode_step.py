@@ -37,11 +37,16 @@ if TYPE_CHECKING:
 AXIS = "x"
 #: A layer's weights the step passes to moe_experts as whole stacks over the groups (layer=), never sliced.
 EXPERT_WEIGHTS = ("w_gate_up", "w_down")
+#: The norms' weights, passed to the norm kernels (rms_norm, qk_norm_rope) as whole stacks [G, ...] with layer=: each
+#: slice taken outside a kernel would be an op of its own on a TPU, a few a layer.
+NORM_STACKS = ("attn_norm", "ff_norm", "q_norm", "k_norm", "attn_post_norm", "ff_post_norm", "moe_pre_norm",
+               "moe_post_norm", "shared_post_norm")
 
 
 class Kernels(NamedTuple):
-    rms_norm: Callable[..., Any]  # (x [..., D], weight [D], eps) -> x's shape
-    # (qkv [B, heads x D], q_norm [D], k_norm [D], (cos, sin) [B, D], Front) -> q, k, v [B, heads, D]
+    rms_norm: Callable[..., Any]  # (x [..., D], weight [D] (or [G, D] with layer), eps, layer=None) -> x's shape
+    # (qkv [B, heads x D], q_norm, k_norm [D] (or [G, D] with layer), (cos, sin) [B, D], Front, layer=None)
+    #   -> q, k, v [B, heads, D]
     qk_rope: Callable[..., Any]
     # (q, k, v, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, window, scale, layer): caches [L, pages, ...]
     attention: Callable[..., Any]
@@ -52,12 +57,13 @@ def hub_kernels(rms: Any, fa: Any, rd: Any, implementation: str | None = None, i
     """The step's ops from the loaded kernel packages (rms_norm, flash_attention, ragged_dot)."""
     kw = {"implementation": implementation, "interpret": interpret}
 
-    def norm(x, w, eps):
-        return rms.rms_norm(x, w, eps=eps, **kw)
+    def norm(x, w, eps, layer=None):
+        return rms.rms_norm(x, w, eps=eps, layer=layer, **kw)
 
-    def qk_rope(qkv, qw, kw_, table, f: Front):
+    def qk_rope(qkv, qw, kw_, table, f: Front, layer=None):
         return rms.qk_norm_rope(qkv, qw, kw_, *table, q_heads=f.q_heads, kv_heads=f.kv_heads, eps=f.eps,
-                                values=f.values, keys_are_values=f.keys_are_values, rotary_dims=f.rotary_dims, **kw)
+                                values=f.values, keys_are_values=f.keys_are_values, rotary_dims=f.rotary_dims,
+                                layer=layer, **kw)
 
     def attention(q, k, v, kc, vc, kv_lens, pages, cu, window, scale, layer):
         return fa.ragged_paged_attention(q, k, v, kc, vc, kv_lens, pages, cu, layer=layer, sliding_window=window,
@@ -74,8 +80,8 @@ def transformers_kernels(rd: Any) -> Kernels:
     """transformers' decode math compiled whole: RMSNorm in XLA, attention over the whole static cache with K/V
     repeated to every query head, experts by the ragged dot's XLA path (one dense dot over the local experts)."""
 
-    def norm(x, w, eps):
-        return xla_rms_norm(x, w, eps)
+    def norm(x, w, eps, layer=None):
+        return xla_rms_norm(x, w, eps, layer)
 
     def moe(x, ids, w, gu, dn, activation, mesh, layer):
         return rd.moe_experts(x, ids, w, gu, dn, activation=activation, mesh=mesh,
@@ -84,9 +90,10 @@ def transformers_kernels(rd: Any) -> Kernels:
     return Kernels(norm, xla_qk_rope, repeat_kv_attention, moe)
 
 
-def xla_rms_norm(x, w, eps):
+def xla_rms_norm(x, w, eps, layer=None):
     import jax.numpy as jnp
 
+    w = w if layer is None else w[layer]
     xf = x.astype(jnp.float32)
     y = xf * jax_rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
     return (y * w.astype(jnp.float32)).astype(x.dtype)
@@ -103,11 +110,13 @@ class Front(NamedTuple):
     rotary_dims: int
 
 
-def xla_qk_rope(qkv, qw, kw, table, f: Front):
+def xla_qk_rope(qkv, qw, kw, table, f: Front, layer=None):
     """transformers' attention front in XLA: per-head RMSNorm (q_norm, k_norm; v scale-free where the model has
     it), then the rotary embedding."""
     import jax.numpy as jnp
 
+    if layer is not None:
+        qw, kw = qw[layer], kw[layer]
     b = qkv.shape[0]
     x = qkv.reshape(b, -1, table[0].shape[-1])
     nq, nkv = f.q_heads, f.kv_heads
@@ -278,17 +287,17 @@ def attention_part(m: DecodeModel, kind: AttentionKind, kern: Kernels, lw: dict,
     import jax.numpy as jnp
 
     b, d = h.shape[0], kind.head_dim
-    x = kern.rms_norm(h, lw["attn_norm"], m.eps)
+    x = kern.rms_norm(h, lw["attn_norm"], m.eps, layer)
     # one dot for the three projections ([B, heads x D], query heads, then key, then value heads), then the q/k
     # norms and the rotary embedding in one call that hands the attention [B, heads, D]
     front = Front(heads[0], heads[1], m.eps, "normed" if m.v_norm else "raw", kind.k_eq_v, rotated_dims(kind))
-    q, k, v = kern.qk_rope(x @ lw["wqkv"], lw["q_norm"], lw["k_norm"], table, front)
+    q, k, v = kern.qk_rope(x @ lw["wqkv"], lw["q_norm"], lw["k_norm"], table, front, layer)
     scale = m.attention_scale if m.attention_scale is not None else 1.0 / math.sqrt(d)
     cu = jnp.arange(b + 1, dtype=jnp.int32)
     o, kc, vc = kern.attention(q, k, v, kc, vc, kv_lens, pages, cu, kind.window, scale, layer)
     out = reduce(o.reshape(b, -1) @ lw["wo"])
     if m.sandwich_norms:
-        out = kern.rms_norm(out, lw["attn_post_norm"], m.eps)
+        out = kern.rms_norm(out, lw["attn_post_norm"], m.eps, layer)
     return h + out, kc, vc
 
 
@@ -312,25 +321,27 @@ def router(m: DecodeModel, kern: Kernels, lw: dict, h, x):
     return ids.astype(jnp.int32), w
 
 
-def ff_inputs(m: DecodeModel, kern: Kernels, lw: dict, h, reduce: Callable[[Any], Any]):
-    """One device's part before the experts: (the experts' input, ids, weights, the shared MLP's output or None)."""
-    x = kern.rms_norm(h, lw["ff_norm"], m.eps)
+def ff_inputs(m: DecodeModel, kern: Kernels, lw: dict, h, layer, reduce: Callable[[Any], Any]):
+    """One device's part before the experts: (the experts' input, ids, weights, the shared MLP's output or None);
+    the norms' weights are stacks read at `layer`."""
+    x = kern.rms_norm(h, lw["ff_norm"], m.eps, layer)
     ids, w = router(m, kern, lw, h, x)
     shared = None
     if m.shared_intermediate:
         import jax
 
         g = jax.nn.gelu(x @ lw["ws_gate"], approximate=True)
-        shared = kern.rms_norm(reduce((g * (x @ lw["ws_up"])) @ lw["ws_down"]), lw["shared_post_norm"], m.eps)
-        x = kern.rms_norm(h, lw["moe_pre_norm"], m.eps)
+        shared = kern.rms_norm(reduce((g * (x @ lw["ws_up"])) @ lw["ws_down"]), lw["shared_post_norm"], m.eps,
+                               layer)
+        x = kern.rms_norm(h, lw["moe_pre_norm"], m.eps, layer)
     return x, ids, w, shared
 
 
-def ff_output(m: DecodeModel, kern: Kernels, lw: dict, h, moe_out, shared):
+def ff_output(m: DecodeModel, kern: Kernels, lw: dict, h, moe_out, shared, layer):
     if not m.sandwich_norms:
         return h + moe_out
-    y = kern.rms_norm(moe_out, lw["moe_post_norm"], m.eps) + shared
-    return h + kern.rms_norm(y, lw["ff_post_norm"], m.eps)
+    y = kern.rms_norm(moe_out, lw["moe_post_norm"], m.eps, layer) + shared
+    return h + kern.rms_norm(y, lw["ff_post_norm"], m.eps, layer)
 
 
 def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, model: DecodeModel, kernels: Kernels,
@@ -345,8 +356,8 @@ def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, mo
     dt = params["embed"].dtype
     psum = functools.partial(jax.lax.psum, axis_name=AXIS)
     smap = functools.partial(jax.shard_map, mesh=mesh, check_vma=False)
-    lspecs = [{k: P(*p) for k, (_, p) in layer_shapes(m, kind, n).items() if k not in EXPERT_WEIGHTS}
-              for kind in m.pattern]
+    lspecs = [{k: P(None, *p) if k in NORM_STACKS else P(*p) for k, (_, p) in layer_shapes(m, kind, n).items()
+               if k not in EXPERT_WEIGHTS} for kind in m.pattern]
     cspec = P(None, None, None, AXIS, None)  # [G, pages, PAGE, KV heads, D]: the whole stacks, heads split
 
     def embed(table, tok):
@@ -359,9 +370,10 @@ def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, mo
 
     h = smap(embed, in_specs=(P(AXIS, None), P()), out_specs=P())(params["embed"], tokens)
 
-    # the experts' weights stay whole stacks [G, E, ...]: moe_experts reads group i's layer of them in place
+    # the experts' and the norms' weights stay whole stacks [G, ...]: their kernels read group i's layer in place
     experts = [(lw["w_gate_up"], lw["w_down"]) for lw in params["layers"]]
-    scanned = [{k: a for k, a in lw.items() if k not in EXPERT_WEIGHTS} for lw in params["layers"]]
+    stacks = [{k: a for k, a in lw.items() if k in NORM_STACKS} for lw in params["layers"]]
+    scanned = [{k: a for k, a in lw.items() if k not in EXPERT_WEIGHTS + NORM_STACKS} for lw in params["layers"]]
     # the rotary angles depend on the positions and the kind only: once a step, not once a layer
     angles = {}
     for kind in m.pattern:
@@ -372,23 +384,23 @@ def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, mo
     def group(h, lws, cs, i):
         new = []
         for p, kind in enumerate(m.pattern):
-            lw, (kc, vc) = lws[p], cs[p]
+            lw, (kc, vc) = {**lws[p], **stacks[p]}, cs[p]
             heads = (m.q_heads // n, kv_heads_per_device(kind.kv_heads, n))
             att = smap(functools.partial(attention_part, m, kind, kern, reduce=psum, heads=heads),
                        in_specs=(lspecs[p], P(), cspec, cspec, P(), P(), P(), P()), out_specs=(P(), cspec, cspec))
             h, kc, vc = att(lw, h, kc, vc, kv_lens, page_indices, tables[p], i)
-            pre = smap(functools.partial(ff_inputs, m, kern, reduce=psum), in_specs=(lspecs[p], P()),
+            pre = smap(functools.partial(ff_inputs, m, kern, reduce=psum), in_specs=(lspecs[p], P(), P()),
                        out_specs=(P(), P(), P(), P()))
-            x, ids, w, shared = pre(lw, h)
+            x, ids, w, shared = pre(lw, h, i)
             if routing is not None:
                 ids, w = routing[p]
             out = kern.moe(x, ids, w, *experts[p], m.activation, mesh, i)
             if m.sandwich_norms:  # the norms after the experts are kernels too: one device's copy each
-                post = smap(functools.partial(ff_output, m, kern), in_specs=(lspecs[p], P(), P(), P()),
+                post = smap(functools.partial(ff_output, m, kern), in_specs=(lspecs[p], P(), P(), P(), P()),
                             out_specs=P())
-                h = post(lw, h, out, shared)
+                h = post(lw, h, out, shared, i)
             else:
-                h = ff_output(m, kern, lw, h, out, shared)
+                h = ff_output(m, kern, lw, h, out, shared, i)
             new.append((kc, vc))
         return h, new
 

@@ -20,10 +20,11 @@ import jax.numpy as jnp
 from . import formula, rope
 from ._vendor.dispatch import Dispatch
 from ._vendor.interpret import pallas_remark, run_dispatch
+from ._vendor.layer_index import layer_index
 from .config import RMSNormConfig, block_rows
 from .operands import check_operands, check_qk_rope_operands
 from .pallas_qk_rope import QKRopeStatic, qk_rope_forward
-from .pallas_rms import RMSStatic, rms_backward, rms_forward
+from .pallas_rms import RMSStatic, rms_backward, rms_forward, rms_forward_stacked
 
 IMPLEMENTATIONS: tuple[str, ...] = ("pallas", "xla", "autodiff")
 
@@ -63,16 +64,45 @@ def _rms_bwd(impl, st, residuals, dy):
 _rms.defvjp(_rms_fwd, _rms_bwd)
 
 
+def _row(w_stack, layer):
+    return jax.lax.dynamic_index_in_dim(w_stack, layer, keepdims=False)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _rms_stacked(impl: str, st: RMSStatic, x2, w_stack, layer):
+    if impl == "pallas":
+        return rms_forward_stacked(st, x2, w_stack, layer)
+    return _fwd_impl(impl, st, x2, _row(w_stack, layer))
+
+
+def _rms_stacked_fwd(impl, st, x2, w_stack, layer):
+    return _rms_stacked(impl, st, x2, w_stack, layer), (x2, w_stack, layer)
+
+
+def _rms_stacked_bwd(impl, st, residuals, dy):
+    """The one-layer backward on the layer's row; the stack's gradient is that row's, zeros elsewhere."""
+    x2, w_stack, layer = residuals
+    dx, dw = _rms_bwd(impl, st, (x2, _row(w_stack, layer)), dy)
+    d_stack = jax.lax.dynamic_update_index_in_dim(jnp.zeros_like(w_stack), dw, layer, 0)
+    return dx, d_stack, None
+
+
+_rms_stacked.defvjp(_rms_stacked_fwd, _rms_stacked_bwd)
+
+
 @functools.partial(jax.jit, static_argnames=("impl", "eps", "zero_centered", "scale_after_cast", "config",
                                              "interpret"))
-def _run(x, w, *, impl, eps, zero_centered, scale_after_cast, config, interpret):
+def _run(x, w, layer, *, impl, eps, zero_centered, scale_after_cast, config, interpret):
     h = x.shape[-1]
     x2 = x.reshape(-1, h)
     if impl == "autodiff":
-        out = formula.forward(x2, w, eps=eps, zero_centered=zero_centered, scale_after_cast=scale_after_cast)
+        row = w if layer is None else _row(w, layer)
+        out = formula.forward(x2, row, eps=eps, zero_centered=zero_centered, scale_after_cast=scale_after_cast)
         return out.reshape(x.shape)
     st = RMSStatic(eps=eps, zero_centered=zero_centered, scale_after_cast=scale_after_cast,
                    block_rows=block_rows(x2.shape[0], h, config), interpret=interpret)
+    if layer is not None:
+        return _rms_stacked(impl, st, x2, w, layer).reshape(x.shape)
     return _rms(impl, st, x2, w).reshape(x.shape)
 
 
@@ -86,8 +116,14 @@ def rms_norm(
     implementation: str | Sequence[str] | None = None,
     interpret: Any = None,
     config: RMSNormConfig | None = None,
+    layer: int | jax.Array | None = None,
 ) -> jax.Array:
     """RMSNorm of x[..., H] over its last axis with weight[H] -> x's shape and dtype, computed in float32.
+
+    layer: None, or an integer scalar (an int, or an int32 0-d array, possibly traced: a scan's counter) with weight
+    stacked over layers, [L, H]: the call reads row `layer` inside the kernel, so a model scanning its layers takes
+    no slice of its norm weights (each slice is an op of its own on a TPU). A concrete layer outside [0, L) is
+    refused, a traced one clamped; the stack's gradient is that row's, zeros elsewhere.
 
     zero_centered: scale by (1 + weight) instead of weight (Gemma 1-3's stored form). scale_after_cast: cast the
     normalised x to x's dtype before multiplying by the weight (Llama's order), instead of casting the float32
@@ -98,11 +134,16 @@ def rms_norm(
     raises RaceDetectedError on a race.
     """
     x, weight = jnp.asarray(x), jnp.asarray(weight)
-    eps = check_operands(x.shape, weight.shape, eps)
+    if layer is not None:
+        if weight.ndim != 2:
+            raise ValueError(f"rms_norm: with layer=, weight must be stacked over layers, [L, {x.shape[-1]}]; got "
+                             f"{weight.shape} (pass layer=None for one layer's [{x.shape[-1]}] weight)")
+        layer = layer_index(layer, weight.shape[0], "rms_norm")
+    eps = check_operands(x.shape, weight.shape[-1:] if layer is not None else weight.shape, eps)
     cfg = config or RMSNormConfig()
     if x.size == 0:
         return jnp.zeros(x.shape, x.dtype)
-    run = lambda impl, mode: _run(x, weight, impl=impl, eps=eps, zero_centered=bool(zero_centered),
+    run = lambda impl, mode: _run(x, weight, layer, impl=impl, eps=eps, zero_centered=bool(zero_centered),
                                   scale_after_cast=bool(scale_after_cast), config=cfg, interpret=mode)
     return run_dispatch(_DISPATCH, implementation, interpret, (x, weight), run, "the RMSNorm kernel")
 
@@ -110,49 +151,51 @@ def rms_norm(
 # ------------------------------------------------------------------------------------ q/k norm + rotary, fused
 
 
-def _qk_rope_xla(st: QKRopeStatic, qkv, q_weight, k_weight, cos, sin):
-    """The same arithmetic as the kernel on whole arrays (rope.py), out in qkv's dtype."""
+def _qk_rope_xla(st: QKRopeStatic, layer, qkv, q_weight, k_weight, cos, sin):
+    """The same arithmetic as the kernel on whole arrays (rope.py), out in qkv's dtype; the weights are rows
+    `layer` of their stacks."""
     t, d, nq, nkv = qkv.shape[0], st.head_dim, st.q_heads, st.kv_heads
     x = qkv.reshape(t, -1, d)
     c, s = cos[:, None, :].astype(jnp.float32), sin[:, None, :].astype(jnp.float32)
-    q = rope.norm_rope_head(x[:, :nq], q_weight, c, s, eps=st.eps, half=st.half)
+    q = rope.norm_rope_head(x[:, :nq], _row(q_weight, layer), c, s, eps=st.eps, half=st.half)
     raw = x[:, nq:nq + nkv]
-    k = rope.norm_rope_head(raw, k_weight, c, s, eps=st.eps, half=st.half)
+    k = rope.norm_rope_head(raw, _row(k_weight, layer), c, s, eps=st.eps, half=st.half)
     src = raw if st.keys_are_values else x[:, nq + nkv:]
     v = rope.unit_norm(src, st.eps) if st.values == "normed" else src
     return q.astype(qkv.dtype), k.astype(qkv.dtype), v.astype(qkv.dtype)
 
 
-def _qk_rope_fwd_impl(impl: str, st: QKRopeStatic, *args):
+def _qk_rope_fwd_impl(impl: str, st: QKRopeStatic, layer, *args):
     if impl == "pallas":
-        return qk_rope_forward(st, *args)
-    return _qk_rope_xla(st, *args)
+        return qk_rope_forward(st, *args, layer)
+    return _qk_rope_xla(st, layer, *args)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _qk_rope(impl: str, st: QKRopeStatic, qkv, q_weight, k_weight, cos, sin):
-    return _qk_rope_fwd_impl(impl, st, qkv, q_weight, k_weight, cos, sin)
+def _qk_rope(impl: str, st: QKRopeStatic, layer, qkv, q_weight, k_weight, cos, sin):
+    return _qk_rope_fwd_impl(impl, st, layer, qkv, q_weight, k_weight, cos, sin)
 
 
-def _qk_rope_fwd(impl, st, *args):
-    return _qk_rope_fwd_impl(impl, st, *args), args
+def _qk_rope_fwd(impl, st, layer, *args):
+    return _qk_rope_fwd_impl(impl, st, layer, *args), (layer, args)
 
 
-def _qk_rope_bwd(impl, st, args, cts):
+def _qk_rope_bwd(impl, st, residuals, cts):
     """Every implementation's gradient is the XLA arithmetic's, differentiated by jax (recomputed, not stored)."""
-    _, vjp = jax.vjp(functools.partial(_qk_rope_xla, st), *args)
-    return vjp(cts)
+    layer, args = residuals
+    _, vjp = jax.vjp(functools.partial(_qk_rope_xla, st, layer), *args)
+    return (None, *vjp(cts))
 
 
 _qk_rope.defvjp(_qk_rope_fwd, _qk_rope_bwd)
 
 
 @functools.partial(jax.jit, static_argnames=("impl", "st"))
-def _run_qk_rope(qkv, q_weight, k_weight, cos, sin, *, impl, st):
+def _run_qk_rope(qkv, q_weight, k_weight, cos, sin, layer, *, impl, st):
     if impl == "pallas" and st.head_dim % 128:
         raise NotImplementedError(f"qk_norm_rope's Pallas kernel slices heads on the lanes: head_dim must be a "
                                   f"multiple of 128, got {st.head_dim}")
-    return _qk_rope(impl, st, qkv, q_weight, k_weight, cos, sin)
+    return _qk_rope(impl, st, layer, qkv, q_weight, k_weight, cos, sin)
 
 
 def qk_norm_rope(
@@ -171,6 +214,7 @@ def qk_norm_rope(
     implementation: str | Sequence[str] | None = None,
     interpret: Any = None,
     config: RMSNormConfig | None = None,
+    layer: int | jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The attention front of a q/k-normed model in one call: q and k heads RMS-normalised over head_dim, scaled by
     q_weight / k_weight and rotated; v passed through or normalised. Why one op: at decode the three are a few
@@ -187,6 +231,8 @@ def qk_norm_rope(
       keys_are_values: no value heads in qkv; v is built from the raw key heads (Gemma 4's global layers).
       rotary_dims: dims rotated at the front of each head (even, at most D; default D); must match the tables'.
       implementation / interpret: the kernel contract (as `rms_norm`); config: RMSNormConfig rows per grid step.
+      layer: None, or an integer scalar (possibly traced) with q_weight and k_weight stacked over layers, [L, D]:
+        the weights of layer `layer`, read inside the kernel (as `rms_norm(layer=)`).
 
     Returns:
       (q [T, q_heads, D], k [T, kv_heads, D], v [T, kv_heads, D]) in qkv's dtype, computed in float32.
@@ -194,7 +240,15 @@ def qk_norm_rope(
     """
     qkv, q_weight, k_weight = jnp.asarray(qkv), jnp.asarray(q_weight), jnp.asarray(k_weight)
     cos, sin = jnp.asarray(cos), jnp.asarray(sin)
-    st = check_qk_rope_operands(qkv.shape, q_weight.shape, k_weight.shape, cos.shape, sin.shape, q_heads=q_heads,
+    if layer is None:  # one layer's weights: a stack of one, read at 0
+        q_weight, k_weight, layer = q_weight[None], k_weight[None], jnp.zeros((), jnp.int32)
+    else:
+        if q_weight.ndim != 2 or k_weight.shape != q_weight.shape:
+            raise ValueError(f"qk_norm_rope: with layer=, q_weight and k_weight must both be stacked over layers, "
+                             f"[L, head_dim]; got {q_weight.shape} and {k_weight.shape}")
+        layer = layer_index(layer, q_weight.shape[0], "qk_norm_rope")
+    st = check_qk_rope_operands(qkv.shape, q_weight.shape[1:], k_weight.shape[1:], cos.shape, sin.shape,
+                                q_heads=q_heads,
                                 kv_heads=kv_heads, eps=eps, values=values, keys_are_values=keys_are_values,
                                 rotary_dims=rotary_dims)
     d = st["head_dim"]
@@ -204,7 +258,7 @@ def qk_norm_rope(
 
     def run(impl: str, mode: Any):
         static = QKRopeStatic(block_rows=block_rows(qkv.shape[0], qkv.shape[1], cfg), interpret=mode, **st)
-        return _run_qk_rope(qkv, q_weight, k_weight, cos, sin, impl="xla" if impl == "autodiff" else impl,
+        return _run_qk_rope(qkv, q_weight, k_weight, cos, sin, layer, impl="xla" if impl == "autodiff" else impl,
                             st=static)
 
     return run_dispatch(_DISPATCH, implementation, interpret, (qkv, q_weight), run, "the q/k norm + rotary kernel")

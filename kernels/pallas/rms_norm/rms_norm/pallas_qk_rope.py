@@ -19,6 +19,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from ._vendor.tiling import cdiv
 from .rope import norm_rope_head, unit_norm
+from .stacked import select_row, stack_spec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,10 +39,10 @@ def _lane_roll(x: jax.Array, shift: int) -> jax.Array:
     return pltpu.roll(x, shift, x.ndim - 1)
 
 
-def _kernel(qkv_ref, cos_ref, sin_ref, qw_ref, kw_ref, q_ref, k_ref, v_ref, *, st: QKRopeStatic):
+def _kernel(l_ref, qkv_ref, cos_ref, sin_ref, qw_ref, kw_ref, q_ref, k_ref, v_ref, *, st: QKRopeStatic, layers: int):
     d = st.head_dim
     cos, sin = cos_ref[...], sin_ref[...]
-    qw, kw = qw_ref[...], kw_ref[...]
+    qw, kw = (select_row(ref[...], l_ref[0], layers) for ref in (qw_ref, kw_ref))
 
     def head(i: int) -> jax.Array:
         return qkv_ref[:, i * d:(i + 1) * d]
@@ -57,22 +58,23 @@ def _kernel(qkv_ref, cos_ref, sin_ref, qw_ref, kw_ref, q_ref, k_ref, v_ref, *, s
 
 
 def qk_rope_forward(st: QKRopeStatic, qkv: jax.Array, q_weight: jax.Array, k_weight: jax.Array, cos: jax.Array,
-                    sin: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """(q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D]) in qkv's dtype for qkv [T, heads x D]."""
+                    sin: jax.Array, layer: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D]) in qkv's dtype for qkv [T, heads x D]; the norms' weights are
+    rows `layer` (an int32 0-d array in range) of the stacks q_weight, k_weight [L, D], read in the kernel."""
     t, width = qkv.shape
-    d, br = st.head_dim, st.block_rows
-    rows = lambda cols: pl.BlockSpec((br, cols), lambda i: (i, 0))
-    heads = lambda n: pl.BlockSpec((br, n, d), lambda i: (i, 0, 0))
-    weight = pl.BlockSpec((1, d), lambda i: (0, 0))
+    d, br, layers = st.head_dim, st.block_rows, q_weight.shape[0]
+    rows = lambda cols: pl.BlockSpec((br, cols), lambda i, l_ref: (i, 0))
+    heads = lambda n: pl.BlockSpec((br, n, d), lambda i, l_ref: (i, 0, 0))
+    weight = stack_spec(layers, d)
     itemsize = jnp.dtype(qkv.dtype).itemsize
     out_heads = st.q_heads + 2 * st.kv_heads
     cost = pl.CostEstimate(flops=12 * t * out_heads * d, transcendentals=t * out_heads,
                            bytes_accessed=(t * width + t * out_heads * d) * itemsize + 2 * t * d * 4)
     return pl.pallas_call(
-        functools.partial(_kernel, st=st),
-        grid=(cdiv(t, br),),
-        in_specs=[rows(width), rows(d), rows(d), weight, weight],
-        out_specs=[heads(st.q_heads), heads(st.kv_heads), heads(st.kv_heads)],
+        functools.partial(_kernel, st=st, layers=layers),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(cdiv(t, br),), in_specs=[rows(width), rows(d), rows(d), weight, weight],
+            out_specs=[heads(st.q_heads), heads(st.kv_heads), heads(st.kv_heads)]),
         out_shape=[jax.ShapeDtypeStruct((t, st.q_heads, d), qkv.dtype),
                    jax.ShapeDtypeStruct((t, st.kv_heads, d), qkv.dtype),
                    jax.ShapeDtypeStruct((t, st.kv_heads, d), qkv.dtype)],
@@ -80,4 +82,4 @@ def qk_rope_forward(st: QKRopeStatic, qkv: jax.Array, q_weight: jax.Array, k_wei
         cost_estimate=cost,
         interpret=st.interpret,
         name="qk_norm_rope",
-    )(qkv, cos.astype(jnp.float32), sin.astype(jnp.float32), q_weight.reshape(1, d), k_weight.reshape(1, d))
+    )(layer.reshape(1), qkv, cos.astype(jnp.float32), sin.astype(jnp.float32), q_weight, k_weight)

@@ -19,6 +19,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from . import formula
 from ._vendor.tiling import cdiv
+from .stacked import select_row, stack_spec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +37,12 @@ def _params() -> pltpu.CompilerParams:
 
 def _forward_kernel(x_ref, w_ref, o_ref, *, st: RMSStatic):
     o_ref[...] = formula.forward(x_ref[...], w_ref[...], eps=st.eps, zero_centered=st.zero_centered,
+                                 scale_after_cast=st.scale_after_cast)
+
+
+def _forward_stacked_kernel(l_ref, x_ref, w_ref, o_ref, *, st: RMSStatic, layers: int):
+    w = select_row(w_ref[...], l_ref[0], layers)
+    o_ref[...] = formula.forward(x_ref[...], w, eps=st.eps, zero_centered=st.zero_centered,
                                  scale_after_cast=st.scale_after_cast)
 
 
@@ -71,6 +78,27 @@ def rms_forward(st: RMSStatic, x: jax.Array, w: jax.Array) -> jax.Array:
         interpret=st.interpret,
         name="rms_norm_fwd",
     )(x, w.reshape(1, h))
+
+
+def rms_forward_stacked(st: RMSStatic, x: jax.Array, w_stack: jax.Array, layer: jax.Array) -> jax.Array:
+    """y [R, H] in x's dtype for x [R, H] and the weight row `layer` (an int32 0-d array in range) of w_stack [L, H],
+    read in the kernel (the stack's block holding it scalar-prefetched by layer): no slice is taken outside."""
+    r, h = x.shape
+    br, layers = st.block_rows, w_stack.shape[0]
+    rows = pl.BlockSpec((br, h), lambda i, l_ref: (i, 0))
+    itemsize = jnp.dtype(x.dtype).itemsize
+    cost = pl.CostEstimate(flops=5 * r * h, transcendentals=r,
+                           bytes_accessed=2 * r * h * itemsize + 16 * h * jnp.dtype(w_stack.dtype).itemsize)
+    return pl.pallas_call(
+        functools.partial(_forward_stacked_kernel, st=st, layers=layers),
+        grid_spec=pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=(cdiv(r, br),),
+                                               in_specs=[rows, stack_spec(layers, h)], out_specs=rows),
+        out_shape=jax.ShapeDtypeStruct((r, h), x.dtype),
+        compiler_params=_params(),
+        cost_estimate=cost,
+        interpret=st.interpret,
+        name="rms_norm_fwd",
+    )(layer.reshape(1), x, w_stack)
 
 
 def rms_backward(st: RMSStatic, x: jax.Array, w: jax.Array, dy: jax.Array) -> tuple[jax.Array, jax.Array]:

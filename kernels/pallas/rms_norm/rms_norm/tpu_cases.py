@@ -5,7 +5,8 @@ The seed models' hidden sizes (2048 Qwen3-30B-A3B, 2112 Gemma 4 26B-A4B, 2880 GP
 tokens) and prefill (4096 tokens), forward and backward (the dx / dw-partials kernel), bf16 and f32; the two forms
 alternate so both are compiled. `qk_norm_rope` at the seed models' attention fronts on one of 8 devices (Qwen3:
 4 query + 1 KV heads of 128; Gemma 4 sliding: 2 + 1 of 256, values normed; Gemma 4 global: 2 + 1 of 512, keys =
-values, a quarter rotated), decode and prefill, forward (its backward is XLA's). Never imports kernel_hub.
+values, a quarter rotated), decode and prefill, forward (its backward is XLA's). Both ops with their weights
+stacked over 48 layers (`layer=`, traced) at decode. Never imports kernel_hub.
 """
 
 from __future__ import annotations
@@ -44,7 +45,31 @@ FRONTS = {"qwen3": (4, 1, 128, 128, "raw", False), "gemma4_sliding": (2, 1, 256,
           "gemma4_global": (2, 1, 512, 128, "normed", True)}
 
 
-def qk_rope_builder(tokens: int, front: tuple, dtype: str) -> Callable[[bool], Callable[[], Built]]:
+#: Layers of the stacked-weight cases (Qwen3-30B-A3B's 48: a stack of three 16-row blocks).
+LAYERS = 48
+
+
+def stacked_builder(tokens: int, hidden: int, dtype: str) -> Callable[[bool], Callable[[], Built]]:
+    """make(grad): rms_norm reading row `layer` (traced) of a [LAYERS, hidden] weight stack, or its gradient."""
+
+    def make(grad: bool) -> Callable[[], Built]:
+        def build() -> Built:
+            import jax
+
+            from .api import rms_norm
+
+            sds = jax.ShapeDtypeStruct
+            args = (sds((tokens, hidden), dtype), sds((LAYERS, hidden), dtype), sds((), "int32"))
+            fn = lambda x, w, i: rms_norm(x, w, eps=1e-6, layer=i, implementation="pallas", interpret=False)
+            return forward_or_grad(fn, args, grad, (0, 1))
+
+        return build
+
+    return make
+
+
+def qk_rope_builder(tokens: int, front: tuple, dtype: str, layers: int | None = None
+                    ) -> Callable[[bool], Callable[[], Built]]:
     nq, nkv, d, rot, values, kav = front
 
     def make(grad: bool) -> Callable[[], Built]:
@@ -55,11 +80,12 @@ def qk_rope_builder(tokens: int, front: tuple, dtype: str) -> Callable[[bool], C
 
             width = (nq + nkv * (1 if kav else 2)) * d
             sds = jax.ShapeDtypeStruct
-            args = (sds((tokens, width), dtype), sds((d,), dtype), sds((d,), dtype), sds((tokens, d), "float32"),
-                    sds((tokens, d), "float32"))
-            fn = lambda *a: qk_norm_rope(*a, q_heads=nq, kv_heads=nkv, eps=1e-6, values=values,
+            w = (d,) if layers is None else (layers, d)
+            args = (sds((tokens, width), dtype), sds(w, dtype), sds(w, dtype), sds((tokens, d), "float32"),
+                    sds((tokens, d), "float32"), sds((), "int32"))
+            fn = lambda *a: qk_norm_rope(*a[:5], q_heads=nq, kv_heads=nkv, eps=1e-6, values=values,
                                          keys_are_values=kav, rotary_dims=rot, implementation="pallas",
-                                         interpret=False)
+                                         interpret=False, layer=None if layers is None else a[5])
             return fn, args
 
         return build
@@ -75,6 +101,11 @@ def compile_cases() -> list[CompileCase]:
         for front, dims in FRONTS.items():
             out += fwd_bwd(f"qk_rope_{phase}_t{tokens}_{front}:bf16", "bfloat16", (phase, "bfloat16"),
                            qk_rope_builder(tokens, dims, "bfloat16"), backward=False)
+    out += fwd_bwd(f"qk_rope_decode_t64_qwen3_layers{LAYERS}:bf16", "bfloat16", ("decode", "bfloat16"),
+                   qk_rope_builder(64, FRONTS["qwen3"], "bfloat16", LAYERS), backward=False)
+    for hidden in (2048, 2816):  # Qwen3-30B-A3B's and Gemma 4 26B-A4B's hidden sizes
+        out += fwd_bwd(f"decode_t64_h{hidden}_layers{LAYERS}:bf16", "bfloat16", ("decode", "bfloat16"),
+                       stacked_builder(64, hidden, "bfloat16"), backward=True)
     for phase, tokens in TOKENS.items():
         for i, hidden in enumerate(HIDDEN):
             for dtype in DTYPES:

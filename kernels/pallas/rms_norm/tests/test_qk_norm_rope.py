@@ -134,3 +134,26 @@ def test_bad_operands_name_what_to_fix(change, match):
     kw.update(change)
     with pytest.raises(ValueError, match=match):
         rn.qk_norm_rope(**kw)
+
+
+@pytest.mark.parametrize("impl", ["pallas", "xla"])
+def test_layer_reads_the_norm_weights_of_a_stack(impl):
+    qkv, _, _, pos = _case(20, 4, 1, 128, False, "bfloat16", seed=7)
+    rng = np.random.default_rng(8)
+    qs, ks = (jnp.asarray(1.0 + 0.3 * rng.standard_normal((18, 128)), jnp.bfloat16) for _ in range(2))
+    cos, sin = rn.rope_tables(jnp.asarray(pos), 128, 1e6)
+    kw = dict(q_heads=4, kv_heads=1, eps=EPS, implementation=impl, config=TILES)
+    for at in (0, 17):  # the stack's first block of 16 rows, then its partial second one
+        got = rn.qk_norm_rope(qkv, qs, ks, cos, sin, layer=at, **kw)
+        one = rn.qk_norm_rope(qkv, qs[at], ks[at], cos, sin, **kw)
+        for a, b in zip(got, one, strict=True):
+            np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    traced = jax.jit(lambda i: rn.qk_norm_rope(qkv, qs, ks, cos, sin, layer=i, **kw)[0])
+    np.testing.assert_array_equal(np.asarray(traced(jnp.int32(17)), np.float32), np.asarray(got[0], np.float32))
+    d_qs = jax.grad(lambda s: jnp.sum(rn.qk_norm_rope(qkv, s, ks, cos, sin, layer=5, **kw)[0].astype(jnp.float32)))(
+        qs)
+    assert float(jnp.max(jnp.abs(d_qs[5]))) > 0 and float(jnp.max(jnp.abs(jnp.delete(d_qs, 5, axis=0)))) == 0.0
+    with pytest.raises(ValueError, match="stacked over layers"):
+        rn.qk_norm_rope(qkv, qs, ks[:3], cos, sin, layer=0, **kw)
+    with pytest.raises(ValueError, match=r"layer must be in \[0, 18\)"):
+        rn.qk_norm_rope(qkv, qs, ks, cos, sin, layer=18, **kw)

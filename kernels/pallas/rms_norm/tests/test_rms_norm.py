@@ -156,3 +156,37 @@ def _source():
     from pathlib import Path
 
     return Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("impl", ["pallas", "xla"])
+@pytest.mark.parametrize(("layers", "at"), [(5, 3), (20, 18)])  # one block of the stack; the second, partial one
+def test_layer_reads_its_row_of_a_stacked_weight(impl, layers, at):
+    x, _, dy = _inputs((37, 256), "bfloat16", seed=layers)
+    stack = jnp.asarray(np.random.default_rng(at).standard_normal((layers, 256)).astype(np.float32) + 1.0,
+                        jnp.bfloat16)
+    kw = dict(eps=1e-6, implementation=impl, config=TILES)
+    got = rn.rms_norm(x, stack, layer=at, **kw)
+    ref = rn.reference_rms_norm(_f64(x), _f64(stack[at]), eps=1e-6)
+    assert relative_error(np.asarray(got, np.float32), ref) <= tolerance("bfloat16")
+    np.testing.assert_array_equal(np.asarray(got, np.float32),
+                                  np.asarray(rn.rms_norm(x, stack[at], **kw), np.float32))
+    # traced (a scan's counter): the same row; one past the end is clamped to the last
+    traced = jax.jit(lambda a, s, i: rn.rms_norm(a, s, layer=i, **kw))
+    np.testing.assert_array_equal(np.asarray(traced(x, stack, jnp.int32(at))), np.asarray(got))
+    np.testing.assert_array_equal(np.asarray(traced(x, stack, jnp.int32(layers + 3))),
+                                  np.asarray(rn.rms_norm(x, stack[layers - 1], **kw)))
+    # the stack's gradient is the row's, zeros elsewhere
+    loss = lambda s: jnp.sum(rn.rms_norm(x, s, layer=at, **kw).astype(jnp.float32) * dy.astype(jnp.float32))
+    d_stack = jax.grad(loss)(stack)
+    d_row = jax.grad(lambda w: jnp.sum(rn.rms_norm(x, w, **kw).astype(jnp.float32) * dy.astype(jnp.float32)))(
+        stack[at])
+    assert d_stack.shape == stack.shape and float(jnp.max(jnp.abs(jnp.delete(d_stack, at, axis=0)))) == 0.0
+    np.testing.assert_array_equal(np.asarray(d_stack[at], np.float32), np.asarray(d_row, np.float32))
+
+
+@pytest.mark.parametrize(("weight", "layer", "match"), [
+    ((4, 256), 4, r"layer must be in \[0, 4\)"), ((4, 256), 1.0, "integer scalar"), ((256,), 0, "stacked over layers"),
+    ((4, 128), 0, r"weight must have shape \(256,\)")])
+def test_a_bad_layer_or_stack_is_refused(weight, layer, match):
+    with pytest.raises(ValueError, match=match):
+        rn.rms_norm(jnp.ones((3, 256)), jnp.ones(weight), eps=1e-6, layer=layer)
