@@ -9,7 +9,8 @@ the optimized HLO module (hlo_program.py) is charged instead, instruction by ins
     its MXU FLOPs (every dot or convolution in its body), plus the fixed cost per op (not for an op on arrays of
     one (8, 128) tile at most: scalar-size bookkeeping); a fusion that updates one of its operands in place (a
     dynamic-update-slice or scatter root into a buffer libtpu aliases to its output) moves only the update, and an
-    operand read only through dynamic slices or gathers (nested fusions included) moves only what they take;
+    operand read only through dynamic slices or gathers (nested fusions included, and the relayouts libtpu nests
+    before a slice, which are evaluated only where the slice reads) moves only what they take;
   * a copy into scalar memory, a cross-program prefetch (its DMA runs before the program starts): nothing;
   * an async copy (copy-start): its HBM bytes, no fixed cost (a DMA the program starts and runs beside the work);
   * a bitcast, a constant, a parameter, a tuple and the wait of an async op: nothing (shown with why);
@@ -272,25 +273,52 @@ def _ends(users: dict[str, list[tuple[Instruction, int]]], name: str) -> list[tu
     return out
 
 
-def _param_read(module: Module, comp: Computation, n: int, whole: int, in_place: dict[str, str] | None = None,
-                depth: int = 0) -> int:
-    """The bytes of parameter `n` (of `whole` bytes) that `comp` reads: what the dynamic slices and gathers it feeds
-    take (in nested fusions too), nothing where it is the buffer updated in place, else the whole."""
-    param = next((i for i in comp.instructions if i.opcode == "parameter" and i.attrs.get("literal") == str(n)), None)
-    uses = _ends(_users(comp), param.name) if param is not None else []
+#: Opcodes that move a value's elements without computing on them: a fusion of only these is a relayout.
+_RELAYOUT = {"parameter", "copy", "bitcast", "transpose", "reshape"}
+
+
+def _relayout(module: Module, inst: Instruction) -> bool:
+    """A fusion that only relays out its one operand (libtpu nests one between a stack in HBM's tiling and a
+    dynamic slice that wants another): inside a fusion it is evaluated where its output is used, so what a slice
+    of its output takes is what it reads."""
+    body = module.computations.get(inst.called()[0]) if inst.opcode == "fusion" and inst.called() else None
+    if body is None or len(inst.operands) != 1 or not inst.arrays:
+        return False
+    params = [i for i in body.instructions if i.opcode == "parameter"]
+    return (len(params) == 1 and all(i.opcode in _RELAYOUT for i in body.instructions)
+            and math.prod(params[0].arrays[0].dims) == math.prod(inst.arrays[0].dims)
+            and params[0].arrays[0].dtype == inst.arrays[0].dtype)
+
+
+def _value_read(module: Module, comp: Computation, name: str, whole: int, in_place: dict[str, str] | None,
+                depth: int) -> int:
+    """The bytes of value `name` (of `whole` bytes) that `comp` reads: what the dynamic slices and gathers it feeds
+    take (through nested fusions and relayouts), nothing where it is the buffer updated in place, else the whole."""
+    uses = _ends(_users(comp), name)
     if not uses or depth > 8:
         return whole
     total = 0
     for u, pos in uses:
         if pos == 0 and u.opcode in ("dynamic-slice", "gather"):
             total += sum(a.nbytes for a in u.arrays)
-        elif pos == 0 and in_place and in_place.get(u.name) == param.name:
+        elif pos == 0 and in_place and in_place.get(u.name) == name:
             continue
+        elif _relayout(module, u):
+            total += _value_read(module, comp, u.name, whole, None, depth + 1)
         elif u.opcode == "fusion" and u.called() and u.called()[0] in module.computations:
             total += _param_read(module, module.computations[u.called()[0]], pos, whole, None, depth + 1)
         else:
             return whole
     return min(total, whole)
+
+
+def _param_read(module: Module, comp: Computation, n: int, whole: int, in_place: dict[str, str] | None = None,
+                depth: int = 0) -> int:
+    """The bytes of parameter `n` (of `whole` bytes) that `comp` reads (_value_read of the parameter)."""
+    param = next((i for i in comp.instructions if i.opcode == "parameter" and i.attrs.get("literal") == str(n)), None)
+    if param is None:
+        return whole
+    return _value_read(module, comp, param.name, whole, in_place, depth)
 
 
 def fusion_bytes(module: Module, inst: Instruction, shapes: dict[str, Instruction]) -> tuple[int, bool]:
