@@ -5,41 +5,13 @@ used moves the whole."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tpu_cost_model.hlo_program import parse_module
 from tpu_cost_model.xla_compiled import charge_module
 
 #: Trimmed from the decode step libtpu compiled for v7x (the q/k/v projection on the scan's stacked weights).
-SLICED = """HloModule relayout_slice, is_scheduled=true
-
-%copy_fusion.1 (input.1: bf16[48,2048,768]) -> bf16[48,2048,768] {
-  %input.1 = bf16[48,2048,768]{2,1,0:T(16,128)(2,1)} parameter(0)
-  ROOT %copy.142 = bf16[48,2048,768]{2,1,0:T(8,128)(2,1)} copy(%input.1)
-}
-
-%sliced (param_0.692: bf16[48,2048,768], param_1.893: s32[]) -> bf16[2048,768] {
-  %param_0.692 = bf16[48,2048,768]{2,1,0:T(16,128)(2,1)} parameter(0)
-  %fusion.117 = bf16[48,2048,768]{2,1,0:T(8,128)(2,1)} fusion(%param_0.692), kind=kLoop, output_to_operand_aliasing={{}: (0, {})}, calls=%copy_fusion.1
-  %param_1.893 = s32[]{:T(128)} parameter(1)
-  %constant.528 = s32[]{:T(128)} constant(0)
-  %dynamic-slice.22 = bf16[1,2048,768]{2,1,0:T(8,128)(2,1)} dynamic-slice(%fusion.117, %param_1.893, %constant.528, %constant.528), dynamic_slice_sizes={1,2048,768}
-  ROOT %bitcast.97 = bf16[2048,768]{1,0:T(8,128)(2,1)} bitcast(%dynamic-slice.22)
-}
-
-%dot (param_0.693: bf16[64,2048], param_1.894: bf16[48,2048,768], param_2.726: s32[]) -> bf16[64,768] {
-  %param_0.693 = bf16[64,2048]{1,0:T(8,128)(2,1)} parameter(0)
-  %param_1.894 = bf16[48,2048,768]{2,1,0:T(16,128)(2,1)} parameter(1)
-  %param_2.726 = s32[]{:T(128)} parameter(2)
-  %fusion.90 = bf16[2048,768]{1,0:T(8,128)(2,1)} fusion(%param_1.894, %param_2.726), kind=kLoop, calls=%sliced
-  ROOT %convolution.11 = bf16[64,768]{1,0:T(8,128)(2,1)} convolution(%param_0.693, %fusion.90), dim_labels=bf_io->bf
-}
-
-ENTRY %main (x: bf16[64,2048], w: bf16[48,2048,768], i: s32[]) -> bf16[64,768] {
-  %x = bf16[64,2048]{1,0:T(8,128)(2,1)} parameter(0)
-  %w = bf16[48,2048,768]{2,1,0:T(16,128)(2,1)} parameter(1)
-  %i = s32[]{:T(128)} parameter(2)
-  ROOT %fusion.100 = bf16[64,768]{1,0:T(8,128)(2,1)} fusion(%x, %w, %i), kind=kOutput, calls=%dot
-}
-"""
+SLICED = (Path(__file__).parent / "fixtures" / "relayout_v7x.hlo.txt").read_text()
 
 X, LAYER, OUT, STACK = 64 * 2048 * 2, 2048 * 768 * 2, 64 * 768 * 2, 48 * 2048 * 768 * 2
 
