@@ -37,10 +37,10 @@ if TYPE_CHECKING:
 AXIS = "x"
 #: A layer's weights the step passes to moe_experts as whole stacks over the groups (layer=), never sliced.
 EXPERT_WEIGHTS = ("w_gate_up", "w_down")
-#: The norms' weights, passed to the norm kernels (rms_norm, qk_norm_rope) as whole stacks [G, ...] with layer=: each
-#: slice taken outside a kernel would be an op of its own on a TPU, a few a layer.
+#: The norms' and the router's weights, passed to their kernels (rms_norm, qk_norm_rope, moe_route) as whole stacks
+#: [G, ...] with layer=: each slice taken outside a kernel would be an op of its own on a TPU, a few a layer.
 NORM_STACKS = ("attn_norm", "ff_norm", "q_norm", "k_norm", "attn_post_norm", "ff_post_norm", "moe_pre_norm",
-               "moe_post_norm", "shared_post_norm")
+               "moe_post_norm", "shared_post_norm", "router")
 
 
 class Kernels(NamedTuple):
@@ -50,7 +50,9 @@ class Kernels(NamedTuple):
     qk_rope: Callable[..., Any]
     # (q, k, v, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, window, scale, layer): caches [L, pages, ...]
     attention: Callable[..., Any]
-    moe: Callable[..., Any]  # (x, ids, weights, w_gate_up [L, E, ..], w_down [L, E, ..], activation, mesh, layer)
+    moe: Callable[..., Any]
+    # (x [B, H], router [H, E] (or [G, H, E] with layer), top_k, layer=None) -> ids [B, k] int32, weights [B, k] f32
+    route: Callable[..., Any]  # (x, ids, weights, w_gate_up [L, E, ..], w_down [L, E, ..], activation, mesh, layer)
 
 
 def hub_kernels(rms: Any, fa: Any, rd: Any, implementation: str | None = None, interpret: Any = None) -> Kernels:
@@ -73,7 +75,10 @@ def hub_kernels(rms: Any, fa: Any, rd: Any, implementation: str | None = None, i
         return rd.moe_experts(x, ids, w, gu, dn, activation=activation, mesh=mesh,
                               expert_axis=None if mesh is None else AXIS, layer=layer, **kw)
 
-    return Kernels(norm, qk_rope, attention, moe)
+    def route(x, w, k, layer=None):
+        return rd.moe_route(x, w, top_k=k, layer=layer, **kw)
+
+    return Kernels(norm, qk_rope, attention, moe, route)
 
 
 def transformers_kernels(rd: Any) -> Kernels:
@@ -87,7 +92,7 @@ def transformers_kernels(rd: Any) -> Kernels:
         return rd.moe_experts(x, ids, w, gu, dn, activation=activation, mesh=mesh,
                               expert_axis=None if mesh is None else AXIS, layer=layer, implementation="xla")
 
-    return Kernels(norm, xla_qk_rope, repeat_kv_attention, moe)
+    return Kernels(norm, xla_qk_rope, repeat_kv_attention, moe, xla_route)
 
 
 def xla_rms_norm(x, w, eps, layer=None):
@@ -127,6 +132,17 @@ def xla_qk_rope(qkv, qw, kw, table, f: Front, layer=None):
     if f.values == "normed":
         v = xla_rms_norm(v, jnp.ones((v.shape[-1],), v.dtype), f.eps)
     return q, k, v
+
+
+def xla_route(x, w, k, layer=None):
+    """transformers' router in XLA: f32 logits, top k, the softmax over those k (a softmax over every expert
+    renormalised over the k is the same numbers)."""
+    import jax
+    import jax.numpy as jnp
+
+    w = w if layer is None else w[layer]
+    top, ids = jax.lax.top_k(jnp.dot(x, w, preferred_element_type=jnp.float32), k)
+    return ids.astype(jnp.int32), jax.nn.softmax(top, axis=-1)
 
 
 def jax_rsqrt(x):
@@ -301,31 +317,28 @@ def attention_part(m: DecodeModel, kind: AttentionKind, kern: Kernels, lw: dict,
     return h + out, kc, vc
 
 
-def router(m: DecodeModel, kern: Kernels, lw: dict, h, x):
+def router(m: DecodeModel, kern: Kernels, lw: dict, h, x, layer):
     """(ids [B, k], weights [B, k] f32): softmax over the experts, top-k, renormalised (Gemma: its own scale-free
-    norm of the residual and a per-expert scale). Computed as the softmax of the top-k logits: the softmax is
-    monotone (the same k experts) and its normaliser cancels in the renormalisation, so the full softmax over
-    every expert is one op a layer the step need not run."""
-    import jax
+    norm of the residual and a per-expert scale), by the route op on the layer's router weight: computed as the
+    softmax of the top-k logits, the same numbers (the softmax is monotone and its normaliser cancels in the
+    renormalisation), with no full softmax over every expert."""
     import jax.numpy as jnp
 
     if m.sandwich_norms:
         r = xla_rms_norm(h, jnp.ones((m.hidden,), h.dtype), m.eps) * lw["router_scale"] * m.hidden ** -0.5
     else:
         r = x
-    logits = jnp.dot(r, lw["router"], preferred_element_type=jnp.float32)
-    top, ids = jax.lax.top_k(logits, m.top_k)
-    w = jax.nn.softmax(top, axis=-1)
+    ids, w = kern.route(r, lw["router"], m.top_k, layer)
     if m.sandwich_norms:
         w = w * lw["expert_scale"][ids]
-    return ids.astype(jnp.int32), w
+    return ids, w
 
 
 def ff_inputs(m: DecodeModel, kern: Kernels, lw: dict, h, layer, reduce: Callable[[Any], Any]):
     """One device's part before the experts: (the experts' input, ids, weights, the shared MLP's output or None);
     the norms' weights are stacks read at `layer`."""
     x = kern.rms_norm(h, lw["ff_norm"], m.eps, layer)
-    ids, w = router(m, kern, lw, h, x)
+    ids, w = router(m, kern, lw, h, x, layer)
     shared = None
     if m.shared_intermediate:
         import jax

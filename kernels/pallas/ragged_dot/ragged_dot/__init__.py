@@ -1,6 +1,7 @@
 """ragged_dot: grouped matmul (ragged dot) for Mixture-of-Experts layers, JAX entry.
 
-`moe_experts` is a whole Mixture-of-Experts expert block on it, on one device or expert-parallel over a mesh.
+`moe_experts` is a whole Mixture-of-Experts expert block on it, on one device or expert-parallel over a mesh;
+`moe_route` the router that feeds it (logits, top k, softmax over the k) in one call.
 A Pallas TPU kernel (megablox-style group metadata by scalar prefetch), a fast CPU path in plain XLA,
 and jax.lax.ragged_dot as oracle / GPU path, behind one function with kernel-hub's kernel contract
 (docs/kernel-contract.md). This package never imports kernel_hub; `_vendor/` holds the shared code
@@ -20,6 +21,7 @@ from .api import (
 )
 from .moe.experts import ACTIVATIONS, moe_device_work, moe_experts, partition_specs, plan_dispatch
 from .moe.plan import SCHEMES, MoeSizes, choose_scheme, collective_bytes, collectives, rows_per_device
+from .moe.route import moe_route
 from .pallas.config import RaggedDotConfig, default_config
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "last_implementation",
     "moe_device_work",
     "moe_experts",
+    "moe_route",
     "partition_specs",
     "plan_dispatch",
     "race_checking_params",

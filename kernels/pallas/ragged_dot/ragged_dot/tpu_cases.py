@@ -5,7 +5,9 @@ ahead of time, one mock TPU per generation), so a kernel Mosaic would reject nev
 Pallas path of every TPU validation case, forward and backward (the custom_vjp's gmm + tgmm), in bf16 and
 f32, the MoE expert projections (gate_up and down) of four models (moe_shapes.py) at decode (64 tokens)
 and prefill (4096 tokens), the moe_experts validation cases (one chip, forward and backward), and the quantized
-(int8, fp8) cases of quant_cases.py. Never imports kernel_hub.
+(int8, fp8) cases of quant_cases.py; `moe_route` at the seed models' routers (Qwen3-30B-A3B: 2048 x 128, top 8;
+Gemma 4 26B-A4B: 2816 x 128, top 8) at decode and prefill, reading a 48-layer stack at a traced layer. Never imports
+kernel_hub.
 """
 
 from __future__ import annotations
@@ -68,6 +70,26 @@ def moe_builder(case: Any) -> Callable[[bool], Callable[[], Built]]:
     return make
 
 
+#: (hidden, experts, top k) of the seed models' routers.
+ROUTERS = {"qwen3_30b_a3b": (2048, 128, 8), "gemma4_26b_a4b": (2816, 128, 8)}
+
+
+def route_builder(tokens: int, hidden: int, experts: int, k: int, dtype: str) -> Callable[[bool], Callable[[], Built]]:
+    def make(grad: bool) -> Callable[[], Built]:
+        def build() -> Built:
+            import jax
+
+            from .moe.route import moe_route
+
+            sds = jax.ShapeDtypeStruct
+            args = (sds((tokens, hidden), dtype), sds((48, hidden, experts), dtype), sds((), "int32"))
+            return (lambda x, w, i: moe_route(x, w, top_k=k, layer=i, implementation="pallas", interpret=False)), args
+
+        return build
+
+    return make
+
+
 def compile_cases() -> list[CompileCase]:
     """Every TPU compile case; the first forward and backward validation cases are also tagged "smoke"."""
     from .validation import MoeCase, cases
@@ -86,4 +108,8 @@ def compile_cases() -> list[CompileCase]:
                            builder(c.m, c.k, c.n, c.g, c.dtype, dict(c.config) if c.config else None), backward)
     out += model_compile_cases(builder)
     out += quant_compile_cases()
+    for model, (hidden, experts, k) in ROUTERS.items():
+        for phase, tokens in (("decode", 64), ("prefill", 4096)):
+            out += fwd_bwd(f"route_{model}_{phase}_t{tokens}:bf16", "bfloat16", (phase, "bfloat16", "route"),
+                           route_builder(tokens, hidden, experts, k, "bfloat16"), False)
     return with_smoke(out, {out[0].name, out[1].name})
