@@ -14,8 +14,9 @@ the optimized HLO module (hlo_program.py) is charged instead, instruction by ins
   * a copy into scalar memory, a cross-program prefetch (its DMA runs before the program starts): nothing;
   * an async copy (copy-start): its HBM bytes, no fixed cost (a DMA the program starts and runs beside the work);
   * a bitcast, a constant, a parameter, a tuple and the wait of an async op: nothing (shown with why);
-  * a Pallas kernel (custom-call ``tpu_custom_call``): not charged here; the jaxpr walk's cost of the same kernel
-    stands for it (the kernels are matched by count and order);
+  * a Pallas kernel (custom-call ``tpu_custom_call``, or a fusion whose root is one: the kernel with producers of
+    its inputs fused in, e.g. a layer sliced out of a stacked weight): not charged here; the jaxpr walk's cost of the
+    same kernel stands for it (the kernels are matched by count and order);
   * a collective: its bytes over the ICI.
 
 A while loop is charged its body times its trip count (stated in its backend_config, or read from its bounds: a
@@ -290,6 +291,15 @@ def _relayout(module: Module, inst: Instruction) -> bool:
             and params[0].arrays[0].dtype == inst.arrays[0].dtype)
 
 
+def _fused_kernel(module: Module, inst: Instruction) -> bool:
+    """A fusion whose root is a Pallas kernel: the kernel with the producers of inputs it lets XLA fuse
+    (allow_input_fusion, e.g. a layer's slice of a stacked weight), evaluated as the kernel reads them."""
+    body = module.computations.get(inst.called()[0]) if inst.called() else None
+    root = next((i for i in body.instructions if i.root), None) if body is not None else None
+    return (root is not None and root.opcode == "custom-call"
+            and root.attrs.get("custom_call_target", "").strip('"') == KERNEL_TARGET)
+
+
 def _value_read(module: Module, comp: Computation, name: str, whole: int, in_place: dict[str, str] | None,
                 depth: int) -> int:
     """The bytes of value `name` (of `whole` bytes) that `comp` reads: what the dynamic slices and gathers it feeds
@@ -404,6 +414,9 @@ def _charge(module: Module, comp_name: str, times: int, cost: CompiledCost) -> N
             continue
         if op == "copy" and all(a.memory_space in _SCALAR_SPACES for a in inst.arrays):
             cost.ops += [XlaOp(label, sum(a.nbytes for a in inst.arrays), free="a copy into scalar memory")] * times
+            continue
+        if op == "fusion" and _fused_kernel(module, inst):  # a Pallas kernel with its inputs' producers fused in
+            cost.kernels += [inst.name] * times
             continue
         if op == "fusion" and _only_bitcasts(module, inst.called()[0] if inst.called() else ""):
             cost.ops += [XlaOp(label, _hbm_bytes(inst), free="a fusion of bitcasts only")] * times

@@ -25,8 +25,7 @@ from ..pallas.route import RouteStatic, route_forward, top_k_softmax
 BLOCK_TOKENS = 256
 
 
-def _xla(x, w_stack, layer, k: int):
-    w = jax.lax.dynamic_index_in_dim(w_stack, layer, keepdims=False)
+def _xla(x, w, k: int):
     logits = jax.lax.dot_general(x, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
     ids, wts = top_k_softmax(logits, k)
     return ids[:, :k], wts[:, :k]
@@ -34,9 +33,11 @@ def _xla(x, w_stack, layer, k: int):
 
 @functools.partial(jax.jit, static_argnames=("impl", "st"))
 def _run(x, w_stack, layer, *, impl: str, st: RouteStatic):
+    # the layer's slice: the kernel lets XLA fuse it into its weight operand (no op of its own, no staged stack)
+    w = jax.lax.dynamic_index_in_dim(w_stack, layer, keepdims=False)
     if impl == "pallas":
-        return route_forward(st, x, w_stack, layer)
-    return _xla(x, w_stack, layer, st.top_k)
+        return route_forward(st, x, w)
+    return _xla(x, w, st.top_k)
 
 
 def moe_route(
@@ -52,8 +53,8 @@ def moe_route(
 
     Args:
       x: [T, H] tokens (bf16 or f32); router_weight: [H, E] (or [L, H, E] with `layer`, an integer scalar, traced or
-        not: the layer read inside the kernel, as `ragged_dot(layer=)`); top_k: experts per token, 1 <= top_k <=
-        min(E, 128).
+        not, a scan's counter: the layer's slice is fused into the kernel's read, no op of its own); top_k: experts
+        per token, 1 <= top_k <= min(E, 128).
       implementation / interpret: the kernel contract ("pallas" the TPU kernel; "cpu" and "xla" the same arithmetic
         in XLA).
 

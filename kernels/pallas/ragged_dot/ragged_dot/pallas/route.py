@@ -1,10 +1,13 @@
 """The Pallas kernel of `moe_route`: router logits, their top k and the softmax over those k, in one call.
 
-x [T, H] and one layer's router weight [H, E] (a layer of a stack [L, H, E], scalar-prefetched) are read into VMEM,
-the logits are one f32 MXU dot, and the top k are picked by k rounds over the experts' lanes (the row's maximum, the
-first expert holding it, that expert masked out), so ties go to the lower expert as jax.lax.top_k sends them. The
-ids and weights are assembled on 128 lanes and stored as [T, k]. Grid: one step per block of tokens, independent
-("parallel").
+x [T, H] and one layer's router weight [H, E] are read into VMEM, the logits are one f32 MXU dot, and the top k are
+picked by k rounds over the experts' lanes (the row's maximum, the first expert holding it, that expert masked out),
+so ties go to the lower expert as jax.lax.top_k sends them. The ids and weights are assembled on 128 lanes and
+stored as [T, k]. Grid: one step per block of tokens, independent ("parallel").
+
+The weight's producer may be fused into the call (allow_input_fusion): a layer sliced out of a stack [L, H, E] by a
+scan is read in place, with no slice op before the kernel and no staging of the whole stack (given the stack itself,
+XLA may copy all of it into VMEM before each call when it fits).
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ def top_k_softmax(logits: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     return ids, p / jnp.sum(p, axis=1, keepdims=True)
 
 
-def _kernel(l_ref, x_ref, w_ref, ids_ref, wts_ref, *, st: RouteStatic):
+def _kernel(x_ref, w_ref, ids_ref, wts_ref, *, st: RouteStatic):
     logits = jax.lax.dot_general(x_ref[...], w_ref[...], (((1,), (0,)), ((), ())),
                                  preferred_element_type=jnp.float32)
     ids, wts = top_k_softmax(logits, st.top_k)
@@ -58,22 +61,21 @@ def _kernel(l_ref, x_ref, w_ref, ids_ref, wts_ref, *, st: RouteStatic):
     wts_ref[...] = wts[:, :st.top_k]
 
 
-def route_forward(st: RouteStatic, x: jax.Array, w_stack: jax.Array, layer: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(ids [T, k] int32, weights [T, k] f32) for x [T, H] and layer `layer` (int32 0-d, in range) of w_stack [L, H,
-    E]."""
+def route_forward(st: RouteStatic, x: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(ids [T, k] int32, weights [T, k] f32) for x [T, H] and one layer's router w [H, E]."""
     t, h = x.shape
-    e, bt = w_stack.shape[-1], st.block_tokens
-    rows = lambda cols: pl.BlockSpec((bt, cols), lambda i, l_ref: (i, 0))
-    weight = pl.BlockSpec((None, h, e), lambda i, l_ref: (l_ref[0], 0, 0))
+    e, bt = w.shape[-1], st.block_tokens
+    rows = lambda cols: pl.BlockSpec((bt, cols), lambda i: (i, 0))
     cost = pl.CostEstimate(flops=2 * t * h * e + 4 * st.top_k * t * e, transcendentals=t * st.top_k,
-                           bytes_accessed=t * h * x.dtype.itemsize + h * e * w_stack.dtype.itemsize + 8 * t * st.top_k)
+                           bytes_accessed=t * h * x.dtype.itemsize + h * e * w.dtype.itemsize + 8 * t * st.top_k)
     return pl.pallas_call(
         functools.partial(_kernel, st=st),
-        grid_spec=pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=(cdiv(t, bt),), in_specs=[rows(h), weight],
-                                               out_specs=[rows(st.top_k), rows(st.top_k)]),
+        grid=(cdiv(t, bt),),
+        in_specs=[rows(h), pl.BlockSpec((h, e), lambda i: (0, 0))],
+        out_specs=[rows(st.top_k), rows(st.top_k)],
         out_shape=[jax.ShapeDtypeStruct((t, st.top_k), jnp.int32), jax.ShapeDtypeStruct((t, st.top_k), jnp.float32)],
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",), allow_input_fusion=[False, True]),
         cost_estimate=cost,
         interpret=st.interpret,
         name="moe_route",
-    )(layer.reshape(1), x, w_stack)
+    )(x, w)
