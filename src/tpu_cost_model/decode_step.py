@@ -44,7 +44,9 @@ NORM_STACKS = ("attn_norm", "ff_norm", "q_norm", "k_norm", "attn_post_norm", "ff
 
 
 class Kernels(NamedTuple):
-    rms_norm: Callable[..., Any]  # (x [..., D], weight [D] (or [G, D] with layer), eps, layer=None) -> x's shape
+    # (x [..., D], weight [D] (or [G, D] with layer), eps, layer=None, residual=None) -> x's shape, or with the
+    # residual stream given: (norm(x + residual), x + residual)
+    rms_norm: Callable[..., Any]
     # (qkv [B, heads x D], q_norm, k_norm [D] (or [G, D] with layer), (cos, sin) [B, D], Front, layer=None)
     #   -> q, k, v [B, heads, D]
     qk_rope: Callable[..., Any]
@@ -59,8 +61,8 @@ def hub_kernels(rms: Any, fa: Any, rd: Any, implementation: str | None = None, i
     """The step's ops from the loaded kernel packages (rms_norm, flash_attention, ragged_dot)."""
     kw = {"implementation": implementation, "interpret": interpret}
 
-    def norm(x, w, eps, layer=None):
-        return rms.rms_norm(x, w, eps=eps, layer=layer, **kw)
+    def norm(x, w, eps, layer=None, residual=None):
+        return rms.rms_norm(x, w, eps=eps, layer=layer, residual=residual, **kw)
 
     def qk_rope(qkv, qw, kw_, table, f: Front, layer=None):
         return rms.qk_norm_rope(qkv, qw, kw_, *table, q_heads=f.q_heads, kv_heads=f.kv_heads, eps=f.eps,
@@ -85,8 +87,8 @@ def transformers_kernels(rd: Any) -> Kernels:
     """transformers' decode math compiled whole: RMSNorm in XLA, attention over the whole static cache with K/V
     repeated to every query head, experts by the ragged dot's XLA path (one dense dot over the local experts)."""
 
-    def norm(x, w, eps, layer=None):
-        return xla_rms_norm(x, w, eps, layer)
+    def norm(x, w, eps, layer=None, residual=None):
+        return xla_rms_norm(x, w, eps, layer, residual)
 
     def moe(x, ids, w, gu, dn, activation, mesh, layer):
         return rd.moe_experts(x, ids, w, gu, dn, activation=activation, mesh=mesh,
@@ -95,9 +97,13 @@ def transformers_kernels(rd: Any) -> Kernels:
     return Kernels(norm, xla_qk_rope, repeat_kv_attention, moe, xla_route)
 
 
-def xla_rms_norm(x, w, eps, layer=None):
+def xla_rms_norm(x, w, eps, layer=None, residual=None):
+    """RMSNorm in XLA; with `residual`, (norm(x + residual), x + residual), as transformers adds then normalises."""
     import jax.numpy as jnp
 
+    if residual is not None:
+        total = x + residual
+        return xla_rms_norm(total, w, eps, layer), total
     w = w if layer is None else w[layer]
     xf = x.astype(jnp.float32)
     y = xf * jax_rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
@@ -295,15 +301,17 @@ def rope(x, table, rot: int):
     return (xf * cos + swapped * sin).astype(x.dtype)
 
 
-def attention_part(m: DecodeModel, kind: AttentionKind, kern: Kernels, lw: dict, h, kc, vc, kv_lens, pages, table,
-                   layer, reduce: Callable[[Any], Any], heads: tuple[int, int]):
+def attention_part(m: DecodeModel, kind: AttentionKind, kern: Kernels, lw: dict, h, pending, kc, vc, kv_lens, pages,
+                   table, layer, reduce: Callable[[Any], Any], heads: tuple[int, int]):
     """One device's attention of a layer (query heads and KV heads local), its output summed over the axis by
     `reduce`; `table` the kind's rope_table; kc, vc the kind's caches stacked over the groups, `layer` the group.
-    Returns (h after the attention's residual, k_cache, v_cache: the whole stacks, that group's rows written)."""
+    `pending`: the previous layer's output, not yet added to the residual stream `h`: the input norm adds it (one
+    kernel for the add and the norm). Returns (h with `pending` added, the attention's output (not yet added),
+    k_cache, v_cache: the whole stacks, that group's rows written)."""
     import jax.numpy as jnp
 
     b, d = h.shape[0], kind.head_dim
-    x = kern.rms_norm(h, lw["attn_norm"], m.eps, layer)
+    x, h = kern.rms_norm(pending, lw["attn_norm"], m.eps, layer, h)
     # one dot for the three projections ([B, heads x D], query heads, then key, then value heads), then the q/k
     # norms and the rotary embedding in one call that hands the attention [B, heads, D]
     front = Front(heads[0], heads[1], m.eps, "normed" if m.v_norm else "raw", kind.k_eq_v, rotated_dims(kind))
@@ -314,7 +322,7 @@ def attention_part(m: DecodeModel, kind: AttentionKind, kern: Kernels, lw: dict,
     out = reduce(o.reshape(b, -1) @ lw["wo"])
     if m.sandwich_norms:
         out = kern.rms_norm(out, lw["attn_post_norm"], m.eps, layer)
-    return h + out, kc, vc
+    return h, out, kc, vc
 
 
 def router(m: DecodeModel, kern: Kernels, lw: dict, h, x, layer):
@@ -334,10 +342,10 @@ def router(m: DecodeModel, kern: Kernels, lw: dict, h, x, layer):
     return ids, w
 
 
-def ff_inputs(m: DecodeModel, kern: Kernels, lw: dict, h, layer, reduce: Callable[[Any], Any]):
-    """One device's part before the experts: (the experts' input, ids, weights, the shared MLP's output or None);
-    the norms' weights are stacks read at `layer`."""
-    x = kern.rms_norm(h, lw["ff_norm"], m.eps, layer)
+def ff_inputs(m: DecodeModel, kern: Kernels, lw: dict, h, attn_out, layer, reduce: Callable[[Any], Any]):
+    """One device's part before the experts: (the experts' input, ids, weights, the shared MLP's output or None, h
+    with the attention's output added: the norm adds it); the norms' weights are stacks read at `layer`."""
+    x, h = kern.rms_norm(attn_out, lw["ff_norm"], m.eps, layer, h)
     ids, w = router(m, kern, lw, h, x, layer)
     shared = None
     if m.shared_intermediate:
@@ -347,14 +355,16 @@ def ff_inputs(m: DecodeModel, kern: Kernels, lw: dict, h, layer, reduce: Callabl
         shared = kern.rms_norm(reduce((g * (x @ lw["ws_up"])) @ lw["ws_down"]), lw["shared_post_norm"], m.eps,
                                layer)
         x = kern.rms_norm(h, lw["moe_pre_norm"], m.eps, layer)
-    return x, ids, w, shared
+    return x, ids, w, shared, h
 
 
-def ff_output(m: DecodeModel, kern: Kernels, lw: dict, h, moe_out, shared, layer):
+def ff_output(m: DecodeModel, kern: Kernels, lw: dict, moe_out, shared, layer):
+    """The layer's output, to be added to the residual stream by the next norm (the next layer's input norm, or the
+    final norm)."""
     if not m.sandwich_norms:
-        return h + moe_out
+        return moe_out
     y = kern.rms_norm(moe_out, lw["moe_post_norm"], m.eps, layer) + shared
-    return h + kern.rms_norm(y, lw["ff_post_norm"], m.eps, layer)
+    return kern.rms_norm(y, lw["ff_post_norm"], m.eps, layer)
 
 
 def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, model: DecodeModel, kernels: Kernels,
@@ -394,41 +404,45 @@ def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, mo
         angles[key] = angles.get(key) or rope_table(kv_lens - 1, kind)
     tables = [angles[(kind.head_dim, kind.rope_theta, kind.rotary_fraction)] for kind in m.pattern]
 
-    def group(h, lws, cs, i):
+    def group(h, pending, lws, cs, i):
         new = []
         for p, kind in enumerate(m.pattern):
             lw, (kc, vc) = {**lws[p], **stacks[p]}, cs[p]
             heads = (m.q_heads // n, kv_heads_per_device(kind.kv_heads, n))
             att = smap(functools.partial(attention_part, m, kind, kern, reduce=psum, heads=heads),
-                       in_specs=(lspecs[p], P(), cspec, cspec, P(), P(), P(), P()), out_specs=(P(), cspec, cspec))
-            h, kc, vc = att(lw, h, kc, vc, kv_lens, page_indices, tables[p], i)
-            pre = smap(functools.partial(ff_inputs, m, kern, reduce=psum), in_specs=(lspecs[p], P(), P()),
-                       out_specs=(P(), P(), P(), P()))
-            x, ids, w, shared = pre(lw, h, i)
+                       in_specs=(lspecs[p], P(), P(), cspec, cspec, P(), P(), P(), P()),
+                       out_specs=(P(), P(), cspec, cspec))
+            h, attn_out, kc, vc = att(lw, h, pending, kc, vc, kv_lens, page_indices, tables[p], i)
+            pre = smap(functools.partial(ff_inputs, m, kern, reduce=psum), in_specs=(lspecs[p], P(), P(), P()),
+                       out_specs=(P(), P(), P(), P(), P()))
+            x, ids, w, shared, h = pre(lw, h, attn_out, i)
             if routing is not None:
                 ids, w = routing[p]
             out = kern.moe(x, ids, w, *experts[p], m.activation, mesh, i)
             if m.sandwich_norms:  # the norms after the experts are kernels too: one device's copy each
-                post = smap(functools.partial(ff_output, m, kern), in_specs=(lspecs[p], P(), P(), P(), P()),
+                post = smap(functools.partial(ff_output, m, kern), in_specs=(lspecs[p], P(), P(), P()),
                             out_specs=P())
-                h = post(lw, h, out, shared, i)
+                pending = post(lw, out, shared, i)
             else:
-                h = ff_output(m, kern, lw, h, out, shared, i)
+                pending = ff_output(m, kern, lw, out, shared, i)
             new.append((kc, vc))
-        return h, new
+        return h, pending, new
 
+    # each layer's output rides to the next norm, which adds it to the residual stream (one kernel, no add op)
+    pending = jnp.zeros_like(h)
     if routing is None:  # the whole cache stacks ride in the carry; the attention writes group i's rows in place
         def body(carry, lws):
-            h, cs, i = carry
-            h, cs = group(h, lws, cs, i)
-            return (h, cs, i + 1), None
+            h, pending, cs, i = carry
+            h, pending, cs = group(h, pending, lws, cs, i)
+            return (h, pending, cs, i + 1), None
 
-        (h, caches, _), _ = jax.lax.scan(body, (h, caches, jnp.int32(0)), scanned)
+        (h, pending, caches, _), _ = jax.lax.scan(body, (h, pending, caches, jnp.int32(0)), scanned)
     elif layers:  # one group, unscanned (the cost model's walk; params and caches hold one group)
-        h, caches = group(h, [jax.tree.map(lambda a: a[0], lw) for lw in scanned], caches, jnp.int32(0))
+        h, pending, caches = group(h, pending, [jax.tree.map(lambda a: a[0], lw) for lw in scanned], caches,
+                                   jnp.int32(0))
 
-    def head(h, norm_w, table):
-        x = kern.rms_norm(h, norm_w, m.eps)
+    def head(h, pending, norm_w, table):
+        x, _ = kern.rms_norm(pending, norm_w, m.eps, None, h)
         logits = jax.lax.dot_general(x, table, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         if m.logit_softcap:
             logits = jnp.tanh(logits / m.logit_softcap) * m.logit_softcap
@@ -438,5 +452,5 @@ def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, mo
         return jnp.take_along_axis(all_idx, jnp.argmax(all_best, axis=0)[None], axis=0)[0]
 
     table = params["embed"] if m.tied_embeddings else params["lm_head"]
-    nxt = smap(head, in_specs=(P(), P(), P(AXIS, None)), out_specs=P())(h, params["final_norm"], table)
+    nxt = smap(head, in_specs=(P(), P(), P(), P(AXIS, None)), out_specs=P())(h, pending, params["final_norm"], table)
     return nxt, caches

@@ -24,7 +24,7 @@ from ._vendor.layer_index import layer_index
 from .config import RMSNormConfig, block_rows
 from .operands import check_operands, check_qk_rope_operands
 from .pallas_qk_rope import QKRopeStatic, qk_rope_forward
-from .pallas_rms import RMSStatic, rms_backward, rms_forward, rms_forward_stacked
+from .pallas_rms import RMSStatic, rms_add_forward, rms_backward, rms_forward, rms_forward_stacked
 
 IMPLEMENTATIONS: tuple[str, ...] = ("pallas", "xla", "autodiff")
 
@@ -90,6 +90,44 @@ def _rms_stacked_bwd(impl, st, residuals, dy):
 _rms_stacked.defvjp(_rms_stacked_fwd, _rms_stacked_bwd)
 
 
+def _add_xla(st: RMSStatic, layer, x2, r2, w_stack):
+    """The fused add's arithmetic on whole arrays: (norm of s, s) with s = x + residual in x's dtype."""
+    total = (x2.astype(jnp.float32) + r2.astype(jnp.float32)).astype(x2.dtype)
+    return _fwd_impl("xla", st, total, _row(w_stack, layer)), total
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _rms_add(impl: str, st: RMSStatic, layer, x2, r2, w_stack):
+    if impl == "pallas":
+        return tuple(rms_add_forward(st, x2, r2, w_stack, layer))
+    return _add_xla(st, layer, x2, r2, w_stack)
+
+
+def _rms_add_fwd(impl, st, layer, x2, r2, w_stack):
+    return _rms_add(impl, st, layer, x2, r2, w_stack), (layer, x2, r2, w_stack)
+
+
+def _rms_add_bwd(impl, st, residuals, cts):
+    """Every implementation's gradient is the XLA arithmetic's, differentiated by jax (recomputed, not stored)."""
+    layer, *args = residuals
+    _, vjp = jax.vjp(functools.partial(_add_xla, st, layer), *args)
+    return (None, *vjp(cts))
+
+
+_rms_add.defvjp(_rms_add_fwd, _rms_add_bwd)
+
+
+@functools.partial(jax.jit, static_argnames=("impl", "eps", "zero_centered", "scale_after_cast", "config",
+                                             "interpret"))
+def _run_add(x, residual, w_stack, layer, *, impl, eps, zero_centered, scale_after_cast, config, interpret):
+    h = x.shape[-1]
+    st = RMSStatic(eps=eps, zero_centered=zero_centered, scale_after_cast=scale_after_cast,
+                   block_rows=block_rows(x.reshape(-1, h).shape[0], h, config), interpret=interpret)
+    impl = "xla" if impl == "autodiff" else impl
+    y, total = _rms_add(impl, st, layer, x.reshape(-1, h), residual.reshape(-1, h), w_stack)
+    return y.reshape(x.shape), total.reshape(x.shape)
+
+
 @functools.partial(jax.jit, static_argnames=("impl", "eps", "zero_centered", "scale_after_cast", "config",
                                              "interpret"))
 def _run(x, w, layer, *, impl, eps, zero_centered, scale_after_cast, config, interpret):
@@ -117,8 +155,13 @@ def rms_norm(
     interpret: Any = None,
     config: RMSNormConfig | None = None,
     layer: int | jax.Array | None = None,
-) -> jax.Array:
+    residual: jax.Array | None = None,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
     """RMSNorm of x[..., H] over its last axis with weight[H] -> x's shape and dtype, computed in float32.
+
+    residual: None, or the residual stream (x's shape and dtype): the call adds x to it first and returns
+    (RMSNorm(x + residual), x + residual), the sum rounded to x's dtype as a model's residual stream is (vLLM's
+    fused_add_rms_norm). One pass over the rows instead of an add and a norm: at decode the add is an op of its own.
 
     layer: None, or an integer scalar (an int, or an int32 0-d array, possibly traced: a scan's counter) with weight
     stacked over layers, [L, H]: the call reads row `layer` inside the kernel, so a model scanning its layers takes
@@ -141,6 +184,18 @@ def rms_norm(
         layer = layer_index(layer, weight.shape[0], "rms_norm")
     eps = check_operands(x.shape, weight.shape[-1:] if layer is not None else weight.shape, eps)
     cfg = config or RMSNormConfig()
+    if residual is not None:
+        residual = jnp.asarray(residual)
+        if residual.shape != x.shape or residual.dtype != x.dtype:
+            raise ValueError(f"rms_norm: residual must have x's shape and dtype {x.shape} {x.dtype}, got "
+                             f"{residual.shape} {residual.dtype}")
+        stack, at = (weight, layer) if layer is not None else (weight[None], jnp.zeros((), jnp.int32))
+        if x.size == 0:
+            return jnp.zeros(x.shape, x.dtype), jnp.zeros(x.shape, x.dtype)
+        run_add = lambda impl, mode: _run_add(x, residual, stack, at, impl=impl, eps=eps,
+                                              zero_centered=bool(zero_centered),
+                                              scale_after_cast=bool(scale_after_cast), config=cfg, interpret=mode)
+        return run_dispatch(_DISPATCH, implementation, interpret, (x, weight), run_add, "the RMSNorm kernel")
     if x.size == 0:
         return jnp.zeros(x.shape, x.dtype)
     run = lambda impl, mode: _run(x, weight, layer, impl=impl, eps=eps, zero_centered=bool(zero_centered),

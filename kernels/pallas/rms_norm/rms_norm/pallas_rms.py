@@ -46,6 +46,13 @@ def _forward_stacked_kernel(l_ref, x_ref, w_ref, o_ref, *, st: RMSStatic, layers
                                  scale_after_cast=st.scale_after_cast)
 
 
+def _add_kernel(l_ref, x_ref, r_ref, w_ref, y_ref, s_ref, *, st: RMSStatic, layers: int):
+    total = (x_ref[...].astype(jnp.float32) + r_ref[...].astype(jnp.float32)).astype(s_ref.dtype)
+    s_ref[...] = total
+    y_ref[...] = formula.forward(total, select_row(w_ref[...], l_ref[0], layers), eps=st.eps,
+                                 zero_centered=st.zero_centered, scale_after_cast=st.scale_after_cast)
+
+
 def _backward_kernel(x_ref, w_ref, dy_ref, dx_ref, dw_ref, *, st: RMSStatic, rows: int):
     dx, contrib = formula.backward(x_ref[...], w_ref[...], dy_ref[...], eps=st.eps, zero_centered=st.zero_centered)
     dx_ref[...] = dx.astype(dx_ref.dtype)
@@ -99,6 +106,29 @@ def rms_forward_stacked(st: RMSStatic, x: jax.Array, w_stack: jax.Array, layer: 
         interpret=st.interpret,
         name="rms_norm_fwd",
     )(layer.reshape(1), x, w_stack)
+
+
+def rms_add_forward(st: RMSStatic, x: jax.Array, residual: jax.Array, w_stack: jax.Array, layer: jax.Array
+                    ) -> tuple[jax.Array, jax.Array]:
+    """(y, s) [R, H] in x's dtype: s = x + residual (rounded to x's dtype, as the residual stream is), y its RMSNorm
+    with row `layer` of w_stack [L, H]: the residual add and the norm after it in one pass over the rows."""
+    r, h = x.shape
+    br, layers = st.block_rows, w_stack.shape[0]
+    rows = pl.BlockSpec((br, h), lambda i, l_ref: (i, 0))
+    itemsize = jnp.dtype(x.dtype).itemsize
+    cost = pl.CostEstimate(flops=6 * r * h, transcendentals=r,
+                           bytes_accessed=4 * r * h * itemsize + 16 * h * jnp.dtype(w_stack.dtype).itemsize)
+    out = jax.ShapeDtypeStruct((r, h), x.dtype)
+    return pl.pallas_call(
+        functools.partial(_add_kernel, st=st, layers=layers),
+        grid_spec=pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=(cdiv(r, br),),
+                                               in_specs=[rows, rows, stack_spec(layers, h)], out_specs=[rows, rows]),
+        out_shape=[out, out],
+        compiler_params=_params(),
+        cost_estimate=cost,
+        interpret=st.interpret,
+        name="rms_norm_add",
+    )(layer.reshape(1), x, residual, w_stack)
 
 
 def rms_backward(st: RMSStatic, x: jax.Array, w: jax.Array, dy: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -6,7 +6,8 @@ tokens) and prefill (4096 tokens), forward and backward (the dx / dw-partials ke
 alternate so both are compiled. `qk_norm_rope` at the seed models' attention fronts on one of 8 devices (Qwen3:
 4 query + 1 KV heads of 128; Gemma 4 sliding: 2 + 1 of 256, values normed; Gemma 4 global: 2 + 1 of 512, keys =
 values, a quarter rotated), decode and prefill, forward (its backward is XLA's). Both ops with their weights
-stacked over 48 layers (`layer=`, traced) at decode. Never imports kernel_hub.
+stacked over 48 layers (`layer=`, traced) at decode; rms_norm with the residual add fused (`residual=`) there too.
+Never imports kernel_hub.
 """
 
 from __future__ import annotations
@@ -49,8 +50,10 @@ FRONTS = {"qwen3": (4, 1, 128, 128, "raw", False), "gemma4_sliding": (2, 1, 256,
 LAYERS = 48
 
 
-def stacked_builder(tokens: int, hidden: int, dtype: str) -> Callable[[bool], Callable[[], Built]]:
-    """make(grad): rms_norm reading row `layer` (traced) of a [LAYERS, hidden] weight stack, or its gradient."""
+def stacked_builder(tokens: int, hidden: int, dtype: str, residual: bool = False
+                    ) -> Callable[[bool], Callable[[], Built]]:
+    """make(grad): rms_norm reading row `layer` (traced) of a [LAYERS, hidden] weight stack (with the residual add
+    fused: its normed output), or its gradient."""
 
     def make(grad: bool) -> Callable[[], Built]:
         def build() -> Built:
@@ -59,8 +62,13 @@ def stacked_builder(tokens: int, hidden: int, dtype: str) -> Callable[[bool], Ca
             from .api import rms_norm
 
             sds = jax.ShapeDtypeStruct
-            args = (sds((tokens, hidden), dtype), sds((LAYERS, hidden), dtype), sds((), "int32"))
-            fn = lambda x, w, i: rms_norm(x, w, eps=1e-6, layer=i, implementation="pallas", interpret=False)
+            args = (sds((tokens, hidden), dtype), sds((LAYERS, hidden), dtype), sds((), "int32"),
+                    sds((tokens, hidden), dtype))
+            if residual:
+                fn = lambda x, w, i, r: rms_norm(x, w, eps=1e-6, layer=i, residual=r, implementation="pallas",
+                                                 interpret=False)[0]
+            else:
+                fn = lambda x, w, i, r: rms_norm(x, w, eps=1e-6, layer=i, implementation="pallas", interpret=False)
             return forward_or_grad(fn, args, grad, (0, 1))
 
         return build
@@ -106,6 +114,8 @@ def compile_cases() -> list[CompileCase]:
     for hidden in (2048, 2816):  # Qwen3-30B-A3B's and Gemma 4 26B-A4B's hidden sizes
         out += fwd_bwd(f"decode_t64_h{hidden}_layers{LAYERS}:bf16", "bfloat16", ("decode", "bfloat16"),
                        stacked_builder(64, hidden, "bfloat16"), backward=True)
+        out += fwd_bwd(f"decode_t64_h{hidden}_layers{LAYERS}_add:bf16", "bfloat16", ("decode", "bfloat16"),
+                       stacked_builder(64, hidden, "bfloat16", residual=True), backward=False)
     for phase, tokens in TOKENS.items():
         for i, hidden in enumerate(HIDDEN):
             for dtype in DTYPES:

@@ -190,3 +190,33 @@ def test_layer_reads_its_row_of_a_stacked_weight(impl, layers, at):
 def test_a_bad_layer_or_stack_is_refused(weight, layer, match):
     with pytest.raises(ValueError, match=match):
         rn.rms_norm(jnp.ones((3, 256)), jnp.ones(weight), eps=1e-6, layer=layer)
+
+
+@pytest.mark.parametrize("impl", ["pallas", "xla"])
+@pytest.mark.parametrize(("dtype", "layers"), [("bfloat16", None), ("float32", 20)])
+def test_residual_is_added_first_and_returned(impl, dtype, layers):
+    """rms_norm(x, w, residual=r) -> (norm(x + r), x + r), the sum rounded to x's dtype before the norm reads it
+    (as transformers' residual stream is); with layer= on a stack as well; gradients reach x, r and the weight."""
+    x, w, dy = _inputs((37, 256), dtype, seed=11)
+    r = jnp.asarray(np.random.default_rng(12).standard_normal((37, 256)).astype(np.float32) * 3.0, dtype)
+    stack = None if layers is None else jnp.asarray(
+        np.random.default_rng(13).standard_normal((layers, 256)).astype(np.float32) + 1.0, dtype)
+    weight, kw = (w, {}) if layers is None else (stack, {"layer": 17})
+    row = w if layers is None else stack[17]
+    y, total = rn.rms_norm(x, weight, eps=1e-6, residual=r, implementation=impl, config=TILES, **kw)
+    want_total = np.asarray((x.astype(jnp.float32) + r.astype(jnp.float32)).astype(dtype), np.float32)
+    np.testing.assert_array_equal(np.asarray(total, np.float32), want_total)
+    ref = rn.reference_rms_norm(want_total.astype(np.float64), _f64(row), eps=1e-6)
+    assert y.dtype == total.dtype == x.dtype
+    assert relative_error(np.asarray(y, np.float32), ref) <= tolerance(dtype)
+    plain = rn.rms_norm(total, row, eps=1e-6, implementation=impl, config=TILES)
+    np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(plain, np.float32))
+
+    def loss(a, b, c):
+        out, s = rn.rms_norm(a, c, eps=1e-6, residual=b, implementation=impl, config=TILES, **kw)
+        return jnp.sum(out.astype(jnp.float32) * dy.astype(jnp.float32)) + jnp.sum(s.astype(jnp.float32))
+    dx, dr, dw = jax.grad(loss, argnums=(0, 1, 2))(x, r, weight)
+    assert np.all(np.isfinite(np.asarray(dx, np.float32))) and float(jnp.max(jnp.abs(dw.astype(jnp.float32)))) > 0
+    np.testing.assert_array_equal(np.asarray(dx, np.float32), np.asarray(dr, np.float32))  # d/dx = d/dr
+    with pytest.raises(ValueError, match="residual must have"):
+        rn.rms_norm(x, weight, eps=1e-6, residual=r[:3], **kw)
