@@ -13,12 +13,17 @@ def check_operands(x_shape: Sequence[int], w_shape: Sequence[int], eps: Any) -> 
         raise ValueError("rms_norm: x must have at least one axis (the hidden axis is the last)")
     if tuple(w_shape) != (x_shape[-1],):
         raise ValueError(f"rms_norm: weight must have shape ({x_shape[-1]},) (x's last axis), got {tuple(w_shape)}")
+    return check_eps(eps, "rms_norm")
+
+
+def check_eps(eps: Any, who: str) -> float:
+    """eps as a float >= 0; ValueError naming `who` otherwise."""
     try:
         eps = float(eps)
     except (TypeError, ValueError):
-        raise ValueError(f"rms_norm: eps must be a number, got {eps!r}") from None
+        raise ValueError(f"{who}: eps must be a number, got {eps!r}") from None
     if not eps >= 0.0:
-        raise ValueError(f"rms_norm: eps must be >= 0, got {eps}")
+        raise ValueError(f"{who}: eps must be >= 0, got {eps}")
     return eps
 
 
@@ -47,11 +52,6 @@ def check_qk_rope_operands(qkv_shape: Sequence[int], q_weight_shape: Sequence[in
     rot = d if rotary_dims is None else rotary_dims
     if not isinstance(rot, int) or rot <= 0 or rot % 2 or rot > d:
         raise ValueError(f"{name}: rotary_dims must be an even int in (0, head_dim={d}], got {rotary_dims!r}")
-    try:
-        eps = float(eps)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name}: eps must be a number, got {eps!r}") from None
-    if not eps >= 0.0:
-        raise ValueError(f"{name}: eps must be >= 0, got {eps}")
+    eps = check_eps(eps, name)
     return {"q_heads": q_heads, "kv_heads": kv_heads, "head_dim": d, "half": rot // 2, "eps": eps, "values": values,
             "keys_are_values": bool(keys_are_values)}
