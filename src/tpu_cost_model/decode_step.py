@@ -7,7 +7,7 @@ and the KV caches are never sliced per layer: they stay whole stacks over the gr
 caches in the scan's carry) and the kernels take the scan's counter as `layer=`, reading (and for the caches writing)
 that group's layer in place; only the small dense weights are the scan's xs.
 
-`Kernels` names the four ops the step calls; `hub_kernels(rms, fa, rd, ...)` takes them from the loaded kernel
+`Kernels` names the five ops the step calls; `hub_kernels(rms, fa, rd, ...)` takes them from the loaded kernel
 packages (the rms_norm, flash_attention and ragged_dot modules, imported by kernel-hub's verified loader), with an
 `implementation=` for all of them (None: each kernel's order for the platform; "xla": JAX's own ops, the
 jax_default path). The attention's projections are one fused dot (`wqkv`, each device's query, key and value columns
@@ -52,9 +52,9 @@ class Kernels(NamedTuple):
     qk_rope: Callable[..., Any]
     # (q, k, v, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, window, scale, layer): caches [L, pages, ...]
     attention: Callable[..., Any]
-    moe: Callable[..., Any]
+    moe: Callable[..., Any]  # (x, ids, weights, w_gate_up [L, E, ..], w_down [L, E, ..], activation, mesh, layer)
     # (x [B, H], router [H, E] (or [G, H, E] with layer), top_k, layer=None) -> ids [B, k] int32, weights [B, k] f32
-    route: Callable[..., Any]  # (x, ids, weights, w_gate_up [L, E, ..], w_down [L, E, ..], activation, mesh, layer)
+    route: Callable[..., Any]
 
 
 def hub_kernels(rms: Any, fa: Any, rd: Any, implementation: str | None = None, interpret: Any = None) -> Kernels:
