@@ -6,7 +6,8 @@ Pallas path of every TPU validation case, forward and backward (the custom_vjp's
 f32, the MoE expert projections (gate_up and down) of four models (moe_shapes.py) at decode (64 tokens)
 and prefill (4096 tokens), the moe_experts validation cases (one chip, forward and backward), and the quantized
 (int8, fp8) cases of quant_cases.py; `moe_route` at the seed models' routers (Qwen3-30B-A3B: 2048 x 128, top 8;
-Gemma 4 26B-A4B: 2816 x 128, top 8) at decode and prefill, reading a 48-layer stack at a traced layer. Never imports
+Gemma 4 26B-A4B: 2816 x 128, top 8; Mixtral 8x7B: 4096 x 8, top 2; GPT-OSS-20B: 2880 x 32, top 4) at decode and
+prefill, reading a 48-layer stack at a traced layer. Never imports
 kernel_hub.
 """
 
@@ -71,7 +72,8 @@ def moe_builder(case: Any) -> Callable[[bool], Callable[[], Built]]:
 
 
 #: (hidden, experts, top k) of the seed models' routers.
-ROUTERS = {"qwen3_30b_a3b": (2048, 128, 8), "gemma4_26b_a4b": (2816, 128, 8)}
+ROUTERS = {"qwen3_30b_a3b": (2048, 128, 8), "gemma4_26b_a4b": (2816, 128, 8), "mixtral_8x7b": (4096, 8, 2),
+           "gpt_oss_20b": (2880, 32, 4)}
 
 
 def route_builder(tokens: int, hidden: int, experts: int, k: int, dtype: str) -> Callable[[bool], Callable[[], Built]]:
