@@ -87,48 +87,42 @@ def rms_forward(st: RMSStatic, x: jax.Array, w: jax.Array) -> jax.Array:
     )(x, w.reshape(1, h))
 
 
-def rms_forward_stacked(st: RMSStatic, x: jax.Array, w_stack: jax.Array, layer: jax.Array) -> jax.Array:
-    """y [R, H] in x's dtype for x [R, H] and the weight row `layer` (an int32 0-d array in range) of w_stack [L, H],
-    read in the kernel (the stack's block holding it scalar-prefetched by layer): no slice is taken outside."""
+def _stacked_rows_call(kernel, name: str, st: RMSStatic, row_inputs: tuple[jax.Array, ...], outputs: int,
+                       w_stack: jax.Array, layer: jax.Array, flops_per_element: int):
+    """A pallas_call over blocks of rows of [R, H] arrays (`row_inputs`, then `outputs` of x's shape and dtype)
+    reading row `layer` (an int32 0-d array in range) of w_stack [L, H] in the kernel: the stack's block holding it,
+    scalar-prefetched by layer, so no slice is taken outside."""
+    x = row_inputs[0]
     r, h = x.shape
     br, layers = st.block_rows, w_stack.shape[0]
     rows = pl.BlockSpec((br, h), lambda i, l_ref: (i, 0))
-    itemsize = jnp.dtype(x.dtype).itemsize
-    cost = pl.CostEstimate(flops=5 * r * h, transcendentals=r,
-                           bytes_accessed=2 * r * h * itemsize + 16 * h * jnp.dtype(w_stack.dtype).itemsize)
+    moved = (len(row_inputs) + outputs) * r * h * jnp.dtype(x.dtype).itemsize
+    cost = pl.CostEstimate(flops=flops_per_element * r * h, transcendentals=r,
+                           bytes_accessed=moved + 16 * h * jnp.dtype(w_stack.dtype).itemsize)
+    out = jax.ShapeDtypeStruct((r, h), x.dtype)
     return pl.pallas_call(
-        functools.partial(_forward_stacked_kernel, st=st, layers=layers),
-        grid_spec=pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=(cdiv(r, br),),
-                                               in_specs=[rows, stack_spec(layers, h)], out_specs=rows),
-        out_shape=jax.ShapeDtypeStruct((r, h), x.dtype),
+        functools.partial(kernel, st=st, layers=layers),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(cdiv(r, br),), in_specs=[rows] * len(row_inputs) + [stack_spec(layers, h)],
+            out_specs=rows if outputs == 1 else [rows] * outputs),
+        out_shape=out if outputs == 1 else [out] * outputs,
         compiler_params=_params(),
         cost_estimate=cost,
         interpret=st.interpret,
-        name="rms_norm_fwd",
-    )(layer.reshape(1), x, w_stack)
+        name=name,
+    )(layer.reshape(1), *row_inputs, w_stack)
+
+
+def rms_forward_stacked(st: RMSStatic, x: jax.Array, w_stack: jax.Array, layer: jax.Array) -> jax.Array:
+    """y [R, H] in x's dtype for x [R, H] and the weight row `layer` of w_stack [L, H], read in the kernel."""
+    return _stacked_rows_call(_forward_stacked_kernel, "rms_norm_fwd", st, (x,), 1, w_stack, layer, 5)
 
 
 def rms_add_forward(st: RMSStatic, x: jax.Array, residual: jax.Array, w_stack: jax.Array, layer: jax.Array
                     ) -> tuple[jax.Array, jax.Array]:
     """(y, s) [R, H] in x's dtype: s = x + residual (rounded to x's dtype, as the residual stream is), y its RMSNorm
     with row `layer` of w_stack [L, H]: the residual add and the norm after it in one pass over the rows."""
-    r, h = x.shape
-    br, layers = st.block_rows, w_stack.shape[0]
-    rows = pl.BlockSpec((br, h), lambda i, l_ref: (i, 0))
-    itemsize = jnp.dtype(x.dtype).itemsize
-    cost = pl.CostEstimate(flops=6 * r * h, transcendentals=r,
-                           bytes_accessed=4 * r * h * itemsize + 16 * h * jnp.dtype(w_stack.dtype).itemsize)
-    out = jax.ShapeDtypeStruct((r, h), x.dtype)
-    return pl.pallas_call(
-        functools.partial(_add_kernel, st=st, layers=layers),
-        grid_spec=pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=(cdiv(r, br),),
-                                               in_specs=[rows, rows, stack_spec(layers, h)], out_specs=[rows, rows]),
-        out_shape=[out, out],
-        compiler_params=_params(),
-        cost_estimate=cost,
-        interpret=st.interpret,
-        name="rms_norm_add",
-    )(layer.reshape(1), x, residual, w_stack)
+    return tuple(_stacked_rows_call(_add_kernel, "rms_norm_add", st, (x, residual), 2, w_stack, layer, 6))
 
 
 def rms_backward(st: RMSStatic, x: jax.Array, w: jax.Array, dy: jax.Array) -> tuple[jax.Array, jax.Array]:
