@@ -57,8 +57,10 @@ class Kernels(NamedTuple):
     route: Callable[..., Any]
 
 
-def hub_kernels(rms: Any, fa: Any, rd: Any, implementation: str | None = None, interpret: Any = None) -> Kernels:
-    """The step's ops from the loaded kernel packages (rms_norm, flash_attention, ragged_dot)."""
+def hub_kernels(rms: Any, fa: Any, rd: Any, implementation: str | None = None, interpret: Any = None,
+                formulation: str | None = None) -> Kernels:
+    """The step's ops from the loaded kernel packages (rms_norm, flash_attention, ragged_dot); `formulation`: how
+    moe_experts runs each device's experts (None: its own choice, ragged_dot's moe/formulation.py)."""
     kw = {"implementation": implementation, "interpret": interpret}
 
     def norm(x, w, eps, layer=None, residual=None):
@@ -75,7 +77,7 @@ def hub_kernels(rms: Any, fa: Any, rd: Any, implementation: str | None = None, i
 
     def moe(x, ids, w, gu, dn, activation, mesh, layer):
         return rd.moe_experts(x, ids, w, gu, dn, activation=activation, mesh=mesh,
-                              expert_axis=None if mesh is None else AXIS, layer=layer, **kw)
+                              expert_axis=None if mesh is None else AXIS, layer=layer, formulation=formulation, **kw)
 
     def route(x, w, k, layer=None):
         return rd.moe_route(x, w, top_k=k, layer=layer, **kw)

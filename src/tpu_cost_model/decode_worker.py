@@ -13,7 +13,8 @@ Per (model, batch, cache, generation, path) one row:
     schedule's constant bands (ScheduleCost.band), with each collective's fixed cost at the same end of its band.
 Paths: "hub" (the kernels' Pallas paths), "jax_default" (the same step on their XLA paths: lax.ragged_dot, XLA
 attention over the gathered pages, XLA RMSNorm), "default_compiled" (decode_step.transformers_kernels), "vllm_tpu"
-(modeled only: the hub step with vLLM TPU's attention and gmm swapped in, decode_vllm.py).
+(modeled only: the hub step with its experts sorted through two ragged dots, the glue vLLM's gmm needs, compiled for
+those XLA ops, and vLLM TPU's attention and gmm swapped in for ours, decode_vllm.py).
 """
 
 from __future__ import annotations
@@ -50,8 +51,10 @@ STEP = "stacked"
 
 
 def path_kernels(path: str, rms: ModuleType, fa: ModuleType, rd: ModuleType) -> Kernels:
-    if path in ("hub", "vllm_tpu"):  # vllm_tpu: the hub step, its attention and ragged dots swapped when modeled
+    if path == "hub":
         return hub_kernels(rms, fa, rd, "pallas", False)
+    if path == "vllm_tpu":  # the hub step with its experts sorted through ragged dots, kernels swapped when modeled
+        return hub_kernels(rms, fa, rd, "pallas", False, formulation="sorted")
     if path == "jax_default":
         return hub_kernels(rms, fa, rd, "xla")
     if path == "default_compiled":
@@ -271,7 +274,6 @@ def run_decode(request: JsonDict, emit: Emit) -> int:
     wanted = request.get("compile")
     wanted = None if wanted is None else {tuple(w) for w in wanted}
     for generation in request["generations"]:
-        programs: dict[tuple, CompiledCost | str] = {}
         with slice_target(generation) as devices:
             for name in request["models"]:
                 m = reduced(model_named(name), request.get("groups"))
@@ -290,10 +292,8 @@ def run_decode(request: JsonDict, emit: Emit) -> int:
                                     wanted is None or key in wanted):
                                 row |= compile_step(m, kern, batch, cache, devices)
                             program = row.pop("_program", None)
-                            if path == "hub" and program is not None:
-                                programs[(name, batch, cache)] = program
-                            if path == "vllm_tpu":  # the hub step with two kernels swapped: the hub's glue
-                                program = programs.get((name, batch, cache))
+                            if path == "vllm_tpu" and not request.get("model_only"):  # the glue of vLLM's kernels
+                                program = compile_step(m, kern, batch, cache, devices).get("_program")
                             if not request.get("compile_only"):
                                 try:
                                     row |= modeled(m, kern, rd, batch, cache, devices, generation,

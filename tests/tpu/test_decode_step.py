@@ -126,7 +126,7 @@ def kernels():
 
 
 @pytest.mark.parametrize("name", ["qwen3_30b_a3b", "gemma4_26b_a4b"])
-@pytest.mark.parametrize("path", ["hub", "default_compiled"])
+@pytest.mark.parametrize("path", ["hub", "hub_dense", "default_compiled"])
 def test_decode_step_matches_numpy(kernels, name, path):
     m = dm.tiny(dm.MODELS[name])
     batch, cache = 3, 2 * PAGE
@@ -136,7 +136,8 @@ def test_decode_step_matches_numpy(kernels, name, path):
     pages = np.random.default_rng(3).permutation(batch * 2).astype(np.int32).reshape(batch, 2)
     tokens = np.array([0, 17, m.vocab - 1], np.int32)
     rms, fa, rd = kernels["rms_norm"], kernels["flash_attention"], kernels["ragged_dot"]
-    kern = ds.hub_kernels(rms, fa, rd) if path == "hub" else ds.transformers_kernels(rd)
+    kern = (ds.transformers_kernels(rd) if path == "default_compiled"
+            else ds.hub_kernels(rms, fa, rd, formulation="dense" if path == "hub_dense" else None))
     mesh = Mesh(np.array(jax.devices()[:1]), (ds.AXIS,))
     step = jax.jit(lambda p, c, t, k, pg: ds.decode_step(p, c, t, k, pg, model=m, kernels=kern, mesh=mesh))
     nxt, new = step(params, caches, tokens, kv_lens, pages)

@@ -51,7 +51,7 @@ def test_tiny_step_is_modeled_above_its_floor(rows, name):
     assert r["modeled_s"] is not None, r.get("model_error")
     lo, hi = r["band_s"]
     assert r["hbm_floor_s"] < lo <= r["modeled_s"] <= hi
-    # a norm, the attention and two ragged dots per layer at least
+    # a norm, the attention and the experts per layer at least
     assert r["kernel_calls"] >= 3 * dm.tiny(dm.MODELS[name], groups=GROUPS).layers
 
 

@@ -19,7 +19,7 @@ from .api import (
     ragged_dot,
     resolve_implementation,
 )
-from .moe.experts import ACTIVATIONS, moe_device_work, moe_experts, partition_specs, plan_dispatch
+from .moe.experts import ACTIVATIONS, moe_device_work, moe_experts, partition_specs, plan_dispatch, plan_formulation
 from .moe.plan import SCHEMES, MoeSizes, choose_scheme, collective_bytes, collectives, rows_per_device
 from .moe.route import moe_route
 from .pallas.config import RaggedDotConfig, default_config
@@ -43,6 +43,7 @@ __all__ = [
     "moe_route",
     "partition_specs",
     "plan_dispatch",
+    "plan_formulation",
     "race_checking_params",
     "races_found",
     "ragged_dot",

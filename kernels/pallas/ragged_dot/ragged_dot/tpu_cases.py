@@ -7,7 +7,9 @@ f32, the MoE expert projections (gate_up and down) of four models (moe_shapes.py
 and prefill (4096 tokens), the moe_experts validation cases (one chip, forward and backward), and the quantized
 (int8, fp8) cases of quant_cases.py; `moe_route` at the seed models' routers (Qwen3-30B-A3B: 2048 x 128, top 8;
 Gemma 4 26B-A4B: 2816 x 128, top 8; Mixtral 8x7B: 4096 x 8, top 2; GPT-OSS-20B: 2880 x 32, top 4) at decode and
-prefill, reading a 48-layer stack at a traced layer. Never imports
+prefill, reading a 48-layer stack at a traced layer; moe_experts' dense formulation on one device's experts of
+Qwen3, Gemma 4 and Mixtral under 8-way expert parallelism at decode (64 tokens and 1), stacked, and in f32 with its
+gradient. Never imports
 kernel_hub.
 """
 
@@ -92,6 +94,40 @@ def route_builder(tokens: int, hidden: int, experts: int, k: int, dtype: str) ->
     return make
 
 
+#: (layers, hidden, experts on one of 8 devices, I) of the seed models' expert blocks under 8-way expert parallelism.
+DENSE_EXPERTS = {"qwen3_30b_a3b": (48, 2048, 16, 768), "gemma4_26b_a4b": (30, 2816, 16, 704),
+                 "mixtral_8x7b": (32, 4096, 1, 14336)}
+
+
+def dense_builder(tokens: int, hidden: int, experts: int, inter: int, dtype: str, layers: int | None
+                  ) -> Callable[[bool], Callable[[], Built]]:
+    """make(grad): moe_experts(formulation="dense") on one device's experts (top 8 of 8x as many), the weights a
+    stack of `layers` read at a traced layer, or unstacked (None) with the gradient in x, the routing weights and
+    the weights."""
+
+    def make(grad: bool) -> Callable[[], Built]:
+        def build() -> Built:
+            import jax
+            import jax.numpy as jnp
+
+            from .moe.experts import moe_experts
+
+            sds = jax.ShapeDtypeStruct
+            lead = (layers,) if layers else ()
+            args = (sds((tokens, hidden), dtype), sds((tokens, 8), jnp.int32), sds((tokens, 8), dtype),
+                    sds((*lead, experts, hidden, 2 * inter), dtype), sds((*lead, experts, inter, hidden), dtype))
+            kw = {"implementation": "pallas", "interpret": False, "formulation": "dense"}
+            if layers:
+                return (lambda x, ids, w, gu, d, i: moe_experts(x, ids, w, gu, d, layer=i, **kw)), (*args, sds((),
+                                                                                                               "int32"))
+            fn = lambda x, ids, w, gu, d: moe_experts(x, ids, w, gu, d, **kw)
+            return forward_or_grad(fn, args, grad, (0, 2, 3, 4))
+
+        return build
+
+    return make
+
+
 def compile_cases() -> list[CompileCase]:
     """Every TPU compile case; the first forward and backward validation cases are also tagged "smoke"."""
     from .validation import MoeCase, cases
@@ -114,4 +150,10 @@ def compile_cases() -> list[CompileCase]:
         for phase, tokens in (("decode", 64), ("prefill", 4096)):
             out += fwd_bwd(f"route_{model}_{phase}_t{tokens}:bf16", "bfloat16", (phase, "bfloat16", "route"),
                            route_builder(tokens, hidden, experts, k, "bfloat16"), False)
+    for model, (layers, hidden, experts, inter) in DENSE_EXPERTS.items():
+        for tokens in (64, 1):
+            out += fwd_bwd(f"dense_{model}_decode_t{tokens}_stacked:bf16", "bfloat16", ("decode", "bfloat16", "dense"),
+                           dense_builder(tokens, hidden, experts, inter, "bfloat16", layers), False)
+    out += fwd_bwd("dense_decode_t64_e4:f32", "float32", ("decode", "float32", "dense"),
+                   dense_builder(64, 2048, 4, 768, "float32", None), True)
     return with_smoke(out, {out[0].name, out[1].name})

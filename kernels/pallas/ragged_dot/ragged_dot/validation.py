@@ -39,6 +39,7 @@ class MoeCase(Case):
     routing: str = "random"
     activation: str = "silu"
     mesh: bool = False  # on a one-device mesh (the expert-parallel shard_map path)
+    formulation: str | None = None  # moe_experts' formulation= (None: its own choice)
 
     def inputs(self, seed: int) -> dict[str, Any]:
         rng = np.random.default_rng(seed)
@@ -64,6 +65,8 @@ class MoeCase(Case):
             import jax
 
             kw.update(mesh=jax.sharding.Mesh(np.array(jax.devices()[:1]), ("expert",)), expert_axis="expert")
+        if self.formulation is not None:
+            kw["formulation"] = self.formulation
         args = [inputs[n] for n in ("x", "topk_ids", "topk_weights", "w_gate_up", "w_down")]
         return module.moe_experts(*args, activation=self.activation, **kw)
 
@@ -79,7 +82,8 @@ MOE_BF16_TOLERANCE = 2e-2
 
 def _moe_cases(impl: str | None, prefix: str) -> list[MoeCase]:
     """Every routing in f32; random and hot-expert routings and GELU (Gemma 4 runs bf16) in bf16; a one-device
-    mesh. Five compilations on CPU."""
+    mesh; on the Pallas path both formulations (at these sizes a TPU chooses "dense": the sorted one asked for).
+    Five compilations on CPU."""
     out = [MoeCase(f"{prefix}moe_{routing}_f32", "float32", impl, ("moe",), routing=routing)
            for routing in MOE_ROUTINGS]
     out += [MoeCase(f"{prefix}moe_{routing}_bf16", "bfloat16", impl, ("moe",), MOE_BF16_TOLERANCE, routing=routing)
@@ -87,6 +91,10 @@ def _moe_cases(impl: str | None, prefix: str) -> list[MoeCase]:
     out.append(MoeCase(f"{prefix}moe_gelu_bf16", "bfloat16", impl, ("moe",), MOE_BF16_TOLERANCE, activation="gelu"))
     out.append(MoeCase(f"{prefix}moe_mesh1_f32", "float32", impl, ("moe", "mesh"), mesh=True, routing="empty_experts",
                        t=13))
+    if impl == "pallas":
+        out += [MoeCase(f"{prefix}moe_sorted_{routing}_{SHORT[dt]}", dt, impl, ("moe", "sorted"),
+                        MOE_BF16_TOLERANCE if dt == "bfloat16" else None, routing=routing, formulation="sorted")
+                for dt, routing in (("float32", "empty_experts"), ("bfloat16", "random"))]
     return out
 
 
@@ -140,5 +148,10 @@ def cases(backend: str, framework: str = "jax") -> list[RaggedCase]:
         return [*workload_cases("cpu", "cpu_"), *_pallas_interpret_cases(), *_tpu_interpret_cases(), *oracle_cases(),
                 *_moe_cases("cpu", "cpu_"),
                 MoeCase("pallas_interpret_moe_f32", "float32", "pallas", ("moe", "interpret"), interpret="fast"),
+                MoeCase("pallas_interpret_moe_dense_f32", "float32", "pallas", ("moe", "interpret", "dense"),
+                        interpret="fast", routing="empty_experts", t=21, formulation="dense"),
+                MoeCase("tpu_interpret_moe_dense_bf16", "bfloat16", "pallas", ("moe", "tpu_interpret", "dense"),
+                        MOE_BF16_TOLERANCE, interpret="tpu", routing="hot_expert", t=16, h=128, i=128, e=4,
+                        formulation="dense"),
                 *quant_cases("cpu")]
     return oracle_cases() + workload_cases("cpu", "cpu_")[:2]

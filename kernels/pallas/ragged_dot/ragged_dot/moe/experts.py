@@ -32,9 +32,13 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from .._vendor.chips import VMEM_BUDGET_FRACTION, ChipFacts, chip_for_device_kind, tile_budget_bytes
 from .._vendor.interpret import resolve_interpret
 from .._vendor.platform import platform_of
 from ..api import implementations_for, ragged_dot
+from ..dispatch import target_chip
+from .dense import dense_local
+from .formulation import DenseCall, block_bytes, choose_formulation, dense_tile, padded_rows
 from .plan import SCHEMES, MoeSizes, choose_scheme, rows_per_device
 from .quant import Scales, check_scales, check_tensor_split, scale_specs, split_gate_up_scale
 
@@ -65,6 +69,9 @@ class _Plan:
     rows: int  # rows each device runs (psum / all_gather), or rows per destination x sources (all_to_all)
     implementation: str | tuple[str, ...]
     interpret: Any
+    formulation: str = "sorted"  # moe/formulation.py
+    dense_ti: int | None = None  # the dense kernel's I tile
+    dense_vmem: int | None = None  # its scoped-VMEM limit (None: the compiler's default)
 
     def axis_size(self, axis: str | None) -> int:
         return 1 if axis is None or self.mesh is None else int(self.mesh.shape[axis])
@@ -115,7 +122,15 @@ def _group(key: jax.Array, groups: int, rows: int) -> tuple[jax.Array, jax.Array
 def _local_rows(plan: _Plan, x: jax.Array, ids: jax.Array, weights: jax.Array, w_gu: GateUp,
                 w_down: jax.Array, first: jax.Array, rows: int, scales: Scales = (None, None),
                 layer: jax.Array | None = None) -> jax.Array:
-    """Partial [T, H] f32 output of this device's experts (global ids first .. first+El-1) over every token."""
+    """Partial [T, H] output of this device's experts (global ids first .. first+El-1) over every token: f32 when
+    sorted, x's dtype (summed in f32) when dense."""
+    if plan.formulation == "dense":
+        names = plan.implementation if isinstance(plan.implementation, tuple) else (plan.implementation,)
+        sorted_plan = dataclasses.replace(plan, formulation="sorted")
+        sorted_rows = functools.partial(_sorted_rows, sorted_plan, rows=rows, scales=scales)
+        return dense_local(x, ids, weights, w_gu, w_down, first, activation=ACTIVATIONS[plan.activation],
+                           pallas=names[0] == "pallas", ti=plan.dense_ti, vmem_limit=plan.dense_vmem,
+                           interpret=plan.interpret, sorted_rows=sorted_rows, layer=layer)
     t, k = ids.shape
     el = _local_experts(w_gu)
     local = ids.reshape(-1).astype(jnp.int32) - first
@@ -125,6 +140,11 @@ def _local_rows(plan: _Plan, x: jax.Array, ids: jax.Array, weights: jax.Array, w
     w = jnp.where(kept, weights.reshape(-1)[order].astype(jnp.float32), 0.0)
     y = _experts_on_sorted(plan, x[tok], sizes, w_gu, w_down, w, scales, layer)
     return jnp.zeros((t, x.shape[1]), jnp.float32).at[tok].add(y.astype(jnp.float32))
+
+
+def _sorted_rows(plan: _Plan, x, ids, weights, w_gu, w_down, first, layer, *, rows: int, scales: Scales):
+    """_local_rows of the sorted formulation, in the argument order the dense kernel's gradient calls it with."""
+    return _local_rows(plan, x, ids, weights, w_gu, w_down, first, rows, scales, layer)
 
 
 def _first_expert(plan: _Plan, experts_here: int) -> jax.Array:
@@ -338,6 +358,32 @@ def plan_dispatch(tokens: int, hidden: int, top_k: int, experts: int, *, expert_
     return scheme, rows, f"{why}; rows per device: {rows_why}"
 
 
+#: VMEM Mosaic keeps for itself beyond a raised scoped limit.
+_COMPILER_RESERVE = 8 * 2**20
+
+
+def plan_formulation(tokens: int, hidden: int, inter: int, *, chip: ChipFacts | None, itemsize: int = 2,
+                     gate_first: bool = True, quantized: bool = False, scheme: str = "psum", pallas: bool = True,
+                     formulation: str | None = None) -> tuple[str, int | None, int | None, str]:
+    """(formulation, the dense kernel's I tile, its scoped-VMEM limit or None, why): how one device runs its
+    experts (moe/formulation.py), for T tokens on it, its experts' I, on `chip` (None: off a known TPU)."""
+    budget = tile_budget_bytes(chip) if chip is not None else 1 << 62
+    call = DenseCall(tokens, hidden, inter, itemsize, chip.name if chip is not None else None, budget, gate_first,
+                     quantized, scheme, pallas)
+    name, why = choose_formulation(call, formulation)
+    if name != "dense":
+        return name, None, None, why
+    ti = dense_tile(call)
+    if ti is None:
+        raise ValueError(f"formulation='dense': even its smallest blocks exceed {call.chip}'s VMEM budget for "
+                         f"{tokens} tokens of width {hidden}; use formulation='sorted'")
+    need = block_bytes(padded_rows(tokens), hidden, ti, itemsize)
+    limit = None
+    if chip is not None and need > chip.scoped_vmem_bytes * VMEM_BUDGET_FRACTION:
+        limit = max(chip.scoped_vmem_bytes, chip.vmem_bytes - _COMPILER_RESERVE)
+    return name, ti, limit, f"{why}; I tile {ti}"
+
+
 def moe_experts(
     x: jax.Array,
     topk_ids: jax.Array,
@@ -356,6 +402,7 @@ def moe_experts(
     w_gate_up_scale: Any = None,
     w_down_scale: Any = None,
     layer: Any = None,
+    formulation: str | None = None,
 ) -> jax.Array:
     """Mixture-of-Experts expert block: out[t] = sum_j topk_weights[t,j] * expert_{topk_ids[t,j]}(x[t]).
 
@@ -382,6 +429,10 @@ def moe_experts(
       Pallas ragged dots reading that layer of the stacks in place (no copy of a layer's experts). On a mesh the
       experts (dim 1) split over expert_axis: partition_specs(..., stacked=True). Forward only; unquantized weights
       only; with tensor_axis, give w_gate_up as the pair.
+    formulation: how each device runs its experts: "sorted" (rows sorted by expert through two ragged dots) or
+      "dense" (every token through each local expert some token picked, one Pallas kernel: decode sizes); None
+      chooses (plan_formulation: dense on a known TPU while the tokens fit the MXU's rows, with the "psum"
+      dispatch and unquantized weights).
     """
     x, topk_ids, topk_weights, w_down = (jnp.asarray(a) for a in (x, topk_ids, topk_weights, w_down))
     w_gu = _as_gate_up(w_gate_up)
@@ -409,6 +460,13 @@ def moe_experts(
         scheme, rows, _ = plan_dispatch(t, x.shape[1], k, e, expert_devices=n_e, tensor_devices=n_t,
                                         itemsize=jnp.dtype(x.dtype).itemsize, dispatch=dispatch,
                                         capacity_factor=capacity_factor)
-    plan = _Plan(activation, mesh, expert_axis, tensor_axis, scheme, rows, names,
-                 resolve_interpret(interpret, platform))
+    interp = resolve_interpret(interpret, platform)
+    chip = (chip_for_device_kind(getattr(mesh.devices.flat[0], "device_kind", None)) if mesh is not None
+            else target_chip(interp))
+    first_name = names if isinstance(names, str) else names[0]
+    form, ti, vmem, _ = plan_formulation(
+        t, x.shape[1], i // n_t, chip=None if interp else chip, itemsize=jnp.dtype(x.dtype).itemsize,
+        gate_first=not isinstance(w_gu, tuple), quantized=any(s is not None for s in scales), scheme=scheme,
+        pallas=first_name == "pallas", formulation=formulation)
+    plan = _Plan(activation, mesh, expert_axis, tensor_axis, scheme, rows, names, interp, form, ti, vmem)
     return _moe(plan, x, topk_ids, topk_weights, w_gu, w_down, scales, layer)
