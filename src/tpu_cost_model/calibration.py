@@ -41,10 +41,12 @@ HOST_DISPATCH_S = 107.51e-6
 
 #: Every row's modeled time should be within this of its measured time.
 TARGET = 0.20
-KINDS = ("pallas_matmul", "xla_matmul", "streamed_copy", "gmm_v2", "rpa_v3", "hf_ragged_dot_tpu", "collective_permute")
+KINDS = ("pallas_matmul", "xla_matmul", "streamed_copy", "gmm_v2", "rpa_v3", "hf_ragged_dot_tpu", "collective_permute",
+         "splash_attention")
 #: The kinds the held-out error is reported by (a kind of schedule -> what it is).
 GROUPS = {"pallas_matmul": "Pallas matmul", "gmm_v2": "grouped matmul", "hf_ragged_dot_tpu": "grouped matmul",
-          "rpa_v3": "attention", "xla_matmul": "XLA op", "streamed_copy": "copy", "collective_permute": "collective"}
+          "rpa_v3": "attention", "splash_attention": "attention", "xla_matmul": "XLA op", "streamed_copy": "copy",
+          "collective_permute": "collective"}
 _FIELDS = {"id": str, "source": str, "quote": str, "chip": str, "kernel": str, "shapes": dict, "dtypes": dict,
            "includes": str, "harness": str, "timing": str, "use": str}
 

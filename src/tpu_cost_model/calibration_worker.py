@@ -99,6 +99,34 @@ def _rpa_v3(row: JsonDict) -> tuple[Any, tuple[Any, ...]]:
     return call, args
 
 
+def _splash(row: JsonDict) -> tuple[Any, tuple[Any, ...]]:
+    """jax's splash attention as the row's caller ran it (axlearn's tpu_flash_attention): q scaled and q, k, v
+    [B, S, H, D] transposed to [B, H, S, D] outside the kernel, make_splash_mha with the row's mask (a causal
+    LocalMask of `window` positions back, or CausalMask) and block sizes, vmapped over the batch, the output
+    transposed back."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
+    s, dt = row["shapes"], row["dtypes"]["q"]
+    b, seq, h, d, block = s["batch"], s["seq"], s["heads"], s["head_dim"], s["block"]
+    shape = (seq, seq)
+    one = (sm.LocalMask(shape, window_size=(s["window"], 0), offset=0) if s.get("window")
+           else sm.CausalMask(shape))
+    sizes = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block)
+    with jax.default_device(jax.devices("cpu")[0]):  # its block-sparsity tables are built on the host
+        kernel = jax.vmap(sk.make_splash_mha(mask=sm.MultiHeadMask([one] * h), block_sizes=sizes, head_shards=1,
+                                             q_seq_shards=1))
+    scale = d ** -0.5
+
+    def call(q, k, v):
+        heads_first = lambda x: jnp.einsum("btnh->bnth", x)
+        return jnp.einsum("bnth->btnh", kernel(heads_first(q * scale), heads_first(k), heads_first(v)))
+    arg = jax.ShapeDtypeStruct((b, seq, h, d), dt)
+    return call, (arg, arg, arg)
+
+
 #: The arguments a kind's caller donates: RPA writes the new keys and values into its cache in place.
 _DONATED = {"rpa_v3": (3,)}
 
@@ -126,7 +154,8 @@ def _build(row: JsonDict, peers: JsonDict) -> tuple[Any, tuple[Any, ...]]:
     if row["kernel"] in _PEER_KINDS:
         key, builder = _PEER_KINDS[row["kernel"]]
         return builder(row, load_peer(peers, key))
-    return {"pallas_matmul": _matmul, "rpa_v3": _rpa_v3, "xla_matmul": _xla_matmul}[row["kernel"]](row)
+    return {"pallas_matmul": _matmul, "rpa_v3": _rpa_v3, "xla_matmul": _xla_matmul,
+            "splash_attention": _splash}[row["kernel"]](row)
 
 
 def _peer_note(row: JsonDict, peers: JsonDict, shims: list[str]) -> JsonDict:

@@ -266,7 +266,8 @@ for name in ("rpa_v3_hd64", "gmm_v2_gather_scatter"):
 out["refused"] = refused
 out["row"] = model_row(row) if "--row" in sys.argv else None
 rows = {r["id"]: r for r in calibration.load()["rows"]}
-sample = ("tpu7x-rpa_v3-prefill-32-4-1k", "tpu7x-rpa_v3-prefill-32-4-2k", "tpu7x-rpa_v3-prefill-32-32-1k")
+sample = ("tpu7x-rpa_v3-prefill-32-4-1k", "tpu7x-rpa_v3-prefill-32-4-2k", "tpu7x-rpa_v3-prefill-32-32-1k",
+          "v5p-splash-local1k-b2-s8192-h16-d128", "v5p-splash-local1k-b2-s8192-h110-d128")
 out["attention"] = {i: model_row(rows[i]) for i in sample} if "--row" in sys.argv else {}
 print(json.dumps(out))
 """
@@ -317,13 +318,17 @@ def test_rpa_v3_decode_row_is_the_stream_fraction_fit(walked):
 
 
 def test_held_out_attention_sample_is_within_target(walked):
-    """Causal prefill at 1K and 2K (32:4 and 32:32, one device of a v7x), none of them fitted: the held-out error
-    the code computes on them is within 20% (the whole table's, longer to walk, is bench/records/tpu_held_out.json)."""
+    """Causal prefill at 1K and 2K (32:4 and 32:32, one device of a v7x) and jax's splash attention with a 1K
+    sliding window on a v5p (axlearn's 16- and 110-head layers, host-timed), none of them fitted: the held-out
+    error the code computes on them is within 20% (the whole table's, longer to walk, is
+    bench/records/tpu_held_out.json)."""
     results = [{**ROWS[i], **calibration.compare(ROWS[i], m["device_s"], m["band_s"])}
                for i, m in walked["attention"].items()]
     e = calibration.held_out(results)["attention"]
-    assert e["modeled"] == e["check_rows"] == 3, e
+    assert e["modeled"] == e["check_rows"] == 5, e
     assert e["max_abs_error"] <= calibration.TARGET, e
+    splash = walked["attention"]["v5p-splash-local1k-b2-s8192-h16-d128"]["how"]
+    assert "splash_mha_fwd" in splash and "grid=(2, 16, 16, 3)" in splash  # a 1K window: 3 of 16 kv blocks a row
 
 
 def test_no_copy_of_tpu_inference_kernels_in_the_tree():
