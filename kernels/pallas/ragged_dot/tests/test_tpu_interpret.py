@@ -55,13 +55,14 @@ def test_an_entry_with_race_detection_raises_on_a_race(monkeypatch):
 
 def test_cpu_validation_cases_pass():
     cases = validation.cases("cpu")
-    # 28 ragged dots + 8 moe_experts + 4 quantized (int8 / fp8 weights, cpu path and interpreted Pallas)
-    assert len({c.name for c in cases}) == len(cases) == 40
+    # 28 ragged dots + 10 moe_experts (2 of them the dense formulation's kernel) + 4 quantized (int8 / fp8 weights,
+    # cpu path and interpreted Pallas)
+    assert len({c.name for c in cases}) == len(cases) == 42
     for case in cases:
         result = run_case(case, rd, seed=11)
         assert result.passed, (case.name, result.max_error, result.error)
     tags = {t for c in cases for t in c.tags}
-    assert {"decode", "prefill", "edge", "tpu_interpret", "moe", "quantized"} <= tags
+    assert {"decode", "prefill", "edge", "tpu_interpret", "moe", "quantized", "dense"} <= tags
 
 
 def test_tpu_cases_use_compiled_pallas():
