@@ -265,7 +265,7 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, layer_ref, *refs, st:
             new.patch(w, seq_ref[w], kvlen_ref[seq_ref[w]], hi_ref[w], start_of(kj), n, kbuf.at[slot],
                       vbuf.at[slot], layer_ref[0])
         if not st.mixed_block_q:
-            qpos = qpos_ref[...][:, :1]  # [R, 1]
+            qpos = qpos_ref[...]  # [R, 1]
             if st.direct:
                 fold(lambda h: q_ref[pl.ds(h * g, g), :], qpos[:g], (slice(None),))
             else:
@@ -437,7 +437,7 @@ def paged_forward(q_work, qpos_rows, sinks_rows, k_cache, v_cache, seq, lo, hi, 
     v_cache), the new rows stored by the kernel itself, the cache outputs aliasing the cache inputs."""
     hkv, d = st.kv_heads, q_work.shape[-1]
     w_count, r = q_work.shape[0], qpos_rows.shape[1]
-    qpos_wide = jnp.broadcast_to(qpos_rows[:, :, None], (w_count, r, LANES))
+    qpos_col = qpos_rows[:, :, None]  # one column: a lane-wide copy would be an op of its own on every call
     sinks_wide = jnp.broadcast_to(sinks_rows[:, :, None], (hkv, r, LANES))
     if st.direct:
         q_spec = pl.BlockSpec((None, hkv * st.group, d), lambda wi, kj, *_: (wi, 0, 0))
@@ -445,12 +445,12 @@ def paged_forward(q_work, qpos_rows, sinks_rows, k_cache, v_cache, seq, lo, hi, 
         q_spec = pl.BlockSpec((None, hkv, r, d), lambda wi, kj, *_: (wi, 0, 0, 0))
     # the operands and scratch every direct or grouped call has: queries, query positions, sinks; the kv buffers,
     # their semaphores and the online softmax's m / l / acc rows
-    in_specs = [q_spec, pl.BlockSpec((None, r, LANES), lambda wi, kj, *_: (wi, 0, 0)),
+    in_specs = [q_spec, pl.BlockSpec((None, r, 1), lambda wi, kj, *_: (wi, 0, 0)),
                 pl.BlockSpec((hkv, r, LANES), lambda wi, kj, *_: (0, 0, 0))]
     scratch = [*_kv_buffers(st, d, k_cache.dtype), pltpu.VMEM((hkv, r, LANES), jnp.float32),
                pltpu.VMEM((hkv, r, LANES), jnp.float32), pltpu.VMEM((hkv, r, d), jnp.float32)]
     scalars = (seq, lo, hi, kv_len, table.reshape(-1), _layer_operand(layer))
-    operands = (q_work, qpos_wide, sinks_wide)
+    operands = (q_work, qpos_col, sinks_wide)
     out_shape = jax.ShapeDtypeStruct(q_work.shape, q_work.dtype)
     any_ = pl.BlockSpec(memory_space=pl.ANY)
     if new is None:
