@@ -9,7 +9,7 @@ and prefill (4096 tokens), the moe_experts validation cases (one chip, forward a
 Gemma 4 26B-A4B: 2816 x 128, top 8; Mixtral 8x7B: 4096 x 8, top 2; GPT-OSS-20B: 2880 x 32, top 4) at decode and
 prefill, reading a 48-layer stack at a traced layer; moe_experts' dense formulation on one device's experts of
 Qwen3, Gemma 4 and Mixtral under 8-way expert parallelism at decode (64 tokens and 1), stacked, and in f32 with its
-gradient. Never imports
+gradient, and with bf16 weights under f32 activations. Never imports
 kernel_hub.
 """
 
@@ -99,11 +99,11 @@ DENSE_EXPERTS = {"qwen3_30b_a3b": (48, 2048, 16, 768), "gemma4_26b_a4b": (30, 28
                  "mixtral_8x7b": (32, 4096, 1, 14336)}
 
 
-def dense_builder(tokens: int, hidden: int, experts: int, inter: int, dtype: str, layers: int | None
-                  ) -> Callable[[bool], Callable[[], Built]]:
+def dense_builder(tokens: int, hidden: int, experts: int, inter: int, dtype: str, layers: int | None,
+                  weight_dtype: str | None = None) -> Callable[[bool], Callable[[], Built]]:
     """make(grad): moe_experts(formulation="dense") on one device's experts (top 8 of 8x as many), the weights a
     stack of `layers` read at a traced layer, or unstacked (None) with the gradient in x, the routing weights and
-    the weights."""
+    the weights. `weight_dtype`: weights of another dtype than x (bf16 under f32 activations)."""
 
     def make(grad: bool) -> Callable[[], Built]:
         def build() -> Built:
@@ -114,8 +114,9 @@ def dense_builder(tokens: int, hidden: int, experts: int, inter: int, dtype: str
 
             sds = jax.ShapeDtypeStruct
             lead = (layers,) if layers else ()
+            wdt = weight_dtype or dtype
             args = (sds((tokens, hidden), dtype), sds((tokens, 8), jnp.int32), sds((tokens, 8), dtype),
-                    sds((*lead, experts, hidden, 2 * inter), dtype), sds((*lead, experts, inter, hidden), dtype))
+                    sds((*lead, experts, hidden, 2 * inter), wdt), sds((*lead, experts, inter, hidden), wdt))
             kw = {"implementation": "pallas", "interpret": False, "formulation": "dense"}
             if layers:
                 return (lambda x, ids, w, gu, d, i: moe_experts(x, ids, w, gu, d, layer=i, **kw)), (*args, sds((),
@@ -156,4 +157,6 @@ def compile_cases() -> list[CompileCase]:
                            dense_builder(tokens, hidden, experts, inter, "bfloat16", layers), False)
     out += fwd_bwd("dense_decode_t64_e4:f32", "float32", ("decode", "float32", "dense"),
                    dense_builder(64, 2048, 4, 768, "float32", None), True)
+    out += fwd_bwd("dense_decode_t64_e4_bf16_weights:f32", "float32", ("decode", "float32", "dense"),
+                   dense_builder(64, 2048, 4, 768, "float32", None, "bfloat16"), False)
     return with_smoke(out, {out[0].name, out[1].name})

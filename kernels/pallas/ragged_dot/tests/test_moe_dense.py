@@ -89,6 +89,15 @@ def test_dense_stacked_layers_in_a_scan():
         assert rel_error(outs[layer], ref) < TOL["float32"]
 
 
+def test_dense_f32_activations_over_bf16_weights():
+    """Asked for with weights of another dtype than x, the kernel widens each weight tile to x's dtype."""
+    x, ids, w, gu, down = _inputs("empty_experts", "float32", 11, seed=9)
+    gu, down = gu.astype(jnp.bfloat16), down.astype(jnp.bfloat16)
+    got = rd.moe_experts(x, ids, w, gu, down, **_kw("pallas"))
+    assert got.dtype == jnp.float32
+    assert rel_error(got, rd.reference_moe_experts(x, ids, w, gu, down)) < TOL["float32"]
+
+
 def test_dense_nan_is_carried_to_its_token_only():
     x, ids, w, gu, down = _inputs("uniform", "float32", 8, seed=11)
     x = x.at[2, 5].set(jnp.nan)
@@ -133,6 +142,13 @@ def test_the_choice_and_its_reasons():
     assert rd.plan_formulation(200, 2048, 768, chip=v5e)[0] == "sorted"  # 208 rows past v5e's 128
     assert rd.plan_formulation(64, 2048, 768, chip=None)[0] == "sorted"  # off a known TPU
     assert rd.plan_formulation(64, 2048, 768, chip=v6e, quantized=True)[0] == "sorted"
+    form, _, _, why = rd.plan_formulation(64, 2048, 768, chip=v6e, itemsize=4, mixed_dtypes=True)
+    assert form == "sorted" and "dtype" in why
+    assert rd.plan_formulation(64, 2048, 768, chip=v6e, mixed_dtypes=True, formulation="dense")[0] == "dense"
+    form, _, _, why = rd.plan_formulation(64, 2048, 768, chip=v6e, activation="gelu_exact")
+    assert form == "sorted" and "erf" in why
+    with pytest.raises(ValueError, match="gelu_exact"):
+        rd.plan_formulation(64, 2048, 768, chip=v6e, activation="gelu_exact", formulation="dense")
     assert rd.plan_formulation(64, 2048, 768, chip=v6e, scheme="all_to_all")[0] == "sorted"
     # Gemma 4's I (704) is not a lane multiple: the whole expert per step
     assert rd.plan_formulation(64, 2816, 704, chip=v6e)[:2] == ("dense", 704)

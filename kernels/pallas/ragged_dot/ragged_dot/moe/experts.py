@@ -364,12 +364,13 @@ _COMPILER_RESERVE = 8 * 2**20
 
 def plan_formulation(tokens: int, hidden: int, inter: int, *, chip: ChipFacts | None, itemsize: int = 2,
                      gate_first: bool = True, quantized: bool = False, scheme: str = "psum", pallas: bool = True,
-                     formulation: str | None = None) -> tuple[str, int | None, int | None, str]:
+                     mixed_dtypes: bool = False, activation: str = "silu", formulation: str | None = None
+                     ) -> tuple[str, int | None, int | None, str]:
     """(formulation, the dense kernel's I tile, its scoped-VMEM limit or None, why): how one device runs its
     experts (moe/formulation.py), for T tokens on it, its experts' I, on `chip` (None: off a known TPU)."""
     budget = tile_budget_bytes(chip) if chip is not None else 1 << 62
     call = DenseCall(tokens, hidden, inter, itemsize, chip.name if chip is not None else None, budget, gate_first,
-                     quantized, scheme, pallas)
+                     quantized, scheme, pallas, mixed_dtypes, activation)
     name, why = choose_formulation(call, formulation)
     if name != "dense":
         return name, None, None, why
@@ -467,6 +468,7 @@ def moe_experts(
     form, ti, vmem, _ = plan_formulation(
         t, x.shape[1], i // n_t, chip=None if interp else chip, itemsize=jnp.dtype(x.dtype).itemsize,
         gate_first=not isinstance(w_gu, tuple), quantized=any(s is not None for s in scales), scheme=scheme,
-        pallas=first_name == "pallas", formulation=formulation)
+        pallas=first_name == "pallas", mixed_dtypes=jnp.dtype(x.dtype) != jnp.dtype(w_down.dtype),
+        activation=activation, formulation=formulation)
     plan = _Plan(activation, mesh, expert_axis, tensor_axis, scheme, rows, names, interp, form, ti, vmem)
     return _moe(plan, x, topk_ids, topk_weights, w_gu, w_down, scales, layer)

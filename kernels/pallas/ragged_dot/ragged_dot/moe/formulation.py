@@ -19,6 +19,9 @@ FORMULATIONS: tuple[str, ...] = ("sorted", "dense")
 #: Rows one pass of a generation's MXU takes with a weight tile loaded (128 x 128 arrays on v4/v5e/v5p, 256 x 256
 #: on v6e and v7x: Google Cloud's TPU system architecture pages).
 MXU_ROWS: dict[str, int] = {"v4": 128, "v5e": 128, "v5p": 128, "v6e": 256, "v7x": 256}
+#: Gate activations the dense kernel computes in VMEM: gelu_exact's erf has no Mosaic lowering (jax 0.10.2:
+#: "Unimplemented primitive in Pallas TPU lowering: erfc"), so it stays with the ragged dots, which apply it in XLA.
+KERNEL_ACTIVATIONS: tuple[str, ...] = ("silu", "gelu", "gelu_tanh", "relu")
 #: The dense kernel's rows are padded to this (its f32 accumulator's sublane tile, twice: bf16 packs 16 rows).
 ROW_ALIGN = 16
 
@@ -37,6 +40,8 @@ class DenseCall:
     quantized: bool
     scheme: str  # the dispatch scheme (plan.py)
     pallas: bool  # the call runs the Pallas implementation
+    mixed_dtypes: bool = False  # x and the weights differ in dtype (f32 activations, bf16 weights)
+    activation: str = "silu"  # the gate activation's name (experts.ACTIVATIONS)
 
 
 def padded_rows(tokens: int) -> int:
@@ -74,6 +79,8 @@ def choose_formulation(call: DenseCall, requested: str | None = None) -> tuple[s
     refusal = None
     if call.quantized:
         refusal = "quantized weights run through the ragged dot"
+    elif call.pallas and call.activation not in KERNEL_ACTIVATIONS:
+        refusal = f"the {call.activation!r} activation does not lower into the kernel (its erf has no Mosaic lowering)"
     elif call.scheme != "psum":
         refusal = f"the {call.scheme!r} dispatch moves rows between devices; dense needs every token on each device"
     if requested == "dense" and refusal:
@@ -84,6 +91,8 @@ def choose_formulation(call: DenseCall, requested: str | None = None) -> tuple[s
         return "sorted", refusal
     if not call.pallas or call.chip is None:
         return "sorted", "not the Pallas kernel on a known TPU: the rows once each"
+    if call.mixed_dtypes:
+        return "sorted", "x and the weights differ in dtype: dense would widen every weight tile in the kernel"
     t, rows = padded_rows(call.tokens), MXU_ROWS.get(call.chip, 128)
     if t > rows:
         return "sorted", f"{t} token rows exceed {call.chip}'s {rows} MXU rows: dense would multiply MXU passes"

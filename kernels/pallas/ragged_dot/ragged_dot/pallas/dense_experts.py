@@ -40,8 +40,9 @@ def _dense_experts_kernel(order_ref, count_ref, *refs, nj: int, split: int | Non
     @pl.when(s < count_ref[0])
     def _run():
         x = x_ref[...]
-        dot = functools.partial(jax.lax.dot_general, dimension_numbers=(((1,), (0,)), ((), ())),
+        mxu = functools.partial(jax.lax.dot_general, dimension_numbers=(((1,), (0,)), ((), ())),
                                 precision=precision, preferred_element_type=jnp.float32)
+        dot = lambda a, w: mxu(a, w.astype(a.dtype))  # weights of another dtype than x (f32 x, bf16 weights) widened
         if split is None:
             gate, up = dot(x, w_refs[0][...]), dot(x, w_refs[1][...])
         else:  # one block holds the expert's gate and up columns side by side
