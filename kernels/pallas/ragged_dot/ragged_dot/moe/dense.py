@@ -1,6 +1,6 @@
 """The dense formulation of a device's experts (moe/formulation.py): every token through each routed local expert.
 
-    dense_local(x[T,H], ids[T,k], weights[T,k], w_gate_up, w_down, first, ...) -> [T,H] f32 partial sum
+    dense_local(x[T,H], ids[T,k], weights[T,k], w_gate_up, w_down, first, ...) -> [T,H] partial sum (x's dtype)
 
 The routing becomes gate_w [T, El] (the weight token t gives local expert e, summed over its slots; 0 where it did
 not pick e), and `order`, the local experts some token picked first, `count` of them. The Pallas kernel

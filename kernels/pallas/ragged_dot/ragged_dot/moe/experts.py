@@ -37,6 +37,7 @@ from .._vendor.interpret import resolve_interpret
 from .._vendor.platform import platform_of
 from ..api import implementations_for, ragged_dot
 from ..dispatch import target_chip
+from ..pallas.config import raised_vmem_limit
 from .dense import dense_local
 from .formulation import DenseCall, block_bytes, choose_formulation, dense_tile, padded_rows
 from .plan import SCHEMES, MoeSizes, choose_scheme, rows_per_device
@@ -358,10 +359,6 @@ def plan_dispatch(tokens: int, hidden: int, top_k: int, experts: int, *, expert_
     return scheme, rows, f"{why}; rows per device: {rows_why}"
 
 
-#: VMEM Mosaic keeps for itself beyond a raised scoped limit.
-_COMPILER_RESERVE = 8 * 2**20
-
-
 def plan_formulation(tokens: int, hidden: int, inter: int, *, chip: ChipFacts | None, itemsize: int = 2,
                      gate_first: bool = True, quantized: bool = False, scheme: str = "psum", pallas: bool = True,
                      mixed_dtypes: bool = False, activation: str = "silu", formulation: str | None = None
@@ -381,7 +378,7 @@ def plan_formulation(tokens: int, hidden: int, inter: int, *, chip: ChipFacts | 
     need = block_bytes(padded_rows(tokens), hidden, ti, itemsize)
     limit = None
     if chip is not None and need > chip.scoped_vmem_bytes * VMEM_BUDGET_FRACTION:
-        limit = max(chip.scoped_vmem_bytes, chip.vmem_bytes - _COMPILER_RESERVE)
+        limit = raised_vmem_limit(chip)
     return name, ti, limit, f"{why}; I tile {ti}"
 
 

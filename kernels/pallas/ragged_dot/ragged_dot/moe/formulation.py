@@ -8,12 +8,14 @@
 Dense is chosen where it costs the MXU nothing more: while the tokens fit the MXU's rows, each weight tile goes
 through the array once whether 4 rows or all T ride along, and the weights are read once either way. Sorted stays
 for large T (prefill, training), off a known TPU, for quantized weights and for schemes that move rows between
-devices. Pure Python, no jax.
+devices. Pure Python, no jax (the tile helpers it shares with the ragged dot are jax-free too).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from ..pallas.config import lane_tiles
 
 FORMULATIONS: tuple[str, ...] = ("sorted", "dense")
 #: Rows one pass of a generation's MXU takes with a weight tile loaded (128 x 128 arrays on v4/v5e/v5p, 256 x 256
@@ -49,11 +51,10 @@ def padded_rows(tokens: int) -> int:
 
 
 def column_tiles(i: int, gate_first: bool) -> list[int]:
-    """I tiles the dense kernel's weight blocks may take, largest first: I, then the multiples of 128 dividing it
-    (a gate-first array whose I is not a multiple of 128 only whole: its up columns start off a lane tile)."""
-    if gate_first and i % 128:
-        return [i]
-    return [i] + [t for t in range(i - i % 128, 127, -128) if t < i and i % t == 0]
+    """I tiles the dense kernel's weight blocks may take, largest first: the ragged dot's lane tiles of I (I, then
+    the multiples of 128 dividing it); a gate-first array whose I is not a multiple of 128 only whole (its up columns
+    start off a lane tile)."""
+    return [i] if gate_first and i % 128 else lane_tiles(i)
 
 
 def block_bytes(t: int, h: int, ti: int, itemsize: int) -> int:

@@ -210,13 +210,18 @@ def fastest_fitting(row_tiles: list[int], groups_per_step: list[int], k: int, n:
     return None
 
 
+def raised_vmem_limit(chip: ChipFacts) -> int:
+    """The scoped-VMEM limit a kernel whose blocks pass the default asks for: the chip's VMEM less the compiler's
+    reserve (never below the default)."""
+    return max(chip.scoped_vmem_bytes, chip.vmem_bytes - _COMPILER_RESERVE)
+
+
 def with_vmem_limit(cfg: RaggedDotConfig, need: int, itemsize: int, chip: ChipFacts) -> RaggedDotConfig:
     """cfg with a raised vmem_limit_bytes (the chip's VMEM less the compiler's reserve) when its blocks (`need`)
     pass the share of the default scoped VMEM they may fill (usable_vmem's for their operand size, at most
     chips.VMEM_BUDGET_FRACTION: the rest is Mosaic's), else cfg as it is."""
     if need > min(usable_vmem(itemsize, chip.scoped_vmem_bytes), chip.scoped_vmem_bytes * VMEM_BUDGET_FRACTION):
-        return dataclasses.replace(cfg, vmem_limit_bytes=max(chip.scoped_vmem_bytes,
-                                                             chip.vmem_bytes - _COMPILER_RESERVE))
+        return dataclasses.replace(cfg, vmem_limit_bytes=raised_vmem_limit(chip))
     return cfg
 
 

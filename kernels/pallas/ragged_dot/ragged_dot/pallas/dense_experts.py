@@ -11,7 +11,7 @@ step's (the pipeline fetches nothing new) and compute nothing, so an expert nobo
 Why: at decode a device's experts see a few rows each. Sorting rows by expert, gathering them, two ragged dots and a
 scatter back are a dozen small XLA ops a layer around two kernels; here there is one kernel and one tiny op
 (gate_w). Running all T tokens through an expert costs the MXU no more than its few rows while T is at most the
-MXU's width: each weight tile is pushed through the array once either way (moe/plan.py chooses by that).
+MXU's width: each weight tile is pushed through the array once either way (moe/formulation.py chooses by that).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 
-def _dense_experts_kernel(order_ref, count_ref, *refs, nj: int, split: int | None, activation: Callable, stacked: bool,
-            precision: jax.lax.Precision | None) -> None:
+def _dense_experts_kernel(order_ref, count_ref, *refs, nj: int, split: int | None, activation: Callable,
+                          stacked: bool, precision: jax.lax.Precision | None) -> None:
     del order_ref
     if stacked:
         refs = refs[1:]  # the layer's ref: only the index maps read it
