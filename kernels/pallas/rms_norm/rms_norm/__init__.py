@@ -3,7 +3,8 @@
 `rms_norm(x[..., H], weight[H], *, eps, zero_centered=False, scale_after_cast=False)` normalises over the last
 axis in float32 and returns x's dtype; differentiable in x and weight. `qk_norm_rope(qkv, q_weight, k_weight, cos,
 sin, *, q_heads, kv_heads, eps, ...)` is the attention front of a q/k-normed model (per-head norms and the rotary
-embedding of a fused projection's output) in one call; `rope_tables` builds its tables. References:
+embedding of a fused projection's output) in one call; `attention_front(x, norm_weight, wqkv, ...)` runs the input
+norm, the projection and qk_norm_rope (and the residual add) in one; `rope_tables` builds their tables. References:
 `reference_rms_norm(...)`, `reference_qk_norm_rope(...)` in NumPy float64. The entry keeps kernel-hub's kernel
 contract (docs/kernel-contract.md); `_vendor/` holds the shared code kernel-hub vendors in (kernel.yaml `vendor`).
 """
@@ -19,6 +20,7 @@ from .api import (
     rms_norm,
 )
 from .config import RMSNormConfig
+from .front import attention_front
 from .reference import reference_qk_norm_rope, reference_rms_norm, reference_rms_norm_grads
 from .rope import rope_tables
 
@@ -27,6 +29,7 @@ __all__ = [
     "ORDER",
     "RMSNormConfig",
     "RaceDetectedError",
+    "attention_front",
     "implementations_for",
     "last_implementation",
     "qk_norm_rope",

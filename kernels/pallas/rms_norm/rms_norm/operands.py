@@ -29,18 +29,20 @@ def check_eps(eps: Any, who: str) -> float:
 
 def check_qk_rope_operands(qkv_shape: Sequence[int], q_weight_shape: Sequence[int], k_weight_shape: Sequence[int],
                            cos_shape: Sequence[int], sin_shape: Sequence[int], *, q_heads: Any, kv_heads: Any,
-                           eps: Any, values: Any, keys_are_values: Any, rotary_dims: Any) -> dict[str, Any]:
+                           eps: Any, values: Any, keys_are_values: Any, rotary_dims: Any,
+                           name: str = "qk_norm_rope", projected: str = "qkv") -> dict[str, Any]:
     """qk_norm_rope's static facts (q_heads, kv_heads, head_dim, half, eps, values, keys_are_values); one
-    ValueError naming what to fix for a bad shape, head count, mode or eps."""
-    name = "qk_norm_rope"
+    ValueError naming what to fix for a bad shape, head count, mode or eps. `name` is the entry the message names,
+    `projected` what holds the heads (qkv_shape's second axis is its heads x head_dim)."""
     if not (isinstance(q_heads, int) and isinstance(kv_heads, int) and q_heads > 0 and kv_heads > 0):
         raise ValueError(f"{name}: q_heads and kv_heads must be positive ints, got {q_heads!r}, {kv_heads!r}")
     if values not in ("raw", "normed"):
         raise ValueError(f"{name}: values must be 'raw' or 'normed', got {values!r}")
     heads = q_heads + kv_heads * (1 if keys_are_values else 2)
     if len(qkv_shape) != 2 or qkv_shape[1] % heads:
-        raise ValueError(f"{name}: qkv must be [T, {heads} x head_dim] ({q_heads} query + {kv_heads} key"
-                         f"{'' if keys_are_values else f' + {kv_heads} value'} heads), got {tuple(qkv_shape)}")
+        raise ValueError(f"{name}: {projected} must hold {heads} heads x head_dim ({q_heads} query + {kv_heads} key"
+                         f"{'' if keys_are_values else f' + {kv_heads} value'} heads) on its last axis, got "
+                         f"{qkv_shape[-1] if qkv_shape else ()} in {tuple(qkv_shape)}")
     d = qkv_shape[1] // heads
     for what, shape in (("q_weight", q_weight_shape), ("k_weight", k_weight_shape)):
         if tuple(shape) != (d,):

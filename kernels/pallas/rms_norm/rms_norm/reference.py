@@ -62,3 +62,22 @@ def reference_qk_norm_rope(qkv: np.ndarray, q_weight: np.ndarray, k_weight: np.n
     src = raw if keys_are_values else x[:, q_heads + kv_heads:]
     v = reference_rms_norm(src, np.ones(d), eps=eps) if values == "normed" else src
     return q, k, v
+
+
+def reference_attention_front(x: np.ndarray, norm_weight: np.ndarray, wqkv: np.ndarray, q_weight: np.ndarray,
+                              k_weight: np.ndarray, positions: np.ndarray, *, q_heads: int, kv_heads: int,
+                              eps: float, theta: float, residual: np.ndarray | None = None,
+                              zero_centered: bool = False, rotary_dims: int | None = None, values: str = "raw",
+                              keys_are_values: bool = False,
+                              round_to: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[np.ndarray, ...]:
+    """float64 (q, k, v) and, with a residual, the sum x + residual (rounded by `round_to`, as a bf16 residual
+    stream is): the input RMSNorm of the sum, its projection by wqkv [H, heads x D], then reference_qk_norm_rope."""
+    total = np.asarray(x, np.float64)
+    if residual is not None:
+        total = total + np.asarray(residual, np.float64)
+        if round_to is not None:
+            total = np.asarray(round_to(total), np.float64)
+    qkv = reference_rms_norm(total, norm_weight, eps=eps, zero_centered=zero_centered) @ np.asarray(wqkv, np.float64)
+    out = reference_qk_norm_rope(qkv, q_weight, k_weight, positions, q_heads=q_heads, kv_heads=kv_heads, eps=eps,
+                                 theta=theta, rotary_dims=rotary_dims, values=values, keys_are_values=keys_are_values)
+    return (*out, total) if residual is not None else out

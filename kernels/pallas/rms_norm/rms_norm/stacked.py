@@ -22,9 +22,10 @@ def stack_rows(layers: int) -> int:
 
 
 def stack_spec(layers: int, width: int) -> pl.BlockSpec:
-    """The block of the stack holding layer `l_ref[0]`, for a grid of one axis and one scalar-prefetch operand."""
+    """The block of the stack holding layer `l_ref[0]`, for a grid of any rank whose one scalar-prefetch operand
+    (last in the index map's arguments) holds the layer."""
     rb = stack_rows(layers)
-    return pl.BlockSpec((rb, width), lambda i, l_ref: (l_ref[0] // rb, 0))
+    return pl.BlockSpec((rb, width), lambda *grid_and_layer: (grid_and_layer[-1][0] // rb, 0))
 
 
 def select_row(block: jax.Array, layer: jax.Array, layers: int) -> jax.Array:

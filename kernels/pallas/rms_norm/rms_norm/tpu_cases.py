@@ -7,6 +7,9 @@ alternate so both are compiled. `qk_norm_rope` at the seed models' attention fro
 4 query + 1 KV heads of 128; Gemma 4 sliding: 2 + 1 of 256, values normed; Gemma 4 global: 2 + 1 of 512, keys =
 values, a quarter rotated), decode and prefill, forward (its backward is XLA's). Both ops with their weights
 stacked over 48 layers (`layer=`, traced) at decode; rms_norm with the residual add fused (`residual=`) there too.
+`attention_front` (the residual add, the input norm, the q/k/v projection and qk_norm_rope in one call) at the same
+three fronts with their models' hidden sizes and every weight stacked over 48 layers, at decode (64 and 1 tokens,
+bf16, and f32) and prefill, tagged "front".
 Never imports kernel_hub.
 """
 
@@ -101,6 +104,47 @@ def qk_rope_builder(tokens: int, front: tuple, dtype: str, layers: int | None = 
     return make
 
 
+#: front name -> the model's hidden size (the input norm's width and the projection's rows).
+FRONT_HIDDEN = {"qwen3": 2048, "gemma4_sliding": 2816, "gemma4_global": 2816}
+
+
+def front_builder(tokens: int, front: str, dtype: str) -> Callable[[bool], Callable[[], Built]]:
+    """attention_front at one device's front of `front` with every weight stacked over LAYERS, the residual fused."""
+    nq, nkv, d, rot, values, kav = FRONTS[front]
+    hidden = FRONT_HIDDEN[front]
+
+    def make(grad: bool) -> Callable[[], Built]:
+        def build() -> Built:
+            import jax
+
+            from .front import attention_front
+
+            width = (nq + nkv * (1 if kav else 2)) * d
+            sds = jax.ShapeDtypeStruct
+            args = (sds((tokens, hidden), dtype), sds((LAYERS, hidden), dtype), sds((LAYERS, hidden, width), dtype),
+                    sds((LAYERS, d), dtype), sds((LAYERS, d), dtype), sds((tokens, d), "float32"),
+                    sds((tokens, d), "float32"), sds((tokens, hidden), dtype), sds((), "int32"))
+            fn = lambda *a: attention_front(*a[:7], residual=a[7], layer=a[8], q_heads=nq, kv_heads=nkv, eps=1e-6,
+                                            values=values, keys_are_values=kav, rotary_dims=rot,
+                                            implementation="pallas", interpret=False)
+            return fn, args
+
+        return build
+
+    return make
+
+
+def front_cases() -> list[CompileCase]:
+    out: list[CompileCase] = []
+    for front in FRONTS:
+        for tokens, phase in ((64, "decode"), (1, "decode"), (4096, "prefill")):
+            out += fwd_bwd(f"front_{phase}_t{tokens}_{front}_layers{LAYERS}:bf16", "bfloat16",
+                           (phase, "bfloat16", "front"), front_builder(tokens, front, "bfloat16"), backward=False)
+    out += fwd_bwd(f"front_decode_t64_qwen3_layers{LAYERS}:f32", "float32", ("decode", "float32", "front"),
+                   front_builder(64, "qwen3", "float32"), backward=False)
+    return out
+
+
 def compile_cases() -> list[CompileCase]:
     """Every (phase, hidden, dtype) forward and backward, and every attention front's forward; the decode 2112 bf16
     pair and the Qwen3 decode front are also tagged "smoke"."""
@@ -109,6 +153,7 @@ def compile_cases() -> list[CompileCase]:
         for front, dims in FRONTS.items():
             out += fwd_bwd(f"qk_rope_{phase}_t{tokens}_{front}:bf16", "bfloat16", (phase, "bfloat16"),
                            qk_rope_builder(tokens, dims, "bfloat16"), backward=False)
+    out += front_cases()
     out += fwd_bwd(f"qk_rope_decode_t64_qwen3_layers{LAYERS}:bf16", "bfloat16", ("decode", "bfloat16"),
                    qk_rope_builder(64, FRONTS["qwen3"], "bfloat16", LAYERS), backward=False)
     for hidden in (2048, 2816):  # Qwen3-30B-A3B's and Gemma 4 26B-A4B's hidden sizes

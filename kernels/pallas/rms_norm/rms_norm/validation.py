@@ -8,6 +8,9 @@ row tiles (several grid steps and a partial last block); a tpu_interpret case ru
 detection and NaN-filled fresh memory. framework="torch": the same problems through the torch entry.
 `qk_norm_rope` (JAX entry): the seed models' attention fronts (Qwen3's 4 + 1 heads of 128; Gemma 4's global layer:
 2 + 1 heads of 512, keys = values, a quarter rotated, values normed), rows past the tile, forward, bf16 and f32.
+`attention_front` (JAX entry): the same fronts from a residual stream through the input norm and the projection,
+weights stacked over layers at a layer past the first stack block, rows past the tile, bf16 and f32; on CPU also in
+the TPU simulator with race detection.
 """
 
 from __future__ import annotations
@@ -18,7 +21,12 @@ from typing import Any
 import numpy as np
 
 from ._vendor.cases import DTYPES, SHORT, Case, tensor
-from .reference import reference_qk_norm_rope, reference_rms_norm, reference_rms_norm_grads
+from .reference import (
+    reference_attention_front,
+    reference_qk_norm_rope,
+    reference_rms_norm,
+    reference_rms_norm_grads,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +156,74 @@ _FRONTS_LARGE = (Front("qwen3_decode64", 64, 4, 1, 128, 128), Front("gemma4_slid
                  Front("qwen3_prefill4096", 4096, 4, 1, 128, 128))
 
 
+@dataclasses.dataclass(frozen=True)
+class AttentionFrontCase(Case):
+    """attention_front's (q, k, v, x + residual), flattened and concatenated, against the float64 reference; every
+    weight stacked over LAYERS, read at LAYER."""
+
+    front: Front = dataclasses.field(default=Front("x", 4, 1, 1, 128, 128), repr=False)
+    hidden: int = 256
+
+    LAYERS = 20
+    LAYER = 17  # in the stack's second 16-row block
+
+    def inputs(self, seed: int) -> dict[str, Any]:
+        f, h, n = self.front, self.hidden, self.LAYERS
+        rng = np.random.default_rng(seed)
+        heads = f.q_heads + f.kv_heads * (1 if f.keys_are_values else 2)
+        arrays = {"x": rng.standard_normal((f.tokens, h)) * 2.0, "residual": rng.standard_normal((f.tokens, h)),
+                  "norm_weight": 1.0 + 0.3 * rng.standard_normal((n, h)),
+                  "wqkv": rng.standard_normal((n, h, heads * f.head_dim)) / np.sqrt(h),
+                  "q_weight": 1.0 + 0.3 * rng.standard_normal((n, f.head_dim)),
+                  "k_weight": 1.0 + 0.3 * rng.standard_normal((n, f.head_dim))}
+        out = {k: tensor(v.astype(np.float32), self.dtype, "jax") for k, v in arrays.items()}
+        return {"seed": seed, **out, "positions": rng.integers(0, 256, f.tokens).astype(np.int32)}
+
+    def call(self, module: Any, inputs: dict[str, Any]) -> Any:
+        import jax.numpy as jnp
+
+        f = self.front
+        cos, sin = module.rope_tables(jnp.asarray(inputs["positions"]), f.head_dim, 1e6, f.rotary_dims)
+        kw = dict(q_heads=f.q_heads, kv_heads=f.kv_heads, eps=1e-6, values=f.values,
+                  keys_are_values=f.keys_are_values, rotary_dims=f.rotary_dims, residual=inputs["residual"],
+                  layer=self.LAYER, **self.entry_options(module, inputs["seed"]))
+        if self.config:
+            kw["config"] = module.RMSNormConfig(**dict(self.config))
+        out = module.attention_front(inputs["x"], inputs["norm_weight"], inputs["wqkv"], inputs["q_weight"],
+                                     inputs["k_weight"], cos, sin, **kw)
+        return jnp.concatenate([o.astype(jnp.float32).reshape(-1) for o in out])
+
+    def reference(self, inputs: dict[str, Any]) -> np.ndarray:
+        f, i = self.front, self.LAYER
+        out = reference_attention_front(
+            _f64(inputs["x"]), _f64(inputs["norm_weight"])[i], _f64(inputs["wqkv"])[i], _f64(inputs["q_weight"])[i],
+            _f64(inputs["k_weight"])[i], inputs["positions"], q_heads=f.q_heads, kv_heads=f.kv_heads, eps=1e-6,
+            theta=1e6, residual=_f64(inputs["residual"]), rotary_dims=f.rotary_dims, values=f.values,
+            keys_are_values=f.keys_are_values, round_to=_bf16_round if self.dtype == "bfloat16" else None)
+        return np.concatenate([o.reshape(-1) for o in out])
+
+
+def _attention_front_cases(backend: str) -> list[AttentionFrontCase]:
+    """CPU: two fronts at a small hidden size, three row tiles (XLA and the interpreted kernel), and the Qwen3
+    front in the TPU simulator with race detection; TPU / GPU: the seed models' fronts at their hidden sizes."""
+    name = lambda f, impl, dtype, sim="": f"fwd:front_{f.name}:{impl}{sim}:{SHORT[dtype]}"
+    if backend == "cpu":
+        out = [AttentionFrontCase(name=name(f, impl, dtype), dtype=dtype, implementation=impl,
+                                  tags=("fwd", "front", dtype) + (("interpret",) if impl == "pallas" else ()),
+                                  front=f, **({"config": _SMALL_TILES} if impl == "pallas" else {}))
+               for f in _FRONTS_SMALL for dtype in DTYPES for impl in ("xla", "pallas")]
+        f = _FRONTS_SMALL[0]
+        out.append(AttentionFrontCase(name=name(f, "pallas", "float32", ":tpu-interpret"), dtype="float32",
+                                      implementation="pallas", tags=("fwd", "front", "tpu_interpret"), front=f,
+                                      interpret="tpu", config=_SMALL_TILES))
+        return out
+    impls = ("pallas", "xla") if backend == "tpu" else ("xla",)
+    hidden = {"qwen3": 2048, "gemma4": 2816}
+    return [AttentionFrontCase(name=name(f, impl, dtype), dtype=dtype, implementation=impl,
+                               tags=("fwd", "front", dtype), front=f, hidden=hidden[f.name.split("_")[0]])
+            for f in _FRONTS_LARGE[:2] for dtype in DTYPES for impl in impls]
+
+
 def _front_cases(backend: str) -> list[QKRopeCase]:
     if backend == "cpu":
         return [QKRopeCase(name=f"fwd:qk_rope_{f.name}:{impl}:{SHORT[dtype]}", dtype=dtype, implementation=impl,
@@ -197,13 +273,14 @@ def _torch_cases() -> list[RMSNormCase]:
             for p in _SMALL for dtype in DTYPES for grad in (False, True)]
 
 
-def cases(backend: str, framework: str = "jax") -> list[RMSNormCase | QKRopeCase]:
+def cases(backend: str, framework: str = "jax") -> list[RMSNormCase | QKRopeCase | AttentionFrontCase]:
     """Every problem x implementation for this backend, forward and backward, in f32 and bf16; the attention
-    fronts' forward (JAX entry)."""
+    fronts' forward, qk_norm_rope's and attention_front's (JAX entries)."""
     if framework == "torch":
         return [dataclasses.replace(c, name=f"torch:{c.name}") for c in _torch_cases()]
     backend = backend.lower()
-    out: list[RMSNormCase | QKRopeCase] = list(_front_cases(backend))
+    out: list[RMSNormCase | QKRopeCase | AttentionFrontCase] = [*_front_cases(backend),
+                                                                *_attention_front_cases(backend)]
     if backend == "cpu":
         for p in _SMALL:
             for dtype in DTYPES:

@@ -120,7 +120,7 @@ def test_pallas_refuses_unaligned_heads_and_the_order_falls_back():
 
 
 @pytest.mark.parametrize(("change", "match"), [
-    ({"qkv": jnp.zeros((4, 5 * 128))}, "qkv must be"),
+    ({"qkv": jnp.zeros((4, 5 * 128))}, "qkv must hold 3 heads"),
     ({"q_weight": jnp.ones(64)}, "q_weight must have shape"),
     ({"cos": jnp.ones((3, 128))}, "cos must have shape"),
     ({"rotary_dims": 127}, "rotary_dims"),
