@@ -7,11 +7,14 @@ and the KV caches are never sliced per layer: they stay whole stacks over the gr
 caches in the scan's carry) and the kernels take the scan's counter as `layer=`, reading (and for the caches writing)
 that group's layer in place; only the small dense weights are the scan's xs.
 
-`Kernels` names the five ops the step calls; `hub_kernels(rms, fa, rd, ...)` takes them from the loaded kernel
-packages (the rms_norm, flash_attention and ragged_dot modules, imported by kernel-hub's verified loader), with an
-`implementation=` for all of them (None: each kernel's order for the platform; "xla": JAX's own ops, the
-jax_default path). The attention's projections are one fused dot (`wqkv`, each device's query, key and value columns
-side by side, as servers store them) whose output `qk_norm_rope` turns into the attention's q, k and v in one call.
+`Kernels` names the five ops the step calls (and, optionally, a sixth that fuses the attention's front: the residual
+add, the input norm, the q/k/v projection and qk_norm_rope in one call, its projection then a whole stack too);
+`hub_kernels(rms, fa, rd, ...)` takes them from the loaded kernel packages (the rms_norm, flash_attention and ragged_dot
+modules, imported by kernel-hub's verified loader), with an `implementation=` for all of them (None: each kernel's order
+for the platform; "xla": JAX's own ops, the jax_default path). The attention's projections are one fused weight (`wqkv`,
+each device's query, key and value columns side by side, as servers store them): apart, one dot whose output
+`qk_norm_rope` turns into the attention's q, k and v in one call; fused, `attention_front` runs the norm, that dot and
+qk_norm_rope as one kernel.
 `transformers_kernels` is the default path's math: q/k norms and the rotary embedding in XLA, attention over the
 cache with K/V repeated to every query head (transformers' repeat_kv), experts by the ragged dot's XLA path.
 
@@ -41,6 +44,14 @@ EXPERT_WEIGHTS = ("w_gate_up", "w_down")
 #: [G, ...] with layer=: each slice taken outside a kernel would be an op of its own on a TPU, a few a layer.
 NORM_STACKS = ("attn_norm", "ff_norm", "q_norm", "k_norm", "attn_post_norm", "ff_post_norm", "moe_pre_norm",
                "moe_post_norm", "shared_post_norm", "router")
+#: The attention's projection, passed whole too where the step's kernels fuse it into the attention front.
+FRONT_STACKS = ("wqkv",)
+
+
+def whole_stacks(kern: Kernels) -> tuple[str, ...]:
+    """The layer weights the step hands its kernels as whole stacks [G, ...] with layer=, the rest being the
+    layer scan's xs (sliced per group by the scan)."""
+    return NORM_STACKS + (FRONT_STACKS if kern.front is not None else ())
 
 
 class Kernels(NamedTuple):
@@ -55,6 +66,10 @@ class Kernels(NamedTuple):
     moe: Callable[..., Any]  # (x, ids, weights, w_gate_up [L, E, ..], w_down [L, E, ..], activation, mesh, layer)
     # (x [B, H], router [H, E] (or [G, H, E] with layer), top_k, layer=None) -> ids [B, k] int32, weights [B, k] f32
     route: Callable[..., Any]
+    # None, or the attention front in one call: (x, residual, norm [G, H], wqkv [G, H, heads x D], q_norm, k_norm
+    # [G, D], (cos, sin), Front, layer) -> q, k, v [B, heads, D], x + residual; without it the step runs rms_norm,
+    # the projection and qk_rope apart
+    front: Callable[..., Any] | None = None
 
 
 def hub_kernels(rms: Any, fa: Any, rd: Any, implementation: str | None = None, interpret: Any = None,
@@ -82,7 +97,12 @@ def hub_kernels(rms: Any, fa: Any, rd: Any, implementation: str | None = None, i
     def route(x, w, k, layer=None):
         return rd.moe_route(x, w, top_k=k, layer=layer, **kw)
 
-    return Kernels(norm, qk_rope, attention, moe, route)
+    def front(x, residual, norm_w, wqkv, qw, kw_, table, f: Front, layer):
+        return rms.attention_front(x, norm_w, wqkv, qw, kw_, *table, residual=residual, q_heads=f.q_heads,
+                                   kv_heads=f.kv_heads, eps=f.eps, values=f.values,
+                                   keys_are_values=f.keys_are_values, rotary_dims=f.rotary_dims, layer=layer, **kw)
+
+    return Kernels(norm, qk_rope, attention, moe, route, front if hasattr(rms, "attention_front") else None)
 
 
 def transformers_kernels(rd: Any) -> Kernels:
@@ -313,11 +333,15 @@ def attention_part(m: DecodeModel, kind: AttentionKind, kern: Kernels, lw: dict,
     import jax.numpy as jnp
 
     b, d = h.shape[0], kind.head_dim
-    x, h = kern.rms_norm(pending, lw["attn_norm"], m.eps, layer, h)
-    # one dot for the three projections ([B, heads x D], query heads, then key, then value heads), then the q/k
-    # norms and the rotary embedding in one call that hands the attention [B, heads, D]
     front = Front(heads[0], heads[1], m.eps, "normed" if m.v_norm else "raw", kind.k_eq_v, rotated_dims(kind))
-    q, k, v = kern.qk_rope(x @ lw["wqkv"], lw["q_norm"], lw["k_norm"], table, front, layer)
+    if kern.front is not None:  # the residual add, the norm, the projection and the q/k norms + rotary: one call
+        q, k, v, h = kern.front(pending, h, lw["attn_norm"], lw["wqkv"], lw["q_norm"], lw["k_norm"], table, front,
+                                layer)
+    else:
+        x, h = kern.rms_norm(pending, lw["attn_norm"], m.eps, layer, h)
+        # one dot for the three projections ([B, heads x D], query heads, then key, then value heads), then the
+        # q/k norms and the rotary embedding in one call that hands the attention [B, heads, D]
+        q, k, v = kern.qk_rope(x @ lw["wqkv"], lw["q_norm"], lw["k_norm"], table, front, layer)
     scale = m.attention_scale if m.attention_scale is not None else 1.0 / math.sqrt(d)
     cu = jnp.arange(b + 1, dtype=jnp.int32)
     o, kc, vc = kern.attention(q, k, v, kc, vc, kv_lens, pages, cu, kind.window, scale, layer)
@@ -381,7 +405,8 @@ def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, mo
     dt = params["embed"].dtype
     psum = functools.partial(jax.lax.psum, axis_name=AXIS)
     smap = functools.partial(jax.shard_map, mesh=mesh, check_vma=False)
-    lspecs = [{k: P(None, *p) if k in NORM_STACKS else P(*p) for k, (_, p) in layer_shapes(m, kind, n).items()
+    whole = whole_stacks(kern)
+    lspecs = [{k: P(None, *p) if k in whole else P(*p) for k, (_, p) in layer_shapes(m, kind, n).items()
                if k not in EXPERT_WEIGHTS} for kind in m.pattern]
     cspec = P(None, None, None, AXIS, None)  # [G, pages, PAGE, KV heads, D]: the whole stacks, heads split
 
@@ -397,8 +422,8 @@ def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, mo
 
     # the experts' and the norms' weights stay whole stacks [G, ...]: their kernels read group i's layer in place
     experts = [(lw["w_gate_up"], lw["w_down"]) for lw in params["layers"]]
-    stacks = [{k: a for k, a in lw.items() if k in NORM_STACKS} for lw in params["layers"]]
-    scanned = [{k: a for k, a in lw.items() if k not in EXPERT_WEIGHTS + NORM_STACKS} for lw in params["layers"]]
+    stacks = [{k: a for k, a in lw.items() if k in whole} for lw in params["layers"]]
+    scanned = [{k: a for k, a in lw.items() if k not in EXPERT_WEIGHTS + whole} for lw in params["layers"]]
     # the rotary angles depend on the positions and the kind only: once a step, not once a layer
     angles = {}
     for kind in m.pattern:
