@@ -90,21 +90,24 @@ def _rms_stacked_bwd(impl, st, residuals, dy):
 _rms_stacked.defvjp(_rms_stacked_fwd, _rms_stacked_bwd)
 
 
-def _add_xla(st: RMSStatic, layer, x2, r2, w_stack):
-    """The fused add's arithmetic on whole arrays: (norm of s, s) with s = x + residual in x's dtype."""
+def _add_xla(st: RMSStatic, layer, x2, r2, w_stack, wx_stack=None):
+    """The fused add's arithmetic on whole arrays: (norm of s, s) with s = x + residual in x's dtype, x first
+    normalised by wx_stack's row when given."""
+    if wx_stack is not None:
+        x2 = _fwd_impl("xla", st, x2, _row(wx_stack, layer))
     total = (x2.astype(jnp.float32) + r2.astype(jnp.float32)).astype(x2.dtype)
     return _fwd_impl("xla", st, total, _row(w_stack, layer)), total
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _rms_add(impl: str, st: RMSStatic, layer, x2, r2, w_stack):
+def _rms_add(impl: str, st: RMSStatic, layer, x2, r2, w_stack, wx_stack):
     if impl == "pallas":
-        return tuple(rms_add_forward(st, x2, r2, w_stack, layer))
-    return _add_xla(st, layer, x2, r2, w_stack)
+        return tuple(rms_add_forward(st, x2, r2, w_stack, layer, wx_stack))
+    return _add_xla(st, layer, x2, r2, w_stack, wx_stack)
 
 
-def _rms_add_fwd(impl, st, layer, x2, r2, w_stack):
-    return _rms_add(impl, st, layer, x2, r2, w_stack), (layer, x2, r2, w_stack)
+def _rms_add_fwd(impl, st, layer, x2, r2, w_stack, wx_stack):
+    return _rms_add(impl, st, layer, x2, r2, w_stack, wx_stack), (layer, x2, r2, w_stack, wx_stack)
 
 
 def _rms_add_bwd(impl, st, residuals, cts):
@@ -119,12 +122,13 @@ _rms_add.defvjp(_rms_add_fwd, _rms_add_bwd)
 
 @functools.partial(jax.jit, static_argnames=("impl", "eps", "zero_centered", "scale_after_cast", "config",
                                              "interpret"))
-def _run_add(x, residual, w_stack, layer, *, impl, eps, zero_centered, scale_after_cast, config, interpret):
+def _run_add(x, residual, w_stack, wx_stack, layer, *, impl, eps, zero_centered, scale_after_cast, config,
+             interpret):
     h = x.shape[-1]
     st = RMSStatic(eps=eps, zero_centered=zero_centered, scale_after_cast=scale_after_cast,
                    block_rows=block_rows(x.reshape(-1, h).shape[0], h, config), interpret=interpret)
     impl = "xla" if impl == "autodiff" else impl
-    y, total = _rms_add(impl, st, layer, x.reshape(-1, h), residual.reshape(-1, h), w_stack)
+    y, total = _rms_add(impl, st, layer, x.reshape(-1, h), residual.reshape(-1, h), w_stack, wx_stack)
     return y.reshape(x.shape), total.reshape(x.shape)
 
 
@@ -156,12 +160,18 @@ def rms_norm(
     config: RMSNormConfig | None = None,
     layer: int | jax.Array | None = None,
     residual: jax.Array | None = None,
+    x_weight: jax.Array | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """RMSNorm of x[..., H] over its last axis with weight[H] -> x's shape and dtype, computed in float32.
 
     residual: None, or the residual stream (x's shape and dtype): the call adds x to it first and returns
     (RMSNorm(x + residual), x + residual), the sum rounded to x's dtype as a model's residual stream is (vLLM's
     fused_add_rms_norm). One pass over the rows instead of an add and a norm: at decode the add is an op of its own.
+
+    x_weight: None, or (with residual) the weight of an RMSNorm applied to x before the add, weight's shape (and
+    stacked the same way with layer=): (RMSNorm(RMSNorm_xw(x) + residual), RMSNorm_xw(x) + residual), a sandwich
+    norm's post-norm, the add and the next norm in one pass (Gemma's post-attention norm before its
+    pre-feedforward norm), the post-norm's output rounded to x's dtype as a separate norm's is.
 
     layer: None, or an integer scalar (an int, or an int32 0-d array, possibly traced: a scan's counter) with weight
     stacked over layers, [L, H]: the call reads row `layer` inside the kernel, so a model scanning its layers takes
@@ -184,15 +194,21 @@ def rms_norm(
         layer = layer_index(layer, weight.shape[0], "rms_norm")
     eps = check_operands(x.shape, weight.shape[-1:] if layer is not None else weight.shape, eps)
     cfg = config or RMSNormConfig()
+    if x_weight is not None:
+        x_weight = jnp.asarray(x_weight)
+        if residual is None or x_weight.shape != weight.shape:
+            raise ValueError(f"rms_norm: x_weight needs residual= and weight's shape {weight.shape}, got "
+                             f"{x_weight.shape}{'' if residual is not None else ' without a residual'}")
     if residual is not None:
         residual = jnp.asarray(residual)
         if residual.shape != x.shape or residual.dtype != x.dtype:
             raise ValueError(f"rms_norm: residual must have x's shape and dtype {x.shape} {x.dtype}, got "
                              f"{residual.shape} {residual.dtype}")
         stack, at = (weight, layer) if layer is not None else (weight[None], jnp.zeros((), jnp.int32))
+        wx = None if x_weight is None else (x_weight if layer is not None else x_weight[None])
         if x.size == 0:
             return jnp.zeros(x.shape, x.dtype), jnp.zeros(x.shape, x.dtype)
-        run_add = lambda impl, mode: _run_add(x, residual, stack, at, impl=impl, eps=eps,
+        run_add = lambda impl, mode: _run_add(x, residual, stack, wx, at, impl=impl, eps=eps,
                                               zero_centered=bool(zero_centered),
                                               scale_after_cast=bool(scale_after_cast), config=cfg, interpret=mode)
         return run_dispatch(_DISPATCH, implementation, interpret, (x, weight), run_add, "the RMSNorm kernel")

@@ -46,11 +46,15 @@ def _forward_stacked_kernel(l_ref, x_ref, w_ref, o_ref, *, st: RMSStatic, layers
                                  scale_after_cast=st.scale_after_cast)
 
 
-def _add_kernel(l_ref, x_ref, r_ref, w_ref, y_ref, s_ref, *, st: RMSStatic, layers: int):
-    total = (x_ref[...].astype(jnp.float32) + r_ref[...].astype(jnp.float32)).astype(s_ref.dtype)
+def _add_kernel(l_ref, x_ref, r_ref, w_ref, *refs, st: RMSStatic, layers: int):
+    """(norm of s, s), s = x + residual; with an x weight stack (refs = wx, y, s) x is normalised by it first."""
+    wx_ref, y_ref, s_ref = refs if len(refs) == 3 else (None, *refs)
+    norm = lambda a, w_ref: formula.forward(a, select_row(w_ref[...], l_ref[0], layers), eps=st.eps,
+                                            zero_centered=st.zero_centered, scale_after_cast=st.scale_after_cast)
+    x = x_ref[...] if wx_ref is None else norm(x_ref[...], wx_ref)
+    total = (x.astype(jnp.float32) + r_ref[...].astype(jnp.float32)).astype(s_ref.dtype)
     s_ref[...] = total
-    y_ref[...] = formula.forward(total, select_row(w_ref[...], l_ref[0], layers), eps=st.eps,
-                                 zero_centered=st.zero_centered, scale_after_cast=st.scale_after_cast)
+    y_ref[...] = norm(total, w_ref)
 
 
 def _backward_kernel(x_ref, w_ref, dy_ref, dx_ref, dw_ref, *, st: RMSStatic, rows: int):
@@ -88,29 +92,31 @@ def rms_forward(st: RMSStatic, x: jax.Array, w: jax.Array) -> jax.Array:
 
 
 def _stacked_rows_call(kernel, name: str, st: RMSStatic, row_inputs: tuple[jax.Array, ...], outputs: int,
-                       w_stack: jax.Array, layer: jax.Array, flops_per_element: int):
+                       w_stack: jax.Array, layer: jax.Array, flops_per_element: int, more_stacks: tuple = ()):
     """A pallas_call over blocks of rows of [R, H] arrays (`row_inputs`, then `outputs` of x's shape and dtype)
-    reading row `layer` (an int32 0-d array in range) of w_stack [L, H] in the kernel: the stack's block holding it,
-    scalar-prefetched by layer, so no slice is taken outside."""
+    reading row `layer` (an int32 0-d array in range) of w_stack [L, H] (and of each of more_stacks) in the kernel:
+    the stack's block holding it, scalar-prefetched by layer, so no slice is taken outside."""
     x = row_inputs[0]
     r, h = x.shape
     br, layers = st.block_rows, w_stack.shape[0]
+    stacks = (w_stack, *more_stacks)
     rows = pl.BlockSpec((br, h), lambda i, l_ref: (i, 0))
     moved = (len(row_inputs) + outputs) * r * h * jnp.dtype(x.dtype).itemsize
     cost = pl.CostEstimate(flops=flops_per_element * r * h, transcendentals=r,
-                           bytes_accessed=moved + 16 * h * jnp.dtype(w_stack.dtype).itemsize)
+                           bytes_accessed=moved + 16 * h * len(stacks) * jnp.dtype(w_stack.dtype).itemsize)
     out = jax.ShapeDtypeStruct((r, h), x.dtype)
     return pl.pallas_call(
         functools.partial(kernel, st=st, layers=layers),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=1, grid=(cdiv(r, br),), in_specs=[rows] * len(row_inputs) + [stack_spec(layers, h)],
+            num_scalar_prefetch=1, grid=(cdiv(r, br),),
+            in_specs=[rows] * len(row_inputs) + [stack_spec(layers, h)] * len(stacks),
             out_specs=rows if outputs == 1 else [rows] * outputs),
         out_shape=out if outputs == 1 else [out] * outputs,
         compiler_params=_params(),
         cost_estimate=cost,
         interpret=st.interpret,
         name=name,
-    )(layer.reshape(1), *row_inputs, w_stack)
+    )(layer.reshape(1), *row_inputs, *stacks)
 
 
 def rms_forward_stacked(st: RMSStatic, x: jax.Array, w_stack: jax.Array, layer: jax.Array) -> jax.Array:
@@ -118,11 +124,14 @@ def rms_forward_stacked(st: RMSStatic, x: jax.Array, w_stack: jax.Array, layer: 
     return _stacked_rows_call(_forward_stacked_kernel, "rms_norm_fwd", st, (x,), 1, w_stack, layer, 5)
 
 
-def rms_add_forward(st: RMSStatic, x: jax.Array, residual: jax.Array, w_stack: jax.Array, layer: jax.Array
-                    ) -> tuple[jax.Array, jax.Array]:
+def rms_add_forward(st: RMSStatic, x: jax.Array, residual: jax.Array, w_stack: jax.Array, layer: jax.Array,
+                    wx_stack: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """(y, s) [R, H] in x's dtype: s = x + residual (rounded to x's dtype, as the residual stream is), y its RMSNorm
-    with row `layer` of w_stack [L, H]: the residual add and the norm after it in one pass over the rows."""
-    return tuple(_stacked_rows_call(_add_kernel, "rms_norm_add", st, (x, residual), 2, w_stack, layer, 6))
+    with row `layer` of w_stack [L, H]: the residual add and the norm after it in one pass over the rows. With
+    wx_stack, x is first normalised by its row `layer` (a sandwich norm's post-norm before the add)."""
+    more = () if wx_stack is None else (wx_stack,)
+    return tuple(_stacked_rows_call(_add_kernel, "rms_norm_add", st, (x, residual), 2, w_stack, layer,
+                                    6 + 5 * len(more), more))
 
 
 def rms_backward(st: RMSStatic, x: jax.Array, w: jax.Array, dy: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -7,6 +7,7 @@ alternate so both are compiled. `qk_norm_rope` at the seed models' attention fro
 4 query + 1 KV heads of 128; Gemma 4 sliding: 2 + 1 of 256, values normed; Gemma 4 global: 2 + 1 of 512, keys =
 values, a quarter rotated), decode and prefill, forward (its backward is XLA's). Both ops with their weights
 stacked over 48 layers (`layer=`, traced) at decode; rms_norm with the residual add fused (`residual=`) there too.
+rms_norm's sandwich form (`x_weight=`: x normed, added, normed again) at decode, tagged "sandwich".
 `attention_front` (the residual add, the input norm, the q/k/v projection and qk_norm_rope in one call) at the same
 three fronts with their models' hidden sizes and every weight stacked over 48 layers, at decode (64 and 1 tokens,
 bf16, and f32) and prefill, tagged "front".
@@ -53,10 +54,10 @@ FRONTS = {"qwen3": (4, 1, 128, 128, "raw", False), "gemma4_sliding": (2, 1, 256,
 LAYERS = 48
 
 
-def stacked_builder(tokens: int, hidden: int, dtype: str, residual: bool = False
+def stacked_builder(tokens: int, hidden: int, dtype: str, residual: bool = False, sandwich: bool = False
                     ) -> Callable[[bool], Callable[[], Built]]:
     """make(grad): rms_norm reading row `layer` (traced) of a [LAYERS, hidden] weight stack (with the residual add
-    fused: its normed output), or its gradient."""
+    fused: its normed output; with `sandwich`, x normed by a second stack first), or its gradient."""
 
     def make(grad: bool) -> Callable[[], Built]:
         def build() -> Built:
@@ -67,7 +68,11 @@ def stacked_builder(tokens: int, hidden: int, dtype: str, residual: bool = False
             sds = jax.ShapeDtypeStruct
             args = (sds((tokens, hidden), dtype), sds((LAYERS, hidden), dtype), sds((), "int32"),
                     sds((tokens, hidden), dtype))
-            if residual:
+            if sandwich:
+                args += (sds((LAYERS, hidden), dtype),)
+                fn = lambda x, w, i, r, wx: rms_norm(x, w, eps=1e-6, layer=i, residual=r, x_weight=wx,
+                                                     implementation="pallas", interpret=False)[0]
+            elif residual:
                 fn = lambda x, w, i, r: rms_norm(x, w, eps=1e-6, layer=i, residual=r, implementation="pallas",
                                                  interpret=False)[0]
             else:
@@ -161,6 +166,9 @@ def compile_cases() -> list[CompileCase]:
                        stacked_builder(64, hidden, "bfloat16"), backward=True)
         out += fwd_bwd(f"decode_t64_h{hidden}_layers{LAYERS}_add:bf16", "bfloat16", ("decode", "bfloat16"),
                        stacked_builder(64, hidden, "bfloat16", residual=True), backward=False)
+        out += fwd_bwd(f"decode_t64_h{hidden}_layers{LAYERS}_sandwich:bf16", "bfloat16",
+                       ("decode", "bfloat16", "sandwich"), stacked_builder(64, hidden, "bfloat16", sandwich=True),
+                       backward=False)
     for phase, tokens in TOKENS.items():
         for i, hidden in enumerate(HIDDEN):
             for dtype in DTYPES:

@@ -220,3 +220,41 @@ def test_residual_is_added_first_and_returned(impl, dtype, layers):
     np.testing.assert_array_equal(np.asarray(dx, np.float32), np.asarray(dr, np.float32))  # d/dx = d/dr
     with pytest.raises(ValueError, match="residual must have"):
         rn.rms_norm(x, weight, eps=1e-6, residual=r[:3], **kw)
+
+
+@pytest.mark.parametrize("impl", ["pallas", "xla"])
+@pytest.mark.parametrize(("dtype", "layers"), [("bfloat16", None), ("float32", 20)])
+def test_sandwich_x_weight_normalises_x_before_the_add(impl, dtype, layers):
+    """rms_norm(x, w, residual=r, x_weight=wx) -> (norm_w(norm_wx(x) + r), norm_wx(x) + r): a sandwich norm's
+    post-norm, the add and the next norm in one call; against the float64 reference (the post-norm's output and
+    the sum rounded to the dtype as separate ops store them), equal to the two calls it replaces, gradients reach
+    every input."""
+    rng = np.random.default_rng(21)
+    arr = lambda shape, scale=1.0, shift=0.0: jnp.asarray(rng.standard_normal(shape).astype(np.float32) * scale
+                                                          + shift, dtype)
+    x, r, dy = arr((37, 256), 3.0), arr((37, 256)), arr((37, 256))
+    lead = () if layers is None else (layers,)
+    w, wx = arr((*lead, 256), 0.3, 1.0), arr((*lead, 256), 0.3, 1.0)
+    kw = {} if layers is None else {"layer": 17}
+    row = (lambda a: a) if layers is None else (lambda a: a[17])
+    y, total = rn.rms_norm(x, w, eps=1e-6, residual=r, x_weight=wx, implementation=impl, config=TILES, **kw)
+    post = rn.rms_norm(x, row(wx), eps=1e-6, implementation=impl, config=TILES)
+    y2, total2 = rn.rms_norm(post, row(w), eps=1e-6, residual=r, implementation=impl, config=TILES)
+    for got, want in ((total, total2), (y, y2)):  # XLA may fuse the f32 reductions in another order: an ulp
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=1e-6, atol=1e-6)
+    rounded = lambda a: np.asarray(jnp.asarray(a, dtype).astype(jnp.float32), np.float64)
+    want_total = rounded(rounded(rn.reference_rms_norm(_f64(x), _f64(row(wx)), eps=1e-6)) + _f64(r))
+    assert relative_error(np.asarray(total, np.float32), want_total) <= tolerance(dtype)
+    ref = rn.reference_rms_norm(want_total, _f64(row(w)), eps=1e-6)
+    assert relative_error(np.asarray(y, np.float32), ref) <= tolerance(dtype)
+
+    def loss(a, b, c, d):
+        out, s = rn.rms_norm(a, c, eps=1e-6, residual=b, x_weight=d, implementation=impl, config=TILES, **kw)
+        return jnp.sum(out.astype(jnp.float32) * dy.astype(jnp.float32)) + jnp.sum(s.astype(jnp.float32))
+    grads = jax.grad(loss, argnums=(0, 1, 2, 3))(x, r, w, wx)
+    for g in grads:
+        assert np.all(np.isfinite(np.asarray(g, np.float32))) and float(jnp.max(jnp.abs(g.astype(jnp.float32)))) > 0
+    with pytest.raises(ValueError, match="x_weight needs residual="):
+        rn.rms_norm(x, w, eps=1e-6, x_weight=wx, **kw)
+    with pytest.raises(ValueError, match="x_weight needs residual="):
+        rn.rms_norm(x, w, eps=1e-6, residual=r, x_weight=wx[..., :128], **kw)
