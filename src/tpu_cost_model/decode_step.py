@@ -55,8 +55,8 @@ def whole_stacks(kern: Kernels) -> tuple[str, ...]:
 
 
 class Kernels(NamedTuple):
-    # (x [..., D], weight [D] (or [G, D] with layer), eps, layer=None, residual=None) -> x's shape, or with the
-    # residual stream given: (norm(x + residual), x + residual)
+    # (x [..., D], weight [D] (or [G, D] with layer), eps, layer=None, residual=None, x_weight=None) -> x's shape,
+    # or with the residual stream given: (norm(x' + residual), x' + residual), x' = x, or norm(x, x_weight)
     rms_norm: Callable[..., Any]
     # (qkv [B, heads x D], q_norm, k_norm [D] (or [G, D] with layer), (cos, sin) [B, D], Front, layer=None)
     #   -> q, k, v [B, heads, D]
@@ -78,8 +78,9 @@ def hub_kernels(rms: Any, fa: Any, rd: Any, implementation: str | None = None, i
     moe_experts runs each device's experts (None: its own choice, ragged_dot's moe/formulation.py)."""
     kw = {"implementation": implementation, "interpret": interpret}
 
-    def norm(x, w, eps, layer=None, residual=None):
-        return rms.rms_norm(x, w, eps=eps, layer=layer, residual=residual, **kw)
+    def norm(x, w, eps, layer=None, residual=None, x_weight=None):
+        return rms.rms_norm(x, w, eps=eps, layer=layer, residual=residual,
+                            **({} if x_weight is None else {"x_weight": x_weight}), **kw)
 
     def qk_rope(qkv, qw, kw_, table, f: Front, layer=None):
         return rms.qk_norm_rope(qkv, qw, kw_, *table, q_heads=f.q_heads, kv_heads=f.kv_heads, eps=f.eps,
@@ -109,8 +110,8 @@ def transformers_kernels(rd: Any) -> Kernels:
     """transformers' decode math compiled whole: RMSNorm in XLA, attention over the whole static cache with K/V
     repeated to every query head, experts by the ragged dot's XLA path (one dense dot over the local experts)."""
 
-    def norm(x, w, eps, layer=None, residual=None):
-        return xla_rms_norm(x, w, eps, layer, residual)
+    def norm(x, w, eps, layer=None, residual=None, x_weight=None):
+        return xla_rms_norm(x, w, eps, layer, residual, x_weight)
 
     def moe(x, ids, w, gu, dn, activation, mesh, layer):
         return rd.moe_experts(x, ids, w, gu, dn, activation=activation, mesh=mesh,
@@ -119,11 +120,14 @@ def transformers_kernels(rd: Any) -> Kernels:
     return Kernels(norm, xla_qk_rope, repeat_kv_attention, moe, xla_route)
 
 
-def xla_rms_norm(x, w, eps, layer=None, residual=None):
-    """RMSNorm in XLA; with `residual`, (norm(x + residual), x + residual), as transformers adds then normalises."""
+def xla_rms_norm(x, w, eps, layer=None, residual=None, x_weight=None):
+    """RMSNorm in XLA; with `residual`, (norm(x + residual), x + residual), as transformers adds then normalises
+    (x normed by x_weight first when given: a sandwich norm's post-norm)."""
     import jax.numpy as jnp
 
     if residual is not None:
+        if x_weight is not None:
+            x = xla_rms_norm(x, x_weight, eps, layer)
         total = x + residual
         return xla_rms_norm(total, w, eps, layer), total
     w = w if layer is None else w[layer]
@@ -328,8 +332,8 @@ def attention_part(m: DecodeModel, kind: AttentionKind, kern: Kernels, lw: dict,
     """One device's attention of a layer (query heads and KV heads local), its output summed over the axis by
     `reduce`; `table` the kind's rope_table; kc, vc the kind's caches stacked over the groups, `layer` the group.
     `pending`: the previous layer's output, not yet added to the residual stream `h`: the input norm adds it (one
-    kernel for the add and the norm). Returns (h with `pending` added, the attention's output (not yet added),
-    k_cache, v_cache: the whole stacks, that group's rows written)."""
+    kernel for the add and the norm). Returns (h with `pending` added, the attention's output (not yet added, nor
+    post-normed: ff_inputs' norm does both), k_cache, v_cache: the whole stacks, that group's rows written)."""
     import jax.numpy as jnp
 
     b, d = h.shape[0], kind.head_dim
@@ -345,9 +349,7 @@ def attention_part(m: DecodeModel, kind: AttentionKind, kern: Kernels, lw: dict,
     scale = m.attention_scale if m.attention_scale is not None else 1.0 / math.sqrt(d)
     cu = jnp.arange(b + 1, dtype=jnp.int32)
     o, kc, vc = kern.attention(q, k, v, kc, vc, kv_lens, pages, cu, kind.window, scale, layer)
-    out = reduce(o.reshape(b, -1) @ lw["wo"])
-    if m.sandwich_norms:
-        out = kern.rms_norm(out, lw["attn_post_norm"], m.eps, layer)
+    out = reduce(o.reshape(b, -1) @ lw["wo"])  # a sandwich model's post-norm runs in the next norm's call
     return h, out, kc, vc
 
 
@@ -371,7 +373,8 @@ def router(m: DecodeModel, kern: Kernels, lw: dict, h, x, layer):
 def ff_inputs(m: DecodeModel, kern: Kernels, lw: dict, h, attn_out, layer, reduce: Callable[[Any], Any]):
     """One device's part before the experts: (the experts' input, ids, weights, the shared MLP's output or None, h
     with the attention's output added: the norm adds it); the norms' weights are stacks read at `layer`."""
-    x, h = kern.rms_norm(attn_out, lw["ff_norm"], m.eps, layer, h)
+    post = lw["attn_post_norm"] if m.sandwich_norms else None  # the attention's post-norm, the add, this norm
+    x, h = kern.rms_norm(attn_out, lw["ff_norm"], m.eps, layer, h, x_weight=post)
     ids, w = router(m, kern, lw, h, x, layer)
     shared = None
     if m.shared_intermediate:
@@ -389,8 +392,8 @@ def ff_output(m: DecodeModel, kern: Kernels, lw: dict, moe_out, shared, layer):
     final norm)."""
     if not m.sandwich_norms:
         return moe_out
-    y = kern.rms_norm(moe_out, lw["moe_post_norm"], m.eps, layer) + shared
-    return kern.rms_norm(y, lw["ff_post_norm"], m.eps, layer)
+    # ff_post_norm(moe_post_norm(moe_out) + shared): the sandwich form, one call
+    return kern.rms_norm(moe_out, lw["ff_post_norm"], m.eps, layer, shared, x_weight=lw["moe_post_norm"])[0]
 
 
 def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, model: DecodeModel, kernels: Kernels,
