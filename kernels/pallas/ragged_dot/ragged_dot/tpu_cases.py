@@ -5,7 +5,8 @@ ahead of time, one mock TPU per generation), so a kernel Mosaic would reject nev
 Pallas path of every TPU validation case, forward and backward (the custom_vjp's gmm + tgmm), in bf16 and
 f32, the MoE expert projections (gate_up and down) of four models (moe_shapes.py) at decode (64 tokens)
 and prefill (4096 tokens), the moe_experts validation cases (one chip, forward and backward), and the quantized
-(int8, fp8) cases of quant_cases.py; `moe_route` at the seed models' routers (Qwen3-30B-A3B: 2048 x 128, top 8;
+(int8, fp8) cases of quant_cases.py; `moe_route` (alone, and at decode with the norm before it: the residual add, or
+a per-expert scale) at the seed models' routers (Qwen3-30B-A3B: 2048 x 128, top 8;
 Gemma 4 26B-A4B: 2816 x 128, top 8; Mixtral 8x7B: 4096 x 8, top 2; GPT-OSS-20B: 2880 x 32, top 4) at decode and
 prefill, reading a 48-layer stack at a traced layer; moe_experts' dense formulation on one device's experts of
 Qwen3, Gemma 4 and Mixtral under 8-way expert parallelism at decode (64 tokens and 1), stacked, and in f32 with its
@@ -78,7 +79,11 @@ ROUTERS = {"qwen3_30b_a3b": (2048, 128, 8), "gemma4_26b_a4b": (2816, 128, 8), "m
            "gpt_oss_20b": (2880, 32, 4)}
 
 
-def route_builder(tokens: int, hidden: int, experts: int, k: int, dtype: str) -> Callable[[bool], Callable[[], Built]]:
+def route_builder(tokens: int, hidden: int, experts: int, k: int, dtype: str, normed: str = ""
+                  ) -> Callable[[bool], Callable[[], Built]]:
+    """make(grad): moe_route on a router stacked over 48 layers; normed "add": with the residual add and the norm
+    before it (Qwen3), "scaled": with the norm and a per-expert scale (Gemma 4's router), all stacked too."""
+
     def make(grad: bool) -> Callable[[], Built]:
         def build() -> Built:
             import jax
@@ -86,8 +91,14 @@ def route_builder(tokens: int, hidden: int, experts: int, k: int, dtype: str) ->
             from .moe.route import moe_route
 
             sds = jax.ShapeDtypeStruct
-            args = (sds((tokens, hidden), dtype), sds((48, hidden, experts), dtype), sds((), "int32"))
-            return (lambda x, w, i: moe_route(x, w, top_k=k, layer=i, implementation="pallas", interpret=False)), args
+            args = (sds((tokens, hidden), dtype), sds((48, hidden, experts), dtype), sds((), "int32"),
+                    sds((48, hidden), dtype), sds((tokens, hidden), dtype), sds((48, experts), "float32"))
+            kw = {"implementation": "pallas", "interpret": False, "top_k": k}
+            if normed == "add":
+                return (lambda x, w, i, n, r, s: moe_route(x, w, layer=i, norm_weight=n, residual=r, **kw)), args
+            if normed == "scaled":
+                return (lambda x, w, i, n, r, s: moe_route(x, w, layer=i, norm_weight=n, expert_scale=s, **kw)), args
+            return (lambda x, w, i, n, r, s: moe_route(x, w, layer=i, **kw)), args
 
         return build
 
@@ -151,6 +162,9 @@ def compile_cases() -> list[CompileCase]:
         for phase, tokens in (("decode", 64), ("prefill", 4096)):
             out += fwd_bwd(f"route_{model}_{phase}_t{tokens}:bf16", "bfloat16", (phase, "bfloat16", "route"),
                            route_builder(tokens, hidden, experts, k, "bfloat16"), False)
+        for normed in ("add", "scaled"):
+            out += fwd_bwd(f"route_{model}_decode_t64_norm_{normed}:bf16", "bfloat16", ("decode", "bfloat16", "route"),
+                           route_builder(64, hidden, experts, k, "bfloat16", normed), False)
     for model, (layers, hidden, experts, inter) in DENSE_EXPERTS.items():
         for tokens in (64, 1):
             out += fwd_bwd(f"dense_{model}_decode_t{tokens}_stacked:bf16", "bfloat16", ("decode", "bfloat16", "dense"),

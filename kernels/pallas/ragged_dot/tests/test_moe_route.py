@@ -89,3 +89,55 @@ def test_bad_operands_name_what_to_fix(x, w, kw, match):
 def test_no_tokens():
     ids, wts = rd.moe_route(jnp.zeros((0, 128)), jnp.ones((128, 16)), top_k=2)
     assert ids.shape == wts.shape == (0, 2)
+
+
+@pytest.mark.parametrize("impl", ["pallas", "xla"])
+@pytest.mark.parametrize(("tokens", "dtype", "layers", "scaled"), [
+    (64, "bfloat16", 20, False),   # Qwen3's post-attention norm + router, weights stacked over layers
+    (300, "float32", None, True),  # tokens past the block, one layer, a per-expert scale (Gemma 4)
+])
+def test_the_norm_before_the_router_in_the_same_call(impl, tokens, dtype, layers, scaled):
+    """moe_route(x, w, residual=r, norm_weight=n, expert_scale=s) -> (ids, weights, RMSNorm_n(x + r), x + r):
+    the sum rounded to the dtype, the norm against float64, the routing of the normalised rows as moe_route gives
+    it for them alone, each weight times its expert's scale."""
+    rng = np.random.default_rng(tokens)
+    arr = lambda shape, scale=1.0, shift=0.0: jnp.asarray(rng.standard_normal(shape) * scale + shift, dtype)
+    h, e, k = 256, 64, 4
+    lead = () if layers is None else (layers,)
+    x, r = arr((tokens, h), 2.0), arr((tokens, h))
+    w, nw = arr((*lead, h, e), h ** -0.5), arr((*lead, h), 0.3, 1.0)
+    sc = jnp.asarray(rng.uniform(0.5, 2.0, (*lead, e)), jnp.float32) if scaled else None
+    at = None if layers is None else 13
+    pick = (lambda a: a) if layers is None else (lambda a: a[13])
+    ids, wts, y, total = rd.moe_route(x, w, top_k=k, layer=at, norm_weight=nw, residual=r, expert_scale=sc,
+                                      eps=1e-6, implementation=impl)
+    assert rd.last_implementation()[0] == impl and y.dtype == total.dtype == x.dtype
+    want_total = (x.astype(jnp.float32) + r.astype(jnp.float32)).astype(dtype)
+    np.testing.assert_array_equal(np.asarray(total, np.float32), np.asarray(want_total, np.float32))
+    t64 = _f64(want_total)
+    ref_y = t64 / np.sqrt(np.mean(t64 * t64, axis=1, keepdims=True) + 1e-6) * _f64(pick(nw))
+    assert relative_error(np.asarray(y, np.float32), ref_y) <= tolerance(dtype)
+    alone_ids, alone_w = rd.moe_route(y, pick(w), top_k=k, implementation=impl)
+    np.testing.assert_array_equal(np.asarray(ids), np.asarray(alone_ids))
+    factor = np.asarray(pick(sc))[np.asarray(ids)] if scaled else 1.0
+    np.testing.assert_allclose(np.asarray(wts), np.asarray(alone_w) * factor, rtol=1e-6)
+    # y is what the router read: its float64 routing picks the same experts where the picks are clear
+    want_ids, _, logits = _reference(_f64(y), _f64(pick(w)), k)
+    srt = -np.sort(-logits, 1)
+    clear = srt[:, k - 1] - srt[:, k] > 1e-3
+    assert clear.mean() > 0.9
+    np.testing.assert_array_equal(np.sort(np.asarray(ids)[clear], 1), np.sort(want_ids[clear], 1))
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    ({"residual": jnp.zeros((4, 128)), "norm_weight": None}, "residual needs norm_weight="),
+    ({"residual": jnp.zeros((3, 128))}, "residual needs norm_weight= and x's shape"),
+    ({"norm_weight": jnp.ones(64)}, r"norm_weight must be \[128\]"),
+    ({"expert_scale": jnp.ones(8)}, r"expert_scale must be \[16\]"),
+    ({"eps": -1.0}, "eps must be >= 0"),
+])
+def test_bad_norm_operands_name_what_to_fix(change, match):
+    kw = {"top_k": 2, "norm_weight": jnp.ones(128), "residual": jnp.zeros((4, 128))}
+    kw.update(change)
+    with pytest.raises(ValueError, match=f"moe_route: {match}"):
+        rd.moe_route(jnp.zeros((4, 128)), jnp.zeros((128, 16)), **kw)

@@ -1,5 +1,6 @@
 """The RMSNorm arithmetic, written once in jnp and used by every JAX implementation (the Pallas kernel bodies on
-their loaded tiles, and the XLA paths on whole arrays), so the implementations differ in schedule only.
+their loaded tiles, and the XLA paths on whole arrays), so the implementations differ in schedule only. The forward
+(scale_of, inv_rms, forward) is the shared `_common/rms_formula.py`, vendored; the backward is this package's.
 
 Forms (the two conventions transformers uses):
   zero_centered=False   y = w * x_normed                (Llama, Qwen, Mixtral, GPT-OSS, Gemma 4)
@@ -18,25 +19,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-
-def scale_of(w: jax.Array, zero_centered: bool) -> jax.Array:
-    """The multiplier in float32: w, or 1 + w."""
-    w = w.astype(jnp.float32)
-    return 1.0 + w if zero_centered else w
-
-
-def inv_rms(xf: jax.Array, eps: float) -> jax.Array:
-    """rsqrt(mean(x^2) + eps) over the last axis, keepdims, float32."""
-    return jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
-
-
-def forward(x: jax.Array, w: jax.Array, *, eps: float, zero_centered: bool, scale_after_cast: bool) -> jax.Array:
-    """y in x's dtype; x [..., H], w [H] or [1, H]."""
-    xf = x.astype(jnp.float32)
-    n = xf * inv_rms(xf, eps)
-    if scale_after_cast:
-        n = n.astype(x.dtype).astype(jnp.float32)
-    return (n * scale_of(w, zero_centered)).astype(x.dtype)
+from ._vendor.rms_formula import forward, inv_rms, scale_of
 
 
 def backward(x: jax.Array, w: jax.Array, dy: jax.Array, *, eps: float,
@@ -48,3 +31,6 @@ def backward(x: jax.Array, w: jax.Array, dy: jax.Array, *, eps: float,
     g = dy.astype(jnp.float32) * scale_of(w, zero_centered)
     dx = r * (g - n * jnp.mean(g * n, axis=-1, keepdims=True))
     return dx, dy.astype(jnp.float32) * n
+
+
+__all__ = ["backward", "forward", "inv_rms", "scale_of"]
