@@ -27,6 +27,7 @@ router's (the cost model walks the ragged dot with a concrete routing; the route
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -46,12 +47,15 @@ NORM_STACKS = ("attn_norm", "ff_norm", "q_norm", "k_norm", "attn_post_norm", "ff
                "moe_post_norm", "shared_post_norm", "router")
 #: The attention's projection, passed whole too where the step's kernels fuse it into the attention front.
 FRONT_STACKS = ("wqkv",)
+#: Gemma's router scales, passed whole too where the router runs its own norm and per-expert scale in its call.
+ROUTE_STACKS = ("router_scale", "expert_scale")
 
 
 def whole_stacks(kern: Kernels) -> tuple[str, ...]:
     """The layer weights the step hands its kernels as whole stacks [G, ...] with layer=, the rest being the
     layer scan's xs (sliced per group by the scan)."""
-    return NORM_STACKS + (FRONT_STACKS if kern.front is not None else ())
+    return (NORM_STACKS + (FRONT_STACKS if kern.front is not None else ())
+            + (ROUTE_STACKS if kern.norm_route is not None else ()))
 
 
 class Kernels(NamedTuple):
@@ -70,6 +74,9 @@ class Kernels(NamedTuple):
     # [G, D], (cos, sin), Front, layer) -> q, k, v [B, heads, D], x + residual; without it the step runs rms_norm,
     # the projection and qk_rope apart
     front: Callable[..., Any] | None = None
+    # None, or the router with the norm before it in one call: (x, residual or None, norm [G, H], router [G, H, E],
+    # top_k, eps, layer, expert_scale [G, E] or None) -> ids, weights, the normed x (, x + residual)
+    norm_route: Callable[..., Any] | None = None
 
 
 def hub_kernels(rms: Any, fa: Any, rd: Any, implementation: str | None = None, interpret: Any = None,
@@ -103,7 +110,13 @@ def hub_kernels(rms: Any, fa: Any, rd: Any, implementation: str | None = None, i
                                    kv_heads=f.kv_heads, eps=f.eps, values=f.values,
                                    keys_are_values=f.keys_are_values, rotary_dims=f.rotary_dims, layer=layer, **kw)
 
-    return Kernels(norm, qk_rope, attention, moe, route, front if hasattr(rms, "attention_front") else None)
+    def norm_route(x, residual, norm_w, w, k, eps, layer, expert_scale=None):
+        return rd.moe_route(x, w, top_k=k, layer=layer, norm_weight=norm_w, residual=residual, eps=eps,
+                            expert_scale=expert_scale, **kw)
+
+    fused_route = "norm_weight" in inspect.signature(rd.moe_route).parameters
+    return Kernels(norm, qk_rope, attention, moe, route, front if hasattr(rms, "attention_front") else None,
+                   norm_route if fused_route else None)
 
 
 def transformers_kernels(rd: Any) -> Kernels:
@@ -360,6 +373,10 @@ def router(m: DecodeModel, kern: Kernels, lw: dict, h, x, layer):
     renormalisation), with no full softmax over every expert."""
     import jax.numpy as jnp
 
+    if m.sandwich_norms and kern.norm_route is not None:  # the router's norm and per-expert scale in its call
+        ids, w, _ = kern.norm_route(h, None, lw["router_norm"], lw["router"], m.top_k, m.eps, layer,
+                                    lw["expert_scale"])
+        return ids, w
     if m.sandwich_norms:
         r = xla_rms_norm(h, jnp.ones((m.hidden,), h.dtype), m.eps) * lw["router_scale"] * m.hidden ** -0.5
     else:
@@ -373,9 +390,12 @@ def router(m: DecodeModel, kern: Kernels, lw: dict, h, x, layer):
 def ff_inputs(m: DecodeModel, kern: Kernels, lw: dict, h, attn_out, layer, reduce: Callable[[Any], Any]):
     """One device's part before the experts: (the experts' input, ids, weights, the shared MLP's output or None, h
     with the attention's output added: the norm adds it); the norms' weights are stacks read at `layer`."""
-    post = lw["attn_post_norm"] if m.sandwich_norms else None  # the attention's post-norm, the add, this norm
-    x, h = kern.rms_norm(attn_out, lw["ff_norm"], m.eps, layer, h, x_weight=post)
-    ids, w = router(m, kern, lw, h, x, layer)
+    if kern.norm_route is not None and not m.sandwich_norms:  # the add, this norm and the router: one call
+        ids, w, x, h = kern.norm_route(attn_out, h, lw["ff_norm"], lw["router"], m.top_k, m.eps, layer)
+    else:
+        post = lw["attn_post_norm"] if m.sandwich_norms else None  # the attention's post-norm, the add, this norm
+        x, h = kern.rms_norm(attn_out, lw["ff_norm"], m.eps, layer, h, x_weight=post)
+        ids, w = router(m, kern, lw, h, x, layer)
     shared = None
     if m.shared_intermediate:
         import jax
@@ -411,6 +431,12 @@ def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, mo
     whole = whole_stacks(kern)
     lspecs = [{k: P(None, *p) if k in whole else P(*p) for k, (_, p) in layer_shapes(m, kind, n).items()
                if k not in EXPERT_WEIGHTS} for kind in m.pattern]
+    # a router's norm with a scale-free norm of its own (Gemma): its weight, router_scale / sqrt(hidden), made once
+    # a step from the whole stack (below), not once a layer
+    router_norm = m.sandwich_norms and kern.norm_route is not None
+    if router_norm:
+        for spec in lspecs:
+            spec["router_norm"] = spec.pop("router_scale")
     cspec = P(None, None, None, AXIS, None)  # [G, pages, PAGE, KV heads, D]: the whole stacks, heads split
 
     def embed(table, tok):
@@ -426,6 +452,9 @@ def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, mo
     # the experts' and the norms' weights stay whole stacks [G, ...]: their kernels read group i's layer in place
     experts = [(lw["w_gate_up"], lw["w_down"]) for lw in params["layers"]]
     stacks = [{k: a for k, a in lw.items() if k in whole} for lw in params["layers"]]
+    if router_norm:
+        for st in stacks:
+            st["router_norm"] = (st.pop("router_scale").astype(jnp.float32) * m.hidden ** -0.5).astype(dt)
     scanned = [{k: a for k, a in lw.items() if k not in EXPERT_WEIGHTS + whole} for lw in params["layers"]]
     # the rotary angles depend on the positions and the kind only: once a step, not once a layer
     angles = {}

@@ -126,7 +126,7 @@ def kernels():
 
 
 @pytest.mark.parametrize("name", ["qwen3_30b_a3b", "gemma4_26b_a4b"])
-@pytest.mark.parametrize("path", ["hub", "hub_dense", "hub_front_apart", "default_compiled"])
+@pytest.mark.parametrize("path", ["hub", "hub_dense", "hub_apart", "default_compiled"])
 def test_decode_step_matches_numpy(kernels, name, path):
     m = dm.tiny(dm.MODELS[name])
     batch, cache = 3, 2 * PAGE
@@ -138,10 +138,11 @@ def test_decode_step_matches_numpy(kernels, name, path):
     rms, fa, rd = kernels["rms_norm"], kernels["flash_attention"], kernels["ragged_dot"]
     kern = (ds.transformers_kernels(rd) if path == "default_compiled"
             else ds.hub_kernels(rms, fa, rd, formulation="dense" if path == "hub_dense" else None))
-    # the hub's attention front is one call (attention_front); apart: the norm, the projection, qk_norm_rope
-    assert (kern.front is not None) == (path != "default_compiled")
-    if path == "hub_front_apart":
-        kern = kern._replace(front=None)
+    # the hub's attention front is one call (attention_front), its router one call with the norm before it;
+    # apart: the norm, the projection, qk_norm_rope; the norm, then the router
+    assert (kern.front is not None) == (kern.norm_route is not None) == (path != "default_compiled")
+    if path == "hub_apart":
+        kern = kern._replace(front=None, norm_route=None)
     mesh = Mesh(np.array(jax.devices()[:1]), (ds.AXIS,))
     step = jax.jit(lambda p, c, t, k, pg: ds.decode_step(p, c, t, k, pg, model=m, kernels=kern, mesh=mesh))
     nxt, new = step(params, caches, tokens, kv_lens, pages)
