@@ -194,9 +194,16 @@ def chip_table(groups: list[dict]) -> str:
     for g in groups:
         out.append((g["kind"], g["chip"], str(g["rows"]), str(g["fitted"]), str(g["modeled"]), pct(g["median_after"]),
                     pct(g["worst_after"]), pct(g["median_before"]), pct(g["worst_before"]),
-                    ", ".join(g["outside_target"]) or "-"))
+                    _past(g["outside_target"])))
     widths = [max(len(row[i]) for row in out) for i in range(len(head))]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in out)
+
+
+def _past(ids: list[str]) -> str:
+    """The rows past the target: their ids while a few, else how many (the record lists every one)."""
+    if len(ids) > 2:
+        return f"{len(ids)} rows"
+    return ", ".join(ids) or "-"
 
 
 def _md_pct(v: float | None) -> str:
@@ -209,7 +216,7 @@ def markdown_kinds(errors: dict) -> str:
     for kind, e in errors.items():
         modeled = f"{e['modeled']}" if e["modeled"] == e["check_rows"] else f"{e['modeled']} of {e['check_rows']}"
         out.append(f"| {kind} | {modeled} | {_md_pct(e['median_abs_error'])} | {_md_pct(e['max_abs_error'])} | "
-                   f"{', '.join(e['outside_target']) or '-'} |")
+                   f"{_past(e['outside_target'])} |")
     return "\n".join(out)
 
 
@@ -232,7 +239,7 @@ def held_out_table(errors: dict) -> str:
         out.append((kind, str(e["check_rows"]), str(e["modeled"]),
                     "-" if e["median_abs_error"] is None else f"{e['median_abs_error'] * 100:.1f}%",
                     "-" if e["max_abs_error"] is None else f"{e['max_abs_error'] * 100:.1f}%",
-                    ", ".join(e["outside_target"]) or "-", str(len(e["not_modeled"])), ", ".join(e["fit_rows"]) or "-"))
+                    _past(e["outside_target"]), str(len(e["not_modeled"])), ", ".join(e["fit_rows"]) or "-"))
     widths = [max(len(row[i]) for row in out) for i in range(len(head))]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in out)
 

@@ -127,6 +127,63 @@ def _splash(row: JsonDict) -> tuple[Any, tuple[Any, ...]]:
     return call, (arg, arg, arg)
 
 
+def _tokamax_attention(row: JsonDict) -> tuple[Any, tuple[Any, ...]]:
+    """Tokamax's Mosaic TPU flash attention op (PallasMosaicTpuFlashAttention, installed) at the row's cached
+    config, called as its autotuner times it: the op itself, so the scale, the [B, T, H, D] -> [B, H, T, D]
+    transposes, each SEQ_MINOR operand's extra transpose, the vmap over the batch and the output transpose are
+    all in the program, as they were in the measured jitted call."""
+    import jax
+    from tokamax._src.ops.attention import pallas_mosaic_tpu as tk
+    from tokamax._src.ops.experimental.tpu.splash_attention import splash_attention_kernel as splash
+
+    s, dt = row["shapes"], row["dtypes"]
+    c = dict(s["config"])
+    for name in ("q_layout", "k_layout", "v_layout"):  # the cache stores the enum's value
+        c[name] = splash.QKVLayout(c[name])
+    op = tk.PallasMosaicTpuFlashAttention(config=tk.Config(**c))
+
+    def call(q, k, v):
+        return op(q, k, v, is_causal=s["causal"], logits_scale=s["logits_scale"], logits_dtype=dt["logits"],
+                  return_residuals=s["return_residuals"])
+    sds = jax.ShapeDtypeStruct
+    return call, tuple(sds(tuple(s[n]), dt[n]) for n in ("q", "k", "v"))
+
+
+def tokamax_group_sizes(spec: list[int] | JsonDict) -> np.ndarray:
+    """A cache key's group sizes: the list it holds, or, for a key that holds only their count and total, the
+    sizes its autotuner ran: it rebuilds such a key's sizes as `total` rows each given a group uniformly at
+    random by numpy's default generator seeded 0 (tokamax ragged_dot/base.py, GroupSizes from a total), which
+    this redraws; an even split would leave out the part-filled tile each group's remainder costs."""
+    if isinstance(spec, list):
+        return np.asarray(spec, np.int32)
+    g, total = spec["num_groups"], spec["total_size"]
+    picks = np.random.default_rng(0).choice(g, (total,), replace=True)
+    return np.bincount(picks, minlength=g).astype(np.int32)
+
+
+def _tokamax_ragged_dot(row: JsonDict) -> tuple[Any, tuple[Any, ...]]:
+    """Tokamax's Mosaic TPU ragged dot op (PallasMosaicTpuRaggedDot, installed) at the row's cached config and
+    dimension numbers, called as its autotuner times it: the op itself, so the group metadata XLA computes from
+    the sizes, the transpose in front of the tgmm kernel and a residual output are in the program too."""
+    import jax
+    from tokamax._src.ops.ragged_dot import pallas_mosaic_tpu as tk
+
+    s, dt = row["shapes"], row["dtypes"]
+    d = s["ragged_dot_dimension_numbers"]
+    (lc, rc), (lb, rb) = d["dot_dimension_numbers"]
+    dims = jax.lax.RaggedDotDimensionNumbers(dot_dimension_numbers=((lc, rc), (lb, rb)),
+                                             lhs_ragged_dimensions=d["lhs_ragged_dimensions"],
+                                             rhs_group_dimensions=d["rhs_group_dimensions"])
+    op = tk.PallasMosaicTpuRaggedDot(config=tk.Config(**s["config"]))
+
+    def call(lhs, rhs, group_sizes):
+        return op(lhs, rhs, group_sizes=group_sizes, ragged_dot_dimension_numbers=dims,
+                  return_residuals=s["return_residuals"])
+    sds = jax.ShapeDtypeStruct
+    return call, (sds(tuple(s["lhs"]), dt["lhs"]), sds(tuple(s["rhs"]), dt["rhs"]),
+                  tokamax_group_sizes(s["group_sizes"]))
+
+
 #: The arguments a kind's caller donates: RPA writes the new keys and values into its cache in place.
 _DONATED = {"rpa_v3": (3,)}
 
@@ -154,8 +211,9 @@ def _build(row: JsonDict, peers: JsonDict) -> tuple[Any, tuple[Any, ...]]:
     if row["kernel"] in _PEER_KINDS:
         key, builder = _PEER_KINDS[row["kernel"]]
         return builder(row, load_peer(peers, key))
-    return {"pallas_matmul": _matmul, "rpa_v3": _rpa_v3, "xla_matmul": _xla_matmul,
-            "splash_attention": _splash}[row["kernel"]](row)
+    builders = {"pallas_matmul": _matmul, "rpa_v3": _rpa_v3, "xla_matmul": _xla_matmul, "splash_attention": _splash,
+                "tokamax_flash_attention": _tokamax_attention, "tokamax_ragged_dot": _tokamax_ragged_dot}
+    return builders[row["kernel"]](row)
 
 
 def _peer_note(row: JsonDict, peers: JsonDict, shims: list[str]) -> JsonDict:

@@ -26,7 +26,7 @@ from tests.tpu_toys import env_or_skip
 from tpu_cost_model import calibration, ici
 from tpu_cost_model import rates as rates_mod
 from tpu_cost_model.calibration import HOST_DISPATCH_S, STEP_OVERHEAD_S, STREAM_FRACTION
-from tpu_cost_model.calibration_worker import _matmul, _xla_matmul
+from tpu_cost_model.calibration_worker import _matmul, _xla_matmul, tokamax_group_sizes
 from tpu_cost_model.ici import interconnect
 from tpu_cost_model.rates import rates
 from tpu_cost_model.schedule import kernel_cost
@@ -106,6 +106,54 @@ def test_a_broken_table_names_every_problem():
     assert any("duplicate id" in p for p in problems) and any("measured" in p for p in problems)
     assert any("full shapes" in p for p in problems)
     assert calibration.check_table({"rows": "no"}) == ["the table must be an object with a list 'rows'"]
+
+
+def test_a_device_time_needs_a_harness_without_dispatch():
+    """tokamax's autotuner rows name their timer (a device time: no dispatch) and pass; a device time under a host
+    harness, or a host time under the autotuner's, is refused."""
+    data = json.loads(calibration.TABLE.read_text())
+    i = next(i for i, r in enumerate(data["rows"]) if r["harness"] == "tokamax-xprof")
+    assert calibration.check_table(data) == []
+    for harness, includes in (("host-unknown", "device"), ("tokamax-xprof", "host")):
+        bad = copy.deepcopy(data)
+        bad["rows"][i].update(harness=harness, includes=includes)
+        assert [p for p in calibration.check_table(bad) if "device harness" in p], (harness, includes)
+
+
+#: tokamax's autotuning caches: (chip, kind) -> (rows held, cache commit).
+TOKAMAX_ROWS = {("v5e", "tokamax_ragged_dot"): (16, "51396a315bb62b354d7475d5908c658a3ba3ddaf"),
+                ("v6e", "tokamax_flash_attention"): (24, "99ee973ed39c10b34b816c1d45b786ab03a1b38b"),
+                ("v5p", "tokamax_flash_attention"): (16, "c3661e316b052811ecda7898003c39c1301823cd"),
+                ("v5p", "tokamax_ragged_dot"): (16, "f08f27df2b60b18a1f052d6044586c844d29df2a")}
+
+
+def test_the_tokamax_rows_are_the_caches_medians_at_their_commits():
+    """Each row from tokamax's autotuning caches is a check row at its cache file's commit, timed on the device by
+    the autotuner; measured_s is the median of the five times its quote copies, and its config is the quote's."""
+    seen: dict[tuple[str, str], int] = {}
+    for r in ROWS.values():
+        if not r["kernel"].startswith("tokamax_"):
+            continue
+        key = (r["chip"], r["kernel"])
+        seen[key] = seen.get(key, 0) + 1
+        assert r["use"] == "check" and r["includes"] == "device" and r["harness"] == "tokamax-xprof", r["id"]
+        assert f"/blob/{TOKAMAX_ROWS[key][1]}/tokamax/data/autotuning/" in r["source"], r["id"]
+        times = json.loads(r["quote"].split('"evaluation_times_ms": ')[1].split("]")[0] + "]")
+        assert len(times) == 5 and r["measured_s"] == pytest.approx(sorted(times)[2] * 1e-3, rel=1e-9), r["id"]
+        assert json.dumps(r["shapes"]["config"], separators=(",", ":")) in r["quote"], r["id"]
+        assert r["shapes"]["return_residuals"] is False or r["chip"] == "v5e", r["id"]  # inference rows elsewhere
+    assert seen == {k: n for k, (n, _) in TOKAMAX_ROWS.items()}
+
+
+def test_tokamax_group_sizes_redo_the_autotuners_draw():
+    """A key's explicit sizes pass through; a key holding only count and total gets the autotuner's seeded uniform
+    draw: every row placed, the same draw each time, and uneven (an even split would be a different input)."""
+    assert tokamax_group_sizes([4096, 0, 0]).tolist() == [4096, 0, 0]
+    spec = {"num_groups": 128, "total_size": 262144}
+    sizes = tokamax_group_sizes(spec)
+    assert sizes.dtype == "int32" and sizes.shape == (128,) and int(sizes.sum()) == 262144
+    assert (sizes == tokamax_group_sizes(spec)).all()
+    assert len(set(sizes.tolist())) > 1 and int((sizes % 128 != 0).sum()) > 64  # most groups end in a part tile
 
 
 def test_each_parameter_comes_from_its_row():
@@ -203,16 +251,34 @@ def test_the_transposed_rows_hold_only_because_the_transposes_cancel():
     assert before["error"] - now["error"] > 0.10 and now["within"]
 
 
+#: The held-out rows past the target, all from tokamax's autotuning caches and kept as measured (docs/tpu-cost-model.md
+#: names the term each shows off): tokamax's gmm on v5p at one TensorCore's MXU rate, and splash attention with
+#: small heads on v5p and nearly every size on v6e, where the kernel's softmax work outweighs what the model charges.
+KNOWN_MISSES = {
+    ("grouped matmul", "v5p"): 16,
+    ("attention", "v5p"): {"v5p-tokamax-splash-b512-t1024-h16-d192-causal",
+                           "v5p-tokamax-splash-b16-t1024-h32-d64-causal", "v5p-tokamax-splash-b4-t4096-h32-d64-full",
+                           "v5p-tokamax-splash-b2-t8192-h32-d64-causal", "v5p-tokamax-splash-b1-t16384-h32-d64-full"},
+    ("attention", "v6e"): 16,
+}
+
+
 def test_recorded_held_out_errors_are_what_the_code_computes():
-    """bench/records/tpu_held_out.json (the README quotes it) is calibration.held_out of the recorded modeled rows,
-    and no held-out row of any kind is past the target."""
+    """bench/records/tpu_held_out.json (the README quotes it) is calibration.held_out of the recorded modeled rows;
+    every row is modeled, and the rows past the target are exactly the known tokamax misses (every row from before
+    them, and every v5e grouped matmul, within it)."""
     modeled = json.loads(calibration.TABLE.with_name("tpu_calibration_modeled.json").read_text())["rows"]
     recorded = json.loads(calibration.HELD_OUT.read_text())
     assert recorded["kinds"] == calibration.held_out(modeled)
+    assert recorded["by_kind_and_chip"] == calibration.by_kind_and_chip(modeled)
     assert {r["id"] for r in modeled} == set(ROWS)  # recorded from the table as it is
-    assert {i for e in recorded["kinds"].values() for i in e["outside_target"]} == set()
     for kind, e in recorded["kinds"].items():
-        assert e["not_modeled"] == [] and e["max_abs_error"] <= calibration.TARGET, (kind, e)
+        assert e["not_modeled"] == [], (kind, e)
+    past = {(g["kind"], g["chip"]): g["outside_target"] for g in recorded["by_kind_and_chip"] if g["outside_target"]}
+    assert set(past) == set(KNOWN_MISSES)
+    for key, known in KNOWN_MISSES.items():  # a count where the misses are (nearly) the whole chip's rows
+        assert len(past[key]) == known if isinstance(known, int) else set(past[key]) == known, key
+        assert all(ROWS[i]["kernel"].startswith("tokamax_") for i in past[key]), key
 
 
 def test_the_uncalibrated_model_missed_the_step_bound_regime():
@@ -235,6 +301,8 @@ from tpu_cost_model.schedule import kernel_cost, Unmodeled
 from tpu_cost_model.tpu_inference_peers import PeerUnavailable, import_kernel, installed_version
 from kernel_hub.tpu.target import tpu_target
 import jax, numpy as np
+with_row = "--row" in sys.argv
+del sys.argv[1:]  # tokamax parses absl flags from argv and refuses ours
 out = {"version": installed_version()}
 rpa = import_kernel("rpa_v3")
 out["rpa_file"] = rpa.__file__
@@ -264,11 +332,13 @@ for name in ("rpa_v3_hd64", "gmm_v2_gather_scatter"):
     except PeerUnavailable as exc:
         refused[name] = str(exc)
 out["refused"] = refused
-out["row"] = model_row(row) if "--row" in sys.argv else None
+out["row"] = model_row(row) if with_row else None
 rows = {r["id"]: r for r in calibration.load()["rows"]}
 sample = ("tpu7x-rpa_v3-prefill-32-4-1k", "tpu7x-rpa_v3-prefill-32-4-2k", "tpu7x-rpa_v3-prefill-32-32-1k",
           "v5p-splash-local1k-b2-s8192-h16-d128", "v5p-splash-local1k-b2-s8192-h110-d128")
-out["attention"] = {i: model_row(rows[i]) for i in sample} if "--row" in sys.argv else {}
+out["attention"] = {i: model_row(rows[i]) for i in sample} if with_row else {}
+gmm = ("v5e-tokamax-gmm-m8192-k4096-n14336-g8", "v5e-tokamax-gmm-m8192-k4096-n14336-g8-res")
+out["tokamax"] = {i: model_row(rows[i]) for i in gmm} if with_row else {}
 print(json.dumps(out))
 """
 
@@ -329,6 +399,20 @@ def test_held_out_attention_sample_is_within_target(walked):
     assert e["max_abs_error"] <= calibration.TARGET, e
     splash = walked["attention"]["v5p-splash-local1k-b2-s8192-h16-d128"]["how"]
     assert "splash_mha_fwd" in splash and "grid=(2, 16, 16, 3)" in splash  # a 1K window: 3 of 16 kv blocks a row
+
+
+def test_tokamax_ragged_dot_charges_the_residual_output(walked):
+    """Tokamax's ragged dot on a v5e as its autotuner timed it (8 groups of 1024 rows, 4096 x 14336 each): the
+    kernel read from the installed op, and with return_residuals the same output returned twice, which costs the
+    measured 0.70 ms more; the model charges XLA's copy into the second buffer for it, and both rows land within
+    the target."""
+    plain, res = (walked["tokamax"][i] for i in ("v5e-tokamax-gmm-m8192-k4096-n14336-g8",
+                                                  "v5e-tokamax-gmm-m8192-k4096-n14336-g8-res"))
+    assert plain["how"].startswith("gmm_megablox") and res["how"].startswith("gmm_megablox"), (plain, res)
+    for m in (plain, res):
+        assert calibration.compare(ROWS[m["id"]], m["device_s"])["within"], m
+    measured = ROWS[res["id"]]["measured_s"] - ROWS[plain["id"]]["measured_s"]
+    assert res["device_s"] - plain["device_s"] == pytest.approx(measured, rel=0.25)
 
 
 def test_no_copy_of_tpu_inference_kernels_in_the_tree():
