@@ -101,9 +101,39 @@ def test_one_kernel_and_no_dot_outside():
     fn = lambda x, r, w, i: rn.attention_front(x, a["norm_weight"], w, a["q_weight"], a["k_weight"], cos, sin,
                                                q_heads=4, kv_heads=1, eps=EPS, residual=r, layer=i,
                                                implementation="pallas")
-    outside = _outer_primitives(jax.make_jaxpr(fn)(a["x"], a["residual"], a["wqkv"], jnp.int32(7)).jaxpr)
+    jaxpr = jax.make_jaxpr(fn)(a["x"], a["residual"], a["wqkv"], jnp.int32(7)).jaxpr
+    outside = _outer_primitives(jaxpr)
     assert outside.count("pallas_call") == 1
-    assert not {"dot_general", "dynamic_slice", "gather", "add"} & set(outside), outside
+    assert not {"dot_general", "gather"} & set(outside), outside
+    assert not any(e.primitive.name == "add" and e.outvars[0].aval.size > 1 for e in _eqns(jaxpr))  # scalars only
+    # the projection's layer is the one slice, fused into the kernel's operand (no copy of the layer, and never
+    # the whole stack handed over for XLA to stage into VMEM)
+    assert outside.count("dynamic_slice") == 1
+    call = _find(jaxpr, "pallas_call")
+    fused = call.params["compiler_params"].allow_input_fusion
+    assert sum(fused) == 1 and len(fused) == len(call.invars)
+    assert call.invars[list(fused).index(True)].aval.shape == (256, 6 * 128)
+
+
+def _eqns(jaxpr) -> list:
+    """Every equation outside the kernels (nested jaxprs walked, kernel bodies not)."""
+    out = []
+    for eqn in jaxpr.eqns:
+        out.append(eqn)
+        if eqn.primitive.name != "pallas_call":
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                out += _eqns(sub)
+    return out
+
+
+def _find(jaxpr, name: str):
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == name:
+            return eqn
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            if (found := _find(sub, name)) is not None:
+                return found
+    return None
 
 
 def _outer_primitives(jaxpr) -> list[str]:
