@@ -12,7 +12,9 @@ the optimized HLO module (hlo_program.py) is charged instead, instruction by ins
     operand read only through dynamic slices or gathers (nested fusions included, and the relayouts libtpu nests
     before a slice, which are evaluated only where the slice reads) moves only what they take;
   * a copy into scalar memory, a cross-program prefetch (its DMA runs before the program starts): nothing;
-  * an async copy (copy-start): its HBM bytes, no fixed cost (a DMA the program starts and runs beside the work);
+  * an async copy (copy-start), or the ops of an async computation (async-start: e.g. libtpu's sliced prefetch of a
+    kernel's operand into VMEM): their HBM bytes, no fixed cost (DMAs the program starts and run beside the work);
+  * a static slice: the operand bytes it takes (its output's), not the whole operand;
   * a bitcast, a constant, a parameter, a tuple and the wait of an async op: nothing (shown with why);
   * a Pallas kernel (custom-call ``tpu_custom_call``, or a fusion whose root is one: the kernel with producers of
     its inputs fused in, e.g. a layer sliced out of a stacked weight): not charged here; the jaxpr walk's cost of the
@@ -27,6 +29,7 @@ caller then keeps the jaxpr rule and says why.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -51,7 +54,8 @@ _FREE = {"bitcast": "a bitcast: the layout already holds it, no data moves",
 _COLLECTIVES = {"all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute", "all-reduce-start",
                 "all-gather-start", "collective-permute-start", "ragged-all-to-all"}
 _NO_OP_TARGETS = {"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "AllocateBuffer",
-                  "MoveToHost", "MoveToDevice", "annotate_device_placement"}
+                  "MoveToHost", "MoveToDevice", "annotate_device_placement",
+                  "ConcatBitcast"}  # the pieces of a sliced prefetch, already in place, seen as one array
 KERNEL_TARGET = "tpu_custom_call"
 #: Memory spaces of scalars and semaphores (not HBM, not VMEM): moving a value there is the scalar unit's work.
 _SCALAR_SPACES = {2, 3, 4, 5, 6}
@@ -392,9 +396,17 @@ def _charge(module: Module, comp_name: str, times: int, cost: CompiledCost) -> N
         if op in _COLLECTIVES:
             cost.ici_bytes += operand_bytes * times
             continue
-        if op in ("call", "async-start"):
+        if op == "call":
             for name in inst.called():
                 _charge(module, name, times, cost)
+            continue
+        if op == "async-start":  # a DMA the program starts and runs beside the work: its bytes, no fixed cost
+            inner = CompiledCost()
+            for name in inst.called():
+                _charge(module, name, times, inner)
+            cost.ops += [dataclasses.replace(o, fixed=False) for o in inner.ops]
+            cost.kernels += inner.kernels
+            cost.ici_bytes += inner.ici_bytes
             continue
         if op == "while":
             n = _trip_count(module, inst, shapes)
@@ -425,6 +437,8 @@ def _charge(module: Module, comp_name: str, times: int, cost: CompiledCost) -> N
         if op in ("dot", "convolution") and (found := _dot_flops(inst, shapes)):
             dots = {found[0]: found[1]}
         kind = inst.attrs.get("kind", "")
+        if op == "slice":  # a static slice reads only what it takes: its output's elements
+            operand_bytes = min(operand_bytes, sum(a.nbytes for a in inst.arrays)) if operand_bytes else 0
         moved, in_place = fusion_bytes(module, inst, shapes) if op == "fusion" else (
             operand_bytes + _hbm_bytes(inst), False)
         kind += " in-place" if in_place else ""
