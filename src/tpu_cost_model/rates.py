@@ -14,6 +14,9 @@ operand dtypes) and the vector/transcendental rates of the softmax-heavy kernels
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -261,8 +264,32 @@ def vector_seconds(vpu_elems: float, eup_elems: float, generation: str, bf16_flo
                                                                                      * hz))
 
 
+#: The side of a generation's MXU array (v4, v5e, v5p: 128 x 128; v6e, v7x: 256 x 256).
+MXU_WIDTH = {"v4": 128, "v5e": 128, "v5p": 128, "v6e": 256, "v7x": 256}
+_WIDTH: ContextVar[int | None] = ContextVar("mxu_width", default=None)
+
+
+@contextmanager
+def mxu_width(generation: str | None) -> Iterator[None]:
+    """Charge the dots walked inside at the MXU width of `generation` (dot_key_flops); None: unpadded."""
+    token = _WIDTH.set(MXU_WIDTH.get(generation) if generation else None)
+    try:
+        yield
+    finally:
+        _WIDTH.reset(token)
+
+
+def current_mxu_width() -> int | None:
+    """The MXU width dots are charged at now (mxu_width's), None outside it: part of what a walk depends on."""
+    return _WIDTH.get()
+
+
 def dot_key_flops(eqn: JaxprEqn) -> tuple[tuple[str, str, str], float]:
-    """A dot_general's (operand dtypes and precision, FLOPs): the MXU pass rule's inputs, for XLA ops and kernels."""
+    """A dot_general's (operand dtypes and precision, FLOPs): the MXU pass rule's inputs, for XLA ops and kernels.
+    Inside `mxu_width(generation)` the contraction and the output columns are rounded up to the MXU's side: the
+    array holds a W x W tile of the stationary operand, so a dot 64 deep (an attention head of 64) uses a quarter of
+    v6e's 256 x 256 array and takes as long as one 256 deep (tokamax's measured splash rows: at equal FLOPs, heads
+    of 256 / 128 / 64 take 3.75 / 6.66 / 12.67 ms on v6e, and heads of 64 twice heads of 128 on v5p)."""
     (contract, _), (batch, _) = eqn.params["dimension_numbers"]
     lhs, rhs = (v.aval for v in eqn.invars)
     k = math.prod(lhs.shape[d] for d in contract)
@@ -270,4 +297,7 @@ def dot_key_flops(eqn: JaxprEqn) -> tuple[tuple[str, str, str], float]:
     m = math.prod(lhs.shape) // max(k * b, 1)
     n = math.prod(rhs.shape) // max(k * b, 1)
     key = (np.dtype(lhs.dtype).name, np.dtype(rhs.dtype).name, precision_name(eqn.params.get("precision")))
+    width = _WIDTH.get()
+    if width:
+        k, n = (-(-d // width) * width for d in (k, n))
     return key, 2.0 * b * m * n * k

@@ -37,7 +37,7 @@ import numpy as np
 from kernel_hub.tpu.chips import Chip
 from kernel_hub.tpu.target import tpu_dispatch
 
-from .rates import Rates, rates
+from .rates import Rates, mxu_width, rates
 from .schedule_grid import CallCost, walk_pallas_call
 from .schedule_steps import Env, Unknown, Unmodeled, Value, read, sub_jaxpr
 from .xla_ops import XlaOp, cancels, dot_flops, zero_width_pad
@@ -337,7 +337,8 @@ def kernel_cost(fn: Callable[..., object], *args: jax.ShapeDtypeStruct | npt.Arr
     with tpu_dispatch(generation):
         closed = jax.make_jaxpr(fn)(*abstract)
     acc = ScheduleCost()
-    with jax.default_device(jax.devices("cpu")[0]):  # concrete values (the routing's metadata) computed on the host
+    # concrete values (the routing's metadata) computed on the host; dots charged at the chip's MXU width
+    with jax.default_device(jax.devices("cpu")[0]), mxu_width(generation):
         outer = _Outer(acc, values)
         outer.finish(outer.run(closed.jaxpr, closed.consts, values))
     return acc

@@ -19,7 +19,7 @@ import numpy as np
 
 from kernel_hub.tpu.chips import Chip
 
-from .rates import Rates, mxu_passes, rates, vector_seconds
+from .rates import Rates, current_mxu_width, mxu_passes, rates, vector_seconds
 from .schedule_steps import Smem, Steps, Unknown, UnknownTrips, Unmodeled, Value, memory_space
 
 if TYPE_CHECKING:
@@ -52,6 +52,9 @@ class CallCost:
     # end); `upper` runs it as far as the data it reads allows, `bounded` says why
     upper: CallCost | None = None
     bounded: list[str] = field(default_factory=list)
+    # no grid dimension the compiler may split across a megacore's two TensorCores (none "parallel" with more than
+    # one step): on v4 / v5p the call runs on one core, at half the chip's MXU and vector rate
+    one_core: bool = False
 
     @property
     def hbm_bytes(self) -> int:
@@ -79,15 +82,17 @@ class CallCost:
         last write-back after it), the pipeline's depth being its stages plus the DMAs its body starts itself; loop
         iterations that only run scalar-core ops (a kernel filling its own metadata before its pipeline) take
         r.scalar_op_s an op, in series with the rest; the call is one op on the device: its fixed cost
-        (r.op_fixed_s) is added once."""
+        (r.op_fixed_s) is added once. On a megacore (v4, v5p) a call whose grid has no parallel dimension runs on
+        one of the two TensorCores: its MXU and vector work at half the chip's rate (`one_core`)."""
         if self.upper is not None and not low:
             return self.upper.seconds(chip, r)
         r = r or rates(chip.generation)
         if self.steps == 0:
             return 0.0
         dma = self.hbm_bytes / (chip.hbm_bytes_per_s * r.stream_fraction)
-        mxu = self.mxu_flops_on(chip.generation) / chip.bf16_flops_per_s
-        vec = vector_seconds(self.vpu_elems, self.eup_elems, chip.generation, chip.bf16_flops_per_s, r)
+        cores = 2 if chip.megacore and self.one_core else 1  # one of a megacore's two TensorCores does the work
+        mxu = cores * self.mxu_flops_on(chip.generation) / chip.bf16_flops_per_s
+        vec = cores * vector_seconds(self.vpu_elems, self.eup_elems, chip.generation, chip.bf16_flops_per_s, r)
         compute = max(mxu, vec) + (self.steps + self.stages) * r.step_overhead_s
         if self.ici_bytes:
             from .ici import interconnect
@@ -195,8 +200,10 @@ def walk_key(eqn: JaxprEqn, invals: Sequence[Value]) -> tuple | None:
 
 def walk_pallas_call(eqn: JaxprEqn, invals: Sequence[Value]) -> CallCost:
     """Walk one pallas_call's grid (see the module docstring), or one kernel over a TensorCore mesh (`pl.kernel`,
-    the mpmd_map primitive), or return the copy of the same walk done before."""
+    the mpmd_map primitive), or return the copy of the same walk done before (for the same MXU width)."""
     key = walk_key(eqn, invals)
+    if key is not None:  # a walk charges its dots at the MXU width of the chip it is for
+        key = (key, current_mxu_width())
     if key is not None and key in _WALKS:
         return copy.deepcopy(_WALKS[key])
     cost = _walk_mesh(eqn, invals) if eqn.primitive.name == "mpmd_map" else _walk(eqn, invals)
@@ -256,8 +263,19 @@ def _walk(eqn: JaxprEqn, invals: Sequence[Value]) -> CallCost:
     aliases = tuple((int(a), int(b)) for a, b in params.get("input_output_aliases", ()))
     consts = getattr(body, "consts", [])
 
-    return _walk_body(name, body, consts, refs, n_idx + len(gm.block_mappings), ids, grid, notes, (read, write),
+    cost = _walk_body(name, body, consts, refs, n_idx + len(gm.block_mappings), ids, grid, notes, (read, write),
                       fetches, aliases)
+    cost.one_core = not splits_across_cores(params.get("compiler_params"), grid)
+    if cost.upper is not None:
+        cost.upper.one_core = cost.one_core
+    return cost
+
+
+def splits_across_cores(compiler_params: object, grid: tuple[int, ...]) -> bool:
+    """Whether a megacore may run the call's grid on both TensorCores: some dimension marked parallel (or core
+    parallel) has more than one step. Unmarked dimensions are arbitrary: they run in order, on one core."""
+    semantics = getattr(compiler_params, "dimension_semantics", None) or ()
+    return any(str(s).lower().endswith("parallel") and n > 1 for s, n in zip(semantics, grid, strict=False))
 
 
 def _walk_body(name: str, body: Jaxpr, consts: Sequence[Value], refs: list[Value], n_blocks: int, ids: np.ndarray,

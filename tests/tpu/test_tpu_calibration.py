@@ -251,15 +251,12 @@ def test_the_transposed_rows_hold_only_because_the_transposes_cancel():
     assert before["error"] - now["error"] > 0.10 and now["within"]
 
 
-#: The held-out rows past the target, all from tokamax's autotuning caches and kept as measured (docs/tpu-cost-model.md
-#: names the term each shows off): tokamax's gmm on v5p at one TensorCore's MXU rate, and splash attention with
-#: small heads on v5p and nearly every size on v6e, where the kernel's softmax work outweighs what the model charges.
+#: The held-out rows past the target, all tokamax splash rows kept as measured (docs/tpu-cost-model.md names what is
+#: left): four on v6e, 20-24% under the measured times whatever the head size, one on v5p 22.5% over.
 KNOWN_MISSES = {
-    ("grouped matmul", "v5p"): 16,
-    ("attention", "v5p"): {"v5p-tokamax-splash-b512-t1024-h16-d192-causal",
-                           "v5p-tokamax-splash-b16-t1024-h32-d64-causal", "v5p-tokamax-splash-b4-t4096-h32-d64-full",
-                           "v5p-tokamax-splash-b2-t8192-h32-d64-causal", "v5p-tokamax-splash-b1-t16384-h32-d64-full"},
-    ("attention", "v6e"): 16,
+    ("attention", "v5p"): {"v5p-tokamax-splash-b32-t512-h32-d64-full"},
+    ("attention", "v6e"): {"v6e-tokamax-splash-b1-t16384-h8-d256-full", "v6e-tokamax-splash-b8-t2048-h32-d64-causal",
+                           "v6e-tokamax-splash-b4-t4096-h8-d256-full", "v6e-tokamax-splash-b2-t8192-h8-d256-causal"},
 }
 
 
