@@ -25,6 +25,7 @@ from .config import RMSNormConfig, block_rows
 from .operands import check_operands, check_qk_rope_operands
 from .pallas_qk_rope import QKRopeStatic, qk_rope_forward
 from .pallas_rms import RMSStatic, rms_add_forward, rms_backward, rms_forward, rms_forward_stacked
+from .xla_gradient import with_xla_gradient
 
 IMPLEMENTATIONS: tuple[str, ...] = ("pallas", "xla", "autodiff")
 
@@ -99,25 +100,13 @@ def _add_xla(st: RMSStatic, layer, x2, r2, w_stack, wx_stack=None):
     return _fwd_impl("xla", st, total, _row(w_stack, layer)), total
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _rms_add(impl: str, st: RMSStatic, layer, x2, r2, w_stack, wx_stack):
+def _rms_add_impl(impl: str, st: RMSStatic, layer, x2, r2, w_stack, wx_stack):
     if impl == "pallas":
         return tuple(rms_add_forward(st, x2, r2, w_stack, layer, wx_stack))
     return _add_xla(st, layer, x2, r2, w_stack, wx_stack)
 
 
-def _rms_add_fwd(impl, st, layer, x2, r2, w_stack, wx_stack):
-    return _rms_add(impl, st, layer, x2, r2, w_stack, wx_stack), (layer, x2, r2, w_stack, wx_stack)
-
-
-def _rms_add_bwd(impl, st, residuals, cts):
-    """Every implementation's gradient is the XLA arithmetic's, differentiated by jax (recomputed, not stored)."""
-    layer, *args = residuals
-    _, vjp = jax.vjp(functools.partial(_add_xla, st, layer), *args)
-    return (None, *vjp(cts))
-
-
-_rms_add.defvjp(_rms_add_fwd, _rms_add_bwd)
+_rms_add = with_xla_gradient(_rms_add_impl, _add_xla)
 
 
 @functools.partial(jax.jit, static_argnames=("impl", "eps", "zero_centered", "scale_after_cast", "config",
@@ -242,23 +231,7 @@ def _qk_rope_fwd_impl(impl: str, st: QKRopeStatic, layer, *args):
     return _qk_rope_xla(st, layer, *args)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _qk_rope(impl: str, st: QKRopeStatic, layer, qkv, q_weight, k_weight, cos, sin):
-    return _qk_rope_fwd_impl(impl, st, layer, qkv, q_weight, k_weight, cos, sin)
-
-
-def _qk_rope_fwd(impl, st, layer, *args):
-    return _qk_rope_fwd_impl(impl, st, layer, *args), (layer, args)
-
-
-def _qk_rope_bwd(impl, st, residuals, cts):
-    """Every implementation's gradient is the XLA arithmetic's, differentiated by jax (recomputed, not stored)."""
-    layer, args = residuals
-    _, vjp = jax.vjp(functools.partial(_qk_rope_xla, st, layer), *args)
-    return (None, *vjp(cts))
-
-
-_qk_rope.defvjp(_qk_rope_fwd, _qk_rope_bwd)
+_qk_rope = with_xla_gradient(_qk_rope_fwd_impl, _qk_rope_xla)
 
 
 @functools.partial(jax.jit, static_argnames=("impl", "st"))

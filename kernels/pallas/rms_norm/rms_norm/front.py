@@ -23,6 +23,7 @@ from .config import RMSNormConfig, block_rows
 from .operands import check_eps, check_qk_rope_operands
 from .pallas_front import FrontStatic, front_forward, heads_in, project
 from .pallas_qk_rope import QKRopeStatic
+from .xla_gradient import with_xla_gradient
 
 
 def _front_xla(st: FrontStatic, layer, x, residual, norm_stack, w_stack, q_stack, k_stack, cos, sin):
@@ -43,23 +44,7 @@ def _front_impl(impl: str, st: FrontStatic, layer, *args):
     return _front_xla(st, layer, *args)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _front(impl: str, st: FrontStatic, layer, *args):
-    return _front_impl(impl, st, layer, *args)
-
-
-def _front_fwd(impl, st, layer, *args):
-    return _front_impl(impl, st, layer, *args), (layer, args)
-
-
-def _front_bwd(impl, st, residuals, cts):
-    """Every implementation's gradient is the XLA arithmetic's, differentiated by jax (recomputed, not stored)."""
-    layer, args = residuals
-    _, vjp = jax.vjp(functools.partial(_front_xla, st, layer), *args)
-    return (None, *vjp(cts))
-
-
-_front.defvjp(_front_fwd, _front_bwd)
+_front = with_xla_gradient(_front_impl, _front_xla)
 
 
 @functools.partial(jax.jit, static_argnames=("impl", "st"))
