@@ -7,8 +7,9 @@ and the KV caches are never sliced per layer: they stay whole stacks over the gr
 caches in the scan's carry) and the kernels take the scan's counter as `layer=`, reading (and for the caches writing)
 that group's layer in place; only the small dense weights are the scan's xs.
 
-`Kernels` names the five ops the step calls (and, optionally, a sixth that fuses the attention's front: the residual
-add, the input norm, the q/k/v projection and qk_norm_rope in one call, its projection then a whole stack too);
+`Kernels` names the five ops the step calls and two optional fused ones (the attention's front: the residual add, the
+input norm, the q/k/v projection and qk_norm_rope in one call, its projection then a whole stack too; the router with
+the norm before it);
 `hub_kernels(rms, fa, rd, ...)` takes them from the loaded kernel packages (the rms_norm, flash_attention and ragged_dot
 modules, imported by kernel-hub's verified loader), with an `implementation=` for all of them (None: each kernel's order
 for the platform; "xla": JAX's own ops, the jax_default path). The attention's projections are one fused weight (`wqkv`,
@@ -85,7 +86,11 @@ def hub_kernels(rms: Any, fa: Any, rd: Any, implementation: str | None = None, i
     moe_experts runs each device's experts (None: its own choice, ragged_dot's moe/formulation.py)."""
     kw = {"implementation": implementation, "interpret": interpret}
 
+    sandwich = _takes(rms.rms_norm, "x_weight")
+
     def norm(x, w, eps, layer=None, residual=None, x_weight=None):
+        if x_weight is not None and not sandwich:  # a release without the sandwich form: the inner norm apart
+            x, x_weight = rms.rms_norm(x, x_weight, eps=eps, layer=layer, **kw), None
         return rms.rms_norm(x, w, eps=eps, layer=layer, residual=residual,
                             **({} if x_weight is None else {"x_weight": x_weight}), **kw)
 
@@ -114,9 +119,22 @@ def hub_kernels(rms: Any, fa: Any, rd: Any, implementation: str | None = None, i
         return rd.moe_route(x, w, top_k=k, layer=layer, norm_weight=norm_w, residual=residual, eps=eps,
                             expert_scale=expert_scale, **kw)
 
-    fused_route = "norm_weight" in inspect.signature(rd.moe_route).parameters
-    return Kernels(norm, qk_rope, attention, moe, route, front if hasattr(rms, "attention_front") else None,
+    has_front = _takes(getattr(rms, "attention_front", None), "residual", "layer")
+    fused_route = _takes(rd.moe_route, "norm_weight", "residual", "expert_scale")
+    return Kernels(norm, qk_rope, attention, moe, route, front if has_front else None,
                    norm_route if fused_route else None)
+
+
+def _takes(fn: Callable[..., Any] | None, *keywords: str) -> bool:
+    """Whether a loaded kernel release has an entry point taking these keywords (an older one lacks the fused forms:
+    the step then runs their parts apart)."""
+    if fn is None:
+        return False
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return all(k in params for k in keywords)
 
 
 def transformers_kernels(rd: Any) -> Kernels:

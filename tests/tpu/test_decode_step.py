@@ -157,3 +157,41 @@ def test_decode_step_matches_numpy(kernels, name, path):
         assert np.all(np.isfinite(got_k)) and np.all(np.isfinite(got_v))
         np.testing.assert_allclose(got_k, k, rtol=2e-4, atol=2e-4)
         np.testing.assert_allclose(got_v, v, rtol=2e-4, atol=2e-4)
+
+
+def test_an_older_release_without_the_fused_forms_runs_their_parts_apart():
+    """hub_kernels reads each fused form from the release's signatures: a release whose rms_norm lacks the sandwich
+    form, with no attention_front and a router without the norm gets the unfused ops, and the sandwich norm is then
+    two calls whose result is the float64 sandwich."""
+    from types import SimpleNamespace
+
+    calls = []
+
+    def rms_norm(x, w, eps, layer=None, residual=None, implementation=None, interpret=None):
+        calls.append(residual is not None)
+        x = np.asarray(x, np.float64) + (0.0 if residual is None else np.asarray(residual, np.float64))
+        out = _rms(x, np.asarray(w, np.float64), eps)
+        return out if residual is None else (out, x)
+
+    def moe_route(x, w, top_k, layer=None, implementation=None, interpret=None):
+        raise AssertionError("not called")
+
+    old = ds.hub_kernels(SimpleNamespace(rms_norm=rms_norm), SimpleNamespace(), SimpleNamespace(moe_route=moe_route))
+    assert old.front is None and old.norm_route is None
+    rng = np.random.default_rng(0)
+    x, r, w, wx = rng.standard_normal((4, 8)), rng.standard_normal((4, 8)), rng.random(8) + 0.5, rng.random(8) + 0.5
+    normed, summed = old.rms_norm(x, w, 1e-6, None, r, x_weight=wx)
+    inner = _rms(x, wx, 1e-6) + r
+    np.testing.assert_allclose(summed, inner, rtol=1e-12)
+    np.testing.assert_allclose(normed, _rms(inner, w, 1e-6), rtol=1e-12)
+    assert calls == [False, True]  # the inner norm alone, then the add and the outer norm
+
+    def front(x, norm, wqkv, qw, kw, cos, sin, residual=None, layer=None, **_):
+        raise AssertionError("not called")
+
+    def fused_route(x, w, top_k, layer=None, norm_weight=None, residual=None, eps=None, expert_scale=None, **_):
+        raise AssertionError("not called")
+
+    new = ds.hub_kernels(SimpleNamespace(rms_norm=rms_norm, attention_front=front), SimpleNamespace(),
+                         SimpleNamespace(moe_route=fused_route))
+    assert new.front is not None and new.norm_route is not None
