@@ -58,10 +58,10 @@ def test_kernel_packages_never_import_kernel_hub_and_use_relative_imports_only()
     for entry in load_registry().entries:
         meta_pkg = next(p for p in entry.source.iterdir() if p.is_dir() and (p / "__init__.py").is_file()
                         and p.name != "tests")
+        own = {meta_pkg.name, *(d.name for d in meta_pkg.iterdir() if d.is_dir())}
         for path in meta_pkg.rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
                 names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                     [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
-                own = {meta_pkg.name, *(d.name for d in meta_pkg.iterdir() if d.is_dir())}
                 offenders += [f"{path}: {n}" for n in names if n.split(".")[0] in {"kernel_hub", *own}]
     assert offenders == []
