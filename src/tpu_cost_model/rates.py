@@ -78,6 +78,8 @@ _XLA_FIXED = "row tpu7x-xla-matmul-1024 (pytorch/helion PR 2632, JAX's matmul de
 _ATTN = "row tpu7x-rpa_v3-prefill-32-32-8k (heavyball-research/flywheel-tpu README_v7x.md)"
 _DECODE = "row tpu7x-rpa_v3-decode-128seq (heavyball-research/flywheel-tpu README_v7x.md)"
 _SCALAR = "row tpu7x-gmm_v2-e512-4096x256-bf16-72x1 (vllm-project/tpu-inference issue 3520, gmm_v2's metadata pass)"
+_EUP_V6E = ("row v6e-tokamax-splash-b1-t16384-h8-d256-full (openxla/tokamax's autotuning cache, splash attention "
+            "timed by xprof on v6e)")
 _PERMUTE = "rows *-ppermute-* (marin-community/marin issue 6736: barriered lax.ppermute on v5p-8 and v6e-8)"
 
 #: Fitted figures, each recomputed in tests/tpu/test_tpu_calibration.py from its row's published numbers.
@@ -88,6 +90,10 @@ STEP_OVERHEAD_V5E_S = 0.3286e-6
 XLA_EFFICIENCY_V5E = 0.9402
 OP_FIXED_V7X_S = 3.353e-6
 VPU_OPS_PER_CYCLE_V7X = 6599.0
+#: v6e's transcendentals a cycle: the rate that puts tokamax's splash attention at 16384 positions, 8 heads of 256
+#: (heads that fill v6e's 256-wide MXU, so no padding is in question) on its measured 3.754 ms; at the band's middle
+#: (768) every v6e splash row was modeled 7-24% fast, at this figure its exp2 work is the kernel's longest unit.
+EUP_OPS_PER_CYCLE_V6E = 476.3
 #: v7x's scalar op: measured minus modeled of gmm_v2 at 512 groups of one row (71.8 - 51.84 us) over the 16064 jaxpr
 #: scalar ops its metadata pass runs (31 per group: SMEM loads and stores, offsets, a tile count): about two cycles
 #: of the scalar core each.
@@ -126,8 +132,9 @@ def _table() -> dict[str, dict[str, Constant]]:
                                   Constant.unmeasured(4096.0, 11600.0, "fitted on v7x only (6599 jaxpr element ops "
                                                       "a cycle, beside the MXU): a band from 4 ALU slots of "
                                                       "8 x 128 lanes up")),
-            "eup_ops_per_cycle": Constant.unmeasured(512.0, 1024.0, "not published: one transcendental slot, "
-                                                     "a half to a whole 8 x 128 vreg a cycle"),
+            "eup_ops_per_cycle": (Constant.measured(EUP_OPS_PER_CYCLE_V6E, _EUP_V6E) if g == "v6e" else
+                                  Constant.unmeasured(512.0, 1024.0, "not published: one transcendental slot, "
+                                                      "a half to a whole 8 x 128 vreg a cycle")),
             "scalar_op_s": (Constant.measured(SCALAR_OP_V7X_S, _SCALAR) if g == "v7x" else
                             Constant.unmeasured(0.6e-9, 2.5e-9, "fitted on v7x only (1.24 ns a jaxpr scalar op "
                                                 "of a metadata loop): a band from half to twice that")),
