@@ -16,7 +16,8 @@ HERE = Path(__file__).resolve().parent
 def run_worker(script: str, devices: int = 8, timeout: int = 900) -> Any:
     """The JSON a worker in tests/ printed last, run on `devices` simulated devices; AssertionError with its stderr's
     tail when it fails."""
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+               JAX_DISABLE_MOST_OPTIMIZATIONS="1")
     done = subprocess.run([sys.executable, str(HERE / script)], capture_output=True, text=True, env=env,
                           timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
