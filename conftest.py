@@ -8,6 +8,11 @@
 - Load PyPI's `kernels` before any test module under kernels/pallas/ is imported: with --import-mode=importlib
   pytest names those modules `kernels.pallas.<k>.tests.test_x` and registers missing parents as empty
   modules, and an empty `kernels` would shadow HF's `kernels` for every later test.
+- In-process JAX compiles run with XLA's CPU backend optimisation off (jax_disable_most_optimizations, set per
+  module; never in the environment, so a subprocess, a TPU compile through libtpu included, keeps
+  the defaults). The tests run small arrays, mostly through interpreted Pallas kernels whose programs are large:
+  compiling is most of their time and LLVM's optimisation roughly half of that; the numbers checked do not depend
+  on it.
 - The heaviest test scopes run first (tests/schedule.py), so the suite's workers finish together, and a worker
   process that dies has its test run once more on a fresh worker, never a deadlocked run
   (tests/crash_safe_scheduling.py).
@@ -41,6 +46,19 @@ os.environ.update(client_env.proxy_env(OUTSIDE.url))
 
 with contextlib.suppress(ImportError):
     import kernels  # noqa: F401
+
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _unoptimised_cpu_compiles():
+    """XLA CPU compiles without backend optimisation for this module, then the setting it found."""
+    import jax
+
+    before = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", True)
+    yield
+    jax.config.update("jax_disable_most_optimizations", before)
+
 
 _popen_init = subprocess.Popen.__init__
 # Local tools that never open a socket and that kernel-hub runs on purpose with a minimal, stated environment
