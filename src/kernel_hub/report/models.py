@@ -103,6 +103,9 @@ GENERIC_SHRINK: dict[str, Any] = dict(
     qk_nope_head_dim=16, v_head_dim=16, n_shared_experts=1, num_shared_experts=1, decoder_sparse_step=1,
     mlp_only_layers=[], shared_expert_intermediate_size=32, moe_layer_freq=1, pad_token_id=0, bos_token_id=1,
     eos_token_id=2,
+    # the hybrids' state-space and linear-attention mixers (mamba heads x head dim = expand x hidden)
+    shared_intermediate_size=32, mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16, mamba_chunk_size=16,
+    linear_num_heads=4, linear_head_dim=16,
 )
 
 
