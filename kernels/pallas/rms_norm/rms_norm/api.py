@@ -100,13 +100,8 @@ def _add_xla(st: RMSStatic, layer, x2, r2, w_stack, wx_stack=None):
     return _fwd_impl("xla", st, total, _row(w_stack, layer)), total
 
 
-def _rms_add_impl(impl: str, st: RMSStatic, layer, x2, r2, w_stack, wx_stack):
-    if impl == "pallas":
-        return tuple(rms_add_forward(st, x2, r2, w_stack, layer, wx_stack))
-    return _add_xla(st, layer, x2, r2, w_stack, wx_stack)
-
-
-_rms_add = with_xla_gradient(_rms_add_impl, _add_xla)
+_rms_add = with_xla_gradient(lambda st, layer, x2, r2, w, wx: tuple(rms_add_forward(st, x2, r2, w, layer, wx)),
+                             _add_xla)
 
 
 @functools.partial(jax.jit, static_argnames=("impl", "eps", "zero_centered", "scale_after_cast", "config",
@@ -225,13 +220,7 @@ def _qk_rope_xla(st: QKRopeStatic, layer, qkv, q_weight, k_weight, cos, sin):
     return q.astype(qkv.dtype), k.astype(qkv.dtype), v.astype(qkv.dtype)
 
 
-def _qk_rope_fwd_impl(impl: str, st: QKRopeStatic, layer, *args):
-    if impl == "pallas":
-        return qk_rope_forward(st, *args, layer)
-    return _qk_rope_xla(st, layer, *args)
-
-
-_qk_rope = with_xla_gradient(_qk_rope_fwd_impl, _qk_rope_xla)
+_qk_rope = with_xla_gradient(lambda st, layer, *args: qk_rope_forward(st, *args, layer), _qk_rope_xla)
 
 
 @functools.partial(jax.jit, static_argnames=("impl", "st"))

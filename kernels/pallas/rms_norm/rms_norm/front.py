@@ -38,13 +38,7 @@ def _front_xla(st: FrontStatic, layer, x, residual, norm_stack, w_stack, q_stack
     return (*out, total) if residual is not None else out
 
 
-def _front_impl(impl: str, st: FrontStatic, layer, *args):
-    if impl == "pallas":
-        return front_forward(st, *args, layer)
-    return _front_xla(st, layer, *args)
-
-
-_front = with_xla_gradient(_front_impl, _front_xla)
+_front = with_xla_gradient(lambda st, layer, *args: front_forward(st, *args, layer), _front_xla)
 
 
 @functools.partial(jax.jit, static_argnames=("impl", "st"))

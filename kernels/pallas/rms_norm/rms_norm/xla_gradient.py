@@ -14,9 +14,13 @@ from typing import Any
 import jax
 
 
-def with_xla_gradient(forward: Callable[..., Any], xla: Callable[..., Any]) -> Callable[..., Any]:
-    """op(impl, static, layer, *arrays) = forward(impl, static, layer, *arrays), differentiable in the arrays (not
-    in layer) with the gradient of xla(static, layer, *arrays). impl and static are hashable (static arguments)."""
+def with_xla_gradient(kernel: Callable[..., Any], xla: Callable[..., Any]) -> Callable[..., Any]:
+    """op(impl, static, layer, *arrays): kernel(static, layer, *arrays) when impl is "pallas", else xla(static,
+    layer, *arrays); differentiable in the arrays (not in layer) with the gradient of the xla one either way. impl and
+    static are hashable (static arguments)."""
+
+    def forward(impl: str, static: Any, layer: Any, *arrays: Any) -> Any:
+        return (kernel if impl == "pallas" else xla)(static, layer, *arrays)
 
     @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
     def op(impl: str, static: Any, layer: Any, *arrays: Any) -> Any:
