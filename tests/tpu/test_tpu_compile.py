@@ -135,3 +135,19 @@ def test_cli_validate_tpu_flag(env, tmp_path, monkeypatch, capsys):
     assert main(["validate", "--tpu", "v9x"]) == 2
     err = capsys.readouterr().err
     assert "unknown TPU generation 'v9x'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_kernels_own_variables_are_part_of_the_cache_key(tmp_path):
+    """A block override set in the environment (the worker inherits it) changes what compiles: its results get
+    their own cache file, one per value; another kernel's or an unrelated variable leaves the key as it is."""
+    from kernel_hub.tpu.compile_gate import cache
+
+    target = folder_package(Path(__file__).resolve().parents[2] / "kernels" / "pallas" / "flash_attention")
+    plain = gate.content_key(target, {})
+    keys = [gate.content_key(target, {"FLASH_ATTENTION_PAGED_BLOCKS": v}) for v in ("32,4", "32,16")]
+    assert len({plain, *keys}) == 3
+    assert gate.content_key(target, {"RAGGED_DOT_X": "1", "PATH": "/bin"}) == plain
+    assert gate.tuning_environment(target, {"FLASH_ATTENTION_PAGED_BLOCKS": "32,4", "HOME": "/"}) == {
+        "FLASH_ATTENTION_PAGED_BLOCKS": "32,4"}
+    for key in (plain, *keys):  # each a valid cache file name
+        assert cache.entry_path(key, target.variant, "0.10.2", "0.0.42.1", "v6e", root=tmp_path).parent == tmp_path

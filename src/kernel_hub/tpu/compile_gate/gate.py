@@ -3,13 +3,17 @@
 `compile_matrix(package, ["v5e", "v6e"])` -> ValidationReport of CompileResult cases: a generation, the compile
 seconds and the compiled memory (argument/output/temp bytes). It takes one kind of input, a VerifiedPackage; callers
 convert first (tpu.package.folder_package for a kernel folder, repo_package for a repo id, module_package for a
-loaded kernel). Results are cached per (package content, variant, jax, libtpu, generation).
+loaded kernel). Results are cached per (package content and the kernel's own environment variables, variant, jax,
+libtpu, generation).
 `compile_record(report)` is the summary a release records.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import hashlib
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -71,10 +75,23 @@ def module_package(kernel: ModuleType) -> VerifiedPackage:
     return repo_package(info.repo_id, TrustPolicy(named=(info.repo_id,)), revision=info.commit)
 
 
-def content_key(target: VerifiedPackage) -> str:
+def tuning_environment(target: VerifiedPackage, environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables a kernel reads while it traces (named after its package: FLASH_ATTENTION_PAGED_BLOCKS for
+    flash_attention), set in `environ`: the compile worker inherits them, and they change what compiles."""
+    prefix = target.package_dir.name.upper() + "_"
+    return {k: environ[k] for k in sorted(environ) if k.startswith(prefix)}
+
+
+def content_key(target: VerifiedPackage, environ: Mapping[str, str] | None = None) -> str:
     """The cache key of a build: a 40-hex digest of its package files (what the worker imports, nothing else),
-    so the same kernel code under a new version or from another source is not compiled again."""
-    return combined_digest(dict(target.digests))[:40] if target.digests else target.commit
+    so the same kernel code under a new version or from another source is not compiled again; with the kernel's
+    own variables set (tuning_environment of `environ`, default os.environ), a digest of both, so a block override
+    is compiled, never answered from the default's result."""
+    code = combined_digest(dict(target.digests))[:40] if target.digests else target.commit
+    tuning = tuning_environment(target, os.environ if environ is None else environ)
+    if not tuning:
+        return code
+    return hashlib.sha256(json.dumps([code, tuning]).encode()).hexdigest()[:40]
 
 
 def _case_result(record: dict[str, Any], cached: bool) -> CompileResult:
