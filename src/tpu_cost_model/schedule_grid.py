@@ -264,7 +264,7 @@ def _walk(eqn: JaxprEqn, invals: Sequence[Value]) -> CallCost:
     consts = getattr(body, "consts", [])
 
     cost = _walk_body(name, body, consts, refs, n_idx + len(gm.block_mappings), ids, grid, notes, (read, write),
-                      fetches, aliases)
+                      fetches, aliases, tuple(getattr(gm, "vmapped_dims", ())))
     cost.one_core = not splits_across_cores(params.get("compiler_params"), grid)
     if cost.upper is not None:
         cost.upper.one_core = cost.one_core
@@ -280,13 +280,13 @@ def splits_across_cores(compiler_params: object, grid: tuple[int, ...]) -> bool:
 
 def _walk_body(name: str, body: Jaxpr, consts: Sequence[Value], refs: list[Value], n_blocks: int, ids: np.ndarray,
                grid: tuple[int, ...], notes: list[str], moved: tuple[int, int], fetches: dict[str, int],
-               aliases: tuple[tuple[int, int], ...]) -> CallCost:
+               aliases: tuple[tuple[int, int], ...], vmapped: tuple[int, ...] = ()) -> CallCost:
     """Run a kernel body over its steps (refs: one per body operand, the scratch after the first n_blocks), its
     block transfers `moved` (read, write) already counted; a loop the data does not bound is walked at both ends."""
     steps = ids.shape[1]
 
     def cost(trips: str | None) -> CallCost:
-        walker = Steps(ids, grid, list(notes), where=f"pallas_call {name}")
+        walker = Steps(ids, grid, list(notes), where=f"pallas_call {name}", vmapped=vmapped)
         walker.trips = trips
         # scratch in scalar memory starts unknown on every walk; what the kernel stores there it reads back
         fresh = [Smem(tuple(v.aval.shape), np.dtype(v.aval.dtype), steps)

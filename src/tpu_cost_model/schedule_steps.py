@@ -264,8 +264,12 @@ def _past_end(aval: AbstractValue, transforms: Sequence[Transform]) -> bool:
 class Steps:
     """Evaluates a kernel body or an index map over all grid steps at once: scalars are arrays [S]."""
 
-    def __init__(self, ids: np.ndarray, grid: tuple[int, ...], notes: list[str], where: str = "a Pallas kernel"):
+    def __init__(self, ids: np.ndarray, grid: tuple[int, ...], notes: list[str], where: str = "a Pallas kernel",
+                 vmapped: tuple[int, ...] = ()):
         self.ids, self.grid, self.notes, self.where = ids, grid, notes, where
+        # the grid dimensions a kernel body's program_id / num_programs name: vmap prepends its own, which the body
+        # does not see (its axis 0 stays the unbatched grid's first), as Mosaic lowers them
+        self.body_axes = tuple(d for d in range(len(grid)) if d not in vmapped)
         n = ids.shape[1]
         self.flops = np.zeros(n, np.float64)
         self.dots: dict[tuple[str, str, str], float] = {}  # (lhs dtype, rhs dtype, precision) -> FLOPs on all steps
@@ -322,9 +326,9 @@ class Steps:
         if name in REFUSED:
             raise Unmodeled(name, self.where, REFUSED[name])
         if name == "program_id":
-            return [self.ids[params["axis"]]]
+            return [self.ids[self.body_axes[params["axis"]]]]
         if name == "num_programs":
-            return [np.int32(self.grid[params["axis"]])]
+            return [np.int32(self.grid[self.body_axes[params["axis"]]])]
         if name == "get":
             if not facts.shaped_out:
                 self._issued += self._where(mask)
