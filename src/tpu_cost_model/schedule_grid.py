@@ -265,17 +265,19 @@ def _walk(eqn: JaxprEqn, invals: Sequence[Value]) -> CallCost:
 
     cost = _walk_body(name, body, consts, refs, n_idx + len(gm.block_mappings), ids, grid, notes, (read, write),
                       fetches, aliases, tuple(getattr(gm, "vmapped_dims", ())))
-    cost.one_core = not splits_across_cores(params.get("compiler_params"), grid)
+    cost.one_core = not splits_across_cores(params.get("compiler_params"), grid, tuple(getattr(gm, "vmapped_dims", ())))
     if cost.upper is not None:
         cost.upper.one_core = cost.one_core
     return cost
 
 
-def splits_across_cores(compiler_params: object, grid: tuple[int, ...]) -> bool:
+def splits_across_cores(compiler_params: object, grid: tuple[int, ...], vmapped: tuple[int, ...] = ()) -> bool:
     """Whether a megacore may run the call's grid on both TensorCores: some dimension marked parallel (or core
-    parallel) has more than one step. Unmarked dimensions are arbitrary: they run in order, on one core."""
-    semantics = getattr(compiler_params, "dimension_semantics", None) or ()
-    return any(str(s).lower().endswith("parallel") and n > 1 for s, n in zip(semantics, grid, strict=False))
+    parallel) has more than one step. Unmarked dimensions are arbitrary: they run in order, on one core. The
+    semantics name the kernel's own dimensions; vmap's (`vmapped`) are parallel, as Mosaic lowers them."""
+    own = iter(getattr(compiler_params, "dimension_semantics", None) or ())
+    semantics = ["parallel" if d in vmapped else str(next(own, "arbitrary")) for d in range(len(grid))]
+    return any(s.lower().endswith("parallel") and n > 1 for s, n in zip(semantics, grid, strict=True))
 
 
 def _walk_body(name: str, body: Jaxpr, consts: Sequence[Value], refs: list[Value], n_blocks: int, ids: np.ndarray,

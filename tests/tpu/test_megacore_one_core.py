@@ -56,3 +56,11 @@ def test_which_grids_split():
     assert not splits_across_cores(params("parallel", "arbitrary"), (1, 8))  # one step: nothing to split
     assert not splits_across_cores(params("arbitrary",), (16,))
     assert not splits_across_cores(None, (16,)) and not splits_across_cores(params(), ())
+
+
+def test_a_vmapped_grid_splits_on_its_batch_and_aligns_the_kernels_semantics():
+    """vmap's grid dimensions come first and are parallel; the semantics given name the kernel's own dimensions."""
+    params = lambda *s: pltpu.CompilerParams(dimension_semantics=s)
+    assert splits_across_cores(params("arbitrary",), (3, 16), vmapped=(0,))  # the batch splits
+    assert splits_across_cores(params("parallel", "arbitrary"), (1, 4, 8), vmapped=(0,))  # the kernel's own
+    assert not splits_across_cores(params("arbitrary", "parallel"), (1, 4, 1), vmapped=(0,))
