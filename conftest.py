@@ -48,7 +48,6 @@ with contextlib.suppress(ImportError):
     import kernels  # noqa: F401
 
 
-
 @pytest.fixture(scope="module", autouse=True)
 def _unoptimised_cpu_compiles():
     """XLA CPU compiles without backend optimisation for this module, then the setting it found."""

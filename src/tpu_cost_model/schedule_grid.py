@@ -263,9 +263,10 @@ def _walk(eqn: JaxprEqn, invals: Sequence[Value]) -> CallCost:
     aliases = tuple((int(a), int(b)) for a, b in params.get("input_output_aliases", ()))
     consts = getattr(body, "consts", [])
 
+    vmapped = tuple(getattr(gm, "vmapped_dims", ()))  # vmap's grid dimensions, which the body does not see
     cost = _walk_body(name, body, consts, refs, n_idx + len(gm.block_mappings), ids, grid, notes, (read, write),
-                      fetches, aliases, tuple(getattr(gm, "vmapped_dims", ())))
-    cost.one_core = not splits_across_cores(params.get("compiler_params"), grid, tuple(getattr(gm, "vmapped_dims", ())))
+                      fetches, aliases, vmapped)
+    cost.one_core = not splits_across_cores(params.get("compiler_params"), grid, vmapped)
     if cost.upper is not None:
         cost.upper.one_core = cost.one_core
     return cost
