@@ -123,8 +123,8 @@ def test_a_device_time_needs_a_harness_without_dispatch():
 
 #: tokamax's autotuning caches: (chip, kind) -> (rows held, cache commit).
 TOKAMAX_ROWS = {("v5e", "tokamax_ragged_dot"): (16, "51396a315bb62b354d7475d5908c658a3ba3ddaf"),
-                ("v6e", "tokamax_flash_attention"): (24, "99ee973ed39c10b34b816c1d45b786ab03a1b38b"),
-                ("v5p", "tokamax_flash_attention"): (16, "c3661e316b052811ecda7898003c39c1301823cd"),
+                ("v6e", "tokamax_flash_attention"): (35, "99ee973ed39c10b34b816c1d45b786ab03a1b38b"),
+                ("v5p", "tokamax_flash_attention"): (38, "c3661e316b052811ecda7898003c39c1301823cd"),
                 ("v5p", "tokamax_ragged_dot"): (16, "f08f27df2b60b18a1f052d6044586c844d29df2a")}
 
 
@@ -269,10 +269,10 @@ def test_the_transposed_rows_hold_only_because_the_transposes_cancel():
     assert before["error"] - now["error"] > 0.10 and now["within"]
 
 
-#: The held-out rows past the target, all tokamax splash rows kept as measured (docs/tpu-cost-model.md names what is
-#: left): four on v6e, 20-24% under the measured times whatever the head size, one on v5p 22.5% over.
+#: The held-out rows past the target, tokamax splash rows kept as measured (docs/tpu-cost-model.md names the term
+#: they lack): two v5p rows of 512 positions without a mask, 22-26% over the measured times.
 KNOWN_MISSES = {
-    ("attention", "v5p"): {"v5p-tokamax-splash-b32-t512-h32-d64-full"},
+    ("attention", "v5p"): {"v5p-tokamax-splash-b32-t512-h32-d64-full", "v5p-tokamax-splash-b32-t512-h16-d128-full"},
 }
 
 
