@@ -9,7 +9,8 @@ position, so a windowed layer reads only the pages its window reaches. The kerne
 own [pages, page_size, Hkv, D] layout, whole pages copied as they lie (any reshape XLA cannot make a bitcast would
 copy the whole cache before the call), and reads kv head h as the [block, D] slice buf[:, h, :]; the G query heads
 of that kv head and the item's tokens are the rows of one [block_q * G, D] matrix, and an online softmax folds the
-blocks in.
+blocks in (a mixed item's block in chunks of kv_compute columns, one loop body: the compiled code does not grow with
+the pages a step copies, and a chunk wholly past the item's reach is skipped).
 
 Mixed batches (paged_mixed_forward) run as one call: the packed queries stay in HBM and each work item copies its
 own rows (at most block_q consecutive tokens of one sequence) into VMEM by its first row and row count, both
@@ -43,7 +44,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from .config import LANES, MIXED_SUB_Q
+from .config import LANES, MIXED_KV_COMPUTE, MIXED_SUB_Q
 from .pallas_flash import MASKED, _dot, finish_softmax, online_softmax_step
 
 
@@ -87,6 +88,19 @@ class PagedStatic:
     @property
     def block_kv(self) -> int:
         return self.pages_per_block * self.page_size
+
+    @property
+    def kv_compute(self) -> int:
+        """Cache positions computed at a time inside a kv block: a mixed item's block in chunks of at most
+        MIXED_KV_COMPUTE columns (the largest such divisor of the block, down to 128; else the whole block); every
+        other call computes its block whole (its rows are one token's G heads)."""
+        n = self.block_kv
+        if not self.mixed_block_q or n <= MIXED_KV_COMPUTE:
+            return n
+        c = MIXED_KV_COMPUTE
+        while c >= 128 and n % c:
+            c //= 2
+        return c if c >= 128 else n
 
 
 def layout_ok(head_dim: int, page_size: int, dtype: Any) -> str | None:
@@ -209,27 +223,48 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, layer_ref, *refs, st:
         r = qpos.shape[0]
         d = kbuf.shape[-1]
 
+        c = st.kv_compute
+        chunks = n // c
+
         def attend(masked: bool):
-            mask = None
-            if masked:
-                cols = start_of(kj) + jax.lax.broadcasted_iota(jnp.int32, (r, n), 1)
-                mask = (qpos >= 0) & (cols < kv_len)
-                if st.causal:
-                    mask &= cols <= qpos
-                if st.window is not None:
-                    mask &= cols > qpos - st.window
-                value_rows = start_of(kj) + jax.lax.broadcasted_iota(jnp.int32, (n, d), 0)
             for h in range(hkv):
                 q = q_of_head(h)
-                k = kbuf[slot, :, h, :].astype(q.dtype)
-                v = vbuf[slot, :, h, :].astype(q.dtype)
-                if masked:
-                    v = jnp.where(value_rows <= hi_ref[w], v, jnp.zeros_like(v))  # unread or past the end
-                s = _dot(q, k, (1, 1)) * (st.sm_scale * st.k_scale)  # [r, n]
-                if st.soft_cap is not None:
-                    s = st.soft_cap * jnp.tanh(s / st.soft_cap)
                 at = (h, *rows)
-                online_softmax_step(s, mask, v, m_scr.at[at], l_scr.at[at], acc_scr.at[at])
+
+                def chunk(ci, carry, h=h, q=q, at=at):
+                    """Columns off .. off + c - 1 of the block into the softmax; with masks, none when the chunk
+                    lies wholly past what the item sees (its pages were not read)."""
+                    off = 0 if chunks == 1 else pl.multiple_of(ci * c, c)
+                    first = start_of(kj) + off
+
+                    def fold_chunk():
+                        k = kbuf[slot, pl.ds(off, c), h, :].astype(q.dtype)
+                        v = vbuf[slot, pl.ds(off, c), h, :].astype(q.dtype)
+                        mask = None
+                        if masked:
+                            cols = first + jax.lax.broadcasted_iota(jnp.int32, (r, c), 1)
+                            mask = (qpos >= 0) & (cols < kv_len)
+                            if st.causal:
+                                mask &= cols <= qpos
+                            if st.window is not None:
+                                mask &= cols > qpos - st.window
+                            value_rows = first + jax.lax.broadcasted_iota(jnp.int32, (c, d), 0)
+                            v = jnp.where(value_rows <= hi_ref[w], v, jnp.zeros_like(v))  # unread or past the end
+                        s = _dot(q, k, (1, 1)) * (st.sm_scale * st.k_scale)  # [r, c]
+                        if st.soft_cap is not None:
+                            s = st.soft_cap * jnp.tanh(s / st.soft_cap)
+                        online_softmax_step(s, mask, v, m_scr.at[at], l_scr.at[at], acc_scr.at[at])
+
+                    if masked and chunks > 1:
+                        pl.when(first <= hi_ref[w])(fold_chunk)
+                    else:
+                        fold_chunk()
+                    return carry
+
+                if chunks == 1:
+                    chunk(0, 0)
+                else:
+                    jax.lax.fori_loop(0, chunks, chunk, 0)
 
         if span is None:
             attend(True)

@@ -113,3 +113,42 @@ def test_unread_pages_of_a_block_never_reach_the_output(sc: PagedScenario) -> No
     ref = fa.reference_ragged_paged_attention(*(x[k] for k in ARGS), **features(sc))
     assert np.isfinite(np.asarray(out[0])).all()
     assert relative_error(flat(*out), flat(*ref)) <= tolerance("float32")
+
+
+def test_a_mixed_block_computes_in_chunks_that_divide_it() -> None:
+    """A mixed item's kv block runs in chunks of at most 512 columns that divide it, none under 128 (else whole);
+    a decode call computes its block whole."""
+    from flash_attention.pallas_paged import PagedStatic
+
+    def chunk(pages: int, page_size: int, mixed: int = 8) -> int:
+        return PagedStatic(sm_scale=1.0, window=None, soft_cap=None, has_sinks=False, causal=True,
+                           page_size=page_size, pages_per_block=pages, pages_per_seq=64, num_pages=64, kv_heads=1,
+                           steps=1, mixed_block_q=mixed).kv_compute
+
+    assert [chunk(p, 128) for p in (2, 4, 5, 6, 8, 16)] == [256, 512, 128, 256, 512, 512]
+    assert chunk(33, 16) == 528 and chunk(40, 16) == 128 and chunk(16, 128, mixed=0) == 2048
+
+
+#: Pages of 128 and 5 a block (640 positions: five chunks of 128): reaches that end inside the block's first chunk,
+#: mid-block and on a chunk's edge, sequences over several blocks, a window narrower than a chunk.
+CHUNKED = PagedScenario("kv_chunks", ((9, 700), (1, 1300), (20, 250), (0, 5), (1, 128), (33, 640), (4, 1281)),
+                        hq=4, hkv=2, d=128, page_size=128, pages_per_seq=11, pad=2)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("window", [None, 100])
+def test_chunked_blocks_match_the_reference_and_skip_unread_pages(dtype: str, window: int | None) -> None:
+    """Against the float64 reference, with fresh VMEM filled with NaN: the chunks past an item's reach are skipped
+    and the partial ones masked, so nothing unread reaches the output."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    sc = CHUNKED if window is None else PagedScenario("kv_chunks_window", CHUNKED.seqs, hq=4, hkv=2, d=128,
+                                                      page_size=128, pages_per_seq=11, pad=2, window=window)
+    x = paged_inputs(sc, dtype, seed=17)
+    cfg = fa.AttentionConfig(paged_block_q=8, paged_pages_per_block=5)
+    out = fa.ragged_paged_attention(*(x[k] for k in ARGS), **features(sc), config=cfg, implementation="pallas",
+                                    interpret=pltpu.InterpretParams(uninitialized_memory="nan"))
+    ref = fa.reference_ragged_paged_attention(*(x[k] for k in ARGS), **features(sc))
+    assert "5 pages" in fa.last_tuning() or "pages_per_block 5" in fa.last_tuning(), fa.last_tuning()
+    assert np.isfinite(np.asarray(out[0], np.float32)).all()
+    assert relative_error(flat(*out), flat(*ref)) <= tolerance(dtype)
