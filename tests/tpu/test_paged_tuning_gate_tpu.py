@@ -5,7 +5,7 @@ whose entry comes nearest its chip's VMEM budget, and the fallback with its reas
 
 Every entry's VMEM estimate fits its chip (kernels/pallas/flash_attention/tests/test_paged_tuning.py) and the tuner
 compiled each entry when it wrote the table; compiling the entry nearest the budget here checks the estimate against
-the compiler on every run, at a third of the cost of compiling all three (each takes 50-100 s on one core).
+the compiler on every run, at a third of the cost of compiling all three (10-40 s each on one core).
 
 An entry is compiled through the gate's mixed-batch case: that case runs the entry's whole block (block_q query rows
 beside its pages per step), while a decode batch runs one query row per item with the same pages, a subset of the

@@ -91,16 +91,16 @@ class PagedStatic:
 
     @property
     def kv_compute(self) -> int:
-        """Cache positions computed at a time inside a kv block: a mixed item's block in chunks of at most
-        MIXED_KV_COMPUTE columns (the largest such divisor of the block, down to 128; else the whole block); every
-        other call computes its block whole (its rows are one token's G heads)."""
+        """Cache positions computed at a time inside a kv block: a mixed item's block in as few equal chunks of at
+        most MIXED_KV_COMPUTE columns as divide it into whole 128-lane columns (1152 positions: 3 of 384), else the
+        whole block; every other call computes its block whole (its rows are one token's G heads)."""
         n = self.block_kv
         if not self.mixed_block_q or n <= MIXED_KV_COMPUTE:
             return n
-        c = MIXED_KV_COMPUTE
-        while c >= 128 and n % c:
-            c //= 2
-        return c if c >= 128 else n
+        for chunks in range(-(-n // MIXED_KV_COMPUTE), n // LANES + 1):
+            if n % chunks == 0 and (n // chunks) % LANES == 0:
+                return n // chunks
+        return n
 
 
 def layout_ok(head_dim: int, page_size: int, dtype: Any) -> str | None:

@@ -116,8 +116,8 @@ def test_unread_pages_of_a_block_never_reach_the_output(sc: PagedScenario) -> No
 
 
 def test_a_mixed_block_computes_in_chunks_that_divide_it() -> None:
-    """A mixed item's kv block runs in chunks of at most 512 columns that divide it, none under 128 (else whole);
-    a decode call computes its block whole."""
+    """A mixed item's kv block runs in as few equal chunks of at most 512 columns as divide it into whole 128-lane
+    columns (else whole); a decode call computes its block whole."""
     from flash_attention.pallas_paged import PagedStatic
 
     def chunk(pages: int, page_size: int, mixed: int = 8) -> int:
@@ -125,7 +125,7 @@ def test_a_mixed_block_computes_in_chunks_that_divide_it() -> None:
                            page_size=page_size, pages_per_block=pages, pages_per_seq=64, num_pages=64, kv_heads=1,
                            steps=1, mixed_block_q=mixed).kv_compute
 
-    assert [chunk(p, 128) for p in (2, 4, 5, 6, 8, 16)] == [256, 512, 128, 256, 512, 512]
+    assert [chunk(p, 128) for p in (2, 4, 5, 6, 8, 9, 16)] == [256, 512, 128, 384, 512, 384, 512]
     assert chunk(33, 16) == 528 and chunk(40, 16) == 128 and chunk(16, 128, mixed=0) == 2048
 
 
