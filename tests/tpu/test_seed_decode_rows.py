@@ -3,22 +3,19 @@ replaced by a stand-in, so this runs without the TPU environment), and the op-by
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from tests.bench_scripts import load
 from tpu_cost_model import decode_models as dm
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("seed_decode", ROOT / "bench" / "seed_decode.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("seed_decode")
 
 
 def test_qwen3_weights_per_chip_by_hand():

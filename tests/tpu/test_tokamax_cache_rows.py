@@ -3,22 +3,17 @@ only the inference entries the table lacks, each in the form the table's tokamax
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench_scripts import load
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("tokamax_cache_rows_bench", ROOT / "bench/tokamax_cache_rows.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return load("tokamax_cache_rows")
 
 
 def _key(b, t, h, d, causal, *, kv=None, residuals=False, dtype="bf16", cap=None):

@@ -8,7 +8,6 @@ with its one line, never a zero.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -16,15 +15,13 @@ import pytest
 from kernel_hub.report.plots import peers_svg
 from kernel_hub.report.schema import Bench
 from kernel_hub.tpu.env import TpuEnvironmentError, tpu_env
+from tests.bench_scripts import load
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("tpu_peers_bench", ROOT / "bench/tpu_peers.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("tpu_peers")
 
 
 @pytest.fixture(scope="module")

@@ -4,21 +4,17 @@ peer change) and written row by row into a record that runs split by model share
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench_scripts import load
+
 TOKAMAX = "tokamax mosaic ragged_dot"
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("tpu_peers_tokamax_bench", ROOT / "bench/tpu_peers_tokamax.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return load("tpu_peers_tokamax")
 
 
 def _row(peer, shape, gen, modeled, band=None, kernel="ragged_dot"):
