@@ -7,6 +7,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+from tests.bench_scripts import load
+
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = ROOT / "bench/records/paged_tune.json"
 
@@ -18,7 +20,7 @@ def _load(name: str, path: Path):
     return module
 
 
-bench = _load("paged_tune_bench", ROOT / "bench/paged_tune.py")
+bench = load("paged_tune")
 table = _load("paged_tuned_table_data", ROOT / "kernels/pallas/flash_attention/flash_attention/paged_tuned_table.py")
 
 

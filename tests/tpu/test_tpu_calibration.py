@@ -10,7 +10,6 @@ tpu-inference kernels as installed in the TPU environment (no copy of them in th
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import subprocess
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 from jax.experimental.pallas.ops.tpu.matmul import matmul
 
 from kernel_hub.tpu.chips import chip
+from tests.bench_scripts import load
 from tests.client_env import child_env
 from tests.tpu_toys import env_or_skip
 from tpu_cost_model import calibration, ici
@@ -445,9 +445,7 @@ def test_the_bench_shows_what_the_model_reads_for_a_row(capsys):
     """bench/tpu_calibration.py --show ID --hlo: the jaxpr, each charge (the two cancelling swaps removed), the
     modeled time with its band, and the StableHLO lowered for TPU, from the TPU environment's worker."""
     env_or_skip()
-    spec = importlib.util.spec_from_file_location("tpu_calibration_bench", ROOT / "bench/tpu_calibration.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load("tpu_calibration")
     assert bench.main(["--show", "v5e-matmul-transpose-rhs-128-1024", "--hlo"]) == 0
     text = capsys.readouterr().out
     assert "== v5e-matmul-transpose-rhs-128-1024" in text and "grid=(8, 8, 8)" in text
@@ -460,9 +458,7 @@ def test_the_docs_tables_are_the_recorded_held_out_errors(capsys):
     """bench/tpu_calibration.py --tables prints the held-out record's tables as the record's .txt holds them, and
     its Markdown (what README, docs/tpu.md and docs/tpu-cost-model.md quote) carries the same numbers; the README's
     table is that Markdown."""
-    spec = importlib.util.spec_from_file_location("tpu_calibration_bench", ROOT / "bench/tpu_calibration.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load("tpu_calibration")
     assert bench.main(["--tables"]) == 0
     text = capsys.readouterr().out
     held, chips, md_kinds, md_chips = text.strip("\n").split("\n\n")
