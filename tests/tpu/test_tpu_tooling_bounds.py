@@ -192,3 +192,17 @@ def test_a_long_compile_step_reports_while_it_runs_and_stops_reporting_after() -
         raise ValueError("the compile raised")
     time.sleep(0.2)
     assert all(e["name"] != "failing" or e["seconds"] < 0.2 for e in seen)  # a failing step stops beating too
+
+
+def test_the_worker_runs_without_a_persistent_compilation_cache(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compile-only TPU client cannot read a persistent-cache entry back: the worker never gets the folder, while
+    the rest of the caller's environment reaches it."""
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jax-cache"))
+    monkeypatch.setenv("KH_TEST_MARKER", "kept")
+    python = _fake_python(tmp_path, 'printf \'{"event": "env", "cache": "%s", "marker": "%s"}\\n\' '
+                                    '"${JAX_COMPILATION_CACHE_DIR-unset}" "$KH_TEST_MARKER" >> "$4"\n')
+    value, error = _finishes(lambda: run_worker(TpuEnv(python, "0", "0"), {"mode": "x"}, stall=30))
+    assert error is None
+    events, status, _ = value
+    assert status == 0 and events == [{"event": "env", "cache": "unset", "marker": "kept"}], events

@@ -50,6 +50,8 @@ STALL_ENV = "KERNEL_HUB_TPU_WORKER_STALL"
 DEFAULT_STALL_SECONDS = 300.0
 #: The most of a worker's stderr kept (its last bytes: what a crash said).
 STDERR_TAIL = 64 << 10
+#: JAX's persistent compilation cache folder, read from the environment by every JAX process.
+PERSISTENT_CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
 
 
 def stall_seconds(environ: Mapping[str, str] | None = None) -> float:
@@ -141,6 +143,10 @@ def run_worker(env: TpuEnv, request: JsonDict, *, timeout: float | None = None,
         # libtpu takes a machine-wide lock (/tmp/libtpu_lockfile) meant for real chips; compiling for mock
         # ones needs no exclusivity, so two validations (or a test and a bench) may run at once
         child_env.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+        # a compile-only TPU client cannot load an executable back from JAX's persistent cache ("PjRtCompiler must
+        # be constructed with a Client"): with a cache set, every compile would write an entry no run can read and
+        # warn on each repeat, so the worker compiles without one
+        child_env.pop(PERSISTENT_CACHE_ENV, None)
         command = [str(env.python), "-m", worker, str(req_path), str(events_path)]
         return _run(command, child_env, tmp, events_path, on_event, timeout, stall, env)
 
