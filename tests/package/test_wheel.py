@@ -160,8 +160,9 @@ def test_list_from_the_wheel_reads_the_embedded_registry(installed: Installed) -
 
 
 def test_validate_from_the_wheel_passes(installed: Installed) -> None:
-    """The command finds the embedded kernel by repo id and runs its cases; the decode tag keeps it to a few, since
-    the demo (test_demo_from_the_wheel_runs_on_the_embedded_kernels) validates every case of the same kernel."""
+    """The command finds the embedded kernel by repo id and runs its cases; the decode tag keeps it to a few (the demo,
+    test_demo_from_the_wheel_runs_on_the_embedded_kernels, validates one case per mode and dtype of the same kernel
+    from the wheel; the kernel's own tests run every case)."""
     out = _check(installed.run("validate", "kernel-hub/ragged-dot-tpu", "--tag", "decode", timeout=300),
                  "kernel-hub validate")
     assert "PASSED" in out and "FAIL" not in out, out
@@ -173,6 +174,10 @@ def test_demo_from_the_wheel_runs_on_the_embedded_kernels(installed: Installed) 
     assert "Traceback" not in proc.stderr
     assert str(installed.site / "kernel_hub" / "_embedded" / "kernels" / "pallas" / "ragged_dot") in out
     assert "PASSED" in out and "AGREE" in out, out
+    lines = out.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("case ") and " mode " in ln)
+    cells = [tuple(ln.split()[1:3]) for ln in lines[head + 1:] if ln.split() and ln.split()[-1] == "pass"]
+    assert len(cells) >= 4 and len(cells) == len(set(cells)), cells  # --quick: one case per (dtype, mode)
     assert "bit-identical to before kernelize: True" in out, out  # the kernelize section ran (torch, transformers)
     assert not list(installed.workdir.iterdir()), "the demo wrote into the working directory"
 

@@ -224,8 +224,7 @@ def test_validate_reports_seed_and_progress(toy_kernel):
 
 def test_quick_selection_keeps_one_case_per_mode_and_dtype():
     import kernel_hub as kh
-    from kernel_hub.report.validation_section import quick_selection
-    from kernel_hub.verify.validation import case_mode
+    from kernel_hub.verify.validation import case_mode, quick_selection
 
     module = kh.get_kernel("kernel-hub/ragged-dot-tpu", backend="cpu")
     import importlib

@@ -14,31 +14,15 @@ from typing import TYPE_CHECKING
 
 from ..package.buildfmt import FRAMEWORKS
 from ..ui.progress import Progress
-from ..verify.contract import Case
 from ..verify.results import AnyCaseResult, CompileResult, NumericResult, case_cells
 from .schema import CaseRow, Cell, Compile, KernelRun, Validation, finite
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from ..verify.contract import Case
 
 #: TPU generations compiled for in a full report (all that tpu.chips knows) and in a quick one.
 QUICK_GENERATIONS = ("v5e",)
-
-
-def quick_selection(cases: list[Case]) -> list[Case]:
-    """One case per (mode, dtype): every matrix cell of the full run, a fraction of its time."""
-    from ..verify.validation import case_mode
-
-    seen: set[tuple[str, str]] = set()
-    out = []
-    for case in cases:
-        key = (case_mode(case), case.dtype)
-        if key not in seen:
-            seen.add(key)
-            out.append(case)
-    return out
 
 
 def case_row(kernel: str, framework: str, c: AnyCaseResult) -> CaseRow:
@@ -81,6 +65,7 @@ def run_validation(repo_ids: Sequence[str], *, seed: int, quick: bool, progress:
     from kernel_hub import get_kernel, validate
 
     from ..errors import KernelHubError, NoVariantError
+    from ..verify.validation import quick_selection
 
     runs: list[KernelRun] = []
     rows: list[CaseRow] = []

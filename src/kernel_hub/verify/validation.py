@@ -63,6 +63,19 @@ def case_mode(case: Case) -> str:
     return "/".join(impl) if isinstance(impl, tuple) else (impl or "auto")
 
 
+def quick_selection(cases: list[Case]) -> list[Case]:
+    """One case per (mode, dtype) (case_mode): every cell of the full run's matrix, a fraction of its time; what
+    `kernel-hub demo --quick` and `kernel-hub report --quick` validate."""
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for case in cases:
+        key = (case_mode(case), case.dtype)
+        if key not in seen:
+            seen.add(key)
+            out.append(case)
+    return out
+
+
 def run_case(case: Case, module: ModuleType, seed: int, *, warm_runs: int = WARM_RUNS,
              warm_budget_s: float = WARM_BUDGET_S) -> NumericResult:
     """One case: fresh inputs, the kernel call timed cold (first call) and warm (median of up to `warm_runs`
