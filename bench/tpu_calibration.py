@@ -61,6 +61,7 @@ def model_rows(rows: list[dict], hf: list[dict] | None = None, peers: dict | Non
         jaxpr = m.get("jaxpr_device_s")  # the XLA ops around the kernels charged per traced op
         out.append({**row, **calibration.compare(row, m["device_s"], m.get("band_s")), "how": m["how"],
                     "xla_rule": m.get("xla_rule"), "scalar_ops": m.get("scalar_ops"), "eup_elems": m.get("eup_elems"),
+                    **{k: m.get(k) for k in ("steps", "stages", "vpu_elems")},
                     **{k: m[k] for k in ("peer_source", "shims") if k in m},
                     "jaxpr_rule_error": None if jaxpr is None else calibration.compare(row, jaxpr)["error"],
                     "uncalibrated_error": None if before is None else before / row["measured_s"] - 1.0})

@@ -274,7 +274,8 @@ def model_row(row: JsonDict, peers: JsonDict | None = None) -> JsonDict:
     return {**out, "device_s": cost.seconds(c), "band_s": list(cost.band(c)),
             "uncalibrated_s": uncalibrated_seconds(cost, c), "hbm_bytes": cost.hbm_bytes, "flops": cost.flops,
             "steps": cost.steps, "scalar_ops": sum(k.scalar_ops for k in cost.calls),
-            "eup_elems": sum(k.eup_elems for k in cost.calls), "how": how}
+            "eup_elems": sum(k.eup_elems for k in cost.calls), "vpu_elems": sum(k.vpu_elems for k in cost.calls),
+            "stages": sum(k.stages for k in cost.calls), "how": how}
 
 
 def _permute(row: JsonDict) -> JsonDict:

@@ -81,6 +81,10 @@ _SCALAR = "row tpu7x-gmm_v2-e512-4096x256-bf16-72x1 (vllm-project/tpu-inference 
 _EUP_V6E = ("row v6e-tokamax-splash-b1-t16384-h8-d256-full (openxla/tokamax's autotuning cache, splash attention "
             "timed by xprof on v6e)")
 _PERMUTE = "rows *-ppermute-* (marin-community/marin issue 6736: barriered lax.ppermute on v5p-8 and v6e-8)"
+_STEP_V5P = ("row v5p-tokamax-splash-b4-t4096-h8-d256-full (openxla/tokamax's autotuning cache, splash attention "
+             "timed by xprof on v5p), jointly with the VPU rate's row")
+_VPU_V5P = ("row v5p-tokamax-splash-b4-t4096-h16-d128-causal (openxla/tokamax's autotuning cache, splash attention "
+            "timed by xprof on v5p), jointly with the step cost's row")
 
 #: Fitted figures, each recomputed in tests/tpu/test_tpu_calibration.py from its row's published numbers.
 #: v7x's streamed fraction: the one that puts RPA v3's 128-sequence decode (7693.6 MiB streamed, 18.6 us of other
@@ -98,6 +102,15 @@ EUP_OPS_PER_CYCLE_V6E = 476.3
 #: scalar ops its metadata pass runs (31 per group: SMEM loads and stores, offsets, a tile count): about two cycles
 #: of the scalar core each.
 SCALAR_OP_V7X_S = 1.2425e-9
+#: v5p's step cost and vector rate, fitted together on two of its 44 attention rows (each the figure that puts its
+#: row on its measured time at the other's): a step of a full (unmasked) splash at heads of 256, whose vector work
+#: hides under the MXU, gives the step cost; a causal splash at heads of 128, whose mask and softmax element work is
+#: its longest unit at that rate, gives the vector rate. The rows say a v5p step costs less than the band's middle
+#: (full 512 x 512 blocks at 512 positions measure 639 us where 0.35 us a step models 783) and that a block's mask
+#: does not hide under the MXU (the causal twin of that row measures 785 us at the same grid, FLOPs and bytes): at
+#: ~2000 jaxpr element ops a cycle the mask's iota / compare / select work on each diagonal block is what adds.
+STEP_OVERHEAD_V5P_S = 0.2789e-6
+VPU_OPS_PER_CYCLE_V5P = 1959.3
 
 #: One collective's fixed cost where permutes are measured (v5p, v6e): point 5.0 us, between their small-payload
 #: times (v5p ~4.5-5.5 us, v6e ~5.6-5.9 us for 1-16 KiB); band from the lowest intercept of the source's
@@ -120,6 +133,7 @@ def _table() -> dict[str, dict[str, Constant]]:
                                 Constant.unmeasured(0.75, 0.95, "no published streamed copy on this generation: "
                                                     "a band around v7x's 0.87")),
             "step_overhead_s": (Constant.measured(STEP_OVERHEAD_V5E_S, _V5E_DOCS) if g == "v5e" else
+                                Constant.measured(STEP_OVERHEAD_V5P_S, _STEP_V5P) if g == "v5p" else
                                 Constant.unmeasured(0.25e-6, 0.45e-6, "not measured on this generation: the Pallas "
                                                     "TPU docs quote ~0.35 us a step")),
             "xla_efficiency": (Constant.measured(XLA_EFFICIENCY_V5E, _XLA_EFF) if g == "v5e" else
@@ -129,9 +143,10 @@ def _table() -> dict[str, dict[str, Constant]]:
                            Constant.unmeasured(1.0e-6, 6.0e-6, "no device-timed small op on this generation: "
                                                "a band around v7x's 3.6 us")),
             "vpu_ops_per_cycle": (Constant.measured(VPU_OPS_PER_CYCLE_V7X, _ATTN) if g == "v7x" else
-                                  Constant.unmeasured(4096.0, 11600.0, "fitted on v7x only (6599 jaxpr element ops "
-                                                      "a cycle, beside the MXU): a band from 4 ALU slots of "
-                                                      "8 x 128 lanes up")),
+                                  Constant.measured(VPU_OPS_PER_CYCLE_V5P, _VPU_V5P) if g == "v5p" else
+                                  Constant.unmeasured(4096.0, 11600.0, "fitted on v7x and v5p only (6599 and "
+                                                      "1959 jaxpr element ops a cycle, beside the MXU): a band "
+                                                      "from 4 ALU slots of 8 x 128 lanes up")),
             "eup_ops_per_cycle": (Constant.measured(EUP_OPS_PER_CYCLE_V6E, _EUP_V6E) if g == "v6e" else
                                   Constant.unmeasured(512.0, 1024.0, "not published: one transcendental slot, "
                                                       "a half to a whole 8 x 128 vreg a cycle")),
