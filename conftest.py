@@ -1,7 +1,8 @@
 """Set-up that must precede every import in the test session.
 
 - Tests never reach the real Hub: anything not pointed at a test server goes to a closed loopback port, and
-  caches go to throwaway folders. Set before huggingface_hub is imported (it reads these once).
+  caches go to throwaway folders, removed when the process exits. Set before huggingface_hub is imported (it reads
+  these once).
 - No test process reaches a host other than loopback: every proxy variable points at a loopback recorder
   (tests/client_env.py), the `hf` CLI's PyPI update check is off, every subprocess a test starts is checked to
   carry both, and a test fails if anything it ran tried to leave the machine.
@@ -18,9 +19,11 @@
   (tests/crash_safe_scheduling.py).
 """
 
+import atexit
 import contextlib
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,6 +38,9 @@ os.environ["KERNEL_HUB_CACHE"] = tempfile.mkdtemp(prefix="kh-tests-cache-")
 if str(Path(__file__).parent) not in sys.path:  # `python -m pytest` from the root has it already
     sys.path.insert(0, str(Path(__file__).parent))
 from tests import client_env, schedule
+
+for _made in (os.environ["HF_HOME"], os.environ["KERNEL_HUB_CACHE"]):  # this process's own folders, gone at its exit
+    atexit.register(shutil.rmtree, _made, True)
 
 #: xdist's loadscope, made to finish when a worker process dies (tests/crash_safe_scheduling.py); the TPU
 #: environment runs its checks in one process, without pytest-xdist
