@@ -3,25 +3,17 @@ ships that the record lacks), and merging one generation's sweep into the record
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
-from tests.bench_scripts import load
+from tests.bench_scripts import PAGED_TUNED_TABLE, load, load_file
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = ROOT / "bench/records/paged_tune.json"
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 bench = load("paged_tune")
-table = _load("paged_tuned_table_data", ROOT / "kernels/pallas/flash_attention/flash_attention/paged_tuned_table.py")
+table = load_file("paged_tuned_table_data", PAGED_TUNED_TABLE)
 
 
 def _row(gen: str, length: int, block_q: int = 32, ppb: int = 16) -> dict:

@@ -24,6 +24,7 @@ import pytest
 from kernel_hub.tpu.chips import chip
 from kernel_hub.tpu.compile_gate import gate
 from kernel_hub.tpu.package import folder_package, import_verified
+from tests.bench_scripts import PAGED_TUNED_TABLE, load_file
 from tests.tpu_toys import env_or_skip
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,11 +37,7 @@ GEOMETRY = {"qwen3_30b_a3b": (32, 4, 128), "gemma4_26b_a4b_sliding": (16, 8, 256
 
 @functools.cache
 def _tuned() -> dict:
-    path = FA / "flash_attention/paged_tuned_table.py"
-    spec = importlib.util.spec_from_file_location("paged_tuned_table_data", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.TUNED
+    return load_file("paged_tuned_table_data", PAGED_TUNED_TABLE).TUNED
 
 
 def gate_cases(gen: str) -> list[tuple[str, tuple]]:
