@@ -41,6 +41,7 @@ class AttentionConfig:
     bwd_block_q, bwd_block_kv: the backward kernels' blocks (0: the forward's), taken the same way.
     paged_block_q, paged_pages_per_block: ragged paged attention's tokens per work item and cache pages per kv step
       (0: paged_blocks picks them).
+    paged_items: decode work items one grid step of the paged kernel takes (0: decode_items picks them).
     cpu_block_q: query rows per chunk in the "cpu" path; each chunk only reads the keys its causal or
       sliding-window band can reach (static skipping), and bounds the score buffer.
     vmem_limit_bytes: scoped-VMEM limit handed to Mosaic; None keeps the compiler default.
@@ -59,13 +60,15 @@ class AttentionConfig:
     bwd_block_kv: int = 0
     paged_block_q: int = 0
     paged_pages_per_block: int = 0
+    paged_items: int = 0
 
     def __post_init__(self) -> None:
         for name in ("block_q", "block_kv", "decode_block_kv", "cpu_block_q", "heads_per_block"):
             value = getattr(self, name)
             if value <= 0:
                 raise ValueError(f"AttentionConfig.{name} must be positive, got {value}")
-        for name in ("chunk_q", "chunk_kv", "bwd_block_q", "bwd_block_kv", "paged_block_q", "paged_pages_per_block"):
+        for name in ("chunk_q", "chunk_kv", "bwd_block_q", "bwd_block_kv", "paged_block_q", "paged_pages_per_block",
+                     "paged_items"):
             value = getattr(self, name)
             if value < 0:
                 raise ValueError(f"AttentionConfig.{name} must be 0 (the block) or positive, got {value}")
@@ -330,3 +333,25 @@ def paged_blocks(tokens: int, seqs: int, group: int, page_size: int, pages_per_s
     why = (f"{block_q} token(s) x {group} heads per work item, {ppb} pages of {page_size} per step "
            f"(within 5/8 of {vmem_budget_bytes >> 20} MiB of VMEM)")
     return PagedBlocks(block_q, ppb, why)
+
+
+#: Most decode work items one grid step of the paged kernel takes: each brings its own page buffers, and the step's
+#: body is unrolled per item, so items x kv heads also stays within DECODE_UNROLL.
+DECODE_ITEMS = 8
+DECODE_UNROLL = 16
+
+
+def decode_items(tokens: int, group: int, block_kv: int, kv_heads: int, head_dim: int, itemsize: int,
+                 vmem_budget_bytes: int) -> tuple[int, str]:
+    """Decode work items per grid step, and why: a step costs ~0.35 us whatever it moves, and a decode item of a
+    short sequence moves little (64 sequences of 768 positions, one kv head: 64 steps of ~0.4 MB), so several items
+    share a step, every item's pages requested before any computes. The most, a power of two, that keeps
+    items x kv heads within DECODE_UNROLL, the items' buffers within 5/8 of the VMEM budget, and no more than the
+    tokens need."""
+    per_item = paged_step_vmem_bytes(1, group, block_kv, kv_heads, head_dim, itemsize)
+    items = 1
+    while (items * 2 <= DECODE_ITEMS and items < tokens and items * 2 * kv_heads <= DECODE_UNROLL
+           and items * 2 * per_item <= vmem_budget_bytes * 5 // 8):
+        items *= 2
+    return items, (f"{items} decode item(s) per step ({per_item >> 10} KiB of VMEM each, {kv_heads} kv head(s), "
+                   f"{tokens} token(s))")

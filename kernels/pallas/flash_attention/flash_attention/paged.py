@@ -63,12 +63,14 @@ _LAST_BLOCKS: list[Choice | None] = [None]
 
 
 def last_tuning(clear: bool = False) -> str | None:
-    """"block_q B, P pages per step (source)" of the last ragged_paged_attention call in this process (None: none
-    since the last clear); `clear` forgets it after reading (the compile gate records it per case)."""
+    """"block_q B, P pages per step, I items per step (source)" of the last ragged_paged_attention call in this
+    process (None: none since the last clear); `clear` forgets it after reading (the compile gate records it per
+    case)."""
     c = _LAST_BLOCKS[0]
     if clear:
         _LAST_BLOCKS[0] = None
-    return None if c is None else f"block_q {c.block_q}, {c.pages_per_block} pages per step ({c.source})"
+    return None if c is None else (f"block_q {c.block_q}, {c.pages_per_block} pages per step, {c.items} items per "
+                                   f"step ({c.source})")
 
 
 def _steps(sh: PagedShapes, block_q: int, ppb: int) -> int:
@@ -82,14 +84,14 @@ def _steps(sh: PagedShapes, block_q: int, ppb: int) -> int:
 
 
 @functools.partial(jax.jit, static_argnames=("impl", "sh", "causal", "block_q", "ppb", "interpret", "vmem_limit",
-                                             "update_cache", "sub_q"))
+                                             "update_cache", "sub_q", "items"))
 def _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, num_seqs, sinks, layer, *,
-           impl, sh: PagedShapes, causal, block_q, ppb, interpret, vmem_limit, update_cache, sub_q=0):
+           impl, sh: PagedShapes, causal, block_q, ppb, interpret, vmem_limit, update_cache, sub_q=0, items=1):
     meta = metadata(kv_lens, page_indices, cu_q_lens, num_seqs, sh)
     if impl == "pallas" and block_q == 1:  # the decode schedule: queries and output where they lie
         work = token_work(meta, sh, causal)
         st = _static(sh, sinks is not None, causal, ppb, _steps(sh, 1, ppb), interpret, vmem_limit, direct=True,
-                     write=update_cache)
+                     write=update_cache, items=items)
         args = (queries, row_positions(work, sh), _sinks_rows(sinks, sh, 1), k_cache, v_cache, work.seq, work.lo,
                 work.hi, meta.kv_len, meta.read_table, st, layer)
         if not update_cache:
@@ -168,12 +170,14 @@ def _sinks_rows(sinks, sh: PagedShapes, block_q: int) -> jax.Array:
 
 
 def _static(sh: PagedShapes, has_sinks: bool, causal: bool, ppb: int, steps: int, interpret, vmem_limit, *,
-            direct: bool = False, mixed_block_q: int = 0, write: bool = False, mixed_sub_q: int = 0) -> PagedStatic:
+            direct: bool = False, mixed_block_q: int = 0, write: bool = False, mixed_sub_q: int = 0,
+            items: int = 1) -> PagedStatic:
     return PagedStatic(sm_scale=sh.sm_scale, window=sh.window, soft_cap=sh.soft_cap, has_sinks=has_sinks,
                        causal=causal, page_size=sh.page_size, pages_per_block=ppb, pages_per_seq=sh.pages_per_seq,
                        num_pages=sh.num_pages, kv_heads=sh.kv_heads, steps=steps, interpret=interpret,
                        vmem_limit_bytes=vmem_limit, group=sh.group, direct=direct, k_scale=sh.k_scale,
-                       v_scale=sh.v_scale, mixed_block_q=mixed_block_q, write=write, mixed_sub_q=mixed_sub_q)
+                       v_scale=sh.v_scale, mixed_block_q=mixed_block_q, write=write, mixed_sub_q=mixed_sub_q,
+                       items=items)
 
 
 def ragged_paged_attention(
@@ -274,7 +278,8 @@ def ragged_paged_attention(
         return _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, num, sinks, layer,
                       impl=impl, sh=sh, causal=bool(causal), block_q=block_q,
                       ppb=cpu_ppb if impl == "cpu" else ppb, interpret=mode,
-                      vmem_limit=vmem["vmem_limit_bytes"], update_cache=bool(update_cache), sub_q=choice.sub_q)
+                      vmem_limit=vmem["vmem_limit_bytes"], update_cache=bool(update_cache), sub_q=choice.sub_q,
+                      items=choice.items)
 
     return run_dispatch(_DISPATCH, implementation, interpret, (queries, k_cache, v_cache), run,
                         "the ragged paged attention kernel")

@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping, Sequence
 
 from ._vendor.chips import chip_for_device_kind
-from .config import MIXED_SUB_Q, AttentionConfig, PagedBlocks, paged_blocks, paged_step_vmem_bytes
+from .config import MIXED_SUB_Q, AttentionConfig, PagedBlocks, decode_items, paged_blocks, paged_step_vmem_bytes
 from .paged_checks import PagedShapes
 from .paged_tuned_table import TUNED
 
@@ -32,6 +32,7 @@ class Choice:
     pages_per_block: int
     source: str  # "config", "env", "tuned <key>" or "fallback: <why>"
     sub_q: int = 0  # tokens a mixed item computes at a time (its sub-blocks); 0: block_q's own (min(block_q, 32))
+    items: int = 1  # decode (block_q 1): work items per grid step (config.decode_items, or config.paged_items)
 
 
 def length_bucket(positions: int) -> int:
@@ -78,13 +79,13 @@ def entry_vmem_bytes(key: tuple, block_q: int, pages_per_block: int, itemsize: i
 def choose_blocks(sh: PagedShapes, q_dtype: str, kv_dtype: str, itemsize: int, device_kind: str | None,
                   vmem_budget_bytes: int, config: AttentionConfig | None = None,
                   environ: Mapping[str, str] | None = None, table: Mapping[tuple, Sequence] = TUNED) -> Choice:
-    """The call's (block_q, pages_per_block, sub-block) and where they came from. A decode-only batch (one new
-    token per sequence on average) keeps block_q 1 whatever the source, so it runs as one pass of one-token items.
-    block_q (tokens per work item: how many queries share each kv block read) is the tuned entry's; a mixed item
-    computes its rows in sub-blocks of at most MIXED_SUB_Q tokens and at most the batch's mean new tokens rounded
-    up, so a batch of short chunks computes no padding rows while a long chunk still reads each kv block once per
-    block_q tokens. A tuned entry whose VMEM estimate passes the budget (a budget that changed under a shipped
-    table) is not used."""
+    """The call's (block_q, pages_per_block, sub-block, decode items per step) and where they came from. A
+    decode-only batch (one new token per sequence on average) keeps block_q 1 whatever the source, so it runs as one
+    pass of one-token items, several a grid step (config.decode_items). block_q (tokens per work item: how many
+    queries share each kv block read) is the tuned entry's; a mixed item computes its rows in sub-blocks of at
+    most MIXED_SUB_Q tokens and at most the batch's mean new tokens rounded up, so a batch of short chunks computes
+    no padding rows while a long chunk still reads each kv block once per block_q tokens. A tuned entry whose VMEM
+    estimate passes the budget (a budget that changed under a shipped table) is not used."""
     environ = os.environ if environ is None else environ
     auto: PagedBlocks = paged_blocks(sh.tokens, sh.max_seqs, sh.group, sh.page_size, sh.pages_per_seq,
                                      sh.kv_heads, sh.head_dim, itemsize, sh.window, vmem_budget_bytes)
@@ -112,4 +113,9 @@ def choose_blocks(sh: PagedShapes, q_dtype: str, kv_dtype: str, itemsize: int, d
         source = "config"
     if auto.block_q == 1 and not cfg.paged_block_q:
         block_q = 1
-    return Choice(block_q, min(ppb, sh.pages_per_seq), source, min(block_q, MIXED_SUB_Q, auto.block_q))
+    ppb = min(ppb, sh.pages_per_seq)
+    items = 1
+    if block_q == 1:
+        items = cfg.paged_items or decode_items(sh.tokens, sh.group, ppb * sh.page_size, sh.kv_heads, sh.head_dim,
+                                                itemsize, vmem_budget_bytes)[0]
+    return Choice(block_q, ppb, source, min(block_q, MIXED_SUB_Q, auto.block_q), items)

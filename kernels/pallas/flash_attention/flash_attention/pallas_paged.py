@@ -71,6 +71,7 @@ class PagedStatic:
     v_scale: float = 1.0
     write: bool = False  # direct: each item stores its own token's new K/V in its page (NewRows), caches aliased
     mixed_sub_q: int = 0  # tokens a mixed item computes at a time (paged_tuning.Choice.sub_q); 0: the default
+    items: int = 1  # direct: work items per grid step (each its own buffers; paged_tuning.decode_items)
 
     @property
     def sub_q(self) -> int:
@@ -140,26 +141,64 @@ class ItemRows:
     row: jax.Array  # [W] int32 packed row of item w's token (in range even where page is -1)
 
 
+#: Each variant's kernel operands after the scalar-prefetched ones, in order (inputs, outputs, scratch).
+_OPERANDS = {
+    "mixed_write": ("first", "rows", "pos", "page", "slot", "row", "q", "sinks", "knew", "vnew", "k_hbm", "v_hbm",
+                    "zeros", "o", "k_out", "v_out", "kbuf", "vbuf", "sems", "m", "l", "acc", "qbuf", "obuf",
+                    "row_sems", "wsems", "started"),
+    "mixed": ("first", "rows", "pos", "q", "sinks", "k_hbm", "v_hbm", "zeros", "o", "kbuf", "vbuf", "sems", "m", "l",
+              "acc", "qbuf", "obuf", "row_sems"),
+    "write": ("page", "slot", "qstart", "qlen", "q", "qpos", "sinks", "knew", "vnew", "keys_hbm", "values_hbm",
+              "k_hbm", "v_hbm", "o", "k_out", "v_out", "kbuf", "vbuf", "sems", "m", "l", "acc", "wsems", "psems",
+              "started"),
+    "plain": ("q", "qpos", "sinks", "k_hbm", "v_hbm", "o", "kbuf", "vbuf", "sems", "m", "l", "acc"),
+}
+#: A direct call's operands with one slice per work item of the grid step (PagedStatic.items): indexed by the item
+#: (its own block, buffers and semaphores), or sliced to one row where the body reads them as [1, ...].
+_PER_ITEM = frozenset({"q", "qpos", "o", "kbuf", "vbuf", "sems", "m", "l", "acc", "wsems", "psems"})
+_PER_ITEM_ROW = frozenset({"knew", "vnew", "started"})
+
+
+def _variant(st: PagedStatic) -> str:
+    if st.mixed_block_q:
+        return "mixed_write" if st.write else "mixed"
+    return "write" if st.write else "plain"
+
+
 def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, layer_ref, *refs, st: PagedStatic):
+    """One grid step: its work item (or, direct with st.items > 1, its st.items items: every item's first pages
+    are requested before any item computes, so one item's copies land while another computes, and a step's fixed
+    cost is paid once for all of them)."""
+    scalars = (seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, layer_ref)
+    named = dict(zip(_OPERANDS[_variant(st)], refs, strict=True))
+    if st.items == 1:
+        _item(pl.program_id(0), scalars, named, st, ("init", "step", "finish"))
+        return
+    views = []
+    for i in range(st.items):
+        view = {k: r.at[i] if k in _PER_ITEM else r.at[pl.ds(i, 1)] if k in _PER_ITEM_ROW else r
+                for k, r in named.items()}
+        views.append((pl.program_id(0) * st.items + i, view))
+    for phase in ("init", "step", "finish"):
+        for w, view in views:
+            _item(w, scalars, view, st, (phase,))
+
+
+def _item(w, scalars, refs: dict, st: PagedStatic, phases: tuple[str, ...]):
+    """Work item w's part of the grid step: "init" (its first kv step: clear the softmax rows, start the first
+    block's copies), "step" (wait for kv step kj's pages, prefetch the next, fold them in), "finish" (its last kv
+    step: write its output rows)."""
+    seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, layer_ref = scalars
+    r = refs.get
+    first_ref, rows_ref, pos_ref, q_ref, qpos_ref, sinks_ref = r("first"), r("rows"), r("pos"), r("q"), r("qpos"), \
+        r("sinks")
+    k_hbm, v_hbm, o_ref, kbuf, vbuf, sems = r("k_hbm"), r("v_hbm"), r("o"), r("kbuf"), r("vbuf"), r("sems")
+    m_scr, l_scr, acc_scr, qbuf, obuf, row_sems = r("m"), r("l"), r("acc"), r("qbuf"), r("obuf"), r("row_sems")
     new = None
-    if st.mixed_block_q and st.write:
-        (first_ref, rows_ref, pos_ref, page_ref, slot_ref, _row_ref, q_ref, sinks_ref, knew_ref, vnew_ref, k_hbm,
-         v_hbm, _zeros, o_ref, k_out, v_out, kbuf, vbuf, sems, m_scr, l_scr, acc_scr, qbuf, obuf, row_sems, wsems,
-         started) = refs
-        new = _Store(page_ref, slot_ref, None, None, knew_ref, vnew_ref, None, None, k_out, v_out, wsems, None,
-                     started)
-    elif st.mixed_block_q:
-        (first_ref, rows_ref, pos_ref, q_ref, sinks_ref, k_hbm, v_hbm, _zeros, o_ref,
-         kbuf, vbuf, sems, m_scr, l_scr, acc_scr, qbuf, obuf, row_sems) = refs
-    elif st.write:
-        (page_ref, slot_ref, qstart_ref, qlen_ref, q_ref, qpos_ref, sinks_ref, knew_ref, vnew_ref, keys_hbm,
-         values_hbm, k_hbm, v_hbm, o_ref, k_out, v_out, kbuf, vbuf, sems, m_scr, l_scr, acc_scr, wsems,
-         psems, started) = refs
-        new = _Store(page_ref, slot_ref, qstart_ref, qlen_ref, knew_ref, vnew_ref, keys_hbm, values_hbm, k_out,
-                     v_out, wsems, psems, started)
-    else:
-        q_ref, qpos_ref, sinks_ref, k_hbm, v_hbm, o_ref, kbuf, vbuf, sems, m_scr, l_scr, acc_scr = refs
-    w, kj = pl.program_id(0), pl.program_id(1)
+    if st.write:
+        new = _Store(r("page"), r("slot"), r("qstart"), r("qlen"), r("knew"), r("vnew"), r("keys_hbm"),
+                     r("values_hbm"), r("k_out"), r("v_out"), r("wsems"), r("psems"), r("started"))
+    kj = pl.program_id(1)
     n, ps, ppb, hkv = st.block_kv, st.page_size, st.pages_per_block, st.kv_heads
 
     def start_of(step):
@@ -194,24 +233,25 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, layer_ref, *refs, st:
     slot = kj % 2
     g = st.group
 
-    @pl.when(kj == 0)
-    def _init():
-        m_scr[...] = jnp.full(m_scr.shape, MASKED, jnp.float32)
-        l_scr[...] = jnp.zeros(l_scr.shape, jnp.float32)
-        acc_scr[...] = jnp.zeros(acc_scr.shape, jnp.float32)
+    if "init" in phases:
+        @pl.when(kj == 0)
+        def _init():
+            m_scr[...] = jnp.full(m_scr.shape, MASKED, jnp.float32)
+            l_scr[...] = jnp.zeros(l_scr.shape, jnp.float32)
+            acc_scr[...] = jnp.zeros(acc_scr.shape, jnp.float32)
 
-        if new is not None:
-            new.started[0] = 0
+            if new is not None:
+                new.started[0] = 0
 
-        @pl.when(active(0))
-        def _first():
-            block_copies(0, 0, wait=False)
+            @pl.when(active(0))
+            def _first():
+                block_copies(0, 0, wait=False)
 
-        if st.mixed_block_q:  # the item's query rows, from where they lie in the packed queries
-            for wait in (False, True):
-                _rows_copies(rows_ref[w], lambda off, size: pltpu.make_async_copy(
-                    q_ref.at[pl.ds(first_ref[w] + off, size)], qbuf.at[pl.ds(off, size)], row_sems.at[0]),
-                    st.mixed_block_q, wait=wait)
+            if st.mixed_block_q:  # the item's query rows, from where they lie in the packed queries
+                for wait in (False, True):
+                    _rows_copies(rows_ref[w], lambda off, size: pltpu.make_async_copy(
+                        q_ref.at[pl.ds(first_ref[w] + off, size)], qbuf.at[pl.ds(off, size)], row_sems.at[0]),
+                        st.mixed_block_q, wait=wait)
 
     def fold(q_of_head, qpos, rows, span=None):
         """One kv step of every kv head: `q_of_head(h)` [r, D] query rows at positions qpos [r, 1] (-1: none)
@@ -286,81 +326,83 @@ def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, layer_ref, *refs, st:
         result = finish_softmax(m_scr[at], l_scr[at], acc_scr[at], sink)
         return result * st.v_scale if st.v_scale != 1.0 else result
 
-    @pl.when(active(kj))
-    def _step():
-        @pl.when(active(kj + 1))
-        def _prefetch():
-            block_copies(kj + 1, 1 - slot, wait=False)
+    if "step" in phases:
+        @pl.when(active(kj))
+        def _step():
+            @pl.when(active(kj + 1))
+            def _prefetch():
+                block_copies(kj + 1, 1 - slot, wait=False)
 
-        block_copies(kj, slot, wait=True)
-        if new is not None and st.mixed_block_q:  # a one-token sequence's item: its row is the only new one
-            new.patch_own(w, pos_ref[w], jnp.minimum(start_of(kj) + n - 1, hi_ref[w]), start_of(kj), kbuf.at[slot],
+            block_copies(kj, slot, wait=True)
+            if new is not None and st.mixed_block_q:  # a one-token sequence's item: its row is the only new one
+                new.patch_own(w, pos_ref[w], jnp.minimum(start_of(kj) + n - 1, hi_ref[w]), start_of(kj), kbuf.at[slot],
+                              vbuf.at[slot], layer_ref[0])
+            elif new is not None:
+                new.patch(w, seq_ref[w], kvlen_ref[seq_ref[w]], hi_ref[w], start_of(kj), n, kbuf.at[slot],
                           vbuf.at[slot], layer_ref[0])
-        elif new is not None:
-            new.patch(w, seq_ref[w], kvlen_ref[seq_ref[w]], hi_ref[w], start_of(kj), n, kbuf.at[slot],
-                      vbuf.at[slot], layer_ref[0])
-        if not st.mixed_block_q:
-            qpos = qpos_ref[...]  # [R, 1]
-            if st.direct:
-                fold(lambda h: q_ref[pl.ds(h * g, g), :], qpos[:g], (slice(None),))
-            else:
-                fold(lambda h: q_ref[h], qpos, (slice(None),))
-            return
-
-        @pl.when(rows_ref[w] == 1)
-        def _one_token():
-            qpos = jnp.full((g, 1), pos_ref[w], jnp.int32)
-            fold(lambda h: qbuf[0, pl.ds(h * g, g), :], qpos, (0, pl.ds(0, g)), (pos_ref[w], pos_ref[w]))
-
-        @pl.when(rows_ref[w] > 1)
-        def _block():
-            sub, rows = st.sub_q, rows_ref[w]
-
-            def sub_block(b, carry):
-                first = b * sub  # the sub-block's first token within the item
-                token = first + jax.lax.div(jax.lax.broadcasted_iota(jnp.int32, (sub * g, 1), 0), g)  # token-major
-                qpos = jnp.where(token < rows, pos_ref[w] + token, -1)
-                last = pos_ref[w] + jnp.minimum(first + sub, rows) - 1
-                fold(lambda h: qbuf[pl.ds(first, sub), pl.ds(h * g, g), :].reshape(sub * g, qbuf.shape[-1]), qpos,
-                     (b, slice(None)), (pos_ref[w] + first, last))
-                return carry
-
-            jax.lax.fori_loop(0, jax.lax.div(rows + sub - 1, sub), sub_block, 0)
-
-    @pl.when(kj == pl.num_programs(1) - 1)
-    def _finish():
-        if new is not None:
-            new.own_stores(w, layer_ref[0], wait=True)
-        if not st.mixed_block_q:
-            for h in range(hkv):
-                result = finished(h, (slice(None),), slice(None)).astype(o_ref.dtype)
+            if not st.mixed_block_q:
+                qpos = qpos_ref[...]  # [R, 1]
                 if st.direct:
-                    o_ref[pl.ds(h * g, g), :] = result
+                    fold(lambda h: q_ref[pl.ds(h * g, g), :], qpos[:g], (slice(None),))
                 else:
-                    o_ref[h] = result
-            return
+                    fold(lambda h: q_ref[h], qpos, (slice(None),))
+                return
 
-        @pl.when(rows_ref[w] == 1)
-        def _one_token():
-            for h in range(hkv):
-                obuf[0, pl.ds(h * g, g), :] = finished(h, (0, pl.ds(0, g)), pl.ds(0, g)).astype(obuf.dtype)
+            @pl.when(rows_ref[w] == 1)
+            def _one_token():
+                qpos = jnp.full((g, 1), pos_ref[w], jnp.int32)
+                fold(lambda h: qbuf[0, pl.ds(h * g, g), :], qpos, (0, pl.ds(0, g)), (pos_ref[w], pos_ref[w]))
 
-        @pl.when(rows_ref[w] > 1)
-        def _block():
-            sub, d = st.sub_q, obuf.shape[-1]
+            @pl.when(rows_ref[w] > 1)
+            def _block():
+                sub, rows = st.sub_q, rows_ref[w]
 
-            def sub_block(b, carry):
+                def sub_block(b, carry):
+                    first = b * sub  # the sub-block's first token within the item
+                    token = first + jax.lax.div(jax.lax.broadcasted_iota(jnp.int32, (sub * g, 1), 0), g)  # token-major
+                    qpos = jnp.where(token < rows, pos_ref[w] + token, -1)
+                    last = pos_ref[w] + jnp.minimum(first + sub, rows) - 1
+                    fold(lambda h: qbuf[pl.ds(first, sub), pl.ds(h * g, g), :].reshape(sub * g, qbuf.shape[-1]), qpos,
+                         (b, slice(None)), (pos_ref[w] + first, last))
+                    return carry
+
+                jax.lax.fori_loop(0, jax.lax.div(rows + sub - 1, sub), sub_block, 0)
+
+    if "finish" in phases:
+        @pl.when(kj == pl.num_programs(1) - 1)
+        def _finish():
+            if new is not None:
+                new.own_stores(w, layer_ref[0], wait=True)
+            if not st.mixed_block_q:
                 for h in range(hkv):
-                    out = finished(h, (b, slice(None)), pl.ds(0, sub * g)).astype(obuf.dtype).reshape(sub, g, d)
-                    obuf[pl.ds(b * sub, sub), pl.ds(h * g, g), :] = out
-                return carry
+                    result = finished(h, (slice(None),), slice(None)).astype(o_ref.dtype)
+                    if st.direct:
+                        o_ref[pl.ds(h * g, g), :] = result
+                    else:
+                        o_ref[h] = result
+                return
 
-            jax.lax.fori_loop(0, jax.lax.div(rows_ref[w] + sub - 1, sub), sub_block, 0)
+            @pl.when(rows_ref[w] == 1)
+            def _one_token():
+                for h in range(hkv):
+                    obuf[0, pl.ds(h * g, g), :] = finished(h, (0, pl.ds(0, g)), pl.ds(0, g)).astype(obuf.dtype)
 
-        for wait in (False, True):  # the item's output rows, to where its queries lie
-            _rows_copies(rows_ref[w], lambda off, size: pltpu.make_async_copy(
-                obuf.at[pl.ds(off, size)], o_ref.at[pl.ds(first_ref[w] + off, size)], row_sems.at[1]),
-                st.mixed_block_q, wait=wait)
+            @pl.when(rows_ref[w] > 1)
+            def _block():
+                sub, d = st.sub_q, obuf.shape[-1]
+
+                def sub_block(b, carry):
+                    for h in range(hkv):
+                        out = finished(h, (b, slice(None)), pl.ds(0, sub * g)).astype(obuf.dtype).reshape(sub, g, d)
+                        obuf[pl.ds(b * sub, sub), pl.ds(h * g, g), :] = out
+                    return carry
+
+                jax.lax.fori_loop(0, jax.lax.div(rows_ref[w] + sub - 1, sub), sub_block, 0)
+
+            for wait in (False, True):  # the item's output rows, to where its queries lie
+                _rows_copies(rows_ref[w], lambda off, size: pltpu.make_async_copy(
+                    obuf.at[pl.ds(off, size)], o_ref.at[pl.ds(first_ref[w] + off, size)], row_sems.at[1]),
+                    st.mixed_block_q, wait=wait)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -472,31 +514,44 @@ def paged_forward(q_work, qpos_rows, sinks_rows, k_cache, v_cache, seq, lo, hi, 
     v_cache), the new rows stored by the kernel itself, the cache outputs aliasing the cache inputs."""
     hkv, d = st.kv_heads, q_work.shape[-1]
     w_count, r = q_work.shape[0], qpos_rows.shape[1]
+    items = st.items if st.direct else 1
+    pad = -w_count % items
+    if pad:  # whole grid steps of `items` items: the padding items see nothing and store nothing
+        out = paged_forward(*_pad_items(pad, q_work, qpos_rows), sinks_rows, k_cache, v_cache,
+                            *_pad_items(pad, seq, lo), jnp.pad(hi, (0, pad), constant_values=-1), kv_len, table, st,
+                            layer, None if new is None else NewRows(
+                                *_pad_items(pad, new.keys, new.values), jnp.pad(new.page, (0, pad), constant_values=-1),
+                                *_pad_items(pad, new.slot), new.q_start, new.q_len))
+        return out[:w_count] if new is None else (out[0][:w_count], *out[1:])
     qpos_col = qpos_rows[:, :, None]  # one column: a lane-wide copy would be an op of its own on every call
     sinks_wide = jnp.broadcast_to(sinks_rows[:, :, None], (hkv, r, LANES))
+    lead = None if items == 1 else items  # a direct call's per-item blocks: `items` rows of the packed arrays
     if st.direct:
-        q_spec = pl.BlockSpec((None, hkv * st.group, d), lambda wi, kj, *_: (wi, 0, 0))
+        q_spec = pl.BlockSpec((lead, hkv * st.group, d), lambda wi, kj, *_: (wi, 0, 0))
     else:
         q_spec = pl.BlockSpec((None, hkv, r, d), lambda wi, kj, *_: (wi, 0, 0, 0))
     # the operands and scratch every direct or grouped call has: queries, query positions, sinks; the kv buffers,
-    # their semaphores and the online softmax's m / l / acc rows
-    in_specs = [q_spec, pl.BlockSpec((None, r, 1), lambda wi, kj, *_: (wi, 0, 0)),
+    # their semaphores and the online softmax's m / l / acc rows (one set per item of a step)
+    in_specs = [q_spec, pl.BlockSpec((lead, r, 1), lambda wi, kj, *_: (wi, 0, 0)),
                 pl.BlockSpec((hkv, r, LANES), lambda wi, kj, *_: (0, 0, 0))]
-    scratch = [*_kv_buffers(st, d, k_cache.dtype), pltpu.VMEM((hkv, r, LANES), jnp.float32),
-               pltpu.VMEM((hkv, r, LANES), jnp.float32), pltpu.VMEM((hkv, r, d), jnp.float32)]
+    each = () if items == 1 else (items,)
+    scratch = [*_kv_buffers(st, d, k_cache.dtype, each), pltpu.VMEM((*each, hkv, r, LANES), jnp.float32),
+               pltpu.VMEM((*each, hkv, r, LANES), jnp.float32), pltpu.VMEM((*each, hkv, r, d), jnp.float32)]
     scalars = (seq, lo, hi, kv_len, table.reshape(-1), _layer_operand(layer))
     operands = (q_work, qpos_col, sinks_wide)
     out_shape = jax.ShapeDtypeStruct(q_work.shape, q_work.dtype)
     any_ = pl.BlockSpec(memory_space=pl.ANY)
+    grid = (w_count // items, st.steps)
     if new is None:
-        return _call(st, "ragged_paged_attention", scalars, (w_count, st.steps), in_specs + [any_, any_], q_spec,
+        return _call(st, "ragged_paged_attention", scalars, grid, in_specs + [any_, any_], q_spec,
                      scratch, out_shape)(*scalars, *operands, k_cache, v_cache)
     # the store: row w's own K / V as VMEM blocks, every new row in HBM (the patches), the caches aliased out
-    row_spec = pl.BlockSpec((1, hkv, d), lambda wi, kj, *_: (wi, 0, 0))
+    row_spec = pl.BlockSpec((items, hkv, d), lambda wi, kj, *_: (wi, 0, 0))
     scalars = (*scalars, new.page, new.slot, new.q_start, new.q_len)
     caches_at = len(scalars) + len(operands) + 4
-    scratch += [pltpu.SemaphoreType.DMA((2,)), pltpu.SemaphoreType.DMA((2,)), pltpu.SMEM((1,), jnp.int32)]
-    return _call(st, "ragged_paged_attention_store", scalars, (w_count, st.steps),
+    scratch += [pltpu.SemaphoreType.DMA((*each, 2)), pltpu.SemaphoreType.DMA((*each, 2)),
+                pltpu.SMEM((items,), jnp.int32)]
+    return _call(st, "ragged_paged_attention_store", scalars, grid,
                  in_specs + [row_spec, row_spec, any_, any_, any_, any_], (q_spec, any_, any_), scratch,
                  (out_shape, jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype),
                   jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype)),
@@ -504,10 +559,16 @@ def paged_forward(q_work, qpos_rows, sinks_rows, k_cache, v_cache, seq, lo, hi, 
                  )(*scalars, *operands, new.keys, new.values, new.keys, new.values, k_cache, v_cache)
 
 
-def _kv_buffers(st: PagedStatic, d: int, dtype) -> list:
-    """The double-buffered K and V blocks (every kv head of pages_per_block pages) and their DMA semaphores."""
-    buf = pltpu.VMEM((2, st.block_kv, st.kv_heads, d), dtype)
-    return [buf, buf, pltpu.SemaphoreType.DMA((2, 2))]
+def _pad_items(pad: int, *arrays: jax.Array) -> list[jax.Array]:
+    """Each array with `pad` more rows of zeros (items that read page 0's slots and see nothing)."""
+    return [jnp.pad(a, ((0, pad), *((0, 0),) * (a.ndim - 1))) for a in arrays]
+
+
+def _kv_buffers(st: PagedStatic, d: int, dtype, each: tuple[int, ...] = ()) -> list:
+    """The double-buffered K and V blocks (every kv head of pages_per_block pages) and their DMA semaphores; `each`
+    (items,): one set per work item of a grid step."""
+    buf = pltpu.VMEM((*each, 2, st.block_kv, st.kv_heads, d), dtype)
+    return [buf, buf, pltpu.SemaphoreType.DMA((*each, 2, 2))]
 
 
 def _layer_operand(layer: jax.Array | None) -> jax.Array:

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import flash_attention as fa
 import pytest
-from flash_attention.config import paged_step_vmem_bytes, paged_vmem_bytes, vmem_plan
+from flash_attention.config import (
+    DECODE_ITEMS,
+    DECODE_UNROLL,
+    decode_items,
+    paged_step_vmem_bytes,
+    paged_vmem_bytes,
+    vmem_plan,
+)
 from flash_attention.paged_cases import compile_scenarios
 from flash_attention.paged_checks import PagedShapes
 from flash_attention.paged_tuned_table import TUNED
@@ -47,6 +54,30 @@ def test_decode_only_batches_keep_one_token_per_item() -> None:
     table = {tuning_key("v6e", QWEN, "bfloat16", "bfloat16"): (8, 4)}
     got = _choose(QWEN, "TPU v6 lite", table, environ={})
     assert (got.block_q, got.pages_per_block) == (1, 4)
+
+
+@pytest.mark.parametrize("kind", ["TPU v5 lite", "TPU v6 lite", "TPU7x"])
+@pytest.mark.parametrize(("tokens", "kv_heads", "block_kv"), [(64, 1, 768), (64, 4, 768), (64, 4, 2048), (3, 1, 768),
+                                                              (1, 2, 256), (64, 8, 2048)])
+def test_decode_items_are_the_most_that_fit_every_limit(kind, tokens, kv_heads, block_kv) -> None:
+    budget = vmem_plan(kind)[0]
+    items, why = decode_items(tokens, 4, block_kv, kv_heads, 128, 2, budget)
+    per_item = paged_vmem_bytes(4, block_kv, kv_heads, 128, 2)
+
+    def fits(n: int) -> bool:
+        return n <= DECODE_ITEMS and n * kv_heads <= DECODE_UNROLL and n * per_item <= budget * 5 // 8
+
+    assert items >= 1 and items & (items - 1) == 0 and f"{items} decode item(s)" in why
+    assert items == 1 or (fits(items) and items // 2 < tokens)
+    assert not (fits(2 * items) and items < tokens)  # the next power of two breaks a limit or outnumbers the tokens
+
+
+def test_a_decode_batch_shares_grid_steps_and_config_overrides_the_count() -> None:
+    sh = PagedShapes(64, 4, 1, 128, 384, 128, 64, 6, 1.0, None, None)  # one device's share of Qwen3 at 768 positions
+    got = _choose(sh, "TPU v6 lite", {}, environ={})
+    assert (got.block_q, got.items) == (1, 8)
+    assert _choose(sh, "TPU v6 lite", {}, environ={}, config=fa.AttentionConfig(paged_items=2)).items == 2
+    assert _choose(MIXED, "TPU v6 lite", {}, environ={}).items == 1  # a mixed batch: one item a step
 
 
 def test_env_overrides_the_table_and_config_overrides_both() -> None:
