@@ -37,6 +37,7 @@ CASES = {
     "gemma4_26b_a4b_sliding_mixed_2044_8k": (64, 8192, 128, 16, 8, 256, 1024, 2044),
     "small_decode_b8_2k_window": (8, 2048, 128, 8, 4, 128, 512),
     "small_mixed_b8_2k_window": (8, 2048, 128, 8, 4, 128, 512, 64),
+    "small_decode_b8_2k_window_out_proj": (8, 2048, 128, 8, 4, 128, 512),
     "qwen3_30b_a3b_decode_b64_8k_fp8": (64, 8192, 128, 32, 4, 128, None),
     "small_decode_b8_2k_window_fp8": (8, 2048, 128, 8, 4, 128, 512),
     "gemma4_26b_a4b_sliding_decode_b64_8k_fp8": (64, 8192, 128, 16, 8, 256, 1024),
@@ -44,8 +45,10 @@ CASES = {
 #: Cases whose caches are float8_e4m3fn (per-cache scales; v6e and v7x only: v5e refuses fp8 caches); others bf16.
 FP8_CASES = {"qwen3_30b_a3b_decode_b64_8k_fp8", "small_decode_b8_2k_window_fp8",
              "gemma4_26b_a4b_sliding_decode_b64_8k_fp8"}
+#: Cases whose call takes the output projection (out_proj=, [heads x D, 512]): the decode kernel multiplies by it.
+OUT_PROJ_CASES = {"small_decode_b8_2k_window_out_proj"}
 GROUPS = {"model": [n for n in CASES if not n.startswith("small") and n not in FP8_CASES],
-          "small": ["small_decode_b8_2k_window", "small_mixed_b8_2k_window"],
+          "small": ["small_decode_b8_2k_window", "small_mixed_b8_2k_window", "small_decode_b8_2k_window_out_proj"],
           "small_fp8": ["small_decode_b8_2k_window_fp8"],
           "fp8": ["qwen3_30b_a3b_decode_b64_8k", "qwen3_30b_a3b_decode_b64_8k_fp8",
                   "gemma4_26b_a4b_sliding_decode_b64_8k_fp8"]}
@@ -78,10 +81,13 @@ def compile_rows(generations: list[str], names: list[str]) -> None:
                               sds((tokens, hkv, d), jnp.bfloat16), cache, cache, sds((seqs,), jnp.int32),
                               sds((seqs, length // page), jnp.int32), sds((seqs + 1,), jnp.int32),
                               sds((), jnp.int32)), device)
+            if name in OUT_PROJ_CASES:  # one more argument, after the nine of the call
+                args = (*args, *on_device((sds((hq * d, 512), jnp.bfloat16),), device))
 
             def step(*a, window=window, scales=scales):
-                return fa.ragged_paged_attention(*a, sliding_window=window, implementation="pallas", interpret=False,
-                                                 **scales)
+                extra = {"out_proj": a[9]} if len(a) > 9 else {}
+                return fa.ragged_paged_attention(*a[:9], sliding_window=window, implementation="pallas",
+                                                 interpret=False, **scales, **extra)
 
             start = time.perf_counter()
             row = {"generation": gen, "case": name,

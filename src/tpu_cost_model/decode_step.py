@@ -9,7 +9,7 @@ that group's layer in place; only the small dense weights are the scan's xs.
 
 `Kernels` names the five ops the step calls and two optional fused ones (the attention's front: the residual add, the
 input norm, the q/k/v projection and qk_norm_rope in one call, its projection then a whole stack too; the router with
-the norm before it);
+the norm before it), and whether the attention call takes the output projection (out_proj=, a whole stack too);
 `hub_kernels(rms, fa, rd, ...)` takes them from the loaded kernel packages (the rms_norm, flash_attention and ragged_dot
 modules, imported by kernel-hub's verified loader), with an `implementation=` for all of them (None: each kernel's order
 for the platform; "xla": JAX's own ops, the jax_default path). The attention's projections are one fused weight (`wqkv`,
@@ -50,13 +50,15 @@ NORM_STACKS = ("attn_norm", "ff_norm", "q_norm", "k_norm", "attn_post_norm", "ff
 FRONT_STACKS = ("wqkv",)
 #: Gemma's router scales, passed whole too where the router runs its own norm and per-expert scale in its call.
 ROUTE_STACKS = ("router_scale", "expert_scale")
+#: The attention's output projection, passed whole too where the attention kernel multiplies by it (out_proj=).
+OUT_STACKS = ("wo",)
 
 
 def whole_stacks(kern: Kernels) -> tuple[str, ...]:
     """The layer weights the step hands its kernels as whole stacks [G, ...] with layer=, the rest being the
     layer scan's xs (sliced per group by the scan)."""
     return (NORM_STACKS + (FRONT_STACKS if kern.front is not None else ())
-            + (ROUTE_STACKS if kern.norm_route is not None else ()))
+            + (ROUTE_STACKS if kern.norm_route is not None else ()) + (OUT_STACKS if kern.attention_projects else ()))
 
 
 class Kernels(NamedTuple):
@@ -78,12 +80,15 @@ class Kernels(NamedTuple):
     # None, or the router with the norm before it in one call: (x, residual or None, norm [G, H], router [G, H, E],
     # top_k, eps, layer, expert_scale [G, E] or None) -> ids, weights, the normed x (, x + residual)
     norm_route: Callable[..., Any] | None = None
+    # attention takes out_proj= (the output projection [G, heads x D, H], read at layer) and returns [B, H]
+    attention_projects: bool = False
 
 
 def hub_kernels(rms: Any, fa: Any, rd: Any, implementation: str | None = None, interpret: Any = None,
-                formulation: str | None = None) -> Kernels:
+                formulation: str | None = None, out_proj: bool = True) -> Kernels:
     """The step's ops from the loaded kernel packages (rms_norm, flash_attention, ragged_dot); `formulation`: how
-    moe_experts runs each device's experts (None: its own choice, ragged_dot's moe/formulation.py)."""
+    moe_experts runs each device's experts (None: its own choice, ragged_dot's moe/formulation.py); `out_proj`: the
+    attention's output projection inside its call where the release takes it (False: an XLA dot after)."""
     kw = {"implementation": implementation, "interpret": interpret}
 
     sandwich = _takes(rms.rms_norm, "x_weight")
@@ -99,9 +104,12 @@ def hub_kernels(rms: Any, fa: Any, rd: Any, implementation: str | None = None, i
                                 values=f.values, keys_are_values=f.keys_are_values, rotary_dims=f.rotary_dims,
                                 layer=layer, **kw)
 
-    def attention(q, k, v, kc, vc, kv_lens, pages, cu, window, scale, layer):
+    projects = out_proj and _takes(getattr(fa, "ragged_paged_attention", None), "out_proj")
+
+    def attention(q, k, v, kc, vc, kv_lens, pages, cu, window, scale, layer, out_proj=None):
+        extra = {} if out_proj is None else {"out_proj": out_proj}
         return fa.ragged_paged_attention(q, k, v, kc, vc, kv_lens, pages, cu, layer=layer, sliding_window=window,
-                                         sm_scale=scale, **kw)
+                                         sm_scale=scale, **extra, **kw)
 
     def moe(x, ids, w, gu, dn, activation, mesh, layer):
         return rd.moe_experts(x, ids, w, gu, dn, activation=activation, mesh=mesh,
@@ -122,7 +130,7 @@ def hub_kernels(rms: Any, fa: Any, rd: Any, implementation: str | None = None, i
     has_front = _takes(getattr(rms, "attention_front", None), "residual", "layer")
     fused_route = _takes(rd.moe_route, "norm_weight", "residual", "expert_scale")
     return Kernels(norm, qk_rope, attention, moe, route, front if has_front else None,
-                   norm_route if fused_route else None)
+                   norm_route if fused_route else None, projects)
 
 
 def _takes(fn: Callable[..., Any] | None, *keywords: str) -> bool:
@@ -379,6 +387,9 @@ def attention_part(m: DecodeModel, kind: AttentionKind, kern: Kernels, lw: dict,
         q, k, v = kern.qk_rope(x @ lw["wqkv"], lw["q_norm"], lw["k_norm"], table, front, layer)
     scale = m.attention_scale if m.attention_scale is not None else 1.0 / math.sqrt(d)
     cu = jnp.arange(b + 1, dtype=jnp.int32)
+    if kern.attention_projects:  # the o-projection inside the attention call (the whole stack, read at layer)
+        o, kc, vc = kern.attention(q, k, v, kc, vc, kv_lens, pages, cu, kind.window, scale, layer, out_proj=lw["wo"])
+        return h, reduce(o), kc, vc
     o, kc, vc = kern.attention(q, k, v, kc, vc, kv_lens, pages, cu, kind.window, scale, layer)
     out = reduce(o.reshape(b, -1) @ lw["wo"])  # a sandwich model's post-norm runs in the next norm's call
     return h, out, kc, vc
@@ -513,7 +524,8 @@ def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, mo
             h, pending, cs = group(h, pending, lws, cs, i)
             return (h, pending, cs, i + 1), None
 
-        (h, pending, caches, _), _ = jax.lax.scan(body, (h, pending, caches, jnp.int32(0)), scanned)
+        (h, pending, caches, _), _ = jax.lax.scan(body, (h, pending, caches, jnp.int32(0)), scanned,
+                                                  length=m.groups)
     elif layers:  # one group, unscanned (the cost model's walk; params and caches hold one group)
         h, pending, caches = group(h, pending, [jax.tree.map(lambda a: a[0], lw) for lw in scanned], caches,
                                    jnp.int32(0))

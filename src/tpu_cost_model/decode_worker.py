@@ -54,7 +54,8 @@ def path_kernels(path: str, rms: ModuleType, fa: ModuleType, rd: ModuleType) -> 
     if path == "hub":
         return hub_kernels(rms, fa, rd, "pallas", False)
     if path == "vllm_tpu":  # the hub step with its experts sorted through ragged dots, kernels swapped when modeled
-        return hub_kernels(rms, fa, rd, "pallas", False, formulation="sorted")
+        # (vLLM's attention has no output projection: the step keeps it an XLA dot)
+        return hub_kernels(rms, fa, rd, "pallas", False, formulation="sorted", out_proj=False)
     if path == "jax_default":
         return hub_kernels(rms, fa, rd, "xla")
     if path == "default_compiled":

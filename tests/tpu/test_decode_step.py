@@ -141,6 +141,7 @@ def test_decode_step_matches_numpy(kernels, name, path):
     # the hub's attention front is one call (attention_front), its router one call with the norm before it;
     # apart: the norm, the projection, qk_norm_rope; the norm, then the router
     assert (kern.front is not None) == (kern.norm_route is not None) == (path != "default_compiled")
+    assert kern.attention_projects == (path != "default_compiled")  # the o-projection inside the attention call
     if path == "hub_apart":
         kern = kern._replace(front=None, norm_route=None)
     mesh = Mesh(np.array(jax.devices()[:1]), (ds.AXIS,))
@@ -177,7 +178,7 @@ def test_an_older_release_without_the_fused_forms_runs_their_parts_apart():
         raise AssertionError("not called")
 
     old = ds.hub_kernels(SimpleNamespace(rms_norm=rms_norm), SimpleNamespace(), SimpleNamespace(moe_route=moe_route))
-    assert old.front is None and old.norm_route is None
+    assert old.front is None and old.norm_route is None and not old.attention_projects
     rng = np.random.default_rng(0)
     x, r, w, wx = rng.standard_normal((4, 8)), rng.standard_normal((4, 8)), rng.random(8) + 0.5, rng.random(8) + 0.5
     normed, summed = old.rms_norm(x, w, 1e-6, None, r, x_weight=wx)

@@ -26,15 +26,18 @@ def rows(tpu_environment) -> list[dict]:
 
 def test_every_generation_compiles_the_small_cases(rows: list[dict]) -> None:
     assert sorted((r["generation"], r["case"]) for r in rows) == [
-        (g, c) for g in ("v5e", "v6e", "v7x") for c in ("small_decode_b8_2k_window", "small_mixed_b8_2k_window")]
+        (g, c) for g in ("v5e", "v6e", "v7x")
+        for c in ("small_decode_b8_2k_window", "small_decode_b8_2k_window_out_proj", "small_mixed_b8_2k_window")]
     assert all(r["compiled"] == "yes" for r in rows), rows
 
 
-@pytest.mark.parametrize("case", ["small_decode_b8_2k_window", "small_mixed_b8_2k_window"])
+@pytest.mark.parametrize("case", ["small_decode_b8_2k_window", "small_mixed_b8_2k_window",
+                                  "small_decode_b8_2k_window_out_proj"])
 @pytest.mark.parametrize("generation", ["v5e", "v6e", "v7x"])
 def test_outputs_alias_both_caches_and_nothing_copies_one(rows: list[dict], generation: str, case: str) -> None:
-    """A decode step (one call that stores its rows) and a mixed batch (the write kernel, then the attention call
-    that stores the decode steps' rows): either way both caches are aliased through."""
+    """A decode step (one call that stores its rows, also with the output projection in it) and a mixed batch (the
+    write kernel, then the attention call that stores the decode steps' rows): either way both caches are aliased
+    through."""
     row = next(r for r in rows if r["generation"] == generation and r["case"] == case)
     cache = row["cache_mib"]
     assert row["alias_mib"] >= 2 * cache, row  # both donated caches are the outputs' buffers

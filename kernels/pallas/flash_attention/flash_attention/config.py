@@ -355,3 +355,25 @@ def decode_items(tokens: int, group: int, block_kv: int, kv_heads: int, head_dim
         items *= 2
     return items, (f"{items} decode item(s) per step ({per_item >> 10} KiB of VMEM each, {kv_heads} kv head(s), "
                    f"{tokens} token(s))")
+
+
+#: Generations whose JAX device is a megacore (two TensorCores splitting a kernel's "parallel" grid axis).
+MEGACORE_CHIPS = frozenset({"v4", "v5p"})
+
+
+def fold_out_proj(tokens: int, q_heads: int, head_dim: int, n: int, itemsize: int, vmem_budget_bytes: int,
+                  chip: str | None = None) -> tuple[bool, str]:
+    """Whether a decode call's output projection runs inside the kernel, and why: the finished rows wait in VMEM (f32,
+    query heads padded to whole sublane tiles) until the last grid step multiplies them by the projection, whose
+    weight (double-buffered) and output block stay resident; all of it within a quarter of the VMEM budget (the
+    items' page buffers keep their 5/8). Folded, the projection is no op of its own on the device, but the items run
+    in order: on a megacore (`chip` in MEGACORE_CHIPS) that would leave one of its two cores idle, so not there."""
+    if chip in MEGACORE_CHIPS:
+        return False, f"projection after the kernel: {chip} is a megacore, whose two cores split the items"
+    rows = tokens * -(-q_heads // 8) * 8 * head_dim * 4
+    weight = 2 * q_heads * head_dim * n * itemsize
+    out = 2 * tokens * -(-n // LANES) * LANES * itemsize
+    need, cap = rows + weight + out, vmem_budget_bytes // 4
+    if need > cap:
+        return False, f"projection after the kernel: rows, weight and output need {need >> 10} KiB > {cap >> 10} KiB"
+    return True, f"projection in the kernel ({need >> 10} KiB of VMEM)"

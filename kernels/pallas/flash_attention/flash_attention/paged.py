@@ -27,14 +27,16 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from ._vendor.chips import chip_for_device_kind
 from ._vendor.interpret import run_dispatch
 from .api import _DISPATCH, _vmem
-from .config import AttentionConfig, cdiv, device_kind_of
+from .config import AttentionConfig, cdiv, device_kind_of, fold_out_proj
 from .paged_checks import (
     PagedShapes,
     as_int32,
     check_layer,
     check_num_seqs,
+    check_out_proj,
     check_paged_shapes,
     check_paged_values,
     host_or_traced,
@@ -84,22 +86,47 @@ def _steps(sh: PagedShapes, block_q: int, ppb: int) -> int:
 
 
 @functools.partial(jax.jit, static_argnames=("impl", "sh", "causal", "block_q", "ppb", "interpret", "vmem_limit",
-                                             "update_cache", "sub_q", "items"))
-def _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, num_seqs, sinks, layer, *,
-           impl, sh: PagedShapes, causal, block_q, ppb, interpret, vmem_limit, update_cache, sub_q=0, items=1):
+                                             "update_cache", "sub_q", "items", "fold"))
+def _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, num_seqs, sinks, layer,
+           out_proj=None, *, impl, sh: PagedShapes, causal, block_q, ppb, interpret, vmem_limit, update_cache, sub_q=0,
+           items=1, fold=False):
+    out, k_cache, v_cache = _attend_paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_lens,
+                                          num_seqs, sinks, layer, out_proj if fold else None, impl=impl, sh=sh,
+                                          causal=causal, block_q=block_q, ppb=ppb, interpret=interpret,
+                                          vmem_limit=vmem_limit, update_cache=update_cache, sub_q=sub_q, items=items)
+    if out_proj is not None and not fold:
+        out = project_out(out, out_proj, layer)
+    return out, k_cache, v_cache
+
+
+def project_out(out: jax.Array, out_proj: jax.Array, layer: jax.Array | None) -> jax.Array:
+    """[T, N]: out [T, Hq, D] (as the call stores it, in its dtype) times out_proj [Hq x D, N] (or the stack's
+    layer `layer`), accumulated in f32: what the kernel computes when the projection is folded in."""
+    w = out_proj if out_proj.ndim == 2 else jax.lax.dynamic_index_in_dim(out_proj, layer, keepdims=False)
+    precision = jax.lax.Precision.HIGHEST if out.dtype == jnp.float32 else None
+    y = jax.lax.dot_general(out.reshape(out.shape[0], -1), w, (((1,), (0,)), ((), ())), precision=precision,
+                            preferred_element_type=jnp.float32)
+    return y.astype(out.dtype)
+
+
+def _attend_paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, num_seqs, sinks, layer,
+                  out_proj, *, impl, sh: PagedShapes, causal, block_q, ppb, interpret, vmem_limit, update_cache,
+                  sub_q, items):
+    """(out, k_cache, v_cache) of one implementation; `out_proj` (the decode schedule's Pallas kernel only): the
+    output already projected."""
     meta = metadata(kv_lens, page_indices, cu_q_lens, num_seqs, sh)
     if impl == "pallas" and block_q == 1:  # the decode schedule: queries and output where they lie
         work = token_work(meta, sh, causal)
         st = _static(sh, sinks is not None, causal, ppb, _steps(sh, 1, ppb), interpret, vmem_limit, direct=True,
-                     write=update_cache, items=items)
+                     write=update_cache, items=items, project=out_proj is not None)
         args = (queries, row_positions(work, sh), _sinks_rows(sinks, sh, 1), k_cache, v_cache, work.seq, work.lo,
                 work.hi, meta.kv_len, meta.read_table, st, layer)
         if not update_cache:
-            return paged_forward(*args), k_cache, v_cache
+            return paged_forward(*args, out_proj=out_proj), k_cache, v_cache
         page, slot = token_destinations(meta, sh)  # the kernel stores the new rows itself: one call
         new = NewRows(quantize_rows(keys, k_cache.dtype, sh.k_scale), quantize_rows(values, v_cache.dtype, sh.v_scale),
                       page, slot, meta.q_start, meta.q_len)
-        return paged_forward(*args, new=new)
+        return paged_forward(*args, new=new, out_proj=out_proj)
     if impl == "pallas":  # any mix: one attention call, queries and output where they lie
         work = work_items(meta, sh, block_q, causal)
         first, rows, pos = item_rows(work)
@@ -171,13 +198,13 @@ def _sinks_rows(sinks, sh: PagedShapes, block_q: int) -> jax.Array:
 
 def _static(sh: PagedShapes, has_sinks: bool, causal: bool, ppb: int, steps: int, interpret, vmem_limit, *,
             direct: bool = False, mixed_block_q: int = 0, write: bool = False, mixed_sub_q: int = 0,
-            items: int = 1) -> PagedStatic:
+            items: int = 1, project: bool = False) -> PagedStatic:
     return PagedStatic(sm_scale=sh.sm_scale, window=sh.window, soft_cap=sh.soft_cap, has_sinks=has_sinks,
                        causal=causal, page_size=sh.page_size, pages_per_block=ppb, pages_per_seq=sh.pages_per_seq,
                        num_pages=sh.num_pages, kv_heads=sh.kv_heads, steps=steps, interpret=interpret,
                        vmem_limit_bytes=vmem_limit, group=sh.group, direct=direct, k_scale=sh.k_scale,
                        v_scale=sh.v_scale, mixed_block_q=mixed_block_q, write=write, mixed_sub_q=mixed_sub_q,
-                       items=items)
+                       items=items, project=project)
 
 
 def ragged_paged_attention(
@@ -203,6 +230,7 @@ def ragged_paged_attention(
     update_cache: bool = True,
     k_scale: float | None = None,
     v_scale: float | None = None,
+    out_proj: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Attention of many sequences' new tokens, packed ragged, over a paged KV cache; prefill chunks and decode steps
     mix in one call, and the new tokens' K/V are written into their pages as part of it.
@@ -230,9 +258,15 @@ def ragged_paged_attention(
         given, so a caller that does not donate them pays no copy.
       k_scale, v_scale: an fp8 cache's per-cache scales, static Python numbers > 0 (default 1.0); new rows are stored
         as clip(x / scale, +-448) in e4m3 (saturating). Refused with a float cache unless 1.0.
+      out_proj: optional [Hq x D, N] output projection in the queries' dtype (with layer=, a stack [L, Hq x D, N]
+        read at the layer): the output is then out [T, Hq x D] @ out_proj, [T, N] (an attention layer's o_proj; under
+        tensor parallelism, each device's heads' rows, summed across devices by the caller). On the decode schedule
+        the Pallas kernel multiplies in its last grid step when rows, weight and output fit a quarter of the VMEM
+        budget (config.fold_out_proj), so the projection is no op of its own; elsewhere it is one XLA dot after.
 
     Returns:
-      (out [T, Hq, D] in queries.dtype, k_cache, v_cache) with the new rows written (with `layer`: the whole stacks).
+      (out [T, Hq, D] (with out_proj: [T, N]) in queries.dtype, k_cache, v_cache) with the new rows written (with
+      `layer`: the whole stacks).
       The caller rebinds the returned caches (as vLLM does): under `jax.jit(step, donate_argnums=...)` donating both
       caches they are the same buffers, updated in place; a caller that does not donate gets one copy of each
       (docs/paged-attention.md). A scan over layers carries the stacks and rebinds them each layer.
@@ -255,10 +289,14 @@ def ragged_paged_attention(
         why = fp8_refusal(device_kind_of(k_cache))
         if why:
             raise ValueError(why)
+    if out_proj is not None:
+        out_proj = jnp.asarray(out_proj)
+        check_out_proj(out_proj, queries, None if layer is None else k_cache.shape[0])
     num_seqs = check_num_seqs(num_seqs, sh.max_seqs)
     check_paged_values(kv_lens, page_indices, cu_q_lens, num_seqs, sh)
     if sh.tokens == 0 or sh.max_seqs == 0:  # nothing to attend or write
-        return jnp.zeros(queries.shape, queries.dtype), k_cache, v_cache
+        shape = queries.shape if out_proj is None else (sh.tokens, out_proj.shape[-1])
+        return jnp.zeros(shape, queries.dtype), k_cache, v_cache
     kv_lens, page_indices, cu_q_lens = (as_int32(x) for x in (kv_lens, page_indices, cu_q_lens))
     num = as_int32(jnp.asarray(sh.max_seqs if num_seqs is None else num_seqs)).reshape(())
     cfg = config or AttentionConfig()
@@ -270,13 +308,18 @@ def ragged_paged_attention(
     # the CPU walk holds a block of pages per work item at once: 256 positions keep that a small slice of the cache
     cpu_ppb = min(cfg.paged_pages_per_block or max(1, 256 // sh.page_size), sh.pages_per_seq)
 
+    chip = chip_for_device_kind(device_kind_of(k_cache))
+    fold = out_proj is not None and block_q == 1 and fold_out_proj(
+        -(-sh.tokens // choice.items) * choice.items, sh.q_heads, sh.head_dim, out_proj.shape[-1],
+        jnp.dtype(queries.dtype).itemsize, vmem["vmem_budget_bytes"], None if chip is None else chip.name)[0]
+
     def run(impl: str, mode: Any):
         if impl == "pallas":
             why = layout_ok(sh.head_dim, sh.page_size, k_cache.dtype)
             if why:
                 raise NotImplementedError(f"the paged attention kernel cannot take this cache: {why}")
         return _paged(queries, keys, values, k_cache, v_cache, kv_lens, page_indices, cu_q_lens, num, sinks, layer,
-                      impl=impl, sh=sh, causal=bool(causal), block_q=block_q,
+                      out_proj, fold=fold and impl == "pallas", impl=impl, sh=sh, causal=bool(causal), block_q=block_q,
                       ppb=cpu_ppb if impl == "cpu" else ppb, interpret=mode,
                       vmem_limit=vmem["vmem_limit_bytes"], update_cache=bool(update_cache), sub_q=choice.sub_q,
                       items=choice.items)

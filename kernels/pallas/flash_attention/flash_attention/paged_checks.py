@@ -166,6 +166,21 @@ def check_layer(layer: Any, k_cache: Any, v_cache: Any) -> tuple[jax.Array, Any,
     return layer, *(jax.ShapeDtypeStruct(c.shape[1:], c.dtype) for c in (k_cache, v_cache))
 
 
+def check_out_proj(out_proj: Any, queries: Any, layers: int | None) -> None:
+    """One ValueError naming what to fix, or None: out_proj must be [Hq x D, N] in the queries' dtype, or with
+    layer= a stack [layers, Hq x D, N] over the caches' layers."""
+    rows = queries.shape[1] * queries.shape[2]
+    want = f"[{rows}, N]" if layers is None else f"[{layers}, {rows}, N] (stacked like the caches, read at layer)"
+    shape = tuple(getattr(out_proj, "shape", ()))
+    lead = () if layers is None else (layers,)
+    if len(shape) != len(lead) + 2 or shape[:-1] != (*lead, rows) or shape[-1] == 0:
+        raise ValueError(f"{_WHO}: out_proj must be {want}: query heads x head dim rows, one column per output "
+                         f"feature; got shape {shape}")
+    if jnp.dtype(out_proj.dtype) != jnp.dtype(queries.dtype):
+        raise ValueError(f"{_WHO}: out_proj must have the queries' dtype {jnp.dtype(queries.dtype).name}, got "
+                         f"{jnp.dtype(out_proj.dtype).name}")
+
+
 def _dtype_of(x: Any) -> Any:
     if isinstance(x, int):
         return np.int64

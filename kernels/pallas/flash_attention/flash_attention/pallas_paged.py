@@ -72,6 +72,7 @@ class PagedStatic:
     write: bool = False  # direct: each item stores its own token's new K/V in its page (NewRows), caches aliased
     mixed_sub_q: int = 0  # tokens a mixed item computes at a time (paged_tuning.Choice.sub_q); 0: the default
     items: int = 1  # direct: work items per grid step (each its own buffers; paged_tuning.decode_items)
+    project: bool = False  # direct: the output projection folded in (paged_forward's out_proj; grid in order)
 
     @property
     def sub_q(self) -> int:
@@ -165,23 +166,51 @@ def _variant(st: PagedStatic) -> str:
     return "write" if st.write else "plain"
 
 
+def _operand_names(st: PagedStatic) -> tuple[str, ...]:
+    """The variant's operands; with the output projection folded in (st.project): its weight after the sinks, the
+    projected output ("po", whole, in place of the per-item output) and the finished rows' scratch last."""
+    names = list(_OPERANDS[_variant(st)])
+    if not st.project:
+        return tuple(names)
+    names.insert(names.index("sinks") + 1, "wo")
+    names[names.index("o")] = "po"
+    return (*names, "rows")
+
+
+def _project_rows(rows_ref, wo_ref, po_ref) -> None:
+    """po = the finished rows [W, Hq, D] (each in the output's dtype, as an unprojected call stores them) times the
+    projection [Hq x D, N], one query head's D rows of it at a time, accumulated in f32."""
+    _, hq, d = rows_ref.shape
+    precision = jax.lax.Precision.HIGHEST if po_ref.dtype == jnp.float32 else None
+    acc = None
+    for qh in range(hq):
+        part = jax.lax.dot_general(rows_ref[:, qh, :].astype(wo_ref.dtype), wo_ref[pl.ds(qh * d, d), :],
+                                   (((1,), (0,)), ((), ())), precision=precision,
+                                   preferred_element_type=jnp.float32)
+        acc = part if acc is None else acc + part
+    po_ref[...] = acc.astype(po_ref.dtype)
+
+
 def _kernel(seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, layer_ref, *refs, st: PagedStatic):
     """One grid step: its work item (or, direct with st.items > 1, its st.items items: every item's first pages
     are requested before any item computes, so one item's copies land while another computes, and a step's fixed
     cost is paid once for all of them)."""
     scalars = (seq_ref, lo_ref, hi_ref, kvlen_ref, table_ref, layer_ref)
-    named = dict(zip(_OPERANDS[_variant(st)], refs, strict=True))
+    named = dict(zip(_operand_names(st), refs, strict=True))
     if st.items == 1:
         _item(pl.program_id(0), scalars, named, st, ("init", "step", "finish"))
-        return
-    views = []
-    for i in range(st.items):
-        view = {k: r.at[i] if k in _PER_ITEM else r.at[pl.ds(i, 1)] if k in _PER_ITEM_ROW else r
-                for k, r in named.items()}
-        views.append((pl.program_id(0) * st.items + i, view))
-    for phase in ("init", "step", "finish"):
-        for w, view in views:
-            _item(w, scalars, view, st, (phase,))
+    else:
+        views = []
+        for i in range(st.items):
+            view = {k: r.at[i] if k in _PER_ITEM else r.at[pl.ds(i, 1)] if k in _PER_ITEM_ROW else r
+                    for k, r in named.items()}
+            views.append((pl.program_id(0) * st.items + i, view))
+        for phase in ("init", "step", "finish"):
+            for w, view in views:
+                _item(w, scalars, view, st, (phase,))
+    if st.project:  # every item's rows are in: the last grid step projects them all at once
+        last = (pl.program_id(0) == pl.num_programs(0) - 1) & (pl.program_id(1) == pl.num_programs(1) - 1)
+        pl.when(last)(lambda: _project_rows(named["rows"], named["wo"], named["po"]))
 
 
 def _item(w, scalars, refs: dict, st: PagedStatic, phases: tuple[str, ...]):
@@ -375,6 +404,11 @@ def _item(w, scalars, refs: dict, st: PagedStatic, phases: tuple[str, ...]):
                 new.own_stores(w, layer_ref[0], wait=True)
             if not st.mixed_block_q:
                 for h in range(hkv):
+                    if st.project:  # the row as the unprojected output holds it, for the last step's projection
+                        out_dtype = refs["po"].dtype
+                        result = finished(h, (slice(None),), slice(None)).astype(out_dtype).astype(jnp.float32)
+                        refs["rows"][w, pl.ds(h * g, g), :] = result
+                        continue
                     result = finished(h, (slice(None),), slice(None)).astype(o_ref.dtype)
                     if st.direct:
                         o_ref[pl.ds(h * g, g), :] = result
@@ -506,12 +540,15 @@ def _rows_copies(rows, copy, block_q: int, *, wait: bool = False) -> None:
 
 
 def paged_forward(q_work, qpos_rows, sinks_rows, k_cache, v_cache, seq, lo, hi, kv_len, table,
-                  st: PagedStatic, layer: jax.Array | None = None, new: NewRows | None = None):
+                  st: PagedStatic, layer: jax.Array | None = None, new: NewRows | None = None,
+                  out_proj: jax.Array | None = None):
     """q_work [W, Hkv, R, D] (direct: the packed queries [T, Hq, D] themselves, item w = row w); qpos_rows [W, R]
     int32; sinks_rows [Hkv, R] f32; caches [P, page, Hkv, D] (or [L, P, page, Hkv, D] read at `layer`, an int32
     scalar in [0, L)); seq/lo/hi [W], kv_len [S], table [S, pages_per_seq] int32 -> [W, Hkv, R, D] (direct:
     [T, Hq, D], padding rows 0) in the queries' dtype. With `new` (direct and st.write only): (output, k_cache,
-    v_cache), the new rows stored by the kernel itself, the cache outputs aliasing the cache inputs."""
+    v_cache), the new rows stored by the kernel itself, the cache outputs aliasing the cache inputs. With
+    `out_proj` (direct and st.project only: [Hq x D, N], or [L, Hq x D, N] read at `layer`): the output is
+    [T, N], the rows times the projection."""
     hkv, d = st.kv_heads, q_work.shape[-1]
     w_count, r = q_work.shape[0], qpos_rows.shape[1]
     items = st.items if st.direct else 1
@@ -521,7 +558,7 @@ def paged_forward(q_work, qpos_rows, sinks_rows, k_cache, v_cache, seq, lo, hi, 
                             *_pad_items(pad, seq, lo), jnp.pad(hi, (0, pad), constant_values=-1), kv_len, table, st,
                             layer, None if new is None else NewRows(
                                 *_pad_items(pad, new.keys, new.values), jnp.pad(new.page, (0, pad), constant_values=-1),
-                                *_pad_items(pad, new.slot), new.q_start, new.q_len))
+                                *_pad_items(pad, new.slot), new.q_start, new.q_len), out_proj)
         return out[:w_count] if new is None else (out[0][:w_count], *out[1:])
     qpos_col = qpos_rows[:, :, None]  # one column: a lane-wide copy would be an op of its own on every call
     sinks_wide = jnp.broadcast_to(sinks_rows[:, :, None], (hkv, r, LANES))
@@ -540,11 +577,23 @@ def paged_forward(q_work, qpos_rows, sinks_rows, k_cache, v_cache, seq, lo, hi, 
     scalars = (seq, lo, hi, kv_len, table.reshape(-1), _layer_operand(layer))
     operands = (q_work, qpos_col, sinks_wide)
     out_shape = jax.ShapeDtypeStruct(q_work.shape, q_work.dtype)
+    o_spec = q_spec
+    last = []  # scratch after the variant's own
+    if st.project:  # the projection's weight (one layer's, read in place from a stack), one whole output block
+        n = out_proj.shape[-1]
+        if out_proj.ndim == 3:
+            in_specs.append(pl.BlockSpec((None, hkv * st.group * d, n), lambda wi, kj, *refs: (refs[5][0], 0, 0)))
+        else:
+            in_specs.append(pl.BlockSpec((hkv * st.group * d, n), lambda wi, kj, *_: (0, 0)))
+        operands = (*operands, out_proj)
+        out_shape = jax.ShapeDtypeStruct((w_count, n), q_work.dtype)
+        o_spec = pl.BlockSpec((w_count, n), lambda wi, kj, *_: (0, 0))
+        last = [pltpu.VMEM((w_count, hkv * st.group, d), jnp.float32)]
     any_ = pl.BlockSpec(memory_space=pl.ANY)
     grid = (w_count // items, st.steps)
     if new is None:
-        return _call(st, "ragged_paged_attention", scalars, grid, in_specs + [any_, any_], q_spec,
-                     scratch, out_shape)(*scalars, *operands, k_cache, v_cache)
+        return _call(st, "ragged_paged_attention", scalars, grid, in_specs + [any_, any_], o_spec,
+                     scratch + last, out_shape)(*scalars, *operands, k_cache, v_cache)
     # the store: row w's own K / V as VMEM blocks, every new row in HBM (the patches), the caches aliased out
     row_spec = pl.BlockSpec((items, hkv, d), lambda wi, kj, *_: (wi, 0, 0))
     scalars = (*scalars, new.page, new.slot, new.q_start, new.q_len)
@@ -552,7 +601,7 @@ def paged_forward(q_work, qpos_rows, sinks_rows, k_cache, v_cache, seq, lo, hi, 
     scratch += [pltpu.SemaphoreType.DMA((*each, 2)), pltpu.SemaphoreType.DMA((*each, 2)),
                 pltpu.SMEM((items,), jnp.int32)]
     return _call(st, "ragged_paged_attention_store", scalars, grid,
-                 in_specs + [row_spec, row_spec, any_, any_, any_, any_], (q_spec, any_, any_), scratch,
+                 in_specs + [row_spec, row_spec, any_, any_, any_, any_], (o_spec, any_, any_), scratch + last,
                  (out_shape, jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype),
                   jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype)),
                  aliases={caches_at: 1, caches_at + 1: 2},
@@ -578,14 +627,16 @@ def _layer_operand(layer: jax.Array | None) -> jax.Array:
 
 def _call(st: PagedStatic, name: str, scalars: tuple, grid: tuple[int, int], in_specs: list, out_specs, scratch: list,
           out_shape, aliases: dict[int, int] | None = None):
-    """The pallas_call of one paged kernel variant: `scalars` scalar-prefetched, items parallel, kv steps in order."""
+    """The pallas_call of one paged kernel variant: `scalars` scalar-prefetched, items parallel (in order when the
+    last step projects every item's rows), kv steps in order."""
     return pl.pallas_call(
         functools.partial(_kernel, st=st),
         out_shape=out_shape,
         grid_spec=pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=len(scalars), grid=grid, in_specs=in_specs,
                                                out_specs=out_specs, scratch_shapes=scratch),
         input_output_aliases=aliases or {},
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary" if st.project else "parallel",
+                                                                  "arbitrary"),
                                              vmem_limit_bytes=st.vmem_limit_bytes),
         interpret=st.interpret,
         name=name,
