@@ -14,6 +14,8 @@
   the defaults). The tests run small arrays, mostly through interpreted Pallas kernels whose programs are large:
   compiling is most of their time and LLVM's optimisation roughly half of that; the numbers checked do not depend
   on it.
+- OpenMP threads sleep between parallel regions (OMP_WAIT_POLICY=PASSIVE, set before torch loads): two workers
+  on two cores leave no core for a spinning thread.
 - The heaviest test scopes run first (tests/schedule.py), so the suite's workers finish together, and a worker
   process that dies has its test run once more on a fresh worker, never a deadlocked run
   (tests/crash_safe_scheduling.py).
@@ -31,6 +33,12 @@ from pathlib import Path
 
 import pytest
 
+# OpenMP threads (torch's intra-op pool, MKL, oneDNN) sleep as soon as a parallel region ends instead of spinning:
+# with two workers each running a thread per core, a spinning thread holds the core its partner needs to finish the
+# next region, and tests of many small torch ops ran 3-8x slower for it. libgomp reads this once, when torch loads,
+# so it is set before anything imports torch; subprocesses inherit it (they run beside the workers too). It changes
+# where threads wait, nothing they compute; a value set by hand wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
 os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="kh-tests-hf-")
 os.environ["KERNEL_HUB_CACHE"] = tempfile.mkdtemp(prefix="kh-tests-cache-")
