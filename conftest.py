@@ -14,6 +14,8 @@
   the defaults). The tests run small arrays, mostly through interpreted Pallas kernels whose programs are large:
   compiling is most of their time and LLVM's optimisation roughly half of that; the numbers checked do not depend
   on it.
+- The TPU simulator's per-core programs (interpreted Pallas with several cores) are compiled once per program and
+  test module, not once per core and call (tests/simulated_core_programs.py).
 - OpenMP threads sleep between parallel regions (OMP_WAIT_POLICY=PASSIVE, set before torch loads): two workers
   on two cores leave no core for a spinning thread.
 - The heaviest test scopes run first (tests/schedule.py), so the suite's workers finish together, and a worker
@@ -45,7 +47,7 @@ os.environ["KERNEL_HUB_CACHE"] = tempfile.mkdtemp(prefix="kh-tests-cache-")
 
 if str(Path(__file__).parent) not in sys.path:  # `python -m pytest` from the root has it already
     sys.path.insert(0, str(Path(__file__).parent))
-from tests import client_env, schedule
+from tests import client_env, schedule, simulated_core_programs
 
 for _made in (os.environ["HF_HOME"], os.environ["KERNEL_HUB_CACHE"]):  # this process's own folders, gone at its exit
     atexit.register(shutil.rmtree, _made, True)
@@ -64,12 +66,15 @@ with contextlib.suppress(ImportError):
 
 @pytest.fixture(scope="module", autouse=True)
 def _unoptimised_cpu_compiles():
-    """XLA CPU compiles without backend optimisation for this module, then the setting it found."""
+    """XLA CPU compiles without backend optimisation for this module, then the setting it found; the TPU
+    simulator's per-core programs compiled once each (simulated_core_programs), forgotten at the module's end."""
     import jax
 
     before = jax.config.read("jax_disable_most_optimizations")
     jax.config.update("jax_disable_most_optimizations", True)
+    simulated_core_programs.install()
     yield
+    simulated_core_programs.clear()
     jax.config.update("jax_disable_most_optimizations", before)
 
 
