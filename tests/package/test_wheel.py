@@ -101,6 +101,11 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Installe
     workdir.mkdir()
     env = _clean_env(HF_ENDPOINT=CLOSED_ENDPOINT, HF_HOME=str(tmp / "hf"), KERNEL_HUB_CACHE=str(tmp / "cache"),
                      PATH=f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}")
+    # The venv's processes write their bytecode, as a default Python does: it was installed --no-compile, so with
+    # PYTHONDONTWRITEBYTECODE (set on some machines) each of this module's dozen processes compiled jax, torch and
+    # transformers from source again. The bytecode goes into the venv's own site-packages; kernel packages are
+    # loaded without bytecode either way (kernel_hub.load.loader).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     return Installed(bin=venv / "bin", site=site, workdir=workdir, env=env)
 
 
@@ -322,7 +327,9 @@ def test_open_hub_flow_from_the_wheel(installed: Installed, tmp_path: Path) -> N
     steps = Steps([])
     work = installed.workdir / "authoring"
     work.mkdir()
-    tpu_env = {**installed.env, "KERNEL_HUB_TPU_PYTHON": str(TPU_PYTHON)} if TPU_PYTHON.is_file() else None
+    # the TPU environment's processes (started by the wheel's kernel-hub) run as they do everywhere else
+    keep = {k: os.environ[k] for k in ("PYTHONDONTWRITEBYTECODE",) if k in os.environ}
+    tpu_env = {**installed.env, **keep, "KERNEL_HUB_TPU_PYTHON": str(TPU_PYTHON)} if TPU_PYTHON.is_file() else None
     try:
         steps.run(installed, "init", "init", "my_axpy", "--dir", str(work), "--repo", "acme/my-axpy")
         kernel = work / "my_axpy"
