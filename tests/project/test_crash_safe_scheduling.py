@@ -38,9 +38,12 @@ def test_requeue_for_a_rerun_keeps_the_crashed_test_to_run() -> None:
 
 
 def _run(folder: Path) -> tuple[int, str]:
+    # its own --basetemp (a dot folder: not collected), so the inner session's exit does not clear out older
+    # /tmp/pytest-of-<user> folders (earlier runs' wheel venvs among them) inside this test
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "tests.crash_safe_scheduling", "-p", "no:cacheprovider",
-         "-n", "2", "--dist", "loadscope", "--no-loadscope-reorder", "-o", "addopts=", str(folder)],
+         "-n", "2", "--dist", "loadscope", "--no-loadscope-reorder", "-o", "addopts=",
+         "--basetemp", str(folder / ".basetemp"), str(folder)],
         cwd=folder, env=child_env(PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
     return done.returncode, done.stdout + done.stderr
 

@@ -35,9 +35,11 @@ def test_experts_forward_is_one_torch_tpu_op_per_layer(env, tmp_path):
                  KERNEL_HUB_EXPERTS_FACTS=str(facts_path))
     child["PYTHONPATH"] = str(ROOT / "src") + (os.pathsep + child["PYTHONPATH"] if child.get("PYTHONPATH") else "")
     # --noconftest: the checks need none of the suite's fixtures, and the TPU environment's tpu-inference wheel
-    # installs a top-level `tests` package that shadows this checkout's (the root conftest imports from it)
+    # installs a top-level `tests` package that shadows this checkout's (the root conftest imports from it); its own
+    # --basetemp, so its exit does not clear out older /tmp/pytest-of-<user> folders inside this test
     done = subprocess.run([str(env.python), "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "--noconftest",
-                           str(CHECKS)], capture_output=True, text=True, timeout=600, cwd=ROOT, env=child)
+                           "--basetemp", str(tmp_path / "basetemp"), str(CHECKS)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT, env=child)
     tail = "\n".join(line for line in done.stdout.splitlines() if not line.startswith(("I0000", "W0000")))[-4000:]
     assert done.returncode == 0, tail
     assert set(re.findall(r"^PASSED \S+::(\S+)", done.stdout, flags=re.M)) == PASSED, tail

@@ -163,8 +163,11 @@ def test_kernelize_refuses_a_device_torch_does_not_know():
 
 def test_torch_tpu_checks_pass_in_the_tpu_environment(env, tmp_path):
     facts_path = tmp_path / "facts.json"
+    # its own --basetemp: with the default one, the inner session's exit clears out older numbered
+    # /tmp/pytest-of-<user> folders (earlier runs' wheel venvs among them, gigabytes) inside this test
     done = subprocess.run(
-        [str(env.python), "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", str(CHECKS)],
+        [str(env.python), "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "--basetemp",
+         str(tmp_path / "basetemp"), str(CHECKS)],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
         env=_child_env(KERNEL_HUB_TORCH_TPU_FACTS=str(facts_path)),
     )
