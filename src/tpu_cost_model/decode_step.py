@@ -82,6 +82,13 @@ class Kernels(NamedTuple):
     norm_route: Callable[..., Any] | None = None
     # attention takes out_proj= (the output projection [G, heads x D, H], read at layer) and returns [B, H]
     attention_projects: bool = False
+    # None, or the norm, the router and the experts in one op: (x, residual or None, norm [G, H], router [G, H, E],
+    # top_k, eps, w_gate_up, w_down, activation, mesh, layer, expert_scale [G, E] or None, expert_norm [G, H] or
+    # None) -> (the experts' output summed over the mesh,) + (x + residual,) with a residual
+    route_moe: Callable[..., Any] | None = None
+    # whether route_moe runs as one kernel for (tokens, model, mesh): only then does the step use it (its two-op
+    # form would route inside, where the cost model's walk gives the experts a concrete routing)
+    fuses_routing: Callable[..., bool] | None = None
 
 
 def hub_kernels(rms: Any, fa: Any, rd: Any, implementation: str | None = None, interpret: Any = None,
@@ -127,10 +134,25 @@ def hub_kernels(rms: Any, fa: Any, rd: Any, implementation: str | None = None, i
         return rd.moe_route(x, w, top_k=k, layer=layer, norm_weight=norm_w, residual=residual, eps=eps,
                             expert_scale=expert_scale, **kw)
 
+    def route_moe(x, residual, norm_w, router, k, eps, gu, dn, activation, mesh, layer, expert_scale=None,
+                  expert_norm=None):
+        return rd.moe_routed_experts(x, router, gu, dn, top_k=k, norm_weight=norm_w, residual=residual, eps=eps,
+                                     expert_scale=expert_scale, expert_norm_weight=expert_norm, activation=activation,
+                                     mesh=mesh, expert_axis=None if mesh is None else AXIS, layer=layer, **kw)
+
+    def fuses_routing(tokens: int, m: DecodeModel, mesh) -> bool:
+        n = 1 if mesh is None else int(mesh.shape[AXIS])
+        kind = None if mesh is None else getattr(mesh.devices.flat[0], "device_kind", None)
+        return bool(kind) and rd.plan_routing(tokens, m.hidden, m.moe_intermediate, m.top_k, m.experts,
+                                              m.experts // n, chip=kind, activation=m.activation)[0]
+
     has_front = _takes(getattr(rms, "attention_front", None), "residual", "layer")
     fused_route = _takes(rd.moe_route, "norm_weight", "residual", "expert_scale")
+    routed = (implementation == "pallas" and interpret in (None, False) and formulation is None
+              and hasattr(rd, "moe_routed_experts"))
     return Kernels(norm, qk_rope, attention, moe, route, front if has_front else None,
-                   norm_route if fused_route else None, projects)
+                   norm_route if fused_route else None, projects, route_moe if routed else None,
+                   fuses_routing if routed else None)
 
 
 def _takes(fn: Callable[..., Any] | None, *keywords: str) -> bool:
@@ -416,15 +438,18 @@ def router(m: DecodeModel, kern: Kernels, lw: dict, h, x, layer):
     return ids, w
 
 
-def ff_inputs(m: DecodeModel, kern: Kernels, lw: dict, h, attn_out, layer, reduce: Callable[[Any], Any]):
+def ff_inputs(m: DecodeModel, kern: Kernels, lw: dict, h, attn_out, layer, reduce: Callable[[Any], Any],
+              routed: bool = False):
     """One device's part before the experts: (the experts' input, ids, weights, the shared MLP's output or None, h
-    with the attention's output added: the norm adds it); the norms' weights are stacks read at `layer`."""
+    with the attention's output added: the norm adds it); the norms' weights are stacks read at `layer`. `routed`
+    (a sandwich model whose router and experts' norm run in the experts' call): no router, no experts' norm here,
+    ids, weights and the experts' input None."""
     if kern.norm_route is not None and not m.sandwich_norms:  # the add, this norm and the router: one call
         ids, w, x, h = kern.norm_route(attn_out, h, lw["ff_norm"], lw["router"], m.top_k, m.eps, layer)
     else:
         post = lw["attn_post_norm"] if m.sandwich_norms else None  # the attention's post-norm, the add, this norm
         x, h = kern.rms_norm(attn_out, lw["ff_norm"], m.eps, layer, h, x_weight=post)
-        ids, w = router(m, kern, lw, h, x, layer)
+        ids, w = (None, None) if routed else router(m, kern, lw, h, x, layer)
     shared = None
     if m.shared_intermediate:
         import jax
@@ -432,7 +457,7 @@ def ff_inputs(m: DecodeModel, kern: Kernels, lw: dict, h, attn_out, layer, reduc
         g = jax.nn.gelu(x @ lw["ws_gate"], approximate=True)
         shared = kern.rms_norm(reduce((g * (x @ lw["ws_up"])) @ lw["ws_down"]), lw["shared_post_norm"], m.eps,
                                layer)
-        x = kern.rms_norm(h, lw["moe_pre_norm"], m.eps, layer)
+        x = None if routed else kern.rms_norm(h, lw["moe_pre_norm"], m.eps, layer)
     return x, ids, w, shared, h
 
 
@@ -492,6 +517,9 @@ def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, mo
         angles[key] = angles.get(key) or rope_table(kv_lens - 1, kind)
     tables = [angles[(kind.head_dim, kind.rope_theta, kind.rotary_fraction)] for kind in m.pattern]
 
+    routed = (kern.route_moe is not None and (router_norm or not m.sandwich_norms)
+              and kern.fuses_routing(int(tokens.shape[0]), m, mesh))
+
     def group(h, pending, lws, cs, i):
         new = []
         for p, kind in enumerate(m.pattern):
@@ -501,12 +529,23 @@ def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, mo
                        in_specs=(lspecs[p], P(), P(), cspec, cspec, P(), P(), P(), P()),
                        out_specs=(P(), P(), cspec, cspec))
             h, attn_out, kc, vc = att(lw, h, pending, kc, vc, kv_lens, page_indices, tables[p], i)
-            pre = smap(functools.partial(ff_inputs, m, kern, reduce=psum), in_specs=(lspecs[p], P(), P(), P()),
-                       out_specs=(P(), P(), P(), P(), P()))
-            x, ids, w, shared, h = pre(lw, h, attn_out, i)
-            if routing is not None:
-                ids, w = routing[p]
-            out = kern.moe(x, ids, w, *experts[p], m.activation, mesh, i)
+            if routed and not m.sandwich_norms:  # the add, the norm, the router and the experts: one kernel
+                out, h = kern.route_moe(attn_out, h, lw["ff_norm"], lw["router"], m.top_k, m.eps, *experts[p],
+                                        m.activation, mesh, i)
+                shared = None
+            elif routed:  # the router's norm and scale, the experts' own norm and the experts: one kernel
+                pre = smap(functools.partial(ff_inputs, m, kern, reduce=psum, routed=True),
+                           in_specs=(lspecs[p], P(), P(), P()), out_specs=(P(), P(), P(), P(), P()))
+                _, _, _, shared, h = pre(lw, h, attn_out, i)
+                (out,) = kern.route_moe(h, None, lw["router_norm"], lw["router"], m.top_k, m.eps, *experts[p],
+                                        m.activation, mesh, i, lw["expert_scale"], lw["moe_pre_norm"])
+            else:
+                pre = smap(functools.partial(ff_inputs, m, kern, reduce=psum), in_specs=(lspecs[p], P(), P(), P()),
+                           out_specs=(P(), P(), P(), P(), P()))
+                x, ids, w, shared, h = pre(lw, h, attn_out, i)
+                if routing is not None:
+                    ids, w = routing[p]
+                out = kern.moe(x, ids, w, *experts[p], m.activation, mesh, i)
             if m.sandwich_norms:  # the norms after the experts are kernels too: one device's copy each
                 post = smap(functools.partial(ff_output, m, kern), in_specs=(lspecs[p], P(), P(), P()),
                             out_specs=P())

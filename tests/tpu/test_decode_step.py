@@ -119,6 +119,18 @@ def reference_step(m, params, caches, tokens, kv_lens, pages):
     return logits.argmax(-1), written, np.sort(logits, -1)[:, -2:]
 
 
+def routed_experts(rd):
+    """The step's route_moe on moe_routed_experts' fused Pallas kernel, interpreted."""
+    def route_moe(x, residual, norm_w, router, k, eps, gu, dn, activation, mesh, layer, expert_scale=None,
+                  expert_norm=None):
+        return rd.moe_routed_experts(x, router, gu, dn, top_k=k, norm_weight=norm_w, residual=residual, eps=eps,
+                                     expert_scale=expert_scale, expert_norm_weight=expert_norm, activation=activation,
+                                     mesh=mesh, expert_axis=ds.AXIS, layer=layer, fuse=True, implementation="pallas",
+                                     interpret=True)
+
+    return route_moe
+
+
 @pytest.fixture(scope="module")
 def kernels():
     folders = {k: ROOT / "kernels" / "pallas" / k for k in ("rms_norm", "flash_attention", "ragged_dot")}
@@ -126,7 +138,7 @@ def kernels():
 
 
 @pytest.mark.parametrize("name", ["qwen3_30b_a3b", "gemma4_26b_a4b"])
-@pytest.mark.parametrize("path", ["hub", "hub_dense", "hub_apart", "default_compiled"])
+@pytest.mark.parametrize("path", ["hub", "hub_dense", "hub_apart", "hub_routed", "default_compiled"])
 def test_decode_step_matches_numpy(kernels, name, path):
     m = dm.tiny(dm.MODELS[name])
     batch, cache = 3, 2 * PAGE
@@ -144,6 +156,9 @@ def test_decode_step_matches_numpy(kernels, name, path):
     assert kern.attention_projects == (path != "default_compiled")  # the o-projection inside the attention call
     if path == "hub_apart":
         kern = kern._replace(front=None, norm_route=None)
+    if path == "hub_routed":  # the router inside the experts' kernel (interpreted here), as the step runs on a TPU
+        assert kern.route_moe is None  # chosen on a TPU only
+        kern = kern._replace(route_moe=routed_experts(rd), fuses_routing=lambda *_: True)
     mesh = Mesh(np.array(jax.devices()[:1]), (ds.AXIS,))
     step = jax.jit(lambda p, c, t, k, pg: ds.decode_step(p, c, t, k, pg, model=m, kernels=kern, mesh=mesh))
     nxt, new = step(params, caches, tokens, kv_lens, pages)

@@ -1,7 +1,8 @@
 """ragged_dot: grouped matmul (ragged dot) for Mixture-of-Experts layers, JAX entry.
 
 `moe_experts` is a whole Mixture-of-Experts expert block on it, on one device or expert-parallel over a mesh;
-`moe_route` the router that feeds it (logits, top k, softmax over the k) in one call.
+`moe_route` the router that feeds it (logits, top k, softmax over the k) in one call; `moe_routed_experts` both
+as one op (one kernel at decode where nearly every expert is picked).
 A Pallas TPU kernel (megablox-style group metadata by scalar prefetch), a fast CPU path in plain XLA,
 and jax.lax.ragged_dot as oracle / GPU path, behind one function with kernel-hub's kernel contract
 (docs/kernel-contract.md). This package never imports kernel_hub; `_vendor/` holds the shared code
@@ -22,6 +23,7 @@ from .api import (
 from .moe.experts import ACTIVATIONS, moe_device_work, moe_experts, partition_specs, plan_dispatch, plan_formulation
 from .moe.plan import SCHEMES, MoeSizes, choose_scheme, collective_bytes, collectives, rows_per_device
 from .moe.route import moe_route
+from .moe.routed import moe_routed_experts, plan_routing
 from .pallas.config import RaggedDotConfig, default_config
 
 __all__ = [
@@ -41,9 +43,11 @@ __all__ = [
     "moe_device_work",
     "moe_experts",
     "moe_route",
+    "moe_routed_experts",
     "partition_specs",
     "plan_dispatch",
     "plan_formulation",
+    "plan_routing",
     "race_checking_params",
     "races_found",
     "ragged_dot",

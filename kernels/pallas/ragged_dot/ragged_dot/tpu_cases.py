@@ -10,7 +10,8 @@ a per-expert scale) at the seed models' routers (Qwen3-30B-A3B: 2048 x 128, top 
 Gemma 4 26B-A4B: 2816 x 128, top 8; Mixtral 8x7B: 4096 x 8, top 2; GPT-OSS-20B: 2880 x 32, top 4) at decode and
 prefill, reading a 48-layer stack at a traced layer; moe_experts' dense formulation on one device's experts of
 Qwen3, Gemma 4 and Mixtral under 8-way expert parallelism at decode (64 tokens and 1), stacked, and in f32 with its
-gradient, and with bf16 weights under f32 activations. Never imports
+gradient, and with bf16 weights under f32 activations; moe_routed_experts' fused kernel at Qwen3's and Gemma 4's
+decode (64 tokens). Never imports
 kernel_hub.
 """
 
@@ -140,6 +141,37 @@ def dense_builder(tokens: int, hidden: int, experts: int, inter: int, dtype: str
     return make
 
 
+def routed_builder(tokens: int, hidden: int, experts: int, k: int, inter: int, form: str
+                   ) -> Callable[[bool], Callable[[], Built]]:
+    """make(grad): moe_routed_experts' fused kernel at a seed model's router and experts (every expert on the
+    chip: the program one device of an expert-parallel mesh runs, on 8x its experts), stacked over 2 layers read at
+    a traced layer; form "add": the residual add and the norm (Qwen3), "scaled": a per-expert scale and the
+    experts' own norm (Gemma 4)."""
+
+    def make(grad: bool) -> Callable[[], Built]:
+        def build() -> Built:
+            import jax
+
+            from .moe.routed import moe_routed_experts
+
+            sds = jax.ShapeDtypeStruct
+            bf = "bfloat16"
+            args = (sds((tokens, hidden), bf), sds((2, hidden, experts), bf), sds((2, experts, hidden, 2 * inter), bf),
+                    sds((2, experts, inter, hidden), bf), sds((), "int32"), sds((2, hidden), bf),
+                    sds((tokens, hidden), bf), sds((2, experts), "float32"))
+            kw = {"implementation": "pallas", "interpret": False, "top_k": k, "fuse": True}
+            if form == "add":
+                return (lambda x, w, gu, d, i, n, r, s: moe_routed_experts(x, w, gu, d, layer=i, norm_weight=n,
+                                                                           residual=r, **kw)), args
+            return (lambda x, w, gu, d, i, n, r, s: moe_routed_experts(
+                x, w, gu, d, layer=i, norm_weight=n, expert_scale=s, expert_norm_weight=n, activation="gelu",
+                **kw)), args
+
+        return build
+
+    return make
+
+
 def compile_cases() -> list[CompileCase]:
     """Every TPU compile case; the first forward and backward validation cases are also tagged "smoke"."""
     from .validation import MoeCase, cases
@@ -169,6 +201,10 @@ def compile_cases() -> list[CompileCase]:
         for tokens in (64, 1):
             out += fwd_bwd(f"dense_{model}_decode_t{tokens}_stacked:bf16", "bfloat16", ("decode", "bfloat16", "dense"),
                            dense_builder(tokens, hidden, experts, inter, "bfloat16", layers), False)
+    for model, form in (("qwen3_30b_a3b", "add"), ("gemma4_26b_a4b", "scaled")):
+        hidden, experts, k = ROUTERS[model]
+        out += fwd_bwd(f"routed_{model}_decode_t64_{form}:bf16", "bfloat16", ("decode", "bfloat16", "routed"),
+                       routed_builder(64, hidden, experts, k, DENSE_EXPERTS[model][3], form), False)
     out += fwd_bwd("dense_decode_t64_e4:f32", "float32", ("decode", "float32", "dense"),
                    dense_builder(64, 2048, 4, 768, "float32", None), True)
     out += fwd_bwd("dense_decode_t64_e4_bf16_weights:f32", "float32", ("decode", "float32", "dense"),

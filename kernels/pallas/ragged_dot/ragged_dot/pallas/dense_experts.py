@@ -25,6 +25,34 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 
+def expert_step(x: jax.Array, col: jax.Array, w_refs: list, down_ref, acc_ref, *, split: int | None,
+                activation: Callable, precision: jax.lax.Precision | None) -> None:
+    """acc += (act(x @ Wg) * (x @ Wu) * col) @ Wd on one expert's I tile: the arithmetic every dense-experts grid
+    step runs (x [Tp, H] in its dtype, col [Tp, 1] f32 the token weights of the step's expert)."""
+    mxu = functools.partial(jax.lax.dot_general, dimension_numbers=(((1,), (0,)), ((), ())),
+                            precision=precision, preferred_element_type=jnp.float32)
+    dot = lambda a, w: mxu(a, w.astype(a.dtype))  # weights of another dtype than x (f32 x, bf16 weights) widened
+    if split is None:
+        gate, up = dot(x, w_refs[0][...]), dot(x, w_refs[1][...])
+    else:  # one block holds the expert's gate and up columns side by side
+        gate, up = dot(x, w_refs[0][:, :split]), dot(x, w_refs[0][:, split:])
+    a = (activation(gate) * up * col).astype(x.dtype)
+    acc_ref[...] += dot(a, down_ref[...])
+
+
+def weight_specs(w_gate_up, h: int, i: int, ti: int, lead: tuple, gate_map, up_map
+                 ) -> tuple[list, list, int | None]:
+    """(BlockSpecs, operands, split) of the gate and up weights: a (gate, up) pair as two operands, a gate-first
+    array as two views of one operand (tiled I), or whole [H, 2I] blocks sliced in the kernel at `split` (I not a
+    lane multiple)."""
+    if isinstance(w_gate_up, tuple):
+        return [pl.BlockSpec((*lead, None, h, ti), gate_map)] * 2, list(w_gate_up), None
+    if ti < i or i % 128 == 0:
+        specs = [pl.BlockSpec((*lead, None, h, ti), gate_map), pl.BlockSpec((*lead, None, h, ti), up_map)]
+        return specs, [w_gate_up, w_gate_up], None
+    return [pl.BlockSpec((*lead, None, h, 2 * i), gate_map)], [w_gate_up], i
+
+
 def _dense_experts_kernel(order_ref, count_ref, *refs, nj: int, split: int | None, activation: Callable,
                           stacked: bool, precision: jax.lax.Precision | None) -> None:
     del order_ref
@@ -39,19 +67,11 @@ def _dense_experts_kernel(order_ref, count_ref, *refs, nj: int, split: int | Non
 
     @pl.when(s < count_ref[0])
     def _run():
-        x = x_ref[...]
-        mxu = functools.partial(jax.lax.dot_general, dimension_numbers=(((1,), (0,)), ((), ())),
-                                precision=precision, preferred_element_type=jnp.float32)
-        dot = lambda a, w: mxu(a, w.astype(a.dtype))  # weights of another dtype than x (f32 x, bf16 weights) widened
-        if split is None:
-            gate, up = dot(x, w_refs[0][...]), dot(x, w_refs[1][...])
-        else:  # one block holds the expert's gate and up columns side by side
-            gate, up = dot(x, w_refs[0][:, :split]), dot(x, w_refs[0][:, split:])
         gw = gw_ref[...]  # column s: the weights of expert order[s]
         lanes = jax.lax.broadcasted_iota(jnp.int32, gw.shape, 1)
         col = jnp.sum(jnp.where(lanes == s, gw, 0.0), axis=1, keepdims=True)
-        a = (activation(gate) * up * col).astype(x.dtype)
-        acc_ref[...] += dot(a, down_ref[...])
+        expert_step(x_ref[...], col, w_refs, down_ref, acc_ref, split=split, activation=activation,
+                    precision=precision)
 
     @pl.when(jnp.logical_and(s == pl.num_programs(0) - 1, j == nj - 1))
     def _store():
@@ -80,7 +100,6 @@ def dense_experts(
     ti < I needs I % 128 == 0. Returns [Tp, H] in x's dtype."""
     tp, h = x.shape
     stacked = layer is not None
-    pair = isinstance(w_gate_up, tuple)
     el = gate_w.shape[1]
     i = w_down.shape[-2]
     nj = i // ti
@@ -106,15 +125,7 @@ def dense_experts(
         return (*at, e, jj, 0)
 
     whole = lambda s, j, *refs: (0, 0)
-    split = None
-    if pair:
-        w_specs = [pl.BlockSpec((*lead, None, h, ti), gate_map)] * 2
-        w_args = list(w_gate_up)
-    elif ti < i or i % 128 == 0:
-        w_specs = [pl.BlockSpec((*lead, None, h, ti), gate_map), pl.BlockSpec((*lead, None, h, ti), up_map)]
-        w_args = [w_gate_up, w_gate_up]
-    else:  # I not a lane multiple: the expert's whole [H, 2I] block, gate and up sliced in the kernel
-        w_specs, w_args, split = [pl.BlockSpec((*lead, None, h, 2 * i), gate_map)], [w_gate_up], i
+    w_specs, w_args, split = weight_specs(w_gate_up, h, i, ti, lead, gate_map, up_map)
     prefetch = [order.astype(jnp.int32), count.astype(jnp.int32)]
     if stacked:
         prefetch.append(jnp.reshape(layer, (1,)).astype(jnp.int32))
