@@ -143,7 +143,8 @@ def restate_collectives(found: list[dict]) -> list[dict]:
     from tpu_cost_model.workload import load_moe_kernel
 
     rd = load_moe_kernel(folder_package(ROOT / "kernels/pallas/ragged_dot").request()).rd
-    return [restated(r, step_collectives(MODELS[r["model"]], rd, r["batch"], r["devices"], r["chip"]).get)
+    return [restated(r, step_collectives(MODELS[r["model"]], rd, r["batch"], r["devices"], r["chip"],
+                                         r.get("shared_rides_experts_all_reduce", False)).get)
             for r in found]
 
 

@@ -84,7 +84,8 @@ class Kernels(NamedTuple):
     attention_projects: bool = False
     # None, or the norm, the router and the experts in one op: (x, residual or None, norm [G, H], router [G, H, E],
     # top_k, eps, w_gate_up, w_down, activation, mesh, layer, expert_scale [G, E] or None, expert_norm [G, H] or
-    # None) -> (the experts' output summed over the mesh,) + (x + residual,) with a residual
+    # None, reduce_with= [n x B, N] per-device partials or None) -> (the experts' output summed over the mesh,)
+    # + (x + residual,) with a residual + (reduce_with summed over the mesh,) with it, in the same all-reduce
     route_moe: Callable[..., Any] | None = None
     # whether route_moe runs as one kernel for (tokens, model, mesh): only then does the step use it (its two-op
     # form would route inside, where the cost model's walk gives the experts a concrete routing)
@@ -135,10 +136,11 @@ def hub_kernels(rms: Any, fa: Any, rd: Any, implementation: str | None = None, i
                             expert_scale=expert_scale, **kw)
 
     def route_moe(x, residual, norm_w, router, k, eps, gu, dn, activation, mesh, layer, expert_scale=None,
-                  expert_norm=None):
+                  expert_norm=None, reduce_with=None):
         return rd.moe_routed_experts(x, router, gu, dn, top_k=k, norm_weight=norm_w, residual=residual, eps=eps,
                                      expert_scale=expert_scale, expert_norm_weight=expert_norm, activation=activation,
-                                     mesh=mesh, expert_axis=None if mesh is None else AXIS, layer=layer, **kw)
+                                     mesh=mesh, expert_axis=None if mesh is None else AXIS, layer=layer,
+                                     reduce_with=reduce_with, **kw)
 
     def fuses_routing(tokens: int, m: DecodeModel, mesh) -> bool:
         n = 1 if mesh is None else int(mesh.shape[AXIS])
@@ -443,7 +445,8 @@ def ff_inputs(m: DecodeModel, kern: Kernels, lw: dict, h, attn_out, layer, reduc
     """One device's part before the experts: (the experts' input, ids, weights, the shared MLP's output or None, h
     with the attention's output added: the norm adds it); the norms' weights are stacks read at `layer`. `routed`
     (a sandwich model whose router and experts' norm run in the experts' call): no router, no experts' norm here,
-    ids, weights and the experts' input None."""
+    ids, weights and the experts' input None, and the shared MLP's output this device's partial sum, not yet
+    summed over the axis nor post-normed."""
     if kern.norm_route is not None and not m.sandwich_norms:  # the add, this norm and the router: one call
         ids, w, x, h = kern.norm_route(attn_out, h, lw["ff_norm"], lw["router"], m.top_k, m.eps, layer)
     else:
@@ -455,19 +458,32 @@ def ff_inputs(m: DecodeModel, kern: Kernels, lw: dict, h, attn_out, layer, reduc
         import jax
 
         g = jax.nn.gelu(x @ lw["ws_gate"], approximate=True)
-        shared = kern.rms_norm(reduce((g * (x @ lw["ws_up"])) @ lw["ws_down"]), lw["shared_post_norm"], m.eps,
-                               layer)
-        x = None if routed else kern.rms_norm(h, lw["moe_pre_norm"], m.eps, layer)
+        shared = (g * (x @ lw["ws_up"])) @ lw["ws_down"]
+        if routed:  # this device's partial sum, summed in the experts' all-reduce; its post-norm after that
+            return None, None, None, shared, h
+        shared = kern.rms_norm(reduce(shared), lw["shared_post_norm"], m.eps, layer)
+        x = kern.rms_norm(h, lw["moe_pre_norm"], m.eps, layer)
     return x, ids, w, shared, h
 
 
-def ff_output(m: DecodeModel, kern: Kernels, lw: dict, moe_out, shared, layer):
+def ff_output(m: DecodeModel, kern: Kernels, lw: dict, moe_out, shared, layer, shared_normed: bool = True):
     """The layer's output, to be added to the residual stream by the next norm (the next layer's input norm, or the
-    final norm)."""
+    final norm); `shared_normed` False: the shared MLP's summed output still wants its post-norm."""
     if not m.sandwich_norms:
         return moe_out
+    if not shared_normed:
+        shared = kern.rms_norm(shared, lw["shared_post_norm"], m.eps, layer)
     # ff_post_norm(moe_post_norm(moe_out) + shared): the sandwich form, one call
     return kern.rms_norm(moe_out, lw["ff_post_norm"], m.eps, layer, shared, x_weight=lw["moe_post_norm"])[0]
+
+
+def routes_in_experts(m: DecodeModel, kern: Kernels, tokens: int, mesh: Mesh) -> bool:
+    """Whether the step runs the router (with its norm, and Gemma's scale and pre-experts norm) inside the experts'
+    call for `tokens` on `mesh`; then a shared MLP's partial sums ride the experts' all-reduce (one collective a
+    layer fewer)."""
+    if kern.route_moe is None or (m.sandwich_norms and kern.norm_route is None):
+        return False
+    return bool(kern.fuses_routing(tokens, m, mesh))
 
 
 def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, model: DecodeModel, kernels: Kernels,
@@ -517,8 +533,7 @@ def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, mo
         angles[key] = angles.get(key) or rope_table(kv_lens - 1, kind)
     tables = [angles[(kind.head_dim, kind.rope_theta, kind.rotary_fraction)] for kind in m.pattern]
 
-    routed = (kern.route_moe is not None and (router_norm or not m.sandwich_norms)
-              and kern.fuses_routing(int(tokens.shape[0]), m, mesh))
+    routed = routes_in_experts(m, kern, int(tokens.shape[0]), mesh)
 
     def group(h, pending, lws, cs, i):
         new = []
@@ -533,12 +548,15 @@ def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, mo
                 out, h = kern.route_moe(attn_out, h, lw["ff_norm"], lw["router"], m.top_k, m.eps, *experts[p],
                                         m.activation, mesh, i)
                 shared = None
-            elif routed:  # the router's norm and scale, the experts' own norm and the experts: one kernel
+            elif routed:  # the router's norm and scale, the experts' own norm and the experts: one kernel, whose
+                # all-reduce also sums the shared MLP's partial outputs (one collective for both)
                 pre = smap(functools.partial(ff_inputs, m, kern, reduce=psum, routed=True),
-                           in_specs=(lspecs[p], P(), P(), P()), out_specs=(P(), P(), P(), P(), P()))
-                _, _, _, shared, h = pre(lw, h, attn_out, i)
-                (out,) = kern.route_moe(h, None, lw["router_norm"], lw["router"], m.top_k, m.eps, *experts[p],
-                                        m.activation, mesh, i, lw["expert_scale"], lw["moe_pre_norm"])
+                           in_specs=(lspecs[p], P(), P(), P()), out_specs=(P(), P(), P(), P(AXIS), P()))
+                _, _, _, part, h = pre(lw, h, attn_out, i)
+                out, *shared = kern.route_moe(h, None, lw["router_norm"], lw["router"], m.top_k, m.eps, *experts[p],
+                                              m.activation, mesh, i, lw["expert_scale"], lw["moe_pre_norm"],
+                                              reduce_with=part)
+                shared = shared[0] if shared else None
             else:
                 pre = smap(functools.partial(ff_inputs, m, kern, reduce=psum), in_specs=(lspecs[p], P(), P(), P()),
                            out_specs=(P(), P(), P(), P(), P()))
@@ -547,8 +565,8 @@ def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, mo
                     ids, w = routing[p]
                 out = kern.moe(x, ids, w, *experts[p], m.activation, mesh, i)
             if m.sandwich_norms:  # the norms after the experts are kernels too: one device's copy each
-                post = smap(functools.partial(ff_output, m, kern), in_specs=(lspecs[p], P(), P(), P()),
-                            out_specs=P())
+                post = smap(functools.partial(ff_output, m, kern, shared_normed=not routed),
+                            in_specs=(lspecs[p], P(), P(), P()), out_specs=P())
                 pending = post(lw, out, shared, i)
             else:
                 pending = ff_output(m, kern, lw, out, shared, i)

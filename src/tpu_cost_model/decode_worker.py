@@ -28,7 +28,15 @@ from kernel_hub.tpu.chips import chip
 from kernel_hub.tpu.worker_common import first_meaningful_line, load_package, refuse
 
 from . import decode_models as dm
-from .decode_step import AXIS, Kernels, abstract_inputs, decode_step, hub_kernels, transformers_kernels
+from .decode_step import (
+    AXIS,
+    Kernels,
+    abstract_inputs,
+    decode_step,
+    hub_kernels,
+    routes_in_experts,
+    transformers_kernels,
+)
 from .hlo_program import HloParseError, parse_module
 from .ici import collective_seconds, interconnect
 from .mesh_worker import slice_target
@@ -150,13 +158,20 @@ def walk(m: dm.DecodeModel, kern: Kernels, batch: int, cache: int, devices: list
     return cost(True), cost(False)
 
 
-def collectives(m: dm.DecodeModel, rd: ModuleType, batch: int, n: int) -> tuple[list, list]:
-    """(per layer, per step outside the layers): (kind, devices, bytes each device sends) of every collective."""
+def collectives(m: dm.DecodeModel, rd: ModuleType, batch: int, n: int, shared_rides: bool = False
+                ) -> tuple[list, list]:
+    """(per layer, per step outside the layers): (kind, devices, bytes each device sends) of every collective.
+    `shared_rides`: the shared MLP's partial sums ride the experts' all-reduce (decode_step.routes_in_experts)."""
     act = batch * m.hidden * 2
     ring = lambda factor, size: factor * (n - 1) / n * size
     scheme = rd.plan_dispatch(batch, m.hidden, m.top_k, m.experts, expert_devices=n, itemsize=2)[0]
-    layer = [("all_reduce", n, ring(2, act))] * (2 if m.shared_intermediate else 1)
-    layer += rd.collectives(scheme, rd.MoeSizes(batch, m.hidden, m.top_k, m.experts, n, 1, 2))
+    riding = bool(m.shared_intermediate) and shared_rides
+    layer = [("all_reduce", n, ring(2, act))] * (2 if m.shared_intermediate and not riding else 1)
+    experts = rd.collectives(scheme, rd.MoeSizes(batch, m.hidden, m.top_k, m.experts, n, 1, 2))
+    if riding:  # the experts' all-reduce carries both outputs side by side
+        experts = [(kind, group, 2 * sent) if kind == "all_reduce" else (kind, group, sent)
+                   for kind, group, sent in experts]
+    layer += experts
     ends = [("all_reduce", n, ring(2, act)), ("all_gather", n, ring(1, 8 * batch * n))]
     return layer, ends
 
@@ -165,9 +180,10 @@ def collective_s(items: list, generation: str, end: str | None = None) -> float:
     return sum(sum(collective_seconds(kind, group, sent, generation, end)) for kind, group, sent in items)
 
 
-def step_collectives(m: dm.DecodeModel, rd: ModuleType, batch: int, n: int, generation: str) -> dict:
+def step_collectives(m: dm.DecodeModel, rd: ModuleType, batch: int, n: int, generation: str,
+                     shared_rides: bool = False) -> dict:
     """A decode step's collectives in seconds at the point (None) and at the band's "fast" and "slow" ends."""
-    layer, ends = collectives(m, rd, batch, n)
+    layer, ends = collectives(m, rd, batch, n, shared_rides)
     return {end: m.groups * len(m.pattern) * collective_s(layer, generation, end) + collective_s(ends, generation, end)
             for end in (None, "fast", "slow")}
 
@@ -182,7 +198,10 @@ def modeled(m: dm.DecodeModel, kern: Kernels, rd: ModuleType, batch: int, cache:
     first.ici_bytes = ends.ici_bytes = 0  # the collectives are charged below, latency included
     c = chip(generation)
     g = m.groups
-    coll_at = step_collectives(m, rd, batch, len(devices), generation)
+    from jax.sharding import Mesh
+
+    rides = bool(m.shared_intermediate) and routes_in_experts(m, kern, batch, Mesh(np.array(devices), (AXIS,)))
+    coll_at = step_collectives(m, rd, batch, len(devices), generation, rides)
     coll = coll_at[None]
     scaled = lambda f: f(ends) + g * (f(first) - f(ends))
     bands = [first.band(c), ends.band(c)]
@@ -202,7 +221,7 @@ def modeled(m: dm.DecodeModel, kern: Kernels, rd: ModuleType, batch: int, cache:
            "xla_s": jaxpr_xla(None), "collectives_s": coll, "collectives_band_s": [coll_at["fast"], coll_at["slow"]],
            "kernel_calls": scaled(lambda s: len(s.calls)), "xla_ops": scaled(lambda s: len(s.outside_ops)),
            "modeled_hbm_bytes": scaled(lambda s: s.hbm_bytes),
-           "kernels_top": kernel_top(first, ends, g, c)}
+           "kernels_top": kernel_top(first, ends, g, c), "shared_rides_experts_all_reduce": rides}
     out |= {"xla_jaxpr_s": out["xla_s"], "xla_ops_jaxpr": out["xla_ops"], "modeled_jaxpr_s": out["modeled_s"],
             "band_jaxpr_s": list(lo_hi), "xla_rule": "jaxpr (the step was not compiled)"}
     if isinstance(program, str):

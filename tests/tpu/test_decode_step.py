@@ -122,11 +122,11 @@ def reference_step(m, params, caches, tokens, kv_lens, pages):
 def routed_experts(rd):
     """The step's route_moe on moe_routed_experts' fused Pallas kernel, interpreted."""
     def route_moe(x, residual, norm_w, router, k, eps, gu, dn, activation, mesh, layer, expert_scale=None,
-                  expert_norm=None):
+                  expert_norm=None, reduce_with=None):
         return rd.moe_routed_experts(x, router, gu, dn, top_k=k, norm_weight=norm_w, residual=residual, eps=eps,
                                      expert_scale=expert_scale, expert_norm_weight=expert_norm, activation=activation,
-                                     mesh=mesh, expert_axis=ds.AXIS, layer=layer, fuse=True, implementation="pallas",
-                                     interpret=True)
+                                     mesh=mesh, expert_axis=ds.AXIS, layer=layer, reduce_with=reduce_with, fuse=True,
+                                     implementation="pallas", interpret=True)
 
     return route_moe
 

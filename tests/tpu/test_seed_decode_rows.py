@@ -140,3 +140,30 @@ def test_kernel_breakdown_counts_each_kernel_per_step():
     assert top["gmm"][3] == 48 * 18 * 10**7 and top["gmm"][4] == pytest.approx(48 * 18e7 / c.hbm_bytes_per_s)
     assert top["norm"][1] == 49 and top["norm"][2] == pytest.approx(48 * 3e-6 + 2e-6)  # the final norm once
     assert [row[0] for row in kernel_top(first, ends, 48, c)] == ["gmm", "norm"]  # costliest first
+
+
+def test_a_shared_mlp_riding_the_experts_all_reduce_is_one_collective_of_both():
+    """Gemma 4 with its router in the experts' call: per layer the attention's all-reduce and one all-reduce of the
+    experts' and the shared MLP's outputs side by side (twice the bytes), where apart it is three; Qwen3 (no shared
+    MLP) is the same either way."""
+    from types import SimpleNamespace
+
+    from tpu_cost_model.decode_worker import collectives
+
+    def plan_dispatch(batch, hidden, top_k, experts, expert_devices, itemsize):
+        return ("psum", batch * top_k, "psum")
+
+    def moe_collectives(scheme, sizes):
+        return [("all_reduce", sizes.expert_devices, 2 * 7 / 8 * sizes.tokens * sizes.hidden * sizes.itemsize)]
+
+    rd = SimpleNamespace(plan_dispatch=plan_dispatch, collectives=moe_collectives,
+                         MoeSizes=lambda t, h, k, e, n, tn, item: SimpleNamespace(tokens=t, hidden=h, expert_devices=n,
+                                                                                   itemsize=item))
+    gemma, qwen = dm.MODELS["gemma4_26b_a4b"], dm.MODELS["qwen3_30b_a3b"]
+    act = 2 * 7 / 8 * 64 * gemma.hidden * 2  # one [64, H] bf16 ring all-reduce's bytes a device sends
+    apart, _ = collectives(gemma, rd, 64, 8)
+    riding, ends = collectives(gemma, rd, 64, 8, shared_rides=True)
+    assert apart == [("all_reduce", 8, act)] * 3
+    assert riding == [("all_reduce", 8, act), ("all_reduce", 8, 2 * act)]
+    assert collectives(qwen, rd, 64, 8, shared_rides=True) == collectives(qwen, rd, 64, 8)
+    assert ends == collectives(gemma, rd, 64, 8)[1]

@@ -168,3 +168,22 @@ def test_bad_operands_name_what_to_fix(change, match):
     kw.update(change)
     with pytest.raises(ValueError, match=match):
         rd.moe_routed_experts(x, router, gu, down, **kw)
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_reduce_with_one_device_is_returned_as_is(fuse):
+    """Without a mesh the partial sums are the sum; with the fused kernel and the two ops alike, after out."""
+    x, r, nw, router, gu, down, rng = _inputs(4, 9, "float32")
+    extra = jnp.asarray(rng.standard_normal((9, 24)), jnp.float32)
+    out, total, summed = rd.moe_routed_experts(x, router, gu, down, top_k=K, norm_weight=nw, residual=r,
+                                               reduce_with=extra, fuse=fuse, implementation="pallas", interpret=True)
+    np.testing.assert_array_equal(np.asarray(summed), np.asarray(extra))
+    np.testing.assert_array_equal(np.asarray(total), np.asarray(x + r))
+    want, _, clear = _reference(x, r, nw, router, gu, down, K)
+    assert relative_error(np.asarray(out)[clear], want[clear]) < TOL["float32"]
+
+
+def test_reduce_with_of_the_wrong_rows_names_what_to_fix():
+    x, _, nw, router, gu, down, _ = _inputs(1, 4, "float32")
+    with pytest.raises(ValueError, match=r"reduce_with must be \[1 x 4, N\]"):
+        rd.moe_routed_experts(x, router, gu, down, top_k=K, norm_weight=nw, reduce_with=jnp.ones((8, 3)))

@@ -109,34 +109,37 @@ def _stacked(a: jax.Array | None, stacked: bool) -> jax.Array | None:
 
 
 @functools.partial(jax.jit, static_argnums=(0,))
-def _fused(plan: _Fused, x, residual, norm_w, router, expert_norm_w, scale, w_gu, w_down, layer):
+def _fused(plan: _Fused, x, residual, norm_w, router, expert_norm_w, scale, w_gu, w_down, layer, extra):
     t = x.shape[0]
     tp = padded_rows(t)
-    pad = lambda a: a if a is None or tp == t else jnp.pad(a, ((0, tp - t), (0, 0)))
+    pad = lambda a: a if a is None or a.shape[0] == tp else jnp.pad(a, ((0, tp - a.shape[0]), (0, 0)))
     x, residual = pad(x), pad(residual)
-    el = w_down.shape[-3]
 
-    def run(x, residual, norm_w, router, expert_norm_w, scale, w_gu, w_down, layer):
-        first = 0 if plan.expert_axis is None else jax.lax.axis_index(plan.expert_axis) * el
-        outs = routed_experts(plan.st, x, residual, norm_w, router, expert_norm_w, scale, w_gu, w_down, layer,
-                              jnp.int32(first))
-        if plan.expert_axis is None:
-            return outs
-        return (jax.lax.psum(outs[0], plan.expert_axis), *outs[1:])
+    def run(x, residual, norm_w, router, expert_norm_w, scale, w_gu, w_down, layer, extra):
+        # this device's experts (w_down here is its shard): global ids first .. first + El - 1
+        first = 0 if plan.expert_axis is None else jax.lax.axis_index(plan.expert_axis) * w_down.shape[-3]
+        out, *total = routed_experts(plan.st, x, residual, norm_w, router, expert_norm_w, scale, w_gu, w_down,
+                                     layer, jnp.int32(first))
+        extra = [] if extra is None else [pad(extra)]
+        if plan.expert_axis is not None:
+            out, extra = _sum_together(out, extra, plan.expert_axis)
+        return (out, *total, *extra)
 
-    args = (x, residual, norm_w, router, expert_norm_w, scale, w_gu, w_down, layer)
+    args = (x, residual, norm_w, router, expert_norm_w, scale, w_gu, w_down, layer, extra)
     if plan.mesh is None:
         outs = run(*args)
     else:
         (_, _, _, gu_spec, down_spec), _ = partition_specs(plan.expert_axis, stacked=True)
-        specs = (P(), P(), P(), P(), P(), P(), gu_spec, down_spec, P())
-        outs = jax.shard_map(run, mesh=plan.mesh, in_specs=specs, out_specs=(P(),) * len(outs_shape(plan)),
-                             check_vma=False)(*args)
+        specs = (P(), P(), P(), P(), P(), P(), gu_spec, down_spec, P(), P(plan.expert_axis))
+        n_out = 1 + plan.st.residual + (extra is not None)
+        outs = jax.shard_map(run, mesh=plan.mesh, in_specs=specs, out_specs=(P(),) * n_out, check_vma=False)(*args)
     return tuple(o[:t] for o in outs)
 
 
-def outs_shape(plan: _Fused) -> tuple[str, ...]:
-    return ("out", "total") if plan.st.residual else ("out",)
+def _sum_together(out: jax.Array, extra: list[jax.Array], axis: str) -> tuple[jax.Array, list[jax.Array]]:
+    """(out, extra) each summed over `axis` by one all-reduce of both operands (no concatenation, no copy)."""
+    out, extra = jax.lax.psum((out, extra), axis)
+    return out, list(extra)
 
 
 def _check_vector(name: str, a: Any, layers: int | None, width: int) -> jax.Array | None:
@@ -165,6 +168,7 @@ def moe_routed_experts(
     mesh: Mesh | None = None,
     expert_axis: str | None = None,
     layer: int | jax.Array | None = None,
+    reduce_with: jax.Array | None = None,
     fuse: bool | None = None,
     implementation: str | Sequence[str] | None = None,
     interpret: Any = None,
@@ -181,12 +185,16 @@ def moe_routed_experts(
       expert_norm_weight: None (the experts read what the router reads), or [H] ([L, H]): the experts read the sum
         normalised with this weight instead (Gemma 4's pre-experts norm beside its router's).
       activation, mesh, expert_axis, layer: as moe_experts (the "psum" dispatch: every token on each device).
+      reduce_with: None, or partial sums [n x T, N] of each of the n devices of `expert_axis` (rows d x T ..
+        (d + 1) x T: device d's, sharded over that axis; [T, N] without a mesh), e.g. a tensor-parallel shared
+        expert's: returned summed over the devices, in the experts' own all-reduce where the fused kernel runs (one
+        collective for both).
       fuse: None (plan_routing decides), True (the fused kernel, a ValueError where it cannot run), False (two ops).
       implementation / interpret: the kernel contract, for both the router and the experts.
 
     Returns:
-      (out [T, H] in x's dtype,) then x + residual when `residual` is given: what moe_route followed by moe_experts
-      gives.
+      (out [T, H] in x's dtype,) then x + residual when `residual` is given (what moe_route followed by moe_experts
+      gives), then reduce_with's sum [T, N] when it is given.
     """
     x, router_weight, w_down = jnp.asarray(x), jnp.asarray(router_weight), jnp.asarray(w_down)
     w_gu = tuple(jnp.asarray(w) for w in w_gate_up) if isinstance(w_gate_up, (tuple, list)) else jnp.asarray(w_gate_up)
@@ -200,6 +208,12 @@ def moe_routed_experts(
     expert_scale = _check_vector("expert_scale", expert_scale, layers, e)
     if norm_weight is None:
         raise ValueError("moe_routed_experts: norm_weight is required (the router reads the normalised rows)")
+    if reduce_with is not None:
+        reduce_with = jnp.asarray(reduce_with)
+        n_dev = 1 if mesh is None or expert_axis is None else int(mesh.shape[expert_axis])
+        if reduce_with.ndim != 2 or reduce_with.shape[0] != n_dev * x.shape[0]:
+            raise ValueError(f"moe_routed_experts: reduce_with must be [{n_dev} x {x.shape[0]}, N] (each device's "
+                             f"partial sums of the {x.shape[0]} tokens), got {list(reduce_with.shape)}")
     if w_down.ndim != 3 + (layer is not None) or w_down.shape[-3] != e:
         raise ValueError(f"moe_routed_experts: w_down must be [E, I, H] (or [L, E, I, H] with layer=) with the "
                          f"router's E={e} experts; got {list(w_down.shape)}")
@@ -212,6 +226,14 @@ def moe_routed_experts(
     chip = chip_for_device_kind(getattr(mesh.devices.flat[0], "device_kind", None)) if mesh is not None else None
     n_e = 1 if mesh is None or expert_axis is None else int(mesh.shape[expert_axis])
 
+    def summed() -> list[jax.Array]:
+        if reduce_with is None:
+            return []
+        if mesh is None or expert_axis is None:
+            return [reduce_with]
+        psum = lambda a: jax.lax.psum(a, expert_axis)
+        return [jax.shard_map(psum, mesh=mesh, in_specs=P(expert_axis), out_specs=P(), check_vma=False)(reduce_with)]
+
     def two_ops(name: str, mode: Any) -> tuple[jax.Array, ...]:
         contract = {"implementation": name, "interpret": mode if name == "pallas" else None}
         ids, wts, y, *total = moe_route(x, router_weight, layer=layer, **kw, **contract)
@@ -221,7 +243,7 @@ def moe_routed_experts(
                             eps=float(eps))
         out = moe_experts(y, ids, wts, w_gu, w_down, activation=activation, mesh=mesh, expert_axis=expert_axis,
                           layer=layer, **contract)
-        return (out, *total)
+        return (out, *total, *summed())
 
     mode = resolve_interpret(interpret, platform)
     on = chip if chip is not None or mode else target_chip(mode)
@@ -254,7 +276,7 @@ def moe_routed_experts(
         scale = None if expert_scale is None else expert_scale.astype(jnp.float32)
         return _fused(plan, x, residual, _stacked(norm_weight, stacked), _stacked(router_weight, stacked),
                       _stacked(expert_norm_weight, stacked), _stacked(scale, stacked), gu, _stacked(w_down, stacked),
-                      at)
+                      at, reduce_with)
 
     first, _ = DISPATCH.resolve_implementation(platform, implementation, interpret=interpret)
     note = f"routing: {why}" if first == "pallas" else None

@@ -61,21 +61,15 @@ def _kernel(layer_ref, first_ref, *refs, st: RoutedStatic, nj: int, n_w: int, sp
     stacks = [refs.pop(0) for _ in range(2 + st.expert_norm + st.scaled)]  # norm, router, (experts' norm, scale)
     w_refs = [refs.pop(0) for _ in range(n_w)]
     down_ref, out_ref, total_ref = refs.pop(0), refs.pop(0), take(st.residual)
-    acc_ref, xin_ref, ids_ref, wts_ref, *rows, sems = refs
+    acc_ref, xin_ref, ids_ref, wts_ref = refs
     s, j = pl.program_id(0), pl.program_id(1)
 
     @pl.when(jnp.logical_and(s == 0, j == 0))
     def _route():
-        # copied in while the pipeline fetches the first expert's blocks: the layer's router, and the vector stacks
-        # whole (a few hundred KB; one row of a packed bf16 stack is no aligned copy), their row picked here
-        copies = [pltpu.make_async_copy(src if src.ndim == 2 else src.at[layer_ref[0]], dst, sems.at[c])
-                  for c, (src, dst) in enumerate(zip(stacks, rows, strict=True))]
-        for c in copies:
-            c.start()
-        for c in copies:
-            c.wait()
+        # the layer's router block, and the vector stacks whole (a few hundred KB; one row of a packed bf16 stack
+        # is no aligned block), their row picked here
         pick = lambda ref: None if ref is None else _row(ref[...], layer_ref[0])
-        nw, rw_ref, *extra = rows
+        nw, rw_ref, *extra = stacks
         en = pick(extra.pop(0) if st.expert_norm else None)
         sc = pick(extra.pop(0) if st.scaled else None)
         rst = RouteStatic(st.top_k, x_ref.shape[0], norm=True, residual=st.residual, eps=st.eps)
@@ -120,14 +114,15 @@ def routed_experts(st: RoutedStatic, x: jax.Array, residual: jax.Array | None, n
     up_map = lambda s, j, layer_ref, _: (layer_ref[0], s, 0, j + nj)
     down_map = lambda s, j, layer_ref, _: (layer_ref[0], s, j, 0)
     w_specs, w_args, split = weight_specs(w_gate_up, h, i, ti, (None,), gate_map, up_map)
-    # the norm, router and scale stacks stay whole in HBM (the kernel copies its layer's rows in): a blocked
-    # operand, or a slice of the stack, may be staged into VMEM by XLA before every call, a whole stack each time
+    # the norm, router and scale stacks stay in HBM, read as blocks at the layer: left to XLA, a stack (or a slice
+    # of it) may be staged into VMEM whole before every call
     in_hbm = (lambda a: a) if st.interpret else (lambda a: pltpu.with_memory_space_constraint(a, pltpu.HBM))
     stacks = [in_hbm(a) for a in (norm_w, router, expert_norm_w, scale) if a is not None]
     args = [x, *([residual] if st.residual else []), *stacks, *w_args, w_down]
-    in_specs = [row, *([row] if st.residual else []), *[pl.BlockSpec(memory_space=pl.ANY)] * len(stacks), *w_specs,
+    layer_block = lambda a: (pl.BlockSpec(a.shape, lambda s, j, *_: (0, 0)) if a.ndim == 2 else
+                             pl.BlockSpec((None, *a.shape[1:]), lambda s, j, layer_ref, _: (layer_ref[0], 0, 0)))
+    in_specs = [row, *([row] if st.residual else []), *(layer_block(a) for a in stacks), *w_specs,
                 pl.BlockSpec((None, None, ti, h), down_map)]
-    rows = [pltpu.VMEM(a.shape if a.ndim == 2 else a.shape[1:], a.dtype) for a in stacks]
     out_shape = [jax.ShapeDtypeStruct((tp, h), x.dtype)] * (1 + st.residual)
     itemsize = jnp.dtype(x.dtype).itemsize
     w_bytes = 3 * el * h * i * jnp.dtype(w_down.dtype).itemsize + h * e * jnp.dtype(router.dtype).itemsize
@@ -144,8 +139,7 @@ def routed_experts(st: RoutedStatic, x: jax.Array, residual: jax.Array | None, n
             in_specs=in_specs,
             out_specs=[row] * len(out_shape),
             scratch_shapes=[pltpu.VMEM((tp, h), jnp.float32), pltpu.VMEM((tp, h), x.dtype),
-                            pltpu.VMEM((tp, LANES), jnp.int32), pltpu.VMEM((tp, LANES), jnp.float32), *rows,
-                            pltpu.SemaphoreType.DMA((len(stacks),))],
+                            pltpu.VMEM((tp, LANES), jnp.int32), pltpu.VMEM((tp, LANES), jnp.float32)],
         ),
         compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary", "arbitrary"),
                                              vmem_limit_bytes=st.vmem_limit_bytes),
