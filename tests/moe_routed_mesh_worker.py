@@ -1,6 +1,7 @@
 """Runs in a subprocess with 8 simulated CPU devices (tests/simulated_devices.run_worker): moe_routed_experts'
 fused kernel (interpreted) expert-parallel over the 8 devices, with each device's partial sums of another output
-riding the experts' all-reduce (reduce_with), against the same op on one device and a float64 NumPy layer.
+riding the experts' all-reduce (reduce_with), against the same op on one device and a float64 NumPy layer; and
+Gemma 4's form (x's own norm, a shared MLP split over the devices), the fused kernel against the two ops.
 Prints one JSON object; tests/kernel_builds/test_moe_routed_mesh.py owns the verdicts.
 """
 
@@ -55,6 +56,22 @@ def main() -> None:
     out8, total8, summed = rd.moe_routed_experts(put(x, P()), put(router, P()), put(gu, P("x")), put(down, P("x")),
                                                  mesh=mesh, expert_axis="x", reduce_with=put(parts, P("x")), **kw)
     why = rd.last_implementation()[1]
+    # Gemma 4's form: x under its own norm, a shared MLP split over the devices along its columns, both outputs in
+    # one all-reduce; the fused kernel against the two ops on the same mesh and on one device
+    xw, sn = f32((H,), 0.2, 1.0), f32((H,), 0.2, 1.0)
+    sg, su, sd = f32((H, 8 * 16), H ** -0.5), f32((H, 8 * 16), H ** -0.5), f32((8 * 16, H), (8 * 16) ** -0.5)
+    gemma = {"x_weight": xw, "shared_norm_weight": sn, "activation": "gelu"}
+    on_mesh = {"x_weight": put(xw, P()), "shared_norm_weight": put(sn, P()), "activation": "gelu",
+               "shared_experts": (put(sg, P(None, "x")), put(su, P(None, "x")), put(sd, P("x", None)))}
+    forms = {}
+    for fuse in (True, False):
+        forms[fuse] = rd.moe_routed_experts(put(x, P()), put(router, P()), put(gu, P("x")), put(down, P("x")),
+                                            mesh=mesh, expert_axis="x", **{**kw, "fuse": fuse}, **on_mesh)
+    one = rd.moe_routed_experts(jnp.asarray(x), jnp.asarray(router), jnp.asarray(gu), jnp.asarray(down),
+                                **{**kw, "norm_weight": jnp.asarray(nw), "residual": jnp.asarray(r), "fuse": False},
+                                shared_experts=(jnp.asarray(sg), jnp.asarray(su), jnp.asarray(sd)), **gemma)
+    gap = lambda a, b: float(max(np.max(np.abs(np.asarray(u, np.float64) - np.asarray(v, np.float64)))
+                                 for u, v in zip(a, b, strict=True)))
     out1, total1 = rd.moe_routed_experts(jnp.asarray(x), jnp.asarray(router), jnp.asarray(gu), jnp.asarray(down),
                                          **{**kw, "norm_weight": jnp.asarray(nw), "residual": jnp.asarray(r)})
     want, want_total = reference(*(a.astype(np.float64) for a in (x, r, nw, router, gu, down)))
@@ -69,6 +86,10 @@ def main() -> None:
         "summed_err": float(np.max(np.abs(np.asarray(summed, np.float64)
                                           - parts.astype(np.float64).reshape(8, T, N).sum(0)))),
         "summed_shape": list(np.asarray(summed).shape),
+        "shared_outputs": len(forms[True]),
+        "shared_fused_vs_two_ops": gap(forms[True], forms[False]),
+        "shared_mesh_vs_one": gap(forms[True], one),
+        "shared_scale": float(np.max(np.abs(np.asarray(one[2])))),
     }))
 
 

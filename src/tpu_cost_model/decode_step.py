@@ -52,13 +52,16 @@ FRONT_STACKS = ("wqkv",)
 ROUTE_STACKS = ("router_scale", "expert_scale")
 #: The attention's output projection, passed whole too where the attention kernel multiplies by it (out_proj=).
 OUT_STACKS = ("wo",)
+#: The shared MLP's weights, passed whole too where the experts' call runs it (route_moe's shared=).
+SHARED_STACKS = ("ws_gate", "ws_up", "ws_down")
 
 
 def whole_stacks(kern: Kernels) -> tuple[str, ...]:
     """The layer weights the step hands its kernels as whole stacks [G, ...] with layer=, the rest being the
     layer scan's xs (sliced per group by the scan)."""
     return (NORM_STACKS + (FRONT_STACKS if kern.front is not None else ())
-            + (ROUTE_STACKS if kern.norm_route is not None else ()) + (OUT_STACKS if kern.attention_projects else ()))
+            + (ROUTE_STACKS if kern.norm_route is not None else ()) + (OUT_STACKS if kern.attention_projects else ())
+            + (SHARED_STACKS if kern.route_moe is not None else ()))
 
 
 class Kernels(NamedTuple):
@@ -84,8 +87,9 @@ class Kernels(NamedTuple):
     attention_projects: bool = False
     # None, or the norm, the router and the experts in one op: (x, residual or None, norm [G, H], router [G, H, E],
     # top_k, eps, w_gate_up, w_down, activation, mesh, layer, expert_scale [G, E] or None, expert_norm [G, H] or
-    # None, reduce_with= [n x B, N] per-device partials or None) -> (the experts' output summed over the mesh,)
-    # + (x + residual,) with a residual + (reduce_with summed over the mesh,) with it, in the same all-reduce
+    # None, x_weight= x's own norm [G, H], shared= (gate, up, down) stacks of a shared MLP split over the mesh,
+    # shared_norm= [G, H]) -> (the experts' output summed over the mesh,) + (x + residual,) with a residual +
+    # (the shared MLP's output, summed in the same all-reduce,) with it
     route_moe: Callable[..., Any] | None = None
     # whether route_moe runs as one kernel for (tokens, model, mesh): only then does the step use it (its two-op
     # form would route inside, where the cost model's walk gives the experts a concrete routing)
@@ -136,11 +140,11 @@ def hub_kernels(rms: Any, fa: Any, rd: Any, implementation: str | None = None, i
                             expert_scale=expert_scale, **kw)
 
     def route_moe(x, residual, norm_w, router, k, eps, gu, dn, activation, mesh, layer, expert_scale=None,
-                  expert_norm=None, reduce_with=None):
+                  expert_norm=None, x_weight=None, shared=None, shared_norm=None):
         return rd.moe_routed_experts(x, router, gu, dn, top_k=k, norm_weight=norm_w, residual=residual, eps=eps,
-                                     expert_scale=expert_scale, expert_norm_weight=expert_norm, activation=activation,
-                                     mesh=mesh, expert_axis=None if mesh is None else AXIS, layer=layer,
-                                     reduce_with=reduce_with, **kw)
+                                     expert_scale=expert_scale, expert_norm_weight=expert_norm, x_weight=x_weight,
+                                     shared_experts=shared, shared_norm_weight=shared_norm, activation=activation,
+                                     mesh=mesh, expert_axis=None if mesh is None else AXIS, layer=layer, **kw)
 
     def fuses_routing(tokens: int, m: DecodeModel, mesh) -> bool:
         n = 1 if mesh is None else int(mesh.shape[AXIS])
@@ -440,28 +444,23 @@ def router(m: DecodeModel, kern: Kernels, lw: dict, h, x, layer):
     return ids, w
 
 
-def ff_inputs(m: DecodeModel, kern: Kernels, lw: dict, h, attn_out, layer, reduce: Callable[[Any], Any],
-              routed: bool = False):
+def ff_inputs(m: DecodeModel, kern: Kernels, lw: dict, h, attn_out, layer, reduce: Callable[[Any], Any]):
     """One device's part before the experts: (the experts' input, ids, weights, the shared MLP's output or None, h
-    with the attention's output added: the norm adds it); the norms' weights are stacks read at `layer`. `routed`
-    (a sandwich model whose router and experts' norm run in the experts' call): no router, no experts' norm here,
-    ids, weights and the experts' input None, and the shared MLP's output this device's partial sum, not yet
-    summed over the axis nor post-normed."""
+    with the attention's output added: the norm adds it); the norms' weights are stacks read at `layer`."""
     if kern.norm_route is not None and not m.sandwich_norms:  # the add, this norm and the router: one call
         ids, w, x, h = kern.norm_route(attn_out, h, lw["ff_norm"], lw["router"], m.top_k, m.eps, layer)
     else:
         post = lw["attn_post_norm"] if m.sandwich_norms else None  # the attention's post-norm, the add, this norm
         x, h = kern.rms_norm(attn_out, lw["ff_norm"], m.eps, layer, h, x_weight=post)
-        ids, w = (None, None) if routed else router(m, kern, lw, h, x, layer)
+        ids, w = router(m, kern, lw, h, x, layer)
     shared = None
     if m.shared_intermediate:
         import jax
 
-        g = jax.nn.gelu(x @ lw["ws_gate"], approximate=True)
-        shared = (g * (x @ lw["ws_up"])) @ lw["ws_down"]
-        if routed:  # this device's partial sum, summed in the experts' all-reduce; its post-norm after that
-            return None, None, None, shared, h
-        shared = kern.rms_norm(reduce(shared), lw["shared_post_norm"], m.eps, layer)
+        at = lambda k: lw[k] if lw[k].ndim == 2 else lw[k][layer]  # a whole stack where route_moe could take it
+        g = jax.nn.gelu(x @ at("ws_gate"), approximate=True)
+        shared = kern.rms_norm(reduce((g * (x @ at("ws_up"))) @ at("ws_down")), lw["shared_post_norm"], m.eps,
+                               layer)
         x = kern.rms_norm(h, lw["moe_pre_norm"], m.eps, layer)
     return x, ids, w, shared, h
 
@@ -548,15 +547,12 @@ def decode_step(params: dict, caches: list, tokens, kv_lens, page_indices, *, mo
                 out, h = kern.route_moe(attn_out, h, lw["ff_norm"], lw["router"], m.top_k, m.eps, *experts[p],
                                         m.activation, mesh, i)
                 shared = None
-            elif routed:  # the router's norm and scale, the experts' own norm and the experts: one kernel, whose
-                # all-reduce also sums the shared MLP's partial outputs (one collective for both)
-                pre = smap(functools.partial(ff_inputs, m, kern, reduce=psum, routed=True),
-                           in_specs=(lspecs[p], P(), P(), P()), out_specs=(P(), P(), P(), P(AXIS), P()))
-                _, _, _, part, h = pre(lw, h, attn_out, i)
-                out, *shared = kern.route_moe(h, None, lw["router_norm"], lw["router"], m.top_k, m.eps, *experts[p],
-                                              m.activation, mesh, i, lw["expert_scale"], lw["moe_pre_norm"],
-                                              reduce_with=part)
-                shared = shared[0] if shared else None
+            elif routed:  # the attention's post-norm and the add, the router's, the experts' and the shared MLP's
+                # norms, the router, the shared MLP and the experts: one kernel, one all-reduce of both outputs
+                out, h, shared = kern.route_moe(attn_out, h, lw["router_norm"], lw["router"], m.top_k, m.eps,
+                                                *experts[p], m.activation, mesh, i, lw["expert_scale"],
+                                                lw["moe_pre_norm"], x_weight=lw["attn_post_norm"],
+                                                shared=tuple(lw[k] for k in SHARED_STACKS), shared_norm=lw["ff_norm"])
             else:
                 pre = smap(functools.partial(ff_inputs, m, kern, reduce=psum), in_specs=(lspecs[p], P(), P(), P()),
                            out_specs=(P(), P(), P(), P(), P()))

@@ -97,7 +97,8 @@ def compile_step(m: dm.DecodeModel, kern: Kernels, batch: int, cache: int, devic
     pages = jax.ShapeDtypeStruct(metadata(batch, cache)[1].shape, jnp.int32, sharding=rep)
     fn = lambda p, c, t, k, pg: decode_step(p, c, t, k, pg, model=m, kernels=kern, mesh=mesh)
     formats = jax.tree.map(lambda a: Format(Layout.AUTO, a.sharding), caches)
-    ins = (jax.tree.map(lambda a: a.sharding, params), formats, tokens.sharding, rep, rep)
+    weights = jax.tree.map(lambda a: Format(Layout.AUTO, a.sharding), params)
+    ins = (weights, formats, tokens.sharding, rep, rep)
     start = time.perf_counter()
     try:
         jitted = jax.jit(fn, donate_argnums=(1,), in_shardings=ins, out_shardings=(rep, formats))

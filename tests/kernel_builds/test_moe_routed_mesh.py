@@ -28,3 +28,10 @@ def test_mesh_matches_float64_and_one_device(result):
 def test_the_residual_sum_and_the_ridden_sum(result):
     assert result["total_exact"]
     assert result["summed_shape"] == [13, 24] and result["summed_err"] < 1e-5
+
+
+def test_a_shared_mlp_split_over_the_devices(result):
+    """Gemma 4's form: (out, x + r, the shared MLP's output) from the fused kernel on the mesh equal the two ops on
+    the mesh and on one device."""
+    assert result["shared_outputs"] == 3 and result["shared_scale"] > 0.1
+    assert result["shared_fused_vs_two_ops"] < 1e-4 and result["shared_mesh_vs_one"] < 1e-4

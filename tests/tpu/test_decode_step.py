@@ -122,11 +122,12 @@ def reference_step(m, params, caches, tokens, kv_lens, pages):
 def routed_experts(rd):
     """The step's route_moe on moe_routed_experts' fused Pallas kernel, interpreted."""
     def route_moe(x, residual, norm_w, router, k, eps, gu, dn, activation, mesh, layer, expert_scale=None,
-                  expert_norm=None, reduce_with=None):
+                  expert_norm=None, x_weight=None, shared=None, shared_norm=None):
         return rd.moe_routed_experts(x, router, gu, dn, top_k=k, norm_weight=norm_w, residual=residual, eps=eps,
-                                     expert_scale=expert_scale, expert_norm_weight=expert_norm, activation=activation,
-                                     mesh=mesh, expert_axis=ds.AXIS, layer=layer, reduce_with=reduce_with, fuse=True,
-                                     implementation="pallas", interpret=True)
+                                     expert_scale=expert_scale, expert_norm_weight=expert_norm, x_weight=x_weight,
+                                     shared_experts=shared, shared_norm_weight=shared_norm, activation=activation,
+                                     mesh=mesh, expert_axis=ds.AXIS, layer=layer, fuse=True, implementation="pallas",
+                                     interpret=True)
 
     return route_moe
 

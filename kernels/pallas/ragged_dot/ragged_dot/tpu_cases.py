@@ -145,8 +145,9 @@ def routed_builder(tokens: int, hidden: int, experts: int, k: int, inter: int, f
                    ) -> Callable[[bool], Callable[[], Built]]:
     """make(grad): moe_routed_experts' fused kernel at a seed model's router and experts (every expert on the
     chip: the program one device of an expert-parallel mesh runs, on 8x its experts), stacked over 2 layers read at
-    a traced layer; form "add": the residual add and the norm (Qwen3), "scaled": a per-expert scale and the
-    experts' own norm (Gemma 4)."""
+    a traced layer; form "add": the residual add and the norm (Qwen3), "scaled": Gemma 4's whole block after its
+    attention (the post-attention norm and the add, a per-expert scale, the experts' and the shared MLP's own norms,
+    and the shared MLP, one device's 264 of its 2112 columns)."""
 
     def make(grad: bool) -> Callable[[], Built]:
         def build() -> Built:
@@ -163,9 +164,10 @@ def routed_builder(tokens: int, hidden: int, experts: int, k: int, inter: int, f
             if form == "add":
                 return (lambda x, w, gu, d, i, n, r, s: moe_routed_experts(x, w, gu, d, layer=i, norm_weight=n,
                                                                            residual=r, **kw)), args
-            return (lambda x, w, gu, d, i, n, r, s: moe_routed_experts(
-                x, w, gu, d, layer=i, norm_weight=n, expert_scale=s, expert_norm_weight=n, activation="gelu",
-                **kw)), args
+            shared = (sds((2, hidden, 264), bf), sds((2, hidden, 264), bf), sds((2, 264, hidden), bf))
+            return (lambda x, w, gu, d, i, n, r, s, sg, su, sd: moe_routed_experts(
+                x, w, gu, d, layer=i, norm_weight=n, residual=r, expert_scale=s, expert_norm_weight=n, x_weight=n,
+                shared_experts=(sg, su, sd), shared_norm_weight=n, activation="gelu", **kw)), (*args, *shared)
 
         return build
 

@@ -187,3 +187,49 @@ def test_reduce_with_of_the_wrong_rows_names_what_to_fix():
     x, _, nw, router, gu, down, _ = _inputs(1, 4, "float32")
     with pytest.raises(ValueError, match=r"reduce_with must be \[1 x 4, N\]"):
         rd.moe_routed_experts(x, router, gu, down, top_k=K, norm_weight=nw, reduce_with=jnp.ones((8, 3)))
+
+
+def _gelu(v):
+    return 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v ** 3)))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("fuse", [True, False])
+def test_the_whole_sandwich_block_with_a_shared_mlp(dtype, fuse):
+    """Gemma 4's block after attention in one op: x under its own post-norm, added to the stream; the router, the
+    experts and the shared MLP each reading the sum under its own norm; a per-expert scale; gelu (tanh); stacked
+    over 2 layers at layer 1. Against float64: out, the new stream and the shared MLP's output."""
+    x, r, nw, router, gu, down, rng = _inputs(21, 19, dtype, layers=2)
+    arr = lambda shape, scale=1.0, shift=0.0: jnp.asarray(rng.standard_normal(shape) * scale + shift, dtype)
+    xw, enw, snw = arr((2, H), 0.2, 1.0), arr((2, H), 0.2, 1.0), arr((2, H), 0.2, 1.0)
+    scale = jnp.asarray(rng.uniform(0.5, 2.0, (2, E)), jnp.float32)
+    sg, su, sd = arr((2, H, 24), H ** -0.5), arr((2, H, 24), H ** -0.5), arr((2, 24, H), 24 ** -0.5)
+    out, total, shared = rd.moe_routed_experts(
+        x, router, gu, down, top_k=K, norm_weight=nw, residual=r, expert_scale=scale, expert_norm_weight=enw,
+        x_weight=xw, shared_experts=(sg, su, sd), shared_norm_weight=snw, activation="gelu", layer=1, fuse=fuse,
+        implementation="pallas", interpret=True)
+    f = lambda a: _f64(a)[1]
+    eps = 1e-6
+    rms = lambda v, w: v / np.sqrt(np.mean(v * v, 1, keepdims=True) + eps) * w
+    xn = _f64(jnp.asarray(rms(_f64(x), f(xw)), dtype))  # x's post-norm, rounded to x's dtype as a kernel stores it
+    want_total = _f64(jnp.asarray(xn + _f64(r), dtype))
+    y = rms(want_total, f(nw))
+    logits = y @ f(router)
+    ids = np.argsort(-logits, 1, kind="stable")[:, :K]
+    top = np.take_along_axis(logits, ids, 1)
+    p = np.exp(top - top[:, :1])
+    wts = p / p.sum(1, keepdims=True) * f(scale)[ids]
+    xin, xs = rms(want_total, f(enw)), rms(want_total, f(snw))
+    want = np.zeros_like(y)
+    for t in range(len(y)):
+        for j in range(K):
+            hgu = xin[t] @ f(gu)[ids[t, j]]
+            want[t] += wts[t, j] * ((_gelu(hgu[:INTER]) * hgu[INTER:]) @ f(down)[ids[t, j]])
+    want_shared = (_gelu(xs @ f(sg)) * (xs @ f(su))) @ f(sd)
+    srt = -np.sort(-logits, 1)
+    clear = srt[:, K - 1] - srt[:, K] > (3e-2 if dtype == "bfloat16" else 1e-3)
+    assert clear.mean() >= 0.6
+    tol = TOL[dtype]
+    assert relative_error(np.asarray(total, np.float32), want_total) < tol
+    assert relative_error(np.asarray(shared, np.float32), want_shared) < tol
+    assert relative_error(np.asarray(out, np.float32)[clear], want[clear]) < tol

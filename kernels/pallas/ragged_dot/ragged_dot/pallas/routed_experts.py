@@ -45,6 +45,15 @@ class RoutedStatic:
     activation_name: str = "silu"
     interpret: object = False
     vmem_limit_bytes: int | None = None
+    x_norm: bool = False  # x is RMS-normalised by a weight of its own before the add (a sandwich post-norm)
+    shared: bool = False  # a dense MLP beside the experts (every token, weight 1), its output a last output
+    shared_norm: bool = False  # the shared MLP reads the sum under a norm of its own (else the router's input)
+
+    def vectors(self) -> tuple[str, ...]:
+        """The per-layer vector stacks the call takes, in operand order."""
+        flags = (("norm", True), ("expert_norm", self.expert_norm), ("scale", self.scaled),
+                 ("x_norm", self.x_norm), ("shared_norm", self.shared_norm))
+        return tuple(name for name, on in flags if on)
 
 
 def _row(stack: jax.Array, layer: jax.Array) -> jax.Array:
@@ -58,9 +67,12 @@ def _kernel(layer_ref, first_ref, *refs, st: RoutedStatic, nj: int, n_w: int, sp
     refs = list(refs)
     take = lambda flag: refs.pop(0) if flag else None
     x_ref, r_ref = refs.pop(0), take(st.residual)
-    stacks = [refs.pop(0) for _ in range(2 + st.expert_norm + st.scaled)]  # norm, router, (experts' norm, scale)
+    vec = {name: refs.pop(0) for name in st.vectors()}
+    rw_ref = refs.pop(0)
+    shared_refs = [refs.pop(0) for _ in range(3 * st.shared)]  # the shared MLP's gate, up, down
     w_refs = [refs.pop(0) for _ in range(n_w)]
-    down_ref, out_ref, total_ref = refs.pop(0), refs.pop(0), take(st.residual)
+    down_ref, out_ref = refs.pop(0), refs.pop(0)
+    total_ref, shared_out_ref = take(st.residual), take(st.shared)
     acc_ref, xin_ref, ids_ref, wts_ref = refs
     s, j = pl.program_id(0), pl.program_id(1)
 
@@ -68,19 +80,26 @@ def _kernel(layer_ref, first_ref, *refs, st: RoutedStatic, nj: int, n_w: int, sp
     def _route():
         # the layer's router block, and the vector stacks whole (a few hundred KB; one row of a packed bf16 stack
         # is no aligned block), their row picked here
-        pick = lambda ref: None if ref is None else _row(ref[...], layer_ref[0])
-        nw, rw_ref, *extra = stacks
-        en = pick(extra.pop(0) if st.expert_norm else None)
-        sc = pick(extra.pop(0) if st.scaled else None)
+        pick = lambda name: _row(vec[name][...], layer_ref[0]) if name in vec else None
+        x = x_ref[...]
+        if st.x_norm:
+            x = rms_forward(x, pick("x_norm"), eps=st.eps)
         rst = RouteStatic(st.top_k, x_ref.shape[0], norm=True, residual=st.residual, eps=st.eps)
-        y, total = normed_input(rst, x_ref[...], None if r_ref is None else r_ref[...], pick(nw))
+        y, total = normed_input(rst, x, None if r_ref is None else r_ref[...], pick("norm"))
         if total_ref is not None:
             total_ref[...] = total
         logits = jax.lax.dot_general(y, rw_ref[...], (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
-        ids, wts = top_k_softmax(logits, st.top_k, sc)
+        ids, wts = top_k_softmax(logits, st.top_k, pick("scale"))
         ids_ref[...] = ids
         wts_ref[...] = wts
-        xin_ref[...] = y if en is None else rms_forward(total, en, eps=st.eps)
+        xin_ref[...] = y if not st.expert_norm else rms_forward(total, pick("expert_norm"), eps=st.eps)
+        if shared_out_ref is not None:  # the shared MLP: every token, weight 1, its own accumulator
+            xs = y if not st.shared_norm else rms_forward(total, pick("shared_norm"), eps=st.eps)
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+            ones = jnp.ones((xs.shape[0], 1), jnp.float32)
+            expert_step(xs, ones, shared_refs[:2], shared_refs[2], acc_ref, split=None, activation=st.activation,
+                        precision=precision)
+            shared_out_ref[...] = acc_ref[...].astype(shared_out_ref.dtype)
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
     ids = ids_ref[...]
@@ -96,14 +115,16 @@ def _kernel(layer_ref, first_ref, *refs, st: RoutedStatic, nj: int, n_w: int, sp
 
 
 @functools.partial(jax.jit, static_argnames=("st",))
-def routed_experts(st: RoutedStatic, x: jax.Array, residual: jax.Array | None, norm_w: jax.Array,
-                   router: jax.Array, expert_norm_w: jax.Array | None, scale: jax.Array | None,
+def routed_experts(st: RoutedStatic, x: jax.Array, residual: jax.Array | None, vectors: dict[str, jax.Array],
+                   router: jax.Array, shared: tuple[jax.Array, jax.Array, jax.Array] | None,
                    w_gate_up: jax.Array | tuple[jax.Array, jax.Array], w_down: jax.Array, layer: jax.Array,
                    first: jax.Array) -> tuple[jax.Array, ...]:
-    """(out [Tp, H] in x's dtype, then x + residual when st.residual) for x [Tp, H] (Tp a multiple of 16), every
-    weight stacked over layers and read at `layer` (int32 scalar): norm_w and expert_norm_w [L, H], router
-    [L, H, E], scale [L, E] f32; w_gate_up [L, El, H, 2I] gate-first or a pair of [L, El, H, I], w_down
-    [L, El, I, H]; `first` (int32 scalar) the global id of local expert 0."""
+    """(out [Tp, H] in x's dtype, then x + residual when st.residual, then the shared MLP's output when st.shared)
+    for x [Tp, H] (Tp a multiple of 16), every weight stacked over layers and read at `layer` (int32 scalar):
+    `vectors` (st.vectors(): the router's norm, the experts' and the shared MLP's norms, x's own norm [L, H], the
+    per-expert scale [L, E] f32), router [L, H, E]; `shared` (gate [L, H, Is], up [L, H, Is], down [L, Is, H]);
+    w_gate_up [L, El, H, 2I] gate-first or a pair of [L, El, H, I], w_down [L, El, I, H]; `first` (int32 scalar)
+    the global id of local expert 0."""
     tp, h = x.shape
     e = router.shape[-1]
     el, i = w_down.shape[-3], w_down.shape[-2]
@@ -114,20 +135,24 @@ def routed_experts(st: RoutedStatic, x: jax.Array, residual: jax.Array | None, n
     up_map = lambda s, j, layer_ref, _: (layer_ref[0], s, 0, j + nj)
     down_map = lambda s, j, layer_ref, _: (layer_ref[0], s, j, 0)
     w_specs, w_args, split = weight_specs(w_gate_up, h, i, ti, (None,), gate_map, up_map)
-    # the norm, router and scale stacks stay in HBM, read as blocks at the layer: left to XLA, a stack (or a slice
-    # of it) may be staged into VMEM whole before every call
+    # the layer's stacks stay in HBM, read as blocks at the layer: left to XLA, a stack (or a slice of it) may be
+    # staged into VMEM whole before every call
     in_hbm = (lambda a: a) if st.interpret else (lambda a: pltpu.with_memory_space_constraint(a, pltpu.HBM))
-    stacks = [in_hbm(a) for a in (norm_w, router, expert_norm_w, scale) if a is not None]
-    args = [x, *([residual] if st.residual else []), *stacks, *w_args, w_down]
+    layer_args = [in_hbm(vectors[name]) for name in st.vectors()] + [in_hbm(router)]
+    layer_args += [in_hbm(a) for a in (shared or ())]
+    args = [x, *([residual] if st.residual else []), *layer_args, *w_args, w_down]
     layer_block = lambda a: (pl.BlockSpec(a.shape, lambda s, j, *_: (0, 0)) if a.ndim == 2 else
                              pl.BlockSpec((None, *a.shape[1:]), lambda s, j, layer_ref, _: (layer_ref[0], 0, 0)))
-    in_specs = [row, *([row] if st.residual else []), *(layer_block(a) for a in stacks), *w_specs,
+    in_specs = [row, *([row] if st.residual else []), *(layer_block(a) for a in layer_args), *w_specs,
                 pl.BlockSpec((None, None, ti, h), down_map)]
-    out_shape = [jax.ShapeDtypeStruct((tp, h), x.dtype)] * (1 + st.residual)
+    out_shape = [jax.ShapeDtypeStruct((tp, h), x.dtype)] * (1 + st.residual + st.shared)
     itemsize = jnp.dtype(x.dtype).itemsize
-    w_bytes = 3 * el * h * i * jnp.dtype(w_down.dtype).itemsize + h * e * jnp.dtype(router.dtype).itemsize
-    cost = pl.CostEstimate(flops=2 * 3 * tp * h * i * el + 2 * tp * h * e, transcendentals=tp * i * el + tp * e,
-                           bytes_accessed=w_bytes + (2 + 2 * st.residual) * tp * h * itemsize)
+    shared_bytes = sum(a[0].size * jnp.dtype(a.dtype).itemsize for a in (shared or ()))
+    w_bytes = (3 * el * h * i * jnp.dtype(w_down.dtype).itemsize + h * e * jnp.dtype(router.dtype).itemsize
+               + shared_bytes)
+    cost = pl.CostEstimate(flops=2 * 3 * tp * h * i * el + 2 * tp * h * e + 2 * tp * shared_bytes // itemsize,
+                           transcendentals=tp * i * el + tp * e,
+                           bytes_accessed=w_bytes + (2 + 2 * st.residual + st.shared) * tp * h * itemsize)
     kernel = functools.partial(_kernel, st=st, nj=nj, n_w=len(w_specs), split=split,
                                precision=jax.lax.Precision.HIGHEST if x.dtype == jnp.float32 else None)
     outs = pl.pallas_call(
