@@ -1,12 +1,14 @@
 """Pallas TPU (Mosaic) kernel: the router and a device's experts in one call, every local expert read.
 
-    routed_experts(x [T,H], router [L,H,E], norm [L,1,H], w_gate_up, w_down, layer, first, ...) -> out [T,H] (, x + r)
+    routed_experts(st, x [T,H], residual, vectors, router [L,H,E], shared, w_gate_up, w_down, layer, first)
+        -> out [T,H] (, x + residual) (, the shared MLP's output)
 
 Grid (El, I tiles), like the dense experts kernel (dense_experts.py), with the routing done in its first step:
-the residual add and the RMSNorm (routing.normed_input), the router's f32 logits and their top k with the softmax
-over those k (routing.top_k_softmax), kept in VMEM; then step (s, j) runs local expert s (global id first + s) on I
-columns j, every token weighted by what it gives that expert (0 where it did not pick it), and the sum is written in
-x's dtype after the last step.
+x's own norm where given, the residual add and the router's RMSNorm (route.normed_input), the router's f32 logits
+and their top k with the softmax over those k (route.top_k_softmax), kept in VMEM, and a shared MLP where given
+(every token, weight 1); then step (s, j) runs local expert s (global id first + s) on I columns j, every token
+weighted by what it gives that expert (0 where it did not pick it), and the sum is written in x's dtype after the
+last step.
 
 Why: at decode the router is its own call between the attention's all-reduce and the experts (a few microseconds
 of fixed cost and a round trip of the rows through HBM), and the experts cannot start before it ends. Here the
