@@ -253,7 +253,6 @@ def moe_routed_experts(
                          f"router's E={e} experts; got {list(w_down.shape)}")
     kw = {"top_k": top_k, "norm_weight": norm_weight, "residual": residual, "eps": eps,
           "expert_scale": expert_scale}
-    jax.eval_shape(lambda: moe_route(x, router_weight, layer=layer, implementation="xla", **kw))  # its checks
     if residual is not None:
         residual = jnp.asarray(residual)
     platform = mesh.devices.flat[0].platform if mesh is not None else platform_of((x, w_down))
@@ -321,7 +320,9 @@ def moe_routed_experts(
         return race_checked(mode, (x, w_down), lambda: _fused_call(ti, mode, on), "the routed experts kernel")
 
     def _fused_call(ti: int, mode: Any, on: Any) -> tuple[jax.Array, ...]:
-        ids = jnp.zeros((x.shape[0], top_k), jnp.int32)  # moe_experts' checks of the expert weights, traced only
+        # the two ops' own checks (the two-op path runs them itself), traced only
+        jax.eval_shape(lambda: moe_route(x, router_weight, layer=layer, implementation="xla", **kw))
+        ids = jnp.zeros((x.shape[0], top_k), jnp.int32)
         jax.eval_shape(lambda: moe_experts(x, ids, ids.astype(jnp.float32), w_gu, w_down, activation=activation,
                                            mesh=mesh, expert_axis=expert_axis, layer=layer, implementation="xla"))
         stacked = layer is not None
