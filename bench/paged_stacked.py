@@ -6,12 +6,13 @@ libtpu's memory analysis for a mock v5e / v6e / v7x gives the program's argument
 bytes. In place means: the outputs alias both stacks (alias >= both stacks) and the temporaries stay under a tenth of
 one layer's cache (no layer is ever sliced out of a stack or written back).
 
-    python bench/paged_stacked.py [--json] [--generations v5e,v6e,v7x] [--cases model|fp8|all]
+    python bench/paged_stacked.py [--json] [--generations v5e,v6e,v7x] [--cases model|fp8|small|all]
 
 Cases: Qwen3-30B-A3B decode, 4 layers (64 sequences x 8192 positions, pages of 128, 32/4 heads x 128; one layer's
 cache 512 MiB in bf16, a stack 2 GiB): "model"; the same with float8_e4m3fn stacks (v6e and v7x; v5e refuses fp8
-caches, and that refusal is its row): "fp8". The compiles run in the TPU environment (make setup-tpu), in a
-subprocess of it (tests/tpu/test_paged_stacked_tpu.py).
+caches, and that refusal is its row): "fp8"; 8 sequences x 2048 positions at 8/4 heads x 128 with a 512 window,
+a shape with no tuned entry whose fallback blocks compile in seconds: "small" (tests/tpu/test_paged_stacked_tpu.py).
+The compiles run in the TPU environment (make setup-tpu), in a subprocess of it.
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ from tpu_rows import rows_from_tpu_env
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 2**20
 
-#: name: (layers, sequences, positions each, page size, q heads, kv heads, head dim, cache dtype)
+#: name: (layers, sequences, positions each, page size, q heads, kv heads, head dim, cache dtype, window or None)
 CASES = {
-    "qwen3_30b_a3b_decode_b64_8k_4_layers": (4, 64, 8192, 128, 32, 4, 128, "bfloat16"),
-    "qwen3_30b_a3b_decode_b64_8k_4_layers_fp8": (4, 64, 8192, 128, 32, 4, 128, "float8_e4m3fn"),
+    "qwen3_30b_a3b_decode_b64_8k_4_layers": (4, 64, 8192, 128, 32, 4, 128, "bfloat16", None),
+    "qwen3_30b_a3b_decode_b64_8k_4_layers_fp8": (4, 64, 8192, 128, 32, 4, 128, "float8_e4m3fn", None),
+    "small_decode_b8_2k_4_layers": (4, 8, 2048, 128, 8, 4, 128, "bfloat16", 512),
 }
-GROUPS = {"model": ["qwen3_30b_a3b_decode_b64_8k_4_layers"], "fp8": ["qwen3_30b_a3b_decode_b64_8k_4_layers_fp8"]}
+GROUPS = {"model": ["qwen3_30b_a3b_decode_b64_8k_4_layers"], "fp8": ["qwen3_30b_a3b_decode_b64_8k_4_layers_fp8"],
+          "small": ["small_decode_b8_2k_4_layers"]}
 GROUPS["all"] = GROUPS["model"] + GROUPS["fp8"]
 
 
@@ -52,7 +55,7 @@ def compile_rows(generations: list[str], names: list[str]) -> None:
         device = topology_devices(chip(gen).topology)[0]
         jax.config.update("jax_default_device", device)
         for name in names:
-            layers, seqs, length, page, hq, hkv, d, kv_dtype = CASES[name]
+            layers, seqs, length, page, hq, hkv, d, kv_dtype, window = CASES[name]
             pages = seqs * (length // page)
             stack = sds((layers, pages, page, hkv, d), kv_dtype)
             scales = {"k_scale": 0.5, "v_scale": 0.5} if kv_dtype == "float8_e4m3fn" else {}
@@ -61,11 +64,12 @@ def compile_rows(generations: list[str], names: list[str]) -> None:
                               sds((seqs,), jnp.int32), sds((seqs, length // page), jnp.int32),
                               sds((seqs + 1,), jnp.int32), sds((), jnp.int32)), device)
 
-            def step(k_stack, v_stack, q, k, v, *meta, layers=layers, scales=scales):
+            def step(k_stack, v_stack, q, k, v, *meta, layers=layers, scales=scales, window=window):
                 def body(caches, xs):
                     i, q_i, k_i, v_i = xs
                     out, k_s, v_s = fa.ragged_paged_attention(q_i, k_i, v_i, *caches, *meta, layer=i,
-                                                              implementation="pallas", interpret=False, **scales)
+                                                              sliding_window=window, implementation="pallas",
+                                                              interpret=False, **scales)
                     return (k_s, v_s), out
 
                 (k_stack, v_stack), outs = jax.lax.scan(body, (k_stack, v_stack), (jnp.arange(layers), q, k, v))

@@ -28,7 +28,8 @@ import jax
 import jax.numpy as jnp
 
 from ._vendor.chips import chip_for_device_kind
-from ._vendor.interpret import run_dispatch
+from ._vendor.interpret import resolve_interpret, run_dispatch
+from ._vendor.platform import platform_of
 from .api import _DISPATCH, _vmem
 from .config import AttentionConfig, cdiv, device_kind_of, fold_out_proj
 from .paged_checks import (
@@ -301,8 +302,10 @@ def ragged_paged_attention(
     num = as_int32(jnp.asarray(sh.max_seqs if num_seqs is None else num_seqs)).reshape(())
     cfg = config or AttentionConfig()
     vmem = _vmem(k_cache)
+    interpreted = resolve_interpret(interpret, platform_of(queries, k_cache, v_cache)) is not False
     choice = choose_blocks(sh, jnp.dtype(queries.dtype).name, jnp.dtype(k_cache.dtype).name,
-                           jnp.dtype(k_cache.dtype).itemsize, device_kind_of(k_cache), vmem["vmem_budget_bytes"], cfg)
+                           jnp.dtype(k_cache.dtype).itemsize, device_kind_of(k_cache), vmem["vmem_budget_bytes"], cfg,
+                           interpreted=interpreted)
     _LAST_BLOCKS[0] = choice
     block_q, ppb = choice.block_q, choice.pages_per_block
     # the CPU walk holds a block of pages per work item at once: 256 positions keep that a small slice of the cache

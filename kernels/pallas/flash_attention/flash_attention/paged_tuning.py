@@ -78,14 +78,18 @@ def entry_vmem_bytes(key: tuple, block_q: int, pages_per_block: int, itemsize: i
 
 def choose_blocks(sh: PagedShapes, q_dtype: str, kv_dtype: str, itemsize: int, device_kind: str | None,
                   vmem_budget_bytes: int, config: AttentionConfig | None = None,
-                  environ: Mapping[str, str] | None = None, table: Mapping[tuple, Sequence] = TUNED) -> Choice:
+                  environ: Mapping[str, str] | None = None, table: Mapping[tuple, Sequence] = TUNED,
+                  interpreted: bool = False) -> Choice:
     """The call's (block_q, pages_per_block, sub-block, decode items per step) and where they came from. A
     decode-only batch (one new token per sequence on average) keeps block_q 1 whatever the source, so it runs as one
     pass of one-token items, several a grid step (config.decode_items). block_q (tokens per work item: how many
     queries share each kv block read) is the tuned entry's; a mixed item computes its rows in sub-blocks of at
     most MIXED_SUB_Q tokens and at most the batch's mean new tokens rounded up, so a batch of short chunks computes
     no padding rows while a long chunk still reads each kv block once per block_q tokens. A tuned entry whose VMEM
-    estimate passes the budget (a budget that changed under a shipped table) is not used."""
+    estimate passes the budget (a budget that changed under a shipped table) is not used. `interpreted` (the call
+    runs in Pallas' interpreter, not on a TPU): one decode item a step unless `config` says otherwise, since an
+    interpreted step has no fixed cost for several items to share and each item is another copy of the body to
+    trace and compile."""
     environ = os.environ if environ is None else environ
     auto: PagedBlocks = paged_blocks(sh.tokens, sh.max_seqs, sh.group, sh.page_size, sh.pages_per_seq,
                                      sh.kv_heads, sh.head_dim, itemsize, sh.window, vmem_budget_bytes)
@@ -115,7 +119,11 @@ def choose_blocks(sh: PagedShapes, q_dtype: str, kv_dtype: str, itemsize: int, d
         block_q = 1
     ppb = min(ppb, sh.pages_per_seq)
     items = 1
-    if block_q == 1:
-        items = cfg.paged_items or decode_items(sh.tokens, sh.group, ppb * sh.page_size, sh.kv_heads, sh.head_dim,
-                                                itemsize, vmem_budget_bytes)[0]
+    if block_q == 1 and cfg.paged_items:
+        items = cfg.paged_items
+    elif block_q == 1 and interpreted:
+        source += "; one decode item a step, interpreted"
+    elif block_q == 1:
+        items = decode_items(sh.tokens, sh.group, ppb * sh.page_size, sh.kv_heads, sh.head_dim, itemsize,
+                             vmem_budget_bytes)[0]
     return Choice(block_q, ppb, source, min(block_q, MIXED_SUB_Q, auto.block_q), items)

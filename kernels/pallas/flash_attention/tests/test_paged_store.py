@@ -116,21 +116,26 @@ def _eqns(jaxpr):
                 yield from _eqns(sub)
 
 
-@pytest.mark.parametrize("sc", [DECODE_BATCH, SEVERAL, SEVERAL_BIDIRECTIONAL], ids=lambda sc: sc.name)
-def test_stores_landing_only_at_their_wait_still_give_the_reference(sc: PagedScenario) -> None:
+@pytest.mark.parametrize(("sc", "items"), [(DECODE_BATCH, 4), (SEVERAL, 3), (SEVERAL_BIDIRECTIONAL, 1)],
+                         ids=lambda v: getattr(v, "name", f"{v}_items"))
+def test_stores_landing_only_at_their_wait_still_give_the_reference(sc: PagedScenario, items: int) -> None:
     """The simulator runs each DMA when it is waited on: an item's own store lands only when the item finishes,
     after it read its pages, so its own row (and, not causal, the rows later items store) must come from the
-    patch."""
+    patch; with several items a grid step (as on a TPU) an item's neighbours in the step have not stored theirs
+    either."""
     x = paged_inputs(sc, "float32", seed=9)
     params = pltpu.InterpretParams(dma_execution_mode="on_wait", uninitialized_memory="nan")
-    got = _call(sc, x, implementation="pallas", interpret=params)
+    got = _call(sc, x, dataclasses.replace(DECODE, paged_items=items), implementation="pallas", interpret=params)
+    assert f"{items} items per step" in fa.last_tuning()
     _check(sc, "float32", got, x)
 
 
-def test_decode_batch_on_two_simulated_cores_is_race_free() -> None:
+@pytest.mark.parametrize("items", [1, 4])
+def test_decode_batch_on_two_simulated_cores_is_race_free(items: int) -> None:
     sc = DECODE_BATCH
     x = paged_inputs(sc, "float32", seed=3)
-    got = fa.run_race_checked(_call, sc, x, implementation="pallas", interpret=fa.race_checking_params(seed=2))
+    got = fa.run_race_checked(_call, sc, x, dataclasses.replace(DECODE, paged_items=items), implementation="pallas",
+                              interpret=fa.race_checking_params(seed=2))
     _check(sc, "float32", got, x)
 
 

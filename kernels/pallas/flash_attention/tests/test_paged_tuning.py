@@ -5,6 +5,7 @@ compiles on its generation."""
 from __future__ import annotations
 
 import flash_attention as fa
+import numpy as np
 import pytest
 from flash_attention.config import (
     DECODE_ITEMS,
@@ -14,7 +15,7 @@ from flash_attention.config import (
     paged_vmem_bytes,
     vmem_plan,
 )
-from flash_attention.paged_cases import compile_scenarios
+from flash_attention.paged_cases import SMALL, compile_scenarios, features, paged_inputs
 from flash_attention.paged_checks import PagedShapes
 from flash_attention.paged_tuned_table import TUNED
 from flash_attention.paged_tuning import (
@@ -78,6 +79,32 @@ def test_a_decode_batch_shares_grid_steps_and_config_overrides_the_count() -> No
     assert (got.block_q, got.items) == (1, 8)
     assert _choose(sh, "TPU v6 lite", {}, environ={}, config=fa.AttentionConfig(paged_items=2)).items == 2
     assert _choose(MIXED, "TPU v6 lite", {}, environ={}).items == 1  # a mixed batch: one item a step
+
+
+def test_an_interpreted_decode_call_takes_one_item_a_step_unless_config_says() -> None:
+    sh = PagedShapes(64, 4, 1, 128, 384, 128, 64, 6, 1.0, None, None)
+    compiled = _choose(sh, "TPU v6 lite", {}, environ={})
+    got = _choose(sh, "TPU v6 lite", {}, environ={}, interpreted=True)
+    assert got.items == 1 and compiled.items > 1
+    assert (got.block_q, got.pages_per_block) == (compiled.block_q, compiled.pages_per_block)  # blocks as compiled
+    assert got.source.endswith("one decode item a step, interpreted")
+    cfg = fa.AttentionConfig(paged_items=4)
+    assert _choose(sh, "TPU v6 lite", {}, environ={}, config=cfg, interpreted=True).items == 4
+
+
+def test_an_interpreted_call_reports_its_one_item() -> None:
+    """The kernel's own call off a TPU (interpreted) names the choice; the same call with paged_items= takes them."""
+    (sc,) = [s for s in SMALL if s.name == "decode_mqa_softcap_sinks"]
+    x = paged_inputs(sc, "float32", 1)
+    args = [x[k] for k in ("queries", "keys", "values", "k_cache", "v_cache", "kv_lens", "page_indices", "cu_q_lens",
+                           "num_seqs")]
+    one = fa.ragged_paged_attention(*args, sinks=x["sinks"], **features(sc), implementation="pallas")
+    assert " 1 items per step " in fa.last_tuning() and fa.last_tuning().endswith("interpreted)")
+    two = fa.ragged_paged_attention(*args, sinks=x["sinks"], **features(sc), implementation="pallas",
+                                    config=fa.AttentionConfig(paged_items=2))
+    assert " 2 items per step " in fa.last_tuning()
+    for a, b in zip(one, two, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_env_overrides_the_table_and_config_overrides_both() -> None:
