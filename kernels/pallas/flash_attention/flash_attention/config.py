@@ -307,10 +307,11 @@ def paged_step_vmem_bytes(block_q: int, group: int, block_kv: int, kv_heads: int
 #: as many as it has): at G query heads a kv head, 32 x G rows a matmul.
 MIXED_SUB_Q = 32
 
-#: Most cache positions a mixed work item computes at a time inside its kv block (pallas_paged: the block's logits
-#: and softmax run in chunks of this many columns, one loop body, however many pages a step copies): Mosaic emits
-#: a tile's vector code whole, so a [rows, block_kv] step grew the kernel's compile time with its pages.
-MIXED_KV_COMPUTE = 512
+#: Most cache positions a work item computes at a time inside its kv block (pallas_paged: the block's logits and
+#: softmax run in chunks of this many columns, one loop body, however many pages a step copies): Mosaic emits a
+#: tile's vector code whole, so a [rows, block_kv] step grew the kernel's compile time with its pages (a decode
+#: step of 4 items x 16 pages x 4 kv heads: 65 s to compile for v6e whole, 12 s in chunks).
+KV_COMPUTE = 512
 
 
 def paged_blocks(tokens: int, seqs: int, group: int, page_size: int, pages_per_seq: int, kv_heads: int,

@@ -9,7 +9,7 @@ position, so a windowed layer reads only the pages its window reaches. The kerne
 own [pages, page_size, Hkv, D] layout, whole pages copied as they lie (any reshape XLA cannot make a bitcast would
 copy the whole cache before the call), and reads kv head h as the [block, D] slice buf[:, h, :]; the G query heads
 of that kv head and the item's tokens are the rows of one [block_q * G, D] matrix, and an online softmax folds the
-blocks in (a mixed item's block in chunks of kv_compute columns, one loop body: the compiled code does not grow with
+blocks in (each block in chunks of kv_compute columns, one loop body: the compiled code does not grow with
 the pages a step copies, and a chunk wholly past the item's reach is skipped).
 
 Mixed batches (paged_mixed_forward) run as one call: the packed queries stay in HBM and each work item copies its
@@ -44,7 +44,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from .config import LANES, MIXED_KV_COMPUTE, MIXED_SUB_Q
+from .config import KV_COMPUTE, LANES, MIXED_SUB_Q
 from .pallas_flash import MASKED, _dot, finish_softmax, online_softmax_step
 
 
@@ -93,13 +93,12 @@ class PagedStatic:
 
     @property
     def kv_compute(self) -> int:
-        """Cache positions computed at a time inside a kv block: a mixed item's block in as few equal chunks of at
-        most MIXED_KV_COMPUTE columns as divide it into whole 128-lane columns (1152 positions: 3 of 384), else the
-        whole block; every other call computes its block whole (its rows are one token's G heads)."""
+        """Cache positions computed at a time inside a kv block: the block in as few equal chunks of at most
+        KV_COMPUTE columns as divide it into whole 128-lane columns (1152 positions: 3 of 384), else whole."""
         n = self.block_kv
-        if not self.mixed_block_q or n <= MIXED_KV_COMPUTE:
+        if n <= KV_COMPUTE:
             return n
-        for chunks in range(-(-n // MIXED_KV_COMPUTE), n // LANES + 1):
+        for chunks in range(-(-n // KV_COMPUTE), n // LANES + 1):
             if n % chunks == 0 and (n // chunks) % LANES == 0:
                 return n // chunks
         return n
