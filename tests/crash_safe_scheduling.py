@@ -5,7 +5,8 @@ pytest-xdist 3.8.0's LoadScopeScheduling deadlocks after a worker crash (pytest-
 out as empty work units that never report completion; the test it died on is queued again and may take the next
 worker down with it; and a replacement worker given a single one-test unit waits forever for a second. The suite then
 idles until CI's time limit. Here the scheduler keeps only unfinished scopes and gives a worker that joins late a
-second unit or its shutdown, as the initial distribution does.
+second unit or its shutdown, as the initial distribution does, and never work before its collection has arrived
+(two workers dying together leave two replacements collecting at once).
 
 A test whose worker dies runs once more, first in its scope's queue, on a fresh worker: jaxlib 0.10.2's CPU compiler
 can kill a long-lived worker with a segmentation fault in the C++ unwinder after hundreds of unrelated compiles
@@ -68,11 +69,17 @@ class CrashSafeLoadScope(LoadScopeScheduling):
         return None if rerun else crashed
 
     def schedule(self) -> None:
-        joining = self.collection is not None  # a replacement worker: the first distribution is over
-        super().schedule()
-        if joining:  # a second unit, or shutdown, so a one-test unit can finish (the first distribution's rule)
+        if self.collection is None:  # the first distribution
+            super().schedule()
+            return
+        # A replacement worker's collection arrived. Work goes to the workers whose collections are in: another
+        # replacement may still be collecting (two workers died close together), and xdist's own loop would look its
+        # collection up and fail; it gets work when its own arrives. Two passes: a second unit, or shutdown, so a
+        # one-test unit can finish (the first distribution's rule).
+        for _ in range(2):
             for node in self.nodes:
-                self._reschedule(node)
+                if node in self.registered_collections:
+                    self._reschedule(node)
 
 
 def crash_lines(crashes: list[tuple[str, str, bool]]) -> list[str]:

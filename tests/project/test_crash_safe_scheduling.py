@@ -98,3 +98,25 @@ def test_a_test_that_passes_on_a_fresh_worker_after_a_crash_passes(tmp_path: Pat
     assert code == 0, out
     assert "4 passed" in out and "failed" not in out, out
     assert "1 worker crash(es)" in out and "died running test_a.py::test_crashes_once: it runs again" in out, out
+
+
+def test_two_workers_dying_together_both_get_replaced_and_the_run_ends(tmp_path: Path) -> None:
+    # Each worker dies once, a second apart; the first replacement finishes collecting while the second still
+    # collects (slowed down here). The first one's arrival must not hand work to the second before its collection
+    # does (xdist's own loop raised KeyError there: an INTERNALERROR that ended the whole run).
+    (tmp_path / "conftest.py").write_text(
+        "import time\nfrom pathlib import Path\n\n"
+        "def pytest_collection_modifyitems(config, items):\n"
+        "    if any(Path(__file__).parent.glob('crashed_*')):\n        time.sleep(3)\n")
+    for name, delay in (("a", 0), ("b", 1)):
+        (tmp_path / f"test_{name}.py").write_text(
+            "import os\nimport time\nfrom pathlib import Path\n\n"
+            f"def test_{name}_dies_once():\n    mark = Path(__file__).parent / 'crashed_{name}'\n"
+            f"    if not mark.exists():\n        time.sleep({delay})\n        mark.touch()\n        os._exit(1)\n\n"
+            f"def test_{name}_after():\n    pass\n")
+    (tmp_path / "test_c.py").write_text("def test_c_one():\n    pass\n\ndef test_c_two():\n    pass\n")
+    code, out = _run(tmp_path)
+    assert "INTERNALERROR" not in out, out
+    assert code == 0, out
+    assert "6 passed" in out and "failed" not in out, out
+    assert "2 worker crash(es)" in out and out.count("it runs again on a fresh worker") == 2, out
