@@ -16,6 +16,8 @@
   on it.
 - The TPU simulator's per-core programs (interpreted Pallas with several cores) are compiled once per program and
   test module, not once per core and call (tests/simulated_core_programs.py).
+- Every module's compiled programs are dropped at its end (tests/compiled_programs.py): a worker that kept them
+  ran out of memory mappings after a few thousand interpreted-kernel compiles and died in the next one.
 - OpenMP threads sleep between parallel regions (OMP_WAIT_POLICY=PASSIVE, set before torch loads): two workers
   on two cores leave no core for a spinning thread.
 - The heaviest test scopes run first (tests/schedule.py), so the suite's workers finish together, and a worker
@@ -47,7 +49,7 @@ os.environ["KERNEL_HUB_CACHE"] = tempfile.mkdtemp(prefix="kh-tests-cache-")
 
 if str(Path(__file__).parent) not in sys.path:  # `python -m pytest` from the root has it already
     sys.path.insert(0, str(Path(__file__).parent))
-from tests import client_env, schedule, simulated_core_programs
+from tests import client_env, compiled_programs, schedule, simulated_core_programs
 
 for _made in (os.environ["HF_HOME"], os.environ["KERNEL_HUB_CACHE"]):  # this process's own folders, gone at its exit
     atexit.register(shutil.rmtree, _made, True)
@@ -67,7 +69,8 @@ with contextlib.suppress(ImportError):
 @pytest.fixture(scope="module", autouse=True)
 def _unoptimised_cpu_compiles():
     """XLA CPU compiles without backend optimisation for this module, then the setting it found; the TPU
-    simulator's per-core programs compiled once each (simulated_core_programs), forgotten at the module's end."""
+    simulator's per-core programs compiled once each (simulated_core_programs), forgotten at the module's end, with
+    every other compiled program (compiled_programs: a worker's code mappings would otherwise run out)."""
     import jax
 
     before = jax.config.read("jax_disable_most_optimizations")
@@ -76,6 +79,7 @@ def _unoptimised_cpu_compiles():
     yield
     simulated_core_programs.clear()
     jax.config.update("jax_disable_most_optimizations", before)
+    compiled_programs.release()
 
 
 _popen_init = subprocess.Popen.__init__
