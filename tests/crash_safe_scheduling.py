@@ -8,10 +8,11 @@ idles until CI's time limit. Here the scheduler keeps only unfinished scopes and
 second unit or its shutdown, as the initial distribution does, and never work before its collection has arrived
 (two workers dying together leave two replacements collecting at once).
 
-A test whose worker dies runs once more, first in its scope's queue, on a fresh worker: jaxlib 0.10.2's CPU compiler
-can kill a long-lived worker with a segmentation fault in the C++ unwinder after hundreds of unrelated compiles
-(docs/install.md), which says nothing about the test it happened in. A test that kills a second worker fails, as
-xdist reports any crash; every crash, rerun or not, is listed in the run's summary.
+A test whose worker dies runs once more, first in its scope's queue, on a fresh worker: a worker that kept its
+compiled programs could run out of memory mappings after thousands of unrelated compiles and die in the next one
+(docs/install.md; conftest now releases them each module), which says nothing about the test it happened in. A test
+that kills a second worker fails, as xdist reports any crash; every crash, rerun or not, is listed in the run's
+summary.
 """
 
 from __future__ import annotations
